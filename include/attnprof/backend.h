@@ -1,0 +1,58 @@
+// The backend interface: one object per strategy per device.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnprof/problem.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof {
+
+struct Inputs {
+  Tensor q, k, v;  // [B, H, S, D], [B, Hkv, Skv, D], [B, Hkv, Skv, D]; any strides
+  Tensor mask;     // Boolean masks: bool [B|1, H|1, S, Skv] (expanded views allowed)
+  Tensor bias;     // Bias masks: same shape, any floating dtype
+};
+
+struct Eligibility {
+  bool eligible = false;
+  std::string reason;  // why not, or what it will do ("FP32 GEMMs on CUDA cores")
+};
+
+// What a backend should produce per forward ("guess first, then look"); the
+// report compares these with what the trace shows.
+struct Expectation {
+  std::vector<std::string> cpu_ops;  // top-level ops in order
+  int device_activities = -1;        // kernels + memcpys + memsets per forward; -1 unknown
+  int copies = 0;                    // memcpys (GPU) or copy ops (CPU) per forward
+};
+
+// Per-call context handed to forward().
+struct RunContext {
+  Allocator& allocator;
+  void* stream = nullptr;  // cudaStream_t for CUDA backends
+  int threads = 0;         // CPU threads; 0 = all cores
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+  virtual Eligibility eligibility(const Problem& p) const = 0;
+  // Bytes this backend will allocate beyond inputs and output, for the
+  // refuse-before-allocating check.
+  virtual std::size_t workspace_bytes(const Problem& p) const = 0;
+  virtual Expectation expectation(const Problem& p) const = 0;
+  // Writes softmax(scale * Q K^T + mask) V into `out` ([B, H, S, D], problem dtype).
+  virtual void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) = 0;
+};
+
+// Every backend name in display order: naive, naive_inplace, math, efficient, flash, cudnn.
+const std::vector<std::string_view>& backend_names();
+bool is_backend_name(std::string_view name);
+
+}  // namespace attnprof

@@ -1,0 +1,110 @@
+// Element types. 16-bit types are stored as 16 bits and computed in FP32 on the CPU.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace attnprof {
+
+enum class DType : std::uint8_t { F32, F16, BF16, Bool };
+
+constexpr std::size_t element_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::Bool: return 1;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "fp32";
+    case DType::F16: return "fp16";
+    case DType::BF16: return "bf16";
+    case DType::Bool: return "bool";
+  }
+  return "?";
+}
+
+constexpr bool is_16bit(DType t) { return t == DType::F16 || t == DType::BF16; }
+
+// Parses the user-facing names fp32, fp16, bf16 (and float32, float16, bfloat16).
+std::optional<DType> parse_dtype(std::string_view name);
+
+// Round-to-nearest-even conversions, NaN and infinity preserved.
+inline std::uint16_t float_to_bf16(float f) {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+inline float bf16_to_float(std::uint16_t h) { return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16); }
+
+inline std::uint16_t float_to_f16(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  std::uint32_t mant = x & 0x007fffffu;
+  const int exp = static_cast<int>((x >> 23) & 0xffu);
+  if (exp == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  int e = exp - 127 + 15;
+  if (e >= 0x1f) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow to infinity
+  if (e <= 0) {                                                       // subnormal or zero
+    if (e < -10) return static_cast<std::uint16_t>(sign);
+    mant |= 0x00800000u;
+    const int shift = 14 - e;
+    std::uint32_t half = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1u);
+    const std::uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return static_cast<std::uint16_t>(sign | half);
+  }
+  std::uint32_t half = sign | (static_cast<std::uint32_t>(e) << 10) | (mant >> 13);
+  const std::uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent: correct
+  return static_cast<std::uint16_t>(half);
+}
+
+inline float f16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) {
+    if (mant == 0) return std::bit_cast<float>(sign);
+    int e = -1;
+    do {  // normalise the subnormal
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    return std::bit_cast<float>(sign | (static_cast<std::uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13));
+  }
+  return std::bit_cast<float>(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+}
+
+// Loads element i of a buffer of type t as float (t must be a floating type).
+inline float load_as_float(const void* base, DType t, std::int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(base)[i];
+    case DType::F16: return f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::BF16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::Bool: return static_cast<const std::uint8_t*>(base)[i] ? 1.0f : 0.0f;
+  }
+  return 0.0f;
+}
+
+inline void store_from_float(void* base, DType t, std::int64_t i, float v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(base)[i] = v; break;
+    case DType::F16: static_cast<std::uint16_t*>(base)[i] = float_to_f16(v); break;
+    case DType::BF16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(v); break;
+    case DType::Bool: static_cast<std::uint8_t*>(base)[i] = v != 0.0f; break;
+  }
+}
+
+}  // namespace attnprof

@@ -1,0 +1,68 @@
+// The attention problem: sizes, dtype, device, mask and scale.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "attnprof/dtype.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof {
+
+enum class MaskKind : std::uint8_t {
+  None,
+  Causal,             // top-left aligned: query i sees keys j <= i (PyTorch's is_causal)
+  CausalBottomRight,  // query i sees keys j <= i + (kv_seq - seq) (FlashAttention's)
+  SlidingWindow,      // bottom-right causal, and only the last `window` keys: i + off - window < j <= i + off
+  Boolean,            // a [batch|1, heads|1, seq, kv_seq] boolean tensor, true = attend
+  Bias,               // a [batch|1, heads|1, seq, kv_seq] additive bias
+};
+
+std::string_view mask_name(MaskKind m);
+std::optional<MaskKind> parse_mask(std::string_view name);
+// The accepted spellings, for --help and error messages.
+std::string_view mask_choices();
+
+struct Problem {
+  std::int64_t batch = 8;
+  std::int64_t heads = 16;
+  std::int64_t kv_heads = 0;  // 0: same as heads; fewer for grouped/multi-query attention
+  std::int64_t seq = 1024;
+  std::int64_t kv_seq = 0;  // 0: same as seq
+  std::int64_t head_dim = 64;
+  DType dtype = DType::BF16;
+  Device device = Device::Cpu;
+  MaskKind mask = MaskKind::Causal;
+  std::int64_t window = 0;     // SlidingWindow only
+  std::optional<double> scale;  // default 1/sqrt(head_dim)
+
+  // Fills kv_heads/kv_seq defaults; throws Error(InvalidArgument) with what to change.
+  Problem& normalize();
+  void validate() const;
+
+  double softmax_scale() const;
+  std::int64_t group() const { return heads / kv_heads; }
+  // Key column offset of the bottom-right alignment.
+  std::int64_t diagonal_offset() const { return kv_seq - seq; }
+
+  // Structural masks only (None, causal, sliding window); Boolean and Bias
+  // read their tensors.
+  bool visible(std::int64_t i, std::int64_t j) const;
+  // Number of visible (query, key) pairs per head for structural masks,
+  // seq*kv_seq for Boolean and Bias.
+  std::int64_t visible_pairs() const;
+  // Matrix-product FLOPs of one forward: 4 * B * H * visible pairs * D.
+  double flops() const;
+  // Rows whose every key is masked (structural masks only).
+  std::int64_t fully_masked_rows() const;
+
+  // "8_16_1024_64": the file-name stem.
+  std::string shape_key() const;
+  std::string describe() const;  // "batch 8, heads 16, seq 1024, head_dim 64, bf16, causal on cuda"
+  std::size_t q_bytes() const;
+  std::size_t kv_bytes() const;  // one of K or V
+};
+
+}  // namespace attnprof

@@ -1,0 +1,110 @@
+// The profiler: nested CPU ranges, allocation events, a wait/warmup/active/repeat
+// schedule with step markers, and pluggable device collectors (CUPTI).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnprof/activity.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof {
+
+// torch.profiler.schedule: skip `wait` steps, run `warmup` steps unrecorded,
+// record `active` steps; repeat the cycle `repeat` times (0 = forever).
+struct Schedule {
+  int wait = 0;
+  int warmup = 1;
+  int active = 3;
+  int repeat = 1;
+
+  enum class Action { None, Warmup, Record, RecordAndSave };
+  Action at(int step) const;
+  int total_steps() const;  // steps until the schedule ends (repeat > 0)
+};
+
+// A source of device activities, started and stopped with the profiler.
+class Collector {
+ public:
+  virtual ~Collector() = default;
+  virtual std::string name() const = 0;
+  // Called when recording begins/ends. May throw Error(Device); the profiler
+  // then keeps going without it and notes why.
+  virtual void start() = 0;
+  virtual void stop() = 0;
+  // Moves the activities gathered since start() into `out`.
+  virtual void drain(std::vector<Activity>& out) = 0;
+  virtual std::optional<DeviceProperties> device_properties() const { return std::nullopt; }
+  virtual std::string note() const { return {}; }
+};
+
+std::int64_t now_ns();  // the profiler's clock (steady, ns)
+
+class Profiler {
+ public:
+  explicit Profiler(Schedule schedule = {});
+  ~Profiler();
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  void add_collector(std::unique_ptr<Collector> c);
+  void start();  // becomes the current profiler; step 0 begins
+  void step();   // ends the current step, begins the next (prof.step())
+  void stop();
+
+  bool recording() const { return recording_; }
+  int current_step() const { return step_; }
+  Trace& trace() { return trace_; }
+  const Trace& trace() const { return trace_; }
+
+  // The active profiler, or null.
+  static Profiler* current();
+
+  // Range API used through RecordFunction.
+  std::size_t begin_range(std::string_view name, ActivityType type, std::string_view input_dtypes,
+                          std::string_view input_dims);
+  void end_range(std::size_t handle);
+  void record_allocation(Device device, const void* ptr, std::int64_t delta, const MemoryStats& after);
+
+ private:
+  void open_step();
+  void close_step();
+  void set_recording(bool on);
+
+  Schedule schedule_;
+  std::vector<std::unique_ptr<Collector>> collectors_;
+  std::vector<bool> collector_ok_;
+  Trace trace_;
+  std::vector<std::size_t> open_ranges_;  // stack of indices into trace_.activities
+  std::size_t step_range_ = SIZE_MAX;
+  int step_ = -1;
+  bool started_ = false;
+  bool recording_ = false;
+  std::mutex mutex_;
+};
+
+// RAII range named after an op; a no-op unless a profiler is recording.
+// Also pushes an NVTX range when built with CUDA, so Nsight shows the same names.
+class RecordFunction {
+ public:
+  explicit RecordFunction(std::string_view name, std::string_view input_dtypes = {},
+                          std::string_view input_dims = {}, ActivityType type = ActivityType::CpuOp);
+  ~RecordFunction();
+  RecordFunction(const RecordFunction&) = delete;
+  RecordFunction& operator=(const RecordFunction&) = delete;
+
+ private:
+  Profiler* profiler_;
+  std::size_t handle_ = SIZE_MAX;
+};
+
+// NVTX hooks (no-ops in a CPU-only build).
+void nvtx_push(std::string_view name);
+void nvtx_pop();
+
+}  // namespace attnprof

@@ -1,0 +1,51 @@
+// The float64 reference and the acceptance rule of DESIGN.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnprof/backend.h"
+#include "attnprof/problem.h"
+
+namespace attnprof {
+
+// Fresh random inputs on the CPU (never zeros): uniform in [-1, 1) rounded to
+// the dtype, in the given layout. `bshd` lays the buffers out as
+// [batch, seq, heads, head_dim] and returns [B, H, S, D] views of them.
+Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, bool bshd = false);
+
+// Which (batch, head, query row) triples to check: all of them for small
+// problems, an even sample of at most `max_rows` otherwise.
+struct RowSample {
+  std::vector<std::int64_t> rows;  // flattened b * H * S + h * S + i
+};
+RowSample sample_rows(const Problem& p, std::int64_t max_rows);
+
+struct ErrorStats {
+  double max_abs = 0;
+  double rel = 0;                // ||out - ref|| / ||ref|| over checked finite rows
+  std::int64_t nan_count = 0;    // non-finite output elements among the checked rows
+  std::int64_t nan_rows = 0;     // checked rows with any non-finite element
+  std::int64_t nan_rows_fully_masked = 0;  // of those, rows whose every key is masked
+  std::int64_t rows_checked = 0;
+};
+
+// Compares a CPU [B, H, S, D] output with the float64 reference on the sampled
+// rows. A fully masked row's reference is zeros (the NaN-safe convention).
+ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Tensor& out, const RowSample& rows);
+
+// DESIGN.md: 16-bit passes at <= 2 * math's error + floor; FP32 far under 1e-4;
+// NaN never, except rows a backend documents (naive on fully masked rows).
+struct Acceptance {
+  bool pass = false;
+  double tolerance = 0;
+  std::string why;  // "rel 3.1e-03 <= 2 x 1.5e-03 + 1e-03"
+};
+Acceptance accept(DType dtype, const ErrorStats& e, std::optional<double> math_rel, bool nan_allowed_on_masked_rows);
+
+// Relative-error floor and FP32 bound used by accept().
+double tolerance_floor(DType dtype);
+
+}  // namespace attnprof

@@ -1,0 +1,87 @@
+// Runs one backend under the profiler on one problem and measures it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnprof/backend.h"
+#include "attnprof/profiler.h"
+#include "attnprof/reference.h"
+
+namespace attnprof {
+
+using ProgressFn = std::function<void(std::string_view)>;
+
+struct RunOptions {
+  Schedule schedule;
+  std::uint64_t seed = 0x5eed;
+  int threads = 0;              // CPU threads (0 = all cores)
+  bool bshd_inputs = false;     // inputs laid out [B, S, H, D] (strided views)
+  std::int64_t check_rows = 2048;  // query rows checked against float64
+  ProgressFn progress;          // called with one-line updates on long work
+};
+
+// Per-forward figures read off the recorded trace (null where they do not apply).
+struct Metrics {
+  int steps = 0;
+  std::optional<double> device_time_us;  // GPU: busy time of device activities; CPU: forward wall time
+  double host_time_us = 0;               // CPU time of the forward call on the host
+  std::optional<double> kernels_per_forward;  // GPU activities: kernels + memcpys + memsets
+  double ops_per_forward = 0;                 // top-level CPU ops inside forward
+  double copies_per_forward = 0;              // memcpys on GPU, copy ops on CPU
+  std::int64_t peak_bytes = 0;                // above the inputs and output
+  std::optional<double> tflops;
+  std::optional<double> ceiling_pct;
+  std::optional<double> occupancy_pct;  // of the longest kernel
+  std::optional<double> reserved_bytes;
+};
+
+struct RunResult {
+  std::string backend;
+  Problem problem;
+  Eligibility eligibility;
+  Expectation expectation;
+  Trace trace;
+  Metrics metrics;
+  std::optional<ErrorStats> error;
+  std::optional<Acceptance> acceptance;
+  std::vector<std::string> findings;  // filled by the report rules
+  std::optional<std::string> failure;  // set when the run threw (message)
+};
+
+// The device the runner profiles on: allocator, collectors, stream, ceilings.
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  virtual Device device() const = 0;
+  virtual Allocator& allocator() = 0;
+  virtual void* stream() { return nullptr; }
+  virtual void synchronize() {}
+  // Bytes that can still be allocated (for refusing before allocating).
+  virtual std::int64_t available_bytes() const = 0;
+  virtual std::vector<std::unique_ptr<Collector>> make_collectors() { return {}; }
+  // Moves inputs made on the CPU to this device (identity on the CPU).
+  virtual Inputs upload(const Inputs& host) = 0;
+  virtual Tensor download(const Tensor& t) = 0;
+  virtual void poison(Tensor& t) = 0;  // fills with NaN so unwritten elements show
+  // Measured matrix-product ceiling (TFLOP/s) for this dtype, measured once.
+  virtual double ceiling_tflops(DType dtype) = 0;
+  virtual std::string description() const = 0;  // "NVIDIA H200, driver 580.159, CUDA 13.0" / "AMD EPYC, 2 threads, OpenBLAS 0.3.21"
+  virtual std::optional<DeviceProperties> properties() const { return std::nullopt; }
+};
+
+// The runtime for a device; throws Error(Unsupported) for CUDA without a GPU or
+// in a build without CUDA.
+DeviceRuntime& device_runtime(Device d, int threads = 0);
+
+// Profiles `backend` on `p`: fresh inputs, poisoned output, the schedule's
+// steps, the float64 check. Never throws for a backend failure: it lands in
+// RunResult::failure.
+RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& options);
+
+}  // namespace attnprof

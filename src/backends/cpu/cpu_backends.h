@@ -1,0 +1,15 @@
+// Factories of the CPU backends (one file per backend in this folder).
+#pragma once
+
+#include <memory>
+
+#include "attnprof/backend.h"
+
+namespace attnprof::cpu {
+
+std::unique_ptr<Backend> make_naive();          // naive.cpp
+std::unique_ptr<Backend> make_naive_inplace();  // naive_inplace.cpp
+std::unique_ptr<Backend> make_math();           // math.cpp
+std::unique_ptr<Backend> make_flash();          // flash.cpp
+
+}  // namespace attnprof::cpu
