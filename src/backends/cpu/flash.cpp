@@ -1,0 +1,351 @@
+// flash on the CPU: FlashAttention's tiled online softmax. Each work item is
+// one (batch, head, block of kBlockQ query rows); it walks the visible key
+// blocks, keeps a running max and sum per query row and rescales its FP32
+// accumulator, so nothing [S, Skv]-sized ever exists. Work items run on OpenMP
+// threads, each with its own scratch; blocks past the causal or window bounds
+// are never visited and only blocks that straddle a bound are masked.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <string>
+
+#include "attnprof/error.h"
+#include "attnprof/profiler.h"
+#include "backends/cpu/cpu_backends.h"
+#include "backends/cpu/flash_microkernels.h"
+#include "backends/cpu/ops.h"
+
+namespace attnprof::cpu {
+namespace {
+
+using namespace flash;
+
+// 64 query rows: the transposed query block (64 x D floats) stays in L1 for
+// D <= 64 and in L2 up to D = 256, and 64 is 4 vector strips of 16 columns.
+constexpr std::int64_t kBlockQ = 64;
+// 128 keys: a block's S^T (128 x 64 floats, 32 KiB) and the K and V rows it
+// reads stay in the 512 KiB L2 next to the accumulator, while the per-block
+// softmax bookkeeping is amortised over twice as many keys as with 64.
+constexpr std::int64_t kBlockK = 128;
+
+constexpr float kLog2e = std::numbers::log2e_v<float>;
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// Per-thread scratch, in floats; every region starts on a 64-byte boundary.
+struct Layout {
+  std::int64_t qt = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, alpha = 0, total = 0;
+};
+
+Layout layout_for(std::int64_t head_dim) {
+  const std::int64_t dpad = round_up(head_dim, 8);
+  Layout L;
+  std::int64_t at = 0;
+  auto take = [&at](std::int64_t floats) {
+    const std::int64_t start = at;
+    at += round_up(floats, 16);
+    return start;
+  };
+  L.qt = take(head_dim * kBlockQ);
+  L.k = take(kBlockK * head_dim);
+  L.v = take(kBlockK * dpad);
+  L.s = take(kBlockK * kBlockQ);
+  L.o = take(kBlockQ * dpad);
+  L.m = take(kBlockQ);
+  L.l = take(kBlockQ);
+  L.alpha = take(kBlockQ);
+  L.total = at;
+  return L;
+}
+
+int resolve_threads(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
+
+// The structural mask as a band around the diagonal: key j is visible from
+// query i when (no lower bound or j >= i + lo) and (no upper bound or j <= i + hi).
+struct Band {
+  bool has_lo = false, has_hi = false;
+  std::int64_t lo = 0, hi = 0;
+};
+
+Band band_of(const Problem& p) {
+  Band band;
+  switch (p.mask) {
+    case MaskKind::Causal:
+      band.has_hi = true;
+      break;
+    case MaskKind::CausalBottomRight:
+      band = {.has_hi = true, .hi = p.diagonal_offset()};
+      break;
+    case MaskKind::SlidingWindow:
+      band = {.has_lo = true, .has_hi = true, .lo = p.diagonal_offset() - p.window + 1, .hi = p.diagonal_offset()};
+      break;
+    case MaskKind::None:
+    case MaskKind::Boolean:
+    case MaskKind::Bias:
+      break;
+  }
+  return band;
+}
+
+// Row i of t[b, h] (n elements) widened to FP32; vector loads when unit-stride.
+void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst) {
+  const std::int64_t base = t.index(b, h, i, 0);
+  const std::int64_t inc = t.stride(3);
+  const void* data = t.data();
+  if (inc != 1 && n > 1) {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c * inc);
+    return;
+  }
+  std::int64_t c = 0;
+  switch (t.dtype()) {
+    case DType::F32:
+      std::memcpy(dst, static_cast<const float*>(data) + base, static_cast<std::size_t>(n) * 4);
+      return;
+    case DType::F16: {
+      const auto* src = static_cast<const std::uint16_t*>(data) + base;
+      for (; c + 8 <= n; c += 8) store(dst + c, load_f16(src + c));
+      break;
+    }
+    case DType::BF16: {
+      const auto* src = static_cast<const std::uint16_t*>(data) + base;
+      for (; c + 8 <= n; c += 8) store(dst + c, load_bf16(src + c));
+      break;
+    }
+    case DType::Bool:
+      break;
+  }
+  for (; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c);
+}
+
+// Everything a work item needs, fixed for one forward.
+struct Job {
+  const Problem& p;
+  const Inputs& in;
+  const Tensor& out;
+  Layout layout;
+  Band band;
+  float q_scale;      // softmax scale * log2(e): the exponentials are base 2
+  std::int64_t dpad;  // head_dim rounded up to 8, the accumulator's row length
+  bool k_in_place;    // FP32 unit-stride K rows are read where they lie
+  bool v_in_place;    // likewise V, when its rows are also whole vectors
+};
+
+// Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
+// qcols are zero so padded lanes compute harmless values.
+void pack_q(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
+            float* qt, float* row) {
+  const std::int64_t D = job.p.head_dim;
+  for (std::int64_t i = 0; i < nq; ++i) {
+    load_row(job.in.q, b, h, i0 + i, D, row);
+    for (std::int64_t d = 0; d < D; ++d) qt[d * kBlockQ + i] = row[d] * job.q_scale;
+  }
+  for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
+}
+
+// -inf where the band hides key j0 + j from query i0 + c, on a block that
+// straddles a bound. Per key row the visible query columns are one interval.
+void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::int64_t key = j0 + j;
+    const std::int64_t first = band.has_hi ? std::clamp(key - band.hi - i0, std::int64_t{0}, qcols) : 0;
+    const std::int64_t end = band.has_lo ? std::clamp(key - band.lo - i0 + 1, first, qcols) : qcols;
+    float* row = st + j * kBlockQ;
+    std::fill(row, row + first, kNegInf);
+    std::fill(row + end, row + qcols, kNegInf);
+  }
+}
+
+// Boolean masks (false hides) and additive biases, read row by row through the
+// tensor's strides, so [1, 1, S, Skv] and stride-0 expanded views both work.
+void mask_tensor(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t j0,
+                 std::int64_t n, float* st) {
+  const bool boolean = job.p.mask == MaskKind::Boolean;
+  const Tensor& t = boolean ? job.in.mask : job.in.bias;
+  const std::int64_t tb = t.size(0) == 1 ? 0 : b;
+  const std::int64_t th = t.size(1) == 1 ? 0 : h;
+  const std::int64_t inc = t.stride(3);
+  for (std::int64_t c = 0; c < nq; ++c) {
+    const std::int64_t base = t.index(tb, th, i0 + c, j0);
+    if (boolean) {
+      const auto* keep = t.data_as<const std::uint8_t>() + base;
+      for (std::int64_t j = 0; j < n; ++j)
+        if (!keep[j * inc]) st[j * kBlockQ + c] = kNegInf;
+    } else if (t.dtype() == DType::F32) {
+      const float* bias = t.data_as<const float>() + base;
+      for (std::int64_t j = 0; j < n; ++j) st[j * kBlockQ + c] += kLog2e * bias[j * inc];
+    } else {
+      for (std::int64_t j = 0; j < n; ++j)
+        st[j * kBlockQ + c] += kLog2e * load_as_float(t.data(), t.dtype(), base + j * inc);
+    }
+  }
+}
+
+// out rows = O / l, zeros where l == 0 (every key masked: never NaN).
+void store_rows(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, const float* o,
+                const float* l) {
+  const Tensor& out = job.out;
+  const std::int64_t D = job.p.head_dim;
+  const std::int64_t inc = out.stride(3);
+  for (std::int64_t i = 0; i < nq; ++i) {
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const float* src = o + i * job.dpad;
+    const std::int64_t base = out.index(b, h, i0 + i, 0);
+    if (out.dtype() == DType::F32 && inc == 1) {
+      float* dst = out.data_as<float>() + base;
+      for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
+    } else {
+      for (std::int64_t d = 0; d < D; ++d) store_from_float(out.data(), out.dtype(), base + d * inc, src[d] * inv);
+    }
+  }
+}
+
+// One work item: query rows [i0, i0 + nq) of (b, h) against every visible key.
+void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
+  const Problem& p = job.p;
+  const Layout& L = job.layout;
+  const std::int64_t D = p.head_dim;
+  const std::int64_t hk = h / p.group();
+  const std::int64_t nq = std::min(kBlockQ, p.seq - i0);
+  const std::int64_t qcols = round_up(nq, 16);
+  float* qt = scratch + L.qt;
+  float* st = scratch + L.s;
+  float* o = scratch + L.o;
+  float* m = scratch + L.m;
+  float* l = scratch + L.l;
+  float* alpha = scratch + L.alpha;
+
+  std::fill(o, o + nq * job.dpad, 0.0f);
+  std::fill(m, m + kBlockQ, kNegInf);
+  std::fill(l, l + kBlockQ, 0.0f);
+
+  // The keys any row of this block can see; rows outside it stay all-masked.
+  const Band& band = job.band;
+  const std::int64_t last = i0 + nq - 1;
+  const std::int64_t k_begin = band.has_lo ? std::max<std::int64_t>(0, i0 + band.lo) : 0;
+  const std::int64_t k_end = band.has_hi ? std::min(p.kv_seq, last + band.hi + 1) : p.kv_seq;
+  if (k_begin < k_end) pack_q(job, b, h, i0, nq, qcols, qt, st);
+
+  const Tensor& K = job.in.k;
+  const Tensor& V = job.in.v;
+  for (std::int64_t j0 = k_begin; j0 < k_end; j0 += kBlockK) {
+    const std::int64_t n = std::min(kBlockK, k_end - j0);
+
+    const float* k_rows = scratch + L.k;
+    std::int64_t ldk = D;
+    if (job.k_in_place) {
+      k_rows = K.data_as<const float>() + K.index(b, hk, j0, 0);
+      ldk = K.stride(2);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) load_row(K, b, hk, j0 + j, D, scratch + L.k + j * D);
+    }
+    qk_block(k_rows, ldk, n, qt, kBlockQ, qcols, D, st, kBlockQ);
+
+    const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
+    if (straddles) mask_band(band, i0, j0, n, qcols, st);
+    if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(job, b, h, i0, nq, j0, n, st);
+
+    online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
+
+    const float* v_rows = scratch + L.v;
+    std::int64_t ldv = job.dpad;
+    if (job.v_in_place) {
+      v_rows = V.data_as<const float>() + V.index(b, hk, j0, 0);
+      ldv = V.stride(2);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) {
+        float* row = scratch + L.v + j * job.dpad;
+        load_row(V, b, hk, j0 + j, D, row);
+        std::fill(row + D, row + job.dpad, 0.0f);
+      }
+    }
+    pv_block(st, kBlockQ, v_rows, ldv, n, nq, job.dpad, alpha, o, job.dpad);
+  }
+  store_rows(job, b, h, i0, nq, o, l);
+}
+
+std::string check_problem(const Problem& p) {
+  if (p.device != Device::Cpu) return "the CPU flash backend runs on the CPU; use --device cpu";
+  try {
+    Problem q = p;
+    q.normalize();
+    q.validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+class FlashCpu final : public Backend {
+ public:
+  std::string_view name() const override { return "flash"; }
+  Device device() const override { return Device::Cpu; }
+
+  Eligibility eligibility(const Problem& p) const override {
+    if (std::string why = check_problem(p); !why.empty()) return {.eligible = false, .reason = why};
+    return {.eligible = true,
+            .reason = "tiled online softmax, " + std::to_string(omp_get_max_threads()) +
+                      " threads, never materialises [S, Skv]"};
+  }
+
+  std::size_t workspace_bytes(const Problem& p) const override {
+    return static_cast<std::size_t>(layout_for(p.head_dim).total) * sizeof(float) *
+           static_cast<std::size_t>(omp_get_max_threads());
+  }
+
+  Expectation expectation(const Problem& p) const override { return {.cpu_ops = {"flash_attention"}, .copies = 0}; }
+
+  void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
+    Problem p = problem;
+    p.normalize();
+    RecordFunction rf("flash_attention", dtypes_string({&in.q, &in.k, &in.v}),
+                      dims_string(in.q) + ", " + dims_string(in.k) + ", " + dims_string(in.v));
+    if (p.mask == MaskKind::Boolean && !in.mask.defined())
+      fail(ErrorKind::InvalidArgument, "flash: a boolean mask problem needs Inputs::mask");
+    if (p.mask == MaskKind::Bias && !in.bias.defined())
+      fail(ErrorKind::InvalidArgument, "flash: a bias mask problem needs Inputs::bias");
+
+    const std::int64_t D = p.head_dim;
+    const bool k_unit = in.k.stride(3) == 1 || D == 1;
+    const bool v_unit = in.v.stride(3) == 1 || D == 1;
+    const Job job{.p = p,
+                  .in = in,
+                  .out = out,
+                  .layout = layout_for(D),
+                  .band = band_of(p),
+                  .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
+                  .dpad = round_up(D, 8),
+                  .k_in_place = in.k.dtype() == DType::F32 && k_unit,
+                  .v_in_place = in.v.dtype() == DType::F32 && v_unit && D % 8 == 0};
+
+    const std::int64_t q_blocks = (p.seq + kBlockQ - 1) / kBlockQ;
+    const std::int64_t heads = p.batch * p.heads;
+    const std::int64_t items = heads * q_blocks;
+    const int threads =
+        static_cast<int>(std::min<std::int64_t>(resolve_threads(ctx.threads), std::max<std::int64_t>(items, 1)));
+
+    Tensor scratch = Tensor::empty({threads, 1, 1, job.layout.total}, DType::F32, ctx.allocator);
+    float* scratch_base = scratch.data_as<float>();
+
+    // Later query blocks see more keys under causal masks: hand them out first
+    // (dynamic schedule) so the last items to finish are the short ones.
+#pragma omp parallel num_threads(threads)
+    {
+      float* mine = scratch_base + static_cast<std::int64_t>(omp_get_thread_num()) * job.layout.total;
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t item = 0; item < items; ++item) {
+        const std::int64_t qb = q_blocks - 1 - item / heads;
+        const std::int64_t bh = item % heads;
+        attend_block(job, bh / p.heads, bh % p.heads, qb * kBlockQ, mine);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_flash() { return std::make_unique<FlashCpu>(); }
+
+}  // namespace attnprof::cpu
