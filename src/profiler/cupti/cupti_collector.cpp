@@ -1,0 +1,567 @@
+#include "profiler/cupti/cupti_collector.h"
+
+#include <cuda_occupancy.h>
+#include <cuda_runtime_api.h>
+#include <cupti.h>
+#include <cxxabi.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "attnprof/error.h"
+
+namespace attnprof::cupti {
+namespace {
+
+constexpr std::size_t kBufferBytes = 8u << 20;  // CUPTI's own default; fewer callbacks than small buffers
+
+// Everything CUPTI's callbacks touch. Leaked on purpose: CUPTI may deliver a
+// last buffer while static destructors run.
+struct Global {
+  std::mutex mutex;
+  std::once_flag init_once;
+  std::string init_error;         // why CUPTI cannot be used; empty when it can
+  bool clock_callback = false;    // CUPTI reports times on now_ns() itself
+  std::int64_t clock_offset = 0;  // otherwise added to CUPTI times
+  std::vector<Activity> records;
+  std::unordered_map<std::uint32_t, std::uint64_t> external;  // correlation -> external id
+  std::unordered_map<std::uint32_t, std::int64_t> threads;    // CUPTI thread id -> gettid
+  std::uint64_t dropped = 0;
+};
+
+Global& global() {
+  static Global* g = new Global;
+  return *g;
+}
+
+std::atomic<bool> g_running{false};
+
+const CUpti_ActivityKind kDeviceKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                           CUPTI_ACTIVITY_KIND_MEMSET};
+const CUpti_ActivityKind kHostKinds[] = {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER,
+                                         CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+
+std::string cupti_message(CUptiResult r) {
+  const char* s = nullptr;
+  cuptiGetResultString(r, &s);
+  return s ? s : "CUPTI error " + std::to_string(static_cast<int>(r));
+}
+
+std::uint64_t CUPTIAPI clock_now() { return static_cast<std::uint64_t>(now_ns()); }
+
+void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::size_t* max_records) {
+  *buffer = static_cast<std::uint8_t*>(std::aligned_alloc(ACTIVITY_RECORD_ALIGNMENT, kBufferBytes));
+  *size = *buffer ? kBufferBytes : 0;  // a zero size makes CUPTI drop (and count) records
+  *max_records = 0;
+}
+
+std::string memory_kind(std::uint32_t k) {
+  switch (k) {
+    case CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE:
+      return "Pageable";
+    case CUPTI_ACTIVITY_MEMORY_KIND_PINNED:
+      return "Pinned";
+    case CUPTI_ACTIVITY_MEMORY_KIND_DEVICE:
+      return "Device";
+    case CUPTI_ACTIVITY_MEMORY_KIND_ARRAY:
+      return "Array";
+    case CUPTI_ACTIVITY_MEMORY_KIND_MANAGED:
+      return "Managed";
+    case CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC:
+      return "Device Static";
+    case CUPTI_ACTIVITY_MEMORY_KIND_MANAGED_STATIC:
+      return "Managed Static";
+    default:
+      return "Unknown";
+  }
+}
+
+std::string copy_kind(std::uint32_t k) {
+  switch (k) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
+      return "HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
+      return "DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOA:
+      return "HtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOH:
+      return "AtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOA:
+      return "AtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOD:
+      return "AtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOA:
+      return "DtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
+      return "DtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH:
+      return "HtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP:
+      return "PtoP";
+    default:
+      return "Unknown";
+  }
+}
+
+// Kineto's names, which trace readers group on.
+const char* sync_name(CUpti_ActivitySynchronizationType t) {
+  switch (t) {
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE:
+      return "Event Sync";
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT:
+      return "Stream Wait Event";
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE:
+      return "Stream Sync";
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE:
+      return "Context Sync";
+    default:
+      return "Unknown Sync";
+  }
+}
+
+std::int64_t stream_of(std::uint32_t id) { return id == CUPTI_INVALID_STREAM_ID ? -1 : id; }
+
+// Copies one record into an Activity (raw names and thread ids: see finish()).
+// Runs on CUPTI's thread, so it calls nothing in CUDA.
+void translate(const CUpti_Activity* record, std::int64_t offset, std::vector<Activity>& out,
+               std::vector<std::pair<std::uint32_t, std::uint64_t>>& external) {
+  Activity a;
+  switch (record->kind) {
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+    case CUPTI_ACTIVITY_KIND_KERNEL: {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      a.type = ActivityType::Kernel;
+      a.name = k->name ? k->name : "?";
+      a.start_ns = static_cast<std::int64_t>(k->start) + offset;
+      a.dur_ns = static_cast<std::int64_t>(k->end - k->start);
+      a.device = static_cast<int>(k->deviceId);
+      a.context = k->contextId;
+      a.stream = stream_of(k->streamId);
+      a.correlation = k->correlationId;
+      KernelInfo info;
+      info.grid = {k->gridX, k->gridY, k->gridZ};
+      info.block = {k->blockX, k->blockY, k->blockZ};
+      info.registers_per_thread = k->registersPerThread;
+      info.static_shared_bytes = k->staticSharedMemory;
+      info.dynamic_shared_bytes = k->dynamicSharedMemory;
+      // queued is only filled with latency timestamps on; a value after the
+      // start would be a clock mix-up, not a queue.
+      if (k->queued != CUPTI_TIMESTAMP_UNKNOWN && k->queued <= k->start) {
+        info.queued_ns = static_cast<double>(k->start - k->queued);
+      }
+      a.kernel = info;
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMCPY: {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      a.type = ActivityType::Memcpy;
+      a.name =
+          "Memcpy " + copy_kind(m->copyKind) + " (" + memory_kind(m->srcKind) + " -> " + memory_kind(m->dstKind) + ")";
+      a.start_ns = static_cast<std::int64_t>(m->start) + offset;
+      a.dur_ns = static_cast<std::int64_t>(m->end - m->start);
+      a.device = static_cast<int>(m->deviceId);
+      a.context = m->contextId;
+      a.stream = stream_of(m->streamId);
+      // A runtime-launched copy carries the id of its cudaMemcpy* record
+      // separately; that is the call the flow arrow should start from.
+      a.correlation = m->runtimeCorrelationId ? m->runtimeCorrelationId : m->correlationId;
+      a.transfer = TransferInfo{static_cast<std::int64_t>(m->bytes), copy_kind(m->copyKind)};
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMSET: {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      a.type = ActivityType::Memset;
+      a.name = "Memset (" + memory_kind(m->memoryKind) + ")";
+      a.start_ns = static_cast<std::int64_t>(m->start) + offset;
+      a.dur_ns = static_cast<std::int64_t>(m->end - m->start);
+      a.device = static_cast<int>(m->deviceId);
+      a.context = m->contextId;
+      a.stream = stream_of(m->streamId);
+      a.correlation = m->correlationId;
+      a.transfer = TransferInfo{static_cast<std::int64_t>(m->bytes), {}};
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER: {
+      const auto* api = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      a.type = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? ActivityType::CudaRuntime : ActivityType::CudaDriver;
+      a.cbid = api->cbid;
+      a.start_ns = static_cast<std::int64_t>(api->start) + offset;
+      a.dur_ns = static_cast<std::int64_t>(api->end - api->start);
+      a.pid = api->processId;
+      a.tid = api->threadId;  // pthread_self's low bits; mapped in finish()
+      a.correlation = api->correlationId;
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
+      const auto* s = reinterpret_cast<const CUpti_ActivitySynchronization2*>(record);
+      a.type = ActivityType::CudaSync;
+      a.name = sync_name(s->type);
+      a.start_ns = static_cast<std::int64_t>(s->start) + offset;
+      a.dur_ns = static_cast<std::int64_t>(s->end - s->start);
+      a.context = s->contextId;
+      a.stream = stream_of(s->streamId);
+      a.correlation = s->correlationId;
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
+      const auto* e = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
+      external.emplace_back(e->correlationId, e->externalId);
+      return;
+    }
+    default:
+      return;  // overhead and other kinds we did not ask for
+  }
+  if (a.dur_ns < 0) return;  // an incomplete record from a forced flush
+  out.push_back(std::move(a));
+}
+
+void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream_id, std::uint8_t* buffer, std::size_t,
+                               std::size_t valid) {
+  Global& g = global();
+  std::int64_t offset = 0;
+  {
+    std::lock_guard lock(g.mutex);
+    offset = g.clock_offset;
+  }
+  std::vector<Activity> parsed;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> external;
+  CUpti_Activity* record = nullptr;
+  while (valid > 0 && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    translate(record, offset, parsed, external);
+  }
+  std::size_t dropped = 0;
+  cuptiActivityGetNumDroppedRecords(context, stream_id, &dropped);
+  std::free(buffer);
+
+  std::lock_guard lock(g.mutex);
+  g.dropped += dropped;
+  for (auto& [corr, id] : external) g.external[corr] = id;
+  g.records.insert(g.records.end(), std::make_move_iterator(parsed.begin()), std::make_move_iterator(parsed.end()));
+}
+
+void initialize() {
+  Global& g = global();
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+    g.init_error = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+    return;
+  }
+  if (const CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed); r != CUPTI_SUCCESS) {
+    g.init_error = "cuptiActivityRegisterCallbacks failed: " + cupti_message(r);
+    return;
+  }
+  // Must precede the first enable; without it, start() measures an offset.
+  g.clock_callback = cuptiActivityRegisterTimestampCallback(clock_now) == CUPTI_SUCCESS;
+  // Another profiler (Nsight Systems, a second CUPTI client) shows up here.
+  if (const CUptiResult r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL); r != CUPTI_SUCCESS) {
+    g.init_error = "cuptiActivityEnable failed: " + cupti_message(r);
+    return;
+  }
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+}
+
+// "cudaLaunchKernel_v7000" -> "cudaLaunchKernel", "cuMemcpyDtoDAsync_v2_ptsz" -> "cuMemcpyDtoDAsync".
+std::string strip_version(std::string name) {
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const char* suffix : {"_ptsz", "_ptds"}) {
+      if (name.size() > 5 && name.ends_with(suffix)) {
+        name.resize(name.size() - 5);
+        changed = true;
+      }
+    }
+    const auto v = name.rfind("_v");
+    if (v != std::string::npos && v + 2 < name.size() &&
+        std::all_of(name.begin() + static_cast<std::ptrdiff_t>(v) + 2, name.end(),
+                    [](char c) { return c >= '0' && c <= '9'; })) {
+      name.resize(v);
+      changed = true;
+    }
+  }
+  return name;
+}
+
+std::string api_name(ActivityType type, std::uint32_t cbid) {
+  const char* name = nullptr;
+  const auto domain = type == ActivityType::CudaRuntime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
+  if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || !name) {
+    return (type == ActivityType::CudaRuntime ? "cuda runtime cbid " : "cuda driver cbid ") + std::to_string(cbid);
+  }
+  return strip_version(name);
+}
+
+std::string demangle(const std::string& name) {
+  int status = 0;
+  char* out = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+  std::string result = status == 0 && out ? out : name;
+  std::free(out);
+  return result;
+}
+
+}  // namespace
+
+DeviceProperties query_device_properties(int device) {
+  cudaDeviceProp p{};
+  if (const cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess) {
+    throw Error(ErrorKind::Device, std::string("cudaGetDeviceProperties failed: ") + cudaGetErrorString(e));
+  }
+  DeviceProperties d;
+  d.id = device;
+  d.name = p.name;
+  d.total_global_mem = static_cast<std::int64_t>(p.totalGlobalMem);
+  d.compute_major = p.major;
+  d.compute_minor = p.minor;
+  d.num_sms = p.multiProcessorCount;
+  d.max_threads_per_sm = p.maxThreadsPerMultiProcessor;
+  d.max_threads_per_block = p.maxThreadsPerBlock;
+  d.max_blocks_per_sm = p.maxBlocksPerMultiProcessor;
+  d.regs_per_sm = p.regsPerMultiprocessor;
+  d.regs_per_block = p.regsPerBlock;
+  d.warp_size = p.warpSize;
+  d.shared_mem_per_sm = static_cast<std::int64_t>(p.sharedMemPerMultiprocessor);
+  d.shared_mem_per_block = static_cast<std::int64_t>(p.sharedMemPerBlock);
+  d.shared_mem_per_block_optin = static_cast<std::int64_t>(p.sharedMemPerBlockOptin);
+  d.l2_cache_bytes = p.l2CacheSize;
+  return d;
+}
+
+void fill_occupancy(KernelInfo& kernel, const DeviceProperties& device, int reserved_shared_per_block) {
+  cudaOccDeviceProp prop;
+  prop.computeMajor = device.compute_major;
+  prop.computeMinor = device.compute_minor;
+  prop.maxThreadsPerBlock = device.max_threads_per_block;
+  prop.maxThreadsPerMultiprocessor = device.max_threads_per_sm;
+  prop.regsPerBlock = device.regs_per_block;
+  prop.regsPerMultiprocessor = device.regs_per_sm;
+  prop.warpSize = device.warp_size;
+  prop.sharedMemPerBlock = static_cast<std::size_t>(device.shared_mem_per_block);
+  prop.sharedMemPerMultiprocessor = static_cast<std::size_t>(device.shared_mem_per_sm);
+  prop.numSms = device.num_sms;
+  prop.sharedMemPerBlockOptin = static_cast<std::size_t>(device.shared_mem_per_block_optin);
+  prop.reservedSharedMemPerBlock = static_cast<std::size_t>(std::max(reserved_shared_per_block, 0));
+
+  cudaOccFuncAttributes attr;
+  attr.maxThreadsPerBlock = INT_MAX;  // the launch succeeded, so its block size was allowed
+  attr.numRegs = kernel.registers_per_thread;
+  attr.sharedSizeBytes = static_cast<std::size_t>(std::max(kernel.static_shared_bytes, 0));
+  attr.partitionedGCConfig = PARTITIONED_GC_OFF;
+  // The launch succeeded, so the kernel had opted into at least the dynamic
+  // shared memory it used. Kineto's FUNC_SHMEM_LIMIT_DEFAULT caps blocks at
+  // 48 KiB and reports 0% for every heavier kernel (cuDNN's, flash's).
+  attr.shmemLimitConfig = FUNC_SHMEM_LIMIT_OPTIN;
+  attr.maxDynamicSharedSizeBytes = static_cast<std::size_t>(std::max(kernel.dynamic_shared_bytes, 0));
+  attr.numBlockBarriers = 1;
+  const cudaOccDeviceState state;
+
+  const int block = kernel.block[0] * kernel.block[1] * kernel.block[2];
+  if (block <= 0 || device.warp_size <= 0 || device.max_threads_per_sm <= 0) return;
+  cudaOccResult result{};
+  if (cudaOccMaxActiveBlocksPerMultiprocessor(&result, &prop, &attr, &state, block, attr.maxDynamicSharedSizeBytes) !=
+      CUDA_OCC_SUCCESS) {
+    return;
+  }
+  const int warps_per_block = (block + device.warp_size - 1) / device.warp_size;
+  const double max_warps = static_cast<double>(device.max_threads_per_sm) / device.warp_size;
+  kernel.blocks_per_sm = result.activeBlocksPerMultiprocessor;
+  kernel.warps_per_sm = static_cast<double>(result.activeBlocksPerMultiprocessor) * warps_per_block;
+  kernel.occupancy_pct = std::min(100.0, *kernel.warps_per_sm / max_warps * 100.0);
+}
+
+std::string probe() {
+  Global& g = global();
+  std::call_once(g.init_once, initialize);
+  return g.init_error;
+}
+
+void register_current_thread() {
+  thread_local bool registered = false;
+  if (registered) return;
+  registered = true;
+  Global& g = global();
+  std::lock_guard lock(g.mutex);
+  g.threads[static_cast<std::uint32_t>(pthread_self())] = static_cast<std::int64_t>(::syscall(SYS_gettid));
+}
+
+namespace {
+thread_local int t_external_depth = 0;  // pushes this thread owes CUPTI a pop for
+}
+
+void push_external_id(std::uint64_t id) {
+  if (!g_running.load(std::memory_order_acquire)) return;
+  register_current_thread();
+  if (cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id) == CUPTI_SUCCESS) {
+    ++t_external_depth;
+  }
+}
+
+void pop_external_id() {
+  if (t_external_depth == 0) return;
+  std::uint64_t last = 0;
+  cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &last);
+  --t_external_depth;
+}
+
+CuptiCollector::~CuptiCollector() {
+  if (running_) {
+    try {
+      stop();
+    } catch (...) {  // a destructor must not throw
+    }
+  }
+}
+
+void CuptiCollector::start() {
+  if (running_) return;
+  if (std::string reason = probe(); !reason.empty()) throw Error(ErrorKind::Device, reason);
+  if (g_running.exchange(true)) throw Error(ErrorKind::Device, "another CUPTI collector is already running");
+
+  Global& g = global();
+  try {
+    int count = 0;
+    if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+      throw Error(ErrorKind::Device, std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e));
+    }
+    devices_.clear();
+    reserved_shared_.clear();
+    for (int d = 0; d < count; ++d) {
+      devices_.push_back(query_device_properties(d));
+      int reserved = 0;
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, d);
+      reserved_shared_.push_back(reserved);
+    }
+    int current = 0;
+    cudaGetDevice(&current);
+    device_ = devices_.at(static_cast<std::size_t>(current));
+  } catch (...) {
+    g_running = false;
+    throw;
+  }
+  register_current_thread();
+  {
+    std::lock_guard lock(g.mutex);
+    g.records.clear();
+    g.external.clear();
+    g.dropped = 0;
+    if (!g.clock_callback) {
+      std::uint64_t cupti_now = 0;
+      cuptiGetTimestamp(&cupti_now);
+      g.clock_offset = now_ns() - static_cast<std::int64_t>(cupti_now);
+    }
+  }
+  note_.clear();
+  if (!g.clock_callback) note_ = "CUPTI timestamp callback unavailable: GPU times aligned by a measured offset";
+  cuptiActivityEnableLatencyTimestamps(1);  // fills KernelInfo::queued_ns; optional
+
+  std::vector<CUpti_ActivityKind> enabled;
+  auto enable = [&](CUpti_ActivityKind kind) {
+    if (const CUptiResult r = cuptiActivityEnable(kind); r != CUPTI_SUCCESS) {
+      for (auto k : enabled) cuptiActivityDisable(k);
+      g_running = false;
+      throw Error(ErrorKind::Device, "cuptiActivityEnable(kind " + std::to_string(static_cast<int>(kind)) +
+                                         ") failed: " + cupti_message(r));
+    }
+    enabled.push_back(kind);
+  };
+  for (auto kind : kDeviceKinds) enable(kind);
+  for (auto kind : kHostKinds) enable(kind);
+  // Synchronization records are a nicety (the cuda_sync lane); go on without them.
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+  running_ = true;
+}
+
+void CuptiCollector::stop() {
+  if (!running_) return;
+  running_ = false;
+  // Host-side kinds off first, so the synchronize below stays out of the trace.
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+  for (auto kind : kHostKinds) cuptiActivityDisable(kind);
+  // Device records complete only when their work has finished.
+  const cudaError_t sync = cudaDeviceSynchronize();
+  const CUptiResult flushed = cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  for (auto kind : kDeviceKinds) cuptiActivityDisable(kind);
+
+  Global& g = global();
+  std::vector<Activity> raw;
+  std::uint64_t dropped = 0;
+  {
+    std::lock_guard lock(g.mutex);
+    raw.swap(g.records);
+    dropped = g.dropped;
+  }
+  g_running = false;
+  auto add_note = [this](const std::string& s) { note_ += (note_.empty() ? "" : "; ") + s; };
+  if (sync != cudaSuccess) add_note(std::string("cudaDeviceSynchronize at stop failed: ") + cudaGetErrorString(sync));
+  if (flushed != CUPTI_SUCCESS) add_note("cuptiActivityFlushAll failed: " + cupti_message(flushed));
+  if (dropped) add_note("CUPTI dropped " + std::to_string(dropped) + " activity records (buffers full)");
+  finish(raw);
+  activities_.insert(activities_.end(), std::make_move_iterator(raw.begin()), std::make_move_iterator(raw.end()));
+}
+
+// Names, thread ids, external ids and occupancy, on the caller's thread.
+void CuptiCollector::finish(std::vector<Activity>& raw) {
+  Global& g = global();
+  std::unordered_map<std::uint32_t, std::uint64_t> external;
+  std::unordered_map<std::uint32_t, std::int64_t> threads;
+  {
+    std::lock_guard lock(g.mutex);
+    external.swap(g.external);
+    threads = g.threads;
+  }
+  std::unordered_map<std::uint64_t, std::string> api_names;  // (type << 32 | cbid) -> name
+  std::unordered_map<std::string, std::string> kernel_names;
+  std::unordered_map<std::uint64_t, std::int64_t> tid_of_correlation;
+  std::unordered_map<std::int64_t, int> device_of_context;
+  const std::int64_t pid = ::getpid();
+
+  for (Activity& a : raw) {
+    if (a.type == ActivityType::CudaRuntime || a.type == ActivityType::CudaDriver) {
+      const std::uint64_t key = (static_cast<std::uint64_t>(a.type) << 32) | a.cbid;
+      auto it = api_names.find(key);
+      if (it == api_names.end()) it = api_names.emplace(key, api_name(a.type, a.cbid)).first;
+      a.name = it->second;
+      // CUPTI's thread id is pthread_self's low 32 bits (as Kineto reads it);
+      // the CPU side records gettid, so map registered threads across.
+      const auto t = threads.find(static_cast<std::uint32_t>(a.tid));
+      if (t != threads.end()) a.tid = t->second;
+      a.pid = pid;
+      tid_of_correlation[a.correlation] = a.tid;
+    } else if (a.on_device()) {
+      device_of_context[a.context] = a.device;
+      a.pid = a.device;  // GPU lanes: pid the device, tid the stream
+      a.tid = a.stream;
+    }
+    if (a.type == ActivityType::Kernel && a.kernel) {
+      auto it = kernel_names.find(a.name);
+      if (it == kernel_names.end()) it = kernel_names.emplace(a.name, demangle(a.name)).first;
+      a.name = it->second;
+      const auto d = static_cast<std::size_t>(a.device);
+      if (d < devices_.size()) fill_occupancy(*a.kernel, devices_[d], reserved_shared_[d]);
+    }
+    if (const auto e = external.find(static_cast<std::uint32_t>(a.correlation)); e != external.end()) {
+      a.external_id = e->second;
+    }
+  }
+  // Sync records name neither thread nor device: borrow them from their call.
+  for (Activity& a : raw) {
+    if (a.type != ActivityType::CudaSync) continue;
+    a.pid = pid;
+    if (const auto t = tid_of_correlation.find(a.correlation); t != tid_of_correlation.end()) a.tid = t->second;
+    if (const auto d = device_of_context.find(a.context); d != device_of_context.end()) a.device = d->second;
+  }
+}
+
+void CuptiCollector::drain(std::vector<Activity>& out) {
+  out.insert(out.end(), std::make_move_iterator(activities_.begin()), std::make_move_iterator(activities_.end()));
+  activities_.clear();
+}
+
+}  // namespace attnprof::cupti

@@ -1,0 +1,79 @@
+// The CUDA half of the profiler: CUPTI activity records turned into attnprof
+// Activities (Kineto's bottom layer; writers never see CUPTI types).
+//
+// CUPTI is process-wide: its buffer callbacks and clock are registered once,
+// and only one CuptiCollector may be running at a time. The buffer callback
+// only copies records; names are demangled, occupancy computed and thread ids
+// mapped in drain(), on the caller's thread, because CUDA calls are not
+// allowed inside CUPTI callbacks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnprof/activity.h"
+#include "attnprof/profiler.h"
+
+namespace attnprof::cupti {
+
+// cudaGetDeviceProperties in attnprof's terms; throws Error(Device).
+DeviceProperties query_device_properties(int device);
+
+// Theoretical occupancy of one launch from its record (grid, block,
+// registers, static and dynamic shared memory) with the CUDA occupancy
+// calculator: fills blocks_per_sm, warps_per_sm and occupancy_pct. Kernels
+// that opted into more than 48 KiB of dynamic shared memory are computed
+// against the opt-in limit, so large-tile and driver-API (cuLaunchKernelEx)
+// launches do not read as 0%. Leaves the fields empty when the calculator
+// refuses the input (an unknown architecture).
+void fill_occupancy(KernelInfo& kernel, const DeviceProperties& device, int reserved_shared_per_block);
+
+// Sets CUPTI up once per process (buffer callbacks, the shared clock) and
+// checks that activity collection can be enabled. Returns an empty string when
+// CUPTI is usable, otherwise the one-line reason (no device, another profiler
+// attached, ...). Cached after the first call.
+std::string probe();
+
+class CuptiCollector : public Collector {
+ public:
+  CuptiCollector() = default;
+  ~CuptiCollector() override;
+
+  std::string name() const override { return "CUPTI"; }
+  // Enables kernel, memcpy, memset, runtime, driver, synchronization and
+  // external-correlation records. Throws Error(Device) with the reason.
+  void start() override;
+  // Synchronizes the device, flushes every buffer and disables collection.
+  void stop() override;
+  void drain(std::vector<Activity>& out) override;
+  std::optional<DeviceProperties> device_properties() const override { return device_; }
+  // Dropped-record counts and clock fallbacks, when there were any.
+  std::string note() const override { return note_; }
+
+ private:
+  void finish(std::vector<Activity>& raw);
+
+  bool running_ = false;
+  std::vector<Activity> activities_;
+  std::vector<DeviceProperties> devices_;
+  std::vector<int> reserved_shared_;  // per device, for the occupancy calculator
+  std::optional<DeviceProperties> device_;
+  std::string note_;
+};
+
+// External correlation: while an id is pushed on a thread, CUDA calls that
+// thread makes (and the device work they launch) get Activity::external_id =
+// id. No-ops unless a CuptiCollector is running. The profiler may push the
+// CPU op's id from begin_range and pop it in end_range.
+void push_external_id(std::uint64_t id);
+void pop_external_id();
+
+// Tells the collector that the calling thread makes CUDA calls, so that
+// CUPTI's thread ids (pthread_self) become OS thread ids (gettid, what the
+// CPU side records). start() registers its own thread; nvtx_push registers
+// every thread that opens a range.
+void register_current_thread();
+
+}  // namespace attnprof::cupti
