@@ -1,0 +1,153 @@
+#include "profiler/cupti/event_timing_collector.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "attnprof/error.h"
+#include "backends/cuda/check.h"
+#include "profiler/cupti/cupti_collector.h"
+
+namespace attnprof::cupti {
+namespace {
+
+std::atomic<EventTimingCollector*> g_active{nullptr};
+
+// One entry per open range on this thread: whether it was a timed one, so
+// pops pair with the right pushes even when collection starts mid-range.
+thread_local std::vector<bool> t_timed;
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
+
+}  // namespace
+
+void on_range_push(std::string_view name) {
+  EventTimingCollector* c = g_active.load(std::memory_order_acquire);
+  Profiler* p = Profiler::current();
+  // Unrecorded steps are dropped by the profiler anyway; skip their events.
+  const bool timed = c && p && p->recording() && name == c->range();
+  if (timed) c->range_begin();
+  t_timed.push_back(timed);
+}
+
+void on_range_pop() {
+  if (t_timed.empty()) return;
+  const bool timed = t_timed.back();
+  t_timed.pop_back();
+  if (!timed) return;
+  if (EventTimingCollector* c = g_active.load(std::memory_order_acquire)) c->range_end();
+}
+
+EventTimingCollector::EventTimingCollector(void* stream, std::string reason, std::string range)
+    : stream_(stream), reason_(std::move(reason)), range_(std::move(range)) {}
+
+EventTimingCollector::~EventTimingCollector() {
+  if (running_) {
+    EventTimingCollector* self = this;
+    g_active.compare_exchange_strong(self, nullptr);
+  }
+  for (void* e : events_) cudaEventDestroy(as_event(e));  // errors at exit are harmless here
+  if (anchor_) cudaEventDestroy(as_event(anchor_));
+}
+
+std::string EventTimingCollector::note() const {
+  return "CUPTI unavailable (" + reason_ + "): GPU time from device events";
+}
+
+void* EventTimingCollector::take_event() {
+  if (next_event_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    ATTNPROF_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  return events_[next_event_++];
+}
+
+void EventTimingCollector::start() {
+  if (running_) return;
+  ATTNPROF_CUDA_CHECK(cudaGetDevice(&device_id_));
+  device_ = query_device_properties(device_id_);
+  unsigned long long id = 0;
+  if (cudaStreamGetId(as_stream(stream_), &id) == cudaSuccess) stream_id_ = static_cast<std::int64_t>(id);
+  if (!anchor_) {
+    cudaEvent_t e = nullptr;
+    ATTNPROF_CUDA_CHECK(cudaEventCreate(&e));
+    anchor_ = e;
+  }
+  // Events only give GPU-side differences; an anchor recorded on an idle
+  // stream completes within microseconds of being recorded, which ties the
+  // event clock to the host clock closely enough for a trace.
+  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+  const std::int64_t before = now_ns();
+  ATTNPROF_CUDA_CHECK(cudaEventRecord(as_event(anchor_), as_stream(stream_)));
+  ATTNPROF_CUDA_CHECK(cudaEventSynchronize(as_event(anchor_)));
+  anchor_ns_ = before + (now_ns() - before) / 2;
+
+  EventTimingCollector* expected = nullptr;
+  if (!g_active.compare_exchange_strong(expected, this)) {
+    throw Error(ErrorKind::Device, "another device-event collector is already running");
+  }
+  next_event_ = 0;
+  spans_.clear();
+  open_.clear();
+  running_ = true;
+}
+
+void EventTimingCollector::range_begin() {
+  Span s;
+  s.begin = take_event();
+  s.cpu_begin_ns = now_ns();
+  if (Profiler* p = Profiler::current()) s.step = p->current_step();
+  // A failed record leaves the span without events; stop() skips it.
+  if (cudaEventRecord(as_event(s.begin), as_stream(stream_)) != cudaSuccess) s.begin = nullptr;
+  open_.push_back(spans_.size());
+  spans_.push_back(s);
+}
+
+void EventTimingCollector::range_end() {
+  if (open_.empty()) return;
+  Span& s = spans_[open_.back()];
+  open_.pop_back();
+  s.end = take_event();
+  if (cudaEventRecord(as_event(s.end), as_stream(stream_)) != cudaSuccess) s.end = nullptr;
+}
+
+void EventTimingCollector::stop() {
+  if (!running_) return;
+  running_ = false;
+  EventTimingCollector* self = this;
+  g_active.compare_exchange_strong(self, nullptr);
+  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+
+  std::string name = range_ + " (device events)";
+  for (const Span& s : spans_) {
+    if (!s.begin || !s.end) continue;
+    float from_anchor_ms = 0, dur_ms = 0;
+    if (cudaEventElapsedTime(&from_anchor_ms, as_event(anchor_), as_event(s.begin)) != cudaSuccess) continue;
+    if (cudaEventElapsedTime(&dur_ms, as_event(s.begin), as_event(s.end)) != cudaSuccess) continue;
+    Activity a;
+    a.type = ActivityType::GpuUserAnnotation;
+    a.name = name;
+    // The GPU cannot start the work before the host asked for it.
+    a.start_ns =
+        std::max(anchor_ns_ + static_cast<std::int64_t>(static_cast<double>(from_anchor_ms) * 1e6), s.cpu_begin_ns);
+    a.dur_ns = static_cast<std::int64_t>(static_cast<double>(dur_ms) * 1e6);
+    a.device = device_id_;
+    a.stream = stream_id_;
+    a.pid = device_id_;
+    a.tid = stream_id_;
+    a.step = s.step;
+    activities_.push_back(std::move(a));
+  }
+  spans_.clear();
+  open_.clear();
+}
+
+void EventTimingCollector::drain(std::vector<Activity>& out) {
+  out.insert(out.end(), std::make_move_iterator(activities_.begin()), std::make_move_iterator(activities_.end()));
+  activities_.clear();
+}
+
+}  // namespace attnprof::cupti
