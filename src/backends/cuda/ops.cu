@@ -1,0 +1,339 @@
+// Elementwise ops and mask builders of the unfused CUDA backends: one plain
+// memory-bound kernel each, as PyTorch launches them, so the kernel counts and
+// the memory traffic of the naive and math backends are the reference's.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "backends/cuda/ops.h"
+#include "backends/cuda/ops_common.h"
+
+namespace attnprof::cuda::ops {
+namespace {
+
+using detail::check_launch;
+using detail::grid_for;
+using detail::kThreads;
+using detail::OpRange;
+using detail::stream_of;
+using dev::Pack;
+
+// Index of a [B, H, S, C] element's (b, h, i) pieces from its row number.
+struct RowIndex {
+  std::int64_t heads, rows, cols;  // H, S, C
+  __device__ std::int64_t offset(std::int64_t row, const Dims& s) const {
+    const std::int64_t i = row % rows, bh = row / rows;
+    return (bh / heads) * s[0] + (bh % heads) * s[1] + i * s[2];
+  }
+};
+
+template <class T, int N>
+__global__ void mul_kernel(const T* x, T* y, std::int64_t packs, float s) {
+  for (std::int64_t p = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; p < packs;
+       p += std::int64_t{gridDim.x} * blockDim.x) {
+    Pack<T, N> v = reinterpret_cast<const Pack<T, N>*>(x)[p];
+#pragma unroll
+    for (int t = 0; t < N; ++t) dev::store(v.v, t, dev::load(v.v, t) * s);
+    reinterpret_cast<Pack<T, N>*>(y)[p] = v;
+  }
+}
+
+// Writes `value` where keep is false; only masked elements are stored, since a
+// fill never needs to read what it overwrites.
+template <class T, int N>
+__global__ void fill_kernel(T* x, const std::uint8_t* keep, Dims ks, RowIndex ri, std::int64_t packs, float value) {
+  for (std::int64_t p = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; p < packs;
+       p += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t e = p * N, row = e / ri.cols, j = e - row * ri.cols;
+    const std::uint8_t* k = keep + ri.offset(row, ks) + j * ks[3];
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      if (!k[t * ks[3]]) dev::store(x, e + t, value);
+    }
+  }
+}
+
+template <class Ta, class Tb, int N>
+__global__ void add_kernel(const Ta* a, const Tb* b, Dims bs, Ta* out, RowIndex ri, std::int64_t packs) {
+  for (std::int64_t p = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; p < packs;
+       p += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t e = p * N, row = e / ri.cols, j = e - row * ri.cols;
+    const Tb* bp = b + ri.offset(row, bs) + j * bs[3];
+    Pack<Ta, N> v = reinterpret_cast<const Pack<Ta, N>*>(a)[p];
+#pragma unroll
+    for (int t = 0; t < N; ++t) dev::store(v.v, t, dev::load(v.v, t) + dev::load(bp, t * bs[3]));
+    reinterpret_cast<Pack<Ta, N>*>(out)[p] = v;
+  }
+}
+
+// Strided-to-strided copy with conversion and an optional factor, one element a
+// thread: used on Q, K, V and the output, which are seq/head_dim times smaller
+// than the score buffers.
+template <class Ti, class To>
+__global__ void convert_kernel(const Ti* src, Dims ss, To* dst, Dims ds, Dims n, std::int64_t total, float s) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    std::int64_t r = e;
+    const std::int64_t i3 = r % n[3];
+    r /= n[3];
+    const std::int64_t i2 = r % n[2];
+    r /= n[2];
+    const std::int64_t i1 = r % n[1], i0 = r / n[1];
+    dev::store(dst, i0 * ds[0] + i1 * ds[1] + i2 * ds[2] + i3 * ds[3],
+               dev::load(src, i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3]) * s);
+  }
+}
+
+__global__ void fill_bool_kernel(std::uint8_t* x, std::int64_t n, std::uint8_t value) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    x[e] = value;
+  }
+}
+
+// Keeps x[.., i, j] where j - i <= diagonal (upper = false) or >= (upper = true).
+__global__ void triangle_kernel(const std::uint8_t* x, std::uint8_t* y, std::int64_t rows, std::int64_t cols,
+                                std::int64_t n, std::int64_t diagonal, bool upper) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t j = e % cols, i = (e / cols) % rows;
+    const bool in = upper ? (j - i >= diagonal) : (j - i <= diagonal);
+    y[e] = in ? x[e] : std::uint8_t{0};
+  }
+}
+
+// cond may be a broadcast view (stride 0); out is contiguous of sizes n.
+__global__ void where_kernel(const std::uint8_t* cond, Dims cs, float* out, Dims n, std::int64_t total, float if_true,
+                             float if_false) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    std::int64_t r = e;
+    const std::int64_t i3 = r % n[3];
+    r /= n[3];
+    const std::int64_t i2 = r % n[2];
+    r /= n[2];
+    const std::int64_t i1 = r % n[1], i0 = r / n[1];
+    out[e] = cond[i0 * cs[0] + i1 * cs[1] + i2 * cs[2] + i3 * cs[3]] ? if_true : if_false;
+  }
+}
+
+// Key j is visible from query i when lo <= j - i <= hi (Problem::visible()).
+__global__ void structural_mask_kernel(std::uint8_t* m, std::int64_t cols, std::int64_t n, std::int64_t lo,
+                                       std::int64_t hi) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t d = e % cols - e / cols;
+    m[e] = d >= lo && d <= hi;
+  }
+}
+
+// Elements moved per 16-byte pack when every row and the base allow it.
+template <class T>
+int pack_width(const Tensor& t, std::int64_t cols) {
+  constexpr int n = static_cast<int>(16 / sizeof(T));
+  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data()) % 16 == 0;
+  return (aligned && cols % n == 0) ? n : 1;
+}
+
+RowIndex row_index(const Tensor& x) { return RowIndex{x.size(1), x.size(2), x.size(3)}; }
+
+void require_contiguous(const Tensor& t, const char* op) {
+  detail::require_cuda(t, op);
+  if (!t.is_contiguous()) fail(ErrorKind::Internal, std::string(op) + " expects a contiguous tensor, got " + t.describe());
+}
+
+template <class T>
+void launch_fill(Tensor& x, const Tensor& keep, float value, cudaStream_t s) {
+  const Dims ks = detail::broadcast_strides(keep, x.sizes());
+  const auto* k = keep.data_as<std::uint8_t>();
+  T* p = x.data_as<T>();
+  // Packs here only group elements per thread; alignment does not matter.
+  constexpr int n = static_cast<int>(16 / sizeof(T));
+  if (x.size(3) % n == 0) {
+    fill_kernel<T, n><<<grid_for(x.numel() / n), kThreads, 0, s>>>(p, k, ks, row_index(x), x.numel() / n, value);
+  } else {
+    fill_kernel<T, 1><<<grid_for(x.numel()), kThreads, 0, s>>>(p, k, ks, row_index(x), x.numel(), value);
+  }
+  check_launch();
+}
+
+template <class Ta, class Tb>
+void launch_add(const Tensor& a, const Tensor& b, Tensor& out, cudaStream_t s) {
+  const Dims bs = detail::broadcast_strides(b, a.sizes());
+  const int n = pack_width<Ta>(a, a.size(3)) == 1 || pack_width<Ta>(out, a.size(3)) == 1 ? 1 : 16 / sizeof(Ta);
+  auto go = [&](auto width) {
+    constexpr int w = decltype(width)::value;
+    add_kernel<Ta, Tb, w><<<grid_for(a.numel() / w), kThreads, 0, s>>>(a.data_as<Ta>(), b.data_as<Tb>(), bs,
+                                                                       out.data_as<Ta>(), row_index(a), a.numel() / w);
+  };
+  if (n == 1) go(std::integral_constant<int, 1>{});
+  else go(std::integral_constant<int, static_cast<int>(16 / sizeof(Ta))>{});
+  check_launch();
+}
+
+void add_impl(const Tensor& a, const Tensor& b, Tensor& out, RunContext& ctx) {
+  require_contiguous(a, "add");
+  detail::require_cuda(b, "add");
+  ATTNPROF_DISPATCH_FLOAT(a.dtype(), Ta, [&] {
+    ATTNPROF_DISPATCH_FLOAT(b.dtype(), Tb, [&] { launch_add<Ta, Tb>(a, b, out, stream_of(ctx)); });
+  });
+}
+
+void convert(const Tensor& src, Tensor& dst, RunContext& ctx, float s = 1.f) {
+  detail::require_cuda(src, "to");
+  detail::require_cuda(dst, "to");
+  if (src.sizes() != dst.sizes()) fail(ErrorKind::Internal, "to: " + src.describe() + " into " + dst.describe());
+  const std::int64_t n = src.numel();
+  ATTNPROF_DISPATCH_FLOAT(src.dtype(), Ti, [&] {
+    ATTNPROF_DISPATCH_FLOAT(dst.dtype(), To, [&] {
+      convert_kernel<Ti, To><<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(
+          src.data_as<Ti>(), src.strides(), dst.data_as<To>(), dst.strides(), src.sizes(), n, s);
+    });
+  });
+  check_launch();
+}
+
+}  // namespace
+
+Tensor mul(const Tensor& x, float s, RunContext& ctx) {
+  OpRange range("mul", {&x}, /*scalar=*/true);
+  detail::require_cuda(x, "mul");
+  Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
+  if (!x.is_contiguous()) {  // e.g. FP32 Q in a [B, S, H, D] layout
+    convert(x, y, ctx, s);
+    return y;
+  }
+  ATTNPROF_DISPATCH_FLOAT(x.dtype(), T, [&] {
+    constexpr int w = static_cast<int>(16 / sizeof(T));
+    const bool packed = x.numel() % w == 0 && pack_width<T>(x, w) == w && pack_width<T>(y, w) == w;
+    if (packed) {
+      mul_kernel<T, w><<<grid_for(x.numel() / w), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), y.data_as<T>(),
+                                                                                 x.numel() / w, s);
+    } else {
+      mul_kernel<T, 1><<<grid_for(x.numel()), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), y.data_as<T>(),
+                                                                             x.numel(), s);
+    }
+  });
+  check_launch();
+  return y;
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& keep, float value, RunContext& ctx) {
+  OpRange range("masked_fill", {&x, &keep}, /*scalar=*/true);
+  require_contiguous(x, "masked_fill");
+  Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
+  {
+    // PyTorch's out-of-place masked_fill is clone() + masked_fill_(): the clone
+    // is a cudaMemcpyAsync, a device-to-device copy on the trace.
+    OpRange copy("copy_", {&y, &x});
+    ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(y.data(), x.data(), x.nbytes(), cudaMemcpyDeviceToDevice, stream_of(ctx)));
+  }
+  masked_fill_(y, keep, value, ctx);
+  return y;
+}
+
+void masked_fill_(Tensor& x, const Tensor& keep, float value, RunContext& ctx) {
+  OpRange range("masked_fill_", {&x, &keep}, /*scalar=*/true);
+  require_contiguous(x, "masked_fill_");
+  detail::require_cuda(keep, "masked_fill_ mask");
+  if (keep.dtype() != DType::Bool) fail(ErrorKind::Internal, "masked_fill_ needs a bool mask, got " + keep.describe());
+  ATTNPROF_DISPATCH_FLOAT(x.dtype(), T, [&] { launch_fill<T>(x, keep, value, stream_of(ctx)); });
+}
+
+Tensor add(const Tensor& a, const Tensor& b, RunContext& ctx) {
+  OpRange range("add", {&a, &b});
+  Tensor out = Tensor::empty(a.sizes(), a.dtype(), ctx.allocator);
+  add_impl(a, b, out, ctx);
+  return out;
+}
+
+void add_(Tensor& a, const Tensor& b, RunContext& ctx) {
+  OpRange range("add_", {&a, &b});
+  add_impl(a, b, a, ctx);
+}
+
+Tensor to(const Tensor& x, DType dtype, RunContext& ctx) {
+  OpRange range("to", {&x});
+  Tensor y = Tensor::empty(x.sizes(), dtype, ctx.allocator);
+  convert(x, y, ctx);
+  return y;
+}
+
+void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) {
+  OpRange range("to", {&src});
+  convert(src, dst, ctx);
+}
+
+Tensor contiguous(const Tensor& x, RunContext& ctx) {
+  OpRange range("contiguous", {&x});
+  Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
+  convert(x, y, ctx);
+  return y;
+}
+
+Tensor ones(const Dims& sizes, RunContext& ctx) {
+  OpRange range("ones", {});
+  Tensor y = Tensor::empty(sizes, DType::Bool, ctx.allocator);
+  fill_bool_kernel<<<grid_for(y.numel()), kThreads, 0, stream_of(ctx)>>>(y.data_as<std::uint8_t>(), y.numel(), 1);
+  check_launch();
+  return y;
+}
+
+namespace {
+Tensor triangle(const char* name, const Tensor& x, std::int64_t diagonal, bool upper, RunContext& ctx) {
+  OpRange range(name, {&x}, /*scalar=*/true);
+  require_contiguous(x, name);
+  if (x.dtype() != DType::Bool) fail(ErrorKind::Internal, std::string(name) + " here builds bool masks only");
+  Tensor y = Tensor::empty(x.sizes(), DType::Bool, ctx.allocator);
+  triangle_kernel<<<grid_for(x.numel()), kThreads, 0, stream_of(ctx)>>>(
+      x.data_as<std::uint8_t>(), y.data_as<std::uint8_t>(), x.size(2), x.size(3), x.numel(), diagonal, upper);
+  check_launch();
+  return y;
+}
+}  // namespace
+
+Tensor tril(const Tensor& x, std::int64_t diagonal, RunContext& ctx) {
+  return triangle("tril", x, diagonal, false, ctx);
+}
+
+Tensor triu(const Tensor& x, std::int64_t diagonal, RunContext& ctx) {
+  return triangle("triu", x, diagonal, true, ctx);
+}
+
+Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx) {
+  OpRange range("where", {&cond}, /*scalar=*/true);
+  detail::require_cuda(cond, "where");
+  if (cond.dtype() != DType::Bool) fail(ErrorKind::Internal, "where needs a bool condition, got " + cond.describe());
+  // Broadcast dims stay size 1 in the result: an expanded [S, Skv] mask gives
+  // an [S, Skv] additive mask, not a [B, H, S, Skv] one.
+  Dims sizes = cond.sizes();
+  for (int d = 0; d < 4; ++d) {
+    if (cond.stride(d) == 0) sizes[static_cast<std::size_t>(d)] = 1;
+  }
+  Tensor y = Tensor::empty(sizes, DType::F32, ctx.allocator);
+  where_kernel<<<grid_for(y.numel()), kThreads, 0, stream_of(ctx)>>>(
+      cond.data_as<std::uint8_t>(), cond.strides(), y.data_as<float>(), sizes, y.numel(), if_true, if_false);
+  check_launch();
+  return y;
+}
+
+Tensor structural_mask(const Problem& p, RunContext& ctx) {
+  OpRange range("tril", {});
+  const std::int64_t off = p.diagonal_offset();
+  // Bounds of j - i for each mask (problem.h); None keeps every key.
+  std::int64_t lo = -p.seq, hi = p.kv_seq;
+  switch (p.mask) {
+    case MaskKind::Causal: hi = 0; break;
+    case MaskKind::CausalBottomRight: hi = off; break;
+    case MaskKind::SlidingWindow: lo = off - p.window + 1, hi = off; break;
+    default: break;
+  }
+  Tensor m = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, ctx.allocator);
+  structural_mask_kernel<<<grid_for(m.numel()), kThreads, 0, stream_of(ctx)>>>(m.data_as<std::uint8_t>(), p.kv_seq,
+                                                                               m.numel(), lo, hi);
+  check_launch();
+  return m;
+}
+
+}  // namespace attnprof::cuda::ops

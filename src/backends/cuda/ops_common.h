@@ -1,0 +1,112 @@
+// Internals shared by the ops translation units: the op range, element-type
+// dispatch and launch helpers. Not part of the ops interface.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "attnprof/backend.h"
+#include "attnprof/error.h"
+#include "attnprof/profiler.h"
+#include "attnprof/tensor.h"
+#include "backends/cuda/check.h"
+
+namespace attnprof::cuda::ops::detail {
+
+// A RecordFunction that formats its input dtypes and dims only while a profiler
+// records, so an unprofiled forward pays for no string building.
+class OpRange {
+ public:
+  OpRange(std::string_view name, std::initializer_list<const Tensor*> inputs, bool scalar = false) {
+    Profiler* prof = Profiler::current();
+    if (prof == nullptr || !prof->recording()) {
+      range_.emplace(name);
+      return;
+    }
+    std::string dtypes, dims;
+    for (const Tensor* t : inputs) {
+      if (!dtypes.empty()) dtypes += ", ", dims += ", ";
+      dtypes += dtype_name(t->dtype());
+      dims += "[" + std::to_string(t->size(0)) + ", " + std::to_string(t->size(1)) + ", " +
+              std::to_string(t->size(2)) + ", " + std::to_string(t->size(3)) + "]";
+    }
+    if (scalar) dtypes += dtypes.empty() ? "Scalar" : ", Scalar", dims += dims.empty() ? "[]" : ", []";
+    range_.emplace(name, dtypes, dims);
+  }
+
+ private:
+  std::optional<RecordFunction> range_;
+};
+
+inline cudaStream_t stream_of(const RunContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+// Strides that read `t` as if expanded to `sizes` (0 on broadcast dims).
+inline Dims broadcast_strides(const Tensor& t, const Dims& sizes) {
+  Dims s{};
+  for (int d = 0; d < 4; ++d) {
+    const std::int64_t n = t.size(d);
+    if (n != sizes[static_cast<std::size_t>(d)] && n != 1) {
+      fail(ErrorKind::Internal, "cannot broadcast " + t.describe() + " to the scores' shape");
+    }
+    s[static_cast<std::size_t>(d)] = n == 1 ? 0 : t.stride(d);
+  }
+  return s;
+}
+
+inline void require_cuda(const Tensor& t, const char* what) {
+  if (t.device() != Device::Cuda) fail(ErrorKind::Internal, std::string(what) + " must be a CUDA tensor");
+}
+
+// Grid for `work` items at 256 threads a block; kernels loop grid-stride, so
+// the grid is capped rather than the work.
+constexpr int kThreads = 256;
+inline unsigned grid_for(std::int64_t work) {
+  const std::int64_t blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > (1 << 20) ? (1 << 20) : blocks));
+}
+
+inline void check_launch() { ATTNPROF_CUDA_CHECK(cudaGetLastError()); }
+
+}  // namespace attnprof::cuda::ops::detail
+
+// Device element types by DType; conversions go through float.
+namespace attnprof::cuda::ops::dev {
+
+template <class T>
+__device__ __forceinline__ float load(const T* p, std::int64_t i) {
+  if constexpr (std::is_same_v<T, float>) return p[i];
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(p[i]);
+  else return __bfloat162float(p[i]);
+}
+
+template <class T>
+__device__ __forceinline__ void store(T* p, std::int64_t i, float v) {
+  if constexpr (std::is_same_v<T, float>) p[i] = v;
+  else if constexpr (std::is_same_v<T, __half>) p[i] = __float2half_rn(v);
+  else p[i] = __float2bfloat16_rn(v);
+}
+
+// Packs of N elements moved as one aligned load/store (16 bytes for 16-bit N = 8).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+}  // namespace attnprof::cuda::ops::dev
+
+// Calls `f.template operator()<T>()` with T the device type of a floating DType.
+#define ATTNPROF_DISPATCH_FLOAT(dtype, T, ...)                                          \
+  [&] {                                                                                \
+    switch (dtype) {                                                                   \
+      case ::attnprof::DType::F32: { using T = float; return __VA_ARGS__(); }         \
+      case ::attnprof::DType::F16: { using T = __half; return __VA_ARGS__(); }        \
+      case ::attnprof::DType::BF16: { using T = __nv_bfloat16; return __VA_ARGS__(); } \
+      default: ::attnprof::fail(::attnprof::ErrorKind::Internal, "not a floating dtype"); \
+    }                                                                                  \
+  }()
