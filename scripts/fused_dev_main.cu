@@ -1,0 +1,204 @@
+// Standalone timing harness of our fused attention kernels (flash, efficient)
+// and of a few flash tile variants, for the lent H200. Built and run by
+// scripts/fused_dev.sh; numbers are recorded in docs/perf/fused-kernels.md.
+// Inputs are random (never zeros); several input sets rotate so that repeated
+// launches do not find their data in L2; times are the median of cudaEvent
+// pairs around single launches after a warmup.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/kernels/efficient_fwd.cuh"
+#include "backends/cuda/kernels/flash_fwd_sm80.cuh"
+
+using attnprof::cuda::FusedMask;
+using attnprof::cuda::FusedParams;
+namespace k = attnprof::cuda::kernels;
+
+static void check(cudaError_t err, const char* what, int line) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error at line %d: %s: %s\n", line, what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+#define CK(x) check((x), #x, __LINE__)
+
+// Uniform values in [-2, 2) from a hash of the index, rounded to bf16 (top 16 bits of f32).
+__global__ void fill_random(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t x = std::uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+    const float f = (x >> 8) * (1.0f / 16777216.0f) * 4.f - 2.f;
+    p[i] = std::uint16_t(__float_as_uint(f) >> 16);
+  }
+}
+
+struct Shape {
+  int b, h, s, d;
+  FusedMask mask;
+  double target_flash_ms, target_eff_ms;
+};
+
+static double visible_pairs(const Shape& s) {
+  return s.mask == FusedMask::None ? double(s.s) * s.s : double(s.s) * (s.s + 1) / 2;
+}
+
+struct Set {
+  std::uint16_t *q, *k, *v, *o;
+};
+
+static FusedParams params_of(const Shape& s, const Set& set) {
+  const std::int64_t row = s.d, head = std::int64_t(s.s) * s.d, batch = head * s.h;
+  return FusedParams{.q = set.q, .k = set.k, .v = set.v, .o = set.o,
+                     .q_batch_stride = batch, .q_head_stride = head, .q_row_stride = row,
+                     .k_batch_stride = batch, .k_head_stride = head, .k_row_stride = row,
+                     .v_batch_stride = batch, .v_head_stride = head, .v_row_stride = row,
+                     .o_batch_stride = batch, .o_head_stride = head, .o_row_stride = row,
+                     .batch = s.b, .heads = s.h, .kv_heads = s.h, .seq_q = s.s, .seq_k = s.s, .head_dim = s.d,
+                     .scale = float(1.0 / std::sqrt(double(s.d))), .mask = s.mask, .window = 0, .bf16 = true};
+}
+
+using Launch = std::function<cudaError_t(const FusedParams&)>;
+
+template <class Cfg, k::MaskMode kMask>
+static Launch flash_variant() {
+  return [](const FusedParams& p) { return k::run_flash_fwd_sm80<Cfg, kMask, true>(k::FwdArgs::from(p), nullptr); };
+}
+template <class Cfg, k::MaskMode kMask>
+static Launch efficient_variant() {
+  return [](const FusedParams& p) { return k::run_efficient_fwd<Cfg, kMask, true>(k::FwdArgs::from(p), nullptr); };
+}
+
+static double median_ms(const Launch& launch, const Shape& shape, const std::vector<Set>& sets, int reps) {
+  for (int i = 0; i < 3 * int(sets.size()); ++i) CK(launch(params_of(shape, sets[i % sets.size()])));
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> ms(reps);
+  for (int r = 0; r < reps; ++r) {
+    const FusedParams p = params_of(shape, sets[r % sets.size()]);
+    CK(cudaEventRecord(a));
+    CK(launch(p));
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    CK(cudaEventElapsedTime(&ms[r], a, b));
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[reps / 2];
+}
+
+static double bf16_to_double(std::uint16_t x) {
+  const std::uint32_t bits = std::uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// ||a - b|| / ||b|| over two device outputs, and NaN count of a.
+static void compare(const Shape& s, const std::uint16_t* a, const std::uint16_t* b, double* rel, long* nans) {
+  const std::size_t n = std::size_t(s.b) * s.h * s.s * s.d;
+  std::vector<std::uint16_t> ha(n), hb(n);
+  CK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  double e2 = 0, r2 = 0;
+  *nans = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = bf16_to_double(ha[i]), y = bf16_to_double(hb[i]);
+    if (std::isnan(x)) { ++*nans; continue; }
+    e2 += (x - y) * (x - y);
+    r2 += y * y;
+  }
+  *rel = std::sqrt(e2 / r2);
+}
+
+int main() {
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int driver = 0, runtime = 0;
+  CK(cudaDriverGetVersion(&driver));
+  CK(cudaRuntimeGetVersion(&runtime));
+  std::printf("device %s sm%d%d, %d SMs, driver API %d, runtime %d\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, driver, runtime);
+
+  const std::vector<Shape> shapes = {
+      {8, 16, 1024, 64, FusedMask::Causal, 0.152, 0.257},
+      {4, 16, 4096, 64, FusedMask::Causal, 0.569, 1.217},
+      {2, 16, 8192, 128, FusedMask::Causal, 1.791, 3.405},
+      {2, 16, 8192, 128, FusedMask::None, 3.267, 6.447},
+      {1, 16, 16384, 128, FusedMask::Causal, 3.550, 6.740},
+  };
+  struct Row { std::string shape, kernel; double ms, tflops, target; double rel; long nans; };
+  std::vector<Row> rows;
+  for (const Shape& s : shapes) {
+    const std::size_t n = std::size_t(s.b) * s.h * s.s * s.d;
+    const int nsets = n * 2 * 4 < (std::size_t(200) << 20) ? 4 : 2;  // keep the rotation well past the 60 MB L2
+    std::vector<Set> sets(nsets);
+    std::uint32_t seed = 1;
+    for (Set& set : sets) {
+      for (std::uint16_t** p : {&set.q, &set.k, &set.v, &set.o}) {
+        CK(cudaMalloc(p, n * 2));
+        fill_random<<<1024, 256>>>(*p, n, seed++);
+        CK(cudaGetLastError());
+      }
+    }
+    std::uint16_t* ref = nullptr;
+    CK(cudaMalloc(&ref, n * 2));
+    char name[64];
+    std::snprintf(name, sizeof name, "%dx%dx%dx%d %s", s.b, s.h, s.s, s.d, s.mask == FusedMask::None ? "none" : "causal");
+    const double flops = 4.0 * s.b * s.h * visible_pairs(s) * s.d;
+
+    std::vector<std::pair<std::string, Launch>> kernels = {
+        {"flash", [](const FusedParams& p) { return attnprof::cuda::launch_flash_sm80(p, nullptr); }},
+        {"efficient", [](const FusedParams& p) { return attnprof::cuda::launch_efficient(p, nullptr); }},
+    };
+    const bool causal = s.mask != FusedMask::None;
+    if (s.d == 64 && causal) {
+      kernels.push_back({"flash 64x64", flash_variant<k::FlashCfg<64, 64, 64, true>, k::MaskMode::Causal>()});
+      kernels.push_back({"flash 128x64 minb2", flash_variant<k::FlashCfg<64, 128, 64, true, 2>, k::MaskMode::Causal>()});
+    }
+    if (s.d == 128 && causal) {
+      kernels.push_back({"flash 64x32", flash_variant<k::FlashCfg<128, 64, 32, true>, k::MaskMode::Causal>()});
+      kernels.push_back({"flash 128x32 qsmem", flash_variant<k::FlashCfg<128, 128, 32, false>, k::MaskMode::Causal>()});
+      kernels.push_back({"efficient 64x32", efficient_variant<k::EfficientCfg<128, 64, 32>, k::MaskMode::Causal>()});
+    }
+    // Reference output: the default flash kernel on set 0; every kernel is compared with it.
+    CK(attnprof::cuda::launch_flash_sm80(params_of(s, {sets[0].q, sets[0].k, sets[0].v, ref}), nullptr));
+    CK(cudaDeviceSynchronize());
+    for (auto& [kname, launch] : kernels) {
+      CK(cudaMemset(sets[0].o, 0xFF, n * 2));
+      CK(launch(params_of(s, sets[0])));
+      CK(cudaDeviceSynchronize());
+      double rel = 0;
+      long nans = 0;
+      compare(s, sets[0].o, ref, &rel, &nans);
+      const double ms = median_ms(launch, s, sets, 30);
+      const bool is_eff = kname.rfind("efficient", 0) == 0;
+      rows.push_back({name, kname, ms, flops / ms * 1e-9, is_eff ? s.target_eff_ms : s.target_flash_ms, rel, nans});
+      std::printf("%-26s %-20s %8.3f ms %7.1f TFLOP/s  (target %.3f)  vs flash rel %.2e nan %ld\n", name,
+                  kname.c_str(), ms, flops / ms * 1e-9, rows.back().target, rel, nans);
+      std::fflush(stdout);
+    }
+    for (Set& set : sets) {
+      for (std::uint16_t* p : {set.q, set.k, set.v, set.o}) CK(cudaFree(p));
+    }
+    CK(cudaFree(ref));
+  }
+  std::printf("\n| shape | kernel | ms | TFLOP/s | PyTorch target ms | rel diff vs flash |\n|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | %s | %.3f | %.1f | %.3f%s | %.1e%s |\n", r.shape.c_str(), r.kernel.c_str(), r.ms, r.tflops,
+                r.target, r.ms <= r.target ? "" : " (slower)", r.rel, r.nans ? " NaN!" : "");
+  }
+  return 0;
+}

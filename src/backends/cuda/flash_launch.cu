@@ -1,0 +1,78 @@
+// Host entry of the flash (FA2-class, sm80) fused forward: every (dtype,
+// head_dim, mask) instantiation of flash_fwd_sm80_kernel lives in this
+// translation unit. Also the eligibility check both fused kernels share.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/kernels/flash_fwd_sm80.cuh"
+#include "backends/cuda/kernels/fwd_dispatch.cuh"
+
+namespace attnprof::cuda {
+namespace {
+
+struct FlashRunner {
+  template <int kHeadDim, kernels::MaskMode kMask, bool kBf16>
+  static cudaError_t run(const kernels::FwdArgs& a, cudaStream_t stream) {
+    return kernels::run_flash_fwd_sm80<kernels::FlashDefaultCfg<kHeadDim>, kMask, kBf16>(a, stream);
+  }
+};
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+const char* fused_unsupported_reason(const FusedParams& p, bool flash) {
+  thread_local std::string reason;
+  const char* kernel = flash ? "flash" : "efficient";
+  auto say = [&](const std::string& text) {
+    reason = std::string(kernel) + ": " + text;
+    return reason.c_str();
+  };
+
+  int device = 0, major = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    return say(std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")");
+  }
+  if (const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+      err != cudaSuccess) {
+    return say(std::string("cannot read the device's compute capability (") + cudaGetErrorString(err) + ")");
+  }
+  if (major < 8) return say("needs an sm80 or newer GPU (Ampere, Hopper); this one is sm" + std::to_string(major) + "x");
+
+  if (!p.q || !p.k || !p.v || !p.o) return say("q, k, v and o must all be device pointers");
+  if (p.batch < 1 || p.heads < 1 || p.kv_heads < 1 || p.seq_q < 1 || p.seq_k < 1) {
+    return say("batch, heads, kv_heads, seq and kv_seq must all be at least 1");
+  }
+  if (p.heads > 65535 || p.batch > 65535) return say("batch and heads must each be at most 65535 (grid limit)");
+  if (p.heads % p.kv_heads != 0) {
+    return say("heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " + std::to_string(p.kv_heads));
+  }
+  switch (p.head_dim) {
+    case 32: case 64: case 96: case 128: case 256: break;
+    default:
+      return say("head_dim " + std::to_string(p.head_dim) + " is not built: use 32, 64, 96, 128 or 256");
+  }
+  if (!(p.scale > 0.f) || !std::isfinite(p.scale)) return say("the softmax scale must be a positive finite number");
+  if (p.mask == FusedMask::SlidingWindow && p.window < 1) return say("sliding window needs --window of at least 1");
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) {
+    return say("q, k, v and o must be 16-byte aligned");
+  }
+  for (const std::int64_t stride :
+       {p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.k_batch_stride, p.k_head_stride, p.k_row_stride,
+        p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.o_batch_stride, p.o_head_stride, p.o_row_stride}) {
+    if (stride % 8 != 0) {
+      return say("every batch, head and row stride must be a multiple of 8 elements (16-byte rows); "
+                 "make the tensors contiguous");
+    }
+  }
+  return nullptr;
+}
+
+cudaError_t launch_flash_sm80(const FusedParams& p, cudaStream_t stream) {
+  if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
+  return kernels::dispatch_fwd<FlashRunner>(p, stream);
+}
+
+}  // namespace attnprof::cuda

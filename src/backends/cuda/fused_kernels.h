@@ -1,0 +1,28 @@
+// Our fused attention forward kernels (sm80 and later; sm90 runs them too):
+//   flash     — FlashAttention-2 class: Q in registers, K/V double-buffered
+//               through cp.async, online softmax, causal early exit.
+//   efficient — memory-efficient (xformers / CUTLASS fMHA lineage): 64x64
+//               register-resident tiles, a simpler single-buffer pipeline.
+// Both: fp16 and bf16 in and out, head_dim 32, 64, 96, 128, 256, masks none,
+// causal top-left, causal bottom-right and sliding window, seq_k != seq_q,
+// grouped-query attention, any strides with a contiguous head_dim. A fully
+// masked query row is written as zeros.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/fused_params.h"
+
+namespace attnprof::cuda {
+
+// nullptr when `p` can run on the current device, else a one-line reason that
+// says what to change. The text stays valid until this thread's next call.
+const char* fused_unsupported_reason(const FusedParams& p, bool flash);
+
+// Enqueue one forward on `stream`. cudaErrorInvalidValue when
+// fused_unsupported_reason(p, ...) is not null; otherwise the first error of
+// setting the kernel's shared-memory limit or of the launch.
+cudaError_t launch_flash_sm80(const FusedParams& p, cudaStream_t stream);
+cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream);
+
+}  // namespace attnprof::cuda

@@ -1,0 +1,129 @@
+// Memory-efficient attention forward (the xformers / CUTLASS fMHA lineage):
+// one fused kernel, 64x64 tiles whose S and O accumulators stay in registers,
+// mma.sync on the tensor cores, and a plain pipeline: Q stays in shared memory
+// and is re-read each key tile, K and V have one buffer each, and only the V
+// copy overlaps the Q K^T product. Latency is hidden by running several light
+// CTAs per multiprocessor rather than by prefetching inside one.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/epilogue_fwd.cuh"
+#include "backends/cuda/kernels/fwd_args.cuh"
+#include "backends/cuda/kernels/softmax_online.cuh"
+#include "backends/cuda/kernels/tile_load_sm80.cuh"
+#include "backends/cuda/kernels/warp_gemm_sm80.cuh"
+
+namespace attnprof::cuda::kernels {
+
+// 64 query rows = 4 warps x one 16-row m-tile: a thread holds O (D/2 f32),
+// S (32 f32) and one k-step of Q (4 registers), about 100 registers at D = 64,
+// so 4 CTAs fit a multiprocessor by registers (and by shared memory: 27 KB).
+constexpr int efficient_block_m(int /*head_dim*/) { return 64; }
+// 64 keys (S: 32 f32 a thread). At D = 256, O is already 128 f32 a thread and
+// 64 keys left the causal kernel 4 bytes of spill at the 255-register cap, so
+// the key tile halves there.
+constexpr int efficient_block_n(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_>
+struct EfficientCfg {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;
+  static constexpr int kNTiles = kBlockN / 8;
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kDTiles = kHeadDim / 8;
+  using QTile = SmemTile<kBlockM, kHeadDim>;
+  using KVTile = SmemTile<kBlockN, kHeadDim>;
+  static constexpr int kKOffset = QTile::kBytes;
+  static constexpr int kVOffset = kKOffset + KVTile::kBytes;
+  static constexpr int kSmemBytes = kVOffset + KVTile::kBytes;
+  static_assert(kRowsPerWarp % 16 == 0, "a warp owns whole 16-row m-tiles");
+};
+
+template <int kHeadDim>
+using EfficientDefaultCfg = EfficientCfg<kHeadDim, efficient_block_m(kHeadDim), efficient_block_n(kHeadDim)>;
+
+template <class Cfg, MaskMode kMask, bool kBf16>
+__global__ void __launch_bounds__(Cfg::kThreads) efficient_fwd_kernel(const __grid_constant__ FwdArgs a) {
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
+  using QTile = typename Cfg::QTile;
+  using KVTile = typename Cfg::KVTile;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  std::uint16_t* const q_smem = reinterpret_cast<std::uint16_t*>(smem_raw);
+  std::uint16_t* const k_smem = reinterpret_cast<std::uint16_t*>(smem_raw + Cfg::kKOffset);
+  std::uint16_t* const v_smem = reinterpret_cast<std::uint16_t*>(smem_raw + Cfg::kVOffset);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int m_block = kMask == MaskMode::None ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
+  const int m0 = m_block * kBM;
+  const std::uint16_t* q = a.q + batch * a.q_batch_stride + head * a.q_head_stride + m0 * a.q_row_stride;
+  const std::uint16_t* k = a.k + batch * a.k_batch_stride + kv_head * a.k_head_stride;
+  const std::uint16_t* v = a.v + batch * a.v_batch_stride + kv_head * a.v_head_stride;
+  std::uint16_t* o = a.o + batch * a.o_batch_stride + head * a.o_head_stride + m0 * a.o_row_stride;
+  const int warp_row0 = warp * Cfg::kRowsPerWarp;
+
+  float acc[Cfg::kMTiles][Cfg::kDTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < Cfg::kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+  OnlineSoftmax<Cfg::kMTiles> softmax;
+  softmax.init();
+
+  const KeyTiles tiles = key_tiles<kMask, kBM, kBN>(a, m0);
+  if (tiles.begin < tiles.end) load_tile_async<kBM, kD, kT>(q_smem, q, a.q_row_stride, a.seq_q - m0, tid);
+  for (int n_block = tiles.begin; n_block < tiles.end; ++n_block) {
+    const int n0 = n_block * kBN;
+    load_tile_async<kBN, kD, kT>(k_smem, k + n0 * a.k_row_stride, a.k_row_stride, a.seq_k - n0, tid);
+    cp_async_commit();  // (Q and) K
+    load_tile_async<kBN, kD, kT>(v_smem, v + n0 * a.v_row_stride, a.v_row_stride, a.seq_k - n0, tid);
+    cp_async_commit();  // V
+    cp_async_wait<1>();
+    __syncthreads();
+
+    float s[Cfg::kMTiles][Cfg::kNTiles][4];
+    gemm_qk_smem<kBf16, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0, k_smem,
+                                                                               lane);
+    if (tile_needs_mask<kMask, kBM, kBN>(a, m0, n0)) {
+      apply_mask<kMask>(s, a, m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
+    }
+    softmax.update(s, acc, a.scale_log2);
+
+    cp_async_wait<0>();
+    __syncthreads();
+    gemm_pv<kBf16, KVTile>(acc, s, v_smem, lane);
+    __syncthreads();  // K and V are refilled next iteration
+  }
+
+  float inv[Cfg::kMTiles][2];
+  softmax.finish(inv);
+  // The O tile reuses Q's area: the last barrier above retired every Q read.
+  stage_o<kBf16, QTile>(q_smem, acc, inv, warp_row0, lane);
+  __syncthreads();
+  store_tile<kBM, kD, kT>(o, a.o_row_stride, q_smem, a.seq_q - m0, tid);
+}
+
+template <class Cfg, MaskMode kMask, bool kBf16>
+cudaError_t run_efficient_fwd(const FwdArgs& a, cudaStream_t stream) {
+  const auto kernel = efficient_fwd_kernel<Cfg, kMask, kBf16>;
+  if constexpr (Cfg::kSmemBytes > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((a.seq_q + Cfg::kBlockM - 1) / Cfg::kBlockM, a.heads, a.batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace attnprof::cuda::kernels

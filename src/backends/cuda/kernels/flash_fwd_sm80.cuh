@@ -1,0 +1,163 @@
+// FlashAttention-2 class forward for sm80 and later (runs on sm90 too).
+//
+// One CTA of 4 warps per (query tile, head, batch); each warp owns
+// 16*kMTiles query rows. Q lives in registers (or, where registers run out,
+// in shared memory); K and V tiles stream through two shared-memory stages
+// with cp.async, tile j-1 loading while tile j is computed. Key tiles run
+// from the last visible one down, so a causal CTA meets its diagonal tiles
+// first and never visits tiles past the diagonal; only tiles that contain a
+// masked pair pay for per-element masking.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/epilogue_fwd.cuh"
+#include "backends/cuda/kernels/fwd_args.cuh"
+#include "backends/cuda/kernels/softmax_online.cuh"
+#include "backends/cuda/kernels/tile_load_sm80.cuh"
+#include "backends/cuda/kernels/warp_gemm_sm80.cuh"
+
+namespace attnprof::cuda::kernels {
+
+// Query rows per CTA. 128 (32 rows a warp) halves the K/V shared-memory reads
+// per matrix product, but a thread then holds O (D f32), S (64 f32) and Q (D/2
+// registers) for 2 m-tiles: 160 registers at D = 64; at D = 128 that is 256,
+// over the 255 cap, so D >= 96 takes 64 rows (one m-tile a warp).
+constexpr int flash_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
+// Keys per tile: 64 keeps S at 32*kMTiles f32 a thread; 128 keys would double
+// that (128 registers at 2 m-tiles) and spill beside O. At D = 256, O alone is
+// 128 f32 a thread, so S shrinks to 32 keys (16 f32).
+constexpr int flash_block_n(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+// Q in registers costs D/2 registers per m-tile; at D = 256 (O already 128
+// registers) Q is read from shared memory each k-step instead.
+constexpr bool flash_q_in_regs(int head_dim) { return head_dim <= 128; }
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, bool kQInRegs_, int kMinBlocks_ = 1>
+struct FlashCfg {
+  static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the register cap must allow
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr bool kQInRegs = kQInRegs_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;
+  static constexpr int kNTiles = kBlockN / 8;
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kDTiles = kHeadDim / 8;
+  using QTile = SmemTile<kBlockM, kHeadDim>;
+  using KVTile = SmemTile<kBlockN, kHeadDim>;
+  static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
+  // Q in registers: its staging tile reuses stage 1, free until the first prefetch.
+  static constexpr int kQOffset = kQInRegs ? kStageBytes : 2 * kStageBytes;
+  static constexpr int kSmemBytes = kQOffset + QTile::kBytes > 2 * kStageBytes ? kQOffset + QTile::kBytes
+                                                                                : 2 * kStageBytes;
+  static_assert(kRowsPerWarp % 16 == 0, "a warp owns whole 16-row m-tiles");
+  static_assert(!kQInRegs || QTile::kBytes <= kStageBytes, "Q staging must fit in stage 1");
+  static_assert(QTile::kBytes <= kSmemBytes, "the O tile is staged at offset 0");
+};
+
+template <int kHeadDim>
+using FlashDefaultCfg =
+    FlashCfg<kHeadDim, flash_block_m(kHeadDim), flash_block_n(kHeadDim), flash_q_in_regs(kHeadDim)>;
+
+template <class Cfg, MaskMode kMask, bool kBf16>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_fwd_sm80_kernel(const __grid_constant__ FwdArgs a) {
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
+  using QTile = typename Cfg::QTile;
+  using KVTile = typename Cfg::KVTile;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto kv_smem = [&](int stage, int which) {  // which: 0 = K, 1 = V
+    return reinterpret_cast<std::uint16_t*>(smem_raw + stage * Cfg::kStageBytes + which * KVTile::kBytes);
+  };
+  std::uint16_t* const q_smem = reinterpret_cast<std::uint16_t*>(smem_raw + Cfg::kQOffset);
+  std::uint16_t* const o_smem = reinterpret_cast<std::uint16_t*>(smem_raw);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Causal: the longest rows (last query tiles) are scheduled first.
+  const int m_block = kMask == MaskMode::None ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
+  const int m0 = m_block * kBM;
+  const std::uint16_t* q = a.q + batch * a.q_batch_stride + head * a.q_head_stride + m0 * a.q_row_stride;
+  const std::uint16_t* k = a.k + batch * a.k_batch_stride + kv_head * a.k_head_stride;
+  const std::uint16_t* v = a.v + batch * a.v_batch_stride + kv_head * a.v_head_stride;
+  std::uint16_t* o = a.o + batch * a.o_batch_stride + head * a.o_head_stride + m0 * a.o_row_stride;
+  const int warp_row0 = warp * Cfg::kRowsPerWarp;
+
+  auto load_kv = [&](int stage, int n_block) {
+    const int n0 = n_block * kBN;
+    load_tile_async<kBN, kD, kT>(kv_smem(stage, 0), k + n0 * a.k_row_stride, a.k_row_stride, a.seq_k - n0, tid);
+    load_tile_async<kBN, kD, kT>(kv_smem(stage, 1), v + n0 * a.v_row_stride, a.v_row_stride, a.seq_k - n0, tid);
+  };
+
+  float acc[Cfg::kMTiles][Cfg::kDTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < Cfg::kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+  OnlineSoftmax<Cfg::kMTiles> softmax;
+  softmax.init();
+
+  const KeyTiles tiles = key_tiles<kMask, kBM, kBN>(a, m0);
+  if (tiles.begin < tiles.end) {
+    load_tile_async<kBM, kD, kT>(q_smem, q, a.q_row_stride, a.seq_q - m0, tid);
+    load_kv(0, tiles.end - 1);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    [[maybe_unused]] std::uint32_t q_frag[Cfg::kQInRegs ? Cfg::kMTiles : 1][Cfg::kQInRegs ? Cfg::kKSteps : 1][4];
+    if constexpr (Cfg::kQInRegs) {
+      load_q_fragments<QTile>(q_frag, q_smem, warp_row0, lane);
+      __syncthreads();  // stage 1 (Q's staging area) is overwritten by the first prefetch
+    }
+
+    for (int it = 0, n_block = tiles.end - 1; n_block >= tiles.begin; ++it, --n_block) {
+      const int stage = it & 1;
+      if (n_block > tiles.begin) load_kv(stage ^ 1, n_block - 1);
+      cp_async_commit();
+
+      float s[Cfg::kMTiles][Cfg::kNTiles][4];
+      if constexpr (Cfg::kQInRegs) {
+        gemm_qk<kBf16, KVTile>(s, q_frag, kv_smem(stage, 0), lane);
+      } else {
+        gemm_qk_smem<kBf16, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0,
+                                                                                   kv_smem(stage, 0), lane);
+      }
+      const int n0 = n_block * kBN;
+      if (tile_needs_mask<kMask, kBM, kBN>(a, m0, n0)) {
+        apply_mask<kMask>(s, a, m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
+      }
+      softmax.update(s, acc, a.scale_log2);
+      gemm_pv<kBf16, KVTile>(acc, s, kv_smem(stage, 1), lane);
+
+      cp_async_wait<0>();  // the next tile has landed ...
+      __syncthreads();     // ... for every thread, and this stage is free to refill
+    }
+  }
+
+  float inv[Cfg::kMTiles][2];
+  softmax.finish(inv);
+  stage_o<kBf16, QTile>(o_smem, acc, inv, warp_row0, lane);
+  __syncthreads();
+  store_tile<kBM, kD, kT>(o, a.o_row_stride, o_smem, a.seq_q - m0, tid);
+}
+
+template <class Cfg, MaskMode kMask, bool kBf16>
+cudaError_t run_flash_fwd_sm80(const FwdArgs& a, cudaStream_t stream) {
+  const auto kernel = flash_fwd_sm80_kernel<Cfg, kMask, kBf16>;
+  if constexpr (Cfg::kSmemBytes > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((a.seq_q + Cfg::kBlockM - 1) / Cfg::kBlockM, a.heads, a.batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace attnprof::cuda::kernels

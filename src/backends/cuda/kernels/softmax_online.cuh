@@ -1,0 +1,85 @@
+// Online softmax over a warp's S fragments, in registers (FlashAttention's
+// running max and running sum). Each thread holds two rows per 16-row m-tile
+// (fragment rows g and g+8); a row's 8 columns of one n-tile live in the 4
+// threads of a quad, so row reductions are two xor-shuffles.
+//
+// Scores stay unscaled until the exponent: p = 2^(s*scale*log2e - max*scale*log2e),
+// one FMA and one MUFU per element. Requires scale > 0 (so max(s) gives max(s*scale)).
+// A row that has seen only masked keys keeps max = -inf; its exponent base is
+// taken as 0, so its p are 0, its sum stays 0 and it is written as zeros.
+#pragma once
+
+#include "backends/cuda/kernels/mma_sm80.cuh"
+
+namespace attnprof::cuda::kernels {
+
+template <int kMTiles>
+struct OnlineSoftmax {
+  float row_max[kMTiles][2];
+  float row_sum[kMTiles][2];  // this thread's partial sums; reduced over the quad in finish()
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mt][h] = -INFINITY;
+        row_sum[mt][h] = 0.f;
+      }
+    }
+  }
+
+  // Folds one tile of scores in: s becomes unnormalised probabilities, and o
+  // (the running P*V) is rescaled to the new row maxima.
+  template <int kNTiles, int kDTiles>
+  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
+                                         float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mt][h];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+        // Old max -inf: alpha = 2^-inf = 0, and o, sum are still 0 anyway.
+        const float alpha = ex2(row_max[mt][h] * scale_log2 - base);
+        row_max[mt][h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            const float p = ex2(fmaf(s[mt][nt][e], scale_log2, -base));
+            s[mt][nt][e] = p;
+            sum += p;
+          }
+        }
+        row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mt][dt][2 * h] *= alpha;
+          o[mt][dt][2 * h + 1] *= alpha;
+        }
+      }
+    }
+  }
+
+  // 1 / row sum for the epilogue, 0 for a fully masked row (output zeros, not NaN).
+  __device__ __forceinline__ void finish(float (&inv)[kMTiles][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float sum = row_sum[mt][h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        inv[mt][h] = sum > 0.f ? 1.f / sum : 0.f;
+      }
+    }
+  }
+};
+
+}  // namespace attnprof::cuda::kernels

@@ -1,0 +1,133 @@
+// The two matrix products of attention for one warp's 16*kMTiles query rows,
+// on mma.m16n8k16 with operands from ldmatrix:
+//   S = Q K^T   (Q from registers or shared memory, K from shared memory)
+//   O += P V    (P from the S accumulators, converted to 16 bits in registers;
+//                V from shared memory through ldmatrix.trans)
+// Shared tiles use the padded layout of SmemTile.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/mma_sm80.cuh"
+#include "backends/cuda/kernels/tile_load_sm80.cuh"
+
+namespace attnprof::cuda::kernels {
+
+// Element offset inside a 16x16 block that lane gives ldmatrix_x4 for an A
+// operand (or for V read transposed): matrices ordered (rows 0-7, cols 0-7),
+// (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15).
+template <class Tile>
+__device__ __forceinline__ int lane_offset_a(int lane) {
+  return Tile::offset((lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8);
+}
+
+// The same for K as a B operand (two n8 tiles, each k 0-7 then k 8-15):
+// matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+template <class Tile>
+__device__ __forceinline__ int lane_offset_k(int lane) {
+  return Tile::offset((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8);
+}
+
+// Loads a warp's Q rows [row0, row0 + 16*kMTiles) as A fragments.
+template <class QTile, int kMTiles, int kKSteps>
+__device__ __forceinline__ void load_q_fragments(std::uint32_t (&q)[kMTiles][kKSteps][4], const std::uint16_t* q_smem,
+                                                 int row0, int lane) {
+  const std::uint32_t base = smem_u32(q_smem + QTile::offset(row0, 0) + lane_offset_a<QTile>(lane));
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(q[mt][kk], base + 2 * QTile::offset(mt * 16, kk * 16));
+  }
+}
+
+// S = Q K^T with Q fragments in registers. k_smem: the key tile.
+template <bool kBf16, class KTile, int kMTiles, int kNTiles, int kKSteps>
+__device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const std::uint32_t (&q)[kMTiles][kKSteps][4],
+                                        const std::uint16_t* k_smem, int lane) {
+  static_assert(kNTiles % 2 == 0, "keys are loaded 16 at a time");
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+  const std::uint32_t base = smem_u32(k_smem + lane_offset_k<KTile>(lane));
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      std::uint32_t b[4];
+      ldmatrix_x4(b, base + 2 * KTile::offset(np * 16, kk * 16));
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        mma_16816<kBf16>(s[mt][2 * np], q[mt][kk], b[0], b[1]);
+        mma_16816<kBf16>(s[mt][2 * np + 1], q[mt][kk], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// S = Q K^T with Q read from shared memory one k-step at a time (keeps only
+// 4*kMTiles registers of Q live; costs one ldmatrix per m-tile and k-step).
+template <bool kBf16, class QTile, class KTile, int kMTiles, int kNTiles, int kKSteps>
+__device__ __forceinline__ void gemm_qk_smem(float (&s)[kMTiles][kNTiles][4], const std::uint16_t* q_smem, int row0,
+                                             const std::uint16_t* k_smem, int lane) {
+  static_assert(kNTiles % 2 == 0, "keys are loaded 16 at a time");
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+  const std::uint32_t q_base = smem_u32(q_smem + QTile::offset(row0, 0) + lane_offset_a<QTile>(lane));
+  const std::uint32_t k_base = smem_u32(k_smem + lane_offset_k<KTile>(lane));
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    std::uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], q_base + 2 * QTile::offset(mt * 16, kk * 16));
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      std::uint32_t b[4];
+      ldmatrix_x4(b, k_base + 2 * KTile::offset(np * 16, kk * 16));
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        mma_16816<kBf16>(s[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<kBf16>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// O += P V. The S accumulators of n-tiles 2kk and 2kk+1 are exactly the A
+// fragment of key step kk (same rows, columns 2t and 2t+8), so P never leaves
+// registers: it is packed to 16 bits here, one key step at a time.
+template <bool kBf16, class VTile, int kMTiles, int kNTiles, int kDTiles>
+__device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const float (&p)[kMTiles][kNTiles][4],
+                                        const std::uint16_t* v_smem, int lane) {
+  static_assert(kDTiles % 2 == 0, "head_dim is loaded 16 columns at a time");
+  const std::uint32_t base = smem_u32(v_smem + lane_offset_a<VTile>(lane));
+#pragma unroll
+  for (int kk = 0; kk < kNTiles / 2; ++kk) {
+    std::uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      a[mt][0] = pack_half2<kBf16>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+      a[mt][1] = pack_half2<kBf16>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+      a[mt][2] = pack_half2<kBf16>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+      a[mt][3] = pack_half2<kBf16>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < kDTiles / 2; ++dp) {
+      std::uint32_t b[4];
+      ldmatrix_x4_trans(b, base + 2 * VTile::offset(kk * 16, dp * 16));
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        mma_16816<kBf16>(o[mt][2 * dp], a[mt], b[0], b[1]);
+        mma_16816<kBf16>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+}  // namespace attnprof::cuda::kernels
