@@ -1,0 +1,28 @@
+// Chrome trace output: the Trace records written in the schema PyTorch's
+// profiler writes, so Perfetto, chrome://tracing and trace-analysis libraries
+// read them. Writers see only the records (Kineto's layering).
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "attnprof/activity.h"
+
+namespace attnprof {
+
+// The whole trace as one JSON document. Times are microseconds relative to
+// baseTimeNanoseconds (Trace::base_ns, or the earliest event when that is
+// unset or later), so doubles keep nanosecond precision.
+nlohmann::json chrome_trace_json(const Trace& trace);
+
+// Writes chrome_trace_json(trace) to `path`, creating its directory. The file
+// appears complete or not at all (a temporary in the same directory, renamed
+// at the end). Throws Error(Io) naming the path and the reason.
+void write_chrome_trace(const Trace& trace, const std::filesystem::path& path);
+
+// The same all-or-nothing write for any text output (tables, summaries);
+// `what` names it in the error message ("trace", "table", ...).
+void write_file_atomically(const std::filesystem::path& path, std::string_view contents, std::string_view what);
+
+}  // namespace attnprof
