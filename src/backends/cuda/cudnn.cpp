@@ -1,0 +1,300 @@
+// cudnn: cuDNN 9's fused SDPA forward through the cuDNN frontend graph API.
+//
+// Building a graph (heuristics query, plan compilation of the generated kernel)
+// is the slow part, milliseconds to seconds, so a graph is built once per
+// problem key (shape, strides, dtype, mask, scale) and cached; a call then only
+// fills the variant pack and executes. That is the difference from PyTorch's
+// path, which the reference study caught choosing plans per call (214 us of
+// CPU per call). Per forward: one kernel, launched by cuDNN through
+// cuLaunchKernelEx.
+#include <memory>
+#include <string>
+
+#include "attnprof/error.h"
+#include "attnprof/profiler.h"
+#include "backends/cuda/cuda_backends.h"
+
+#ifdef ATTNPROF_WITH_CUDNN
+
+#include <cuda_runtime.h>
+#include <cudnn_frontend.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/cudnn_check.h"
+
+namespace attnprof::cuda {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// Tensor uids in the graph and the variant pack.
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kBias };
+
+// Dims and strides cuDNN sees: [B, H, S, D] with arbitrary strides. A
+// broadcast (stride-0) dim of the bias becomes a size-1 dim, which is how
+// cuDNN spells broadcasting.
+struct TensorDesc {
+  std::vector<std::int64_t> dims, strides;
+};
+
+TensorDesc desc_of(const Tensor& t, bool compact_broadcast = false) {
+  TensorDesc d;
+  for (int i = 0; i < 4; ++i) {
+    const bool broadcast = compact_broadcast && t.stride(i) == 0;
+    d.dims.push_back(broadcast ? 1 : t.size(i));
+    d.strides.push_back(broadcast ? 0 : t.stride(i));
+  }
+  // Size-1 dims get the stride a packed tensor would have; cuDNN checks them.
+  for (int i = 3; i >= 0; --i) {
+    if (d.dims[static_cast<std::size_t>(i)] == 1) {
+      const auto u = static_cast<std::size_t>(i);
+      d.strides[u] = u == 3 ? 1 : d.strides[u + 1] * d.dims[u + 1];
+    }
+  }
+  return d;
+}
+
+TensorDesc packed(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
+  return TensorDesc{{b, h, s, d}, {h * s * d, s * d, d, 1}};
+}
+
+struct Layout {
+  TensorDesc q, k, v, o, bias;  // bias empty unless MaskKind::Bias
+};
+
+// What eligibility assumes before it sees tensors: packed [B, H, S, D] and a
+// bias broadcast over batch and heads, as make_inputs() lays them out.
+Layout default_layout(const Problem& p) {
+  Layout l{packed(p.batch, p.heads, p.seq, p.head_dim), packed(p.batch, p.kv_heads, p.kv_seq, p.head_dim),
+           packed(p.batch, p.kv_heads, p.kv_seq, p.head_dim), packed(p.batch, p.heads, p.seq, p.head_dim), {}};
+  if (p.mask == MaskKind::Bias) l.bias = packed(1, 1, p.seq, p.kv_seq);
+  return l;
+}
+
+Layout layout_of(const Inputs& in, const Tensor& out) {
+  Layout l{desc_of(in.q), desc_of(in.k), desc_of(in.v), desc_of(out), {}};
+  if (in.bias.defined()) l.bias = desc_of(in.bias, /*compact_broadcast=*/true);
+  return l;
+}
+
+std::string key_of(const Problem& p, const Layout& l) {
+  std::string k = std::string(dtype_name(p.dtype)) + "|" + std::string(mask_name(p.mask)) + "|" +
+                  std::to_string(p.window) + "|" + std::to_string(static_cast<float>(p.softmax_scale()));
+  for (const TensorDesc* d : {&l.q, &l.k, &l.v, &l.o, &l.bias}) {
+    k += "|";
+    for (auto x : d->dims) k += std::to_string(x) + ",";
+    k += ":";
+    for (auto x : d->strides) k += std::to_string(x) + ",";
+  }
+  return k;
+}
+
+struct Entry {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::string failure;  // why cuDNN refused; empty when supported
+  bool plans_built = false;
+  std::int64_t workspace = 0;
+  std::unordered_map<std::int64_t, void*> pack;  // reused per call
+};
+
+std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph& g, const char* name, Uid uid,
+                                                         const TensorDesc& d, fe::DataType_t type) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim(d.dims)
+                      .set_stride(d.strides)
+                      .set_data_type(type));
+}
+
+class Cudnn final : public Backend {
+ public:
+  ~Cudnn() override {
+    if (handle_ != nullptr) cudnnDestroy(handle_);  // no throw from a destructor
+  }
+
+  std::string_view name() const override { return "cudnn"; }
+  Device device() const override { return Device::Cuda; }
+
+  Eligibility eligibility(const Problem& p) const override {
+    if (p.device != Device::Cuda) return {false, "runs on a CUDA device only"};
+    if (!is_16bit(p.dtype)) return {false, "fp32 not supported by cuDNN SDPA (use --dtype bf16 or fp16)"};
+    if (p.mask == MaskKind::Boolean) {
+      return {false, "boolean masks not supported by cuDNN SDPA here (an additive --mask bias is)"};
+    }
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const int sm = sm_version();
+      if (sm < 80) return {false, "cuDNN SDPA needs sm80 or newer; this GPU is sm" + std::to_string(sm)};
+      const Entry& e = entry(p, default_layout(p));
+      if (!e.failure.empty()) return {false, "cuDNN: " + e.failure};
+    } catch (const Error& err) {
+      return {false, err.what()};
+    }
+    return {true, "cuDNN SDPA graph: one generated kernel, plan built once per problem and cached"};
+  }
+
+  std::size_t workspace_bytes(const Problem& p) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = cache_.find(key_of(p, default_layout(p)));
+    return it == cache_.end() ? 0 : static_cast<std::size_t>(it->second.workspace);
+  }
+
+  Expectation expectation(const Problem&) const override {
+    return {{"_scaled_dot_product_cudnn_attention"}, /*device_activities=*/1, /*copies=*/0};
+  }
+
+  void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
+    std::string dtypes, dims;
+    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(in, dtypes, dims);
+    RecordFunction range("_scaled_dot_product_cudnn_attention", dtypes, dims);
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& e = entry(p, layout_of(in, out));
+    if (!e.failure.empty()) fail(ErrorKind::Unsupported, "cuDNN: " + e.failure);
+    if (!e.plans_built) {
+      require(e.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
+      require(e.graph->get_workspace_size(e.workspace), "get_workspace_size");
+      e.plans_built = true;
+    }
+    if (stream_ != ctx.stream || !stream_set_) {
+      ATTNPROF_CUDNN_CHECK(cudnnSetStream(handle_, static_cast<cudaStream_t>(ctx.stream)));
+      stream_ = ctx.stream;
+      stream_set_ = true;
+    }
+    if (e.workspace > 0 && (!workspace_.defined() || workspace_.nbytes() < static_cast<std::size_t>(e.workspace))) {
+      workspace_ = Tensor();
+      workspace_ = Tensor::empty({1, 1, 1, e.workspace}, DType::Bool, ctx.allocator);
+    }
+    e.pack[kQ] = in.q.data();
+    e.pack[kK] = in.k.data();
+    e.pack[kV] = in.v.data();
+    e.pack[kO] = out.data();
+    if (p.mask == MaskKind::Bias) e.pack[kBias] = in.bias.data();
+    require(e.graph->execute(handle_, e.pack, e.workspace > 0 ? workspace_.data() : nullptr), "execute");
+  }
+
+ private:
+  static void require(fe::error_t status, const char* step) {
+    if (status.is_bad()) fail(ErrorKind::Device, std::string("cuDNN frontend ") + step + ": " + status.get_message());
+  }
+
+  static void describe(const Inputs& in, std::string& dtypes, std::string& dims) {
+    for (const Tensor* t : {&in.q, &in.k, &in.v}) {
+      if (!dtypes.empty()) dtypes += ", ", dims += ", ";
+      dtypes += dtype_name(t->dtype());
+      dims += "[" + std::to_string(t->size(0)) + ", " + std::to_string(t->size(1)) + ", " +
+              std::to_string(t->size(2)) + ", " + std::to_string(t->size(3)) + "]";
+    }
+  }
+
+  int sm_version() const {
+    int dev = 0, major = 0, minor = 0;
+    ATTNPROF_CUDA_CHECK(cudaGetDevice(&dev));
+    ATTNPROF_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    ATTNPROF_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major * 10 + minor;
+  }
+
+  // The cached graph for (p, layout), built up to check_support() on first
+  // sight; a refusal is cached too, with cuDNN's own words for it.
+  Entry& entry(const Problem& p, const Layout& l) const {
+    const std::string key = key_of(p, l);
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    if (handle_ == nullptr) ATTNPROF_CUDNN_CHECK(cudnnCreate(&handle_));
+    Entry e;
+    e.failure = build(p, l, e.graph);
+    return cache_.emplace(key, std::move(e)).first->second;
+  }
+
+  std::string build(const Problem& p, const Layout& l, std::shared_ptr<fe::graph::Graph>& out) const {
+    const auto io = p.dtype == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
+        fe::DataType_t::FLOAT);
+    auto q = add_tensor(*g, "Q", kQ, l.q, io);
+    auto k = add_tensor(*g, "K", kK, l.k, io);
+    auto v = add_tensor(*g, "V", kV, l.v, io);
+    auto options = fe::graph::SDPA_attributes()
+                       .set_name("sdpa")
+                       .set_generate_stats(false)
+                       .set_attn_scale(static_cast<float>(p.softmax_scale()));
+    switch (p.mask) {
+      case MaskKind::Causal:
+        options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+        break;
+      case MaskKind::CausalBottomRight:
+        options.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
+        break;
+      case MaskKind::SlidingWindow:
+        // Keeps i + off - window < j <= i + off: cuDNN's left bound counts the
+        // same `window` keys back from the bottom-right diagonal.
+        options.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
+            .set_diagonal_band_right_bound(0)
+            .set_diagonal_band_left_bound(static_cast<int>(p.window));
+        break;
+      case MaskKind::Bias: options.set_bias(add_tensor(*g, "Bias", kBias, l.bias, io)); break;
+      default: break;
+    }
+    auto [o, stats] = g->sdpa(q, k, v, options);
+    (void)stats;  // null: no softmax statistics without a backward pass
+    o->set_output(true).set_uid(kO).set_dim(l.o.dims).set_stride(l.o.strides).set_data_type(io);
+    out = g;
+    // Each step's refusal is returned in cuDNN's words: that is the reason
+    // explain prints.
+    if (auto s = g->validate(); s.is_bad()) return "validate: " + s.get_message();
+    if (auto s = g->build_operation_graph(handle_); s.is_bad()) return "build_operation_graph: " + s.get_message();
+    if (auto s = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); s.is_bad()) {
+      return "no engine: " + s.get_message();
+    }
+    if (auto s = g->check_support(handle_); s.is_bad()) return "check_support: " + s.get_message();
+    return {};
+  }
+
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<std::string, Entry> cache_;
+  mutable cudnnHandle_t handle_ = nullptr;
+  void* stream_ = nullptr;
+  bool stream_set_ = false;
+  Tensor workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cudnn() { return std::make_unique<Cudnn>(); }
+
+}  // namespace attnprof::cuda
+
+#else  // !ATTNPROF_WITH_CUDNN
+
+namespace attnprof::cuda {
+namespace {
+
+// Stands in for the cuDNN backend so that explain and compare list it with the
+// reason instead of leaving it out silently.
+class CudnnMissing final : public Backend {
+ public:
+  std::string_view name() const override { return "cudnn"; }
+  Device device() const override { return Device::Cuda; }
+  Eligibility eligibility(const Problem&) const override {
+    return {false, "not built with cuDNN (run scripts/setup.sh)"};
+  }
+  std::size_t workspace_bytes(const Problem&) const override { return 0; }
+  Expectation expectation(const Problem&) const override {
+    return {{"_scaled_dot_product_cudnn_attention"}, /*device_activities=*/1, /*copies=*/0};
+  }
+  void forward(const Problem&, const Inputs&, Tensor&, RunContext&) override {
+    fail(ErrorKind::Unsupported, "cudnn: not built with cuDNN (run scripts/setup.sh)");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cudnn() { return std::make_unique<CudnnMissing>(); }
+
+}  // namespace attnprof::cuda
+
+#endif
