@@ -35,6 +35,7 @@ struct Metrics {
   double ops_per_forward = 0;                 // top-level CPU ops inside forward
   double copies_per_forward = 0;              // memcpys on GPU, copy ops on CPU
   std::int64_t peak_bytes = 0;                // above the inputs and output
+  double allocated_bytes_per_forward = 0;     // sum of allocations inside one forward
   std::optional<double> tflops;
   std::optional<double> ceiling_pct;
   std::optional<double> occupancy_pct;  // of the longest kernel

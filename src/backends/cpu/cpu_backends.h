@@ -8,7 +8,7 @@
 namespace attnprof::cpu {
 
 std::unique_ptr<Backend> make_naive();          // naive.cpp
-std::unique_ptr<Backend> make_naive_inplace();  // naive_inplace.cpp
+std::unique_ptr<Backend> make_naive_inplace();  // naive.cpp (the same ops, the fill in place)
 std::unique_ptr<Backend> make_math();           // math.cpp
 std::unique_ptr<Backend> make_flash();          // flash.cpp
 

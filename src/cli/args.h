@@ -1,0 +1,40 @@
+// Command-line parsing: the flags shared by profile, compare and explain.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnprof/problem.h"
+#include "attnprof/profiler.h"
+#include "report/findings.h"
+
+namespace attnprof::cli {
+
+struct Options {
+  std::string command;  // profile, compare, explain
+  Problem problem;
+  bool device_given = false;
+  bool shape_given = false;  // any of batch/heads/seq/head_dim/dtype/mask set
+  std::string backend;       // profile
+  std::vector<std::string> backends;  // compare --backends
+  Schedule schedule;
+  std::string trace_dir = "traces";
+  std::string sort = "cpu_time_total";
+  int row_limit = 20;
+  int threads = 0;
+  std::uint64_t seed = 0x5eed;
+  bool bshd = false;
+  std::optional<std::string> json_path;
+  report::Guesses guesses;
+  bool help = false;
+  bool quiet = false;
+};
+
+// Throws Error(InvalidArgument) with a one-line message for any bad flag.
+Options parse(int argc, char** argv);
+
+std::string usage();                          // top-level --help
+std::string command_help(const std::string& command);
+
+}  // namespace attnprof::cli

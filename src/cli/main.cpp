@@ -1,0 +1,59 @@
+// attnprof: profile, compare and explain attention backends.
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "attnprof/dispatch.h"
+#include "attnprof/error.h"
+#include "attnprof/runner.h"
+#include "cli/commands.h"
+
+namespace {
+
+using namespace attnprof;
+
+// The device a run goes to when --device is not given: the GPU when one is
+// usable, else the CPU; and the default shape for it.
+void resolve_defaults(cli::Options& o) {
+  Problem& p = o.problem;
+  if (!o.device_given) {
+    p.device = Device::Cpu;
+    if (cuda_built()) {
+      try {
+        device_runtime(Device::Cuda);
+        p.device = Device::Cuda;
+      } catch (const Error&) {  // no usable GPU: the CPU it is
+      }
+    }
+  }
+  // GPU: the reference shape (8, 16, 1024, 64). CPU: a smaller batch and head
+  // count so every backend finishes well inside a minute on a few cores.
+  if (p.batch == 0) p.batch = p.device == Device::Cuda ? 8 : 2;
+  if (p.heads == 0) p.heads = p.device == Device::Cuda ? 16 : 8;
+  p.normalize().validate();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    cli::Options o = cli::parse(argc, argv);
+    if (o.help) {
+      std::fputs(cli::command_help(o.command).c_str(), stdout);
+      return cli::kExitOk;
+    }
+    resolve_defaults(o);
+    if (o.command == "profile") return cli::run_profile(o);
+    if (o.command == "compare") return cli::run_compare(o);
+    return cli::run_explain(o);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "attnprof: %s\n", e.what());
+    return e.kind() == ErrorKind::InvalidArgument ? cli::kExitUsage : cli::kExitError;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "attnprof: out of memory: use a smaller --batch, --heads or --seq\n");
+    return cli::kExitError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attnprof: internal error: %s\n", e.what());
+    return cli::kExitError;
+  }
+}

@@ -1,0 +1,76 @@
+// The CPU allocator: 64-byte aligned buffers, tracked totals and peak, and an
+// allocation event for the active profiler on every allocate and free.
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+
+#include "attnprof/error.h"
+#include "attnprof/profiler.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof {
+namespace {
+
+class CpuAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::Cpu; }
+
+  void* allocate(std::size_t bytes) override {
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    if (rounded && !p) {
+      fail(ErrorKind::OutOfMemory, "out of host memory allocating " + std::to_string(bytes >> 20) +
+                                       " MiB: use a smaller --batch, --heads or --seq");
+    }
+    MemoryStats after;
+    {
+      std::lock_guard lock(mutex_);
+      stats_.allocated += static_cast<std::int64_t>(rounded);
+      stats_.reserved = stats_.allocated;
+      stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+      stats_.peak_reserved = stats_.peak_allocated;
+      after = stats_;
+    }
+    if (Profiler* prof = Profiler::current()) prof->record_allocation(Device::Cpu, p, static_cast<std::int64_t>(rounded), after);
+    return p;
+  }
+
+  void deallocate(void* ptr, std::size_t bytes) noexcept override {
+    if (!ptr) return;
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    std::free(ptr);
+    MemoryStats after;
+    {
+      std::lock_guard lock(mutex_);
+      stats_.allocated -= static_cast<std::int64_t>(rounded);
+      stats_.reserved = stats_.allocated;
+      after = stats_;
+    }
+    if (Profiler* prof = Profiler::current()) prof->record_allocation(Device::Cpu, ptr, -static_cast<std::int64_t>(rounded), after);
+  }
+
+  MemoryStats stats() const override {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+  void reset_peak() override {
+    std::lock_guard lock(mutex_);
+    stats_.peak_allocated = stats_.allocated;
+    stats_.peak_reserved = stats_.reserved;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  MemoryStats stats_;
+};
+
+}  // namespace
+
+Allocator& cpu_allocator() {
+  static CpuAllocator instance;
+  return instance;
+}
+
+}  // namespace attnprof

@@ -1,0 +1,12 @@
+#include "attnprof/dtype.h"
+
+namespace attnprof {
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  if (name == "fp32" || name == "float32" || name == "float") return DType::F32;
+  if (name == "fp16" || name == "float16" || name == "half") return DType::F16;
+  if (name == "bf16" || name == "bfloat16") return DType::BF16;
+  return std::nullopt;
+}
+
+}  // namespace attnprof

@@ -1,0 +1,175 @@
+#include "attnprof/problem.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "attnprof/backend.h"
+#include "attnprof/error.h"
+
+namespace attnprof {
+namespace {
+
+struct MaskSpelling {
+  MaskKind kind;
+  std::string_view name;
+};
+constexpr MaskSpelling kMasks[] = {
+    {MaskKind::None, "none"},
+    {MaskKind::Causal, "causal"},
+    {MaskKind::CausalBottomRight, "causal-bottom-right"},
+    {MaskKind::SlidingWindow, "sliding-window"},
+    {MaskKind::Boolean, "boolean"},
+    {MaskKind::Bias, "bias"},
+};
+
+// Limits that catch typos (a seq of 10^9) before anything is sized from them.
+constexpr std::int64_t kMaxSeq = std::int64_t{1} << 22;
+constexpr std::int64_t kMaxBatchHeads = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxHeadDim = 256;
+
+void require_positive(std::int64_t v, const char* flag) {
+  if (v <= 0) fail(ErrorKind::InvalidArgument, std::string(flag) + " must be positive, got " + std::to_string(v));
+}
+
+// First and last visible key of query row i (inclusive), before clamping.
+std::pair<std::int64_t, std::int64_t> key_range(const Problem& p, std::int64_t i) {
+  switch (p.mask) {
+    case MaskKind::Causal: return {0, i};
+    case MaskKind::CausalBottomRight: return {0, i + p.diagonal_offset()};
+    case MaskKind::SlidingWindow: {
+      const std::int64_t hi = i + p.diagonal_offset();
+      return {hi - p.window + 1, hi};
+    }
+    default: return {0, p.kv_seq - 1};
+  }
+}
+
+}  // namespace
+
+std::string_view mask_name(MaskKind m) {
+  for (const auto& s : kMasks) {
+    if (s.kind == m) return s.name;
+  }
+  return "?";
+}
+
+std::optional<MaskKind> parse_mask(std::string_view name) {
+  for (const auto& s : kMasks) {
+    if (s.name == name) return s.kind;
+  }
+  if (name == "causal-top-left") return MaskKind::Causal;
+  return std::nullopt;
+}
+
+std::string_view mask_choices() { return "none, causal, causal-bottom-right, sliding-window, boolean, bias"; }
+
+Problem& Problem::normalize() {
+  if (kv_heads == 0) kv_heads = heads;
+  if (kv_seq == 0) kv_seq = seq;
+  return *this;
+}
+
+void Problem::validate() const {
+  require_positive(batch, "--batch");
+  require_positive(heads, "--heads");
+  require_positive(kv_heads, "--kv-heads");
+  require_positive(seq, "--seq");
+  require_positive(kv_seq, "--kv-seq");
+  require_positive(head_dim, "--head-dim");
+  if (seq > kMaxSeq || kv_seq > kMaxSeq) {
+    fail(ErrorKind::InvalidArgument, "--seq/--kv-seq " + std::to_string(std::max(seq, kv_seq)) + " is beyond the " +
+                                         std::to_string(kMaxSeq) + " this tool accepts");
+  }
+  if (batch * heads > kMaxBatchHeads || batch > kMaxBatchHeads || heads > kMaxBatchHeads) {
+    fail(ErrorKind::InvalidArgument, "--batch x --heads is beyond the " + std::to_string(kMaxBatchHeads) +
+                                         " (batch, head) pairs this tool accepts");
+  }
+  if (head_dim > kMaxHeadDim) {
+    fail(ErrorKind::InvalidArgument,
+         "--head-dim " + std::to_string(head_dim) + " is above the largest supported, " + std::to_string(kMaxHeadDim));
+  }
+  if (kv_heads > heads || heads % kv_heads != 0) {
+    fail(ErrorKind::InvalidArgument, "--kv-heads " + std::to_string(kv_heads) + " must divide --heads " +
+                                         std::to_string(heads) + " (grouped-query attention)");
+  }
+  if (dtype == DType::Bool) fail(ErrorKind::InvalidArgument, "--dtype must be fp32, fp16 or bf16");
+  if (mask == MaskKind::SlidingWindow && window <= 0) {
+    fail(ErrorKind::InvalidArgument, "--mask sliding-window needs --window N (N >= 1 keys)");
+  }
+  if (mask != MaskKind::SlidingWindow && window != 0) {
+    fail(ErrorKind::InvalidArgument, "--window applies only to --mask sliding-window");
+  }
+  if (scale && (!std::isfinite(*scale) || *scale == 0.0)) {
+    fail(ErrorKind::InvalidArgument, "--scale must be a finite, non-zero number");
+  }
+}
+
+double Problem::softmax_scale() const { return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+
+bool Problem::visible(std::int64_t i, std::int64_t j) const {
+  const auto [lo, hi] = key_range(*this, i);
+  return j >= lo && j <= hi;
+}
+
+std::int64_t Problem::visible_pairs() const {
+  if (mask == MaskKind::None || mask == MaskKind::Boolean || mask == MaskKind::Bias) return seq * kv_seq;
+  std::int64_t total = 0;
+  for (std::int64_t i = 0; i < seq; ++i) {
+    const auto [lo, hi] = key_range(*this, i);
+    const std::int64_t a = std::max<std::int64_t>(lo, 0), b = std::min(hi, kv_seq - 1);
+    if (b >= a) total += b - a + 1;
+  }
+  return total;
+}
+
+std::int64_t Problem::fully_masked_rows() const {
+  if (mask == MaskKind::None || mask == MaskKind::Boolean || mask == MaskKind::Bias) return 0;
+  std::int64_t rows = 0;
+  for (std::int64_t i = 0; i < seq; ++i) {
+    const auto [lo, hi] = key_range(*this, i);
+    if (std::min(hi, kv_seq - 1) < std::max<std::int64_t>(lo, 0)) ++rows;
+  }
+  return rows;
+}
+
+double Problem::flops() const {
+  return 4.0 * static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(visible_pairs()) *
+         static_cast<double>(head_dim);
+}
+
+std::string Problem::shape_key() const {
+  return std::to_string(batch) + "_" + std::to_string(heads) + "_" + std::to_string(seq) + "_" + std::to_string(head_dim);
+}
+
+std::string Problem::describe() const {
+  std::ostringstream os;
+  os << "batch " << batch << ", heads " << heads;
+  if (kv_heads != heads) os << " (kv " << kv_heads << ")";
+  os << ", seq " << seq;
+  if (kv_seq != seq) os << " (kv " << kv_seq << ")";
+  os << ", head_dim " << head_dim << ", " << dtype_name(dtype) << ", " << mask_name(mask);
+  if (mask == MaskKind::SlidingWindow) os << " " << window;
+  os << " on " << device_name(device);
+  return os.str();
+}
+
+std::size_t Problem::q_bytes() const {
+  return static_cast<std::size_t>(batch * heads * seq * head_dim) * element_size(dtype);
+}
+
+std::size_t Problem::kv_bytes() const {
+  return static_cast<std::size_t>(batch * kv_heads * kv_seq * head_dim) * element_size(dtype);
+}
+
+const std::vector<std::string_view>& backend_names() {
+  static const std::vector<std::string_view> names = {"naive", "naive_inplace", "math", "efficient", "flash", "cudnn"};
+  return names;
+}
+
+bool is_backend_name(std::string_view name) {
+  const auto& n = backend_names();
+  return std::find(n.begin(), n.end(), name) != n.end();
+}
+
+}  // namespace attnprof

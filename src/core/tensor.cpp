@@ -1,0 +1,84 @@
+#include "attnprof/tensor.h"
+
+#include <sstream>
+#include <utility>
+
+#include "attnprof/error.h"
+
+namespace attnprof {
+
+Storage::Storage(Allocator& allocator, std::size_t bytes)
+    : allocator_(&allocator), data_(allocator.allocate(bytes)), bytes_(bytes) {}
+
+Storage::~Storage() { allocator_->deallocate(data_, bytes_); }
+
+Dims contiguous_strides(const Dims& sizes) {
+  Dims strides{};
+  std::int64_t s = 1;
+  for (int i = 3; i >= 0; --i) {
+    strides[static_cast<std::size_t>(i)] = s;
+    s *= sizes[static_cast<std::size_t>(i)];
+  }
+  return strides;
+}
+
+Tensor Tensor::empty(const Dims& sizes, DType dtype, Allocator& allocator) {
+  for (auto s : sizes) {
+    if (s < 0) fail(ErrorKind::InvalidArgument, "negative tensor size");
+  }
+  Tensor t;
+  t.sizes_ = sizes;
+  t.strides_ = contiguous_strides(sizes);
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(allocator, t.nbytes());
+  return t;
+}
+
+Device Tensor::device() const { return storage_ ? storage_->allocator().device() : Device::Cpu; }
+
+void* Tensor::data() const {
+  if (!storage_) return nullptr;
+  return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(element_size(dtype_));
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(sizes_); }
+
+Tensor Tensor::transpose(int a, int b) const {
+  Tensor t = *this;
+  std::swap(t.sizes_[static_cast<std::size_t>(a)], t.sizes_[static_cast<std::size_t>(b)]);
+  std::swap(t.strides_[static_cast<std::size_t>(a)], t.strides_[static_cast<std::size_t>(b)]);
+  return t;
+}
+
+Tensor Tensor::as_strided(const Dims& sizes, const Dims& strides, std::int64_t offset) const {
+  Tensor t = *this;
+  t.sizes_ = sizes;
+  t.strides_ = strides;
+  t.offset_ = offset;
+  return t;
+}
+
+Tensor Tensor::expand(const Dims& sizes) const {
+  Tensor t = *this;
+  for (std::size_t i = 0; i < 4; ++i) {
+    if (sizes_[i] == sizes[i]) continue;
+    if (sizes_[i] != 1) {
+      fail(ErrorKind::InvalidArgument, "cannot broadcast " + describe() + " to size " + std::to_string(sizes[i]) +
+                                           " in dimension " + std::to_string(i));
+    }
+    t.sizes_[i] = sizes[i];
+    t.strides_[i] = 0;
+  }
+  return t;
+}
+
+std::string Tensor::describe() const {
+  std::ostringstream os;
+  os << dtype_name(dtype_) << "[" << sizes_[0] << ", " << sizes_[1] << ", " << sizes_[2] << ", " << sizes_[3] << "]";
+  if (!is_contiguous()) {
+    os << " strides [" << strides_[0] << ", " << strides_[1] << ", " << strides_[2] << ", " << strides_[3] << "]";
+  }
+  return os.str();
+}
+
+}  // namespace attnprof

@@ -1,0 +1,98 @@
+// Runs one backend under the profiler: refuse what cannot fit, make fresh
+// inputs, poison the output, step through the schedule, check against float64.
+#include "attnprof/runner.h"
+
+#include <cstdio>
+
+#include "attnprof/error.h"
+#include "report/metrics.h"
+#ifdef ATTNPROF_WITH_CUDA
+#include "backends/cuda/cuda_backends.h"
+#endif
+
+namespace attnprof {
+
+DeviceRuntime& cpu_runtime(int threads);  // cpu_runtime.cpp
+
+DeviceRuntime& device_runtime(Device d, int threads) {
+  if (d == Device::Cpu) return cpu_runtime(threads);
+#ifdef ATTNPROF_WITH_CUDA
+  return cuda::runtime();
+#else
+  fail(ErrorKind::Unsupported, "this build has no CUDA support: use --device cpu, or rebuild with a CUDA toolkit");
+#endif
+}
+
+namespace {
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+std::size_t input_bytes(const Problem& p) {
+  std::size_t masks = 0;
+  if (p.mask == MaskKind::Boolean) masks = static_cast<std::size_t>(p.seq * p.kv_seq);
+  if (p.mask == MaskKind::Bias) masks = static_cast<std::size_t>(p.seq * p.kv_seq) * element_size(p.dtype);
+  return 2 * p.q_bytes() + 2 * p.kv_bytes() + masks;  // q, k, v, mask and the output
+}
+
+}  // namespace
+
+RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& options) {
+  RunResult r;
+  r.backend = std::string(backend.name());
+  r.problem = p;
+  r.eligibility = backend.eligibility(p);
+  r.expectation = backend.expectation(p);
+  r.trace.name = p.shape_key() + "_" + r.backend;
+  if (!r.eligibility.eligible) return r;
+  try {
+    DeviceRuntime& rt = device_runtime(p.device, options.threads);
+    const double need = static_cast<double>(input_bytes(p) + backend.workspace_bytes(p));
+    const double have = static_cast<double>(rt.available_bytes());
+    if (need > 0.9 * have) {
+      fail(ErrorKind::OutOfMemory, r.backend + " needs about " + gib(need) + " on " + device_name(p.device) +
+                                       " but only " + gib(have) + " is free: use a smaller --batch, --heads or --seq");
+    }
+    if (options.progress) options.progress(r.backend + ": preparing inputs (" + p.describe() + ")");
+    const Inputs host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);
+    const Inputs in = rt.upload(host);
+    Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rt.allocator());
+    rt.poison(out);
+    rt.synchronize();
+
+    Profiler prof(options.schedule);
+    for (auto& c : rt.make_collectors()) prof.add_collector(std::move(c));
+    RunContext ctx{rt.allocator(), rt.stream(), options.threads};
+    const int steps = options.schedule.total_steps();
+    prof.start();
+    for (int s = 0; s < steps; ++s) {
+      if (options.progress) options.progress(r.backend + ": step " + std::to_string(s + 1) + "/" + std::to_string(steps));
+      {
+        RecordFunction fwd(report::kForwardRange, dtype_name(p.dtype), p.shape_key(), ActivityType::UserAnnotation);
+        backend.forward(p, in, out, ctx);
+        rt.synchronize();
+      }
+      prof.step();
+    }
+    prof.stop();
+    r.trace = std::move(prof.trace());
+    r.trace.name = p.shape_key() + "_" + r.backend;
+    if (!r.trace.device) r.trace.device = rt.properties();
+
+    if (options.progress) options.progress(r.backend + ": checking against float64");
+    const Tensor host_out = rt.download(out);
+    r.error = check_against_reference(p, host, host_out, sample_rows(p, options.check_rows));
+    r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.backend == "naive" || r.backend == "naive_inplace");
+    r.metrics = report::measure(r.trace, p, rt.ceiling_tflops(p.dtype));
+  } catch (const Error& e) {
+    r.failure = e.what();
+  } catch (const std::bad_alloc&) {
+    r.failure = "out of host memory: use a smaller --batch, --heads or --seq";
+  }
+  return r;
+}
+
+}  // namespace attnprof

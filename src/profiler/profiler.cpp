@@ -1,0 +1,241 @@
+// The profiler core: schedule, nested CPU ranges, allocation events, and the
+// collectors that bring device activities in.
+#include "attnprof/profiler.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <unordered_set>
+
+#include "attnprof/error.h"
+
+namespace attnprof {
+namespace {
+
+std::atomic<Profiler*> g_current{nullptr};
+
+std::int64_t thread_id() {
+  thread_local const std::int64_t tid = static_cast<std::int64_t>(::syscall(SYS_gettid));
+  return tid;
+}
+
+}  // namespace
+
+const char* activity_category(ActivityType t) {
+  switch (t) {
+    case ActivityType::CpuOp: return "cpu_op";
+    case ActivityType::UserAnnotation: return "user_annotation";
+    case ActivityType::GpuUserAnnotation: return "gpu_user_annotation";
+    case ActivityType::Kernel: return "kernel";
+    case ActivityType::Memcpy: return "gpu_memcpy";
+    case ActivityType::Memset: return "gpu_memset";
+    case ActivityType::CudaRuntime: return "cuda_runtime";
+    case ActivityType::CudaDriver: return "cuda_driver";
+    case ActivityType::CudaSync: return "cuda_sync";
+    case ActivityType::Allocation: return "[memory]";
+  }
+  return "?";
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Schedule::Action Schedule::at(int step) const {
+  const int cycle = wait + warmup + active;
+  if (cycle <= 0 || step < 0) return Action::None;
+  if (repeat > 0 && step / cycle >= repeat) return Action::None;
+  const int m = step % cycle;
+  if (m < wait) return Action::None;
+  if (m < wait + warmup) return Action::Warmup;
+  return m < cycle - 1 ? Action::Record : Action::RecordAndSave;
+}
+
+int Schedule::total_steps() const { return repeat > 0 ? repeat * (wait + warmup + active) : wait + warmup + active; }
+
+Profiler::Profiler(Schedule schedule) : schedule_(schedule) {}
+
+Profiler::~Profiler() {
+  if (started_) {
+    try {
+      stop();
+    } catch (...) {  // a destructor must not throw; stop() already noted the failure
+    }
+  }
+}
+
+void Profiler::add_collector(std::unique_ptr<Collector> c) {
+  collectors_.push_back(std::move(c));
+  collector_ok_.push_back(false);
+}
+
+Profiler* Profiler::current() { return g_current.load(std::memory_order_acquire); }
+
+void Profiler::start() {
+  if (started_) fail(ErrorKind::Internal, "profiler started twice");
+  Profiler* expected = nullptr;
+  if (!g_current.compare_exchange_strong(expected, this)) fail(ErrorKind::Internal, "another profiler is active");
+  started_ = true;
+  step_ = 0;
+  // Collectors start with the first warmup or active step, so their start-up
+  // cost lands in a step that is not recorded.
+  for (std::size_t i = 0; i < collectors_.size(); ++i) {
+    try {
+      collectors_[i]->start();
+      collector_ok_[i] = true;
+    } catch (const Error& e) {
+      trace_.collector_note += collectors_[i]->name() + " unavailable: " + e.what() + "\n";
+    }
+  }
+  open_step();
+}
+
+void Profiler::open_step() {
+  const Schedule::Action a = schedule_.at(step_);
+  set_recording(a == Schedule::Action::Record || a == Schedule::Action::RecordAndSave);
+  if (recording_) {
+    step_range_ = begin_range("ProfilerStep#" + std::to_string(step_), ActivityType::UserAnnotation, {}, {});
+    ++trace_.steps_recorded;
+  }
+}
+
+void Profiler::close_step() {
+  if (step_range_ != SIZE_MAX) {
+    end_range(step_range_);
+    step_range_ = SIZE_MAX;
+  }
+}
+
+void Profiler::set_recording(bool on) { recording_ = on; }
+
+void Profiler::step() {
+  if (!started_) fail(ErrorKind::Internal, "profiler step() before start()");
+  close_step();
+  ++step_;
+  open_step();
+}
+
+void Profiler::stop() {
+  if (!started_) return;
+  close_step();
+  recording_ = false;
+  started_ = false;
+  g_current.store(nullptr, std::memory_order_release);
+
+  // Recorded windows: the ProfilerStep ranges.
+  std::vector<std::pair<std::int64_t, std::int64_t>> windows;
+  for (const auto& a : trace_.activities) {
+    if (a.type == ActivityType::UserAnnotation && a.name.rfind("ProfilerStep#", 0) == 0) {
+      windows.emplace_back(a.start_ns, a.end_ns());
+    }
+  }
+  auto in_window = [&](std::int64_t t) {
+    return std::any_of(windows.begin(), windows.end(), [t](auto w) { return t >= w.first && t <= w.second; });
+  };
+  for (std::size_t i = 0; i < collectors_.size(); ++i) {
+    if (!collector_ok_[i]) continue;
+    std::vector<Activity> device;
+    try {
+      collectors_[i]->stop();
+      collectors_[i]->drain(device);
+    } catch (const Error& e) {
+      trace_.collector_note += collectors_[i]->name() + " failed: " + e.what() + "\n";
+      continue;
+    }
+    if (auto props = collectors_[i]->device_properties()) trace_.device = props;
+    const std::string note = collectors_[i]->note();
+    if (!note.empty()) trace_.collector_note += note + "\n";
+    // Keep launches made inside recorded steps, and the device work they caused.
+    std::unordered_set<std::uint64_t> kept;
+    for (auto& a : device) {
+      if (!a.on_device() && in_window(a.start_ns)) {
+        if (a.correlation) kept.insert(a.correlation);
+      }
+    }
+    for (auto& a : device) {
+      const bool keep = a.on_device() ? (a.correlation ? kept.count(a.correlation) > 0 : in_window(a.start_ns))
+                                      : in_window(a.start_ns);
+      if (keep) trace_.activities.push_back(std::move(a));
+    }
+  }
+  if (!trace_.collector_note.empty() && trace_.collector_note.back() == '\n') trace_.collector_note.pop_back();
+  std::stable_sort(trace_.activities.begin(), trace_.activities.end(),
+                   [](const Activity& a, const Activity& b) { return a.start_ns < b.start_ns; });
+  trace_.base_ns = trace_.activities.empty() ? 0 : trace_.activities.front().start_ns;
+}
+
+std::size_t Profiler::begin_range(std::string_view name, ActivityType type, std::string_view input_dtypes,
+                                  std::string_view input_dims) {
+  std::lock_guard lock(mutex_);
+  Activity a;
+  a.type = type;
+  a.name = std::string(name);
+  a.pid = ::getpid();
+  a.tid = thread_id();
+  a.step = step_;
+  a.depth = static_cast<int>(open_ranges_.size());
+  a.input_dtypes = std::string(input_dtypes);
+  a.input_dims = std::string(input_dims);
+  a.start_ns = now_ns();
+  trace_.activities.push_back(std::move(a));
+  open_ranges_.push_back(trace_.activities.size() - 1);
+  return trace_.activities.size() - 1;
+}
+
+void Profiler::end_range(std::size_t handle) {
+  const std::int64_t t = now_ns();
+  std::lock_guard lock(mutex_);
+  if (handle >= trace_.activities.size()) return;
+  trace_.activities[handle].dur_ns = t - trace_.activities[handle].start_ns;
+  auto it = std::find(open_ranges_.rbegin(), open_ranges_.rend(), handle);
+  if (it != open_ranges_.rend()) open_ranges_.erase(std::next(it).base());
+}
+
+void Profiler::record_allocation(Device device, const void* ptr, std::int64_t delta, const MemoryStats& after) {
+  if (!recording_) return;
+  Activity a;
+  a.type = ActivityType::Allocation;
+  a.name = "[memory]";
+  a.pid = ::getpid();
+  a.tid = thread_id();
+  a.start_ns = now_ns();
+  a.step = step_;
+  AllocationInfo info;
+  info.bytes = delta;
+  info.addr = reinterpret_cast<std::uint64_t>(ptr);
+  info.total_allocated = after.allocated;
+  info.total_reserved = after.reserved;
+  info.peak_allocated = after.peak_allocated;
+  info.device_type = device == Device::Cpu ? 0 : 1;
+  info.device_id = device == Device::Cpu ? -1 : 0;
+  a.allocation = info;
+  std::lock_guard lock(mutex_);
+  trace_.activities.push_back(std::move(a));
+}
+
+RecordFunction::RecordFunction(std::string_view name, std::string_view input_dtypes, std::string_view input_dims,
+                               ActivityType type)
+    : profiler_(Profiler::current()) {
+  nvtx_push(name);
+  if (profiler_ && profiler_->recording()) {
+    handle_ = profiler_->begin_range(name, type, input_dtypes, input_dims);
+  } else {
+    profiler_ = nullptr;
+  }
+}
+
+RecordFunction::~RecordFunction() {
+  if (profiler_) profiler_->end_range(handle_);
+  nvtx_pop();
+}
+
+#ifndef ATTNPROF_WITH_CUDA
+void nvtx_push(std::string_view) {}
+void nvtx_pop() {}
+#endif
+
+}  // namespace attnprof

@@ -1,0 +1,162 @@
+#include "report/report.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "attnprof/error.h"
+#include "attnprof/trace_io.h"
+
+namespace attnprof::report {
+namespace {
+
+std::string num(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string opt_num(const char* f, const std::optional<double>& v) { return v ? num(f, *v) : "-"; }
+
+std::string bytes_str(double b) {
+  if (b >= 1024.0 * 1024 * 1024) return num("%.2f GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return num("%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return num("%.1f KiB", b / 1024.0);
+  return num("%.0f B", b);
+}
+
+std::string time_str(double us) {
+  if (us >= 1e6) return num("%.2f s", us / 1e6);
+  if (us >= 1e3) return num("%.3f ms", us / 1e3);
+  return num("%.1f us", us);
+}
+
+}  // namespace
+
+std::string compare_table(const std::vector<RunResult>& results) {
+  const bool gpu = !results.empty() && results.front().problem.device == Device::Cuda;
+  struct Row {
+    std::vector<std::string> cells;
+    std::vector<std::string> findings;
+  };
+  std::vector<std::string> header = {"backend",  gpu ? "kernels/fwd" : "ops/fwd", "copies/fwd", gpu ? "GPU time" : "time",
+                                     "CPU/call", "peak mem", "TFLOP/s", "% ceiling", "rel error", "occupancy"};
+  std::vector<Row> rows;
+  for (const auto& r : results) {
+    Row row;
+    if (!r.eligibility.eligible || r.failure) {
+      row.cells = {r.backend, "-", "-", "-", "-", "-", "-", "-", "-", "-"};
+      row.findings = {r.failure ? "failed: " + *r.failure : r.eligibility.reason};
+      rows.push_back(row);
+      continue;
+    }
+    const Metrics& m = r.metrics;
+    std::string err = r.error ? num("%.2e", r.error->rel) : "-";
+    if (r.error && r.error->nan_rows) err += " NaN";
+    if (r.acceptance) err += r.acceptance->pass ? " ok" : " FAIL";
+    row.cells = {r.backend,
+                 gpu ? opt_num("%.0f", m.kernels_per_forward) : num("%.0f", m.ops_per_forward),
+                 num("%.0f", m.copies_per_forward),
+                 m.device_time_us ? time_str(*m.device_time_us) : "-",
+                 time_str(m.host_time_us),
+                 bytes_str(static_cast<double>(m.peak_bytes)),
+                 opt_num(m.tflops && *m.tflops < 1 ? "%.3f" : "%.1f", m.tflops),
+                 opt_num("%.1f%%", m.ceiling_pct),
+                 err,
+                 opt_num("%.0f%%", m.occupancy_pct)};
+    row.findings = r.findings;
+    rows.push_back(row);
+  }
+  std::vector<std::size_t> w(header.size());
+  for (std::size_t i = 0; i < header.size(); ++i) w[i] = header[i].size();
+  for (const auto& row : rows) {
+    for (std::size_t i = 0; i < row.cells.size(); ++i) w[i] = std::max(w[i], row.cells[i].size());
+  }
+  std::ostringstream os;
+  auto line = [&](const std::vector<std::string>& cells, const std::string& tail) {
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      os << cells[i] << std::string(w[i] - cells[i].size() + 2, ' ');
+    }
+    os << tail << "\n";
+  };
+  line(header, "what the trace shows");
+  std::size_t total = 0;
+  for (auto x : w) total += x + 2;
+  os << std::string(total + 20, '-') << "\n";
+  for (const auto& row : rows) {
+    line(row.cells, row.findings.empty() ? "" : row.findings.front());
+    for (std::size_t k = 1; k < row.findings.size(); ++k) os << std::string(total, ' ') << row.findings[k] << "\n";
+  }
+  return os.str();
+}
+
+std::string explain_table(const std::vector<Explanation>& rows, const AutoChoice* chosen) {
+  std::ostringstream os;
+  std::size_t w = 7;
+  for (const auto& r : rows) w = std::max(w, r.backend.size());
+  for (const auto& r : rows) {
+    os << r.backend << std::string(w - r.backend.size() + 2, ' ') << (r.eligible ? "eligible      " : "not eligible  ")
+       << r.reason << "\n";
+  }
+  if (chosen) os << "auto" << std::string(w - 2, ' ') << "picks " << chosen->backend << ": " << chosen->reason << "\n";
+  return os.str();
+}
+
+nlohmann::json problem_json(const Problem& p) {
+  nlohmann::json j = {{"batch", p.batch},   {"heads", p.heads},       {"kv_heads", p.kv_heads},
+                      {"seq", p.seq},       {"kv_seq", p.kv_seq},     {"head_dim", p.head_dim},
+                      {"dtype", dtype_name(p.dtype)}, {"mask", mask_name(p.mask)}, {"scale", p.softmax_scale()},
+                      {"device", device_name(p.device)}, {"flops", p.flops()}};
+  j["window"] = p.mask == MaskKind::SlidingWindow ? nlohmann::json(p.window) : nlohmann::json(nullptr);
+  return j;
+}
+
+nlohmann::json result_json(const RunResult& r) {
+  using nlohmann::json;
+  auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
+  const bool ran = r.eligibility.eligible && !r.failure && r.metrics.steps > 0;
+  json j;
+  j["backend"] = r.backend;
+  j["eligible"] = r.eligibility.eligible;
+  j["reason"] = r.failure ? *r.failure : r.eligibility.reason;
+  j["failed"] = r.failure.has_value();
+  j["kernels_per_forward"] = ran ? opt(r.metrics.kernels_per_forward) : json(nullptr);
+  j["ops_per_forward"] = ran ? json(r.metrics.ops_per_forward) : json(nullptr);
+  j["copies_per_forward"] = ran ? json(r.metrics.copies_per_forward) : json(nullptr);
+  j["device_time_us"] = ran ? opt(r.metrics.device_time_us) : json(nullptr);
+  j["host_time_us"] = ran ? json(r.metrics.host_time_us) : json(nullptr);
+  j["peak_bytes"] = ran ? json(r.metrics.peak_bytes) : json(nullptr);
+  j["allocated_bytes_per_forward"] = ran ? json(r.metrics.allocated_bytes_per_forward) : json(nullptr);
+  j["tflops"] = ran ? opt(r.metrics.tflops) : json(nullptr);
+  j["ceiling_pct"] = ran ? opt(r.metrics.ceiling_pct) : json(nullptr);
+  j["max_abs_error"] = r.error ? json(r.error->max_abs) : json(nullptr);
+  j["rel_error"] = r.error ? json(r.error->rel) : json(nullptr);
+  j["nan_count"] = r.error ? json(r.error->nan_count) : json(nullptr);
+  j["accepted"] = r.acceptance ? json(r.acceptance->pass) : json(nullptr);
+  j["tolerance"] = r.acceptance ? json(r.acceptance->tolerance) : json(nullptr);
+  j["occupancy_pct"] = ran ? opt(r.metrics.occupancy_pct) : json(nullptr);
+  j["findings"] = r.findings;
+  j["expected_ops"] = r.expectation.cpu_ops;
+  j["expected_device_activities"] =
+      r.expectation.device_activities >= 0 ? json(r.expectation.device_activities) : json(nullptr);
+  return j;
+}
+
+nlohmann::json device_json(const std::string& description, const std::optional<DeviceProperties>& props, Device d) {
+  nlohmann::json j = {{"type", device_name(d)}, {"description", description}};
+  if (props) {
+    j["name"] = props->name;
+    j["compute_capability"] = std::to_string(props->compute_major) + "." + std::to_string(props->compute_minor);
+    j["sms"] = props->num_sms;
+    j["total_memory_bytes"] = props->total_global_mem;
+  }
+  return j;
+}
+
+void write_json_file(const nlohmann::json& j, const std::string& path) {
+  write_file_atomically(path, j.dump(2) + "\n", "JSON");
+}
+void write_text_file(const std::string& text, const std::string& path) { write_file_atomically(path, text, "table"); }
+
+}  // namespace attnprof::report
