@@ -86,6 +86,8 @@ const char* kRunHelp = R"(Run (profile and compare):
   --row-limit N        table rows                         (default 20)
   --threads N          CPU threads                        (default: all cores)
   --seed N             input seed (inputs are random, never zeros)
+  --check-rows N       query rows checked against the float64 reference
+                       (all rows when the problem has fewer)  (default 2048)
   --expect B=N         your guess before you look: backend B makes N GPU
                        activities (N CPU ops on the CPU) per forward; repeatable.
                        The report says whether the trace agrees.
@@ -221,6 +223,7 @@ Options parse(int argc, char** argv) {
       {"--row-limit", [&](auto& f, auto& v) { o.row_limit = to_small_int(f, v, 1, 100000); }},
       {"--threads", [&](auto& f, auto& v) { o.threads = to_small_int(f, v, 1, 4096); }},
       {"--seed", [&](auto& f, auto& v) { o.seed = static_cast<std::uint64_t>(to_int(f, v)); }},
+      {"--check-rows", [&](auto& f, auto& v) { o.check_rows = to_small_int(f, v, 1, 1 << 24); }},
       {"--json", [&](auto&, auto& v) { if (v.empty()) bad("--json needs a path"); o.json_path = v; }},
       {"--expect",
        [&](auto& f, auto& v) {

@@ -24,6 +24,7 @@ struct Options {
   int row_limit = 20;
   int threads = 0;
   std::uint64_t seed = 0x5eed;
+  std::int64_t check_rows = 2048;
   bool bshd = false;
   std::optional<std::string> json_path;
   report::Guesses guesses;

@@ -69,6 +69,7 @@ RunOptions run_options(const Options& o, Progress& progress) {
   r.seed = o.seed;
   r.threads = o.threads;
   r.bshd_inputs = o.bshd;
+  r.check_rows = o.check_rows;
   r.progress = [&progress](std::string_view m) { progress(m); };
   return r;
 }

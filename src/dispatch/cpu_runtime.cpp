@@ -1,6 +1,5 @@
 // The CPU as a profiling device: the tracked CPU allocator, OpenMP and
 // OpenBLAS thread counts, and a measured sgemm ceiling.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -15,11 +14,8 @@
 
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
+#include "backends/cpu/blas.h"
 
-extern "C" {
-void openblas_set_num_threads(int);
-char* openblas_get_config(void);
-}
 
 namespace attnprof {
 namespace {
@@ -44,7 +40,7 @@ class CpuRuntime final : public DeviceRuntime {
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads_ = threads > 0 ? threads : hw;
     omp_set_num_threads(threads_);
-    openblas_set_num_threads(threads_);
+    cpu::blas_set_threads(threads_);
   }
 
   Device device() const override { return Device::Cpu; }
@@ -80,7 +76,7 @@ class CpuRuntime final : public DeviceRuntime {
     double best = 0;
     for (int rep = 0; rep < 4; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      cpu::sgemm(false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (rep > 0) best = std::max(best, 2.0 * n * n * n / s / 1e12);
     }
@@ -89,7 +85,7 @@ class CpuRuntime final : public DeviceRuntime {
   }
 
   std::string description() const override {
-    std::string cfg = openblas_get_config();
+    std::string cfg = cpu::blas_config();
     return cpu_model() + ", " + std::to_string(threads_) + " threads, " + cfg;
   }
 

@@ -1,6 +1,6 @@
 #include "backends/cpu/ops.h"
 
-#include <cblas.h>
+#include "backends/cpu/blas.h"
 
 #include <cmath>
 #include <cstring>
@@ -127,9 +127,8 @@ Tensor matmul_qk(const Tensor& q, const Tensor& k, DType out, Allocator& a) {
         cs.resize(static_cast<std::size_t>(S * Skv));
         c = cs.data();
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(S), static_cast<int>(Skv),
-                  static_cast<int>(D), 1.0f, qp, static_cast<int>(ldq), kp, static_cast<int>(ldk), 0.0f, c,
-                  static_cast<int>(Skv));
+      sgemm(true, static_cast<int>(S), static_cast<int>(Skv), static_cast<int>(D), 1.0f, qp, static_cast<int>(ldq), kp,
+            static_cast<int>(ldk), 0.0f, c, static_cast<int>(Skv));
       if (out != DType::F32) {
         for (std::int64_t i = 0; i < S; ++i) store_row(s, b, h, i, c + i * Skv);
       }
@@ -148,9 +147,8 @@ void matmul_pv(const Tensor& p, const Tensor& v, Tensor& out) {
       std::int64_t ldp = 0, ldv = 0;
       const float* pp = fp32_slice(p, b, h, ps, ldp);
       const float* vp = fp32_slice(v, b, h / group, vs, ldv);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(S), static_cast<int>(D),
-                  static_cast<int>(Skv), 1.0f, pp, static_cast<int>(ldp), vp, static_cast<int>(ldv), 0.0f, cs.data(),
-                  static_cast<int>(D));
+      sgemm(false, static_cast<int>(S), static_cast<int>(D), static_cast<int>(Skv), 1.0f, pp, static_cast<int>(ldp), vp,
+            static_cast<int>(ldv), 0.0f, cs.data(), static_cast<int>(D));
       for (std::int64_t i = 0; i < S; ++i) store_row(out, b, h, i, cs.data() + i * D);
     }
   }

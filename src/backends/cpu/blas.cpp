@@ -1,0 +1,25 @@
+#include "backends/cpu/blas.h"
+
+extern "C" {
+// The CBLAS interface (netlib's cblas.h); enum values are fixed by the standard.
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* b, int ldb, float beta, float* c, int ldc);
+void openblas_set_num_threads(int threads);
+char* openblas_get_config(void);
+}
+
+namespace attnprof::cpu {
+namespace {
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+}
+
+void sgemm(bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+           float beta, float* c, int ldc) {
+  cblas_sgemm(kRowMajor, kNoTrans, trans_b ? kTrans : kNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void blas_set_threads(int threads) { openblas_set_num_threads(threads); }
+
+const char* blas_config() { return openblas_get_config(); }
+
+}  // namespace attnprof::cpu
