@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""attnprof's CUDA backends next to PyTorch's, on DESIGN.md's grid.
+
+One run on the GPU machine: for every grid row, `attnprof compare --json` times
+our backends (GPU time = kernel time per forward read from CUPTI records; host
+time = CPU time of one forward call), and torch.profiler times PyTorch's the
+same way (SDPA math, efficient, flash, cudnn, and hand-written naive and
+in-place naive). Prints one table (GPU time, TFLOP/s, host us per call, ratio
+ours/PyTorch) and writes it as JSON and Markdown.
+
+  python3 bench/bench_vs_torch.py --attnprof build/gpu/attnprof --out OUTDIR
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
+
+GRID = [  # (batch, heads, seq, head_dim, causal)
+    (8, 16, 1024, 64, True),
+    (4, 16, 4096, 64, True),
+    (2, 16, 8192, 128, True),
+    (2, 16, 8192, 128, False),
+    (1, 16, 16384, 128, True),
+]
+# Our backend -> PyTorch's counterpart.
+PAIRS = [
+    ("naive", "naive"),
+    ("naive_inplace", "naive_inplace"),
+    ("math", "sdpa_math"),
+    ("efficient", "sdpa_efficient"),
+    ("flash", "sdpa_flash"),
+    ("cudnn", "sdpa_cudnn"),
+]
+SDPA = {
+    "sdpa_math": SDPBackend.MATH,
+    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+def torch_fn(name, q, k, v, causal):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if name in SDPA:
+        backend = SDPA[name]
+
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        return run
+    s = q.shape[-2]
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1) if causal else None
+
+    def naive():
+        attn = (q @ k.transpose(-2, -1)) * scale
+        if mask is not None:
+            attn = attn.masked_fill(mask, float("-inf"))
+        return attn.softmax(dim=-1) @ v
+
+    def naive_inplace():
+        attn = (q @ k.transpose(-2, -1)) * scale
+        if mask is not None:
+            attn.masked_fill_(mask, float("-inf"))
+        return attn.softmax(dim=-1) @ v
+
+    return naive if name == "naive" else naive_inplace
+
+
+def time_torch(fn, iters=10):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    host = []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            host.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+    gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0) / iters
+    return gpu_us, statistics.median(host)
+
+
+def flops(b, h, s, d, causal):
+    pairs = s * (s + 1) / 2 if causal else s * s
+    return 4.0 * b * h * pairs * d
+
+
+def ours(attnprof, row, outdir):
+    b, h, s, d, causal = row
+    path = os.path.join(outdir, f"ours_{b}_{h}_{s}_{d}_{'causal' if causal else 'none'}.json")
+    cmd = [attnprof, "compare", "--device", "cuda", "--batch", str(b), "--heads", str(h), "--seq", str(s),
+           "--head-dim", str(d), "--dtype", "bf16", "--mask", "causal" if causal else "none", "--warmup", "3",
+           "--active", "10", "--check-rows", "256", "--trace-dir", os.path.join(outdir, "traces"), "--json", path,
+           "--quiet", "--backends", ",".join(p[0] for p in PAIRS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode not in (0, 3):
+        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+        return {}
+    with open(path) as f:
+        return {r["backend"]: r for r in json.load(f)["results"]}
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--attnprof", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", type=int, default=len(GRID), help="first N grid rows only")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    results = []
+    for row in GRID[: args.rows]:
+        b, h, s, d, causal = row
+        print(f"[bench] {b}x{h}x{s}x{d} {'causal' if causal else 'non-causal'}", file=sys.stderr, flush=True)
+        mine = ours(args.attnprof, row, args.out)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        fl = flops(b, h, s, d, causal)
+        for our_name, torch_name in PAIRS:
+            try:
+                t_gpu, t_host = time_torch(torch_fn(torch_name, q, k, v, causal))
+            except RuntimeError as e:  # a PyTorch backend that cannot take this row
+                t_gpu, t_host = None, None
+                print(f"[bench] {torch_name}: {str(e).splitlines()[0]}", file=sys.stderr)
+            torch.cuda.empty_cache()
+            m = mine.get(our_name, {})
+            o_gpu, o_host = m.get("device_time_us"), m.get("host_time_us")
+            results.append({
+                "shape": f"{b}x{h}x{s}x{d}", "causal": causal, "backend": our_name, "torch": torch_name,
+                "ours_gpu_us": o_gpu, "torch_gpu_us": t_gpu, "ours_host_us": o_host, "torch_host_us": t_host,
+                "ours_tflops": fl / o_gpu / 1e6 if o_gpu else None,
+                "torch_tflops": fl / t_gpu / 1e6 if t_gpu else None,
+                "ratio": o_gpu / t_gpu if o_gpu and t_gpu else None,
+                "ours_rel_error": m.get("rel_error"), "ours_accepted": m.get("accepted"),
+                "ours_kernels": m.get("kernels_per_forward"),
+            })
+        del q, k, v
+        torch.cuda.empty_cache()
+    lines = ["| shape | mask | backend | ours ms | torch ms | ours/torch | ours TFLOP/s | torch TFLOP/s | ours host us | torch host us | ours kernels | ours rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["shape"], "causal" if r["causal"] else "none", r["backend"],
+            fmt(r["ours_gpu_us"] and r["ours_gpu_us"] / 1e3, ".3f"), fmt(r["torch_gpu_us"] and r["torch_gpu_us"] / 1e3, ".3f"),
+            fmt(r["ratio"], ".2f"), fmt(r["ours_tflops"], ".0f"), fmt(r["torch_tflops"], ".0f"),
+            fmt(r["ours_host_us"], ".1f"), fmt(r["torch_host_us"], ".1f"), fmt(r["ours_kernels"], ".0f"),
+            fmt(r["ours_rel_error"], ".1e")))
+    table = "\n".join(lines)
+    meta = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(f"{meta}\n\n{table}\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

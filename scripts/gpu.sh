@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU run, in one call on the lent GPU machine: build with CUDA, the GPU
+# tests, compute-sanitizer (memcheck, racecheck) on the fused kernels at small
+# shapes, compare at the reference shape, and the benchmark against PyTorch.
+# Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
+# sanitize compare bench (default: all). Results land in $OUT (8 files at most).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/attnprof-gpu}
+mkdir -p "$OUT"
+phases=${*:-build tests sanitize compare bench}
+has() { [[ " $phases " == *" $1 "* ]]; }
+log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
+B=build/gpu
+# PyTorch's cuDNN matches the cuDNN headers on that image (9.19); the system
+# library is older.
+CUDNN_DIR=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)
+[[ -n $CUDNN_DIR ]] && export LD_LIBRARY_PATH=$CUDNN_DIR:${LD_LIBRARY_PATH:-}
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nvcc --version | tail -1
+  python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
+} >"$OUT/env.txt" 2>&1
+
+if has build; then
+  log "configure + build ($(nproc) cores)"
+  extra=()
+  [[ -n $CUDNN_DIR ]] && extra+=(-DCUDNN_LIBRARY="$CUDNN_DIR/libcudnn.so.9")
+  cmake -S . -B $B -G Ninja -DATTNPROF_CUDA=ON -DATTNPROF_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
+    "${extra[@]}" >>"$OUT/log.txt" 2>&1 && cmake --build $B -j"$(nproc)" >"$OUT/build.txt" 2>&1
+  rc=$?
+  grep -E 'registers|spill|warning' "$OUT/build.txt" | grep -iE 'spill|bytes stack' | sort -u | head -20 >>"$OUT/log.txt"
+  if [[ $rc -ne 0 ]]; then grep -E 'error|FAILED' -A3 "$OUT/build.txt" | head -60; log "build failed"; exit 1; fi
+fi
+
+if has tests; then
+  log "GPU tests"
+  ctest --test-dir $B -L gpu --output-on-failure --timeout 300 >"$OUT/tests.txt" 2>&1
+  tail -n 25 "$OUT/tests.txt"
+fi
+
+if has sanitize; then
+  log "compute-sanitizer on the fused kernels"
+  for tool in memcheck racecheck; do
+    for be in efficient flash; do
+      for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128"; do
+        ATTNPROF_NO_CUPTI=1 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+          $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --warmup 0 --active 1 \
+          --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
+        echo "$tool $be $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" | tee -a "$OUT/sanitizer.txt"
+      done
+    done
+  done
+fi
+
+if has compare; then
+  log "compare at the reference shape"
+  $B/attnprof compare --device cuda --json "$OUT/compare.json" --trace-dir /tmp/traces --quiet >"$OUT/compare.txt" 2>&1
+  echo "compare rc $?" >>"$OUT/compare.txt"
+  cp /tmp/traces/8_16_1024_64_cudnn.json "$OUT/trace_cudnn.json" 2>/dev/null
+fi
+
+if has bench; then
+  log "benchmark against PyTorch"
+  PYTHONUNBUFFERED=1 python3 bench/bench_vs_torch.py --attnprof $B/attnprof --out /tmp/bench ${BENCH_ROWS:+--rows $BENCH_ROWS} \
+    >/tmp/bench.txt 2>>"$OUT/log.txt"
+  cp /tmp/bench/bench.md "$OUT/bench.md" 2>/dev/null
+fi
+
+log "done"
+echo "==== env"; cat "$OUT/env.txt"
+[[ -f $OUT/sanitizer.txt ]] && { echo "==== sanitizer"; cat "$OUT/sanitizer.txt"; }
+[[ -f $OUT/compare.txt ]] && { echo "==== compare"; cat "$OUT/compare.txt"; }
+[[ -f /tmp/bench.txt ]] && { echo "==== bench"; cat /tmp/bench.txt; }
