@@ -2,6 +2,7 @@
 // allocator, CUPTI (or device-event) collectors and the cuBLAS ceiling.
 #include "backends/cuda/runtime.h"
 
+#include <cstdlib>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -115,7 +116,11 @@ class CudaRuntime final : public DeviceRuntime {
 
   std::vector<std::unique_ptr<Collector>> make_collectors() override {
     std::vector<std::unique_ptr<Collector>> out;
-    if (std::string reason = cupti::probe(); reason.empty()) {
+    // ATTNPROF_NO_CUPTI=1 takes the device-event path on purpose (under
+    // compute-sanitizer, which cannot share the GPU with CUPTI, say).
+    if (const char* off = std::getenv("ATTNPROF_NO_CUPTI"); off && *off && std::string(off) != "0") {
+      out.push_back(std::make_unique<cupti::EventTimingCollector>(stream_, "disabled by ATTNPROF_NO_CUPTI"));
+    } else if (std::string reason = cupti::probe(); reason.empty()) {
       out.push_back(std::make_unique<cupti::CuptiCollector>());
     } else {
       out.push_back(std::make_unique<cupti::EventTimingCollector>(stream_, std::move(reason)));

@@ -1,0 +1,14 @@
+// efficient: our memory-efficient fused kernel (xformers/CUTLASS lineage).
+#include <memory>
+
+#include "backends/cuda/cuda_backends.h"
+#include "backends/cuda/fused_backend.h"
+
+namespace attnprof::cuda {
+
+std::unique_ptr<Backend> make_efficient() {
+  return std::make_unique<FusedBackend>("efficient", "_efficient_attention_forward", false, &launch_efficient,
+                                        "one fused kernel (64x64 register-resident tiles, mma.sync)");
+}
+
+}  // namespace attnprof::cuda
