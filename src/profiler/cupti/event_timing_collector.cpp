@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "attnprof/error.h"
 #include "backends/cuda/check.h"
@@ -12,41 +11,17 @@
 namespace attnprof::cupti {
 namespace {
 
-std::atomic<EventTimingCollector*> g_active{nullptr};
-
-// One entry per open range on this thread: whether it was a timed one, so
-// pops pair with the right pushes even when collection starts mid-range.
-thread_local std::vector<bool> t_timed;
-
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
 
 }  // namespace
-
-void on_range_push(std::string_view name) {
-  EventTimingCollector* c = g_active.load(std::memory_order_acquire);
-  Profiler* p = Profiler::current();
-  // Unrecorded steps are dropped by the profiler anyway; skip their events.
-  const bool timed = c && p && p->recording() && name == c->range();
-  if (timed) c->range_begin();
-  t_timed.push_back(timed);
-}
-
-void on_range_pop() {
-  if (t_timed.empty()) return;
-  const bool timed = t_timed.back();
-  t_timed.pop_back();
-  if (!timed) return;
-  if (EventTimingCollector* c = g_active.load(std::memory_order_acquire)) c->range_end();
-}
 
 EventTimingCollector::EventTimingCollector(void* stream, std::string reason, std::string range)
     : stream_(stream), reason_(std::move(reason)), range_(std::move(range)) {}
 
 EventTimingCollector::~EventTimingCollector() {
   if (running_) {
-    EventTimingCollector* self = this;
-    g_active.compare_exchange_strong(self, nullptr);
+    detach_range_listener(this);
   }
   for (void* e : events_) cudaEventDestroy(as_event(e));  // errors at exit are harmless here
   if (anchor_) cudaEventDestroy(as_event(anchor_));
@@ -85,8 +60,7 @@ void EventTimingCollector::start() {
   ATTNPROF_CUDA_CHECK(cudaEventSynchronize(as_event(anchor_)));
   anchor_ns_ = before + (now_ns() - before) / 2;
 
-  EventTimingCollector* expected = nullptr;
-  if (!g_active.compare_exchange_strong(expected, this)) {
+  if (!attach_range_listener(this)) {
     throw Error(ErrorKind::Device, "another device-event collector is already running");
   }
   next_event_ = 0;
@@ -117,8 +91,7 @@ void EventTimingCollector::range_end() {
 void EventTimingCollector::stop() {
   if (!running_) return;
   running_ = false;
-  EventTimingCollector* self = this;
-  g_active.compare_exchange_strong(self, nullptr);
+  detach_range_listener(this);
   ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
 
   std::string name = range_ + " (device events)";

@@ -64,8 +64,14 @@ class EventTimingCollector : public Collector {
 };
 
 // Range hooks, called by nvtx_push/nvtx_pop on every RecordFunction range.
-// Cheap when no EventTimingCollector is running.
+// Cheap when no EventTimingCollector is running. Defined in nvtx.cpp with the
+// listener below; because this collector calls attach/detach, linking it also
+// links nvtx.cpp's nvtx_push/nvtx_pop, which the core library (linked after
+// attnprof_cuda) needs.
 void on_range_push(std::string_view name);
 void on_range_pop();
+// Makes `c` the collector the range hooks feed; false if another one is.
+bool attach_range_listener(EventTimingCollector* c);
+void detach_range_listener(EventTimingCollector* c);
 
 }  // namespace attnprof::cupti
