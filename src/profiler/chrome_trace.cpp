@@ -322,8 +322,11 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view c
   static std::atomic<std::uint64_t> counter{0};
   const std::uint64_t unique = std::hash<std::thread::id>{}(std::this_thread::get_id()) ^
                                static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  const fs::path tmp = dir / ("." + path.filename().string() + ".tmp" + std::to_string(unique) + "_" +
-                              std::to_string(counter.fetch_add(1)));
+  // Built by appending: GCC 12 warns (-Wrestrict, a false positive) on "." + string.
+  std::string tmp_name = ".";
+  tmp_name += path.filename().string();
+  tmp_name += ".tmp" + std::to_string(unique) + "_" + std::to_string(counter.fetch_add(1));
+  const fs::path tmp = dir / tmp_name;
 
   {
     errno = 0;
