@@ -241,7 +241,10 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
     } else {
       for (std::int64_t j = 0; j < n; ++j) load_row(K, b, hk, j0 + j, D, scratch + L.k + j * D);
     }
-    qk_block(k_rows, ldk, n, qt, kBlockQ, qcols, D, st, kBlockQ);
+    Prefetch v_next;
+    if (job.v_in_place)
+      v_next = {.rows = V.data_as<const float>() + V.index(b, hk, j0, 0), .ld = V.stride(2), .floats = D};
+    qk_block(k_rows, ldk, n, qt, kBlockQ, qcols, D, st, kBlockQ, v_next);
 
     const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
     if (straddles) mask_band(band, i0, j0, n, qcols, st);

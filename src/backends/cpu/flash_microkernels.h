@@ -45,13 +45,30 @@ inline void qk_tile(const float* k, std::int64_t ldk, const float* qt, std::int6
   }
 }
 
+// Rows the next pass will read (V during S^T = K Qt), fetched into L2 a few
+// at a time between tiles, so PV does not wait on L3 row after row and the
+// prefetches never queue up in one burst.
+struct Prefetch {
+  const float* rows = nullptr;  // null: nothing to fetch
+  std::int64_t ld = 0;
+  std::int64_t floats = 0;  // per row
+  void rows_at(std::int64_t first, std::int64_t count) const {
+    if (!rows) return;
+    for (std::int64_t j = first; j < first + count; ++j)
+      for (std::int64_t c = 0; c < floats; c += 16) __builtin_prefetch(rows + j * ld + c, 0, 2);
+  }
+};
+
 // S^T[0..n)[0..qcols) = K[0..n) Qt, qcols a multiple of 16.
 inline void qk_block(const float* k, std::int64_t ldk, std::int64_t n, const float* qt, std::int64_t ldq,
-                     std::int64_t qcols, std::int64_t depth, float* st, std::int64_t lds) {
+                     std::int64_t qcols, std::int64_t depth, float* st, std::int64_t lds, const Prefetch& next = {}) {
   std::int64_t j = 0;
-  for (; j + kTileRows <= n; j += kTileRows)
+  for (; j + kTileRows <= n; j += kTileRows) {
+    next.rows_at(j, kTileRows);
     for (std::int64_t c = 0; c < qcols; c += 16)
       qk_tile<kTileRows>(k + j * ldk, ldk, qt + c, ldq, depth, st + j * lds + c, lds);
+  }
+  next.rows_at(j, n - j);
   for (std::int64_t c = 0; c < qcols && j < n; c += 16) {
     const float* kj = k + j * ldk;
     float* sj = st + j * lds + c;
@@ -103,40 +120,41 @@ inline void pv_tile(const float* pt, std::int64_t ldp, const float* v, std::int6
     for (int c = 0; c < NV; ++c) store(o + r * ldo + 8 * c, acc[r][c]);
 }
 
-template <int MR>
-inline void pv_rows(const float* pt, std::int64_t ldp, const float* v, std::int64_t ldv, std::int64_t n,
-                    std::int64_t dpad, const float* alpha, float* o, std::int64_t ldo) {
-  std::int64_t c = 0;
-  for (; c + 16 <= dpad; c += 16) pv_tile<MR, 2>(pt, ldp, v + c, ldv, n, alpha, o + c, ldo);
-  if (c < dpad) pv_tile<MR, 1>(pt, ldp, v + c, ldv, n, alpha, o + c, ldo);
-}
-
-// O[0..rows)[0..dpad) = diag(alpha) O + P V with P^T given (n keys by ldp),
-// dpad a multiple of 8.
-inline void pv_block(const float* pt, std::int64_t ldp, const float* v, std::int64_t ldv, std::int64_t n,
-                     std::int64_t rows, std::int64_t dpad, const float* alpha, float* o, std::int64_t ldo) {
+template <int NV>
+inline void pv_strip(const float* pt, std::int64_t ldp, const float* v, std::int64_t ldv, std::int64_t n,
+                     std::int64_t rows, const float* alpha, float* o, std::int64_t ldo) {
   std::int64_t i = 0;
   for (; i + kTileRows <= rows; i += kTileRows)
-    pv_rows<kTileRows>(pt + i, ldp, v, ldv, n, dpad, alpha + i, o + i * ldo, ldo);
+    pv_tile<kTileRows, NV>(pt + i, ldp, v, ldv, n, alpha + i, o + i * ldo, ldo);
   switch (rows - i) {
     case 0:
       break;
     case 1:
-      pv_rows<1>(pt + i, ldp, v, ldv, n, dpad, alpha + i, o + i * ldo, ldo);
+      pv_tile<1, NV>(pt + i, ldp, v, ldv, n, alpha + i, o + i * ldo, ldo);
       break;
     case 2:
-      pv_rows<2>(pt + i, ldp, v, ldv, n, dpad, alpha + i, o + i * ldo, ldo);
+      pv_tile<2, NV>(pt + i, ldp, v, ldv, n, alpha + i, o + i * ldo, ldo);
       break;
     case 3:
-      pv_rows<3>(pt + i, ldp, v, ldv, n, dpad, alpha + i, o + i * ldo, ldo);
+      pv_tile<3, NV>(pt + i, ldp, v, ldv, n, alpha + i, o + i * ldo, ldo);
       break;
     case 4:
-      pv_rows<4>(pt + i, ldp, v, ldv, n, dpad, alpha + i, o + i * ldo, ldo);
+      pv_tile<4, NV>(pt + i, ldp, v, ldv, n, alpha + i, o + i * ldo, ldo);
       break;
     default:
-      pv_rows<5>(pt + i, ldp, v, ldv, n, dpad, alpha + i, o + i * ldo, ldo);
+      pv_tile<5, NV>(pt + i, ldp, v, ldv, n, alpha + i, o + i * ldo, ldo);
       break;
   }
+}
+
+// O[0..rows)[0..dpad) = diag(alpha) O + P V with P^T given (n keys by ldp),
+// dpad a multiple of 8. Column strips outermost: one strip of V (n x 16
+// floats, 8 KiB for 128 keys) stays in L1 while every row tile streams P^T.
+inline void pv_block(const float* pt, std::int64_t ldp, const float* v, std::int64_t ldv, std::int64_t n,
+                     std::int64_t rows, std::int64_t dpad, const float* alpha, float* o, std::int64_t ldo) {
+  std::int64_t c = 0;
+  for (; c + 16 <= dpad; c += 16) pv_strip<2>(pt, ldp, v + c, ldv, n, rows, alpha, o + c, ldo);
+  if (c < dpad) pv_strip<1>(pt, ldp, v + c, ldv, n, rows, alpha, o + c, ldo);
 }
 
 // The online-softmax step on one key block: for each query column of S^T
