@@ -29,7 +29,8 @@ struct KeyAverage {
 
 // Rows in order of each name's first event. Nesting: by time containment on
 // one (pid, tid), ties broken by Activity::depth. Device time reaches a host
-// op through the correlation id of a runtime or driver launch inside it.
+// op through the correlation id of a runtime or driver launch inside it (or,
+// when no op encloses the launch, the op whose External id the launch carries).
 std::vector<KeyAverage> key_averages(const Trace& trace);
 
 struct TableOptions {

@@ -141,21 +141,30 @@ std::vector<KeyAverage> key_averages(const Trace& trace) {
   }
 
   std::unordered_map<std::uint64_t, std::size_t> launch_of;
+  std::unordered_map<std::uint64_t, std::size_t> op_of_external;
   for (std::size_t i = 0; i < acts.size(); ++i) {
     if (is_launch(acts[i].type) && acts[i].correlation != 0) launch_of.emplace(acts[i].correlation, i);
+    if (is_op(acts[i].type) && acts[i].external_id != 0) op_of_external.emplace(acts[i].external_id, i);
   }
+  // The innermost op around a launch; when none encloses it on its thread (a
+  // thread id the collector could not map), the op its External id names.
+  const auto owner = [&](std::size_t launch) {
+    for (std::size_t p = parent[launch]; p != kNone; p = parent[p]) {
+      if (is_op(acts[p].type)) return p;
+    }
+    const auto it = op_of_external.find(acts[launch].external_id);
+    return acts[launch].external_id != 0 && it != op_of_external.end() ? it->second : kNone;
+  };
   std::vector<std::int64_t> self_cuda(acts.size(), 0);
   std::vector<std::int64_t> cuda_total(acts.size(), 0);
   for (const Activity& d : acts) {
     if (!is_device_op(d.type) || d.correlation == 0) continue;
     const auto it = launch_of.find(d.correlation);
     if (it == launch_of.end()) continue;
-    bool innermost = true;
-    for (std::size_t p = parent[it->second]; p != kNone; p = parent[p]) {
-      if (!is_op(acts[p].type)) continue;
-      if (innermost) self_cuda[p] += d.dur_ns;
-      innermost = false;
-      cuda_total[p] += d.dur_ns;
+    const std::size_t op = owner(it->second);
+    if (op != kNone) self_cuda[op] += d.dur_ns;
+    for (std::size_t p = op; p != kNone; p = parent[p]) {
+      if (is_op(acts[p].type)) cuda_total[p] += d.dur_ns;
     }
   }
 

@@ -125,6 +125,20 @@ TEST(KeyAverages, NestingIsPerThreadAndDepthBreaksTies) {
   EXPECT_EQ(row(rows, "other_thread").self_cpu_ns, 50);
 }
 
+TEST(KeyAverages, ExternalIdLinksALaunchFromAnUnmappedThread) {
+  Trace t;
+  Activity op = testing::host(ActivityType::CpuOp, "matmul", 0, 100'000, 0);
+  op.external_id = 7;
+  Activity launch = testing::host(ActivityType::CudaDriver, "cuLaunchKernelEx", 10'000, 5'000, 0, 42);
+  launch.tid = 999;  // the collector's raw thread id
+  launch.external_id = 7;
+  t.activities = {op, launch, testing::device(ActivityType::Kernel, "cudnn_sdpa", 20'000, 30'000, 42)};
+  const auto rows = key_averages(t);
+  EXPECT_EQ(row(rows, "matmul").self_cuda_ns, 30'000);
+  EXPECT_EQ(row(rows, "matmul").cuda_total_ns, 30'000);
+  EXPECT_EQ(row(rows, "matmul").self_cpu_ns, 100'000);  // a launch on another thread is no child
+}
+
 TEST(KeyAveragesTable, LayoutAndTotals) {
   const std::string table = key_averages_table(attention_trace());
   const auto all = lines(table);
