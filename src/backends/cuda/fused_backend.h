@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "attnprof/error.h"
@@ -46,7 +47,7 @@ class FusedBackend : public Backend {
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     RecordFunction rf(op_, dtype_name(p.dtype), p.shape_key());
-    for (const Tensor* t : {&in.q, &in.k, &in.v, &out}) {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&in.q, &in.k, &in.v, &out}) {
       if (t->stride(3) != 1) {
         fail(ErrorKind::Unsupported, std::string(name_) + " needs a contiguous head_dim; got " + t->describe());
       }
