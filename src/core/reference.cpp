@@ -31,9 +31,9 @@ Tensor random_tensor(const Dims& bhsd, DType dtype, Rng& rng, Allocator& allocat
   Tensor t = Tensor::empty(storage, dtype, allocator);
   void* data = t.data();
   for (std::int64_t i = 0, n = t.numel(); i < n; ++i) {
-    float v = rng.uniform();
-    if (v == 0.0f) v = 0.5f;  // never zeros
-    store_from_float(data, dtype, i, v);
+    store_from_float(data, dtype, i, rng.uniform());
+    // Never zeros, also after rounding: fp16 turns |v| < 2^-25 into zero.
+    if (load_as_float(data, dtype, i) == 0.0f) store_from_float(data, dtype, i, 0.5f);
   }
   return bshd ? t.transpose(1, 2) : t;
 }
