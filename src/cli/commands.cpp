@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -190,6 +191,14 @@ int run_compare(const Options& o) {
     j["results"] = nlohmann::json::array();
     for (const auto& r : results) j["results"].push_back(report::result_json(r));
     report::write_json_file(j, *o.json_path);
+  }
+  // The table and JSON say what happened to each backend; when none of them
+  // ran, the command as a whole failed.
+  if (std::none_of(results.begin(), results.end(), [](const RunResult& r) { return r.metrics.steps > 0; })) {
+    for (const auto& r : results) {
+      if (r.failure) fail(ErrorKind::Device, "no backend ran: " + r.backend + " failed: " + *r.failure);
+    }
+    fail(ErrorKind::Unsupported, "no backend can run " + p.describe() + " (attnprof explain says why)");
   }
   return inaccurate ? kExitInaccurate : kExitOk;
 }
