@@ -56,8 +56,11 @@ void copy_rules(const RunResult& r, std::vector<std::string>& out) {
     std::map<std::string, std::pair<int, double>> by_op;
     for (const Activity* d : device_activities(t)) {
       if (d->type != ActivityType::Memcpy) continue;
-      const Activity* op = launching_op(t, *d);
-      auto& slot = by_op[op ? op->name : std::string("(no op)")];
+      const Activity* op = launching_op(t, *d, /*outermost=*/true);
+      const Activity* inner = launching_op(t, *d);
+      std::string where = op ? op->name : std::string("(no op)");
+      if (inner && inner != op) where += " (its " + inner->name + ")";
+      auto& slot = by_op[where];
       slot.first += 1;
       slot.second += d->transfer ? static_cast<double>(d->transfer->bytes) : 0;
     }
@@ -206,9 +209,12 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
                     fmt("(%.0f registers/thread, ", k.registers_per_thread) +
                     fmt("%.0f KiB shared per block)", (k.static_shared_bytes + k.dynamic_shared_bytes) / 1024.0));
     }
-    bool ex = false;
-    for (const auto& a : t.activities) ex |= a.type == ActivityType::CudaDriver && a.name == "cuLaunchKernelEx";
-    if (ex) out.push_back("launched through the driver's cuLaunchKernelEx; occupancy computed from the kernel record");
+    if (const Activity* call = heavy ? launch_call(t, *heavy) : nullptr;
+        call && call->type == ActivityType::CudaDriver && call->name.rfind("cuLaunchKernelEx", 0) == 0 && heavy->kernel &&
+        heavy->kernel->occupancy_pct) {
+      out.push_back("main kernel launched through the driver's cuLaunchKernelEx; occupancy " +
+                    fmt("%.0f%% computed from its record", *heavy->kernel->occupancy_pct));
+    }
     if (m.device_time_us && m.host_time_us > 1.5 * *m.device_time_us) {
       out.push_back(fmt("CPU-bound: %.0f us of host time per call for ", m.host_time_us) +
                     fmt("%.0f us of GPU work", *m.device_time_us));

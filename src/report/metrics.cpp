@@ -61,18 +61,22 @@ std::vector<const Activity*> device_activities(const Trace& t) {
   return d;
 }
 
-const Activity* launching_op(const Trace& t, const Activity& dev) {
-  const Activity* launch = nullptr;
+const Activity* launch_call(const Trace& t, const Activity& dev) {
   for (const auto& a : t.activities) {
     if ((a.type == ActivityType::CudaRuntime || a.type == ActivityType::CudaDriver) && a.correlation == dev.correlation) {
-      launch = &a;
-      break;
+      return &a;
     }
   }
+  return nullptr;
+}
+
+const Activity* launching_op(const Trace& t, const Activity& dev, bool outermost) {
+  const Activity* launch = launch_call(t, dev);
   if (!launch) return nullptr;
   const Activity* best = nullptr;
   for (const auto& a : t.activities) {
-    if (a.type == ActivityType::CpuOp && contains(a, *launch) && (!best || a.depth > best->depth)) best = &a;
+    if (a.type != ActivityType::CpuOp || !contains(a, *launch)) continue;
+    if (!best || (outermost ? a.depth < best->depth : a.depth > best->depth)) best = &a;
   }
   return best;
 }

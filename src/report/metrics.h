@@ -18,8 +18,11 @@ std::vector<std::vector<const Activity*>> forward_ops(const Trace& t);
 // Device activities (kernels, memcpys, memsets) launched from inside a forward.
 std::vector<const Activity*> device_activities(const Trace& t);
 
-// The innermost CPU op enclosing the launch of a device activity (by correlation).
-const Activity* launching_op(const Trace& t, const Activity& device_activity);
+// The CPU op enclosing the launch of a device activity (by correlation): the
+// innermost one, or the outermost (the op a forward called directly).
+const Activity* launching_op(const Trace& t, const Activity& device_activity, bool outermost = false);
+// The runtime or driver call that launched a device activity.
+const Activity* launch_call(const Trace& t, const Activity& device_activity);
 
 Metrics measure(const Trace& t, const Problem& p, double ceiling_tflops);
 

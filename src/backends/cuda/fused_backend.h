@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 
@@ -31,7 +32,15 @@ class FusedBackend : public Backend {
       return {false, std::string(mask_name(p.mask)) + " masks are not supported by our fused kernel: use naive, math" +
                          (p.mask == MaskKind::Bias ? " or cudnn" : "")};
     }
-    const FusedParams shape = params_for(p);
+    // A shape-only question: contiguous strides, and an aligned stand-in
+    // address for the tensors, which nothing dereferences.
+    FusedParams shape = params_for(p);
+    void* const stand_in = reinterpret_cast<void*>(std::uintptr_t{256});
+    shape.q = shape.k = shape.v = shape.o = stand_in;
+    set_contiguous(shape.q_batch_stride, shape.q_head_stride, shape.q_row_stride, p.heads, p.seq, p.head_dim);
+    set_contiguous(shape.k_batch_stride, shape.k_head_stride, shape.k_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
+    set_contiguous(shape.v_batch_stride, shape.v_head_stride, shape.v_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
+    set_contiguous(shape.o_batch_stride, shape.o_head_stride, shape.o_row_stride, p.heads, p.seq, p.head_dim);
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
     return {true, std::string(story_)};
   }
@@ -61,6 +70,7 @@ class FusedBackend : public Backend {
     set_strides(in.k, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
     set_strides(in.v, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
     set_strides(out, f.o_batch_stride, f.o_head_stride, f.o_row_stride);
+    if (const char* why = fused_unsupported_reason(f, flash_)) fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
     ATTNPROF_CUDA_CHECK(launch_(f, static_cast<cudaStream_t>(ctx.stream)));
   }
 
@@ -69,6 +79,13 @@ class FusedBackend : public Backend {
     b = t.stride(0);
     h = t.stride(1);
     r = t.stride(2);
+  }
+
+  static void set_contiguous(std::int64_t& b, std::int64_t& h, std::int64_t& r, std::int64_t heads, std::int64_t rows,
+                             std::int64_t dim) {
+    r = dim;
+    h = rows * dim;
+    b = heads * rows * dim;
   }
 
   static FusedParams params_for(const Problem& p) {
