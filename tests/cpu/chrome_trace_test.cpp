@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -50,9 +51,10 @@ const json& find_event(const std::vector<json>& events, const std::string& cat, 
 class TempDir {
  public:
   TempDir() {
+    // Unique per run, so concurrent runs of one test never share a directory.
     path_ = fs::temp_directory_path() /
-            ("attnprof_trace_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+            ("attnprof_trace_test_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+             "_" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
