@@ -2,12 +2,12 @@
 // allocator, CUPTI (or device-event) collectors and the cuBLAS ceiling.
 #include "backends/cuda/runtime.h"
 
-#include <cstdlib>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
