@@ -1,0 +1,423 @@
+// The attnprof executable: every bad input is refused with one line on stderr
+// that starts with "attnprof:" and names the problem, nothing half-written is
+// left behind, and the good paths write what DESIGN.md says.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifndef ATTNPROF_CLI_PATH
+#error "ATTNPROF_CLI_PATH must name the attnprof executable"
+#endif
+
+namespace attnprof {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh temporary directory, removed with the object.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "attnprof_cli_XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  std::string str(const std::string& sub = "") const { return sub.empty() ? path_.string() : (path_ / sub).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      q += "'\\''";
+    } else {
+      q += c;
+    }
+  }
+  return q + "'";
+}
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+  double seconds = 0;
+  std::vector<std::string> err_lines() const {
+    std::vector<std::string> lines;
+    std::istringstream is(err);
+    for (std::string l; std::getline(is, l);) lines.push_back(l);
+    return lines;
+  }
+};
+
+// Runs attnprof with `args` in `cwd`, stdout and stderr captured to files.
+CliRun attnprof(const std::vector<std::string>& args, const TempDir& io, const fs::path& cwd = {}) {
+  std::string cmd;
+  if (!cwd.empty()) cmd += "cd " + quote(cwd.string()) + " && ";
+  cmd += quote(ATTNPROF_CLI_PATH);
+  for (const auto& a : args) cmd += " " + quote(a);
+  const fs::path out = io.path() / ".stdout", err = io.path() / ".stderr";
+  cmd += " >" + quote(out.string()) + " 2>" + quote(err.string()) + " </dev/null";
+  CliRun r;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = std::system(cmd.c_str());
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  fs::remove(out);
+  fs::remove(err);
+  return r;
+}
+
+// A one-line refusal: non-zero exit, one stderr line "attnprof: ..." naming `needle`.
+void expect_refused(const CliRun& r, const std::string& needle, int code = -1) {
+  EXPECT_NE(r.code, 0) << "stderr: " << r.err;
+  if (code >= 0) EXPECT_EQ(r.code, code) << "stderr: " << r.err;
+  EXPECT_NE(r.code, 128 + SIGSEGV);
+  EXPECT_NE(r.code, 128 + SIGABRT);
+  const auto lines = r.err_lines();
+  ASSERT_EQ(lines.size(), 1u) << "stderr must be exactly one line, got:\n" << r.err;
+  EXPECT_EQ(lines[0].rfind("attnprof: ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(needle), std::string::npos) << "'" << lines[0] << "' does not name " << needle;
+  EXPECT_EQ(lines[0].find("internal error"), std::string::npos) << lines[0];
+  EXPECT_EQ(r.err.back(), '\n');
+}
+
+std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+// Files in a directory (hidden ones included); empty if it does not exist.
+std::set<std::string> listing(const fs::path& dir) {
+  std::set<std::string> names;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
+const std::vector<std::string> kProfile = {"profile", "--backend", "naive", "--device", "cpu", "--quiet"};
+
+struct BadArgs {
+  const char* label;
+  std::vector<std::string> args;
+  const char* needle;
+};
+
+void PrintTo(const BadArgs& b, std::ostream* os) { *os << b.label; }
+
+class CliRefuses : public ::testing::TestWithParam<BadArgs> {};
+
+TEST_P(CliRefuses, WithOneLineNamingTheProblem) {
+  TempDir dir;
+  const BadArgs& c = GetParam();
+  // The trace dir goes right after the command, so a flag missing its value can come last.
+  std::vector<std::string> args = c.args;
+  args.insert(args.begin() + 1, {"--trace-dir", dir.str("traces")});
+  const CliRun r = attnprof(args, dir);
+  expect_refused(r, c.needle);
+  EXPECT_EQ(r.code, 2) << "a bad flag is a usage error";
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_TRUE(listing(dir.path() / "traces").empty()) << "a refused command wrote files";
+}
+
+std::vector<std::string> p(std::vector<std::string> more) { return with(kProfile, more); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Cli, CliRefuses,
+    ::testing::Values(
+        BadArgs{"seq_zero", p({"--seq", "0"}), "--seq"}, BadArgs{"batch_negative", p({"--batch", "-1"}), "--batch"},
+        BadArgs{"heads_negative", p({"--heads", "-4"}), "--heads"},
+        BadArgs{"head_dim_zero", p({"--head-dim", "0"}), "--head-dim"},
+        BadArgs{"kv_seq_zero", p({"--kv-seq", "0"}), "--kv-seq"},
+        BadArgs{"seq_absurd", p({"--seq", "99999999999"}), "--seq"},
+        BadArgs{"seq_overflow", p({"--seq", "99999999999999999999999"}), "--seq"},
+        BadArgs{"batch_absurd", p({"--batch", "99999999999"}), "--batch"},
+        BadArgs{"head_dim_1000", p({"--head-dim", "1000"}), "--head-dim"},
+        BadArgs{"head_dim_257", p({"--head-dim", "257"}), "--head-dim"},
+        BadArgs{"seq_text", p({"--seq", "abc"}), "--seq"}, BadArgs{"seq_float", p({"--seq", "12.5"}), "--seq"},
+        BadArgs{"seq_empty", p({"--seq="}), "--seq"}, BadArgs{"batch_suffix", p({"--batch", "4x"}), "--batch"},
+        BadArgs{"scale_text", p({"--scale", "big"}), "--scale"}, BadArgs{"scale_nan", p({"--scale", "nan"}), "--scale"},
+        BadArgs{"scale_inf", p({"--scale", "inf"}), "--scale"}, BadArgs{"scale_zero", p({"--scale", "0"}), "--scale"},
+        BadArgs{"warmup_text", p({"--warmup", "x"}), "--warmup"},
+        BadArgs{"active_zero", p({"--active", "0"}), "--active"},
+        BadArgs{"kv_heads_mismatch", p({"--kv-heads", "3", "--heads", "8"}), "--kv-heads"},
+        BadArgs{"kv_heads_more", p({"--kv-heads", "16", "--heads", "8"}), "--kv-heads"},
+        BadArgs{"unknown_backend", {"profile", "--backend", "turbo", "--device", "cpu"}, "turbo"},
+        BadArgs{"unknown_backends", {"compare", "--backends", "naive,turbo", "--device", "cpu"}, "turbo"},
+        BadArgs{"unknown_dtype", p({"--dtype", "fp8"}), "fp8"},
+        BadArgs{"unknown_mask", p({"--mask", "diagonal"}), "diagonal"},
+        BadArgs{"unknown_device", p({"--device", "tpu"}), "tpu"},
+        BadArgs{"unknown_layout", p({"--layout", "sbhd"}), "sbhd"},
+        BadArgs{"unknown_option", p({"--frobnicate", "1"}), "--frobnicate"},
+        BadArgs{"unknown_command", {"frobnicate", "--device", "cpu"}, "frobnicate"},
+        BadArgs{"missing_value", p({"--seq"}), "--seq"},
+        BadArgs{"sliding_without_window", p({"--mask", "sliding-window"}), "--window"},
+        BadArgs{"window_without_sliding", p({"--mask", "causal", "--window", "8"}), "--window"},
+        BadArgs{"window_zero", p({"--mask", "sliding-window", "--window", "0"}), "--window"},
+        BadArgs{"profile_without_backend", {"profile", "--device", "cpu"}, "--backend"},
+        BadArgs{"bad_expect", p({"--expect", "naive"}), "--expect"}),
+    [](const auto& info) { return std::string(info.param.label); });
+
+TEST(Cli, SortBogusIsRefusedBeforeAnyWork) {
+  TempDir dir;
+  const CliRun r = attnprof(with(kProfile, {"--sort", "bogus", "--seq", "64", "--trace-dir", dir.str("t")}), dir);
+  expect_refused(r, "bogus");
+  EXPECT_LT(r.seconds, 10);
+  EXPECT_TRUE(listing(dir.path() / "t").empty());
+  const CliRun c =
+      attnprof({"compare", "--device", "cpu", "--sort", "bogus", "--seq", "64", "--trace-dir", dir.str("t")}, dir);
+  expect_refused(c, "bogus");
+}
+
+TEST(Cli, TraceDirUnderARegularFileIsRefused) {
+  TempDir dir;
+  const fs::path file = dir.path() / "plain_file";
+  std::ofstream(file) << "not a directory\n";
+  for (const std::string cmd : {"profile", "compare"}) {
+    std::vector<std::string> args = {cmd,  "--device", "cpu",         "--seq",
+                                     "64", "--quiet",  "--trace-dir", (file / "sub").string()};
+    if (cmd == "profile") args = with(args, {"--backend", "naive"});
+    const CliRun r = attnprof(args, dir);
+    expect_refused(r, "--trace-dir", 1);
+    EXPECT_NE(r.err.find((file / "sub").string()), std::string::npos) << r.err;
+    EXPECT_EQ(slurp(file), "not a directory\n");
+  }
+  // The trace dir itself a regular file.
+  const CliRun r = attnprof(with(kProfile, {"--seq", "64", "--trace-dir", file.string()}), dir);
+  expect_refused(r, "--trace-dir", 1);
+}
+
+TEST(Cli, ReadOnlyTraceDirIsRefused) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root writes into read-only directories";
+  TempDir dir;
+  const fs::path ro = dir.path() / "ro";
+  fs::create_directory(ro);
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+  const CliRun r = attnprof(with(kProfile, {"--seq", "64", "--trace-dir", ro.string()}), dir);
+  expect_refused(r, "--trace-dir", 1);
+  fs::permissions(ro, fs::perms::owner_all);
+  EXPECT_TRUE(listing(ro).empty());
+}
+
+TEST(Cli, ProblemTooLargeForMemoryIsRefusedQuicklyWithoutAllocating) {
+  TempDir dir;
+  const std::vector<std::string> huge = {"--device", "cpu",   "--batch", "4096",        "--heads",   "64",
+                                         "--seq",    "65536", "--quiet", "--trace-dir", dir.str("t")};
+  const CliRun r = attnprof(with({"profile", "--backend", "naive"}, huge), dir);
+  expect_refused(r, "GiB");
+  EXPECT_NE(r.err.find("--batch"), std::string::npos) << "says what to change: " << r.err;
+  EXPECT_LT(r.seconds, 5.0) << "refused by the estimate, not by trying";
+  const CliRun f = attnprof(with({"profile", "--backend", "flash"}, huge), dir);
+  expect_refused(f, "GiB");
+  EXPECT_LT(f.seconds, 5.0);
+  // Nothing half-written: the directory holds no output, temporary or probe file.
+  EXPECT_TRUE(listing(dir.path() / "t").empty());
+}
+
+TEST(Cli, CompareFailsWhenNoBackendRuns) {
+  TempDir dir;
+  const CliRun r = attnprof({"compare", "--device", "cpu", "--batch", "4096", "--heads", "64", "--seq", "65536",
+                             "--quiet", "--trace-dir", dir.str("t"), "--json", dir.str("out.json")},
+                            dir);
+  EXPECT_LT(r.seconds, 10.0);
+  expect_refused(r, "GiB", 1);
+  EXPECT_NE(r.out.find("failed: "), std::string::npos) << "the table still shows each backend:\n" << r.out;
+  EXPECT_TRUE(listing(dir.path() / "t").empty());
+  // The JSON for scripts is complete: every backend, each failed or not eligible.
+  const auto j = nlohmann::json::parse(slurp(dir.path() / "out.json"));
+  ASSERT_EQ(j["results"].size(), 6u);
+  for (const auto& res : j["results"]) {
+    EXPECT_TRUE(res["rel_error"].is_null()) << res["backend"];
+    EXPECT_TRUE(res["peak_bytes"].is_null()) << res["backend"];
+  }
+  // Only backends that cannot run on this device.
+  const CliRun n = attnprof({"compare", "--device", "cpu", "--seq", "64", "--backends", "efficient,cudnn", "--quiet",
+                             "--trace-dir", dir.str("t")},
+                            dir);
+  expect_refused(n, "no backend can run");
+}
+
+TEST(Cli, DeviceCudaOnACpuOnlyBuild) {
+  TempDir dir;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"profile", "--backend", "naive", "--device", "cuda", "--seq", "64"},
+        std::vector<std::string>{"compare", "--device", "cuda", "--seq", "64"},
+        std::vector<std::string>{"explain", "--device", "cuda", "--seq", "64"}}) {
+    const CliRun r = attnprof(with(args, {"--trace-dir", dir.str("t")}), dir);
+    expect_refused(r, "CUDA");
+    EXPECT_TRUE(listing(dir.path() / "t").empty());
+  }
+}
+
+TEST(Cli, FailedOutputWriteLeavesNoTemporaryFiles) {
+  TempDir dir;
+  const fs::path t = dir.path() / "t";
+  // The table's path is taken by a directory: the .txt cannot be renamed into place.
+  fs::create_directories(t / "1_2_64_64_naive.txt");
+  const CliRun r =
+      attnprof(with(kProfile, {"--batch", "1", "--heads", "2", "--seq", "64", "--trace-dir", t.string()}), dir);
+  expect_refused(r, "1_2_64_64_naive.txt", 1);
+  for (const auto& name : listing(t)) {
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << "temporary left behind: " << name;
+    EXPECT_EQ(name.find("probe"), std::string::npos) << "probe left behind: " << name;
+  }
+}
+
+TEST(Cli, Help) {
+  TempDir dir;
+  const CliRun top = attnprof({"--help"}, dir);
+  EXPECT_EQ(top.code, 0);
+  EXPECT_TRUE(top.err.empty()) << top.err;
+  for (const char* w : {"Usage", "compare", "profile", "explain", "naive_inplace", "cudnn"}) {
+    EXPECT_NE(top.out.find(w), std::string::npos) << w;
+  }
+  const CliRun none = attnprof({}, dir);
+  EXPECT_EQ(none.code, 0);
+  EXPECT_EQ(none.out, top.out);
+
+  const CliRun cmp = attnprof({"compare", "--help"}, dir);
+  EXPECT_EQ(cmp.code, 0);
+  EXPECT_TRUE(cmp.err.empty()) << cmp.err;
+  for (const char* w : {"--mask", "none", "causal", "causal-bottom-right", "sliding-window", "boolean", "bias",
+                        "--json", "--trace-dir", "--kv-heads", "--window", "--sort"}) {
+    EXPECT_NE(cmp.out.find(w), std::string::npos) << "compare --help lacks " << w;
+  }
+  EXPECT_EQ(cmp.out.find("%%"), std::string::npos);
+  const CliRun prof = attnprof({"profile", "--help"}, dir);
+  EXPECT_EQ(prof.code, 0);
+  EXPECT_NE(prof.out.find("--backend"), std::string::npos);
+}
+
+TEST(Cli, ExplainListsAllSixBackends) {
+  TempDir dir;
+  const CliRun r = attnprof({"explain", "--device", "cpu", "--batch", "1", "--heads", "2", "--seq", "128", "--threads",
+                             "1", "--json", dir.str("explain.json")},
+                            dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto line_of = [&](const std::string& backend) {
+    std::istringstream is(r.out);
+    for (std::string l; std::getline(is, l);) {
+      if (l.rfind(backend + " ", 0) == 0) return l;
+    }
+    return std::string();
+  };
+  for (const char* b : {"naive", "naive_inplace", "math", "flash"}) {
+    const std::string l = line_of(b);
+    ASSERT_FALSE(l.empty()) << b << " missing:\n" << r.out;
+    EXPECT_NE(l.find("eligible"), std::string::npos) << l;
+    EXPECT_EQ(l.find("not eligible"), std::string::npos) << l;
+  }
+  for (const char* b : {"efficient", "cudnn"}) {
+    const std::string l = line_of(b);
+    ASSERT_FALSE(l.empty()) << b << " missing:\n" << r.out;
+    EXPECT_NE(l.find("not eligible on CPU"), std::string::npos) << l;
+  }
+  EXPECT_NE(r.out.find("picks"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(slurp(dir.path() / "explain.json"));
+  ASSERT_EQ(j["results"].size(), 6u);
+  EXPECT_EQ(j["problem"]["seq"], 128);
+  EXPECT_TRUE(j["auto"].is_object());
+}
+
+TEST(Cli, ProfileWritesTraceTableAndSummary) {
+  TempDir dir;
+  const fs::path t = dir.path() / "traces";
+  const CliRun r = attnprof({"profile", "--backend", "naive", "--device", "cpu", "--batch", "1", "--heads", "2",
+                             "--seq", "128", "--trace-dir", t.string(), "--quiet"},
+                            dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  EXPECT_EQ(listing(t),
+            (std::set<std::string>{"1_2_128_64_naive.json", "1_2_128_64_naive.txt", "1_2_128_64_naive.summary.json"}));
+  const auto trace = nlohmann::json::parse(slurp(t / "1_2_128_64_naive.json"));
+  ASSERT_TRUE(trace.contains("traceEvents"));
+  std::set<std::string> names;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.contains("name") && e["name"].is_string()) names.insert(e["name"].get<std::string>());
+  }
+  for (const char* n : {"matmul", "mul", "masked_fill", "copy_", "softmax"}) {
+    EXPECT_TRUE(names.count(n)) << n << " missing from the Chrome trace";
+  }
+  const std::string table = slurp(t / "1_2_128_64_naive.txt");
+  EXPECT_NE(table.find("Self CPU"), std::string::npos) << table;
+  EXPECT_NE(table.find("masked_fill"), std::string::npos) << table;
+  EXPECT_NE(r.out.find("Self CPU"), std::string::npos) << "the table is printed too";
+  const auto summary = nlohmann::json::parse(slurp(t / "1_2_128_64_naive.summary.json"));
+  EXPECT_EQ(summary["backend"], "naive");
+  EXPECT_EQ(summary["problem"]["seq"], 128);
+  EXPECT_EQ(summary["problem"]["batch"], 1);
+  EXPECT_TRUE(summary["kernels_per_forward"].is_null());
+  EXPECT_DOUBLE_EQ(summary["copies_per_forward"].get<double>(), 1.0);
+  EXPECT_TRUE(summary["rel_error"].is_number());
+}
+
+TEST(Cli, CompareJsonHasAllSixBackends) {
+  TempDir dir;
+  const fs::path json = dir.path() / "out" / "compare.json";
+  const CliRun r = attnprof({"compare", "--device", "cpu", "--batch", "1", "--heads", "2", "--seq", "256", "--threads",
+                             "1", "--json", json.string(), "--trace-dir", dir.str("t"), "--quiet"},
+                            dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(slurp(json));
+  ASSERT_TRUE(j["device"].is_object());
+  EXPECT_EQ(j["device"]["type"], "cpu");
+  EXPECT_EQ(j["problem"]["seq"], 256);
+  EXPECT_EQ(j["problem"]["heads"], 2);
+  ASSERT_TRUE(j["results"].is_array());
+  ASSERT_EQ(j["results"].size(), 6u);
+  std::set<std::string> backends;
+  for (const auto& res : j["results"]) {
+    const std::string b = res["backend"];
+    backends.insert(b);
+    for (const char* f : {"eligible", "reason", "kernels_per_forward", "ops_per_forward", "copies_per_forward",
+                          "device_time_us", "host_time_us", "peak_bytes", "tflops", "ceiling_pct", "max_abs_error",
+                          "rel_error", "nan_count", "occupancy_pct", "findings"}) {
+      EXPECT_TRUE(res.contains(f)) << b << " lacks " << f;
+    }
+    const bool cpu = b != "efficient" && b != "cudnn";
+    EXPECT_EQ(res["eligible"], cpu) << b;
+    EXPECT_EQ(res["rel_error"].is_number(), cpu) << b;
+    EXPECT_TRUE(res["kernels_per_forward"].is_null()) << b;
+    EXPECT_TRUE(res["findings"].is_array()) << b;
+  }
+  EXPECT_EQ(backends, (std::set<std::string>{"naive", "naive_inplace", "math", "efficient", "flash", "cudnn"}));
+  // One trace set per backend that ran.
+  for (const char* b : {"naive", "naive_inplace", "math", "flash"}) {
+    EXPECT_TRUE(fs::exists(dir.path() / "t" / ("1_2_256_64_" + std::string(b) + ".json"))) << b;
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "t" / "1_2_256_64_cudnn.json"));
+  for (const char* b : {"naive", "naive_inplace", "math", "efficient", "flash", "cudnn"}) {
+    EXPECT_NE(r.out.find(b), std::string::npos) << b << " missing from the printed table";
+  }
+}
+
+}  // namespace
+}  // namespace attnprof
