@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -220,6 +221,8 @@ TEST_P(FusedKernels, MatchesFloat64Reference) {
     EXPECT_LT(o.rel_error, rel_tol) << "max abs error " << o.max_abs;
     EXPECT_LT(o.max_abs, abs_tol) << "relative error " << o.rel_error;
     RecordProperty("rel_error_" + std::to_string(seed), std::to_string(o.rel_error));
+    std::printf("  %-9s %-34s seed %10u  rel %.2e  max_abs %.2e  masked rows %lld\n", kc.flash ? "flash" : "efficient",
+                kc.c.name, seed, o.rel_error, o.max_abs, static_cast<long long>(o.masked_rows));
   }
 }
 

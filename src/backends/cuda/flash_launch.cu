@@ -67,6 +67,10 @@ const char* fused_unsupported_reason(const FusedParams& p, bool flash) {
                  "make the tensors contiguous");
     }
   }
+  // Tile loads and stores index rows inside one tile with 32-bit offsets.
+  for (const std::int64_t row_stride : {p.q_row_stride, p.k_row_stride, p.v_row_stride, p.o_row_stride}) {
+    if (row_stride >= (std::int64_t{1} << 23)) return say("row strides must be below 2^23 elements");
+  }
   return nullptr;
 }
 

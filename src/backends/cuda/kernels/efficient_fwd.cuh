@@ -22,13 +22,20 @@ namespace attnprof::cuda::kernels {
 // S (32 f32) and one k-step of Q (4 registers), about 100 registers at D = 64,
 // so 4 CTAs fit a multiprocessor by registers (and by shared memory: 27 KB).
 constexpr int efficient_block_m(int /*head_dim*/) { return 64; }
-// 64 keys (S: 32 f32 a thread). At D = 256, O is already 128 f32 a thread and
-// 64 keys left the causal kernel 4 bytes of spill at the 255-register cap, so
-// the key tile halves there.
-constexpr int efficient_block_n(int head_dim) { return head_dim <= 128 ? 64 : 32; }
+// Keys per tile: 64 at D <= 64 (S: 32 f32 a thread). For D >= 96, O holds
+// 48-128 f32 a thread and 32 keys ran faster (H200, D = 128 causal 8k:
+// 2.49 ms vs 2.93 ms with 64 keys; at D = 256, 64 keys also spilled).
+constexpr int efficient_block_n(int head_dim) { return head_dim <= 64 ? 64 : 32; }
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_>
+// CTAs per multiprocessor the register cap must allow: the kernel hides load
+// latency with other CTAs, so it asks for occupancy explicitly (without a
+// minimum, ptxas picked 80-128 register targets on its own and spilled).
+// D <= 64: 4 CTAs (cap 128 registers); D = 96, 128: 3 (cap 168); D = 256: 2.
+constexpr int efficient_min_blocks(int head_dim) { return head_dim <= 64 ? 4 : head_dim <= 128 ? 3 : 2; }
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kMinBlocks_ = efficient_min_blocks(kHeadDim_)>
 struct EfficientCfg {
+  static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -51,7 +58,7 @@ template <int kHeadDim>
 using EfficientDefaultCfg = EfficientCfg<kHeadDim, efficient_block_m(kHeadDim), efficient_block_n(kHeadDim)>;
 
 template <class Cfg, MaskMode kMask, bool kBf16>
-__global__ void __launch_bounds__(Cfg::kThreads) efficient_fwd_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) efficient_fwd_kernel(const __grid_constant__ FwdArgs a) {
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
   using QTile = typename Cfg::QTile;
   using KVTile = typename Cfg::KVTile;

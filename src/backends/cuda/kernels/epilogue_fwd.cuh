@@ -47,7 +47,7 @@ __device__ __forceinline__ void store_tile(std::uint16_t* gmem, std::int64_t row
       const int row = c / kChunksPerRow;
       const int col = (c % kChunksPerRow) * 8;
       if (row < rows_valid) {
-        *reinterpret_cast<uint4*>(gmem + row * row_stride + col) =
+        *reinterpret_cast<uint4*>(gmem + (row * static_cast<int>(row_stride) + col)) =
             *reinterpret_cast<const uint4*>(smem + Tile::offset(row, col));
       }
     }

@@ -21,18 +21,20 @@
 
 namespace attnprof::cuda::kernels {
 
-// Query rows per CTA. 128 (32 rows a warp) halves the K/V shared-memory reads
-// per matrix product, but a thread then holds O (D f32), S (64 f32) and Q (D/2
-// registers) for 2 m-tiles: 160 registers at D = 64; at D = 128 that is 256,
-// over the 255 cap, so D >= 96 takes 64 rows (one m-tile a warp).
-constexpr int flash_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
-// Keys per tile: 64 keeps S at 32*kMTiles f32 a thread; 128 keys would double
-// that (128 registers at 2 m-tiles) and spill beside O. At D = 256, O alone is
-// 128 f32 a thread, so S shrinks to 32 keys (16 f32).
-constexpr int flash_block_n(int head_dim) { return head_dim <= 128 ? 64 : 32; }
-// Q in registers costs D/2 registers per m-tile; at D = 256 (O already 128
-// registers) Q is read from shared memory each k-step instead.
-constexpr bool flash_q_in_regs(int head_dim) { return head_dim <= 128; }
+// Query rows per CTA. 128 rows (32 a warp, two m-tiles) halve the K/V
+// shared-memory reads per matrix product: with one m-tile a warp, ldmatrix
+// traffic (32 KB a warp per 64-key tile at D = 128) outruns the mma.sync rate
+// (measured on H200, D = 128 causal: 64-row tiles 2.04 ms, 128-row 1.85 ms).
+// At D = 256 two m-tiles of O alone would be 256 f32 a thread, so 64 rows.
+constexpr int flash_block_m(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+// Keys per tile. D <= 64: 64 keys, S = 64 f32 a thread beside O (64) and Q (32):
+// 128 keys would add 64 registers and spill. D = 96, 128: O is 96-128 f32, so
+// S shrinks to 32 keys (32 f32). D = 256: O is 128 f32 for one m-tile; 32 keys.
+constexpr int flash_block_n(int head_dim) { return head_dim <= 64 ? 64 : 32; }
+// Q fragments cost D/2 registers per m-tile. They fit at D <= 64 (32 registers);
+// at D >= 96 they would push O + S + Q past 255, so Q is re-read from shared
+// memory one k-step at a time (an extra ldmatrix per m-tile and k-step).
+constexpr bool flash_q_in_regs(int head_dim) { return head_dim <= 64; }
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, bool kQInRegs_, int kMinBlocks_ = 1>
 struct FlashCfg {

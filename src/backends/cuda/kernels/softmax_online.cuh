@@ -34,6 +34,8 @@ struct OnlineSoftmax {
   template <int kNTiles, int kDTiles>
   __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
                                          float scale_log2) {
+    float alpha[kMTiles][2];
+    bool grew = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -45,7 +47,8 @@ struct OnlineSoftmax {
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
         // Old max -inf: alpha = 2^-inf = 0, and o, sum are still 0 anyway.
-        const float alpha = ex2(row_max[mt][h] * scale_log2 - base);
+        alpha[mt][h] = ex2(row_max[mt][h] * scale_log2 - base);
+        grew |= mx > row_max[mt][h];
         row_max[mt][h] = mx;
         float sum = 0.f;
 #pragma unroll
@@ -57,11 +60,22 @@ struct OnlineSoftmax {
             sum += p;
           }
         }
-        row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
+        row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
+      }
+    }
+    // A row whose max did not grow has alpha exactly 1 (2^0), and a row still
+    // at -inf has o = 0; so when no row of the warp grew, the rescale of O
+    // (D/2 multiplies per m-tile a thread) is skipped. Once the running max
+    // settles, which it does after a few tiles, most tiles skip it.
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mt][dt][2 * h] *= alpha;
-          o[mt][dt][2 * h + 1] *= alpha;
+          o[mt][dt][0] *= alpha[mt][0];
+          o[mt][dt][1] *= alpha[mt][0];
+          o[mt][dt][2] *= alpha[mt][1];
+          o[mt][dt][3] *= alpha[mt][1];
         }
       }
     }

@@ -57,7 +57,9 @@ __device__ __forceinline__ void load_tile_async(std::uint16_t* smem, const std::
       const int row = c / kChunksPerRow;
       const int col = (c % kChunksPerRow) * 8;
       const bool valid = row < rows_valid;
-      const std::uint16_t* src = valid ? gmem + row * row_stride + col : gmem;
+      // 32-bit offset inside the tile (kRows * row_stride < 2^31, checked on
+      // the host): halves the address registers the prefetch keeps live.
+      const std::uint16_t* src = valid ? gmem + (row * static_cast<int>(row_stride) + col) : gmem;
       cp_async_16(smem_u32(smem + Tile::offset(row, col)), src, valid);
     }
   }
