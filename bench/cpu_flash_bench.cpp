@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   }
 
   std::printf("\n(d) peak memory allocated inside forward (beyond inputs and output), (1, 16, S, 64) causal fp32\n");
-  std::printf("  %6s  %14s  %14s  %18s\n", "S", "flash MiB", "naive_ip MiB", "q+k+v+out MiB");
+  std::printf("  %6s  %12s  %14s  %16s  %18s\n", "S", "flash MiB", "naive_ip MiB", "q+k+v+out MiB", "flash total MiB");
   for (std::int64_t s :
        o.quick ? std::vector<std::int64_t>{512, 1024, 2048} : std::vector<std::int64_t>{1024, 2048, 4096, 8192}) {
     const Problem p = attention(s);
@@ -166,8 +166,9 @@ int main(int argc, char** argv) {
     // naive_inplace at 8192 would need several 4 GiB score tensors.
     char naive_mib[32] = "(skipped)";
     if (s <= 4096) std::snprintf(naive_mib, sizeof naive_mib, "%.1f", mib(measure(*naive, p, o.threads, 1).peak_bytes));
-    std::printf("  %6lld  %14.3f  %14s  %18.1f\n", static_cast<long long>(s), mib(f.peak_bytes), naive_mib,
-                mib(static_cast<std::int64_t>(2 * p.q_bytes() + 2 * p.kv_bytes())));
+    const std::int64_t io = static_cast<std::int64_t>(2 * p.q_bytes() + 2 * p.kv_bytes());
+    std::printf("  %6lld  %12.3f  %14s  %16.1f  %18.1f\n", static_cast<long long>(s), mib(f.peak_bytes), naive_mib,
+                mib(io), mib(io + f.peak_bytes));
   }
   return 0;
 }
