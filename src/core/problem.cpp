@@ -81,7 +81,7 @@ void Problem::validate() const {
     fail(ErrorKind::InvalidArgument, "--seq/--kv-seq " + std::to_string(std::max(seq, kv_seq)) + " is beyond the " +
                                          std::to_string(kMaxSeq) + " this tool accepts");
   }
-  if (batch * heads > kMaxBatchHeads || batch > kMaxBatchHeads || heads > kMaxBatchHeads) {
+  if (batch > kMaxBatchHeads || heads > kMaxBatchHeads || batch * heads > kMaxBatchHeads) {  // no overflow
     fail(ErrorKind::InvalidArgument, "--batch x --heads is beyond the " + std::to_string(kMaxBatchHeads) +
                                          " (batch, head) pairs this tool accepts");
   }
