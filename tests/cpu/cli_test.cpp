@@ -160,6 +160,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"seq_absurd", p({"--seq", "99999999999"}), "--seq"},
         BadArgs{"seq_overflow", p({"--seq", "99999999999999999999999"}), "--seq"},
         BadArgs{"batch_absurd", p({"--batch", "99999999999"}), "--batch"},
+        BadArgs{"batch_heads_overflow", p({"--batch", "4294967296", "--heads", "4294967296"}), "--batch"},
         BadArgs{"head_dim_1000", p({"--head-dim", "1000"}), "--head-dim"},
         BadArgs{"head_dim_257", p({"--head-dim", "257"}), "--head-dim"},
         BadArgs{"seq_text", p({"--seq", "abc"}), "--seq"}, BadArgs{"seq_float", p({"--seq", "12.5"}), "--seq"},

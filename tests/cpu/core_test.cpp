@@ -439,6 +439,12 @@ TEST(Problem, ValidateNamesTheFlag) {
   expect_invalid(with([](Problem& p) { p.seq = 99999999999; }), "--seq");
   expect_invalid(with([](Problem& p) { p.kv_seq = std::int64_t{1} << 40; }), "--kv-seq");
   expect_invalid(with([](Problem& p) { p.batch = std::int64_t{1} << 30; }), "--batch");
+  expect_invalid(with([](Problem& p) {  // the product would overflow int64
+                   p.batch = std::int64_t{1} << 32;
+                   p.heads = std::int64_t{1} << 32;
+                   p.kv_heads = 1;
+                 }),
+                 "--batch");
   expect_invalid(with([](Problem& p) { p.mask = MaskKind::SlidingWindow; }), "--window");
   expect_invalid(with([](Problem& p) { p.window = 4; }), "--window");
   expect_invalid(with([](Problem& p) { p.scale = std::numeric_limits<double>::quiet_NaN(); }), "--scale");
