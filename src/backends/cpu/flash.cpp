@@ -332,15 +332,17 @@ class FlashCpu final : public Backend {
     Tensor scratch = Tensor::empty({threads, 1, 1, job.layout.total}, DType::F32, ctx.allocator);
     float* scratch_base = scratch.data_as<float>();
 
-    // Later query blocks see more keys under causal masks: hand them out first
-    // (dynamic schedule) so the last items to finish are the short ones.
+    // Items run head by head, so both threads share one head's K and V in
+    // cache; within a head the later query blocks, which see more keys under
+    // causal masks, are handed out first (dynamic schedule), so the last
+    // items to finish are the short ones.
 #pragma omp parallel num_threads(threads)
     {
       float* mine = scratch_base + static_cast<std::int64_t>(omp_get_thread_num()) * job.layout.total;
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t item = 0; item < items; ++item) {
-        const std::int64_t qb = q_blocks - 1 - item / heads;
-        const std::int64_t bh = item % heads;
+        const std::int64_t bh = item / q_blocks;
+        const std::int64_t qb = q_blocks - 1 - item % q_blocks;
         attend_block(job, bh / p.heads, bh % p.heads, qb * kBlockQ, mine);
       }
     }
