@@ -34,6 +34,7 @@ struct Metrics {
   std::optional<double> kernels_per_forward;  // GPU activities: kernels + memcpys + memsets
   double ops_per_forward = 0;                 // top-level CPU ops inside forward
   double copies_per_forward = 0;              // memcpys on GPU, copy ops on CPU
+  double memsets_per_forward = 0;             // GPU memsets (libraries zeroing workspaces)
   std::int64_t peak_bytes = 0;                // above the inputs and output
   double allocated_bytes_per_forward = 0;     // sum of allocations inside one forward
   std::optional<double> tflops;

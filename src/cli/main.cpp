@@ -1,5 +1,6 @@
 // attnprof: profile, compare and explain attention backends.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
 
@@ -36,6 +37,9 @@ void resolve_defaults(cli::Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenMP threads that spin between parallel regions starve OpenBLAS's
+  // threads on small machines; they sleep instead unless the user says otherwise.
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   try {
     cli::Options o = cli::parse(argc, argv);
     if (o.help) {

@@ -11,11 +11,15 @@
 #include <unordered_set>
 
 #include "attnprof/error.h"
+#ifdef ATTNPROF_WITH_CUDA
+#include "profiler/cupti/cupti_collector.h"
+#endif
 
 namespace attnprof {
 namespace {
 
 std::atomic<Profiler*> g_current{nullptr};
+std::atomic<std::uint64_t> g_external_id{0};
 
 std::int64_t thread_id() {
   thread_local const std::int64_t tid = static_cast<std::int64_t>(::syscall(SYS_gettid));
@@ -180,6 +184,12 @@ std::size_t Profiler::begin_range(std::string_view name, ActivityType type, std:
   a.depth = static_cast<int>(open_ranges_.size());
   a.input_dtypes = std::string(input_dtypes);
   a.input_dims = std::string(input_dims);
+  // CUPTI stamps launches made inside this range with its id, so device work
+  // can be traced back to the op even where time containment cannot tell.
+  a.external_id = ++g_external_id;
+#ifdef ATTNPROF_WITH_CUDA
+  cupti::push_external_id(a.external_id);
+#endif
   a.start_ns = now_ns();
   trace_.activities.push_back(std::move(a));
   open_ranges_.push_back(trace_.activities.size() - 1);
@@ -188,6 +198,9 @@ std::size_t Profiler::begin_range(std::string_view name, ActivityType type, std:
 
 void Profiler::end_range(std::size_t handle) {
   const std::int64_t t = now_ns();
+#ifdef ATTNPROF_WITH_CUDA
+  cupti::pop_external_id();
+#endif
   std::lock_guard lock(mutex_);
   if (handle >= trace_.activities.size()) return;
   trace_.activities[handle].dur_ns = t - trace_.activities[handle].start_ns;

@@ -113,8 +113,20 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
   // Guess first, then look: the backend's declared expectation and the user's.
   if (gpu && r.expectation.device_activities >= 0 && m.kernels_per_forward &&
       std::abs(*m.kernels_per_forward - r.expectation.device_activities) > 0.01) {
-    out.push_back(fmt("expected %.0f GPU activities per forward, ", r.expectation.device_activities) +
-                  fmt("saw %.1f", *m.kernels_per_forward));
+    std::string s = fmt("expected %.0f GPU activities per forward, ", r.expectation.device_activities) +
+                    fmt("saw %.0f", *m.kernels_per_forward);
+    // Name what the guess missed: memsets a library issued, and where from.
+    std::map<std::string, int> memsets;
+    for (const Activity* d : device_activities(t)) {
+      if (d->type != ActivityType::Memset) continue;
+      const Activity* op = launching_op(t, *d);
+      ++memsets[op ? op->name : std::string("(no op)")];
+    }
+    for (const auto& [op, n] : memsets) {
+      s += fmt(": +%.0f memset", static_cast<double>(n) / steps) + " launched inside " + op +
+           " (the library zeroes a workspace)";
+    }
+    out.push_back(s);
   }
   const auto ops = op_names(t);
   if (!r.expectation.cpu_ops.empty() && ops != r.expectation.cpu_ops) {

@@ -105,6 +105,7 @@ Metrics measure(const Trace& t, const Problem& p, double ceiling_tflops) {
     for (const Activity* a : dev) {
       iv.emplace_back(a->start_ns, a->end_ns());
       if (a->type == ActivityType::Memcpy) copies += 1;
+      if (a->type == ActivityType::Memset) m.memsets_per_forward += 1;
       if (a->type == ActivityType::Kernel) {
         auto& slot = by_kernel[a->name];
         slot.first += static_cast<double>(a->dur_ns);
@@ -112,6 +113,7 @@ Metrics measure(const Trace& t, const Problem& p, double ceiling_tflops) {
       }
     }
     m.kernels_per_forward = static_cast<double>(dev.size()) / steps;
+    m.memsets_per_forward /= steps;
     if (!dev.empty()) {
       m.device_time_us = union_ns(std::move(iv)) / steps / 1e3;
     } else {

@@ -124,6 +124,8 @@ nlohmann::json result_json(const RunResult& r) {
   j["kernels_per_forward"] = ran ? opt(r.metrics.kernels_per_forward) : json(nullptr);
   j["ops_per_forward"] = ran ? json(r.metrics.ops_per_forward) : json(nullptr);
   j["copies_per_forward"] = ran ? json(r.metrics.copies_per_forward) : json(nullptr);
+  j["memsets_per_forward"] =
+      ran && r.problem.device == Device::Cuda ? json(r.metrics.memsets_per_forward) : json(nullptr);
   j["device_time_us"] = ran ? opt(r.metrics.device_time_us) : json(nullptr);
   j["host_time_us"] = ran ? json(r.metrics.host_time_us) : json(nullptr);
   j["peak_bytes"] = ran ? json(r.metrics.peak_bytes) : json(nullptr);
