@@ -1,6 +1,8 @@
 // attnprof: profile, compare and explain attention backends.
 #include <cstdio>
 #include <cstdlib>
+
+#include <unistd.h>
 #include <exception>
 #include <new>
 
@@ -38,8 +40,13 @@ void resolve_defaults(cli::Options& o) {
 
 int main(int argc, char** argv) {
   // OpenMP threads that spin between parallel regions starve OpenBLAS's
-  // threads on small machines; they sleep instead unless the user says otherwise.
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  // threads on small machines, so they sleep instead unless the user says
+  // otherwise. The OpenMP runtime reads its environment when it loads, before
+  // main, hence the one re-exec with the variable set.
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+  }
   try {
     cli::Options o = cli::parse(argc, argv);
     if (o.help) {
