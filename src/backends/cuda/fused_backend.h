@@ -11,6 +11,7 @@
 
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
+#include "backends/cuda/arch_check.h"
 #include "backends/cuda/check.h"
 #include "backends/cuda/fused_kernels.h"
 
@@ -32,6 +33,7 @@ class FusedBackend : public Backend {
       return {false, std::string(mask_name(p.mask)) + " masks are not supported by our fused kernel: use naive, math" +
                          (p.mask == MaskKind::Bias ? " or cudnn" : "")};
     }
+    if (std::string why = arch_unsupported_reason(); !why.empty()) return {false, why};
     // A shape-only question: contiguous strides, and an aligned stand-in
     // address for the tensors, which nothing dereferences.
     FusedParams shape = params_for(p);
