@@ -4,7 +4,6 @@
 // records. Every timing is the median of --repeats runs after one warmup.
 //
 //   cpu_flash_bench [--threads N] [--repeats R] [--quick]
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/blas.h"
 #include "attnprof/backend.h"
 #include "attnprof/reference.h"
 #include "backends/cpu/cpu_backends.h"
@@ -79,7 +79,7 @@ double sgemm_gflops(std::int64_t n, int repeats) {
   }
   const int N = static_cast<int>(n);
   const double t = median_seconds(repeats, [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a.data(), N, b.data(), N, 0.0f, c.data(), N);
+    attnprof::cpu::sgemm(false, N, N, N, 1.0f, a.data(), N, b.data(), N, 0.0f, c.data(), N);
   });
   return 2.0 * static_cast<double>(n) * n * n / t / 1e9;
 }
@@ -126,12 +126,12 @@ double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   omp_set_num_threads(o.threads);
-  openblas_set_num_threads(o.threads);
+  attnprof::cpu::blas_set_threads(o.threads);
   auto flash = cpu::make_flash();
   auto naive = cpu::make_naive_inplace();
 
   std::printf("cpu_flash_bench: %s, %d threads, %s, g++ %s, median of %d after 1 warmup\n\n", cpu_model().c_str(),
-              o.threads, openblas_get_config(), __VERSION__, o.repeats);
+              o.threads, attnprof::cpu::blas_config(), __VERSION__, o.repeats);
 
   std::printf("(a) OpenBLAS sgemm, square fp32\n  %6s  %10s\n", "n", "GFLOP/s");
   double sgemm_best = 0;
