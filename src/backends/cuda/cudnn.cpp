@@ -7,6 +7,8 @@
 // path, which the reference study caught choosing plans per call (214 us of
 // CPU per call). Per forward: one kernel, launched by cuDNN through
 // cuLaunchKernelEx.
+#include <bit>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -83,7 +85,8 @@ Layout layout_of(const Inputs& in, const Tensor& out) {
 
 std::string key_of(const Problem& p, const Layout& l) {
   std::string k = std::string(dtype_name(p.dtype)) + "|" + std::string(mask_name(p.mask)) + "|" +
-                  std::to_string(p.window) + "|" + std::to_string(static_cast<float>(p.softmax_scale()));
+                  std::to_string(p.window) + "|" +
+                  std::to_string(std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale())));
   for (const TensorDesc* d : {&l.q, &l.k, &l.v, &l.o, &l.bias}) {
     k += "|";
     for (auto x : d->dims) k += std::to_string(x) + ",";

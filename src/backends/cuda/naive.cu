@@ -27,8 +27,9 @@ class Naive final : public NaiveBase {
   const char* fill_op() const override { return "masked_fill"; }
   const char* bias_op() const override { return "add"; }
   int fill_activities() const override { return 2; }
-  // Scores, scaled scores, masked copy: the product is freed after the scale,
-  // but the caching allocator may not have a block to reuse yet.
+  // Two score buffers are live at a time (each op reads one, writes one), and
+  // this one allocates a third over the forward; budgeting three keeps the
+  // refuse-before-allocating check on the safe side of allocator rounding.
   std::size_t peak_score_buffers() const override { return 3; }
   std::string mask_story() const override { return "out-of-place masked fill (a hidden device-to-device copy)"; }
 };

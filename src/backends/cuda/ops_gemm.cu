@@ -176,25 +176,12 @@ Tensor matmul_qk(Blas& blas, const Tensor& q_in, const Tensor& k_in, RunContext&
   return scores;
 }
 
-void matmul_pv(Blas& blas, const Tensor& p, const Tensor& v_in, Tensor& out, RunContext& ctx) {
-  OpRange range("matmul", {&p, &v_in});
-  check_shapes(p, v_in, "matmul");
-  if (!p.is_contiguous()) fail(ErrorKind::Internal, "matmul: probabilities must be contiguous");
-  const Tensor v = gemm_readable(v_in) ? v_in : contiguous(v_in, ctx);
+namespace {
+
+// p @ v into out, whose head dim is unit-stride.
+void pv_into(Blas& blas, const Tensor& p, const Tensor& v, Tensor& out, RunContext& ctx) {
   const std::int64_t B = p.size(0), H = p.size(1), Hkv = v.size(1), G = H / Hkv, S = p.size(2), Skv = p.size(3),
                      D = v.size(3);
-  if (out.sizes() != Dims{B, H, S, D} || out.dtype() != p.dtype()) {
-    fail(ErrorKind::Internal, "matmul: output " + out.describe() + " does not match " + p.describe());
-  }
-  if (out.numel() == 0) return;
-  if (!gemm_readable(out)) {
-    // cuBLAS cannot write a strided head dim; write a contiguous result and
-    // scatter it, as PyTorch's out= copy would.
-    Tensor tmp = Tensor::empty(out.sizes(), out.dtype(), ctx.allocator);
-    matmul_pv(blas, p, v, tmp, ctx);
-    to_into(tmp, out, ctx);
-    return;
-  }
   const std::int64_t ldo = leading_dim(out);
   const bool fold = G > 1 && out.stride(1) == S * ldo;
   const Gemm g{CUBLAS_OP_N, CUBLAS_OP_N, D, fold ? G * S : S, Skv, static_cast<const char*>(v.data()),
@@ -204,6 +191,28 @@ void matmul_pv(Blas& blas, const Tensor& p, const Tensor& v_in, Tensor& out, Run
                              {Hkv, {v.stride(1), G * S * Skv, G * out.stride(1)}}};
   if (!fold) dims.push_back({G, {0, S * Skv, out.stride(1)}});
   run_gemm(blas.bind(ctx), g, dims);
+}
+
+}  // namespace
+
+void matmul_pv(Blas& blas, const Tensor& p, const Tensor& v_in, Tensor& out, RunContext& ctx) {
+  OpRange range("matmul", {&p, &v_in});
+  check_shapes(p, v_in, "matmul");
+  if (!p.is_contiguous()) fail(ErrorKind::Internal, "matmul: probabilities must be contiguous");
+  const Tensor v = gemm_readable(v_in) ? v_in : contiguous(v_in, ctx);
+  if (out.sizes() != Dims{p.size(0), p.size(1), p.size(2), v.size(3)} || out.dtype() != p.dtype()) {
+    fail(ErrorKind::Internal, "matmul: output " + out.describe() + " does not match " + p.describe());
+  }
+  if (out.numel() == 0) return;
+  if (gemm_readable(out)) {
+    pv_into(blas, p, v, out, ctx);
+    return;
+  }
+  // cuBLAS cannot write a strided head dim: a contiguous result, then a copy
+  // into place, as PyTorch's out= would do.
+  Tensor tmp = Tensor::empty(out.sizes(), out.dtype(), ctx.allocator);
+  pv_into(blas, p, v, tmp, ctx);
+  to_into(tmp, out, ctx);
 }
 
 Tensor matmul_pv(Blas& blas, const Tensor& p, const Tensor& v, RunContext& ctx) {
