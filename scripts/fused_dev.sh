@@ -12,16 +12,25 @@ OUT_DIR=build/fused_dev
 FLAGS=(-std=c++20 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
        --expt-relaxed-constexpr -Isrc -Iinclude)
 
+# Compiles $1 to $OUT_DIR/<name>.o unless the object is newer than it and every kernel header.
+compile() {
+  local src=$1 obj="$OUT_DIR/$(basename "$1" .cu).o"
+  if [[ -f "$obj" && -z "$(find "$src" src/backends/cuda -newer "$obj" -name '*.cu*' -o -newer "$obj" -name '*.h')" ]]; then
+    return 0
+  fi
+  "$NVCC" "${FLAGS[@]}" -Xptxas=-v -c "$src" -o "$obj" > "$OUT_DIR/$(basename "$src" .cu).ptxas.log" 2>&1 ||
+    { cat "$OUT_DIR/$(basename "$src" .cu).ptxas.log" | grep -v '^ptxas' >&2; return 1; }
+}
+
 build() {
   mkdir -p "$OUT_DIR"
-  local pids=()
-  for src in src/backends/cuda/flash_launch.cu src/backends/cuda/efficient_launch.cu; do
-    "$NVCC" "${FLAGS[@]}" -Xptxas=-v -c "$src" -o "$OUT_DIR/$(basename "$src" .cu).o" \
-      > "$OUT_DIR/$(basename "$src" .cu).ptxas.log" 2>&1 & pids+=($!)
+  local pids=() status=0
+  for src in src/backends/cuda/flash_launch.cu src/backends/cuda/efficient_launch.cu \
+             tests/gpu/fused_kernels_test.cu scripts/fused_dev_main.cu; do
+    compile "$src" & pids+=($!)
   done
-  "$NVCC" "${FLAGS[@]}" -c tests/gpu/fused_kernels_test.cu -o "$OUT_DIR/fused_kernels_test.o" & pids+=($!)
-  "$NVCC" "${FLAGS[@]}" -c scripts/fused_dev_main.cu -o "$OUT_DIR/fused_dev_main.o" & pids+=($!)
-  for p in "${pids[@]}"; do wait "$p"; done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  [[ $status == 0 ]] || { echo "build failed" >&2; exit 1; }
   "$NVCC" "${FLAGS[@]}" "$OUT_DIR/fused_kernels_test.o" "$OUT_DIR/flash_launch.o" "$OUT_DIR/efficient_launch.o" \
     -o "$OUT_DIR/fused_kernels_test" -lgtest -lgtest_main -lpthread
   "$NVCC" "${FLAGS[@]}" "$OUT_DIR/fused_dev_main.o" "$OUT_DIR/flash_launch.o" "$OUT_DIR/efficient_launch.o" \

@@ -164,12 +164,16 @@ int main() {
         {"efficient", [](const FusedParams& p) { return attnprof::cuda::launch_efficient(p, nullptr); }},
     };
     const bool causal = s.mask != FusedMask::None;
-    // Tile variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).
+    // Variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).
     if (s.d == 64 && causal) {
       kernels.push_back({"flash 64x64", flash_variant<k::FlashCfg<64, 64, 64, true>, k::MaskMode::Causal>()});
     }
-    if (s.d == 128 && causal) {
-      kernels.push_back({"flash 64x64 qregs", flash_variant<k::FlashCfg<128, 64, 64, true>, k::MaskMode::Causal>()});
+    if (s.d == 128) {
+      if (causal) {
+        kernels.push_back({"flash no-skip", flash_variant<k::FlashCfg<128, 128, 32, false, 1, false>, k::MaskMode::Causal>()});
+      } else {
+        kernels.push_back({"flash no-skip", flash_variant<k::FlashCfg<128, 128, 32, false, 1, false>, k::MaskMode::None>()});
+      }
     }
     // Reference output: the default flash kernel on set 0; every kernel is compared with it.
     CK(attnprof::cuda::launch_flash_sm80(params_of(s, {sets[0].q, sets[0].k, sets[0].v, ref}), nullptr));

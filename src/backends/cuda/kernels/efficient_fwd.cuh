@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) efficient_fwd_
     if (tile_needs_mask<kMask, kBM, kBN>(a, m0, n0)) {
       apply_mask<kMask>(s, a, m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
     }
-    softmax.update(s, acc, a.scale_log2);
+    softmax.template update</*kSkipUnchanged=*/true>(s, acc, a.scale_log2);
 
     cp_async_wait<0>();
     __syncthreads();
