@@ -19,8 +19,8 @@
 namespace attnprof::cuda::kernels {
 
 // 64 query rows = 4 warps x one 16-row m-tile: a thread holds O (D/2 f32),
-// S (32 f32) and one k-step of Q (4 registers), about 100 registers at D = 64,
-// so 4 CTAs fit a multiprocessor by registers (and by shared memory: 27 KB).
+// S (32 f32) and one k-step of Q (4 registers); at D = 64 that fits the
+// 128-register cap of 4 CTAs a multiprocessor (shared memory: 27 KB a CTA).
 constexpr int efficient_block_m(int /*head_dim*/) { return 64; }
 // Keys per tile: 64 at D <= 64 (S: 32 f32 a thread). For D >= 96, O holds
 // 48-128 f32 a thread and 32 keys ran faster (H200, D = 128 causal 8k:
