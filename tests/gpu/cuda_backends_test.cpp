@@ -2,6 +2,8 @@
 // float64 reference on random inputs, across dtypes, head dims, masks, kv_seq
 // != seq, grouped heads and [B, S, H, D] views; the documented NaN of naive on
 // fully masked rows; and each backend's declared kernel count against CUPTI.
+#include "backends/cuda/cuda_backends.h"
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -15,7 +17,6 @@
 #include "attnprof/backend.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
-#include "backends/cuda/cuda_backends.h"
 
 namespace attnprof {
 namespace {

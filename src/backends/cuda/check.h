@@ -39,13 +39,13 @@ inline void check_cublas(cublasStatus_t status, const char* expr, const char* fi
 
 // CUPTI is only included by the collector; the macro expands to a call it
 // provides, so this header does not drag cupti.h into every backend.
-#define ATTNPROF_CUPTI_CHECK(expr)                                                                           \
-  do {                                                                                                       \
-    const CUptiResult attnprof_cupti_status_ = (expr);                                                       \
-    if (attnprof_cupti_status_ != CUPTI_SUCCESS) {                                                           \
-      const char* attnprof_cupti_msg_ = nullptr;                                                             \
-      cuptiGetResultString(attnprof_cupti_status_, &attnprof_cupti_msg_);                                    \
-      ::attnprof::cuda::detail::throw_device_error("CUPTI", attnprof_cupti_msg_ ? attnprof_cupti_msg_ : "?", \
-                                                   #expr, __FILE__, __LINE__);                               \
-    }                                                                                                        \
+#define ATTNPROF_CUPTI_CHECK(expr)                                                                                  \
+  do {                                                                                                              \
+    const CUptiResult attnprof_cupti_status_ = (expr);                                                              \
+    if (attnprof_cupti_status_ != CUPTI_SUCCESS) {                                                                  \
+      const char* attnprof_cupti_msg_ = nullptr;                                                                    \
+      cuptiGetResultString(attnprof_cupti_status_, &attnprof_cupti_msg_);                                           \
+      ::attnprof::cuda::detail::throw_device_error("CUPTI", attnprof_cupti_msg_ ? attnprof_cupti_msg_ : "?", #expr, \
+                                                   __FILE__, __LINE__);                                             \
+    }                                                                                                               \
   } while (0)

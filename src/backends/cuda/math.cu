@@ -56,10 +56,17 @@ class Math final : public Backend {
     op("mul", 1);
     switch (p.mask) {
       case MaskKind::Causal:
-      case MaskKind::CausalBottomRight: op("ones", 1), op("tril", 1), op("where", 1); break;
-      case MaskKind::SlidingWindow: op("ones", 1), op("tril", 1), op("triu", 1), op("where", 1); break;
-      case MaskKind::Boolean: op("where", 1); break;
-      default: break;
+      case MaskKind::CausalBottomRight:
+        op("ones", 1), op("tril", 1), op("where", 1);
+        break;
+      case MaskKind::SlidingWindow:
+        op("ones", 1), op("tril", 1), op("triu", 1), op("where", 1);
+        break;
+      case MaskKind::Boolean:
+        op("where", 1);
+        break;
+      default:
+        break;
     }
     op("mul", 1);
     op("matmul", 1);

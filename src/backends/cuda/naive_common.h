@@ -57,10 +57,17 @@ class NaiveBase : public Backend {
       attn = ops::mul(scores, static_cast<float>(p.softmax_scale()), ctx);
     }
     switch (p.mask) {
-      case MaskKind::None: break;
-      case MaskKind::Bias: attn = add_bias(std::move(attn), in.bias, ctx); break;
-      case MaskKind::Boolean: attn = fill(std::move(attn), in.mask, ctx); break;
-      default: attn = fill(std::move(attn), structural_mask(p, ctx), ctx); break;
+      case MaskKind::None:
+        break;
+      case MaskKind::Bias:
+        attn = add_bias(std::move(attn), in.bias, ctx);
+        break;
+      case MaskKind::Boolean:
+        attn = fill(std::move(attn), in.mask, ctx);
+        break;
+      default:
+        attn = fill(std::move(attn), structural_mask(p, ctx), ctx);
+        break;
     }
     Tensor probs = ops::softmax(attn, ctx);
     attn = Tensor();
@@ -73,7 +80,7 @@ class NaiveBase : public Backend {
   virtual Tensor add_bias(Tensor attn, const Tensor& bias, RunContext& ctx) = 0;
   virtual const char* fill_op() const = 0;
   virtual const char* bias_op() const = 0;
-  virtual int fill_activities() const = 0;     // kernels + memcpys of the fill
+  virtual int fill_activities() const = 0;  // kernels + memcpys of the fill
   virtual std::size_t peak_score_buffers() const = 0;
   virtual std::string mask_story() const = 0;  // for eligibility's reason
 

@@ -140,7 +140,8 @@ RowIndex row_index(const Tensor& x) { return RowIndex{x.size(1), x.size(2), x.si
 
 void require_contiguous(const Tensor& t, const char* op) {
   detail::require_cuda(t, op);
-  if (!t.is_contiguous()) fail(ErrorKind::Internal, std::string(op) + " expects a contiguous tensor, got " + t.describe());
+  if (!t.is_contiguous())
+    fail(ErrorKind::Internal, std::string(op) + " expects a contiguous tensor, got " + t.describe());
 }
 
 template <class T>
@@ -167,8 +168,10 @@ void launch_add(const Tensor& a, const Tensor& b, Tensor& out, cudaStream_t s) {
     add_kernel<Ta, Tb, w><<<grid_for(a.numel() / w), kThreads, 0, s>>>(a.data_as<Ta>(), b.data_as<Tb>(), bs,
                                                                        out.data_as<Ta>(), row_index(a), a.numel() / w);
   };
-  if (n == 1) go(std::integral_constant<int, 1>{});
-  else go(std::integral_constant<int, static_cast<int>(16 / sizeof(Ta))>{});
+  if (n == 1)
+    go(std::integral_constant<int, 1>{});
+  else
+    go(std::integral_constant<int, static_cast<int>(16 / sizeof(Ta))>{});
   check_launch();
 }
 
@@ -208,11 +211,11 @@ Tensor mul(const Tensor& x, float s, RunContext& ctx) {
     constexpr int w = static_cast<int>(16 / sizeof(T));
     const bool packed = x.numel() % w == 0 && pack_width<T>(x, w) == w && pack_width<T>(y, w) == w;
     if (packed) {
-      mul_kernel<T, w><<<grid_for(x.numel() / w), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), y.data_as<T>(),
-                                                                                 x.numel() / w, s);
+      mul_kernel<T, w>
+          <<<grid_for(x.numel() / w), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), y.data_as<T>(), x.numel() / w, s);
     } else {
-      mul_kernel<T, 1><<<grid_for(x.numel()), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), y.data_as<T>(),
-                                                                             x.numel(), s);
+      mul_kernel<T, 1>
+          <<<grid_for(x.numel()), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), y.data_as<T>(), x.numel(), s);
     }
   });
   check_launch();
@@ -324,10 +327,17 @@ Tensor structural_mask(const Problem& p, RunContext& ctx) {
   // Bounds of j - i for each mask (problem.h); None keeps every key.
   std::int64_t lo = -p.seq, hi = p.kv_seq;
   switch (p.mask) {
-    case MaskKind::Causal: hi = 0; break;
-    case MaskKind::CausalBottomRight: hi = off; break;
-    case MaskKind::SlidingWindow: lo = off - p.window + 1, hi = off; break;
-    default: break;
+    case MaskKind::Causal:
+      hi = 0;
+      break;
+    case MaskKind::CausalBottomRight:
+      hi = off;
+      break;
+    case MaskKind::SlidingWindow:
+      lo = off - p.window + 1, hi = off;
+      break;
+    default:
+      break;
   }
   Tensor m = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, ctx.allocator);
   structural_mask_kernel<<<grid_for(m.numel()), kThreads, 0, stream_of(ctx)>>>(m.data_as<std::uint8_t>(), p.kv_seq,

@@ -33,8 +33,8 @@ class OpRange {
     for (const Tensor* t : inputs) {
       if (!dtypes.empty()) dtypes += ", ", dims += ", ";
       dtypes += dtype_name(t->dtype());
-      dims += "[" + std::to_string(t->size(0)) + ", " + std::to_string(t->size(1)) + ", " +
-              std::to_string(t->size(2)) + ", " + std::to_string(t->size(3)) + "]";
+      dims += "[" + std::to_string(t->size(0)) + ", " + std::to_string(t->size(1)) + ", " + std::to_string(t->size(2)) +
+              ", " + std::to_string(t->size(3)) + "]";
     }
     if (scalar) dtypes += dtypes.empty() ? "Scalar" : ", Scalar", dims += dims.empty() ? "[]" : ", []";
     range_.emplace(name, dtypes, dims);
@@ -80,16 +80,22 @@ namespace attnprof::cuda::ops::dev {
 
 template <class T>
 __device__ __forceinline__ float load(const T* p, std::int64_t i) {
-  if constexpr (std::is_same_v<T, float>) return p[i];
-  else if constexpr (std::is_same_v<T, __half>) return __half2float(p[i]);
-  else return __bfloat162float(p[i]);
+  if constexpr (std::is_same_v<T, float>)
+    return p[i];
+  else if constexpr (std::is_same_v<T, __half>)
+    return __half2float(p[i]);
+  else
+    return __bfloat162float(p[i]);
 }
 
 template <class T>
 __device__ __forceinline__ void store(T* p, std::int64_t i, float v) {
-  if constexpr (std::is_same_v<T, float>) p[i] = v;
-  else if constexpr (std::is_same_v<T, __half>) p[i] = __float2half_rn(v);
-  else p[i] = __float2bfloat16_rn(v);
+  if constexpr (std::is_same_v<T, float>)
+    p[i] = v;
+  else if constexpr (std::is_same_v<T, __half>)
+    p[i] = __float2half_rn(v);
+  else
+    p[i] = __float2bfloat16_rn(v);
 }
 
 // Packs of N elements moved as one aligned load/store (16 bytes for 16-bit N = 8).
@@ -100,13 +106,24 @@ struct alignas(sizeof(T) * N) Pack {
 
 }  // namespace attnprof::cuda::ops::dev
 
-// Calls `f.template operator()<T>()` with T the device type of a floating DType.
-#define ATTNPROF_DISPATCH_FLOAT(dtype, T, ...)                                          \
-  [&] {                                                                                \
-    switch (dtype) {                                                                   \
-      case ::attnprof::DType::F32: { using T = float; return __VA_ARGS__(); }         \
-      case ::attnprof::DType::F16: { using T = __half; return __VA_ARGS__(); }        \
-      case ::attnprof::DType::BF16: { using T = __nv_bfloat16; return __VA_ARGS__(); } \
-      default: ::attnprof::fail(::attnprof::ErrorKind::Internal, "not a floating dtype"); \
-    }                                                                                  \
+// Calls the lambda passed last with T aliased to the device type of a floating
+// DType, so one body serves float, half and bfloat16.
+#define ATTNPROF_DISPATCH_FLOAT(dtype, T, ...)                                     \
+  [&] {                                                                            \
+    switch (dtype) {                                                               \
+      case ::attnprof::DType::F32: {                                               \
+        using T = float;                                                           \
+        return __VA_ARGS__();                                                      \
+      }                                                                            \
+      case ::attnprof::DType::F16: {                                               \
+        using T = __half;                                                          \
+        return __VA_ARGS__();                                                      \
+      }                                                                            \
+      case ::attnprof::DType::BF16: {                                              \
+        using T = __nv_bfloat16;                                                   \
+        return __VA_ARGS__();                                                      \
+      }                                                                            \
+      default:                                                                     \
+        ::attnprof::fail(::attnprof::ErrorKind::Internal, "not a floating dtype"); \
+    }                                                                              \
   }()

@@ -32,10 +32,14 @@ constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::F32: return CUDA_R_32F;
-    case DType::F16: return CUDA_R_16F;
-    case DType::BF16: return CUDA_R_16BF;
-    default: fail(ErrorKind::Internal, "matmul: not a floating dtype");
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      fail(ErrorKind::Internal, "matmul: not a floating dtype");
   }
 }
 
@@ -116,7 +120,9 @@ bool gemm_readable(const Tensor& t) {
 
 // Row stride as cuBLAS's leading dimension; a single row has none, so any
 // value >= d is right.
-std::int64_t leading_dim(const Tensor& t) { return t.size(2) == 1 ? std::max<std::int64_t>(t.size(3), 1) : t.stride(2); }
+std::int64_t leading_dim(const Tensor& t) {
+  return t.size(2) == 1 ? std::max<std::int64_t>(t.size(3), 1) : t.stride(2);
+}
 
 void check_shapes(const Tensor& q, const Tensor& kv, const char* op) {
   detail::require_cuda(q, op);
@@ -144,7 +150,8 @@ cublasHandle_t Blas::bind(RunContext& ctx) {
   }
   if (!stream_set_ || stream_ != ctx.stream || !workspace_.defined()) {
     ATTNPROF_CUBLAS_CHECK(cublasSetStream(handle_, stream_of(ctx)));
-    if (!workspace_.defined()) workspace_ = Tensor::empty({1, 1, 1, static_cast<std::int64_t>(kWorkspaceBytes)}, DType::Bool, ctx.allocator);
+    if (!workspace_.defined())
+      workspace_ = Tensor::empty({1, 1, 1, static_cast<std::int64_t>(kWorkspaceBytes)}, DType::Bool, ctx.allocator);
     ATTNPROF_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.data(), kWorkspaceBytes));
     stream_ = ctx.stream;
     stream_set_ = true;
@@ -166,9 +173,19 @@ Tensor matmul_qk(Blas& blas, const Tensor& q_in, const Tensor& k_in, RunContext&
   // Grouped heads one under another in Q fold into one [G*S, D] matrix.
   const bool fold = G > 1 && q.stride(1) == S * ldq;
   if (fold) rows = G * S;
-  const Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, Skv, rows, D, static_cast<const char*>(k.data()),
-               static_cast<const char*>(q.data()), static_cast<char*>(scores.data()), leading_dim(k), ldq, Skv,
-               cuda_type(q.dtype()), es};
+  const Gemm g{CUBLAS_OP_T,
+               CUBLAS_OP_N,
+               Skv,
+               rows,
+               D,
+               static_cast<const char*>(k.data()),
+               static_cast<const char*>(q.data()),
+               static_cast<char*>(scores.data()),
+               leading_dim(k),
+               ldq,
+               Skv,
+               cuda_type(q.dtype()),
+               es};
   std::vector<BatchDim> dims{{B, {k.stride(0), q.stride(0), H * S * Skv}},
                              {Hkv, {k.stride(1), G * q.stride(1), G * S * Skv}}};
   if (!fold) dims.push_back({G, {0, q.stride(1), S * Skv}});
@@ -184,9 +201,19 @@ void pv_into(Blas& blas, const Tensor& p, const Tensor& v, Tensor& out, RunConte
                      D = v.size(3);
   const std::int64_t ldo = leading_dim(out);
   const bool fold = G > 1 && out.stride(1) == S * ldo;
-  const Gemm g{CUBLAS_OP_N, CUBLAS_OP_N, D, fold ? G * S : S, Skv, static_cast<const char*>(v.data()),
-               static_cast<const char*>(p.data()), static_cast<char*>(out.data()), leading_dim(v), Skv, ldo,
-               cuda_type(p.dtype()), element_size(p.dtype())};
+  const Gemm g{CUBLAS_OP_N,
+               CUBLAS_OP_N,
+               D,
+               fold ? G * S : S,
+               Skv,
+               static_cast<const char*>(v.data()),
+               static_cast<const char*>(p.data()),
+               static_cast<char*>(out.data()),
+               leading_dim(v),
+               Skv,
+               ldo,
+               cuda_type(p.dtype()),
+               element_size(p.dtype())};
   std::vector<BatchDim> dims{{B, {v.stride(0), H * S * Skv, out.stride(0)}},
                              {Hkv, {v.stride(1), G * S * Skv, G * out.stride(1)}}};
   if (!fold) dims.push_back({G, {0, S * Skv, out.stride(1)}});

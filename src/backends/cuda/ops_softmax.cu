@@ -139,18 +139,19 @@ void launch_softmax(const Tensor& x, Tensor& y, cudaStream_t s) {
   const bool aligned = reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0 &&
                        reinterpret_cast<std::uintptr_t>(y.data()) % 16 == 0 && cols % w == 0;
   if (aligned) {
-    softmax_kernel<T, w><<<static_cast<unsigned>(rows), softmax_threads(cols / w), 0, s>>>(x.data_as<T>(),
-                                                                                          y.data_as<T>(), cols);
+    softmax_kernel<T, w>
+        <<<static_cast<unsigned>(rows), softmax_threads(cols / w), 0, s>>>(x.data_as<T>(), y.data_as<T>(), cols);
   } else {
-    softmax_kernel<T, 1><<<static_cast<unsigned>(rows), softmax_threads(cols), 0, s>>>(x.data_as<T>(),
-                                                                                      y.data_as<T>(), cols);
+    softmax_kernel<T, 1>
+        <<<static_cast<unsigned>(rows), softmax_threads(cols), 0, s>>>(x.data_as<T>(), y.data_as<T>(), cols);
   }
   check_launch();
 }
 
 void require_scores(const Tensor& x, const char* op) {
   detail::require_cuda(x, op);
-  if (!x.is_contiguous()) fail(ErrorKind::Internal, std::string(op) + " expects contiguous scores, got " + x.describe());
+  if (!x.is_contiguous())
+    fail(ErrorKind::Internal, std::string(op) + " expects contiguous scores, got " + x.describe());
   if (x.numel() / x.size(3) > 0x7fffffff) fail(ErrorKind::Unsupported, std::string(op) + ": more than 2^31 rows");
 }
 
@@ -182,7 +183,7 @@ Tensor safe_softmax(const Tensor& x, RunContext& ctx) {
   {
     OpRange all("all", {&masked});
     all_kernel<<<grid_for(rows * 32), kThreads, 0, s>>>(masked.data_as<std::uint8_t>(),
-                                                         masked_rows.data_as<std::uint8_t>(), rows, cols);
+                                                        masked_rows.data_as<std::uint8_t>(), rows, cols);
     check_launch();
   }
   masked = Tensor();
