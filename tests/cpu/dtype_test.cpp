@@ -1,0 +1,212 @@
+// 16-bit conversions: bf16 and fp16 against independent nearest-even encoders.
+#include "attnprof/dtype.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnprof/backend.h"
+#include "attnprof/error.h"
+#include "attnprof/problem.h"
+#include "attnprof/profiler.h"
+#include "attnprof/reference.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
+std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
+
+// ---------------------------------------------------------------- bf16 / fp16
+
+// Independent nearest-even reference for bf16: the two neighbours by truncation,
+// compared in double.
+std::uint16_t bf16_reference(float f) {
+  const std::uint32_t u = bits(f);
+  const auto lo = static_cast<std::uint16_t>(u >> 16);
+  const auto hi = static_cast<std::uint16_t>(lo + 1);
+  const double x = f;
+  const double dlo = std::abs(x - static_cast<double>(from_bits(static_cast<std::uint32_t>(lo) << 16)));
+  const double dhi = std::abs(x - static_cast<double>(from_bits(static_cast<std::uint32_t>(hi) << 16)));
+  if (dlo < dhi) return lo;
+  if (dhi < dlo) return hi;
+  return (lo & 1u) ? hi : lo;
+}
+
+// Independent fp16 decoder (value of a finite half) and nearest-even encoder.
+double half_value(std::uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double mag = e == 0 ? std::ldexp(m, -24) : std::ldexp(1.0 + m / 1024.0, e - 15);
+  return s ? -mag : mag;
+}
+
+std::uint16_t f16_reference(float f) {
+  const double x = std::abs(static_cast<double>(f));
+  const std::uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  // Past the midpoint of 65504 and 65536 (and at it: 0x7bff is odd) it is infinity.
+  if (x >= 65520.0) return sign | 0x7c00;
+  // Binary search over the positive finite halves 0x0000 .. 0x7bff (monotone in bits).
+  int lo = 0, hi = 0x7bff;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (half_value(static_cast<std::uint16_t>(mid)) <= x) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const double dlo = x - half_value(static_cast<std::uint16_t>(lo));
+  const double dhi = half_value(static_cast<std::uint16_t>(hi)) - x;
+  int pick = dlo < dhi ? lo : (dhi < dlo ? hi : ((lo & 1) ? hi : lo));
+  if (half_value(static_cast<std::uint16_t>(hi)) == x) pick = hi;
+  return static_cast<std::uint16_t>(sign | pick);
+}
+
+TEST(Bf16, ExactValuesRoundTripForEveryNonNanPattern) {
+  for (std::uint32_t h = 0; h <= 0xffff; ++h) {
+    const float f = bf16_to_float(static_cast<std::uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_bf16(f), h) << std::hex << h;
+  }
+}
+
+TEST(Bf16, KnownEncodings) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(-2.0f), 0xc000);
+  EXPECT_EQ(float_to_bf16(0.0f), 0x0000);
+  EXPECT_EQ(float_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+  EXPECT_EQ(bf16_to_float(0x4049), 3.140625f);
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  // 1 + 2^-8 is halfway between 1 (0x3f80, even) and 1 + 2^-7 (0x3f81): even wins.
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 0x3f81 (odd) and 0x3f82 (even).
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+  // Just above a halfway point rounds up, just below rounds down.
+  EXPECT_EQ(float_to_bf16(from_bits(bits(1.0f + 0x1p-8f) + 1)), 0x3f81);
+  EXPECT_EQ(float_to_bf16(from_bits(bits(1.0f + 0x1p-8f) - 1)), 0x3f80);
+  // Negative values mirror.
+  EXPECT_EQ(float_to_bf16(-(1.0f + 0x1p-8f)), 0xbf80);
+  EXPECT_EQ(float_to_bf16(-(1.0f + 3 * 0x1p-8f)), 0xbf82);
+  // Rounding may carry into the exponent; the largest float rounds to infinity.
+  EXPECT_EQ(float_to_bf16(from_bits(0x3fffffff)), 0x4000);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);
+}
+
+TEST(Bf16, MatchesIndependentNearestEvenOnRandomFloats) {
+  std::mt19937 rng(7);
+  for (int n = 0; n < 200000; ++n) {
+    const float f = from_bits(rng());
+    if (!std::isfinite(f)) continue;
+    const float max_bf16 = from_bits(0x7f7f0000);
+    if (std::abs(f) > max_bf16) continue;  // overflow is covered above
+    ASSERT_EQ(float_to_bf16(f), bf16_reference(f)) << std::hexfloat << f;
+  }
+}
+
+TEST(Bf16, InfinityAndNanPreserved) {
+  EXPECT_EQ(float_to_bf16(kInf), 0x7f80);
+  EXPECT_EQ(float_to_bf16(-kInf), 0xff80);
+  EXPECT_TRUE(std::isinf(bf16_to_float(float_to_bf16(kInf))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(kNaN))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(-kNaN))));
+  // A NaN whose payload lives only in the low 16 bits must not become infinity.
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(from_bits(0x7f800001)))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(from_bits(0xff800001)))));
+  // Nor may rounding of a NaN carry it into a different sign.
+  EXPECT_EQ(float_to_bf16(from_bits(0x7fffffff)) & 0x8000, 0);
+}
+
+TEST(Fp16, ExactValuesRoundTripForEveryNonNanPattern) {
+  for (std::uint32_t h = 0; h <= 0xffff; ++h) {
+    const float f = f16_to_float(static_cast<std::uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_f16(f), h) << std::hex << h;
+    if (!std::isinf(f)) ASSERT_EQ(static_cast<double>(f), half_value(static_cast<std::uint16_t>(h))) << std::hex << h;
+  }
+}
+
+TEST(Fp16, KnownEncodings) {
+  EXPECT_EQ(float_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_f16(-2.0f), 0xc000);
+  EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_f16(0x1p-14f), 0x0400);  // smallest normal
+  EXPECT_EQ(float_to_f16(0x1p-24f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_f16(-0.0f), 0x8000);
+  EXPECT_EQ(f16_to_float(0x3555), 0x1.554p-2f);
+}
+
+TEST(Fp16, RoundsToNearestEven) {
+  EXPECT_EQ(float_to_f16(1.0f + 0x1p-11f), 0x3c00);      // halfway, even below
+  EXPECT_EQ(float_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);  // halfway, even above
+  EXPECT_EQ(float_to_f16(from_bits(bits(1.0f + 0x1p-11f) + 1)), 0x3c01);
+  // Overflow: 65519 rounds down to the largest half, 65520 (halfway, odd below) to infinity.
+  EXPECT_EQ(float_to_f16(65519.0f), 0x7bff);
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);
+  EXPECT_EQ(float_to_f16(-65520.0f), 0xfc00);
+  EXPECT_EQ(float_to_f16(1e10f), 0x7c00);
+  // Subnormals: 2^-25 is halfway between 0 and 2^-24 (even: 0); 3 * 2^-25 between 1 and 2 (even: 2).
+  EXPECT_EQ(float_to_f16(0x1p-25f), 0x0000);
+  EXPECT_EQ(float_to_f16(from_bits(bits(0x1p-25f) + 1)), 0x0001);
+  EXPECT_EQ(float_to_f16(3 * 0x1p-25f), 0x0002);
+  EXPECT_EQ(float_to_f16(0x1p-26f), 0x0000);
+  EXPECT_EQ(float_to_f16(-0x1p-30f), 0x8000);
+  // The largest subnormal rounding up carries into the smallest normal.
+  EXPECT_EQ(float_to_f16(0x1p-14f - 0x1p-26f), 0x0400);
+}
+
+TEST(Fp16, MatchesIndependentNearestEvenOnRandomFloats) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mag(-30.0f, 17.0f);
+  for (int n = 0; n < 100000; ++n) {
+    // Magnitudes spread over the whole fp16 range, subnormals and overflow included.
+    const float f = std::exp2(mag(rng)) * ((rng() & 1) ? -1.0f : 1.0f) * (1.0f + (rng() % 1000) / 1000.0f);
+    ASSERT_EQ(float_to_f16(f), f16_reference(f)) << std::hexfloat << f;
+  }
+  for (int n = 0; n < 100000; ++n) {  // and exact halfway points between neighbouring halves
+    const auto h = static_cast<std::uint16_t>(rng() % 0x7bff);
+    const double mid = (half_value(h) + half_value(static_cast<std::uint16_t>(h + 1))) / 2;
+    const float f = static_cast<float>(mid);
+    if (static_cast<double>(f) != mid) continue;
+    const std::uint16_t want = (h & 1) ? static_cast<std::uint16_t>(h + 1) : h;
+    ASSERT_EQ(float_to_f16(f), want) << std::hex << h;
+  }
+}
+
+TEST(Fp16, InfinityAndNanPreserved) {
+  EXPECT_EQ(float_to_f16(kInf), 0x7c00);
+  EXPECT_EQ(float_to_f16(-kInf), 0xfc00);
+  EXPECT_TRUE(std::isinf(f16_to_float(0x7c00)));
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(kNaN))));
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(from_bits(0x7f800001)))));  // payload below fp16's bits
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(from_bits(0xffc00000)))));
+}
+
+TEST(DType, LoadAndStoreThroughFloat) {
+  std::uint16_t h[2] = {};
+  store_from_float(h, DType::BF16, 1, 1.0f + 0x1p-8f);
+  EXPECT_EQ(h[1], 0x3f80);
+  EXPECT_EQ(load_as_float(h, DType::BF16, 1), 1.0f);
+  store_from_float(h, DType::F16, 0, 0.5f);
+  EXPECT_EQ(load_as_float(h, DType::F16, 0), 0.5f);
+  EXPECT_EQ(parse_dtype("bf16"), DType::BF16);
+  EXPECT_EQ(parse_dtype("float16"), DType::F16);
+  EXPECT_EQ(parse_dtype("fp32"), DType::F32);
+  EXPECT_FALSE(parse_dtype("fp8").has_value());
+  EXPECT_FALSE(parse_dtype("bool").has_value());
+}
+
+}  // namespace
+}  // namespace attnprof

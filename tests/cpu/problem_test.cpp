@@ -1,0 +1,206 @@
+// Problem validation (each error names its flag) and the structural masks.
+#include "attnprof/problem.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnprof/backend.h"
+#include "attnprof/dtype.h"
+#include "attnprof/error.h"
+#include "attnprof/profiler.h"
+#include "attnprof/reference.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof {
+namespace {
+
+// ---------------------------------------------------------------- problem
+
+Problem small(MaskKind mask = MaskKind::None) {
+  Problem p;
+  p.batch = 2;
+  p.heads = 4;
+  p.seq = 16;
+  p.head_dim = 32;
+  p.mask = mask;
+  p.normalize();
+  return p;
+}
+
+// validate() must throw InvalidArgument whose message names `flag`.
+void expect_invalid(Problem p, const std::string& flag) {
+  try {
+    p.validate();
+    ADD_FAILURE() << "validate() accepted " << p.describe() << "; expected an error naming " << flag;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << "message '" << e.what() << "' lacks " << flag;
+  }
+}
+
+TEST(Problem, DefaultsAndNormalize) {
+  Problem p;
+  p.normalize();
+  EXPECT_EQ(p.kv_heads, p.heads);
+  EXPECT_EQ(p.kv_seq, p.seq);
+  EXPECT_NO_THROW(p.validate());
+  EXPECT_DOUBLE_EQ(p.softmax_scale(), 1.0 / 8.0);
+  p.scale = 0.25;
+  EXPECT_DOUBLE_EQ(p.softmax_scale(), 0.25);
+  EXPECT_EQ(small().shape_key(), "2_4_16_32");
+  Problem g = small();
+  g.kv_heads = 1;
+  EXPECT_NO_THROW(g.validate());
+  EXPECT_EQ(g.group(), 4);
+  g.head_dim = 256;
+  EXPECT_NO_THROW(g.validate());
+  EXPECT_EQ(small().q_bytes(), static_cast<std::size_t>(2 * 4 * 16 * 32 * 2));
+  EXPECT_EQ(g.kv_bytes(), static_cast<std::size_t>(2 * 1 * 16 * 256 * 2));
+}
+
+TEST(Problem, ValidateNamesTheFlag) {
+  auto with = [](std::function<void(Problem&)> f) {
+    Problem p = small();
+    f(p);
+    return p;
+  };
+  expect_invalid(with([](Problem& p) { p.batch = 0; }), "--batch");
+  expect_invalid(with([](Problem& p) { p.batch = -1; }), "--batch");
+  expect_invalid(with([](Problem& p) { p.heads = 0; }), "--heads");
+  expect_invalid(with([](Problem& p) { p.heads = -8; }), "--heads");
+  expect_invalid(with([](Problem& p) { p.kv_heads = -2; }), "--kv-heads");
+  expect_invalid(with([](Problem& p) { p.seq = 0; }), "--seq");
+  expect_invalid(with([](Problem& p) { p.seq = -5; }), "--seq");
+  expect_invalid(with([](Problem& p) { p.kv_seq = -1; }), "--kv-seq");
+  expect_invalid(with([](Problem& p) { p.head_dim = 0; }), "--head-dim");
+  expect_invalid(with([](Problem& p) { p.head_dim = 257; }), "--head-dim");
+  expect_invalid(with([](Problem& p) { p.head_dim = 1000; }), "--head-dim");
+  expect_invalid(with([](Problem& p) { p.kv_heads = 3; }), "--kv-heads");  // 3 does not divide 4
+  expect_invalid(with([](Problem& p) { p.kv_heads = 8; }), "--kv-heads");  // more than heads
+  expect_invalid(with([](Problem& p) { p.seq = 99999999999; }), "--seq");
+  expect_invalid(with([](Problem& p) { p.kv_seq = std::int64_t{1} << 40; }), "--kv-seq");
+  expect_invalid(with([](Problem& p) { p.batch = std::int64_t{1} << 30; }), "--batch");
+  expect_invalid(with([](Problem& p) {  // the product would overflow int64
+                   p.batch = std::int64_t{1} << 32;
+                   p.heads = std::int64_t{1} << 32;
+                   p.kv_heads = 1;
+                 }),
+                 "--batch");
+  expect_invalid(with([](Problem& p) { p.mask = MaskKind::SlidingWindow; }), "--window");
+  expect_invalid(with([](Problem& p) { p.window = 4; }), "--window");
+  expect_invalid(with([](Problem& p) { p.scale = std::numeric_limits<double>::quiet_NaN(); }), "--scale");
+  expect_invalid(with([](Problem& p) { p.scale = std::numeric_limits<double>::infinity(); }), "--scale");
+  expect_invalid(with([](Problem& p) { p.scale = -std::numeric_limits<double>::infinity(); }), "--scale");
+  expect_invalid(with([](Problem& p) { p.dtype = DType::Bool; }), "--dtype");
+  // The mismatched-heads message names both flags.
+  expect_invalid(with([](Problem& p) {
+                   p.heads = 8;
+                   p.kv_heads = 3;
+                 }),
+                 "--heads");
+  Problem ok = with([](Problem& p) {
+    p.mask = MaskKind::SlidingWindow;
+    p.window = 4;
+    p.scale = -0.5;  // negative but finite scales are legal
+  });
+  EXPECT_NO_THROW(ok.validate());
+}
+
+TEST(Problem, MaskNames) {
+  for (MaskKind m : {MaskKind::None, MaskKind::Causal, MaskKind::CausalBottomRight, MaskKind::SlidingWindow,
+                     MaskKind::Boolean, MaskKind::Bias}) {
+    const auto name = mask_name(m);
+    EXPECT_EQ(parse_mask(name), m) << name;
+    EXPECT_NE(mask_choices().find(name), std::string_view::npos) << name;
+  }
+  EXPECT_EQ(parse_mask("causal-top-left"), MaskKind::Causal);
+  EXPECT_FALSE(parse_mask("diagonal").has_value());
+}
+
+// The masks as the design states them, written out independently.
+bool expected_visible(const Problem& p, std::int64_t i, std::int64_t j) {
+  const std::int64_t off = p.kv_seq - p.seq;
+  switch (p.mask) {
+    case MaskKind::Causal:
+      return j <= i;
+    case MaskKind::CausalBottomRight:
+      return j <= i + off;
+    case MaskKind::SlidingWindow:
+      return j <= i + off && j > i + off - p.window;
+    default:
+      return true;
+  }
+}
+
+struct MaskCase {
+  MaskKind mask;
+  std::int64_t seq, kv_seq, window;
+  std::int64_t pairs, fully_masked;  // worked out by hand
+};
+
+class MaskTest : public ::testing::TestWithParam<MaskCase> {};
+
+TEST_P(MaskTest, VisiblePairsAndFullyMaskedRows) {
+  const MaskCase& c = GetParam();
+  Problem p = small(c.mask);
+  p.seq = c.seq;
+  p.kv_seq = c.kv_seq;
+  p.window = c.window;
+  ASSERT_NO_THROW(p.validate());
+  std::int64_t pairs = 0, masked_rows = 0;
+  for (std::int64_t i = 0; i < p.seq; ++i) {
+    std::int64_t row = 0;
+    for (std::int64_t j = 0; j < p.kv_seq; ++j) {
+      ASSERT_EQ(p.visible(i, j), expected_visible(p, i, j)) << "row " << i << " key " << j;
+      row += p.visible(i, j);
+    }
+    pairs += row;
+    masked_rows += row == 0;
+  }
+  EXPECT_EQ(pairs, c.pairs);
+  EXPECT_EQ(p.visible_pairs(), c.pairs);
+  EXPECT_EQ(masked_rows, c.fully_masked);
+  EXPECT_EQ(p.fully_masked_rows(), c.fully_masked);
+  EXPECT_DOUBLE_EQ(p.flops(), 4.0 * 2 * 4 * static_cast<double>(c.pairs) * 32);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Masks, MaskTest,
+    ::testing::Values(MaskCase{MaskKind::None, 4, 6, 0, 24, 0},                       //
+                      MaskCase{MaskKind::Causal, 4, 4, 0, 10, 0},                     // 1+2+3+4
+                      MaskCase{MaskKind::Causal, 4, 6, 0, 10, 0},                     // top-left ignores the extra keys
+                      MaskCase{MaskKind::Causal, 6, 4, 0, 1 + 2 + 3 + 4 + 4 + 4, 0},  //
+                      MaskCase{MaskKind::CausalBottomRight, 4, 4, 0, 10, 0},          // square: same as top-left
+                      MaskCase{MaskKind::CausalBottomRight, 4, 6, 0, 18, 0},          // 3+4+5+6
+                      MaskCase{MaskKind::CausalBottomRight, 6, 4, 0, 10, 2},          // 0+0+1+2+3+4
+                      MaskCase{MaskKind::CausalBottomRight, 5, 1, 0, 1, 4},           // only the last row sees the key
+                      MaskCase{MaskKind::SlidingWindow, 5, 5, 2, 9, 0},               // 1+2+2+2+2
+                      MaskCase{MaskKind::SlidingWindow, 4, 8, 3, 12, 0},              // 3 each
+                      MaskCase{MaskKind::SlidingWindow, 6, 4, 2, 7, 2},               // 0+0+1+2+2+2
+                      MaskCase{MaskKind::SlidingWindow, 5, 5, 1, 5, 0},               // the diagonal
+                      MaskCase{MaskKind::Boolean, 4, 6, 0, 24, 0},                    // tensors decide
+                      MaskCase{MaskKind::Bias, 3, 5, 0, 15, 0}));
+
+TEST(Problem, DescribeMentionsEverything) {
+  Problem p = small(MaskKind::SlidingWindow);
+  p.window = 3;
+  p.kv_heads = 2;
+  p.kv_seq = 20;
+  p.dtype = DType::F16;
+  const std::string d = p.describe();
+  for (const char* want :
+       {"batch 2", "heads 4", "kv 2", "seq 16", "kv 20", "head_dim 32", "fp16", "sliding-window 3", "cpu"}) {
+    EXPECT_NE(d.find(want), std::string::npos) << d << " lacks " << want;
+  }
+}
+
+}  // namespace
+}  // namespace attnprof
