@@ -32,14 +32,14 @@ class CpuAllocator final : public Allocator {
       stats_.peak_reserved = stats_.peak_allocated;
       after = stats_;
     }
-    if (Profiler* prof = Profiler::current()) prof->record_allocation(Device::Cpu, p, static_cast<std::int64_t>(rounded), after);
+    if (Profiler* prof = Profiler::current())
+      prof->record_allocation(Device::Cpu, p, static_cast<std::int64_t>(rounded), after);
     return p;
   }
 
   void deallocate(void* ptr, std::size_t bytes) noexcept override {
     if (!ptr) return;
     const std::size_t rounded = (bytes + 63) / 64 * 64;
-    std::free(ptr);
     MemoryStats after;
     {
       std::lock_guard lock(mutex_);
@@ -47,7 +47,9 @@ class CpuAllocator final : public Allocator {
       stats_.reserved = stats_.allocated;
       after = stats_;
     }
-    if (Profiler* prof = Profiler::current()) prof->record_allocation(Device::Cpu, ptr, -static_cast<std::int64_t>(rounded), after);
+    if (Profiler* prof = Profiler::current())
+      prof->record_allocation(Device::Cpu, ptr, -static_cast<std::int64_t>(rounded), after);
+    std::free(ptr);  // after the event, which records the address
   }
 
   MemoryStats stats() const override {
