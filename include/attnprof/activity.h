@@ -102,7 +102,7 @@ struct DeviceProperties {
 };
 
 struct Trace {
-  std::vector<Activity> activities;  // sorted by start_ns after stop()
+  std::vector<Activity> activities;        // sorted by start_ns after stop()
   std::optional<DeviceProperties> device;  // set when a CUDA device was profiled
   std::int64_t base_ns = 0;                // the earliest timestamp; writers subtract it
   std::string name;                        // trace name ("8_16_1024_64_naive")

@@ -13,20 +13,27 @@ enum class DType : std::uint8_t { F32, F16, BF16, Bool };
 
 constexpr std::size_t element_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
+    case DType::F32:
+      return 4;
     case DType::F16:
-    case DType::BF16: return 2;
-    case DType::Bool: return 1;
+    case DType::BF16:
+      return 2;
+    case DType::Bool:
+      return 1;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "fp32";
-    case DType::F16: return "fp16";
-    case DType::BF16: return "bf16";
-    case DType::Bool: return "bool";
+    case DType::F32:
+      return "fp32";
+    case DType::F16:
+      return "fp16";
+    case DType::BF16:
+      return "bf16";
+    case DType::Bool:
+      return "bool";
   }
   return "?";
 }
@@ -54,7 +61,7 @@ inline std::uint16_t float_to_f16(float f) {
   if (exp == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
   int e = exp - 127 + 15;
   if (e >= 0x1f) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow to infinity
-  if (e <= 0) {                                                       // subnormal or zero
+  if (e <= 0) {                                                      // subnormal or zero
     if (e < -10) return static_cast<std::uint16_t>(sign);
     mant |= 0x00800000u;
     const int shift = 14 - e;
@@ -90,20 +97,32 @@ inline float f16_to_float(std::uint16_t h) {
 // Loads element i of a buffer of type t as float (t must be a floating type).
 inline float load_as_float(const void* base, DType t, std::int64_t i) {
   switch (t) {
-    case DType::F32: return static_cast<const float*>(base)[i];
-    case DType::F16: return f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::BF16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::Bool: return static_cast<const std::uint8_t*>(base)[i] ? 1.0f : 0.0f;
+    case DType::F32:
+      return static_cast<const float*>(base)[i];
+    case DType::F16:
+      return f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::BF16:
+      return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::Bool:
+      return static_cast<const std::uint8_t*>(base)[i] ? 1.0f : 0.0f;
   }
   return 0.0f;
 }
 
 inline void store_from_float(void* base, DType t, std::int64_t i, float v) {
   switch (t) {
-    case DType::F32: static_cast<float*>(base)[i] = v; break;
-    case DType::F16: static_cast<std::uint16_t*>(base)[i] = float_to_f16(v); break;
-    case DType::BF16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(v); break;
-    case DType::Bool: static_cast<std::uint8_t*>(base)[i] = v != 0.0f; break;
+    case DType::F32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::F16:
+      static_cast<std::uint16_t*>(base)[i] = float_to_f16(v);
+      break;
+    case DType::BF16:
+      static_cast<std::uint16_t*>(base)[i] = float_to_bf16(v);
+      break;
+    case DType::Bool:
+      static_cast<std::uint8_t*>(base)[i] = v != 0.0f;
+      break;
   }
 }
 

@@ -35,7 +35,7 @@ struct Problem {
   DType dtype = DType::BF16;
   Device device = Device::Cpu;
   MaskKind mask = MaskKind::Causal;
-  std::int64_t window = 0;     // SlidingWindow only
+  std::int64_t window = 0;      // SlidingWindow only
   std::optional<double> scale;  // default 1/sqrt(head_dim)
 
   // Fills kv_heads/kv_seq defaults; throws Error(InvalidArgument) with what to change.

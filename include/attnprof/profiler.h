@@ -92,8 +92,8 @@ class Profiler {
 // Also pushes an NVTX range when built with CUDA, so Nsight shows the same names.
 class RecordFunction {
  public:
-  explicit RecordFunction(std::string_view name, std::string_view input_dtypes = {},
-                          std::string_view input_dims = {}, ActivityType type = ActivityType::CpuOp);
+  explicit RecordFunction(std::string_view name, std::string_view input_dtypes = {}, std::string_view input_dims = {},
+                          ActivityType type = ActivityType::CpuOp);
   ~RecordFunction();
   RecordFunction(const RecordFunction&) = delete;
   RecordFunction& operator=(const RecordFunction&) = delete;

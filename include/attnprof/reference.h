@@ -25,9 +25,9 @@ RowSample sample_rows(const Problem& p, std::int64_t max_rows);
 
 struct ErrorStats {
   double max_abs = 0;
-  double rel = 0;                // ||out - ref|| / ||ref|| over checked finite rows
-  std::int64_t nan_count = 0;    // non-finite output elements among the checked rows
-  std::int64_t nan_rows = 0;     // checked rows with any non-finite element
+  double rel = 0;                          // ||out - ref|| / ||ref|| over checked finite rows
+  std::int64_t nan_count = 0;              // non-finite output elements among the checked rows
+  std::int64_t nan_rows = 0;               // checked rows with any non-finite element
   std::int64_t nan_rows_fully_masked = 0;  // of those, rows whose every key is masked
   std::int64_t rows_checked = 0;
 };

@@ -20,17 +20,17 @@ using ProgressFn = std::function<void(std::string_view)>;
 struct RunOptions {
   Schedule schedule;
   std::uint64_t seed = 0x5eed;
-  int threads = 0;              // CPU threads (0 = all cores)
-  bool bshd_inputs = false;     // inputs laid out [B, S, H, D] (strided views)
+  int threads = 0;                 // CPU threads (0 = all cores)
+  bool bshd_inputs = false;        // inputs laid out [B, S, H, D] (strided views)
   std::int64_t check_rows = 2048;  // query rows checked against float64
-  ProgressFn progress;          // called with one-line updates on long work
+  ProgressFn progress;             // called with one-line updates on long work
 };
 
 // Per-forward figures read off the recorded trace (null where they do not apply).
 struct Metrics {
   int steps = 0;
-  std::optional<double> device_time_us;  // GPU: busy time of device activities; CPU: forward wall time
-  double host_time_us = 0;               // CPU time of the forward call on the host
+  std::optional<double> device_time_us;       // GPU: busy time of device activities; CPU: forward wall time
+  double host_time_us = 0;                    // CPU time of the forward call on the host
   std::optional<double> kernels_per_forward;  // GPU activities: kernels + memcpys + memsets
   double ops_per_forward = 0;                 // top-level CPU ops inside forward
   double copies_per_forward = 0;              // memcpys on GPU, copy ops on CPU
@@ -52,7 +52,7 @@ struct RunResult {
   Metrics metrics;
   std::optional<ErrorStats> error;
   std::optional<Acceptance> acceptance;
-  std::vector<std::string> findings;  // filled by the report rules
+  std::vector<std::string> findings;   // filled by the report rules
   std::optional<std::string> failure;  // set when the run threw (message)
 };
 
@@ -73,7 +73,8 @@ class DeviceRuntime {
   virtual void poison(Tensor& t) = 0;  // fills with NaN so unwritten elements show
   // Measured matrix-product ceiling (TFLOP/s) for this dtype, measured once.
   virtual double ceiling_tflops(DType dtype) = 0;
-  virtual std::string description() const = 0;  // "NVIDIA H200, driver 580.159, CUDA 13.0" / "AMD EPYC, 2 threads, OpenBLAS 0.3.21"
+  virtual std::string description()
+      const = 0;  // "NVIDIA H200, driver 580.159, CUDA 13.0" / "AMD EPYC, 2 threads, OpenBLAS 0.3.21"
   virtual std::optional<DeviceProperties> properties() const { return std::nullopt; }
 };
 

@@ -105,7 +105,8 @@ Usage:
   attnprof explain [options]            which backends can run this problem, why, and what auto picks
   attnprof COMMAND --help               the options of one command
 
-Backends: )" + backend_list() +
+Backends: )" +
+         backend_list() +
          R"(
 Outputs go to --trace-dir as <batch>_<heads>_<seq>_<head_dim>_<backend>.json (a Chrome
 trace: open it in Perfetto or chrome://tracing), .txt (the table) and .summary.json.
@@ -172,11 +173,27 @@ Options parse(int argc, char** argv) {
   const std::map<std::string, Setter> flags = {
       {"--batch", [&](auto& f, auto& v) { p.batch = to_int(f, v); }},
       {"--heads", [&](auto& f, auto& v) { p.heads = to_int(f, v); }},
-      {"--kv-heads", [&](auto& f, auto& v) { p.kv_heads = to_int(f, v); if (p.kv_heads == 0) bad("--kv-heads must be positive, got 0"); }},
-      {"--seq", [&](auto& f, auto& v) { p.seq = to_int(f, v); if (p.seq == 0) bad("--seq must be positive, got 0"); }},
-      {"--kv-seq", [&](auto& f, auto& v) { p.kv_seq = to_int(f, v); if (p.kv_seq == 0) bad("--kv-seq must be positive, got 0"); }},
+      {"--kv-heads",
+       [&](auto& f, auto& v) {
+         p.kv_heads = to_int(f, v);
+         if (p.kv_heads == 0) bad("--kv-heads must be positive, got 0");
+       }},
+      {"--seq",
+       [&](auto& f, auto& v) {
+         p.seq = to_int(f, v);
+         if (p.seq == 0) bad("--seq must be positive, got 0");
+       }},
+      {"--kv-seq",
+       [&](auto& f, auto& v) {
+         p.kv_seq = to_int(f, v);
+         if (p.kv_seq == 0) bad("--kv-seq must be positive, got 0");
+       }},
       {"--head-dim", [&](auto& f, auto& v) { p.head_dim = to_int(f, v); }},
-      {"--window", [&](auto& f, auto& v) { p.window = to_int(f, v); if (p.window <= 0) bad("--window must be positive"); }},
+      {"--window",
+       [&](auto& f, auto& v) {
+         p.window = to_int(f, v);
+         if (p.window <= 0) bad("--window must be positive");
+       }},
       {"--scale", [&](auto& f, auto& v) { p.scale = to_double(f, v); }},
       {"--dtype",
        [&](auto&, auto& v) {
@@ -192,9 +209,12 @@ Options parse(int argc, char** argv) {
        }},
       {"--device",
        [&](auto&, auto& v) {
-         if (v == "cpu") p.device = Device::Cpu;
-         else if (v == "cuda" || v == "gpu") p.device = Device::Cuda;
-         else bad("unknown --device '" + v + "': use cpu or cuda");
+         if (v == "cpu")
+           p.device = Device::Cpu;
+         else if (v == "cuda" || v == "gpu")
+           p.device = Device::Cuda;
+         else
+           bad("unknown --device '" + v + "': use cpu or cuda");
          o.device_given = true;
        }},
       {"--layout",
@@ -218,13 +238,21 @@ Options parse(int argc, char** argv) {
       {"--warmup", [&](auto& f, auto& v) { o.schedule.warmup = to_small_int(f, v, 0, 1000); }},
       {"--active", [&](auto& f, auto& v) { o.schedule.active = to_small_int(f, v, 1, 1000); }},
       {"--repeat", [&](auto& f, auto& v) { o.schedule.repeat = to_small_int(f, v, 1, 100); }},
-      {"--trace-dir", [&](auto&, auto& v) { if (v.empty()) bad("--trace-dir needs a directory"); o.trace_dir = v; }},
+      {"--trace-dir",
+       [&](auto&, auto& v) {
+         if (v.empty()) bad("--trace-dir needs a directory");
+         o.trace_dir = v;
+       }},
       {"--sort", [&](auto&, auto& v) { o.sort = v; }},
       {"--row-limit", [&](auto& f, auto& v) { o.row_limit = to_small_int(f, v, 1, 100000); }},
       {"--threads", [&](auto& f, auto& v) { o.threads = to_small_int(f, v, 1, 4096); }},
       {"--seed", [&](auto& f, auto& v) { o.seed = static_cast<std::uint64_t>(to_int(f, v)); }},
       {"--check-rows", [&](auto& f, auto& v) { o.check_rows = to_small_int(f, v, 1, 1 << 24); }},
-      {"--json", [&](auto&, auto& v) { if (v.empty()) bad("--json needs a path"); o.json_path = v; }},
+      {"--json",
+       [&](auto&, auto& v) {
+         if (v.empty()) bad("--json needs a path");
+         o.json_path = v;
+       }},
       {"--expect",
        [&](auto& f, auto& v) {
          const auto kv = split(v, '=');
@@ -232,7 +260,8 @@ Options parse(int argc, char** argv) {
          o.guesses[kv[0]] = to_small_int(f, kv[1], 0, 100000);
        }},
   };
-  static const char* kShapeFlags[] = {"--batch", "--heads", "--seq", "--head-dim", "--dtype", "--mask", "--kv-seq", "--kv-heads"};
+  static const char* kShapeFlags[] = {"--batch", "--heads", "--seq",    "--head-dim",
+                                      "--dtype", "--mask",  "--kv-seq", "--kv-heads"};
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {

@@ -15,8 +15,8 @@ struct Options {
   std::string command;  // profile, compare, explain
   Problem problem;
   bool device_given = false;
-  bool shape_given = false;  // any of batch/heads/seq/head_dim/dtype/mask set
-  std::string backend;       // profile
+  bool shape_given = false;           // any of batch/heads/seq/head_dim/dtype/mask set
+  std::string backend;                // profile
   std::vector<std::string> backends;  // compare --backends
   Schedule schedule;
   std::string trace_dir = "traces";
@@ -35,7 +35,7 @@ struct Options {
 // Throws Error(InvalidArgument) with a one-line message for any bad flag.
 Options parse(int argc, char** argv);
 
-std::string usage();                          // top-level --help
+std::string usage();  // top-level --help
 std::string command_help(const std::string& command);
 
 }  // namespace attnprof::cli

@@ -177,9 +177,10 @@ int run_compare(const Options& o) {
     if (!r.trace.collector_note.empty()) note = r.trace.collector_note;
   }
   if (!note.empty()) std::printf("\nnote: %s", note.c_str());
-  std::printf("\nerror: relative to a float64 reference on sampled rows; a 16-bit backend passes at <= 2 x math's error "
-              "+ a floor. Traces, tables and summaries: %s/%s_<backend>.{json,txt,summary.json}\n",
-              o.trace_dir.c_str(), p.shape_key().c_str());
+  std::printf(
+      "\nerror: relative to a float64 reference on sampled rows; a 16-bit backend passes at <= 2 x math's error "
+      "+ a floor. Traces, tables and summaries: %s/%s_<backend>.{json,txt,summary.json}\n",
+      o.trace_dir.c_str(), p.shape_key().c_str());
   if (o.json_path) {
     nlohmann::json j;
     std::optional<DeviceProperties> props;
@@ -223,7 +224,8 @@ int run_explain(const Options& o) {
     for (const auto& e : rows) {
       j["results"].push_back({{"backend", e.backend}, {"eligible", e.eligible}, {"reason", e.reason}});
     }
-    j["auto"] = chosen ? nlohmann::json{{"backend", chosen->backend}, {"reason", chosen->reason}} : nlohmann::json(nullptr);
+    j["auto"] =
+        chosen ? nlohmann::json{{"backend", chosen->backend}, {"reason", chosen->reason}} : nlohmann::json(nullptr);
     report::write_json_file(j, *o.json_path);
   }
   return kExitOk;

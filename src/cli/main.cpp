@@ -1,8 +1,8 @@
 // attnprof: profile, compare and explain attention backends.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
-
-#include <unistd.h>
 #include <exception>
 #include <new>
 

@@ -35,13 +35,16 @@ void require_positive(std::int64_t v, const char* flag) {
 // First and last visible key of query row i (inclusive), before clamping.
 std::pair<std::int64_t, std::int64_t> key_range(const Problem& p, std::int64_t i) {
   switch (p.mask) {
-    case MaskKind::Causal: return {0, i};
-    case MaskKind::CausalBottomRight: return {0, i + p.diagonal_offset()};
+    case MaskKind::Causal:
+      return {0, i};
+    case MaskKind::CausalBottomRight:
+      return {0, i + p.diagonal_offset()};
     case MaskKind::SlidingWindow: {
       const std::int64_t hi = i + p.diagonal_offset();
       return {hi - p.window + 1, hi};
     }
-    default: return {0, p.kv_seq - 1};
+    default:
+      return {0, p.kv_seq - 1};
   }
 }
 
@@ -139,7 +142,8 @@ double Problem::flops() const {
 }
 
 std::string Problem::shape_key() const {
-  return std::to_string(batch) + "_" + std::to_string(heads) + "_" + std::to_string(seq) + "_" + std::to_string(head_dim);
+  return std::to_string(batch) + "_" + std::to_string(heads) + "_" + std::to_string(seq) + "_" +
+         std::to_string(head_dim);
 }
 
 std::string Problem::describe() const {

@@ -94,7 +94,8 @@ ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Ten
   ErrorStats e;
   const double scale = p.softmax_scale();
   const std::int64_t D = p.head_dim, Skv = p.kv_seq;
-  std::vector<double> scores(static_cast<std::size_t>(Skv)), ref(static_cast<std::size_t>(D)), qrow(static_cast<std::size_t>(D));
+  std::vector<double> scores(static_cast<std::size_t>(Skv)), ref(static_cast<std::size_t>(D)),
+      qrow(static_cast<std::size_t>(D));
   std::vector<char> keep(static_cast<std::size_t>(Skv));
   // K and V of the current (batch, kv head) widened to double once: sampled
   // rows come sorted, so consecutive rows share them.
@@ -177,10 +178,14 @@ ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Ten
 
 double tolerance_floor(DType dtype) {
   switch (dtype) {
-    case DType::F32: return 2e-5;  // "far under 1e-4"
-    case DType::F16: return 1e-3;
-    case DType::BF16: return 5e-3;
-    default: return 0;
+    case DType::F32:
+      return 2e-5;  // "far under 1e-4"
+    case DType::F16:
+      return 1e-3;
+    case DType::BF16:
+      return 5e-3;
+    default:
+      return 0;
   }
 }
 

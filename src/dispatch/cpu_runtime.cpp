@@ -16,7 +16,6 @@
 #include "attnprof/runner.h"
 #include "backends/cpu/blas.h"
 
-
 namespace attnprof {
 namespace {
 

@@ -67,11 +67,13 @@ std::vector<Explanation> explain(const Problem& p) {
       e.reason = el.reason;
     } else if (p.device == Device::Cpu) {
       e.reason = std::string("not eligible on CPU: ") +
-                 (name == "cudnn" ? "cuDNN runs on NVIDIA GPUs only" : "a fused CUDA kernel (mma.sync, sm80+); use --device cuda");
+                 (name == "cudnn" ? "cuDNN runs on NVIDIA GPUs only"
+                                  : "a fused CUDA kernel (mma.sync, sm80+); use --device cuda");
     } else if (!cuda_built()) {
       e.reason = "not eligible: this build has no CUDA (configure with a CUDA toolkit, preset 'cuda')";
     } else {
-      e.reason = "not eligible: not built (cuDNN or its frontend headers were missing at build time; run scripts/setup.sh)";
+      e.reason =
+          "not eligible: not built (cuDNN or its frontend headers were missing at build time; run scripts/setup.sh)";
     }
     out.push_back(std::move(e));
   }

@@ -81,7 +81,8 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     const int steps = options.schedule.total_steps();
     prof.start();
     for (int s = 0; s < steps; ++s) {
-      if (options.progress) options.progress(r.backend + ": step " + std::to_string(s + 1) + "/" + std::to_string(steps));
+      if (options.progress)
+        options.progress(r.backend + ": step " + std::to_string(s + 1) + "/" + std::to_string(steps));
       {
         // The range covers the call alone, so on a GPU its length is the host
         // cost per call; the device work is waited for after it.

@@ -30,16 +30,26 @@ std::int64_t thread_id() {
 
 const char* activity_category(ActivityType t) {
   switch (t) {
-    case ActivityType::CpuOp: return "cpu_op";
-    case ActivityType::UserAnnotation: return "user_annotation";
-    case ActivityType::GpuUserAnnotation: return "gpu_user_annotation";
-    case ActivityType::Kernel: return "kernel";
-    case ActivityType::Memcpy: return "gpu_memcpy";
-    case ActivityType::Memset: return "gpu_memset";
-    case ActivityType::CudaRuntime: return "cuda_runtime";
-    case ActivityType::CudaDriver: return "cuda_driver";
-    case ActivityType::CudaSync: return "cuda_sync";
-    case ActivityType::Allocation: return "[memory]";
+    case ActivityType::CpuOp:
+      return "cpu_op";
+    case ActivityType::UserAnnotation:
+      return "user_annotation";
+    case ActivityType::GpuUserAnnotation:
+      return "gpu_user_annotation";
+    case ActivityType::Kernel:
+      return "kernel";
+    case ActivityType::Memcpy:
+      return "gpu_memcpy";
+    case ActivityType::Memset:
+      return "gpu_memset";
+    case ActivityType::CudaRuntime:
+      return "cuda_runtime";
+    case ActivityType::CudaDriver:
+      return "cuda_driver";
+    case ActivityType::CudaSync:
+      return "cuda_sync";
+    case ActivityType::Allocation:
+      return "[memory]";
   }
   return "?";
 }

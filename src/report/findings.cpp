@@ -65,8 +65,8 @@ void copy_rules(const RunResult& r, std::vector<std::string>& out) {
       slot.second += d->transfer ? static_cast<double>(d->transfer->bytes) : 0;
     }
     for (auto& [op, v] : by_op) {
-      out.push_back("hidden copy: " + op + " makes " + fmt("%.0f", v.first / steps) + " device-to-device copy per forward (" +
-                    mib(v.second / steps) + ")");
+      out.push_back("hidden copy: " + op + " makes " + fmt("%.0f", v.first / steps) +
+                    " device-to-device copy per forward (" + mib(v.second / steps) + ")");
     }
     return;
   }
@@ -170,9 +170,9 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
     }
     std::set<std::string> sgemm;
     for (const Activity* d : device_activities(t)) {
-      if (d->type == ActivityType::Kernel && (d->name.find("sgemm") != std::string::npos ||
-                                              d->name.find("gemmSN_NN") != std::string::npos ||
-                                              d->name.find("_f32") != std::string::npos)) {
+      if (d->type == ActivityType::Kernel &&
+          (d->name.find("sgemm") != std::string::npos || d->name.find("gemmSN_NN") != std::string::npos ||
+           d->name.find("_f32") != std::string::npos)) {
         sgemm.insert(d->name.substr(0, 60));
       }
     }
@@ -200,9 +200,11 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
   // Memory against naive's, at long sequences.
   if (const RunResult* naive = find(all, "naive"); naive && r.backend != "naive" && m.peak_bytes > 0) {
     const double ratio = static_cast<double>(naive->metrics.peak_bytes) / static_cast<double>(m.peak_bytes);
-    if (ratio >= 4) out.push_back("peak memory " + mib(static_cast<double>(m.peak_bytes)) + fmt(", %.0fx below naive's", ratio));
+    if (ratio >= 4)
+      out.push_back("peak memory " + mib(static_cast<double>(m.peak_bytes)) + fmt(", %.0fx below naive's", ratio));
   } else if (m.peak_bytes == 0 && !gpu && naive && r.backend != "naive") {
-    out.push_back("no allocation inside forward (naive peaks at " + mib(static_cast<double>(naive->metrics.peak_bytes)) + ")");
+    out.push_back("no allocation inside forward (naive peaks at " +
+                  mib(static_cast<double>(naive->metrics.peak_bytes)) + ")");
   }
 
   if (gpu) {
@@ -222,8 +224,8 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
                     fmt("%.0f KiB shared per block)", (k.static_shared_bytes + k.dynamic_shared_bytes) / 1024.0));
     }
     if (const Activity* call = heavy ? launch_call(t, *heavy) : nullptr;
-        call && call->type == ActivityType::CudaDriver && call->name.rfind("cuLaunchKernelEx", 0) == 0 && heavy->kernel &&
-        heavy->kernel->occupancy_pct) {
+        call && call->type == ActivityType::CudaDriver && call->name.rfind("cuLaunchKernelEx", 0) == 0 &&
+        heavy->kernel && heavy->kernel->occupancy_pct) {
       out.push_back("main kernel launched through the driver's cuLaunchKernelEx; occupancy " +
                     fmt("%.0f%% computed from its record", *heavy->kernel->occupancy_pct));
     }

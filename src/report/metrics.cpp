@@ -63,7 +63,8 @@ std::vector<const Activity*> device_activities(const Trace& t) {
 
 const Activity* launch_call(const Trace& t, const Activity& dev) {
   for (const auto& a : t.activities) {
-    if ((a.type == ActivityType::CudaRuntime || a.type == ActivityType::CudaDriver) && a.correlation == dev.correlation) {
+    if ((a.type == ActivityType::CudaRuntime || a.type == ActivityType::CudaDriver) &&
+        a.correlation == dev.correlation) {
       return &a;
     }
   }

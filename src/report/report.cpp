@@ -40,8 +40,11 @@ std::string compare_table(const std::vector<RunResult>& results) {
     std::vector<std::string> cells;
     std::vector<std::string> findings;
   };
-  std::vector<std::string> header = {"backend",  gpu ? "kernels/fwd" : "ops/fwd", "copies/fwd", gpu ? "GPU time" : "time",
-                                     "CPU/call", "peak mem", "TFLOP/s", "% ceiling", "rel error", "occupancy"};
+  std::vector<std::string> header = {"backend",    gpu ? "kernels/fwd" : "ops/fwd",
+                                     "copies/fwd", gpu ? "GPU time" : "time",
+                                     "CPU/call",   "peak mem",
+                                     "TFLOP/s",    "% ceiling",
+                                     "rel error",  "occupancy"};
   std::vector<Row> rows;
   for (const auto& r : results) {
     Row row;
@@ -104,10 +107,17 @@ std::string explain_table(const std::vector<Explanation>& rows, const AutoChoice
 }
 
 nlohmann::json problem_json(const Problem& p) {
-  nlohmann::json j = {{"batch", p.batch},   {"heads", p.heads},       {"kv_heads", p.kv_heads},
-                      {"seq", p.seq},       {"kv_seq", p.kv_seq},     {"head_dim", p.head_dim},
-                      {"dtype", dtype_name(p.dtype)}, {"mask", mask_name(p.mask)}, {"scale", p.softmax_scale()},
-                      {"device", device_name(p.device)}, {"flops", p.flops()}};
+  nlohmann::json j = {{"batch", p.batch},
+                      {"heads", p.heads},
+                      {"kv_heads", p.kv_heads},
+                      {"seq", p.seq},
+                      {"kv_seq", p.kv_seq},
+                      {"head_dim", p.head_dim},
+                      {"dtype", dtype_name(p.dtype)},
+                      {"mask", mask_name(p.mask)},
+                      {"scale", p.softmax_scale()},
+                      {"device", device_name(p.device)},
+                      {"flops", p.flops()}};
   j["window"] = p.mask == MaskKind::SlidingWindow ? nlohmann::json(p.window) : nlohmann::json(nullptr);
   return j;
 }

@@ -13,8 +13,8 @@ namespace {
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 }
 
-void sgemm(bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-           float beta, float* c, int ldc) {
+void sgemm(bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float beta,
+           float* c, int ldc) {
   cblas_sgemm(kRowMajor, kNoTrans, trans_b ? kTrans : kNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -1,7 +1,5 @@
 #include "backends/cpu/ops.h"
 
-#include "backends/cpu/blas.h"
-
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,6 +7,7 @@
 
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
+#include "backends/cpu/blas.h"
 
 namespace attnprof::cpu {
 namespace {
@@ -75,7 +74,8 @@ void update_rows(Tensor& x, F&& f) {
 
 // One (batch, head) slice as a row-major FP32 matrix: a pointer into the
 // tensor when it already is one, else a widened copy in `scratch`.
-const float* fp32_slice(const Tensor& t, std::int64_t b, std::int64_t h, std::vector<float>& scratch, std::int64_t& ld) {
+const float* fp32_slice(const Tensor& t, std::int64_t b, std::int64_t h, std::vector<float>& scratch,
+                        std::int64_t& ld) {
   const std::int64_t R = t.size(2), C = t.size(3);
   if (t.dtype() == DType::F32 && t.stride(3) == 1 && t.stride(2) >= C) {
     ld = t.stride(2);
@@ -89,7 +89,8 @@ const float* fp32_slice(const Tensor& t, std::int64_t b, std::int64_t h, std::ve
 
 void check_same_rows(const Tensor& x, const Tensor& m, const char* op) {
   if (x.size(2) != m.size(2) || x.size(3) != m.size(3)) {
-    fail(ErrorKind::InvalidArgument, std::string(op) + ": mask " + m.describe() + " does not fit scores " + x.describe());
+    fail(ErrorKind::InvalidArgument,
+         std::string(op) + ": mask " + m.describe() + " does not fit scores " + x.describe());
   }
 }
 

@@ -72,7 +72,8 @@ class FusedBackend : public Backend {
     set_strides(in.k, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
     set_strides(in.v, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
     set_strides(out, f.o_batch_stride, f.o_head_stride, f.o_row_stride);
-    if (const char* why = fused_unsupported_reason(f, flash_)) fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
+    if (const char* why = fused_unsupported_reason(f, flash_))
+      fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
     ATTNPROF_CUDA_CHECK(launch_(f, static_cast<cudaStream_t>(ctx.stream)));
   }
 
@@ -102,10 +103,18 @@ class FusedBackend : public Backend {
     f.bf16 = p.dtype == DType::BF16;
     f.window = static_cast<int>(p.window);
     switch (p.mask) {
-      case MaskKind::Causal: f.mask = FusedMask::Causal; break;
-      case MaskKind::CausalBottomRight: f.mask = FusedMask::CausalBottomRight; break;
-      case MaskKind::SlidingWindow: f.mask = FusedMask::SlidingWindow; break;
-      default: f.mask = FusedMask::None; break;
+      case MaskKind::Causal:
+        f.mask = FusedMask::Causal;
+        break;
+      case MaskKind::CausalBottomRight:
+        f.mask = FusedMask::CausalBottomRight;
+        break;
+      case MaskKind::SlidingWindow:
+        f.mask = FusedMask::SlidingWindow;
+        break;
+      default:
+        f.mask = FusedMask::None;
+        break;
     }
     return f;
   }

@@ -21,8 +21,8 @@ struct FusedParams {
   int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
   float scale = 0.f;  // softmax scale
   FusedMask mask = FusedMask::None;
-  int window = 0;     // SlidingWindow: keys j with i + (Sk - Sq) - window < j <= i + (Sk - Sq)
-  bool bf16 = true;   // false: fp16
+  int window = 0;    // SlidingWindow: keys j with i + (Sk - Sq) - window < j <= i + (Sk - Sq)
+  bool bf16 = true;  // false: fp16
 };
 
 }  // namespace attnprof::cuda
