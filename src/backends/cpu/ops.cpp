@@ -45,31 +45,32 @@ void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, 
   for (std::int64_t j = 0; j < C; ++j) store_from_float(data, t.dtype(), base + j * cs, src[j]);
 }
 
-// Elementwise unary op over rows, into a new tensor of dtype `out`.
+// The row loop every elementwise op shares: each row of `src` widened to
+// FP32, handed to f(row, cols, b, h, i), and stored into the same row of `dst`
+// (which may be `src` itself).
+template <class F>
+void transform_rows(const Tensor& src, const Tensor& dst, F&& f) {
+  const std::int64_t C = src.size(3);
+  for_each_row(src, [&](std::int64_t b, std::int64_t h, std::int64_t i) {
+    thread_local std::vector<float> row;
+    row.resize(static_cast<std::size_t>(C));
+    load_row(src, b, h, i, row.data());
+    f(row.data(), C, b, h, i);
+    store_row(dst, b, h, i, row.data());
+  });
+}
+
+// Elementwise op over rows, into a new tensor of dtype `out`.
 template <class F>
 Tensor map_rows(const Tensor& x, DType out, Allocator& a, F&& f) {
   Tensor y = Tensor::empty(x.sizes(), out, a);
-  const std::int64_t C = x.size(3);
-  for_each_row(x, [&](std::int64_t b, std::int64_t h, std::int64_t i) {
-    thread_local std::vector<float> row;
-    row.resize(static_cast<std::size_t>(C));
-    load_row(x, b, h, i, row.data());
-    f(row.data(), C, b, h, i);
-    store_row(y, b, h, i, row.data());
-  });
+  transform_rows(x, y, f);
   return y;
 }
 
 template <class F>
 void update_rows(Tensor& x, F&& f) {
-  const std::int64_t C = x.size(3);
-  for_each_row(x, [&](std::int64_t b, std::int64_t h, std::int64_t i) {
-    thread_local std::vector<float> row;
-    row.resize(static_cast<std::size_t>(C));
-    load_row(x, b, h, i, row.data());
-    f(row.data(), C, b, h, i);
-    store_row(x, b, h, i, row.data());
-  });
+  transform_rows(x, x, f);
 }
 
 // One (batch, head) slice as a row-major FP32 matrix: a pointer into the
@@ -183,12 +184,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& masked, float value, Allocator
     if (x.is_contiguous()) {
       std::memcpy(y.data(), x.data(), x.nbytes());
     } else {
-      std::vector<float> row(static_cast<std::size_t>(x.size(3)));
-      for (std::int64_t r = 0; r < rows_of(x); ++r) {
-        const std::int64_t b = r / (x.size(1) * x.size(2)), h = (r / x.size(2)) % x.size(1), i = r % x.size(2);
-        load_row(x, b, h, i, row.data());
-        store_row(y, b, h, i, row.data());
-      }
+      transform_rows(x, y, [](auto...) {});
     }
   }
   masked_fill_(y, masked, value);
@@ -247,13 +243,7 @@ Tensor to(const Tensor& x, DType t, Allocator& a) {
 
 void to_into(const Tensor& x, Tensor& out) {
   RecordFunction rf("to", dtypes_string({&x}), dims_string(x));
-  const std::int64_t C = x.size(3);
-  for_each_row(x, [&](std::int64_t b, std::int64_t h, std::int64_t i) {
-    thread_local std::vector<float> row;
-    row.resize(static_cast<std::size_t>(C));
-    load_row(x, b, h, i, row.data());
-    store_row(out, b, h, i, row.data());
-  });
+  transform_rows(x, out, [](auto...) {});
 }
 
 Tensor logical_not(const Tensor& m, Allocator& a) {
