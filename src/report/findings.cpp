@@ -4,18 +4,11 @@
 #include <cstdio>
 #include <set>
 
+#include "report/format.h"
 #include "report/metrics.h"
 
 namespace attnprof::report {
 namespace {
-
-std::string fmt(const char* f, double a) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, f, a);
-  return buf;
-}
-
-std::string mib(double bytes) { return fmt("%.1f MiB", bytes / (1024.0 * 1024.0)); }
 
 const RunResult* find(const std::vector<RunResult>& all, std::string_view name) {
   for (const auto& r : all) {
@@ -65,7 +58,7 @@ void copy_rules(const RunResult& r, std::vector<std::string>& out) {
       slot.second += d->transfer ? static_cast<double>(d->transfer->bytes) : 0;
     }
     for (auto& [op, v] : by_op) {
-      out.push_back("hidden copy: " + op + " makes " + fmt("%.0f", v.first / steps) +
+      out.push_back("hidden copy: " + op + " makes " + format("%.0f", v.first / steps) +
                     " device-to-device copy per forward (" + mib(v.second / steps) + ")");
     }
     return;
@@ -113,8 +106,8 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
   // Guess first, then look: the backend's declared expectation and the user's.
   if (gpu && r.expectation.device_activities >= 0 && m.kernels_per_forward &&
       std::abs(*m.kernels_per_forward - r.expectation.device_activities) > 0.01) {
-    std::string s = fmt("expected %.0f GPU activities per forward, ", r.expectation.device_activities) +
-                    fmt("saw %.0f", *m.kernels_per_forward);
+    std::string s = format("expected %.0f GPU activities per forward, ", r.expectation.device_activities) +
+                    format("saw %.0f", *m.kernels_per_forward);
     // Name what the guess missed: memsets a library issued, and where from.
     std::map<std::string, int> memsets;
     for (const Activity* d : device_activities(t)) {
@@ -123,7 +116,7 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
       ++memsets[op ? op->name : std::string("(no op)")];
     }
     for (const auto& [op, n] : memsets) {
-      s += fmt(": +%.0f memset", static_cast<double>(n) / steps) + " launched inside " + op +
+      s += format(": +%.0f memset", static_cast<double>(n) / steps) + " launched inside " + op +
            " (the library zeroes a workspace)";
     }
     out.push_back(s);
@@ -136,7 +129,7 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
     const double seen = gpu ? m.kernels_per_forward.value_or(-1) : m.ops_per_forward;
     const char* what = gpu ? "GPU activities" : "ops";
     out.push_back(std::string(std::abs(seen - g->second) < 0.01 ? "guess confirmed: " : "guess missed: ") +
-                  fmt("you expected %.0f ", g->second) + what + fmt(" per forward, the trace shows %.1f", seen));
+                  format("you expected %.0f ", g->second) + what + format(" per forward, the trace shows %.1f", seen));
   }
 
   copy_rules(r, out);
@@ -146,7 +139,7 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
       const double saved = naive->metrics.allocated_bytes_per_forward - m.allocated_bytes_per_forward;
       if (saved > 0) s += ", " + mib(saved) + " less allocated per forward than naive";
       if (naive->metrics.device_time_us && m.device_time_us) {
-        s += fmt(", %.2fx naive's time", *m.device_time_us / *naive->metrics.device_time_us);
+        s += format(", %.2fx naive's time", *m.device_time_us / *naive->metrics.device_time_us);
       }
     }
     out.push_back(s);
@@ -160,7 +153,7 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
     }
   }
   if (upcasts > 0) {
-    out.push_back(fmt("upcasts %.0f ", static_cast<double>(upcasts) / steps) + std::string(dtype_name(p.dtype)) +
+    out.push_back(format("upcasts %.0f ", static_cast<double>(upcasts) / steps) + std::string(dtype_name(p.dtype)) +
                   " tensors to FP32 per forward");
   }
   if (is_16bit(p.dtype)) {
@@ -192,7 +185,7 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
 
   // Output health.
   if (r.error && r.error->nan_rows > 0) {
-    std::string s = fmt("NaN in %.0f checked output rows", static_cast<double>(r.error->nan_rows));
+    std::string s = format("NaN in %.0f checked output rows", static_cast<double>(r.error->nan_rows));
     if (r.error->nan_rows == r.error->nan_rows_fully_masked) s += " (fully masked rows: softmax over all -inf)";
     out.push_back(s);
   }
@@ -201,7 +194,7 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
   if (const RunResult* naive = find(all, "naive"); naive && r.backend != "naive" && m.peak_bytes > 0) {
     const double ratio = static_cast<double>(naive->metrics.peak_bytes) / static_cast<double>(m.peak_bytes);
     if (ratio >= 4)
-      out.push_back("peak memory " + mib(static_cast<double>(m.peak_bytes)) + fmt(", %.0fx below naive's", ratio));
+      out.push_back("peak memory " + mib(static_cast<double>(m.peak_bytes)) + format(", %.0fx below naive's", ratio));
   } else if (m.peak_bytes == 0 && !gpu && naive && r.backend != "naive") {
     out.push_back("no allocation inside forward (naive peaks at " +
                   mib(static_cast<double>(naive->metrics.peak_bytes)) + ")");
@@ -219,19 +212,19 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
     }
     if (heavy && heavy->kernel && heavy->kernel->occupancy_pct && *heavy->kernel->occupancy_pct < 30) {
       const auto& k = *heavy->kernel;
-      out.push_back(fmt("heavy blocks at low occupancy: %.0f%% ", *k.occupancy_pct) +
-                    fmt("(%.0f registers/thread, ", k.registers_per_thread) +
-                    fmt("%.0f KiB shared per block)", (k.static_shared_bytes + k.dynamic_shared_bytes) / 1024.0));
+      out.push_back(format("heavy blocks at low occupancy: %.0f%% ", *k.occupancy_pct) +
+                    format("(%.0f registers/thread, ", k.registers_per_thread) +
+                    format("%.0f KiB shared per block)", (k.static_shared_bytes + k.dynamic_shared_bytes) / 1024.0));
     }
     if (const Activity* call = heavy ? launch_call(t, *heavy) : nullptr;
         call && call->type == ActivityType::CudaDriver && call->name.rfind("cuLaunchKernelEx", 0) == 0 &&
         heavy->kernel && heavy->kernel->occupancy_pct) {
       out.push_back("main kernel launched through the driver's cuLaunchKernelEx; occupancy " +
-                    fmt("%.0f%% computed from its record", *heavy->kernel->occupancy_pct));
+                    format("%.0f%% computed from its record", *heavy->kernel->occupancy_pct));
     }
     if (m.device_time_us && m.host_time_us > 1.5 * *m.device_time_us) {
-      out.push_back(fmt("CPU-bound: %.0f us of host time per call for ", m.host_time_us) +
-                    fmt("%.0f us of GPU work", *m.device_time_us));
+      out.push_back(format("CPU-bound: %.0f us of host time per call for ", m.host_time_us) +
+                    format("%.0f us of GPU work", *m.device_time_us));
     }
   }
   return out;

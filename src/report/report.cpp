@@ -7,29 +7,24 @@
 
 #include "attnprof/error.h"
 #include "attnprof/trace_io.h"
+#include "report/format.h"
 
 namespace attnprof::report {
 namespace {
 
-std::string num(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-std::string opt_num(const char* f, const std::optional<double>& v) { return v ? num(f, *v) : "-"; }
+std::string opt_num(const char* f, const std::optional<double>& v) { return v ? format(f, *v) : "-"; }
 
 std::string bytes_str(double b) {
-  if (b >= 1024.0 * 1024 * 1024) return num("%.2f GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return num("%.1f MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return num("%.1f KiB", b / 1024.0);
-  return num("%.0f B", b);
+  if (b >= 1024.0 * 1024 * 1024) return format("%.2f GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return format("%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return format("%.1f KiB", b / 1024.0);
+  return format("%.0f B", b);
 }
 
 std::string time_str(double us) {
-  if (us >= 1e6) return num("%.2f s", us / 1e6);
-  if (us >= 1e3) return num("%.3f ms", us / 1e3);
-  return num("%.1f us", us);
+  if (us >= 1e6) return format("%.2f s", us / 1e6);
+  if (us >= 1e3) return format("%.3f ms", us / 1e3);
+  return format("%.1f us", us);
 }
 
 }  // namespace
@@ -55,12 +50,12 @@ std::string compare_table(const std::vector<RunResult>& results) {
       continue;
     }
     const Metrics& m = r.metrics;
-    std::string err = r.error ? num("%.2e", r.error->rel) : "-";
+    std::string err = r.error ? format("%.2e", r.error->rel) : "-";
     if (r.error && r.error->nan_rows) err += " NaN";
     if (r.acceptance) err += r.acceptance->pass ? " ok" : " FAIL";
     row.cells = {r.backend,
-                 gpu ? opt_num("%.0f", m.kernels_per_forward) : num("%.0f", m.ops_per_forward),
-                 num("%.0f", m.copies_per_forward),
+                 gpu ? opt_num("%.0f", m.kernels_per_forward) : format("%.0f", m.ops_per_forward),
+                 format("%.0f", m.copies_per_forward),
                  m.device_time_us ? time_str(*m.device_time_us) : "-",
                  time_str(m.host_time_us),
                  bytes_str(static_cast<double>(m.peak_bytes)),
