@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "attnprof/error.h"
+#include "backends/cpu/cpu_backends.h"
 #include "report/metrics.h"
 #ifdef ATTNPROF_WITH_CUDA
 #include "backends/cuda/cuda_backends.h"
@@ -13,10 +14,8 @@
 
 namespace attnprof {
 
-DeviceRuntime& cpu_runtime(int threads);  // cpu_runtime.cpp
-
 DeviceRuntime& device_runtime(Device d, int threads) {
-  if (d == Device::Cpu) return cpu_runtime(threads);
+  if (d == Device::Cpu) return cpu::runtime(threads);
 #ifdef ATTNPROF_WITH_CUDA
   return cuda::runtime();
 #else

@@ -15,6 +15,7 @@
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
 #include "backends/cpu/blas.h"
+#include "backends/cpu/cpu_backends.h"
 
 namespace attnprof {
 namespace {
@@ -95,10 +96,13 @@ class CpuRuntime final : public DeviceRuntime {
 
 }  // namespace
 
-DeviceRuntime& cpu_runtime(int threads) {
+namespace cpu {
+
+DeviceRuntime& runtime(int threads) {
   static CpuRuntime rt(threads);
   rt.set_threads(threads);
   return rt;
 }
 
+}  // namespace cpu
 }  // namespace attnprof
