@@ -13,6 +13,7 @@
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
 #include "backends/cpu/cpu_backends.h"
+#include "mask_oracle.h"
 
 namespace attnprof {
 namespace {
@@ -108,21 +109,7 @@ void poison(const Tensor& out) {
         for (std::int64_t d = 0; d < out.size(3); ++d) out.set(a, b, c, d, std::numeric_limits<float>::quiet_NaN());
 }
 
-// Written from the mask definitions in problem.h, not through Problem::visible,
-// so the test does not share the code it checks.
-bool visible(const Problem& p, std::int64_t i, std::int64_t j) {
-  const std::int64_t off = p.kv_seq - p.seq;
-  switch (p.mask) {
-    case MaskKind::Causal:
-      return j <= i;
-    case MaskKind::CausalBottomRight:
-      return j <= i + off;
-    case MaskKind::SlidingWindow:
-      return j <= i + off && j > i + off - p.window;
-    default:
-      return true;
-  }
-}
+using testing::expected_visible;
 
 // t as a dense float64 [B, H, S, D] array, so the reference loops stay cheap.
 std::vector<double> to_doubles(const Tensor& t) {
@@ -152,7 +139,7 @@ std::vector<double> reference(const Problem& p, const Inputs& in) {
         double mx = -std::numeric_limits<double>::infinity();
         for (std::int64_t j = 0; j < T; ++j) {
           double x = -std::numeric_limits<double>::infinity();
-          const bool keep = p.mask == MaskKind::Boolean ? in.mask.get(b, h, i, j) != 0.0f : visible(p, i, j);
+          const bool keep = p.mask == MaskKind::Boolean ? in.mask.get(b, h, i, j) != 0.0f : expected_visible(p, i, j);
           if (keep) {
             double dot = 0;
             for (std::int64_t d = 0; d < D; ++d) dot += qi[d] * kh[j * D + d];

@@ -18,6 +18,7 @@
 #include "attnprof/profiler.h"
 #include "attnprof/reference.h"
 #include "attnprof/tensor.h"
+#include "mask_oracle.h"
 
 namespace attnprof {
 namespace {
@@ -125,20 +126,7 @@ TEST(Problem, MaskNames) {
   EXPECT_FALSE(parse_mask("diagonal").has_value());
 }
 
-// The masks as the design states them, written out independently.
-bool expected_visible(const Problem& p, std::int64_t i, std::int64_t j) {
-  const std::int64_t off = p.kv_seq - p.seq;
-  switch (p.mask) {
-    case MaskKind::Causal:
-      return j <= i;
-    case MaskKind::CausalBottomRight:
-      return j <= i + off;
-    case MaskKind::SlidingWindow:
-      return j <= i + off && j > i + off - p.window;
-    default:
-      return true;
-  }
-}
+using testing::expected_visible;
 
 struct MaskCase {
   MaskKind mask;
