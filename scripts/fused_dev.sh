@@ -4,13 +4,15 @@
 #   scripts/fused_dev.sh test      # correctness against the float64 reference
 #   scripts/fused_dev.sh sanitize  # compute-sanitizer memcheck + racecheck on small cases
 #   scripts/fused_dev.sh bench     # timing table (scripts/fused_dev_main.cu)
+#   scripts/fused_dev.sh torch     # PyTorch's flash and efficient, timed the same way (scripts/fused_dev_torch.py)
+#   scripts/fused_dev.sh ncu       # Nsight Compute: our D=128 flash and PyTorch's FA2, 2x16x8192x128 non-causal
 # Several steps may be given in one call: scripts/fused_dev.sh build test bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-OUT_DIR=build/fused_dev
+OUT_DIR=${OUT_DIR:-build/fused_dev}
 FLAGS=(-std=c++20 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
-       --expt-relaxed-constexpr -Isrc -Iinclude)
+       --expt-relaxed-constexpr -Isrc -Iinclude ${EXTRA_FLAGS:-})
 
 # Compiles $1 to $OUT_DIR/<name>.o unless the object is newer than it and every kernel header.
 compile() {
@@ -49,6 +51,28 @@ for step in "$@"; do
       compute-sanitizer --tool racecheck --error-exitcode 4 "$OUT_DIR/fused_kernels_test" --gtest_filter="$filter" --gtest_brief=1
       ;;
     bench) "$OUT_DIR/fused_dev_main" ;;
+    torch) python3 scripts/fused_dev_torch.py ;;
+    ncu)
+      # One launch of each kernel (after warmup), the same metrics side by side.
+      metrics=sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,smsp__inst_executed.sum
+      metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_op_ldsm.sum
+      metrics+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
+      metrics+=,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_xu.sum
+      metrics+=,"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+      ncu --kernel-name-base mangled --launch-skip 3 --launch-count 1 --metrics "$metrics" \
+        --kernel-name "regex:flash_fwd_sm80_kernel.*Li128ELi128ELi64ELb0ELi1ELb1ELNS1_8PrefetchE1EEELNS1_8MaskModeE0" "$OUT_DIR/fused_dev_main" |
+        grep -vE '^(device|[0-9]+x|\|)' | grep -v '^==PROF=='
+      python3 - <<'PY' >/tmp/fused_dev_torch_one.py
+print("""import torch, torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+q, k, v = [torch.empty(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16).uniform_(-2, 2) for _ in range(3)]
+with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    for _ in range(5): F.scaled_dot_product_attention(q, k, v)
+torch.cuda.synchronize()""")
+PY
+      ncu --launch-skip 3 --launch-count 1 --metrics "$metrics" --kernel-name regex:flash_fwd python3 /tmp/fused_dev_torch_one.py |
+        grep -v '^==PROF=='
+      ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

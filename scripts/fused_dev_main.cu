@@ -167,13 +167,17 @@ int main() {
     // Variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).
     if (s.d == 64 && causal) {
       kernels.push_back({"flash 64x64", flash_variant<k::FlashCfg<64, 64, 64, true>, k::MaskMode::Causal>()});
+      kernels.push_back({"flash prefetch at tile start",
+                         flash_variant<k::FlashCfg<64, 128, 64, true, 1, false, k::Prefetch::TileStart>, k::MaskMode::Causal>()});
     }
     if (s.d == 128) {
-      if (causal) {
-        kernels.push_back({"flash no-skip", flash_variant<k::FlashCfg<128, 128, 32, false, 1, false>, k::MaskMode::Causal>()});
-      } else {
-        kernels.push_back({"flash no-skip", flash_variant<k::FlashCfg<128, 128, 32, false, 1, false>, k::MaskMode::None>()});
-      }
+      const auto add = [&](const char* kname, auto cfg) {
+        using Cfg = decltype(cfg);
+        kernels.push_back({kname, causal ? flash_variant<Cfg, k::MaskMode::Causal>() : flash_variant<Cfg, k::MaskMode::None>()});
+      };
+      add("flash 128x32", k::FlashCfg<128, 128, 32, false>{});
+      add("flash no-skip", k::FlashCfg<128, 128, 64, false, 1, false>{});
+      add("flash prefetch at tile start", k::FlashCfg<128, 128, 64, false, 1, true, k::Prefetch::TileStart>{});
     }
     // Reference output: the default flash kernel on set 0; every kernel is compared with it.
     CK(attnprof::cuda::launch_flash_sm80(params_of(s, {sets[0].q, sets[0].k, sets[0].v, ref}), nullptr));

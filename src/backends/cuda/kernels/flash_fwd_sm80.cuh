@@ -28,9 +28,13 @@ namespace attnprof::cuda::kernels {
 // At D = 256 two m-tiles of O alone would be 256 f32 a thread, so 64 rows.
 constexpr int flash_block_m(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 // Keys per tile. D <= 64: 64 keys, S = 64 f32 a thread beside O (64) and Q (32):
-// 128 keys would add 64 registers and spill. D = 96, 128: O is 96-128 f32, so
-// S shrinks to 32 keys (32 f32). D = 256: O is 128 f32 for one m-tile; 32 keys.
-constexpr int flash_block_n(int head_dim) { return head_dim <= 64 ? 64 : 32; }
+// 128 keys would add 64 registers and spill. D = 128: 64 keys (S 64 f32 beside
+// O's 128) fits in 255 registers once the tile loads keep one running pointer
+// (tile_load_sm80.cuh); measured on H200 against 32 keys: 1.79 vs 1.82 ms causal
+// 2x16x8192, 3.16-3.20 vs 3.26-3.30 ms non-causal, 3.40-3.42 vs 3.46-3.50 ms
+// causal 1x16x16384 (docs/perf/fused-kernels.md, run 5). D = 96 keeps 32 keys
+// (not re-measured). D = 256: O is 128 f32 for one m-tile; 32 keys.
+constexpr int flash_block_n(int head_dim) { return head_dim <= 64 || head_dim == 128 ? 64 : 32; }
 // Q fragments cost D/2 registers per m-tile. They fit at D <= 64 (32 registers);
 // at D >= 96 they would push O + S + Q past 255, so Q is re-read from shared
 // memory one k-step at a time (an extra ldmatrix per m-tile and k-step).
@@ -43,9 +47,19 @@ constexpr bool flash_q_in_regs(int head_dim) { return head_dim <= 64; }
 // O is 128 f32 a thread, it is neutral to 3% faster (non-causal 8k: 3.25 vs 3.36 ms).
 constexpr bool flash_skip_rescale(int block_m, bool q_in_regs) { return block_m == 64 || !q_in_regs; }
 
+// Where in a key tile's iteration the next tile's cp.async copies are issued.
+// After S = Q K^T, the Q and K fragments are dead and the copies' address
+// registers do not compete with them; issued at the top of the iteration, the
+// first ldmatrix of the tile waited on registers the copies were still reading
+// (ncu: 4% of stall samples on one LDSM). Measured on H200, D = 128:
+// 1.61-1.62 vs 1.73 ms causal 2x16x8192, 2.92 vs 3.16-3.17 ms non-causal,
+// 3.10 vs 3.34-3.35 ms causal 1x16x16384 (docs/perf/fused-kernels.md, run 5).
+enum class Prefetch : int { TileStart, AfterQK };
+
 template <int kHeadDim_, int kBlockM_, int kBlockN_, bool kQInRegs_, int kMinBlocks_ = 1,
-          bool kSkipRescale_ = flash_skip_rescale(kBlockM_, kQInRegs_)>
+          bool kSkipRescale_ = flash_skip_rescale(kBlockM_, kQInRegs_), Prefetch kPrefetch_ = Prefetch::AfterQK>
 struct FlashCfg {
+  static constexpr Prefetch kPrefetch = kPrefetch_;
   static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the register cap must allow
   static constexpr bool kSkipRescale = kSkipRescale_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -95,13 +109,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_fwd_sm80
   const std::uint16_t* q = a.q + batch * a.q_batch_stride + head * a.q_head_stride + m0 * a.q_row_stride;
   const std::uint16_t* k = a.k + batch * a.k_batch_stride + kv_head * a.k_head_stride;
   const std::uint16_t* v = a.v + batch * a.v_batch_stride + kv_head * a.v_head_stride;
-  std::uint16_t* o = a.o + batch * a.o_batch_stride + head * a.o_head_stride + m0 * a.o_row_stride;
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
 
+  const TileStream<kBN, kD, kT> k_stream(k, a.k_row_stride, tid), v_stream(v, a.v_row_stride, tid);
   auto load_kv = [&](int stage, int n_block) {
     const int n0 = n_block * kBN;
-    load_tile_async<kBN, kD, kT>(kv_smem(stage, 0), k + n0 * a.k_row_stride, a.k_row_stride, a.seq_k - n0, tid);
-    load_tile_async<kBN, kD, kT>(kv_smem(stage, 1), v + n0 * a.v_row_stride, a.v_row_stride, a.seq_k - n0, tid);
+    k_stream.load(kv_smem(stage, 0), n0, a.seq_k - n0, a.k, tid);
+    v_stream.load(kv_smem(stage, 1), n0, a.seq_k - n0, a.v, tid);
   };
 
   float acc[Cfg::kMTiles][Cfg::kDTiles][4];
@@ -129,8 +143,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_fwd_sm80
 
     for (int it = 0, n_block = tiles.end - 1; n_block >= tiles.begin; ++it, --n_block) {
       const int stage = it & 1;
-      if (n_block > tiles.begin) load_kv(stage ^ 1, n_block - 1);
-      cp_async_commit();
+      // The other stage was freed by the barrier that ended the last iteration.
+      const bool more = n_block > tiles.begin;
+      if (Cfg::kPrefetch == Prefetch::TileStart && more) load_kv(stage ^ 1, n_block - 1);
 
       float s[Cfg::kMTiles][Cfg::kNTiles][4];
       if constexpr (Cfg::kQInRegs) {
@@ -139,6 +154,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_fwd_sm80
         gemm_qk_smem<kBf16, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0,
                                                                                    kv_smem(stage, 0), lane);
       }
+      if (Cfg::kPrefetch == Prefetch::AfterQK && more) load_kv(stage ^ 1, n_block - 1);
+      cp_async_commit();
       const int n0 = n_block * kBN;
       if (tile_needs_mask<kMask, kBM, kBN>(a, m0, n0)) {
         apply_mask<kMask>(s, a, m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
@@ -155,6 +172,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_fwd_sm80
   softmax.finish(inv);
   stage_o<kBf16, QTile>(o_smem, acc, inv, warp_row0, lane);
   __syncthreads();
+  // O's address is formed here, not kept live through the loop (registers are at the cap).
+  std::uint16_t* o = a.o + batch * a.o_batch_stride + head * a.o_head_stride + m0 * a.o_row_stride;
   store_tile<kBM, kD, kT>(o, a.o_row_stride, o_smem, a.seq_q - m0, tid);
 }
 

@@ -13,6 +13,21 @@
 
 namespace attnprof::cuda::kernels {
 
+// Pairwise reduction of n values (n a power of two): log2(n) dependent steps
+// instead of n - 1. With two warps a scheduler little else hides the latency
+// of the row max and row sum chains (H200, flash D = 128, 128x64 tiles,
+// non-causal 2x16x8192: 3.16-3.20 ms with trees, 3.24 ms with sequential chains).
+template <int kN, class Op>
+__device__ __forceinline__ float tree_reduce(float (&v)[kN], Op op) {
+  static_assert((kN & (kN - 1)) == 0, "a power of two");
+#pragma unroll
+  for (int width = kN / 2; width > 0; width /= 2) {
+#pragma unroll
+    for (int i = 0; i < width; ++i) v[i] = op(v[i], v[i + width]);
+  }
+  return v[0];
+}
+
 template <int kMTiles>
 struct OnlineSoftmax {
   float row_max[kMTiles][2];
@@ -40,9 +55,10 @@ struct OnlineSoftmax {
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mt][h];
+        float part[kNTiles];
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+        for (int nt = 0; nt < kNTiles; ++nt) part[nt] = fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+        float mx = fmaxf(row_max[mt][h], tree_reduce(part, [](float x, float y) { return fmaxf(x, y); }));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
@@ -50,16 +66,15 @@ struct OnlineSoftmax {
         alpha[mt][h] = ex2(row_max[mt][h] * scale_log2 - base);
         grew |= mx > row_max[mt][h];
         row_max[mt][h] = mx;
-        float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            const float p = ex2(fmaf(s[mt][nt][e], scale_log2, -base));
-            s[mt][nt][e] = p;
-            sum += p;
-          }
+          const float p0 = ex2(fmaf(s[mt][nt][2 * h], scale_log2, -base));
+          const float p1 = ex2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -base));
+          s[mt][nt][2 * h] = p0;
+          s[mt][nt][2 * h + 1] = p1;
+          part[nt] = p0 + p1;
         }
+        const float sum = tree_reduce(part, [](float x, float y) { return x + y; });
         row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
       }
     }
