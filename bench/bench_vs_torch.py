@@ -3,10 +3,10 @@
 
 One run on the GPU machine: for every grid row, `attnprof compare --json` times
 our backends (GPU time = kernel time per forward read from CUPTI records; host
-time = CPU time of one forward call), and torch.profiler times PyTorch's the
-same way (SDPA math, efficient, flash, cudnn, and hand-written naive and
-in-place naive). Prints one table (GPU time, TFLOP/s, host us per call, ratio
-ours/PyTorch) and writes it as JSON and Markdown.
+time = CPU time of one forward call, with no profiler attached and under CUPTI),
+and torch.profiler times PyTorch's the same way (SDPA math, efficient, flash,
+cudnn, and hand-written naive and in-place naive). Prints one table (GPU time,
+TFLOP/s, host us per call, ratio ours/PyTorch) and writes it as JSON and Markdown.
 
   python3 bench/bench_vs_torch.py --attnprof build/gpu/attnprof --out OUTDIR
 """
@@ -76,19 +76,28 @@ def torch_fn(name, q, k, v, causal):
     return naive if name == "naive" else naive_inplace
 
 
-def time_torch(fn, iters=10):
+def host_us(fn, iters):
+    """Median host time of one call, each started from an idle stream."""
+    host = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(host)
+
+
+def time_torch(fn, iters=10, unprofiled_iters=16):
+    """GPU time per call from torch.profiler's kernel records, host time per
+    call under that profiler, and host time per call with no profiler (as
+    attnprof's --unprofiled-calls measures ours)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    host = []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            host.append((time.perf_counter() - t0) * 1e6)
-            torch.cuda.synchronize()
+        host_profiled = host_us(fn, iters)
     gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0) / iters
-    return gpu_us, statistics.median(host)
+    return gpu_us, host_profiled, host_us(fn, unprofiled_iters)
 
 
 def flops(b, h, s, d, causal):
@@ -132,16 +141,18 @@ def main():
         fl = flops(b, h, s, d, causal)
         for our_name, torch_name in PAIRS:
             try:
-                t_gpu, t_host = time_torch(torch_fn(torch_name, q, k, v, causal))
+                t_gpu, t_host_prof, t_host = time_torch(torch_fn(torch_name, q, k, v, causal))
             except RuntimeError as e:  # a PyTorch backend that cannot take this row
-                t_gpu, t_host = None, None
+                t_gpu, t_host_prof, t_host = None, None, None
                 print(f"[bench] {torch_name}: {str(e).splitlines()[0]}", file=sys.stderr)
             torch.cuda.empty_cache()
             m = mine.get(our_name, {})
-            o_gpu, o_host = m.get("device_time_us"), m.get("host_time_us")
+            o_gpu = m.get("device_time_us")
             results.append({
                 "shape": f"{b}x{h}x{s}x{d}", "causal": causal, "backend": our_name, "torch": torch_name,
-                "ours_gpu_us": o_gpu, "torch_gpu_us": t_gpu, "ours_host_us": o_host, "torch_host_us": t_host,
+                "ours_gpu_us": o_gpu, "torch_gpu_us": t_gpu,
+                "ours_host_us": m.get("host_time_unprofiled_us"), "torch_host_us": t_host,
+                "ours_host_profiled_us": m.get("host_time_us"), "torch_host_profiled_us": t_host_prof,
                 "ours_tflops": fl / o_gpu / 1e6 if o_gpu else None,
                 "torch_tflops": fl / t_gpu / 1e6 if t_gpu else None,
                 "ratio": o_gpu / t_gpu if o_gpu and t_gpu else None,
@@ -152,15 +163,19 @@ def main():
         torch.cuda.empty_cache()
         with open(os.path.join(args.out, "bench.json"), "w") as f:  # partial results survive a time-out
             json.dump({"results": results}, f, indent=1)
-    lines = ["| shape | mask | backend | ours ms | torch ms | ours/torch | ours TFLOP/s | torch TFLOP/s | ours host us | torch host us | ours kernels | ours rel err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    # Host us: no profiler attached (the cost a program pays); "profiled": the
+    # same calls under CUPTI's API tracing (ours) or torch.profiler (PyTorch's).
+    lines = ["| shape | mask | backend | ours ms | torch ms | ours/torch | ours TFLOP/s | torch TFLOP/s "
+             "| ours host us | torch host us | ours host us, profiled | torch host us, profiled | ours kernels | ours rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             r["shape"], "causal" if r["causal"] else "none", r["backend"],
             fmt(r["ours_gpu_us"] and r["ours_gpu_us"] / 1e3, ".3f"), fmt(r["torch_gpu_us"] and r["torch_gpu_us"] / 1e3, ".3f"),
             fmt(r["ratio"], ".2f"), fmt(r["ours_tflops"], ".0f"), fmt(r["torch_tflops"], ".0f"),
-            fmt(r["ours_host_us"], ".1f"), fmt(r["torch_host_us"], ".1f"), fmt(r["ours_kernels"], ".0f"),
-            fmt(r["ours_rel_error"], ".1e")))
+            fmt(r["ours_host_us"], ".1f"), fmt(r["torch_host_us"], ".1f"),
+            fmt(r["ours_host_profiled_us"], ".1f"), fmt(r["torch_host_profiled_us"], ".1f"),
+            fmt(r["ours_kernels"], ".0f"), fmt(r["ours_rel_error"], ".1e")))
     table = "\n".join(lines)
     meta = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
             "gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU run, in one call on the lent GPU machine: build with CUDA, the GPU
 # tests, compute-sanitizer (memcheck, racecheck) on the fused kernels at small
-# shapes, compare at the reference shape, and the benchmark against PyTorch.
+# shapes, compare at the reference shape, host time per call with and without
+# CUPTI, and the benchmark against PyTorch.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize compare bench (default: all). Results land in $OUT (8 files at most).
+# sanitize compare host bench (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize compare bench}
+phases=${*:-build tests sanitize compare host bench}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=build/gpu
@@ -19,7 +20,8 @@ CUDNN_DIR=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nvcc --version | tail -1
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
-} >"$OUT/env.txt" 2>&1
+} >/tmp/env.txt 2>&1
+cat /tmp/env.txt >>"$OUT/log.txt"  # the log opens with the machine and versions
 
 if has build; then
   log "configure + build ($(nproc) cores)"
@@ -48,7 +50,7 @@ if has sanitize; then
       for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128"; do
         # A known ceiling: measuring it (a large cuBLAS GEMM) under the sanitizer takes minutes.
         ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
-          $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --warmup 0 --active 1 \
+          $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --warmup 0 --active 1 --unprofiled-calls 0 \
           --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
         echo "$tool $be $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" | tee -a "$OUT/sanitizer.txt"
       done
@@ -64,6 +66,19 @@ if has compare; then
   for f in /tmp/traces/8_16_1024_64_*.txt; do echo "== $f"; cat "$f"; done >"$OUT/tables.txt" 2>/dev/null
 fi
 
+if has host; then
+  # Host cost per call three ways at the reference shape: under CUPTI, with no
+  # profiler attached after CUPTI ran (what compare reports), and in a process
+  # where CUPTI never loads (the device-event fallback).
+  log "host time per call, with and without CUPTI"
+  for be in cudnn flash efficient naive_inplace; do
+    for env in "" "ATTNPROF_NO_CUPTI=1"; do
+      echo "$be ${env:-cupti}: $(env $env $B/attnprof profile --backend $be --device cuda --warmup 3 --active 10 \
+        --unprofiled-calls 64 --trace-dir /tmp/host --quiet 2>&1 | grep '^per forward')" | tee -a "$OUT/compare.txt"
+    done
+  done
+fi
+
 if has bench; then
   log "benchmark against PyTorch"
   PYTHONUNBUFFERED=1 python3 bench/bench_vs_torch.py --attnprof $B/attnprof --out "$OUT" ${BENCH_ROWS:+--rows $BENCH_ROWS} \
@@ -71,7 +86,7 @@ if has bench; then
 fi
 
 log "done"
-echo "==== env"; cat "$OUT/env.txt"
+echo "==== env"; cat /tmp/env.txt
 [[ -f $OUT/sanitizer.txt ]] && { echo "==== sanitizer"; cat "$OUT/sanitizer.txt"; }
 [[ -f $OUT/compare.txt ]] && { echo "==== compare"; cat "$OUT/compare.txt"; }
 [[ -f /tmp/bench.txt ]] && { echo "==== bench"; cat /tmp/bench.txt; }

@@ -23,6 +23,10 @@ struct RunOptions {
   int threads = 0;                 // CPU threads (0 = all cores)
   bool bshd_inputs = false;        // inputs laid out [B, S, H, D] (strided views)
   std::int64_t check_rows = 2048;  // query rows checked against float64
+  // GPU only: forward calls timed after the profiled steps with no profiler
+  // attached, each from an idle stream (their median is the host cost a
+  // program pays per call; API tracing inflates the profiled figure). 0 = skip.
+  int unprofiled_calls = 16;
   ProgressFn progress;             // called with one-line updates on long work
 };
 
@@ -30,7 +34,8 @@ struct RunOptions {
 struct Metrics {
   int steps = 0;
   std::optional<double> device_time_us;       // GPU: busy time of device activities; CPU: forward wall time
-  double host_time_us = 0;                    // CPU time of the forward call on the host
+  double host_time_us = 0;                    // CPU time of the forward call on the host, profiled
+  std::optional<double> host_time_unprofiled_us;  // GPU: the same with no profiler attached (median)
   std::optional<double> kernels_per_forward;  // GPU activities: kernels + memcpys + memsets
   double ops_per_forward = 0;                 // top-level CPU ops inside forward
   double copies_per_forward = 0;              // memcpys on GPU, copy ops on CPU

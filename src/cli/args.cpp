@@ -88,6 +88,10 @@ const char* kRunHelp = R"(Run (profile and compare):
   --seed N             input seed (inputs are random, never zeros)
   --check-rows N       query rows checked against the float64 reference
                        (all rows when the problem has fewer)  (default 2048)
+  --unprofiled-calls N on a GPU, calls timed after the profiled steps with no
+                       profiler attached; their median is the CPU/call figure
+                       (API tracing makes the profiled calls slower); 0 skips
+                                                          (default 16)
   --expect B=N         your guess before you look: backend B makes N GPU
                        activities (N CPU ops on the CPU) per forward; repeatable.
                        The report says whether the trace agrees.
@@ -248,6 +252,7 @@ Options parse(int argc, char** argv) {
       {"--threads", [&](auto& f, auto& v) { o.threads = to_small_int(f, v, 1, 4096); }},
       {"--seed", [&](auto& f, auto& v) { o.seed = static_cast<std::uint64_t>(to_int(f, v)); }},
       {"--check-rows", [&](auto& f, auto& v) { o.check_rows = to_small_int(f, v, 1, 1 << 24); }},
+      {"--unprofiled-calls", [&](auto& f, auto& v) { o.unprofiled_calls = to_small_int(f, v, 0, 10000); }},
       {"--json",
        [&](auto&, auto& v) {
          if (v.empty()) bad("--json needs a path");

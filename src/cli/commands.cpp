@@ -15,6 +15,7 @@
 #include "attnprof/runner.h"
 #include "attnprof/trace_io.h"
 #include "report/findings.h"
+#include "report/format.h"
 #include "report/report.h"
 
 namespace attnprof::cli {
@@ -71,6 +72,7 @@ RunOptions run_options(const Options& o, Progress& progress) {
   r.threads = o.threads;
   r.bshd_inputs = o.bshd;
   r.check_rows = o.check_rows;
+  r.unprofiled_calls = o.unprofiled_calls;
   r.progress = [&progress](std::string_view m) { progress(m); };
   return r;
 }
@@ -125,10 +127,13 @@ int run_profile(const Options& o) {
   print_header("profile " + name, p, rt.description());
   std::printf("%s\n", table.c_str());
   if (!r.trace.collector_note.empty()) std::printf("note: %s\n", r.trace.collector_note.c_str());
-  std::printf("per forward: %s %.1f, copies %.0f, time %.1f us, host %.1f us, peak %.1f MiB\n",
+  std::printf("per forward: %s %.1f, copies %.0f, time %.1f us, host %.1f us%s, peak %.1f MiB\n",
               p.device == Device::Cuda ? "GPU activities" : "ops",
               p.device == Device::Cuda ? r.metrics.kernels_per_forward.value_or(0) : r.metrics.ops_per_forward,
               r.metrics.copies_per_forward, r.metrics.device_time_us.value_or(0), r.metrics.host_time_us,
+              r.metrics.host_time_unprofiled_us
+                  ? report::format(" (%.1f us with no profiler attached)", *r.metrics.host_time_unprofiled_us).c_str()
+                  : "",
               static_cast<double>(r.metrics.peak_bytes) / (1024.0 * 1024.0));
   if (r.error && r.acceptance) {
     std::printf("error vs float64: %s (%s)\n", r.acceptance->pass ? "ok" : "OVER TOLERANCE", r.acceptance->why.c_str());

@@ -2,8 +2,11 @@
 // inputs, poison the output, step through the schedule, check against float64.
 #include "attnprof/runner.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "attnprof/error.h"
 #include "backends/cpu/cpu_backends.h"
@@ -49,6 +52,24 @@ double ceiling(DeviceRuntime& rt, DType dtype) {
   return rt.ceiling_tflops(dtype);
 }
 
+// Median host time of `calls` forward calls on an asynchronous device, no
+// profiler attached: each call starts from an idle stream and only its
+// enqueueing is timed.
+double time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
+                             DeviceRuntime& rt, int calls) {
+  std::vector<double> us;
+  us.reserve(static_cast<std::size_t>(calls));
+  for (int i = 0; i < calls; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    backend.forward(p, in, out, ctx);
+    const auto t1 = std::chrono::steady_clock::now();
+    rt.synchronize();
+    us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::nth_element(us.begin(), us.begin() + calls / 2, us.end());
+  return us[static_cast<std::size_t>(calls / 2)];
+}
+
 }  // namespace
 
 RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& options) {
@@ -92,6 +113,11 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       prof.step();
     }
     prof.stop();
+    std::optional<double> unprofiled_us;
+    if (p.device != Device::Cpu && options.unprofiled_calls > 0) {
+      if (options.progress) options.progress(r.backend + ": timing calls without the profiler");
+      unprofiled_us = time_unprofiled_calls(backend, p, in, out, ctx, rt, options.unprofiled_calls);
+    }
     r.trace = std::move(prof.trace());
     r.trace.name = p.shape_key() + "_" + r.backend;
     if (!r.trace.device) r.trace.device = rt.properties();
@@ -101,6 +127,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     r.error = check_against_reference(p, host, host_out, sample_rows(p, options.check_rows));
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.backend == "naive" || r.backend == "naive_inplace");
     r.metrics = report::measure(r.trace, p, ceiling(rt, p.dtype));
+    r.metrics.host_time_unprofiled_us = unprofiled_us;
   } catch (const Error& e) {
     r.failure = e.what();
   } catch (const std::bad_alloc&) {

@@ -222,8 +222,11 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
       out.push_back("main kernel launched through the driver's cuLaunchKernelEx; occupancy " +
                     format("%.0f%% computed from its record", *heavy->kernel->occupancy_pct));
     }
-    if (m.device_time_us && m.host_time_us > 1.5 * *m.device_time_us) {
-      out.push_back(format("CPU-bound: %.0f us of host time per call for ", m.host_time_us) +
+    // Judged on the unprofiled host time where there is one: API tracing
+    // alone can make a short call look CPU-bound.
+    const double host_us = m.host_time_unprofiled_us.value_or(m.host_time_us);
+    if (m.device_time_us && host_us > 1.5 * *m.device_time_us) {
+      out.push_back(format("CPU-bound: %.0f us of host time per call for ", host_us) +
                     format("%.0f us of GPU work", *m.device_time_us));
     }
   }

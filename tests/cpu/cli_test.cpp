@@ -169,6 +169,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"scale_inf", p({"--scale", "inf"}), "--scale"}, BadArgs{"scale_zero", p({"--scale", "0"}), "--scale"},
         BadArgs{"warmup_text", p({"--warmup", "x"}), "--warmup"},
         BadArgs{"active_zero", p({"--active", "0"}), "--active"},
+        BadArgs{"unprofiled_calls_negative", p({"--unprofiled-calls", "-1"}), "--unprofiled-calls"},
         BadArgs{"kv_heads_mismatch", p({"--kv-heads", "3", "--heads", "8"}), "--kv-heads"},
         BadArgs{"kv_heads_more", p({"--kv-heads", "16", "--heads", "8"}), "--kv-heads"},
         BadArgs{"unknown_backend", {"profile", "--backend", "turbo", "--device", "cpu"}, "turbo"},

@@ -196,6 +196,7 @@ const char* const kResultFields[] = {"backend",         "eligible",
                                      "reason",          "kernels_per_forward",
                                      "ops_per_forward", "copies_per_forward",
                                      "device_time_us",  "host_time_us",
+                                     "host_time_unprofiled_us",
                                      "peak_bytes",      "tflops",
                                      "ceiling_pct",     "max_abs_error",
                                      "rel_error",       "nan_count",
@@ -216,6 +217,8 @@ void ResultJsonHasEveryFieldOfTheSchema(const std::vector<RunResult>& results) {
       // A CPU run: no GPU activities, no occupancy; everything else measured.
       EXPECT_TRUE(j["kernels_per_forward"].is_null()) << r.backend;
       EXPECT_TRUE(j["occupancy_pct"].is_null()) << r.backend;
+      // On the CPU the call is the work: there is no separate unprofiled host cost.
+      EXPECT_TRUE(j["host_time_unprofiled_us"].is_null()) << r.backend;
       for (const char* f : {"ops_per_forward", "copies_per_forward", "device_time_us", "host_time_us", "peak_bytes",
                             "tflops", "max_abs_error", "rel_error", "nan_count"}) {
         EXPECT_TRUE(j[f].is_number()) << r.backend << "." << f << " = " << j[f];
@@ -299,6 +302,54 @@ TEST(ReportJson, FailedRunIsAllNullWithTheReason) {
     EXPECT_TRUE(j[f].is_null()) << f << " = " << j[f];
   }
   EXPECT_NE(report::compare_table(all).find("failed: "), std::string::npos);
+}
+
+// A GPU result made by hand: 10 us of kernel time, 40 us of host time per call
+// under the profiler, `unprofiled` without it.
+RunResult gpu_result(double unprofiled) {
+  RunResult r;
+  r.backend = "cudnn";
+  r.problem = Problem{};
+  r.problem.device = Device::Cuda;
+  r.eligibility.eligible = true;
+  r.metrics.steps = 3;
+  r.metrics.kernels_per_forward = 1;
+  r.metrics.device_time_us = 10;
+  r.metrics.host_time_us = 40;
+  r.metrics.host_time_unprofiled_us = unprofiled;
+  return r;
+}
+
+TEST(ReportHostTime, TheUnprofiledCallIsWhatTheTableShowsAndWhatCpuBoundIsJudgedOn) {
+  std::vector<RunResult> fast{gpu_result(12)};
+  const std::string t = report::compare_table(fast);
+  EXPECT_NE(t.find("12.0 us"), std::string::npos) << t;
+  EXPECT_EQ(t.find("40.0 us"), std::string::npos) << t;
+  EXPECT_NE(t.find("no profiler attached"), std::string::npos) << t;
+  const nlohmann::json j = report::result_json(fast[0]);
+  EXPECT_DOUBLE_EQ(j["host_time_unprofiled_us"].get<double>(), 12);
+  EXPECT_DOUBLE_EQ(j["host_time_us"].get<double>(), 40);
+  auto cpu_bound = [](const std::vector<std::string>& findings) {
+    return std::any_of(findings.begin(), findings.end(),
+                       [](const std::string& f) { return f.rfind("CPU-bound", 0) == 0; });
+  };
+  // 40 us profiled would call 10 us of GPU work CPU-bound; 12 us unprofiled does not.
+  EXPECT_FALSE(cpu_bound(report::findings(fast[0], fast, {})));
+  std::vector<RunResult> slow{gpu_result(25)};
+  const auto f = report::findings(slow[0], slow, {});
+  ASSERT_TRUE(cpu_bound(f));
+  EXPECT_NE(std::find_if(f.begin(), f.end(), [](const std::string& x) { return x.find("25 us of host") != std::string::npos; }),
+            f.end());
+}
+
+TEST(ReportHostTime, NoNoteWithoutUnprofiledCalls) {
+  RunResult r = gpu_result(0);
+  r.metrics.host_time_unprofiled_us.reset();
+  std::vector<RunResult> all{r};
+  const std::string t = report::compare_table(all);
+  EXPECT_NE(t.find("40.0 us"), std::string::npos) << t;
+  EXPECT_EQ(t.find("no profiler attached"), std::string::npos) << t;
+  EXPECT_TRUE(report::result_json(r)["host_time_unprofiled_us"].is_null());
 }
 
 TEST(ReportFindings, NanInNaiveOnBottomRightCausalWithShortKv) {
