@@ -76,28 +76,33 @@ def torch_fn(name, q, k, v, causal):
     return naive if name == "naive" else naive_inplace
 
 
-def host_us(fn, iters):
-    """Median host time of one call, each started from an idle stream."""
+def host_us(fn, iters, back_to_back):
+    """Median host time of one call. back_to_back: calls are made one after the
+    other while the GPU works (as attnprof's --unprofiled-calls makes ours);
+    otherwise each starts from an idle stream (as the profiled steps do)."""
     host = []
+    torch.cuda.synchronize()
     for _ in range(iters):
         t0 = time.perf_counter()
         fn()
         host.append((time.perf_counter() - t0) * 1e6)
-        torch.cuda.synchronize()
+        if not back_to_back:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
     return statistics.median(host)
 
 
 def time_torch(fn, iters=10, unprofiled_iters=16):
     """GPU time per call from torch.profiler's kernel records, host time per
-    call under that profiler, and host time per call with no profiler (as
-    attnprof's --unprofiled-calls measures ours)."""
+    call under that profiler, and host time per call with no profiler, calls
+    back to back (as attnprof's --unprofiled-calls measures ours)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        host_profiled = host_us(fn, iters)
+        host_profiled = host_us(fn, iters, back_to_back=False)
     gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0) / iters
-    return gpu_us, host_profiled, host_us(fn, unprofiled_iters)
+    return gpu_us, host_profiled, host_us(fn, unprofiled_iters, back_to_back=True)
 
 
 def flops(b, h, s, d, causal):

@@ -23,9 +23,9 @@ struct RunOptions {
   int threads = 0;                 // CPU threads (0 = all cores)
   bool bshd_inputs = false;        // inputs laid out [B, S, H, D] (strided views)
   std::int64_t check_rows = 2048;  // query rows checked against float64
-  // GPU only: forward calls timed after the profiled steps with no profiler
-  // attached, each from an idle stream (their median is the host cost a
-  // program pays per call; API tracing inflates the profiled figure). 0 = skip.
+  // GPU only: forward calls made back to back after the profiled steps, with
+  // no profiler attached; their median is the host cost a program pays per
+  // call (API tracing inflates the profiled figure). 0 = skip.
   int unprofiled_calls = 16;
   ProgressFn progress;             // called with one-line updates on long work
 };

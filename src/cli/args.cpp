@@ -88,9 +88,10 @@ const char* kRunHelp = R"(Run (profile and compare):
   --seed N             input seed (inputs are random, never zeros)
   --check-rows N       query rows checked against the float64 reference
                        (all rows when the problem has fewer)  (default 2048)
-  --unprofiled-calls N on a GPU, calls timed after the profiled steps with no
-                       profiler attached; their median is the CPU/call figure
-                       (API tracing makes the profiled calls slower); 0 skips
+  --unprofiled-calls N on a GPU, calls made back to back after the profiled
+                       steps with no profiler attached; their median is the
+                       CPU/call figure (API tracing makes the profiled calls
+                       slower); 0 skips
                                                           (default 16)
   --expect B=N         your guess before you look: backend B makes N GPU
                        activities (N CPU ops on the CPU) per forward; repeatable.

@@ -88,7 +88,7 @@ std::string compare_table(const std::vector<RunResult>& results) {
     for (std::size_t k = 1; k < row.findings.size(); ++k) os << std::string(total, ' ') << row.findings[k] << "\n";
   }
   if (std::any_of(results.begin(), results.end(), [](const RunResult& r) { return r.metrics.host_time_unprofiled_us; })) {
-    os << "CPU/call: median host time of a call made with no profiler attached; the trace's forward ranges,\n"
+    os << "CPU/call: median host time of calls made back to back with no profiler attached; the trace's forward ranges,\n"
           "taken under CUPTI's API tracing, are longer (host_time_us against host_time_unprofiled_us in --json).\n";
   }
   return os.str();
