@@ -82,17 +82,19 @@ def host_us(fn, iters, back_to_back):
     otherwise each starts from an idle stream (as the profiled steps do)."""
     host = []
     torch.cuda.synchronize()
-    for _ in range(iters):
+    warmup = max(2, iters // 4) if back_to_back else 0  # untimed, as attnprof does
+    for i in range(warmup + iters):
         t0 = time.perf_counter()
         fn()
-        host.append((time.perf_counter() - t0) * 1e6)
+        if i >= warmup:
+            host.append((time.perf_counter() - t0) * 1e6)
         if not back_to_back:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
     return statistics.median(host)
 
 
-def time_torch(fn, iters=10, unprofiled_iters=16):
+def time_torch(fn, iters=10, unprofiled_iters=32):
     """GPU time per call from torch.profiler's kernel records, host time per
     call under that profiler, and host time per call with no profiler, calls
     back to back (as attnprof's --unprofiled-calls measures ours)."""

@@ -74,9 +74,11 @@ if has host; then
   for be in cudnn flash efficient naive_inplace; do
     for env in "" "ATTNPROF_NO_CUPTI=1"; do
       echo "$be ${env:-cupti}: $(env $env $B/attnprof profile --backend $be --device cuda --warmup 3 --active 10 \
-        --unprofiled-calls 64 --trace-dir /tmp/host --quiet 2>&1 | grep '^per forward')" | tee -a "$OUT/compare.txt"
+        --trace-dir /tmp/host --quiet 2>&1 | grep '^per forward')" | tee -a "$OUT/compare.txt"
     done
   done
+  $B/attnprof compare --device cuda --backends cudnn --trace-dir /tmp/host --quiet 2>&1 | grep -E '^cudnn ' |
+    sed 's/^/compare --backends cudnn: /' | cut -c1-120 | tee -a "$OUT/compare.txt"
 fi
 
 if has bench; then

@@ -26,7 +26,7 @@ struct RunOptions {
   // GPU only: forward calls made back to back after the profiled steps, with
   // no profiler attached; their median is the host cost a program pays per
   // call (API tracing inflates the profiled figure). 0 = skip.
-  int unprofiled_calls = 16;
+  int unprofiled_calls = 32;
   ProgressFn progress;             // called with one-line updates on long work
 };
 

@@ -91,8 +91,8 @@ const char* kRunHelp = R"(Run (profile and compare):
   --unprofiled-calls N on a GPU, calls made back to back after the profiled
                        steps with no profiler attached; their median is the
                        CPU/call figure (API tracing makes the profiled calls
-                       slower); 0 skips
-                                                          (default 16)
+                       slower); a quarter as many untimed calls go
+                       first; 0 skips                     (default 32)
   --expect B=N         your guess before you look: backend B makes N GPU
                        activities (N CPU ops on the CPU) per forward; repeatable.
                        The report says whether the trace agrees.

@@ -25,7 +25,7 @@ struct Options {
   int threads = 0;
   std::uint64_t seed = 0x5eed;
   std::int64_t check_rows = 2048;
-  int unprofiled_calls = 16;
+  int unprofiled_calls = 32;
   bool bshd = false;
   std::optional<std::string> json_path;
   report::Guesses guesses;
