@@ -1,6 +1,6 @@
-#include <algorithm>
 #include "report/report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -87,8 +87,10 @@ std::string compare_table(const std::vector<RunResult>& results) {
     line(row.cells, row.findings.empty() ? "" : row.findings.front());
     for (std::size_t k = 1; k < row.findings.size(); ++k) os << std::string(total, ' ') << row.findings[k] << "\n";
   }
-  if (std::any_of(results.begin(), results.end(), [](const RunResult& r) { return r.metrics.host_time_unprofiled_us; })) {
-    os << "CPU/call: median host time of calls made back to back with no profiler attached; the trace's forward ranges,\n"
+  if (std::any_of(results.begin(), results.end(),
+                  [](const RunResult& r) { return r.metrics.host_time_unprofiled_us; })) {
+    os << "CPU/call: median host time of calls made back to back with no profiler attached; the trace's forward "
+          "ranges,\n"
           "taken under CUPTI's API tracing, are longer (host_time_us against host_time_unprofiled_us in --json).\n";
   }
   return os.str();

@@ -192,15 +192,23 @@ void ExplainTableListsEveryBackend(const std::vector<RunResult>&) {
   EXPECT_NE(t.find("not eligible"), std::string::npos) << t;
 }
 
-const char* const kResultFields[] = {"backend",         "eligible",
-                                     "reason",          "kernels_per_forward",
-                                     "ops_per_forward", "copies_per_forward",
-                                     "device_time_us",  "host_time_us",
+const char* const kResultFields[] = {"backend",
+                                     "eligible",
+                                     "reason",
+                                     "kernels_per_forward",
+                                     "ops_per_forward",
+                                     "copies_per_forward",
+                                     "device_time_us",
+                                     "host_time_us",
                                      "host_time_unprofiled_us",
-                                     "peak_bytes",      "tflops",
-                                     "ceiling_pct",     "max_abs_error",
-                                     "rel_error",       "nan_count",
-                                     "occupancy_pct",   "findings"};
+                                     "peak_bytes",
+                                     "tflops",
+                                     "ceiling_pct",
+                                     "max_abs_error",
+                                     "rel_error",
+                                     "nan_count",
+                                     "occupancy_pct",
+                                     "findings"};
 
 void ResultJsonHasEveryFieldOfTheSchema(const std::vector<RunResult>& results) {
   for (const auto& r : results) {
@@ -338,7 +346,8 @@ TEST(ReportHostTime, TheUnprofiledCallIsWhatTheTableShowsAndWhatCpuBoundIsJudged
   std::vector<RunResult> slow{gpu_result(25)};
   const auto f = report::findings(slow[0], slow, {});
   ASSERT_TRUE(cpu_bound(f));
-  EXPECT_NE(std::find_if(f.begin(), f.end(), [](const std::string& x) { return x.find("25 us of host") != std::string::npos; }),
+  EXPECT_NE(std::find_if(f.begin(), f.end(),
+                         [](const std::string& x) { return x.find("25 us of host") != std::string::npos; }),
             f.end());
 }
 

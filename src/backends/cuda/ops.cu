@@ -3,8 +3,8 @@
 // the memory traffic of the naive and math backends are the reference's.
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -61,7 +61,8 @@ __global__ void fill_kernel(T* x, const std::uint8_t* keep, Dims ks, RowIndex ri
       const std::int64_t j = g * N;
       bool masked[N];
       if constexpr (kVecMask) {
-        using Word = std::conditional_t<N == 8, std::uint64_t, std::conditional_t<N == 4, std::uint32_t, std::uint16_t>>;
+        using Word =
+            std::conditional_t<N == 8, std::uint64_t, std::conditional_t<N == 4, std::uint32_t, std::uint16_t>>;
         static_assert(N == 2 || N == 4 || N == 8, "one word of keep bytes");
         const Word w = *reinterpret_cast<const Word*>(k + j);
 #pragma unroll
@@ -185,8 +186,8 @@ void launch_fill(Tensor& x, const Tensor& keep, float value, cudaStream_t s) {
   constexpr int n = static_cast<int>(16 / sizeof(T));
   // The keep bytes of a group are one aligned word when the mask's last dim is
   // contiguous and every row of it starts on an n-byte boundary.
-  const bool vec_mask = ks[3] == 1 && reinterpret_cast<std::uintptr_t>(k) % n == 0 && ks[0] % n == 0 &&
-                        ks[1] % n == 0 && ks[2] % n == 0;
+  const bool vec_mask =
+      ks[3] == 1 && reinterpret_cast<std::uintptr_t>(k) % n == 0 && ks[0] % n == 0 && ks[1] % n == 0 && ks[2] % n == 0;
   if (pack_width<T>(x, x.size(3)) == n) {
     if (vec_mask) {
       fill_kernel<T, n, true><<<grid, 128, 0, s>>>(p, k, ks, row_index(x), rows, value);

@@ -78,19 +78,19 @@ struct FlashCfg {
   static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
   // Q in registers: its staging tile reuses stage 1, free until the first prefetch.
   static constexpr int kQOffset = kQInRegs ? kStageBytes : 2 * kStageBytes;
-  static constexpr int kSmemBytes = kQOffset + QTile::kBytes > 2 * kStageBytes ? kQOffset + QTile::kBytes
-                                                                                : 2 * kStageBytes;
+  static constexpr int kSmemBytes =
+      kQOffset + QTile::kBytes > 2 * kStageBytes ? kQOffset + QTile::kBytes : 2 * kStageBytes;
   static_assert(kRowsPerWarp % 16 == 0, "a warp owns whole 16-row m-tiles");
   static_assert(!kQInRegs || QTile::kBytes <= kStageBytes, "Q staging must fit in stage 1");
   static_assert(QTile::kBytes <= kSmemBytes, "the O tile is staged at offset 0");
 };
 
 template <int kHeadDim>
-using FlashDefaultCfg =
-    FlashCfg<kHeadDim, flash_block_m(kHeadDim), flash_block_n(kHeadDim), flash_q_in_regs(kHeadDim)>;
+using FlashDefaultCfg = FlashCfg<kHeadDim, flash_block_m(kHeadDim), flash_block_n(kHeadDim), flash_q_in_regs(kHeadDim)>;
 
 template <class Cfg, MaskMode kMask, bool kBf16>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_fwd_sm80_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    flash_fwd_sm80_kernel(const __grid_constant__ FwdArgs a) {
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
   using QTile = typename Cfg::QTile;
   using KVTile = typename Cfg::KVTile;
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_fwd_sm80
         gemm_qk<kBf16, KVTile>(s, q_frag, kv_smem(stage, 0), lane);
       } else {
         gemm_qk_smem<kBf16, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0,
-                                                                                   kv_smem(stage, 0), lane);
+                                                                                     kv_smem(stage, 0), lane);
       }
       if (Cfg::kPrefetch == Prefetch::AfterQK && more) load_kv(stage ^ 1, n_block - 1);
       cp_async_commit();
@@ -181,8 +181,7 @@ template <class Cfg, MaskMode kMask, bool kBf16>
 cudaError_t run_flash_fwd_sm80(const FwdArgs& a, cudaStream_t stream) {
   const auto kernel = flash_fwd_sm80_kernel<Cfg, kMask, kBf16>;
   if constexpr (Cfg::kSmemBytes > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
   const dim3 grid((a.seq_q + Cfg::kBlockM - 1) / Cfg::kBlockM, a.heads, a.batch);

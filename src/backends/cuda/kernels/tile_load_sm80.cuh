@@ -105,8 +105,8 @@ class TileStream {
 // One tile, rows [0, kRows) of gmem (Q's tile, or a kernel that recomputes
 // its K/V addresses each tile).
 template <int kRows, int kHeadDim, int kThreads>
-__device__ __forceinline__ void load_tile_async(std::uint16_t* smem, const std::uint16_t* gmem,
-                                                std::int64_t row_stride, int rows_valid, int tid) {
+__device__ __forceinline__ void load_tile_async(std::uint16_t* smem, const std::uint16_t* gmem, std::int64_t row_stride,
+                                                int rows_valid, int tid) {
   TileStream<kRows, kHeadDim, kThreads>(gmem, row_stride, tid).load(smem, 0, rows_valid, gmem, tid);
 }
 
