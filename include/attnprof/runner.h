@@ -92,4 +92,10 @@ DeviceRuntime& device_runtime(Device d, int threads = 0);
 // RunResult::failure.
 RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& options);
 
+// `compare`'s runs: every backend explain() lists, or those named in `only`,
+// in that order; eligible ones through run_backend, the others as results
+// that carry explain()'s reason.
+std::vector<RunResult> run_backends(const Problem& p, const RunOptions& options,
+                                    const std::vector<std::string>& only = {});
+
 }  // namespace attnprof

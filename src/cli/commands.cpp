@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -150,20 +149,7 @@ int run_compare(const Options& o) {
   const Problem& p = o.problem;
   DeviceRuntime& rt = device_runtime(p.device, o.threads);
   Progress progress(o.quiet);
-  std::vector<RunResult> results;
-  for (const Explanation& e : explain(p)) {
-    if (!o.backends.empty() && std::find(o.backends.begin(), o.backends.end(), e.backend) == o.backends.end()) continue;
-    Backend* b = find_backend(e.backend, p.device);
-    if (!e.eligible || !b) {
-      RunResult r;
-      r.backend = e.backend;
-      r.problem = p;
-      r.eligibility = {false, e.reason};
-      results.push_back(std::move(r));
-      continue;
-    }
-    results.push_back(run_backend(*b, p, run_options(o, progress)));
-  }
+  std::vector<RunResult> results = run_backends(p, run_options(o, progress), o.backends);
   progress.clear();
   report::apply_acceptance(results);
   for (auto& r : results) r.findings = report::findings(r, results, o.guesses);

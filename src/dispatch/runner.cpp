@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "backends/cpu/cpu_backends.h"
 #include "report/metrics.h"
@@ -142,6 +143,24 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     r.failure = "out of host memory: use a smaller --batch, --heads or --seq";
   }
   return r;
+}
+
+std::vector<RunResult> run_backends(const Problem& p, const RunOptions& options, const std::vector<std::string>& only) {
+  std::vector<RunResult> results;
+  for (const Explanation& e : explain(p)) {
+    if (!only.empty() && std::find(only.begin(), only.end(), e.backend) == only.end()) continue;
+    Backend* b = find_backend(e.backend, p.device);
+    if (!e.eligible || !b) {
+      RunResult r;
+      r.backend = e.backend;
+      r.problem = p;
+      r.eligibility = {false, e.reason};
+      results.push_back(std::move(r));
+      continue;
+    }
+    results.push_back(run_backend(*b, p, options));
+  }
+  return results;
 }
 
 }  // namespace attnprof

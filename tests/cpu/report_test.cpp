@@ -36,19 +36,7 @@ std::vector<RunResult> compare(const Problem& p, const report::Guesses& guesses 
   o.schedule = {.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
   o.check_rows = 128;
   o.threads = 1;  // small problems: a team's spin-waits cost more than they save on a loaded machine
-  std::vector<RunResult> results;
-  for (const Explanation& e : explain(p)) {
-    Backend* b = find_backend(e.backend, p.device);
-    if (!e.eligible || !b) {
-      RunResult r;
-      r.backend = e.backend;
-      r.problem = p;
-      r.eligibility = {false, e.reason};
-      results.push_back(std::move(r));
-      continue;
-    }
-    results.push_back(run_backend(*b, p, o));
-  }
+  std::vector<RunResult> results = run_backends(p, o);
   report::apply_acceptance(results);
   for (auto& r : results) r.findings = report::findings(r, results, guesses);
   return results;

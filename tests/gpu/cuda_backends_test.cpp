@@ -17,19 +17,10 @@
 #include "attnprof/backend.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
+#include "gpu_test.h"
 
 namespace attnprof {
 namespace {
-
-bool has_gpu() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  cudaGetLastError();
-  return ok;
-}
-
-#define REQUIRE_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device"
 
 std::unique_ptr<Backend> make(const std::string& name) {
   if (name == "naive") return cuda::make_naive();

@@ -18,21 +18,12 @@
 #include "backends/cuda/caching_allocator.h"
 #include "backends/cuda/cuda_backends.h"
 #include "cupti_test_kernels.h"
+#include "gpu_test.h"
 #include "profiler/cupti/cupti_collector.h"
 #include "profiler/cupti/event_timing_collector.h"
 
 namespace attnprof {
 namespace {
-
-bool has_gpu() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  cudaGetLastError();
-  return ok;
-}
-
-#define REQUIRE_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device"
 
 constexpr std::int64_t kMiB = 1 << 20;
 
