@@ -131,6 +131,13 @@ def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
+def host_cell(r):
+    """Our median host us per call, with the p10-p90 spread of the calls."""
+    if r["ours_host_us"] is None or r["ours_host_p10_us"] is None:
+        return fmt(r["ours_host_us"], ".1f")
+    return f'{r["ours_host_us"]:.1f} ({r["ours_host_p10_us"]:.1f}-{r["ours_host_p90_us"]:.1f})'
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--attnprof", required=True)
@@ -159,6 +166,8 @@ def main():
                 "shape": f"{b}x{h}x{s}x{d}", "causal": causal, "backend": our_name, "torch": torch_name,
                 "ours_gpu_us": o_gpu, "torch_gpu_us": t_gpu,
                 "ours_host_us": m.get("host_time_unprofiled_us"), "torch_host_us": t_host,
+                "ours_host_p10_us": m.get("host_time_unprofiled_p10_us"),
+                "ours_host_p90_us": m.get("host_time_unprofiled_p90_us"),
                 "ours_host_profiled_us": m.get("host_time_us"), "torch_host_profiled_us": t_host_prof,
                 "ours_tflops": fl / o_gpu / 1e6 if o_gpu else None,
                 "torch_tflops": fl / t_gpu / 1e6 if t_gpu else None,
@@ -170,7 +179,8 @@ def main():
         torch.cuda.empty_cache()
         with open(os.path.join(args.out, "bench.json"), "w") as f:  # partial results survive a time-out
             json.dump({"results": results}, f, indent=1)
-    # Host us: no profiler attached (the cost a program pays); "profiled": the
+    # Host us: no profiler attached (the cost a program pays; ours with the
+    # p10-p90 spread of its calls in parentheses); "profiled": the
     # same calls under CUPTI's API tracing (ours) or torch.profiler (PyTorch's).
     lines = ["| shape | mask | backend | ours ms | torch ms | ours/torch | ours TFLOP/s | torch TFLOP/s "
              "| ours host us | torch host us | ours host us, profiled | torch host us, profiled | ours kernels | ours rel err |",
@@ -180,7 +190,7 @@ def main():
             r["shape"], "causal" if r["causal"] else "none", r["backend"],
             fmt(r["ours_gpu_us"] and r["ours_gpu_us"] / 1e3, ".3f"), fmt(r["torch_gpu_us"] and r["torch_gpu_us"] / 1e3, ".3f"),
             fmt(r["ratio"], ".2f"), fmt(r["ours_tflops"], ".0f"), fmt(r["torch_tflops"], ".0f"),
-            fmt(r["ours_host_us"], ".1f"), fmt(r["torch_host_us"], ".1f"),
+            host_cell(r), fmt(r["torch_host_us"], ".1f"),
             fmt(r["ours_host_profiled_us"], ".1f"), fmt(r["torch_host_profiled_us"], ".1f"),
             fmt(r["ours_kernels"], ".0f"), fmt(r["ours_rel_error"], ".1e")))
     table = "\n".join(lines)

@@ -67,18 +67,38 @@ if has compare; then
 fi
 
 if has host; then
-  # Host cost per call three ways at the reference shape: under CUPTI, with no
-  # profiler attached after CUPTI ran (what compare reports), and in a process
-  # where CUPTI never loads (the device-event fallback).
+  # Host cost per call at the reference shape: under CUPTI, with no profiler
+  # attached after CUPTI ran and detached (what compare reports), the same with
+  # CUPTI left loaded, and in a process where CUPTI never loads.
   log "host time per call, with and without CUPTI"
+  host_line() {  # ENV... -- attnprof profile args: the summary line ($PIN: run on that CPU)
+    local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
+    ${PIN:+taskset -c $PIN} env "${envs[@]}" $B/attnprof profile --device cuda --warmup 3 --active 10 --check-rows 64 --trace-dir /tmp/host \
+      --quiet "$@" 2>&1 | grep '^per forward' | sed 's/^per forward: //'
+  }
   for be in cudnn flash efficient naive_inplace; do
-    for env in "" "ATTNPROF_NO_CUPTI=1"; do
-      echo "$be ${env:-cupti}: $(env $env $B/attnprof profile --backend $be --device cuda --warmup 3 --active 10 \
-        --trace-dir /tmp/host --quiet 2>&1 | grep '^per forward')" | tee -a "$OUT/compare.txt"
-    done
+    echo "$be cupti, detached after: $(host_line -- --backend $be)" | tee -a "$OUT/compare.txt"
+    echo "$be cupti, left attached: $(host_line ATTNPROF_CUPTI_STAY_ATTACHED=1 -- --backend $be)" | tee -a "$OUT/compare.txt"
+    echo "$be no cupti in the process: $(host_line ATTNPROF_NO_CUPTI=1 -- --backend $be)" | tee -a "$OUT/compare.txt"
   done
   $B/attnprof compare --device cuda --backends cudnn --trace-dir /tmp/host --quiet 2>&1 | grep -E '^cudnn ' |
     sed 's/^/compare --backends cudnn: /' | cut -c1-120 | tee -a "$OUT/compare.txt"
+  # cuDNN's host time on every grid row, two processes each (rows ran 9-20 us
+  # from one process to the next), then one row on single CPUs across the
+  # machine: a process far from the GPU pays more per driver call.
+  { lscpu | grep -iE '^(model name|numa)'; nvidia-smi topo -m | head -3; } >>"$OUT/compare.txt" 2>&1
+  for row in "8 16 1024 64 causal" "4 16 4096 64 causal" "2 16 8192 128 causal" "2 16 8192 128 none" \
+    "1 16 16384 128 causal"; do
+    read -r b h s d m <<<"$row"
+    for i in 1 2; do
+      echo "cudnn $b x $h x $s x $d $m #$i: $(host_line -- --backend cudnn --batch $b --heads $h --seq $s \
+        --head-dim $d --mask $m | grep -oE 'host [0-9.]+ us \(.*\)')" | tee -a "$OUT/compare.txt"
+    done
+  done
+  for cpu in $(seq 0 $(( $(nproc) / 4 )) $(( $(nproc) - 1 ))); do
+    echo "cudnn reference shape on cpu $cpu: $(PIN=$cpu host_line -- --backend cudnn |
+      grep -oE 'host [0-9.]+ us \(.*\)')" | tee -a "$OUT/compare.txt"
+  done
 fi
 
 if has bench; then

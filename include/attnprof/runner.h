@@ -36,6 +36,8 @@ struct Metrics {
   std::optional<double> device_time_us;           // GPU: busy time of device activities; CPU: forward wall time
   double host_time_us = 0;                        // CPU time of the forward call on the host, profiled
   std::optional<double> host_time_unprofiled_us;  // GPU: the same with no profiler attached (median)
+  std::optional<double> host_time_unprofiled_p10_us;  // and its spread over the calls
+  std::optional<double> host_time_unprofiled_p90_us;
   std::optional<double> kernels_per_forward;      // GPU activities: kernels + memcpys + memsets
   double ops_per_forward = 0;                     // top-level CPU ops inside forward
   double copies_per_forward = 0;                  // memcpys on GPU, copy ops on CPU

@@ -89,14 +89,24 @@ const char* kRunHelp = R"(Run (profile and compare):
   --check-rows N       query rows checked against the float64 reference
                        (all rows when the problem has fewer)  (default 2048)
   --unprofiled-calls N on a GPU, calls made back to back after the profiled
-                       steps with no profiler attached; their median is the
-                       CPU/call figure (API tracing makes the profiled calls
-                       slower); a quarter as many untimed calls go
-                       first; 0 skips                     (default 32)
+                       steps with no profiler attached (CUPTI detached); their
+                       median is the CPU/call figure (API tracing makes the
+                       profiled calls slower), p10 and p90 go to the summary;
+                       a quarter as many untimed calls go first; 0 skips
+                                                          (default 32)
   --expect B=N         your guess before you look: backend B makes N GPU
                        activities (N CPU ops on the CPU) per forward; repeatable.
                        The report says whether the trace agrees.
   --quiet              no progress lines on stderr
+
+Environment (GPU runs):
+  ATTNPROF_NO_CUPTI=1  time with CUDA events instead of CUPTI (under
+                       compute-sanitizer, or beside another profiler)
+  ATTNPROF_CUPTI_STAY_ATTACHED=1
+                       keep CUPTI loaded after the profiled steps; by default
+                       it detaches, so later calls pay nothing for it
+  ATTNPROF_CEILING_TFLOPS=X
+                       the matrix-product ceiling, instead of measuring it
 )";
 
 }  // namespace

@@ -126,13 +126,17 @@ int run_profile(const Options& o) {
   print_header("profile " + name, p, rt.description());
   std::printf("%s\n", table.c_str());
   if (!r.trace.collector_note.empty()) std::printf("note: %s\n", r.trace.collector_note.c_str());
+  std::string unprofiled;
+  if (const Metrics& m = r.metrics; m.host_time_unprofiled_us) {
+    unprofiled = report::format(" (%.1f us with no profiler attached", *m.host_time_unprofiled_us) +
+                 report::format(", p10-p90 %.1f", m.host_time_unprofiled_p10_us.value_or(0)) +
+                 report::format("-%.1f)", m.host_time_unprofiled_p90_us.value_or(0));
+  }
   std::printf("per forward: %s %.1f, copies %.0f, time %.1f us, host %.1f us%s, peak %.1f MiB\n",
               p.device == Device::Cuda ? "GPU activities" : "ops",
               p.device == Device::Cuda ? r.metrics.kernels_per_forward.value_or(0) : r.metrics.ops_per_forward,
               r.metrics.copies_per_forward, r.metrics.device_time_us.value_or(0), r.metrics.host_time_us,
-              r.metrics.host_time_unprofiled_us
-                  ? report::format(" (%.1f us with no profiler attached)", *r.metrics.host_time_unprofiled_us).c_str()
-                  : "",
+              unprofiled.c_str(),
               static_cast<double>(r.metrics.peak_bytes) / (1024.0 * 1024.0));
   if (r.error && r.acceptance) {
     std::printf("error vs float64: %s (%s)\n", r.acceptance->pass ? "ok" : "OVER TOLERANCE", r.acceptance->why.c_str());

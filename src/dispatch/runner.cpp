@@ -53,15 +53,19 @@ double ceiling(DeviceRuntime& rt, DType dtype) {
   return rt.ceiling_tflops(dtype);
 }
 
-// Median host time of `calls` forward calls on an asynchronous device, no
-// profiler attached, made back to back as a program makes them: the device
-// works through the earlier calls while later ones are enqueued, so each
-// timing is the call's own CPU cost (a call that waits on the device counts
-// the wait, as it should). Waiting for an idle device between calls instead
-// made the next call run on cold caches after the thread slept: on an H200
-// that read 9-20 us for a cuDNN call whose back-to-back cost is lower.
-double time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
-                             DeviceRuntime& rt, int calls) {
+struct CallTimes {
+  double p10, p50, p90;
+};
+
+// Host time of `calls` forward calls on an asynchronous device, no profiler
+// attached, made back to back as a program makes them: the device works
+// through the earlier calls while later ones are enqueued, so each timing is
+// the call's own CPU cost (a call that waits on the device counts the wait, as
+// it should). Waiting for an idle device between calls instead made the next
+// call run on cold caches after the thread slept: on an H200 that read 9-20 us
+// for a cuDNN call whose back-to-back cost is lower.
+CallTimes time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
+                                DeviceRuntime& rt, int calls) {
   std::vector<double> us;
   us.reserve(static_cast<std::size_t>(calls));
   rt.synchronize();
@@ -75,8 +79,10 @@ double time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs& i
     if (i >= warmup) us.push_back(call_us);
   }
   rt.synchronize();
-  std::nth_element(us.begin(), us.begin() + calls / 2, us.end());
-  return us[static_cast<std::size_t>(calls / 2)];
+  std::sort(us.begin(), us.end());
+  // Nearest rank, so that a single call reads the same at every percentile.
+  auto at = [&](int pct) { return us[static_cast<std::size_t>(pct * (calls - 1) + 50) / 100]; };
+  return {at(10), at(50), at(90)};
 }
 
 }  // namespace
@@ -122,10 +128,10 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       prof.step();
     }
     prof.stop();
-    std::optional<double> unprofiled_us;
+    std::optional<CallTimes> unprofiled;
     if (p.device != Device::Cpu && options.unprofiled_calls > 0) {
       if (options.progress) options.progress(r.backend + ": timing calls without the profiler");
-      unprofiled_us = time_unprofiled_calls(backend, p, in, out, ctx, rt, options.unprofiled_calls);
+      unprofiled = time_unprofiled_calls(backend, p, in, out, ctx, rt, options.unprofiled_calls);
     }
     r.trace = std::move(prof.trace());
     r.trace.name = p.shape_key() + "_" + r.backend;
@@ -136,7 +142,11 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     r.error = check_against_reference(p, host, host_out, sample_rows(p, options.check_rows));
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.backend == "naive" || r.backend == "naive_inplace");
     r.metrics = report::measure(r.trace, p, ceiling(rt, p.dtype));
-    r.metrics.host_time_unprofiled_us = unprofiled_us;
+    if (unprofiled) {
+      r.metrics.host_time_unprofiled_us = unprofiled->p50;
+      r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;
+      r.metrics.host_time_unprofiled_p90_us = unprofiled->p90;
+    }
   } catch (const Error& e) {
     r.failure = e.what();
   } catch (const std::bad_alloc&) {

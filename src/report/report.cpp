@@ -141,6 +141,8 @@ nlohmann::json result_json(const RunResult& r) {
   j["device_time_us"] = ran ? opt(r.metrics.device_time_us) : json(nullptr);
   j["host_time_us"] = ran ? json(r.metrics.host_time_us) : json(nullptr);
   j["host_time_unprofiled_us"] = ran ? opt(r.metrics.host_time_unprofiled_us) : json(nullptr);
+  j["host_time_unprofiled_p10_us"] = ran ? opt(r.metrics.host_time_unprofiled_p10_us) : json(nullptr);
+  j["host_time_unprofiled_p90_us"] = ran ? opt(r.metrics.host_time_unprofiled_p90_us) : json(nullptr);
   j["peak_bytes"] = ran ? json(r.metrics.peak_bytes) : json(nullptr);
   j["allocated_bytes_per_forward"] = ran ? json(r.metrics.allocated_bytes_per_forward) : json(nullptr);
   j["tflops"] = ran ? opt(r.metrics.tflops) : json(nullptr);

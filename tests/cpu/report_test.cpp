@@ -189,6 +189,8 @@ const char* const kResultFields[] = {"backend",
                                      "device_time_us",
                                      "host_time_us",
                                      "host_time_unprofiled_us",
+                                     "host_time_unprofiled_p10_us",
+                                     "host_time_unprofiled_p90_us",
                                      "peak_bytes",
                                      "tflops",
                                      "ceiling_pct",
@@ -214,7 +216,9 @@ void ResultJsonHasEveryFieldOfTheSchema(const std::vector<RunResult>& results) {
       EXPECT_TRUE(j["kernels_per_forward"].is_null()) << r.backend;
       EXPECT_TRUE(j["occupancy_pct"].is_null()) << r.backend;
       // On the CPU the call is the work: there is no separate unprofiled host cost.
-      EXPECT_TRUE(j["host_time_unprofiled_us"].is_null()) << r.backend;
+      for (const char* f : {"host_time_unprofiled_us", "host_time_unprofiled_p10_us", "host_time_unprofiled_p90_us"}) {
+        EXPECT_TRUE(j[f].is_null()) << r.backend << "." << f;
+      }
       for (const char* f : {"ops_per_forward", "copies_per_forward", "device_time_us", "host_time_us", "peak_bytes",
                             "tflops", "max_abs_error", "rel_error", "nan_count"}) {
         EXPECT_TRUE(j[f].is_number()) << r.backend << "." << f << " = " << j[f];
@@ -313,6 +317,8 @@ RunResult gpu_result(double unprofiled) {
   r.metrics.device_time_us = 10;
   r.metrics.host_time_us = 40;
   r.metrics.host_time_unprofiled_us = unprofiled;
+  r.metrics.host_time_unprofiled_p10_us = unprofiled - 1;
+  r.metrics.host_time_unprofiled_p90_us = unprofiled + 3;
   return r;
 }
 
@@ -324,6 +330,8 @@ TEST(ReportHostTime, TheUnprofiledCallIsWhatTheTableShowsAndWhatCpuBoundIsJudged
   EXPECT_NE(t.find("no profiler attached"), std::string::npos) << t;
   const nlohmann::json j = report::result_json(fast[0]);
   EXPECT_DOUBLE_EQ(j["host_time_unprofiled_us"].get<double>(), 12);
+  EXPECT_DOUBLE_EQ(j["host_time_unprofiled_p10_us"].get<double>(), 11);
+  EXPECT_DOUBLE_EQ(j["host_time_unprofiled_p90_us"].get<double>(), 15);
   EXPECT_DOUBLE_EQ(j["host_time_us"].get<double>(), 40);
   auto cpu_bound = [](const std::vector<std::string>& findings) {
     return std::any_of(findings.begin(), findings.end(),

@@ -195,6 +195,13 @@ TEST(CudaBackends, KernelCountsMatchExpectation) {
       o.schedule = Schedule{.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
       const RunResult r = run_backend(*b, p, o);
       ASSERT_FALSE(r.failure) << name << ": " << *r.failure;
+      // The calls timed with no profiler attached (32 by default): a spread, in order.
+      ASSERT_TRUE(r.metrics.host_time_unprofiled_us && r.metrics.host_time_unprofiled_p10_us &&
+                  r.metrics.host_time_unprofiled_p90_us)
+          << name;
+      EXPECT_GT(*r.metrics.host_time_unprofiled_p10_us, 0) << name;
+      EXPECT_LE(*r.metrics.host_time_unprofiled_p10_us, *r.metrics.host_time_unprofiled_us) << name;
+      EXPECT_LE(*r.metrics.host_time_unprofiled_us, *r.metrics.host_time_unprofiled_p90_us) << name;
       if (!r.metrics.kernels_per_forward) GTEST_SKIP() << "no CUPTI activities: cannot count kernels";
       // Libraries may zero a workspace with a memset before their kernel
       // (cuBLAS's and cuDNN's Hopper kernels do); the report names those, so

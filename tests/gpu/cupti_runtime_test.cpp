@@ -218,6 +218,48 @@ TEST(CuptiCollector, RuntimeAndDriverLaunchesCopiesAndClock) {
   EXPECT_GE(k2->start_ns, k1->end_ns() - kSlack) << "same stream: in launch order";
 }
 
+// stop() detaches CUPTI from the process; the next start() attaches it again,
+// with the shared clock, and records only its own window.
+TEST(CuptiCollector, CollectsAgainAfterDetaching) {
+  REQUIRE_GPU();
+  DeviceRuntime& rt = cuda::runtime();
+  auto stream = static_cast<cudaStream_t>(rt.stream());
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, kMiB), cudaSuccess);
+  attnprof_test::launch_with_runtime(out, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (int round = 0; round < 3; ++round) {
+    cupti::CuptiCollector c;
+    try {
+      c.start();
+    } catch (const Error& e) {
+      cudaFree(out);
+      FAIL() << "round " << round << ": CUPTI could not start: " << e.what();
+    }
+    const std::int64_t t0 = now_ns();
+    for (int i = 0; i <= round; ++i) attnprof_test::launch_with_driver(out, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const std::int64_t t1 = now_ns();
+    c.stop();
+    // Between collections: not recorded by anyone.
+    attnprof_test::launch_with_runtime(out, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<Activity> all;
+    c.drain(all);
+    int kernels = 0;
+    for (const Activity& a : all) {
+      if (a.type != ActivityType::Kernel) continue;
+      ++kernels;
+      EXPECT_GE(a.start_ns, t0 - 100'000) << "round " << round << ": kernel off the shared clock";
+      EXPECT_LE(a.end_ns(), t1 + 100'000) << "round " << round;
+    }
+    EXPECT_EQ(kernels, round + 1) << "round " << round;
+    EXPECT_NE(find(all, ActivityType::CudaDriver, "cuLaunchKernelEx"), nullptr) << "round " << round;
+    EXPECT_EQ(find(all, ActivityType::CudaRuntime, "cudaLaunchKernel"), nullptr) << "round " << round;
+  }
+  cudaFree(out);
+}
+
 TEST(EventTimingCollector, OneSpanPerRecordedForward) {
   REQUIRE_GPU();
   DeviceRuntime& rt = cuda::runtime();
