@@ -86,7 +86,7 @@ if has host; then
   # cuDNN's host time on every grid row, two processes each (rows ran 9-20 us
   # from one process to the next), then one row on single CPUs across the
   # machine: a process far from the GPU pays more per driver call.
-  { lscpu | grep -iE '^(model name|numa)'; nvidia-smi topo -m | head -3; } >>"$OUT/compare.txt" 2>&1
+  { lscpu | grep -iE '^(model name|numa)'; nvidia-smi topo -m | sed "s/\x1b\[[0-9;]*m//g" | head -3; } >>"$OUT/compare.txt" 2>&1
   for row in "8 16 1024 64 causal" "4 16 4096 64 causal" "2 16 8192 128 causal" "2 16 8192 128 none" \
     "1 16 16384 128 causal"; do
     read -r b h s d m <<<"$row"
