@@ -33,17 +33,17 @@ struct RunOptions {
 // Per-forward figures read off the recorded trace (null where they do not apply).
 struct Metrics {
   int steps = 0;
-  std::optional<double> device_time_us;           // GPU: busy time of device activities; CPU: forward wall time
-  double host_time_us = 0;                        // CPU time of the forward call on the host, profiled
-  std::optional<double> host_time_unprofiled_us;  // GPU: the same with no profiler attached (median)
+  std::optional<double> device_time_us;               // GPU: busy time of device activities; CPU: forward wall time
+  double host_time_us = 0;                            // CPU time of the forward call on the host, profiled
+  std::optional<double> host_time_unprofiled_us;      // GPU: the same with no profiler attached (median)
   std::optional<double> host_time_unprofiled_p10_us;  // and its spread over the calls
   std::optional<double> host_time_unprofiled_p90_us;
-  std::optional<double> kernels_per_forward;      // GPU activities: kernels + memcpys + memsets
-  double ops_per_forward = 0;                     // top-level CPU ops inside forward
-  double copies_per_forward = 0;                  // memcpys on GPU, copy ops on CPU
-  double memsets_per_forward = 0;                 // GPU memsets (libraries zeroing workspaces)
-  std::int64_t peak_bytes = 0;                    // above the inputs and output
-  double allocated_bytes_per_forward = 0;         // sum of allocations inside one forward
+  std::optional<double> kernels_per_forward;  // GPU activities: kernels + memcpys + memsets
+  double ops_per_forward = 0;                 // top-level CPU ops inside forward
+  double copies_per_forward = 0;              // memcpys on GPU, copy ops on CPU
+  double memsets_per_forward = 0;             // GPU memsets (libraries zeroing workspaces)
+  std::int64_t peak_bytes = 0;                // above the inputs and output
+  double allocated_bytes_per_forward = 0;     // sum of allocations inside one forward
   std::optional<double> tflops;
   std::optional<double> ceiling_pct;
   std::optional<double> occupancy_pct;  // of the longest kernel

@@ -136,8 +136,7 @@ int run_profile(const Options& o) {
               p.device == Device::Cuda ? "GPU activities" : "ops",
               p.device == Device::Cuda ? r.metrics.kernels_per_forward.value_or(0) : r.metrics.ops_per_forward,
               r.metrics.copies_per_forward, r.metrics.device_time_us.value_or(0), r.metrics.host_time_us,
-              unprofiled.c_str(),
-              static_cast<double>(r.metrics.peak_bytes) / (1024.0 * 1024.0));
+              unprofiled.c_str(), static_cast<double>(r.metrics.peak_bytes) / (1024.0 * 1024.0));
   if (r.error && r.acceptance) {
     std::printf("error vs float64: %s (%s)\n", r.acceptance->pass ? "ok" : "OVER TOLERANCE", r.acceptance->why.c_str());
   }

@@ -106,14 +106,8 @@ template <class Ti, class To>
 __global__ void convert_kernel(const Ti* src, Dims ss, To* dst, Dims ds, Dims n, std::int64_t total, float s) {
   for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < total;
        e += std::int64_t{gridDim.x} * blockDim.x) {
-    std::int64_t r = e;
-    const std::int64_t i3 = r % n[3];
-    r /= n[3];
-    const std::int64_t i2 = r % n[2];
-    r /= n[2];
-    const std::int64_t i1 = r % n[1], i0 = r / n[1];
-    dev::store(dst, i0 * ds[0] + i1 * ds[1] + i2 * ds[2] + i3 * ds[3],
-               dev::load(src, i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3]) * s);
+    const dev::Index4 idx(e, n);
+    dev::store(dst, idx.at(ds), dev::load(src, idx.at(ss)) * s);
   }
 }
 
@@ -140,13 +134,7 @@ __global__ void where_kernel(const std::uint8_t* cond, Dims cs, float* out, Dims
                              float if_false) {
   for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < total;
        e += std::int64_t{gridDim.x} * blockDim.x) {
-    std::int64_t r = e;
-    const std::int64_t i3 = r % n[3];
-    r /= n[3];
-    const std::int64_t i2 = r % n[2];
-    r /= n[2];
-    const std::int64_t i1 = r % n[1], i0 = r / n[1];
-    out[e] = cond[i0 * cs[0] + i1 * cs[1] + i2 * cs[2] + i3 * cs[3]] ? if_true : if_false;
+    out[e] = cond[dev::Index4(e, n).at(cs)] ? if_true : if_false;
   }
 }
 

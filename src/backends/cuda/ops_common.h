@@ -98,6 +98,23 @@ __device__ __forceinline__ void store(T* p, std::int64_t i, float v) {
     p[i] = __float2bfloat16_rn(v);
 }
 
+// The 4-d index of element e of a contiguous tensor of sizes n; at(s) is its
+// offset in a tensor of strides s (a broadcast view has zeros there).
+struct Index4 {
+  std::int64_t i0, i1, i2, i3;
+  __device__ __forceinline__ Index4(std::int64_t e, const Dims& n) {
+    i3 = e % n[3];
+    e /= n[3];
+    i2 = e % n[2];
+    e /= n[2];
+    i1 = e % n[1];
+    i0 = e / n[1];
+  }
+  __device__ __forceinline__ std::int64_t at(const Dims& s) const {
+    return i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3];
+  }
+};
+
 // Packs of N elements moved as one aligned load/store (16 bytes for 16-bit N = 8).
 template <class T, int N>
 struct alignas(sizeof(T) * N) Pack {

@@ -34,31 +34,22 @@ constexpr int efficient_block_n(int head_dim) { return head_dim <= 64 ? 64 : 32;
 constexpr int efficient_min_blocks(int head_dim) { return head_dim <= 64 ? 4 : head_dim <= 128 ? 3 : 2; }
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kMinBlocks_ = efficient_min_blocks(kHeadDim_)>
-struct EfficientCfg {
+struct EfficientCfg : WarpTiling<kHeadDim_, kBlockM_, kBlockN_> {
+  using Base = WarpTiling<kHeadDim_, kBlockM_, kBlockN_>;
+  using typename Base::KVTile;
+  using typename Base::QTile;
   static constexpr int kMinBlocks = kMinBlocks_;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRowsPerWarp = kBlockM / kWarps;
-  static constexpr int kMTiles = kRowsPerWarp / 16;
-  static constexpr int kNTiles = kBlockN / 8;
-  static constexpr int kKSteps = kHeadDim / 16;
-  static constexpr int kDTiles = kHeadDim / 8;
-  using QTile = SmemTile<kBlockM, kHeadDim>;
-  using KVTile = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kKOffset = QTile::kBytes;
   static constexpr int kVOffset = kKOffset + KVTile::kBytes;
   static constexpr int kSmemBytes = kVOffset + KVTile::kBytes;
-  static_assert(kRowsPerWarp % 16 == 0, "a warp owns whole 16-row m-tiles");
 };
 
 template <int kHeadDim>
 using EfficientDefaultCfg = EfficientCfg<kHeadDim, efficient_block_m(kHeadDim), efficient_block_n(kHeadDim)>;
 
 template <class Cfg, MaskMode kMask, bool kBf16>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) efficient_fwd_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    efficient_fwd_kernel(const __grid_constant__ FwdArgs a) {
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
   using QTile = typename Cfg::QTile;
   using KVTile = typename Cfg::KVTile;
@@ -68,22 +59,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) efficient_fwd_
   std::uint16_t* const v_smem = reinterpret_cast<std::uint16_t*>(smem_raw + Cfg::kVOffset);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int m_block = kMask == MaskMode::None ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
-  const int m0 = m_block * kBM;
-  const std::uint16_t* q = a.q + batch * a.q_batch_stride + head * a.q_head_stride + m0 * a.q_row_stride;
-  const std::uint16_t* k = a.k + batch * a.k_batch_stride + kv_head * a.k_head_stride;
-  const std::uint16_t* v = a.v + batch * a.v_batch_stride + kv_head * a.v_head_stride;
-  std::uint16_t* o = a.o + batch * a.o_batch_stride + head * a.o_head_stride + m0 * a.o_row_stride;
+  const CtaTile<kMask, kBM> cta(a);
+  const int m0 = cta.m0;
+  const std::uint16_t *q = cta.q(a), *k = cta.k(a), *v = cta.v(a);
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
 
   float acc[Cfg::kMTiles][Cfg::kDTiles][4];
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < Cfg::kDTiles; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+  zero(acc);
   OnlineSoftmax<Cfg::kMTiles> softmax;
   softmax.init();
 
@@ -99,8 +81,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) efficient_fwd_
     __syncthreads();
 
     float s[Cfg::kMTiles][Cfg::kNTiles][4];
-    gemm_qk_smem<kBf16, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0, k_smem,
-                                                                               lane);
+    gemm_qk_smem<kBf16, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0, k_smem, lane);
     if (tile_needs_mask<kMask, kBM, kBN>(a, m0, n0)) {
       apply_mask<kMask>(s, a, m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
     }
@@ -117,20 +98,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) efficient_fwd_
   // The O tile reuses Q's area: the last barrier above retired every Q read.
   stage_o<kBf16, QTile>(q_smem, acc, inv, warp_row0, lane);
   __syncthreads();
-  store_tile<kBM, kD, kT>(o, a.o_row_stride, q_smem, a.seq_q - m0, tid);
+  store_tile<kBM, kD, kT>(cta.o(a), a.o_row_stride, q_smem, a.seq_q - m0, tid);
 }
 
 template <class Cfg, MaskMode kMask, bool kBf16>
 cudaError_t run_efficient_fwd(const FwdArgs& a, cudaStream_t stream) {
-  const auto kernel = efficient_fwd_kernel<Cfg, kMask, kBf16>;
-  if constexpr (Cfg::kSmemBytes > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return err;
-  }
-  const dim3 grid((a.seq_q + Cfg::kBlockM - 1) / Cfg::kBlockM, a.heads, a.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
-  return cudaGetLastError();
+  return launch_fwd<Cfg>(efficient_fwd_kernel<Cfg, kMask, kBf16>, a, stream);
 }
 
 }  // namespace attnprof::cuda::kernels

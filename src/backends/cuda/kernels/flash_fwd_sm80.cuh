@@ -58,29 +58,19 @@ enum class Prefetch : int { TileStart, AfterQK };
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, bool kQInRegs_, int kMinBlocks_ = 1,
           bool kSkipRescale_ = flash_skip_rescale(kBlockM_, kQInRegs_), Prefetch kPrefetch_ = Prefetch::AfterQK>
-struct FlashCfg {
+struct FlashCfg : WarpTiling<kHeadDim_, kBlockM_, kBlockN_> {
+  using Base = WarpTiling<kHeadDim_, kBlockM_, kBlockN_>;
+  using typename Base::KVTile;
+  using typename Base::QTile;
   static constexpr Prefetch kPrefetch = kPrefetch_;
   static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the register cap must allow
   static constexpr bool kSkipRescale = kSkipRescale_;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
   static constexpr bool kQInRegs = kQInRegs_;
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRowsPerWarp = kBlockM / kWarps;
-  static constexpr int kMTiles = kRowsPerWarp / 16;
-  static constexpr int kNTiles = kBlockN / 8;
-  static constexpr int kKSteps = kHeadDim / 16;
-  static constexpr int kDTiles = kHeadDim / 8;
-  using QTile = SmemTile<kBlockM, kHeadDim>;
-  using KVTile = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
   // Q in registers: its staging tile reuses stage 1, free until the first prefetch.
   static constexpr int kQOffset = kQInRegs ? kStageBytes : 2 * kStageBytes;
   static constexpr int kSmemBytes =
       kQOffset + QTile::kBytes > 2 * kStageBytes ? kQOffset + QTile::kBytes : 2 * kStageBytes;
-  static_assert(kRowsPerWarp % 16 == 0, "a warp owns whole 16-row m-tiles");
   static_assert(!kQInRegs || QTile::kBytes <= kStageBytes, "Q staging must fit in stage 1");
   static_assert(QTile::kBytes <= kSmemBytes, "the O tile is staged at offset 0");
 };
@@ -102,16 +92,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   std::uint16_t* const o_smem = reinterpret_cast<std::uint16_t*>(smem_raw);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  // Causal: the longest rows (last query tiles) are scheduled first.
-  const int m_block = kMask == MaskMode::None ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
-  const int m0 = m_block * kBM;
-  const std::uint16_t* q = a.q + batch * a.q_batch_stride + head * a.q_head_stride + m0 * a.q_row_stride;
-  const std::uint16_t* k = a.k + batch * a.k_batch_stride + kv_head * a.k_head_stride;
-  const std::uint16_t* v = a.v + batch * a.v_batch_stride + kv_head * a.v_head_stride;
+  const CtaTile<kMask, kBM> cta(a);
+  const int m0 = cta.m0;
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
 
-  const TileStream<kBN, kD, kT> k_stream(k, a.k_row_stride, tid), v_stream(v, a.v_row_stride, tid);
+  const TileStream<kBN, kD, kT> k_stream(cta.k(a), a.k_row_stride, tid), v_stream(cta.v(a), a.v_row_stride, tid);
   auto load_kv = [&](int stage, int n_block) {
     const int n0 = n_block * kBN;
     k_stream.load(kv_smem(stage, 0), n0, a.seq_k - n0, a.k, tid);
@@ -119,18 +104,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   };
 
   float acc[Cfg::kMTiles][Cfg::kDTiles][4];
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < Cfg::kDTiles; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+  zero(acc);
   OnlineSoftmax<Cfg::kMTiles> softmax;
   softmax.init();
 
   const KeyTiles tiles = key_tiles<kMask, kBM, kBN>(a, m0);
   if (tiles.begin < tiles.end) {
-    load_tile_async<kBM, kD, kT>(q_smem, q, a.q_row_stride, a.seq_q - m0, tid);
+    load_tile_async<kBM, kD, kT>(q_smem, cta.q(a), a.q_row_stride, a.seq_q - m0, tid);
     load_kv(0, tiles.end - 1);
     cp_async_commit();
     cp_async_wait<0>();
@@ -173,20 +153,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   stage_o<kBf16, QTile>(o_smem, acc, inv, warp_row0, lane);
   __syncthreads();
   // O's address is formed here, not kept live through the loop (registers are at the cap).
-  std::uint16_t* o = a.o + batch * a.o_batch_stride + head * a.o_head_stride + m0 * a.o_row_stride;
-  store_tile<kBM, kD, kT>(o, a.o_row_stride, o_smem, a.seq_q - m0, tid);
+  store_tile<kBM, kD, kT>(cta.o(a), a.o_row_stride, o_smem, a.seq_q - m0, tid);
 }
 
 template <class Cfg, MaskMode kMask, bool kBf16>
 cudaError_t run_flash_fwd_sm80(const FwdArgs& a, cudaStream_t stream) {
-  const auto kernel = flash_fwd_sm80_kernel<Cfg, kMask, kBf16>;
-  if constexpr (Cfg::kSmemBytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return err;
-  }
-  const dim3 grid((a.seq_q + Cfg::kBlockM - 1) / Cfg::kBlockM, a.heads, a.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
-  return cudaGetLastError();
+  return launch_fwd<Cfg>(flash_fwd_sm80_kernel<Cfg, kMask, kBf16>, a, stream);
 }
 
 }  // namespace attnprof::cuda::kernels

@@ -13,6 +13,48 @@
 
 namespace attnprof::cuda::kernels {
 
+// How both fused kernels split a kBlockM x kBlockN score tile: 4 warps, each
+// owning 16*kMTiles whole query rows; n-tiles of 8 keys, k-steps of 16 head
+// dims, d-tiles of 8 output columns. A kernel's Cfg adds its shared-memory plan.
+template <int kHeadDim_, int kBlockM_, int kBlockN_>
+struct WarpTiling {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;
+  static constexpr int kNTiles = kBlockN / 8;
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kDTiles = kHeadDim / 8;
+  using QTile = SmemTile<kBlockM, kHeadDim>;
+  using KVTile = SmemTile<kBlockN, kHeadDim>;
+  static_assert(kRowsPerWarp % 16 == 0, "a warp owns whole 16-row m-tiles");
+  static_assert(kNTiles % 2 == 0, "keys are loaded 16 at a time");
+  static_assert(kDTiles % 2 == 0, "head_dim is loaded 16 columns at a time");
+};
+
+// Accumulator fragments to zero.
+template <int kA, int kB>
+__device__ __forceinline__ void zero(float (&x)[kA][kB][4]) {
+#pragma unroll
+  for (int i = 0; i < kA; ++i)
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[i][j][e] = 0.f;
+}
+
+// c0 += a b0, c1 += a b1: one A fragment against the two n8 halves of a
+// 16-wide B fragment that ldmatrix_x4 loaded.
+template <bool kBf16>
+__device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const std::uint32_t (&a)[4],
+                                         const std::uint32_t (&b)[4]) {
+  mma_16816<kBf16>(c0, a, b[0], b[1]);
+  mma_16816<kBf16>(c1, a, b[2], b[3]);
+}
+
 // Element offset inside a 16x16 block that lane gives ldmatrix_x4 for an A
 // operand (or for V read transposed): matrices ordered (rows 0-7, cols 0-7),
 // (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15).
@@ -40,31 +82,38 @@ __device__ __forceinline__ void load_q_fragments(std::uint32_t (&q)[kMTiles][kKS
   }
 }
 
-// S = Q K^T with Q fragments in registers. k_smem: the key tile.
-template <bool kBf16, class KTile, int kMTiles, int kNTiles, int kKSteps>
-__device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const std::uint32_t (&q)[kMTiles][kKSteps][4],
-                                        const std::uint16_t* k_smem, int lane) {
+// S = Q K^T against the key tile in k_smem. load_a(kk, a) puts the Q
+// fragments of k-step kk into a[kMTiles][4]; each is used against every key.
+template <bool kBf16, class KTile, int kMTiles, int kNTiles, int kKSteps, class LoadA>
+__device__ __forceinline__ void gemm_qk_steps(float (&s)[kMTiles][kNTiles][4], const std::uint16_t* k_smem, int lane,
+                                              LoadA&& load_a) {
   static_assert(kNTiles % 2 == 0, "keys are loaded 16 at a time");
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-  const std::uint32_t base = smem_u32(k_smem + lane_offset_k<KTile>(lane));
+  zero(s);
+  const std::uint32_t k_base = smem_u32(k_smem + lane_offset_k<KTile>(lane));
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
+    std::uint32_t a[kMTiles][4];
+    load_a(kk, a);
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       std::uint32_t b[4];
-      ldmatrix_x4(b, base + 2 * KTile::offset(np * 16, kk * 16));
+      ldmatrix_x4(b, k_base + 2 * KTile::offset(np * 16, kk * 16));
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        mma_16816<kBf16>(s[mt][2 * np], q[mt][kk], b[0], b[1]);
-        mma_16816<kBf16>(s[mt][2 * np + 1], q[mt][kk], b[2], b[3]);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt) mma_pair<kBf16>(s[mt][2 * np], s[mt][2 * np + 1], a[mt], b);
     }
   }
+}
+
+// S = Q K^T with Q fragments in registers (load_q_fragments).
+template <bool kBf16, class KTile, int kMTiles, int kNTiles, int kKSteps>
+__device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const std::uint32_t (&q)[kMTiles][kKSteps][4],
+                                        const std::uint16_t* k_smem, int lane) {
+  gemm_qk_steps<kBf16, KTile, kMTiles, kNTiles, kKSteps>(s, k_smem, lane, [&](int kk, std::uint32_t(&a)[kMTiles][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[mt][e] = q[mt][kk][e];
+  });
 }
 
 // S = Q K^T with Q read from shared memory one k-step at a time (keeps only
@@ -72,31 +121,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const s
 template <bool kBf16, class QTile, class KTile, int kMTiles, int kNTiles, int kKSteps>
 __device__ __forceinline__ void gemm_qk_smem(float (&s)[kMTiles][kNTiles][4], const std::uint16_t* q_smem, int row0,
                                              const std::uint16_t* k_smem, int lane) {
-  static_assert(kNTiles % 2 == 0, "keys are loaded 16 at a time");
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
   const std::uint32_t q_base = smem_u32(q_smem + QTile::offset(row0, 0) + lane_offset_a<QTile>(lane));
-  const std::uint32_t k_base = smem_u32(k_smem + lane_offset_k<KTile>(lane));
-#pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-    std::uint32_t a[kMTiles][4];
+  gemm_qk_steps<kBf16, KTile, kMTiles, kNTiles, kKSteps>(s, k_smem, lane, [&](int kk, std::uint32_t(&a)[kMTiles][4]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], q_base + 2 * QTile::offset(mt * 16, kk * 16));
-#pragma unroll
-    for (int np = 0; np < kNTiles / 2; ++np) {
-      std::uint32_t b[4];
-      ldmatrix_x4(b, k_base + 2 * KTile::offset(np * 16, kk * 16));
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        mma_16816<kBf16>(s[mt][2 * np], a[mt], b[0], b[1]);
-        mma_16816<kBf16>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
-      }
-    }
-  }
+  });
 }
 
 // O += P V. The S accumulators of n-tiles 2kk and 2kk+1 are exactly the A
@@ -122,10 +151,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const f
       std::uint32_t b[4];
       ldmatrix_x4_trans(b, base + 2 * VTile::offset(kk * 16, dp * 16));
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        mma_16816<kBf16>(o[mt][2 * dp], a[mt], b[0], b[1]);
-        mma_16816<kBf16>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt) mma_pair<kBf16>(o[mt][2 * dp], o[mt][2 * dp + 1], a[mt], b);
     }
   }
 }
