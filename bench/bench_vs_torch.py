@@ -133,7 +133,7 @@ def fmt(x, spec):
 
 def host_cell(r):
     """Our median host us per call, with the p10-p90 spread of the calls."""
-    if r["ours_host_us"] is None or r["ours_host_p10_us"] is None:
+    if r["ours_host_us"] is None or r["ours_host_p10_us"] is None or r["ours_host_p90_us"] is None:
         return fmt(r["ours_host_us"], ".1f")
     return f'{r["ours_host_us"]:.1f} ({r["ours_host_p10_us"]:.1f}-{r["ours_host_p90_us"]:.1f})'
 

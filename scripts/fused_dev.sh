@@ -27,16 +27,16 @@ compile() {
 build() {
   mkdir -p "$OUT_DIR"
   local pids=() status=0
-  for src in src/backends/cuda/flash_launch.cu src/backends/cuda/efficient_launch.cu \
-             tests/gpu/fused_kernels_test.cu scripts/fused_dev_main.cu; do
+  for src in src/backends/cuda/flash_launch.cu src/backends/cuda/flash_sm90_launch.cu \
+             src/backends/cuda/efficient_launch.cu tests/gpu/fused_kernels_test.cu scripts/fused_dev_main.cu; do
     compile "$src" & pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || status=1; done
   [[ $status == 0 ]] || { echo "build failed" >&2; exit 1; }
-  "$NVCC" "${FLAGS[@]}" "$OUT_DIR/fused_kernels_test.o" "$OUT_DIR/flash_launch.o" "$OUT_DIR/efficient_launch.o" \
-    -o "$OUT_DIR/fused_kernels_test" -lgtest -lgtest_main -lpthread
-  "$NVCC" "${FLAGS[@]}" "$OUT_DIR/fused_dev_main.o" "$OUT_DIR/flash_launch.o" "$OUT_DIR/efficient_launch.o" \
-    -o "$OUT_DIR/fused_dev_main"
+  local kernels=("$OUT_DIR/flash_launch.o" "$OUT_DIR/flash_sm90_launch.o" "$OUT_DIR/efficient_launch.o")
+  "$NVCC" "${FLAGS[@]}" "$OUT_DIR/fused_kernels_test.o" "${kernels[@]}" -o "$OUT_DIR/fused_kernels_test" \
+    -lgtest -lgtest_main -lpthread
+  "$NVCC" "${FLAGS[@]}" "$OUT_DIR/fused_dev_main.o" "${kernels[@]}" -o "$OUT_DIR/fused_dev_main"
   grep -hE "Function properties|registers|spill" "$OUT_DIR"/*.ptxas.log | paste - - - |
     sed -E 's/ptxas info *: //g; s/Function properties for //' > "$OUT_DIR/resources.txt" || true
 }

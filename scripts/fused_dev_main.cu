@@ -19,6 +19,7 @@
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/efficient_fwd.cuh"
 #include "backends/cuda/kernels/flash_fwd_sm80.cuh"
+#include "backends/cuda/kernels/flash_fwd_sm90.cuh"
 
 using attnprof::cuda::FusedMask;
 using attnprof::cuda::FusedParams;
@@ -72,6 +73,10 @@ using Launch = std::function<cudaError_t(const FusedParams&)>;
 template <class Cfg, k::MaskMode kMask>
 static Launch flash_variant() {
   return [](const FusedParams& p) { return k::run_flash_fwd_sm80<Cfg, kMask, true>(k::FwdArgs::from(p), nullptr); };
+}
+template <class Cfg, k::MaskMode kMask>
+static Launch sm90_variant() {
+  return [](const FusedParams& p) { return k::run_flash_fwd_sm90<Cfg, kMask, true>(k::FwdArgs::from(p), nullptr); };
 }
 template <class Cfg, k::MaskMode kMask>
 static Launch efficient_variant() {
@@ -133,6 +138,8 @@ int main() {
               prop.multiProcessorCount, driver, runtime);
 
   const std::vector<Shape> shapes = {
+      {1, 4, 333, 64, FusedMask::Causal, 1, 1},  // tails: a partial query tile and key tile
+      {2, 4, 200, 128, FusedMask::None, 1, 1},
       {8, 16, 1024, 64, FusedMask::Causal, 0.152, 0.257},
       {4, 16, 4096, 64, FusedMask::Causal, 0.569, 1.217},
       {2, 16, 8192, 128, FusedMask::Causal, 1.791, 3.405},
@@ -164,6 +171,14 @@ int main() {
         {"efficient", [](const FusedParams& p) { return attnprof::cuda::launch_efficient(p, nullptr); }},
     };
     const bool causal = s.mask != FusedMask::None;
+    if (prop.major == 9) {  // the wgmma kernel (sm90a)
+      if (s.d == 64)
+        kernels.push_back({"flash sm90", causal ? sm90_variant<k::FlashSm90DefaultCfg<64>, k::MaskMode::Causal>()
+                                                : sm90_variant<k::FlashSm90DefaultCfg<64>, k::MaskMode::None>()});
+      if (s.d == 128)
+        kernels.push_back({"flash sm90", causal ? sm90_variant<k::FlashSm90DefaultCfg<128>, k::MaskMode::Causal>()
+                                                : sm90_variant<k::FlashSm90DefaultCfg<128>, k::MaskMode::None>()});
+    }
     // Variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).
     if (s.d == 64 && causal) {
       kernels.push_back({"flash 64x64", flash_variant<k::FlashCfg<64, 64, 64, true>, k::MaskMode::Causal>()});

@@ -47,7 +47,9 @@ if has sanitize; then
   log "compute-sanitizer on the fused kernels"
   for tool in memcheck racecheck; do
     for be in efficient flash; do
-      for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128"; do
+      # On an sm90 GPU flash takes its sm90a kernel at head_dim 64 and 128, its sm80 kernel at 96.
+      for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
+        "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 96"; do
         # A known ceiling: measuring it (a large cuBLAS GEMM) under the sanitizer takes minutes.
         ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
           $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --warmup 0 --active 1 --unprofiled-calls 0 \
@@ -71,9 +73,9 @@ if has host; then
   # attached after CUPTI ran and detached (what compare reports), the same with
   # CUPTI left loaded, and in a process where CUPTI never loads.
   log "host time per call, with and without CUPTI"
-  host_line() {  # ENV... -- attnprof profile args: the summary line ($PIN: run on that CPU)
+  host_line() {  # ENV... -- attnprof profile args: the summary line ($HOST_CPU: run on that CPU)
     local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
-    ${PIN:+taskset -c $PIN} env "${envs[@]}" $B/attnprof profile --device cuda --warmup 3 --active 10 --check-rows 64 --trace-dir /tmp/host \
+    ${HOST_CPU:+taskset -c $HOST_CPU} env "${envs[@]}" $B/attnprof profile --device cuda --warmup 3 --active 10 --check-rows 64 --trace-dir /tmp/host \
       --quiet "$@" 2>&1 | grep '^per forward' | sed 's/^per forward: //'
   }
   for be in cudnn flash efficient naive_inplace; do
@@ -95,8 +97,9 @@ if has host; then
         --head-dim $d --mask $m | grep -oE 'host [0-9.]+ us \(.*\)')" | tee -a "$OUT/compare.txt"
     done
   done
-  for cpu in $(seq 0 $(( $(nproc) / 4 )) $(( $(nproc) - 1 ))); do
-    echo "cudnn reference shape on cpu $cpu: $(PIN=$cpu host_line -- --backend cudnn |
+  step=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))
+  for cpu in $(seq 0 $step $(( $(nproc) - 1 ))); do
+    echo "cudnn reference shape on cpu $cpu: $(HOST_CPU=$cpu host_line -- --backend cudnn |
       grep -oE 'host [0-9.]+ us \(.*\)')" | tee -a "$OUT/compare.txt"
   done
 fi

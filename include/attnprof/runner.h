@@ -30,6 +30,14 @@ struct RunOptions {
   ProgressFn progress;  // called with one-line updates on long work
 };
 
+// p10, p50 and p90 of timed samples: the sample at rank round(p (n - 1)) of
+// the sorted list, so one sample reads the same at every percentile and p50
+// is the upper median. Requires at least one sample.
+struct Spread {
+  double p10, p50, p90;
+};
+Spread spread_of(std::vector<double> samples);
+
 // Per-forward figures read off the recorded trace (null where they do not apply).
 struct Metrics {
   int steps = 0;

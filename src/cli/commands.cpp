@@ -128,9 +128,12 @@ int run_profile(const Options& o) {
   if (!r.trace.collector_note.empty()) std::printf("note: %s\n", r.trace.collector_note.c_str());
   std::string unprofiled;
   if (const Metrics& m = r.metrics; m.host_time_unprofiled_us) {
-    unprofiled = report::format(" (%.1f us with no profiler attached", *m.host_time_unprofiled_us) +
-                 report::format(", p10-p90 %.1f", m.host_time_unprofiled_p10_us.value_or(0)) +
-                 report::format("-%.1f)", m.host_time_unprofiled_p90_us.value_or(0));
+    unprofiled = report::format(" (%.1f us with no profiler attached", *m.host_time_unprofiled_us);
+    if (m.host_time_unprofiled_p10_us && m.host_time_unprofiled_p90_us) {
+      unprofiled += report::format(", p10-p90 %.1f", *m.host_time_unprofiled_p10_us) +
+                    report::format("-%.1f", *m.host_time_unprofiled_p90_us);
+    }
+    unprofiled += ")";
   }
   std::printf("per forward: %s %.1f, copies %.0f, time %.1f us, host %.1f us%s, peak %.1f MiB\n",
               p.device == Device::Cuda ? "GPU activities" : "ops",

@@ -53,10 +53,6 @@ double ceiling(DeviceRuntime& rt, DType dtype) {
   return rt.ceiling_tflops(dtype);
 }
 
-struct CallTimes {
-  double p10, p50, p90;
-};
-
 // Host time of `calls` forward calls on an asynchronous device, no profiler
 // attached, made back to back as a program makes them: the device works
 // through the earlier calls while later ones are enqueued, so each timing is
@@ -64,8 +60,8 @@ struct CallTimes {
 // it should). Waiting for an idle device between calls instead made the next
 // call run on cold caches after the thread slept: on an H200 that read 9-20 us
 // for a cuDNN call whose back-to-back cost is lower.
-CallTimes time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
-                                DeviceRuntime& rt, int calls) {
+Spread time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
+                             DeviceRuntime& rt, int calls) {
   std::vector<double> us;
   us.reserve(static_cast<std::size_t>(calls));
   rt.synchronize();
@@ -79,13 +75,17 @@ CallTimes time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs
     if (i >= warmup) us.push_back(call_us);
   }
   rt.synchronize();
-  std::sort(us.begin(), us.end());
-  // Nearest rank, so that a single call reads the same at every percentile.
-  auto at = [&](int pct) { return us[static_cast<std::size_t>(pct * (calls - 1) + 50) / 100]; };
-  return {at(10), at(50), at(90)};
+  return spread_of(std::move(us));
 }
 
 }  // namespace
+
+Spread spread_of(std::vector<double> samples) {
+  if (samples.empty()) fail(ErrorKind::Internal, "spread_of: no samples");
+  std::sort(samples.begin(), samples.end());
+  const auto at = [&](std::size_t pct) { return samples[(pct * (samples.size() - 1) + 50) / 100]; };
+  return {at(10), at(50), at(90)};
+}
 
 RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& options) {
   RunResult r;
@@ -128,7 +128,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       prof.step();
     }
     prof.stop();
-    std::optional<CallTimes> unprofiled;
+    std::optional<Spread> unprofiled;
     if (p.device != Device::Cpu && options.unprofiled_calls > 0) {
       if (options.progress) options.progress(r.backend + ": timing calls without the profiler");
       unprofiled = time_unprofiled_calls(backend, p, in, out, ctx, rt, options.unprofiled_calls);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attnprof/dispatch.h"
+#include "attnprof/error.h"
 #include "attnprof/runner.h"
 #include "report/findings.h"
 
@@ -345,6 +346,27 @@ TEST(ReportHostTime, TheUnprofiledCallIsWhatTheTableShowsAndWhatCpuBoundIsJudged
   EXPECT_NE(std::find_if(f.begin(), f.end(),
                          [](const std::string& x) { return x.find("25 us of host") != std::string::npos; }),
             f.end());
+}
+
+TEST(ReportHostTime, SpreadOfCallsIsTheSampleAtRoundedRank) {
+  // One call: every percentile is that call.
+  Spread one = spread_of({7.5});
+  EXPECT_EQ(one.p10, 7.5);
+  EXPECT_EQ(one.p50, 7.5);
+  EXPECT_EQ(one.p90, 7.5);
+  // Two: p10 the faster, p50 and p90 the slower (round(0.5) = 1).
+  Spread two = spread_of({9, 3});
+  EXPECT_EQ(two.p10, 3);
+  EXPECT_EQ(two.p50, 9);
+  EXPECT_EQ(two.p90, 9);
+  // 32 calls of 1..32 us, shuffled: ranks round(3.1) = 3, round(15.5) = 16, round(27.9) = 28.
+  std::vector<double> calls;
+  for (int i = 0; i < 32; ++i) calls.push_back((i * 7) % 32 + 1);  // 7 is prime to 32: a permutation
+  const Spread s = spread_of(calls);
+  EXPECT_EQ(s.p10, 4);
+  EXPECT_EQ(s.p50, 17);
+  EXPECT_EQ(s.p90, 29);
+  EXPECT_THROW(spread_of({}), Error);
 }
 
 TEST(ReportHostTime, NoNoteWithoutUnprofiledCalls) {

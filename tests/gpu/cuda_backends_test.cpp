@@ -18,6 +18,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "gpu_test.h"
+#include "profiler/cupti/cupti_collector.h"
 
 namespace attnprof {
 namespace {
@@ -195,13 +196,12 @@ TEST(CudaBackends, KernelCountsMatchExpectation) {
       o.schedule = Schedule{.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
       const RunResult r = run_backend(*b, p, o);
       ASSERT_FALSE(r.failure) << name << ": " << *r.failure;
-      // The calls timed with no profiler attached (32 by default): a spread, in order.
+      // The calls timed with no profiler attached (32 by default), after CUPTI detached.
       ASSERT_TRUE(r.metrics.host_time_unprofiled_us && r.metrics.host_time_unprofiled_p10_us &&
                   r.metrics.host_time_unprofiled_p90_us)
           << name;
       EXPECT_GT(*r.metrics.host_time_unprofiled_p10_us, 0) << name;
-      EXPECT_LE(*r.metrics.host_time_unprofiled_p10_us, *r.metrics.host_time_unprofiled_us) << name;
-      EXPECT_LE(*r.metrics.host_time_unprofiled_us, *r.metrics.host_time_unprofiled_p90_us) << name;
+      EXPECT_FALSE(cupti::attached()) << name << ": CUPTI still loaded after the profile";
       if (!r.metrics.kernels_per_forward) GTEST_SKIP() << "no CUPTI activities: cannot count kernels";
       // Libraries may zero a workspace with a memset before their kernel
       // (cuBLAS's and cuDNN's Hopper kernels do); the report names those, so

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,7 @@ TEST(CuptiCollector, RuntimeAndDriverLaunchesCopiesAndClock) {
 // with the shared clock, and records only its own window.
 TEST(CuptiCollector, CollectsAgainAfterDetaching) {
   REQUIRE_GPU();
+  ::unsetenv("ATTNPROF_CUPTI_STAY_ATTACHED");
   DeviceRuntime& rt = cuda::runtime();
   auto stream = static_cast<cudaStream_t>(rt.stream());
   float* out = nullptr;
@@ -236,12 +238,15 @@ TEST(CuptiCollector, CollectsAgainAfterDetaching) {
       cudaFree(out);
       FAIL() << "round " << round << ": CUPTI could not start: " << e.what();
     }
+    EXPECT_TRUE(cupti::attached()) << "round " << round;
     const std::int64_t t0 = now_ns();
     for (int i = 0; i <= round; ++i) attnprof_test::launch_with_driver(out, stream);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     const std::int64_t t1 = now_ns();
     c.stop();
-    // Between collections: not recorded by anyone.
+    EXPECT_TRUE(c.note().empty()) << "round " << round << ": " << c.note();
+    EXPECT_FALSE(cupti::attached()) << "round " << round << ": CUPTI still loaded after stop()";
+    // Between collections, with CUPTI detached.
     attnprof_test::launch_with_runtime(out, stream);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     std::vector<Activity> all;

@@ -1,4 +1,5 @@
-// Our fused attention forwards (flash, efficient) against a float64 CPU
+// Our fused attention forwards (flash on the path the device takes, flash's
+// sm80 path on its own, efficient) against a float64 CPU
 // reference on fresh random inputs, with the output poisoned with NaN before
 // every launch: every element must be written, fully masked rows must be
 // exactly zero, and the error must sit within 16-bit rounding.
@@ -117,7 +118,23 @@ struct Outcome {
 };
 
 // Runs one kernel on fresh inputs drawn from `seed` and compares with float64.
-void run_case(const Case& c, bool flash, std::uint32_t seed, Outcome* out) {
+enum class Kernel { Flash, FlashSm80, Efficient };
+
+const char* kernel_name(Kernel k) {
+  return k == Kernel::Flash ? "flash" : k == Kernel::FlashSm80 ? "flash_sm80" : "efficient";
+}
+
+cudaError_t launch(Kernel k, const FusedParams& p) {
+  switch (k) {
+    case Kernel::Flash: return attnprof::cuda::launch_flash(p, nullptr);
+    case Kernel::FlashSm80: return attnprof::cuda::launch_flash_sm80(p, nullptr);
+    case Kernel::Efficient: return attnprof::cuda::launch_efficient(p, nullptr);
+  }
+  return cudaErrorInvalidValue;
+}
+
+void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out) {
+  const bool flash = kernel != Kernel::Efficient;
   const int B = c.batch, H = c.heads, Hk = c.kv_heads, Sq = c.seq_q, Sk = c.seq_k, D = c.head_dim;
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(D));
   const Strides sq = strides_of(H, Sq, D, c.bshd), sk = strides_of(Hk, Sk, D, c.bshd);
@@ -149,7 +166,7 @@ void run_case(const Case& c, bool flash, std::uint32_t seed, Outcome* out) {
   };
   const char* reason = attnprof::cuda::fused_unsupported_reason(p, flash);
   ASSERT_EQ(reason, nullptr) << reason;
-  CUDA_OK(flash ? attnprof::cuda::launch_flash_sm80(p, nullptr) : attnprof::cuda::launch_efficient(p, nullptr));
+  CUDA_OK(launch(kernel, p));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<std::uint16_t> ho(nq);
   CUDA_OK(cudaMemcpy(ho.data(), dout.ptr, nq * 2, cudaMemcpyDeviceToHost));
@@ -201,7 +218,7 @@ void run_case(const Case& c, bool flash, std::uint32_t seed, Outcome* out) {
 
 struct KernelCase {
   Case c;
-  bool flash;
+  Kernel kernel;
 };
 
 class FusedKernels : public ::testing::TestWithParam<KernelCase> {};
@@ -212,7 +229,7 @@ TEST_P(FusedKernels, MatchesFloat64Reference) {
   // Two draws: a kernel that is right on one input by accident is caught on the next.
   for (std::uint32_t seed : {1234u + kc.c.seq_q, 99u + kc.c.seq_k * 7u}) {
     Outcome o;
-    run_case(kc.c, kc.flash, seed, &o);
+    run_case(kc.c, kc.kernel, seed, &o);
     if (HasFatalFailure()) return;
     const double rel_tol = kc.c.bf16 ? 1e-2 : 3e-3;
     const double abs_tol = kc.c.bf16 ? 4e-2 : 1e-2;
@@ -221,7 +238,7 @@ TEST_P(FusedKernels, MatchesFloat64Reference) {
     EXPECT_LT(o.rel_error, rel_tol) << "max abs error " << o.max_abs;
     EXPECT_LT(o.max_abs, abs_tol) << "relative error " << o.rel_error;
     RecordProperty("rel_error_" + std::to_string(seed), std::to_string(o.rel_error));
-    std::printf("  %-9s %-34s seed %10u  rel %.2e  max_abs %.2e  masked rows %lld\n", kc.flash ? "flash" : "efficient",
+    std::printf("  %-10s %-34s seed %10u  rel %.2e  max_abs %.2e  masked rows %lld\n", kernel_name(kc.kernel),
                 kc.c.name, seed, o.rel_error, o.max_abs, static_cast<long long>(o.masked_rows));
   }
 }
@@ -260,14 +277,14 @@ std::vector<KernelCase> all_cases() {
       {"d256_none_q333_k200", 1, 2, 1, 333, 200, 256, kNone},
   };
   std::vector<KernelCase> out;
-  for (bool flash : {true, false})
-    for (const Case& c : cases) out.push_back({c, flash});
+  for (Kernel k : {Kernel::Flash, Kernel::FlashSm80, Kernel::Efficient})
+    for (const Case& c : cases) out.push_back({c, k});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, FusedKernels, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<KernelCase>& info) {
-                           return std::string(info.param.flash ? "flash_" : "efficient_") + info.param.c.name;
+                           return std::string(kernel_name(info.param.kernel)) + "_" + info.param.c.name;
                          });
 
 TEST(FusedKernelsSupport, ReasonsSayWhatToChange) {
@@ -300,6 +317,28 @@ TEST(FusedKernelsSupport, ReasonsSayWhatToChange) {
   bad.mask = FusedMask::SlidingWindow;
   bad.window = 0;
   EXPECT_NE(attnprof::cuda::fused_unsupported_reason(bad, true), nullptr);
+}
+
+// Hopper takes the sm90a kernel at head_dim 64 and 128 (our builds always
+// include sm_90a), and the sm80 kernel at the others; other GPUs never take it.
+TEST(FusedKernelsSupport, Sm90PathWhereItApplies) {
+  SKIP_WITHOUT_SM80();
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  alignas(16) static std::uint16_t dummy[8];
+  FusedParams p{.q = dummy, .k = dummy, .v = dummy, .o = dummy,
+                .q_batch_stride = 128, .q_head_stride = 128, .q_row_stride = 128,
+                .k_batch_stride = 128, .k_head_stride = 128, .k_row_stride = 128,
+                .v_batch_stride = 128, .v_head_stride = 128, .v_row_stride = 128,
+                .o_batch_stride = 128, .o_head_stride = 128, .o_row_stride = 128,
+                .batch = 1, .heads = 2, .kv_heads = 1, .seq_q = 8, .seq_k = 8, .head_dim = 128,
+                .scale = 0.125f, .mask = FusedMask::Causal};
+  EXPECT_EQ(attnprof::cuda::flash_sm90_applies(p), major == 9);
+  p.head_dim = 64;
+  EXPECT_EQ(attnprof::cuda::flash_sm90_applies(p), major == 9);
+  p.head_dim = 96;
+  EXPECT_FALSE(attnprof::cuda::flash_sm90_applies(p));
+  EXPECT_EQ(attnprof::cuda::launch_flash_sm90(p, nullptr), cudaErrorNotSupported);
 }
 
 }  // namespace

@@ -7,8 +7,9 @@
 namespace attnprof::cuda {
 
 std::unique_ptr<Backend> make_efficient() {
-  return std::make_unique<FusedBackend>("efficient", "_efficient_attention_forward", false, &launch_efficient,
-                                        "one fused kernel (64x64 register-resident tiles, mma.sync)");
+  return std::make_unique<FusedBackend>(
+      "efficient", "_efficient_attention_forward", false, &launch_efficient,
+      [](const FusedParams&) { return "one fused kernel (64x64 register-resident tiles, mma.sync)"; });
 }
 
 }  // namespace attnprof::cuda

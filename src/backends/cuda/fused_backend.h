@@ -20,8 +20,10 @@ namespace attnprof::cuda {
 class FusedBackend : public Backend {
  public:
   using Launch = cudaError_t (*)(const FusedParams&, cudaStream_t);
+  // What eligibility says will run for a problem of this shape.
+  using Story = const char* (*)(const FusedParams& shape);
 
-  FusedBackend(std::string_view name, std::string_view op, bool flash, Launch launch, std::string_view story)
+  FusedBackend(std::string_view name, std::string_view op, bool flash, Launch launch, Story story)
       : name_(name), op_(op), flash_(flash), launch_(launch), story_(story) {}
 
   std::string_view name() const override { return name_; }
@@ -44,7 +46,7 @@ class FusedBackend : public Backend {
     set_contiguous(shape.v_batch_stride, shape.v_head_stride, shape.v_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
     set_contiguous(shape.o_batch_stride, shape.o_head_stride, shape.o_row_stride, p.heads, p.seq, p.head_dim);
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
-    return {true, std::string(story_)};
+    return {true, story_(shape)};
   }
 
   std::size_t workspace_bytes(const Problem&) const override { return 0; }
@@ -122,7 +124,7 @@ class FusedBackend : public Backend {
   std::string_view name_, op_;
   bool flash_;
   Launch launch_;
-  std::string_view story_;
+  Story story_;
 };
 
 }  // namespace attnprof::cuda

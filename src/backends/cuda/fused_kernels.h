@@ -1,6 +1,9 @@
 // Our fused attention forward kernels (sm80 and later; sm90 runs them too):
-//   flash     — FlashAttention-2 class: Q in registers, K/V double-buffered
-//               through cp.async, online softmax, causal early exit.
+//   flash     — on sm90a at head_dim 64 and 128, FlashAttention-3 class: TMA
+//               loads from a producer warp through mbarrier stages, wgmma,
+//               two consumer warpgroups (flash_fwd_sm90.cuh). Elsewhere
+//               FlashAttention-2 class: Q in registers, K/V double-buffered
+//               through cp.async, mma.sync, online softmax, causal early exit.
 //   efficient — memory-efficient (xformers / CUTLASS fMHA lineage): 64x64
 //               register-resident tiles, a simpler single-buffer pipeline.
 // Both: fp16 and bf16 in and out, head_dim 32, 64, 96, 128, 256, masks none,
@@ -22,7 +25,14 @@ const char* fused_unsupported_reason(const FusedParams& p, bool flash);
 // Enqueue one forward on `stream`. cudaErrorInvalidValue when
 // fused_unsupported_reason(p, ...) is not null; otherwise the first error of
 // setting the kernel's shared-memory limit or of the launch.
+cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream);  // sm90 path where it applies, else sm80
 cudaError_t launch_flash_sm80(const FusedParams& p, cudaStream_t stream);
 cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream);
+
+// Whether launch_flash takes the sm90a path for `p` on the current device:
+// head_dim 64 or 128, an sm90 GPU and a binary built for sm_90a. Where it does
+// not, launch_flash_sm90 returns cudaErrorNotSupported.
+bool flash_sm90_applies(const FusedParams& p);
+cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream);
 
 }  // namespace attnprof::cuda

@@ -29,8 +29,11 @@ constexpr std::size_t kBufferBytes = 8u << 20;  // CUPTI's own default; fewer ca
 struct Global {
   std::mutex mutex;
   std::once_flag init_once;
-  std::string init_error;         // why CUPTI cannot be used; empty when it can
-  bool attached = false;          // buffer and clock callbacks registered since the last detach
+  std::string init_error;  // why CUPTI cannot be used; empty when it can
+  // Buffer and clock callbacks registered since the last detach. Changed only
+  // by initialize() (under call_once, before any collector) and by the thread
+  // that holds g_running, so it needs no lock.
+  bool attached = false;
   bool clock_callback = false;    // CUPTI reports times on now_ns() itself
   std::int64_t clock_offset = 0;  // otherwise added to CUPTI times
   std::vector<Activity> records;
@@ -45,6 +48,9 @@ Global& global() {
 }
 
 std::atomic<bool> g_running{false};
+// Bumped by every detach: a pop owed to an earlier attachment must not call
+// CUPTI (any CUPTI call would load it again).
+std::atomic<unsigned> g_attachment{0};
 
 const CUpti_ActivityKind kDeviceKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                            CUPTI_ACTIVITY_KIND_MEMSET};
@@ -105,16 +111,23 @@ std::string attach() {
 
 // Takes CUPTI out of the process once a collection has been flushed, so that
 // what runs after a profile (the unprofiled calls, the user's own work) pays
-// nothing for it: on an H200, a cuDNN call cost 9.8 us with CUPTI loaded but
-// idle and 7.6 us in a process where it never loaded. CUPTI's documented
-// condition for a detach outside a callback is met by the caller: the device
-// synchronized and every buffer flushed. The next start() attaches again.
+// nothing for it: on an H200, a cuDNN call cost 9.8-13.3 us with CUPTI loaded
+// but idle and 5.9-6.7 us detached (docs/perf/gpu-h200.md). CUPTI's condition
+// for a detach outside a callback (the device synchronized, every buffer
+// flushed) is the caller's to meet. The next start() attaches again.
 // ATTNPROF_CUPTI_STAY_ATTACHED=1 keeps it loaded (to measure the difference).
-void detach() {
+// Returns a note when CUPTI refused to go.
+std::string detach() {
   Global& g = global();
-  if (!g.attached) return;
-  if (const char* stay = std::getenv("ATTNPROF_CUPTI_STAY_ATTACHED"); stay && *stay && std::string(stay) != "0") return;
-  if (cuptiFinalize() == CUPTI_SUCCESS) g.attached = false;
+  if (!g.attached) return {};
+  if (const char* stay = std::getenv("ATTNPROF_CUPTI_STAY_ATTACHED"); stay && *stay && std::string(stay) != "0")
+    return {};
+  if (const CUptiResult r = cuptiFinalize(); r != CUPTI_SUCCESS) {
+    return "cuptiFinalize failed, CUPTI stays loaded: " + cupti_message(r);
+  }
+  g.attached = false;
+  g_attachment.fetch_add(1, std::memory_order_release);
+  return {};
 }
 
 void initialize() {
@@ -130,6 +143,7 @@ void initialize() {
   }
   // Another profiler (Nsight Systems, a second CUPTI client) shows up here.
   if (const CUptiResult r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL); r != CUPTI_SUCCESS) {
+    // Not detached: cuptiFinalize would take the other client's CUPTI away too.
     g.init_error = "cuptiActivityEnable failed: " + cupti_message(r);
     return;
   }
@@ -259,23 +273,32 @@ void register_current_thread() {
 }
 
 namespace {
-thread_local int t_external_depth = 0;  // pushes this thread owes CUPTI a pop for
-}
+thread_local int t_external_depth = 0;            // pushes this thread owes CUPTI a pop for
+thread_local unsigned t_external_attachment = 0;  // the attachment they were made in
+}  // namespace
 
 void push_external_id(std::uint64_t id) {
   if (!g_running.load(std::memory_order_acquire)) return;
   register_current_thread();
+  const unsigned attachment = g_attachment.load(std::memory_order_acquire);
+  if (t_external_depth > 0 && t_external_attachment != attachment) t_external_depth = 0;  // owed to a detached CUPTI
   if (cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id) == CUPTI_SUCCESS) {
+    t_external_attachment = attachment;
     ++t_external_depth;
   }
 }
 
 void pop_external_id() {
   if (t_external_depth == 0) return;
+  --t_external_depth;
+  // A range opened before the collector stopped and closed after: CUPTI has
+  // since been detached and dropped its stack; calling it would load it again.
+  if (t_external_attachment != g_attachment.load(std::memory_order_acquire)) return;
   std::uint64_t last = 0;
   cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &last);
-  --t_external_depth;
 }
+
+bool attached() { return global().attached; }
 
 CuptiCollector::~CuptiCollector() {
   if (running_) {
@@ -368,13 +391,20 @@ void CuptiCollector::stop() {
     raw.swap(g.records);
     dropped = g.dropped;
   }
-  g_running = false;
+  // g_running is released last: until then no other collector may attach.
+  struct Release {
+    ~Release() { g_running = false; }
+  } release;
   auto add_note = [this](const std::string& s) { note_ += (note_.empty() ? "" : "; ") + s; };
   if (sync != cudaSuccess) add_note(std::string("cudaDeviceSynchronize at stop failed: ") + cudaGetErrorString(sync));
   if (flushed != CUPTI_SUCCESS) add_note("cuptiActivityFlushAll failed: " + cupti_message(flushed));
   if (dropped) add_note("CUPTI dropped " + std::to_string(dropped) + " activity records (buffers full)");
   finish(raw);  // names come from CUPTI: before the detach
-  detach();
+  if (sync != cudaSuccess || flushed != CUPTI_SUCCESS) {
+    add_note("CUPTI left attached (a detach needs a synchronized device and flushed buffers)");
+  } else if (std::string refused = detach(); !refused.empty()) {
+    add_note(refused);
+  }
   activities_.insert(activities_.end(), std::make_move_iterator(raw.begin()), std::make_move_iterator(raw.end()));
 }
 

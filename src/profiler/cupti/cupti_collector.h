@@ -1,8 +1,9 @@
 // The CUDA half of the profiler: CUPTI activity records turned into attnprof
 // Activities (Kineto's bottom layer; writers never see CUPTI types).
 //
-// CUPTI is process-wide: its buffer callbacks and clock are registered once,
-// and only one CuptiCollector may be running at a time. The buffer callback
+// CUPTI is process-wide: its buffer callbacks and clock are registered by
+// each collector's start() (and CUPTI detached again by its stop()), and only
+// one CuptiCollector may be running at a time. The buffer callback
 // only copies records; names are demangled, occupancy computed and thread ids
 // mapped in drain(), on the caller's thread, because CUDA calls are not
 // allowed inside CUPTI callbacks.
@@ -31,10 +32,16 @@ DeviceProperties query_device_properties(int device);
 void fill_occupancy(KernelInfo& kernel, const DeviceProperties& device, int reserved_shared_per_block);
 
 // Sets CUPTI up once per process (buffer callbacks, the shared clock) and
-// checks that activity collection can be enabled. Returns an empty string when
+// checks that activity collection can be enabled; leaves it attached for the
+// first start(). Returns an empty string when
 // CUPTI is usable, otherwise the one-line reason (no device, another profiler
 // attached, ...). Cached after the first call.
 std::string probe();
+
+// Whether CUPTI is loaded in the process by us: true from a collector's
+// start() until its stop() detaches it (cuptiFinalize), so that calls made
+// after a profile pay nothing for it.
+bool attached();
 
 class CuptiCollector : public Collector {
  public:
@@ -45,7 +52,8 @@ class CuptiCollector : public Collector {
   // Enables kernel, memcpy, memset, runtime, driver, synchronization and
   // external-correlation records. Throws Error(Device) with the reason.
   void start() override;
-  // Synchronizes the device, flushes every buffer and disables collection.
+  // Synchronizes the device, flushes every buffer, disables collection and
+  // detaches CUPTI from the process (unless ATTNPROF_CUPTI_STAY_ATTACHED=1).
   void stop() override;
   void drain(std::vector<Activity>& out) override;
   std::optional<DeviceProperties> device_properties() const override { return device_; }

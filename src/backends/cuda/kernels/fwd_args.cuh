@@ -76,8 +76,8 @@ cudaError_t launch_fwd(Kernel kernel, const FwdArgs& a, cudaStream_t stream) {
 }
 
 // The CTA's query tile, head and batch, read from the launch_fwd grid, and the
-// base addresses they give. Causal CTAs take their query tiles in reverse, so
-// that the longest rows (the last tiles) are scheduled first.
+// base addresses they give. Masked CTAs (causal, window) take their query
+// tiles in reverse, so that the longest rows (the last tiles) are scheduled first.
 template <MaskMode kMask, int kBlockM>
 struct CtaTile {
   int m0, head, batch, kv_head;

@@ -17,14 +17,21 @@ namespace attnprof::cuda::kernels {
 // instead of n - 1. With two warps a scheduler little else hides the latency
 // of the row max and row sum chains (H200, flash D = 128, 128x64 tiles,
 // non-causal 2x16x8192: 3.16-3.20 ms with trees, 3.24 ms with sequential chains).
+// (Written as a recursion on the width: a loop whose width halves was left
+// partly rolled at 16 values, with the array in local memory.)
+template <int kWidth, int kN, class Op>
+__device__ __forceinline__ void tree_reduce_step(float (&v)[kN], Op op) {
+  if constexpr (kWidth > 0) {
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) v[i] = op(v[i], v[i + kWidth]);
+    tree_reduce_step<kWidth / 2>(v, op);
+  }
+}
+
 template <int kN, class Op>
 __device__ __forceinline__ float tree_reduce(float (&v)[kN], Op op) {
   static_assert((kN & (kN - 1)) == 0, "a power of two");
-#pragma unroll
-  for (int width = kN / 2; width > 0; width /= 2) {
-#pragma unroll
-    for (int i = 0; i < width; ++i) v[i] = op(v[i], v[i + width]);
-  }
+  tree_reduce_step<kN / 2>(v, op);
   return v[0];
 }
 

@@ -1,5 +1,6 @@
-// The two matrix products of attention for one warp's 16*kMTiles query rows,
-// on mma.m16n8k16 with operands from ldmatrix:
+// How the sm80 fused kernels split a tile among warps (WarpTiling), and the
+// two matrix products of attention for one warp's 16*kMTiles query rows, on
+// mma.m16n8k16 with operands from ldmatrix:
 //   S = Q K^T   (Q from registers or shared memory, K from shared memory)
 //   O += P V    (P from the S accumulators, converted to 16 bits in registers;
 //                V from shared memory through ldmatrix.trans)
@@ -104,7 +105,9 @@ __device__ __forceinline__ void gemm_qk_steps(float (&s)[kMTiles][kNTiles][4], c
   }
 }
 
-// S = Q K^T with Q fragments in registers (load_q_fragments).
+// S = Q K^T with Q fragments in registers (load_q_fragments). Q stays in
+// registers only because everything here is inlined and unrolled (kk is a
+// constant at each call); build logs are checked for spills (scripts/gpu.sh).
 template <bool kBf16, class KTile, int kMTiles, int kNTiles, int kKSteps>
 __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const std::uint32_t (&q)[kMTiles][kKSteps][4],
                                         const std::uint16_t* k_smem, int lane) {

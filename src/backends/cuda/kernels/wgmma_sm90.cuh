@@ -1,0 +1,179 @@
+// Warpgroup-level tensor-core primitives of sm90a: the shared-memory matrix
+// descriptor, the 128-byte-swizzled tile layout it describes, and
+// wgmma.mma_async m64nNk16 (N = 64, 128) with f32 accumulation, its A operand
+// from shared memory (SS) or from registers (RS).
+//
+// Layout. A tile of 16-bit elements is kept as column regions of 64 elements
+// (128 bytes a row); region r holds columns [64r, 64r + 64) of every row,
+// rows 128 bytes apart, and the 16-byte chunk c of row i sits at chunk
+// c ^ (i % 8) (CUTLASS's Swizzle<3,4,3>). Regions start 1024-byte aligned.
+// Read K-major (Q, K: the reduction runs along the row), the descriptor steps
+// 8-row groups by SBO = 1024 bytes and the k-steps of 16 elements by moving
+// its start 32 bytes inside the region. Read MN-major (V, whose rows are the
+// reduction), 8-key groups are SBO = 1024 bytes apart and 64-column regions
+// LBO bytes apart.
+//
+// Accumulators: warp w of the warpgroup holds rows 16w..16w+15, and d[j][e]
+// is the element of mma.m16n8k16's C fragment e in n-tile j (mma_sm80.cuh):
+// the same per-thread layout, so the masking and online softmax of the sm80
+// kernels apply unchanged. The RS form's A fragment is mma.m16n8k16's A.
+#pragma once
+
+#include <cstdint>
+
+namespace attnprof::cuda::kernels::sm90 {
+
+// Byte offset of element (row, col) in a swizzled tile of kRows rows.
+template <int kRows>
+__device__ __forceinline__ std::uint32_t swizzled_offset(int row, int col) {
+  const int region = col / 64, chunk = (col % 64) / 8;
+  return region * kRows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16) + (col % 8) * 2;
+}
+
+// The descriptor of a 128-byte-swizzled operand at shared address `addr`.
+__device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint32_t lbo_bytes) {
+  std::uint64_t d = 0;
+  d |= static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<std::uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= static_cast<std::uint64_t>(1024 >> 4) << 32;  // SBO: 8 rows of 128 bytes
+  d |= static_cast<std::uint64_t>(1) << 62;          // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Orders this thread's earlier generic-proxy shared writes (st.shared,
+// cp.async) before later async-proxy reads (wgmma operands).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Keeps the compiler from moving reads or writes of registers that an
+// in-flight wgmma owns (accumulators, register A fragments) across the wait
+// that retires it.
+template <int kN>
+__device__ __forceinline__ void fence_operands(float (&d)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[j][e])::"memory");
+}
+
+// mbarriers in shared memory (addresses from smem_u32), and TMA loads that
+// complete on them.
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives and announces `bytes` of asynchronous copies that will complete on bar.
+__device__ __forceinline__ void mbar_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Waits until the phase of the given parity has completed (a fresh barrier
+// counts its phase "1" as completed).
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// A box of a 4-d tensor map (column, row, head, batch) into shared memory.
+__device__ __forceinline__ void tma_load_4d(std::uint32_t dst, const void* map, std::uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+#define ATTNPROF_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define ATTNPROF_ACC_N64(d)                                                                                \
+  ATTNPROF_ACC8(d, 0), ATTNPROF_ACC8(d, 1), ATTNPROF_ACC8(d, 2), ATTNPROF_ACC8(d, 3), ATTNPROF_ACC8(d, 4), \
+      ATTNPROF_ACC8(d, 5), ATTNPROF_ACC8(d, 6), ATTNPROF_ACC8(d, 7)
+#define ATTNPROF_ACC_N128(d)                                                                                 \
+  ATTNPROF_ACC_N64(d), ATTNPROF_ACC8(d, 8), ATTNPROF_ACC8(d, 9), ATTNPROF_ACC8(d, 10), ATTNPROF_ACC8(d, 11), \
+      ATTNPROF_ACC8(d, 12), ATTNPROF_ACC8(d, 13), ATTNPROF_ACC8(d, 14), ATTNPROF_ACC8(d, 15)
+#define ATTNPROF_REGS_32                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define ATTNPROF_REGS_64                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "  \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "  \
+  "%59, %60, %61, %62, %63}"
+
+// d (+)= A B, A and B from shared memory (both K-major).
+#define ATTNPROF_WGMMA_SS(N, TY, REGS, ACC, A, B, P)                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P                                                  \
+               ", 0;\n"                                                                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " " REGS ", %" #A ", %" #B \
+               ", p, 1, 1, 0, 0;\n}\n"                                                                  \
+               : ACC(d)                                                                                 \
+               : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)))
+// d (+)= A B, A from registers, B from shared memory read MN-major (transposed).
+#define ATTNPROF_WGMMA_RS(N, TY, REGS, ACC, A0, A1, A2, A3, B, P)                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P                                                               \
+               ", 0;\n"                                                                                              \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " " REGS ", {%" #A0 ", %" #A1 ", %" #A2 \
+               ", %" #A3 "}, %" #B ", p, 1, 1, 1;\n}\n"                                                              \
+               : ACC(d)                                                                                              \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)))
+
+template <bool kBf16, int kNTiles>
+__device__ __forceinline__ void wgmma_ss(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
+                                         bool accumulate) {
+  static_assert(kNTiles == 8 || kNTiles == 16, "N = 64 or 128");
+  if constexpr (kNTiles == 8) {
+    if constexpr (kBf16)
+      ATTNPROF_WGMMA_SS(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+    else
+      ATTNPROF_WGMMA_SS(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+  } else {
+    if constexpr (kBf16)
+      ATTNPROF_WGMMA_SS(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
+    else
+      ATTNPROF_WGMMA_SS(128, f16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
+  }
+}
+
+template <bool kBf16, int kNTiles>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kNTiles][4], const std::uint32_t (&a)[4], std::uint64_t b_desc,
+                                         bool accumulate) {
+  static_assert(kNTiles == 8 || kNTiles == 16, "N = 64 or 128");
+  if constexpr (kNTiles == 8) {
+    if constexpr (kBf16)
+      ATTNPROF_WGMMA_RS(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34, 35, 36, 37);
+    else
+      ATTNPROF_WGMMA_RS(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34, 35, 36, 37);
+  } else {
+    if constexpr (kBf16)
+      ATTNPROF_WGMMA_RS(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66, 67, 68, 69);
+    else
+      ATTNPROF_WGMMA_RS(128, f16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66, 67, 68, 69);
+  }
+}
+
+#undef ATTNPROF_WGMMA_RS
+#undef ATTNPROF_WGMMA_SS
+#undef ATTNPROF_REGS_64
+#undef ATTNPROF_REGS_32
+#undef ATTNPROF_ACC_N128
+#undef ATTNPROF_ACC_N64
+#undef ATTNPROF_ACC8
+
+}  // namespace attnprof::cuda::kernels::sm90
