@@ -4,7 +4,7 @@
 #   scripts/fused_dev.sh test      # correctness against the float64 reference
 #   scripts/fused_dev.sh sanitize  # compute-sanitizer memcheck + racecheck on small cases
 #   scripts/fused_dev.sh bench     # timing table (scripts/fused_dev_main.cu)
-#   scripts/fused_dev.sh torch     # PyTorch's flash and efficient, timed the same way (scripts/fused_dev_torch.py)
+#   scripts/fused_dev.sh torch     # PyTorch's flash, efficient and cuDNN, timed the same way (scripts/fused_dev_torch.py)
 #   scripts/fused_dev.sh ncu       # Nsight Compute: our D=128 flash and PyTorch's FA2, 2x16x8192x128 non-causal
 # Several steps may be given in one call: scripts/fused_dev.sh build test bench
 set -euo pipefail

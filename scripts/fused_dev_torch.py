@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's flash and efficient SDPA timed the way scripts/fused_dev_main.cu
+"""PyTorch's flash, efficient and cuDNN SDPA timed the way scripts/fused_dev_main.cu
 times ours: bf16 [B,H,S,D] random inputs, several input sets rotated past the
 L2, 3 warmup calls per set, then the median of 30 cudaEvent pairs around
 single calls. Run by `scripts/fused_dev.sh torch` on the GPU machine."""
@@ -37,7 +37,8 @@ def main():
                 for _ in range(nsets)]
         pairs = s * (s + 1) / 2 if causal else s * s
         flops = 4.0 * b * h * pairs * d
-        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                              ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             def fn(q, k, v):
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
