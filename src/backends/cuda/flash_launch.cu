@@ -41,7 +41,8 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
       err != cudaSuccess) {
     return say(std::string("cannot read the device's compute capability (") + cudaGetErrorString(err) + ")");
   }
-  if (major < 8) return say("needs an sm80 or newer GPU (Ampere, Hopper); this one is sm" + std::to_string(major) + "x");
+  if (major < 8)
+    return say("needs an sm80 or newer GPU (Ampere, Hopper); this one is sm" + std::to_string(major) + "x");
 
   if (!p.q || !p.k || !p.v || !p.o) return say("q, k, v and o must all be device pointers");
   if (p.batch < 1 || p.heads < 1 || p.kv_heads < 1 || p.seq_q < 1 || p.seq_k < 1) {
@@ -52,7 +53,12 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     return say("heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " + std::to_string(p.kv_heads));
   }
   switch (p.head_dim) {
-    case 32: case 64: case 96: case 128: case 256: break;
+    case 32:
+    case 64:
+    case 96:
+    case 128:
+    case 256:
+      break;
     default:
       return say("head_dim " + std::to_string(p.head_dim) + " is not built: use 32, 64, 96, 128 or 256");
   }
@@ -65,8 +71,9 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
        {p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.k_batch_stride, p.k_head_stride, p.k_row_stride,
         p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.o_batch_stride, p.o_head_stride, p.o_row_stride}) {
     if (stride % 8 != 0) {
-      return say("every batch, head and row stride must be a multiple of 8 elements (16-byte rows); "
-                 "make the tensors contiguous");
+      return say(
+          "every batch, head and row stride must be a multiple of 8 elements (16-byte rows); "
+          "make the tensors contiguous");
     }
   }
   // Tile loads and stores index rows inside one tile with 32-bit offsets.
@@ -78,6 +85,10 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
 
 cudaError_t launch_flash_sm80(const FusedParams& p, cudaStream_t stream) {
   if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
+  return launch_flash_sm80_checked(p, stream);
+}
+
+cudaError_t launch_flash_sm80_checked(const FusedParams& p, cudaStream_t stream) {
   return kernels::dispatch_fwd<FlashRunner>(p, stream);
 }
 

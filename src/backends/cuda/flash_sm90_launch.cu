@@ -46,7 +46,10 @@ cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream) {
-  return flash_sm90_applies(p) ? launch_flash_sm90(p, stream) : launch_flash_sm80(p, stream);
+  if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
+  // One check per call: the choice needs only the head_dim and the binary.
+  return sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() ? kernels::dispatch_fwd<FlashSm90Runner>(p, stream)
+                                                              : launch_flash_sm80_checked(p, stream);
 }
 
 }  // namespace attnprof::cuda

@@ -35,4 +35,7 @@ cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream);
 bool flash_sm90_applies(const FusedParams& p);
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream);
 
+// launch_flash_sm80 for a `p` that fused_unsupported_reason already accepted.
+cudaError_t launch_flash_sm80_checked(const FusedParams& p, cudaStream_t stream);
+
 }  // namespace attnprof::cuda
