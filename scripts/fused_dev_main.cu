@@ -171,13 +171,23 @@ int main() {
         {"efficient", [](const FusedParams& p) { return attnprof::cuda::launch_efficient(p, nullptr); }},
     };
     const bool causal = s.mask != FusedMask::None;
-    if (prop.major == 9) {  // the wgmma kernel (sm90a)
-      if (s.d == 64)
-        kernels.push_back({"flash sm90", causal ? sm90_variant<k::FlashSm90DefaultCfg<64>, k::MaskMode::Causal>()
-                                                : sm90_variant<k::FlashSm90DefaultCfg<64>, k::MaskMode::None>()});
-      if (s.d == 128)
-        kernels.push_back({"flash sm90", causal ? sm90_variant<k::FlashSm90DefaultCfg<128>, k::MaskMode::Causal>()
-                                                : sm90_variant<k::FlashSm90DefaultCfg<128>, k::MaskMode::None>()});
+    if (prop.major == 9) {  // the wgmma kernel (sm90a) and its variants (flash_fwd_sm90.cuh)
+      const auto add90 = [&](const char* kname, auto cfg) {
+        using Cfg = decltype(cfg);
+        kernels.push_back({kname, causal ? sm90_variant<Cfg, k::MaskMode::Causal>() : sm90_variant<Cfg, k::MaskMode::None>()});
+      };
+      if (s.d == 64) {
+        add90("flash sm90", k::FlashSm90DefaultCfg<64>{});
+        add90("flash sm90 3wg", k::FlashSm90Cfg<64, 128, 3>{});
+        add90("flash sm90 3 stages", k::FlashSm90Cfg<64, 128, 2, 3>{});
+        add90("flash sm90 skip", k::FlashSm90Cfg<64, 128, 2, 2, true>{});
+      }
+      if (s.d == 128) {
+        add90("flash sm90", k::FlashSm90DefaultCfg<128>{});
+        add90("flash sm90 3wg", k::FlashSm90Cfg<128, 128, 3>{});
+        add90("flash sm90 3 stages", k::FlashSm90Cfg<128, 128, 2, 3>{});
+        add90("flash sm90 skip", k::FlashSm90Cfg<128, 128, 2, 2, true>{});
+      }
     }
     // Variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).
     if (s.d == 64 && causal) {

@@ -30,14 +30,16 @@
 
 namespace attnprof::cuda::kernels {
 
-template <int kHeadDim_, int kBlockN_>
+template <int kHeadDim_, int kBlockN_, int kConsumers_ = 2, int kStages_ = 2, bool kSkipRescale_ = false>
 struct FlashSm90Cfg {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kConsumerThreads = 256;
+  static constexpr int kConsumers = kConsumers_;  // warpgroups of 64 query rows
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = kConsumerThreads + 32;  // and one producer warp
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kSkipRescale = kSkipRescale_;  // OnlineSoftmax::update's
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
@@ -49,6 +51,7 @@ struct FlashSm90Cfg {
   static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle regions");
   static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N of S: 64 or 128");
   static_assert(kDTiles == 8 || kDTiles == 16, "wgmma N of O: 64 or 128");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
 };
 
 template <int kHeadDim>
@@ -146,7 +149,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (tile_needs_mask<kMask, kBM, kBN>(a, m0, n0)) {
         apply_mask<kMask>(s, a, m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
       }
-      softmax.template update</*kSkipUnchanged=*/false>(s, acc, a.scale_log2);
+      softmax.template update<Cfg::kSkipRescale>(s, acc, a.scale_log2);
 
       // O += P V: P from the S registers (16 keys a step), V read MN-major.
       std::uint32_t p[kNT / 2][4];
