@@ -37,16 +37,16 @@ bool usable_device(std::string* why) {
   return true;
 }
 
-#define SKIP_WITHOUT_SM80()                     \
-  do {                                          \
-    std::string why_;                           \
+#define SKIP_WITHOUT_SM80()                          \
+  do {                                               \
+    std::string why_;                                \
     if (!usable_device(&why_)) GTEST_SKIP() << why_; \
   } while (0)
 
-#define CUDA_OK(call)                                                                        \
-  do {                                                                                       \
-    const cudaError_t err_ = (call);                                                         \
-    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_);               \
+#define CUDA_OK(call)                                                          \
+  do {                                                                         \
+    const cudaError_t err_ = (call);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
   } while (0)
 
 std::uint16_t to_bits(float x, bool bf16) {
@@ -94,10 +94,13 @@ Strides strides_of(int heads, int seq, int d, bool bshd) {
 bool visible(const Case& c, int i, int j) {
   const int off = c.mask == FusedMask::Causal ? 0 : c.seq_k - c.seq_q;
   switch (c.mask) {
-    case FusedMask::None: return true;
+    case FusedMask::None:
+      return true;
     case FusedMask::Causal:
-    case FusedMask::CausalBottomRight: return j <= i + off;
-    case FusedMask::SlidingWindow: return j <= i + off && j > i + off - c.window;
+    case FusedMask::CausalBottomRight:
+      return j <= i + off;
+    case FusedMask::SlidingWindow:
+      return j <= i + off && j > i + off - c.window;
   }
   return false;
 }
@@ -126,9 +129,12 @@ const char* kernel_name(Kernel k) {
 
 cudaError_t launch(Kernel k, const FusedParams& p) {
   switch (k) {
-    case Kernel::Flash: return attnprof::cuda::launch_flash(p, nullptr);
-    case Kernel::FlashSm80: return attnprof::cuda::launch_flash_sm80(p, nullptr);
-    case Kernel::Efficient: return attnprof::cuda::launch_efficient(p, nullptr);
+    case Kernel::Flash:
+      return attnprof::cuda::launch_flash(p, nullptr);
+    case Kernel::FlashSm80:
+      return attnprof::cuda::launch_flash_sm80(p, nullptr);
+    case Kernel::Efficient:
+      return attnprof::cuda::launch_efficient(p, nullptr);
   }
   return cudaErrorInvalidValue;
 }
@@ -156,13 +162,32 @@ void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out) {
   CUDA_OK(cudaMemset(dout.ptr, 0xFF, nq * 2));  // all-ones bits: NaN in bf16 and fp16
 
   const FusedParams p{
-      .q = dq.ptr, .k = dk.ptr, .v = dv.ptr, .o = dout.ptr,
-      .q_batch_stride = sq.batch, .q_head_stride = sq.head, .q_row_stride = sq.row,
-      .k_batch_stride = sk.batch, .k_head_stride = sk.head, .k_row_stride = sk.row,
-      .v_batch_stride = sk.batch, .v_head_stride = sk.head, .v_row_stride = sk.row,
-      .o_batch_stride = sq.batch, .o_head_stride = sq.head, .o_row_stride = sq.row,
-      .batch = B, .heads = H, .kv_heads = Hk, .seq_q = Sq, .seq_k = Sk, .head_dim = D,
-      .scale = float(scale), .mask = c.mask, .window = c.window, .bf16 = c.bf16,
+      .q = dq.ptr,
+      .k = dk.ptr,
+      .v = dv.ptr,
+      .o = dout.ptr,
+      .q_batch_stride = sq.batch,
+      .q_head_stride = sq.head,
+      .q_row_stride = sq.row,
+      .k_batch_stride = sk.batch,
+      .k_head_stride = sk.head,
+      .k_row_stride = sk.row,
+      .v_batch_stride = sk.batch,
+      .v_head_stride = sk.head,
+      .v_row_stride = sk.row,
+      .o_batch_stride = sq.batch,
+      .o_head_stride = sq.head,
+      .o_row_stride = sq.row,
+      .batch = B,
+      .heads = H,
+      .kv_heads = Hk,
+      .seq_q = Sq,
+      .seq_k = Sk,
+      .head_dim = D,
+      .scale = float(scale),
+      .mask = c.mask,
+      .window = c.window,
+      .bf16 = c.bf16,
   };
   const char* reason = attnprof::cuda::fused_unsupported_reason(p, flash);
   ASSERT_EQ(reason, nullptr) << reason;
@@ -287,16 +312,40 @@ INSTANTIATE_TEST_SUITE_P(All, FusedKernels, ::testing::ValuesIn(all_cases()),
                            return std::string(kernel_name(info.param.kernel)) + "_" + info.param.c.name;
                          });
 
+// A shape-only problem (nothing is launched on it): 4 heads over 2 KV heads,
+// 8 rows, every stride one head_dim-wide row.
+FusedParams shape_only(int head_dim) {
+  alignas(16) static std::uint16_t dummy[8];
+  const std::int64_t r = head_dim;
+  return FusedParams{.q = dummy,
+                     .k = dummy,
+                     .v = dummy,
+                     .o = dummy,
+                     .q_batch_stride = r,
+                     .q_head_stride = r,
+                     .q_row_stride = r,
+                     .k_batch_stride = r,
+                     .k_head_stride = r,
+                     .k_row_stride = r,
+                     .v_batch_stride = r,
+                     .v_head_stride = r,
+                     .v_row_stride = r,
+                     .o_batch_stride = r,
+                     .o_head_stride = r,
+                     .o_row_stride = r,
+                     .batch = 1,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .seq_q = 8,
+                     .seq_k = 8,
+                     .head_dim = head_dim,
+                     .scale = 0.125f,
+                     .mask = FusedMask::Causal};
+}
+
 TEST(FusedKernelsSupport, ReasonsSayWhatToChange) {
   SKIP_WITHOUT_SM80();
-  alignas(16) static std::uint16_t dummy[8];
-  FusedParams p{.q = dummy, .k = dummy, .v = dummy, .o = dummy,
-                .q_batch_stride = 64, .q_head_stride = 64, .q_row_stride = 64,
-                .k_batch_stride = 64, .k_head_stride = 64, .k_row_stride = 64,
-                .v_batch_stride = 64, .v_head_stride = 64, .v_row_stride = 64,
-                .o_batch_stride = 64, .o_head_stride = 64, .o_row_stride = 64,
-                .batch = 1, .heads = 4, .kv_heads = 2, .seq_q = 8, .seq_k = 8, .head_dim = 64,
-                .scale = 0.125f, .mask = FusedMask::Causal};
+  const FusedParams p = shape_only(64);
   EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(p, true), nullptr);
   EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(p, false), nullptr);
 
@@ -325,20 +374,10 @@ TEST(FusedKernelsSupport, Sm90PathWhereItApplies) {
   SKIP_WITHOUT_SM80();
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  alignas(16) static std::uint16_t dummy[8];
-  FusedParams p{.q = dummy, .k = dummy, .v = dummy, .o = dummy,
-                .q_batch_stride = 128, .q_head_stride = 128, .q_row_stride = 128,
-                .k_batch_stride = 128, .k_head_stride = 128, .k_row_stride = 128,
-                .v_batch_stride = 128, .v_head_stride = 128, .v_row_stride = 128,
-                .o_batch_stride = 128, .o_head_stride = 128, .o_row_stride = 128,
-                .batch = 1, .heads = 2, .kv_heads = 1, .seq_q = 8, .seq_k = 8, .head_dim = 128,
-                .scale = 0.125f, .mask = FusedMask::Causal};
-  EXPECT_EQ(attnprof::cuda::flash_sm90_applies(p), major == 9);
-  p.head_dim = 64;
-  EXPECT_EQ(attnprof::cuda::flash_sm90_applies(p), major == 9);
-  p.head_dim = 96;
-  EXPECT_FALSE(attnprof::cuda::flash_sm90_applies(p));
-  EXPECT_EQ(attnprof::cuda::launch_flash_sm90(p, nullptr), cudaErrorNotSupported);
+  EXPECT_EQ(attnprof::cuda::flash_sm90_applies(shape_only(128)), major == 9);
+  EXPECT_EQ(attnprof::cuda::flash_sm90_applies(shape_only(64)), major == 9);
+  EXPECT_FALSE(attnprof::cuda::flash_sm90_applies(shape_only(96)));
+  EXPECT_EQ(attnprof::cuda::launch_flash_sm90(shape_only(96), nullptr), cudaErrorNotSupported);
 }
 
 }  // namespace
