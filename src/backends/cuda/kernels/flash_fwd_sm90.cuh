@@ -1,7 +1,8 @@
 // FlashAttention forward on sm90a: TMA loads, wgmma, a producer warp and two
 // consumer warpgroups that run free of each other.
 //
-// One CTA per (128-row query tile, head, batch). Warp 8 is the producer: one
+// One CTA per (128-row query tile, head, batch), as FlashSm90Cfg has it by
+// default (kConsumers sets the consumer count). Warp 8 is the producer: one
 // thread loads Q once and then K and V tile after tile with TMA into two
 // shared-memory stages, each stage guarded by mbarriers ("full" when its bytes
 // have landed, "empty" when both consumers are done with it). Warpgroups 0
@@ -13,7 +14,8 @@
 // writes and wgmma reads (wgmma_sm90.cuh).
 //
 // Not yet in: the consumers' own softmax overlapped with their next S
-// (FlashAttention-3's intra-warpgroup pipelining), setmaxnreg.
+// (FlashAttention-3's intra-warpgroup pipelining: tried, and slower without
+// setmaxnreg, docs/perf/fused-kernels.md run 9), setmaxnreg.
 #pragma once
 
 #include <cuda.h>

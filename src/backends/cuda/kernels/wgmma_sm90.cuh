@@ -1,12 +1,13 @@
-// Warpgroup-level tensor-core primitives of sm90a: the shared-memory matrix
-// descriptor, the 128-byte-swizzled tile layout it describes, and
-// wgmma.mma_async m64nNk16 (N = 64, 128) with f32 accumulation, its A operand
-// from shared memory (SS) or from registers (RS).
+// Warpgroup-level primitives of sm90a: the shared-memory matrix descriptor and
+// the 128-byte-swizzled tile layout it describes, wgmma.mma_async m64nNk16
+// (N = 64, 128) with f32 accumulation and its A operand from shared memory
+// (SS) or from registers (RS), mbarriers, and TMA tensor loads.
 //
 // Layout. A tile of 16-bit elements is kept as column regions of 64 elements
 // (128 bytes a row); region r holds columns [64r, 64r + 64) of every row,
 // rows 128 bytes apart, and the 16-byte chunk c of row i sits at chunk
-// c ^ (i % 8) (CUTLASS's Swizzle<3,4,3>). Regions start 1024-byte aligned.
+// c ^ (i % 8) (CUTLASS's Swizzle<3,4,3>, which TMA's 128-byte swizzle
+// writes). Regions start 1024-byte aligned.
 // Read K-major (Q, K: the reduction runs along the row), the descriptor steps
 // 8-row groups by SBO = 1024 bytes and the k-steps of 16 elements by moving
 // its start 32 bytes inside the region. Read MN-major (V, whose rows are the
@@ -22,13 +23,6 @@
 #include <cstdint>
 
 namespace attnprof::cuda::kernels::sm90 {
-
-// Byte offset of element (row, col) in a swizzled tile of kRows rows.
-template <int kRows>
-__device__ __forceinline__ std::uint32_t swizzled_offset(int row, int col) {
-  const int region = col / 64, chunk = (col % 64) / 8;
-  return region * kRows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16) + (col % 8) * 2;
-}
 
 // The descriptor of a 128-byte-swizzled operand at shared address `addr`.
 __device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint32_t lbo_bytes) {
@@ -46,9 +40,6 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// Orders this thread's earlier generic-proxy shared writes (st.shared,
-// cp.async) before later async-proxy reads (wgmma operands).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Keeps the compiler from moving reads or writes of registers that an
 // in-flight wgmma owns (accumulators, register A fragments) across the wait
