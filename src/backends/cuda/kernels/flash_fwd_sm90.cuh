@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       sm90::mbar_init(full_v(st), 1);
       sm90::mbar_init(empty(st), Cfg::kConsumerThreads);
     }
+    sm90::mbar_fence_init();
   }
   __syncthreads();
 

@@ -64,6 +64,12 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
 __device__ __forceinline__ void mbar_init(std::uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// Makes this thread's mbarrier.init visible to the asynchronous proxy (the
+// TMA unit completes transactions on the barriers), as CUTLASS's
+// PipelineTmaAsync does after its inits; a CTA barrier must follow.
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
