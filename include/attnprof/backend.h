@@ -30,6 +30,19 @@ struct Expectation {
   int copies = 0;                    // memcpys (GPU) or copy ops (CPU) per forward
 };
 
+// What a backend is, declared for the rules that read its runs (they never
+// read backend names).
+struct Traits {
+  // A fully masked query row gives NaN (plain softmax over a row of -inf), as
+  // the textbook decomposition does; the float64 check accepts NaN there.
+  bool nan_on_fully_masked = false;
+  // Computes in FP32 whatever the inputs: its error is the yardstick of the
+  // 16-bit tolerance rule (at most twice its error, plus a floor).
+  bool reference_precision = false;
+  // Materialises the full [S, Skv] scores: the others' memory is read against it.
+  bool memory_baseline = false;
+};
+
 // Per-call context handed to forward().
 struct RunContext {
   Allocator& allocator;
@@ -47,6 +60,7 @@ class Backend {
   // refuse-before-allocating check.
   virtual std::size_t workspace_bytes(const Problem& p) const = 0;
   virtual Expectation expectation(const Problem& p) const = 0;
+  virtual Traits traits() const { return {}; }
   // Writes softmax(scale * Q K^T + mask) V into `out` ([B, H, S, D], problem dtype).
   virtual void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) = 0;
 };

@@ -63,6 +63,7 @@ struct RunResult {
   Problem problem;
   Eligibility eligibility;
   Expectation expectation;
+  Traits traits;
   Trace trace;
   Metrics metrics;
   std::optional<ErrorStats> error;

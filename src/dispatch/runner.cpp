@@ -93,6 +93,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
   r.problem = p;
   r.eligibility = backend.eligibility(p);
   r.expectation = backend.expectation(p);
+  r.traits = backend.traits();
   r.trace.name = p.shape_key() + "_" + r.backend;
   if (!r.eligibility.eligible) return r;
   try {
@@ -140,7 +141,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     if (options.progress) options.progress(r.backend + ": checking against float64");
     const Tensor host_out = rt.download(out);
     r.error = check_against_reference(p, host, host_out, sample_rows(p, options.check_rows));
-    r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.backend == "naive" || r.backend == "naive_inplace");
+    r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
     r.metrics = report::measure(r.trace, p, ceiling(rt, p.dtype));
     if (unprofiled) {
       r.metrics.host_time_unprofiled_us = unprofiled->p50;

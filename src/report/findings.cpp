@@ -10,9 +10,11 @@
 namespace attnprof::report {
 namespace {
 
-const RunResult* find(const std::vector<RunResult>& all, std::string_view name) {
+// The run the others' memory is read against (the backend that declares
+// itself the memory baseline), when it ran.
+const RunResult* memory_baseline(const std::vector<RunResult>& all) {
   for (const auto& r : all) {
-    if (r.backend == name && !r.failure && r.metrics.steps > 0) return &r;
+    if (r.traits.memory_baseline && !r.failure && r.metrics.steps > 0) return &r;
   }
   return nullptr;
 }
@@ -135,11 +137,11 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
   copy_rules(r, out);
   if (m.copies_per_forward == 0 && std::find(ops.begin(), ops.end(), "masked_fill_") != ops.end()) {
     std::string s = "masked fill runs in place: no copy";
-    if (const RunResult* naive = find(all, "naive"); naive && naive->metrics.allocated_bytes_per_forward > 0) {
+    if (const RunResult* naive = memory_baseline(all); naive && naive->metrics.allocated_bytes_per_forward > 0) {
       const double saved = naive->metrics.allocated_bytes_per_forward - m.allocated_bytes_per_forward;
-      if (saved > 0) s += ", " + mib(saved) + " less allocated per forward than naive";
+      if (saved > 0) s += ", " + mib(saved) + " less allocated per forward than " + naive->backend;
       if (naive->metrics.device_time_us && m.device_time_us) {
-        s += format(", %.2fx naive's time", *m.device_time_us / *naive->metrics.device_time_us);
+        s += format(", %.2fx ", *m.device_time_us / *naive->metrics.device_time_us) + naive->backend + "'s time";
       }
     }
     out.push_back(s);
@@ -191,12 +193,12 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
   }
 
   // Memory against naive's, at long sequences.
-  if (const RunResult* naive = find(all, "naive"); naive && r.backend != "naive" && m.peak_bytes > 0) {
+  if (const RunResult* naive = memory_baseline(all); naive && !r.traits.memory_baseline && m.peak_bytes > 0) {
     const double ratio = static_cast<double>(naive->metrics.peak_bytes) / static_cast<double>(m.peak_bytes);
     if (ratio >= 4)
-      out.push_back("peak memory " + mib(static_cast<double>(m.peak_bytes)) + format(", %.0fx below naive's", ratio));
-  } else if (m.peak_bytes == 0 && !gpu && naive && r.backend != "naive") {
-    out.push_back("no allocation inside forward (naive peaks at " +
+      out.push_back("peak memory " + mib(static_cast<double>(m.peak_bytes)) + format(", %.0fx below ", ratio) + naive->backend + "'s");
+  } else if (m.peak_bytes == 0 && !gpu && naive && !r.traits.memory_baseline) {
+    out.push_back("no allocation inside forward (" + naive->backend + " peaks at " +
                   mib(static_cast<double>(naive->metrics.peak_bytes)) + ")");
   }
 
@@ -236,11 +238,11 @@ std::vector<std::string> findings(const RunResult& r, const std::vector<RunResul
 void apply_acceptance(std::vector<RunResult>& results) {
   std::optional<double> math_rel;
   for (const auto& r : results) {
-    if (r.backend == "math" && r.error && r.error->nan_rows == 0) math_rel = r.error->rel;
+    if (r.traits.reference_precision && r.error && r.error->nan_rows == 0) math_rel = r.error->rel;
   }
   for (auto& r : results) {
     if (!r.error) continue;
-    r.acceptance = accept(r.problem.dtype, *r.error, math_rel, r.backend == "naive" || r.backend == "naive_inplace");
+    r.acceptance = accept(r.problem.dtype, *r.error, math_rel, r.traits.nan_on_fully_masked);
   }
 }
 

@@ -27,6 +27,8 @@ class MathBackend final : public Backend {
     return 2 * scores + upcast + static_cast<std::size_t>(p.seq * p.kv_seq) * 5;
   }
 
+  Traits traits() const override { return {.reference_precision = true}; }
+
   Expectation expectation(const Problem& p) const override {
     Expectation e;
     if (is_16bit(p.dtype)) e.cpu_ops = {"to", "to", "to"};

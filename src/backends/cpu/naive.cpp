@@ -36,6 +36,8 @@ class NaiveBackend final : public Backend {
     return 2 * scores + static_cast<std::size_t>(p.seq * p.kv_seq);
   }
 
+  Traits traits() const override { return {.nan_on_fully_masked = true, .memory_baseline = !inplace_}; }
+
   Expectation expectation(const Problem& p) const override {
     Expectation e;
     e.cpu_ops = {"matmul", "mul"};

@@ -44,6 +44,8 @@ class Math final : public Backend {
     return 3 * scores + scores / 4 + 2 * q + 2 * kv + kv + q + mask + ops::blas_workspace_bytes();
   }
 
+  Traits traits() const override { return {.reference_precision = true}; }
+
   Expectation expectation(const Problem& p) const override {
     Expectation e;
     const bool upcast = is_16bit(p.dtype);

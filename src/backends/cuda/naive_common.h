@@ -32,6 +32,8 @@ class NaiveBase : public Backend {
     return peak_score_buffers() * scores + mask + ops::blas_workspace_bytes();
   }
 
+  Traits traits() const override { return {.nan_on_fully_masked = true, .memory_baseline = name() == "naive"}; }
+
   Expectation expectation(const Problem& p) const override {
     Expectation e;
     e.cpu_ops = {"matmul", "mul"};
