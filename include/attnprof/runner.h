@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnprof/backend.h"
+#include "attnprof/device_runtime.h"
 #include "attnprof/profiler.h"
 #include "attnprof/reference.h"
 
@@ -70,28 +71,6 @@ struct RunResult {
   std::optional<Acceptance> acceptance;
   std::vector<std::string> findings;   // filled by the report rules
   std::optional<std::string> failure;  // set when the run threw (message)
-};
-
-// The device the runner profiles on: allocator, collectors, stream, ceilings.
-class DeviceRuntime {
- public:
-  virtual ~DeviceRuntime() = default;
-  virtual Device device() const = 0;
-  virtual Allocator& allocator() = 0;
-  virtual void* stream() { return nullptr; }
-  virtual void synchronize() {}
-  // Bytes that can still be allocated (for refusing before allocating).
-  virtual std::int64_t available_bytes() const = 0;
-  virtual std::vector<std::unique_ptr<Collector>> make_collectors() { return {}; }
-  // Moves inputs made on the CPU to this device (identity on the CPU).
-  virtual Inputs upload(const Inputs& host) = 0;
-  virtual Tensor download(const Tensor& t) = 0;
-  virtual void poison(Tensor& t) = 0;  // fills with NaN so unwritten elements show
-  // Measured matrix-product ceiling (TFLOP/s) for this dtype, measured once.
-  virtual double ceiling_tflops(DType dtype) = 0;
-  virtual std::string description()
-      const = 0;  // "NVIDIA H200, driver 580.159, CUDA 13.0" / "AMD EPYC, 2 threads, OpenBLAS 0.3.21"
-  virtual std::optional<DeviceProperties> properties() const { return std::nullopt; }
 };
 
 // The runtime for a device; throws Error(Unsupported) for CUDA without a GPU or

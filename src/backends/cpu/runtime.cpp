@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "attnprof/error.h"
-#include "attnprof/runner.h"
+#include "attnprof/device_runtime.h"
 #include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_backends.h"
 

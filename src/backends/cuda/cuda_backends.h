@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "attnprof/backend.h"
-#include "attnprof/runner.h"
+#include "attnprof/device_runtime.h"
 
 namespace attnprof::cuda {
 
