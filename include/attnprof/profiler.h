@@ -41,18 +41,37 @@ class Collector {
   virtual void drain(std::vector<Activity>& out) = 0;
   virtual std::optional<DeviceProperties> device_properties() const { return std::nullopt; }
   virtual std::string note() const { return {}; }
+  // Range hooks, on the thread that opens and closes each recorded range (a
+  // RecordFunction or a step marker), while the collector runs. A device
+  // collector stamps the work launched inside with `external_id` (CUPTI's
+  // external correlation) or times the range on the device; the profiler
+  // itself never calls a device API (Kineto's client interface).
+  virtual void range_begin(std::string_view name, std::uint64_t external_id) {}
+  virtual void range_end(std::uint64_t external_id) {}
 };
+
+// Process-wide callbacks on every RecordFunction, recorded or not, as
+// PyTorch's RecordFunction global callbacks: the CUDA layer pushes NVTX ranges
+// with them, so Nsight shows the same op names. Registered once, before the
+// ranges they should see; never removed. At most 4.
+struct RangeCallbacks {
+  void (*enter)(std::string_view name) = nullptr;
+  void (*exit)() = nullptr;
+};
+void add_range_callbacks(RangeCallbacks callbacks);
 
 std::int64_t now_ns();  // the profiler's clock (steady, ns)
 
-class Profiler {
+class Profiler final : public AllocationObserver {
  public:
   explicit Profiler(Schedule schedule = {});
-  ~Profiler();
+  ~Profiler() override;
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
 
   void add_collector(std::unique_ptr<Collector> c);
+  // Records `a`'s allocations and frees while recording (until destruction).
+  void observe(Allocator& a);
   void start();  // becomes the current profiler; step 0 begins
   void step();   // ends the current step, begins the next (prof.step())
   void stop();
@@ -69,7 +88,7 @@ class Profiler {
   std::size_t begin_range(std::string_view name, ActivityType type, std::string_view input_dtypes,
                           std::string_view input_dims);
   void end_range(std::size_t handle);
-  void record_allocation(Device device, const void* ptr, std::int64_t delta, const MemoryStats& after);
+  void on_allocation(Device device, const void* ptr, std::int64_t delta, const MemoryStats& after) override;
 
  private:
   void open_step();
@@ -79,6 +98,7 @@ class Profiler {
   Schedule schedule_;
   std::vector<std::unique_ptr<Collector>> collectors_;
   std::vector<bool> collector_ok_;
+  std::vector<Allocator*> observed_;
   Trace trace_;
   std::vector<std::size_t> open_ranges_;  // stack of indices into trace_.activities
   std::size_t step_range_ = SIZE_MAX;
@@ -88,8 +108,8 @@ class Profiler {
   std::mutex mutex_;
 };
 
-// RAII range named after an op; a no-op unless a profiler is recording.
-// Also pushes an NVTX range when built with CUDA, so Nsight shows the same names.
+// RAII range named after an op: recorded while a profiler records, and handed
+// to the process-wide range callbacks (NVTX in CUDA builds) always.
 class RecordFunction {
  public:
   explicit RecordFunction(std::string_view name, std::string_view input_dtypes = {}, std::string_view input_dims = {},
@@ -102,9 +122,5 @@ class RecordFunction {
   Profiler* profiler_;
   std::size_t handle_ = SIZE_MAX;
 };
-
-// NVTX hooks (no-ops in a CPU-only build).
-void nvtx_push(std::string_view name);
-void nvtx_pop();
 
 }  // namespace attnprof

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,8 +26,17 @@ struct MemoryStats {
   std::int64_t peak_reserved = 0;
 };
 
-// Every tensor buffer comes from an allocator, which reports each allocation and
-// free to the active profiler (bytes, running totals) and keeps the peak.
+// Told of every allocation and free of the allocators it observes (the
+// profiler, while it records): `delta` > 0 allocates, < 0 frees, and `after`
+// holds the totals once the change is made.
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  virtual void on_allocation(Device device, const void* ptr, std::int64_t delta, const MemoryStats& after) = 0;
+};
+
+// Every tensor buffer comes from an allocator, which keeps totals and the peak
+// and reports each allocation and free to its observer, if it has one.
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -38,6 +48,20 @@ class Allocator {
   virtual void reset_peak() = 0;
   // Gives cached blocks back to the system (no-op where nothing is cached).
   virtual void release_cached() {}
+
+  // One observer at a time; clear_observer(o) clears it only if it is still o.
+  void set_observer(AllocationObserver* o) { observer_.store(o, std::memory_order_release); }
+  bool clear_observer(AllocationObserver* expected) { return observer_.compare_exchange_strong(expected, nullptr); }
+
+ protected:
+  // Implementations call this after each change, outside their own lock.
+  void notify(const void* ptr, std::int64_t delta, const MemoryStats& after) const {
+    if (AllocationObserver* o = observer_.load(std::memory_order_acquire))
+      o->on_allocation(device(), ptr, delta, after);
+  }
+
+ private:
+  std::atomic<AllocationObserver*> observer_{nullptr};
 };
 
 // The process-wide CPU allocator (64-byte aligned, tracked).
@@ -107,7 +131,8 @@ class Tensor {
     store_from_float(data(), dtype_, index(i0, i1, i2, i3), v);
   }
 
-  std::string describe() const;  // "bf16[8, 16, 1024, 64] strides [...]"
+  std::string describe() const;     // "bf16[8, 16, 1024, 64] strides [...]"
+  std::string dims_string() const;  // "[8, 16, 1024, 64]", as profiler ranges list input dims
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -1,12 +1,11 @@
-// The CPU allocator: 64-byte aligned buffers, tracked totals and peak, and an
-// allocation event for the active profiler on every allocate and free.
+// The CPU allocator: 64-byte aligned buffers, tracked totals and peak, and
+// every allocate and free reported to the observer (a recording profiler).
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <new>
 
 #include "attnprof/error.h"
-#include "attnprof/profiler.h"
 #include "attnprof/tensor.h"
 
 namespace attnprof {
@@ -32,8 +31,7 @@ class CpuAllocator final : public Allocator {
       stats_.peak_reserved = stats_.peak_allocated;
       after = stats_;
     }
-    if (Profiler* prof = Profiler::current())
-      prof->record_allocation(Device::Cpu, p, static_cast<std::int64_t>(rounded), after);
+    notify(p, static_cast<std::int64_t>(rounded), after);
     return p;
   }
 
@@ -47,8 +45,7 @@ class CpuAllocator final : public Allocator {
       stats_.reserved = stats_.allocated;
       after = stats_;
     }
-    if (Profiler* prof = Profiler::current())
-      prof->record_allocation(Device::Cpu, ptr, -static_cast<std::int64_t>(rounded), after);
+    notify(ptr, -static_cast<std::int64_t>(rounded), after);
     std::free(ptr);  // after the event, which records the address
   }
 

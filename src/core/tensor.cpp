@@ -72,6 +72,18 @@ Tensor Tensor::expand(const Dims& sizes) const {
   return t;
 }
 
+std::string Tensor::dims_string() const {
+  // Appended piece by piece: g++ 12 warns (-Wrestrict, a false positive) on
+  // chains of operator+ over temporaries, and this runs once per profiled op.
+  std::string s = "[";
+  for (std::size_t i = 0; i < sizes_.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(sizes_[i]);
+  }
+  s += ']';
+  return s;
+}
+
 std::string Tensor::describe() const {
   std::ostringstream os;
   os << dtype_name(dtype_) << "[" << sizes_[0] << ", " << sizes_[1] << ", " << sizes_[2] << ", " << sizes_[3] << "]";

@@ -113,6 +113,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
 
     Profiler prof(options.schedule);
     for (auto& c : rt.make_collectors()) prof.add_collector(std::move(c));
+    prof.observe(rt.allocator());
     RunContext ctx{rt.allocator(), rt.stream(), options.threads};
     const int steps = options.schedule.total_steps();
     prof.start();

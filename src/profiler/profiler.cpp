@@ -6,20 +6,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <unordered_set>
 
 #include "attnprof/error.h"
-#ifdef ATTNPROF_WITH_CUDA
-#include "profiler/cupti/cupti_collector.h"
-#endif
 
 namespace attnprof {
 namespace {
 
 std::atomic<Profiler*> g_current{nullptr};
 std::atomic<std::uint64_t> g_external_id{0};
+
+// The process-wide RecordFunction callbacks: a fixed table filled once at
+// start-up, read without a lock on every range.
+constexpr std::size_t kMaxRangeCallbacks = 4;
+std::array<RangeCallbacks, kMaxRangeCallbacks> g_range_callbacks{};
+std::atomic<std::size_t> g_range_callback_count{0};
 
 std::int64_t thread_id() {
   thread_local const std::int64_t tid = static_cast<std::int64_t>(::syscall(SYS_gettid));
@@ -73,7 +77,17 @@ int Schedule::total_steps() const { return repeat > 0 ? repeat * (wait + warmup 
 
 Profiler::Profiler(Schedule schedule) : schedule_(schedule) {}
 
+void add_range_callbacks(RangeCallbacks callbacks) {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  const std::size_t n = g_range_callback_count.load(std::memory_order_relaxed);
+  if (n == kMaxRangeCallbacks) fail(ErrorKind::Internal, "too many range callbacks");
+  g_range_callbacks[n] = callbacks;
+  g_range_callback_count.store(n + 1, std::memory_order_release);
+}
+
 Profiler::~Profiler() {
+  for (Allocator* a : observed_) a->clear_observer(this);
   if (started_) {
     try {
       stop();
@@ -85,6 +99,11 @@ Profiler::~Profiler() {
 void Profiler::add_collector(std::unique_ptr<Collector> c) {
   collectors_.push_back(std::move(c));
   collector_ok_.push_back(false);
+}
+
+void Profiler::observe(Allocator& a) {
+  a.set_observer(this);
+  observed_.push_back(&a);
 }
 
 Profiler* Profiler::current() { return g_current.load(std::memory_order_acquire); }
@@ -194,12 +213,12 @@ std::size_t Profiler::begin_range(std::string_view name, ActivityType type, std:
   a.depth = static_cast<int>(open_ranges_.size());
   a.input_dtypes = std::string(input_dtypes);
   a.input_dims = std::string(input_dims);
-  // CUPTI stamps launches made inside this range with its id, so device work
-  // can be traced back to the op even where time containment cannot tell.
+  // Device collectors stamp launches made inside this range with its id, so
+  // device work can be traced back to the op where time containment cannot tell.
   a.external_id = ++g_external_id;
-#ifdef ATTNPROF_WITH_CUDA
-  cupti::push_external_id(a.external_id);
-#endif
+  for (std::size_t i = 0; i < collectors_.size(); ++i) {
+    if (collector_ok_[i]) collectors_[i]->range_begin(a.name, a.external_id);
+  }
   a.start_ns = now_ns();
   trace_.activities.push_back(std::move(a));
   open_ranges_.push_back(trace_.activities.size() - 1);
@@ -208,17 +227,17 @@ std::size_t Profiler::begin_range(std::string_view name, ActivityType type, std:
 
 void Profiler::end_range(std::size_t handle) {
   const std::int64_t t = now_ns();
-#ifdef ATTNPROF_WITH_CUDA
-  cupti::pop_external_id();
-#endif
   std::lock_guard lock(mutex_);
   if (handle >= trace_.activities.size()) return;
+  for (std::size_t i = collectors_.size(); i-- > 0;) {
+    if (collector_ok_[i]) collectors_[i]->range_end(trace_.activities[handle].external_id);
+  }
   trace_.activities[handle].dur_ns = t - trace_.activities[handle].start_ns;
   auto it = std::find(open_ranges_.rbegin(), open_ranges_.rend(), handle);
   if (it != open_ranges_.rend()) open_ranges_.erase(std::next(it).base());
 }
 
-void Profiler::record_allocation(Device device, const void* ptr, std::int64_t delta, const MemoryStats& after) {
+void Profiler::on_allocation(Device device, const void* ptr, std::int64_t delta, const MemoryStats& after) {
   if (!recording_) return;
   Activity a;
   a.type = ActivityType::Allocation;
@@ -243,7 +262,8 @@ void Profiler::record_allocation(Device device, const void* ptr, std::int64_t de
 RecordFunction::RecordFunction(std::string_view name, std::string_view input_dtypes, std::string_view input_dims,
                                ActivityType type)
     : profiler_(Profiler::current()) {
-  nvtx_push(name);
+  const std::size_t n = g_range_callback_count.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) g_range_callbacks[i].enter(name);
   if (profiler_ && profiler_->recording()) {
     handle_ = profiler_->begin_range(name, type, input_dtypes, input_dims);
   } else {
@@ -253,12 +273,7 @@ RecordFunction::RecordFunction(std::string_view name, std::string_view input_dty
 
 RecordFunction::~RecordFunction() {
   if (profiler_) profiler_->end_range(handle_);
-  nvtx_pop();
+  for (std::size_t i = g_range_callback_count.load(std::memory_order_acquire); i-- > 0;) g_range_callbacks[i].exit();
 }
-
-#ifndef ATTNPROF_WITH_CUDA
-void nvtx_push(std::string_view) {}
-void nvtx_pop() {}
-#endif
 
 }  // namespace attnprof

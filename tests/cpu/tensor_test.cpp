@@ -141,6 +141,7 @@ TEST(Allocator, TracksAllocatedAndPeak) {
 TEST(Allocator, ProfilerRecordsAllocationEventsWithRunningTotals) {
   Allocator& a = cpu_allocator();
   Profiler prof(Schedule{.wait = 0, .warmup = 1, .active = 1, .repeat = 1});
+  prof.observe(a);
   prof.start();
   {  // step 0 is warmup: nothing recorded
     Tensor unseen = Tensor::empty({1, 1, 1, 1000}, DType::F32, a);

@@ -310,6 +310,7 @@ TEST(CudaRuntime, AllocationsReachTheProfiler) {
   schedule.warmup = 0;
   schedule.active = 1;
   Profiler prof(schedule);
+  prof.observe(rt.allocator());
   prof.start();
   { Tensor t = Tensor::empty({1, 1, 256, 256}, DType::F32, rt.allocator()); }
   prof.step();

@@ -2,19 +2,19 @@
 
 #include <string>
 
-#include "backends/cuda/check.h"
+#include "core/cuda_check.h"
 #include "cupti_test_kernels.h"
 
 // Driver-API errors in the same form as ATTNPROF_CUDA_CHECK's.
 // The driver API is reached through the runtime's entry-point query, so this
 // binary does not link libcuda and still starts (and skips) without a driver.
-#define TEST_CU_CHECK(call)                                                                                 \
-  do {                                                                                                      \
-    const CUresult status_ = (call);                                                                        \
-    if (status_ != CUDA_SUCCESS) {                                                                          \
-      ::attnprof::cuda::detail::throw_device_error("CUDA driver", std::to_string(static_cast<int>(status_)), \
-                                                   #call, __FILE__, __LINE__);                              \
-    }                                                                                                       \
+#define TEST_CU_CHECK(call)                                                                                         \
+  do {                                                                                                              \
+    const CUresult status_ = (call);                                                                                \
+    if (status_ != CUDA_SUCCESS) {                                                                                  \
+      ::attnprof::cuda::detail::throw_device_error("CUDA driver", std::to_string(static_cast<int>(status_)), #call, \
+                                                   __FILE__, __LINE__);                                             \
+    }                                                                                                               \
   } while (0)
 
 namespace attnprof_test {
@@ -60,10 +60,10 @@ void launch_with_driver(float* out, cudaStream_t stream) {
   cudaDriverEntryPointQueryResult found{};
   ATTNPROF_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &entry, 12000, cudaEnableDefault, &found));
   if (found != cudaDriverEntryPointSuccess || entry == nullptr) {
-    ::attnprof::cuda::detail::throw_device_error("CUDA driver", "no entry point", "cuLaunchKernelEx", __FILE__, __LINE__);
+    ::attnprof::cuda::detail::throw_device_error("CUDA driver", "no entry point", "cuLaunchKernelEx", __FILE__,
+                                                 __LINE__);
   }
-  TEST_CU_CHECK(
-      reinterpret_cast<LaunchEx>(entry)(&config, reinterpret_cast<CUfunction>(function), args, nullptr));
+  TEST_CU_CHECK(reinterpret_cast<LaunchEx>(entry)(&config, reinterpret_cast<CUfunction>(function), args, nullptr));
 }
 
 }  // namespace attnprof_test

@@ -97,10 +97,7 @@ void check_same_rows(const Tensor& x, const Tensor& m, const char* op) {
 
 }  // namespace
 
-std::string dims_string(const Tensor& t) {
-  return "[" + std::to_string(t.size(0)) + ", " + std::to_string(t.size(1)) + ", " + std::to_string(t.size(2)) + ", " +
-         std::to_string(t.size(3)) + "]";
-}
+std::string dims_string(const Tensor& t) { return t.dims_string(); }
 
 std::string dtypes_string(std::initializer_list<const Tensor*> ts) {
   std::string s;

@@ -8,8 +8,7 @@
 #include <vector>
 
 #include "attnprof/error.h"
-#include "attnprof/profiler.h"
-#include "backends/cuda/check.h"
+#include "core/cuda_check.h"
 
 namespace attnprof::cuda {
 namespace {
@@ -39,10 +38,6 @@ class DeviceGuard {
  private:
   int previous_ = 0;
 };
-
-void report(const void* ptr, std::int64_t delta, const MemoryStats& after) {
-  if (Profiler* p = Profiler::current()) p->record_allocation(Device::Cuda, ptr, delta, after);
-}
 
 }  // namespace
 
@@ -106,7 +101,7 @@ void* CachingAllocator::allocate(std::size_t bytes) {
     delta = static_cast<std::int64_t>(live_.at(ptr));
     after = stats_;
   }
-  report(ptr, delta, after);  // outside the lock: the profiler takes its own
+  notify(ptr, delta, after);  // outside the lock: the profiler takes its own
   return ptr;
 }
 
@@ -125,7 +120,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t) noexcept {
     after = stats_;
   }
   try {
-    report(ptr, delta, after);
+    notify(ptr, delta, after);
   } catch (...) {  // a free must not throw; losing one trace event is the lesser harm
   }
 }

@@ -28,8 +28,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/cuda/check.h"
 #include "backends/cuda/cudnn_check.h"
+#include "core/cuda_check.h"
 
 namespace attnprof::cuda {
 namespace {
@@ -227,8 +227,7 @@ class Cudnn final : public Backend {
     for (const Tensor* t : {&in.q, &in.k, &in.v}) {
       if (!dtypes.empty()) dtypes += ", ", dims += ", ";
       dtypes += dtype_name(t->dtype());
-      dims += "[" + std::to_string(t->size(0)) + ", " + std::to_string(t->size(1)) + ", " + std::to_string(t->size(2)) +
-              ", " + std::to_string(t->size(3)) + "]";
+      dims += t->dims_string();
     }
   }
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "backends/cuda/check.h"
+#include "core/cuda_check.h"
 
 namespace attnprof::cuda::detail {
 

@@ -12,8 +12,8 @@
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "backends/cuda/arch_check.h"
-#include "backends/cuda/check.h"
 #include "backends/cuda/fused_kernels.h"
+#include "core/cuda_check.h"
 
 namespace attnprof::cuda {
 

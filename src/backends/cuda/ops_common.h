@@ -15,7 +15,7 @@
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "attnprof/tensor.h"
-#include "backends/cuda/check.h"
+#include "core/cuda_check.h"
 
 namespace attnprof::cuda::ops::detail {
 
@@ -33,8 +33,7 @@ class OpRange {
     for (const Tensor* t : inputs) {
       if (!dtypes.empty()) dtypes += ", ", dims += ", ";
       dtypes += dtype_name(t->dtype());
-      dims += "[" + std::to_string(t->size(0)) + ", " + std::to_string(t->size(1)) + ", " + std::to_string(t->size(2)) +
-              ", " + std::to_string(t->size(3)) + "]";
+      dims += t->dims_string();
     }
     if (scalar) dtypes += dtypes.empty() ? "Scalar" : ", Scalar", dims += dims.empty() ? "[]" : ", []";
     range_.emplace(name, dtypes, dims);

@@ -18,8 +18,8 @@
 
 #include "attnprof/error.h"
 #include "backends/cuda/caching_allocator.h"
-#include "backends/cuda/check.h"
 #include "backends/cuda/cuda_backends.h"
+#include "core/cuda_check.h"
 #include "profiler/cupti/cupti_collector.h"
 #include "profiler/cupti/event_timing_collector.h"
 
@@ -101,6 +101,7 @@ class CudaRuntime final : public DeviceRuntime {
     ATTNPROF_CUDA_CHECK(cudaSetDevice(kDevice));
     ATTNPROF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     properties_ = cupti::query_device_properties(kDevice);
+    cupti::install_nvtx_ranges();
   }
 
   Device device() const override { return Device::Cuda; }

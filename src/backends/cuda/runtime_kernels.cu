@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "attnprof/error.h"
-#include "backends/cuda/check.h"
 #include "backends/cuda/runtime.h"
+#include "core/cuda_check.h"
 
 namespace attnprof::cuda {
 namespace {

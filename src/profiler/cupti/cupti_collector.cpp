@@ -277,7 +277,7 @@ thread_local int t_external_depth = 0;            // pushes this thread owes CUP
 thread_local unsigned t_external_attachment = 0;  // the attachment they were made in
 }  // namespace
 
-void push_external_id(std::uint64_t id) {
+void CuptiCollector::range_begin(std::string_view, std::uint64_t id) {
   if (!g_running.load(std::memory_order_acquire)) return;
   register_current_thread();
   const unsigned attachment = g_attachment.load(std::memory_order_acquire);
@@ -288,7 +288,7 @@ void push_external_id(std::uint64_t id) {
   }
 }
 
-void pop_external_id() {
+void CuptiCollector::range_end(std::uint64_t) {
   if (t_external_depth == 0) return;
   --t_external_depth;
   // A range opened before the collector stopped and closed after: CUPTI has

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnprof/activity.h"
@@ -59,6 +60,10 @@ class CuptiCollector : public Collector {
   std::optional<DeviceProperties> device_properties() const override { return device_; }
   // Dropped-record counts and clock fallbacks, when there were any.
   std::string note() const override { return note_; }
+  // External correlation: CUDA calls made inside the range (and the device
+  // work they launch) carry its id as Activity::external_id.
+  void range_begin(std::string_view name, std::uint64_t external_id) override;
+  void range_end(std::uint64_t external_id) override;
 
  private:
   void finish(std::vector<Activity>& raw);
@@ -71,17 +76,14 @@ class CuptiCollector : public Collector {
   std::string note_;
 };
 
-// External correlation: while an id is pushed on a thread, CUDA calls that
-// thread makes (and the device work they launch) get Activity::external_id =
-// id. No-ops unless a CuptiCollector is running. The profiler may push the
-// CPU op's id from begin_range and pop it in end_range.
-void push_external_id(std::uint64_t id);
-void pop_external_id();
-
 // Tells the collector that the calling thread makes CUDA calls, so that
 // CUPTI's thread ids (pthread_self) become OS thread ids (gettid, what the
-// CPU side records). start() registers its own thread; nvtx_push registers
-// every thread that opens a range.
+// CPU side records). start() registers its own thread; range_begin registers
+// every thread that opens a recorded range.
 void register_current_thread();
+
+// Registers the RecordFunction callbacks that push an NVTX range per op, so
+// Nsight Systems shows our op names (nvtx.cpp). Idempotent.
+void install_nvtx_ranges();
 
 }  // namespace attnprof::cupti

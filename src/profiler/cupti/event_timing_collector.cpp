@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "attnprof/error.h"
-#include "backends/cuda/check.h"
+#include "core/cuda_check.h"
 #include "profiler/cupti/cupti_collector.h"
 
 namespace attnprof::cupti {
@@ -20,9 +20,6 @@ EventTimingCollector::EventTimingCollector(void* stream, std::string reason, std
     : stream_(stream), reason_(std::move(reason)), range_(std::move(range)) {}
 
 EventTimingCollector::~EventTimingCollector() {
-  if (running_) {
-    detach_range_listener(this);
-  }
   for (void* e : events_) cudaEventDestroy(as_event(e));  // errors at exit are harmless here
   if (anchor_) cudaEventDestroy(as_event(anchor_));
 }
@@ -60,17 +57,16 @@ void EventTimingCollector::start() {
   ATTNPROF_CUDA_CHECK(cudaEventSynchronize(as_event(anchor_)));
   anchor_ns_ = before + (now_ns() - before) / 2;
 
-  if (!attach_range_listener(this)) {
-    throw Error(ErrorKind::Device, "another device-event collector is already running");
-  }
   next_event_ = 0;
   spans_.clear();
   open_.clear();
   running_ = true;
 }
 
-void EventTimingCollector::range_begin() {
+void EventTimingCollector::range_begin(std::string_view name, std::uint64_t external_id) {
+  if (!running_ || name != range_) return;
   Span s;
+  s.external_id = external_id;
   s.begin = take_event();
   s.cpu_begin_ns = now_ns();
   if (Profiler* p = Profiler::current()) s.step = p->current_step();
@@ -80,8 +76,8 @@ void EventTimingCollector::range_begin() {
   spans_.push_back(s);
 }
 
-void EventTimingCollector::range_end() {
-  if (open_.empty()) return;
+void EventTimingCollector::range_end(std::uint64_t external_id) {
+  if (open_.empty() || spans_[open_.back()].external_id != external_id) return;
   Span& s = spans_[open_.back()];
   open_.pop_back();
   s.end = take_event();
@@ -91,7 +87,6 @@ void EventTimingCollector::range_end() {
 void EventTimingCollector::stop() {
   if (!running_) return;
   running_ = false;
-  detach_range_listener(this);
   ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
 
   std::string name = range_ + " (device events)";

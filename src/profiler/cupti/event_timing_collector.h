@@ -2,10 +2,8 @@
 // timed with CUDA events on the runtime's stream. Used when CUPTI cannot be
 // enabled (another profiler attached, a driver without CUPTI support).
 //
-// No runner changes are needed: RecordFunction calls nvtx_push/nvtx_pop for
-// every range, and nvtx.cpp forwards them to on_range_push/on_range_pop below,
-// which record events around each range named `range` ("forward") while this
-// collector is running and the profiler is recording.
+// The profiler's range hooks bring it every recorded range; it records an
+// event pair around each one named `range` ("forward").
 #pragma once
 
 #include <cstdint>
@@ -33,16 +31,15 @@ class EventTimingCollector : public Collector {
   std::optional<DeviceProperties> device_properties() const override { return device_; }
   std::string note() const override;
 
-  // Called through the range hooks; public for them only.
-  void range_begin();
-  void range_end();
-  const std::string& range() const { return range_; }
+  void range_begin(std::string_view name, std::uint64_t external_id) override;
+  void range_end(std::uint64_t external_id) override;
 
  private:
   struct Span {
     void* begin = nullptr;  // cudaEvent_t
     void* end = nullptr;
     std::int64_t cpu_begin_ns = 0;
+    std::uint64_t external_id = 0;  // of the range it times
     int step = -1;
   };
   void* take_event();
@@ -62,16 +59,5 @@ class EventTimingCollector : public Collector {
   std::vector<Activity> activities_;
   bool running_ = false;
 };
-
-// Range hooks, called by nvtx_push/nvtx_pop on every RecordFunction range.
-// Cheap when no EventTimingCollector is running. Defined in nvtx.cpp with the
-// listener below; because this collector calls attach/detach, linking it also
-// links nvtx.cpp's nvtx_push/nvtx_pop, which the core library (linked after
-// attnprof_cuda) needs.
-void on_range_push(std::string_view name);
-void on_range_pop();
-// Makes `c` the collector the range hooks feed; false if another one is.
-bool attach_range_listener(EventTimingCollector* c);
-void detach_range_listener(EventTimingCollector* c);
 
 }  // namespace attnprof::cupti

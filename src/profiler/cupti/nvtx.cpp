@@ -1,72 +1,31 @@
-// NVTX ranges for every RecordFunction, so Nsight Systems shows the same op
-// names as our CPU lane, and the range hooks the device-event collector times
-// "forward" with. The CPU-only build defines nvtx_push/nvtx_pop as no-ops in
-// src/profiler/profiler.cpp.
+// NVTX ranges for every RecordFunction, so Nsight Systems and Nsight Compute
+// show the same op names as our CPU lane. The profiler core knows nothing of
+// NVTX: this registers itself as a process-wide range callback.
 #include <nvtx3/nvToolsExt.h>
 
-#include <atomic>
+#include <mutex>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "attnprof/profiler.h"
 #include "profiler/cupti/cupti_collector.h"
-#include "profiler/cupti/event_timing_collector.h"
 
-namespace attnprof {
-namespace cupti {
+namespace attnprof::cupti {
 namespace {
 
-std::atomic<EventTimingCollector*> g_listener{nullptr};
-
-// One entry per open range on this thread: whether it was a timed one, so
-// pops pair with the right pushes even when collection starts mid-range.
-thread_local std::vector<bool> t_timed;
-
-}  // namespace
-
-bool attach_range_listener(EventTimingCollector* c) {
-  EventTimingCollector* expected = nullptr;
-  return g_listener.compare_exchange_strong(expected, c);
-}
-
-void detach_range_listener(EventTimingCollector* c) {
-  EventTimingCollector* expected = c;
-  g_listener.compare_exchange_strong(expected, nullptr);
-}
-
-void on_range_push(std::string_view name) {
-  EventTimingCollector* c = g_listener.load(std::memory_order_acquire);
-  Profiler* p = c ? Profiler::current() : nullptr;
-  // Unrecorded steps are dropped by the profiler anyway; skip their events.
-  const bool timed = p && p->recording() && name == c->range();
-  if (timed) c->range_begin();
-  t_timed.push_back(timed);
-}
-
-void on_range_pop() {
-  if (t_timed.empty()) return;
-  const bool timed = t_timed.back();
-  t_timed.pop_back();
-  if (!timed) return;
-  if (EventTimingCollector* c = g_listener.load(std::memory_order_acquire)) c->range_end();
-}
-
-}  // namespace cupti
-
-void nvtx_push(std::string_view name) {
-  // Every thread that opens ranges makes CUDA calls; let the collector map
-  // its CUPTI thread id to the OS id the CPU side records.
-  cupti::register_current_thread();
+void enter(std::string_view name) {
   thread_local std::string text;  // NVTX wants a terminated string; reuse the buffer
   text.assign(name);
   nvtxRangePushA(text.c_str());
-  cupti::on_range_push(name);
 }
 
-void nvtx_pop() {
-  cupti::on_range_pop();
-  nvtxRangePop();
+void exit() { nvtxRangePop(); }
+
+}  // namespace
+
+void install_nvtx_ranges() {
+  static std::once_flag once;
+  std::call_once(once, [] { add_range_callbacks({.enter = enter, .exit = exit}); });
 }
 
-}  // namespace attnprof
+}  // namespace attnprof::cupti
