@@ -40,6 +40,21 @@ constexpr std::string_view dtype_name(DType t) {
 
 constexpr bool is_16bit(DType t) { return t == DType::F16 || t == DType::BF16; }
 
+// The largest finite value a floating dtype holds (0 for bool).
+constexpr double max_finite(DType t) {
+  switch (t) {
+    case DType::F16:
+      return 65504.0;
+    case DType::BF16:
+      return 3.3895313892515355e38;  // (2 - 2^-7) x 2^127
+    case DType::F32:
+      return 3.4028234663852886e38;
+    case DType::Bool:
+      return 0;
+  }
+  return 0;
+}
+
 // Parses the user-facing names fp32, fp16, bf16 (and float32, float16, bfloat16).
 std::optional<DType> parse_dtype(std::string_view name);
 

@@ -25,4 +25,11 @@ void write_chrome_trace(const Trace& trace, const std::filesystem::path& path);
 // `what` names it in the error message ("trace", "table", ...).
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents, std::string_view what);
 
+// Checks, before any work, that outputs can be written: a directory that can
+// be created and written into, or a file path whose directory can. Leaves
+// nothing behind but the directories it created. Throws Error(Io) naming
+// `flag` ("--trace-dir", "--json") and the reason.
+void check_output_dir(const std::filesystem::path& dir, std::string_view flag);
+void check_output_file(const std::filesystem::path& path, std::string_view flag);
+
 }  // namespace attnprof

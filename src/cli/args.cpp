@@ -186,8 +186,18 @@ Options parse(int argc, char** argv) {
   p.heads = 0;
   using Setter = std::function<void(const std::string&, const std::string&)>;
   const std::map<std::string, Setter> flags = {
-      {"--batch", [&](auto& f, auto& v) { p.batch = to_int(f, v); }},
-      {"--heads", [&](auto& f, auto& v) { p.heads = to_int(f, v); }},
+      // 0 stands for "the device's default" until the device is known, so a
+      // 0 the user typed must be refused here, not taken for the default.
+      {"--batch",
+       [&](auto& f, auto& v) {
+         p.batch = to_int(f, v);
+         if (p.batch == 0) bad("--batch must be positive, got 0");
+       }},
+      {"--heads",
+       [&](auto& f, auto& v) {
+         p.heads = to_int(f, v);
+         if (p.heads == 0) bad("--heads must be positive, got 0");
+       }},
       {"--kv-heads",
        [&](auto& f, auto& v) {
          p.kv_heads = to_int(f, v);

@@ -48,20 +48,10 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
-// Fails early, before any work, when the trace directory cannot take files.
-void check_writable_dir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) {
-    fail(ErrorKind::Io, "cannot use --trace-dir " + dir + ": " + (ec ? ec.message() : "not a directory"));
-  }
-  const fs::path probe = fs::path(dir) / (".attnprof-probe-" + std::to_string(::getpid()));
-  {
-    std::ofstream f(probe);
-    if (!f) fail(ErrorKind::Io, "cannot write into --trace-dir " + dir + ": permission denied or read-only");
-  }
-  fs::remove(probe, ec);
+// Every output path is checked before any work starts.
+void check_outputs(const Options& o, bool traces) {
+  if (traces) check_output_dir(o.trace_dir, "--trace-dir");
+  if (o.json_path) check_output_file(*o.json_path, "--json");
 }
 
 RunOptions run_options(const Options& o, Progress& progress) {
@@ -102,7 +92,7 @@ void print_header(const std::string& what, const Problem& p, const std::string& 
 
 int run_profile(const Options& o) {
   (void)key_averages_table(Trace{}, table_options(o));  // rejects a bad --sort before any work
-  check_writable_dir(o.trace_dir);
+  check_outputs(o, /*traces=*/true);
   const Problem& p = o.problem;
   std::string name = o.backend;
   if (name == "auto") {
@@ -151,7 +141,7 @@ int run_profile(const Options& o) {
 
 int run_compare(const Options& o) {
   (void)key_averages_table(Trace{}, table_options(o));
-  check_writable_dir(o.trace_dir);
+  check_outputs(o, /*traces=*/true);
   const Problem& p = o.problem;
   DeviceRuntime& rt = device_runtime(p.device, o.threads);
   Progress progress(o.quiet);
@@ -202,6 +192,7 @@ int run_compare(const Options& o) {
 }
 
 int run_explain(const Options& o) {
+  check_outputs(o, /*traces=*/false);
   const Problem& p = o.problem;
   const auto rows = explain(p);
   std::optional<AutoChoice> chosen;

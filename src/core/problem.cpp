@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "attnprof/backend.h"
@@ -105,6 +106,19 @@ void Problem::validate() const {
   }
   if (scale && (!std::isfinite(*scale) || *scale == 0.0)) {
     fail(ErrorKind::InvalidArgument, "--scale must be a finite, non-zero number");
+  }
+  // The inputs are uniform in [-1, 1), so |q . k| reaches head_dim at most and
+  // a score |scale| x head_dim. Past the dtype's largest finite value the
+  // unfused backends' scores become inf and softmax gives NaN (inf - inf); the
+  // fused ones and the float64 reference soon follow. Refused before any work.
+  if (const double reach = std::abs(softmax_scale()) * static_cast<double>(head_dim); reach > max_finite(dtype)) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "--scale %g makes the scores overflow: |scale| x head_dim reaches %.3g, past the largest finite %s "
+                  "(%.5g), so softmax would give NaN everywhere; use |--scale| <= %.3g",
+                  softmax_scale(), reach, std::string(dtype_name(dtype)).c_str(), max_finite(dtype),
+                  max_finite(dtype) / static_cast<double>(head_dim));
+    fail(ErrorKind::InvalidArgument, buf);
   }
 }
 

@@ -1,5 +1,7 @@
 // Chrome trace writer: one pass over the Trace records, field names from
 // trace_schema.h, escaping and commas left to nlohmann::json.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -305,8 +307,7 @@ nlohmann::json chrome_trace_json(const Trace& trace) {
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents, std::string_view what) {
   namespace fs = std::filesystem;
   const auto fail_io = [&](const std::string& reason) {
-    fail(ErrorKind::Io, "cannot write " + std::string(what) + " to " + path.string() + ": " + reason +
-                            "; choose a writable --trace-dir");
+    fail(ErrorKind::Io, "cannot write " + std::string(what) + " to " + path.string() + ": " + reason);
   };
   if (path.filename().empty()) fail_io("the path names no file");
 
@@ -347,6 +348,43 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view c
     fs::remove(tmp, ec);
     fail_io(reason);
   }
+}
+
+namespace {
+
+// Why files cannot be written into `dir` (created if missing), or nothing.
+std::string unwritable_dir(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return ec.message();
+  if (!fs::is_directory(dir, ec)) return "not a directory";
+  const fs::path probe = dir / (".attnprof-probe-" + std::to_string(::getpid()));
+  {
+    std::ofstream f(probe);
+    if (!f) return "cannot create files there (permission denied or read-only)";
+  }
+  fs::remove(probe, ec);
+  return {};
+}
+
+}  // namespace
+
+void check_output_dir(const std::filesystem::path& dir, std::string_view flag) {
+  if (const std::string why = unwritable_dir(dir); !why.empty()) {
+    fail(ErrorKind::Io, "cannot use " + std::string(flag) + " " + dir.string() + ": " + why);
+  }
+}
+
+void check_output_file(const std::filesystem::path& path, std::string_view flag) {
+  namespace fs = std::filesystem;
+  const auto refuse = [&](const std::string& why) {
+    fail(ErrorKind::Io, "cannot write " + std::string(flag) + " " + path.string() + ": " + why);
+  };
+  std::error_code ec;
+  if (path.filename().empty() || fs::is_directory(path, ec)) refuse("it names a directory, not a file");
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  if (const std::string why = unwritable_dir(dir); !why.empty()) refuse(dir.string() + ": " + why);
 }
 
 void write_chrome_trace(const Trace& trace, const std::filesystem::path& path) {

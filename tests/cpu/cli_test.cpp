@@ -154,6 +154,8 @@ INSTANTIATE_TEST_SUITE_P(
     Cli, CliRefuses,
     ::testing::Values(
         BadArgs{"seq_zero", p({"--seq", "0"}), "--seq"}, BadArgs{"batch_negative", p({"--batch", "-1"}), "--batch"},
+        BadArgs{"batch_zero", p({"--batch", "0"}), "--batch"}, BadArgs{"heads_zero", p({"--heads", "0"}), "--heads"},
+        BadArgs{"scale_overflows", p({"--scale", "1e300"}), "overflow"},
         BadArgs{"heads_negative", p({"--heads", "-4"}), "--heads"},
         BadArgs{"head_dim_zero", p({"--head-dim", "0"}), "--head-dim"},
         BadArgs{"kv_seq_zero", p({"--kv-seq", "0"}), "--kv-seq"},
@@ -215,6 +217,23 @@ TEST(Cli, TraceDirUnderARegularFileIsRefused) {
   // The trace dir itself a regular file.
   const CliRun r = attnprof(with(kProfile, {"--seq", "64", "--trace-dir", file.string()}), dir);
   expect_refused(r, "--trace-dir", 1);
+}
+
+TEST(Cli, UnwritableJsonIsRefusedBeforeAnyWorkAndBlamesJson) {
+  TempDir dir;
+  const fs::path file = dir.path() / "plain_file";
+  std::ofstream(file) << "x\n";
+  for (const std::string cmd : {"compare", "explain"}) {
+    const CliRun r = attnprof({cmd, "--device", "cpu", "--seq", "64", "--quiet", "--trace-dir", dir.str("t"), "--json",
+                               (file / "out.json").string()},
+                              dir);
+    expect_refused(r, "--json", 1);
+    EXPECT_EQ(r.err.find("--trace-dir"), std::string::npos) << r.err;
+    EXPECT_LT(r.seconds, 5.0) << "refused before the run, not after it";
+    EXPECT_TRUE(listing(dir.path() / "t").empty()) << "no traces left behind";
+  }
+  const CliRun d = attnprof({"explain", "--device", "cpu", "--json", dir.path().string()}, dir);
+  expect_refused(d, "directory", 1);
 }
 
 TEST(Cli, ReadOnlyTraceDirIsRefused) {

@@ -101,6 +101,20 @@ TEST(Problem, ValidateNamesTheFlag) {
   expect_invalid(with([](Problem& p) { p.scale = std::numeric_limits<double>::infinity(); }), "--scale");
   expect_invalid(with([](Problem& p) { p.scale = -std::numeric_limits<double>::infinity(); }), "--scale");
   expect_invalid(with([](Problem& p) { p.dtype = DType::Bool; }), "--dtype");
+  // A scale whose scores overflow the dtype: |scale| x head_dim past its largest finite value.
+  expect_invalid(with([](Problem& p) { p.scale = 1e300; }), "overflow");
+  expect_invalid(with([](Problem& p) {
+                   p.dtype = DType::F16;
+                   p.head_dim = 64;
+                   p.scale = -1100.0;  // 64 x 1100 > 65504
+                 }),
+                 "--scale");
+  Problem fp16_edge = with([](Problem& p) {
+    p.dtype = DType::F16;
+    p.head_dim = 64;
+    p.scale = 1000.0;  // 64000 <= 65504
+  });
+  EXPECT_NO_THROW(fp16_edge.validate());
   // The mismatched-heads message names both flags.
   expect_invalid(with([](Problem& p) {
                    p.heads = 8;
