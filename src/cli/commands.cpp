@@ -8,12 +8,12 @@
 #include <fstream>
 #include <iostream>
 
+#include "analysis/findings.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/key_averages.h"
 #include "attnprof/runner.h"
 #include "attnprof/trace_io.h"
-#include "report/findings.h"
 #include "report/format.h"
 #include "report/report.h"
 
@@ -121,7 +121,7 @@ int run_profile(const Options& o) {
   progress.clear();
   if (r.failure) fail(ErrorKind::Device, name + " failed: " + *r.failure);
   std::vector<RunResult> none;
-  r.findings = report::findings(r, none, o.guesses);
+  r.findings = analysis::findings(r, none, o.guesses);
   const std::string table = key_averages_table(r.trace, table_options(o));
   print_header("profile " + name, p, rt.description());
   std::printf("%s\n", table.c_str());
@@ -143,7 +143,7 @@ int run_profile(const Options& o) {
   if (r.error && r.acceptance) {
     std::printf("error vs float64: %s (%s)\n", r.acceptance->pass ? "ok" : "OVER TOLERANCE", r.acceptance->why.c_str());
   }
-  for (const auto& f : r.findings) std::printf("- %s\n", f.c_str());
+  for (const auto& f : r.findings) std::printf("- %s\n", f.text.c_str());
   write_outputs(o, r, table, rt.description());
   std::printf("wrote %s.{json,txt,summary.json}\n", stem(o, name).c_str());
   return r.acceptance && !r.acceptance->pass ? kExitInaccurate : kExitOk;
@@ -157,8 +157,8 @@ int run_compare(const Options& o) {
   Progress progress(o.quiet);
   std::vector<RunResult> results = run_backends(p, run_options(o, progress), o.backends);
   progress.clear();
-  report::apply_acceptance(results);
-  for (auto& r : results) r.findings = report::findings(r, results, o.guesses);
+  analysis::apply_acceptance(results);
+  for (auto& r : results) r.findings = analysis::findings(r, results, o.guesses);
 
   print_header("compare", p, rt.description());
   std::printf("%s", report::compare_table(results).c_str());

@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <vector>
 
+#include "analysis/metrics.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "backends/cpu/cpu_backends.h"
-#include "report/metrics.h"
 #ifdef ATTNPROF_WITH_CUDA
 #include "backends/cuda/cuda_backends.h"
 #endif
