@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "attnprof/activity.h"
@@ -33,7 +34,6 @@ class TraceIndex {
 
   const Trace& trace() const { return trace_; }
   const Activity& at(EventIndex i) const { return trace_.activities[static_cast<std::size_t>(i)]; }
-  EventIndex index_of(const Activity& a) const { return static_cast<EventIndex>(&a - trace_.activities.data()); }
 
   // Normalised names: CPU ops as normalize_op spells them, other events as recorded.
   std::string_view op(EventIndex i) const { return names_[name_id_[static_cast<std::size_t>(i)]]; }

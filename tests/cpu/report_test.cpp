@@ -367,6 +367,35 @@ TEST(ReportJson, ProblemAndDevice) {
   EXPECT_EQ(d["description"], "some CPU");
 }
 
+TEST(ReportJson, FindingRecord) {
+  Finding f{
+      .rule = "hidden-copy",
+      .severity = Severity::Warning,
+      .text = "hidden copy: masked_fill (its copy_) makes 1 device-to-device copy per forward (32.0 MiB)",
+      .evidence = {EventRef{.index = 9,
+                            .name = "Memcpy DtoD (Device -> Device)",
+                            .category = "gpu_memcpy",
+                            .ts_us = 245.0,
+                            .dur_us = 40.0,
+                            .correlation = 3},
+                   EventRef{.index = 6, .name = "masked_fill", .category = "cpu_op", .ts_us = 200.0, .dur_us = 200.0}},
+      .figures = {{"copies_per_forward", 1}, {"bytes_per_forward", 33554432}}};
+  const nlohmann::json j = report::finding_json(f);
+  EXPECT_EQ(j["rule"], "hidden-copy");
+  EXPECT_EQ(j["severity"], "warning");
+  EXPECT_EQ(j["text"], f.text);
+  ASSERT_EQ(j["evidence"].size(), 2u);
+  EXPECT_EQ(j["evidence"][0]["index"], 9);
+  EXPECT_EQ(j["evidence"][0]["name"], "Memcpy DtoD (Device -> Device)");
+  EXPECT_EQ(j["evidence"][0]["cat"], "gpu_memcpy");
+  EXPECT_DOUBLE_EQ(j["evidence"][0]["ts"].get<double>(), 245.0);
+  EXPECT_DOUBLE_EQ(j["evidence"][0]["dur"].get<double>(), 40.0);
+  EXPECT_EQ(j["evidence"][0]["correlation"], 3);
+  EXPECT_TRUE(j["evidence"][1]["correlation"].is_null());
+  EXPECT_DOUBLE_EQ(j["figures"]["bytes_per_forward"].get<double>(), 33554432);
+  EXPECT_EQ(report::finding_json(Finding{})["figures"], nlohmann::json::object());
+}
+
 TEST(ReportJson, FailedRunIsAllNullWithTheReason) {
   Problem p;
   p.batch = 4096;
