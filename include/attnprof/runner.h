@@ -11,6 +11,7 @@
 
 #include "attnprof/backend.h"
 #include "attnprof/device_runtime.h"
+#include "attnprof/findings.h"
 #include "attnprof/profiler.h"
 #include "attnprof/reference.h"
 
@@ -69,7 +70,7 @@ struct RunResult {
   Metrics metrics;
   std::optional<ErrorStats> error;
   std::optional<Acceptance> acceptance;
-  std::vector<std::string> findings;   // filled by the report rules
+  std::vector<Finding> findings;       // filled by the analysis rule table
   std::optional<std::string> failure;  // set when the run threw (message)
 };
 

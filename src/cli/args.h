@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "analysis/findings.h"
 #include "attnprof/problem.h"
 #include "attnprof/profiler.h"
-#include "report/findings.h"
 
 namespace attnprof::cli {
 
@@ -28,7 +28,7 @@ struct Options {
   int unprofiled_calls = 32;
   bool bshd = false;
   std::optional<std::string> json_path;
-  report::Guesses guesses;
+  analysis::Guesses guesses;
   bool help = false;
   bool quiet = false;
 };

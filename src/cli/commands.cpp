@@ -8,13 +8,13 @@
 #include <fstream>
 #include <iostream>
 
+#include "analysis/findings.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/key_averages.h"
 #include "attnprof/runner.h"
 #include "attnprof/trace_io.h"
-#include "report/findings.h"
-#include "report/format.h"
+#include "analysis/format.h"
 #include "report/report.h"
 
 namespace attnprof::cli {
@@ -111,17 +111,17 @@ int run_profile(const Options& o) {
   progress.clear();
   if (r.failure) fail(ErrorKind::Device, name + " failed: " + *r.failure);
   std::vector<RunResult> none;
-  r.findings = report::findings(r, none, o.guesses);
+  r.findings = analysis::findings(r, none, o.guesses);
   const std::string table = key_averages_table(r.trace, table_options(o));
   print_header("profile " + name, p, rt.description());
   std::printf("%s\n", table.c_str());
   if (!r.trace.collector_note.empty()) std::printf("note: %s\n", r.trace.collector_note.c_str());
   std::string unprofiled;
   if (const Metrics& m = r.metrics; m.host_time_unprofiled_us) {
-    unprofiled = report::format(" (%.1f us with no profiler attached", *m.host_time_unprofiled_us);
+    unprofiled = analysis::format(" (%.1f us with no profiler attached", *m.host_time_unprofiled_us);
     if (m.host_time_unprofiled_p10_us && m.host_time_unprofiled_p90_us) {
-      unprofiled += report::format(", p10-p90 %.1f", *m.host_time_unprofiled_p10_us) +
-                    report::format("-%.1f", *m.host_time_unprofiled_p90_us);
+      unprofiled += analysis::format(", p10-p90 %.1f", *m.host_time_unprofiled_p10_us) +
+                    analysis::format("-%.1f", *m.host_time_unprofiled_p90_us);
     }
     unprofiled += ")";
   }
@@ -133,7 +133,7 @@ int run_profile(const Options& o) {
   if (r.error && r.acceptance) {
     std::printf("error vs float64: %s (%s)\n", r.acceptance->pass ? "ok" : "OVER TOLERANCE", r.acceptance->why.c_str());
   }
-  for (const auto& f : r.findings) std::printf("- %s\n", f.c_str());
+  for (const auto& f : r.findings) std::printf("- %s\n", f.text.c_str());
   write_outputs(o, r, table, rt.description());
   std::printf("wrote %s.{json,txt,summary.json}\n", stem(o, name).c_str());
   return r.acceptance && !r.acceptance->pass ? kExitInaccurate : kExitOk;
@@ -147,8 +147,8 @@ int run_compare(const Options& o) {
   Progress progress(o.quiet);
   std::vector<RunResult> results = run_backends(p, run_options(o, progress), o.backends);
   progress.clear();
-  report::apply_acceptance(results);
-  for (auto& r : results) r.findings = report::findings(r, results, o.guesses);
+  analysis::apply_acceptance(results);
+  for (auto& r : results) r.findings = analysis::findings(r, results, o.guesses);
 
   print_header("compare", p, rt.description());
   std::printf("%s", report::compare_table(results).c_str());

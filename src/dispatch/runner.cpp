@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <vector>
 
+#include "analysis/metrics.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "backends/cpu/cpu_backends.h"
-#include "report/metrics.h"
 #ifdef ATTNPROF_WITH_CUDA
 #include "backends/cuda/cuda_backends.h"
 #endif
@@ -123,7 +123,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       {
         // The range covers the call alone, so on a GPU its length is the host
         // cost per call; the device work is waited for after it.
-        RecordFunction fwd(report::kForwardRange, dtype_name(p.dtype), p.shape_key(), ActivityType::UserAnnotation);
+        RecordFunction fwd(analysis::kForwardRange, dtype_name(p.dtype), p.shape_key(), ActivityType::UserAnnotation);
         backend.forward(p, in, out, ctx);
       }
       rt.synchronize();
@@ -143,7 +143,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     const Tensor host_out = rt.download(out);
     r.error = check_against_reference(p, host, host_out, sample_rows(p, options.check_rows));
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
-    r.metrics = report::measure(r.trace, p, ceiling(rt, p.dtype));
+    r.metrics = analysis::measure(r.trace, p, ceiling(rt, p.dtype));
     if (unprofiled) {
       r.metrics.host_time_unprofiled_us = unprofiled->p50;
       r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;

@@ -8,9 +8,11 @@
 
 #include "attnprof/error.h"
 #include "attnprof/trace_io.h"
-#include "report/format.h"
+#include "analysis/format.h"
 
 namespace attnprof::report {
+using analysis::format;
+
 namespace {
 
 std::string opt_num(const char* f, const std::optional<double>& v) { return v ? format(f, *v) : "-"; }
@@ -64,7 +66,7 @@ std::string compare_table(const std::vector<RunResult>& results) {
                  opt_num("%.1f%%", m.ceiling_pct),
                  err,
                  opt_num("%.0f%%", m.occupancy_pct)};
-    row.findings = r.findings;
+    for (const auto& f : r.findings) row.findings.push_back(f.text);
     rows.push_back(row);
   }
   std::vector<std::size_t> w(header.size());
@@ -124,6 +126,26 @@ nlohmann::json problem_json(const Problem& p) {
   return j;
 }
 
+nlohmann::json finding_json(const Finding& f) {
+  using nlohmann::json;
+  json evidence = json::array();
+  for (const auto& e : f.evidence) {
+    evidence.push_back({{"index", e.index},
+                        {"name", e.name},
+                        {"cat", e.category},
+                        {"ts", e.ts_us},
+                        {"dur", e.dur_us},
+                        {"correlation", e.correlation ? json(e.correlation) : json(nullptr)}});
+  }
+  json figures = json::object();
+  for (const auto& [k, v] : f.figures) figures[k] = v;
+  return {{"rule", f.rule},
+          {"severity", severity_name(f.severity)},
+          {"text", f.text},
+          {"evidence", std::move(evidence)},
+          {"figures", std::move(figures)}};
+}
+
 nlohmann::json result_json(const RunResult& r) {
   using nlohmann::json;
   auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
@@ -153,7 +175,8 @@ nlohmann::json result_json(const RunResult& r) {
   j["accepted"] = r.acceptance ? json(r.acceptance->pass) : json(nullptr);
   j["tolerance"] = r.acceptance ? json(r.acceptance->tolerance) : json(nullptr);
   j["occupancy_pct"] = ran ? opt(r.metrics.occupancy_pct) : json(nullptr);
-  j["findings"] = r.findings;
+  j["findings"] = json::array();
+  for (const auto& f : r.findings) j["findings"].push_back(finding_json(f));
   j["expected_ops"] = r.expectation.cpu_ops;
   j["expected_device_activities"] =
       r.expectation.device_activities >= 0 ? json(r.expectation.device_activities) : json(nullptr);

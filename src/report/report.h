@@ -15,7 +15,12 @@ std::string compare_table(const std::vector<RunResult>& results);
 std::string explain_table(const std::vector<Explanation>& rows, const AutoChoice* chosen);
 
 nlohmann::json problem_json(const Problem& p);
-// One result in the "results" schema of DESIGN.md (null where a field does not apply).
+// One finding: {"rule", "severity", "text", "evidence": [{"index", "name", "cat",
+// "ts", "dur", "correlation"}], "figures": {name: number}}; ts and dur in
+// microseconds as the Chrome trace writes them, correlation null where none.
+nlohmann::json finding_json(const Finding& f);
+// One result in the "results" schema of DESIGN.md (null where a field does not
+// apply); "findings" is a list of finding_json records.
 nlohmann::json result_json(const RunResult& r);
 nlohmann::json device_json(const std::string& description, const std::optional<DeviceProperties>& props, Device d);
 

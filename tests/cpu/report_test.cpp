@@ -8,10 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "analysis/findings.h"
+#include "analysis/format.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
-#include "report/findings.h"
 
 namespace attnprof {
 namespace {
@@ -32,14 +33,14 @@ Problem cpu_problem(std::int64_t seq, std::int64_t kv_seq, MaskKind mask, DType 
 
 // What `compare` does: every backend (ineligible ones as rows with a reason),
 // acceptance with math's error, then the findings.
-std::vector<RunResult> compare(const Problem& p, const report::Guesses& guesses = {}) {
+std::vector<RunResult> compare(const Problem& p, const analysis::Guesses& guesses = {}) {
   RunOptions o;
   o.schedule = {.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
   o.check_rows = 128;
   o.threads = 1;  // small problems: a team's spin-waits cost more than they save on a loaded machine
   std::vector<RunResult> results = run_backends(p, o);
-  report::apply_acceptance(results);
-  for (auto& r : results) r.findings = report::findings(r, results, guesses);
+  analysis::apply_acceptance(results);
+  for (auto& r : results) r.findings = analysis::findings(r, results, guesses);
   return results;
 }
 
@@ -50,14 +51,28 @@ const RunResult& get(const std::vector<RunResult>& all, const std::string& name)
   throw std::runtime_error("no result for " + name);
 }
 
-bool has(const std::vector<std::string>& findings, const std::string& needle) {
+bool has(const std::vector<Finding>& findings, const std::string& needle) {
   return std::any_of(findings.begin(), findings.end(),
-                     [&](const std::string& f) { return f.find(needle) != std::string::npos; });
+                     [&](const Finding& f) { return f.text.find(needle) != std::string::npos; });
 }
 
-std::string dump(const std::vector<std::string>& findings) {
+// The one finding a rule made (fails the test when it made none or several).
+const Finding& only(const std::vector<Finding>& findings, std::string_view rule) {
+  const Finding* hit = nullptr;
+  int n = 0;
+  for (const auto& f : findings) {
+    if (f.rule == rule) {
+      hit = &f;
+      ++n;
+    }
+  }
+  if (n != 1) throw std::runtime_error(std::string(rule) + ": " + std::to_string(n) + " findings");
+  return *hit;
+}
+
+std::string dump(const std::vector<Finding>& findings) {
   std::string s;
-  for (const auto& f : findings) s += "\n  - " + f;
+  for (const auto& f : findings) s += "\n  - [" + f.rule + "] " + f.text;
   return s.empty() ? " (none)" : s;
 }
 
@@ -134,18 +149,73 @@ void FlashMemoryAgainstNaive(const std::vector<RunResult>& results) {
   EXPECT_TRUE(has(flash.findings, "below naive's")) << dump(flash.findings);
   EXPECT_FALSE(has(flash.findings, "hidden copy")) << dump(flash.findings);
   // Alone, without naive to compare with, there is no memory finding.
-  const auto alone = report::findings(flash, {}, {});
+  const auto alone = analysis::findings(flash, {}, {});
   EXPECT_FALSE(has(alone, "naive")) << dump(alone);
 }
 
 void GuessesAreConfirmedOrMissed(const std::vector<RunResult>& results) {
   const RunResult& naive = get(results, "naive");
-  const auto right = report::findings(naive, results, {{"naive", 5}});
+  const auto right = analysis::findings(naive, results, {{"naive", 5}});
   EXPECT_TRUE(has(right, "guess confirmed")) << dump(right);
-  const auto wrong = report::findings(naive, results, {{"naive", 6}});
+  const auto wrong = analysis::findings(naive, results, {{"naive", 6}});
   EXPECT_TRUE(has(wrong, "guess missed")) << dump(wrong);
-  const auto other = report::findings(naive, results, {{"math", 6}});
+  const auto other = analysis::findings(naive, results, {{"math", 6}});
   EXPECT_FALSE(has(other, "guess")) << dump(other);
+}
+
+// The same findings as records: the rule that made each, its severity, the
+// events it read and the figures behind its text.
+void FindingsAreRecordsWithEvidence(const std::vector<RunResult>& results) {
+  for (const auto& r : results) {
+    for (const auto& f : r.findings) {
+      EXPECT_FALSE(f.rule.empty()) << f.text;
+      for (const auto& e : f.evidence) {
+        ASSERT_GE(e.index, 0) << f.rule;
+        ASSERT_LT(static_cast<std::size_t>(e.index), r.trace.activities.size()) << f.rule;
+        EXPECT_EQ(r.trace.activities[static_cast<std::size_t>(e.index)].name, e.name) << f.rule;
+      }
+    }
+  }
+  const RunResult& naive = get(results, "naive");
+  const Finding& copy = only(naive.findings, "hidden-copy");
+  EXPECT_EQ(copy.severity, Severity::Warning);
+  EXPECT_EQ(copy.text.rfind("hidden copy: masked_fill (out of place) allocates and copies ", 0), 0u) << copy.text;
+  ASSERT_GE(copy.evidence.size(), 2u);
+  EXPECT_EQ(copy.evidence[0].name, "masked_fill");
+  EXPECT_EQ(copy.evidence[0].category, "cpu_op");
+  EXPECT_EQ(copy.evidence[1].name, "copy_");
+  EXPECT_DOUBLE_EQ(copy.figures.at("copies_per_forward"), 1);
+  EXPECT_EQ(copy.text, "hidden copy: masked_fill (out of place) allocates and copies " +
+                           analysis::mib(copy.figures.at("bytes_per_forward")) + " per forward");
+  EXPECT_EQ(copy.evidence.size(), 1 + 2u) << "the op once, then the copy of each of the two forwards";
+
+  const Finding& in_place = only(get(results, "naive_inplace").findings, "masked-fill-in-place");
+  EXPECT_EQ(in_place.severity, Severity::Info);
+  EXPECT_GT(in_place.figures.at("saved_bytes_per_forward"), 0);
+  ASSERT_FALSE(in_place.evidence.empty());
+  EXPECT_EQ(in_place.evidence[0].name, "masked_fill_");
+
+  const auto& math = get(results, "math").findings;
+  const Finding& up = only(math, "upcast-fp32");
+  EXPECT_EQ(up.severity, Severity::Warning);
+  EXPECT_EQ(up.text,
+            analysis::format("upcasts %.0f bf16 tensors to FP32 per forward", up.figures.at("upcasts_per_forward")));
+  for (const auto& e : up.evidence) EXPECT_EQ(e.name, "to");
+  EXPECT_EQ(only(math, "fp32-gemm").text, "FP32 GEMM on bf16 inputs");
+  EXPECT_EQ(only(math, "mask-rebuilt").text, "mask rebuilt on every call (ones, tril, where)");
+  EXPECT_EQ(only(math, "nan-safe-softmax").severity, Severity::Info);
+  EXPECT_EQ(only(math, "nan-safe-softmax").text, "NaN-safe softmax: a fully masked row gives zeros");
+
+  const Finding& mem = only(get(results, "flash").findings, "memory-below-baseline");
+  EXPECT_EQ(mem.severity, Severity::Info);
+  EXPECT_GE(mem.figures.at("ratio"), 4);
+  EXPECT_DOUBLE_EQ(mem.figures.at("baseline_peak_bytes"),
+                   static_cast<double>(get(results, "naive").metrics.peak_bytes));
+
+  const auto missed = analysis::findings(naive, results, {{"naive", 6}});
+  EXPECT_EQ(only(missed, "guess-missed").severity, Severity::Warning);
+  EXPECT_EQ(only(missed, "guess-missed").text, "guess missed: you expected 6 ops per forward, the trace shows 5.0");
+  EXPECT_DOUBLE_EQ(only(missed, "guess-missed").figures.at("guess_per_forward"), 6);
 }
 
 void CompareTableHasEveryBackendRow(const std::vector<RunResult>& results) {
@@ -211,7 +281,21 @@ void ResultJsonHasEveryFieldOfTheSchema(const std::vector<RunResult>& results) {
     EXPECT_FALSE(j["reason"].get<std::string>().empty()) << r.backend;
     ASSERT_TRUE(j["findings"].is_array());
     EXPECT_EQ(j["findings"].size(), r.findings.size());
-    for (const auto& f : j["findings"]) EXPECT_TRUE(f.is_string());
+    for (std::size_t k = 0; k < r.findings.size(); ++k) {
+      const auto& f = j["findings"][k];
+      ASSERT_TRUE(f.is_object()) << f;
+      EXPECT_EQ(f["rule"], r.findings[k].rule);
+      EXPECT_EQ(f["text"], r.findings[k].text);
+      EXPECT_TRUE(f["severity"] == "info" || f["severity"] == "warning" || f["severity"] == "error") << f;
+      ASSERT_TRUE(f["evidence"].is_array()) << f;
+      EXPECT_EQ(f["evidence"].size(), r.findings[k].evidence.size());
+      for (const auto& e : f["evidence"]) {
+        for (const char* field : {"index", "name", "cat", "ts", "dur", "correlation"}) {
+          EXPECT_TRUE(e.contains(field)) << field << " missing in " << e;
+        }
+      }
+      EXPECT_TRUE(f["figures"].is_object()) << f;
+    }
     if (r.eligibility.eligible) {
       // A CPU run: no GPU activities, no occupancy; everything else measured.
       EXPECT_TRUE(j["kernels_per_forward"].is_null()) << r.backend;
@@ -250,6 +334,7 @@ TEST_F(Report, Findings) {
   MathShowsUpcastFp32GemmMaskRebuiltAndSafeSoftmax(results());
   FlashMemoryAgainstNaive(results());
   GuessesAreConfirmedOrMissed(results());
+  FindingsAreRecordsWithEvidence(results());
 }
 
 TEST_F(Report, Tables) {
@@ -282,6 +367,35 @@ TEST(ReportJson, ProblemAndDevice) {
   EXPECT_EQ(d["description"], "some CPU");
 }
 
+TEST(ReportJson, FindingRecord) {
+  Finding f{
+      .rule = "hidden-copy",
+      .severity = Severity::Warning,
+      .text = "hidden copy: masked_fill (its copy_) makes 1 device-to-device copy per forward (32.0 MiB)",
+      .evidence = {EventRef{.index = 9,
+                            .name = "Memcpy DtoD (Device -> Device)",
+                            .category = "gpu_memcpy",
+                            .ts_us = 245.0,
+                            .dur_us = 40.0,
+                            .correlation = 3},
+                   EventRef{.index = 6, .name = "masked_fill", .category = "cpu_op", .ts_us = 200.0, .dur_us = 200.0}},
+      .figures = {{"copies_per_forward", 1}, {"bytes_per_forward", 33554432}}};
+  const nlohmann::json j = report::finding_json(f);
+  EXPECT_EQ(j["rule"], "hidden-copy");
+  EXPECT_EQ(j["severity"], "warning");
+  EXPECT_EQ(j["text"], f.text);
+  ASSERT_EQ(j["evidence"].size(), 2u);
+  EXPECT_EQ(j["evidence"][0]["index"], 9);
+  EXPECT_EQ(j["evidence"][0]["name"], "Memcpy DtoD (Device -> Device)");
+  EXPECT_EQ(j["evidence"][0]["cat"], "gpu_memcpy");
+  EXPECT_DOUBLE_EQ(j["evidence"][0]["ts"].get<double>(), 245.0);
+  EXPECT_DOUBLE_EQ(j["evidence"][0]["dur"].get<double>(), 40.0);
+  EXPECT_EQ(j["evidence"][0]["correlation"], 3);
+  EXPECT_TRUE(j["evidence"][1]["correlation"].is_null());
+  EXPECT_DOUBLE_EQ(j["figures"]["bytes_per_forward"].get<double>(), 33554432);
+  EXPECT_EQ(report::finding_json(Finding{})["figures"], nlohmann::json::object());
+}
+
 TEST(ReportJson, FailedRunIsAllNullWithTheReason) {
   Problem p;
   p.batch = 4096;
@@ -292,8 +406,8 @@ TEST(ReportJson, FailedRunIsAllNullWithTheReason) {
   RunResult r = run_backend(*find_backend("naive", Device::Cpu), p, RunOptions{});
   ASSERT_TRUE(r.failure.has_value());
   std::vector<RunResult> all{r};
-  report::apply_acceptance(all);
-  all[0].findings = report::findings(all[0], all, {});
+  analysis::apply_acceptance(all);
+  all[0].findings = analysis::findings(all[0], all, {});
   EXPECT_TRUE(all[0].findings.empty());
   const nlohmann::json j = report::result_json(all[0]);
   EXPECT_EQ(j["reason"], *r.failure);
@@ -334,18 +448,20 @@ TEST(ReportHostTime, TheUnprofiledCallIsWhatTheTableShowsAndWhatCpuBoundIsJudged
   EXPECT_DOUBLE_EQ(j["host_time_unprofiled_p10_us"].get<double>(), 11);
   EXPECT_DOUBLE_EQ(j["host_time_unprofiled_p90_us"].get<double>(), 15);
   EXPECT_DOUBLE_EQ(j["host_time_us"].get<double>(), 40);
-  auto cpu_bound = [](const std::vector<std::string>& findings) {
+  auto cpu_bound = [](const std::vector<Finding>& findings) {
     return std::any_of(findings.begin(), findings.end(),
-                       [](const std::string& f) { return f.rfind("CPU-bound", 0) == 0; });
+                       [](const Finding& f) { return f.text.rfind("CPU-bound", 0) == 0; });
   };
   // 40 us profiled would call 10 us of GPU work CPU-bound; 12 us unprofiled does not.
-  EXPECT_FALSE(cpu_bound(report::findings(fast[0], fast, {})));
+  EXPECT_FALSE(cpu_bound(analysis::findings(fast[0], fast, {})));
   std::vector<RunResult> slow{gpu_result(25)};
-  const auto f = report::findings(slow[0], slow, {});
+  const auto f = analysis::findings(slow[0], slow, {});
   ASSERT_TRUE(cpu_bound(f));
-  EXPECT_NE(std::find_if(f.begin(), f.end(),
-                         [](const std::string& x) { return x.find("25 us of host") != std::string::npos; }),
-            f.end());
+  const Finding& bound = only(f, "cpu-bound");
+  EXPECT_EQ(bound.text, "CPU-bound: 25 us of host time per call for 10 us of GPU work");
+  EXPECT_EQ(bound.severity, Severity::Warning);
+  EXPECT_DOUBLE_EQ(bound.figures.at("host_us"), 25);
+  EXPECT_DOUBLE_EQ(bound.figures.at("device_us"), 10);
 }
 
 TEST(ReportHostTime, SpreadOfCallsIsTheSampleAtRoundedRank) {
@@ -388,8 +504,8 @@ TEST(ReportFindings, NanInNaiveOnBottomRightCausalWithShortKv) {
   o.threads = 1;
   std::vector<RunResult> all;
   for (const char* name : {"naive", "math"}) all.push_back(run_backend(*find_backend(name, Device::Cpu), p, o));
-  report::apply_acceptance(all);
-  for (auto& r : all) r.findings = report::findings(r, all, {});
+  analysis::apply_acceptance(all);
+  for (auto& r : all) r.findings = analysis::findings(r, all, {});
   const RunResult& naive = all[0];
   const RunResult& math = all[1];
   ASSERT_FALSE(naive.failure) << *naive.failure;

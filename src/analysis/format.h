@@ -1,10 +1,10 @@
-// Number formatting shared by the report's tables and findings.
+// Number formatting shared by the findings and the report's tables.
 #pragma once
 
 #include <cstdio>
 #include <string>
 
-namespace attnprof::report {
+namespace attnprof::analysis {
 
 // printf-style formatting of one number.
 inline std::string format(const char* f, double v) {
@@ -15,4 +15,4 @@ inline std::string format(const char* f, double v) {
 
 inline std::string mib(double bytes) { return format("%.1f MiB", bytes / (1024.0 * 1024.0)); }
 
-}  // namespace attnprof::report
+}  // namespace attnprof::analysis

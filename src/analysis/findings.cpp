@@ -1,0 +1,45 @@
+#include "analysis/findings.h"
+
+#include <algorithm>
+
+#include "analysis/rules.h"
+
+namespace attnprof::analysis {
+
+std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const std::vector<RunResult>& all,
+                              const Guesses& guesses) {
+  std::vector<Finding> out;
+  if (r.failure || r.metrics.steps == 0) return out;
+  const RuleInput in{.index = index,
+                     .run = r,
+                     .all = all,
+                     .guesses = guesses,
+                     .steps = std::max(1, r.metrics.steps),
+                     .gpu = r.problem.device == Device::Cuda};
+  for (const Rule& rule : rule_table()) {
+    for (Finding& f : rule.fn(in)) {
+      f.rule = std::string(rule.id);
+      f.severity = rule.severity;
+      out.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
+std::vector<Finding> findings(const RunResult& r, const std::vector<RunResult>& all, const Guesses& guesses) {
+  if (r.failure || r.metrics.steps == 0) return {};
+  return findings(TraceIndex(r.trace), r, all, guesses);
+}
+
+void apply_acceptance(std::vector<RunResult>& results) {
+  std::optional<double> math_rel;
+  for (const auto& r : results) {
+    if (r.traits.reference_precision && r.error && r.error->nan_rows == 0) math_rel = r.error->rel;
+  }
+  for (auto& r : results) {
+    if (!r.error) continue;
+    r.acceptance = accept(r.problem.dtype, *r.error, math_rel, r.traits.nan_on_fully_masked);
+  }
+}
+
+}  // namespace attnprof::analysis

@@ -1,0 +1,31 @@
+// "What the trace shows": the rule table run over one run's trace, one record
+// (attnprof/findings.h) per rule that fires, in the table's order.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "analysis/trace_index.h"
+#include "attnprof/findings.h"
+#include "attnprof/runner.h"
+
+namespace attnprof::analysis {
+
+// A user's own guess, stated on the command line: device activities per
+// forward on a GPU, CPU ops per forward on the CPU.
+using Guesses = std::map<std::string, int, std::less<>>;
+
+// Runs every rule on `r`. `all` holds the other backends of the same
+// comparison (for cross-backend rules such as memory against the baseline);
+// may be empty. `index` must index r.trace.
+std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const std::vector<RunResult>& all,
+                              const Guesses& guesses);
+// The same, indexing r.trace first.
+std::vector<Finding> findings(const RunResult& r, const std::vector<RunResult>& all, const Guesses& guesses);
+
+// Applies the DESIGN.md acceptance rule with the reference-precision
+// backend's error when it ran.
+void apply_acceptance(std::vector<RunResult>& results);
+
+}  // namespace attnprof::analysis
