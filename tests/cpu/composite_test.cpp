@@ -20,7 +20,7 @@
 namespace attnprof {
 namespace {
 
-using Ops = std::vector<std::string>;
+using OpNames = std::vector<std::string>;
 
 constexpr MaskKind kMasks[] = {MaskKind::None,          MaskKind::Causal,  MaskKind::CausalBottomRight,
                                MaskKind::SlidingWindow, MaskKind::Boolean, MaskKind::Bias};
@@ -91,7 +91,7 @@ TEST(Composite, ReferenceCaseSequences) {
   const Problem pc = problem(Device::Cpu, DType::BF16, MaskKind::Causal);
   struct Want {
     const char* name;
-    Ops ops;
+    OpNames ops;
     int activities, copies;
   };
   const Want wants[] = {
@@ -122,22 +122,22 @@ TEST(Composite, SequencesPerMask) {
   const auto ops = [](const char* name, MaskKind mask, DType dt = DType::BF16) {
     return cuda_expectation(name, problem(Device::Cuda, dt, mask)).cpu_ops;
   };
-  EXPECT_EQ(ops("naive", MaskKind::None), (Ops{"matmul", "mul", "softmax", "matmul"}));
-  EXPECT_EQ(ops("naive", MaskKind::Boolean), (Ops{"matmul", "mul", "masked_fill", "softmax", "matmul"}));
-  EXPECT_EQ(ops("naive", MaskKind::SlidingWindow), (Ops{"matmul", "mul", "masked_fill", "softmax", "matmul"}));
-  EXPECT_EQ(ops("naive", MaskKind::Bias), (Ops{"matmul", "mul", "add", "softmax", "matmul"}));
-  EXPECT_EQ(ops("naive_inplace", MaskKind::Bias), (Ops{"matmul", "mul", "add_", "softmax", "matmul"}));
+  EXPECT_EQ(ops("naive", MaskKind::None), (OpNames{"matmul", "mul", "softmax", "matmul"}));
+  EXPECT_EQ(ops("naive", MaskKind::Boolean), (OpNames{"matmul", "mul", "masked_fill", "softmax", "matmul"}));
+  EXPECT_EQ(ops("naive", MaskKind::SlidingWindow), (OpNames{"matmul", "mul", "masked_fill", "softmax", "matmul"}));
+  EXPECT_EQ(ops("naive", MaskKind::Bias), (OpNames{"matmul", "mul", "add", "softmax", "matmul"}));
+  EXPECT_EQ(ops("naive_inplace", MaskKind::Bias), (OpNames{"matmul", "mul", "add_", "softmax", "matmul"}));
   EXPECT_EQ(ops("math", MaskKind::None),
-            (Ops{"to", "to", "to", "mul", "mul", "matmul", "_safe_softmax", "matmul", "to"}));
-  EXPECT_EQ(ops("math", MaskKind::None, DType::F32), (Ops{"mul", "mul", "matmul", "_safe_softmax", "matmul"}));
-  EXPECT_EQ(ops("math", MaskKind::CausalBottomRight), (Ops{"to", "to", "to", "mul", "ones", "tril", "where", "mul",
-                                                           "matmul", "add_", "_safe_softmax", "matmul", "to"}));
-  EXPECT_EQ(ops("math", MaskKind::SlidingWindow), (Ops{"to", "to", "to", "mul", "ones", "tril", "triu", "where", "mul",
-                                                       "matmul", "add_", "_safe_softmax", "matmul", "to"}));
+            (OpNames{"to", "to", "to", "mul", "mul", "matmul", "_safe_softmax", "matmul", "to"}));
+  EXPECT_EQ(ops("math", MaskKind::None, DType::F32), (OpNames{"mul", "mul", "matmul", "_safe_softmax", "matmul"}));
+  EXPECT_EQ(ops("math", MaskKind::CausalBottomRight), (OpNames{"to", "to", "to", "mul", "ones", "tril", "where", "mul",
+                                                               "matmul", "add_", "_safe_softmax", "matmul", "to"}));
+  EXPECT_EQ(ops("math", MaskKind::SlidingWindow), (OpNames{"to", "to", "to", "mul", "ones", "tril", "triu", "where",
+                                                           "mul", "matmul", "add_", "_safe_softmax", "matmul", "to"}));
   EXPECT_EQ(ops("math", MaskKind::Boolean),
-            (Ops{"where", "to", "to", "to", "mul", "mul", "matmul", "add_", "_safe_softmax", "matmul", "to"}));
+            (OpNames{"where", "to", "to", "to", "mul", "mul", "matmul", "add_", "_safe_softmax", "matmul", "to"}));
   EXPECT_EQ(ops("math", MaskKind::Bias),
-            (Ops{"to", "to", "to", "mul", "mul", "matmul", "add_", "_safe_softmax", "matmul", "to"}));
+            (OpNames{"to", "to", "to", "mul", "mul", "matmul", "add_", "_safe_softmax", "matmul", "to"}));
   EXPECT_EQ(cuda_expectation("math", problem(Device::Cuda, DType::BF16, MaskKind::SlidingWindow)).device_activities,
             17);
 }
