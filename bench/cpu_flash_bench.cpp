@@ -15,9 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/blas.h"
 #include "attnprof/backend.h"
 #include "attnprof/reference.h"
+#include "backends/composite/composite.h"
+#include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_backends.h"
 
 namespace {
@@ -78,9 +79,8 @@ double sgemm_gflops(std::int64_t n, int repeats) {
     b[i] = static_cast<float>(i % 13) * 0.02f - 0.1f;
   }
   const int N = static_cast<int>(n);
-  const double t = median_seconds(repeats, [&] {
-    attnprof::cpu::sgemm(false, N, N, N, 1.0f, a.data(), N, b.data(), N, 0.0f, c.data(), N);
-  });
+  const double t = median_seconds(
+      repeats, [&] { attnprof::cpu::sgemm(false, N, N, N, 1.0f, a.data(), N, b.data(), N, 0.0f, c.data(), N); });
   return 2.0 * static_cast<double>(n) * n * n / t / 1e9;
 }
 
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   omp_set_num_threads(o.threads);
   attnprof::cpu::blas_set_threads(o.threads);
   auto flash = cpu::make_flash();
-  auto naive = cpu::make_naive_inplace();
+  auto naive = composite::make_naive_inplace(cpu::make_ops());
 
   std::printf("cpu_flash_bench: %s, %d threads, %s, g++ %s, median of %d after 1 warmup\n\n", cpu_model().c_str(),
               o.threads, attnprof::cpu::blas_config(), __VERSION__, o.repeats);

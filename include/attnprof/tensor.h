@@ -86,6 +86,9 @@ class Storage {
 
 using Dims = std::array<std::int64_t, 4>;
 
+// "[8, 16, 1024, 64]", as profiler ranges list input dims.
+std::string dims_string(const Dims& d);
+
 class Tensor {
  public:
   Tensor() = default;

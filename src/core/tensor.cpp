@@ -72,17 +72,19 @@ Tensor Tensor::expand(const Dims& sizes) const {
   return t;
 }
 
-std::string Tensor::dims_string() const {
+std::string dims_string(const Dims& d) {
   // Appended piece by piece: g++ 12 warns (-Wrestrict, a false positive) on
   // chains of operator+ over temporaries, and this runs once per profiled op.
   std::string s = "[";
-  for (std::size_t i = 0; i < sizes_.size(); ++i) {
+  for (std::size_t i = 0; i < d.size(); ++i) {
     if (i) s += ", ";
-    s += std::to_string(sizes_[i]);
+    s += std::to_string(d[i]);
   }
   s += ']';
   return s;
 }
+
+std::string Tensor::dims_string() const { return attnprof::dims_string(sizes_); }
 
 std::string Tensor::describe() const {
   std::ostringstream os;

@@ -8,6 +8,7 @@
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
+#include "backends/composite/composite.h"
 #include "backends/cpu/cpu_backends.h"
 #ifdef ATTNPROF_WITH_CUDA
 #include "backends/cuda/cuda_backends.h"
@@ -21,14 +22,16 @@ struct Registry {
   std::map<std::string, std::unique_ptr<Backend>, std::less<>> cuda;
 
   Registry() {
-    cpu.emplace("naive", cpu::make_naive());
-    cpu.emplace("naive_inplace", cpu::make_naive_inplace());
-    cpu.emplace("math", cpu::make_math());
+    // The composite backends are written once; each instance owns the ops of
+    // its device.
+    cpu.emplace("naive", composite::make_naive(cpu::make_ops()));
+    cpu.emplace("naive_inplace", composite::make_naive_inplace(cpu::make_ops()));
+    cpu.emplace("math", composite::make_math(cpu::make_ops()));
     cpu.emplace("flash", cpu::make_flash());
 #ifdef ATTNPROF_WITH_CUDA
-    cuda.emplace("naive", cuda::make_naive());
-    cuda.emplace("naive_inplace", cuda::make_naive_inplace());
-    cuda.emplace("math", cuda::make_math());
+    cuda.emplace("naive", composite::make_naive(cuda::make_ops()));
+    cuda.emplace("naive_inplace", composite::make_naive_inplace(cuda::make_ops()));
+    cuda.emplace("math", composite::make_math(cuda::make_ops()));
     cuda.emplace("efficient", cuda::make_efficient());
     cuda.emplace("flash", cuda::make_flash());
     if (auto b = cuda::make_cudnn()) cuda.emplace("cudnn", std::move(b));

@@ -17,16 +17,18 @@
 #include "attnprof/backend.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
+#include "backends/composite/composite.h"
 #include "gpu_test.h"
 #include "profiler/cupti/cupti_collector.h"
+#include "analysis/trace_index.h"
 
 namespace attnprof {
 namespace {
 
 std::unique_ptr<Backend> make(const std::string& name) {
-  if (name == "naive") return cuda::make_naive();
-  if (name == "naive_inplace") return cuda::make_naive_inplace();
-  if (name == "math") return cuda::make_math();
+  if (name == "naive") return composite::make_naive(cuda::make_ops());
+  if (name == "naive_inplace") return composite::make_naive_inplace(cuda::make_ops());
+  if (name == "math") return composite::make_math(cuda::make_ops());
   return cuda::make_cudnn();
 }
 
@@ -118,7 +120,7 @@ TEST_P(CudaBackendAccuracy, MatchesFloat64Reference) {
   const ErrorStats e = check_against_reference(p, host, run_once(*backend, p, host), rows);
   std::optional<double> math_rel;
   if (c.backend != "math") {
-    auto math = cuda::make_math();
+    auto math = make("math");
     math_rel = check_against_reference(p, host, run_once(*math, p, host), rows).rel;
   }
   const Acceptance a = accept(p.dtype, e, math_rel, /*nan_allowed_on_masked_rows=*/false);
@@ -177,7 +179,7 @@ TEST(CudaBackends, FullyMaskedRowsNaNInNaiveZerosInMath) {
 // forward against what CUPTI records (skipped without CUPTI).
 TEST(CudaBackends, KernelCountsMatchExpectation) {
   REQUIRE_GPU();
-  for (MaskKind mask : {MaskKind::Causal, MaskKind::None, MaskKind::SlidingWindow}) {
+  for (MaskKind mask : {MaskKind::Causal, MaskKind::None, MaskKind::SlidingWindow, MaskKind::Boolean, MaskKind::Bias}) {
     Problem p;
     p.batch = 2;
     p.heads = 4;
@@ -189,7 +191,10 @@ TEST(CudaBackends, KernelCountsMatchExpectation) {
     p.window = mask == MaskKind::SlidingWindow ? 64 : 0;
     p.normalize();
     p.validate();
-    for (const char* name : {"naive", "naive_inplace", "math", "cudnn"}) {
+    for (const std::string name : {"naive", "naive_inplace", "math", "cudnn"}) {
+      // The composites' expectations derive from their ops for every mask;
+      // cudnn's are held to the masks it was written for.
+      if (name == "cudnn" && (mask == MaskKind::Boolean || mask == MaskKind::Bias)) continue;
       auto b = make(name);
       if (!b->eligibility(p).eligible) continue;
       RunOptions o;
@@ -202,6 +207,15 @@ TEST(CudaBackends, KernelCountsMatchExpectation) {
           << name;
       EXPECT_GT(*r.metrics.host_time_unprofiled_p10_us, 0) << name;
       EXPECT_FALSE(cupti::attached()) << name << ": CUPTI still loaded after the profile";
+      if (name != "cudnn") {
+        // The op sequence is the CPU's (the composites are written once).
+        const analysis::TraceIndex index(r.trace);
+        for (std::size_t f = 0; f < index.forwards().size(); ++f) {
+          std::vector<std::string> ops;
+          for (const analysis::EventIndex a : index.forward_ops(f)) ops.emplace_back(index.op(a));
+          EXPECT_EQ(ops, r.expectation.cpu_ops) << name << " with mask " << mask_name(mask);
+        }
+      }
       if (!r.metrics.kernels_per_forward) GTEST_SKIP() << "no CUPTI activities: cannot count kernels";
       // Libraries may zero a workspace with a memset before their kernel
       // (cuBLAS's and cuDNN's Hopper kernels do); the report names those, so

@@ -1,17 +1,18 @@
-// Factories of the CPU backends (one file per backend in this folder).
+// Factories of the CPU backends, their ops and the CPU runtime.
 #pragma once
 
 #include <memory>
 
 #include "attnprof/backend.h"
 #include "attnprof/device_runtime.h"
+#include "backends/ops.h"
 
 namespace attnprof::cpu {
 
-std::unique_ptr<Backend> make_naive();          // naive.cpp
-std::unique_ptr<Backend> make_naive_inplace();  // naive.cpp (the same ops, the fill in place)
-std::unique_ptr<Backend> make_math();           // math.cpp
-std::unique_ptr<Backend> make_flash();          // flash.cpp
+std::unique_ptr<Backend> make_flash();  // flash.cpp
+// The ops naive, naive_inplace and math (backends/composite/) run on the CPU,
+// one object per backend (ops.cpp).
+std::unique_ptr<Ops> make_ops();
 
 // The CPU as a profiling device: the tracked allocator, OpenMP and OpenBLAS
 // thread counts (0 = all cores), a measured sgemm ceiling (runtime.cpp).

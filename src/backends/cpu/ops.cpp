@@ -1,5 +1,6 @@
 #include "backends/cpu/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +9,7 @@
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "backends/cpu/blas.h"
+#include "backends/cpu/cpu_backends.h"
 
 namespace attnprof::cpu {
 namespace {
@@ -88,14 +90,41 @@ const float* fp32_slice(const Tensor& t, std::int64_t b, std::int64_t h, std::ve
   return scratch.data();
 }
 
-void check_same_rows(const Tensor& x, const Tensor& m, const char* op) {
-  if (x.size(2) != m.size(2) || x.size(3) != m.size(3)) {
-    fail(ErrorKind::InvalidArgument,
-         std::string(op) + ": mask " + m.describe() + " does not fit scores " + x.describe());
+// y read as if expanded to x's shape (stride 0 on its size-1 dims), so the
+// row loops can index it with x's (b, h, i).
+Tensor broadcast_to(const Tensor& y, const Tensor& x, const char* op) {
+  if (y.sizes() == x.sizes()) return y;
+  for (int d = 0; d < 4; ++d) {
+    if (y.size(d) != 1 && y.size(d) != x.size(d)) {
+      fail(ErrorKind::InvalidArgument,
+           std::string(op) + ": " + y.describe() + " does not broadcast to " + x.describe());
+    }
   }
+  return y.expand(x.sizes());
+}
+
+// Keeps x[.., i, j] where j - i <= diagonal (upper = false) or >= (upper = true).
+Tensor triangle(const OpSpec& spec, const Tensor& x, std::int64_t diagonal, bool upper, Allocator& a) {
+  RecordFunction rf(spec.name, "bool, Scalar", dims_string(x) + ", []");
+  if (x.dtype() != DType::Bool) fail(ErrorKind::Internal, std::string(spec.name) + " here builds bool masks only");
+  Tensor y = Tensor::empty(x.sizes(), DType::Bool, a);
+  const auto* in = x.data_as<const std::uint8_t>();
+  auto* out = y.data_as<std::uint8_t>();
+  const std::int64_t R = x.size(2), C = x.size(3), rows = x.size(0) * x.size(1) * R;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t i = r % R, b = r / (x.size(1) * R), h = (r / R) % x.size(1);
+    for (std::int64_t j = 0; j < C; ++j) {
+      const bool in_band = upper ? (j - i >= diagonal) : (j - i <= diagonal);
+      out[r * C + j] = in_band ? in[x.index(b, h, i, j)] : std::uint8_t{0};
+    }
+  }
+  return y;
 }
 
 }  // namespace
+
+std::string dims_string(const Dims& d) { return attnprof::dims_string(d); }
 
 std::string dims_string(const Tensor& t) { return t.dims_string(); }
 
@@ -108,179 +137,217 @@ std::string dtypes_string(std::initializer_list<const Tensor*> ts) {
   return s;
 }
 
-Tensor matmul_qk(const Tensor& q, const Tensor& k, DType out, Allocator& a) {
-  RecordFunction rf("matmul", dtypes_string({&q, &k}), dims_string(q) + ", " + dims_string(k));
-  const std::int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3), Skv = k.size(2);
-  const std::int64_t group = H / k.size(1);
-  Tensor s = Tensor::empty({B, H, S, Skv}, out, a);
-  std::vector<float> qs, ks, cs;
-  for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t h = 0; h < H; ++h) {
-      std::int64_t ldq = 0, ldk = 0;
-      const float* qp = fp32_slice(q, b, h, qs, ldq);
-      const float* kp = fp32_slice(k, b, h / group, ks, ldk);
-      float* c = nullptr;
-      if (out == DType::F32) {
-        c = s.data_as<float>() + s.index(b, h, 0, 0);
+namespace {
+
+class CpuOps final : public Ops {
+ public:
+  Device device() const override { return Device::Cpu; }
+
+  std::string describe_gemm(DType operands) const override {
+    if (!is_16bit(operands)) return "OpenBLAS sgemm";
+    return std::string("OpenBLAS sgemm on ") + std::string(dtype_name(operands)) + " widened to FP32 per head";
+  }
+
+  std::size_t library_workspace_bytes() const override { return 0; }
+
+  Tensor matmul_qk(const Tensor& q, const Tensor& k, RunContext& ctx) override {
+    RecordFunction rf(op::matmul.name, dtypes_string({&q, &k}), dims_string(q) + ", " + dims_string(k));
+    const std::int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3), Skv = k.size(2);
+    const std::int64_t group = H / k.size(1);
+    // 16-bit operands are widened to FP32 per head, multiplied in FP32 and the
+    // product rounded to q's dtype.
+    Tensor s = Tensor::empty({B, H, S, Skv}, q.dtype(), ctx.allocator);
+    std::vector<float> qs, ks, cs;
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        std::int64_t ldq = 0, ldk = 0;
+        const float* qp = fp32_slice(q, b, h, qs, ldq);
+        const float* kp = fp32_slice(k, b, h / group, ks, ldk);
+        float* c = nullptr;
+        if (s.dtype() == DType::F32) {
+          c = s.data_as<float>() + s.index(b, h, 0, 0);
+        } else {
+          cs.resize(static_cast<std::size_t>(S * Skv));
+          c = cs.data();
+        }
+        sgemm(true, static_cast<int>(S), static_cast<int>(Skv), static_cast<int>(D), 1.0f, qp, static_cast<int>(ldq),
+              kp, static_cast<int>(ldk), 0.0f, c, static_cast<int>(Skv));
+        if (s.dtype() != DType::F32) {
+          for (std::int64_t i = 0; i < S; ++i) store_row(s, b, h, i, c + i * Skv);
+        }
+      }
+    }
+    return s;
+  }
+
+  void matmul_pv(const Tensor& p, const Tensor& v, Tensor& out, RunContext&) override {
+    RecordFunction rf(op::matmul.name, dtypes_string({&p, &v}), dims_string(p) + ", " + dims_string(v));
+    const std::int64_t B = p.size(0), H = p.size(1), S = p.size(2), Skv = p.size(3), D = v.size(3);
+    const std::int64_t group = H / v.size(1);
+    std::vector<float> ps, vs, cs(static_cast<std::size_t>(S * D));
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        std::int64_t ldp = 0, ldv = 0;
+        const float* pp = fp32_slice(p, b, h, ps, ldp);
+        const float* vp = fp32_slice(v, b, h / group, vs, ldv);
+        sgemm(false, static_cast<int>(S), static_cast<int>(D), static_cast<int>(Skv), 1.0f, pp, static_cast<int>(ldp),
+              vp, static_cast<int>(ldv), 0.0f, cs.data(), static_cast<int>(D));
+        for (std::int64_t i = 0; i < S; ++i) store_row(out, b, h, i, cs.data() + i * D);
+      }
+    }
+  }
+
+  Tensor matmul_pv(const Tensor& p, const Tensor& v, RunContext& ctx) override {
+    Tensor out = Tensor::empty({p.size(0), p.size(1), p.size(2), v.size(3)}, p.dtype(), ctx.allocator);
+    matmul_pv(p, v, out, ctx);
+    return out;
+  }
+
+  Tensor mul(const Tensor& x, float s, RunContext& ctx) override {
+    RecordFunction rf(op::mul.name, dtypes_string({&x}) + ", Scalar", dims_string(x) + ", []");
+    return map_rows(x, x.dtype(), ctx.allocator, [s](float* r, std::int64_t n, auto...) {
+      for (std::int64_t j = 0; j < n; ++j) r[j] *= s;
+    });
+  }
+
+  Tensor masked_fill(const Tensor& x, const Tensor& keep, float value, RunContext& ctx) override {
+    RecordFunction rf(op::masked_fill.name, dtypes_string({&x, &keep}) + ", Scalar",
+                      dims_string(x) + ", " + dims_string(keep) + ", []");
+    Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
+    {
+      // The hidden copy of an out-of-place fill: clone the whole score tensor first.
+      RecordFunction copy("copy_", dtypes_string({&y, &x}), dims_string(y) + ", " + dims_string(x));
+      if (x.is_contiguous()) {
+        std::memcpy(y.data(), x.data(), x.nbytes());
       } else {
-        cs.resize(static_cast<std::size_t>(S * Skv));
-        c = cs.data();
-      }
-      sgemm(true, static_cast<int>(S), static_cast<int>(Skv), static_cast<int>(D), 1.0f, qp, static_cast<int>(ldq), kp,
-            static_cast<int>(ldk), 0.0f, c, static_cast<int>(Skv));
-      if (out != DType::F32) {
-        for (std::int64_t i = 0; i < S; ++i) store_row(s, b, h, i, c + i * Skv);
+        transform_rows(x, y, [](auto...) {});
       }
     }
+    masked_fill_(y, keep, value, ctx);
+    return y;
   }
-  return s;
-}
 
-void matmul_pv(const Tensor& p, const Tensor& v, Tensor& out) {
-  RecordFunction rf("matmul", dtypes_string({&p, &v}), dims_string(p) + ", " + dims_string(v));
-  const std::int64_t B = p.size(0), H = p.size(1), S = p.size(2), Skv = p.size(3), D = v.size(3);
-  const std::int64_t group = H / v.size(1);
-  std::vector<float> ps, vs, cs(static_cast<std::size_t>(S * D));
-  for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t h = 0; h < H; ++h) {
-      std::int64_t ldp = 0, ldv = 0;
-      const float* pp = fp32_slice(p, b, h, ps, ldp);
-      const float* vp = fp32_slice(v, b, h / group, vs, ldv);
-      sgemm(false, static_cast<int>(S), static_cast<int>(D), static_cast<int>(Skv), 1.0f, pp, static_cast<int>(ldp), vp,
-            static_cast<int>(ldv), 0.0f, cs.data(), static_cast<int>(D));
-      for (std::int64_t i = 0; i < S; ++i) store_row(out, b, h, i, cs.data() + i * D);
+  void masked_fill_(Tensor& x, const Tensor& keep_in, float value, RunContext&) override {
+    RecordFunction rf(op::masked_fill_.name, dtypes_string({&x, &keep_in}) + ", Scalar",
+                      dims_string(x) + ", " + dims_string(keep_in) + ", []");
+    if (keep_in.dtype() != DType::Bool) {
+      fail(ErrorKind::Internal, "masked_fill_ needs a bool mask, got " + keep_in.describe());
     }
+    const Tensor keep = broadcast_to(keep_in, x, "masked_fill_");
+    const auto* k = keep.data_as<const std::uint8_t>();
+    update_rows(x, [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
+      const std::uint8_t* kr = k + keep.index(b, h, i, 0);
+      for (std::int64_t j = 0; j < n; ++j) {
+        if (!kr[j * keep.stride(3)]) r[j] = value;
+      }
+    });
   }
-}
 
-Tensor mul(const Tensor& x, float s, Allocator& a) {
-  RecordFunction rf("mul", dtypes_string({&x}), dims_string(x));
-  return map_rows(x, x.dtype(), a, [s](float* r, std::int64_t n, auto...) {
-    for (std::int64_t j = 0; j < n; ++j) r[j] *= s;
-  });
-}
-
-void masked_fill_(Tensor& x, const Tensor& masked, float value) {
-  RecordFunction rf("masked_fill_", dtypes_string({&x, &masked}), dims_string(x) + ", " + dims_string(masked));
-  check_same_rows(x, masked, "masked_fill_");
-  const auto* m = masked.data_as<const std::uint8_t>();
-  update_rows(x, [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
-    const std::uint8_t* mr = m + masked.index(b, h, i, 0);
-    for (std::int64_t j = 0; j < n; ++j) {
-      if (mr[j * masked.stride(3)]) r[j] = value;
-    }
-  });
-}
-
-Tensor masked_fill(const Tensor& x, const Tensor& masked, float value, Allocator& a) {
-  RecordFunction rf("masked_fill", dtypes_string({&x, &masked}), dims_string(x) + ", " + dims_string(masked));
-  Tensor y = Tensor::empty(x.sizes(), x.dtype(), a);
-  {
-    // The hidden copy of an out-of-place fill: clone the whole score tensor first.
-    RecordFunction copy("copy_", dtypes_string({&y, &x}), dims_string(y) + ", " + dims_string(x));
-    if (x.is_contiguous()) {
-      std::memcpy(y.data(), x.data(), x.nbytes());
-    } else {
-      transform_rows(x, y, [](auto...) {});
-    }
+  Tensor add(const Tensor& x, const Tensor& y_in, RunContext& ctx) override {
+    RecordFunction rf(op::add.name, dtypes_string({&x, &y_in}), dims_string(x) + ", " + dims_string(y_in));
+    const Tensor y = broadcast_to(y_in, x, "add");
+    return map_rows(x, x.dtype(), ctx.allocator,
+                    [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
+                      for (std::int64_t j = 0; j < n; ++j) r[j] += y.get(b, h, i, j);
+                    });
   }
-  masked_fill_(y, masked, value);
-  return y;
-}
 
-Tensor add(const Tensor& x, const Tensor& y, Allocator& a) {
-  RecordFunction rf("add", dtypes_string({&x, &y}), dims_string(x) + ", " + dims_string(y));
-  check_same_rows(x, y, "add");
-  return map_rows(x, x.dtype(), a, [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
-    for (std::int64_t j = 0; j < n; ++j) r[j] += y.get(b, h, i, j);
-  });
-}
+  void add_(Tensor& x, const Tensor& y_in, RunContext&) override {
+    RecordFunction rf(op::add_.name, dtypes_string({&x, &y_in}), dims_string(x) + ", " + dims_string(y_in));
+    const Tensor y = broadcast_to(y_in, x, "add_");
+    update_rows(x, [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
+      for (std::int64_t j = 0; j < n; ++j) r[j] += y.get(b, h, i, j);
+    });
+  }
 
-void add_(Tensor& x, const Tensor& y) {
-  RecordFunction rf("add_", dtypes_string({&x, &y}), dims_string(x) + ", " + dims_string(y));
-  check_same_rows(x, y, "add_");
-  update_rows(x, [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
-    for (std::int64_t j = 0; j < n; ++j) r[j] += y.get(b, h, i, j);
-  });
-}
+  Tensor softmax(const Tensor& x, RunContext& ctx) override {
+    RecordFunction rf(op::softmax.name, dtypes_string({&x}), dims_string(x));
+    return map_rows(x, x.dtype(), ctx.allocator, [](float* r, std::int64_t n, auto...) {
+      float mx = kNegInf;
+      for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, r[j]);
+      float sum = 0;
+      // exp(-inf - -inf) is NaN: a fully masked row comes out NaN, as in PyTorch.
+      for (std::int64_t j = 0; j < n; ++j) sum += (r[j] = std::exp(r[j] - mx));
+      const float inv = 1.0f / sum;
+      for (std::int64_t j = 0; j < n; ++j) r[j] *= inv;
+    });
+  }
 
-Tensor softmax(const Tensor& x, Allocator& a) {
-  RecordFunction rf("softmax", dtypes_string({&x}), dims_string(x));
-  return map_rows(x, x.dtype(), a, [](float* r, std::int64_t n, auto...) {
-    float mx = kNegInf;
-    for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, r[j]);
-    float sum = 0;
-    // exp(-inf - -inf) is NaN: a fully masked row comes out NaN, as in PyTorch.
-    for (std::int64_t j = 0; j < n; ++j) sum += (r[j] = std::exp(r[j] - mx));
-    const float inv = 1.0f / sum;
-    for (std::int64_t j = 0; j < n; ++j) r[j] *= inv;
-  });
-}
+  Tensor safe_softmax(const Tensor& x, RunContext& ctx) override {
+    RecordFunction rf(op::safe_softmax.name, dtypes_string({&x}), dims_string(x));
+    return map_rows(x, x.dtype(), ctx.allocator, [](float* r, std::int64_t n, auto...) {
+      float mx = kNegInf;
+      for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, r[j]);
+      if (mx == kNegInf) {  // every key masked: zeros, not NaN
+        for (std::int64_t j = 0; j < n; ++j) r[j] = 0;
+        return;
+      }
+      float sum = 0;
+      for (std::int64_t j = 0; j < n; ++j) sum += (r[j] = std::exp(r[j] - mx));
+      const float inv = 1.0f / sum;
+      for (std::int64_t j = 0; j < n; ++j) r[j] *= inv;
+    });
+  }
 
-Tensor safe_softmax(const Tensor& x, Allocator& a) {
-  RecordFunction rf("_safe_softmax", dtypes_string({&x}), dims_string(x));
-  return map_rows(x, x.dtype(), a, [](float* r, std::int64_t n, auto...) {
-    float mx = kNegInf;
-    for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, r[j]);
-    if (mx == kNegInf) {  // every key masked: zeros, not NaN
-      for (std::int64_t j = 0; j < n; ++j) r[j] = 0;
-      return;
+  Tensor to(const Tensor& x, DType t, RunContext& ctx) override {
+    RecordFunction rf(op::to.name, dtypes_string({&x}), dims_string(x));
+    return map_rows(x, t, ctx.allocator, [](auto...) {});
+  }
+
+  void to_into(const Tensor& x, Tensor& out, RunContext&) override {
+    RecordFunction rf(op::to.name, dtypes_string({&x}), dims_string(x));
+    transform_rows(x, out, [](auto...) {});
+  }
+
+  Tensor ones(const Dims& sizes, RunContext& ctx) override {
+    RecordFunction rf(op::ones.name, "", dims_string(sizes));
+    Tensor m = Tensor::empty(sizes, DType::Bool, ctx.allocator);
+    std::memset(m.data(), 1, m.nbytes());
+    return m;
+  }
+
+  Tensor tril(const Tensor& x, std::int64_t diagonal, RunContext& ctx) override {
+    return triangle(op::tril, x, diagonal, false, ctx.allocator);
+  }
+
+  Tensor triu(const Tensor& x, std::int64_t diagonal, RunContext& ctx) override {
+    return triangle(op::triu, x, diagonal, true, ctx.allocator);
+  }
+
+  Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx) override {
+    RecordFunction rf(op::where.name, "bool, Scalar, Scalar", dims_string(cond) + ", [], []");
+    if (cond.dtype() != DType::Bool) fail(ErrorKind::Internal, "where needs a bool condition, got " + cond.describe());
+    // Broadcast dims stay size 1: an expanded [S, Skv] mask gives an [S, Skv]
+    // additive mask, not a [B, H, S, Skv] one.
+    Dims sizes = cond.sizes();
+    for (int d = 0; d < 4; ++d) {
+      if (cond.stride(d) == 0) sizes[static_cast<std::size_t>(d)] = 1;
     }
-    float sum = 0;
-    for (std::int64_t j = 0; j < n; ++j) sum += (r[j] = std::exp(r[j] - mx));
-    const float inv = 1.0f / sum;
-    for (std::int64_t j = 0; j < n; ++j) r[j] *= inv;
-  });
-}
-
-Tensor to(const Tensor& x, DType t, Allocator& a) {
-  RecordFunction rf("to", dtypes_string({&x}), dims_string(x));
-  return map_rows(x, t, a, [](auto...) {});
-}
-
-void to_into(const Tensor& x, Tensor& out) {
-  RecordFunction rf("to", dtypes_string({&x}), dims_string(x));
-  transform_rows(x, out, [](auto...) {});
-}
-
-Tensor logical_not(const Tensor& m, Allocator& a) {
-  RecordFunction rf("logical_not", dtypes_string({&m}), dims_string(m));
-  return map_rows(m, DType::Bool, a, [](float* r, std::int64_t n, auto...) {
-    for (std::int64_t j = 0; j < n; ++j) r[j] = r[j] == 0.0f ? 1.0f : 0.0f;
-  });
-}
-
-Tensor ones_bool(std::int64_t rows, std::int64_t cols, Allocator& a) {
-  Tensor m = Tensor::empty({1, 1, rows, cols}, DType::Bool, a);
-  RecordFunction rf("ones", "bool", dims_string(m));
-  std::memset(m.data(), 1, m.nbytes());
-  return m;
-}
-
-void tril_(Tensor& m, const Problem& p) {
-  RecordFunction rf("tril", "bool", dims_string(m));
-  auto* bits = m.data_as<std::uint8_t>();
-  const std::int64_t C = m.size(3);
+    Tensor y = Tensor::empty(sizes, DType::F32, ctx.allocator);
+    const auto* c = cond.data_as<const std::uint8_t>();
+    auto* out = y.data_as<float>();
+    const std::int64_t R = sizes[2], C = sizes[3], H = sizes[1], rows = sizes[0] * H * R;
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < m.size(2); ++i) {
-    for (std::int64_t j = 0; j < C; ++j) bits[i * C + j] = bits[i * C + j] && p.visible(i, j);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t i = r % R, h = (r / R) % H, b = r / (H * R);
+      for (std::int64_t j = 0; j < C; ++j) out[r * C + j] = c[cond.index(b, h, i, j)] ? if_true : if_false;
+    }
+    return y;
   }
-}
 
-Tensor where_additive(const Tensor& keep, Allocator& a) {
-  RecordFunction rf("where", "bool", dims_string(keep));
-  return map_rows(keep, DType::F32, a, [](float* r, std::int64_t n, auto...) {
-    for (std::int64_t j = 0; j < n; ++j) r[j] = r[j] != 0.0f ? 0.0f : kNegInf;
-  });
-}
-
-Tensor structural_masked(const Problem& p, Allocator& a) {
-  Tensor m = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, a);
-  auto* bits = m.data_as<std::uint8_t>();
-  for (std::int64_t i = 0; i < p.seq; ++i) {
-    for (std::int64_t j = 0; j < p.kv_seq; ++j) bits[i * p.kv_seq + j] = !p.visible(i, j);
+  Tensor structural_mask(const Problem& p, RunContext& ctx) override {
+    RecordFunction rf(op::structural_mask.name);
+    Tensor m = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, ctx.allocator);
+    auto* bits = m.data_as<std::uint8_t>();
+    for (std::int64_t i = 0; i < p.seq; ++i) {
+      for (std::int64_t j = 0; j < p.kv_seq; ++j) bits[i * p.kv_seq + j] = p.visible(i, j);
+    }
+    return m;
   }
-  return m.expand({p.batch, p.heads, p.seq, p.kv_seq});
-}
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_ops() { return std::make_unique<CpuOps>(); }
 
 }  // namespace attnprof::cpu

@@ -229,7 +229,7 @@ void convert(const Tensor& src, Tensor& dst, RunContext& ctx, float s = 1.f) {
 }  // namespace
 
 Tensor mul(const Tensor& x, float s, RunContext& ctx) {
-  OpRange range("mul", {&x}, /*scalar=*/true);
+  OpRange range(op::mul.name, {&x}, /*scalar=*/true);
   detail::require_cuda(x, "mul");
   Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
   if (!x.is_contiguous()) {  // e.g. FP32 Q in a [B, S, H, D] layout
@@ -252,7 +252,7 @@ Tensor mul(const Tensor& x, float s, RunContext& ctx) {
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& keep, float value, RunContext& ctx) {
-  OpRange range("masked_fill", {&x, &keep}, /*scalar=*/true);
+  OpRange range(op::masked_fill.name, {&x, &keep}, /*scalar=*/true);
   require_contiguous(x, "masked_fill");
   Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
   {
@@ -266,7 +266,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& keep, float value, RunContext&
 }
 
 void masked_fill_(Tensor& x, const Tensor& keep, float value, RunContext& ctx) {
-  OpRange range("masked_fill_", {&x, &keep}, /*scalar=*/true);
+  OpRange range(op::masked_fill_.name, {&x, &keep}, /*scalar=*/true);
   require_contiguous(x, "masked_fill_");
   detail::require_cuda(keep, "masked_fill_ mask");
   if (keep.dtype() != DType::Bool) fail(ErrorKind::Internal, "masked_fill_ needs a bool mask, got " + keep.describe());
@@ -274,26 +274,26 @@ void masked_fill_(Tensor& x, const Tensor& keep, float value, RunContext& ctx) {
 }
 
 Tensor add(const Tensor& a, const Tensor& b, RunContext& ctx) {
-  OpRange range("add", {&a, &b});
+  OpRange range(op::add.name, {&a, &b});
   Tensor out = Tensor::empty(a.sizes(), a.dtype(), ctx.allocator);
   add_impl(a, b, out, ctx);
   return out;
 }
 
 void add_(Tensor& a, const Tensor& b, RunContext& ctx) {
-  OpRange range("add_", {&a, &b});
+  OpRange range(op::add_.name, {&a, &b});
   add_impl(a, b, a, ctx);
 }
 
 Tensor to(const Tensor& x, DType dtype, RunContext& ctx) {
-  OpRange range("to", {&x});
+  OpRange range(op::to.name, {&x});
   Tensor y = Tensor::empty(x.sizes(), dtype, ctx.allocator);
   convert(x, y, ctx);
   return y;
 }
 
 void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) {
-  OpRange range("to", {&src});
+  OpRange range(op::to.name, {&src});
   convert(src, dst, ctx);
 }
 
@@ -305,7 +305,7 @@ Tensor contiguous(const Tensor& x, RunContext& ctx) {
 }
 
 Tensor ones(const Dims& sizes, RunContext& ctx) {
-  OpRange range("ones", {});
+  OpRange range(op::ones.name, {});
   Tensor y = Tensor::empty(sizes, DType::Bool, ctx.allocator);
   fill_bool_kernel<<<grid_for(y.numel()), kThreads, 0, stream_of(ctx)>>>(y.data_as<std::uint8_t>(), y.numel(), 1);
   check_launch();
@@ -326,15 +326,15 @@ Tensor triangle(const char* name, const Tensor& x, std::int64_t diagonal, bool u
 }  // namespace
 
 Tensor tril(const Tensor& x, std::int64_t diagonal, RunContext& ctx) {
-  return triangle("tril", x, diagonal, false, ctx);
+  return triangle(op::tril.name.data(), x, diagonal, false, ctx);
 }
 
 Tensor triu(const Tensor& x, std::int64_t diagonal, RunContext& ctx) {
-  return triangle("triu", x, diagonal, true, ctx);
+  return triangle(op::triu.name.data(), x, diagonal, true, ctx);
 }
 
 Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx) {
-  OpRange range("where", {&cond}, /*scalar=*/true);
+  OpRange range(op::where.name, {&cond}, /*scalar=*/true);
   detail::require_cuda(cond, "where");
   if (cond.dtype() != DType::Bool) fail(ErrorKind::Internal, "where needs a bool condition, got " + cond.describe());
   // Broadcast dims stay size 1 in the result: an expanded [S, Skv] mask gives
@@ -351,7 +351,7 @@ Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx)
 }
 
 Tensor structural_mask(const Problem& p, RunContext& ctx) {
-  OpRange range("tril", {});
+  OpRange range(op::structural_mask.name, {});
   const std::int64_t off = p.diagonal_offset();
   // Bounds of j - i for each mask (problem.h); None keeps every key.
   std::int64_t lo = -p.seq, hi = p.kv_seq;

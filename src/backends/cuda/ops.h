@@ -1,7 +1,9 @@
-// The ops the unfused CUDA backends (naive, naive_inplace, math) are built from.
+// The CUDA ops the composite backends (naive, naive_inplace, math) run on: the
+// launch wrappers behind the Ops object (ops_object.cpp, backends/ops.h).
 //
-// Each op opens a RecordFunction named after the PyTorch op it stands for, so the
-// CPU lane of our trace reads like the reference study's, and launches on
+// Each op opens a RecordFunction named after the PyTorch op it stands for (the
+// names and per-op device activities are backends/ops.h's table), so the CPU
+// lane of our trace reads like the reference study's, and launches on
 // ctx.stream. Every result comes from ctx.allocator, so memory is tracked, and
 // every result is a fresh contiguous tensor unless the name ends in '_'
 // (in place), as in PyTorch.
@@ -15,6 +17,7 @@
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
+#include "backends/ops.h"
 
 namespace attnprof::cuda::ops {
 

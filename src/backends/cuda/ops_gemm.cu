@@ -160,7 +160,7 @@ cublasHandle_t Blas::bind(RunContext& ctx) {
 }
 
 Tensor matmul_qk(Blas& blas, const Tensor& q_in, const Tensor& k_in, RunContext& ctx) {
-  OpRange range("matmul", {&q_in, &k_in});
+  OpRange range(op::matmul.name, {&q_in, &k_in});
   check_shapes(q_in, k_in, "matmul");
   const Tensor q = gemm_readable(q_in) ? q_in : contiguous(q_in, ctx);
   const Tensor k = gemm_readable(k_in) ? k_in : contiguous(k_in, ctx);
@@ -223,7 +223,7 @@ void pv_into(Blas& blas, const Tensor& p, const Tensor& v, Tensor& out, RunConte
 }  // namespace
 
 void matmul_pv(Blas& blas, const Tensor& p, const Tensor& v_in, Tensor& out, RunContext& ctx) {
-  OpRange range("matmul", {&p, &v_in});
+  OpRange range(op::matmul.name, {&p, &v_in});
   check_shapes(p, v_in, "matmul");
   if (!p.is_contiguous()) fail(ErrorKind::Internal, "matmul: probabilities must be contiguous");
   const Tensor v = gemm_readable(v_in) ? v_in : contiguous(v_in, ctx);

@@ -158,7 +158,7 @@ void require_scores(const Tensor& x, const char* op) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, RunContext& ctx) {
-  OpRange range("softmax", {&x});
+  OpRange range(op::softmax.name, {&x});
   require_scores(x, "softmax");
   Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
   ATTNPROF_DISPATCH_FLOAT(x.dtype(), T, [&] { launch_softmax<T>(x, y, stream_of(ctx)); });
@@ -166,7 +166,7 @@ Tensor softmax(const Tensor& x, RunContext& ctx) {
 }
 
 Tensor safe_softmax(const Tensor& x, RunContext& ctx) {
-  OpRange range("_safe_softmax", {&x});
+  OpRange range(op::safe_softmax.name, {&x});
   require_scores(x, "_safe_softmax");
   const cudaStream_t s = stream_of(ctx);
   Tensor out = softmax(x, ctx);

@@ -1,0 +1,108 @@
+// naive and naive_inplace: the textbook attention written op by op,
+//   attn = (q @ k^T) * scale; attn = <mask it>; attn = softmax(attn); out = attn @ v
+// over a materialised [S, Skv] score tensor, with the products in the input
+// dtype. The two differ only in how they mask, which is the whole point of
+// having both:
+//  - naive: attn.masked_fill(~mask, -inf) returns a new tensor, so PyTorch
+//    clones the scores (a device-to-device cudaMemcpyAsync of a whole
+//    [B, H, S, Skv] buffer on a GPU) and fills the clone. Nothing in the source
+//    says "copy"; the trace does. Causal on a GPU: 2 GEMMs, the scale, the
+//    memcpy, the fill and the softmax = 6 device activities.
+//  - naive_inplace: attn.masked_fill_(~mask, -inf) drops the clone, and with it
+//    the copy and one score buffer: 5 device activities.
+// A bias is added with add (naive) or add_ (naive_inplace). The structural
+// mask is built once per problem, like a registered buffer.
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "backends/composite/composite.h"
+#include "backends/composite/composite_backend.h"
+
+namespace attnprof::composite {
+namespace {
+
+class Naive final : public CompositeBackend {
+ public:
+  Naive(std::unique_ptr<Ops> ops, bool inplace) : CompositeBackend(std::move(ops)), inplace_(inplace) {}
+
+  std::string_view name() const override { return inplace_ ? "naive_inplace" : "naive"; }
+
+  Eligibility eligibility(const Problem& p) const override {
+    if (std::string why = wrong_device(p); !why.empty()) return {false, why};
+    return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores"};
+  }
+
+  std::size_t workspace_bytes(const Problem& p) const override {
+    const auto scores = static_cast<std::size_t>(p.batch * p.heads * p.seq * p.kv_seq) * element_size(p.dtype);
+    const auto mask = static_cast<std::size_t>(p.seq * p.kv_seq);  // the cached bool mask
+    // Two score buffers are live at a time (each op reads one, writes one);
+    // naive's out-of-place fill allocates a third over the forward, and
+    // budgeting it keeps the refuse-before-allocating check on the safe side
+    // of allocator rounding.
+    return (inplace_ ? 2 : 3) * scores + mask + ops().library_workspace_bytes();
+  }
+
+  Traits traits() const override { return {.nan_on_fully_masked = true, .memory_baseline = !inplace_}; }
+
+ protected:
+  void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask) const override {
+    Tensor attn;
+    {
+      // The product is a temporary PyTorch frees once the scaled copy exists.
+      const Tensor scores = ops.matmul_qk(in.q, in.k, ctx);
+      attn = ops.mul(scores, static_cast<float>(p.softmax_scale()), ctx);
+    }
+    switch (p.mask) {
+      case MaskKind::None:
+        break;
+      case MaskKind::Bias:
+        if (inplace_) {
+          ops.add_(attn, in.bias, ctx);
+        } else {
+          attn = ops.add(attn, in.bias, ctx);
+        }
+        break;
+      case MaskKind::Boolean:
+        fill(ops, attn, in.mask, ctx);
+        break;
+      default:
+        fill(ops, attn, mask.get(ops, p, ctx), ctx);
+        break;
+    }
+    const Tensor probs = ops.softmax(attn, ctx);
+    attn = Tensor();  // freed here, as the reference's reassignment frees it
+    ops.matmul_pv(probs, in.v, out, ctx);
+  }
+
+ private:
+  // masked_fill(~keep, -inf): the out-of-place fill keeps its input alive until
+  // the copy is filled, two score buffers at once.
+  void fill(Ops& ops, Tensor& attn, const Tensor& keep, RunContext& ctx) const {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    if (inplace_) {
+      ops.masked_fill_(attn, keep, kNegInf, ctx);
+    } else {
+      attn = ops.masked_fill(attn, keep, kNegInf, ctx);
+    }
+  }
+
+  std::string mask_story(MaskKind m) const {
+    if (m == MaskKind::None) return "no mask";
+    if (m == MaskKind::Bias) return inplace_ ? "bias added in place (add_)" : "bias added out of place (add)";
+    return inplace_ ? "in-place masked fill (no copy)" : "out-of-place masked fill (a hidden copy of the scores)";
+  }
+
+  bool inplace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_naive(std::unique_ptr<Ops> ops) { return std::make_unique<Naive>(std::move(ops), false); }
+
+std::unique_ptr<Backend> make_naive_inplace(std::unique_ptr<Ops> ops) {
+  return std::make_unique<Naive>(std::move(ops), true);
+}
+
+}  // namespace attnprof::composite

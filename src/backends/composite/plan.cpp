@@ -1,0 +1,173 @@
+#include "backends/composite/plan.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attnprof/error.h"
+
+namespace attnprof::composite {
+
+// Hands out one dummy address for every tensor, which the plan never reads or
+// writes, so a plan of a problem too large for the machine costs nothing; it
+// only counts bytes.
+class PlanOps::ShapeAllocator final : public attnprof::Allocator {
+ public:
+  explicit ShapeAllocator(Device d) : device_(d) {}
+  Device device() const override { return device_; }
+  void* allocate(std::size_t bytes) override {
+    stats_.allocated += static_cast<std::int64_t>(bytes);
+    stats_.reserved = stats_.allocated;
+    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+    stats_.peak_reserved = stats_.peak_allocated;
+    return dummy_;
+  }
+  void deallocate(void*, std::size_t bytes) noexcept override {
+    stats_.allocated -= static_cast<std::int64_t>(bytes);
+    stats_.reserved = stats_.allocated;
+  }
+  MemoryStats stats() const override { return stats_; }
+  void reset_peak() override { stats_.peak_allocated = stats_.peak_reserved = stats_.allocated; }
+
+ private:
+  Device device_;
+  MemoryStats stats_;
+  alignas(64) unsigned char dummy_[64] = {};
+};
+
+namespace {
+
+Tensor like(const Tensor& x, DType dtype, attnprof::Allocator& a) { return Tensor::empty(x.sizes(), dtype, a); }
+
+}  // namespace
+
+PlanOps::PlanOps(Device device) : device_(device), allocator_(std::make_unique<ShapeAllocator>(device)) { clear(); }
+
+PlanOps::~PlanOps() = default;
+
+PlanOps::Args PlanOps::args(const Problem& p) {
+  attnprof::Allocator& a = *allocator_;
+  Args r;
+  r.in.q = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, a);
+  r.in.k = Tensor::empty({p.batch, p.kv_heads, p.kv_seq, p.head_dim}, p.dtype, a);
+  r.in.v = Tensor::empty({p.batch, p.kv_heads, p.kv_seq, p.head_dim}, p.dtype, a);
+  const Dims full{p.batch, p.heads, p.seq, p.kv_seq};
+  if (p.mask == MaskKind::Boolean) r.in.mask = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, a).expand(full);
+  if (p.mask == MaskKind::Bias) r.in.bias = Tensor::empty({1, 1, p.seq, p.kv_seq}, p.dtype, a).expand(full);
+  r.out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, a);
+  return r;
+}
+
+RunContext PlanOps::context() { return RunContext{*allocator_, nullptr, 1}; }
+
+void PlanOps::clear() {
+  recorded_ = Expectation{};
+  recorded_.device_activities = device_ == Device::Cpu ? -1 : 0;
+  allocator_->reset_peak();
+}
+
+std::size_t PlanOps::peak_bytes() const {
+  const MemoryStats s = allocator_->stats();
+  return static_cast<std::size_t>(s.peak_allocated - s.allocated);
+}
+
+std::size_t PlanOps::live_bytes() const { return static_cast<std::size_t>(allocator_->stats().allocated); }
+
+void PlanOps::record(const OpSpec& spec) {
+  recorded_.cpu_ops.emplace_back(spec.name);
+  const OpCost c = spec.on(device_);
+  if (device_ != Device::Cpu) recorded_.device_activities += c.activities;
+  recorded_.copies += c.copies;
+}
+
+std::string PlanOps::describe_gemm(DType operands) const {
+  return std::string("GEMMs in ") + std::string(dtype_name(operands));
+}
+
+Tensor PlanOps::matmul_qk(const Tensor& q, const Tensor& k, RunContext& ctx) {
+  record(op::matmul);
+  return Tensor::empty({q.size(0), q.size(1), q.size(2), k.size(2)}, q.dtype(), ctx.allocator);
+}
+
+void PlanOps::matmul_pv(const Tensor& p, const Tensor& v, Tensor& out, RunContext&) {
+  record(op::matmul);
+  if (out.sizes() != Dims{p.size(0), p.size(1), p.size(2), v.size(3)}) {
+    fail(ErrorKind::Internal, "matmul: output " + out.describe() + " does not match " + p.describe());
+  }
+}
+
+Tensor PlanOps::matmul_pv(const Tensor& p, const Tensor& v, RunContext& ctx) {
+  Tensor out = Tensor::empty({p.size(0), p.size(1), p.size(2), v.size(3)}, p.dtype(), ctx.allocator);
+  matmul_pv(p, v, out, ctx);
+  return out;
+}
+
+Tensor PlanOps::mul(const Tensor& x, float, RunContext& ctx) {
+  record(op::mul);
+  return like(x, x.dtype(), ctx.allocator);
+}
+
+Tensor PlanOps::masked_fill(const Tensor& x, const Tensor&, float, RunContext& ctx) {
+  record(op::masked_fill);
+  return like(x, x.dtype(), ctx.allocator);
+}
+
+void PlanOps::masked_fill_(Tensor&, const Tensor&, float, RunContext&) { record(op::masked_fill_); }
+
+Tensor PlanOps::add(const Tensor& a, const Tensor&, RunContext& ctx) {
+  record(op::add);
+  return like(a, a.dtype(), ctx.allocator);
+}
+
+void PlanOps::add_(Tensor&, const Tensor&, RunContext&) { record(op::add_); }
+
+Tensor PlanOps::softmax(const Tensor& x, RunContext& ctx) {
+  record(op::softmax);
+  return like(x, x.dtype(), ctx.allocator);
+}
+
+Tensor PlanOps::safe_softmax(const Tensor& x, RunContext& ctx) {
+  record(op::safe_softmax);
+  // The GPU's decomposition holds the softmax while it builds eq(-inf) and
+  // then the result: the larger of the two devices' footprints.
+  const Tensor probs = like(x, x.dtype(), ctx.allocator);
+  like(x, DType::Bool, ctx.allocator);
+  return like(x, x.dtype(), ctx.allocator);
+}
+
+Tensor PlanOps::to(const Tensor& x, DType dtype, RunContext& ctx) {
+  record(op::to);
+  return like(x, dtype, ctx.allocator);
+}
+
+void PlanOps::to_into(const Tensor&, Tensor&, RunContext&) { record(op::to); }
+
+Tensor PlanOps::ones(const Dims& sizes, RunContext& ctx) {
+  record(op::ones);
+  return Tensor::empty(sizes, DType::Bool, ctx.allocator);
+}
+
+Tensor PlanOps::tril(const Tensor& x, std::int64_t, RunContext& ctx) {
+  record(op::tril);
+  return like(x, DType::Bool, ctx.allocator);
+}
+
+Tensor PlanOps::triu(const Tensor& x, std::int64_t, RunContext& ctx) {
+  record(op::triu);
+  return like(x, DType::Bool, ctx.allocator);
+}
+
+Tensor PlanOps::where(const Tensor& cond, float, float, RunContext& ctx) {
+  record(op::where);
+  Dims sizes = cond.sizes();
+  for (int d = 0; d < 4; ++d) {
+    if (cond.stride(d) == 0) sizes[static_cast<std::size_t>(d)] = 1;
+  }
+  return Tensor::empty(sizes, DType::F32, ctx.allocator);
+}
+
+Tensor PlanOps::structural_mask(const Problem& p, RunContext& ctx) {
+  record(op::structural_mask);
+  return Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, ctx.allocator);
+}
+
+}  // namespace attnprof::composite

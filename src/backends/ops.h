@@ -1,0 +1,115 @@
+// The op interface the composite backends (naive, naive_inplace, math) are
+// written in, once for every device, as PyTorch's math path is written over
+// ATen ops. One implementation per device (cpu/ops.cpp over OpenBLAS,
+// cuda/ops_object.cpp over cuBLAS and our kernels) and a shape-only recording
+// one (composite/plan.h) from which each backend's expectation derives.
+//
+// Conventions every implementation keeps:
+//  - each op opens a profiler range named like PyTorch's op (kOps below) and
+//    allocates from ctx.allocator; a name ending in '_' works in place, every
+//    other op returns a fresh contiguous tensor;
+//  - tensors are 4-d [B, H, rows, cols]; a second operand broadcasts (size-1
+//    or stride-0 dims) to the first's shape;
+//  - Boolean masks say keep: true = attend, as PyTorch's SDPA boolean mask.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "attnprof/backend.h"
+#include "attnprof/problem.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof {
+
+// What one call of an op issues per forward on a device, for the expectations.
+struct OpCost {
+  int activities = 0;  // kernels + memcpys + memsets on the device (none on the CPU)
+  int copies = 0;      // device memcpys (CUDA) or copy_ ops (CPU)
+};
+
+struct OpSpec {
+  std::string_view name;  // the profiler range: PyTorch's op name
+  OpCost cpu, cuda;
+  constexpr OpCost on(Device d) const { return d == Device::Cpu ? cpu : cuda; }
+};
+
+// Every op, with what it issues on each device. The one thing not predicted:
+// cuBLAS (like cuDNN) may zero a workspace with a memset inside matmul on
+// Hopper; the report names such memsets, and the GPU tests hold expectations
+// to kernels and copies. matmul on the GPU also adds a "contiguous" kernel
+// for an operand cuBLAS cannot read, and a "to" kernel for an output whose
+// head dim is strided; the layouts the runner makes need neither.
+namespace op {
+inline constexpr OpSpec matmul{"matmul", {}, {1, 0}};
+inline constexpr OpSpec mul{"mul", {}, {1, 0}};
+// Out of place: the hidden copy ("copy_", a device-to-device memcpy on the
+// GPU, a copy op on the CPU), then the fill on the copy.
+inline constexpr OpSpec masked_fill{"masked_fill", {0, 1}, {2, 1}};
+inline constexpr OpSpec masked_fill_{"masked_fill_", {}, {1, 0}};
+inline constexpr OpSpec add{"add", {}, {1, 0}};
+inline constexpr OpSpec add_{"add_", {}, {1, 0}};
+inline constexpr OpSpec softmax{"softmax", {}, {1, 0}};
+// PyTorch's decomposition: softmax, eq(-inf), all(dim=-1), where.
+inline constexpr OpSpec safe_softmax{"_safe_softmax", {}, {4, 0}};
+inline constexpr OpSpec to{"to", {}, {1, 0}};
+inline constexpr OpSpec ones{"ones", {}, {1, 0}};
+inline constexpr OpSpec tril{"tril", {}, {1, 0}};
+inline constexpr OpSpec triu{"triu", {}, {1, 0}};
+inline constexpr OpSpec where{"where", {}, {1, 0}};
+// The structural mask, built in one pass under a "tril" range; naive caches
+// it per problem (a registered buffer), so it is not per-forward work.
+inline constexpr OpSpec structural_mask{"tril", {}, {1, 0}};
+}  // namespace op
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  // The matrix products' story for eligibility reasons ("cuBLAS GEMMs in bf16
+  // on tensor cores"), for operands of `operands`.
+  virtual std::string describe_gemm(DType operands) const = 0;
+  // Bytes the implementation holds beyond the tensors the ops return (the
+  // cuBLAS workspace), for workspace_bytes().
+  virtual std::size_t library_workspace_bytes() const = 0;
+
+  // q @ k^T: q [B, H, S, D], k [B, Hkv, Skv, D] (H a multiple of Hkv, grouped
+  // heads share K) -> [B, H, S, Skv] in q's dtype.
+  virtual Tensor matmul_qk(const Tensor& q, const Tensor& k, RunContext& ctx) = 0;
+  // p @ v into out ([B, H, S, D], any strides, p's dtype), or into a fresh
+  // contiguous tensor of p's dtype.
+  virtual void matmul_pv(const Tensor& p, const Tensor& v, Tensor& out, RunContext& ctx) = 0;
+  virtual Tensor matmul_pv(const Tensor& p, const Tensor& v, RunContext& ctx) = 0;
+
+  virtual Tensor mul(const Tensor& x, float s, RunContext& ctx) = 0;
+  // x.masked_fill(~keep, value): the hidden copy, then the fill on it.
+  virtual Tensor masked_fill(const Tensor& x, const Tensor& keep, float value, RunContext& ctx) = 0;
+  virtual void masked_fill_(Tensor& x, const Tensor& keep, float value, RunContext& ctx) = 0;
+  // a + b in a's dtype; b may have another floating dtype.
+  virtual Tensor add(const Tensor& a, const Tensor& b, RunContext& ctx) = 0;
+  virtual void add_(Tensor& a, const Tensor& b, RunContext& ctx) = 0;
+
+  // Row softmax over the last dim. Plain: a row of only -inf becomes NaN, as
+  // torch.softmax makes it. Safe: such a row becomes zeros (_safe_softmax).
+  virtual Tensor softmax(const Tensor& x, RunContext& ctx) = 0;
+  virtual Tensor safe_softmax(const Tensor& x, RunContext& ctx) = 0;
+
+  // dtype conversion into a fresh tensor, or into dst (same shape, any strides).
+  virtual Tensor to(const Tensor& x, DType dtype, RunContext& ctx) = 0;
+  virtual void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) = 0;
+
+  // Mask builders. ones: bool ones. tril / triu: keep x[.., i, j] where
+  // j - i <= diagonal / >= diagonal, zero elsewhere. where: cond ? if_true :
+  // if_false as FP32, broadcast dims of cond kept size 1 in the result.
+  virtual Tensor ones(const Dims& sizes, RunContext& ctx) = 0;
+  virtual Tensor tril(const Tensor& x, std::int64_t diagonal, RunContext& ctx) = 0;
+  virtual Tensor triu(const Tensor& x, std::int64_t diagonal, RunContext& ctx) = 0;
+  virtual Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx) = 0;
+  // p's structural mask (causal, bottom-right causal, sliding window; None
+  // keeps every key) as bool [1, 1, S, Skv], true = attend, Problem::visible().
+  virtual Tensor structural_mask(const Problem& p, RunContext& ctx) = 0;
+};
+
+}  // namespace attnprof
