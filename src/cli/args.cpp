@@ -185,34 +185,21 @@ Options parse(int argc, char** argv) {
   p.batch = 0;  // 0 = the device default, filled once the device is known
   p.heads = 0;
   using Setter = std::function<void(const std::string&, const std::string&)>;
+  // A size flag. 0 stands for "the default" in some (batch and heads: the
+  // device's; kv-heads and kv-seq: the query's), so a typed 0 is refused here;
+  // negative values reach Problem::validate, which names them.
+  const auto size = [](std::int64_t& field) -> Setter {
+    return [&field](const std::string& f, const std::string& v) {
+      field = to_int(f, v);
+      if (field == 0) bad(f + " must be positive, got 0");
+    };
+  };
   const std::map<std::string, Setter> flags = {
-      // 0 stands for "the device's default" until the device is known, so a
-      // 0 the user typed must be refused here, not taken for the default.
-      {"--batch",
-       [&](auto& f, auto& v) {
-         p.batch = to_int(f, v);
-         if (p.batch == 0) bad("--batch must be positive, got 0");
-       }},
-      {"--heads",
-       [&](auto& f, auto& v) {
-         p.heads = to_int(f, v);
-         if (p.heads == 0) bad("--heads must be positive, got 0");
-       }},
-      {"--kv-heads",
-       [&](auto& f, auto& v) {
-         p.kv_heads = to_int(f, v);
-         if (p.kv_heads == 0) bad("--kv-heads must be positive, got 0");
-       }},
-      {"--seq",
-       [&](auto& f, auto& v) {
-         p.seq = to_int(f, v);
-         if (p.seq == 0) bad("--seq must be positive, got 0");
-       }},
-      {"--kv-seq",
-       [&](auto& f, auto& v) {
-         p.kv_seq = to_int(f, v);
-         if (p.kv_seq == 0) bad("--kv-seq must be positive, got 0");
-       }},
+      {"--batch", size(p.batch)},
+      {"--heads", size(p.heads)},
+      {"--kv-heads", size(p.kv_heads)},
+      {"--seq", size(p.seq)},
+      {"--kv-seq", size(p.kv_seq)},
       {"--head-dim", [&](auto& f, auto& v) { p.head_dim = to_int(f, v); }},
       {"--window",
        [&](auto& f, auto& v) {
