@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs our fused attention kernels outside the project's CMake:
-#   scripts/fused_dev.sh build     # nvcc: test binary (GoogleTest) + timing harness into build/fused_dev
+# Builds and runs our fused attention kernels on their own (CMake targets that leave the rest of attnprof out):
+#   scripts/fused_dev.sh build     # CMake targets: test binary (GoogleTest) + timing harness into build/fused_dev
 #   scripts/fused_dev.sh test      # correctness against the float64 reference
 #   scripts/fused_dev.sh sanitize  # compute-sanitizer memcheck + racecheck on small cases
 #   scripts/fused_dev.sh bench     # timing table (scripts/fused_dev_main.cu)
@@ -9,35 +9,21 @@
 # Several steps may be given in one call: scripts/fused_dev.sh build test bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+# The binaries are CMake targets (the dev-harness block at the end of
+# CMakeLists.txt), so compiler flags and architectures are the project's own
+# (ATTNPROF_CUDA_ARCHITECTURES); this build directory holds only them.
 OUT_DIR=${OUT_DIR:-build/fused_dev}
-FLAGS=(-std=c++20 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
-       --expt-relaxed-constexpr -Isrc -Iinclude ${EXTRA_FLAGS:-})
-
-# Compiles $1 to $OUT_DIR/<name>.o unless the object is newer than it and every kernel header.
-compile() {
-  local src=$1 obj="$OUT_DIR/$(basename "$1" .cu).o"
-  if [[ -f "$obj" && -z "$(find "$src" src/backends/cuda -newer "$obj" -name '*.cu*' -o -newer "$obj" -name '*.h')" ]]; then
-    return 0
-  fi
-  "$NVCC" "${FLAGS[@]}" -Xptxas=-v -c "$src" -o "$obj" > "$OUT_DIR/$(basename "$src" .cu).ptxas.log" 2>&1 ||
-    { cat "$OUT_DIR/$(basename "$src" .cu).ptxas.log" | grep -v '^ptxas' >&2; return 1; }
-}
 
 build() {
-  mkdir -p "$OUT_DIR"
-  local pids=() status=0
-  for src in src/backends/cuda/flash_launch.cu src/backends/cuda/flash_sm90_launch.cu \
-             src/backends/cuda/efficient_launch.cu tests/gpu/fused_kernels_test.cu scripts/fused_dev_main.cu; do
-    compile "$src" & pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || status=1; done
-  [[ $status == 0 ]] || { echo "build failed" >&2; exit 1; }
-  local kernels=("$OUT_DIR/flash_launch.o" "$OUT_DIR/flash_sm90_launch.o" "$OUT_DIR/efficient_launch.o")
-  "$NVCC" "${FLAGS[@]}" "$OUT_DIR/fused_kernels_test.o" "${kernels[@]}" -o "$OUT_DIR/fused_kernels_test" \
-    -lgtest -lgtest_main -lpthread
-  "$NVCC" "${FLAGS[@]}" "$OUT_DIR/fused_dev_main.o" "${kernels[@]}" -o "$OUT_DIR/fused_dev_main"
-  grep -hE "Function properties|registers|spill" "$OUT_DIR"/*.ptxas.log | paste - - - |
+  if [[ ! -f "$OUT_DIR/CMakeCache.txt" ]]; then
+    mkdir -p "$(dirname "$OUT_DIR")"
+    cmake --preset default -B "$OUT_DIR" ${CMAKE_ARGS:-} > "$OUT_DIR.configure.log" 2>&1 ||
+      { cat "$OUT_DIR.configure.log" >&2; exit 1; }
+  fi
+  # ptxas -v lines of the translation units rebuilt by this call go to resources.txt.
+  nice -n 10 cmake --build "$OUT_DIR" --target fused_kernels_test fused_dev_main > "$OUT_DIR/build.log" 2>&1 ||
+    { grep -v 'ptxas info' "$OUT_DIR/build.log" >&2; echo "build failed" >&2; exit 1; }
+  grep -hE "Function properties|registers|spill" "$OUT_DIR/build.log" | paste - - - |
     sed -E 's/ptxas info *: //g; s/Function properties for //' > "$OUT_DIR/resources.txt" || true
 }
 

@@ -35,9 +35,14 @@ static void check(cudaError_t err, const char* what, int line) {
 
 // Uniform values in [-2, 2) from a hash of the index, rounded to bf16 (top 16 bits of f32).
 __global__ void fill_random(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     std::uint32_t x = std::uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
     const float f = (x >> 8) * (1.0f / 16777216.0f) * 4.f - 2.f;
     p[i] = std::uint16_t(__float_as_uint(f) >> 16);
   }
@@ -59,28 +64,61 @@ struct Set {
 
 static FusedParams params_of(const Shape& s, const Set& set) {
   const std::int64_t row = s.d, head = std::int64_t(s.s) * s.d, batch = head * s.h;
-  return FusedParams{.q = set.q, .k = set.k, .v = set.v, .o = set.o,
-                     .q_batch_stride = batch, .q_head_stride = head, .q_row_stride = row,
-                     .k_batch_stride = batch, .k_head_stride = head, .k_row_stride = row,
-                     .v_batch_stride = batch, .v_head_stride = head, .v_row_stride = row,
-                     .o_batch_stride = batch, .o_head_stride = head, .o_row_stride = row,
-                     .batch = s.b, .heads = s.h, .kv_heads = s.h, .seq_q = s.s, .seq_k = s.s, .head_dim = s.d,
-                     .scale = float(1.0 / std::sqrt(double(s.d))), .mask = s.mask, .window = 0, .bf16 = true};
+  return FusedParams{.q = set.q,
+                     .k = set.k,
+                     .v = set.v,
+                     .o = set.o,
+                     .q_batch_stride = batch,
+                     .q_head_stride = head,
+                     .q_row_stride = row,
+                     .k_batch_stride = batch,
+                     .k_head_stride = head,
+                     .k_row_stride = row,
+                     .v_batch_stride = batch,
+                     .v_head_stride = head,
+                     .v_row_stride = row,
+                     .o_batch_stride = batch,
+                     .o_head_stride = head,
+                     .o_row_stride = row,
+                     .batch = s.b,
+                     .heads = s.h,
+                     .kv_heads = s.h,
+                     .seq_q = s.s,
+                     .seq_k = s.s,
+                     .head_dim = s.d,
+                     .scale = float(1.0 / std::sqrt(double(s.d))),
+                     .mask = s.mask,
+                     .window = 0,
+                     .bf16 = true};
 }
 
 using Launch = std::function<cudaError_t(const FusedParams&)>;
 
-template <class Cfg, k::MaskMode kMask>
-static Launch flash_variant() {
-  return [](const FusedParams& p) { return k::run_flash_fwd_sm80<Cfg, kMask, true>(k::FwdArgs::from(p), nullptr); };
-}
-template <class Cfg, k::MaskMode kMask>
-static Launch sm90_variant() {
-  return [](const FusedParams& p) { return k::run_flash_fwd_sm90<Cfg, kMask, true>(k::FwdArgs::from(p), nullptr); };
-}
-template <class Cfg, k::MaskMode kMask>
-static Launch efficient_variant() {
-  return [](const FusedParams& p) { return k::run_efficient_fwd<Cfg, kMask, true>(k::FwdArgs::from(p), nullptr); };
+// The launchers a variant may go through; each takes a tile config and a mask.
+struct Sm80 {
+  template <class Cfg, k::MaskMode kMask>
+  static cudaError_t run(const k::FwdArgs& a) {
+    return k::run_flash_fwd_sm80<Cfg, kMask, k::Bf16>(a, nullptr);
+  }
+};
+struct Sm90 {
+  template <class Cfg, k::MaskMode kMask>
+  static cudaError_t run(const k::FwdArgs& a) {
+    return k::run_flash_fwd_sm90<Cfg, kMask, k::Bf16>(a, nullptr);
+  }
+};
+// The sm90 kernel under the persistent, longest-first tile scheduler (tile_scheduler.cuh).
+struct Sm90Persistent {
+  template <class Cfg, k::MaskMode kMask>
+  static cudaError_t run(const k::FwdArgs& a) {
+    return k::run_flash_fwd_sm90<Cfg, kMask, k::Bf16, false, k::PersistentTileScheduler<kMask, Cfg::kBlockM>>(a,
+                                                                                                              nullptr);
+  }
+};
+
+template <class Launcher, class Cfg, k::MaskMode kMask>
+static Launch variant() {
+  return [](const FusedParams& p) { return Launcher::template run<Cfg, kMask>(k::FwdArgs::from(p)); };
 }
 
 static double median_ms(const Launch& launch, const Shape& shape, const std::vector<Set>& sets, int reps) {
@@ -121,7 +159,10 @@ static void compare(const Shape& s, const std::uint16_t* a, const std::uint16_t*
   *nans = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const double x = bf16_to_double(ha[i]), y = bf16_to_double(hb[i]);
-    if (std::isnan(x)) { ++*nans; continue; }
+    if (std::isnan(x)) {
+      ++*nans;
+      continue;
+    }
     e2 += (x - y) * (x - y);
     r2 += y * y;
   }
@@ -146,7 +187,12 @@ int main() {
       {2, 16, 8192, 128, FusedMask::None, 3.267, 6.447},
       {1, 16, 16384, 128, FusedMask::Causal, 3.550, 6.740},
   };
-  struct Row { std::string shape, kernel; double ms, tflops, target; double rel; long nans; };
+  struct Row {
+    std::string shape, kernel;
+    double ms, tflops, target;
+    double rel;
+    long nans;
+  };
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
     const std::size_t n = std::size_t(s.b) * s.h * s.s * s.d;
@@ -163,7 +209,8 @@ int main() {
     std::uint16_t* ref = nullptr;
     CK(cudaMalloc(&ref, n * 2));
     char name[64];
-    std::snprintf(name, sizeof name, "%dx%dx%dx%d %s", s.b, s.h, s.s, s.d, s.mask == FusedMask::None ? "none" : "causal");
+    std::snprintf(name, sizeof name, "%dx%dx%dx%d %s", s.b, s.h, s.s, s.d,
+                  s.mask == FusedMask::None ? "none" : "causal");
     const double flops = 4.0 * s.b * s.h * visible_pairs(s) * s.d;
 
     std::vector<std::pair<std::string, Launch>> kernels = {
@@ -171,38 +218,35 @@ int main() {
         {"efficient", [](const FusedParams& p) { return attnprof::cuda::launch_efficient(p, nullptr); }},
     };
     const bool causal = s.mask != FusedMask::None;
+    const auto add = [&]<class Launcher, class Cfg>(const char* kname, Launcher, Cfg) {
+      kernels.push_back({kname, causal ? variant<Launcher, Cfg, k::MaskMode::Causal>()
+                                       : variant<Launcher, Cfg, k::MaskMode::None>()});
+    };
     if (prop.major == 9) {  // the wgmma kernel (sm90a) and its variants (flash_fwd_sm90.cuh)
-      const auto add90 = [&](const char* kname, auto cfg) {
-        using Cfg = decltype(cfg);
-        kernels.push_back({kname, causal ? sm90_variant<Cfg, k::MaskMode::Causal>() : sm90_variant<Cfg, k::MaskMode::None>()});
-      };
       if (s.d == 64) {
-        add90("flash sm90", k::FlashSm90DefaultCfg<64>{});
-        add90("flash sm90 3wg", k::FlashSm90Cfg<64, 128, 3>{});
-        add90("flash sm90 3 stages", k::FlashSm90Cfg<64, 128, 2, 3>{});
-        add90("flash sm90 skip", k::FlashSm90Cfg<64, 128, 2, 2, true>{});
+        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<64>{});
+        add("flash sm90 persistent", Sm90Persistent{}, k::FlashSm90DefaultCfg<64>{});
+        add("flash sm90 3wg", Sm90{}, k::FlashSm90Cfg<64, 128, 3>{});
+        add("flash sm90 3 stages", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 3>{});
+        add("flash sm90 skip", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 2, true>{});
       }
       if (s.d == 128) {
-        add90("flash sm90", k::FlashSm90DefaultCfg<128>{});
-        add90("flash sm90 3wg", k::FlashSm90Cfg<128, 128, 3>{});
-        add90("flash sm90 3 stages", k::FlashSm90Cfg<128, 128, 2, 3>{});
-        add90("flash sm90 skip", k::FlashSm90Cfg<128, 128, 2, 2, true>{});
+        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<128>{});
+        add("flash sm90 persistent", Sm90Persistent{}, k::FlashSm90DefaultCfg<128>{});
+        add("flash sm90 3wg", Sm90{}, k::FlashSm90Cfg<128, 128, 3>{});
+        add("flash sm90 3 stages", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 3>{});
+        add("flash sm90 skip", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 2, true>{});
       }
     }
     // Variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).
     if (s.d == 64 && causal) {
-      kernels.push_back({"flash 64x64", flash_variant<k::FlashCfg<64, 64, 64, true>, k::MaskMode::Causal>()});
-      kernels.push_back({"flash prefetch at tile start",
-                         flash_variant<k::FlashCfg<64, 128, 64, true, 1, false, k::Prefetch::TileStart>, k::MaskMode::Causal>()});
+      add("flash 64x64", Sm80{}, k::FlashCfg<64, 64, 64, true>{});
+      add("flash prefetch at tile start", Sm80{}, k::FlashCfg<64, 128, 64, true, 1, false, k::Prefetch::TileStart>{});
     }
     if (s.d == 128) {
-      const auto add = [&](const char* kname, auto cfg) {
-        using Cfg = decltype(cfg);
-        kernels.push_back({kname, causal ? flash_variant<Cfg, k::MaskMode::Causal>() : flash_variant<Cfg, k::MaskMode::None>()});
-      };
-      add("flash 128x32", k::FlashCfg<128, 128, 32, false>{});
-      add("flash no-skip", k::FlashCfg<128, 128, 64, false, 1, false>{});
-      add("flash prefetch at tile start", k::FlashCfg<128, 128, 64, false, 1, true, k::Prefetch::TileStart>{});
+      add("flash 128x32", Sm80{}, k::FlashCfg<128, 128, 32, false>{});
+      add("flash no-skip", Sm80{}, k::FlashCfg<128, 128, 64, false, 1, false>{});
+      add("flash prefetch at tile start", Sm80{}, k::FlashCfg<128, 128, 64, false, 1, true, k::Prefetch::TileStart>{});
     }
     // Reference output: the default flash kernel on set 0; every kernel is compared with it.
     CK(attnprof::cuda::launch_flash_sm80(params_of(s, {sets[0].q, sets[0].k, sets[0].v, ref}), nullptr));
@@ -217,8 +261,8 @@ int main() {
       const double ms = median_ms(launch, s, sets, 30);
       const bool is_eff = kname.rfind("efficient", 0) == 0;
       rows.push_back({name, kname, ms, flops / ms * 1e-9, is_eff ? s.target_eff_ms : s.target_flash_ms, rel, nans});
-      std::printf("%-26s %-20s %8.3f ms %7.1f TFLOP/s  (target %.3f)  vs flash rel %.2e nan %ld\n", name,
-                  kname.c_str(), ms, flops / ms * 1e-9, rows.back().target, rel, nans);
+      std::printf("%-26s %-20s %8.3f ms %7.1f TFLOP/s  (target %.3f)  vs flash rel %.2e nan %ld\n", name, kname.c_str(),
+                  ms, flops / ms * 1e-9, rows.back().target, rel, nans);
       std::fflush(stdout);
     }
     for (Set& set : sets) {
@@ -226,7 +270,8 @@ int main() {
     }
     CK(cudaFree(ref));
   }
-  std::printf("\n| shape | kernel | ms | TFLOP/s | PyTorch target ms | rel diff vs flash |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| shape | kernel | ms | TFLOP/s | PyTorch target ms | rel diff vs flash |\n|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     std::printf("| %s | %s | %.3f | %.1f | %.3f%s | %.1e%s |\n", r.shape.c_str(), r.kernel.c_str(), r.ms, r.tflops,
                 r.target, r.ms <= r.target ? "" : " (slower)", r.rel, r.nans ? " NaN!" : "");

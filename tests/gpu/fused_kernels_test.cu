@@ -2,12 +2,15 @@
 // sm80 path on its own, efficient) against a float64 CPU
 // reference on fresh random inputs, with the output poisoned with NaN before
 // every launch: every element must be written, fully masked rows must be
-// exactly zero, and the error must sit within 16-bit rounding.
+// exactly zero, and the error must sit within 16-bit rounding. With an lse
+// buffer (also poisoned), each row's log-sum-exp is checked the same way
+// (+inf on fully masked rows).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -118,6 +121,10 @@ struct DeviceBuffer {
 struct Outcome {
   double rel_error = 0, max_abs = 0;
   std::int64_t nan_count = 0, masked_nonzero = 0, masked_rows = 0;
+  // With an lse buffer: the largest |got - ref| / (1 + |ref|) over rows that
+  // see a key, NaN (unwritten) entries, and fully masked rows not at +inf.
+  double lse_max_err = 0;
+  std::int64_t lse_nan = 0, lse_masked_wrong = 0;
 };
 
 // Runs one kernel on fresh inputs drawn from `seed` and compares with float64.
@@ -139,7 +146,7 @@ cudaError_t launch(Kernel k, const FusedParams& p) {
   return cudaErrorInvalidValue;
 }
 
-void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out) {
+void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out, bool with_lse = false) {
   const bool flash = kernel != Kernel::Efficient;
   const int B = c.batch, H = c.heads, Hk = c.kv_heads, Sq = c.seq_q, Sk = c.seq_k, D = c.head_dim;
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(D));
@@ -154,18 +161,21 @@ void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out) {
   for (auto& x : hk) x = to_bits(normal(rng), c.bf16);
   for (auto& x : hv) x = to_bits(uniform(rng), c.bf16);
 
-  DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nk * 2), dout(nq * 2);
-  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr) << "cudaMalloc failed";
+  const std::size_t nl = std::size_t(B) * H * Sq;
+  DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nk * 2), dout(nq * 2), dlse(with_lse ? nl * 4 : 4);
+  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr) << "cudaMalloc failed";
   CUDA_OK(cudaMemcpy(dq.ptr, hq.data(), nq * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(dk.ptr, hk.data(), nk * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(dv.ptr, hv.data(), nk * 2, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(dout.ptr, 0xFF, nq * 2));  // all-ones bits: NaN in bf16 and fp16
+  CUDA_OK(cudaMemset(dout.ptr, 0xFF, nq * 2));                // all-ones bits: NaN in bf16 and fp16
+  if (with_lse) CUDA_OK(cudaMemset(dlse.ptr, 0xFF, nl * 4));  // NaN in f32
 
   const FusedParams p{
       .q = dq.ptr,
       .k = dk.ptr,
       .v = dv.ptr,
       .o = dout.ptr,
+      .lse = with_lse ? static_cast<float*>(dlse.ptr) : nullptr,
       .q_batch_stride = sq.batch,
       .q_head_stride = sq.head,
       .q_row_stride = sq.row,
@@ -195,6 +205,8 @@ void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out) {
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<std::uint16_t> ho(nq);
   CUDA_OK(cudaMemcpy(ho.data(), dout.ptr, nq * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> hl(with_lse ? nl : 0);
+  if (with_lse) CUDA_OK(cudaMemcpy(hl.data(), dlse.ptr, nl * 4, cudaMemcpyDeviceToHost));
 
   double err2 = 0, ref2 = 0;
   std::vector<double> score(Sk), acc(D);
@@ -223,6 +235,17 @@ void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out) {
         }
         const bool masked_row = sum == 0;
         out->masked_rows += masked_row;
+        if (with_lse) {
+          const double got = hl[(std::size_t(b) * H + h) * Sq + i];
+          if (std::isnan(got)) {
+            ++out->lse_nan;
+          } else if (masked_row) {
+            out->lse_masked_wrong += !(std::isinf(got) && got > 0);
+          } else {
+            const double ref = mx + std::log(sum);
+            out->lse_max_err = std::max(out->lse_max_err, std::abs(got - ref) / (1 + std::abs(ref)));
+          }
+        }
         for (int d = 0; d < D; ++d) {
           const double ref = masked_row ? 0.0 : acc[d] / sum;
           const double got = from_bits(ho[qrow + d], c.bf16);
@@ -268,6 +291,25 @@ TEST_P(FusedKernels, MatchesFloat64Reference) {
   }
 }
 
+// The same cases with an lse buffer: O as above, and every row's log-sum-exp
+// within f32 rounding of float64's (scores, exponentials and the log are f32
+// on the device).
+TEST_P(FusedKernels, LogSumExpMatchesFloat64) {
+  SKIP_WITHOUT_SM80();
+  const KernelCase& kc = GetParam();
+  Outcome o;
+  run_case(kc.c, kc.kernel, 4321u + kc.c.seq_q, &o, /*with_lse=*/true);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(o.nan_count, 0) << "NaN (or unwritten) outputs";
+  EXPECT_EQ(o.masked_nonzero, 0);
+  EXPECT_LT(o.rel_error, kc.c.bf16 ? 1e-2 : 3e-3);
+  EXPECT_EQ(o.lse_nan, 0) << "NaN (or unwritten) log-sum-exp entries";
+  EXPECT_EQ(o.lse_masked_wrong, 0) << "fully masked rows must have lse +inf (" << o.masked_rows << " such rows)";
+  EXPECT_LT(o.lse_max_err, 1e-4);
+  std::printf("  %-10s %-34s lse max err %.2e  masked rows %lld\n", kernel_name(kc.kernel), kc.c.name, o.lse_max_err,
+              static_cast<long long>(o.masked_rows));
+}
+
 constexpr FusedMask kNone = FusedMask::None, kCausal = FusedMask::Causal, kBR = FusedMask::CausalBottomRight,
                     kWin = FusedMask::SlidingWindow;
 
@@ -305,6 +347,15 @@ std::vector<KernelCase> all_cases() {
   for (Kernel k : {Kernel::Flash, Kernel::FlashSm80, Kernel::Efficient})
     for (const Case& c : cases) out.push_back({c, k});
   return out;
+}
+
+// Every head dim the kernels are built for has at least one case above.
+TEST(FusedKernelsSupport, CasesCoverEveryBuiltHeadDim) {
+  const std::vector<KernelCase> cases = all_cases();
+  for (const int d : attnprof::cuda::kFusedHeadDims) {
+    EXPECT_TRUE(std::any_of(cases.begin(), cases.end(), [d](const KernelCase& kc) { return kc.c.head_dim == d; }))
+        << "no case at head_dim " << d;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, FusedKernels, ::testing::ValuesIn(all_cases()),
@@ -368,16 +419,20 @@ TEST(FusedKernelsSupport, ReasonsSayWhatToChange) {
   EXPECT_NE(attnprof::cuda::fused_unsupported_reason(bad, true), nullptr);
 }
 
-// Hopper takes the sm90a kernel at head_dim 64 and 128 (our builds always
-// include sm_90a), and the sm80 kernel at the others; other GPUs never take it.
+// Hopper takes the sm90a kernel at the head dims of kFlashSm90HeadDims (our
+// builds always include sm_90a), and the sm80 kernel at the others; other GPUs
+// never take it. Every built head dim is accepted by both kernels.
 TEST(FusedKernelsSupport, Sm90PathWhereItApplies) {
   SKIP_WITHOUT_SM80();
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  EXPECT_EQ(attnprof::cuda::flash_sm90_applies(shape_only(128)), major == 9);
-  EXPECT_EQ(attnprof::cuda::flash_sm90_applies(shape_only(64)), major == 9);
-  EXPECT_FALSE(attnprof::cuda::flash_sm90_applies(shape_only(96)));
-  EXPECT_EQ(attnprof::cuda::launch_flash_sm90(shape_only(96), nullptr), cudaErrorNotSupported);
+  for (const int d : attnprof::cuda::kFusedHeadDims) {
+    EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(shape_only(d), true), nullptr) << "head_dim " << d;
+    EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(shape_only(d), false), nullptr) << "head_dim " << d;
+    const bool sm90 = attnprof::cuda::flash_sm90_head_dim(d);
+    EXPECT_EQ(attnprof::cuda::flash_sm90_applies(shape_only(d)), major == 9 && sm90) << "head_dim " << d;
+    if (!sm90) EXPECT_EQ(attnprof::cuda::launch_flash_sm90(shape_only(d), nullptr), cudaErrorNotSupported);
+  }
 }
 
 }  // namespace

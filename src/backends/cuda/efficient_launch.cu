@@ -1,16 +1,16 @@
-// Host entry of the memory-efficient fused forward: every (dtype, head_dim,
-// mask) instantiation of efficient_fwd_kernel lives in this translation unit.
+// Host entry of the memory-efficient fused forward; its kernels are
+// instantiated in efficient_fwd_hdim*.cu, one file per head dim.
 #include "backends/cuda/fused_kernels.h"
-#include "backends/cuda/kernels/efficient_fwd.cuh"
 #include "backends/cuda/kernels/fwd_dispatch.cuh"
+#include "backends/cuda/kernels/fwd_launch.cuh"
 
 namespace attnprof::cuda {
 namespace {
 
 struct EfficientRunner {
-  template <int kHeadDim, kernels::MaskMode kMask, bool kBf16>
+  template <int kHeadDim, kernels::MaskMode kMask, kernels::Half16 Element, bool kLse>
   static cudaError_t run(const kernels::FwdArgs& a, cudaStream_t stream) {
-    return kernels::run_efficient_fwd<kernels::EfficientDefaultCfg<kHeadDim>, kMask, kBf16>(a, stream);
+    return kernels::launch_efficient_fwd<kHeadDim, kMask, Element, kLse>(a, stream);
   }
 };
 

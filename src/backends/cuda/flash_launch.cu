@@ -1,21 +1,21 @@
-// Host entry of the flash (FA2-class, sm80) fused forward: every (dtype,
-// head_dim, mask) instantiation of flash_fwd_sm80_kernel lives in this
-// translation unit. Also the eligibility check both fused kernels share.
+// Host entry of the flash (FA2-class, sm80) fused forward; its kernels are
+// instantiated in flash_fwd_sm80_hdim*.cu, one file per head dim. Also the
+// eligibility check both fused kernels share.
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "backends/cuda/fused_kernels.h"
-#include "backends/cuda/kernels/flash_fwd_sm80.cuh"
 #include "backends/cuda/kernels/fwd_dispatch.cuh"
+#include "backends/cuda/kernels/fwd_launch.cuh"
 
 namespace attnprof::cuda {
 namespace {
 
 struct FlashRunner {
-  template <int kHeadDim, kernels::MaskMode kMask, bool kBf16>
+  template <int kHeadDim, kernels::MaskMode kMask, kernels::Half16 Element, bool kLse>
   static cudaError_t run(const kernels::FwdArgs& a, cudaStream_t stream) {
-    return kernels::run_flash_fwd_sm80<kernels::FlashDefaultCfg<kHeadDim>, kMask, kBf16>(a, stream);
+    return kernels::launch_flash_fwd_sm80<kHeadDim, kMask, Element, kLse>(a, stream);
   }
 };
 
@@ -52,20 +52,18 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (p.heads % p.kv_heads != 0) {
     return say("heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " + std::to_string(p.kv_heads));
   }
-  switch (p.head_dim) {
-    case 32:
-    case 64:
-    case 96:
-    case 128:
-    case 256:
-      break;
-    default:
-      return say("head_dim " + std::to_string(p.head_dim) + " is not built: use 32, 64, 96, 128 or 256");
+  if (!fused_head_dim_built(p.head_dim)) {
+    std::string built;
+    for (const int d : kFusedHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
+    return say("head_dim " + std::to_string(p.head_dim) + " is not built: use one of " + built);
   }
   if (!(p.scale > 0.f) || !std::isfinite(p.scale)) return say("the softmax scale must be a positive finite number");
   if (p.mask == FusedMask::SlidingWindow && p.window < 1) return say("sliding window needs --window of at least 1");
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) {
     return say("q, k, v and o must be 16-byte aligned");
+  }
+  if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % alignof(float) != 0) {
+    return say("lse must be a float-aligned device pointer (or null)");
   }
   for (const std::int64_t stride :
        {p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.k_batch_stride, p.k_head_stride, p.k_row_stride,

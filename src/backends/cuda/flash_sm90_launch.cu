@@ -1,33 +1,34 @@
 // Host entry of the flash forward's sm90a path (FlashAttention-3 class,
-// kernels/flash_fwd_sm90.cuh): every (dtype, head_dim, mask) instantiation of
-// flash_fwd_sm90_kernel lives in this translation unit.
+// kernels/flash_fwd_sm90.cuh); its kernels are instantiated in
+// flash_fwd_sm90_hdim*.cu, one file per head dim of kFlashSm90HeadDims.
 #include "backends/cuda/fused_kernels.h"
-#include "backends/cuda/kernels/flash_fwd_sm90.cuh"
 #include "backends/cuda/kernels/fwd_dispatch.cuh"
+#include "backends/cuda/kernels/fwd_launch.cuh"
 
 namespace attnprof::cuda {
 namespace {
 
-constexpr bool sm90_head_dim(int head_dim) { return head_dim == 64 || head_dim == 128; }
-
 struct FlashSm90Runner {
-  template <int kHeadDim, kernels::MaskMode kMask, bool kBf16>
+  template <int kHeadDim, kernels::MaskMode kMask, kernels::Half16 Element, bool kLse>
   static cudaError_t run(const kernels::FwdArgs& a, cudaStream_t stream) {
-    if constexpr (sm90_head_dim(kHeadDim)) {
-      return kernels::run_flash_fwd_sm90<kernels::FlashSm90DefaultCfg<kHeadDim>, kMask, kBf16>(a, stream);
+    if constexpr (flash_sm90_head_dim(kHeadDim)) {
+      return kernels::launch_flash_fwd_sm90<kHeadDim, kMask, Element, kLse>(a, stream);
     } else {
       return cudaErrorNotSupported;
     }
   }
 };
 
-// Whether this binary holds the kernel as sm90a machine code for the current
+// Built with the same architectures as the sm90 kernels: it has sm90 machine
+// code exactly when they do.
+__global__ void sm90_image_probe() {}
+
+// Whether this binary holds the kernels as sm90 machine code for the current
 // device: a build for sm_80 alone (or a newer GPU) would find an empty body.
 bool sm90_kernel_runs_here() {
   static const bool runs = [] {
     cudaFuncAttributes attr{};
-    const auto kernel = kernels::flash_fwd_sm90_kernel<kernels::FlashSm90DefaultCfg<64>, kernels::MaskMode::None, true>;
-    const bool ok = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion == 90;
+    const bool ok = cudaFuncGetAttributes(&attr, sm90_image_probe) == cudaSuccess && attr.binaryVersion == 90;
     cudaGetLastError();  // a missing image is an answer here, not an error for the next call
     return ok;
   }();
@@ -37,7 +38,8 @@ bool sm90_kernel_runs_here() {
 }  // namespace
 
 bool flash_sm90_applies(const FusedParams& p) {
-  return sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() && fused_unsupported_reason(p, /*flash=*/true) == nullptr;
+  return flash_sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() &&
+         fused_unsupported_reason(p, /*flash=*/true) == nullptr;
 }
 
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream) {
@@ -48,8 +50,8 @@ cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream) {
 cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream) {
   if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
   // One check per call: the choice needs only the head_dim and the binary.
-  return sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() ? kernels::dispatch_fwd<FlashSm90Runner>(p, stream)
-                                                              : launch_flash_sm80_checked(p, stream);
+  return flash_sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() ? kernels::dispatch_fwd<FlashSm90Runner>(p, stream)
+                                                                    : launch_flash_sm80_checked(p, stream);
 }
 
 }  // namespace attnprof::cuda

@@ -1,12 +1,14 @@
 // Our fused attention forward kernels (sm80 and later; sm90 runs them too):
 //   flash     — on sm90a at head_dim 64 and 128, FlashAttention-3 class: TMA
 //               loads from a producer warp through mbarrier stages, wgmma,
-//               two consumer warpgroups (flash_fwd_sm90.cuh). Elsewhere
+//               two consumer warpgroups (kernels/flash_fwd_sm90.cuh and the
+//               role headers it names). Elsewhere
 //               FlashAttention-2 class: Q in registers, K/V double-buffered
 //               through cp.async, mma.sync, online softmax, causal early exit.
 //   efficient — memory-efficient (xformers / CUTLASS fMHA lineage): 64x64
 //               register-resident tiles, a simpler single-buffer pipeline.
-// Both: fp16 and bf16 in and out, head_dim 32, 64, 96, 128, 256, masks none,
+// Both: fp16 and bf16 in and out, the head dims of kFusedHeadDims (32, 64,
+// 96, 128, 256; fused_params.h), optionally each row's log-sum-exp, masks none,
 // causal top-left, causal bottom-right and sliding window, seq_k != seq_q,
 // grouped-query attention, any strides with a contiguous head_dim. A fully
 // masked query row is written as zeros.
@@ -30,7 +32,7 @@ cudaError_t launch_flash_sm80(const FusedParams& p, cudaStream_t stream);
 cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream);
 
 // Whether launch_flash takes the sm90a path for `p` on the current device:
-// head_dim 64 or 128, an sm90 GPU and a binary built for sm_90a. Where it does
+// a head_dim of kFlashSm90HeadDims, an sm90 GPU and a binary built for sm_90a. Where it does
 // not, launch_flash_sm90 returns cudaErrorNotSupported.
 bool flash_sm90_applies(const FusedParams& p);
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream);

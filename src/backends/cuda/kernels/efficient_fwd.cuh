@@ -12,8 +12,10 @@
 
 #include "backends/cuda/kernels/epilogue_fwd.cuh"
 #include "backends/cuda/kernels/fwd_args.cuh"
+#include "backends/cuda/kernels/fwd_launch.cuh"
 #include "backends/cuda/kernels/softmax_online.cuh"
 #include "backends/cuda/kernels/tile_load_sm80.cuh"
+#include "backends/cuda/kernels/tile_scheduler.cuh"
 #include "backends/cuda/kernels/warp_gemm_sm80.cuh"
 
 namespace attnprof::cuda::kernels {
@@ -47,7 +49,7 @@ struct EfficientCfg : WarpTiling<kHeadDim_, kBlockM_, kBlockN_> {
 template <int kHeadDim>
 using EfficientDefaultCfg = EfficientCfg<kHeadDim, efficient_block_m(kHeadDim), efficient_block_n(kHeadDim)>;
 
-template <class Cfg, MaskMode kMask, bool kBf16>
+template <class Cfg, MaskMode kMask, Half16 Element, bool kLse>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     efficient_fwd_kernel(const __grid_constant__ FwdArgs a) {
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   std::uint16_t* const v_smem = reinterpret_cast<std::uint16_t*>(smem_raw + Cfg::kVOffset);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const CtaTile<kMask, kBM> cta(a);
+  const auto cta = StaticTileScheduler<kMask, kBM>::first(a);
   const int m0 = cta.m0;
   const std::uint16_t *q = cta.q(a), *k = cta.k(a), *v = cta.v(a);
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     __syncthreads();
 
     float s[Cfg::kMTiles][Cfg::kNTiles][4];
-    gemm_qk_smem<kBf16, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0, k_smem, lane);
+    gemm_qk_smem<Element, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0, k_smem, lane);
     if (tile_needs_mask<kMask, kBM, kBN>(a, m0, n0)) {
       apply_mask<kMask>(s, a, m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
     }
@@ -89,21 +91,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     cp_async_wait<0>();
     __syncthreads();
-    gemm_pv<kBf16, KVTile>(acc, s, v_smem, lane);
+    gemm_pv<Element, KVTile>(acc, s, v_smem, lane);
     __syncthreads();  // K and V are refilled next iteration
   }
 
-  float inv[Cfg::kMTiles][2];
-  softmax.finish(inv);
   // The O tile reuses Q's area: the last barrier above retired every Q read.
-  stage_o<kBf16, QTile>(q_smem, acc, inv, warp_row0, lane);
-  __syncthreads();
-  store_tile<kBM, kD, kT>(cta.o(a), a.o_row_stride, q_smem, a.seq_q - m0, tid);
+  EpilogueFwd<Element, kLse>::template store_staged<QTile, kT>(a, cta, q_smem, acc, softmax, warp_row0, lane, tid);
 }
 
-template <class Cfg, MaskMode kMask, bool kBf16>
+// kLse: the caller passes FwdArgs::lse (not null) and wants it written.
+template <class Cfg, MaskMode kMask, Half16 Element, bool kLse = false>
 cudaError_t run_efficient_fwd(const FwdArgs& a, cudaStream_t stream) {
-  return launch_fwd<Cfg>(efficient_fwd_kernel<Cfg, kMask, kBf16>, a, stream);
+  return launch_fwd<StaticTileScheduler<kMask, Cfg::kBlockM>>(efficient_fwd_kernel<Cfg, kMask, Element, kLse>,
+                                                              Cfg::kThreads, Cfg::kSmemBytes, a, stream);
+}
+
+template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
+cudaError_t launch_efficient_fwd(const FwdArgs& a, cudaStream_t stream) {
+  return run_efficient_fwd<EfficientDefaultCfg<kHeadDim>, kMask, Element, kLse>(a, stream);
 }
 
 }  // namespace attnprof::cuda::kernels

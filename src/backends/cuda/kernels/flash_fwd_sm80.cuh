@@ -15,8 +15,10 @@
 
 #include "backends/cuda/kernels/epilogue_fwd.cuh"
 #include "backends/cuda/kernels/fwd_args.cuh"
+#include "backends/cuda/kernels/fwd_launch.cuh"
 #include "backends/cuda/kernels/softmax_online.cuh"
 #include "backends/cuda/kernels/tile_load_sm80.cuh"
+#include "backends/cuda/kernels/tile_scheduler.cuh"
 #include "backends/cuda/kernels/warp_gemm_sm80.cuh"
 
 namespace attnprof::cuda::kernels {
@@ -78,7 +80,7 @@ struct FlashCfg : WarpTiling<kHeadDim_, kBlockM_, kBlockN_> {
 template <int kHeadDim>
 using FlashDefaultCfg = FlashCfg<kHeadDim, flash_block_m(kHeadDim), flash_block_n(kHeadDim), flash_q_in_regs(kHeadDim)>;
 
-template <class Cfg, MaskMode kMask, bool kBf16>
+template <class Cfg, MaskMode kMask, Half16 Element, bool kLse>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     flash_fwd_sm80_kernel(const __grid_constant__ FwdArgs a) {
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
@@ -92,7 +94,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   std::uint16_t* const o_smem = reinterpret_cast<std::uint16_t*>(smem_raw);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const CtaTile<kMask, kBM> cta(a);
+  const auto cta = StaticTileScheduler<kMask, kBM>::first(a);
   const int m0 = cta.m0;
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
 
@@ -129,10 +131,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
       float s[Cfg::kMTiles][Cfg::kNTiles][4];
       if constexpr (Cfg::kQInRegs) {
-        gemm_qk<kBf16, KVTile>(s, q_frag, kv_smem(stage, 0), lane);
+        gemm_qk<Element, KVTile>(s, q_frag, kv_smem(stage, 0), lane);
       } else {
-        gemm_qk_smem<kBf16, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0,
-                                                                                     kv_smem(stage, 0), lane);
+        gemm_qk_smem<Element, QTile, KVTile, Cfg::kMTiles, Cfg::kNTiles, Cfg::kKSteps>(s, q_smem, warp_row0,
+                                                                                       kv_smem(stage, 0), lane);
       }
       if (Cfg::kPrefetch == Prefetch::AfterQK && more) load_kv(stage ^ 1, n_block - 1);
       cp_async_commit();
@@ -141,24 +143,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         apply_mask<kMask>(s, a, m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
       }
       softmax.template update<Cfg::kSkipRescale>(s, acc, a.scale_log2);
-      gemm_pv<kBf16, KVTile>(acc, s, kv_smem(stage, 1), lane);
+      gemm_pv<Element, KVTile>(acc, s, kv_smem(stage, 1), lane);
 
       cp_async_wait<0>();  // the next tile has landed ...
       __syncthreads();     // ... for every thread, and this stage is free to refill
     }
   }
 
-  float inv[Cfg::kMTiles][2];
-  softmax.finish(inv);
-  stage_o<kBf16, QTile>(o_smem, acc, inv, warp_row0, lane);
-  __syncthreads();
-  // O's address is formed here, not kept live through the loop (registers are at the cap).
-  store_tile<kBM, kD, kT>(cta.o(a), a.o_row_stride, o_smem, a.seq_q - m0, tid);
+  EpilogueFwd<Element, kLse>::template store_staged<QTile, kT>(a, cta, o_smem, acc, softmax, warp_row0, lane, tid);
 }
 
-template <class Cfg, MaskMode kMask, bool kBf16>
+// kLse: the caller passes FwdArgs::lse (not null) and wants it written.
+template <class Cfg, MaskMode kMask, Half16 Element, bool kLse = false>
 cudaError_t run_flash_fwd_sm80(const FwdArgs& a, cudaStream_t stream) {
-  return launch_fwd<Cfg>(flash_fwd_sm80_kernel<Cfg, kMask, kBf16>, a, stream);
+  return launch_fwd<StaticTileScheduler<kMask, Cfg::kBlockM>>(flash_fwd_sm80_kernel<Cfg, kMask, Element, kLse>,
+                                                              Cfg::kThreads, Cfg::kSmemBytes, a, stream);
+}
+
+template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
+cudaError_t launch_flash_fwd_sm80(const FwdArgs& a, cudaStream_t stream) {
+  return run_flash_fwd_sm80<FlashDefaultCfg<kHeadDim>, kMask, Element, kLse>(a, stream);
 }
 
 }  // namespace attnprof::cuda::kernels

@@ -1,8 +1,8 @@
 // Device-side arguments of the fused attention forwards, made from the
-// host-side FusedParams in one place (FwdArgs::from); the grid both kernels
-// launch and how a CTA reads its place in it (launch_fwd, CtaTile); and the
-// mask geometry they share: which key tiles a query tile must visit, which of
-// those need per-element masking, and the per-element rule itself.
+// host-side FusedParams in one place (FwdArgs::from), and the mask geometry
+// they share: which key tiles a query tile must visit, which of those need
+// per-element masking, and the per-element rule itself. (Where a CTA's tile
+// sits: tile_scheduler.cuh.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,6 +30,7 @@ struct FwdArgs {
   float scale_log2;  // softmax scale * log2(e): scores go through exp2
   int diag_offset;   // query i sees keys j <= i + diag_offset (Causal, Window)
   int window;        // Window: and keys j > i + diag_offset - window
+  float* lse;        // [B, H, seq_q] or null (FusedParams::lse); last, so the other fields keep their offsets
 
   static FwdArgs from(const FusedParams& p) {
     const bool top_left = p.mask == FusedMask::Causal;
@@ -58,48 +59,8 @@ struct FwdArgs {
         .scale_log2 = p.scale * 1.4426950408889634f,
         .diag_offset = top_left ? 0 : p.seq_k - p.seq_q,
         .window = p.window,
+        .lse = p.lse,
     };
-  }
-};
-
-// One CTA per (query tile, head, batch): blockIdx.x, y, z. Kernels of more
-// than 48 KiB of dynamic shared memory opt in first.
-template <class Cfg, class Kernel>
-cudaError_t launch_fwd(Kernel kernel, const FwdArgs& a, cudaStream_t stream) {
-  if constexpr (Cfg::kSmemBytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return err;
-  }
-  const dim3 grid((a.seq_q + Cfg::kBlockM - 1) / Cfg::kBlockM, a.heads, a.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
-  return cudaGetLastError();
-}
-
-// The CTA's query tile, head and batch, read from the launch_fwd grid, and the
-// base addresses they give. Masked CTAs (causal, window) take their query
-// tiles in reverse, so that the longest rows (the last tiles) are scheduled first.
-template <MaskMode kMask, int kBlockM>
-struct CtaTile {
-  int m0, head, batch, kv_head;
-
-  __device__ __forceinline__ explicit CtaTile(const FwdArgs& a)
-      : m0((kMask == MaskMode::None ? blockIdx.x : gridDim.x - 1 - blockIdx.x) * kBlockM),
-        head(blockIdx.y),
-        batch(blockIdx.z),
-        kv_head(head / a.group) {}
-
-  // Row m0 of this head's Q and O; row 0 of its K and V (grouped heads share them).
-  __device__ __forceinline__ const std::uint16_t* q(const FwdArgs& a) const {
-    return a.q + batch * a.q_batch_stride + head * a.q_head_stride + m0 * a.q_row_stride;
-  }
-  __device__ __forceinline__ const std::uint16_t* k(const FwdArgs& a) const {
-    return a.k + batch * a.k_batch_stride + kv_head * a.k_head_stride;
-  }
-  __device__ __forceinline__ const std::uint16_t* v(const FwdArgs& a) const {
-    return a.v + batch * a.v_batch_stride + kv_head * a.v_head_stride;
-  }
-  __device__ __forceinline__ std::uint16_t* o(const FwdArgs& a) const {
-    return a.o + batch * a.o_batch_stride + head * a.o_head_stride + m0 * a.o_row_stride;
   }
 };
 

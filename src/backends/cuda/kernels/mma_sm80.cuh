@@ -1,6 +1,5 @@
 // Warp-level tensor-core primitives of sm80 and later: ldmatrix loads from
-// shared memory, the m16n8k16 matrix product with f32 accumulation, packing of
-// f32 pairs into 16-bit registers, and the fast base-2 exponential.
+// shared memory and the m16n8k16 matrix product with f32 accumulation.
 //
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4), which every
 // caller relies on:
@@ -10,16 +9,11 @@
 // The lower column always sits in the low half of a packed register.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
-namespace attnprof::cuda::kernels {
+#include "backends/cuda/kernels/utils.cuh"
 
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace attnprof::cuda::kernels {
 
 // Four 8x8 matrices of 16-bit elements; lane l gives the address of row l % 8
 // of matrix l / 8 and receives row g, columns 2t..2t+1 of each matrix.
@@ -38,10 +32,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::ui
 
 // c += a * b on the tensor cores. Not volatile: the compiler may interleave
 // the products with the loads that feed later ones.
-template <bool kBf16>
+template <Half16 Element>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                           std::uint32_t b1) {
-  if constexpr (kBf16) {
+  if constexpr (std::same_as<Element, Bf16>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -52,25 +46,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-}
-
-// Two f32 values rounded to nearest into one register of two 16-bit values.
-template <bool kBf16>
-__device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
-  if constexpr (kBf16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  }
-}
-
-// 2^x in one MUFU instruction; ex2(-inf) = +0, which masked scores rely on.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 }  // namespace attnprof::cuda::kernels

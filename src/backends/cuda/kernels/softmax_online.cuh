@@ -7,9 +7,11 @@
 // one FMA and one MUFU per element. Requires scale > 0 (so max(s) gives max(s*scale)).
 // A row that has seen only masked keys keeps max = -inf; its exponent base is
 // taken as 0, so its p are 0, its sum stays 0 and it is written as zeros.
+// Fragment layout: mma.m16n8k16's C (mma_sm80.cuh), which wgmma's
+// accumulators share (wgmma_sm90.cuh), so both architectures use this.
 #pragma once
 
-#include "backends/cuda/kernels/mma_sm80.cuh"
+#include "backends/cuda/kernels/utils.cuh"
 
 namespace attnprof::cuda::kernels {
 
@@ -105,7 +107,8 @@ struct OnlineSoftmax {
     }
   }
 
-  // 1 / row sum for the epilogue, 0 for a fully masked row (output zeros, not NaN).
+  // 1 / row sum for the epilogue, 0 for a fully masked row (output zeros, not
+  // NaN). Leaves row_sum the whole row's sum, reduced over the quad.
   __device__ __forceinline__ void finish(float (&inv)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -114,7 +117,23 @@ struct OnlineSoftmax {
         float sum = row_sum[mt][h];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        row_sum[mt][h] = sum;
         inv[mt][h] = sum > 0.f ? 1.f / sum : 0.f;
+      }
+    }
+  }
+
+  // After finish(): each row's log-sum-exp of the scaled scores, natural log:
+  // ln(sum_j e^(s_j * scale)) = (max * scale * log2e + log2(sum)) * ln2. A fully
+  // masked row gets +inf, FlashAttention's convention: a backward's
+  // exp(s - lse) is then 0 there, not NaN.
+  __device__ __forceinline__ void log_sum_exp(float (&lse)[kMTiles][2], float scale_log2) const {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = row_sum[mt][h];
+        lse[mt][h] = sum > 0.f ? (row_max[mt][h] * scale_log2 + __log2f(sum)) * 0.6931471805599453f : INFINITY;
       }
     }
   }

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "backends/cuda/kernels/mma_sm80.cuh"
+#include "backends/cuda/kernels/utils.cuh"
 
 namespace attnprof::cuda::kernels {
 
@@ -18,6 +18,7 @@ template <int kRows, int kHeadDim>
 struct SmemTile {
   static_assert(kHeadDim % 16 == 0, "head_dim must be a multiple of 16 (one mma k-step)");
   static constexpr int kRowsN = kRows;
+  static constexpr int kCols = kHeadDim;
   static constexpr int kStride = kHeadDim + 8;  // elements
   static constexpr int kElems = kRows * kStride;
   static constexpr int kBytes = kElems * 2;

@@ -36,24 +36,13 @@ struct WarpTiling {
   static_assert(kDTiles % 2 == 0, "head_dim is loaded 16 columns at a time");
 };
 
-// Accumulator fragments to zero.
-template <int kA, int kB>
-__device__ __forceinline__ void zero(float (&x)[kA][kB][4]) {
-#pragma unroll
-  for (int i = 0; i < kA; ++i)
-#pragma unroll
-    for (int j = 0; j < kB; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[i][j][e] = 0.f;
-}
-
 // c0 += a b0, c1 += a b1: one A fragment against the two n8 halves of a
 // 16-wide B fragment that ldmatrix_x4 loaded.
-template <bool kBf16>
+template <Half16 Element>
 __device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const std::uint32_t (&a)[4],
                                          const std::uint32_t (&b)[4]) {
-  mma_16816<kBf16>(c0, a, b[0], b[1]);
-  mma_16816<kBf16>(c1, a, b[2], b[3]);
+  mma_16816<Element>(c0, a, b[0], b[1]);
+  mma_16816<Element>(c1, a, b[2], b[3]);
 }
 
 // Element offset inside a 16x16 block that lane gives ldmatrix_x4 for an A
@@ -85,7 +74,7 @@ __device__ __forceinline__ void load_q_fragments(std::uint32_t (&q)[kMTiles][kKS
 
 // S = Q K^T against the key tile in k_smem. load_a(kk, a) puts the Q
 // fragments of k-step kk into a[kMTiles][4]; each is used against every key.
-template <bool kBf16, class KTile, int kMTiles, int kNTiles, int kKSteps, class LoadA>
+template <Half16 Element, class KTile, int kMTiles, int kNTiles, int kKSteps, class LoadA>
 __device__ __forceinline__ void gemm_qk_steps(float (&s)[kMTiles][kNTiles][4], const std::uint16_t* k_smem, int lane,
                                               LoadA&& load_a) {
   static_assert(kNTiles % 2 == 0, "keys are loaded 16 at a time");
@@ -100,7 +89,7 @@ __device__ __forceinline__ void gemm_qk_steps(float (&s)[kMTiles][kNTiles][4], c
       std::uint32_t b[4];
       ldmatrix_x4(b, k_base + 2 * KTile::offset(np * 16, kk * 16));
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) mma_pair<kBf16>(s[mt][2 * np], s[mt][2 * np + 1], a[mt], b);
+      for (int mt = 0; mt < kMTiles; ++mt) mma_pair<Element>(s[mt][2 * np], s[mt][2 * np + 1], a[mt], b);
     }
   }
 }
@@ -108,10 +97,10 @@ __device__ __forceinline__ void gemm_qk_steps(float (&s)[kMTiles][kNTiles][4], c
 // S = Q K^T with Q fragments in registers (load_q_fragments). Q stays in
 // registers only because everything here is inlined and unrolled (kk is a
 // constant at each call); build logs are checked for spills (scripts/gpu.sh).
-template <bool kBf16, class KTile, int kMTiles, int kNTiles, int kKSteps>
+template <Half16 Element, class KTile, int kMTiles, int kNTiles, int kKSteps>
 __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const std::uint32_t (&q)[kMTiles][kKSteps][4],
                                         const std::uint16_t* k_smem, int lane) {
-  gemm_qk_steps<kBf16, KTile, kMTiles, kNTiles, kKSteps>(s, k_smem, lane, [&](int kk, std::uint32_t(&a)[kMTiles][4]) {
+  gemm_qk_steps<Element, KTile, kMTiles, kNTiles, kKSteps>(s, k_smem, lane, [&](int kk, std::uint32_t(&a)[kMTiles][4]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -121,20 +110,18 @@ __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const s
 
 // S = Q K^T with Q read from shared memory one k-step at a time (keeps only
 // 4*kMTiles registers of Q live; costs one ldmatrix per m-tile and k-step).
-template <bool kBf16, class QTile, class KTile, int kMTiles, int kNTiles, int kKSteps>
+template <Half16 Element, class QTile, class KTile, int kMTiles, int kNTiles, int kKSteps>
 __device__ __forceinline__ void gemm_qk_smem(float (&s)[kMTiles][kNTiles][4], const std::uint16_t* q_smem, int row0,
                                              const std::uint16_t* k_smem, int lane) {
   const std::uint32_t q_base = smem_u32(q_smem + QTile::offset(row0, 0) + lane_offset_a<QTile>(lane));
-  gemm_qk_steps<kBf16, KTile, kMTiles, kNTiles, kKSteps>(s, k_smem, lane, [&](int kk, std::uint32_t(&a)[kMTiles][4]) {
+  gemm_qk_steps<Element, KTile, kMTiles, kNTiles, kKSteps>(s, k_smem, lane, [&](int kk, std::uint32_t(&a)[kMTiles][4]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], q_base + 2 * QTile::offset(mt * 16, kk * 16));
   });
 }
 
-// O += P V. The S accumulators of n-tiles 2kk and 2kk+1 are exactly the A
-// fragment of key step kk (same rows, columns 2t and 2t+8), so P never leaves
-// registers: it is packed to 16 bits here, one key step at a time.
-template <bool kBf16, class VTile, int kMTiles, int kNTiles, int kDTiles>
+// O += P V, P packed from the S accumulators one key step at a time (pack_p).
+template <Half16 Element, class VTile, int kMTiles, int kNTiles, int kDTiles>
 __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const float (&p)[kMTiles][kNTiles][4],
                                         const std::uint16_t* v_smem, int lane) {
   static_assert(kDTiles % 2 == 0, "head_dim is loaded 16 columns at a time");
@@ -143,18 +130,13 @@ __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const f
   for (int kk = 0; kk < kNTiles / 2; ++kk) {
     std::uint32_t a[kMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      a[mt][0] = pack_half2<kBf16>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-      a[mt][1] = pack_half2<kBf16>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-      a[mt][2] = pack_half2<kBf16>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-      a[mt][3] = pack_half2<kBf16>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
-    }
+    for (int mt = 0; mt < kMTiles; ++mt) pack_p<Element>(a[mt], p[mt], kk);
 #pragma unroll
     for (int dp = 0; dp < kDTiles / 2; ++dp) {
       std::uint32_t b[4];
       ldmatrix_x4_trans(b, base + 2 * VTile::offset(kk * 16, dp * 16));
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) mma_pair<kBf16>(o[mt][2 * dp], o[mt][2 * dp + 1], a[mt], b);
+      for (int mt = 0; mt < kMTiles; ++mt) mma_pair<Element>(o[mt][2 * dp], o[mt][2 * dp + 1], a[mt], b);
     }
   }
 }

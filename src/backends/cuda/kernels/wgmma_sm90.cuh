@@ -1,7 +1,7 @@
 // Warpgroup-level primitives of sm90a: the shared-memory matrix descriptor and
 // the 128-byte-swizzled tile layout it describes, wgmma.mma_async m64nNk16
 // (N = 64, 128) with f32 accumulation and its A operand from shared memory
-// (SS) or from registers (RS), mbarriers, and TMA tensor loads.
+// (SS) or from registers (RS). (mbarriers: pipeline_sm90.cuh; TMA: tma_sm90.cuh.)
 //
 // Layout. A tile of 16-bit elements is kept as column regions of 64 elements
 // (128 bytes a row); region r holds columns [64r, 64r + 64) of every row,
@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "backends/cuda/kernels/element.cuh"
 
 namespace attnprof::cuda::kernels::sm90 {
 
@@ -59,45 +61,6 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[j][e])::"memory");
 }
 
-// mbarriers in shared memory (addresses from smem_u32), and TMA loads that
-// complete on them.
-__device__ __forceinline__ void mbar_init(std::uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Makes this thread's mbarrier.init visible to the asynchronous proxy (the
-// TMA unit completes transactions on the barriers), as CUTLASS's
-// PipelineTmaAsync does after its inits; a CTA barrier must follow.
-__device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Arrives and announces `bytes` of asynchronous copies that will complete on bar.
-__device__ __forceinline__ void mbar_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Waits until the phase of the given parity has completed (a fresh barrier
-// counts its phase "1" as completed).
-__device__ __forceinline__ void mbar_wait(std::uint32_t bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// A box of a 4-d tensor map (column, row, head, batch) into shared memory.
-__device__ __forceinline__ void tma_load_4d(std::uint32_t dst, const void* map, std::uint32_t bar, int c0, int c1,
-                                            int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-
 #define ATTNPROF_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define ATTNPROF_ACC_N64(d)                                                                                \
   ATTNPROF_ACC8(d, 0), ATTNPROF_ACC8(d, 1), ATTNPROF_ACC8(d, 2), ATTNPROF_ACC8(d, 3), ATTNPROF_ACC8(d, 4), \
@@ -131,34 +94,34 @@ __device__ __forceinline__ void tma_load_4d(std::uint32_t dst, const void* map, 
                : ACC(d)                                                                                              \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)))
 
-template <bool kBf16, int kNTiles>
+template <Half16 Element, int kNTiles>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
                                          bool accumulate) {
   static_assert(kNTiles == 8 || kNTiles == 16, "N = 64 or 128");
   if constexpr (kNTiles == 8) {
-    if constexpr (kBf16)
+    if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
     else
       ATTNPROF_WGMMA_SS(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
   } else {
-    if constexpr (kBf16)
+    if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
     else
       ATTNPROF_WGMMA_SS(128, f16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
   }
 }
 
-template <bool kBf16, int kNTiles>
+template <Half16 Element, int kNTiles>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kNTiles][4], const std::uint32_t (&a)[4], std::uint64_t b_desc,
                                          bool accumulate) {
   static_assert(kNTiles == 8 || kNTiles == 16, "N = 64 or 128");
   if constexpr (kNTiles == 8) {
-    if constexpr (kBf16)
+    if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_RS(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34, 35, 36, 37);
     else
       ATTNPROF_WGMMA_RS(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34, 35, 36, 37);
   } else {
-    if constexpr (kBf16)
+    if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_RS(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66, 67, 68, 69);
     else
       ATTNPROF_WGMMA_RS(128, f16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66, 67, 68, 69);

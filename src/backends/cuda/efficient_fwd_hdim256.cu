@@ -1,0 +1,7 @@
+// The memory-efficient forward at head_dim 256, every mask and element
+// type, with and without the LSE (one head dim a translation unit keeps a build on few cores quick).
+#include "backends/cuda/kernels/efficient_fwd.cuh"
+
+namespace attnprof::cuda::kernels {
+ATTNPROF_FWD_INSTANTIATE(launch_efficient_fwd, 256)
+}  // namespace attnprof::cuda::kernels

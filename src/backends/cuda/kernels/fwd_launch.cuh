@@ -1,0 +1,65 @@
+// How the fused forwards are launched (launch_fwd), and the per-head-dim
+// launchers that dispatch calls. A launcher's definition lives in its kernel's
+// header; each is explicitly instantiated, for every mask and element type,
+// in one translation unit per kernel and head dim
+// (src/backends/cuda/<kernel>_hdim<D>.cu, ATTNPROF_FWD_INSTANTIATE), so a
+// dispatching file sees declarations only and the kernels compile in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backends/cuda/kernels/element.cuh"
+#include "backends/cuda/kernels/fwd_args.cuh"
+
+namespace attnprof::cuda::kernels {
+
+// The grid comes from the kernel's tile scheduler; `extra` are the kernel's
+// arguments after FwdArgs (the sm90 kernel's TMA descriptors). Kernels of more
+// than 48 KiB of dynamic shared memory opt in first.
+template <class Scheduler, class... Extra>
+cudaError_t launch_fwd(void (*kernel)(FwdArgs, Extra...), int threads, int smem_bytes, const FwdArgs& a,
+                       cudaStream_t stream, const Extra&... extra) {
+  if (smem_bytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (err != cudaSuccess) return err;
+  }
+  int sms = 0;
+  if constexpr (Scheduler::kPersistent) {
+    int device = 0;
+    if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    if (const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        err != cudaSuccess) {
+      return err;
+    }
+  }
+  kernel<<<Scheduler::grid(a, sms), threads, smem_bytes, stream>>>(a, extra...);
+  return cudaGetLastError();
+}
+
+// kLse: FwdArgs::lse is not null and the log-sum-exp is written (epilogue_fwd.cuh).
+template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
+cudaError_t launch_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream);
+template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
+cudaError_t launch_flash_fwd_sm80(const FwdArgs& a, cudaStream_t stream);
+template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
+cudaError_t launch_efficient_fwd(const FwdArgs& a, cudaStream_t stream);
+
+// Explicit instantiations of `launcher` at one head dim: every mask and
+// element type, with and without the LSE.
+#define ATTNPROF_FWD_INSTANTIATE_ONE(launcher, ...) \
+  template cudaError_t launcher<__VA_ARGS__>(const FwdArgs&, cudaStream_t);
+#define ATTNPROF_FWD_INSTANTIATE(launcher, head_dim)                              \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::None, Bf16, false)   \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::Causal, Bf16, false) \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::Window, Bf16, false) \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::None, Fp16, false)   \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::Causal, Fp16, false) \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::Window, Fp16, false) \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::None, Bf16, true)    \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::Causal, Bf16, true)  \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::Window, Bf16, true)  \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::None, Fp16, true)    \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::Causal, Fp16, true)  \
+  ATTNPROF_FWD_INSTANTIATE_ONE(launcher, head_dim, MaskMode::Window, Fp16, true)
+
+}  // namespace attnprof::cuda::kernels

@@ -1,0 +1,62 @@
+// Architecture-neutral device helpers of the fused forwards: shared-memory
+// addresses, packing f32 pairs into 16-bit registers (and the P operand of
+// O += P V out of the S accumulators), the fast base-2 exponential and
+// accumulator zeroing. Nothing here names an mma or wgmma instruction.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/element.cuh"
+
+namespace attnprof::cuda::kernels {
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Two f32 values rounded to nearest into one register of two 16-bit values;
+// the lower column sits in the low half.
+template <Half16 Element>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::same_as<Element, Bf16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+}
+
+// The A fragment of key step kk of O += P V, from the S accumulators (f32, the
+// C layout of mma.m16n8k16 and of wgmma's accumulators): n-tiles 2kk and 2kk+1
+// hold exactly its rows and columns 2t and 2t+8, so P never leaves registers.
+template <Half16 Element, int kNTiles>
+__device__ __forceinline__ void pack_p(std::uint32_t (&a)[4], const float (&s)[kNTiles][4], int kk) {
+  a[0] = pack2<Element>(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack2<Element>(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// 2^x in one MUFU instruction; ex2(-inf) = +0, which masked scores rely on.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Accumulator fragments to zero.
+template <int kA, int kB>
+__device__ __forceinline__ void zero(float (&x)[kA][kB][4]) {
+#pragma unroll
+  for (int i = 0; i < kA; ++i)
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[i][j][e] = 0.f;
+}
+
+}  // namespace attnprof::cuda::kernels
