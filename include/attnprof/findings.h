@@ -40,6 +40,10 @@ struct EventRef {
   std::uint64_t correlation = 0;  // launch <-> device activity; 0 where none
 };
 
+// A user's own guesses, by backend ("guess first, then look"): device
+// activities per forward on a GPU, CPU ops per forward on the CPU.
+using Guesses = std::map<std::string, int, std::less<>>;
+
 struct Finding {
   std::string rule;  // the rule's id in the rule table ("hidden-copy")
   Severity severity = Severity::Info;

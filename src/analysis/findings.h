@@ -12,10 +12,6 @@
 
 namespace attnprof::analysis {
 
-// A user's own guess, stated on the command line: device activities per
-// forward on a GPU, CPU ops per forward on the CPU.
-using Guesses = std::map<std::string, int, std::less<>>;
-
 // Runs every rule on `r`. `all` holds the other backends of the same
 // comparison (for cross-backend rules such as memory against the baseline);
 // may be empty. `index` must index r.trace.

@@ -64,12 +64,14 @@ Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops
         slot.second = i;
       }
     }
-    m.kernels_per_forward = static_cast<double>(dev.size()) / steps;
     m.memsets_per_forward /= steps;
     if (!dev.empty()) {
+      m.kernels_per_forward = static_cast<double>(dev.size()) / steps;
       m.device_time_us = union_ns(std::move(iv)) / steps / 1e3;
     } else {
-      // No CUPTI: a device-event span per forward, if the fallback recorded one.
+      // No device activities recorded. With CUPTI off the fallback times a
+      // span per forward with device events and counts nothing: the count
+      // stays unknown rather than reading as 0 kernels.
       double ns = 0;
       int n = 0;
       for (const auto& a : t.activities) {
@@ -78,7 +80,11 @@ Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops
           ++n;
         }
       }
-      if (n) m.device_time_us = ns / n / 1e3;
+      if (n) {
+        m.device_time_us = ns / n / 1e3;
+      } else {
+        m.kernels_per_forward = 0;
+      }
     }
     EventIndex heaviest = kNone;
     double heaviest_ns = -1;

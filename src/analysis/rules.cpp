@@ -128,7 +128,8 @@ std::vector<Finding> user_guess(const RuleInput& in, bool confirmed) {
   const auto g = in.guesses.find(in.run.backend);
   if (g == in.guesses.end()) return {};
   const Metrics& m = in.run.metrics;
-  const double seen = in.gpu ? m.kernels_per_forward.value_or(-1) : m.ops_per_forward;
+  if (in.gpu && !m.kernels_per_forward) return {};  // nothing counted: activities-not-counted says so
+  const double seen = in.gpu ? *m.kernels_per_forward : m.ops_per_forward;
   if ((std::abs(seen - g->second) < 0.01) != confirmed) return {};
   const char* what = in.gpu ? "GPU activities" : "ops";
   Finding f =
@@ -136,6 +137,20 @@ std::vector<Finding> user_guess(const RuleInput& in, bool confirmed) {
             what + format(" per forward, the trace shows %.1f", seen));
   cite_first_forward(f, in.index);
   f.figures = {{"guess_per_forward", g->second}, {"seen_per_forward", seen}};
+  return {f};
+}
+
+// With CUPTI off (ATTNPROF_NO_CUPTI=1, another profiler attached) only a
+// device-event span per forward was recorded: no kernel, copy or memset was
+// counted, so no count can be compared with a guess or an expectation.
+std::vector<Finding> activities_not_counted(const RuleInput& in) {
+  const Metrics& m = in.run.metrics;
+  if (!in.gpu || m.kernels_per_forward) return {};
+  std::string why = in.run.trace.collector_note;
+  if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+  Finding f = found("GPU activities not counted in this run" + (why.empty() ? std::string() : " (" + why + ")") +
+                    ": the expected count and any --expect guess are not checked");
+  cite_first_forward(f, in.index);
   return {f};
 }
 
@@ -291,7 +306,7 @@ std::vector<Finding> mask_rebuilt(const RuleInput& in) {
   const TraceIndex& ix = in.index;
   Finding f;
   std::vector<std::string> seen;
-  for (const char* op : {"ones", "tril", "where"}) {
+  for (const char* op : {"ones", "tril", "triu", "where"}) {
     const int n = per_forward(ix, op, in.steps);
     if (n == 0) continue;
     seen.emplace_back(op);
@@ -413,6 +428,7 @@ std::vector<Finding> cpu_bound(const RuleInput& in) {
 // The rule table: ids are stable (JSON and the HTML report key on them), the
 // order is the order findings print in.
 constexpr Rule kRules[] = {
+    {"activities-not-counted", Severity::Warning, activities_not_counted},
     {"expectation-mismatch", Severity::Warning, expectation_mismatch},
     {"op-sequence-mismatch", Severity::Warning, op_sequence_mismatch},
     {"guess-confirmed", Severity::Info, guess_confirmed},

@@ -28,7 +28,7 @@ struct Options {
   int unprofiled_calls = 32;
   bool bshd = false;
   std::optional<std::string> json_path;
-  analysis::Guesses guesses;
+  Guesses guesses;
   bool help = false;
   bool quiet = false;
 };

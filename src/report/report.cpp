@@ -6,9 +6,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "analysis/format.h"
 #include "attnprof/error.h"
 #include "attnprof/trace_io.h"
-#include "analysis/format.h"
 
 namespace attnprof::report {
 using analysis::format;
@@ -180,6 +180,19 @@ nlohmann::json result_json(const RunResult& r) {
   j["expected_ops"] = r.expectation.cpu_ops;
   j["expected_device_activities"] =
       r.expectation.device_activities >= 0 ? json(r.expectation.device_activities) : json(nullptr);
+  return j;
+}
+
+nlohmann::json explain_json(const Problem& p, const std::vector<Explanation>& rows, const AutoChoice* chosen,
+                            DeviceRuntime& rt) {
+  nlohmann::json j;
+  j["device"] = device_json(rt.description(), rt.properties(), p.device);
+  j["problem"] = problem_json(p);
+  j["results"] = nlohmann::json::array();
+  for (const auto& e : rows) {
+    j["results"].push_back({{"backend", e.backend}, {"eligible", e.eligible}, {"reason", e.reason}});
+  }
+  j["auto"] = chosen ? nlohmann::json{{"backend", chosen->backend}, {"reason", chosen->reason}} : nlohmann::json();
   return j;
 }
 

@@ -22,6 +22,9 @@ nlohmann::json finding_json(const Finding& f);
 // One result in the "results" schema of DESIGN.md (null where a field does not
 // apply); "findings" is a list of finding_json records.
 nlohmann::json result_json(const RunResult& r);
+// explain's --json: device, problem, each backend's eligibility and reason, auto's pick.
+nlohmann::json explain_json(const Problem& p, const std::vector<Explanation>& rows, const AutoChoice* chosen,
+                            DeviceRuntime& rt);
 nlohmann::json device_json(const std::string& description, const std::optional<DeviceProperties>& props, Device d);
 
 // Writes JSON to a temporary file beside `path`, then renames it into place.

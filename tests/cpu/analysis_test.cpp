@@ -257,6 +257,30 @@ TEST(Findings, GpuTraceGivesRecordsWithEvidence) {
   EXPECT_FALSE(by_rule(fs, "one-fused-kernel")) << dump(fs);
 }
 
+TEST(Findings, WithCuptiOffNothingIsCountedAndNothingIsCalledAMismatch) {
+  // What the device-event fallback records: the host ranges and one
+  // "forward (device events)" span per forward, no kernels, copies or memsets.
+  Trace t = attention_trace();
+  std::erase_if(t.activities, [](const Activity& a) { return a.on_device(); });
+  Activity span = testing::device(ActivityType::GpuUserAnnotation, "forward (device events)", 1'000, 160'000, 0);
+  t.activities.push_back(span);
+  t.collector_note = "CUPTI unavailable (disabled by ATTNPROF_NO_CUPTI): GPU time from device events";
+  RunResult r = run_of(std::move(t), Device::Cuda);
+  r.expectation.device_activities = 1;
+  ASSERT_EQ(r.metrics.steps, 1);
+  EXPECT_FALSE(r.metrics.kernels_per_forward) << "not counted, rather than 0";
+  ASSERT_TRUE(r.metrics.device_time_us);
+  EXPECT_DOUBLE_EQ(*r.metrics.device_time_us, 160.0);
+  const auto fs = analysis::findings(r, {r}, {{"naive", 1}});
+  EXPECT_FALSE(by_rule(fs, "expectation-mismatch")) << dump(fs);
+  EXPECT_FALSE(by_rule(fs, "guess-missed")) << dump(fs);
+  const Finding* off = by_rule(fs, "activities-not-counted");
+  ASSERT_TRUE(off) << dump(fs);
+  EXPECT_EQ(off->severity, Severity::Warning);
+  EXPECT_NE(off->text.find("ATTNPROF_NO_CUPTI"), std::string::npos) << off->text;
+  EXPECT_NE(off->text.find("not checked"), std::string::npos) << off->text;
+}
+
 TEST(Findings, DriverExtendedLaunchOfTheMainKernel) {
   Trace t = attention_trace();
   for (auto& a : t.activities) {

@@ -33,7 +33,7 @@ Problem cpu_problem(std::int64_t seq, std::int64_t kv_seq, MaskKind mask, DType 
 
 // What `compare` does: every backend (ineligible ones as rows with a reason),
 // acceptance with math's error, then the findings.
-std::vector<RunResult> compare(const Problem& p, const analysis::Guesses& guesses = {}) {
+std::vector<RunResult> compare(const Problem& p, const Guesses& guesses = {}) {
   RunOptions o;
   o.schedule = {.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
   o.check_rows = 128;

@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "analysis/trace_index.h"
 #include "attnprof/backend.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "backends/composite/composite.h"
 #include "gpu_test.h"
 #include "profiler/cupti/cupti_collector.h"
-#include "analysis/trace_index.h"
 
 namespace attnprof {
 namespace {

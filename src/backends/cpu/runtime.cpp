@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "attnprof/error.h"
 #include "attnprof/device_runtime.h"
+#include "attnprof/error.h"
 #include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_backends.h"
 

@@ -1,0 +1,113 @@
+// compare and profile as one library call each (attnprof/pipeline.h).
+#include "attnprof/pipeline.h"
+
+#include <algorithm>
+
+#include "analysis/findings.h"
+#include "attnprof/dispatch.h"
+#include "attnprof/error.h"
+#include "attnprof/trace_io.h"
+#include "report/report.h"
+
+namespace attnprof {
+namespace {
+
+// Everything that can be refused without running: the table's sort, every
+// output path. Nothing is computed, and nothing is written but directories.
+void check_before_work(const PipelineOptions& o) {
+  (void)key_averages_table(Trace{}, o.table);  // throws on a bad sort key
+  if (o.trace_dir) check_output_dir(*o.trace_dir, "--trace-dir");
+  if (o.json_path) check_output_file(*o.json_path, "--json");
+}
+
+// Acceptance, findings, tables and per-backend files for results that ran.
+PipelineReport finish(const Problem& p, std::vector<RunResult> results, const PipelineOptions& o) {
+  PipelineReport rep;
+  rep.problem = p;
+  rep.device_description = device_runtime(p.device, o.run.threads).description();
+  analysis::apply_acceptance(results);
+  for (auto& r : results) r.findings = analysis::findings(r, results, o.guesses);
+  rep.results = std::move(results);
+  for (const RunResult& r : rep.results) {
+    const bool ran = r.metrics.steps > 0;
+    rep.tables.push_back(ran ? key_averages_table(r.trace, o.table) : std::string());
+    BackendOutputs out;
+    if (ran && o.trace_dir) {
+      const std::string stem = output_stem(*o.trace_dir, p, r.backend).string();
+      out = {stem + ".json", stem + ".txt", stem + ".summary.json"};
+      write_chrome_trace(r.trace, out.trace);
+      write_file_atomically(out.table, rep.tables.back(), "table");
+      nlohmann::json summary = report::result_json(r);
+      summary["problem"] = report::problem_json(r.problem);
+      summary["device"] = report::device_json(rep.device_description, r.trace.device, r.problem.device);
+      summary["trace"] = out.trace;
+      if (!r.trace.collector_note.empty()) summary["collector_note"] = r.trace.collector_note;
+      report::write_json_file(summary, out.summary);
+    }
+    rep.outputs.push_back(std::move(out));
+    if (!r.trace.collector_note.empty()) rep.collector_note = r.trace.collector_note;
+  }
+  if (o.json_path) report::write_json_file(rep.json(), o.json_path->string());
+  return rep;
+}
+
+}  // namespace
+
+bool PipelineReport::accepted() const {
+  return std::all_of(results.begin(), results.end(),
+                     [](const RunResult& r) { return r.metrics.steps == 0 || !r.acceptance || r.acceptance->pass; });
+}
+
+nlohmann::json PipelineReport::json() const {
+  std::optional<DeviceProperties> props;
+  for (const auto& r : results) {
+    if (r.trace.device) props = r.trace.device;
+  }
+  nlohmann::json j;
+  j["device"] = report::device_json(device_description, props, problem.device);
+  j["problem"] = report::problem_json(problem);
+  j["results"] = nlohmann::json::array();
+  for (const auto& r : results) j["results"].push_back(report::result_json(r));
+  return j;
+}
+
+std::filesystem::path output_stem(const std::filesystem::path& dir, const Problem& p, std::string_view backend) {
+  std::string name = p.shape_key();
+  name += '_';
+  name += backend;
+  return dir / name;
+}
+
+PipelineReport compare(const Problem& p, const PipelineOptions& o, const std::vector<std::string>& only) {
+  check_before_work(o);
+  (void)device_runtime(p.device, o.run.threads);  // no usable device: refused before any backend runs
+  return finish(p, run_backends(p, o.run, only), o);
+}
+
+void PipelineReport::require_any_ran() const {
+  if (std::any_of(results.begin(), results.end(), [](const RunResult& r) { return r.metrics.steps > 0; })) return;
+  for (const auto& r : results) {
+    if (r.failure) fail(ErrorKind::Device, "no backend ran: " + r.backend + " failed: " + *r.failure);
+  }
+  fail(ErrorKind::Unsupported, "no backend can run " + problem.describe() + " (attnprof explain says why)");
+}
+
+PipelineReport profile(const Problem& p, std::string backend, const PipelineOptions& o) {
+  check_before_work(o);
+  if (backend == "auto") backend = choose_auto(p).backend;
+  Backend* b = find_backend(backend, p.device);
+  if (!b || !b->eligibility(p).eligible) {
+    for (const auto& e : explain(p)) {
+      if (e.backend == backend)
+        fail(ErrorKind::Unsupported, "backend " + backend + " cannot run this problem: " + e.reason);
+    }
+    fail(ErrorKind::Unsupported, "no backend named " + backend + " on " + device_name(p.device));
+  }
+  (void)device_runtime(p.device, o.run.threads);
+  std::vector<RunResult> one;
+  one.push_back(run_backend(*b, p, o.run));
+  if (one.front().failure) fail(ErrorKind::Device, backend + " failed: " + *one.front().failure);
+  return finish(p, std::move(one), o);
+}
+
+}  // namespace attnprof
