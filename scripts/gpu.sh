@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The GPU run, in one call on the lent GPU machine: build with CUDA, the GPU
 # tests, compute-sanitizer (memcheck, racecheck) on the fused kernels at small
-# shapes, compare at the reference shape, host time per call with and without
-# CUPTI, and the benchmark against PyTorch.
+# shapes, a profile with CUPTI off, compare at the reference shape, host time
+# per call with and without CUPTI, and the benchmark against PyTorch.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize compare host bench (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize compare host bench}
+phases=${*:-build tests sanitize nocupti compare host bench}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=build/gpu
@@ -58,6 +58,22 @@ if has sanitize; then
       done
     done
   done
+  # The epilogue's log-sum-exp path (not taken by attnprof profile): every
+  # fused kernel at two ragged shapes, through the GPU tests.
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/attnprof_gpu_tests --gtest_brief=1 \
+      --gtest_filter='*LogSumExp*/*d128_bottomright_q333_k200:*LogSumExp*/*d64_causal_q200_k333' >/tmp/san.txt 2>&1
+    echo "$tool log-sum-exp tests -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.txt | tr '\n' ' ')" |
+      tee -a "$OUT/sanitizer.txt"
+  done
+fi
+
+if has nocupti; then
+  # With CUPTI off (as under the sanitizer or Nsight Compute) nothing is
+  # counted: the report must say so, not report "expected 1, saw 0".
+  log "profile with CUPTI off"
+  ATTNPROF_NO_CUPTI=1 $B/attnprof profile --backend flash --device cuda --expect flash=1 --trace-dir /tmp/nocupti \
+    --quiet 2>&1 | grep -E '^(note|per forward|error|- )' | sed 's/^/nocupti: /' | tee -a "$OUT/sanitizer.txt"
 fi
 
 if has compare; then
