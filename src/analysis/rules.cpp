@@ -148,8 +148,8 @@ std::vector<Finding> activities_not_counted(const RuleInput& in) {
   if (!in.gpu || m.kernels_per_forward) return {};
   std::string why = in.run.trace.collector_note;
   if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
-  Finding f = found("GPU activities not counted in this run" + (why.empty() ? std::string() : " (" + why + ")") +
-                    ": the expected count and any --expect guess are not checked");
+  Finding f = found("GPU activities not counted" + (why.empty() ? std::string() : ": " + why) +
+                    "; the expected count and any --expect guess are not checked");
   cite_first_forward(f, in.index);
   return {f};
 }

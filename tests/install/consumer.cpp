@@ -1,7 +1,7 @@
-// Uses only the installed public headers: profiles one CPU backend on a small
-// problem and checks that it ran, was counted and matched float64.
-#include <attnprof/dispatch.h>
-#include <attnprof/runner.h>
+// Uses only the installed public headers, as the README shows: compares two
+// CPU backends on a small problem through the library's one call, and checks
+// that they ran, were read by the rules and matched float64.
+#include <attnprof/pipeline.h>
 
 #include <cstdio>
 
@@ -14,18 +14,21 @@ int main() {
   p.seq = 64;
   p.head_dim = 64;
   p.normalize().validate();
-  Backend* b = find_backend("naive", Device::Cpu);
-  if (!b) {
-    std::fprintf(stderr, "consumer: no naive backend\n");
+  PipelineOptions o;
+  o.run.schedule = {.wait = 0, .warmup = 1, .active = 1, .repeat = 1};
+  const PipelineReport rep = compare(p, o, {"naive", "flash"});
+  if (rep.results.size() != 2 || !rep.accepted()) {
+    std::fprintf(stderr, "consumer: the comparison did not come back whole\n");
     return 1;
   }
-  RunOptions o;
-  o.schedule = {.wait = 0, .warmup = 1, .active = 1, .repeat = 1};
-  const RunResult r = run_backend(*b, p, o);
-  if (r.failure || r.metrics.steps != 1 || r.metrics.ops_per_forward < 3 || !r.acceptance || !r.acceptance->pass) {
-    std::fprintf(stderr, "consumer: the run did not come back whole: %s\n", r.failure ? r.failure->c_str() : "");
-    return 1;
+  for (const RunResult& r : rep.results) {
+    if (r.metrics.steps != 1 || !r.error) {
+      std::fprintf(stderr, "consumer: %s did not run: %s\n", r.backend.c_str(), r.failure ? r.failure->c_str() : "");
+      return 1;
+    }
+    std::printf("consumer: %s ran, rel error %.2e, %zu findings%s%s\n", r.backend.c_str(), r.error->rel,
+                r.findings.size(),
+                r.findings.empty() ? "" : ", first: ", r.findings.empty() ? "" : r.findings.front().rule.c_str());
   }
-  std::printf("consumer: naive ran, %.0f ops per forward, rel error %.2e\n", r.metrics.ops_per_forward, r.error->rel);
-  return 0;
+  return rep.results[0].findings.empty() ? 1 : 0;  // naive's hidden copy is always found
 }
