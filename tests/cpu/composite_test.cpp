@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "attnprof/problem.h"
 #include "backends/composite/composite_backend.h"
 #include "backends/composite/plan.h"
+#include "common/test_problem.h"
 
 namespace attnprof {
 namespace {
@@ -28,17 +30,9 @@ constexpr DType kDtypes[] = {DType::F32, DType::F16, DType::BF16};
 const char* const kNames[] = {"naive", "naive_inplace", "math"};
 
 Problem problem(Device d, DType dt, MaskKind mask) {
-  Problem p;
-  p.batch = 2;
-  p.heads = 4;
-  p.seq = 96;
-  p.kv_seq = 128;
-  p.head_dim = 64;
-  p.dtype = dt;
-  p.device = d;
-  p.mask = mask;
-  p.window = mask == MaskKind::SlidingWindow ? 32 : 0;
-  p.normalize().validate();
+  const std::int64_t window = mask == MaskKind::SlidingWindow ? 32 : 0;
+  Problem p = testing::to_problem({.batch = 2, .heads = 4, .seq = 96, .kv_seq = 128, .window = window}, dt, mask, d);
+  p.validate();
   return p;
 }
 

@@ -17,6 +17,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "attnprof/tensor.h"
+#include "common/test_problem.h"
 
 namespace attnprof {
 namespace {
@@ -35,28 +36,15 @@ struct Shape {
   std::optional<double> scale;
 };
 
-Problem make_problem(const Shape& s, DType dt, MaskKind mask) {
-  Problem p;
-  p.batch = s.batch;
-  p.heads = s.heads;
-  p.kv_heads = s.kv_heads;
-  p.seq = s.seq;
-  p.kv_seq = s.kv_seq;
-  p.head_dim = s.head_dim;
-  p.dtype = dt;
-  p.device = Device::Cpu;
-  p.mask = mask;
-  p.window = mask == MaskKind::SlidingWindow ? (s.window ? s.window : 16) : 0;
-  p.scale = s.scale;
-  p.normalize().validate();
+Problem make_problem(Shape s, DType dt, MaskKind mask) {
+  s.window = mask == MaskKind::SlidingWindow ? (s.window ? s.window : 16) : 0;
+  Problem p = testing::to_problem(s, dt, mask);
+  p.validate();
   return p;
 }
 
 void poison(Tensor& t) {
-  for (std::int64_t b = 0; b < t.size(0); ++b)
-    for (std::int64_t h = 0; h < t.size(1); ++h)
-      for (std::int64_t i = 0; i < t.size(2); ++i)
-        for (std::int64_t d = 0; d < t.size(3); ++d) t.set(b, h, i, d, kNaN);
+  testing::for_each_index(t, [&](auto b, auto h, auto i, auto d) { t.set(b, h, i, d, kNaN); });
 }
 
 // An output tensor, optionally a [B, S, H, D] buffer viewed as [B, H, S, D].
@@ -181,6 +169,25 @@ INSTANTIATE_TEST_SUITE_P(CpuBackends, Variants,
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param).label;
                          });
 
+// Rows [0, masked) of every (batch, head) of `out` hold `masked_value` (a NaN
+// there: any NaN), the others are finite. A failure ends the visit: callers
+// wrap it in ASSERT_NO_FATAL_FAILURE.
+void expect_masked_rows(const std::string& name, const Tensor& out, std::int64_t masked, float masked_value) {
+  for (std::int64_t b = 0; b < out.size(0); ++b)
+    for (std::int64_t h = 0; h < out.size(1); ++h)
+      for (std::int64_t i = 0; i < out.size(2); ++i)
+        for (std::int64_t d = 0; d < out.size(3); ++d) {
+          const float x = out.get(b, h, i, d);
+          if (i >= masked) {
+            ASSERT_TRUE(std::isfinite(x)) << name << " row " << i << " col " << d;
+          } else if (std::isnan(masked_value)) {
+            ASSERT_TRUE(std::isnan(x)) << name << " row " << i << " should be NaN";
+          } else {
+            ASSERT_EQ(x, masked_value) << name << " row " << i;
+          }
+        }
+}
+
 // Bottom-right causal with kv_seq < seq: the first seq - kv_seq rows see no key.
 class FullyMasked : public ::testing::TestWithParam<DType> {};
 
@@ -192,17 +199,7 @@ TEST_P(FullyMasked, NaiveGivesNanExactlyThereMathGivesZeros) {
   const Inputs in = make_inputs(p, 5, cpu_allocator());
   for (const std::string name : {"naive", "naive_inplace"}) {
     const Tensor out = run_forward(name, p, in);
-    for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t h = 0; h < p.heads; ++h)
-        for (std::int64_t i = 0; i < p.seq; ++i)
-          for (std::int64_t d = 0; d < p.head_dim; ++d) {
-            const float x = out.get(b, h, i, d);
-            if (i < masked) {
-              ASSERT_TRUE(std::isnan(x)) << name << " row " << i << " should be NaN";
-            } else {
-              ASSERT_TRUE(std::isfinite(x)) << name << " row " << i << " col " << d;
-            }
-          }
+    ASSERT_NO_FATAL_FAILURE(expect_masked_rows(name, out, masked, kNaN));
     const ErrorStats e = check(p, in, out);
     EXPECT_EQ(e.nan_rows, p.batch * p.heads * masked);
     EXPECT_EQ(e.nan_rows_fully_masked, e.nan_rows);
@@ -210,17 +207,7 @@ TEST_P(FullyMasked, NaiveGivesNanExactlyThereMathGivesZeros) {
     EXPECT_FALSE(accept(p.dtype, e, std::nullopt, false).pass);
   }
   const Tensor out = run_forward("math", p, in);
-  for (std::int64_t b = 0; b < p.batch; ++b)
-    for (std::int64_t h = 0; h < p.heads; ++h)
-      for (std::int64_t i = 0; i < p.seq; ++i)
-        for (std::int64_t d = 0; d < p.head_dim; ++d) {
-          const float x = out.get(b, h, i, d);
-          if (i < masked) {
-            ASSERT_EQ(x, 0.0f) << "math row " << i;
-          } else {
-            ASSERT_TRUE(std::isfinite(x));
-          }
-        }
+  ASSERT_NO_FATAL_FAILURE(expect_masked_rows("math", out, masked, 0.0f));
   const ErrorStats e = check(p, in, out);
   EXPECT_EQ(e.nan_rows, 0);
   EXPECT_TRUE(accept(p.dtype, e, e.rel, false).pass);
@@ -413,13 +400,8 @@ TEST(CpuTraces, RunBackendWithBshdInputs) {
 }
 
 TEST(CpuTraces, RefusesAProblemTooLargeBeforeAllocating) {
-  Problem p;
-  p.batch = 4096;
-  p.heads = 64;
-  p.seq = 65536;
-  p.head_dim = 64;
-  p.device = Device::Cpu;
-  p.normalize().validate();
+  const Problem p = make_problem({.batch = 4096, .heads = 64, .seq = 65536, .kv_seq = 65536, .head_dim = 64},
+                                 DType::BF16, MaskKind::Causal);
   const std::int64_t before = cpu_allocator().stats().allocated;
   cpu_allocator().reset_peak();
   for (const std::string name : {"naive", "flash"}) {

@@ -13,6 +13,7 @@
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
 #include "backends/cpu/cpu_backends.h"
+#include "common/test_problem.h"
 #include "mask_oracle.h"
 
 namespace attnprof {
@@ -29,22 +30,7 @@ struct Case {
   DType bias_dtype = DType::F32;
 };
 
-Problem problem_of(const Case& c) {
-  Problem p;
-  p.batch = c.batch;
-  p.heads = c.heads;
-  p.kv_heads = c.kv_heads;
-  p.seq = c.seq;
-  p.kv_seq = c.kv_seq;
-  p.head_dim = c.head_dim;
-  p.dtype = c.dtype;
-  p.device = Device::Cpu;
-  p.mask = c.mask;
-  p.window = c.window;
-  p.scale = c.scale;
-  p.normalize();
-  return p;
-}
+Problem problem_of(const Case& c) { return testing::to_problem(c, c.dtype, c.mask); }
 
 // A [B, H, S, D] view in the layout the case asks for.
 Tensor make_bhsd(const Case& c, std::int64_t heads, std::int64_t seq, DType dtype) {
@@ -59,14 +45,11 @@ Tensor make_bhsd(const Case& c, std::int64_t heads, std::int64_t seq, DType dtyp
 
 void fill_random(const Tensor& t, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (std::int64_t a = 0; a < t.size(0); ++a)
-    for (std::int64_t b = 0; b < t.size(1); ++b)
-      for (std::int64_t c = 0; c < t.size(2); ++c)
-        for (std::int64_t d = 0; d < t.size(3); ++d) {
-          float x = u(rng);
-          if (std::abs(x) < 1e-3f) x = 0.5f;  // never zeros
-          t.set(a, b, c, d, x);
-        }
+  testing::for_each_index(t, [&](auto a, auto b, auto c, auto d) {
+    float x = u(rng);
+    if (std::abs(x) < 1e-3f) x = 0.5f;  // never zeros
+    t.set(a, b, c, d, x);
+  });
 }
 
 struct Fixture {
@@ -103,10 +86,8 @@ Fixture make_setup(const Case& c, std::uint32_t seed = 1) {
 }
 
 void poison(const Tensor& out) {
-  for (std::int64_t a = 0; a < out.size(0); ++a)
-    for (std::int64_t b = 0; b < out.size(1); ++b)
-      for (std::int64_t c = 0; c < out.size(2); ++c)
-        for (std::int64_t d = 0; d < out.size(3); ++d) out.set(a, b, c, d, std::numeric_limits<float>::quiet_NaN());
+  testing::for_each_index(
+      out, [&](auto a, auto b, auto c, auto d) { out.set(a, b, c, d, std::numeric_limits<float>::quiet_NaN()); });
 }
 
 using testing::expected_visible;
@@ -115,10 +96,7 @@ using testing::expected_visible;
 std::vector<double> to_doubles(const Tensor& t) {
   std::vector<double> r;
   r.reserve(static_cast<std::size_t>(t.numel()));
-  for (std::int64_t a = 0; a < t.size(0); ++a)
-    for (std::int64_t b = 0; b < t.size(1); ++b)
-      for (std::int64_t c = 0; c < t.size(2); ++c)
-        for (std::int64_t d = 0; d < t.size(3); ++d) r.push_back(t.get(a, b, c, d));
+  testing::for_each_index(t, [&](auto a, auto b, auto c, auto d) { r.push_back(t.get(a, b, c, d)); });
   return r;
 }
 

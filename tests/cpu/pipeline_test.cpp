@@ -10,6 +10,7 @@
 #include <string>
 
 #include "attnprof/error.h"
+#include "common/test_problem.h"
 
 namespace attnprof {
 namespace {
@@ -24,15 +25,7 @@ struct TempDir {
   fs::path path;
 };
 
-Problem small() {
-  Problem p;
-  p.device = Device::Cpu;
-  p.batch = 1;
-  p.heads = 2;
-  p.seq = 64;
-  p.head_dim = 64;
-  return p.normalize();
-}
+Problem small() { return testing::to_problem({.heads = 2, .seq = 64}, DType::BF16, MaskKind::Causal); }
 
 PipelineOptions quick(const TempDir& dir) {
   PipelineOptions o;

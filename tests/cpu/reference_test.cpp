@@ -18,6 +18,7 @@
 #include "attnprof/problem.h"
 #include "attnprof/profiler.h"
 #include "attnprof/tensor.h"
+#include "common/test_problem.h"
 
 namespace attnprof {
 namespace {
@@ -27,25 +28,14 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // ---------------------------------------------------------------- reference
 
+using testing::to_problem;
+
 Problem tiny_problem(DType dtype, MaskKind mask = MaskKind::None) {
-  Problem p;
-  p.batch = 2;
-  p.heads = 4;
-  p.kv_heads = 2;
-  p.seq = 12;
-  p.kv_seq = 9;
-  p.head_dim = 8;
-  p.dtype = dtype;
-  p.mask = mask;
-  p.normalize();
-  return p;
+  return to_problem({.batch = 2, .heads = 4, .kv_heads = 2, .seq = 12, .kv_seq = 9, .head_dim = 8}, dtype, mask);
 }
 
 void for_each(const Tensor& t, const std::function<void(float)>& f) {
-  for (std::int64_t a = 0; a < t.size(0); ++a)
-    for (std::int64_t b = 0; b < t.size(1); ++b)
-      for (std::int64_t c = 0; c < t.size(2); ++c)
-        for (std::int64_t d = 0; d < t.size(3); ++d) f(t.get(a, b, c, d));
+  testing::for_each_index(t, [&](auto a, auto b, auto c, auto d) { f(t.get(a, b, c, d)); });
 }
 
 TEST(Reference, MakeInputsNeverZerosAndInRange) {
@@ -79,14 +69,7 @@ TEST(Reference, MakeInputsFp16NeverRoundsToZero) {
   // 3 * 10^7, so a default-sized fp16 run meets one). With seed 4178 the
   // generator draws one such value for this problem's k; make_inputs must not
   // hand it over as a zero.
-  Problem p;
-  p.batch = 1;
-  p.heads = 1;
-  p.seq = 64;
-  p.head_dim = 64;
-  p.dtype = DType::F16;
-  p.mask = MaskKind::None;
-  p.normalize();
+  const Problem p = to_problem({.seq = 64, .head_dim = 64}, DType::F16, MaskKind::None);
   for (std::uint64_t seed : {std::uint64_t{4178}, std::uint64_t{1}, std::uint64_t{2}}) {
     const Inputs in = make_inputs(p, seed, cpu_allocator());
     for (const Tensor* t : {&in.q, &in.k, &in.v}) {
@@ -179,15 +162,7 @@ struct Hand {
 
 Hand hand_built(MaskKind mask) {
   Hand h;
-  h.p.batch = 1;
-  h.p.heads = 1;
-  h.p.seq = 2;
-  h.p.kv_seq = 3;
-  h.p.head_dim = 2;
-  h.p.dtype = DType::F32;
-  h.p.mask = mask;
-  h.p.scale = 0.5;
-  h.p.normalize();
+  h.p = to_problem({.seq = 2, .kv_seq = 3, .head_dim = 2, .scale = 0.5}, DType::F32, mask);
   const float q[2][2] = {{1.0f, -0.5f}, {0.25f, 2.0f}};
   const float k[3][2] = {{0.5f, 1.0f}, {-1.0f, 0.75f}, {2.0f, -0.25f}};
   const float v[3][2] = {{1.0f, 2.0f}, {-3.0f, 0.5f}, {0.125f, -1.0f}};
@@ -255,15 +230,7 @@ TEST(Reference, HandBuiltProblemMatchesAndPerturbationRaisesError) {
 
 TEST(Reference, NanRowsAreCountedAndFullyMaskedRowsExpectZeros) {
   // Bottom-right causal with seq 3 > kv_seq 2: row 0 sees no key.
-  Problem p;
-  p.batch = 1;
-  p.heads = 1;
-  p.seq = 3;
-  p.kv_seq = 2;
-  p.head_dim = 4;
-  p.dtype = DType::F32;
-  p.mask = MaskKind::CausalBottomRight;
-  p.normalize();
+  const Problem p = to_problem({.seq = 3, .kv_seq = 2, .head_dim = 4}, DType::F32, MaskKind::CausalBottomRight);
   ASSERT_EQ(p.fully_masked_rows(), 1);
   const Inputs in = make_inputs(p, 1, cpu_allocator());
   Tensor out = Tensor::empty({1, 1, 3, 4}, DType::F32, cpu_allocator());

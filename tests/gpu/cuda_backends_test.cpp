@@ -19,6 +19,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "backends/composite/composite.h"
+#include "common/test_problem.h"
 #include "gpu_test.h"
 #include "profiler/cupti/cupti_collector.h"
 
@@ -52,21 +53,12 @@ struct Case {
   std::int64_t seq, kv_seq, heads, kv_heads, window;
   bool bshd;
   std::string label;
+  std::int64_t batch = 2;
+  std::optional<double> scale{};
 };
 
 Problem problem_of(const Case& c) {
-  Problem p;
-  p.batch = 2;
-  p.heads = c.heads;
-  p.kv_heads = c.kv_heads;
-  p.seq = c.seq;
-  p.kv_seq = c.kv_seq;
-  p.head_dim = c.head_dim;
-  p.dtype = c.dtype;
-  p.device = Device::Cuda;
-  p.mask = c.mask;
-  p.window = c.window;
-  p.normalize();
+  Problem p = testing::to_problem(c, c.dtype, c.mask, Device::Cuda);
   p.validate();
   return p;
 }
@@ -137,16 +129,8 @@ INSTANTIATE_TEST_SUITE_P(All, CudaBackendAccuracy, ::testing::ValuesIn(cases()),
 // softmax does), the NaN-safe softmax makes them zeros (math).
 TEST(CudaBackends, FullyMaskedRowsNaNInNaiveZerosInMath) {
   REQUIRE_GPU();
-  Problem p;
-  p.batch = 1;
-  p.heads = 2;
-  p.seq = 128;
-  p.kv_seq = 96;
-  p.head_dim = 64;
-  p.dtype = DType::BF16;
-  p.device = Device::Cuda;
-  p.mask = MaskKind::CausalBottomRight;
-  p.normalize();
+  const Problem p = testing::to_problem({.heads = 2, .seq = 128, .kv_seq = 96, .head_dim = 64}, DType::BF16,
+                                        MaskKind::CausalBottomRight, Device::Cuda);
   p.validate();
   ASSERT_EQ(p.fully_masked_rows(), 32);
   const Inputs host = make_inputs(p, 7, cpu_allocator());
@@ -180,16 +164,9 @@ TEST(CudaBackends, FullyMaskedRowsNaNInNaiveZerosInMath) {
 TEST(CudaBackends, KernelCountsMatchExpectation) {
   REQUIRE_GPU();
   for (MaskKind mask : {MaskKind::Causal, MaskKind::None, MaskKind::SlidingWindow, MaskKind::Boolean, MaskKind::Bias}) {
-    Problem p;
-    p.batch = 2;
-    p.heads = 4;
-    p.seq = 256;
-    p.head_dim = 64;
-    p.dtype = DType::BF16;
-    p.device = Device::Cuda;
-    p.mask = mask;
-    p.window = mask == MaskKind::SlidingWindow ? 64 : 0;
-    p.normalize();
+    const std::int64_t window = mask == MaskKind::SlidingWindow ? 64 : 0;
+    const Problem p =
+        testing::to_problem({.batch = 2, .heads = 4, .seq = 256, .window = window}, DType::BF16, mask, Device::Cuda);
     p.validate();
     for (const std::string name : {"naive", "naive_inplace", "math", "cudnn"}) {
       // The composites' expectations derive from their ops for every mask;

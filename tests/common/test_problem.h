@@ -1,0 +1,51 @@
+// Helpers the CPU and GPU tests share: the Problem a test's shape describes,
+// and a visit of every element of a 4-d tensor.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "attnprof/dtype.h"
+#include "attnprof/problem.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof::testing {
+
+// The extents of a small test problem. kv_heads and kv_seq left 0 follow heads
+// and seq (Problem::normalize); window and scale pass through as given.
+struct Shape {
+  std::int64_t batch = 1, heads = 1, kv_heads = 0, seq = 64, kv_seq = 0, head_dim = 64;
+  std::int64_t window = 0;
+  std::optional<double> scale;
+};
+
+// The normalized Problem of a shape: a Shape, or a test's own struct with the
+// same fields and that test's defaults. Not validated: some tests hand the
+// backends problems validate() refuses; the others call it themselves.
+template <class S = Shape>
+Problem to_problem(const S& s, DType dtype, MaskKind mask, Device device = Device::Cpu) {
+  Problem p{.batch = s.batch,
+            .heads = s.heads,
+            .kv_heads = s.kv_heads,
+            .seq = s.seq,
+            .kv_seq = s.kv_seq,
+            .head_dim = s.head_dim,
+            .dtype = dtype,
+            .device = device,
+            .mask = mask,
+            .window = s.window,
+            .scale = s.scale};
+  p.normalize();
+  return p;
+}
+
+// f(a, b, c, d) for every index of a 4-d tensor, the last dim fastest.
+template <class F>
+void for_each_index(const Tensor& t, F&& f) {
+  for (std::int64_t a = 0; a < t.size(0); ++a)
+    for (std::int64_t b = 0; b < t.size(1); ++b)
+      for (std::int64_t c = 0; c < t.size(2); ++c)
+        for (std::int64_t d = 0; d < t.size(3); ++d) f(a, b, c, d);
+}
+
+}  // namespace attnprof::testing
