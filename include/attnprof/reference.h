@@ -36,6 +36,33 @@ struct ErrorStats {
 // rows. A fully masked row's reference is zeros (the NaN-safe convention).
 ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Tensor& out, const RowSample& rows);
 
+// ---- Gradients (the backward pass) ----------------------------------------
+
+// A random upstream gradient dO, [B, H, S, D] in the problem's dtype, uniform
+// in [-1, 1) like the inputs (a different stream of the same generator).
+Tensor make_dout(const Problem& p, std::uint64_t seed, Allocator& allocator);
+
+// Key/value rows to check dK and dV on, flattened b * Hkv * Skv + hk * Skv + j:
+// every row of small problems; otherwise rows spread over at most a few
+// (batch, kv head) pairs (each pair costs a pass over all its query rows),
+// always with each pair's first and last key (the causal edges).
+RowSample sample_kv_rows(const Problem& p, std::int64_t max_rows);
+
+// dQ [B, H, S, D], dK and dV [B, Hkv, Skv, D], on the CPU, any float dtype.
+struct Gradients {
+  Tensor dq, dk, dv;
+};
+struct GradientErrors {
+  ErrorStats dq, dk, dv;
+};
+
+// Compares gradients of O = softmax(scale Q K^T + mask) V against float64 for
+// the upstream gradient `dout`: dQ on the sampled query rows, dK and dV on the
+// sampled key rows (summed over the query heads of a grouped-query group).
+// A fully masked query row has zero gradients; a key no query sees, too.
+GradientErrors check_gradients_against_reference(const Problem& p, const Inputs& in, const Tensor& dout,
+                                                 const Gradients& g, const RowSample& q_rows, const RowSample& kv_rows);
+
 // DESIGN.md: 16-bit passes at <= 2 * math's error + floor; FP32 far under 1e-4;
 // NaN never, except rows a backend documents (naive on fully masked rows).
 struct Acceptance {

@@ -38,6 +38,122 @@ Tensor random_tensor(const Dims& bhsd, DType dtype, Rng& rng, Allocator& allocat
   return bshd ? t.transpose(1, 2) : t;
 }
 
+// K and V of one (batch, kv head) widened to double: sampled rows come
+// sorted, so consecutive rows share them.
+struct KvHead {
+  std::int64_t b = -1, hk = -1, D = 0;
+  std::vector<double> k, v;  // [Skv, D]
+
+  void load(const Problem& p, const Inputs& in, std::int64_t b_, std::int64_t hk_) {
+    if (b_ == b && hk_ == hk) return;
+    b = b_;
+    hk = hk_;
+    D = p.head_dim;
+    k.resize(static_cast<std::size_t>(p.kv_seq * D));
+    v.resize(k.size());
+    for (std::int64_t j = 0; j < p.kv_seq; ++j) {
+      for (std::int64_t d = 0; d < D; ++d) {
+        k[static_cast<std::size_t>(j * D + d)] = in.k.get(b, hk, j, d);
+        v[static_cast<std::size_t>(j * D + d)] = in.v.get(b, hk, j, d);
+      }
+    }
+  }
+  const double* k_row(std::int64_t j) const { return k.data() + j * D; }
+  const double* v_row(std::int64_t j) const { return v.data() + j * D; }
+};
+
+// One query row's softmax in float64: the probabilities over the keys (0 on
+// masked ones) and its output. Returns false for a fully masked row, whose
+// probabilities and output are zeros (the NaN-safe convention).
+struct RowSoftmax {
+  std::vector<double> q, prob, out;
+  std::vector<char> keep;
+
+  bool compute(const Problem& p, const Inputs& in, const KvHead& kv, std::int64_t b, std::int64_t h, std::int64_t i) {
+    const std::int64_t D = p.head_dim, Skv = p.kv_seq;
+    q.resize(static_cast<std::size_t>(D));
+    prob.assign(static_cast<std::size_t>(Skv), 0.0);
+    out.assign(static_cast<std::size_t>(D), 0.0);
+    keep.resize(static_cast<std::size_t>(Skv));
+    for (std::int64_t d = 0; d < D; ++d) q[static_cast<std::size_t>(d)] = in.q.get(b, h, i, d);
+    const double scale = p.softmax_scale();
+    double mx = -std::numeric_limits<double>::infinity();
+    bool any = false;
+    for (std::int64_t j = 0; j < Skv; ++j) {
+      bool vis = true;
+      if (p.mask == MaskKind::Boolean) {
+        vis = in.mask.get(b, h, i, j) != 0.0f;
+      } else if (p.mask != MaskKind::Bias) {
+        vis = p.visible(i, j);
+      }
+      keep[static_cast<std::size_t>(j)] = vis;
+      if (!vis) continue;
+      double s = 0;
+      const double* kr = kv.k_row(j);
+      for (std::int64_t d = 0; d < D; ++d) s += q[static_cast<std::size_t>(d)] * kr[d];
+      s *= scale;
+      if (p.mask == MaskKind::Bias) s += in.bias.get(b, h, i, j);
+      prob[static_cast<std::size_t>(j)] = s;
+      mx = std::max(mx, s);
+      any = true;
+    }
+    if (!any) return false;
+    double sum = 0;
+    for (std::int64_t j = 0; j < Skv; ++j) {
+      double& w = prob[static_cast<std::size_t>(j)];
+      w = keep[static_cast<std::size_t>(j)] ? std::exp(w - mx) : 0.0;
+      sum += w;
+    }
+    for (std::int64_t j = 0; j < Skv; ++j) {
+      double& w = prob[static_cast<std::size_t>(j)];
+      w /= sum;
+      if (w == 0) continue;
+      const double* vr = kv.v_row(j);
+      for (std::int64_t d = 0; d < D; ++d) out[static_cast<std::size_t>(d)] += w * vr[d];
+    }
+    return true;
+  }
+};
+
+// Accumulates one checked row of `got` (read through `at`) against `ref`.
+class ErrorAccumulator {
+ public:
+  template <class At>
+  void row(const std::vector<double>& ref, bool reference_defined, At at) {
+    bool row_nan = false;
+    double row_err2 = 0, row_ref2 = 0, row_max = 0;
+    for (std::size_t d = 0; d < ref.size(); ++d) {
+      const double o = at(static_cast<std::int64_t>(d));
+      if (!std::isfinite(o)) {
+        ++e_.nan_count;
+        row_nan = true;
+        continue;
+      }
+      const double diff = o - ref[d];
+      row_err2 += diff * diff;
+      row_ref2 += ref[d] * ref[d];
+      row_max = std::max(row_max, std::abs(diff));
+    }
+    ++e_.rows_checked;
+    if (row_nan) {
+      ++e_.nan_rows;
+      if (!reference_defined) ++e_.nan_rows_fully_masked;
+      return;
+    }
+    err2_ += row_err2;
+    ref2_ += row_ref2;
+    e_.max_abs = std::max(e_.max_abs, row_max);
+  }
+  ErrorStats done() {
+    e_.rel = ref2_ > 0 ? std::sqrt(err2_ / ref2_) : std::sqrt(err2_);
+    return e_;
+  }
+
+ private:
+  ErrorStats e_;
+  double err2_ = 0, ref2_ = 0;
+};
+
 }  // namespace
 
 Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, bool bshd) {
@@ -91,89 +207,138 @@ RowSample sample_rows(const Problem& p, std::int64_t max_rows) {
 
 ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Tensor& out, const RowSample& rows) {
   if (out.device() != Device::Cpu) fail(ErrorKind::Internal, "reference check needs a CPU output");
-  ErrorStats e;
-  const double scale = p.softmax_scale();
-  const std::int64_t D = p.head_dim, Skv = p.kv_seq;
-  std::vector<double> scores(static_cast<std::size_t>(Skv)), ref(static_cast<std::size_t>(D)),
-      qrow(static_cast<std::size_t>(D));
-  std::vector<char> keep(static_cast<std::size_t>(Skv));
-  // K and V of the current (batch, kv head) widened to double once: sampled
-  // rows come sorted, so consecutive rows share them.
-  std::vector<double> kd(static_cast<std::size_t>(Skv * D)), vd(kd.size());
-  std::int64_t cached_b = -1, cached_hk = -1;
-  double err2 = 0, ref2 = 0;
+  KvHead kv;
+  RowSoftmax row;
+  ErrorAccumulator acc;
   for (const std::int64_t r : rows.rows) {
     const std::int64_t b = r / (p.heads * p.seq), h = (r / p.seq) % p.heads, i = r % p.seq;
-    const std::int64_t hk = h / p.group();
-    if (b != cached_b || hk != cached_hk) {
+    kv.load(p, in, b, h / p.group());
+    const bool any = row.compute(p, in, kv, b, h, i);
+    acc.row(row.out, any, [&](std::int64_t d) { return static_cast<double>(out.get(b, h, i, d)); });
+  }
+  return acc.done();
+}
+
+Tensor make_dout(const Problem& p, std::uint64_t seed, Allocator& allocator) {
+  Rng rng{seed * 0x9e3779b97f4a7c15ull + 7};
+  return random_tensor({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rng, allocator, false);
+}
+
+RowSample sample_kv_rows(const Problem& p, std::int64_t max_rows) {
+  RowSample s;
+  const std::int64_t pairs = p.batch * p.kv_heads;
+  if (pairs * p.kv_seq <= max_rows) {
+    for (std::int64_t r = 0; r < pairs * p.kv_seq; ++r) s.rows.push_back(r);
+    return s;
+  }
+  // The first, a middle and the last (batch, kv head) pair: each costs a pass
+  // over every query row of its group.
+  std::vector<std::int64_t> chosen = {0, pairs / 2, pairs - 1};
+  chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+  const std::int64_t per_pair =
+      std::clamp<std::int64_t>(max_rows / static_cast<std::int64_t>(chosen.size()), 2, p.kv_seq);
+  for (const std::int64_t pair : chosen) {
+    for (std::int64_t k = 0; k < per_pair; ++k) {
+      s.rows.push_back(pair * p.kv_seq + (per_pair == 1 ? 0 : k * (p.kv_seq - 1) / (per_pair - 1)));
+    }
+  }
+  s.rows.erase(std::unique(s.rows.begin(), s.rows.end()), s.rows.end());
+  return s;
+}
+
+GradientErrors check_gradients_against_reference(const Problem& p, const Inputs& in, const Tensor& dout,
+                                                 const Gradients& g, const RowSample& q_rows,
+                                                 const RowSample& kv_rows) {
+  for (const Tensor* t : {&dout, &g.dq, &g.dk, &g.dv}) {
+    if (t->device() != Device::Cpu) fail(ErrorKind::Internal, "gradient check needs CPU tensors");
+  }
+  const std::int64_t D = p.head_dim, Skv = p.kv_seq;
+  const double scale = p.softmax_scale();
+  KvHead kv;
+  RowSoftmax row;
+  std::vector<double> dov(static_cast<std::size_t>(D)), dp(static_cast<std::size_t>(Skv));
+  // dO_i, dP_ij = dO_i . V_j and Delta_i = dO_i . O_i for the row in `row`;
+  // then dS_ij = P_ij (dP_ij - Delta_i) is the softmax's backward.
+  const auto row_backward = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
+    double delta = 0;
+    for (std::int64_t d = 0; d < D; ++d) {
+      dov[static_cast<std::size_t>(d)] = dout.get(b, h, i, d);
+      delta += dov[static_cast<std::size_t>(d)] * row.out[static_cast<std::size_t>(d)];
+    }
+    for (std::int64_t j = 0; j < Skv; ++j) {
+      const double pij = row.prob[static_cast<std::size_t>(j)];
+      double s = 0;
+      if (pij != 0) {
+        const double* vr = kv.v_row(j);
+        for (std::int64_t d = 0; d < D; ++d) s += dov[static_cast<std::size_t>(d)] * vr[d];
+      }
+      dp[static_cast<std::size_t>(j)] = pij * (s - delta);  // dS_ij
+    }
+  };
+
+  GradientErrors out;
+  // dQ_i = scale sum_j dS_ij K_j: one query row at a time.
+  ErrorAccumulator dq;
+  std::vector<double> ref(static_cast<std::size_t>(D));
+  for (const std::int64_t r : q_rows.rows) {
+    const std::int64_t b = r / (p.heads * p.seq), h = (r / p.seq) % p.heads, i = r % p.seq;
+    kv.load(p, in, b, h / p.group());
+    std::fill(ref.begin(), ref.end(), 0.0);
+    if (row.compute(p, in, kv, b, h, i)) {
+      row_backward(b, h, i);
       for (std::int64_t j = 0; j < Skv; ++j) {
-        for (std::int64_t d = 0; d < D; ++d) {
-          kd[static_cast<std::size_t>(j * D + d)] = in.k.get(b, hk, j, d);
-          vd[static_cast<std::size_t>(j * D + d)] = in.v.get(b, hk, j, d);
+        const double ds = dp[static_cast<std::size_t>(j)];
+        if (ds == 0) continue;
+        const double* kr = kv.k_row(j);
+        for (std::int64_t d = 0; d < D; ++d) ref[static_cast<std::size_t>(d)] += scale * ds * kr[d];
+      }
+    }
+    dq.row(ref, true, [&](std::int64_t d) { return static_cast<double>(g.dq.get(b, h, i, d)); });
+  }
+  out.dq = dq.done();
+
+  // dV_j = sum_i P_ij dO_i and dK_j = scale sum_i dS_ij Q_i over every query
+  // row of every head in the group: one pass per (batch, kv head) pair.
+  ErrorAccumulator dk, dv;
+  std::size_t next = 0;
+  while (next < kv_rows.rows.size()) {
+    const std::int64_t pair = kv_rows.rows[next] / Skv;
+    std::vector<std::int64_t> js;
+    for (; next < kv_rows.rows.size() && kv_rows.rows[next] / Skv == pair; ++next) {
+      js.push_back(kv_rows.rows[next] % Skv);
+    }
+    const std::int64_t b = pair / p.kv_heads, hk = pair % p.kv_heads;
+    kv.load(p, in, b, hk);
+    std::vector<double> dk_ref(js.size() * static_cast<std::size_t>(D)), dv_ref(dk_ref.size());
+    for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+      for (std::int64_t i = 0; i < p.seq; ++i) {
+        if (!row.compute(p, in, kv, b, h, i)) continue;
+        row_backward(b, h, i);
+        for (std::size_t n = 0; n < js.size(); ++n) {
+          const double pij = row.prob[static_cast<std::size_t>(js[n])];
+          const double ds = dp[static_cast<std::size_t>(js[n])];
+          for (std::int64_t d = 0; d < D; ++d) {
+            dv_ref[n * static_cast<std::size_t>(D) + static_cast<std::size_t>(d)] +=
+                pij * dov[static_cast<std::size_t>(d)];
+            dk_ref[n * static_cast<std::size_t>(D) + static_cast<std::size_t>(d)] +=
+                scale * ds * row.q[static_cast<std::size_t>(d)];
+          }
         }
       }
-      cached_b = b;
-      cached_hk = hk;
     }
-    for (std::int64_t d = 0; d < D; ++d) qrow[static_cast<std::size_t>(d)] = in.q.get(b, h, i, d);
-    double mx = -std::numeric_limits<double>::infinity();
-    bool any = false;
-    for (std::int64_t j = 0; j < Skv; ++j) {
-      bool vis = true;
-      if (p.mask == MaskKind::Boolean) {
-        vis = in.mask.get(b, h, i, j) != 0.0f;
-      } else if (p.mask != MaskKind::Bias) {
-        vis = p.visible(i, j);
-      }
-      keep[static_cast<std::size_t>(j)] = vis;
-      if (!vis) continue;
-      double s = 0;
-      const double* kr = kd.data() + j * D;
-      for (std::int64_t d = 0; d < D; ++d) s += qrow[static_cast<std::size_t>(d)] * kr[d];
-      s *= scale;
-      if (p.mask == MaskKind::Bias) s += in.bias.get(b, h, i, j);
-      scores[static_cast<std::size_t>(j)] = s;
-      mx = std::max(mx, s);
-      any = true;
+    for (std::size_t n = 0; n < js.size(); ++n) {
+      const std::int64_t j = js[n];
+      const auto slice = [&](const std::vector<double>& all) {
+        return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(D)),
+                                   all.begin() + static_cast<std::ptrdiff_t>((n + 1) * static_cast<std::size_t>(D)));
+      };
+      dk.row(slice(dk_ref), true, [&](std::int64_t d) { return static_cast<double>(g.dk.get(b, hk, j, d)); });
+      dv.row(slice(dv_ref), true, [&](std::int64_t d) { return static_cast<double>(g.dv.get(b, hk, j, d)); });
     }
-    std::fill(ref.begin(), ref.end(), 0.0);
-    if (any) {
-      double sum = 0;
-      for (std::int64_t j = 0; j < Skv; ++j) {
-        if (!keep[static_cast<std::size_t>(j)]) continue;
-        const double w = std::exp(scores[static_cast<std::size_t>(j)] - mx);
-        sum += w;
-        const double* vr = vd.data() + j * D;
-        for (std::int64_t d = 0; d < D; ++d) ref[static_cast<std::size_t>(d)] += w * vr[d];
-      }
-      for (auto& x : ref) x /= sum;
-    }
-    bool row_nan = false;
-    double row_err2 = 0, row_ref2 = 0, row_max = 0;
-    for (std::int64_t d = 0; d < D; ++d) {
-      const double o = out.get(b, h, i, d);
-      if (!std::isfinite(o)) {
-        ++e.nan_count;
-        row_nan = true;
-        continue;
-      }
-      const double diff = o - ref[static_cast<std::size_t>(d)];
-      row_err2 += diff * diff;
-      row_ref2 += ref[static_cast<std::size_t>(d)] * ref[static_cast<std::size_t>(d)];
-      row_max = std::max(row_max, std::abs(diff));
-    }
-    ++e.rows_checked;
-    if (row_nan) {
-      ++e.nan_rows;
-      if (!any) ++e.nan_rows_fully_masked;
-      continue;
-    }
-    err2 += row_err2;
-    ref2 += row_ref2;
-    e.max_abs = std::max(e.max_abs, row_max);
   }
-  e.rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
-  return e;
+  out.dk = dk.done();
+  out.dv = dv.done();
+  return out;
 }
 
 double tolerance_floor(DType dtype) {
