@@ -18,7 +18,14 @@ std::string time_str(double us) {
   return format("%.1f us", us);
 }
 
-std::string signed_time(double us) { return (us > 0 ? "+" : us < 0 ? "-" : "") + time_str(std::abs(us)); }
+// Built by appending: GCC 12 warns (-Wrestrict, a false positive) on "+" + string.
+std::string with_sign(double x, const std::string& magnitude) {
+  std::string s = x > 0 ? "+" : x < 0 ? "-" : "";
+  s += magnitude;
+  return s;
+}
+
+std::string signed_time(double us) { return with_sign(us, time_str(std::abs(us))); }
 
 std::string bytes_str(double b) {
   if (b >= 1024.0 * 1024 * 1024) return format("%.2f GiB", b / (1024.0 * 1024 * 1024));
@@ -267,8 +274,8 @@ std::string diff_text(const TraceDiff& d, int top) {
     const std::string fb = time ? time_str(b) : bytes ? bytes_str(b) : count_str(b);
     const double dd = b - a;
     const std::string fd = time    ? signed_time(dd)
-                           : bytes ? (dd >= 0 ? "+" : "-") + bytes_str(std::abs(dd))
-                                   : (dd >= 0 ? "+" : "") + count_str(dd);
+                           : bytes ? with_sign(dd, bytes_str(std::abs(dd)))
+                                   : with_sign(dd, count_str(std::abs(dd)));
     t.add({name, fa, fb, fd, a > 0 ? format("%.2fx", b / a) : "-"});
   };
   row("step time", d.a.step_us, d.b.step_us, true, false);
