@@ -99,8 +99,8 @@ struct DiffRow {
   std::optional<double> ratio() const {
     return time_a_us > 0 ? std::optional<double>(time_b_us / time_a_us) : std::nullopt;
   }
-  // "added" (only in B), "removed" (only in A), "increased", "decreased" or
-  // "unchanged" (within 5% and 1 us).
+  // HTA's ops_diff categories, by calls per step: "added" (only in B),
+  // "deleted" (only in A), "increased", "decreased", "unchanged".
   std::string change;
 };
 

@@ -1,7 +1,7 @@
 // diff: two traces, or two steps, side by side (attnprof/analyze.h). Modelled
 // on Holistic Trace Analysis's TraceDiff: per name, the counts and durations
 // of control (A) and test (B) and their difference, each name marked added,
-// deleted (here "removed"), increased, decreased or unchanged.
+// deleted, increased, decreased or unchanged (in frequency, as HTA's ops_diff).
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -58,14 +58,13 @@ struct Tally {
   double count = 0, time_us = 0;
 };
 
+// HTA's ops_diff categories, by frequency: the time columns say how much.
 std::string change_of(const DiffRow& r) {
   if (r.count_a == 0 && r.count_b > 0) return "added";
-  if (r.count_b == 0 && r.count_a > 0) return "removed";
-  const double d = r.delta_us();
-  if (std::abs(d) <= 1.0 || (r.time_a_us > 0 && std::abs(d) / r.time_a_us <= 0.05)) {
-    return r.count_a == r.count_b ? "unchanged" : (r.count_b > r.count_a ? "increased" : "decreased");
-  }
-  return d > 0 ? "increased" : "decreased";
+  if (r.count_b == 0 && r.count_a > 0) return "deleted";
+  if (r.count_b > r.count_a) return "increased";
+  if (r.count_b < r.count_a) return "decreased";
+  return "unchanged";
 }
 
 std::vector<DiffRow> rows(const std::map<std::string, Tally>& a, const std::map<std::string, Tally>& b, double na,

@@ -284,7 +284,7 @@ std::string diff_text(const TraceDiff& d, int top) {
   row("memcpys", d.a.memcpys, d.b.memcpys, false, false);
   row("memsets", d.a.memsets, d.b.memsets, false, false);
   row("bytes copied", d.a.memcpy_bytes, d.b.memcpy_bytes, false, true);
-  row("peak memory", d.a.peak_bytes, d.b.peak_bytes, false, true);
+  if (d.a.peak_bytes > 0 || d.b.peak_bytes > 0) row("peak memory", d.a.peak_bytes, d.b.peak_bytes, false, true);
   os << t.str();
 
   const auto names = [&](const char* what, const std::string& change) {
@@ -306,7 +306,7 @@ std::string diff_text(const TraceDiff& d, int top) {
     }
   };
   names("that appeared in B", "added");
-  names("that vanished from A", "removed");
+  names("that vanished from A", "deleted");
 
   const auto changes = [&](const char* title, const std::vector<DiffRow>& list) {
     if (list.empty()) return;
@@ -351,7 +351,7 @@ nlohmann::json diff_json(const TraceDiff& d) {
   j["kernels_removed"] = json::array();
   for (const auto& r : d.kernels) {
     if (r.change == "added") j["kernels_added"].push_back(r.name);
-    if (r.change == "removed") j["kernels_removed"].push_back(r.name);
+    if (r.change == "deleted") j["kernels_removed"].push_back(r.name);
   }
   j["findings_only_a"] = json::array();
   j["findings_only_b"] = json::array();

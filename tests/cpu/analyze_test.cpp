@@ -217,7 +217,7 @@ TEST(Diff, NaiveAgainstInPlace) {
   EXPECT_EQ(only_b, (std::set<std::string>{"masked-fill-in-place", "cpu-bound"}));
   std::map<std::string, DiffRow> ops;
   for (const auto& r : d.ops) ops[r.name] = r;
-  EXPECT_EQ(ops["aten::masked_fill"].change, "removed");
+  EXPECT_EQ(ops["aten::masked_fill"].change, "deleted");
   EXPECT_EQ(ops["aten::masked_fill_"].change, "added");
   EXPECT_DOUBLE_EQ(ops["aten::matmul"].count_a, 4);
   EXPECT_DOUBLE_EQ(ops["aten::matmul"].count_b, 4);
@@ -237,7 +237,7 @@ TEST(Diff, KernelsThatAppearAndVanish) {
   EXPECT_EQ(d.a_label, "hand.json ProfilerStep#1");
   std::map<std::string, DiffRow> k;
   for (const auto& r : d.kernels) k[r.name] = r;
-  EXPECT_EQ(k["nvjet_tst_128x64_64x4_1x2_h_bz_TNT"].change, "removed");
+  EXPECT_EQ(k["nvjet_tst_128x64_64x4_1x2_h_bz_TNT"].change, "deleted");
   EXPECT_EQ(k["sm90_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3"].change, "added");
   std::set<std::string> only_b;
   for (const auto& f : d.only_b) only_b.insert(f.rule);
