@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything attnprof needs on a fresh Debian/Ubuntu machine:
 # the compiler toolchain, CMake, OpenBLAS, GoogleTest, nlohmann-json,
+# simdjson and zlib (the trace reader),
 # clang-format (the tests check formatting) and,
 # when a CUDA toolkit is present, the cuDNN frontend headers (from PyPI,
 # into the ignored folder third_party/). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=(g++ cmake ninja-build pkg-config libopenblas-dev libgtest-dev nlohmann-json3-dev python3 clang-format git)
+need=(g++ cmake ninja-build pkg-config libopenblas-dev libgtest-dev nlohmann-json3-dev libsimdjson-dev zlib1g-dev python3 clang-format git)
 missing=()
 for p in "${need[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -11,6 +11,7 @@ enum class ErrorKind {
   OutOfMemory,      // estimated or real allocation failure
   Unsupported,      // a backend or device that cannot take this problem
   Io,               // a file or directory that cannot be written
+  BadInput,         // a file the user handed us that cannot be read (a malformed trace)
   Device,           // CUDA, cuBLAS, cuDNN, CUPTI failures
   Internal,
 };

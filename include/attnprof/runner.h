@@ -72,6 +72,9 @@ struct RunResult {
   std::optional<Acceptance> acceptance;
   std::vector<Finding> findings;       // filled by the analysis rule table
   std::optional<std::string> failure;  // set when the run threw (message)
+  // analyze and diff: the trace file this result was read from (its
+  // "backend" is then the step's label); empty for a run attnprof made.
+  std::string source;
 };
 
 // The runtime for a device; throws Error(Unsupported) for CUDA without a GPU or

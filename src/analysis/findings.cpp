@@ -2,9 +2,26 @@
 
 #include <algorithm>
 
+#include "analysis/normalize.h"
 #include "analysis/rules.h"
 
 namespace attnprof::analysis {
+namespace {
+
+// The 16-bit dtype most of a trace's ops take, if any take one.
+std::optional<DType> trace_dtype(const TraceIndex& ix) {
+  std::size_t bf16 = 0, fp16 = 0;
+  for (EventIndex i = 0; i < static_cast<EventIndex>(ix.trace().activities.size()); ++i) {
+    if (ix.at(i).type != ActivityType::CpuOp) continue;
+    const auto d = first_dtype(ix.dtypes(i));
+    bf16 += d == "bf16";
+    fp16 += d == "fp16";
+  }
+  if (bf16 == 0 && fp16 == 0) return std::nullopt;
+  return bf16 >= fp16 ? DType::BF16 : DType::F16;
+}
+
+}  // namespace
 
 std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const std::vector<RunResult>& all,
                               const Guesses& guesses) {
@@ -15,7 +32,8 @@ std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const
                      .all = all,
                      .guesses = guesses,
                      .steps = std::max(1, r.metrics.steps),
-                     .gpu = r.problem.device == Device::Cuda};
+                     .gpu = r.problem.device == Device::Cuda,
+                     .dtype = r.source.empty() ? std::optional<DType>(r.problem.dtype) : trace_dtype(index)};
   for (const Rule& rule : rule_table()) {
     for (Finding& f : rule.fn(in)) {
       f.rule = std::string(rule.id);

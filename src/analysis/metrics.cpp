@@ -40,7 +40,9 @@ Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops
   const double steps = static_cast<double>(fw.size());
 
   double host_ns = 0;
-  for (EventIndex f : fw) host_ns += static_cast<double>(index.at(f).dur_ns);
+  for (std::size_t f = 0; f < fw.size(); ++f) {
+    host_ns += static_cast<double>(index.call_end_ns(f) - index.call_start_ns(f));
+  }
   m.host_time_us = host_ns / steps / 1e3;
 
   double op_count = 0;
@@ -106,10 +108,9 @@ Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops
   // Memory: the running total's peak inside each forward, above its start.
   std::int64_t peak = 0;
   double allocated = 0;
-  for (EventIndex f : fw) {
-    const Activity& fa = index.at(f);
+  for (std::size_t f = 0; f < fw.size(); ++f) {
     std::int64_t start_total = -1, top = 0;
-    for (EventIndex i : index.allocations_between(fa.start_ns, fa.end_ns())) {
+    for (EventIndex i : index.allocations_between(index.call_start_ns(f), index.call_end_ns(f))) {
       const auto& al = *index.at(i).allocation;
       if (start_total < 0) start_total = al.total_allocated - al.bytes;
       top = std::max(top, al.total_allocated - start_total);

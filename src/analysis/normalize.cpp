@@ -87,4 +87,31 @@ NormalizedNames normalize(const Activity& a) {
   return {normalize_op(a.name), a.input_dtypes.empty() ? std::string() : normalize_dtypes(a.input_dtypes)};
 }
 
+GemmClass gemm_class(std::string_view name) {
+  const auto has = [&](std::string_view s) { return name.find(s) != std::string_view::npos; };
+  const bool gemm = has("gemm") || has("nvjet") || has("cutlass") || has("xmma") || has("s16816") || has("h16816");
+  if (!gemm) return GemmClass::NotGemm;
+  if (has("tf32")) return GemmClass::Tf32TensorCores;
+  if (has("sgemm") || has("gemmSN") || has("f32f32_f32f32")) return GemmClass::Fp32CudaCores;
+  if (has("hmma") || has("wgmma") || has("gmma") || has("s16816") || has("h16816") || has("s1688") || has("h1688") ||
+      has("nvjet") || has("bf16") || has("f16") || has("tensorop") || has("TensorOp")) {
+    return GemmClass::TensorCores;
+  }
+  return GemmClass::NotGemm;
+}
+
+std::string_view gemm_class_name(GemmClass g) {
+  switch (g) {
+    case GemmClass::TensorCores:
+      return "tensor cores";
+    case GemmClass::Tf32TensorCores:
+      return "TF32 tensor cores";
+    case GemmClass::Fp32CudaCores:
+      return "CUDA cores";
+    case GemmClass::NotGemm:
+      break;
+  }
+  return "";
+}
+
 }  // namespace attnprof::analysis

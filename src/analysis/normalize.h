@@ -5,6 +5,7 @@
 // so the same rule table reads either trace.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -37,5 +38,16 @@ struct NormalizedNames {
 
 // What the rules read of one activity's names.
 NormalizedNames normalize(const Activity& a);
+
+// GEMM kernels by what ran them, read from the kernel's name: cuBLAS's
+// FP32 SIMT kernels (sgemm, gemmSN, xmma f32f32) on CUDA cores; TF32 on
+// tensor cores; 16-bit on tensor cores (hmma, wgmma, s16816, bf16/f16
+// xmma, Hopper's nvjet, cutlass tensor-op kernels).
+enum class GemmClass : std::uint8_t { NotGemm, Fp32CudaCores, Tf32TensorCores, TensorCores };
+
+GemmClass gemm_class(std::string_view name);
+
+// "tensor cores", "TF32 tensor cores", "CUDA cores", or empty for a kernel that is no GEMM.
+std::string_view gemm_class_name(GemmClass g);
 
 }  // namespace attnprof::analysis

@@ -63,6 +63,30 @@ void cite_first_forward(Finding& f, const TraceIndex& ix) {
   if (!ix.forwards().empty()) cite(f, ix, ix.forwards().front());
 }
 
+// "per forward" in a run's trace; "per step" in a profiler's steps; "in the
+// trace" when the whole trace is one call.
+std::string per_call(const TraceIndex& ix) {
+  switch (ix.call_scope()) {
+    case TraceIndex::CallScope::Forward:
+      return "per forward";
+    case TraceIndex::CallScope::ProfilerStep:
+      return "per step";
+    case TraceIndex::CallScope::WholeTrace:
+      break;
+  }
+  return "in the trace";
+}
+
+std::string every_call(const TraceIndex& ix) {
+  return ix.call_scope() == TraceIndex::CallScope::ProfilerStep ? "every step" : "every call";
+}
+
+// Ops whose whole job is a copy: a copy inside them was asked for.
+bool is_copy_op(std::string_view op) {
+  return op == "copy_" || op == "clone" || op == "to" || op == "contiguous" || op == "_copy_from" ||
+         op == "_copy_from_and_resize";
+}
+
 // The run the others' memory is read against (the backend that declares
 // itself the memory baseline), when it ran.
 const RunResult* memory_baseline(const std::vector<RunResult>& all) {
@@ -169,10 +193,10 @@ std::vector<Finding> copy_findings(const RuleInput& in, const std::map<std::stri
   std::vector<Finding> out;
   for (const auto& [op, g] : groups) {
     const double bytes = g.bytes / in.steps;
-    Finding f =
-        found(device ? "hidden copy: " + op + " makes " + format("%.0f", g.copies / in.steps) +
-                           " device-to-device copy per forward (" + mib(bytes) + ")"
-                     : "hidden copy: " + op + " (out of place) allocates and copies " + mib(bytes) + " per forward");
+    const std::string per = per_call(in.index);
+    Finding f = found(device ? "hidden copy: " + op + " makes " + format("%.0f", g.copies / in.steps) +
+                                   " device-to-device copy " + per + " (" + mib(bytes) + ")"
+                             : "hidden copy: " + op + " (out of place) allocates and copies " + mib(bytes) + " " + per);
     for (EventIndex i : g.events) cite(f, in.index, i);
     f.figures = {{"copies_per_forward", g.copies / in.steps}, {"bytes_per_forward", bytes}};
     out.push_back(std::move(f));
@@ -180,16 +204,23 @@ std::vector<Finding> copy_findings(const RuleInput& in, const std::map<std::stri
   return out;
 }
 
-// GPU: each memcpy attributed to the op the forward called (and the op inside
-// it that launched the copy).
+// GPU: a device-to-device memcpy, or any copy launched by a copy_, inside an
+// op that is not itself a copy (copy_, clone, to, contiguous): each
+// attributed to the op the call made (and the op inside it that launched it).
 std::vector<Finding> hidden_copy_device(const RuleInput& in) {
   const TraceIndex& ix = in.index;
   std::map<std::string, CopyGroup> by_op;
   for (EventIndex d : ix.device_activities()) {
     const Activity& a = ix.at(d);
-    if (a.type != ActivityType::Memcpy) continue;
     const EventIndex outer = ix.launching_op(d, /*outermost=*/true);
     const EventIndex inner = ix.launching_op(d);
+    const bool under_copy = inner != kNone && ix.op(inner) == "copy_";
+    const bool dtod = a.type == ActivityType::Memcpy && (!a.transfer || a.transfer->kind.empty() ||
+                                                         a.transfer->kind == "DtoD" || a.transfer->kind == "PtoP");
+    if (!(a.type == ActivityType::Memcpy && (dtod || under_copy)) && !(a.type == ActivityType::Kernel && under_copy)) {
+      continue;
+    }
+    if (outer != kNone && is_copy_op(ix.op(outer))) continue;  // a copy asked for
     std::string where = outer != kNone ? std::string(ix.op(outer)) : std::string("(no op)");
     if (inner != kNone && inner != outer) where += " (its " + std::string(ix.op(inner)) + ")";
     auto& g = by_op[where];
@@ -209,6 +240,8 @@ std::vector<Finding> hidden_copy_host(const RuleInput& in) {
   for (EventIndex c : ix.ops_named("copy_")) {
     if (ix.is_conversion_copy(c)) continue;
     const EventIndex parent = ix.copy_owner(c);
+    // A copy called for at the top level, or by an op whose job is copying, was asked for.
+    if (!in.run.source.empty() && (parent == kNone || is_copy_op(ix.op(parent)))) continue;
     auto& g = by_parent[parent != kNone ? std::string(ix.op(parent)) : std::string("(top level)")];
     if (parent != kNone) {
       if (g.events.empty()) g.events.push_back(parent);
@@ -251,54 +284,112 @@ std::vector<Finding> masked_fill_in_place(const RuleInput& in) {
 
 std::vector<Finding> upcast_fp32(const RuleInput& in) {
   const TraceIndex& ix = in.index;
+  // Where a conversion's copy_ recorded its dtypes (destination first, as
+  // PyTorch's copy_(self, src) does), the outermost "to" it served and the
+  // dtype it made: a "to" that makes no FP32 is no upcast.
+  std::map<EventIndex, std::string> made;
+  for (EventIndex c : ix.ops_named("copy_")) {
+    if (!ix.is_conversion_copy(c) || ix.dtypes(c).empty()) continue;
+    EventIndex owner = ix.copy_owner(c);
+    while (is_op(ix, ix.parent(owner), "to")) owner = ix.parent(owner);
+    made[owner] = std::string(first_dtype(ix.dtypes(c)));
+  }
   Finding f;
   int upcasts = 0;
+  std::string from;
   for (EventIndex i : ix.ops_named("to")) {
     if (nested_in_same(ix, i)) continue;
     const auto dt = first_dtype(ix.dtypes(i));
-    if (dt == "bf16" || dt == "fp16") {
-      ++upcasts;
-      cite(f, ix, i);
-    }
+    if (dt != "bf16" && dt != "fp16") continue;
+    if (const auto m = made.find(i); m != made.end() && m->second != "fp32") continue;
+    ++upcasts;
+    if (from.empty()) from = std::string(dt);
+    cite(f, ix, i);
   }
   if (upcasts == 0) return {};
   const double per_forward = static_cast<double>(upcasts) / in.steps;
-  f.text = format("upcasts %.0f ", per_forward) + std::string(dtype_name(in.run.problem.dtype)) +
-           " tensors to FP32 per forward";
+  f.text = format("upcasts %.0f ", per_forward) + from + " tensors to FP32 " + per_call(ix);
   f.figures = {{"upcasts_per_forward", per_forward}};
   return {f};
 }
 
+// The GEMM kernels an op launched (itself or an op inside it).
+bool launched_by(const TraceIndex& ix, EventIndex d, const std::set<EventIndex>& ops) {
+  for (EventIndex op = ix.launching_op(d); op != kNone; op = ix.enclosing_op(op)) {
+    if (ops.count(op)) return true;
+  }
+  return false;
+}
+
 std::vector<Finding> fp32_gemm(const RuleInput& in) {
-  const Problem& p = in.run.problem;
-  if (!is_16bit(p.dtype)) return {};
+  if (!in.dtype || !is_16bit(*in.dtype)) return {};
   const TraceIndex& ix = in.index;
   Finding f;
-  int fp32_mm = 0;
+  std::set<EventIndex> fp32_ops;
   for (EventIndex i : ix.ops_named("matmul")) {
     if (nested_in_same(ix, i) || first_dtype(ix.dtypes(i)) != "fp32") continue;
-    ++fp32_mm;
+    fp32_ops.insert(i);
     cite(f, ix, i);
   }
-  if (fp32_mm == 0) return {};
-  // The FP32 kernels the products ran as: cuBLAS's sgemm family.
+  if (fp32_ops.empty()) return {};
+  // The FP32 kernels the products ran as: cuBLAS's sgemm family, or TF32 on
+  // tensor cores; in a trace from elsewhere, only those these ops launched.
   std::set<std::string> sgemm;
-  int fp32_kernels = 0;
+  int fp32_kernels = 0, tf32_kernels = 0;
   for (EventIndex d : ix.device_activities()) {
     const Activity& a = ix.at(d);
-    if (a.type == ActivityType::Kernel &&
-        (a.name.find("sgemm") != std::string::npos || a.name.find("gemmSN_NN") != std::string::npos ||
-         a.name.find("_f32") != std::string::npos)) {
+    if (a.type != ActivityType::Kernel) continue;
+    const GemmClass g = gemm_class(a.name);
+    const bool fp32_named = a.name.find("sgemm") != std::string::npos ||
+                            a.name.find("gemmSN_NN") != std::string::npos || a.name.find("_f32") != std::string::npos;
+    if (!in.run.source.empty() && !launched_by(ix, d, fp32_ops)) continue;
+    if (g == GemmClass::Tf32TensorCores) {
+      ++tf32_kernels;
+      cite(f, ix, d);
+    } else if (g == GemmClass::Fp32CudaCores || (in.run.source.empty() && fp32_named)) {
       sgemm.insert(a.name.substr(0, 60));
       ++fp32_kernels;
       cite(f, ix, d);
     }
   }
-  f.text = "FP32 GEMM on " + std::string(dtype_name(p.dtype)) + " inputs" +
-           (in.gpu ? std::string(" (CUDA cores, no tensor cores)") : std::string()) +
+  const std::string cores =
+      tf32_kernels > 0 && fp32_kernels == 0 ? " (TF32 on tensor cores)" : " (CUDA cores, no tensor cores)";
+  f.text = "FP32 GEMM on " + std::string(dtype_name(*in.dtype)) + " inputs" +
+           (in.gpu && (fp32_kernels > 0 || tf32_kernels > 0) ? cores : std::string()) +
            (sgemm.empty() ? std::string() : ": " + *sgemm.begin());
-  f.figures = {{"fp32_matmuls_per_forward", static_cast<double>(fp32_mm) / in.steps}};
-  if (in.gpu) f.figures["fp32_kernels_per_forward"] = static_cast<double>(fp32_kernels) / in.steps;
+  f.figures = {{"fp32_matmuls_per_forward", static_cast<double>(fp32_ops.size()) / in.steps}};
+  if (in.gpu) {
+    f.figures["fp32_kernels_per_forward"] = static_cast<double>(fp32_kernels) / in.steps;
+    f.figures["tf32_kernels_per_forward"] = static_cast<double>(tf32_kernels) / in.steps;
+  }
+  return {f};
+}
+
+// GEMM kernels on CUDA cores where no op says why (a trace recorded without
+// record_shapes has no input dtypes): the kernel names alone.
+std::vector<Finding> gemm_cuda_cores(const RuleInput& in) {
+  if (!in.gpu) return {};
+  const TraceIndex& ix = in.index;
+  for (EventIndex i : ix.ops_named("matmul")) {
+    if (!ix.dtypes(i).empty()) return {};  // fp32-gemm reads the dtypes
+  }
+  Finding f;
+  int cuda_cores = 0, tensor_cores = 0;
+  std::string first;
+  for (EventIndex d : ix.device_activities()) {
+    if (ix.at(d).type != ActivityType::Kernel) continue;
+    const GemmClass g = gemm_class(ix.at(d).name);
+    if (g == GemmClass::TensorCores || g == GemmClass::Tf32TensorCores) ++tensor_cores;
+    if (g != GemmClass::Fp32CudaCores) continue;
+    if (first.empty()) first = ix.at(d).name.substr(0, 60);
+    ++cuda_cores;
+    cite(f, ix, d);
+  }
+  if (cuda_cores == 0) return {};
+  f.text = format("FP32 GEMM kernels on CUDA cores, no tensor cores: %.0f ", cuda_cores / double(in.steps)) +
+           per_call(ix) + " (" + first + "); the trace records no input dtypes to say why";
+  f.figures = {{"cuda_core_gemms_per_forward", cuda_cores / double(in.steps)},
+               {"tensor_core_gemms_per_forward", tensor_cores / double(in.steps)}};
   return {f};
 }
 
@@ -314,7 +405,7 @@ std::vector<Finding> mask_rebuilt(const RuleInput& in) {
     cite(f, ix, ix.ops_named(op).front());
   }
   if (seen.size() < 2) return {};
-  f.text = "mask rebuilt on every call (" + join(seen) + ")";
+  f.text = "mask rebuilt on " + every_call(ix) + " (" + join(seen) + ")";
   return {f};
 }
 
@@ -425,6 +516,51 @@ std::vector<Finding> cpu_bound(const RuleInput& in) {
   return {f};
 }
 
+// The GPU idle between device activities, per call: gaps between the merged
+// busy intervals from the first activity's start to the last one's end.
+std::vector<Finding> launch_bound(const RuleInput& in) {
+  if (!in.gpu) return {};
+  const TraceIndex& ix = in.index;
+  double busy = 0, span = 0, host = 0, launches = 0;
+  std::vector<double> gaps;
+  for (std::size_t c = 0; c < ix.forwards().size(); ++c) {
+    const auto dev = ix.forward_device(c);
+    if (dev.size() < 3) continue;
+    std::vector<std::pair<std::int64_t, std::int64_t>> iv;
+    for (EventIndex d : dev) iv.emplace_back(ix.at(d).start_ns, ix.at(d).end_ns());
+    std::sort(iv.begin(), iv.end());
+    std::int64_t cur_s = iv.front().first, cur_e = iv.front().second;
+    for (const auto& [s, e] : iv) {
+      if (s > cur_e) {
+        busy += static_cast<double>(cur_e - cur_s);
+        gaps.push_back(static_cast<double>(s - cur_e));
+        cur_s = s;
+      }
+      cur_e = std::max(cur_e, e);
+    }
+    busy += static_cast<double>(cur_e - cur_s);
+    span += static_cast<double>(cur_e - iv.front().first);
+    host += static_cast<double>(ix.call_end_ns(c) - ix.call_start_ns(c));
+    launches += static_cast<double>(dev.size());
+  }
+  if (span <= 0 || gaps.empty()) return {};
+  const double idle = 1.0 - busy / span;
+  if (idle < 0.5) return {};
+  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+  const double median_gap_us = gaps[gaps.size() / 2] / 1e3;
+  const double host_per_launch_us = host / launches / 1e3;
+  Finding f = found(format("launch-bound: the GPU idles %.0f%% of the time between its first and last ", idle * 100) +
+                    format("activity (%.0f ", launches / in.steps) + per_call(ix) +
+                    format(", median gap %.1f us); ", median_gap_us) +
+                    format("%.1f us of host time per launch", host_per_launch_us));
+  cite_first_forward(f, ix);
+  f.figures = {{"gpu_idle_pct", idle * 100},
+               {"device_activities_per_forward", launches / in.steps},
+               {"median_gap_us", median_gap_us},
+               {"host_us_per_launch", host_per_launch_us}};
+  return {f};
+}
+
 // The rule table: ids are stable (JSON and the HTML report key on them), the
 // order is the order findings print in.
 constexpr Rule kRules[] = {
@@ -437,6 +573,7 @@ constexpr Rule kRules[] = {
     {"masked-fill-in-place", Severity::Info, masked_fill_in_place},
     {"upcast-fp32", Severity::Warning, upcast_fp32},
     {"fp32-gemm", Severity::Warning, fp32_gemm},
+    {"gemm-cuda-cores", Severity::Warning, gemm_cuda_cores},
     {"mask-rebuilt", Severity::Warning, mask_rebuilt},
     {"nan-safe-softmax", Severity::Info, nan_safe_softmax},
     {"nan-in-output", Severity::Error, nan_in_output},
@@ -446,6 +583,7 @@ constexpr Rule kRules[] = {
     {"low-occupancy", Severity::Info, low_occupancy},
     {"launch-kernel-ex", Severity::Info, launch_kernel_ex},
     {"cpu-bound", Severity::Warning, cpu_bound},
+    {"launch-bound", Severity::Warning, launch_bound},
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 // table stamps its id and severity on them.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -18,8 +19,11 @@ struct RuleInput {
   const RunResult& run;
   const std::vector<RunResult>& all;
   const Guesses& guesses;
-  int steps;  // forwards recorded (at least 1)
+  int steps;  // calls recorded (at least 1): forwards, profiler steps, or the whole trace
   bool gpu;
+  // The inputs' dtype: the problem's for a run; for a trace read from a file,
+  // the 16-bit dtype its ops take, if any.
+  std::optional<DType> dtype;
 };
 
 using RuleFn = std::vector<Finding> (*)(const RuleInput&);

@@ -73,6 +73,22 @@ TraceIndex::TraceIndex(const Trace& trace) : trace_(trace) {
   std::stable_sort(forwards_.begin(), forwards_.end(), by_start);
   std::stable_sort(steps_.begin(), steps_.end(), by_start);
   std::stable_sort(allocations_.begin(), allocations_.end(), by_start);
+  for (EventIndex s : steps_) step_spans_.emplace_back(at(s).start_ns, at(s).end_ns());
+  if (forwards_.empty() && !steps_.empty()) {
+    scope_ = CallScope::ProfilerStep;
+    forwards_ = steps_;
+  }
+  for (EventIndex f : forwards_) call_spans_.emplace_back(at(f).start_ns, at(f).end_ns());
+  if (forwards_.empty() && n > 0) {
+    scope_ = CallScope::WholeTrace;
+    forwards_.push_back(kNone);
+    std::int64_t first = v.front().start_ns, last = v.front().end_ns();
+    for (const auto& a : v) {
+      first = std::min(first, a.start_ns);
+      last = std::max(last, a.end_ns());
+    }
+    call_spans_.emplace_back(first, last);
+  }
 
   // Nesting: host ranges per thread in start order (an enclosing range first
   // when two start together: the lower recorded depth, else the longer), each
@@ -81,8 +97,9 @@ TraceIndex::TraceIndex(const Trace& trace) : trace_(trace) {
   inner_op_.assign(v.size(), kNone);
   outer_op_.assign(v.size(), kNone);
   forward_of_.assign(v.size(), -1);
-  for (std::size_t f = 0; f < forwards_.size(); ++f)
-    forward_of_[static_cast<std::size_t>(forwards_[f])] = static_cast<EventIndex>(f);
+  for (std::size_t f = 0; f < forwards_.size(); ++f) {
+    if (forwards_[f] != kNone) forward_of_[static_cast<std::size_t>(forwards_[f])] = static_cast<EventIndex>(f);
+  }
   std::vector<EventIndex> host;
   for (EventIndex i = 0; i < n; ++i) {
     if (is_host_range(type(i)) || type(i) == ActivityType::Allocation) host.push_back(i);
@@ -93,7 +110,6 @@ TraceIndex::TraceIndex(const Trace& trace) : trace_(trace) {
     return std::tuple(a.start_ns, a.depth, -a.dur_ns, x) < std::tuple(b.start_ns, b.depth, -b.dur_ns, y);
   });
   std::unordered_map<std::int64_t, std::vector<EventIndex>> open;  // per thread
-  forward_ops_.resize(forwards_.size());
   for (EventIndex i : host) {
     const Activity& a = at(i);
     auto& stack = open[a.tid];
@@ -107,17 +123,25 @@ TraceIndex::TraceIndex(const Trace& trace) : trace_(trace) {
       inner_op_[k] = p_op ? p : inner_op_[pk];
       outer_op_[k] = outer_op_[pk] != kNone ? outer_op_[pk] : (p_op ? p : kNone);
       if (forward_of_[k] < 0) forward_of_[k] = forward_of_[pk];
-      if (a.type == ActivityType::CpuOp && type(p) == ActivityType::UserAnnotation && at(p).name == kForwardRange) {
-        forward_ops_[static_cast<std::size_t>(forward_of_[pk])].push_back(i);
-      }
     }
+    // A step or the whole trace holds what runs in its time on any thread
+    // (the autograd engine's thread, a data loader's).
+    if (forward_of_[k] < 0 && scope_ != CallScope::Forward) forward_of_[k] = forward_at(a.start_ns);
     if (a.type != ActivityType::Allocation) stack.push_back(i);
+  }
+  forward_ops_.resize(forwards_.size());
+  for (EventIndex i : host) {
+    const auto k = static_cast<std::size_t>(i);
+    if (type(i) == ActivityType::CpuOp && outer_op_[k] == kNone && forward_of_[k] >= 0) {
+      forward_ops_[static_cast<std::size_t>(forward_of_[k])].push_back(i);
+    }
   }
 
   forward_device_.resize(forwards_.size());
   for (EventIndex d : device_) {
     const EventIndex call = launch_call(d);
-    const int f = call == kNone ? -1 : forward_of_[static_cast<std::size_t>(call)];
+    int f = call == kNone ? -1 : forward_of_[static_cast<std::size_t>(call)];
+    if (call == kNone && scope_ != CallScope::Forward) f = forward_at(at(d).start_ns);
     forward_of_[static_cast<std::size_t>(d)] = f;
     if (f >= 0) forward_device_[static_cast<std::size_t>(f)].push_back(d);
   }
@@ -161,12 +185,11 @@ std::span<const EventIndex> TraceIndex::ops_named(std::string_view normalized) c
   return ops_by_name_[it->second];
 }
 
-int TraceIndex::window_at(const std::vector<EventIndex>& ranges, std::int64_t ns) const {
-  const auto it = std::upper_bound(ranges.begin(), ranges.end(), ns,
-                                   [&](std::int64_t t, EventIndex r) { return t < at(r).start_ns; });
-  if (it == ranges.begin()) return -1;
-  const EventIndex r = *std::prev(it);
-  return ns <= at(r).end_ns() ? static_cast<int>(std::prev(it) - ranges.begin()) : -1;
+int TraceIndex::span_at(const std::vector<Span>& spans, std::int64_t ns) {
+  const auto it =
+      std::upper_bound(spans.begin(), spans.end(), ns, [](std::int64_t t, const Span& r) { return t < r.first; });
+  if (it == spans.begin()) return -1;
+  return ns <= std::prev(it)->second ? static_cast<int>(std::prev(it) - spans.begin()) : -1;
 }
 
 std::pair<std::size_t, std::size_t> TraceIndex::allocation_span(std::int64_t from_ns, std::int64_t to_ns) const {

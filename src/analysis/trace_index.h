@@ -59,19 +59,29 @@ class TraceIndex {
   // a forward called directly).
   EventIndex launching_op(EventIndex device_activity, bool outermost = false) const;
 
-  // "forward" ranges in time order; the ops each called directly; the device
-  // activities each launched.
+  // The calls the per-call figures divide by, in time order: the "forward"
+  // ranges the runner opens when there are any; else, in a trace from
+  // elsewhere (torch.profiler's), its "ProfilerStep#N" ranges; else the whole
+  // trace as one call. forwards()[f] is the range's event, kNone for the
+  // whole trace; call_start_ns and call_end_ns hold the call's span.
+  enum class CallScope : std::uint8_t { Forward, ProfilerStep, WholeTrace };
+  CallScope call_scope() const { return scope_; }
   std::span<const EventIndex> forwards() const { return forwards_; }
+  std::int64_t call_start_ns(std::size_t f) const { return call_spans_[f].first; }
+  std::int64_t call_end_ns(std::size_t f) const { return call_spans_[f].second; }
+  // The top-level CPU ops each call made (those inside no other op); the
+  // device activities each launched.
   std::span<const EventIndex> forward_ops(std::size_t f) const { return forward_ops_[f]; }
   std::span<const EventIndex> forward_device(std::size_t f) const { return forward_device_[f]; }
-  // The forward (position in forwards()) whose range holds time `ns`, or -1.
-  int forward_at(std::int64_t ns) const { return window_at(forwards_, ns); }
-  // The forward host event i (or, for a device activity, its launch) ran inside, or -1.
+  // The call whose span holds time `ns`, or -1.
+  int forward_at(std::int64_t ns) const { return span_at(call_spans_, ns); }
+  // The call host event i (or, for a device activity, its launch) ran inside,
+  // or -1. Outside forward ranges: by time, for events on other threads.
   int forward_of(EventIndex i) const;
 
   // "ProfilerStep#N" ranges in time order, and the one holding time `ns` (-1 if none).
   std::span<const EventIndex> profiler_steps() const { return steps_; }
-  int step_at(std::int64_t ns) const { return window_at(steps_, ns); }
+  int step_at(std::int64_t ns) const { return span_at(step_spans_, ns); }
 
   // Every kernel, memcpy and memset, in trace order.
   std::span<const EventIndex> device_activities() const { return device_; }
@@ -90,7 +100,8 @@ class TraceIndex {
   EventRef ref(EventIndex i) const;
 
  private:
-  int window_at(const std::vector<EventIndex>& ranges, std::int64_t ns) const;
+  using Span = std::pair<std::int64_t, std::int64_t>;
+  static int span_at(const std::vector<Span>& spans, std::int64_t ns);
   std::pair<std::size_t, std::size_t> allocation_span(std::int64_t from_ns, std::int64_t to_ns) const;
 
   const Trace& trace_;
@@ -100,7 +111,9 @@ class TraceIndex {
   std::unordered_map<std::string, std::uint32_t> name_ids_;
   std::vector<EventIndex> parent_, inner_op_, outer_op_, forward_of_;
   std::unordered_map<std::uint64_t, EventIndex> launch_by_correlation_;
+  CallScope scope_ = CallScope::Forward;
   std::vector<EventIndex> forwards_, steps_, device_, allocations_;
+  std::vector<Span> call_spans_, step_spans_;
   std::vector<std::vector<EventIndex>> forward_ops_, forward_device_;
   std::vector<std::int64_t> allocation_start_;
   std::vector<double> allocated_prefix_;              // positive bytes of allocations_[0, k)

@@ -109,6 +109,73 @@ Environment (GPU runs):
                        the matrix-product ceiling, instead of measuring it
 )";
 
+// analyze and diff: traces as positional arguments, --step after a trace.
+Options parse_trace_command(Options o, int argc, char** argv) {
+  const bool diff = o.command == "diff";
+  o.top = diff ? 15 : 10;
+  std::optional<int> analyze_step;
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      o.help = true;
+      return o;
+    }
+    if (arg == "--quiet" || arg == "-q") {
+      o.quiet = true;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0 || arg == "-") {
+      o.traces.push_back(arg);
+      o.trace_steps.emplace_back();
+      continue;
+    }
+    std::string value;
+    if (const auto eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    } else {
+      if (arg != "--step" && arg != "--top" && arg != "--json" && arg != "--max-gib") {
+        bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
+      }
+      if (i + 1 >= argc) bad(arg + " needs a value");
+      value = argv[++i];
+    }
+    if (arg == "--step") {
+      const int step = to_small_int(arg, value, 0, 1 << 30);
+      if (!diff) {
+        analyze_step = step;
+      } else if (o.traces.empty()) {
+        bad("--step N follows the trace it picks a step of: attnprof diff A --step N B --step M");
+      } else if (!o.trace_steps.back()) {
+        o.trace_steps.back() = step;
+      } else {
+        // A second step of the same trace: the other side of the diff.
+        o.traces.push_back(o.traces.back());
+        o.trace_steps.emplace_back(step);
+      }
+    } else if (arg == "--top") {
+      o.top = to_small_int(arg, value, 1, 100000);
+    } else if (arg == "--json") {
+      if (value.empty()) bad("--json needs a path");
+      o.json_path = value;
+    } else if (arg == "--max-gib") {
+      o.max_gib = to_small_int(arg, value, 1, 1 << 20);
+    } else {
+      bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
+    }
+  }
+  if (diff) {
+    if (o.traces.size() != 2) {
+      bad("diff compares two traces (or two steps of one: A --step N --step M); got " +
+          std::to_string(o.traces.size()));
+    }
+  } else {
+    if (o.traces.empty()) bad("analyze needs at least one trace file (attnprof analyze --help)");
+    for (auto& s : o.trace_steps) s = analyze_step;
+  }
+  return o;
+}
+
 }  // namespace
 
 std::string usage() {
@@ -118,6 +185,8 @@ Usage:
   attnprof compare [options]            every eligible backend, then the at-a-glance table
   attnprof profile --backend B [options]  one backend: the key-averages table, trace written
   attnprof explain [options]            which backends can run this problem, why, and what auto picks
+  attnprof analyze TRACE [TRACE...]     the same findings on any torch.profiler or attnprof trace
+  attnprof diff A B                     what changed between two traces (or two steps)
   attnprof COMMAND --help               the options of one command
 
 Backends: )" +
@@ -126,8 +195,10 @@ Backends: )" +
 Outputs go to --trace-dir as <batch>_<heads>_<seq>_<head_dim>_<backend>.json (a Chrome
 trace: open it in Perfetto or chrome://tracing), .txt (the table) and .summary.json.
 
-Example:
+Examples:
   attnprof compare --device cpu --seq 2048 --mask causal
+  attnprof analyze run.pt.trace.json.gz
+  attnprof diff before.json after.json
 )";
 }
 
@@ -158,6 +229,61 @@ std::string command_help(const std::string& command) {
             "and what auto picks (the fastest eligible backend, measured once and cached).\n\n"
             "  --json PATH          also write the answer as JSON\n\n") +
         kProblemHelp;
+  } else if (command == "analyze") {
+    h = R"(attnprof analyze TRACE [TRACE...] [--step N] [--top N] [--json PATH]
+
+Reads Chrome traces as torch.profiler writes them (prof.export_chrome_trace(...),
+the TensorBoard handler's *.pt.trace.json, gzipped or not) or as attnprof writes
+them, and for each profiler step (ProfilerStep#N; the whole trace when it has
+none) prints the at-a-glance table and what the trace shows, through the same
+rule table as compare: hidden copies (a copy_ or a device-to-device memcpy inside
+an op that is not itself a copy), FP32 GEMMs on 16-bit inputs and whether tensor
+cores ran them, masks rebuilt every step, NaN-safe softmax, heavy kernels at low
+occupancy (computed for every kernel from its grid, block, registers and shared
+memory and the trace's deviceProperties, cuLaunchKernelEx launches included),
+launch-bound and CPU-bound steps. Then, per step, the kernels, memcpys and
+memsets of each top-level op and the top kernels by time.
+
+  --step N             only ProfilerStep#N
+  --top N              rows of the per-op and per-kernel tables   (default 10)
+  --json PATH          also write the results as JSON (findings as records)
+  --max-gib N          refuse a trace whose JSON (after decompression) passes
+                       N GiB: a gzip bomb, or more than this machine holds (default 4)
+
+A trace that cannot be read (not JSON, truncated, not a trace, too deep, not
+UTF-8, a field of the wrong type) stops with one line, "attnprof: cannot read
+TRACE: why", exit status 4, and nothing written.
+
+Examples:
+  # in PyTorch: with torch.profiler.profile(..., schedule=torch.profiler.schedule(
+  #   wait=1, warmup=1, active=3), record_shapes=True) as prof: ... prof.step()
+  #   prof.export_chrome_trace("run.json")
+  attnprof analyze run.json
+  attnprof analyze log/host_1234.1700000000000.pt.trace.json.gz --step 3
+  attnprof analyze traces/8_16_1024_64_naive.json --json naive.analysis.json
+)";
+  } else if (command == "diff") {
+    h = R"(attnprof diff A [--step N] B [--step M] [--top N] [--json PATH]
+
+Says what changed from trace A to trace B, the way Holistic Trace Analysis's
+TraceDiff does: kernels that appeared or vanished; time per kernel and per
+top-level op (A, B, delta, ratio, calls), largest changes first; kernels,
+memcpys, memsets, bytes copied and peak memory; findings present in only one.
+Figures are per step, averaged over each side's steps, so traces with different
+step counts compare. A --step after a trace picks one of its steps; one trace
+with two --step flags compares two steps of it.
+
+  --step N             the step of the trace named before it
+  --top N              rows per table                              (default 15)
+  --json PATH          also write the comparison as JSON
+  --max-gib N          as for analyze                             (default 4)
+
+Examples:
+  attnprof diff naive.json naive_inplace.json
+  attnprof diff run.json --step 2 run.json --step 5
+  attnprof diff run.json --step 2 --step 5
+  attnprof diff before.pt.trace.json.gz after.pt.trace.json.gz --json diff.json
+)";
   } else {
     h = usage();
   }
@@ -178,8 +304,9 @@ Options parse(int argc, char** argv) {
     o.help = true;
     return o;
   }
+  if (o.command == "analyze" || o.command == "diff") return parse_trace_command(std::move(o), argc, argv);
   if (o.command != "profile" && o.command != "compare" && o.command != "explain") {
-    bad("unknown command '" + o.command + "': use profile, compare or explain (attnprof --help)");
+    bad("unknown command '" + o.command + "': use profile, compare, explain, analyze or diff (attnprof --help)");
   }
   Problem& p = o.problem;
   p.batch = 0;  // 0 = the device default, filled once the device is known

@@ -12,7 +12,7 @@
 namespace attnprof::cli {
 
 struct Options {
-  std::string command;  // profile, compare, explain
+  std::string command;  // profile, compare, explain, analyze, diff
   Problem problem;
   bool device_given = false;
   bool shape_given = false;           // any of batch/heads/seq/head_dim/dtype/mask set
@@ -31,6 +31,13 @@ struct Options {
   Guesses guesses;
   bool help = false;
   bool quiet = false;
+  // analyze and diff: the traces, and the --step given after each (diff: a
+  // --step applies to the trace before it; one trace with two steps compares
+  // the two steps).
+  std::vector<std::string> traces;
+  std::vector<std::optional<int>> trace_steps;
+  int top = 10;     // rows of the per-op and per-kernel tables
+  int max_gib = 4;  // --max-gib: the most JSON a trace may inflate to
 };
 
 // Throws Error(InvalidArgument) with a one-line message for any bad flag.

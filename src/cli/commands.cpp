@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "analysis/format.h"
+#include "attnprof/analyze.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/key_averages.h"
@@ -144,6 +145,42 @@ int run_explain(const Options& o) {
   if (o.json_path) {
     report::write_json_file(report::explain_json(p, rows, chosen ? &*chosen : nullptr, rt), *o.json_path);
   }
+  return kExitOk;
+}
+
+namespace {
+
+AnalyzeOptions analyze_options(const Options& o) {
+  AnalyzeOptions a;
+  a.read.max_bytes = static_cast<std::uint64_t>(o.max_gib) << 30;
+  return a;
+}
+
+}  // namespace
+
+int run_analyze(const Options& o) {
+  if (o.json_path) check_output_file(*o.json_path, "--json");
+  // Every trace is read and analysed before anything is printed or written:
+  // one unreadable file stops the command with its one line.
+  std::vector<TraceAnalysis> all;
+  for (std::size_t i = 0; i < o.traces.size(); ++i) {
+    AnalyzeOptions a = analyze_options(o);
+    a.step = o.trace_steps[i];
+    all.push_back(analyze_trace(read_chrome_trace(o.traces[i], a.read), o.traces[i], a));
+  }
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (i > 0) std::printf("\n");
+    std::printf("%s", analysis_text(all[i], o.top).c_str());
+  }
+  if (o.json_path) report::write_json_file(analysis_json(all), *o.json_path);
+  return kExitOk;
+}
+
+int run_diff(const Options& o) {
+  if (o.json_path) check_output_file(*o.json_path, "--json");
+  const TraceDiff d = diff_traces({o.traces[0], o.trace_steps[0]}, {o.traces[1], o.trace_steps[1]}, analyze_options(o));
+  std::printf("%s", diff_text(d, o.top).c_str());
+  if (o.json_path) report::write_json_file(diff_json(d), *o.json_path);
   return kExitOk;
 }
 

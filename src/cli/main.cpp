@@ -1,4 +1,4 @@
-// attnprof: profile, compare and explain attention backends.
+// attnprof: profile, compare and explain attention backends; analyze and diff traces.
 #include <unistd.h>
 
 #include <cstdio>
@@ -53,12 +53,15 @@ int main(int argc, char** argv) {
       std::fputs(cli::command_help(o.command).c_str(), stdout);
       return cli::kExitOk;
     }
+    if (o.command == "analyze") return cli::run_analyze(o);
+    if (o.command == "diff") return cli::run_diff(o);
     resolve_defaults(o);
     if (o.command == "profile") return cli::run_profile(o);
     if (o.command == "compare") return cli::run_compare(o);
     return cli::run_explain(o);
   } catch (const Error& e) {
     std::fprintf(stderr, "attnprof: %s\n", e.what());
+    if (e.kind() == ErrorKind::BadInput) return cli::kExitBadInput;
     return e.kind() == ErrorKind::InvalidArgument ? cli::kExitUsage : cli::kExitError;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "attnprof: out of memory: use a smaller --batch, --heads or --seq\n");

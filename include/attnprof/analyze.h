@@ -1,0 +1,146 @@
+// analyze and diff as library calls: traces read from files (torch.profiler's
+// or attnprof's), split into profiler steps, each step measured and put
+// through the same findings rule table as compare, and two traces (or two
+// steps) set side by side. The attnprof command only parses, prints and
+// writes what comes back; the HTML report renders the same structures (each
+// step is a RunResult whose trace holds the step's events).
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnprof/runner.h"
+#include "attnprof/trace_reader.h"
+
+namespace attnprof {
+
+// One top-level op name of a step (ops inside no other op), with what it
+// launched: kernels, memcpys and memsets, and their summed GPU time.
+struct OpRow {
+  std::string name;  // as recorded ("aten::masked_fill")
+  int calls = 0;
+  int kernels = 0, memcpys = 0, memsets = 0;
+  double host_us = 0;    // the calls' wall time on the host
+  double device_us = 0;  // summed durations of the device activities they launched
+};
+
+// One kernel name of a step.
+struct KernelRow {
+  std::string name;
+  int count = 0;
+  double total_us = 0;
+  double pct = 0;                       // of the step's summed kernel time
+  std::optional<double> occupancy_pct;  // theoretical, from the launch record
+  std::string gemm;                     // "tensor cores", "TF32 tensor cores", "CUDA cores"; empty: no GEMM
+  bool driver_launch = false;           // launched through the driver API (cuLaunchKernel, cuLaunchKernelEx)
+};
+
+struct StepAnalysis {
+  std::string label;  // "ProfilerStep#3", or "whole trace" when the trace has no steps
+  // The step as a run: result.trace holds the step's events (device
+  // activities by the step of their launch), result.metrics its per-call
+  // figures, result.findings the rule table's records; result.backend is
+  // the label and result.source the file.
+  RunResult result;
+  int kernels = 0, memcpys = 0, memsets = 0;
+  double memcpy_bytes = 0;
+  double step_us = 0;                        // the step's span on the host
+  double device_busy_us = 0;                 // the union of its device activities
+  std::optional<double> gpu_idle_pct;        // idle share between its first and last device activity
+  std::optional<double> host_us_per_launch;  // step_us / device activities launched
+  int tensor_core_gemms = 0, cuda_core_gemms = 0;
+  std::vector<OpRow> ops;  // by device time, then host time
+  std::vector<KernelRow> kernels_by_time;
+};
+
+struct TraceAnalysis {
+  std::string path;
+  std::string trace_name;
+  std::optional<DeviceProperties> device;
+  bool gpu = false;  // the trace has device activities
+  std::vector<StepAnalysis> steps;
+  std::size_t events = 0;                // activities read
+  std::size_t events_outside_steps = 0;  // before the first step or between steps: not analysed
+};
+
+struct AnalyzeOptions {
+  TraceReadOptions read;
+  std::optional<int> step;  // only ProfilerStep#N; refused when the trace has no such step
+};
+
+// Splits `trace` (read from `source`) into its steps and analyses each.
+// Throws Error(InvalidArgument) when options.step names no step.
+TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOptions& options = {});
+// Reads and analyses each file. Throws Error(BadInput) naming the first
+// file that cannot be read.
+std::vector<TraceAnalysis> analyze_traces(const std::vector<std::filesystem::path>& paths,
+                                          const AnalyzeOptions& options = {});
+
+// ---- diff ------------------------------------------------------------------------
+
+// One side: a file and, optionally, one of its steps (else every step,
+// figures averaged per step).
+struct DiffSide {
+  std::filesystem::path path;
+  std::optional<int> step;
+};
+
+// A kernel or op name on both sides, per step: Holistic Trace Analysis's
+// TraceDiff columns (counts and durations of control and test, their
+// difference) with a ratio.
+struct DiffRow {
+  std::string name;
+  double count_a = 0, count_b = 0;
+  double time_a_us = 0, time_b_us = 0;
+  double delta_us() const { return time_b_us - time_a_us; }
+  std::optional<double> ratio() const {
+    return time_a_us > 0 ? std::optional<double>(time_b_us / time_a_us) : std::nullopt;
+  }
+  // HTA's ops_diff categories, by calls per step: "added" (only in B),
+  // "deleted" (only in A), "increased", "decreased", "unchanged".
+  std::string change;
+};
+
+// Per-step figures of one side.
+struct DiffTotals {
+  double steps = 0;
+  double step_us = 0, device_busy_us = 0;
+  double kernels = 0, memcpys = 0, memsets = 0, memcpy_bytes = 0;
+  double peak_bytes = 0;  // the largest step's
+};
+
+struct TraceDiff {
+  std::string a_label, b_label;                // "a.json" or "a.json ProfilerStep#3"
+  std::vector<StepAnalysis> a_steps, b_steps;  // what each side averages
+  DiffTotals a, b;
+  std::vector<DiffRow> kernels;         // every kernel name on either side, by |delta|
+  std::vector<DiffRow> ops;             // every top-level op name, by |delta| of device time, then host time
+  std::vector<DiffRow> op_host;         // the same ops' host time
+  std::vector<Finding> only_a, only_b;  // findings (by rule and text without figures) on one side only
+};
+
+// Reads each side (a file named twice is read once) and compares them.
+TraceDiff diff_traces(const DiffSide& a, const DiffSide& b, const AnalyzeOptions& options = {});
+// The same over analyses already made; `a_step`, `b_step` pick one step each.
+TraceDiff diff_analyses(const TraceAnalysis& a, std::optional<int> a_step, const TraceAnalysis& b,
+                        std::optional<int> b_step);
+
+// ---- output (the report layer) -----------------------------------------------------
+
+// What analyze prints: per trace, the at-a-glance table of its steps with
+// their findings, then each step's top-level ops and top `top` kernels.
+std::string analysis_text(const TraceAnalysis& a, int top = 10);
+// {"traces": [{"path", "device", "steps": [{"label", "metrics", "kernels",
+// "memcpys", "memsets", ..., "ops": [...], "kernels_by_time": [...],
+// "findings": [finding records]}]}]}
+nlohmann::json analysis_json(const std::vector<TraceAnalysis>& analyses);
+
+// What diff prints: totals side by side, kernels that appeared or vanished,
+// the `top` largest changes per kernel and per op, findings on one side only.
+std::string diff_text(const TraceDiff& d, int top = 15);
+nlohmann::json diff_json(const TraceDiff& d);
+
+}  // namespace attnprof

@@ -1,0 +1,253 @@
+// analyze: a trace split into its profiler steps, each step a run the rule
+// table reads (attnprof/analyze.h).
+#include "attnprof/analyze.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+
+#include "analysis/findings.h"
+#include "analysis/metrics.h"
+#include "analysis/normalize.h"
+#include "analysis/trace_index.h"
+#include "attnprof/error.h"
+
+namespace attnprof {
+namespace {
+
+using analysis::EventIndex;
+using analysis::kNone;
+using analysis::TraceIndex;
+
+bool is_device_work(ActivityType t) {
+  return t == ActivityType::Kernel || t == ActivityType::Memcpy || t == ActivityType::Memset;
+}
+
+bool is_launch(ActivityType t) { return t == ActivityType::CudaRuntime || t == ActivityType::CudaDriver; }
+
+std::optional<int> step_number(std::string_view name) {
+  if (!name.starts_with(analysis::kProfilerStepPrefix)) return std::nullopt;
+  name.remove_prefix(analysis::kProfilerStepPrefix.size());
+  int n = 0;
+  const auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), n);
+  if (ec != std::errc() || p != name.data() + name.size()) return std::nullopt;
+  return n;
+}
+
+// The step (position in `spans`, sorted by start) whose span holds `ns`, or -1.
+int step_at(const std::vector<std::pair<std::int64_t, std::int64_t>>& spans, std::int64_t ns) {
+  const auto it =
+      std::upper_bound(spans.begin(), spans.end(), ns, [](std::int64_t t, const auto& s) { return t < s.first; });
+  if (it == spans.begin()) return -1;
+  return ns <= std::prev(it)->second ? static_cast<int>(std::prev(it) - spans.begin()) : -1;
+}
+
+double union_us(std::vector<std::pair<std::int64_t, std::int64_t>> iv, std::optional<double>* idle_pct) {
+  if (iv.empty()) return 0;
+  std::sort(iv.begin(), iv.end());
+  double busy = 0;
+  std::int64_t cur_s = iv.front().first, cur_e = iv.front().second, last = cur_e;
+  for (const auto& [s, e] : iv) {
+    if (s > cur_e) {
+      busy += static_cast<double>(cur_e - cur_s);
+      cur_s = s;
+    }
+    cur_e = std::max(cur_e, e);
+    last = std::max(last, e);
+  }
+  busy += static_cast<double>(cur_e - cur_s);
+  const double span = static_cast<double>(last - iv.front().first);
+  if (idle_pct && span > 0 && iv.size() > 1) *idle_pct = 100.0 * (1.0 - busy / span);
+  return busy / 1e3;
+}
+
+// The figures of one step, read through its index.
+void breakdown(const TraceIndex& ix, StepAnalysis& s) {
+  const auto& v = ix.trace().activities;
+  std::int64_t first = 0, last = 0;
+  bool any = false;
+  for (const auto& a : v) {
+    if (a.on_device() || a.type == ActivityType::Allocation) continue;
+    first = any ? std::min(first, a.start_ns) : a.start_ns;
+    last = any ? std::max(last, a.end_ns()) : a.end_ns();
+    any = true;
+  }
+  s.step_us = any ? static_cast<double>(last - first) / 1e3 : 0;
+
+  std::map<std::string, OpRow> ops;
+  for (std::size_t c = 0; c < ix.forwards().size(); ++c) {
+    for (EventIndex i : ix.forward_ops(c)) {
+      OpRow& row = ops[ix.at(i).name];
+      row.calls += 1;
+      row.host_us += static_cast<double>(ix.at(i).dur_ns) / 1e3;
+    }
+  }
+  std::map<std::string, KernelRow> kernels;
+  std::vector<std::pair<std::int64_t, std::int64_t>> busy;
+  int launched = 0;
+  double kernel_us = 0;
+  for (EventIndex d : ix.device_activities()) {
+    const Activity& a = ix.at(d);
+    busy.emplace_back(a.start_ns, a.end_ns());
+    const double us = static_cast<double>(a.dur_ns) / 1e3;
+    const EventIndex call = ix.launch_call(d);
+    launched += call != kNone;
+    const EventIndex outer = ix.launching_op(d, /*outermost=*/true);
+    OpRow& row = ops[outer != kNone ? ix.at(outer).name : std::string("(no op)")];
+    row.device_us += us;
+    if (a.type == ActivityType::Kernel) {
+      ++s.kernels;
+      ++row.kernels;
+      kernel_us += us;
+      KernelRow& k = kernels[a.name];
+      if (k.count == 0) {
+        k.name = a.name;
+        if (a.kernel) k.occupancy_pct = a.kernel->occupancy_pct;
+        const auto g = analysis::gemm_class(a.name);
+        k.gemm = std::string(analysis::gemm_class_name(g));
+      }
+      ++k.count;
+      k.total_us += us;
+      k.driver_launch |= call != kNone && ix.at(call).type == ActivityType::CudaDriver;
+    } else if (a.type == ActivityType::Memcpy) {
+      ++s.memcpys;
+      ++row.memcpys;
+      s.memcpy_bytes += a.transfer ? static_cast<double>(a.transfer->bytes) : 0;
+    } else {
+      ++s.memsets;
+      ++row.memsets;
+    }
+  }
+  s.device_busy_us = union_us(std::move(busy), &s.gpu_idle_pct);
+  if (launched > 0 && s.step_us > 0) s.host_us_per_launch = s.step_us / launched;
+  for (auto& [name, row] : ops) {
+    row.name = name;
+    s.ops.push_back(std::move(row));
+  }
+  std::stable_sort(s.ops.begin(), s.ops.end(), [](const OpRow& x, const OpRow& y) {
+    return std::tie(x.device_us, x.host_us) > std::tie(y.device_us, y.host_us);
+  });
+  for (auto& [name, k] : kernels) {
+    k.pct = kernel_us > 0 ? 100.0 * k.total_us / kernel_us : 0;
+    if (k.gemm == "tensor cores" || k.gemm == "TF32 tensor cores") s.tensor_core_gemms += k.count;
+    if (k.gemm == "CUDA cores") s.cuda_core_gemms += k.count;
+    s.kernels_by_time.push_back(std::move(k));
+  }
+  std::stable_sort(s.kernels_by_time.begin(), s.kernels_by_time.end(),
+                   [](const KernelRow& x, const KernelRow& y) { return x.total_us > y.total_us; });
+}
+
+StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string& source, bool gpu) {
+  StepAnalysis s;
+  s.label = label;
+  RunResult& r = s.result;
+  r.backend = std::move(label);
+  r.source = source;
+  r.eligibility.eligible = true;
+  r.problem.device = gpu ? Device::Cuda : Device::Cpu;
+  r.trace = std::move(step_trace);
+  const TraceIndex ix(r.trace);
+  r.metrics = analysis::measure(ix, r.problem, 0);
+  // The problem is not known from a trace: no FLOP count, so no TFLOP/s.
+  r.metrics.tflops.reset();
+  r.metrics.ceiling_pct.reset();
+  r.findings = analysis::findings(ix, r, {}, {});
+  breakdown(ix, s);
+  return s;
+}
+
+}  // namespace
+
+TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOptions& options) {
+  TraceAnalysis out;
+  out.path = source;
+  out.trace_name = trace.name;
+  out.device = trace.device;
+  out.events = trace.activities.size();
+  auto& v = trace.activities;
+  out.gpu = std::any_of(v.begin(), v.end(), [](const Activity& a) { return is_device_work(a.type); });
+
+  // Steps: "ProfilerStep#N" ranges in time order (on the main thread; a
+  // nested copy of the name, as some PyTorch versions write, counts once).
+  std::vector<std::size_t> steps;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (v[i].type == ActivityType::UserAnnotation && step_number(v[i].name)) steps.push_back(i);
+  }
+  std::stable_sort(steps.begin(), steps.end(),
+                   [&](std::size_t x, std::size_t y) { return v[x].start_ns < v[y].start_ns; });
+  std::vector<std::pair<std::int64_t, std::int64_t>> spans;
+  std::vector<std::size_t> kept;
+  for (std::size_t i : steps) {
+    if (!spans.empty() && v[i].start_ns < spans.back().second) continue;  // overlaps the previous step
+    spans.emplace_back(v[i].start_ns, v[i].end_ns());
+    kept.push_back(i);
+  }
+  std::vector<std::string> labels;
+  for (std::size_t i : kept) labels.push_back(v[i].name);
+  if (options.step) {
+    const auto it = std::find_if(labels.begin(), labels.end(),
+                                 [&](const std::string& l) { return step_number(l) == options.step; });
+    if (it == labels.end()) {
+      std::string have;
+      for (const auto& l : labels) have += (have.empty() ? "" : ", ") + l;
+      fail(ErrorKind::InvalidArgument,
+           source + " has no ProfilerStep#" + std::to_string(*options.step) +
+               (have.empty() ? std::string(" (it has no steps)") : " (it has " + have + ")"));
+    }
+  }
+
+  const std::size_t groups = spans.empty() ? 1 : spans.size();
+  std::vector<int> group(v.size(), spans.empty() ? 0 : -1);
+  if (!spans.empty()) {
+    // Host events by their start; device activities by their launch's step.
+    std::unordered_map<std::uint64_t, int> launch_step;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (is_device_work(v[i].type)) continue;
+      group[i] = step_at(spans, v[i].start_ns);
+      if (is_launch(v[i].type) && v[i].correlation != 0) launch_step.try_emplace(v[i].correlation, group[i]);
+    }
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!is_device_work(v[i].type)) continue;
+      const auto it = v[i].correlation != 0 ? launch_step.find(v[i].correlation) : launch_step.end();
+      group[i] = it != launch_step.end() ? it->second : step_at(spans, v[i].start_ns);
+    }
+  }
+  std::vector<Trace> parts(groups);
+  for (std::size_t g = 0; g < groups; ++g) {
+    parts[g].device = trace.device;
+    parts[g].base_ns = trace.base_ns;
+    parts[g].name = trace.name;
+    parts[g].collector_note = trace.collector_note;
+    parts[g].steps_recorded = 1;
+  }
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (group[i] < 0) {
+      ++out.events_outside_steps;
+      continue;
+    }
+    parts[static_cast<std::size_t>(group[i])].activities.push_back(std::move(v[i]));
+  }
+  v.clear();
+  v.shrink_to_fit();
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::string label = spans.empty() ? std::string("whole trace") : labels[g];
+    if (options.step && step_number(label) != options.step) continue;
+    auto& acts = parts[g].activities;
+    std::stable_sort(acts.begin(), acts.end(),
+                     [](const Activity& x, const Activity& y) { return x.start_ns < y.start_ns; });
+    out.steps.push_back(analyse_step(std::move(parts[g]), std::move(label), source, out.gpu));
+    Trace().activities.swap(parts[g].activities);
+  }
+  return out;
+}
+
+std::vector<TraceAnalysis> analyze_traces(const std::vector<std::filesystem::path>& paths,
+                                          const AnalyzeOptions& options) {
+  std::vector<TraceAnalysis> out;
+  for (const auto& p : paths) out.push_back(analyze_trace(read_chrome_trace(p, options.read), p.string(), options));
+  return out;
+}
+
+}  // namespace attnprof

@@ -1,0 +1,363 @@
+// What analyze and diff print and write (attnprof/analyze.h).
+#include <algorithm>
+#include <sstream>
+
+#include "analysis/format.h"
+#include "attnprof/analyze.h"
+#include "report/report.h"
+
+namespace attnprof {
+namespace {
+
+using analysis::format;
+using nlohmann::json;
+
+std::string time_str(double us) {
+  if (us >= 1e6) return format("%.2f s", us / 1e6);
+  if (us >= 1e3) return format("%.3f ms", us / 1e3);
+  return format("%.1f us", us);
+}
+
+// Built by appending: GCC 12 warns (-Wrestrict, a false positive) on "+" + string.
+std::string with_sign(double x, const std::string& magnitude) {
+  std::string s = x > 0 ? "+" : x < 0 ? "-" : "";
+  s += magnitude;
+  return s;
+}
+
+std::string signed_time(double us) { return with_sign(us, time_str(std::abs(us))); }
+
+std::string bytes_str(double b) {
+  if (b >= 1024.0 * 1024 * 1024) return format("%.2f GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return format("%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return format("%.1f KiB", b / 1024.0);
+  return format("%.0f B", b);
+}
+
+std::string count_str(double x) { return x == std::floor(x) ? format("%.0f", x) : format("%.1f", x); }
+
+std::string opt(const char* f, const std::optional<double>& v) { return v ? format(f, *v) : "-"; }
+
+std::string shorten(const std::string& s, std::size_t n) { return s.size() <= n ? s : s.substr(0, n - 3) + "..."; }
+
+// Columns padded to their widest cell; `tail` (a free-text last column) may
+// carry continuation lines, indented under it.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header, std::string tail = {})
+      : header_(std::move(header)), tail_(std::move(tail)) {}
+  void add(std::vector<std::string> cells, std::vector<std::string> tail = {}) {
+    rows_.push_back({std::move(cells), std::move(tail)});
+  }
+  std::string str(const std::string& indent = "") const {
+    std::vector<std::size_t> w(header_.size());
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = header_[i].size();
+    for (const auto& r : rows_) {
+      for (std::size_t i = 0; i < r.cells.size() && i < w.size(); ++i) w[i] = std::max(w[i], r.cells[i].size());
+    }
+    std::ostringstream os;
+    std::size_t total = 0;
+    for (auto x : w) total += x + 2;
+    const auto line = [&](const std::vector<std::string>& cells, const std::string& tail) {
+      std::string l = indent;
+      for (std::size_t i = 0; i < cells.size(); ++i) {
+        l += cells[i];
+        if (i + 1 < cells.size() || !tail.empty()) l += std::string(w[i] - cells[i].size() + 2, ' ');
+      }
+      l += tail;
+      while (!l.empty() && l.back() == ' ') l.pop_back();
+      os << l << "\n";
+    };
+    line(header_, tail_);
+    os << indent << std::string(total + (tail_.empty() ? 0 : tail_.size()) - 2, '-') << "\n";
+    for (const auto& r : rows_) {
+      line(r.cells, r.tail.empty() ? "" : r.tail.front());
+      for (std::size_t k = 1; k < r.tail.size(); ++k) os << indent << std::string(total, ' ') << r.tail[k] << "\n";
+    }
+    return os.str();
+  }
+
+ private:
+  struct Row {
+    std::vector<std::string> cells, tail;
+  };
+  std::vector<std::string> header_;
+  std::string tail_;
+  std::vector<Row> rows_;
+};
+
+std::string device_line(const TraceAnalysis& a) {
+  if (!a.gpu) return "no GPU events: read as a CPU trace";
+  if (!a.device) return "GPU events, but no deviceProperties: occupancy not computed";
+  const DeviceProperties& d = *a.device;
+  return d.name + format(" (sm%.0f", d.compute_major * 10.0 + d.compute_minor) + format(", %.0f SMs)", d.num_sms);
+}
+
+json kernel_row_json(const KernelRow& k) {
+  return {{"name", k.name},
+          {"count", k.count},
+          {"total_us", k.total_us},
+          {"pct", k.pct},
+          {"occupancy_pct", k.occupancy_pct ? json(*k.occupancy_pct) : json(nullptr)},
+          {"gemm", k.gemm.empty() ? json(nullptr) : json(k.gemm)},
+          {"driver_launch", k.driver_launch}};
+}
+
+json op_row_json(const OpRow& o) {
+  return {{"name", o.name},       {"calls", o.calls},     {"kernels", o.kernels},    {"memcpys", o.memcpys},
+          {"memsets", o.memsets}, {"host_us", o.host_us}, {"device_us", o.device_us}};
+}
+
+json step_json(const StepAnalysis& s) {
+  json j = report::result_json(s.result);
+  j["label"] = s.label;
+  j["source"] = s.result.source;
+  j["calls"] = s.result.metrics.steps;
+  j["kernels"] = s.kernels;
+  j["memcpys"] = s.memcpys;
+  j["memsets"] = s.memsets;
+  j["memcpy_bytes"] = s.memcpy_bytes;
+  j["step_us"] = s.step_us;
+  j["device_busy_us"] = s.device_busy_us;
+  j["gpu_idle_pct"] = s.gpu_idle_pct ? json(*s.gpu_idle_pct) : json(nullptr);
+  j["host_us_per_launch"] = s.host_us_per_launch ? json(*s.host_us_per_launch) : json(nullptr);
+  j["tensor_core_gemms"] = s.tensor_core_gemms;
+  j["cuda_core_gemms"] = s.cuda_core_gemms;
+  j["ops"] = json::array();
+  for (const auto& o : s.ops) j["ops"].push_back(op_row_json(o));
+  j["kernels_by_time"] = json::array();
+  for (const auto& k : s.kernels_by_time) j["kernels_by_time"].push_back(kernel_row_json(k));
+  return j;
+}
+
+json device_props_json(const std::optional<DeviceProperties>& d) {
+  if (!d) return nullptr;
+  return {{"name", d->name},
+          {"compute_capability", std::to_string(d->compute_major) + "." + std::to_string(d->compute_minor)},
+          {"sms", d->num_sms},
+          {"total_memory_bytes", d->total_global_mem}};
+}
+
+json diff_row_json(const DiffRow& r) {
+  return {{"name", r.name},
+          {"count_a", r.count_a},
+          {"count_b", r.count_b},
+          {"time_a_us", r.time_a_us},
+          {"time_b_us", r.time_b_us},
+          {"delta_us", r.delta_us()},
+          {"ratio", r.ratio() ? json(*r.ratio()) : json(nullptr)},
+          {"change", r.change}};
+}
+
+json totals_json(const DiffTotals& t) {
+  return {{"steps", t.steps},
+          {"step_us", t.step_us},
+          {"device_busy_us", t.device_busy_us},
+          {"kernels", t.kernels},
+          {"memcpys", t.memcpys},
+          {"memsets", t.memsets},
+          {"memcpy_bytes", t.memcpy_bytes},
+          {"peak_bytes", t.peak_bytes}};
+}
+
+std::string ratio_str(const DiffRow& r) { return r.ratio() ? format("%.2fx", *r.ratio()) : "new"; }
+
+}  // namespace
+
+std::string analysis_text(const TraceAnalysis& a, int top) {
+  std::ostringstream os;
+  os << "trace: " << a.path;
+  if (!a.trace_name.empty()) os << " (" << a.trace_name << ")";
+  os << "\ndevice: " << device_line(a) << "\n";
+  os << a.events << " events";
+  if (a.events_outside_steps > 0) os << ", " << a.events_outside_steps << " outside every profiler step (not analysed)";
+  os << "\n\n";
+
+  const bool gpu = a.gpu;
+  std::vector<std::string> header = {"step"};
+  if (gpu) {
+    for (const char* h : {"kernels", "memcpys", "memsets", "GPU busy", "step time", "GPU idle", "host/launch",
+                          "TC GEMMs", "occupancy"}) {
+      header.emplace_back(h);
+    }
+  } else {
+    for (const char* h : {"top-level ops", "copies", "step time"}) header.emplace_back(h);
+  }
+  header.emplace_back("peak mem");
+  Table t(header, "what the trace shows");
+  for (const auto& s : a.steps) {
+    const Metrics& m = s.result.metrics;
+    std::vector<std::string> cells = {s.label};
+    if (gpu) {
+      const int gemms = s.tensor_core_gemms + s.cuda_core_gemms;
+      cells.insert(cells.end(), {std::to_string(s.kernels), std::to_string(s.memcpys), std::to_string(s.memsets),
+                                 time_str(s.device_busy_us), time_str(s.step_us), opt("%.0f%%", s.gpu_idle_pct),
+                                 s.host_us_per_launch ? time_str(*s.host_us_per_launch) : "-",
+                                 gemms ? format("%.0f", s.tensor_core_gemms) + "/" + std::to_string(gemms) : "-",
+                                 opt("%.0f%%", m.occupancy_pct)});
+    } else {
+      std::size_t ops = 0;
+      for (const auto& o : s.ops) ops += static_cast<std::size_t>(o.calls);
+      cells.insert(cells.end(), {std::to_string(ops), count_str(m.copies_per_forward * m.steps), time_str(s.step_us)});
+    }
+    const auto& acts = s.result.trace.activities;
+    const bool memory =
+        std::any_of(acts.begin(), acts.end(), [](const Activity& x) { return x.type == ActivityType::Allocation; });
+    cells.push_back(memory ? bytes_str(static_cast<double>(m.peak_bytes)) : "-");
+    std::vector<std::string> said;
+    for (const auto& f : s.result.findings) said.push_back(f.text);
+    t.add(std::move(cells), std::move(said));
+  }
+  os << t.str();
+  if (gpu) {
+    os << "GPU busy: the union of the step's kernels, memcpys and memsets; GPU idle: the gaps between its first\n"
+          "and last; host/launch: step time per device activity launched; TC GEMMs: GEMM kernels on tensor cores\n"
+          "of all GEMM kernels; occupancy: theoretical, of the longest kernel (each kernel's below).\n";
+  }
+
+  for (const auto& s : a.steps) {
+    os << "\n" << s.label << ": top-level ops\n";
+    Table ops(gpu ? std::vector<std::string>{"op", "calls", "kernels", "memcpys", "memsets", "GPU time", "host time"}
+                  : std::vector<std::string>{"op", "calls", "host time"});
+    int n = 0;
+    for (const auto& o : s.ops) {
+      if (n++ >= top) break;
+      if (gpu) {
+        ops.add({shorten(o.name, 60), std::to_string(o.calls), std::to_string(o.kernels), std::to_string(o.memcpys),
+                 std::to_string(o.memsets), time_str(o.device_us), time_str(o.host_us)});
+      } else {
+        ops.add({shorten(o.name, 60), std::to_string(o.calls), time_str(o.host_us)});
+      }
+    }
+    os << ops.str("  ");
+    if (s.ops.size() > static_cast<std::size_t>(top)) os << "  ... " << s.ops.size() - top << " more (--top N)\n";
+    if (!gpu || s.kernels_by_time.empty()) continue;
+    os << "\n" << s.label << ": top kernels by time\n";
+    Table ks({"time", "share", "count", "occupancy", "GEMM on", "kernel"});
+    n = 0;
+    for (const auto& k : s.kernels_by_time) {
+      if (n++ >= top) break;
+      ks.add({time_str(k.total_us), format("%.1f%%", k.pct), std::to_string(k.count),
+              opt("%.0f%%", k.occupancy_pct) + (k.driver_launch ? " (driver)" : ""), k.gemm.empty() ? "-" : k.gemm,
+              shorten(k.name, 90)});
+    }
+    os << ks.str("  ");
+  }
+  return os.str();
+}
+
+nlohmann::json analysis_json(const std::vector<TraceAnalysis>& analyses) {
+  json traces = json::array();
+  for (const auto& a : analyses) {
+    json steps = json::array();
+    for (const auto& s : a.steps) steps.push_back(step_json(s));
+    traces.push_back({{"path", a.path},
+                      {"trace_name", a.trace_name},
+                      {"device", device_props_json(a.device)},
+                      {"gpu", a.gpu},
+                      {"events", a.events},
+                      {"events_outside_steps", a.events_outside_steps},
+                      {"steps", std::move(steps)}});
+  }
+  return {{"traces", std::move(traces)}};
+}
+
+std::string diff_text(const TraceDiff& d, int top) {
+  std::ostringstream os;
+  os << "A: " << d.a_label << format(" (%.0f step", d.a.steps) << (d.a.steps == 1 ? "" : "s") << ")\n";
+  os << "B: " << d.b_label << format(" (%.0f step", d.b.steps) << (d.b.steps == 1 ? "" : "s") << ")\n";
+  if (d.a.steps > 1 || d.b.steps > 1) os << "figures per step (averaged over each side's steps)\n";
+  os << "\n";
+  Table t({"", "A", "B", "delta", "ratio"});
+  const auto row = [&](const char* name, double a, double b, bool time, bool bytes) {
+    const std::string fa = time ? time_str(a) : bytes ? bytes_str(a) : count_str(a);
+    const std::string fb = time ? time_str(b) : bytes ? bytes_str(b) : count_str(b);
+    const double dd = b - a;
+    const std::string fd = time    ? signed_time(dd)
+                           : bytes ? with_sign(dd, bytes_str(std::abs(dd)))
+                                   : with_sign(dd, count_str(std::abs(dd)));
+    t.add({name, fa, fb, fd, a > 0 ? format("%.2fx", b / a) : "-"});
+  };
+  row("step time", d.a.step_us, d.b.step_us, true, false);
+  row("GPU busy", d.a.device_busy_us, d.b.device_busy_us, true, false);
+  row("kernels", d.a.kernels, d.b.kernels, false, false);
+  row("memcpys", d.a.memcpys, d.b.memcpys, false, false);
+  row("memsets", d.a.memsets, d.b.memsets, false, false);
+  row("bytes copied", d.a.memcpy_bytes, d.b.memcpy_bytes, false, true);
+  if (d.a.peak_bytes > 0 || d.b.peak_bytes > 0) row("peak memory", d.a.peak_bytes, d.b.peak_bytes, false, true);
+  os << t.str();
+
+  const auto names = [&](const char* what, const std::string& change) {
+    std::vector<const DiffRow*> list;
+    for (const auto& r : d.kernels) {
+      if (r.change == change) list.push_back(&r);
+    }
+    if (list.empty()) return;
+    os << "\nkernels " << what << " (" << list.size() << "):\n";
+    int n = 0;
+    for (const DiffRow* r : list) {
+      if (n++ >= top) {
+        os << "  ... " << list.size() - top << " more\n";
+        break;
+      }
+      const double count = change == "added" ? r->count_b : r->count_a;
+      const double time = change == "added" ? r->time_b_us : r->time_a_us;
+      os << "  " << count_str(count) << "x " << time_str(time) << "  " << shorten(r->name, 100) << "\n";
+    }
+  };
+  names("that appeared in B", "added");
+  names("that vanished from A", "deleted");
+
+  const auto changes = [&](const char* title, const std::vector<DiffRow>& list) {
+    if (list.empty()) return;
+    os << "\n" << title << " (largest changes first)\n";
+    Table c({"A", "B", "delta", "ratio", "calls A", "calls B", "change", "name"});
+    int n = 0;
+    for (const auto& r : list) {
+      if (n++ >= top) break;
+      c.add({time_str(r.time_a_us), time_str(r.time_b_us), signed_time(r.delta_us()), ratio_str(r),
+             count_str(r.count_a), count_str(r.count_b), r.change, shorten(r.name, 80)});
+    }
+    os << c.str("  ");
+    if (list.size() > static_cast<std::size_t>(top)) os << "  ... " << list.size() - top << " more (--top N)\n";
+  };
+  changes("time per kernel", d.kernels);
+  const bool gpu = d.a.kernels + d.a.memcpys + d.a.memsets + d.b.kernels + d.b.memcpys + d.b.memsets > 0;
+  changes(gpu ? "GPU time per top-level op" : "host time per top-level op", d.ops);
+  if (gpu) changes("host time per top-level op", d.op_host);
+
+  const auto findings = [&](const char* title, const std::vector<Finding>& list) {
+    os << "\n" << title << (list.empty() ? ": none\n" : ":\n");
+    for (const auto& f : list) os << "  [" << f.rule << "] " << f.text << "\n";
+  };
+  findings("findings only in A", d.only_a);
+  findings("findings only in B", d.only_b);
+  return os.str();
+}
+
+nlohmann::json diff_json(const TraceDiff& d) {
+  json j;
+  j["a"] = {{"label", d.a_label}, {"totals", totals_json(d.a)}};
+  j["b"] = {{"label", d.b_label}, {"totals", totals_json(d.b)}};
+  const auto list = [](const std::vector<DiffRow>& rows) {
+    json out = json::array();
+    for (const auto& r : rows) out.push_back(diff_row_json(r));
+    return out;
+  };
+  j["kernels"] = list(d.kernels);
+  j["ops"] = list(d.ops);
+  j["op_host"] = list(d.op_host);
+  j["kernels_added"] = json::array();
+  j["kernels_removed"] = json::array();
+  for (const auto& r : d.kernels) {
+    if (r.change == "added") j["kernels_added"].push_back(r.name);
+    if (r.change == "deleted") j["kernels_removed"].push_back(r.name);
+  }
+  j["findings_only_a"] = json::array();
+  j["findings_only_b"] = json::array();
+  for (const auto& f : d.only_a) j["findings_only_a"].push_back(report::finding_json(f));
+  for (const auto& f : d.only_b) j["findings_only_b"].push_back(report::finding_json(f));
+  return j;
+}
+
+}  // namespace attnprof
