@@ -81,15 +81,15 @@ fi
 # screenshots) and Holistic Trace Analysis (the HTA test loads our traces).
 # HTA is installed without its declared dependencies, which pull in
 # JupyterLab; what it imports is listed here instead.
-py_need=("pillow" "HolisticTraceAnalysis==0.5.0" "pandas" "plotly" "networkx" "numpy" "psutil" "pyyaml")
+py_deps=(pillow pandas plotly networkx numpy psutil pyyaml)
 if ! python3 -c "import PIL, hta, pandas, plotly, networkx, numpy, psutil, yaml" >/dev/null 2>&1; then
-  echo "setup: installing Python packages: ${py_need[*]}" >&2
+  echo "setup: installing Python packages: ${py_deps[*]} HolisticTraceAnalysis" >&2
   pip_install=(python3 -m pip install -q --disable-pip-version-check)
   # Debian's own python3 refuses installs outside a virtual environment (PEP 668).
   if python3 -c 'import sys, sysconfig, pathlib; sys.exit(not (pathlib.Path(sysconfig.get_path("stdlib")) / "EXTERNALLY-MANAGED").exists())'; then
     pip_install+=(--break-system-packages)
   fi
+  "${pip_install[@]}" "${py_deps[@]}"
   "${pip_install[@]}" --no-deps "HolisticTraceAnalysis==0.5.0"
-  "${pip_install[@]}" "${py_need[@]:2}" pillow
 fi
 echo "setup: ok" >&2
