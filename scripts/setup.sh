@@ -2,13 +2,17 @@
 # Installs everything attnprof needs on a fresh Debian/Ubuntu machine:
 # the compiler toolchain, CMake, OpenBLAS, GoogleTest, nlohmann-json,
 # simdjson and zlib (the trace reader),
-# clang-format (the tests check formatting) and,
+# clang-format (the tests check formatting), Chromium (the HTML report's
+# browser test), Plotly.js (from PyPI's plotly wheel, into the ignored
+# third_party/plotly/, inlined into every --html report), the Python packages
+# the tests run (Pillow; HolisticTraceAnalysis, which reads our traces) and,
 # when a CUDA toolkit is present, the cuDNN frontend headers (from PyPI,
 # into the ignored folder third_party/). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=(g++ cmake ninja-build pkg-config libopenblas-dev libgtest-dev nlohmann-json3-dev libsimdjson-dev zlib1g-dev python3 clang-format git)
+need=(g++ cmake ninja-build pkg-config libopenblas-dev libgtest-dev nlohmann-json3-dev libsimdjson-dev zlib1g-dev python3
+      python3-pip clang-format git chromium)
 missing=()
 for p in "${need[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -48,5 +52,45 @@ PY
     fi
     rm -rf "$tmp"
   fi
+fi
+
+# Plotly.js for the HTML report: the minified bundle inside PyPI's plotly
+# wheel (plotly/package_data/plotly.min.js), pinned so reports do not change
+# under us. CMake points the attnprof command at this file (and installs it).
+plotly_version=7.1.0
+pl=third_party/plotly
+if [[ ! -f $pl/plotly.min.js || "$(cat $pl/VERSION 2>/dev/null)" != "$plotly_version" ]]; then
+  echo "setup: fetching Plotly.js from the plotly $plotly_version wheel into $pl" >&2
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps -d "$tmp" "plotly==$plotly_version" >/dev/null
+  mkdir -p "$pl"
+  python3 - "$tmp" "$pl" "$plotly_version" <<'PY'
+import sys, zipfile, pathlib
+src, dst, version = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+wheel = next(src.glob("plotly-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    js = z.read("plotly/package_data/plotly.min.js")
+tmp = dst / "plotly.min.js.tmp"
+tmp.write_bytes(js)
+tmp.replace(dst / "plotly.min.js")
+(dst / "VERSION").write_text(version)
+PY
+  rm -rf "$tmp"
+fi
+
+# Python packages the tests run: Pillow (the browser test reads its
+# screenshots) and Holistic Trace Analysis (the HTA test loads our traces).
+# HTA is installed without its declared dependencies, which pull in
+# JupyterLab; what it imports is listed here instead.
+py_deps=(pillow pandas plotly networkx numpy psutil pyyaml)
+if ! python3 -c "import PIL, hta, pandas, plotly, networkx, numpy, psutil, yaml" >/dev/null 2>&1; then
+  echo "setup: installing Python packages: ${py_deps[*]} HolisticTraceAnalysis" >&2
+  pip_install=(python3 -m pip install -q --disable-pip-version-check)
+  # Debian's own python3 refuses installs outside a virtual environment (PEP 668).
+  if python3 -c 'import sys, sysconfig, pathlib; sys.exit(not (pathlib.Path(sysconfig.get_path("stdlib")) / "EXTERNALLY-MANAGED").exists())'; then
+    pip_install+=(--break-system-packages)
+  fi
+  "${pip_install[@]}" "${py_deps[@]}"
+  "${pip_install[@]}" --no-deps "HolisticTraceAnalysis==0.5.0"
 fi
 echo "setup: ok" >&2

@@ -99,6 +99,9 @@ struct DeviceProperties {
   std::int64_t shared_mem_per_block = 0;
   std::int64_t shared_mem_per_block_optin = 0;
   std::int64_t l2_cache_bytes = 0;
+  // Peak DRAM bandwidth in GB/s from the memory clock and bus width (the
+  // roofline's memory line); 0 where unknown. Not in Kineto's schema.
+  double memory_bandwidth_gbs = 0;
 };
 
 struct Trace {

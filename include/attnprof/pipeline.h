@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attnprof/findings.h"
+#include "attnprof/html.h"
 #include "attnprof/key_averages.h"
 #include "attnprof/runner.h"
 
@@ -25,6 +26,9 @@ struct PipelineOptions {
   // .summary.json go; none = write nothing per backend.
   std::optional<std::filesystem::path> trace_dir;
   std::optional<std::filesystem::path> json_path;  // the whole report as JSON
+  // The HTML report (attnprof/html.h): one self-contained page. Checked,
+  // with Plotly.js's presence, before any work.
+  std::optional<std::filesystem::path> html_path;
 };
 
 // The files written for one backend.
@@ -47,6 +51,9 @@ struct PipelineReport {
   void require_any_ran() const;
   // The --json document: device, problem, results (the DESIGN.md schema).
   nlohmann::json json() const;
+  // The --html page's input: one run per result, titled `title`. The report
+  // must outlive it (the runs point into results).
+  HtmlReport html(std::string title) const;
 };
 
 // Every backend (or those in `only`) on `p`. Throws Error for a bad output

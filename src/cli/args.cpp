@@ -210,7 +210,11 @@ std::string command_help(const std::string& command) {
         "(PyTorch's layout) and writes <stem>.json (Chrome trace), <stem>.txt (table) and\n"
         "<stem>.summary.json under --trace-dir, where <stem> is batch_heads_seq_headdim_backend.\n\n"
         "  --backend B          one of " +
-        backend_list() + "\n\n" + kProblemHelp + "\n" + kRunHelp;
+        backend_list() +
+        "\n"
+        "  --json PATH          also write the result as JSON\n"
+        "  --html FILE          also write the HTML report (timeline, roofline, findings)\n\n" +
+        kProblemHelp + "\n" + kRunHelp;
   } else if (command == "compare") {
     h = std::string(
             "attnprof compare [options]\n\n"
@@ -220,7 +224,9 @@ std::string command_help(const std::string& command) {
             "occupancy, and what the trace shows (rules that read the recorded events).\n"
             "A trace, table and summary per backend go to --trace-dir.\n\n"
             "  --backends A,B,...   only these backends\n"
-            "  --json PATH          also write the results as JSON\n\n") +
+            "  --json PATH          also write the results as JSON\n"
+            "  --html FILE          also write the HTML report: one self-contained page with each\n"
+            "                       backend's timeline, bars, a roofline, the findings and tables\n\n") +
         kProblemHelp + "\n" + kRunHelp;
   } else if (command == "explain") {
     h = std::string(
@@ -393,6 +399,11 @@ Options parse(int argc, char** argv) {
          if (v.empty()) bad("--json needs a path");
          o.json_path = v;
        }},
+      {"--html",
+       [&](auto&, auto& v) {
+         if (v.empty()) bad("--html needs a path");
+         o.html_path = v;
+       }},
       {"--expect",
        [&](auto& f, auto& v) {
          const auto kv = split(v, '=');
@@ -430,6 +441,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.command == "profile" && o.backend.empty()) bad("profile needs --backend B (one of " + backend_list() + ")");
   if (o.command != "profile" && !o.backend.empty()) bad("--backend is for profile; compare takes --backends A,B");
+  if (o.command == "explain" && o.html_path) bad("--html is for compare and profile");
   return o;
 }
 

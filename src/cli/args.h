@@ -28,6 +28,7 @@ struct Options {
   int unprofiled_calls = 32;
   bool bshd = false;
   std::optional<std::string> json_path;
+  std::optional<std::string> html_path;  // compare, profile
   Guesses guesses;
   bool help = false;
   bool quiet = false;

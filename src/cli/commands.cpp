@@ -64,7 +64,8 @@ PipelineOptions pipeline_options(const Options& o, Progress& progress) {
           .guesses = o.guesses,
           .table = {.sort_by = o.sort, .row_limit = o.row_limit},
           .trace_dir = o.trace_dir,
-          .json_path = o.json_path ? std::optional<std::filesystem::path>(*o.json_path) : std::nullopt};
+          .json_path = o.json_path ? std::optional<std::filesystem::path>(*o.json_path) : std::nullopt,
+          .html_path = o.html_path ? std::optional<std::filesystem::path>(*o.html_path) : std::nullopt};
 }
 
 void print_header(const std::string& what, const Problem& p, const std::string& device_desc) {
@@ -105,6 +106,7 @@ int run_profile(const Options& o) {
   }
   for (const auto& f : r.findings) std::printf("- %s\n", f.text.c_str());
   std::printf("wrote %s.{json,txt,summary.json}\n", output_stem(o.trace_dir, p, r.backend).c_str());
+  if (o.html_path) std::printf("wrote the HTML report to %s\n", o.html_path->c_str());
   return rep.accepted() ? kExitOk : kExitInaccurate;
 }
 
@@ -125,6 +127,7 @@ int run_compare(const Options& o) {
       "\nerror: relative to a float64 reference on sampled rows; a 16-bit backend passes at <= 2 x math's error "
       "+ a floor. Traces, tables and summaries: %s/%s_<backend>.{json,txt,summary.json}\n",
       o.trace_dir.c_str(), p.shape_key().c_str());
+  if (o.html_path) std::printf("HTML report: %s\n", o.html_path->c_str());
   rep.require_any_ran();  // the table and JSON said what happened to each backend
   return rep.accepted() ? kExitOk : kExitInaccurate;
 }

@@ -298,6 +298,7 @@ nlohmann::json chrome_trace_json(const Trace& trace) {
       {sc::kSchemaVersionKey, sc::kSchemaVersion},    {sc::kDeviceProperties, json::array()},
       {sc::kDisplayTimeUnit, sc::kDisplayTimeUnitMs}, {sc::kBaseTimeNanoseconds, base},
       {sc::kTraceEvents, std::move(events)},          {sc::kTraceName, trace.name},
+      {sc::kDistributedInfo, {{sc::kRank, 0}}},
   };
   if (trace.device) doc[sc::kDeviceProperties].push_back(device_properties_json(*trace.device));
   if (!trace.collector_note.empty()) doc[sc::kCollectorNote] = trace.collector_note;

@@ -15,6 +15,12 @@ inline constexpr const char* kDisplayTimeUnitMs = "ms";
 inline constexpr const char* kBaseTimeNanoseconds = "baseTimeNanoseconds";
 inline constexpr const char* kTraceEvents = "traceEvents";
 inline constexpr const char* kTraceName = "traceName";
+// {"rank": 0}: Holistic Trace Analysis finds a trace's rank by matching the
+// raw text against "rank":\s+N line by line, so the writer's indented dump
+// (which puts a space after every colon) must keep this key before
+// traceEvents (keys are written sorted: it is).
+inline constexpr const char* kDistributedInfo = "distributedInfo";
+inline constexpr const char* kRank = "rank";
 // Not a PyTorch key: why device timing fell back (readers ignore unknown keys).
 inline constexpr const char* kCollectorNote = "collectorNote";
 

@@ -18,10 +18,15 @@ void check_before_work(const PipelineOptions& o) {
   (void)key_averages_table(Trace{}, o.table);  // throws on a bad sort key
   if (o.trace_dir) check_output_dir(*o.trace_dir, "--trace-dir");
   if (o.json_path) check_output_file(*o.json_path, "--json");
+  if (o.html_path) {
+    check_output_file(*o.html_path, "--html");
+    (void)find_plotly_js();  // throws: run scripts/setup.sh
+  }
 }
 
 // Acceptance, findings, tables and per-backend files for results that ran.
-PipelineReport finish(const Problem& p, std::vector<RunResult> results, const PipelineOptions& o) {
+PipelineReport finish(const Problem& p, std::vector<RunResult> results, const PipelineOptions& o,
+                      const std::string& title) {
   PipelineReport rep;
   rep.problem = p;
   rep.device_description = device_runtime(p.device, o.run.threads).description();
@@ -48,6 +53,7 @@ PipelineReport finish(const Problem& p, std::vector<RunResult> results, const Pi
     if (!r.trace.collector_note.empty()) rep.collector_note = r.trace.collector_note;
   }
   if (o.json_path) report::write_json_file(rep.json(), o.json_path->string());
+  if (o.html_path) write_html_report(rep.html(title), *o.html_path);
   return rep;
 }
 
@@ -71,6 +77,19 @@ nlohmann::json PipelineReport::json() const {
   return j;
 }
 
+HtmlReport PipelineReport::html(std::string title) const {
+  HtmlReport h;
+  h.title = std::move(title);
+  h.subtitle = problem.describe();
+  h.device = device_description;
+  if (!collector_note.empty()) h.notes.push_back(collector_note);
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    h.runs.push_back(
+        {.label = results[i].backend, .result = &results[i], .table = i < tables.size() ? tables[i] : std::string()});
+  }
+  return h;
+}
+
 std::filesystem::path output_stem(const std::filesystem::path& dir, const Problem& p, std::string_view backend) {
   std::string name = p.shape_key();
   name += '_';
@@ -81,7 +100,7 @@ std::filesystem::path output_stem(const std::filesystem::path& dir, const Proble
 PipelineReport compare(const Problem& p, const PipelineOptions& o, const std::vector<std::string>& only) {
   check_before_work(o);
   (void)device_runtime(p.device, o.run.threads);  // no usable device: refused before any backend runs
-  return finish(p, run_backends(p, o.run, only), o);
+  return finish(p, run_backends(p, o.run, only), o, "attnprof compare");
 }
 
 void PipelineReport::require_any_ran() const {
@@ -107,7 +126,7 @@ PipelineReport profile(const Problem& p, std::string backend, const PipelineOpti
   std::vector<RunResult> one;
   one.push_back(run_backend(*b, p, o.run));
   if (one.front().failure) fail(ErrorKind::Device, backend + " failed: " + *one.front().failure);
-  return finish(p, std::move(one), o);
+  return finish(p, std::move(one), o, "attnprof profile " + backend);
 }
 
 }  // namespace attnprof

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -285,6 +286,30 @@ TEST(ChromeTrace, WritesACompleteFileAndNoTemporary) {
   // A second write replaces the first whole.
   write_chrome_trace(Trace{}, out);
   EXPECT_TRUE(json::parse(std::ifstream(out))["traceEvents"].empty());
+}
+
+// Holistic Trace Analysis finds the rank with the pattern "rank":\s+(\d+)
+// on the raw file, line by line, stopping at the first match: the written
+// file must carry distributedInfo's rank that way, before any event.
+TEST(ChromeTrace, RankLineAsHolisticTraceAnalysisGrepsIt) {
+  TempDir dir;
+  const fs::path out = dir.path() / "t.json";
+  write_chrome_trace(attention_trace(), out);
+  std::ifstream in(out);
+  const std::regex rank_re(R"re("rank":\s+(\d+))re");
+  std::string line;
+  std::smatch m;
+  bool found = false;
+  while (std::getline(in, line)) {
+    ASSERT_EQ(line.find("traceEvents"), std::string::npos) << "rank must come before the events";
+    if (std::regex_search(line, m, rank_re)) {
+      EXPECT_EQ(m[1], "0");
+      found = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(json::parse(std::ifstream(out))["distributedInfo"], (json{{"rank", 0}}));
 }
 
 TEST(ChromeTrace, UnwritableDirectoryThrowsIoAndLeavesNothing) {

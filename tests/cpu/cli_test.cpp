@@ -236,6 +236,53 @@ TEST(Cli, UnwritableJsonIsRefusedBeforeAnyWorkAndBlamesJson) {
   expect_refused(d, "directory", 1);
 }
 
+TEST(Cli, UnwritableHtmlIsRefusedBeforeAnyWork) {
+  TempDir dir;
+  const fs::path file = dir.path() / "plain_file";
+  std::ofstream(file) << "x\n";
+  for (const auto& args : {std::vector<std::string>{"compare"}, kProfile}) {
+    const CliRun r = attnprof(with(args, {"--device", "cpu", "--seq", "64", "--quiet", "--trace-dir", dir.str("t"),
+                                          "--html", (file / "out.html").string()}),
+                              dir);
+    expect_refused(r, "--html", 1);
+    EXPECT_LT(r.seconds, 5.0) << "refused before the run, not after it";
+    EXPECT_TRUE(listing(dir.path() / "t").empty()) << "no traces left behind";
+  }
+  expect_refused(attnprof({"explain", "--device", "cpu", "--html", dir.str("x.html")}, dir), "--html", 2);
+}
+
+TEST(Cli, HtmlWithoutPlotlyIsOneLineSayingRunSetup) {
+  TempDir dir;
+  // $ATTNPROF_PLOTLY_JS, when set, is the only place looked: a missing file
+  // stands for a machine where scripts/setup.sh never ran.
+  const std::string missing = (dir.path() / "missing" / "plotly.min.js").string();
+  ASSERT_EQ(::setenv("ATTNPROF_PLOTLY_JS", missing.c_str(), 1), 0);
+  const CliRun r =
+      attnprof(with(kProfile, {"--seq", "64", "--trace-dir", dir.str("t"), "--html", dir.str("r.html")}), dir);
+  ::unsetenv("ATTNPROF_PLOTLY_JS");
+  expect_refused(r, "scripts/setup.sh", 1);
+  EXPECT_LT(r.seconds, 5.0) << "refused before the run, not after it";
+  EXPECT_FALSE(fs::exists(dir.path() / "r.html"));
+  EXPECT_TRUE(listing(dir.path() / "t").empty()) << "no traces left behind";
+}
+
+TEST(Cli, CompareAndProfileWriteAnHtmlReport) {
+  TempDir dir;
+  for (const auto& args : {with({"compare", "--backends", "naive,flash"}, {}), kProfile}) {
+    const fs::path html = dir.path() / ("reports-" + args[0]) / (args[0] + ".html");
+    const CliRun r = attnprof(with(args, {"--device", "cpu", "--batch", "1", "--heads", "2", "--seq", "64", "--quiet",
+                                          "--trace-dir", dir.str("t"), "--html", html.string()}),
+                              dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string page = slurp(html);
+    EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
+    EXPECT_NE(page.find("plotly.js v"), std::string::npos) << "Plotly.js inlined";
+    EXPECT_EQ(page.find("<script src"), std::string::npos) << "nothing loaded from elsewhere";
+    EXPECT_NE(r.out.find(html.string()), std::string::npos) << r.out;
+    EXPECT_EQ(listing(html.parent_path()), std::set<std::string>{args[0] + ".html"}) << "no temporary left";
+  }
+}
+
 TEST(Cli, ReadOnlyTraceDirIsRefused) {
   if (::geteuid() == 0) GTEST_SKIP() << "root writes into read-only directories";
   TempDir dir;

@@ -212,6 +212,14 @@ DeviceProperties query_device_properties(int device) {
   d.shared_mem_per_block = static_cast<std::int64_t>(p.sharedMemPerBlock);
   d.shared_mem_per_block_optin = static_cast<std::int64_t>(p.sharedMemPerBlockOptin);
   d.l2_cache_bytes = p.l2CacheSize;
+  // Peak DRAM bandwidth: two transfers per memory clock over the bus. Read
+  // as attributes: cudaDeviceProp's memoryClockRate is gone in CUDA 13.
+  int clock_khz = 0;
+  int bus_bits = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess) {
+    d.memory_bandwidth_gbs = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+  }
   return d;
 }
 

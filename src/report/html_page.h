@@ -1,0 +1,373 @@
+// The HTML report's style and scripts (report/html.cpp puts them around the
+// data). The page script reads the embedded JSON (id "report-data") and
+// builds every element with textContent, never innerHTML, so no name in a
+// trace can inject markup; it draws with Plotly.js only (no WebGL, no
+// network). When it is done it sets <body data-report-status> to "ok", or to
+// "error" with the messages in data-report-errors: the browser test reads
+// those. Opened with #selftest, it also clicks every cited event once.
+#pragma once
+
+namespace attnprof::html_page {
+
+inline constexpr const char* kCss = R"css(
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #222; background: #fafafa; }
+main { max-width: 1400px; margin: 0 auto; padding: 16px 24px 48px; }
+h1 { font-size: 22px; margin: 8px 0 4px; }
+h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+.sub { color: #555; margin: 2px 0; }
+nav a { margin-right: 14px; }
+table { border-collapse: collapse; background: #fff; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.grid { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 12px; }
+.plot { background: #fff; border: 1px solid #e3e3e3; }
+.note { color: #666; font-size: 13px; margin: 4px 0; }
+.finding { background: #fff; border-left: 4px solid #4c78a8; padding: 6px 10px; margin: 6px 0; }
+.finding.warning { border-left-color: #f58518; }
+.finding.error { border-left-color: #d62728; }
+.sev { font-weight: 600; text-transform: uppercase; font-size: 11px; margin-right: 6px; }
+.rule { font-family: ui-monospace, monospace; font-size: 12px; color: #555; margin-right: 6px; }
+.evidence { margin: 4px 0 0 0; padding-left: 18px; font-size: 13px; }
+.evidence a { cursor: pointer; }
+pre { background: #fff; border: 1px solid #e3e3e3; padding: 8px; overflow-x: auto; font-size: 12px; }
+.failed { color: #a33; }
+#report-errors { background: #fee; border: 1px solid #d62728; padding: 8px; white-space: pre-wrap; }
+)css";
+
+// Runs before Plotly.js loads, so its load errors are recorded too.
+inline constexpr const char* kErrorTrap = R"js(
+(function () {
+  var errors = [];
+  window.__reportErrors = errors;
+  window.__reportRecord = function (msg) {
+    errors.push(String(msg));
+    if (document.body) {
+      document.body.setAttribute('data-report-status', 'error');
+      document.body.setAttribute('data-report-errors', JSON.stringify(errors));
+    }
+  };
+  window.addEventListener('error', function (e) {
+    window.__reportRecord((e.message || 'error') + (e.filename ? ' at ' + e.filename + ':' + e.lineno : ''));
+  });
+  window.addEventListener('unhandledrejection', function (e) {
+    var r = e.reason;
+    window.__reportRecord('unhandled rejection: ' + (r && r.message ? r.message : r));
+  });
+  var consoleError = console.error;
+  console.error = function () {
+    window.__reportRecord(Array.prototype.join.call(arguments, ' '));
+    return consoleError.apply(console, arguments);
+  };
+})();
+)js";
+
+inline constexpr const char* kScript = R"js(
+(function () {
+  'use strict';
+  var COLORS = {
+    cpu_op: '#4c78a8', user_annotation: '#b8b8b8', cuda_runtime: '#f58518', cuda_driver: '#e45756',
+    cuda_sync: '#bab0ac', kernel: '#54a24b', gpu_memcpy: '#d62728', gpu_memset: '#9467bd'
+  };
+  var CONFIG = { displaylogo: false, responsive: true };
+  var pending = [];
+  var timelines = {};  // run index -> its timeline div
+  var evidenceLinks = [];
+
+  function el(tag, attrs, children) {
+    var e = document.createElement(tag);
+    if (attrs) {
+      Object.keys(attrs).forEach(function (k) {
+        if (k === 'text') e.textContent = attrs[k];
+        else if (k === 'cls') e.className = attrs[k];
+        else e.setAttribute(k, attrs[k]);
+      });
+    }
+    (children || []).forEach(function (c) {
+      if (c !== null && c !== undefined) e.appendChild(typeof c === 'string' ? document.createTextNode(c) : c);
+    });
+    return e;
+  }
+  function num(v) { return typeof v === 'number' && isFinite(v); }
+  function fmtTime(us) {
+    if (!num(us)) return '-';
+    if (us >= 1e6) return (us / 1e6).toFixed(2) + ' s';
+    if (us >= 1e3) return (us / 1e3).toFixed(3) + ' ms';
+    return us.toFixed(1) + ' us';
+  }
+  function fmtBytes(b) {
+    if (!num(b)) return '-';
+    if (b >= 1073741824) return (b / 1073741824).toFixed(2) + ' GiB';
+    if (b >= 1048576) return (b / 1048576).toFixed(1) + ' MiB';
+    if (b >= 1024) return (b / 1024).toFixed(1) + ' KiB';
+    return b.toFixed(0) + ' B';
+  }
+  function fmtNum(v, digits) { return num(v) ? v.toFixed(digits) : '-'; }
+  function fmtFlops(v) { return num(v) ? (v < 1 ? v.toFixed(3) : v.toFixed(1)) : '-'; }
+  // Plotly reads hover text as markup: escape what a C++ kernel name carries.
+  function esc(s) { return String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;'); }
+  function plot(div, traces, layout) {
+    layout.paper_bgcolor = '#fff';
+    layout.plot_bgcolor = '#fff';
+    layout.font = { size: 12 };
+    pending.push(Promise.resolve(Plotly.newPlot(div, traces, layout, CONFIG)));
+  }
+  function table(headers, rows) {
+    var t = el('table');
+    t.appendChild(el('tr', null, headers.map(function (h) { return el('th', { text: h }); })));
+    rows.forEach(function (r) {
+      t.appendChild(el('tr', null, r.map(function (c) {
+        if (c && c.nodeType) return el('td', null, [c]);
+        var isNum = typeof c === 'number';
+        return el('td', { text: c === null || c === undefined ? '-' : String(c), cls: isNum ? 'num' : '' });
+      })));
+    });
+    return t;
+  }
+  function section(id, title) {
+    var s = el('section', { id: id });
+    s.appendChild(el('h2', { text: title }));
+    return s;
+  }
+
+  var data = JSON.parse(document.getElementById('report-data').textContent);
+  if (typeof Plotly === 'undefined') throw new Error('Plotly.js did not load');
+  var root = document.getElementById('report');
+  var runs = data.runs;
+  var ranRuns = runs.filter(function (r) { return r.ran; });
+  var anyGpu = ranRuns.some(function (r) { return r.device_type === 'cuda'; });
+  var countName = anyGpu ? 'kernels/fwd' : 'ops/fwd';
+  function countOf(r) { return num(r.kernels_per_forward) ? r.kernels_per_forward : r.ops_per_forward; }
+  function hostOf(r) { return num(r.host_time_unprofiled_us) ? r.host_time_unprofiled_us : r.host_time_us; }
+
+  // ---- header -------------------------------------------------------------
+  root.appendChild(el('h1', { text: data.title || 'attnprof report' }));
+  if (data.subtitle) root.appendChild(el('p', { cls: 'sub', text: data.subtitle }));
+  if (data.device) root.appendChild(el('p', { cls: 'sub', text: 'device: ' + data.device }));
+  (data.notes || []).forEach(function (n) { root.appendChild(el('p', { cls: 'note', text: n })); });
+  var nav = el('nav');
+  [['summary', 'runs'], ['bars', 'bars'], ['roofline', 'roofline']].forEach(function (p) {
+    nav.appendChild(el('a', { href: '#' + p[0], text: p[1] }));
+  });
+  if (data.diff.length) nav.appendChild(el('a', { href: '#diff', text: 'diff' }));
+  runs.forEach(function (r, i) { if (r.ran) nav.appendChild(el('a', { href: '#run-' + i, text: r.label })); });
+  root.appendChild(nav);
+
+  // ---- summary table ----------------------------------------------------------
+  var summary = section('summary', 'Runs');
+  summary.appendChild(table(
+    ['run', anyGpu ? 'GPU time' : 'time', 'CPU/call', countName, 'copies/fwd', 'peak mem', 'TFLOP/s', '% ceiling',
+     'rel error', 'occupancy', 'findings'],
+    runs.map(function (r) {
+      if (!r.ran) {
+        return [r.label, el('span', { cls: 'failed', text: (r.failed ? 'failed: ' : 'did not run: ') + r.reason }),
+                '', '', '', '', '', '', '', '', ''];
+      }
+      var err = num(r.rel_error) ? r.rel_error.toExponential(2) : '-';
+      if (r.accepted === false) err += ' FAIL';
+      return [r.label, fmtTime(r.device_time_us), fmtTime(hostOf(r)), countOf(r), r.copies_per_forward,
+              fmtBytes(r.peak_bytes), fmtFlops(r.tflops), num(r.ceiling_pct) ? r.ceiling_pct.toFixed(1) + '%' : '-',
+              err, num(r.occupancy_pct) ? r.occupancy_pct.toFixed(0) + '%' : '-', r.findings.length];
+    })));
+  root.appendChild(summary);
+
+  // ---- bars across runs -------------------------------------------------------
+  var bars = section('bars', 'Across runs');
+  var grid = el('div', { cls: 'grid' });
+  bars.appendChild(grid);
+  root.appendChild(bars);
+  var labels = ranRuns.map(function (r) { return r.label; });
+  // Every cell is in the grid before the first chart is drawn: Plotly sizes
+  // a chart by its cell's width when it draws it.
+  var cells = [0, 1, 2, 3].map(function () { return grid.appendChild(el('div', { cls: 'plot' })); });
+  function barPlot(title, traces, yaxis) {
+    var div = cells.shift();
+    plot(div, traces, { title: { text: title, x: 0.02, xanchor: 'left' }, barmode: 'group', height: 320, margin: { t: 40, b: 60, l: 60, r: 10 },
+                        yaxis: yaxis || {}, legend: { orientation: 'h', y: -0.2 } });
+  }
+  function series(name, f, color) {
+    return { type: 'bar', name: name, x: labels, y: ranRuns.map(function (r) { var v = f(r); return num(v) ? v : null; }),
+             marker: { color: color } };
+  }
+  if (ranRuns.length) {
+    barPlot('time per forward (us)', [series(anyGpu ? 'GPU time' : 'time', function (r) { return r.device_time_us; }, '#54a24b'),
+                                      series('CPU/call', hostOf, '#4c78a8')]);
+    barPlot(countName + ' and copies/fwd', [series(countName, countOf, '#72b7b2'),
+                                            series('copies/fwd', function (r) { return r.copies_per_forward; }, '#d62728')]);
+    barPlot('peak memory (MiB)', [series('peak', function (r) { return num(r.peak_bytes) ? r.peak_bytes / 1048576 : null; },
+                                         '#9467bd')]);
+    barPlot('relative error vs float64', [series('rel error', function (r) { return r.rel_error > 0 ? r.rel_error : null; },
+                                                 '#e45756')], { type: 'log' });
+  } else {
+    bars.removeChild(grid);
+    bars.appendChild(el('p', { cls: 'note', text: 'No run has figures to compare.' }));
+  }
+
+  // ---- roofline -----------------------------------------------------------
+  var roof = section('roofline', 'Roofline');
+  root.appendChild(roof);
+  var points = ranRuns.filter(function (r) { return r.roofline; });
+  var C = data.ceiling_tflops, BW = data.bandwidth_tbs;
+  if (points.length) {
+    var xs = points.map(function (r) { return r.roofline.intensity; });
+    var ys = points.map(function (r) { return r.roofline.tflops; });
+    var xmin = Math.min.apply(null, xs) / 4, xmax = Math.max.apply(null, xs) * 4;
+    var traces = points.map(function (r) {
+      return { type: 'scatter', mode: 'markers+text', name: r.label, x: [r.roofline.intensity], y: [r.roofline.tflops],
+               text: [esc(r.label)], textposition: 'top center', marker: { size: 11 },
+               hovertext: [esc(r.label) + '<br>' + fmtFlops(r.roofline.tflops) + ' TFLOP/s<br>' +
+                           r.roofline.intensity.toFixed(2) + ' FLOP/byte<br>' + fmtBytes(r.roofline.bytes) + ' moved'],
+               hoverinfo: 'text' };
+    });
+    if (num(C) && num(BW) && BW > 0) {
+      var ridge = C / BW;
+      xmin = Math.min(xmin, ridge / 4);
+      xmax = Math.max(xmax, ridge * 4);
+      traces.push({ type: 'scatter', mode: 'lines', name: 'roof: min(ceiling, bandwidth x intensity)',
+                    x: [xmin, ridge, xmax], y: [BW * xmin, C, C], line: { color: '#333', width: 2 } });
+    } else if (num(C)) {
+      traces.push({ type: 'scatter', mode: 'lines', name: 'measured ceiling ' + C.toFixed(C < 1 ? 3 : 1) + ' TFLOP/s',
+                    x: [xmin, xmax], y: [C, C], line: { color: '#333', width: 2, dash: 'dash' } });
+    }
+    var ymin = Math.min.apply(null, ys.concat(num(C) ? [C] : [])) / 10;
+    var ymax = Math.max.apply(null, ys.concat(num(C) ? [C] : [])) * 3;
+    var div = el('div', { cls: 'plot' });
+    roof.appendChild(div);
+    plot(div, traces, { height: 460, margin: { t: 20, l: 70, r: 20, b: 60 },
+                        xaxis: { type: 'log', title: { text: 'arithmetic intensity (FLOP / byte moved)' }, range: [Math.log10(xmin), Math.log10(xmax)] },
+                        yaxis: { type: 'log', title: { text: 'TFLOP/s' }, range: [Math.log10(ymin), Math.log10(ymax)] } });
+  } else {
+    roof.appendChild(el('p', { cls: 'note', text: 'No run has both TFLOP/s and a FLOP count: nothing to place.' }));
+  }
+  roof.appendChild(el('p', { cls: 'note', text: num(C)
+      ? 'Ceiling: ' + C.toFixed(C < 1 ? 3 : 1) + ' TFLOP/s, the device\'s measured matrix-product ceiling (TFLOP/s / % of ceiling of ' + data.ceiling_from + ').'
+      : 'No measured ceiling in these runs.' }));
+  roof.appendChild(el('p', { cls: 'note', text: num(BW)
+      ? 'Memory line: ' + (BW * 1e3).toFixed(0) + ' GB/s, the peak DRAM bandwidth of ' + data.bandwidth_from + ' (memory clock x bus width).'
+      : 'Memory-bandwidth line absent: the device properties give no bandwidth (CPU runs, or traces without it).' }));
+  roof.appendChild(el('p', { cls: 'note', text:
+      'Bytes moved per forward (a lower bound, so intensity is an upper bound): Q, K, V read and O written once; runs ' +
+      'of a decomposed forward (3 or more ops per forward) add (8 + 2 x copies) x B x H x S x Skv score elements (written by the first ' +
+      'matrix product, read and written by scale, mask and softmax, read by the second; FP32 where the backend ' +
+      'computes in FP32).' }));
+
+  // ---- diff -------------------------------------------------------------------
+  if (data.diff.length) {
+    var diff = section('diff', 'What changed: ' + data.diff_a + ' -> ' + data.diff_b);
+    root.appendChild(diff);
+    function fmtVal(v, unit) {
+      if (!num(v)) return '-';
+      if (unit === 'us') return fmtTime(v);
+      if (unit === 'B') return fmtBytes(v);
+      return String(Math.round(v * 1000) / 1000);
+    }
+    diff.appendChild(table(['kind', 'name', data.diff_a, data.diff_b, 'change', 'note'], data.diff.map(function (d) {
+      var change = num(d.a) && num(d.b) ? (d.a !== 0 ? (d.b / d.a).toFixed(2) + 'x' : '') : '';
+      return [d.kind, d.name, fmtVal(d.a, d.unit), fmtVal(d.b, d.unit), change, d.note];
+    })));
+    var timed = data.diff.filter(function (d) { return d.unit === 'us' && (num(d.a) || num(d.b)); });
+    timed.sort(function (x, y) { return Math.abs((y.b || 0) - (y.a || 0)) - Math.abs((x.b || 0) - (x.a || 0)); });
+    timed = timed.slice(0, 25);
+    if (timed.length) {
+      var names = timed.map(function (d) { return d.name.length > 60 ? d.name.slice(0, 57) + '...' : d.name; });
+      var ddiv = el('div', { cls: 'plot' });
+      diff.appendChild(ddiv);
+      plot(ddiv, [
+        { type: 'bar', orientation: 'h', name: data.diff_a, y: names, x: timed.map(function (d) { return num(d.a) ? d.a : 0; }), marker: { color: '#4c78a8' } },
+        { type: 'bar', orientation: 'h', name: data.diff_b, y: names, x: timed.map(function (d) { return num(d.b) ? d.b : 0; }), marker: { color: '#f58518' } }
+      ], { barmode: 'group', height: 140 + 34 * timed.length, margin: { l: 320, t: 20, r: 20, b: 50 },
+           xaxis: { title: { text: 'us' } }, yaxis: { autorange: 'reversed', automargin: true } });
+    }
+  }
+
+  // ---- per run: timeline, findings, table ---------------------------------------
+  function highlight(runIndex, ev) {
+    var div = timelines[runIndex];
+    if (!div || !div.layout) return;
+    var range = div.layout.xaxis.range.slice();
+    var x0 = ev.ts, x1 = ev.ts + Math.max(ev.dur, (range[1] - range[0]) * 0.003);
+    var update = { shapes: [{ type: 'rect', xref: 'x', yref: 'paper', x0: x0, x1: x1, y0: 0, y1: 1,
+                              fillcolor: 'rgba(228,26,28,0.22)', line: { color: '#e41a1c', width: 1 } }] };
+    if (x0 < range[0] || x1 > range[1]) {
+      var pad = (x1 - x0) + (range[1] - range[0]) * 0.05;
+      update['xaxis.range'] = [Math.min(range[0], x0 - pad), Math.max(range[1], x1 + pad)];
+    }
+    if (div.scrollIntoView) div.scrollIntoView({ block: 'center' });
+    return Plotly.relayout(div, update);
+  }
+
+  runs.forEach(function (r, i) {
+    if (!r.ran) return;
+    var s = section('run-' + i, r.label);
+    root.appendChild(s);
+    if (r.collector_note) s.appendChild(el('p', { cls: 'note', text: r.collector_note }));
+    var tl = r.timeline;
+    s.appendChild(el('h3', { text: 'Timeline' + (tl.step ? ' of ' + tl.step : '') + ': CPU ranges by depth, GPU activities by stream' }));
+    if (tl.events.length) {
+      var cats = {};
+      tl.events.forEach(function (e) {
+        var t = cats[e.c];
+        if (!t) {
+          t = cats[e.c] = { type: 'bar', orientation: 'h', name: e.c, x: [], base: [], y: [], hovertext: [],
+                            hoverinfo: 'text', marker: { color: COLORS[e.c] || '#888' } };
+        }
+        t.x.push(e.d);
+        t.base.push(e.t);
+        t.y.push(tl.lanes[e.l]);
+        t.hovertext.push(esc(e.n) + '<br>' + e.c + ': ' + fmtTime(e.d) + ' at ' + e.t.toFixed(3) + ' us');
+      });
+      var div = el('div', { cls: 'plot' });
+      s.appendChild(div);
+      timelines[i] = div;
+      plot(div, Object.keys(cats).map(function (k) { return cats[k]; }), {
+        barmode: 'overlay', height: 140 + 30 * tl.lanes.length, margin: { l: 170, t: 20, r: 20, b: 50 },
+        xaxis: { title: { text: 'us from the trace start' }, range: [tl.from, tl.to], zeroline: false },
+        yaxis: { type: 'category', categoryorder: 'array', categoryarray: tl.lanes, autorange: 'reversed' },
+        legend: { orientation: 'h', y: -0.25 }
+      });
+      if (tl.left_out > 0) s.appendChild(el('p', { cls: 'note', text: tl.left_out + ' shorter events are left out of this timeline.' }));
+    } else {
+      s.appendChild(el('p', { cls: 'note', text: 'No events in this step.' }));
+    }
+
+    s.appendChild(el('h3', { text: 'Findings' }));
+    if (!r.findings.length) s.appendChild(el('p', { cls: 'note', text: 'No findings.' }));
+    r.findings.forEach(function (f) {
+      var box = el('div', { cls: 'finding ' + f.severity }, [
+        el('span', { cls: 'sev', text: f.severity }), el('span', { cls: 'rule', text: f.rule }), f.text]);
+      if (f.evidence.length) {
+        var ul = el('ul', { cls: 'evidence' });
+        f.evidence.forEach(function (ev) {
+          var a = el('a', { href: '#run-' + i, text: ev.name });
+          a.addEventListener('click', function (e) { e.preventDefault(); highlight(i, ev); });
+          evidenceLinks.push(function () { return highlight(i, ev); });
+          ul.appendChild(el('li', null, [a, ' ' + ev.cat + ', at ' + ev.ts.toFixed(3) + ' us, ' + fmtTime(ev.dur)]));
+        });
+        box.appendChild(ul);
+      }
+      s.appendChild(box);
+    });
+
+    var details = el('details', null, [el('summary', { text: 'Key-averages table' }), el('pre', { text: r.table || '' })]);
+    if (runs.length === 1) details.setAttribute('open', '');
+    s.appendChild(details);
+  });
+
+  Promise.all(pending).then(function () {
+    if (location.hash !== '#selftest') return null;
+    // Exercise every evidence link once, as a reader clicking through would.
+    return evidenceLinks.reduce(function (p, f) { return p.then(f); }, Promise.resolve());
+  }).then(function () {
+    var errors = window.__reportErrors || [];
+    document.body.setAttribute('data-report-plots', String(document.querySelectorAll('.js-plotly-plot').length));
+    document.body.setAttribute('data-report-status', errors.length ? 'error' : 'ok');
+    if (errors.length) {
+      document.body.setAttribute('data-report-errors', JSON.stringify(errors));
+      root.insertBefore(el('div', { id: 'report-errors', text: 'Errors while drawing:\n' + errors.join('\n') }), root.firstChild);
+    }
+  }, function (e) { window.__reportRecord(e && e.message ? e.message : e); });
+})();
+)js";
+
+}  // namespace attnprof::html_page
