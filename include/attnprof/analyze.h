@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attnprof/html.h"
 #include "attnprof/runner.h"
 #include "attnprof/trace_reader.h"
 
@@ -142,5 +143,11 @@ nlohmann::json analysis_json(const std::vector<TraceAnalysis>& analyses);
 // the `top` largest changes per kernel and per op, findings on one side only.
 std::string diff_text(const TraceDiff& d, int top = 15);
 nlohmann::json diff_json(const TraceDiff& d);
+
+// The HTML report's content (attnprof/html.h) for analyze (one run per step
+// of each trace) and for diff (its rows, then each side's steps). The runs
+// point into `analyses` / `d`, which must outlive the report.
+HtmlReport analysis_html(const std::vector<TraceAnalysis>& analyses);
+HtmlReport diff_html(const TraceDiff& d);
 
 }  // namespace attnprof

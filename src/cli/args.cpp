@@ -134,7 +134,7 @@ Options parse_trace_command(Options o, int argc, char** argv) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
     } else {
-      if (arg != "--step" && arg != "--top" && arg != "--json" && arg != "--max-gib") {
+      if (arg != "--step" && arg != "--top" && arg != "--json" && arg != "--html" && arg != "--max-gib") {
         bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
       }
       if (i + 1 >= argc) bad(arg + " needs a value");
@@ -158,6 +158,9 @@ Options parse_trace_command(Options o, int argc, char** argv) {
     } else if (arg == "--json") {
       if (value.empty()) bad("--json needs a path");
       o.json_path = value;
+    } else if (arg == "--html") {
+      if (value.empty()) bad("--html needs a path");
+      o.html_path = value;
     } else if (arg == "--max-gib") {
       o.max_gib = to_small_int(arg, value, 1, 1 << 20);
     } else {
@@ -236,7 +239,7 @@ std::string command_help(const std::string& command) {
             "  --json PATH          also write the answer as JSON\n\n") +
         kProblemHelp;
   } else if (command == "analyze") {
-    h = R"(attnprof analyze TRACE [TRACE...] [--step N] [--top N] [--json PATH]
+    h = R"(attnprof analyze TRACE [TRACE...] [--step N] [--top N] [--json PATH] [--html FILE]
 
 Reads Chrome traces as torch.profiler writes them (prof.export_chrome_trace(...),
 the TensorBoard handler's *.pt.trace.json, gzipped or not) or as attnprof writes
@@ -253,6 +256,9 @@ memsets of each top-level op and the top kernels by time.
   --step N             only ProfilerStep#N
   --top N              rows of the per-op and per-kernel tables   (default 10)
   --json PATH          also write the results as JSON (findings as records)
+  --html FILE          also write the HTML report: per step, its CPU and GPU
+                       timeline, the findings with the events they cite, the
+                       key-averages table, and bars across steps and traces
   --max-gib N          refuse a trace whose JSON (after decompression) passes
                        N GiB: a gzip bomb, or more than this machine holds (default 4)
 
@@ -269,7 +275,7 @@ Examples:
   attnprof analyze traces/8_16_1024_64_naive.json --json naive.analysis.json
 )";
   } else if (command == "diff") {
-    h = R"(attnprof diff A [--step N] B [--step M] [--top N] [--json PATH]
+    h = R"(attnprof diff A [--step N] B [--step M] [--top N] [--json PATH] [--html FILE]
 
 Says what changed from trace A to trace B, the way Holistic Trace Analysis's
 TraceDiff does: kernels that appeared or vanished; time per kernel and per
@@ -282,6 +288,8 @@ with two --step flags compares two steps of it.
   --step N             the step of the trace named before it
   --top N              rows per table                              (default 15)
   --json PATH          also write the comparison as JSON
+  --html FILE          also write the HTML report: the rows that changed, and
+                       both sides' steps as analyze shows them
   --max-gib N          as for analyze                             (default 4)
 
 Examples:

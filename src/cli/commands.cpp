@@ -10,6 +10,7 @@
 #include "attnprof/analyze.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
+#include "attnprof/html.h"
 #include "attnprof/key_averages.h"
 #include "attnprof/pipeline.h"
 #include "attnprof/runner.h"
@@ -161,8 +162,17 @@ AnalyzeOptions analyze_options(const Options& o) {
 
 }  // namespace
 
-int run_analyze(const Options& o) {
+// --json and --html checked, and Plotly found, before any trace is read.
+void check_trace_outputs(const Options& o) {
   if (o.json_path) check_output_file(*o.json_path, "--json");
+  if (o.html_path) {
+    check_output_file(*o.html_path, "--html");
+    (void)find_plotly_js();
+  }
+}
+
+int run_analyze(const Options& o) {
+  check_trace_outputs(o);
   // Every trace is read and analysed before anything is printed or written:
   // one unreadable file stops the command with its one line.
   std::vector<TraceAnalysis> all;
@@ -176,14 +186,16 @@ int run_analyze(const Options& o) {
     std::printf("%s", analysis_text(all[i], o.top).c_str());
   }
   if (o.json_path) report::write_json_file(analysis_json(all), *o.json_path);
+  if (o.html_path) write_html_report(analysis_html(all), *o.html_path);
   return kExitOk;
 }
 
 int run_diff(const Options& o) {
-  if (o.json_path) check_output_file(*o.json_path, "--json");
+  check_trace_outputs(o);
   const TraceDiff d = diff_traces({o.traces[0], o.trace_steps[0]}, {o.traces[1], o.trace_steps[1]}, analyze_options(o));
   std::printf("%s", diff_text(d, o.top).c_str());
   if (o.json_path) report::write_json_file(diff_json(d), *o.json_path);
+  if (o.html_path) write_html_report(diff_html(d), *o.html_path);
   return kExitOk;
 }
 

@@ -360,4 +360,49 @@ nlohmann::json diff_json(const TraceDiff& d) {
   return j;
 }
 
+namespace {
+
+// One run per step, labelled by its trace (when several) and step.
+void add_steps(HtmlReport& h, const std::vector<StepAnalysis>& steps, const std::string& prefix) {
+  for (const StepAnalysis& s : steps) {
+    h.runs.push_back({.label = prefix.empty() ? s.label : prefix + " " + s.label, .result = &s.result});
+  }
+}
+
+}  // namespace
+
+HtmlReport analysis_html(const std::vector<TraceAnalysis>& analyses) {
+  HtmlReport h;
+  h.title = "attnprof analyze";
+  for (const TraceAnalysis& a : analyses) {
+    h.subtitle += (h.subtitle.empty() ? "" : ", ") + a.path;
+    if (a.device && h.device.empty()) h.device = a.device->name;
+    add_steps(h, a.steps, analyses.size() > 1 ? a.path : std::string());
+  }
+  return h;
+}
+
+HtmlReport diff_html(const TraceDiff& d) {
+  HtmlReport h;
+  h.title = "attnprof diff";
+  h.subtitle = d.a_label + " against " + d.b_label;
+  h.diff_a = d.a_label;
+  h.diff_b = d.b_label;
+  const auto rows = [&h](const char* kind, const std::vector<DiffRow>& all) {
+    for (const DiffRow& r : all) {
+      std::string note = r.change;
+      if (const auto ratio = r.ratio()) note += analysis::format(", %.2fx", *ratio);
+      h.diff.push_back({.kind = kind, .name = r.name, .a = r.time_a_us, .b = r.time_b_us, .unit = "us", .note = note});
+    }
+  };
+  rows("kernel", d.kernels);
+  rows("op", d.ops);
+  for (const auto& [side, findings] : {std::pair{"only in A", &d.only_a}, std::pair{"only in B", &d.only_b}}) {
+    for (const Finding& f : *findings) h.diff.push_back({.kind = "finding", .name = f.text, .unit = "", .note = side});
+  }
+  add_steps(h, d.a_steps, "A");
+  add_steps(h, d.b_steps, "B");
+  return h;
+}
+
 }  // namespace attnprof

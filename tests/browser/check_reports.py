@@ -165,8 +165,15 @@ def main():
     for name, cmd in reports.items():
         run(cmd + ["--html", os.path.join(a.out, name)])
     run([a.fixtures, "html", os.path.join(a.out, "handmade.html")])
+    # analyze and diff over traces: a GPU-shaped one (4 profiler steps) and
+    # two of the compare run's own CPU traces.
+    gpu_trace = os.path.join(a.out, "gpu_trace.json")
+    run([a.fixtures, "gpu-trace", gpu_trace])
+    naive, inplace = (os.path.join(a.out, "traces", f"1_2_128_32_{b}.json") for b in ("naive", "naive_inplace"))
+    run([a.attnprof, "analyze", gpu_trace, "--html", os.path.join(a.out, "analyze.html")])
+    run([a.attnprof, "diff", naive, inplace, "--html", os.path.join(a.out, "diff.html")])
 
-    names = ("compare.html", "profile.html", "handmade.html")
+    names = ("compare.html", "profile.html", "handmade.html", "analyze.html", "diff.html")
     failed = 0
     for name in names:
         problems = check(browser, os.path.join(a.out, name), a.out)
