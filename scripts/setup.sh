@@ -5,14 +5,17 @@
 # clang-format (the tests check formatting), Chromium (the HTML report's
 # browser test), Plotly.js (from PyPI's plotly wheel, into the ignored
 # third_party/plotly/, inlined into every --html report), the Python packages
-# the tests run (Pillow; HolisticTraceAnalysis, which reads our traces) and,
+# the tests run (Pillow; HolisticTraceAnalysis, which reads our traces), the
+# Python package's build and test dependencies from PyPI (nanobind,
+# scikit-build-core, pytest, numpy, torch: the default torch wheel, which on
+# x86-64 Linux brings the NVIDIA runtime wheels, a few GiB) and,
 # when a CUDA toolkit is present, the cuDNN frontend headers (from PyPI,
 # into the ignored folder third_party/). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=(g++ cmake ninja-build pkg-config libopenblas-dev libgtest-dev nlohmann-json3-dev libsimdjson-dev zlib1g-dev python3
-      python3-pip clang-format git chromium)
+      python3-dev python3-pip python3-venv clang-format git chromium)
 missing=()
 for p in "${need[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -78,6 +81,14 @@ PY
   rm -rf "$tmp"
 fi
 
+# pip into the python3 on the path (CMake's FindPython and the Python tests use
+# the same one). Debian's own python3 refuses installs outside a virtual
+# environment (PEP 668) unless told.
+pip_install=(python3 -m pip install -q --disable-pip-version-check)
+if python3 -c 'import sys, sysconfig, pathlib; sys.exit(not (pathlib.Path(sysconfig.get_path("stdlib")) / "EXTERNALLY-MANAGED").exists())'; then
+  pip_install+=(--break-system-packages)
+fi
+
 # Python packages the tests run: Pillow (the browser test reads its
 # screenshots) and Holistic Trace Analysis (the HTA test loads our traces).
 # HTA is installed without its declared dependencies, which pull in
@@ -85,12 +96,20 @@ fi
 py_deps=(pillow pandas plotly networkx numpy psutil pyyaml)
 if ! python3 -c "import PIL, hta, pandas, plotly, networkx, numpy, psutil, yaml" >/dev/null 2>&1; then
   echo "setup: installing Python packages: ${py_deps[*]} HolisticTraceAnalysis" >&2
-  pip_install=(python3 -m pip install -q --disable-pip-version-check)
-  # Debian's own python3 refuses installs outside a virtual environment (PEP 668).
-  if python3 -c 'import sys, sysconfig, pathlib; sys.exit(not (pathlib.Path(sysconfig.get_path("stdlib")) / "EXTERNALLY-MANAGED").exists())'; then
-    pip_install+=(--break-system-packages)
-  fi
   "${pip_install[@]}" "${py_deps[@]}"
   "${pip_install[@]}" --no-deps "HolisticTraceAnalysis==0.5.0"
+fi
+
+# The Python package: its build backend and binding library, and what its
+# tests import.
+py_need=(nanobind scikit_build_core pytest numpy torch)
+py_pkgs=(nanobind scikit-build-core pytest numpy torch)
+py_missing=()
+for i in "${!py_need[@]}"; do
+  python3 -c "import ${py_need[$i]}" >/dev/null 2>&1 || py_missing+=("${py_pkgs[$i]}")
+done
+if ((${#py_missing[@]})); then
+  echo "setup: pip installing ${py_missing[*]}" >&2
+  "${pip_install[@]}" "${py_missing[@]}"
 fi
 echo "setup: ok" >&2

@@ -69,19 +69,25 @@ Allocator& cpu_allocator();
 
 class Storage {
  public:
+  // Allocates `bytes` from `allocator` and gives them back on destruction.
   Storage(Allocator& allocator, std::size_t bytes);
+  // Borrows memory someone else owns (a PyTorch or NumPy buffer): never freed here.
+  Storage(void* data, std::size_t bytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
-  Allocator& allocator() const { return *allocator_; }
+  Device device() const { return device_; }
+  // The allocator that owns the buffer; null for borrowed memory.
+  Allocator* allocator() const { return allocator_; }
 
  private:
   Allocator* allocator_;
   void* data_;
   std::size_t bytes_;
+  Device device_;
 };
 
 using Dims = std::array<std::int64_t, 4>;
@@ -95,6 +101,10 @@ class Tensor {
 
   // A contiguous (row-major) tensor; contents uninitialised.
   static Tensor empty(const Dims& sizes, DType dtype, Allocator& allocator);
+  // A view over memory the caller owns and keeps alive while the tensor is
+  // used (nothing is allocated, copied or freed). `data` is element
+  // [0,0,0,0]; strides are in elements and may not be negative.
+  static Tensor from_blob(void* data, const Dims& sizes, const Dims& strides, DType dtype, Device device);
 
   bool defined() const { return storage_ != nullptr; }
   const Dims& sizes() const { return sizes_; }

@@ -8,9 +8,14 @@
 namespace attnprof {
 
 Storage::Storage(Allocator& allocator, std::size_t bytes)
-    : allocator_(&allocator), data_(allocator.allocate(bytes)), bytes_(bytes) {}
+    : allocator_(&allocator), data_(allocator.allocate(bytes)), bytes_(bytes), device_(allocator.device()) {}
 
-Storage::~Storage() { allocator_->deallocate(data_, bytes_); }
+Storage::Storage(void* data, std::size_t bytes, Device device)
+    : allocator_(nullptr), data_(data), bytes_(bytes), device_(device) {}
+
+Storage::~Storage() {
+  if (allocator_) allocator_->deallocate(data_, bytes_);
+}
 
 Dims contiguous_strides(const Dims& sizes) {
   Dims strides{};
@@ -34,7 +39,30 @@ Tensor Tensor::empty(const Dims& sizes, DType dtype, Allocator& allocator) {
   return t;
 }
 
-Device Tensor::device() const { return storage_ ? storage_->allocator().device() : Device::Cpu; }
+Tensor Tensor::from_blob(void* data, const Dims& sizes, const Dims& strides, DType dtype, Device device) {
+  if (!data) fail(ErrorKind::InvalidArgument, "from_blob: null data pointer");
+  // The buffer spans one element past the farthest one the strides reach.
+  std::int64_t last = 0;
+  bool empty = false;
+  for (std::size_t i = 0; i < 4; ++i) {
+    if (sizes[i] < 0) fail(ErrorKind::InvalidArgument, "negative tensor size");
+    if (strides[i] < 0) {
+      fail(ErrorKind::InvalidArgument, "negative stride " + std::to_string(strides[i]) + " in dimension " +
+                                           std::to_string(i) + ": pass a tensor with non-negative strides");
+    }
+    if (sizes[i] == 0) empty = true;
+    last += (sizes[i] - 1) * strides[i];
+  }
+  Tensor t;
+  t.sizes_ = sizes;
+  t.strides_ = strides;
+  t.dtype_ = dtype;
+  const std::size_t bytes = empty ? 0 : static_cast<std::size_t>(last + 1) * element_size(dtype);
+  t.storage_ = std::make_shared<Storage>(data, bytes, device);
+  return t;
+}
+
+Device Tensor::device() const { return storage_ ? storage_->device() : Device::Cpu; }
 
 void* Tensor::data() const {
   if (!storage_) return nullptr;

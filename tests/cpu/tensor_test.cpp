@@ -39,6 +39,34 @@ TEST(Tensor, EmptyIsContiguousRowMajor) {
   EXPECT_THROW(Tensor::empty({1, -1, 1, 1}, DType::F32, cpu_allocator()), Error);
 }
 
+TEST(Tensor, FromBlobViewsForeignMemoryWithoutAllocatingOrFreeing) {
+  std::vector<float> buf(2 * 4 * 3 * 5);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+  const std::int64_t before = cpu_allocator().stats().allocated;
+  {
+    // A [B, S, H, D] buffer viewed as [B, H, S, D], as a Python caller's BSHD tensor arrives.
+    Tensor t = Tensor::from_blob(buf.data(), {2, 3, 4, 5}, {60, 5, 15, 1}, DType::F32, Device::Cpu);
+    EXPECT_TRUE(t.defined());
+    EXPECT_EQ(t.data(), buf.data());
+    EXPECT_EQ(t.device(), Device::Cpu);
+    EXPECT_FALSE(t.is_contiguous());
+    EXPECT_EQ(t.get(1, 2, 3, 4), buf[60 + 3 * 15 + 2 * 5 + 4]);
+    t.set(0, 1, 2, 3, -1.0f);
+    EXPECT_EQ(buf[2 * 15 + 1 * 5 + 3], -1.0f);
+    EXPECT_EQ(cpu_allocator().stats().allocated, before);
+    Tensor v = t.transpose(1, 2);  // views of a view share the borrowed storage
+    EXPECT_EQ(v.data(), buf.data());
+    EXPECT_TRUE(v.is_contiguous());
+  }
+  EXPECT_EQ(cpu_allocator().stats().allocated, before);  // nothing freed that it did not own
+  EXPECT_EQ(buf[0], 0.0f);
+  // A device pointer is never dereferenced by a view: its device is recorded.
+  EXPECT_EQ(Tensor::from_blob(buf.data(), {1, 1, 1, 4}, {4, 4, 4, 1}, DType::F32, Device::Cuda).device(), Device::Cuda);
+  EXPECT_THROW(Tensor::from_blob(nullptr, {1, 1, 1, 1}, {1, 1, 1, 1}, DType::F32, Device::Cpu), Error);
+  EXPECT_THROW(Tensor::from_blob(buf.data(), {1, 1, 2, 2}, {4, 4, -2, 1}, DType::F32, Device::Cpu), Error);
+  EXPECT_THROW(Tensor::from_blob(buf.data(), {1, -1, 2, 2}, {4, 4, 2, 1}, DType::F32, Device::Cpu), Error);
+}
+
 TEST(Tensor, TransposeIsAViewOfTheSameStorage) {
   Tensor t = Tensor::empty({2, 3, 4, 5}, DType::F32, cpu_allocator());
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = static_cast<float>(i);

@@ -1,0 +1,168 @@
+"""attnprof in Python: attention on your own tensors, and the profiler's reports as objects.
+
+    import torch, attnprof
+    q, k, v = (torch.randn(2, 8, 256, 64, dtype=torch.bfloat16) for _ in range(3))
+    out = attnprof.attention(q, k, v, backend="flash", mask="causal")
+    report = attnprof.compare(batch=2, heads=8, seq=256, head_dim=64)
+    print(report)                      # the table `attnprof compare` prints
+    report.results[0].findings[0].rule
+
+The work is the C++ library's (attnprof._core); this package only moves
+arguments in and records out. torch is imported only when a torch tensor
+arrives or attnprof.torch_ops() is called, so `import attnprof` works without it.
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+
+from . import _core
+from ._core import Error
+from ._records import Explanation, Finding, Record, Report, Result
+
+__all__ = [
+    "Error",
+    "Explanation",
+    "Finding",
+    "Record",
+    "Report",
+    "Result",
+    "attention",
+    "backend_names",
+    "compare",
+    "cuda_built",
+    "explain",
+    "profile",
+    "torch_ops",
+]
+
+NO_BACKWARD = "attnprof has no backward yet (issue 9): call attention on tensors that do not require grad (detach them, or use torch.no_grad())"
+
+
+def backend_names() -> list[str]:
+    """Every backend, in display order (and "auto" picks among the eligible ones)."""
+    return _core.backend_names()
+
+
+def cuda_built() -> bool:
+    """Whether this build has the CUDA backends."""
+    return _core.cuda_built()
+
+
+def _is_torch(x) -> bool:
+    # A torch tensor can only exist once torch is imported: no import here.
+    torch = _sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: int | None = None,
+              scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0):
+    """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
+
+    q is [B, H, S, D], k and v [B, Hkv, Skv, D] (layout="bshd": [B, S, H, D]
+    and [B, Skv, Hkv, D]); any batch, head and sequence strides (views such
+    as x.transpose(1, 2)), head_dim contiguous. torch tensors (CPU or CUDA)
+    or any DLPack array (numpy on the CPU). Nothing is copied: the kernels
+    read q, k, v where they are and write into `out`, allocated here with
+    the input's own framework (torch.empty, numpy.empty) unless given. CUDA
+    work is queued on torch's current stream. Bad input raises attnprof.Error
+    (a ValueError) with the library's message.
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise Error(f"unknown layout '{layout}': use bhsd ([B, H, S, D]) or bshd ([B, S, H, D])")
+    if _is_torch(q):
+        from . import _torch
+
+        return _torch.attention(q, k, v, backend=backend, mask=mask, window=window, scale=scale, layout=layout,
+                                out=out, threads=threads)
+    if out is None:
+        out = _empty_like(q)
+    try:
+        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, layout == "bshd")
+    except TypeError as e:
+        del out
+        raise Error(not_an_array(e)) from None
+    except BaseException:
+        del out  # a refused call leaves nothing allocated, even while the traceback lives
+        raise
+    return out
+
+
+def not_an_array(e: TypeError) -> str:
+    # nanobind refused an argument before the library saw it.
+    return ("attnprof.attention takes CPU or CUDA arrays that export DLPack (torch tensors, numpy arrays), "
+            f"writable for out: {str(e).splitlines()[0]}")
+
+
+def _empty_like(q):
+    """An uninitialised array of q's kind, shape and dtype (numpy, or the array's own module)."""
+    if hasattr(q, "shape") and hasattr(q, "dtype"):
+        module = _sys.modules.get(type(q).__module__.split(".")[0])
+        empty = getattr(module, "empty", None)
+        if empty is not None:
+            try:
+                return empty(q.shape, dtype=q.dtype)
+            except TypeError:
+                pass
+    raise Error(f"attnprof.attention takes torch tensors or DLPack arrays with a shape and dtype; got {type(q).__name__}")
+
+
+def torch_ops():
+    """Registers torch.ops.attnprof.attention (imports torch) and returns torch.ops.attnprof."""
+    from . import _torch
+
+    return _torch.ops()
+
+
+def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq):
+    return _core.Problem(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, kv_seq=kv_seq, head_dim=head_dim,
+                         dtype=dtype, device=device, mask=mask, window=window, scale=scale)
+
+
+def _default_shape(device, batch, heads, seq, head_dim):
+    # The CLI's defaults: the reference shape on a GPU, a smaller batch on the CPU.
+    return (batch if batch is not None else (8 if device != "cpu" else 2), heads if heads is not None else
+            (16 if device != "cpu" else 8), seq, head_dim)
+
+
+def compare(*, batch: int | None = None, heads: int | None = None, seq: int = 1024, head_dim: int = 64,
+            dtype: str = "bf16", device: str = "cpu", mask: str = "causal", window: int | None = None,
+            scale: float | None = None, kv_heads: int | None = None, kv_seq: int | None = None,
+            backends: list[str] | None = None, trace_dir: str | None = "traces", json_path: str | None = None,
+            seed: int = 0x5EED, threads: int = 0, bshd: bool = False, check_rows: int = 2048,
+            schedule: tuple[int, int, int, int] = (0, 1, 3, 1), unprofiled_calls: int = 32,
+            expect: dict[str, int] | None = None, sort_by: str = "cpu_time_total", row_limit: int = -1) -> Report:
+    """`attnprof compare` as a call: every eligible backend (or `backends`) profiled on one problem.
+
+    schedule is (wait, warmup, active, repeat) steps, as --wait/--warmup/--active/--repeat.
+    """
+    b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
+    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq)
+    rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows,
+                        tuple(schedule), unprofiled_calls, dict(expect or {}), sort_by, row_limit)
+    return Report(rep, "compare")
+
+
+def profile(backend: str = "auto", *, batch: int | None = None, heads: int | None = None, seq: int = 1024,
+            head_dim: int = 64, dtype: str = "bf16", device: str = "cpu", mask: str = "causal",
+            window: int | None = None, scale: float | None = None, kv_heads: int | None = None,
+            kv_seq: int | None = None, trace_dir: str | None = "traces", json_path: str | None = None,
+            seed: int = 0x5EED, threads: int = 0, bshd: bool = False, check_rows: int = 2048,
+            schedule: tuple[int, int, int, int] = (0, 1, 3, 1), unprofiled_calls: int = 32,
+            expect: dict[str, int] | None = None, sort_by: str = "cpu_time_total", row_limit: int = -1) -> Report:
+    """`attnprof profile --backend B` as a call: one backend ("auto" picks one); its key-averages table in .table."""
+    b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
+    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq)
+    rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, tuple(schedule),
+                        unprofiled_calls, dict(expect or {}), sort_by, row_limit)
+    return Report(rep, "profile")
+
+
+def explain(*, batch: int | None = None, heads: int | None = None, seq: int = 1024, head_dim: int = 64,
+            dtype: str = "bf16", device: str = "cpu", mask: str = "causal", window: int | None = None,
+            scale: float | None = None, kv_heads: int | None = None, kv_seq: int | None = None,
+            threads: int = 0) -> Explanation:
+    """`attnprof explain` as a call: which backends can take the problem and why, and what auto picks."""
+    b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
+    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq)
+    return Explanation(*_core.explain(p, threads))

@@ -1,0 +1,104 @@
+"""The PyTorch side, imported only once a torch tensor arrives: torch.ops.attnprof.attention
+(a torch.library custom op with a fake implementation, so torch.compile traces it whole) and
+the eager path of attnprof.attention on torch tensors."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.utils.dlpack
+
+from . import _core
+from ._core import Error
+
+NO_BACKWARD = ("attnprof has no backward yet (issue 9): call attention on tensors that do not require grad "
+               "(detach them, or use torch.no_grad())")
+
+# The caller's current stream as a cudaStream_t: the raw getter PyTorch's own
+# compiled code uses (no Stream object made per call), else the public one.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_of(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+# DLPack capsules through torch's C exporter: ten times cheaper per tensor than
+# Tensor.__dlpack__ (a Python method with its own checks, about 5 us), and the
+# same borrowed view of the same memory.
+_to_dlpack = torch.utils.dlpack.to_dlpack
+
+
+def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0):
+    try:
+        views = (_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out))
+    except (RuntimeError, BufferError, TypeError) as e:  # a device or layout DLPack cannot describe
+        from . import not_an_array
+
+        raise Error(not_an_array(e)) from None
+    _core.attention(*views, backend, mask, window, scale, _stream_of(q.device), threads, bshd)
+
+
+@torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
+                  window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False) -> torch.Tensor:
+    """softmax(scale * q k^T + mask) v by an attnprof backend; out has q's shape ([B, H, S, D], or [B, S, H, D] when bshd)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _run(q, k, v, out, backend, mask, window, scale, bshd)
+    return out
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False):
+    # Matches the real output: a new contiguous tensor of q's shape, dtype and device.
+    return q.new_empty(q.shape)
+
+
+def _no_backward(ctx, grad):
+    raise Error(NO_BACKWARD)
+
+
+def _setup_context(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd("attnprof::attention", _no_backward, setup_context=_setup_context)
+
+
+def ops():
+    return torch.ops.attnprof
+
+
+def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads):
+    bshd = layout == "bshd"
+    if torch.compiler.is_compiling():
+        # Traced as one node of the graph (its fake gives the output's shape).
+        if out is not None:
+            raise Error("out= is not supported under torch.compile: use the returned tensor")
+        return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd)
+    for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
+        if not isinstance(t, torch.Tensor):
+            raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        if torch.is_grad_enabled():
+            raise Error(NO_BACKWARD)
+        q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    try:
+        _run(q, k, v, out, backend, mask, window, scale, bshd, threads)
+    except TypeError as e:
+        del out
+        from . import not_an_array
+
+        raise Error(not_an_array(e)) from None
+    except BaseException:
+        del out  # a refused call leaves nothing allocated, even while the traceback lives
+        raise
+    return out

@@ -1,0 +1,126 @@
+"""Bad input: one attnprof.Error (a ValueError) with the library's message, nothing left allocated."""
+
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import attnprof
+from attnprof import _core
+
+
+def arrays(shape=(1, 2, 16, 32), kv_shape=None, dtype=np.float32):
+    kv_shape = kv_shape or shape
+    return np.ones(shape, dtype), np.ones(kv_shape, dtype), np.ones(kv_shape, dtype)
+
+
+CASES = {
+    "wrong rank": (lambda: (np.ones((2, 16, 32), np.float32),) + arrays()[1:], {}, r"q must be 4-d.*got 3-d"),
+    "dtype not taken": (lambda: arrays(dtype=np.float64), {}, r"dtype attnprof does not take.*64 bits"),
+    "int dtype": (lambda: arrays(dtype=np.int32), {}, r"dtype attnprof does not take"),
+    "mixed dtypes": (lambda: arrays()[:2] + (np.ones((1, 2, 16, 32), np.float16),), {}, r"q is fp32 but v is fp16"),
+    "strided head_dim": (lambda: (np.ones((1, 2, 16, 64), np.float32)[..., ::2],) + arrays()[1:], {},
+                         r"strided head_dim.*contiguous"),
+    "negative strides": (lambda: (np.ones((1, 2, 16, 32), np.float32)[:, :, ::-1],) + arrays()[1:], {},
+                         r"negative stride"),
+    "k and v differ": (lambda: arrays()[:2] + (np.ones((1, 2, 8, 32), np.float32),), {}, r"k and v differs"),
+    "head_dim differs": (lambda: (np.ones((1, 2, 16, 16), np.float32),) + arrays()[1:], {}, r"head_dim differs"),
+    "heads not a multiple": (lambda: arrays((1, 3, 16, 32), (1, 2, 16, 32)), {}, r"heads"),
+    "unknown backend": (lambda: arrays(), {"backend": "fastest"}, r"unknown backend 'fastest'"),
+    "GPU-only backend on CPU": (lambda: arrays(), {"backend": "cudnn"}, r"cudnn.*(CPU|cpu)"),
+    "unknown mask": (lambda: arrays(), {"mask": "diagonal"}, r"unknown mask 'diagonal'"),
+    "mask tensor": (lambda: arrays(), {"mask": "boolean"}, r"needs a mask tensor"),
+    "window without sliding window": (lambda: arrays(), {"window": 4}, r"window is only for"),
+    "unknown layout": (lambda: arrays(), {"layout": "sbhd"}, r"unknown layout"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_numpy_input_raises_one_error_and_leaves_nothing(case):
+    make, kwargs, message = CASES[case]
+    q, k, v = make()
+    gc.collect()
+    before = _core.allocated_bytes("cpu")
+    tracemalloc.start()
+    try:
+        # numpy traces its array buffers in a domain of their own.
+        buffers = [tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)]
+        snapshot = tracemalloc.take_snapshot().filter_traces(buffers)
+        with pytest.raises(attnprof.Error, match=message) as info:
+            attnprof.attention(q, k, v, **kwargs)
+        gc.collect()
+        # The traceback is still held (info): the output array made for the call must not be.
+        diff = tracemalloc.take_snapshot().filter_traces(buffers).compare_to(snapshot, "filename")
+        leaked = sum(d.size_diff for d in diff if d.size_diff > 0)
+        assert leaked == 0, f"{leaked} bytes of numpy buffers still allocated after a refused call"
+        assert info.value is not None
+    finally:
+        tracemalloc.stop()
+    assert isinstance(info.value, ValueError)
+    assert _core.allocated_bytes("cpu") == before
+
+
+def test_out_must_match_and_not_broadcast():
+    q, k, v = arrays()
+    with pytest.raises(attnprof.Error, match=r"q and out"):
+        attnprof.attention(q, k, v, out=np.empty((1, 2, 8, 32), np.float32))
+    with pytest.raises(attnprof.Error, match=r"broadcast view"):
+        broadcast = np.lib.stride_tricks.as_strided(np.empty((16, 32), np.float32), q.shape, (0, 0, 128, 4))
+        attnprof.attention(q, k, v, out=broadcast)
+    with pytest.raises(attnprof.Error, match=r"writable for out"):
+        attnprof.attention(q, k, v, out=np.broadcast_to(np.empty((1, 1, 16, 32), np.float32), q.shape))
+    with pytest.raises(attnprof.Error, match=r"q is fp32 but out is fp16"):
+        attnprof.attention(q, k, v, out=np.empty(q.shape, np.float16))
+
+
+def test_not_an_array():
+    with pytest.raises(attnprof.Error, match=r"takes torch tensors or DLPack arrays"):
+        attnprof.attention([1.0], [1.0], [1.0])
+
+
+def test_bad_problem_for_reports():
+    with pytest.raises(attnprof.Error, match=r"unknown dtype 'fp8'"):
+        attnprof.explain(dtype="fp8")
+    with pytest.raises(attnprof.Error, match=r"batch"):
+        attnprof.compare(batch=-1, trace_dir=None)
+
+
+torch = pytest.importorskip("torch")
+
+
+TORCH_CASES = {
+    "wrong rank": (lambda: (torch.ones(2, 16, 32), torch.ones(1, 2, 16, 32), torch.ones(1, 2, 16, 32)),
+                   r"q must be 4-d"),
+    "float64": (lambda: tuple(torch.ones(1, 2, 16, 32, dtype=torch.float64) for _ in range(3)), r"64 bits"),
+    "mixed dtypes": (lambda: (torch.ones(1, 2, 16, 32), torch.ones(1, 2, 16, 32),
+                              torch.ones(1, 2, 16, 32, dtype=torch.bfloat16)), r"q is fp32 but v is bf16"),
+    "strided head_dim": (lambda: (torch.ones(1, 2, 32, 16).transpose(2, 3), torch.ones(1, 2, 16, 32),
+                                  torch.ones(1, 2, 16, 32)), r"strided head_dim"),
+    "requires grad": (lambda: (torch.ones(1, 2, 16, 32, requires_grad=True), torch.ones(1, 2, 16, 32),
+                               torch.ones(1, 2, 16, 32)), r"no backward yet \(issue 9\)"),
+    "mixed with numpy": (lambda: (torch.ones(1, 2, 16, 32), np.ones((1, 2, 16, 32), np.float32),
+                                  torch.ones(1, 2, 16, 32)), r"pass torch tensors throughout"),
+}
+
+
+@pytest.mark.parametrize("case", list(TORCH_CASES))
+def test_bad_torch_input_raises_one_error(case):
+    make, message = TORCH_CASES[case]
+    before = _core.allocated_bytes("cpu")
+    with pytest.raises(attnprof.Error, match=message):
+        attnprof.attention(*make())
+    assert _core.allocated_bytes("cpu") == before
+
+
+def test_custom_op_reports_the_same_error():
+    q = torch.ones(1, 2, 16, 32, dtype=torch.float64)
+    with pytest.raises(attnprof.Error, match=r"64 bits"):
+        torch.ops.attnprof.attention(q, q, q) if hasattr(torch.ops, "attnprof") and hasattr(
+            torch.ops.attnprof, "attention") else attnprof.torch_ops().attention(q, q, q)
+
+
+def test_a_device_attnprof_does_not_take():
+    q = torch.ones(1, 2, 16, 32, device="meta")
+    with pytest.raises(attnprof.Error, match=r"CPU or CUDA arrays that export DLPack"):
+        attnprof.attention(q, q, q)

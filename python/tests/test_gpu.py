@@ -1,0 +1,106 @@
+"""CUDA tensors: the caller's current stream, no copies, torch.compile. Skipped, with the reason, without a GPU."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import attnprof  # noqa: E402
+from attnprof import _core  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine (run on the GPU machine)"),
+    pytest.mark.skipif(not attnprof.cuda_built(), reason="this attnprof build has no CUDA backends"),
+]
+
+
+def qkv(shape=(2, 8, 256, 64), kv_shape=None, dtype=torch.bfloat16):
+    kv_shape = kv_shape or shape
+    return (torch.randn(shape, dtype=dtype, device="cuda"), torch.randn(kv_shape, dtype=dtype, device="cuda"),
+            torch.randn(kv_shape, dtype=dtype, device="cuda"))
+
+
+def sdpa(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+
+
+@pytest.mark.parametrize("backend", ["naive", "math", "efficient", "flash", "cudnn", "auto"])
+def test_cuda_backends_match_sdpa(backend):
+    q, k, v = qkv()
+    if backend not in attnprof.explain(batch=2, heads=8, seq=256, head_dim=64, device="cuda").eligible() + ["auto"]:
+        pytest.skip(f"{backend} is not eligible on this GPU")
+    out = attnprof.attention(q, k, v, backend=backend)
+    assert out.is_cuda and out.dtype == torch.bfloat16 and out.shape == q.shape
+    torch.testing.assert_close(out.float(), sdpa(q, k, v), atol=2e-2, rtol=2e-2)
+
+
+def test_no_copy_on_cuda():
+    q, k, v = qkv()
+    out = torch.empty_like(q)
+    views = _core._views(q, k, v, out, False)
+    assert [p for p, _, _ in views] == [t.data_ptr() for t in (q, k, v, out)]
+    assert attnprof.attention(q, k, v, backend="flash", out=out) is out
+    qs = torch.randn(2, 256, 8, 64, dtype=torch.bfloat16, device="cuda")
+    assert _core._views(qs.transpose(1, 2), k, v, out, False)[0][0] == qs.data_ptr()
+
+
+def test_runs_on_the_current_stream():
+    # q is written on a side stream after a long sleep; attention called on that
+    # stream must see the write. Run anywhere else, it would read the zeros.
+    q0, k, v = qkv()
+    q = torch.zeros_like(q0)
+    attnprof.attention(q0, k, v, backend="flash")  # the runtime and the backend made, outside the timing
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time
+        q.copy_(q0)
+        out = attnprof.attention(q, k, v, backend="flash")
+    assert not side.query(), "the side stream finished while the sleep should still hold it"
+    side.synchronize()
+    torch.testing.assert_close(out.float(), sdpa(q0, k, v), atol=2e-2, rtol=2e-2)
+    # The op reads the stream the same way.
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1_000_000_000)
+        q.zero_()
+        q.copy_(q0)
+        out = torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False)
+    side.synchronize()
+    torch.testing.assert_close(out.float(), sdpa(q0, k, v), atol=2e-2, rtol=2e-2)
+
+
+def test_torch_compile_on_cuda():
+    q, k, v = qkv()
+
+    def layer(q, k, v):
+        return torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False) * 2
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(layer)(q, k, v)
+    assert explanation.graph_break_count == 0
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v).float(), sdpa(q, k, v) * 2, atol=4e-2, rtol=2e-2)
+
+
+def test_bshd_on_cuda():
+    qs, ks, vs = qkv((2, 256, 8, 64))
+    out = attnprof.attention(qs, ks, vs, backend="flash", layout="bshd")
+    ref = sdpa(qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2))
+    torch.testing.assert_close(out.transpose(1, 2).float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_mismatched_devices_and_nothing_left_allocated():
+    q, k, v = qkv()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    lib_before = _core.allocated_bytes("cuda")
+    with pytest.raises(attnprof.Error, match=r"different devices"):
+        attnprof.attention(q, k.cpu(), v)
+    with pytest.raises(attnprof.Error, match=r"64 bits"):
+        attnprof.attention(q.double(), k.double(), v.double())
+    with pytest.raises(attnprof.Error, match=r"no backward"):
+        attnprof.attention(q.requires_grad_(True), k, v)
+    assert torch.cuda.memory_allocated() == before
+    assert _core.allocated_bytes("cuda") == lib_before

@@ -1,0 +1,121 @@
+"""attnprof on torch CPU tensors: the eager call, torch.ops.attnprof.attention, torch.compile."""
+
+import pytest
+import torch
+
+import attnprof
+from attnprof import _core
+
+torch.manual_seed(0)
+
+
+def qkv(shape=(2, 4, 64, 32), kv_shape=None, dtype=torch.float32, device="cpu"):
+    kv_shape = kv_shape or shape
+    return (torch.randn(shape, dtype=dtype, device=device), torch.randn(kv_shape, dtype=dtype, device=device),
+            torch.randn(kv_shape, dtype=dtype, device=device))
+
+
+def sdpa(q, k, v, causal=True, **kw):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
+                                                            **kw).to(q.dtype)
+
+
+@pytest.mark.parametrize("backend", ["naive", "math", "flash", "auto"])
+def test_eager_matches_sdpa(backend):
+    q, k, v = qkv()
+    out = attnprof.attention(q, k, v, backend=backend)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out, sdpa(q, k, v), atol=2e-5, rtol=1e-4)
+
+
+def test_bf16_grouped_heads_and_scale():
+    q, k, v = qkv((1, 8, 64, 64), (1, 2, 64, 64), dtype=torch.bfloat16)
+    out = attnprof.attention(q, k, v, backend="flash", mask="none", scale=0.2)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), sdpa(q, k, v, causal=False, scale=0.2).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_no_copy_data_pointers():
+    q, k, v = qkv()
+    out = torch.empty_like(q)
+    views = _core._views(q, k, v, out, False)
+    assert [p for p, _, _ in views] == [t.data_ptr() for t in (q, k, v, out)]
+    assert [tuple(s) for _, _, s in views] == [t.stride() for t in (q, k, v, out)]
+    assert attnprof.attention(q, k, v, backend="flash", out=out) is out
+    torch.testing.assert_close(out, sdpa(q, k, v), atol=2e-5, rtol=1e-4)
+
+
+def test_bshd_views():
+    b, s, h, d = 2, 48, 4, 32
+    qs, ks, vs = qkv((b, s, h, d))
+    q, k, v = (t.transpose(1, 2) for t in (qs, ks, vs))  # [B, H, S, D] views of [B, S, H, D] buffers
+    views = _core._views(q, k, v, torch.empty(q.shape), False)
+    assert views[0][0] == qs.data_ptr() and tuple(views[0][2]) == q.stride()
+    ref = sdpa(q, k, v)
+    for backend in ("naive_inplace", "math", "flash"):
+        torch.testing.assert_close(attnprof.attention(q, k, v, backend=backend), ref, atol=2e-5, rtol=1e-4)
+    out = attnprof.attention(qs, ks, vs, backend="flash", layout="bshd")
+    assert out.shape == (b, s, h, d)
+    torch.testing.assert_close(out.transpose(1, 2), ref, atol=2e-5, rtol=1e-4)
+    op = torch.ops.attnprof.attention(qs, ks, vs, "flash", "causal", None, None, True)
+    torch.testing.assert_close(op.transpose(1, 2), ref, atol=2e-5, rtol=1e-4)
+
+
+def test_custom_op_is_registered_and_runs():
+    ops = attnprof.torch_ops()
+    assert hasattr(ops, "attention")
+    q, k, v = qkv()
+    out = torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False)
+    torch.testing.assert_close(out, sdpa(q, k, v), atol=2e-5, rtol=1e-4)
+    torch.library.opcheck(torch.ops.attnprof.attention.default, (q, k, v, "math", "causal", None, None, False),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_fake_gives_the_output_shape():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k, v = qkv((2, 4, 128, 64), (2, 1, 256, 64), dtype=torch.bfloat16)
+        out = torch.ops.attnprof.attention(q, k, v)
+        assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+
+
+def _graph_breaks(fn, *args):
+    explanation = torch._dynamo.explain(fn)(*args)
+    return explanation.graph_break_count, explanation.graph_count
+
+
+def test_torch_compile_fullgraph_on_cpu():
+    q, k, v = qkv()
+
+    def layer(q, k, v):
+        return torch.ops.attnprof.attention(q * 0.5, k, v, "flash", "causal", None, None, False) + 1.0
+
+    def through_api(q, k, v):
+        return attnprof.attention(q, k, v, backend="math") * 2.0
+
+    torch._dynamo.reset()
+    assert _graph_breaks(layer, q, k, v) == (0, 1)
+    assert _graph_breaks(through_api, q, k, v) == (0, 1)
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), sdpa(q * 0.5, k, v) + 1.0, atol=2e-5, rtol=1e-4)
+    compiled_api = torch.compile(through_api, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled_api(q, k, v), sdpa(q, k, v) * 2.0, atol=2e-5, rtol=1e-4)
+
+
+def test_backward_raises_a_clear_error():
+    q, k, v = qkv()
+    q.requires_grad_(True)
+    # The eager call refuses at once ...
+    with pytest.raises(attnprof.Error, match=r"no backward yet \(issue 9\)"):
+        attnprof.attention(q, k, v)
+    # ... the op runs forward and refuses the backward.
+    out = torch.ops.attnprof.attention(q, k, v)
+    assert out.requires_grad
+    with pytest.raises(attnprof.Error, match=r"no backward yet \(issue 9\)"):
+        out.sum().backward()
+    # Without grad, tensors that need grad are read as they are.
+    with torch.no_grad():
+        torch.testing.assert_close(attnprof.attention(q, k, v, backend="flash"), sdpa(q.detach(), k, v), atol=2e-5,
+                                   rtol=1e-4)

@@ -1,0 +1,431 @@
+// attnprof._core: the Python bindings. Thin by design: arrays come in as
+// DLPack views (nb::ndarray, never converted or copied) and become borrowed
+// Tensors; problems, backends, eligibility, the pipeline and its tables are
+// the library's own calls. attnprof/__init__.py shapes what comes back.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attnprof/dispatch.h"
+#include "attnprof/error.h"
+#include "attnprof/pipeline.h"
+#include "attnprof/runner.h"
+#include "report/report.h"
+
+namespace nb = nanobind;
+
+namespace attnprof::python {
+namespace {
+
+// q, k and v are read only (nanobind then takes the cheaper unversioned
+// DLPack export); out is written.
+using In = nb::ndarray<nb::ro>;
+using Out = nb::ndarray<>;
+
+struct Where {
+  Device device;
+  int id;
+};
+
+template <class Array>
+std::string where_name(const Array& a) {
+  switch (a.device_type()) {
+    case nb::device::cpu::value:
+      return "cpu";
+    case nb::device::cuda::value:
+      return "cuda:" + std::to_string(a.device_id());
+    default:
+      return "DLPack device type " + std::to_string(a.device_type());
+  }
+}
+
+template <class Array>
+Where where_of(const char* name, const Array& a) {
+  if (a.device_type() == nb::device::cpu::value) return {Device::Cpu, 0};
+  if (a.device_type() == nb::device::cuda::value) {
+    // The CUDA runtime (its allocator, cuBLAS and cuDNN handles) is device 0's.
+    if (a.device_id() != 0) {
+      fail(ErrorKind::Unsupported,
+           std::string(name) + " is on " + where_name(a) + ": attnprof runs on cuda:0 (set CUDA_VISIBLE_DEVICES)");
+    }
+    return {Device::Cuda, 0};
+  }
+  fail(ErrorKind::Unsupported, std::string(name) + " is on " + where_name(a) + ": attnprof takes CPU and CUDA arrays");
+}
+
+template <class Array>
+DType dtype_of(const char* name, const Array& a) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.lanes == 1 && t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float)) {
+    if (t.bits == 32) return DType::F32;
+    if (t.bits == 16) return DType::F16;
+  }
+  if (t.lanes == 1 && t.bits == 16 && t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat)) {
+    return DType::BF16;
+  }
+  fail(ErrorKind::InvalidArgument, std::string(name) + " has a dtype attnprof does not take (DLPack code " +
+                                       std::to_string(t.code) + ", " + std::to_string(t.bits) +
+                                       " bits): use float32, float16 or bfloat16");
+}
+
+// A borrowed [B, H, S, D] view of a caller's 4-d array; `bshd` reads it as
+// [B, S, H, D] (the view swaps the two middle dimensions; nothing moves).
+template <class Array>
+Tensor view_of(const char* name, const Array& a, bool bshd, Device device, DType dtype) {
+  if (a.ndim() != 4) {
+    std::string dims = "[";
+    for (std::size_t i = 0; i < a.ndim(); ++i) dims += (i ? ", " : "") + std::to_string(a.shape(i));
+    fail(ErrorKind::InvalidArgument, std::string(name) + " must be 4-d, " +
+                                         (bshd ? "[batch, seq, heads, head_dim]" : "[batch, heads, seq, head_dim]") +
+                                         "; got " + std::to_string(a.ndim()) + "-d " + dims + "]");
+  }
+  Dims sizes{}, strides{};
+  for (std::size_t i = 0; i < 4; ++i) {
+    sizes[i] = static_cast<std::int64_t>(a.shape(i));
+    strides[i] = a.stride(i);
+  }
+  // q, k and v are only read, though a Tensor's data is not const.
+  Tensor t = Tensor::from_blob(const_cast<void*>(static_cast<const void*>(a.data())), sizes, strides, dtype, device);
+  if (bshd) t = t.transpose(1, 2);
+  if (!t.rows_contiguous()) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " " + t.describe() +
+                                         " has a strided head_dim: attnprof views any batch, head and sequence "
+                                         "strides but reads each row of head_dim contiguously (call .contiguous())");
+  }
+  return t;
+}
+
+// The output is written by many threads or blocks at once: no two elements may share memory.
+void require_writable_layout(const Tensor& out) {
+  for (int i = 0; i < 4; ++i) {
+    if (out.size(i) > 1 && out.stride(i) == 0) {
+      fail(ErrorKind::InvalidArgument, "out " + out.describe() + " is a broadcast view (stride 0 in dimension " +
+                                           std::to_string(i) + "): pass a tensor that owns one element per position");
+    }
+  }
+}
+
+void require_same(const char* what, const char* a_name, std::int64_t a, const char* b_name, std::int64_t b) {
+  if (a != b) {
+    fail(ErrorKind::InvalidArgument, std::string(what) + " differs: " + a_name + " has " + std::to_string(a) + ", " +
+                                         b_name + " has " + std::to_string(b));
+  }
+}
+
+// Which backend runs a problem: resolved and checked for eligibility once per
+// (problem, requested name), as `auto` measures once per problem.
+struct PlanKey {
+  Dims q, k;
+  DType dtype;
+  Device device;
+  MaskKind mask;
+  std::int64_t window;
+  std::optional<double> scale;
+  std::string backend;
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+Backend& resolve(const Problem& p, const std::string& requested) {
+  static std::mutex mu;
+  static std::map<PlanKey, Backend*> plans;
+  PlanKey key{{p.batch, p.heads, p.seq, p.head_dim},
+              {p.batch, p.kv_heads, p.kv_seq, p.head_dim},
+              p.dtype,
+              p.device,
+              p.mask,
+              p.window,
+              p.scale,
+              requested};
+  {
+    std::lock_guard lock(mu);
+    if (auto it = plans.find(key); it != plans.end()) return *it->second;
+  }
+  std::string name = requested;
+  if (name == "auto") name = choose_auto(p).backend;
+  if (!is_backend_name(name)) {
+    std::string names;
+    for (auto n : backend_names()) names += (names.empty() ? "" : ", ") + std::string(n);
+    fail(ErrorKind::InvalidArgument, "unknown backend '" + name + "': use auto, " + names);
+  }
+  Backend* b = find_backend(name, p.device);
+  if (!b) {
+    for (const auto& e : explain(p)) {
+      if (e.backend == name) fail(ErrorKind::Unsupported, name + ": " + e.reason);
+    }
+    fail(ErrorKind::Unsupported, name + " is not available on " + std::string(device_name(p.device)));
+  }
+  if (const Eligibility e = b->eligibility(p); !e.eligible) fail(ErrorKind::Unsupported, name + ": " + e.reason);
+  std::lock_guard lock(mu);
+  plans.emplace(std::move(key), b);
+  return *b;
+}
+
+// The library's mask names, also spelled with underscores as Python keywords are.
+std::optional<MaskKind> parse_mask_name(std::string name) {
+  std::replace(name.begin(), name.end(), '_', '-');
+  return parse_mask(name);
+}
+
+MaskKind mask_of(const std::string& mask) {
+  const auto m = parse_mask_name(mask);
+  if (!m) fail(ErrorKind::InvalidArgument, "unknown mask '" + mask + "': use " + std::string(mask_choices()));
+  if (*m == MaskKind::Boolean || *m == MaskKind::Bias) {
+    fail(ErrorKind::Unsupported, "mask '" + mask + "' needs a mask tensor, which attnprof.attention does not take yet");
+  }
+  return *m;
+}
+
+// softmax(scale * Q K^T + mask) V of the caller's arrays into the caller's
+// `out`, on the caller's stream (a cudaStream_t as an integer; 0 = legacy
+// default). Returns the backend that ran.
+std::string attention(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
+                      const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
+                      std::uintptr_t stream, int threads, bool bshd) {
+  const Where wq = where_of("q", q);
+  const DType dtype = dtype_of("q", q);
+  const auto same_place = [&](const char* name, const auto& a) {
+    if (where_of(name, a).device != wq.device) {
+      fail(ErrorKind::InvalidArgument, std::string("q and ") + name + " are on different devices: q on " +
+                                           where_name(q) + ", " + name + " on " + where_name(a) +
+                                           "; move them to one device");
+    }
+    if (const DType t = dtype_of(name, a); t != dtype) {
+      fail(ErrorKind::InvalidArgument, std::string("q is ") + std::string(dtype_name(dtype)) + " but " + name + " is " +
+                                           std::string(dtype_name(t)) + ": pass one dtype");
+    }
+  };
+  same_place("k", k);
+  same_place("v", v);
+  same_place("out", out);
+  Inputs in;
+  in.q = view_of("q", q, bshd, wq.device, dtype);
+  in.k = view_of("k", k, bshd, wq.device, dtype);
+  in.v = view_of("v", v, bshd, wq.device, dtype);
+  Tensor o = view_of("out", out, bshd, wq.device, dtype);
+  require_writable_layout(o);
+  require_same("batch", "q", in.q.size(0), "k", in.k.size(0));
+  require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
+  for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
+  for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
+
+  Problem p;
+  p.batch = in.q.size(0);
+  p.heads = in.q.size(1);
+  p.seq = in.q.size(2);
+  p.head_dim = in.q.size(3);
+  p.kv_heads = in.k.size(1);
+  p.kv_seq = in.k.size(2);
+  p.dtype = dtype;
+  p.device = wq.device;
+  p.mask = mask_of(mask);
+  if (window) p.window = *window;
+  if (window && p.mask != MaskKind::SlidingWindow) {
+    fail(ErrorKind::InvalidArgument, "window is only for mask='sliding_window'");
+  }
+  p.scale = scale;
+  p.normalize().validate();
+
+  Backend& b = resolve(p, backend);
+  DeviceRuntime& rt = device_runtime(p.device, threads);
+  RunContext ctx{rt.allocator(), reinterpret_cast<void*>(stream), threads};
+  if (p.device == Device::Cpu) {
+    nb::gil_scoped_release unlocked;  // CPU work takes milliseconds; other Python threads run meanwhile
+    b.forward(p, in, o, ctx);
+  } else {
+    b.forward(p, in, o, ctx);  // an asynchronous launch on `stream`
+  }
+  return std::string(b.name());
+}
+
+Problem make_problem(std::int64_t batch, std::int64_t heads, std::optional<std::int64_t> kv_heads, std::int64_t seq,
+                     std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
+                     const std::string& device, const std::string& mask, std::optional<std::int64_t> window,
+                     std::optional<double> scale) {
+  Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.kv_heads = kv_heads.value_or(0);
+  p.seq = seq;
+  p.kv_seq = kv_seq.value_or(0);
+  p.head_dim = head_dim;
+  const auto dt = parse_dtype(dtype);
+  if (!dt) fail(ErrorKind::InvalidArgument, "unknown dtype '" + dtype + "': use fp32, fp16 or bf16");
+  p.dtype = *dt;
+  if (device == "cpu") {
+    p.device = Device::Cpu;
+  } else if (device == "cuda" || device == "cuda:0") {
+    p.device = Device::Cuda;
+  } else {
+    fail(ErrorKind::InvalidArgument, "unknown device '" + device + "': use cpu or cuda");
+  }
+  const auto m = parse_mask_name(mask);
+  if (!m) fail(ErrorKind::InvalidArgument, "unknown mask '" + mask + "': use " + std::string(mask_choices()));
+  p.mask = *m;
+  p.window = window.value_or(0);
+  p.scale = scale;
+  p.normalize().validate();
+  return p;
+}
+
+PipelineOptions make_options(const std::optional<std::string>& trace_dir, const std::optional<std::string>& json_path,
+                             std::uint64_t seed, int threads, bool bshd, std::int64_t check_rows,
+                             std::tuple<int, int, int, int> schedule, int unprofiled_calls,
+                             const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
+  PipelineOptions o;
+  o.run.seed = seed;
+  o.run.threads = threads;
+  o.run.bshd_inputs = bshd;
+  o.run.check_rows = check_rows;
+  std::tie(o.run.schedule.wait, o.run.schedule.warmup, o.run.schedule.active, o.run.schedule.repeat) = schedule;
+  o.run.unprofiled_calls = unprofiled_calls;
+  for (const auto& [name, n] : expect) o.guesses.emplace(name, n);
+  o.table = {.sort_by = sort_by, .row_limit = row_limit};
+  if (trace_dir) o.trace_dir = *trace_dir;
+  if (json_path) o.json_path = *json_path;
+  return o;
+}
+
+}  // namespace
+}  // namespace attnprof::python
+
+NB_MODULE(_core, m) {
+  using namespace attnprof;
+  using namespace attnprof::python;
+  m.doc() = "attnprof's C++ library: attention on DLPack arrays, and the compare/profile/explain pipeline";
+
+  nb::exception<Error>(m, "Error", PyExc_ValueError);
+
+  m.def("attention", &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+        nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
+        nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
+        "softmax(scale * q k^T + mask) v into `out`, no copies; returns the backend that ran");
+
+  // The views attention() reads and writes, as (data pointer, sizes, strides)
+  // for q, k, v and out: the tests compare them with the caller's own.
+  m.def(
+      "_views",
+      [](const In& q, const In& k, const In& v, const Out& out, bool bshd) {
+        const Where w = where_of("q", q);
+        const DType t = dtype_of("q", q);
+        std::vector<std::tuple<std::uintptr_t, Dims, Dims>> views;
+        for (const Tensor& x : {view_of("q", q, bshd, w.device, t), view_of("k", k, bshd, w.device, t),
+                                view_of("v", v, bshd, w.device, t), view_of("out", out, bshd, w.device, t)}) {
+          views.emplace_back(reinterpret_cast<std::uintptr_t>(x.data()), x.sizes(), x.strides());
+        }
+        return views;
+      },
+      nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(),
+      nb::arg("bshd"));
+
+  nb::class_<Problem>(m, "Problem")
+      .def(
+          "__init__",
+          [](Problem* self, std::int64_t batch, std::int64_t heads, std::optional<std::int64_t> kv_heads,
+             std::int64_t seq, std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
+             const std::string& device, const std::string& mask, std::optional<std::int64_t> window,
+             std::optional<double> scale) {
+            new (self) Problem(
+                make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window, scale));
+          },
+          nb::arg("batch"), nb::arg("heads"), nb::arg("kv_heads").none(), nb::arg("seq"), nb::arg("kv_seq").none(),
+          nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"), nb::arg("window").none(),
+          nb::arg("scale").none())
+      .def("describe", &Problem::describe)
+      .def("shape_key", &Problem::shape_key)
+      .def("json", [](const Problem& p) { return report::problem_json(p).dump(); });
+
+  nb::class_<PipelineReport>(m, "PipelineReport")
+      .def_ro("device_description", &PipelineReport::device_description)
+      .def_ro("tables", &PipelineReport::tables)
+      .def_ro("collector_note", &PipelineReport::collector_note)
+      .def_prop_ro("outputs",
+                   [](const PipelineReport& r) {
+                     std::vector<std::tuple<std::string, std::string, std::string>> out;
+                     for (const auto& o : r.outputs) out.emplace_back(o.trace, o.table, o.summary);
+                     return out;
+                   })
+      .def_prop_ro("problem_description", [](const PipelineReport& r) { return r.problem.describe(); })
+      .def("accepted", &PipelineReport::accepted)
+      .def("json", [](const PipelineReport& r) { return r.json().dump(); })
+      .def("compare_table", [](const PipelineReport& r) { return report::compare_table(r.results); });
+
+  m.def(
+      "compare",
+      [](const Problem& p, const std::vector<std::string>& only, const std::optional<std::string>& trace_dir,
+         const std::optional<std::string>& json_path, std::uint64_t seed, int threads, bool bshd,
+         std::int64_t check_rows, std::tuple<int, int, int, int> schedule, int unprofiled_calls,
+         const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
+        const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
+                                               unprofiled_calls, expect, sort_by, row_limit);
+        nb::gil_scoped_release unlocked;
+        return compare(p, o, only);
+      },
+      nb::arg("problem"), nb::arg("backends"), nb::arg("trace_dir").none(), nb::arg("json_path").none(),
+      nb::arg("seed"), nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"),
+      nb::arg("unprofiled_calls"), nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"));
+
+  m.def(
+      "profile",
+      [](const Problem& p, const std::string& backend, const std::optional<std::string>& trace_dir,
+         const std::optional<std::string>& json_path, std::uint64_t seed, int threads, bool bshd,
+         std::int64_t check_rows, std::tuple<int, int, int, int> schedule, int unprofiled_calls,
+         const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
+        const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
+                                               unprofiled_calls, expect, sort_by, row_limit);
+        nb::gil_scoped_release unlocked;
+        return profile(p, backend, o);
+      },
+      nb::arg("problem"), nb::arg("backend"), nb::arg("trace_dir").none(), nb::arg("json_path").none(), nb::arg("seed"),
+      nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"), nb::arg("unprofiled_calls"),
+      nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"));
+
+  // explain: (the --json document, the table, the device's description).
+  m.def(
+      "explain",
+      [](const Problem& p, int threads) {
+        nb::gil_scoped_release unlocked;
+        const auto rows = explain(p);
+        std::optional<AutoChoice> chosen;
+        std::string auto_error;
+        try {
+          chosen = choose_auto(p);
+        } catch (const Error& e) {
+          auto_error = e.what();
+        }
+        DeviceRuntime& rt = device_runtime(p.device, threads);
+        const AutoChoice* c = chosen ? &*chosen : nullptr;
+        return std::make_tuple(report::explain_json(p, rows, c, rt).dump(), report::explain_table(rows, c),
+                               rt.description(), auto_error);
+      },
+      nb::arg("problem"), nb::arg("threads"));
+
+  m.def("backend_names", [] {
+    std::vector<std::string> out;
+    for (auto n : backend_names()) out.emplace_back(n);
+    return out;
+  });
+  m.def("cuda_built", &cuda_built);
+  // Bytes live in the library's own allocator on a device (the tests check
+  // that a refused call leaves nothing behind).
+  m.def(
+      "allocated_bytes",
+      [](const std::string& device) {
+        return device_runtime(device == "cpu" ? Device::Cpu : Device::Cuda).allocator().stats().allocated;
+      },
+      nb::arg("device"));
+}
