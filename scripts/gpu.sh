@@ -2,14 +2,15 @@
 # The GPU run, in one call on the lent GPU machine: build with CUDA, the GPU
 # tests, compute-sanitizer (memcheck, racecheck) on the fused kernels at small
 # shapes, a profile with CUPTI off, compare at the reference shape, host time
-# per call with and without CUPTI, and the benchmark against PyTorch.
+# per call with and without CUPTI, the benchmark against PyTorch, and the
+# Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize compare host bench (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare host bench}
+phases=${*:-build tests sanitize nocupti compare host bench python}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=build/gpu
@@ -126,8 +127,29 @@ if has bench; then
     >/tmp/bench.txt 2>>"$OUT/log.txt"
 fi
 
+if has python; then
+  # The Python package on CUDA tensors: its pytest suite (the GPU tests run
+  # here: every backend, the current stream, torch.compile) and the host time
+  # a Python call adds over the C++ call. nanobind comes as a carried wheel
+  # where it is not installed (.whl, see the device README).
+  log "Python package"
+  if ! python3 -c 'import nanobind' 2>/dev/null && ls .whl/nanobind-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nanobind-*.whl &&
+      export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  cmake -S . -B $B -DATTNPROF_PYTHON=ON >>"$OUT/log.txt" 2>&1 && cmake --build $B --target _core >>/tmp/build.txt 2>&1 ||
+    { grep -E 'error|Error' -A3 /tmp/build.txt | head -30; log "python module build failed"; }
+  PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" \
+    python/tests >"$OUT/pytest.txt" 2>&1
+  echo "pytest rc $?" >>"$OUT/pytest.txt"
+  PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 300 python3 bench/python_overhead.py --attnprof $B/attnprof \
+    >"$OUT/python_overhead.md" 2>&1
+fi
+
 log "done"
 echo "==== env"; cat /tmp/env.txt
 [[ -f $OUT/sanitizer.txt ]] && { echo "==== sanitizer"; cat "$OUT/sanitizer.txt"; }
 [[ -f $OUT/compare.txt ]] && { echo "==== compare"; cat "$OUT/compare.txt"; }
 [[ -f /tmp/bench.txt ]] && { echo "==== bench"; cat /tmp/bench.txt; }
+[[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
+[[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
