@@ -18,6 +18,7 @@ B=build/gpu
 # library is older.
 CUDNN_DIR=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)
 [[ -n $CUDNN_DIR ]] && export LD_LIBRARY_PATH=$CUDNN_DIR:${LD_LIBRARY_PATH:-}
+[[ -d .deps/usr/lib/x86_64-linux-gnu ]] && export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nvcc --version | tail -1
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
@@ -28,6 +29,9 @@ if has build; then
   log "configure + build ($(nproc) cores)"
   extra=()
   [[ -n $CUDNN_DIR ]] && extra+=(-DCUDNN_LIBRARY="$CUDNN_DIR/libcudnn.so.9")
+  # Libraries the machine lacks (simdjson), carried as Debian packages
+  # unpacked under .deps/ (dpkg -x), found through the prefix path.
+  [[ -d .deps/usr ]] && extra+=(-DCMAKE_PREFIX_PATH="$PWD/.deps/usr")
   cmake -S . -B $B -G Ninja -DATTNPROF_CUDA=ON -DATTNPROF_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
     "${extra[@]}" >>"$OUT/log.txt" 2>&1 && cmake --build $B -j"$(nproc)" ${BUILD_TARGET:+--target $BUILD_TARGET} >/tmp/build.txt 2>&1
   rc=$?
