@@ -221,6 +221,9 @@ std::vector<Finding> hidden_copy_device(const RuleInput& in) {
       continue;
     }
     if (outer != kNone && is_copy_op(ix.op(outer))) continue;  // a copy asked for
+    // A dtype conversion's copy_ (to -> _to_copy -> copy_ inside PyTorch's
+    // math path): the upcast rule's business, not a hidden copy.
+    if (under_copy && ix.is_conversion_copy(inner)) continue;
     std::string where = outer != kNone ? std::string(ix.op(outer)) : std::string("(no op)");
     if (inner != kNone && inner != outer) where += " (its " + std::string(ix.op(inner)) + ")";
     auto& g = by_op[where];
