@@ -1,6 +1,7 @@
 // Element types. 16-bit types are stored as 16 bits and computed in FP32 on the CPU.
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -11,49 +12,29 @@ namespace attnprof {
 
 enum class DType : std::uint8_t { F32, F16, BF16, Bool };
 
-constexpr std::size_t element_size(DType t) {
-  switch (t) {
-    case DType::F32:
-      return 4;
-    case DType::F16:
-    case DType::BF16:
-      return 2;
-    case DType::Bool:
-      return 1;
-  }
-  return 0;
-}
+// Per-dtype facts, in the enum's order (F32, F16, BF16, Bool).
+namespace detail {
+struct DTypeInfo {
+  std::string_view name;
+  std::size_t size;
+  double max_finite;  // the largest finite value (0 for bool)
+};
+inline constexpr std::array<DTypeInfo, 4> kDTypes{{
+    {"fp32", 4, 3.4028234663852886e38},
+    {"fp16", 2, 65504.0},
+    {"bf16", 2, 3.3895313892515355e38},  // (2 - 2^-7) x 2^127
+    {"bool", 1, 0},
+}};
+constexpr const DTypeInfo& info(DType t) { return kDTypes[static_cast<std::size_t>(t)]; }
+}  // namespace detail
 
-constexpr std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "fp32";
-    case DType::F16:
-      return "fp16";
-    case DType::BF16:
-      return "bf16";
-    case DType::Bool:
-      return "bool";
-  }
-  return "?";
-}
+constexpr std::size_t element_size(DType t) { return detail::info(t).size; }
+constexpr std::string_view dtype_name(DType t) { return detail::info(t).name; }
 
 constexpr bool is_16bit(DType t) { return t == DType::F16 || t == DType::BF16; }
 
 // The largest finite value a floating dtype holds (0 for bool).
-constexpr double max_finite(DType t) {
-  switch (t) {
-    case DType::F16:
-      return 65504.0;
-    case DType::BF16:
-      return 3.3895313892515355e38;  // (2 - 2^-7) x 2^127
-    case DType::F32:
-      return 3.4028234663852886e38;
-    case DType::Bool:
-      return 0;
-  }
-  return 0;
-}
+constexpr double max_finite(DType t) { return detail::info(t).max_finite; }
 
 // Parses the user-facing names fp32, fp16, bf16 (and float32, float16, bfloat16).
 std::optional<DType> parse_dtype(std::string_view name);

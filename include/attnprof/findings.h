@@ -3,6 +3,7 @@
 // report and Python read the whole record (one data model, Kineto's layering).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -18,15 +19,8 @@ enum class Severity : std::uint8_t {
 };
 
 constexpr std::string_view severity_name(Severity s) {
-  switch (s) {
-    case Severity::Info:
-      return "info";
-    case Severity::Warning:
-      return "warning";
-    case Severity::Error:
-      return "error";
-  }
-  return "info";
+  constexpr std::array<std::string_view, 3> kNames{"info", "warning", "error"};  // the enum's order
+  return kNames[static_cast<std::size_t>(s)];
 }
 
 // One event a finding cites, with enough of it to draw or look up without the

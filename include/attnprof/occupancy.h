@@ -5,6 +5,8 @@
 // kernel, libraries' and driver-API (cuLaunchKernelEx) launches included.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
@@ -16,17 +18,9 @@ namespace attnprof {
 enum class OccupancyLimit : std::uint8_t { Warps, Blocks, Registers, SharedMemory };
 
 constexpr std::string_view occupancy_limit_name(OccupancyLimit l) {
-  switch (l) {
-    case OccupancyLimit::Warps:
-      return "warps";
-    case OccupancyLimit::Blocks:
-      return "blocks";
-    case OccupancyLimit::Registers:
-      return "registers";
-    case OccupancyLimit::SharedMemory:
-      return "shared memory";
-  }
-  return "warps";
+  constexpr std::array<std::string_view, 4> kNames{"warps", "blocks", "registers",
+                                                   "shared memory"};  // the enum's order
+  return kNames[static_cast<std::size_t>(l)];
 }
 
 struct Occupancy {

@@ -101,17 +101,9 @@ GemmClass gemm_class(std::string_view name) {
 }
 
 std::string_view gemm_class_name(GemmClass g) {
-  switch (g) {
-    case GemmClass::TensorCores:
-      return "tensor cores";
-    case GemmClass::Tf32TensorCores:
-      return "TF32 tensor cores";
-    case GemmClass::Fp32CudaCores:
-      return "CUDA cores";
-    case GemmClass::NotGemm:
-      break;
-  }
-  return "";
+  // The enum's order: NotGemm, Fp32CudaCores, Tf32TensorCores, TensorCores.
+  constexpr std::array<std::string_view, 4> kNames{"", "CUDA cores", "TF32 tensor cores", "tensor cores"};
+  return kNames[static_cast<std::size_t>(g)];
 }
 
 }  // namespace attnprof::analysis

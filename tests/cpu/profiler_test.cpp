@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,17 +28,8 @@ Action torch_schedule(int wait, int warmup, int active, int repeat, int step) {
 }
 
 const char* name(Action a) {
-  switch (a) {
-    case Action::None:
-      return "NONE";
-    case Action::Warmup:
-      return "WARMUP";
-    case Action::Record:
-      return "RECORD";
-    case Action::RecordAndSave:
-      return "RECORD_AND_SAVE";
-  }
-  return "?";
+  constexpr std::array<const char*, 4> kNames{"NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE"};  // the enum's order
+  return kNames[static_cast<std::size_t>(a)];
 }
 
 TEST(Schedule, ExplicitSequence) {
