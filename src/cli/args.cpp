@@ -109,6 +109,13 @@ Environment (GPU runs):
                        the matrix-product ceiling, instead of measuring it
 )";
 
+// --help and --quiet, which every command takes: true when `arg` is one.
+bool take_common_flag(const std::string& arg, Options& o) {
+  if (arg == "--help" || arg == "-h") return o.help = true;
+  if (arg == "--quiet" || arg == "-q") return o.quiet = true;
+  return false;
+}
+
 // analyze and diff: traces as positional arguments, --step after a trace.
 Options parse_trace_command(Options o, int argc, char** argv) {
   const bool diff = o.command == "diff";
@@ -116,12 +123,8 @@ Options parse_trace_command(Options o, int argc, char** argv) {
   std::optional<int> analyze_step;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      o.help = true;
-      return o;
-    }
-    if (arg == "--quiet" || arg == "-q") {
-      o.quiet = true;
+    if (take_common_flag(arg, o)) {
+      if (o.help) return o;
       continue;
     }
     if (arg.rfind("--", 0) != 0 || arg == "-") {
@@ -423,12 +426,8 @@ Options parse(int argc, char** argv) {
                                       "--dtype", "--mask",  "--kv-seq", "--kv-heads"};
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      o.help = true;
-      return o;
-    }
-    if (arg == "--quiet" || arg == "-q") {
-      o.quiet = true;
+    if (take_common_flag(arg, o)) {
+      if (o.help) return o;
       continue;
     }
     std::string value;
