@@ -17,6 +17,21 @@ struct Inputs {
   Tensor bias;     // Bias masks: same shape, any floating dtype
 };
 
+// What a forward keeps for its backward (autograd's saved tensors, beyond
+// the inputs and O): the composites keep the probabilities, the fused
+// backends only each row's log-sum-exp.
+struct Saved {
+  Tensor probs;  // softmax probabilities [B, H, S, Skv], in the dtype the backend computes in
+  Tensor lse;    // log-sum-exp of each query row's scaled scores, FP32 [B, H, S] (-inf on a fully masked row)
+  std::size_t bytes() const { return probs.nbytes() + lse.nbytes(); }
+};
+
+// dQ [B, H, S, D]; dK and dV [B, Hkv, Skv, D] (summed over the query heads of
+// each grouped-query group); the problem's dtype.
+struct Gradients {
+  Tensor dq, dk, dv;
+};
+
 struct Eligibility {
   bool eligible = false;
   std::string reason;  // why not, or what it will do ("FP32 GEMMs on CUDA cores")
@@ -63,7 +78,28 @@ class Backend {
   virtual Traits traits() const { return {}; }
   // Writes softmax(scale * Q K^T + mask) V into `out` ([B, H, S, D], problem dtype).
   virtual void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) = 0;
+
+  // The backward pass. A backend that has one says so here; eligibility(p)
+  // then answers for p.pass (the registry refuses Backward and Train for the
+  // others), expectation(p) and workspace_bytes(p) count the pass's work
+  // (saved tensors included).
+  virtual bool has_backward() const { return false; }
+  // The forward of a training step: `out` as forward() writes it, and what
+  // the backward needs in `saved` (allocated here from ctx.allocator).
+  virtual void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx);
+  // dQ, dK and dV of O = attention(in) for the upstream gradient `dout`
+  // ([B, H, S, D], problem dtype), into `grads` (allocated by the caller,
+  // any strides with a contiguous head_dim). A fully masked query row, and a
+  // key no query sees, get zero gradients.
+  virtual void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
+                        Gradients& grads, RunContext& ctx);
 };
+
+// The reason a backend without a backward gives for Backward and Train.
+Eligibility no_backward(std::string_view backend);
+// b.eligibility(p), with no_backward() for a backward or training pass of a
+// backend that has none: what explain() and the runner ask.
+Eligibility eligibility_of(const Backend& b, const Problem& p);
 
 // Every backend name in display order: naive, naive_inplace, math, efficient, flash, cudnn.
 const std::vector<std::string_view>& backend_names();

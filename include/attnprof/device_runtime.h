@@ -28,6 +28,7 @@ class DeviceRuntime {
   virtual std::vector<std::unique_ptr<Collector>> make_collectors() { return {}; }
   // Moves inputs made on the CPU to this device (identity on the CPU).
   virtual Inputs upload(const Inputs& host) = 0;
+  virtual Tensor upload(const Tensor& host) = 0;  // one more tensor (the backward's dO)
   virtual Tensor download(const Tensor& t) = 0;
   virtual void poison(Tensor& t) = 0;  // fills with NaN so unwritten elements show
   // Measured matrix-product ceiling (TFLOP/s) for this dtype, measured once.

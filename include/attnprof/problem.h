@@ -25,6 +25,12 @@ std::optional<MaskKind> parse_mask(std::string_view name);
 // The accepted spellings, for --help and error messages.
 std::string_view mask_choices();
 
+// Which pass a run times. Backward is timed with the forward's saved tensors
+// already in place; Train is one step, the forward then the backward.
+enum class Pass : std::uint8_t { Forward, Backward, Train };
+std::string_view pass_name(Pass p);
+std::optional<Pass> parse_pass(std::string_view name);
+
 struct Problem {
   std::int64_t batch = 8;
   std::int64_t heads = 16;
@@ -37,6 +43,10 @@ struct Problem {
   MaskKind mask = MaskKind::Causal;
   std::int64_t window = 0;      // SlidingWindow only
   std::optional<double> scale;  // default 1/sqrt(head_dim)
+  Pass pass = Pass::Forward;
+  // Backward only: dQ accumulated in a fixed order rather than with atomics
+  // (fused backwards); refused where it means nothing.
+  bool deterministic = false;
 
   // Fills kv_heads/kv_seq defaults; throws Error(InvalidArgument) with what to change.
   Problem& normalize();
@@ -54,7 +64,13 @@ struct Problem {
   // seq*kv_seq for Boolean and Bias.
   std::int64_t visible_pairs() const;
   // Matrix-product FLOPs of one forward: 4 * B * H * visible pairs * D.
+  double forward_flops() const;
+  // FLOPs of one call of the pass: the forward's, 2.5x it for the backward
+  // (five matrix products to the forward's two), 3.5x for a training step.
   double flops() const;
+  // Bytes of dQ, dK and dV, or of O and dO: what a backward reads and writes
+  // beyond Q, K and V.
+  std::size_t gradient_bytes() const;
   // Rows whose every key is masked (structural masks only).
   std::int64_t fully_masked_rows() const;
 

@@ -48,10 +48,7 @@ Tensor make_dout(const Problem& p, std::uint64_t seed, Allocator& allocator);
 // always with each pair's first and last key (the causal edges).
 RowSample sample_kv_rows(const Problem& p, std::int64_t max_rows);
 
-// dQ [B, H, S, D], dK and dV [B, Hkv, Skv, D], on the CPU, any float dtype.
-struct Gradients {
-  Tensor dq, dk, dv;
-};
+// Gradients (backend.h): here on the CPU, in any float dtype.
 struct GradientErrors {
   ErrorStats dq, dk, dv;
 };

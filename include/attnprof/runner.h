@@ -58,6 +58,9 @@ struct Metrics {
   std::optional<double> ceiling_pct;
   std::optional<double> occupancy_pct;  // of the longest kernel
   std::optional<double> reserved_bytes;
+  // Backward and train: the bytes the forward keeps for the backward
+  // (probabilities, or the log-sum-exp), beyond the inputs and O.
+  std::optional<double> saved_bytes;
 };
 
 struct RunResult {
@@ -68,7 +71,11 @@ struct RunResult {
   Traits traits;
   Trace trace;
   Metrics metrics;
+  // Against float64: the output's error for a forward; for a backward or
+  // train pass, the worst of dQ, dK and dV (by relative error), each kept in
+  // gradient_errors.
   std::optional<ErrorStats> error;
+  std::optional<GradientErrors> gradient_errors;
   std::optional<Acceptance> acceptance;
   std::vector<Finding> findings;       // filled by the analysis rule table
   std::optional<std::string> failure;  // set when the run threw (message)

@@ -4,8 +4,11 @@
 #include <tuple>
 
 #include "analysis/normalize.h"
+#include "attnprof/problem.h"
 
 namespace attnprof::analysis {
+
+bool is_call_range(std::string_view name) { return parse_pass(name).has_value(); }
 namespace {
 
 bool is_host_range(ActivityType t) {
@@ -66,7 +69,7 @@ TraceIndex::TraceIndex(const Trace& trace) : trace_(trace) {
     if (is_device_work(a.type)) device_.push_back(i);
     if (is_launch(a.type)) launch_by_correlation_.try_emplace(a.correlation, i);  // the first call wins
     if (a.type == ActivityType::Allocation && a.allocation) allocations_.push_back(i);
-    if (a.type == ActivityType::UserAnnotation && a.name == kForwardRange) forwards_.push_back(i);
+    if (a.type == ActivityType::UserAnnotation && is_call_range(a.name)) forwards_.push_back(i);
     if (a.type == ActivityType::UserAnnotation && a.name.starts_with(kProfilerStepPrefix)) steps_.push_back(i);
   }
   auto by_start = [&](EventIndex x, EventIndex y) { return at(x).start_ns < at(y).start_ns; };

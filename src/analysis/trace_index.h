@@ -18,8 +18,10 @@
 
 namespace attnprof::analysis {
 
-// The name of the range the runner opens around each forward call.
+// The name of the range the runner opens around each call: the pass's name
+// (pass_name: "forward", "backward" or "train").
 inline constexpr std::string_view kForwardRange = "forward";
+bool is_call_range(std::string_view name);
 // PyTorch's profiler (and ours) names each step's range "ProfilerStep#N".
 inline constexpr std::string_view kProfilerStepPrefix = "ProfilerStep#";
 

@@ -74,6 +74,12 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
   --device D           cpu or cuda                        (default: cuda when a GPU is present)
   --layout L           bhsd or bshd: lay Q, K, V out as [batch, seq, heads, dim]
                        and pass strided views             (default bhsd)
+  --pass P             forward, backward (dQ, dK, dV for a random dO, timed
+                       with the forward's saved tensors in place) or train
+                       (one step: the forward, then the backward)
+                                                          (default forward)
+  --deterministic      backward: accumulate dQ in a fixed order instead of
+                       with atomics (fused backwards)
 )";
 
 const char* kRunHelp = R"(Run (profile and compare):
@@ -373,6 +379,12 @@ Options parse(int argc, char** argv) {
            bad("unknown --device '" + v + "': use cpu or cuda");
          o.device_given = true;
        }},
+      {"--pass",
+       [&](auto&, auto& v) {
+         auto x = parse_pass(v);
+         if (!x) bad("unknown --pass '" + v + "': use forward, backward or train");
+         p.pass = *x;
+       }},
       {"--layout",
        [&](auto&, auto& v) {
          if (v != "bhsd" && v != "bshd") bad("unknown --layout '" + v + "': use bhsd or bshd");
@@ -428,6 +440,10 @@ Options parse(int argc, char** argv) {
     std::string arg = argv[i];
     if (take_common_flag(arg, o)) {
       if (o.help) return o;
+      continue;
+    }
+    if (arg == "--deterministic") {
+      p.deterministic = true;
       continue;
     }
     std::string value;

@@ -104,6 +104,10 @@ void Problem::validate() const {
   if (mask != MaskKind::SlidingWindow && window != 0) {
     fail(ErrorKind::InvalidArgument, "--window applies only to --mask sliding-window");
   }
+  if (deterministic && pass == Pass::Forward) {
+    fail(ErrorKind::InvalidArgument,
+         "--deterministic applies to the backward (--pass backward or train): the forward has no atomics to order");
+  }
   if (scale && (!std::isfinite(*scale) || *scale == 0.0)) {
     fail(ErrorKind::InvalidArgument, "--scale must be a finite, non-zero number");
   }
@@ -150,9 +154,41 @@ std::int64_t Problem::fully_masked_rows() const {
   return rows;
 }
 
-double Problem::flops() const {
+double Problem::forward_flops() const {
   return 4.0 * static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(visible_pairs()) *
          static_cast<double>(head_dim);
+}
+
+double Problem::flops() const {
+  switch (pass) {
+    case Pass::Backward:
+      return 2.5 * forward_flops();
+    case Pass::Train:
+      return 3.5 * forward_flops();
+    default:
+      return forward_flops();
+  }
+}
+
+std::size_t Problem::gradient_bytes() const { return pass == Pass::Forward ? 0 : 2 * q_bytes() + 2 * kv_bytes(); }
+
+namespace {
+constexpr std::pair<Pass, std::string_view> kPasses[] = {
+    {Pass::Forward, "forward"}, {Pass::Backward, "backward"}, {Pass::Train, "train"}};
+}  // namespace
+
+std::string_view pass_name(Pass p) {
+  for (const auto& [k, n] : kPasses) {
+    if (k == p) return n;
+  }
+  return "?";
+}
+
+std::optional<Pass> parse_pass(std::string_view name) {
+  for (const auto& [k, n] : kPasses) {
+    if (n == name) return k;
+  }
+  return std::nullopt;
 }
 
 std::string Problem::shape_key() const {
@@ -169,6 +205,7 @@ std::string Problem::describe() const {
   os << ", head_dim " << head_dim << ", " << dtype_name(dtype) << ", " << mask_name(mask);
   if (mask == MaskKind::SlidingWindow) os << " " << window;
   os << " on " << device_name(device);
+  if (pass != Pass::Forward) os << ", " << pass_name(pass) << " pass" << (deterministic ? " (deterministic)" : "");
   return os.str();
 }
 
@@ -178,6 +215,24 @@ std::size_t Problem::q_bytes() const {
 
 std::size_t Problem::kv_bytes() const {
   return static_cast<std::size_t>(batch * kv_heads * kv_seq * head_dim) * element_size(dtype);
+}
+
+void Backend::forward_train(const Problem& p, const Inputs&, Tensor&, Saved&, RunContext&) {
+  fail(ErrorKind::Unsupported, no_backward(name()).reason + " (" + p.describe() + ")");
+}
+
+void Backend::backward(const Problem& p, const Inputs&, const Tensor&, const Tensor&, const Saved&, Gradients&,
+                       RunContext&) {
+  fail(ErrorKind::Unsupported, no_backward(name()).reason + " (" + p.describe() + ")");
+}
+
+Eligibility no_backward(std::string_view backend) {
+  return {false, std::string(backend) + " has no backward pass: use --pass forward, or a backend with one"};
+}
+
+Eligibility eligibility_of(const Backend& b, const Problem& p) {
+  if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
+  return b.eligibility(p);
 }
 
 const std::vector<std::string_view>& backend_names() {

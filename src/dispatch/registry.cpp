@@ -65,7 +65,7 @@ std::vector<Explanation> explain(const Problem& p) {
   for (std::string_view name : backend_names()) {
     Explanation e{std::string(name), false, {}};
     if (Backend* b = find_backend(name, p.device)) {
-      const Eligibility el = b->eligibility(p);
+      const Eligibility el = eligibility_of(*b, p);
       e.eligible = el.eligible;
       e.reason = el.reason;
     } else if (p.device == Device::Cpu) {

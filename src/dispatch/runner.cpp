@@ -39,7 +39,7 @@ std::size_t input_bytes(const Problem& p) {
   std::size_t masks = 0;
   if (p.mask == MaskKind::Boolean) masks = static_cast<std::size_t>(p.seq * p.kv_seq);
   if (p.mask == MaskKind::Bias) masks = static_cast<std::size_t>(p.seq * p.kv_seq) * element_size(p.dtype);
-  return 2 * p.q_bytes() + 2 * p.kv_bytes() + masks;  // q, k, v, mask and the output
+  return 2 * p.q_bytes() + 2 * p.kv_bytes() + masks + p.gradient_bytes();  // q, k, v, mask, O (and dO, dQ, dK, dV)
 }
 
 // The device's matrix-product ceiling: measured once, unless
@@ -53,15 +53,44 @@ double ceiling(DeviceRuntime& rt, DType dtype) {
   return rt.ceiling_tflops(dtype);
 }
 
-// Host time of `calls` forward calls on an asynchronous device, no profiler
+// What one call of the pass reads and writes: the inputs and O always; for
+// a backward, dO, the saved tensors and the gradients.
+struct PassTensors {
+  Inputs in;
+  Tensor out;
+  Tensor dout;
+  Saved saved;
+  Gradients grads;
+};
+
+// One call of the pass. Backward reuses the saved tensors of the forward made
+// before the steps; a training step makes its own (the last step's are
+// released first, as a training loop releases them).
+void call(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx) {
+  switch (p.pass) {
+    case Pass::Forward:
+      backend.forward(p, t.in, t.out, ctx);
+      break;
+    case Pass::Backward:
+      backend.backward(p, t.in, t.out, t.dout, t.saved, t.grads, ctx);
+      break;
+    case Pass::Train:
+      t.saved = {};
+      backend.forward_train(p, t.in, t.out, t.saved, ctx);
+      backend.backward(p, t.in, t.out, t.dout, t.saved, t.grads, ctx);
+      break;
+  }
+}
+
+// Host time of `calls` calls on an asynchronous device, no profiler
 // attached, made back to back as a program makes them: the device works
 // through the earlier calls while later ones are enqueued, so each timing is
 // the call's own CPU cost (a call that waits on the device counts the wait, as
 // it should). Waiting for an idle device between calls instead made the next
 // call run on cold caches after the thread slept: on an H200 that read 9-20 us
 // for a cuDNN call whose back-to-back cost is lower.
-Spread time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
-                             DeviceRuntime& rt, int calls) {
+Spread time_unprofiled_calls(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx, DeviceRuntime& rt,
+                             int calls) {
   std::vector<double> us;
   us.reserve(static_cast<std::size_t>(calls));
   rt.synchronize();
@@ -70,12 +99,27 @@ Spread time_unprofiled_calls(Backend& backend, const Problem& p, const Inputs& i
   const int warmup = std::max(2, calls / 4);
   for (int i = 0; i < warmup + calls; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    backend.forward(p, in, out, ctx);
+    call(backend, p, t, ctx);
     const double call_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     if (i >= warmup) us.push_back(call_us);
   }
   rt.synchronize();
   return spread_of(std::move(us));
+}
+
+// dQ, dK and dV against float64 on sampled rows; the worst of the three (by
+// relative error, NaN first) stands for the run.
+void check_gradients(const Problem& p, const Inputs& host, const Tensor& host_dout, PassTensors& t, DeviceRuntime& rt,
+                     std::int64_t check_rows, RunResult& r) {
+  const Gradients g{rt.download(t.grads.dq), rt.download(t.grads.dk), rt.download(t.grads.dv)};
+  r.gradient_errors = check_gradients_against_reference(p, host, host_dout, g, sample_rows(p, check_rows),
+                                                        sample_kv_rows(p, check_rows));
+  const GradientErrors& e = *r.gradient_errors;
+  const ErrorStats* worst = &e.dq;
+  for (const ErrorStats* x : {&e.dk, &e.dv}) {
+    if (x->nan_rows > worst->nan_rows || (x->nan_rows == worst->nan_rows && x->rel > worst->rel)) worst = x;
+  }
+  r.error = *worst;
 }
 
 }  // namespace
@@ -91,7 +135,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
   RunResult r;
   r.backend = std::string(backend.name());
   r.problem = p;
-  r.eligibility = backend.eligibility(p);
+  r.eligibility = eligibility_of(backend, p);
   r.expectation = backend.expectation(p);
   r.traits = backend.traits();
   r.trace.name = p.shape_key() + "_" + r.backend;
@@ -106,15 +150,30 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     }
     if (options.progress) options.progress(r.backend + ": preparing inputs (" + p.describe() + ")");
     const Inputs host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);
-    const Inputs in = rt.upload(host);
-    Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rt.allocator());
-    rt.poison(out);
+    PassTensors t;
+    t.in = rt.upload(host);
+    const auto empty = [&](std::int64_t heads, std::int64_t seq) {
+      Tensor x = Tensor::empty({p.batch, heads, seq, p.head_dim}, p.dtype, rt.allocator());
+      rt.poison(x);
+      return x;
+    };
+    t.out = empty(p.heads, p.seq);
+    RunContext ctx{rt.allocator(), rt.stream(), options.threads};
+    Tensor host_dout;
+    if (p.pass != Pass::Forward) {
+      host_dout = make_dout(p, options.seed, cpu_allocator());
+      t.dout = rt.upload(host_dout);
+      t.grads = {empty(p.heads, p.seq), empty(p.kv_heads, p.kv_seq), empty(p.kv_heads, p.kv_seq)};
+      if (p.pass == Pass::Backward) {
+        if (options.progress) options.progress(r.backend + ": the forward whose saved tensors the backward reads");
+        backend.forward_train(p, t.in, t.out, t.saved, ctx);
+      }
+    }
     rt.synchronize();
 
     Profiler prof(options.schedule);
     for (auto& c : rt.make_collectors()) prof.add_collector(std::move(c));
     prof.observe(rt.allocator());
-    RunContext ctx{rt.allocator(), rt.stream(), options.threads};
     const int steps = options.schedule.total_steps();
     prof.start();
     for (int s = 0; s < steps; ++s) {
@@ -123,8 +182,8 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       {
         // The range covers the call alone, so on a GPU its length is the host
         // cost per call; the device work is waited for after it.
-        RecordFunction fwd(analysis::kForwardRange, dtype_name(p.dtype), p.shape_key(), ActivityType::UserAnnotation);
-        backend.forward(p, in, out, ctx);
+        RecordFunction range(pass_name(p.pass), dtype_name(p.dtype), p.shape_key(), ActivityType::UserAnnotation);
+        call(backend, p, t, ctx);
       }
       rt.synchronize();
       prof.step();
@@ -133,17 +192,21 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     std::optional<Spread> unprofiled;
     if (p.device != Device::Cpu && options.unprofiled_calls > 0) {
       if (options.progress) options.progress(r.backend + ": timing calls without the profiler");
-      unprofiled = time_unprofiled_calls(backend, p, in, out, ctx, rt, options.unprofiled_calls);
+      unprofiled = time_unprofiled_calls(backend, p, t, ctx, rt, options.unprofiled_calls);
     }
     r.trace = std::move(prof.trace());
     r.trace.name = p.shape_key() + "_" + r.backend;
     if (!r.trace.device) r.trace.device = rt.properties();
 
     if (options.progress) options.progress(r.backend + ": checking against float64");
-    const Tensor host_out = rt.download(out);
-    r.error = check_against_reference(p, host, host_out, sample_rows(p, options.check_rows));
+    if (p.pass == Pass::Forward) {
+      r.error = check_against_reference(p, host, rt.download(t.out), sample_rows(p, options.check_rows));
+    } else {
+      check_gradients(p, host, host_dout, t, rt, options.check_rows, r);
+    }
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
     r.metrics = analysis::measure(r.trace, p, ceiling(rt, p.dtype));
+    if (p.pass != Pass::Forward) r.metrics.saved_bytes = static_cast<double>(t.saved.bytes());
     if (unprofiled) {
       r.metrics.host_time_unprofiled_us = unprofiled->p50;
       r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;

@@ -169,7 +169,7 @@ Backend& resolve(const Problem& p, const std::string& requested) {
     }
     fail(ErrorKind::Unsupported, name + " is not available on " + std::string(device_name(p.device)));
   }
-  if (const Eligibility e = b->eligibility(p); !e.eligible) fail(ErrorKind::Unsupported, name + ": " + e.reason);
+  if (const Eligibility e = eligibility_of(*b, p); !e.eligible) fail(ErrorKind::Unsupported, name + ": " + e.reason);
   std::lock_guard lock(mu);
   plans.emplace(std::move(key), b);
   return *b;

@@ -115,7 +115,7 @@ PipelineReport profile(const Problem& p, std::string backend, const PipelineOpti
   check_before_work(o);
   if (backend == "auto") backend = choose_auto(p).backend;
   Backend* b = find_backend(backend, p.device);
-  if (!b || !b->eligibility(p).eligible) {
+  if (!b || !eligibility_of(*b, p).eligible) {
     for (const auto& e : explain(p)) {
       if (e.backend == backend)
         fail(ErrorKind::Unsupported, "backend " + backend + " cannot run this problem: " + e.reason);

@@ -58,6 +58,7 @@ class CpuRuntime final : public DeviceRuntime {
   }
 
   Inputs upload(const Inputs& host) override { return host; }
+  Tensor upload(const Tensor& host) override { return host; }
   Tensor download(const Tensor& t) override { return t; }
 
   void poison(Tensor& t) override {

@@ -140,6 +140,12 @@ class CudaRuntime final : public DeviceRuntime {
     return d;
   }
 
+  Tensor upload(const Tensor& host) override {
+    Tensor d = to_device(host);
+    synchronize();
+    return d;
+  }
+
   // Same sizes and strides on the host (a strided view when the device tensor
   // was one); element access through Tensor::get works either way.
   Tensor download(const Tensor& t) override {
