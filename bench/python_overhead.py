@@ -45,6 +45,29 @@ def cpp_us(exe, backend, b, h, s, d):
     return float(m.group(1)), float(m.group(2)), float(m.group(3))
 
 
+def breakdown(q, k, v, o, backend):
+    """Where the Python call's host time goes, piece by piece (medians, us)."""
+    from attnprof import _core, _torch
+
+    dl = torch.utils.dlpack.to_dlpack
+    rows = [
+        ("attnprof.attention(out=o), whole call", lambda: attnprof.attention(q, k, v, backend=backend, mask="causal", out=o)),
+        ("4 x torch.utils.dlpack.to_dlpack", lambda: (dl(q), dl(k), dl(v), dl(o))),
+        ("_stream_of(q.device)", lambda: _torch._stream_of(q.device)),
+        ("torch.compiler.is_compiling()", lambda: torch.compiler.is_compiling()),
+        ("_core.attention on fresh capsules (capsules included)",
+         lambda: _core.attention(dl(q), dl(k), dl(v), dl(o), backend, "causal", None, None,
+                                 _torch._stream_of(q.device), 0, False)),
+        ("_core.attention_ptrs (raw pointers, no DLPack)", None),
+    ]
+    if hasattr(_core, "attention_ptrs"):
+        rows[-1] = (rows[-1][0], lambda: _torch._run_ptrs(q, k, v, o, backend, "causal", None, None, False))
+    print("\n| piece | median us |\n|---|---|")
+    for name, fn in rows:
+        if fn is not None:
+            print(f"| {name} | {median_us(fn)[0]:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attnprof", required=True)
@@ -64,7 +87,10 @@ def main():
             cpp = cpp_us(a.attnprof, backend, b, h, s, d)
             sdpa = median_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
             print(f"| {b}x{h}x{s}x{d} | {backend} | {cpp[0]:.1f} ({cpp[1]:.1f}-{cpp[2]:.1f}) | "
-                  f"{py[0]:.1f} ({py[1]:.1f}-{py[2]:.1f}) | {py[0] - cpp[0]:+.1f} | {sdpa[0]:.1f} | {no_copy} | {diff:.2e} |")
+                  f"{py[0]:.1f} ({py[1]:.1f}-{py[2]:.1f}) | {py[0] - cpp[0]:+.1f} | {sdpa[0]:.1f} | {no_copy} | {diff:.2e} |",
+                  flush=True)
+            if (b, backend) == (8, "flash"):
+                breakdown(q, k, v, o, backend)
 
 
 if __name__ == "__main__":
