@@ -53,15 +53,14 @@ def breakdown(q, k, v, o, backend):
     rows = [
         ("attnprof.attention(out=o), whole call", lambda: attnprof.attention(q, k, v, backend=backend, mask="causal", out=o)),
         ("4 x torch.utils.dlpack.to_dlpack", lambda: (dl(q), dl(k), dl(v), dl(o))),
-        ("_stream_of(q.device)", lambda: _torch._stream_of(q.device)),
+        ("_stream_of(q)", lambda: _torch._stream_of(q)),
         ("torch.compiler.is_compiling()", lambda: torch.compiler.is_compiling()),
         ("_core.attention on fresh capsules (capsules included)",
          lambda: _core.attention(dl(q), dl(k), dl(v), dl(o), backend, "causal", None, None,
-                                 _torch._stream_of(q.device), 0, False)),
-        ("_core.attention_ptrs (raw pointers, no DLPack)", None),
+                                 _torch._stream_of(q), 0, False)),
+        ("q.data_ptr(), q.shape, q.stride() for 4 tensors (what a DLPack-free call would read)",
+         lambda: [(x.data_ptr(), x.shape, x.stride()) for x in (q, k, v, o)]),
     ]
-    if hasattr(_core, "attention_ptrs"):
-        rows[-1] = (rows[-1][0], lambda: _torch._run_ptrs(q, k, v, o, backend, "causal", None, None, False))
     print("\n| piece | median us |\n|---|---|")
     for name, fn in rows:
         if fn is not None:

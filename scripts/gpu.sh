@@ -141,6 +141,7 @@ if has python; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nanobind-*.whl &&
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
+  python3 -c 'import nanobind; print("nanobind", nanobind.__version__, nanobind.__file__)' >>"$OUT/log.txt" 2>&1
   cmake -S . -B $B -DATTNPROF_PYTHON=ON >>"$OUT/log.txt" 2>&1 && cmake --build $B --target _core >>/tmp/build.txt 2>&1 ||
     { grep -E 'error|Error' -A3 /tmp/build.txt | head -30; log "python module build failed"; }
   PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" \

@@ -20,13 +20,18 @@ NO_BACKWARD = ("attnprof has no backward yet (issue 9): call attention on tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _stream_of(device: torch.device) -> int:
-    if device.type != "cuda":
+def _stream_of(t: torch.Tensor) -> int:
+    # get_device() is the index as an int (-1 on the CPU): no torch.device
+    # object is made per call, which halved this lookup on the H200.
+    index = t.get_device()
+    if index < 0:
         return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
     if _raw_stream is not None:
         return _raw_stream(index)
-    return torch.cuda.current_stream(device).cuda_stream
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+_is_compiling = torch.compiler.is_compiling
 
 
 # DLPack capsules through torch's C exporter: ten times cheaper per tensor than
@@ -42,7 +47,7 @@ def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0):
         from . import not_an_array
 
         raise Error(not_an_array(e)) from None
-    _core.attention(*views, backend, mask, window, scale, _stream_of(q.device), threads, bshd)
+    _core.attention(*views, backend, mask, window, scale, _stream_of(q), threads, bshd)
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
@@ -77,7 +82,7 @@ def ops():
 
 def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads):
     bshd = layout == "bshd"
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         # Traced as one node of the graph (its fake gives the output's shape).
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")

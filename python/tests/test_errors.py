@@ -124,3 +124,22 @@ def test_a_device_attnprof_does_not_take():
     q = torch.ones(1, 2, 16, 32, device="meta")
     with pytest.raises(attnprof.Error, match=r"CPU or CUDA arrays that export DLPack"):
         attnprof.attention(q, q, q)
+
+
+def test_module_uses_the_shared_cxx_runtime():
+    """The module links the process's libstdc++ rather than carrying its own copy.
+
+    A statically linked copy met the shared one numpy and torch load, and the
+    first number formatted into an error message crashed (SIGSEGV in
+    std::ostream::_M_insert<long>, on the H200 machine's nanobind build). A
+    static copy defines the runtime's own functions, std::locale::classic()
+    among them; a module on the shared runtime only refers to them.
+    """
+    import shutil
+    import subprocess
+
+    nm = shutil.which("nm")
+    assert nm, "nm (binutils, installed with g++) is needed to read the module's symbols"
+    defined = subprocess.run([nm, "-D", "--defined-only", _core.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    assert "_ZNSt6locale7classicEv" not in defined, "libstdc++ is linked statically into " + _core.__file__
