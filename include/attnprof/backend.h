@@ -56,6 +56,11 @@ struct Traits {
   bool reference_precision = false;
   // Materialises the full [S, Skv] scores: the others' memory is read against it.
   bool memory_baseline = false;
+  // The backward recomputes the probabilities from the saved log-sum-exp
+  // (fused backwards) instead of reading saved probabilities.
+  bool backward_recomputes = false;
+  // The backward accumulates dQ with FP32 atomics unless p.deterministic.
+  bool backward_dq_atomics = false;
 };
 
 // Per-call context handed to forward().

@@ -61,6 +61,9 @@ struct Metrics {
   // Backward and train: the bytes the forward keeps for the backward
   // (probabilities, or the log-sum-exp), beyond the inputs and O.
   std::optional<double> saved_bytes;
+  // Backward and train: the device time of the forward alone (profiled the
+  // same way, on a short schedule), for backward time over forward time.
+  std::optional<double> forward_device_time_us;
 };
 
 struct RunResult {

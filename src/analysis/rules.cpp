@@ -459,6 +459,52 @@ std::vector<Finding> no_allocation(const RuleInput& in) {
   return {f};
 }
 
+// ---- The training story: what the forward keeps, what the backward redoes, and its cost.
+
+std::vector<Finding> saved_for_backward(const RuleInput& in) {
+  const RunResult& r = in.run;
+  const auto& saved = r.metrics.saved_bytes;
+  if (!saved) return {};
+  const Problem& p = r.problem;
+  const double probs = static_cast<double>(p.batch * p.heads * p.seq) * static_cast<double>(p.kv_seq);
+  Finding f;
+  if (*saved >= probs) {  // at least one byte per probability: the [S, Skv] matrix itself
+    f = found("saves " + mib(*saved) + " for the backward: the B*H*S*Skv = " + format("%.0f", probs) +
+              " probabilities (" + format("%.1f", *saved / probs) + " bytes each)");
+  } else {
+    f = found("saves " + mib(*saved) + " for the backward: only each row's log-sum-exp, beside O");
+  }
+  f.figures = {{"saved_bytes", *saved}, {"probabilities", probs}};
+  return {f};
+}
+
+std::vector<Finding> backward_recompute(const RuleInput& in) {
+  const RunResult& r = in.run;
+  if (r.problem.pass == Pass::Forward || !r.traits.backward_recomputes) return {};
+  std::string text = "backward recomputes P from the saved log-sum-exp (5 matrix products to the forward's 2)";
+  if (r.traits.backward_dq_atomics) {
+    text += r.problem.deterministic ? "; dQ in a fixed order (--deterministic): bitwise repeatable"
+                                    : "; dQ accumulated with FP32 atomics: its bits may differ run to run "
+                                      "(--deterministic fixes the order)";
+  }
+  Finding f = found(std::move(text));
+  f.figures = {{"deterministic", r.problem.deterministic ? 1.0 : 0.0}};
+  return {f};
+}
+
+std::vector<Finding> backward_over_forward(const RuleInput& in) {
+  const Metrics& m = in.run.metrics;
+  if (in.run.problem.pass != Pass::Backward || !m.device_time_us || !m.forward_device_time_us ||
+      *m.forward_device_time_us <= 0) {
+    return {};
+  }
+  const double ratio = *m.device_time_us / *m.forward_device_time_us;
+  Finding f = found(format("backward takes %.2fx the forward's time (", ratio) + format("%.1f us", *m.device_time_us) +
+                    " to " + format("%.1f us", *m.forward_device_time_us) + "; its FLOPs are 2.5x)");
+  f.figures = {{"ratio", ratio}, {"backward_us", *m.device_time_us}, {"forward_us", *m.forward_device_time_us}};
+  return {f};
+}
+
 // ---- GPU: one fused kernel, heavy blocks at low occupancy, how it was launched, CPU-bound.
 
 std::vector<Finding> one_fused_kernel(const RuleInput& in) {
@@ -582,6 +628,9 @@ constexpr Rule kRules[] = {
     {"nan-in-output", Severity::Error, nan_in_output},
     {"memory-below-baseline", Severity::Info, memory_below_baseline},
     {"no-allocation", Severity::Info, no_allocation},
+    {"saved-for-backward", Severity::Info, saved_for_backward},
+    {"backward-recompute", Severity::Info, backward_recompute},
+    {"backward-over-forward", Severity::Info, backward_over_forward},
     {"one-fused-kernel", Severity::Info, one_fused_kernel},
     {"low-occupancy", Severity::Info, low_occupancy},
     {"launch-kernel-ex", Severity::Info, launch_kernel_ex},

@@ -82,6 +82,30 @@ void call(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx) {
   }
 }
 
+// The schedule's steps of the pass under a fresh profiler with the runtime's
+// collectors; the trace they recorded.
+Trace profile_calls(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx, DeviceRuntime& rt,
+                    const Schedule& schedule, const ProgressFn& progress, const std::string& label) {
+  Profiler prof(schedule);
+  for (auto& c : rt.make_collectors()) prof.add_collector(std::move(c));
+  prof.observe(rt.allocator());
+  const int steps = schedule.total_steps();
+  prof.start();
+  for (int s = 0; s < steps; ++s) {
+    if (progress) progress(label + ": step " + std::to_string(s + 1) + "/" + std::to_string(steps));
+    {
+      // The range covers the call alone, so on a GPU its length is the host
+      // cost per call; the device work is waited for after it.
+      RecordFunction range(pass_name(p.pass), dtype_name(p.dtype), p.shape_key(), ActivityType::UserAnnotation);
+      call(backend, p, t, ctx);
+    }
+    rt.synchronize();
+    prof.step();
+  }
+  prof.stop();
+  return std::move(prof.trace());
+}
+
 // Host time of `calls` calls on an asynchronous device, no profiler
 // attached, made back to back as a program makes them: the device works
 // through the earlier calls while later ones are enqueued, so each timing is
@@ -171,30 +195,13 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     }
     rt.synchronize();
 
-    Profiler prof(options.schedule);
-    for (auto& c : rt.make_collectors()) prof.add_collector(std::move(c));
-    prof.observe(rt.allocator());
-    const int steps = options.schedule.total_steps();
-    prof.start();
-    for (int s = 0; s < steps; ++s) {
-      if (options.progress)
-        options.progress(r.backend + ": step " + std::to_string(s + 1) + "/" + std::to_string(steps));
-      {
-        // The range covers the call alone, so on a GPU its length is the host
-        // cost per call; the device work is waited for after it.
-        RecordFunction range(pass_name(p.pass), dtype_name(p.dtype), p.shape_key(), ActivityType::UserAnnotation);
-        call(backend, p, t, ctx);
-      }
-      rt.synchronize();
-      prof.step();
-    }
-    prof.stop();
+    Trace trace = profile_calls(backend, p, t, ctx, rt, options.schedule, options.progress, r.backend);
     std::optional<Spread> unprofiled;
     if (p.device != Device::Cpu && options.unprofiled_calls > 0) {
       if (options.progress) options.progress(r.backend + ": timing calls without the profiler");
       unprofiled = time_unprofiled_calls(backend, p, t, ctx, rt, options.unprofiled_calls);
     }
-    r.trace = std::move(prof.trace());
+    r.trace = std::move(trace);
     r.trace.name = p.shape_key() + "_" + r.backend;
     if (!r.trace.device) r.trace.device = rt.properties();
 
@@ -206,7 +213,18 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     }
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
     r.metrics = analysis::measure(r.trace, p, ceiling(rt, p.dtype));
-    if (p.pass != Pass::Forward) r.metrics.saved_bytes = static_cast<double>(t.saved.bytes());
+    if (p.pass != Pass::Forward) {
+      r.metrics.saved_bytes = static_cast<double>(t.saved.bytes());
+      // The forward alone, profiled the same way, for backward time over
+      // forward time: a short schedule of its own.
+      if (options.progress) options.progress(r.backend + ": the forward alone, for the backward/forward ratio");
+      Problem forward = p;
+      forward.pass = Pass::Forward;
+      forward.deterministic = false;
+      const Schedule short_schedule{.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
+      const Trace ft = profile_calls(backend, forward, t, ctx, rt, short_schedule, {}, r.backend);
+      r.metrics.forward_device_time_us = analysis::measure(ft, forward, ceiling(rt, p.dtype)).device_time_us;
+    }
     if (unprofiled) {
       r.metrics.host_time_unprofiled_us = unprofiled->p50;
       r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;

@@ -34,15 +34,18 @@ std::string time_str(double us) {
 
 std::string compare_table(const std::vector<RunResult>& results) {
   const bool gpu = !results.empty() && results.front().problem.device == Device::Cuda;
+  // Per call of the pass: "fwd", "bwd" or "step" (a training step).
+  const Pass pass = results.empty() ? Pass::Forward : results.front().problem.pass;
+  const std::string per = pass == Pass::Forward ? "/fwd" : pass == Pass::Backward ? "/bwd" : "/step";
   struct Row {
     std::vector<std::string> cells;
     std::vector<std::string> findings;
   };
-  std::vector<std::string> header = {"backend",    gpu ? "kernels/fwd" : "ops/fwd",
-                                     "copies/fwd", gpu ? "GPU time" : "time",
-                                     "CPU/call",   "peak mem",
-                                     "TFLOP/s",    "% ceiling",
-                                     "rel error",  "occupancy"};
+  std::vector<std::string> header = {"backend",      (gpu ? "kernels" : "ops") + per,
+                                     "copies" + per, gpu ? "GPU time" : "time",
+                                     "CPU/call",     "peak mem",
+                                     "TFLOP/s",      "% ceiling",
+                                     "rel error",    "occupancy"};
   std::vector<Row> rows;
   for (const auto& r : results) {
     Row row;
@@ -121,7 +124,9 @@ nlohmann::json problem_json(const Problem& p) {
                       {"mask", mask_name(p.mask)},
                       {"scale", p.softmax_scale()},
                       {"device", device_name(p.device)},
-                      {"flops", p.flops()}};
+                      {"flops", p.flops()},
+                      {"pass", pass_name(p.pass)},
+                      {"deterministic", p.deterministic}};
   j["window"] = p.mask == MaskKind::SlidingWindow ? nlohmann::json(p.window) : nlohmann::json(nullptr);
   return j;
 }
@@ -175,6 +180,17 @@ nlohmann::json result_json(const RunResult& r) {
   j["accepted"] = r.acceptance ? json(r.acceptance->pass) : json(nullptr);
   j["tolerance"] = r.acceptance ? json(r.acceptance->tolerance) : json(nullptr);
   j["occupancy_pct"] = ran ? opt(r.metrics.occupancy_pct) : json(nullptr);
+  j["saved_bytes"] = ran ? opt(r.metrics.saved_bytes) : json(nullptr);
+  j["forward_device_time_us"] = ran ? opt(r.metrics.forward_device_time_us) : json(nullptr);
+  if (r.gradient_errors) {
+    const auto grad = [](const ErrorStats& e) {
+      return json{{"rel_error", e.rel}, {"max_abs_error", e.max_abs}, {"nan_count", e.nan_count}};
+    };
+    j["gradient_errors"] = {
+        {"dq", grad(r.gradient_errors->dq)}, {"dk", grad(r.gradient_errors->dk)}, {"dv", grad(r.gradient_errors->dv)}};
+  } else {
+    j["gradient_errors"] = nullptr;
+  }
   j["findings"] = json::array();
   for (const auto& f : r.findings) j["findings"].push_back(finding_json(f));
   j["expected_ops"] = r.expectation.cpu_ops;

@@ -257,6 +257,54 @@ TEST(Findings, GpuTraceGivesRecordsWithEvidence) {
   EXPECT_FALSE(by_rule(fs, "one-fused-kernel")) << dump(fs);
 }
 
+TEST(Findings, TheTrainingStorySavedTensorsRecomputeAndBackwardOverForward) {
+  RunResult r = run_of(attention_trace(), Device::Cuda);
+  r.problem.batch = 2, r.problem.heads = 4, r.problem.seq = 256, r.problem.kv_seq = 256;
+  r.problem.pass = Pass::Backward;
+  const double probs = 2.0 * 4 * 256 * 256;
+  ASSERT_TRUE(r.metrics.device_time_us);
+  const double bwd = *r.metrics.device_time_us;
+
+  // The composites keep the probabilities; nothing about recomputation.
+  r.metrics.saved_bytes = 2 * probs;
+  r.metrics.forward_device_time_us = bwd / 2.5;
+  auto fs = analysis::findings(r, {r}, {});
+  const Finding* saved = by_rule(fs, "saved-for-backward");
+  ASSERT_TRUE(saved) << dump(fs);
+  EXPECT_EQ(saved->text, "saves 1.0 MiB for the backward: the B*H*S*Skv = 524288 probabilities (2.0 bytes each)");
+  EXPECT_DOUBLE_EQ(saved->figures.at("probabilities"), probs);
+  EXPECT_FALSE(by_rule(fs, "backward-recompute")) << dump(fs);
+  const Finding* ratio = by_rule(fs, "backward-over-forward");
+  ASSERT_TRUE(ratio) << dump(fs);
+  EXPECT_NEAR(ratio->figures.at("ratio"), 2.5, 1e-12);
+  EXPECT_EQ(ratio->text.rfind("backward takes 2.50x the forward's time", 0), 0u) << ratio->text;
+
+  // A fused backward keeps only the log-sum-exp and says how dQ is summed.
+  r.metrics.saved_bytes = 2.0 * 4 * 256 * 4;
+  r.traits.backward_recomputes = r.traits.backward_dq_atomics = true;
+  fs = analysis::findings(r, {r}, {});
+  saved = by_rule(fs, "saved-for-backward");
+  ASSERT_TRUE(saved) << dump(fs);
+  EXPECT_EQ(saved->text, "saves 0.0 MiB for the backward: only each row's log-sum-exp, beside O");
+  const Finding* re = by_rule(fs, "backward-recompute");
+  ASSERT_TRUE(re) << dump(fs);
+  EXPECT_NE(re->text.find("FP32 atomics"), std::string::npos) << re->text;
+  r.problem.deterministic = true;
+  fs = analysis::findings(r, {r}, {});
+  re = by_rule(fs, "backward-recompute");
+  ASSERT_TRUE(re) << dump(fs);
+  EXPECT_NE(re->text.find("fixed order (--deterministic)"), std::string::npos) << re->text;
+
+  // A forward run says none of this.
+  r.problem.pass = Pass::Forward;
+  r.problem.deterministic = false;
+  r.metrics.saved_bytes.reset();
+  fs = analysis::findings(r, {r}, {});
+  for (const char* id : {"saved-for-backward", "backward-recompute", "backward-over-forward"}) {
+    EXPECT_FALSE(by_rule(fs, id)) << id << ": " << dump(fs);
+  }
+}
+
 TEST(Findings, WithCuptiOffNothingIsCountedAndNothingIsCalledAMismatch) {
   // What the device-event fallback records: the host ranges and one
   // "forward (device events)" span per forward, no kernels, copies or memsets.

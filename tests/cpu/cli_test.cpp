@@ -201,6 +201,19 @@ TEST(Cli, SortBogusIsRefusedBeforeAnyWork) {
   expect_refused(c, "bogus");
 }
 
+TEST(Cli, PassAndDeterministicAreCheckedBeforeAnyWork) {
+  TempDir dir;
+  expect_refused(attnprof(p({"--pass", "sideways", "--seq", "64", "--trace-dir", dir.str("t")}), dir),
+                 "unknown --pass 'sideways': use forward, backward or train");
+  expect_refused(attnprof(p({"--deterministic", "--seq", "64", "--trace-dir", dir.str("t")}), dir),
+                 "--deterministic applies to the backward");
+  EXPECT_TRUE(listing(dir.path() / "t").empty());
+  const CliRun help = attnprof({"profile", "--help"}, dir);
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--pass P"), std::string::npos);
+  EXPECT_NE(help.out.find("--deterministic"), std::string::npos);
+}
+
 TEST(Cli, TraceDirUnderARegularFileIsRefused) {
   TempDir dir;
   const fs::path file = dir.path() / "plain_file";

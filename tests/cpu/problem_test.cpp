@@ -206,3 +206,71 @@ TEST(Problem, DescribeMentionsEverything) {
 
 }  // namespace
 }  // namespace attnprof
+
+namespace attnprof {
+namespace {
+
+TEST(Problem, PassNamesFlopsAndDeterminism) {
+  EXPECT_EQ(parse_pass("backward"), Pass::Backward);
+  EXPECT_EQ(parse_pass("train"), Pass::Train);
+  EXPECT_FALSE(parse_pass("Backward"));
+  for (Pass x : {Pass::Forward, Pass::Backward, Pass::Train}) EXPECT_EQ(parse_pass(pass_name(x)), x);
+
+  Problem p;
+  p.batch = 2, p.heads = 4, p.seq = 128, p.head_dim = 64, p.mask = MaskKind::None;
+  p.normalize().validate();
+  const double fwd = 4.0 * 2 * 4 * 128 * 128 * 64;
+  EXPECT_DOUBLE_EQ(p.flops(), fwd);
+  EXPECT_EQ(p.gradient_bytes(), 0u);
+  p.pass = Pass::Backward;
+  EXPECT_DOUBLE_EQ(p.flops(), 2.5 * fwd);  // five products to the forward's two
+  EXPECT_DOUBLE_EQ(p.forward_flops(), fwd);
+  EXPECT_EQ(p.gradient_bytes(), 4 * p.q_bytes());  // dO, dQ, dK, dV (no grouping here)
+  p.pass = Pass::Train;
+  EXPECT_DOUBLE_EQ(p.flops(), 3.5 * fwd);
+  EXPECT_NE(p.describe().find("train pass"), std::string::npos) << p.describe();
+
+  p.deterministic = true;
+  EXPECT_NO_THROW(p.validate());
+  p.pass = Pass::Forward;
+  try {
+    p.validate();
+    FAIL() << "--deterministic on a forward must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--deterministic applies to the backward"), std::string::npos) << e.what();
+  }
+}
+
+// A backend with a forward only: Backward and Train are refused by name,
+// whatever its own eligibility says, and its base backward refuses too.
+class ForwardOnly final : public Backend {
+ public:
+  std::string_view name() const override { return "forward_only"; }
+  Device device() const override { return Device::Cpu; }
+  Eligibility eligibility(const Problem&) const override { return {true, "runs anything"}; }
+  std::size_t workspace_bytes(const Problem&) const override { return 0; }
+  Expectation expectation(const Problem&) const override { return {}; }
+  void forward(const Problem&, const Inputs&, Tensor&, RunContext&) override {}
+};
+
+TEST(Problem, BackendsWithoutABackwardAreRefusedForBackwardAndTrain) {
+  ForwardOnly b;
+  Problem p;
+  p.normalize();
+  EXPECT_TRUE(eligibility_of(b, p).eligible);
+  for (Pass x : {Pass::Backward, Pass::Train}) {
+    p.pass = x;
+    const Eligibility e = eligibility_of(b, p);
+    EXPECT_FALSE(e.eligible);
+    EXPECT_EQ(e.reason, "forward_only has no backward pass: use --pass forward, or a backend with one");
+  }
+  Saved saved;
+  Gradients g;
+  Tensor out;
+  RunContext ctx{cpu_allocator()};
+  EXPECT_THROW(b.forward_train(p, Inputs{}, out, saved, ctx), Error);
+  EXPECT_THROW(b.backward(p, Inputs{}, out, out, saved, g, ctx), Error);
+}
+
+}  // namespace
+}  // namespace attnprof
