@@ -8,7 +8,12 @@ and torch.profiler times PyTorch's the same way (SDPA math, efficient, flash,
 cudnn, and hand-written naive and in-place naive). Prints one table (GPU time,
 TFLOP/s, host us per call, ratio ours/PyTorch) and writes it as JSON and Markdown.
 
-  python3 bench/bench_vs_torch.py --attnprof build/gpu/attnprof --out OUTDIR
+With --pass backward, the same for the backward alone: ours through
+`attnprof compare --pass backward` (the forward's saved tensors in place), and
+PyTorch's autograd through torch.autograd.grad on a graph built once, timed the
+same way (backward FLOPs are 2.5x the forward's). Files: bench_backward.*.
+
+  python3 bench/bench_vs_torch.py --attnprof build/gpu/attnprof --out OUTDIR [--pass backward]
 """
 import argparse
 import json
@@ -48,32 +53,39 @@ SDPA = {
 }
 
 
-def torch_fn(name, q, k, v, causal):
-    scale = 1.0 / math.sqrt(q.shape[-1])
+def torch_attention(name, s, head_dim, causal, device):
+    """PyTorch's counterpart of one of our backends, as a function of (q, k, v)."""
+    scale = 1.0 / math.sqrt(head_dim)
     if name in SDPA:
         backend = SDPA[name]
 
-        def run():
+        def run(q, k, v):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         return run
-    s = q.shape[-2]
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1) if causal else None
 
-    def naive():
+    def naive(q, k, v):
         attn = (q @ k.transpose(-2, -1)) * scale
         if mask is not None:
             attn = attn.masked_fill(mask, float("-inf"))
         return attn.softmax(dim=-1) @ v
 
-    def naive_inplace():
+    def naive_inplace(q, k, v):
         attn = (q @ k.transpose(-2, -1)) * scale
         if mask is not None:
             attn.masked_fill_(mask, float("-inf"))
         return attn.softmax(dim=-1) @ v
 
     return naive if name == "naive" else naive_inplace
+
+
+def torch_fn(name, q, k, v, causal, pass_="forward"):
+    fn = torch_attention(name, q.shape[-2], q.shape[-1], causal, q.device)
+    if pass_ == "backward":
+        return backward_fn(fn, q, k, v)
+    return lambda: fn(q, k, v)
 
 
 def host_us(fn, iters, back_to_back):
@@ -107,18 +119,28 @@ def time_torch(fn, iters=10, unprofiled_iters=32):
     return gpu_us, host_profiled, host_us(fn, unprofiled_iters, back_to_back=True)
 
 
-def flops(b, h, s, d, causal):
+def backward_fn(fn, q, k, v):
+    """The backward alone: the forward's graph is built once, then each call
+    runs autograd's backward through it (retain_graph keeps it for the next)."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    with torch.enable_grad():
+        out = fn(q, k, v)
+    dout = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+
+def flops(b, h, s, d, causal, pass_="forward"):
     pairs = s * (s + 1) / 2 if causal else s * s
-    return 4.0 * b * h * pairs * d
+    return 4.0 * b * h * pairs * d * (2.5 if pass_ == "backward" else 1.0)
 
 
-def ours(attnprof, row, outdir):
+def ours(attnprof, row, outdir, pass_="forward"):
     b, h, s, d, causal = row
-    path = os.path.join("/tmp", f"ours_{b}_{h}_{s}_{d}_{'causal' if causal else 'none'}.json")
+    path = os.path.join("/tmp", f"ours_{pass_}_{b}_{h}_{s}_{d}_{'causal' if causal else 'none'}.json")
     cmd = [attnprof, "compare", "--device", "cuda", "--batch", str(b), "--heads", str(h), "--seq", str(s),
            "--head-dim", str(d), "--dtype", "bf16", "--mask", "causal" if causal else "none", "--warmup", "3",
            "--active", "10", "--check-rows", "256", "--trace-dir", "/tmp/bench-traces", "--json", path,
-           "--quiet", "--backends", ",".join(p[0] for p in PAIRS)]
+           "--quiet", "--pass", pass_, "--backends", ",".join(p[0] for p in PAIRS)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode not in (0, 3):
         print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
@@ -143,19 +165,21 @@ def main():
     ap.add_argument("--attnprof", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", type=int, default=len(GRID), help="first N grid rows only")
+    ap.add_argument("--pass", dest="pass_", choices=("forward", "backward"), default="forward")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
+    stem = "bench" if args.pass_ == "forward" else "bench_backward"
     results = []
     for row in GRID[: args.rows]:
         b, h, s, d, causal = row
         print(f"[bench] {b}x{h}x{s}x{d} {'causal' if causal else 'non-causal'}", file=sys.stderr, flush=True)
-        mine = ours(args.attnprof, row, args.out)
+        mine = ours(args.attnprof, row, args.out, args.pass_)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        fl = flops(b, h, s, d, causal)
+        fl = flops(b, h, s, d, causal, args.pass_)
         for our_name, torch_name in PAIRS:
             try:
-                t_gpu, t_host_prof, t_host = time_torch(torch_fn(torch_name, q, k, v, causal))
+                t_gpu, t_host_prof, t_host = time_torch(torch_fn(torch_name, q, k, v, causal, args.pass_))
             except RuntimeError as e:  # a PyTorch backend that cannot take this row
                 t_gpu, t_host_prof, t_host = None, None, None
                 print(f"[bench] {torch_name}: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -174,10 +198,11 @@ def main():
                 "ratio": o_gpu / t_gpu if o_gpu and t_gpu else None,
                 "ours_rel_error": m.get("rel_error"), "ours_accepted": m.get("accepted"),
                 "ours_kernels": m.get("kernels_per_forward"),
+                "ours_forward_gpu_us": m.get("forward_device_time_us"),
             })
         del q, k, v
         torch.cuda.empty_cache()
-        with open(os.path.join(args.out, "bench.json"), "w") as f:  # partial results survive a time-out
+        with open(os.path.join(args.out, stem + ".json"), "w") as f:  # partial results survive a time-out
             json.dump({"results": results}, f, indent=1)
     # Host us: no profiler attached (the cost a program pays; ours with the
     # p10-p90 spread of its calls in parentheses); "profiled": the
@@ -196,9 +221,9 @@ def main():
     table = "\n".join(lines)
     meta = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
             "gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
+    with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write(f"{meta}\n\n{table}\n")
     print(table)
 

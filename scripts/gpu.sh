@@ -5,12 +5,12 @@
 # per call with and without CUPTI, the benchmark against PyTorch, and the
 # Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize compare host bench (default: all). Results land in $OUT (8 files at most).
+# sanitize nocupti compare train host bench bench_backward python (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare host bench python}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward python}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=build/gpu
@@ -63,6 +63,19 @@ if has sanitize; then
       done
     done
   done
+  # The backward kernels, through the same command with --pass backward.
+  for tool in memcheck racecheck; do
+    for be in efficient flash; do
+      for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
+        "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 64 --deterministic"; do
+        ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+          $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --pass backward --warmup 0 --active 1 \
+          --unprofiled-calls 0 --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
+        echo "$tool $be backward $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" |
+          tee -a "$OUT/sanitizer.txt"
+      done
+    done
+  done
   # The epilogue's log-sum-exp path (not taken by attnprof profile): every
   # fused kernel at two ragged shapes, through the GPU tests.
   for tool in memcheck racecheck; do
@@ -87,6 +100,17 @@ if has compare; then
   echo "compare rc $?" >>"$OUT/compare.txt"
   # The key-averages tables of every backend, in one file.
   for f in /tmp/traces/8_16_1024_64_*.txt; do echo "== $f"; cat "$f"; done >"$OUT/tables.txt" 2>/dev/null
+fi
+
+if has train; then
+  # The training story at the reference shape: the backward alone (with the
+  # forward's saved tensors in place) and one training step, every backend.
+  log "compare --pass backward and --pass train at the reference shape"
+  for pass in backward train; do
+    $B/attnprof compare --device cuda --pass $pass --json "$OUT/$pass.json" --trace-dir /tmp/traces-$pass --quiet \
+      >"$OUT/$pass.txt" 2>&1
+    echo "compare --pass $pass rc $?" >>"$OUT/$pass.txt"
+  done
 fi
 
 if has host; then
@@ -131,6 +155,12 @@ if has bench; then
     >/tmp/bench.txt 2>>"$OUT/log.txt"
 fi
 
+if has bench_backward; then
+  log "backward benchmark against PyTorch's autograd"
+  PYTHONUNBUFFERED=1 python3 bench/bench_vs_torch.py --attnprof $B/attnprof --out "$OUT" --pass backward \
+    ${BENCH_ROWS:+--rows $BENCH_ROWS} >/tmp/bench_backward.txt 2>>"$OUT/log.txt"
+fi
+
 if has python; then
   # The Python package on CUDA tensors: its pytest suite (the GPU tests run
   # here: every backend, the current stream, torch.compile) and the host time
@@ -155,6 +185,9 @@ log "done"
 echo "==== env"; cat /tmp/env.txt
 [[ -f $OUT/sanitizer.txt ]] && { echo "==== sanitizer"; cat "$OUT/sanitizer.txt"; }
 [[ -f $OUT/compare.txt ]] && { echo "==== compare"; cat "$OUT/compare.txt"; }
+[[ -f $OUT/backward.txt ]] && { echo "==== compare --pass backward"; cut -c1-220 "$OUT/backward.txt"; }
+[[ -f $OUT/train.txt ]] && { echo "==== compare --pass train"; cut -c1-220 "$OUT/train.txt"; }
 [[ -f /tmp/bench.txt ]] && { echo "==== bench"; cat /tmp/bench.txt; }
+[[ -f /tmp/bench_backward.txt ]] && { echo "==== bench --pass backward"; cat /tmp/bench_backward.txt; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
