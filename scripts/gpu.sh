@@ -191,3 +191,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/bench_backward.txt ]] && { echo "==== bench --pass backward"; cat /tmp/bench_backward.txt; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
+# The device tool brings back 8 files at most: more than that travel as one archive.
+if (($(find "$OUT" -type f | wc -l) > 8)); then
+  tar czf /tmp/results.tar.gz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tar.gz "$OUT/"
+fi
