@@ -22,7 +22,7 @@ struct Inputs {
 // backends only each row's log-sum-exp.
 struct Saved {
   Tensor probs;  // softmax probabilities [B, H, S, Skv], in the dtype the backend computes in
-  Tensor lse;    // log-sum-exp of each query row's scaled scores, FP32 [B, H, S] (-inf on a fully masked row)
+  Tensor lse;    // log-sum-exp of each query row's scaled scores, FP32 [B, H, S, 1] (+-inf on a fully masked row)
   std::size_t bytes() const { return probs.nbytes() + lse.nbytes(); }
 };
 

@@ -114,9 +114,11 @@ def torch_ops():
     return _torch.ops()
 
 
-def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq):
+def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_="forward",
+             deterministic=False):
     return _core.Problem(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, kv_seq=kv_seq, head_dim=head_dim,
-                         dtype=dtype, device=device, mask=mask, window=window, scale=scale)
+                         dtype=dtype, device=device, mask=mask, window=window, scale=scale, pass_=pass_,
+                         deterministic=deterministic)
 
 
 def _default_shape(device, batch, heads, seq, head_dim):
@@ -131,13 +133,15 @@ def compare(*, batch: int | None = None, heads: int | None = None, seq: int = 10
             backends: list[str] | None = None, trace_dir: str | None = "traces", json_path: str | None = None,
             seed: int = 0x5EED, threads: int = 0, bshd: bool = False, check_rows: int = 2048,
             schedule: tuple[int, int, int, int] = (0, 1, 3, 1), unprofiled_calls: int = 32,
-            expect: dict[str, int] | None = None, sort_by: str = "cpu_time_total", row_limit: int = -1) -> Report:
+            expect: dict[str, int] | None = None, sort_by: str = "cpu_time_total", row_limit: int = -1,
+            pass_: str = "forward", deterministic: bool = False) -> Report:
     """`attnprof compare` as a call: every eligible backend (or `backends`) profiled on one problem.
 
     schedule is (wait, warmup, active, repeat) steps, as --wait/--warmup/--active/--repeat.
+    pass_ is --pass (forward, backward or train), deterministic --deterministic.
     """
     b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
-    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq)
+    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
     rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows,
                         tuple(schedule), unprofiled_calls, dict(expect or {}), sort_by, row_limit)
     return Report(rep, "compare")
@@ -149,10 +153,11 @@ def profile(backend: str = "auto", *, batch: int | None = None, heads: int | Non
             kv_seq: int | None = None, trace_dir: str | None = "traces", json_path: str | None = None,
             seed: int = 0x5EED, threads: int = 0, bshd: bool = False, check_rows: int = 2048,
             schedule: tuple[int, int, int, int] = (0, 1, 3, 1), unprofiled_calls: int = 32,
-            expect: dict[str, int] | None = None, sort_by: str = "cpu_time_total", row_limit: int = -1) -> Report:
+            expect: dict[str, int] | None = None, sort_by: str = "cpu_time_total", row_limit: int = -1,
+            pass_: str = "forward", deterministic: bool = False) -> Report:
     """`attnprof profile --backend B` as a call: one backend ("auto" picks one); its key-averages table in .table."""
     b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
-    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq)
+    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
     rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, tuple(schedule),
                         unprofiled_calls, dict(expect or {}), sort_by, row_limit)
     return Report(rep, "profile")
@@ -161,8 +166,8 @@ def profile(backend: str = "auto", *, batch: int | None = None, heads: int | Non
 def explain(*, batch: int | None = None, heads: int | None = None, seq: int = 1024, head_dim: int = 64,
             dtype: str = "bf16", device: str = "cpu", mask: str = "causal", window: int | None = None,
             scale: float | None = None, kv_heads: int | None = None, kv_seq: int | None = None,
-            threads: int = 0) -> Explanation:
+            threads: int = 0, pass_: str = "forward", deterministic: bool = False) -> Explanation:
     """`attnprof explain` as a call: which backends can take the problem and why, and what auto picks."""
     b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
-    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq)
+    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
     return Explanation(*_core.explain(p, threads))

@@ -190,12 +190,33 @@ MaskKind mask_of(const std::string& mask) {
   return *m;
 }
 
-// softmax(scale * Q K^T + mask) V of the caller's arrays into the caller's
-// `out`, on the caller's stream (a cudaStream_t as an integer; 0 = legacy
-// default). Returns the backend that ran.
-std::string attention(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
-                      const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                      std::uintptr_t stream, int threads, bool bshd) {
+// One call on the caller's arrays: their borrowed views, the problem they
+// make, the backend that runs it and the context on the caller's stream.
+struct Call {
+  Problem p;
+  Inputs in;
+  Tensor out;
+  Backend* backend = nullptr;
+  RunContext ctx;
+
+  // A borrowed view of another array of the call (dO, the gradients): q's
+  // device and dtype, the same layout, and `like`'s sizes.
+  template <class Array>
+  Tensor view_like(const char* name, const Array& a, const Tensor& like, bool bshd) const {
+    const Tensor t = view_of(name, a, bshd, p.device, p.dtype);
+    if (where_of(name, a).device != p.device || dtype_of(name, a) != p.dtype) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " must be on q's device with q's dtype");
+    }
+    for (int i = 0; i < 4; ++i) require_same(name, name, t.size(i), "its counterpart", like.size(i));
+    return t;
+  }
+};
+
+// The calls of a training step resolve `auto` as one problem: the backward
+// must run on the backend whose forward saved its tensors.
+Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
+             std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads,
+             bool bshd, Pass pass) {
   const Where wq = where_of("q", q);
   const DType dtype = dtype_of("q", q);
   const auto same_place = [&](const char* name, const auto& a) {
@@ -238,24 +259,94 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
     fail(ErrorKind::InvalidArgument, "window is only for mask='sliding_window'");
   }
   p.scale = scale;
+  p.pass = pass;
   p.normalize().validate();
 
   Backend& b = resolve(p, backend);
   DeviceRuntime& rt = device_runtime(p.device, threads);
-  RunContext ctx{rt.allocator(), reinterpret_cast<void*>(stream), threads};
-  if (p.device == Device::Cpu) {
-    nb::gil_scoped_release unlocked;  // CPU work takes milliseconds; other Python threads run meanwhile
-    b.forward(p, in, o, ctx);
+  return Call{p, std::move(in), std::move(o), &b, RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
+}
+
+// Runs `work` with the GIL released on the CPU (milliseconds of work; other
+// Python threads run meanwhile); on a GPU it is an asynchronous launch.
+template <class Work>
+void run(const Call& c, Work&& work) {
+  if (c.p.device == Device::Cpu) {
+    nb::gil_scoped_release unlocked;
+    work();
   } else {
-    b.forward(p, in, o, ctx);  // an asynchronous launch on `stream`
+    work();
   }
-  return std::string(b.name());
+}
+
+// softmax(scale * Q K^T + mask) V of the caller's arrays into the caller's
+// `out`, on the caller's stream (a cudaStream_t as an integer; 0 = legacy
+// default). Returns the backend that ran.
+std::string attention(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
+                      const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
+                      std::uintptr_t stream, int threads, bool bshd) {
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Forward);
+  run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+  return std::string(c.backend->name());
+}
+
+// The forward of a training step: `out` as attention() writes it, and the
+// saved log-sum-exp (FP32 [B, H, S], held by the library's allocator until
+// the returned array is dropped). Backends whose backward reads saved
+// probabilities (the composites) are refused: autograd through attnprof keeps
+// what the fused backwards keep.
+using Lse = nb::ndarray<float, nb::ndim<3>>;
+std::tuple<std::string, Lse> attention_train(const In& q, const In& k, const In& v, const Out& out,
+                                             const std::string& backend, const std::string& mask,
+                                             std::optional<std::int64_t> window, std::optional<double> scale,
+                                             std::uintptr_t stream, int threads, bool bshd) {
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train);
+  if (!c.backend->traits().backward_recomputes) {
+    fail(ErrorKind::Unsupported, std::string(c.backend->name()) +
+                                     " keeps the [S, Skv] probabilities for its backward; autograd through attnprof "
+                                     "takes a backend that keeps only the log-sum-exp (flash, efficient, cudnn)");
+  }
+  Saved saved;
+  run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
+  auto* held = new Tensor(saved.lse);
+  nb::capsule owner(held, [](void* t) noexcept { delete static_cast<Tensor*>(t); });
+  const std::size_t shape[3] = {static_cast<std::size_t>(c.p.batch), static_cast<std::size_t>(c.p.heads),
+                                static_cast<std::size_t>(c.p.seq)};
+  const std::int64_t strides[3] = {held->stride(0), held->stride(1), held->stride(2)};
+  const int device_type = c.p.device == Device::Cpu ? nb::device::cpu::value : nb::device::cuda::value;
+  return {std::string(c.backend->name()),
+          Lse(held->data(), 3, shape, owner, strides, nb::dtype<float>(), device_type, 0)};
+}
+
+// dQ, dK and dV for the upstream gradient dout into the caller's dq, dk, dv,
+// from the forward's out and log-sum-exp (attention_train's), on `stream`.
+std::string attention_backward(const In& dout, const In& q, const In& k, const In& v, const Out& out, const In& lse,
+                               const Out& dq, const Out& dk, const Out& dv, const std::string& backend,
+                               const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
+                               std::uintptr_t stream, int threads, bool bshd, bool deterministic) {
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train);
+  c.p.pass = Pass::Backward;
+  c.p.deterministic = deterministic;
+  const Tensor d_out = c.view_like("dout", dout, c.out, bshd);
+  Gradients g{c.view_like("dq", dq, c.in.q, bshd), c.view_like("dk", dk, c.in.k, bshd),
+              c.view_like("dv", dv, c.in.v, bshd)};
+  if (lse.ndim() != 3 || lse.dtype() != nb::dtype<float>() || where_of("lse", lse).device != c.p.device) {
+    fail(ErrorKind::InvalidArgument, "lse must be attention_train's float32 [B, H, S] log-sum-exp on q's device");
+  }
+  Saved saved;
+  for (int i = 0; i < 3; ++i)
+    require_same("a dimension of lse and q", "lse", static_cast<std::int64_t>(lse.shape(i)), "q", c.out.size(i));
+  saved.lse =
+      Tensor::from_blob(const_cast<void*>(static_cast<const void*>(lse.data())), {c.p.batch, c.p.heads, c.p.seq, 1},
+                        {lse.stride(0), lse.stride(1), lse.stride(2), 1}, DType::F32, c.p.device);
+  run(c, [&] { c.backend->backward(c.p, c.in, c.out, d_out, saved, g, c.ctx); });
+  return std::string(c.backend->name());
 }
 
 Problem make_problem(std::int64_t batch, std::int64_t heads, std::optional<std::int64_t> kv_heads, std::int64_t seq,
                      std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
                      const std::string& device, const std::string& mask, std::optional<std::int64_t> window,
-                     std::optional<double> scale) {
+                     std::optional<double> scale, const std::string& pass, bool deterministic) {
   Problem p;
   p.batch = batch;
   p.heads = heads;
@@ -278,6 +369,10 @@ Problem make_problem(std::int64_t batch, std::int64_t heads, std::optional<std::
   p.mask = *m;
   p.window = window.value_or(0);
   p.scale = scale;
+  const auto ps = parse_pass(pass);
+  if (!ps) fail(ErrorKind::InvalidArgument, "unknown pass '" + pass + "': use forward, backward or train");
+  p.pass = *ps;
+  p.deterministic = deterministic;
   p.normalize().validate();
   return p;
 }
@@ -315,6 +410,16 @@ NB_MODULE(_core, m) {
         nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
         "softmax(scale * q k^T + mask) v into `out`, no copies; returns the backend that ran");
 
+  m.def("attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"),
+        nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
+        "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
+  m.def("attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
+        nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
+        nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::arg("backend"),
+        nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"),
+        nb::arg("bshd"), nb::arg("deterministic"), "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
+
   // The views attention() reads and writes, as (data pointer, sizes, strides)
   // for q, k, v and out: the tests compare them with the caller's own.
   m.def(
@@ -338,13 +443,13 @@ NB_MODULE(_core, m) {
           [](Problem* self, std::int64_t batch, std::int64_t heads, std::optional<std::int64_t> kv_heads,
              std::int64_t seq, std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
              const std::string& device, const std::string& mask, std::optional<std::int64_t> window,
-             std::optional<double> scale) {
-            new (self) Problem(
-                make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window, scale));
+             std::optional<double> scale, const std::string& pass, bool deterministic) {
+            new (self) Problem(make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window,
+                                            scale, pass, deterministic));
           },
           nb::arg("batch"), nb::arg("heads"), nb::arg("kv_heads").none(), nb::arg("seq"), nb::arg("kv_seq").none(),
           nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"), nb::arg("window").none(),
-          nb::arg("scale").none())
+          nb::arg("scale").none(), nb::arg("pass_") = "forward", nb::arg("deterministic") = false)
       .def("describe", &Problem::describe)
       .def("shape_key", &Problem::shape_key)
       .def("json", [](const Problem& p) { return report::problem_json(p).dump(); });
