@@ -190,7 +190,9 @@ TEST(FusedBackwardChecks, FullyMaskedRowsAndUnseenKeysGetZeroGradients) {
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
             const float x = g.dq.get(b, h, i, d);
             ASSERT_FALSE(std::isnan(x)) << b << "," << h << "," << i << "," << d;
-            if (i < 128) ASSERT_EQ(x, 0.0f) << "fully masked row " << i;
+            if (i < 128) {
+              ASSERT_EQ(x, 0.0f) << "fully masked row " << i;
+            }
           }
         }
       }
