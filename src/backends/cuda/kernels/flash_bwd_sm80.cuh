@@ -20,6 +20,13 @@
 // memory as 16-bit tiles. A fully masked row has LSE +inf (the forward's
 // convention; -inf or NaN are taken the same way): its P is 0, so it adds
 // nothing to dK and dV and gets dQ = 0; keys no query sees get dK = dV = 0.
+//
+// Measured on H200 (attnprof profile --backend flash --pass backward, 8x16x1024x64
+// causal bf16): 459 us a call, about 94 TFLOP/s: preprocess 42 us, dK/dV with
+// atomic dQ 359 us (166 registers, 54 KiB shared: 19% occupancy), dQ
+// conversion 57 us. Not tuned yet: preprocess and conversion are scalar
+// (16-byte loads would cut both), and the main loop neither double-buffers Q/dO
+// nor keeps P and dS in registers.
 #pragma once
 
 #include <cuda_runtime.h>
