@@ -1,6 +1,8 @@
 // The Backend shell around one fused kernel (efficient, flash): eligibility
 // from the kernel's own answer, FusedParams from the problem and the tensors,
-// one RecordFunction and one launch per forward.
+// one RecordFunction and one launch per forward. The backward (both backends,
+// kernels/flash_bwd_sm80.cuh) reads the log-sum-exp that forward_train saves:
+// three kernels, workspace D (and, unless deterministic, an FP32 dQ accumulator).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,26 +48,123 @@ class FusedBackend : public Backend {
     set_contiguous(shape.v_batch_stride, shape.v_head_stride, shape.v_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
     set_contiguous(shape.o_batch_stride, shape.o_head_stride, shape.o_row_stride, p.heads, p.seq, p.head_dim);
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
-    return {true, story_(shape)};
+    if (p.pass == Pass::Forward) return {true, story_(shape)};
+    if (!fused_bwd_head_dim_built(p.head_dim)) {
+      std::string built;
+      for (const int d : kFusedBwdHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
+      return {false, "our fused backward is built for head_dim " + built + ", not " + std::to_string(p.head_dim) +
+                         " (dK and dV of 16 keys a warp outgrow the registers): use math"};
+    }
+    return {true, std::string(story_(shape)) + "; backward: " +
+                      (p.deterministic ? "D = rowsum(dO O), dK/dV per key tile, dQ per query tile (no atomics)"
+                                       : "D = rowsum(dO O), dK/dV per key tile with dQ by FP32 atomics, dQ "
+                                         "conversion") +
+                      " (FlashAttention-2 class, mma.sync)"};
   }
 
-  std::size_t workspace_bytes(const Problem&) const override { return 0; }
+  // Forward: nothing. Backward: the saved LSE, D and (not deterministic) the
+  // FP32 dQ accumulator; a training step holds the same at its peak.
+  std::size_t workspace_bytes(const Problem& p) const override {
+    if (p.pass == Pass::Forward) return 0;
+    const auto rows = static_cast<std::size_t>(p.batch * p.heads * p.seq);
+    std::size_t bytes = 2 * rows * sizeof(float);  // LSE, D
+    if (!p.deterministic) bytes += rows * static_cast<std::size_t>(p.head_dim) * sizeof(float);
+    return bytes;
+  }
 
-  Expectation expectation(const Problem&) const override {
+  // Forward: one kernel. Backward: preprocess (D, and the dQ accumulator
+  // zeroed in the same kernel: no memset), dK/dV (with atomic dQ), then the
+  // dQ conversion or, deterministic, the dQ kernel: 3. Train: 1 + 3.
+  Expectation expectation(const Problem& p) const override {
     Expectation e;
-    e.cpu_ops = {std::string(op_)};
-    e.device_activities = 1;
+    switch (p.pass) {
+      case Pass::Forward:
+        e.cpu_ops = {std::string(op_)};
+        e.device_activities = 1;
+        break;
+      case Pass::Backward:
+        e.cpu_ops = {bwd_op()};
+        e.device_activities = 3;
+        break;
+      case Pass::Train:
+        e.cpu_ops = {std::string(op_), bwd_op()};
+        e.device_activities = 4;
+        break;
+    }
     return e;
   }
 
+  bool has_backward() const override { return true; }
+
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
+    run_forward(p, in, out, nullptr, ctx);
+  }
+
+  void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
+    saved.lse = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
+    run_forward(p, in, out, saved.lse.data_as<float>(), ctx);
+  }
+
+  void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
+                Gradients& grads, RunContext& ctx) override {
+    const std::string op = bwd_op();
+    RecordFunction rf(op, dtype_name(p.dtype), p.shape_key());
+    for (const Tensor* t :
+         std::initializer_list<const Tensor*>{&in.q, &in.k, &in.v, &out, &dout, &grads.dq, &grads.dk, &grads.dv}) {
+      if (t->stride(3) != 1) {
+        fail(ErrorKind::Unsupported, std::string(name_) + " needs a contiguous head_dim; got " + t->describe());
+      }
+    }
+    if (saved.lse.numel() != p.batch * p.heads * p.seq || saved.lse.dtype() != DType::F32) {
+      fail(ErrorKind::InvalidArgument,
+           std::string(name_) + "'s backward needs the FP32 log-sum-exp that its forward_train saves");
+    }
+    FusedBwdParams b;
+    b.fwd = params_for(p);
+    fill_forward(b.fwd, in, out, const_cast<float*>(saved.lse.data_as<float>()));
+    b.dout = dout.data();
+    set_strides(dout, b.do_batch_stride, b.do_head_stride, b.do_row_stride);
+    b.dq = grads.dq.data();
+    b.dk = grads.dk.data();
+    b.dv = grads.dv.data();
+    set_strides(grads.dq, b.dq_batch_stride, b.dq_head_stride, b.dq_row_stride);
+    set_strides(grads.dk, b.dk_batch_stride, b.dk_head_stride, b.dk_row_stride);
+    set_strides(grads.dv, b.dv_batch_stride, b.dv_head_stride, b.dv_row_stride);
+    b.deterministic = p.deterministic;
+    // Workspace, released (to the stream-ordered cache) when this call returns.
+    const Tensor dsum = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
+    Tensor dq_accum;
+    if (!p.deterministic) dq_accum = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, DType::F32, ctx.allocator);
+    b.dsum = dsum.data_as<float>();
+    b.dq_accum = p.deterministic ? nullptr : dq_accum.data_as<float>();
+    if (const char* why = fused_bwd_unsupported_reason(b))
+      fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
+    ATTNPROF_CUDA_CHECK(launch_fused_bwd(b, static_cast<cudaStream_t>(ctx.stream)));
+  }
+
+ private:
+  std::string bwd_op() const {
+    std::string op(op_);
+    if (const auto at = op.rfind("forward"); at != std::string::npos) op.replace(at, 7, "backward");
+    return op;
+  }
+
+  void run_forward(const Problem& p, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
     RecordFunction rf(op_, dtype_name(p.dtype), p.shape_key());
+    FusedParams f = params_for(p);
+    fill_forward(f, in, out, lse);
+    if (const char* why = fused_unsupported_reason(f, flash_))
+      fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
+    ATTNPROF_CUDA_CHECK(launch_(f, static_cast<cudaStream_t>(ctx.stream)));
+  }
+
+  // The tensors of a forward into f (checking their head_dim is contiguous).
+  void fill_forward(FusedParams& f, const Inputs& in, const Tensor& out, float* lse) const {
     for (const Tensor* t : std::initializer_list<const Tensor*>{&in.q, &in.k, &in.v, &out}) {
       if (t->stride(3) != 1) {
         fail(ErrorKind::Unsupported, std::string(name_) + " needs a contiguous head_dim; got " + t->describe());
       }
     }
-    FusedParams f = params_for(p);
     f.q = in.q.data();
     f.k = in.k.data();
     f.v = in.v.data();
@@ -74,12 +173,9 @@ class FusedBackend : public Backend {
     set_strides(in.k, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
     set_strides(in.v, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
     set_strides(out, f.o_batch_stride, f.o_head_stride, f.o_row_stride);
-    if (const char* why = fused_unsupported_reason(f, flash_))
-      fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
-    ATTNPROF_CUDA_CHECK(launch_(f, static_cast<cudaStream_t>(ctx.stream)));
+    f.lse = lse;
   }
 
- private:
   static void set_strides(const Tensor& t, std::int64_t& b, std::int64_t& h, std::int64_t& r) {
     b = t.stride(0);
     h = t.stride(1);

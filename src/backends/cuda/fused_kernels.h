@@ -37,6 +37,15 @@ cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream);
 bool flash_sm90_applies(const FusedParams& p);
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream);
 
+// The fused backward (kernels/flash_bwd_sm80.cuh; both backends): nullptr when
+// `p` can run (the forward's checks, a head_dim of kFusedBwdHeadDims, the
+// saved LSE, dO, the gradients and the workspace), else a one-line reason.
+const char* fused_bwd_unsupported_reason(const FusedBwdParams& p);
+// Enqueues its three kernels on `stream` (preprocess, dK/dV, then the dQ
+// conversion or, deterministic, the dQ kernel). cudaErrorInvalidValue when
+// fused_bwd_unsupported_reason(p) is not null.
+cudaError_t launch_fused_bwd(const FusedBwdParams& p, cudaStream_t stream);
+
 // launch_flash_sm80 for a `p` that fused_unsupported_reason already accepted.
 cudaError_t launch_flash_sm80_checked(const FusedParams& p, cudaStream_t stream);
 

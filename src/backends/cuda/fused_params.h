@@ -16,12 +16,18 @@ namespace attnprof::cuda {
 // read these lists; adding a head dim means adding its instance files.
 inline constexpr std::array<int, 5> kFusedHeadDims = {32, 64, 96, 128, 256};
 inline constexpr std::array<int, 2> kFlashSm90HeadDims = {64, 128};
+// The head dims the fused backward is built for (src/backends/cuda/fused_bwd_hdim*.cu).
+// 256 is left out: dK and dV of a warp's 16 keys alone would be 256 f32 a thread.
+inline constexpr std::array<int, 4> kFusedBwdHeadDims = {32, 64, 96, 128};
 
 constexpr bool fused_head_dim_built(int head_dim) {
   return std::find(kFusedHeadDims.begin(), kFusedHeadDims.end(), head_dim) != kFusedHeadDims.end();
 }
 constexpr bool flash_sm90_head_dim(int head_dim) {
   return std::find(kFlashSm90HeadDims.begin(), kFlashSm90HeadDims.end(), head_dim) != kFlashSm90HeadDims.end();
+}
+constexpr bool fused_bwd_head_dim_built(int head_dim) {
+  return std::find(kFusedBwdHeadDims.begin(), kFusedBwdHeadDims.end(), head_dim) != kFusedBwdHeadDims.end();
 }
 static_assert(std::all_of(kFlashSm90HeadDims.begin(), kFlashSm90HeadDims.end(), fused_head_dim_built),
               "flash's sm90 head dims are dispatched through kFusedHeadDims");
@@ -46,6 +52,29 @@ struct FusedParams {
   FusedMask mask = FusedMask::None;
   int window = 0;    // SlidingWindow: keys j with i + (Sk - Sq) - window < j <= i + (Sk - Sq)
   bool bf16 = true;  // false: fp16
+};
+
+// Arguments of the fused backward (kernels/flash_bwd_sm80.cuh): the forward's
+// problem and tensors (fwd.o is the forward's output O, fwd.lse its saved
+// log-sum-exp, both read), the upstream gradient dO, the gradients and the
+// FP32 workspace.
+struct FusedBwdParams {
+  FusedParams fwd;
+  const void* dout = nullptr;  // [B, H, Sq, D], head_dim contiguous
+  std::int64_t do_batch_stride = 0, do_head_stride = 0, do_row_stride = 0;
+  void* dq = nullptr;  // [B, H, Sq, D]
+  void* dk = nullptr;  // [B, Hkv, Sk, D]
+  void* dv = nullptr;  // [B, Hkv, Sk, D]
+  std::int64_t dq_batch_stride = 0, dq_head_stride = 0, dq_row_stride = 0;
+  std::int64_t dk_batch_stride = 0, dk_head_stride = 0, dk_row_stride = 0;
+  std::int64_t dv_batch_stride = 0, dv_head_stride = 0, dv_row_stride = 0;
+  // Workspace: D = rowsum(dO * O), FP32 [B, H, Sq] contiguous; and, unless
+  // deterministic, the FP32 dQ accumulator [B, H, Sq, D] contiguous.
+  float* dsum = nullptr;
+  float* dq_accum = nullptr;
+  // dQ without atomics: a second kernel per query tile loops over the key
+  // tiles in a fixed order (dq_accum unused).
+  bool deterministic = false;
 };
 
 }  // namespace attnprof::cuda

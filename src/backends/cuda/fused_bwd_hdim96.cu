@@ -1,0 +1,7 @@
+// The fused backward (kernels/flash_bwd_sm80.cuh) at head_dim 96, every mask
+// and element type (one head dim a translation unit: the kernels compile in parallel).
+#include "backends/cuda/kernels/flash_bwd_sm80.cuh"
+
+namespace attnprof::cuda::kernels {
+ATTNPROF_BWD_INSTANTIATE(96)
+}  // namespace attnprof::cuda::kernels

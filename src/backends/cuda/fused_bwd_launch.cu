@@ -1,0 +1,90 @@
+// Host entry of the fused backward (kernels/flash_bwd_sm80.cuh), shared by
+// efficient and flash: its eligibility check and the dispatch of the runtime
+// choices (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu.
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/kernels/flash_bwd_sm80.cuh"
+
+namespace attnprof::cuda {
+namespace kernels {
+ATTNPROF_BWD_EXTERN(32)
+ATTNPROF_BWD_EXTERN(64)
+ATTNPROF_BWD_EXTERN(96)
+ATTNPROF_BWD_EXTERN(128)
+}  // namespace kernels
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+template <int kHeadDim, kernels::Half16 Element>
+cudaError_t dispatch_mask(const kernels::BwdArgs& a, FusedMask mask, cudaStream_t stream) {
+  switch (kernels::mask_mode(mask)) {
+    case kernels::MaskMode::None:
+      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::None, Element>(a, stream);
+    case kernels::MaskMode::Causal:
+      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::Causal, Element>(a, stream);
+    case kernels::MaskMode::Window:
+      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::Window, Element>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <kernels::Half16 Element>
+cudaError_t dispatch_head_dim(const kernels::BwdArgs& a, int head_dim, FusedMask mask, cudaStream_t stream) {
+  switch (head_dim) {
+    case 32:
+      return dispatch_mask<32, Element>(a, mask, stream);
+    case 64:
+      return dispatch_mask<64, Element>(a, mask, stream);
+    case 96:
+      return dispatch_mask<96, Element>(a, mask, stream);
+    case 128:
+      return dispatch_mask<128, Element>(a, mask, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+const char* fused_bwd_unsupported_reason(const FusedBwdParams& p) {
+  if (const char* why = fused_unsupported_reason(p.fwd, /*flash=*/true)) return why;
+  thread_local std::string reason;
+  auto say = [&](const std::string& text) {
+    reason = text;
+    return reason.c_str();
+  };
+  if (!fused_bwd_head_dim_built(p.fwd.head_dim)) {
+    std::string built;
+    for (const int d : kFusedBwdHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
+    return say("the fused backward is built for head_dim " + built + ", not " + std::to_string(p.fwd.head_dim) +
+               " (use math)");
+  }
+  if (p.fwd.lse == nullptr) return say("the backward needs the forward's saved log-sum-exp");
+  if (!p.dout || !p.dq || !p.dk || !p.dv || !p.dsum) return say("dout, dq, dk, dv and the workspace must be set");
+  if (!p.deterministic && !p.dq_accum) return say("the dQ accumulator must be set (or deterministic)");
+  if (!aligned16(p.dout) || !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv)) {
+    return say("dout, dq, dk and dv must be 16-byte aligned");
+  }
+  for (const std::int64_t stride :
+       {p.do_batch_stride, p.do_head_stride, p.do_row_stride, p.dq_batch_stride, p.dq_head_stride, p.dq_row_stride,
+        p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride}) {
+    if (stride % 8 != 0) {
+      return say("every batch, head and row stride of dO and the gradients must be a multiple of 8 elements");
+    }
+  }
+  if (p.do_row_stride >= (std::int64_t{1} << 23)) return say("row strides must be below 2^23 elements");
+  return nullptr;
+}
+
+cudaError_t launch_fused_bwd(const FusedBwdParams& p, cudaStream_t stream) {
+  if (fused_bwd_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  const kernels::BwdArgs a = kernels::BwdArgs::from(p);
+  return p.fwd.bf16 ? dispatch_head_dim<kernels::Bf16>(a, p.fwd.head_dim, p.fwd.mask, stream)
+                    : dispatch_head_dim<kernels::Fp16>(a, p.fwd.head_dim, p.fwd.mask, stream);
+}
+
+}  // namespace attnprof::cuda
