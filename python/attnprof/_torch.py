@@ -12,8 +12,6 @@ import torch.utils.dlpack
 from . import _core
 from ._core import Error
 
-NO_BACKWARD = ("attnprof has no backward yet (issue 9): call attention on tensors that do not require grad "
-               "(detach them, or use torch.no_grad())")
 
 # The caller's current stream as a cudaStream_t: the raw getter PyTorch's own
 # compiled code uses (no Stream object made per call), else the public one.
@@ -40,14 +38,17 @@ _is_compiling = torch.compiler.is_compiling
 _to_dlpack = torch.utils.dlpack.to_dlpack
 
 
-def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0):
+def _dlpack(*tensors):
     try:
-        views = (_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out))
+        return tuple(map(_to_dlpack, tensors))
     except (RuntimeError, BufferError, TypeError) as e:  # a device or layout DLPack cannot describe
         from . import not_an_array
 
         raise Error(not_an_array(e)) from None
-    _core.attention(*views, backend, mask, window, scale, _stream_of(q), threads, bshd)
+
+
+def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0):
+    _core.attention(*_dlpack(q, k, v, out), backend, mask, window, scale, _stream_of(q), threads, bshd)
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
@@ -65,8 +66,65 @@ def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=N
     return q.new_empty(q.shape)
 
 
+# ---- Training: a forward that keeps the log-sum-exp, and the backward that reads it.
+
+def _lse_shape(q: torch.Tensor, bshd: bool):
+    return (q.shape[0], q.shape[2], q.shape[1]) if bshd else tuple(q.shape[:3])
+
+
+@torch.library.custom_op("attnprof::attention_train", mutates_args=(), device_types=("cpu", "cuda"))
+def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
+              window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
+              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    views = _dlpack(q, k, v, out)
+    _, lse = _core.attention_train(*views, backend, mask, window, scale, _stream_of(q), 0, bshd)
+    return out, torch.from_dlpack(lse)
+
+
+@_train_op.register_fake
+def _train_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, deterministic=False):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, bshd), dtype=torch.float32)
+
+
+@torch.library.custom_op("attnprof::attention_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
+                 scale: Optional[float] = None, bshd: bool = False,
+                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of attention_train's call for the upstream gradient dout."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv), backend, mask, window, scale,
+                             _stream_of(q), 0, bshd, deterministic)
+    return dq, dk, dv
+
+
+@_backward_op.register_fake
+def _backward_fake(dout, q, k, v, out, lse, backend="auto", mask="causal", window=None, scale=None, bshd=False,
+                   deterministic=False):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_train(ctx, inputs, output):
+    q, k, v, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.args = args
+
+
+def _train_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
+    return (dq, dk, dv) + (None,) * len(ctx.args)
+
+
+torch.library.register_autograd("attnprof::attention_train", _train_backward, setup_context=_setup_train)
+
+
 def _no_backward(ctx, grad):
-    raise Error(NO_BACKWARD)
+    raise Error("torch.ops.attnprof.attention is the inference op: for gradients call attnprof.attention "
+                "(or torch.ops.attnprof.attention_train) on tensors that require grad")
 
 
 def _setup_context(ctx, inputs, output):
@@ -80,8 +138,13 @@ def ops():
     return torch.ops.attnprof
 
 
-def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads):
+def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, deterministic=False):
     bshd = layout == "bshd"
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        # Autograd: the training op keeps the log-sum-exp, and its backward is attnprof's.
+        if out is not None:
+            raise Error("out= is not supported when gradients are needed: use the returned tensor")
+        return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic)[0]
     if _is_compiling():
         # Traced as one node of the graph (its fake gives the output's shape).
         if out is not None:
@@ -90,9 +153,7 @@ def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads):
     for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
         if not isinstance(t, torch.Tensor):
             raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
-    if q.requires_grad or k.requires_grad or v.requires_grad:
-        if torch.is_grad_enabled():
-            raise Error(NO_BACKWARD)
+    if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
