@@ -16,59 +16,14 @@
 #include "attnprof/profiler.h"
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/flash_microkernels.h"
+#include "backends/cpu/flash_tiles.h"
 #include "backends/cpu/ops.h"
 
 namespace attnprof::cpu {
-namespace {
 
-using namespace flash;
-
-// 64 query rows: the transposed query block (64 x D floats) stays in L1 for
-// D <= 64 and in L2 up to D = 256, and 64 is 4 vector strips of 16 columns.
-constexpr std::int64_t kBlockQ = 64;
-// 128 keys: a block's S^T (128 x 64 floats, 32 KiB) and the K and V rows it
-// reads stay in the 512 KiB L2 next to the accumulator, while the per-block
-// softmax bookkeeping is amortised over twice as many keys as with 64.
-constexpr std::int64_t kBlockK = 128;
-
-constexpr float kLog2e = std::numbers::log2e_v<float>;
-
-std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
-
-// Per-thread scratch, in floats; every region starts on a 64-byte boundary.
-struct Layout {
-  std::int64_t qt = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, alpha = 0, total = 0;
-};
-
-Layout layout_for(std::int64_t head_dim) {
-  const std::int64_t dpad = round_up(head_dim, 8);
-  Layout L;
-  std::int64_t at = 0;
-  auto take = [&at](std::int64_t floats) {
-    const std::int64_t start = at;
-    at += round_up(floats, 16);
-    return start;
-  };
-  L.qt = take(head_dim * kBlockQ);
-  L.k = take(kBlockK * head_dim);
-  L.v = take(kBlockK * dpad);
-  L.s = take(kBlockK * kBlockQ);
-  L.o = take(kBlockQ * dpad);
-  L.m = take(kBlockQ);
-  L.l = take(kBlockQ);
-  L.alpha = take(kBlockQ);
-  L.total = at;
-  return L;
-}
+namespace flash {
 
 int resolve_threads(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
-
-// The structural mask as a band around the diagonal: key j is visible from
-// query i when (no lower bound or j >= i + lo) and (no upper bound or j <= i + hi).
-struct Band {
-  bool has_lo = false, has_hi = false;
-  std::int64_t lo = 0, hi = 0;
-};
 
 Band band_of(const Problem& p) {
   Band band;
@@ -90,7 +45,6 @@ Band band_of(const Problem& p) {
   return band;
 }
 
-// Row i of t[b, h] (n elements) widened to FP32; vector loads when unit-stride.
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst) {
   const std::int64_t base = t.index(b, h, i, 0);
   const std::int64_t inc = t.stride(3);
@@ -120,33 +74,7 @@ void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, s
   for (; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c);
 }
 
-// Everything a work item needs, fixed for one forward.
-struct Job {
-  const Problem& p;
-  const Inputs& in;
-  const Tensor& out;
-  Layout layout;
-  Band band;
-  float q_scale;      // softmax scale * log2(e): the exponentials are base 2
-  std::int64_t dpad;  // head_dim rounded up to 8, the accumulator's row length
-  bool k_in_place;    // FP32 unit-stride K rows are read where they lie
-  bool v_in_place;    // likewise V, when its rows are also whole vectors
-};
-
-// Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
-// qcols are zero so padded lanes compute harmless values.
-void pack_q(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
-            float* qt, float* row) {
-  const std::int64_t D = job.p.head_dim;
-  for (std::int64_t i = 0; i < nq; ++i) {
-    load_row(job.in.q, b, h, i0 + i, D, row);
-    for (std::int64_t d = 0; d < D; ++d) qt[d * kBlockQ + i] = row[d] * job.q_scale;
-  }
-  for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
-}
-
-// -inf where the band hides key j0 + j from query i0 + c, on a block that
-// straddles a bound. Per key row the visible query columns are one interval.
+// Per key row the visible query columns are one interval.
 void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st) {
   for (std::int64_t j = 0; j < n; ++j) {
     const std::int64_t key = j0 + j;
@@ -158,12 +86,12 @@ void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t 
   }
 }
 
-// Boolean masks (false hides) and additive biases, read row by row through the
-// tensor's strides, so [1, 1, S, Skv] and stride-0 expanded views both work.
-void mask_tensor(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t j0,
-                 std::int64_t n, float* st) {
-  const bool boolean = job.p.mask == MaskKind::Boolean;
-  const Tensor& t = boolean ? job.in.mask : job.in.bias;
+// Masks and biases are read row by row through the tensor's strides, so
+// [1, 1, S, Skv] and stride-0 expanded views both work.
+void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                 std::int64_t j0, std::int64_t n, float* st) {
+  const bool boolean = p.mask == MaskKind::Boolean;
+  const Tensor& t = boolean ? in.mask : in.bias;
   const std::int64_t tb = t.size(0) == 1 ? 0 : b;
   const std::int64_t th = t.size(1) == 1 ? 0 : h;
   const std::int64_t inc = t.stride(3);
@@ -183,12 +111,101 @@ void mask_tensor(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0
   }
 }
 
-// out rows = O / l, zeros where l == 0 (every key masked: never NaN).
+std::string check_problem(const Problem& p) {
+  if (p.device != Device::Cpu) return "the CPU flash backend runs on the CPU; use --device cpu";
+  try {
+    Problem q = p;
+    q.normalize();
+    q.validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+void require_mask_tensor(const Problem& p, const Inputs& in) {
+  if (p.mask == MaskKind::Boolean && !in.mask.defined())
+    fail(ErrorKind::InvalidArgument, "flash: a boolean mask problem needs Inputs::mask");
+  if (p.mask == MaskKind::Bias && !in.bias.defined())
+    fail(ErrorKind::InvalidArgument, "flash: a bias mask problem needs Inputs::bias");
+}
+
+}  // namespace flash
+
+namespace {
+
+using namespace flash;
+
+// 128 keys: a block's S^T (128 x 64 floats, 32 KiB) and the K and V rows it
+// reads stay in the 512 KiB L2 next to the accumulator, while the per-block
+// softmax bookkeeping is amortised over twice as many keys as with 64.
+constexpr std::int64_t kBlockK = 128;
+
+// Per-thread scratch, in floats; every region starts on a 64-byte boundary.
+struct Layout {
+  std::int64_t qt = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, alpha = 0, total = 0;
+};
+
+Layout layout_for(std::int64_t head_dim) {
+  const std::int64_t dpad = round_up(head_dim, 8);
+  Layout L;
+  std::int64_t at = 0;
+  auto take = [&at](std::int64_t floats) {
+    const std::int64_t start = at;
+    at += round_up(floats, 16);
+    return start;
+  };
+  L.qt = take(head_dim * kBlockQ);
+  L.k = take(kBlockK * head_dim);
+  L.v = take(kBlockK * dpad);
+  L.s = take(kBlockK * kBlockQ);
+  L.o = take(kBlockQ * dpad);
+  L.m = take(kBlockQ);
+  L.l = take(kBlockQ);
+  L.alpha = take(kBlockQ);
+  L.total = at;
+  return L;
+}
+
+// Everything a work item needs, fixed for one forward.
+struct Job {
+  const Problem& p;
+  const Inputs& in;
+  const Tensor& out;
+  Layout layout;
+  Band band;
+  float q_scale;      // softmax scale * log2(e): the exponentials are base 2
+  std::int64_t dpad;  // head_dim rounded up to 8, the accumulator's row length
+  bool k_in_place;    // FP32 unit-stride K rows are read where they lie
+  bool v_in_place;    // likewise V, when its rows are also whole vectors
+  float* lse;         // forward_train: each row's log-sum-exp, contiguous [B, H, S]; null otherwise
+};
+
+// Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
+// qcols are zero so padded lanes compute harmless values.
+void pack_q(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
+            float* qt, float* row) {
+  const std::int64_t D = job.p.head_dim;
+  for (std::int64_t i = 0; i < nq; ++i) {
+    load_row(job.in.q, b, h, i0 + i, D, row);
+    for (std::int64_t d = 0; d < D; ++d) qt[d * kBlockQ + i] = row[d] * job.q_scale;
+  }
+  for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
+}
+
+// out rows = O / l, zeros where l == 0 (every key masked: never NaN); and for
+// a training forward each row's natural-log LSE, ln(l) + m ln 2 (m is the
+// base-2 running max), -inf where l == 0.
 void store_rows(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, const float* o,
-                const float* l) {
+                const float* m, const float* l) {
   const Tensor& out = job.out;
   const std::int64_t D = job.p.head_dim;
   const std::int64_t inc = out.stride(3);
+  if (job.lse) {
+    float* lse = job.lse + (b * job.p.heads + h) * job.p.seq + i0;
+    for (std::int64_t i = 0; i < nq; ++i)
+      lse[i] = l[i] > 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
+  }
   for (std::int64_t i = 0; i < nq; ++i) {
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     const float* src = o + i * job.dpad;
@@ -248,7 +265,7 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
 
     const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
     if (straddles) mask_band(band, i0, j0, n, qcols, st);
-    if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(job, b, h, i0, nq, j0, n, st);
+    if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(p, job.in, b, h, i0, nq, j0, n, st);
 
     online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
 
@@ -266,19 +283,7 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
     }
     pv_block(st, kBlockQ, v_rows, ldv, n, nq, job.dpad, alpha, o, job.dpad);
   }
-  store_rows(job, b, h, i0, nq, o, l);
-}
-
-std::string check_problem(const Problem& p) {
-  if (p.device != Device::Cpu) return "the CPU flash backend runs on the CPU; use --device cpu";
-  try {
-    Problem q = p;
-    q.normalize();
-    q.validate();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return {};
+  store_rows(job, b, h, i0, nq, o, m, l);
 }
 
 class FlashCpu final : public Backend {
@@ -288,27 +293,65 @@ class FlashCpu final : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = check_problem(p); !why.empty()) return {.eligible = false, .reason = why};
+    const std::string threads = std::to_string(omp_get_max_threads()) + " threads";
+    if (p.pass == Pass::Forward)
+      return {.eligible = true, .reason = "tiled online softmax, " + threads + ", never materialises [S, Skv]"};
     return {.eligible = true,
-            .reason = "tiled online softmax, " + std::to_string(omp_get_max_threads()) +
-                      " threads, never materialises [S, Skv]"};
+            .reason = "FlashAttention-2 backward recomputing P from the saved log-sum-exp, " + threads +
+                      (p.deterministic ? ", dQ summed in a fixed order" : "") + ", never materialises [S, Skv]"};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
-    return static_cast<std::size_t>(layout_for(p.head_dim).total) * sizeof(float) *
-           static_cast<std::size_t>(omp_get_max_threads());
+    const int threads = omp_get_max_threads();
+    const std::size_t forward =
+        static_cast<std::size_t>(layout_for(p.head_dim).total) * sizeof(float) * static_cast<std::size_t>(threads);
+    if (p.pass == Pass::Forward) return forward;
+    Problem q = p;
+    q.normalize();
+    return forward + lse_bytes(q) + backward_workspace_bytes(q, threads);
   }
 
-  Expectation expectation(const Problem& p) const override { return {.cpu_ops = {"flash_attention"}, .copies = 0}; }
+  Expectation expectation(const Problem& p) const override {
+    switch (p.pass) {
+      case Pass::Backward:
+        return {.cpu_ops = {"flash_attention_backward"}, .copies = 0};
+      case Pass::Train:
+        return {.cpu_ops = {"flash_attention", "flash_attention_backward"}, .copies = 0};
+      case Pass::Forward:
+        break;
+    }
+    return {.cpu_ops = {"flash_attention"}, .copies = 0};
+  }
+
+  bool has_backward() const override { return true; }
 
   void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
+    run_forward(problem, in, out, nullptr, ctx);
+  }
+
+  // The LSE, FP32 [B, H, S, 1], is all the backward needs beyond the inputs and O.
+  void forward_train(const Problem& problem, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
+    Problem p = problem;
+    p.normalize();
+    saved.probs = {};
+    saved.lse = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
+    run_forward(p, in, out, saved.lse.data_as<float>(), ctx);
+  }
+
+  void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
+                Gradients& grads, RunContext& ctx) override {
+    flash::backward(p, in, out, dout, saved.lse, grads, ctx);
+  }
+
+ private:
+  static std::size_t lse_bytes(const Problem& p) { return static_cast<std::size_t>(p.batch * p.heads * p.seq) * 4; }
+
+  static void run_forward(const Problem& problem, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
     Problem p = problem;
     p.normalize();
     RecordFunction rf("flash_attention", dtypes_string({&in.q, &in.k, &in.v}),
                       dims_string(in.q) + ", " + dims_string(in.k) + ", " + dims_string(in.v));
-    if (p.mask == MaskKind::Boolean && !in.mask.defined())
-      fail(ErrorKind::InvalidArgument, "flash: a boolean mask problem needs Inputs::mask");
-    if (p.mask == MaskKind::Bias && !in.bias.defined())
-      fail(ErrorKind::InvalidArgument, "flash: a bias mask problem needs Inputs::bias");
+    require_mask_tensor(p, in);
 
     const std::int64_t D = p.head_dim;
     const bool k_unit = in.k.stride(3) == 1 || D == 1;
@@ -321,7 +364,8 @@ class FlashCpu final : public Backend {
                   .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
                   .dpad = round_up(D, 8),
                   .k_in_place = in.k.dtype() == DType::F32 && k_unit,
-                  .v_in_place = in.v.dtype() == DType::F32 && v_unit && D % 8 == 0};
+                  .v_in_place = in.v.dtype() == DType::F32 && v_unit && D % 8 == 0,
+                  .lse = lse};
 
     const std::int64_t q_blocks = (p.seq + kBlockQ - 1) / kBlockQ;
     const std::int64_t heads = p.batch * p.heads;

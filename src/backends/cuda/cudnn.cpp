@@ -1,4 +1,5 @@
-// cudnn: cuDNN 9's fused SDPA forward through the cuDNN frontend graph API.
+// cudnn: cuDNN 9's fused SDPA forward and backward through the cuDNN
+// frontend graph API.
 //
 // Building a graph (heuristics query, plan compilation of the generated kernel)
 // is the slow part, milliseconds to seconds, so a graph is built once per
@@ -8,6 +9,11 @@
 // path, which the reference study caught choosing plans per call (214 us of
 // CPU per call). Per forward: one kernel, launched by cuDNN through
 // cuLaunchKernelEx.
+//
+// The backward pass uses two more graphs per problem, built and run the same
+// way: the forward of a training step, which also writes the softmax
+// statistics (each row's log-sum-exp), and sdpa_backward, which reads Q, K,
+// V, O, dO and those statistics and writes dQ, dK and dV.
 #include <bit>
 #include <cstdint>
 #include <memory>
@@ -22,6 +28,7 @@
 #include <cuda_runtime.h>
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
@@ -36,8 +43,21 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-// Tensor uids in the graph and the variant pack.
-enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kBias };
+// Tensor uids in the graphs and the variant packs. A call binds its tensors
+// by uid (Bound), so one path builds, keys and runs every graph.
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kBias, kStats, kDO, kDQ, kDK, kDV };
+constexpr std::size_t kTensors = kDV - kQ + 1;
+constexpr std::size_t slot(Uid uid) { return static_cast<std::size_t>(uid - kQ); }
+// A call's tensors by slot(uid); null where its graph has none.
+using Bound = std::array<const Tensor*, kTensors>;
+
+// The three graphs of a problem: the inference forward, the forward of a
+// training step (which also writes the softmax statistics) and the backward.
+enum class GraphKind : std::uint8_t { Forward, TrainForward, Backward };
+constexpr std::size_t kGraphKinds = 3;
+
+constexpr const char* kForwardOp = "_scaled_dot_product_cudnn_attention";
+constexpr const char* kBackwardOp = "_scaled_dot_product_cudnn_attention_backward";
 
 // Dims and strides cuDNN sees: [B, H, S, D] with arbitrary strides. A
 // broadcast (stride-0) dim of the bias becomes a size-1 dim, which is how
@@ -67,37 +87,48 @@ TensorDesc packed(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d
   return TensorDesc{{b, h, s, d}, {h * s * d, s * d, d, 1}};
 }
 
+// Each bound tensor's desc by slot(uid); empty where the graph has none.
 struct Layout {
-  TensorDesc q, k, v, o, bias;  // bias empty unless MaskKind::Bias
+  std::array<TensorDesc, kTensors> t;
+  const TensorDesc& operator[](Uid uid) const { return t[slot(uid)]; }
 };
 
-// What eligibility assumes before it sees tensors: packed [B, H, S, D] and a
-// bias broadcast over batch and heads, as make_inputs() lays them out.
-Layout default_layout(const Problem& p) {
-  Layout l{packed(p.batch, p.heads, p.seq, p.head_dim),
-           packed(p.batch, p.kv_heads, p.kv_seq, p.head_dim),
-           packed(p.batch, p.kv_heads, p.kv_seq, p.head_dim),
-           packed(p.batch, p.heads, p.seq, p.head_dim),
-           {}};
-  if (p.mask == MaskKind::Bias) l.bias = packed(1, 1, p.seq, p.kv_seq);
+// What eligibility assumes before it sees tensors: packed [B, H, S, D], a
+// bias broadcast over batch and heads, as make_inputs() lays them out, and
+// the statistics packed [B, H, S, 1] as forward_train() allocates them.
+Layout default_layout(const Problem& p, GraphKind kind) {
+  Layout l;
+  const TensorDesc qs = packed(p.batch, p.heads, p.seq, p.head_dim);
+  const TensorDesc kvs = packed(p.batch, p.kv_heads, p.kv_seq, p.head_dim);
+  l.t[slot(kQ)] = l.t[slot(kO)] = qs;
+  l.t[slot(kK)] = l.t[slot(kV)] = kvs;
+  if (p.mask == MaskKind::Bias) l.t[slot(kBias)] = packed(1, 1, p.seq, p.kv_seq);
+  if (kind != GraphKind::Forward) l.t[slot(kStats)] = packed(p.batch, p.heads, p.seq, 1);
+  if (kind == GraphKind::Backward) {
+    l.t[slot(kDO)] = l.t[slot(kDQ)] = qs;
+    l.t[slot(kDK)] = l.t[slot(kDV)] = kvs;
+  }
   return l;
 }
 
-Layout layout_of(const Inputs& in, const Tensor& out) {
-  Layout l{desc_of(in.q), desc_of(in.k), desc_of(in.v), desc_of(out), {}};
-  if (in.bias.defined()) l.bias = desc_of(in.bias, /*compact_broadcast=*/true);
+Layout layout_of(const Bound& bound) {
+  Layout l;
+  for (std::size_t i = 0; i < kTensors; ++i) {
+    if (bound[i] != nullptr) l.t[i] = desc_of(*bound[i], /*compact_broadcast=*/i == slot(kBias));
+  }
   return l;
 }
 
-std::string key_of(const Problem& p, const Layout& l) {
-  std::string k = std::string(dtype_name(p.dtype)) + "|" + std::string(mask_name(p.mask)) + "|" +
-                  std::to_string(p.window) + "|" +
+std::string key_of(const Problem& p, const Layout& l, GraphKind kind) {
+  std::string k = std::to_string(static_cast<int>(kind)) + "|" + std::string(dtype_name(p.dtype)) + "|" +
+                  std::string(mask_name(p.mask)) + "|" + std::to_string(p.window) + "|" +
                   std::to_string(std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale())));
-  for (const TensorDesc* d : {&l.q, &l.k, &l.v, &l.o, &l.bias}) {
+  if (kind == GraphKind::Backward && p.deterministic) k += "|deterministic";
+  for (const TensorDesc& d : l.t) {
     k += "|";
-    for (auto x : d->dims) k += std::to_string(x) + ",";
+    for (auto x : d.dims) k += std::to_string(x) + ",";
     k += ":";
-    for (auto x : d->strides) k += std::to_string(x) + ",";
+    for (auto x : d.strides) k += std::to_string(x) + ",";
   }
   return k;
 }
@@ -134,18 +165,53 @@ struct Entry {
 // pack holds. Plain ints and pointers, so that the per-call check is a compare
 // with the last call's key, with no strings or allocations.
 struct CallKey {
-  std::array<Dims, 10> shape{};  // sizes, strides of q, k, v, o, bias (zeros when absent)
-  std::array<void*, 6> ptr{};    // q, k, v, o, bias, workspace
+  std::array<Dims, 2 * kTensors> shape{};  // sizes, strides by slot (zeros when absent)
+  std::array<void*, kTensors + 1> ptr{};   // addresses by slot, then the workspace
   std::int64_t window = 0;
   std::uint32_t scale_bits = 0;
   DType dtype = DType::BF16;
   MaskKind mask = MaskKind::None;
+  bool deterministic = false;
   bool operator==(const CallKey&) const = default;
 };
 
 // A cached variant pack: the plan it runs with (an Entry's graph) and the
-// addresses q, k, v, o, bias, workspace, as integers for a total order.
-using PackKey = std::array<std::uintptr_t, 7>;
+// addresses of the tensors by slot, then the workspace, as integers for a
+// total order.
+using PackKey = std::array<std::uintptr_t, kTensors + 2>;
+
+// The last call of one graph kind that the direct path ran: a training step
+// alternates the forward's and the backward's, and each keeps its own.
+struct LastCall {
+  CallKey key;
+  cudnnBackendDescriptor_t plan = nullptr, pack = nullptr;
+  bool valid = false;
+};
+
+// The masks the forward and backward attributes spell alike.
+template <class Attributes>
+void set_mask(Attributes& a, const Problem& p, const std::shared_ptr<fe::graph::Tensor_attributes>& bias) {
+  switch (p.mask) {
+    case MaskKind::Causal:
+      a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+      break;
+    case MaskKind::CausalBottomRight:
+      a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
+      break;
+    case MaskKind::SlidingWindow:
+      // Keeps i + off - window < j <= i + off: cuDNN's left bound counts the
+      // same `window` keys back from the bottom-right diagonal.
+      a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
+          .set_diagonal_band_right_bound(0)
+          .set_diagonal_band_left_bound(static_cast<int>(p.window));
+      break;
+    case MaskKind::Bias:
+      a.set_bias(bias);
+      break;
+    default:
+      break;
+  }
+}
 
 std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph& g, const char* name, Uid uid,
                                                          const TensorDesc& d, fe::DataType_t type) {
@@ -175,47 +241,91 @@ class Cudnn final : public Backend {
       std::lock_guard<std::mutex> lock(mutex_);
       const int sm = sm_version();
       if (sm < 80) return {false, "cuDNN SDPA needs sm80 or newer; this GPU is sm" + std::to_string(sm)};
-      const Entry& e = entry(p, default_layout(p));
-      if (!e.failure.empty()) return {false, "cuDNN: " + e.failure};
+      for (GraphKind kind : kinds_of(p.pass)) {
+        const Entry& e = entry(p, default_layout(p, kind), kind);
+        if (!e.failure.empty()) return {false, std::string(graph_name(kind)) + ": " + e.failure};
+      }
     } catch (const Error& err) {
       return {false, err.what()};
     }
-    return {true, "cuDNN SDPA graph: one generated kernel, plan built once per problem and cached"};
+    if (p.pass == Pass::Forward) {
+      return {true, "cuDNN SDPA graph: one generated kernel, plan built once per problem and cached"};
+    }
+    return {true, std::string("cuDNN SDPA forward (with softmax stats) and backward graphs") +
+                      (p.deterministic ? ", deterministic dQ" : "") + ", plans built once per problem and cached"};
   }
 
+  // The largest workspace of the pass's graphs (they share one), plus the
+  // statistics a training forward keeps.
   std::size_t workspace_bytes(const Problem& p) const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = cache_.find(key_of(p, default_layout(p)));
-    return it == cache_.end() ? 0 : static_cast<std::size_t>(it->second.workspace);
+    std::size_t bytes = 0;
+    for (GraphKind kind : kinds_of(p.pass)) {
+      const auto it = cache_.find(key_of(p, default_layout(p, kind), kind));
+      if (it != cache_.end()) bytes = std::max(bytes, static_cast<std::size_t>(it->second.workspace));
+    }
+    if (p.pass != Pass::Forward) bytes += static_cast<std::size_t>(p.batch * p.heads * p.seq) * sizeof(float);
+    return bytes;
   }
 
-  Expectation expectation(const Problem&) const override {
+  Expectation expectation(const Problem& p) const override {
+    switch (p.pass) {
+      // How many kernels the backward launches depends on the engine cuDNN
+      // picks (a preprocessing kernel for rowsum(dO * O), a dQ conversion),
+      // so the count is left unknown.
+      case Pass::Backward:
+        return {{kBackwardOp}, /*device_activities=*/-1, /*copies=*/0};
+      case Pass::Train:
+        return {{kForwardOp, kBackwardOp}, /*device_activities=*/-1, /*copies=*/0};
+      case Pass::Forward:
+        break;
+    }
     // One activity: the generated kernel. On Hopper, cuDNN itself (inside
     // cudnnBackendExecute, not the frontend) zeroes part of the workspace before
     // that kernel, which the trace shows as an extra Memset; the report names
     // it rather than counting it here.
-    return {{"_scaled_dot_product_cudnn_attention"}, /*device_activities=*/1, /*copies=*/0};
+    return {{kForwardOp}, /*device_activities=*/1, /*copies=*/0};
   }
 
-  // The runner calls forward() repeatedly with the same tensors, so the steady
-  // state is: compare this call's key with the last call's, set the stream if
-  // it changed, cudnnBackendExecute. Everything else (the graph lookup by
-  // string key, build_plans, the workspace, the variant-pack descriptor) runs
-  // on a miss only. Unlike execute(), this does not hand a CUDA graph being
-  // captured on the stream a reference to the plan (that costs a capture query
-  // per call): attnprof never captures forward(), and a caller that did would
-  // have to keep this backend alive as long as the captured graph.
+  bool has_backward() const override { return true; }
+
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(in, dtypes, dims);
-    RecordFunction range("_scaled_dot_product_cudnn_attention", dtypes, dims);
-    std::lock_guard<std::mutex> lock(mutex_);
-    const CallKey key = call_key(p, in, out);
-    if (!last_valid_ || !(key == last_key_)) {
-      if (!prepare(p, in, out, ctx, key)) return;  // run by the frontend's execute()
-    }
-    set_stream(ctx.stream);
-    ATTNPROF_CUDNN_CHECK(cudnnBackendExecute(handle_, last_plan_, last_pack_));
+    RecordFunction range(kForwardOp, dtypes, dims);
+    run(GraphKind::Forward, p, bind(p, in, out), ctx);
+  }
+
+  // cuDNN's softmax statistics ("Stats") are, per query row, max + ln(sum of
+  // exp(score - max)) over the scaled (and biased) scores: the natural-log
+  // log-sum-exp that Saved::lse holds, in FP32 [B, H, S, 1] (the frontend's
+  // stats_use_log2, which would make it base 2, is left off). Only cuDNN's own
+  // backward reads them; on a fully masked row cuDNN writes what its masking
+  // value gives, not necessarily -inf.
+  void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
+    std::string dtypes, dims;
+    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(in, dtypes, dims);
+    RecordFunction range(kForwardOp, dtypes, dims);
+    saved.probs = Tensor();
+    saved.lse = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
+    Bound t = bind(p, in, out);
+    t[slot(kStats)] = &saved.lse;
+    run(GraphKind::TrainForward, p, t, ctx);
+  }
+
+  void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
+                Gradients& grads, RunContext& ctx) override {
+    std::string dtypes, dims;
+    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(in, dtypes, dims);
+    RecordFunction range(kBackwardOp, dtypes, dims);
+    if (!saved.lse.defined()) fail(ErrorKind::InvalidArgument, "cudnn backward: no saved statistics (forward_train)");
+    Bound t = bind(p, in, out);
+    t[slot(kStats)] = &saved.lse;
+    t[slot(kDO)] = &dout;
+    t[slot(kDQ)] = &grads.dq;
+    t[slot(kDK)] = &grads.dk;
+    t[slot(kDV)] = &grads.dv;
+    run(GraphKind::Backward, p, t, ctx);
   }
 
  private:
@@ -231,21 +341,69 @@ class Cudnn final : public Backend {
     }
   }
 
-  // Cheap: copies ints and pointers, allocates nothing.
-  CallKey call_key(const Problem& p, const Inputs& in, const Tensor& out) const {
-    CallKey k;
-    const Tensor* ts[] = {&in.q, &in.k, &in.v, &out, &in.bias};
-    for (std::size_t i = 0; i < 5; ++i) {
-      if (!ts[i]->defined()) continue;
-      k.shape[2 * i] = ts[i]->sizes();
-      k.shape[2 * i + 1] = ts[i]->strides();
-      k.ptr[i] = ts[i]->data();
+  static std::string_view graph_name(GraphKind kind) {
+    switch (kind) {
+      case GraphKind::TrainForward:
+        return "cuDNN SDPA forward with stats";
+      case GraphKind::Backward:
+        return "cuDNN SDPA backward";
+      case GraphKind::Forward:
+        break;
     }
-    k.ptr[5] = workspace_.defined() ? workspace_.data() : nullptr;
+    return "cuDNN";
+  }
+
+  static std::vector<GraphKind> kinds_of(Pass pass) {
+    if (pass == Pass::Forward) return {GraphKind::Forward};
+    return {GraphKind::TrainForward, GraphKind::Backward};
+  }
+
+  // The inputs and O by slot; the bias only for a bias mask.
+  static Bound bind(const Problem& p, const Inputs& in, const Tensor& out) {
+    Bound t{};
+    t[slot(kQ)] = &in.q;
+    t[slot(kK)] = &in.k;
+    t[slot(kV)] = &in.v;
+    t[slot(kO)] = &out;
+    if (p.mask == MaskKind::Bias) t[slot(kBias)] = &in.bias;
+    return t;
+  }
+
+  // The runner calls a pass repeatedly with the same tensors, so the steady
+  // state is: compare this call's key with the last call's of the same graph
+  // kind, set the stream if it changed, cudnnBackendExecute. Everything else
+  // (the graph lookup by string key, build_plans, the workspace, the
+  // variant-pack descriptor) runs on a miss only. Unlike execute(), this does
+  // not hand a CUDA graph being captured on the stream a reference to the plan
+  // (that costs a capture query per call): attnprof never captures a pass, and
+  // a caller that did would have to keep this backend alive as long as the
+  // captured graph.
+  void run(GraphKind kind, const Problem& p, const Bound& t, RunContext& ctx) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    LastCall& last = last_[static_cast<std::size_t>(kind)];
+    const CallKey key = call_key(p, t);
+    if (!last.valid || !(key == last.key)) {
+      if (!prepare(kind, p, t, ctx, key, last)) return;  // run by the frontend's execute()
+    }
+    set_stream(ctx.stream);
+    ATTNPROF_CUDNN_CHECK(cudnnBackendExecute(handle_, last.plan, last.pack));
+  }
+
+  // Cheap: copies ints and pointers, allocates nothing.
+  CallKey call_key(const Problem& p, const Bound& t) const {
+    CallKey k;
+    for (std::size_t i = 0; i < kTensors; ++i) {
+      if (t[i] == nullptr) continue;
+      k.shape[2 * i] = t[i]->sizes();
+      k.shape[2 * i + 1] = t[i]->strides();
+      k.ptr[i] = t[i]->data();
+    }
+    k.ptr[kTensors] = workspace_.defined() ? workspace_.data() : nullptr;
     k.window = p.window;
     k.scale_bits = std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale()));
     k.dtype = p.dtype;
     k.mask = p.mask;
+    k.deterministic = p.deterministic;
     return k;
   }
 
@@ -256,13 +414,13 @@ class Cudnn final : public Backend {
     stream_set_ = true;
   }
 
-  // The slow path of forward(): finds (or builds) the graph and the workspace,
+  // The slow path of run(): finds (or builds) the graph and the workspace,
   // then either caches a variant pack for this call's addresses and makes it
-  // the last call's (true), or, for a graph the direct path cannot run, runs
-  // the call through the frontend's execute() (false).
-  bool prepare(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, CallKey key) {
-    last_valid_ = false;
-    Entry& e = entry(p, layout_of(in, out));
+  // the kind's last call (true), or, for a graph the direct path cannot run,
+  // runs the call through the frontend's execute() (false).
+  bool prepare(GraphKind kind, const Problem& p, const Bound& t, RunContext& ctx, CallKey key, LastCall& last) {
+    last.valid = false;
+    Entry& e = entry(p, layout_of(t), kind);
     if (!e.failure.empty()) fail(ErrorKind::Unsupported, "cuDNN: " + e.failure);
     if (!e.plans_built) {
       require(e.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
@@ -275,43 +433,45 @@ class Cudnn final : public Backend {
       workspace_ = Tensor::empty({1, 1, 1, e.workspace}, DType::Bool, ctx.allocator);
     }
     void* workspace = e.workspace > 0 ? workspace_.data() : nullptr;
+    std::array<void*, kTensors> user{};
+    for (std::size_t i = 0; i < kTensors; ++i) user[i] = t[i] != nullptr ? t[i]->data() : nullptr;
     if (e.plan == nullptr) {
       set_stream(ctx.stream);
-      e.pack[kQ] = in.q.data();
-      e.pack[kK] = in.k.data();
-      e.pack[kV] = in.v.data();
-      e.pack[kO] = out.data();
-      if (p.mask == MaskKind::Bias) e.pack[kBias] = in.bias.data();
+      for (std::size_t i = 0; i < kTensors; ++i) {
+        if (user[i] != nullptr) e.pack[kQ + static_cast<std::int64_t>(i)] = user[i];
+      }
       require(e.graph->execute(handle_, e.pack, workspace), "execute");
       return false;
     }
     // What execute() does once per call for a thread with no CUDA context
     // (the plan launches through the driver API); once per new pack here.
     if (!fe::detail::has_current_context()) fe::detail::ensure_current_context(static_cast<cudaStream_t>(ctx.stream));
-    void* bias = p.mask == MaskKind::Bias ? in.bias.data() : nullptr;
     const auto addr = [](const void* x) { return reinterpret_cast<std::uintptr_t>(x); };
-    const PackKey pk{addr(&e),         addr(in.q.data()), addr(in.k.data()), addr(in.v.data()),
-                     addr(out.data()), addr(bias),        addr(workspace)};
+    PackKey pk{};
+    pk[0] = addr(&e);
+    for (std::size_t i = 0; i < kTensors; ++i) pk[1 + i] = addr(user[i]);
+    pk[kTensors + 1] = addr(workspace);
     auto it = packs_.find(pk);
     if (it == packs_.end()) {
       // Callers that allocate fresh tensors per call would grow this without
-      // bound; start over instead (last_valid_ is already false).
+      // bound; start over instead, and forget every kind's last call, whose
+      // pack goes too.
       if (packs_.size() >= kMaxPacks) {
+        for (LastCall& l : last_) l.valid = false;
         // Out of the map first: a failed destroy must not leave the
         // destructor a descriptor to destroy twice.
         const auto old = std::move(packs_);
         packs_.clear();
         for (const auto& [k, pack] : old) ATTNPROF_CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
       }
-      const cudnnBackendDescriptor_t pack =
-          make_pack(e, {in.q.data(), in.k.data(), in.v.data(), out.data(), bias}, workspace);
+      const cudnnBackendDescriptor_t pack = make_pack(e, user, workspace);
       it = packs_.emplace(pk, pack).first;
     }
-    key.ptr[5] = workspace_.defined() ? workspace_.data() : nullptr;  // as the next call_key() will see it
-    last_key_ = key;
-    last_plan_ = e.plan;
-    last_pack_ = it->second;
-    last_valid_ = true;
+    key.ptr[kTensors] = workspace_.defined() ? workspace_.data() : nullptr;  // as the next call_key() will see it
+    last.key = key;
+    last.plan = e.plan;
+    last.pack = it->second;
+    last.valid = true;
     return true;
   }
 
@@ -331,7 +491,7 @@ class Cudnn final : public Backend {
     if (!t.workspace_slots.empty() || !t.replacement_slots.empty() || !t.backend_slots.empty()) return nullptr;
     for (int slot : t.user_slots) {
       const std::int64_t uid = t.all_uids[static_cast<std::size_t>(slot)];
-      if (uid < kQ || uid > kBias || (uid == kBias && mask != MaskKind::Bias)) return nullptr;
+      if (uid < kQ || uid > kDV || (uid == kBias && mask != MaskKind::Bias)) return nullptr;
     }
     return plan->get_raw_desc();
   }
@@ -340,7 +500,7 @@ class Cudnn final : public Backend {
   // template's uids and pass-by-value pointers (scalars owned by the graph),
   // with the user's slots filled, and the alignment it checks per call checked
   // once here.
-  static cudnnBackendDescriptor_t make_pack(const Entry& e, const std::array<void*, 5>& user, void* workspace) {
+  static cudnnBackendDescriptor_t make_pack(const Entry& e, const std::array<void*, kTensors>& user, void* workspace) {
     const auto& t = e.graph->varpack_template;
     std::vector<void*> ptrs = t.template_ptrs;
     for (int slot : t.user_slots) {
@@ -382,49 +542,55 @@ class Cudnn final : public Backend {
 
   // The cached graph for (p, layout), built up to check_support() on first
   // sight; a refusal is cached too, with cuDNN's own words for it.
-  Entry& entry(const Problem& p, const Layout& l) const {
-    const std::string key = key_of(p, l);
+  Entry& entry(const Problem& p, const Layout& l, GraphKind kind) const {
+    const std::string key = key_of(p, l, kind);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     if (handle_ == nullptr) ATTNPROF_CUDNN_CHECK(cudnnCreate(&handle_));
     Entry e;
-    e.failure = build(p, l, e.graph);
+    e.failure = build(p, l, kind, e.graph);
     return cache_.emplace(key, std::move(e)).first->second;
   }
 
-  std::string build(const Problem& p, const Layout& l, std::shared_ptr<PlanGraph>& out) const {
+  // Sets a graph output's uid, dims, strides and type from the layout.
+  static void output(fe::graph::Tensor_attributes& t, Uid uid, const Layout& l, fe::DataType_t type) {
+    t.set_output(true).set_uid(uid).set_dim(l[uid].dims).set_stride(l[uid].strides).set_data_type(type);
+  }
+
+  std::string build(const Problem& p, const Layout& l, GraphKind kind, std::shared_ptr<PlanGraph>& out) const {
     const auto io = p.dtype == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
     auto g = std::make_shared<PlanGraph>();
     g->set_io_data_type(io)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto q = add_tensor(*g, "Q", kQ, l.q, io);
-    auto k = add_tensor(*g, "K", kK, l.k, io);
-    auto v = add_tensor(*g, "V", kV, l.v, io);
-    auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(false).set_attn_scale(
-        static_cast<float>(p.softmax_scale()));
-    switch (p.mask) {
-      case MaskKind::Causal:
-        options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-        break;
-      case MaskKind::CausalBottomRight:
-        options.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
-        break;
-      case MaskKind::SlidingWindow:
-        // Keeps i + off - window < j <= i + off: cuDNN's left bound counts the
-        // same `window` keys back from the bottom-right diagonal.
-        options.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
-            .set_diagonal_band_right_bound(0)
-            .set_diagonal_band_left_bound(static_cast<int>(p.window));
-        break;
-      case MaskKind::Bias:
-        options.set_bias(add_tensor(*g, "Bias", kBias, l.bias, io));
-        break;
-      default:
-        break;
+    auto q = add_tensor(*g, "Q", kQ, l[kQ], io);
+    auto k = add_tensor(*g, "K", kK, l[kK], io);
+    auto v = add_tensor(*g, "V", kV, l[kV], io);
+    std::shared_ptr<fe::graph::Tensor_attributes> bias;
+    if (p.mask == MaskKind::Bias) bias = add_tensor(*g, "Bias", kBias, l[kBias], io);
+    const auto scale = static_cast<float>(p.softmax_scale());
+    if (kind == GraphKind::Backward) {
+      auto o = add_tensor(*g, "O", kO, l[kO], io);
+      auto d_o = add_tensor(*g, "dO", kDO, l[kDO], io);
+      auto stats = add_tensor(*g, "Stats", kStats, l[kStats], fe::DataType_t::FLOAT);
+      // The frontend's deterministic algorithm sums dQ in a fixed order
+      // instead of with atomics: what --deterministic asks for.
+      auto options = fe::graph::SDPA_backward_attributes()
+                         .set_name("sdpa_backward")
+                         .set_attn_scale(scale)
+                         .set_deterministic_algorithm(p.deterministic);
+      set_mask(options, p, bias);
+      auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
+      output(*dq, kDQ, l, io);
+      output(*dk, kDK, l, io);
+      output(*dv, kDV, l, io);
+    } else {
+      const bool train = kind == GraphKind::TrainForward;
+      auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(train).set_attn_scale(scale);
+      set_mask(options, p, bias);
+      auto [o, stats] = g->sdpa(q, k, v, options);
+      output(*o, kO, l, io);
+      if (train) output(*stats, kStats, l, fe::DataType_t::FLOAT);  // stats is null otherwise
     }
-    auto [o, stats] = g->sdpa(q, k, v, options);
-    (void)stats;  // null: no softmax statistics without a backward pass
-    o->set_output(true).set_uid(kO).set_dim(l.o.dims).set_stride(l.o.strides).set_data_type(io);
     out = g;
     // Each step's refusal is returned in cuDNN's words: that is the reason
     // explain prints.
@@ -445,10 +611,9 @@ class Cudnn final : public Backend {
   Tensor workspace_;
   static constexpr std::size_t kMaxPacks = 64;
   std::map<PackKey, cudnnBackendDescriptor_t> packs_;  // finalized; destroyed with the backend
-  // The last call the direct path ran; valid until a miss starts over.
-  CallKey last_key_;
-  cudnnBackendDescriptor_t last_plan_ = nullptr, last_pack_ = nullptr;
-  bool last_valid_ = false;
+  // Per graph kind, the last call the direct path ran; valid until a miss
+  // starts over.
+  std::array<LastCall, kGraphKinds> last_{};
 };
 
 }  // namespace

@@ -1,0 +1,388 @@
+// flash's backward on the CPU: FlashAttention-2's algorithm. Nothing
+// [S, Skv]-sized is kept: the forward saved only each row's log-sum-exp, and
+// the backward recomputes the probabilities block by block,
+//   P = exp(scale Q K^T - LSE),  dV += P^T dO,  dP = dO V^T,
+//   dS = P (dP - D) with D = rowsum(dO * O),  dK += scale dS^T Q,  dQ += scale dS K.
+// A work item owns one (batch, kv head, block of keys): it walks the query
+// blocks that can see its keys, for every query head of the grouped-query
+// group, so its dK and dV rows are summed in its own tiles and written once.
+//
+// dQ of one query block gets a contribution from every key block, i.e. from
+// several threads. Each item computes its contribution in a per-thread tile
+// and adds it, under a lock per (batch, head, query block), to one shared FP32
+// accumulator: memory stays one dQ in FP32 whatever the thread count (per-
+// thread dQ partials would cost a dQ per thread), and the add is D x 64 floats
+// against 10 x 64 x 64 x D FLOPs of the pair, so the locks are rarely
+// contended. The order of those adds follows thread timing; with
+// p.deterministic an item owns a whole (batch, kv head) instead, whose key
+// blocks it walks in order, so every dQ sum has a fixed order.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "attnprof/error.h"
+#include "attnprof/profiler.h"
+#include "backends/cpu/flash_simd.h"
+#include "backends/cpu/flash_tiles.h"
+#include "backends/cpu/ops.h"
+
+namespace attnprof::cpu::flash {
+namespace {
+
+// 64 keys per item: with D = 256 its K, K^T, V and the dK and dV
+// accumulators (5 x 64 KiB) still fit the 512 KiB L2 next to the query
+// block's tiles, and causal problems split into twice as many items as with
+// the forward's 128, which keeps both threads busy on short sequences.
+constexpr std::int64_t kBlockKB = 64;
+constexpr int kTileRows = 6;  // 6 x 2 accumulators + 2 operands + 1 broadcast <= 16 ymm
+
+// C[r][0..8*NV) (+)= sum_k A[r][k] B[k][0..8*NV) for r < MR: A broadcast, B
+// loaded as vectors, all row-major.
+template <int MR, int NV, bool kAccumulate>
+inline void gemm_tile(const float* a, std::int64_t lda, const float* b, std::int64_t ldb, std::int64_t depth, float* c,
+                      std::int64_t ldc) {
+  F8 acc[MR][NV];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[r][v] = kAccumulate ? load(c + r * ldc + 8 * v) : zeros();
+  for (std::int64_t k = 0; k < depth; ++k) {
+    F8 bk[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) bk[v] = load(b + k * ldb + 8 * v);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const F8 ar = broadcast(a + r * lda + k);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(ar, bk[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) store(c + r * ldc + 8 * v, acc[r][v]);
+}
+
+template <int NV, bool kAccumulate>
+void gemm_strip(const float* a, std::int64_t lda, const float* b, std::int64_t ldb, std::int64_t rows,
+                std::int64_t depth, float* c, std::int64_t ldc) {
+  std::int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows)
+    gemm_tile<kTileRows, NV, kAccumulate>(a + r * lda, lda, b, ldb, depth, c + r * ldc, ldc);
+  a += r * lda;
+  c += r * ldc;
+  switch (rows - r) {
+    case 0:
+      break;
+    case 1:
+      gemm_tile<1, NV, kAccumulate>(a, lda, b, ldb, depth, c, ldc);
+      break;
+    case 2:
+      gemm_tile<2, NV, kAccumulate>(a, lda, b, ldb, depth, c, ldc);
+      break;
+    case 3:
+      gemm_tile<3, NV, kAccumulate>(a, lda, b, ldb, depth, c, ldc);
+      break;
+    case 4:
+      gemm_tile<4, NV, kAccumulate>(a, lda, b, ldb, depth, c, ldc);
+      break;
+    default:
+      gemm_tile<5, NV, kAccumulate>(a, lda, b, ldb, depth, c, ldc);
+      break;
+  }
+}
+
+// C[rows x cols] (+)= A[rows x depth] B[depth x cols], cols a multiple of 8.
+// Column strips outermost: one strip of B (depth x 16 floats, 4 KiB for a
+// depth of 64) stays in L1 while every row tile streams A.
+template <bool kAccumulate>
+void gemm(const float* a, std::int64_t lda, const float* b, std::int64_t ldb, std::int64_t rows, std::int64_t cols,
+          std::int64_t depth, float* c, std::int64_t ldc) {
+  std::int64_t col = 0;
+  for (; col + 16 <= cols; col += 16) gemm_strip<2, kAccumulate>(a, lda, b + col, ldb, rows, depth, c + col, ldc);
+  if (col < cols) gemm_strip<1, kAccumulate>(a, lda, b + col, ldb, rows, depth, c + col, ldc);
+}
+
+// Per-thread tiles, in floats; every region starts on a 64-byte boundary.
+struct Layout {
+  std::int64_t k = 0, kt = 0, v = 0, q = 0, qt = 0, dout = 0, doutt = 0, pt = 0, dst = 0, dk = 0, dv = 0, dqt = 0,
+               lse2 = 0, delta = 0, total = 0;
+};
+
+Layout layout_for(std::int64_t head_dim) {
+  const std::int64_t D = head_dim, dpad = round_up(head_dim, 8);
+  Layout L;
+  std::int64_t at = 0;
+  auto take = [&at](std::int64_t floats) {
+    const std::int64_t start = at;
+    at += round_up(floats, 16);
+    return start;
+  };
+  L.k = take(kBlockKB * D);
+  L.kt = take(D * kBlockKB);
+  L.v = take(kBlockKB * D);
+  L.q = take(kBlockQ * dpad);
+  L.qt = take(D * kBlockQ);
+  L.dout = take(kBlockQ * dpad);
+  L.doutt = take(D * kBlockQ);
+  L.pt = take(kBlockKB * kBlockQ);
+  L.dst = take(kBlockKB * kBlockQ);
+  L.dk = take(kBlockKB * dpad);
+  L.dv = take(kBlockKB * dpad);
+  L.dqt = take(D * kBlockQ);
+  L.lse2 = take(kBlockQ);
+  L.delta = take(kBlockQ);
+  L.total = at;
+  return L;
+}
+
+std::int64_t blocks(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
+
+// Row i of t[b, h] (n elements) from FP32, rounded once to t's dtype.
+void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, const float* src) {
+  const std::int64_t base = t.index(b, h, i, 0);
+  const std::int64_t inc = t.stride(3);
+  if (t.dtype() == DType::F32 && inc == 1) {
+    std::copy(src, src + n, t.data_as<float>() + base);
+    return;
+  }
+  for (std::int64_t c = 0; c < n; ++c) store_from_float(t.data(), t.dtype(), base + c * inc, src[c]);
+}
+
+// Everything an item needs, fixed for one backward.
+struct Job {
+  const Problem& p;
+  const Inputs& in;
+  const Tensor& dout;
+  const float* lse;                   // [B, H, S]
+  const float* delta;                 // rowsum(dO * O), [B, H, S]
+  float* dq_acc;                      // [B, H, query blocks, D, kBlockQ]: dQ^T tiles in FP32
+  std::vector<std::mutex>& dq_locks;  // one per dQ^T tile
+  const Gradients& grads;
+  Layout layout;
+  Band band;
+  float q_scale;  // softmax scale * log2(e): the exponentials are base 2
+  float scale;
+  std::int64_t dpad;
+  std::int64_t q_blocks;
+};
+
+// Query rows i0..i0+nq of head h: Q and dO row-major (zero past D) and
+// transposed (zero past nq up to qcols), Q^T pre-scaled; the LSE in base 2,
+// +inf on a fully masked row and on padding so that P = 2^(S - LSE) is 0
+// there; D = rowsum(dO * O), 0 on padding.
+void pack_queries(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
+                  float* scratch) {
+  const Layout& L = job.layout;
+  const std::int64_t D = job.p.head_dim;
+  float* q = scratch + L.q;
+  float* qt = scratch + L.qt;
+  float* d_o = scratch + L.dout;
+  float* d_ot = scratch + L.doutt;
+  for (std::int64_t i = 0; i < nq; ++i) {
+    float* qi = q + i * job.dpad;
+    float* di = d_o + i * job.dpad;
+    load_row(job.in.q, b, h, i0 + i, D, qi);
+    load_row(job.dout, b, h, i0 + i, D, di);
+    std::fill(qi + D, qi + job.dpad, 0.0f);
+    std::fill(di + D, di + job.dpad, 0.0f);
+    for (std::int64_t d = 0; d < D; ++d) {
+      qt[d * kBlockQ + i] = qi[d] * job.q_scale;
+      d_ot[d * kBlockQ + i] = di[d];
+    }
+  }
+  for (std::int64_t d = 0; d < D; ++d) {
+    std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
+    std::fill(d_ot + d * kBlockQ + nq, d_ot + d * kBlockQ + qcols, 0.0f);
+  }
+  const std::int64_t row0 = (b * job.p.heads + h) * job.p.seq + i0;
+  float* lse2 = scratch + L.lse2;
+  float* delta = scratch + L.delta;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < qcols; ++i) {
+    const float lse = i < nq ? job.lse[row0 + i] : kNegInf;
+    lse2[i] = lse == kNegInf ? kInf : lse * kLog2e;
+    delta[i] = i < nq ? job.delta[row0 + i] : 0.0f;
+  }
+}
+
+// S^T (base-2 logits, masked) turned into P^T = 2^(S^T - LSE) in place, and
+// dP^T into the scaled dS^T = scale P^T (dP^T - D), in place.
+void probabilities_and_ds(const Job& job, std::int64_t n, std::int64_t qcols, float* scratch) {
+  const Layout& L = job.layout;
+  const float* lse2 = scratch + L.lse2;
+  const float* delta = scratch + L.delta;
+  float* pt = scratch + L.pt;
+  float* dst = scratch + L.dst;
+  const F8 scale = splat(job.scale);
+  for (std::int64_t c = 0; c < qcols; c += 8) {
+    const F8 shift = load(lse2 + c);
+    const F8 dc = load(delta + c);
+    for (std::int64_t j = 0; j < n; ++j) {
+      float* pj = pt + j * kBlockQ + c;
+      float* sj = dst + j * kBlockQ + c;
+      const F8 prob = exp2(sub(load(pj), shift));
+      store(pj, prob);
+      store(sj, mul(mul(prob, sub(load(sj), dc)), scale));
+    }
+  }
+}
+
+// One (batch, kv head, key block): dK and dV of keys j0..j0+n, and the
+// contributions of those keys to dQ.
+void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb, float* scratch) {
+  const Problem& p = job.p;
+  const Layout& L = job.layout;
+  const Band& band = job.band;
+  const std::int64_t D = p.head_dim, dpad = job.dpad;
+  const std::int64_t j0 = kb * kBlockKB;
+  const std::int64_t n = std::min(kBlockKB, p.kv_seq - j0);
+  float* k = scratch + L.k;
+  float* kt = scratch + L.kt;
+  float* v = scratch + L.v;
+  float* dk = scratch + L.dk;
+  float* dv = scratch + L.dv;
+  std::fill(dk, dk + n * dpad, 0.0f);
+  std::fill(dv, dv + n * dpad, 0.0f);
+
+  // The queries that can see any of these keys; a key none sees keeps zeros.
+  const std::int64_t i_begin = band.has_hi ? std::max<std::int64_t>(0, j0 - band.hi) : 0;
+  const std::int64_t i_end = band.has_lo ? std::min(p.seq, j0 + n - band.lo) : p.seq;
+  if (i_begin < i_end) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      load_row(job.in.k, b, hk, j0 + j, D, k + j * D);
+      load_row(job.in.v, b, hk, j0 + j, D, v + j * D);
+      for (std::int64_t d = 0; d < D; ++d) kt[d * kBlockKB + j] = k[j * D + d];
+    }
+  }
+  float* pt = scratch + L.pt;
+  float* dst = scratch + L.dst;
+  float* dqt = scratch + L.dqt;
+  for (std::int64_t qb = i_begin / kBlockQ; i_begin < i_end && qb <= (i_end - 1) / kBlockQ; ++qb) {
+    const std::int64_t i0 = qb * kBlockQ;
+    const std::int64_t nq = std::min(kBlockQ, p.seq - i0);
+    const std::int64_t qcols = round_up(nq, 16);
+    const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < i0 + nq - 1 + band.lo);
+    for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+      pack_queries(job, b, h, i0, nq, qcols, scratch);
+      gemm<false>(k, D, scratch + L.qt, kBlockQ, n, qcols, D, pt, kBlockQ);  // S^T = K Q^T
+      if (straddles) mask_band(band, i0, j0, n, qcols, pt);
+      if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(p, job.in, b, h, i0, nq, j0, n, pt);
+      gemm<false>(v, D, scratch + L.doutt, kBlockQ, n, qcols, D, dst, kBlockQ);  // dP^T = V dO^T
+      probabilities_and_ds(job, n, qcols, scratch);
+      gemm<true>(pt, kBlockQ, scratch + L.dout, dpad, n, dpad, nq, dv, dpad);  // dV += P^T dO
+      gemm<true>(dst, kBlockQ, scratch + L.q, dpad, n, dpad, nq, dk, dpad);    // dK += dS^T Q
+      gemm<false>(kt, kBlockKB, dst, kBlockQ, D, qcols, n, dqt, kBlockQ);      // dQ^T part = K^T dS^T
+
+      const std::int64_t tile = (b * p.heads + h) * job.q_blocks + qb;
+      float* acc = job.dq_acc + tile * D * kBlockQ;
+      const std::lock_guard<std::mutex> hold(job.dq_locks[static_cast<std::size_t>(tile)]);
+      for (std::int64_t x = 0; x < D * kBlockQ; x += 8) store(acc + x, add(load(acc + x), load(dqt + x)));
+    }
+  }
+  for (std::int64_t j = 0; j < n; ++j) {
+    store_row(job.grads.dk, b, hk, j0 + j, D, dk + j * dpad);
+    store_row(job.grads.dv, b, hk, j0 + j, D, dv + j * dpad);
+  }
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) fail(ErrorKind::InvalidArgument, "flash backward: " + what);
+}
+
+}  // namespace
+
+std::size_t backward_workspace_bytes(const Problem& p, int threads) {
+  const auto rows = static_cast<std::size_t>(p.batch * p.heads * p.seq);
+  const auto dq_tiles = static_cast<std::size_t>(p.batch * p.heads * blocks(p.seq, kBlockQ) * p.head_dim * kBlockQ);
+  return sizeof(float) *
+         (static_cast<std::size_t>(layout_for(p.head_dim).total) * static_cast<std::size_t>(threads) + rows + dq_tiles);
+}
+
+void backward(const Problem& problem, const Inputs& in, const Tensor& out, const Tensor& dout, const Tensor& lse,
+              Gradients& grads, RunContext& ctx) {
+  Problem p = problem;
+  p.normalize();
+  RecordFunction rf("flash_attention_backward", dtypes_string({&in.q, &in.k, &in.v, &out, &dout}),
+                    dims_string(in.q) + ", " + dims_string(in.k) + ", " + dims_string(in.v));
+  require_mask_tensor(p, in);
+  require(lse.defined() && lse.dtype() == DType::F32 && lse.is_contiguous() &&
+              lse.sizes() == Dims{p.batch, p.heads, p.seq, 1},
+          "the saved log-sum-exp must be FP32 [B, H, S, 1] from flash's forward_train");
+  require(grads.dq.defined() && grads.dk.defined() && grads.dv.defined(), "dQ, dK and dV must be allocated");
+
+  const std::int64_t D = p.head_dim;
+  const std::int64_t q_blocks = blocks(p.seq, kBlockQ);
+  const std::int64_t k_blocks = blocks(p.kv_seq, kBlockKB);
+  const std::int64_t rows = p.batch * p.heads * p.seq;
+  const Layout layout = layout_for(D);
+  // Deterministic: an item is a whole (batch, kv head), its key blocks in order.
+  const std::int64_t blocks_per_item = p.deterministic ? k_blocks : 1;
+  const std::int64_t items = p.batch * p.kv_heads * (k_blocks / blocks_per_item);
+  const int threads = static_cast<int>(std::min<std::int64_t>(resolve_threads(ctx.threads), std::max(items, rows)));
+
+  Tensor scratch = Tensor::empty({threads, 1, 1, layout.total}, DType::F32, ctx.allocator);
+  Tensor delta = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
+  Tensor dq_acc = Tensor::empty({p.batch * p.heads, q_blocks, D, kBlockQ}, DType::F32, ctx.allocator);
+  std::vector<std::mutex> dq_locks(static_cast<std::size_t>(p.batch * p.heads * q_blocks));
+  const Job job{.p = p,
+                .in = in,
+                .dout = dout,
+                .lse = lse.data_as<const float>(),
+                .delta = delta.data_as<const float>(),
+                .dq_acc = dq_acc.data_as<float>(),
+                .dq_locks = dq_locks,
+                .grads = grads,
+                .layout = layout,
+                .band = band_of(p),
+                .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
+                .scale = static_cast<float>(p.softmax_scale()),
+                .dpad = round_up(D, 8),
+                .q_blocks = q_blocks};
+
+#pragma omp parallel num_threads(threads)
+  {
+    float* mine = scratch.data_as<float>() + static_cast<std::int64_t>(omp_get_thread_num()) * layout.total;
+    // D = rowsum(dO * O) per query row, from O as stored (what autograd sees),
+    // and the dQ accumulator zeroed, before any item reads or adds to them.
+#pragma omp for schedule(static)
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const std::int64_t b = row / (p.heads * p.seq), h = row / p.seq % p.heads, i = row % p.seq;
+      load_row(out, b, h, i, D, mine + layout.q);
+      load_row(dout, b, h, i, D, mine + layout.dout);
+      float sum = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) sum += mine[layout.q + d] * mine[layout.dout + d];
+      delta.data_as<float>()[row] = sum;
+    }
+#pragma omp for schedule(static)
+    for (std::int64_t tile = 0; tile < p.batch * p.heads * q_blocks; ++tile)
+      std::fill_n(job.dq_acc + tile * D * kBlockQ, D * kBlockQ, 0.0f);
+
+      // Within a (batch, kv head) the first key blocks see the most queries
+      // under causal masks; the dynamic schedule hands them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t item = 0; item < items; ++item) {
+      const std::int64_t per_head = k_blocks / blocks_per_item;
+      const std::int64_t bh = item / per_head;
+      const std::int64_t first = item % per_head * blocks_per_item;
+      for (std::int64_t kb = first; kb < first + blocks_per_item; ++kb)
+        key_block(job, bh / p.kv_heads, bh % p.kv_heads, kb, mine);
+    }
+
+    // dQ^T tiles transposed back into dQ rows, rounded once.
+#pragma omp for schedule(static)
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const std::int64_t bh = row / p.seq, i = row % p.seq;
+      const float* tile = job.dq_acc + (bh * q_blocks + i / kBlockQ) * D * kBlockQ + i % kBlockQ;
+      float* buf = mine + layout.q;
+      for (std::int64_t d = 0; d < D; ++d) buf[d] = tile[d * kBlockQ];
+      store_row(grads.dq, bh / p.heads, bh % p.heads, i, D, buf);
+    }
+  }
+}
+
+}  // namespace attnprof::cpu::flash

@@ -1,0 +1,70 @@
+// What the CPU flash forward (flash.cpp) and backward (flash_backward.cpp)
+// share: the query block size, the structural mask as a band, row loads that
+// widen any dtype to FP32, and the masking of one block of S^T.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <numbers>
+#include <string>
+
+#include "attnprof/backend.h"
+#include "attnprof/problem.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof::cpu::flash {
+
+// 64 query rows: the transposed query block (64 x D floats) stays in L1 for
+// D <= 64 and in L2 up to D = 256, and 64 is 4 vector strips of 16 columns.
+// Blocks of S^T are laid out with this row length.
+constexpr std::int64_t kBlockQ = 64;
+
+constexpr float kLog2e = std::numbers::log2e_v<float>;
+
+inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// ctx.threads, or every OpenMP thread when 0.
+int resolve_threads(int requested);
+
+// Why the CPU flash backend cannot run `p` (wrong device, invalid problem), or
+// empty when it can.
+std::string check_problem(const Problem& p);
+// Throws when a Boolean or Bias problem comes without its tensor.
+void require_mask_tensor(const Problem& p, const Inputs& in);
+
+// The structural mask as a band around the diagonal: key j is visible from
+// query i when (no lower bound or j >= i + lo) and (no upper bound or j <= i + hi).
+struct Band {
+  bool has_lo = false, has_hi = false;
+  std::int64_t lo = 0, hi = 0;
+};
+Band band_of(const Problem& p);
+
+// Row i of t[b, h] (n elements) widened to FP32; vector loads when unit-stride.
+void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst);
+
+// -inf where the band hides key j0 + j from query i0 + c, in S^T (row length
+// kBlockQ), on a block that straddles a bound.
+void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st);
+
+// Boolean masks (false hides) and additive biases (times log2(e): the logits
+// are base 2) applied to S^T of query rows i0..i0+nq and keys j0..j0+n.
+void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                 std::int64_t j0, std::int64_t n, float* st);
+
+}  // namespace attnprof::cpu::flash
+
+namespace attnprof::cpu::flash {
+
+// ---- The backward (flash_backward.cpp) -------------------------------------
+
+// Bytes the backward allocates with `threads` threads: per-thread tiles, the
+// FP32 dQ accumulator and each row's rowsum(dO * O).
+std::size_t backward_workspace_bytes(const Problem& p, int threads);
+
+// dQ, dK and dV from the forward's per-row log-sum-exp `lse` (FP32
+// [B, H, S, 1], natural log, -inf on a fully masked row).
+void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Tensor& lse,
+              Gradients& grads, RunContext& ctx);
+
+}  // namespace attnprof::cpu::flash
