@@ -36,8 +36,6 @@ __all__ = [
     "torch_ops",
 ]
 
-NO_BACKWARD = "attnprof has no backward yet (issue 9): call attention on tensors that do not require grad (detach them, or use torch.no_grad())"
-
 
 def backend_names() -> list[str]:
     """Every backend, in display order (and "auto" picks among the eligible ones)."""
@@ -56,7 +54,8 @@ def _is_torch(x) -> bool:
 
 
 def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: int | None = None,
-              scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0):
+              scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
+              deterministic: bool = False):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
 
     q is [B, H, S, D], k and v [B, Hkv, Skv, D] (layout="bshd": [B, S, H, D]
@@ -67,6 +66,11 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
     the input's own framework (torch.empty, numpy.empty) unless given. CUDA
     work is queued on torch's current stream. Bad input raises attnprof.Error
     (a ValueError) with the library's message.
+
+    torch tensors that require grad (with grad enabled) go through
+    torch.ops.attnprof.attention_train, whose autograd is attnprof's own
+    backward (flash, efficient, cudnn: the backends that keep only the
+    log-sum-exp); deterministic=True sums dQ in a fixed order on a GPU.
     """
     if layout not in ("bhsd", "bshd"):
         raise Error(f"unknown layout '{layout}': use bhsd ([B, H, S, D]) or bshd ([B, S, H, D])")
@@ -74,7 +78,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
         from . import _torch
 
         return _torch.attention(q, k, v, backend=backend, mask=mask, window=window, scale=scale, layout=layout,
-                                out=out, threads=threads)
+                                out=out, threads=threads, deterministic=deterministic)
     if out is None:
         out = _empty_like(q)
     try:

@@ -140,6 +140,9 @@ def ops():
 
 def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, deterministic=False):
     bshd = layout == "bshd"
+    for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
+        if not isinstance(t, torch.Tensor):
+            raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         # Autograd: the training op keeps the log-sum-exp, and its backward is attnprof's.
         if out is not None:
@@ -150,9 +153,6 @@ def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, de
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
         return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd)
-    for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
-        if not isinstance(t, torch.Tensor):
-            raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
     if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:

@@ -97,8 +97,6 @@ TORCH_CASES = {
                               torch.ones(1, 2, 16, 32, dtype=torch.bfloat16)), r"q is fp32 but v is bf16"),
     "strided head_dim": (lambda: (torch.ones(1, 2, 32, 16).transpose(2, 3), torch.ones(1, 2, 16, 32),
                                   torch.ones(1, 2, 16, 32)), r"strided head_dim"),
-    "requires grad": (lambda: (torch.ones(1, 2, 16, 32, requires_grad=True), torch.ones(1, 2, 16, 32),
-                               torch.ones(1, 2, 16, 32)), r"no backward yet \(issue 9\)"),
     "mixed with numpy": (lambda: (torch.ones(1, 2, 16, 32), np.ones((1, 2, 16, 32), np.float32),
                                   torch.ones(1, 2, 16, 32)), r"pass torch tensors throughout"),
 }

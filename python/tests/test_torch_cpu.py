@@ -104,16 +104,53 @@ def test_torch_compile_fullgraph_on_cpu():
     torch.testing.assert_close(compiled_api(q, k, v), sdpa(q, k, v) * 2.0, atol=2e-5, rtol=1e-4)
 
 
-def test_backward_raises_a_clear_error():
+def sdpa_grads(q, k, v, dout, causal=True):
+    """dQ, dK, dV of PyTorch's SDPA in float64 (grouped-query by repeating K and V)."""
+    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out = sdpa(q, k, v, causal)
+    return torch.autograd.grad(out, (q, k, v), dout.double())
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_autograd_matches_sdpa(kv_heads):
+    q, k, v = qkv((2, 4, 64, 32), (2, kv_heads, 64, 32))
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    out = attnprof.attention(q, k, v, backend="flash")
+    assert out.requires_grad and out.grad_fn is not None
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    for g, want, name in zip(got, sdpa_grads(q, k, v, dout), ("dq", "dk", "dv")):
+        assert g.shape == want.shape, name
+        torch.testing.assert_close(g.double(), want, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_autograd_under_torch_compile():
+    q, k, v = qkv()
+    for x in (q, k, v):
+        x.requires_grad_(True)
+
+    def loss(q, k, v):
+        return (attnprof.attention(q, k, v, backend="flash") ** 2).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_backward_refusals_are_clear():
     q, k, v = qkv()
     q.requires_grad_(True)
-    # The eager call refuses at once ...
-    with pytest.raises(attnprof.Error, match=r"no backward yet \(issue 9\)"):
-        attnprof.attention(q, k, v)
-    # ... the op runs forward and refuses the backward.
+    # A composite keeps the probabilities: autograd through attnprof takes the recomputing backends.
+    with pytest.raises(attnprof.Error, match=r"naive keeps the \[S, Skv\] probabilities"):
+        attnprof.attention(q, k, v, backend="naive")
+    # The inference op runs forward and refuses a backward, naming the training path.
     out = torch.ops.attnprof.attention(q, k, v)
     assert out.requires_grad
-    with pytest.raises(attnprof.Error, match=r"no backward yet \(issue 9\)"):
+    with pytest.raises(attnprof.Error, match=r"inference op"):
         out.sum().backward()
     # Without grad, tensors that need grad are read as they are.
     with torch.no_grad():

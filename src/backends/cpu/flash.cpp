@@ -324,6 +324,8 @@ class FlashCpu final : public Backend {
   }
 
   bool has_backward() const override { return true; }
+  // The backward recomputes P from the saved log-sum-exp, tile by tile.
+  Traits traits() const override { return {.backward_recomputes = true}; }
 
   void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
     run_forward(problem, in, out, nullptr, ctx);
