@@ -469,10 +469,10 @@ std::vector<Finding> saved_for_backward(const RuleInput& in) {
   const double probs = static_cast<double>(p.batch * p.heads * p.seq) * static_cast<double>(p.kv_seq);
   Finding f;
   if (*saved >= probs) {  // at least one byte per probability: the [S, Skv] matrix itself
-    f = found("saves " + mib(*saved) + " for the backward: the B*H*S*Skv = " + format("%.0f", probs) +
+    f = found("saves " + bytes_str(*saved) + " for the backward: the B*H*S*Skv = " + format("%.0f", probs) +
               " probabilities (" + format("%.1f", *saved / probs) + " bytes each)");
   } else {
-    f = found("saves " + mib(*saved) + " for the backward: only each row's log-sum-exp, beside O");
+    f = found("saves " + bytes_str(*saved) + " for the backward: only each row's log-sum-exp, beside O");
   }
   f.figures = {{"saved_bytes", *saved}, {"probabilities", probs}};
   return {f};

@@ -233,8 +233,9 @@ Eligibility no_backward(std::string_view backend) {
 Eligibility eligibility_of(const Backend& b, const Problem& p) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
   if (p.deterministic && !b.traits().backward_dq_atomics) {
-    return {false, std::string(b.name()) + "'s backward sums dQ in a fixed order already: --deterministic means "
-                                           "nothing here (it applies to flash, efficient and cudnn on a GPU)"};
+    return {false, std::string(b.name()) +
+                       "'s backward sums dQ in a fixed order already: --deterministic means "
+                       "nothing here (it applies to flash, efficient and cudnn on a GPU)"};
   }
   return b.eligibility(p);
 }

@@ -9,6 +9,7 @@
 namespace attnprof {
 namespace {
 
+using analysis::bytes_str;
 using analysis::format;
 using nlohmann::json;
 
@@ -26,13 +27,6 @@ std::string with_sign(double x, const std::string& magnitude) {
 }
 
 std::string signed_time(double us) { return with_sign(us, time_str(std::abs(us))); }
-
-std::string bytes_str(double b) {
-  if (b >= 1024.0 * 1024 * 1024) return format("%.2f GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return format("%.1f MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return format("%.1f KiB", b / 1024.0);
-  return format("%.0f B", b);
-}
 
 std::string count_str(double x) { return x == std::floor(x) ? format("%.0f", x) : format("%.1f", x); }
 

@@ -11,18 +11,12 @@
 #include "attnprof/trace_io.h"
 
 namespace attnprof::report {
+using analysis::bytes_str;
 using analysis::format;
 
 namespace {
 
 std::string opt_num(const char* f, const std::optional<double>& v) { return v ? format(f, *v) : "-"; }
-
-std::string bytes_str(double b) {
-  if (b >= 1024.0 * 1024 * 1024) return format("%.2f GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return format("%.1f MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return format("%.1f KiB", b / 1024.0);
-  return format("%.0f B", b);
-}
 
 std::string time_str(double us) {
   if (us >= 1e6) return format("%.2f s", us / 1e6);

@@ -285,7 +285,7 @@ TEST(Findings, TheTrainingStorySavedTensorsRecomputeAndBackwardOverForward) {
   fs = analysis::findings(r, {r}, {});
   saved = by_rule(fs, "saved-for-backward");
   ASSERT_TRUE(saved) << dump(fs);
-  EXPECT_EQ(saved->text, "saves 0.0 MiB for the backward: only each row's log-sum-exp, beside O");
+  EXPECT_EQ(saved->text, "saves 8.0 KiB for the backward: only each row's log-sum-exp, beside O");
   const Finding* re = by_rule(fs, "backward-recompute");
   ASSERT_TRUE(re) << dump(fs);
   EXPECT_NE(re->text.find("FP32 atomics"), std::string::npos) << re->text;
