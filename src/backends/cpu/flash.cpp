@@ -4,6 +4,9 @@
 // accumulator, so nothing [S, Skv]-sized ever exists. Work items run on OpenMP
 // threads, each with its own scratch; blocks past the causal or window bounds
 // are never visited and only blocks that straddle a bound are masked.
+//
+// A training forward also writes each row's log-sum-exp, from the same running
+// max and sum, which is all the backward (flash_backward.cpp) keeps.
 #include <omp.h>
 
 #include <algorithm>

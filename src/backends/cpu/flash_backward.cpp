@@ -33,11 +33,13 @@
 namespace attnprof::cpu::flash {
 namespace {
 
-// 64 keys per item: with D = 256 its K, K^T, V and the dK and dV
-// accumulators (5 x 64 KiB) still fit the 512 KiB L2 next to the query
-// block's tiles, and causal problems split into twice as many items as with
-// the forward's 128, which keeps both threads busy on short sequences.
-constexpr std::int64_t kBlockKB = 64;
+// Keys per item: 128 while the item's K, K^T and V rows and its dK and dV
+// accumulators (5 x 128 x D floats, 320 KiB at D = 128) fit the 512 KiB L2
+// next to the query block's tiles; 64 beyond (D = 256 would need 640 KiB).
+// More keys per item means fewer passes over each query block's packing and
+// its dQ tile's locked add.
+std::int64_t key_block_rows(std::int64_t head_dim) { return head_dim <= 128 ? 128 : 64; }
+
 constexpr int kTileRows = 6;  // 6 x 2 accumulators + 2 operands + 1 broadcast <= 16 ymm
 
 // C[r][0..8*NV) (+)= sum_k A[r][k] B[k][0..8*NV) for r < MR: A broadcast, B
@@ -109,6 +111,7 @@ void gemm(const float* a, std::int64_t lda, const float* b, std::int64_t ldb, st
 
 // Per-thread tiles, in floats; every region starts on a 64-byte boundary.
 struct Layout {
+  std::int64_t block_k = 0;  // keys per item (key_block_rows)
   std::int64_t k = 0, kt = 0, v = 0, q = 0, qt = 0, dout = 0, doutt = 0, pt = 0, dst = 0, dk = 0, dv = 0, dqt = 0,
                lse2 = 0, delta = 0, total = 0;
 };
@@ -116,23 +119,25 @@ struct Layout {
 Layout layout_for(std::int64_t head_dim) {
   const std::int64_t D = head_dim, dpad = round_up(head_dim, 8);
   Layout L;
+  L.block_k = key_block_rows(head_dim);
+  const std::int64_t keys = L.block_k;
   std::int64_t at = 0;
   auto take = [&at](std::int64_t floats) {
     const std::int64_t start = at;
     at += round_up(floats, 16);
     return start;
   };
-  L.k = take(kBlockKB * D);
-  L.kt = take(D * kBlockKB);
-  L.v = take(kBlockKB * D);
+  L.k = take(keys * D);
+  L.kt = take(D * keys);
+  L.v = take(keys * D);
   L.q = take(kBlockQ * dpad);
   L.qt = take(D * kBlockQ);
   L.dout = take(kBlockQ * dpad);
   L.doutt = take(D * kBlockQ);
-  L.pt = take(kBlockKB * kBlockQ);
-  L.dst = take(kBlockKB * kBlockQ);
-  L.dk = take(kBlockKB * dpad);
-  L.dv = take(kBlockKB * dpad);
+  L.pt = take(keys * kBlockQ);
+  L.dst = take(keys * kBlockQ);
+  L.dk = take(keys * dpad);
+  L.dv = take(keys * dpad);
   L.dqt = take(D * kBlockQ);
   L.lse2 = take(kBlockQ);
   L.delta = take(kBlockQ);
@@ -239,8 +244,9 @@ void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb,
   const Layout& L = job.layout;
   const Band& band = job.band;
   const std::int64_t D = p.head_dim, dpad = job.dpad;
-  const std::int64_t j0 = kb * kBlockKB;
-  const std::int64_t n = std::min(kBlockKB, p.kv_seq - j0);
+  const std::int64_t block_k = L.block_k;
+  const std::int64_t j0 = kb * block_k;
+  const std::int64_t n = std::min(block_k, p.kv_seq - j0);
   float* k = scratch + L.k;
   float* kt = scratch + L.kt;
   float* v = scratch + L.v;
@@ -256,7 +262,7 @@ void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb,
     for (std::int64_t j = 0; j < n; ++j) {
       load_row(job.in.k, b, hk, j0 + j, D, k + j * D);
       load_row(job.in.v, b, hk, j0 + j, D, v + j * D);
-      for (std::int64_t d = 0; d < D; ++d) kt[d * kBlockKB + j] = k[j * D + d];
+      for (std::int64_t d = 0; d < D; ++d) kt[d * block_k + j] = k[j * D + d];
     }
   }
   float* pt = scratch + L.pt;
@@ -276,7 +282,7 @@ void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb,
       probabilities_and_ds(job, n, qcols, scratch);
       gemm<true>(pt, kBlockQ, scratch + L.dout, dpad, n, dpad, nq, dv, dpad);  // dV += P^T dO
       gemm<true>(dst, kBlockQ, scratch + L.q, dpad, n, dpad, nq, dk, dpad);    // dK += dS^T Q
-      gemm<false>(kt, kBlockKB, dst, kBlockQ, D, qcols, n, dqt, kBlockQ);      // dQ^T part = K^T dS^T
+      gemm<false>(kt, block_k, dst, kBlockQ, D, qcols, n, dqt, kBlockQ);       // dQ^T part = K^T dS^T
 
       const std::int64_t tile = (b * p.heads + h) * job.q_blocks + qb;
       float* acc = job.dq_acc + tile * D * kBlockQ;
@@ -317,7 +323,7 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
 
   const std::int64_t D = p.head_dim;
   const std::int64_t q_blocks = blocks(p.seq, kBlockQ);
-  const std::int64_t k_blocks = blocks(p.kv_seq, kBlockKB);
+  const std::int64_t k_blocks = blocks(p.kv_seq, key_block_rows(D));
   const std::int64_t rows = p.batch * p.heads * p.seq;
   const Layout layout = layout_for(D);
   // Deterministic: an item is a whole (batch, kv head), its key blocks in order.

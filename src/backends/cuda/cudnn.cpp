@@ -32,6 +32,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -146,6 +147,23 @@ class PlanGraph final : public fe::graph::Graph {
     if (i < 0 || i >= static_cast<std::int64_t>(plans.execution_plans.size())) return nullptr;
     return plans.execution_plans[static_cast<std::size_t>(i)].get();
   }
+  // Bytes of the workspace the frontend keeps in front of the engine's.
+  std::int64_t frontend_workspace() const { return get_fe_workspace_size_subtree(); }
+  // Whether every tensor the frontend places in its part of the workspace is
+  // only pointed into (operation 2: a backward's dQ accumulator, which cuDNN
+  // zeroes itself since 9.6, the full-head dK and dV of grouped-query heads,
+  // softmax sums), so that a cached pack may point at them too. Values it
+  // copies in (0) or memsets (1) on every execute() need execute().
+  bool workspace_only_pointed_into() const {
+    std::unordered_map<fe::graph::Tensor_attributes::uid_t, std::tuple<std::int64_t, std::int64_t, std::vector<float>>>
+        modifications;
+    std::int64_t offset = 0;
+    if (collect_tensors_in_workspace_subtree(modifications, offset).is_bad()) return false;
+    for (const auto& [uid, m] : modifications) {
+      if (std::get<0>(m) != 2) return false;
+    }
+    return true;
+  }
 };
 
 struct Entry {
@@ -153,6 +171,7 @@ struct Entry {
   std::string failure;  // why cuDNN refused; empty when supported
   bool plans_built = false;
   std::int64_t workspace = 0;
+  std::int64_t frontend_workspace = 0;  // where the engine's workspace starts within it
   // The chosen plan's backend descriptor (owned by graph) when forward() may
   // run it with a cached variant pack; null when the frontend has work of its
   // own around the plan, and execute() must run it.
@@ -479,10 +498,11 @@ class Cudnn final : public Backend {
   }
 
   // The chosen plan's descriptor when execute() would do nothing for this graph
-  // but build a variant pack from the user's pointers and the frontend's
-  // pass-by-value scalars and run the plan: no workspace the frontend fills
-  // (alibi slopes, accumulators it zeroes), no pointers it derives from others
-  // (slices), no frontend-run engine. Otherwise null, and execute() runs it.
+  // but build a variant pack from the user's pointers, the frontend's
+  // pass-by-value scalars and pointers into its part of the workspace, and run
+  // the plan: no workspace the frontend fills (alibi slopes, accumulators it
+  // zeroes), no pointers it derives from others (slices), no frontend-run
+  // engine. Otherwise null, and execute() runs it.
   static cudnnBackendDescriptor_t direct_plan(Entry& e, MaskKind mask) {
     PlanGraph& g = *e.graph;
     if (!g.varpack_prep_state->prepared.load(std::memory_order_acquire)) {
@@ -490,8 +510,11 @@ class Cudnn final : public Backend {
     }
     const auto& t = g.varpack_template;
     const fe::ExecutionPlan* plan = g.chosen_plan();
-    if (plan == nullptr || plan->getWorkspaceSize() != e.workspace) return nullptr;  // frontend workspace in front
-    if (!t.workspace_slots.empty() || !t.replacement_slots.empty() || !t.backend_slots.empty()) return nullptr;
+    if (plan == nullptr) return nullptr;
+    e.frontend_workspace = g.frontend_workspace();
+    if (e.frontend_workspace + plan->getWorkspaceSize() > e.workspace) return nullptr;
+    if (e.frontend_workspace > 0 && !g.workspace_only_pointed_into()) return nullptr;
+    if (!t.replacement_slots.empty() || !t.backend_slots.empty()) return nullptr;
     for (int slot : t.user_slots) {
       const std::int64_t uid = t.all_uids[static_cast<std::size_t>(slot)];
       if (uid < kQ || uid > kDV || (uid == kBias && mask != MaskKind::Bias)) return nullptr;
@@ -501,8 +524,9 @@ class Cudnn final : public Backend {
 
   // A finalized variant pack as the frontend's execute() builds it: its
   // template's uids and pass-by-value pointers (scalars owned by the graph),
-  // with the user's slots filled, and the alignment it checks per call checked
-  // once here.
+  // with the user's slots and the frontend's workspace tensors filled, the
+  // engine's workspace after the frontend's, and the alignment it checks per
+  // call checked once here.
   static cudnnBackendDescriptor_t make_pack(const Entry& e, const std::array<void*, kTensors>& user, void* workspace) {
     const auto& t = e.graph->varpack_template;
     std::vector<void*> ptrs = t.template_ptrs;
@@ -510,6 +534,9 @@ class Cudnn final : public Backend {
       const auto s = static_cast<std::size_t>(slot);
       ptrs[s] = user[static_cast<std::size_t>(t.all_uids[s] - kQ)];
     }
+    char* base = static_cast<char*>(workspace);
+    for (const auto& [slot, offset] : t.workspace_slots) ptrs[static_cast<std::size_t>(slot)] = base + offset;
+    void* engine_workspace = base == nullptr ? nullptr : base + e.frontend_workspace;
     for (const auto& [slot, alignment] : t.aligned_slots) {
       const auto s = static_cast<std::size_t>(slot);
       if (reinterpret_cast<std::uintptr_t>(ptrs[s]) % static_cast<std::uintptr_t>(alignment) != 0) {
@@ -522,7 +549,7 @@ class Cudnn final : public Backend {
     try {
       const auto n = static_cast<std::int64_t>(ptrs.size());
       ATTNPROF_CUDNN_CHECK(
-          cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
+          cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &engine_workspace));
       ATTNPROF_CUDNN_CHECK(
           cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data()));
       ATTNPROF_CUDNN_CHECK(
