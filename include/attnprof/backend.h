@@ -59,8 +59,9 @@ struct Traits {
   // The backward recomputes the probabilities from the saved log-sum-exp
   // (fused backwards) instead of reading saved probabilities.
   bool backward_recomputes = false;
-  // The backward accumulates dQ with FP32 atomics unless p.deterministic.
-  bool backward_dq_atomics = false;
+  // The backward sums dQ in the order its blocks finish (FP32 atomics on a
+  // GPU, per-block locks on the CPU) unless p.deterministic fixes the order.
+  bool backward_dq_unordered = false;
 };
 
 // Per-call context handed to forward().

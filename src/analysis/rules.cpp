@@ -482,10 +482,10 @@ std::vector<Finding> backward_recompute(const RuleInput& in) {
   const RunResult& r = in.run;
   if (r.problem.pass == Pass::Forward || !r.traits.backward_recomputes) return {};
   std::string text = "backward recomputes P from the saved log-sum-exp (5 matrix products to the forward's 2)";
-  if (r.traits.backward_dq_atomics) {
+  if (r.traits.backward_dq_unordered) {
     text += r.problem.deterministic ? "; dQ in a fixed order (--deterministic): bitwise repeatable"
-                                    : "; dQ accumulated with FP32 atomics: its bits may differ run to run "
-                                      "(--deterministic fixes the order)";
+                                    : "; dQ summed in the order its blocks finish (atomics): its bits may "
+                                      "differ run to run (--deterministic fixes the order)";
   }
   Finding f = found(std::move(text));
   f.figures = {{"deterministic", r.problem.deterministic ? 1.0 : 0.0}};

@@ -232,10 +232,10 @@ Eligibility no_backward(std::string_view backend) {
 
 Eligibility eligibility_of(const Backend& b, const Problem& p) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
-  if (p.deterministic && !b.traits().backward_dq_atomics) {
+  if (p.deterministic && !b.traits().backward_dq_unordered) {
     return {false, std::string(b.name()) +
                        "'s backward sums dQ in a fixed order already: --deterministic means "
-                       "nothing here (it applies to flash, efficient and cudnn on a GPU)"};
+                       "nothing here (it applies to flash, efficient and cudnn, and to flash on the CPU)"};
   }
   return b.eligibility(p);
 }

@@ -327,8 +327,9 @@ class FlashCpu final : public Backend {
   }
 
   bool has_backward() const override { return true; }
-  // The backward recomputes P from the saved log-sum-exp, tile by tile.
-  Traits traits() const override { return {.backward_recomputes = true}; }
+  // The backward recomputes P from the saved log-sum-exp, tile by tile, and
+  // adds each key block's dQ under a lock in the order the threads get there.
+  Traits traits() const override { return {.backward_recomputes = true, .backward_dq_unordered = true}; }
 
   void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
     run_forward(problem, in, out, nullptr, ctx);

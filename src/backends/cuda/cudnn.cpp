@@ -309,7 +309,7 @@ class Cudnn final : public Backend {
   bool has_backward() const override { return true; }
   // cuDNN's SDPA backward recomputes P from the forward's stats; its dQ is
   // summed with atomics unless the deterministic algorithm is asked for.
-  Traits traits() const override { return {.backward_recomputes = true, .backward_dq_atomics = true}; }
+  Traits traits() const override { return {.backward_recomputes = true, .backward_dq_unordered = true}; }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     std::string dtypes, dims;

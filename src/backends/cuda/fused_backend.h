@@ -97,7 +97,7 @@ class FusedBackend : public Backend {
   bool has_backward() const override { return true; }
   // The backward recomputes P from the saved log-sum-exp; dQ is summed with
   // FP32 atomics unless the problem asks for --deterministic.
-  Traits traits() const override { return {.backward_recomputes = true, .backward_dq_atomics = true}; }
+  Traits traits() const override { return {.backward_recomputes = true, .backward_dq_unordered = true}; }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     run_forward(p, in, out, nullptr, ctx);
