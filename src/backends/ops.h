@@ -62,6 +62,9 @@ inline constexpr OpSpec where{"where", {}, {1, 0}};
 // The structural mask, built in one pass under a "tril" range; naive caches
 // it per problem (a registered buffer), so it is not per-forward work.
 inline constexpr OpSpec structural_mask{"tril", {}, {1, 0}};
+// The backward's own: the softmax's backward (dS = P * (dP - rowsum(dP * P))),
+// one pass on either device. Its products are "matmul", as the forward's.
+inline constexpr OpSpec softmax_backward{"_softmax_backward_data", {}, {1, 0}};
 }  // namespace op
 
 class Ops {
@@ -82,6 +85,11 @@ class Ops {
   // contiguous tensor of p's dtype.
   virtual void matmul_pv(const Tensor& p, const Tensor& v, Tensor& out, RunContext& ctx) = 0;
   virtual Tensor matmul_pv(const Tensor& p, const Tensor& v, RunContext& ctx) = 0;
+  // a^T @ b over the rows, summed over the query heads of each grouped-query
+  // group: a [B, H, S, M], b [B, H, S, N] -> out [B, Hkv, M, N] (H a multiple of
+  // Hkv = out's heads; any strides with a contiguous last dim, a's dtype).
+  // dV = P^T dO and dK = dS^T Q of the backward, one GEMM per group.
+  virtual void matmul_tn(const Tensor& a, const Tensor& b, Tensor& out, RunContext& ctx) = 0;
 
   virtual Tensor mul(const Tensor& x, float s, RunContext& ctx) = 0;
   // x.masked_fill(~keep, value): the hidden copy, then the fill on it.
@@ -95,6 +103,10 @@ class Ops {
   // torch.softmax makes it. Safe: such a row becomes zeros (_safe_softmax).
   virtual Tensor softmax(const Tensor& x, RunContext& ctx) = 0;
   virtual Tensor safe_softmax(const Tensor& x, RunContext& ctx) = 0;
+  // The backward of either: grad * probs - probs * rowsum(grad * probs), in
+  // grad's dtype (probs may have another). A zero row of probs (a fully
+  // masked row of _safe_softmax) gives a zero row; a NaN one stays NaN.
+  virtual Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) = 0;
 
   // dtype conversion into a fresh tensor, or into dst (same shape, any strides).
   virtual Tensor to(const Tensor& x, DType dtype, RunContext& ctx) = 0;
