@@ -41,7 +41,9 @@ struct OpSpec {
 // Hopper; the report names such memsets, and the GPU tests hold expectations
 // to kernels and copies. matmul on the GPU also adds a "contiguous" kernel
 // for an operand cuBLAS cannot read, and a "to" kernel for an output whose
-// head dim is strided; the layouts the runner makes need neither.
+// head dim is strided; the layouts the runner makes need neither, except the
+// backward's matmul_tn of grouped heads over Q in a [B, S, H, D] layout
+// (--bshd), whose group cannot be read as one matrix.
 namespace op {
 inline constexpr OpSpec matmul{"matmul", {}, {1, 0}};
 inline constexpr OpSpec mul{"mul", {}, {1, 0}};

@@ -20,8 +20,10 @@
 //   hidden copy, as autograd's MaskedFillBackward is; naive_inplace in place),
 //   mul (the scale), matmul (dQ = dS K), matmul (dK = dS^T Q).
 // A bias's add has nothing to do backward. A fully masked row's NaN
-// probabilities make its dQ NaN and, summed over the rows, dK and dV too: the
-// textbook decomposition's behaviour again.
+// probabilities make its dS NaN until the fill's backward zeroes it (every key
+// of the row is masked), so its dQ and its share of dK are zero; but dV =
+// P^T dO sums the NaN row into every key's gradient, as autograd does on the
+// textbook decomposition.
 #include <algorithm>
 #include <cmath>
 #include <limits>
