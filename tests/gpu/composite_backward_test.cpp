@@ -147,8 +147,8 @@ TEST(CudaCompositeBackwardMasked, MathGivesZeroGradientsOnFullyMaskedRows) {
   }
 }
 
-// The runner's backward and training passes: accepted, the saved
-// probabilities counted, and as many device activities per call as planned.
+// The runner's backward and training passes: accepted, and the saved
+// probabilities counted.
 TEST(CudaCompositeBackwardRunner, BackwardAndTrainPass) {
   REQUIRE_GPU();
   RunOptions o;
