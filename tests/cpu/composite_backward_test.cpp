@@ -345,6 +345,7 @@ TEST(CompositeBackwardRunner, BackwardAndTrainPassOnTheCpu) {
         const RunResult r = run_backend(cpu_backend(name), p, o);
         ASSERT_FALSE(r.failure) << what << ": " << *r.failure;
         ASSERT_TRUE(r.eligibility.eligible) << what << ": " << r.eligibility.reason;
+        EXPECT_NE(r.eligibility.reason.find("backward from the saved"), std::string::npos) << r.eligibility.reason;
         ASSERT_TRUE(r.acceptance.has_value()) << what;
         EXPECT_TRUE(r.acceptance->pass) << what << ": " << r.acceptance->why;
         ASSERT_TRUE(r.gradient_errors.has_value()) << what;

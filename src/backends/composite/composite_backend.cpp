@@ -69,6 +69,12 @@ std::size_t CompositeBackend::score_elements(const Problem& p) {
   return static_cast<std::size_t>(p.batch * p.heads * p.seq * p.kv_seq);
 }
 
+std::string CompositeBackend::backward_story(const Problem& p, DType saved) {
+  if (p.pass == Pass::Forward) return {};
+  // No atomics anywhere: --deterministic changes nothing here.
+  return ", backward from the saved [S, Skv] probabilities (" + std::string(dtype_name(saved)) + "), deterministic";
+}
+
 std::string CompositeBackend::wrong_device(const Problem& p) const {
   if (p.device == device()) return {};
   return std::string("runs on ") + (device() == Device::Cpu ? "the CPU" : "a CUDA device") + " only";

@@ -76,6 +76,9 @@ class CompositeBackend : public Backend {
   const Ops& ops() const { return *ops_; }
   // Why a problem for another device is not eligible here (empty when it is ours).
   std::string wrong_device(const Problem& p) const;
+  // What a backward or training pass adds to the eligibility's story (empty
+  // for a forward): the probabilities it saves, in `saved`.
+  static std::string backward_story(const Problem& p, DType saved);
   // p's score tensor [B, H, S, Skv] in elements: the saved probabilities and
   // every temporary the backward makes of that shape.
   static std::size_t score_elements(const Problem& p);

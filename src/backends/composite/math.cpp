@@ -54,7 +54,7 @@ class Math final : public CompositeBackend {
     std::string what = is_16bit(p.dtype) ? "upcasts to FP32, " : "";
     what += "FP32 products (" + ops().describe_gemm(DType::F32) + ")";
     if (structural(p.mask)) what += ", mask rebuilt every call";
-    return {true, what + ", NaN-safe softmax"};
+    return {true, what + ", NaN-safe softmax" + backward_story(p, DType::F32)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {

@@ -44,7 +44,8 @@ class Naive final : public CompositeBackend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = wrong_device(p); !why.empty()) return {false, why};
-    return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores"};
+    return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores" +
+                      backward_story(p, p.dtype)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
