@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/trace_index.h"
 #include "attnprof/backend.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/reference.h"
@@ -329,6 +330,9 @@ TEST(CompositeBackwardPlan, WorkspaceCoversSavedProbabilitiesAndTemporaries) {
 
 // ---- the runner, end to end ---------------------------------------------------
 
+// A backward and a training step through run_backend: accepted against
+// float64, the saved probabilities counted, and the traced ops the planned ones.
+
 TEST(CompositeBackwardRunner, BackwardAndTrainPassOnTheCpu) {
   RunOptions o;
   o.schedule = {.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
@@ -352,7 +356,14 @@ TEST(CompositeBackwardRunner, BackwardAndTrainPassOnTheCpu) {
         const std::size_t esize = element_size(name == "math" ? DType::F32 : dt);
         ASSERT_TRUE(r.metrics.saved_bytes.has_value()) << what;
         EXPECT_EQ(*r.metrics.saved_bytes, static_cast<double>(p.batch * p.heads * p.seq * p.kv_seq * esize)) << what;
-        EXPECT_FALSE(r.expectation.cpu_ops.empty()) << what;
+        // "Guess first, then look": each traced call makes the planned ops.
+        const analysis::TraceIndex index(r.trace);
+        ASSERT_EQ(index.forwards().size(), 2u) << what;
+        for (std::size_t f = 0; f < index.forwards().size(); ++f) {
+          OpNames ops;
+          for (const analysis::EventIndex a : index.forward_ops(f)) ops.emplace_back(index.op(a));
+          EXPECT_EQ(ops, r.expectation.cpu_ops) << what;
+        }
       }
     }
   }

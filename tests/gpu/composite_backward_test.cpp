@@ -10,7 +10,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "analysis/trace_index.h"
 #include "attnprof/backend.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
@@ -147,8 +149,8 @@ TEST(CudaCompositeBackwardMasked, MathGivesZeroGradientsOnFullyMaskedRows) {
   }
 }
 
-// The runner's backward and training passes: accepted, and the saved
-// probabilities counted.
+// The runner's backward and training passes: accepted, the saved
+// probabilities counted, and the trace what the plan expects.
 TEST(CudaCompositeBackwardRunner, BackwardAndTrainPass) {
   REQUIRE_GPU();
   RunOptions o;
@@ -170,6 +172,20 @@ TEST(CudaCompositeBackwardRunner, BackwardAndTrainPass) {
       const std::size_t esize = element_size(name == "math" ? DType::F32 : p.dtype);
       ASSERT_TRUE(r.metrics.saved_bytes.has_value()) << what;
       EXPECT_EQ(*r.metrics.saved_bytes, static_cast<double>(p.batch * p.heads * p.seq * p.kv_seq * esize)) << what;
+      // "Guess first, then look": the planned ops in each traced call, and
+      // (with CUPTI) the planned kernels and copies, memsets aside as in
+      // cuda_backends_test's KernelCountsMatchExpectation.
+      const analysis::TraceIndex index(r.trace);
+      for (std::size_t f = 0; f < index.forwards().size(); ++f) {
+        std::vector<std::string> ops;
+        for (const analysis::EventIndex a : index.forward_ops(f)) ops.emplace_back(index.op(a));
+        EXPECT_EQ(ops, r.expectation.cpu_ops) << what;
+      }
+      if (r.metrics.kernels_per_forward) {
+        EXPECT_EQ(*r.metrics.kernels_per_forward - r.metrics.memsets_per_forward, r.expectation.device_activities)
+            << what;
+        EXPECT_EQ(r.metrics.copies_per_forward, r.expectation.copies) << what;
+      }
     }
   }
 }
