@@ -48,16 +48,18 @@ struct Step {
 };
 
 // forward_train then backward on the CPU, into poisoned gradients (NaN), so a
-// gradient element the backward does not write is seen.
+// gradient element the backward does not write is seen. `bshd` lays the
+// inputs and the gradients out [B, S, H, D] (strided [B, H, S, D] views).
 Step train_step(Backend& b, const Problem& p, bool bshd = false) {
   Allocator& a = cpu_allocator();
   Step r;
   r.in = make_inputs(p, 3, a, bshd);
   r.dout = make_dout(p, 3, a);
   const auto poisoned = [&](const Tensor& like) {
-    Tensor t = Tensor::empty(like.sizes(), p.dtype, a);
+    const Dims n = like.sizes();
+    Tensor t = Tensor::empty(bshd ? Dims{n[0], n[2], n[1], n[3]} : n, p.dtype, a);
     for (std::int64_t i = 0; i < t.numel(); ++i) store_from_float(t.data(), p.dtype, i, NAN);
-    return t;
+    return bshd ? t.transpose(1, 2) : t;
   };
   r.grads = {poisoned(r.in.q), poisoned(r.in.k), poisoned(r.in.v)};
   Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, a);

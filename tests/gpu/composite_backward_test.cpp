@@ -44,7 +44,9 @@ struct Host {
 };
 
 // forward_train then backward on the GPU into poisoned gradients; the inputs,
-// dO and the gradients on the host.
+// dO and the gradients on the host. `bshd` lays the inputs and the gradients
+// out [B, S, H, D] (strided [B, H, S, D] views: cuBLAS writes them through
+// their row stride).
 Host train_step(Backend& b, const Problem& p, bool bshd) {
   DeviceRuntime& rt = cuda::runtime();
   Host h;
@@ -52,13 +54,14 @@ Host train_step(Backend& b, const Problem& p, bool bshd) {
   h.dout = make_dout(p, 5, cpu_allocator());
   const Inputs in = rt.upload(h.in);
   const Tensor dout = rt.upload(h.dout);
-  const auto empty = [&](const Tensor& like) {
-    Tensor t = Tensor::empty(like.sizes(), p.dtype, rt.allocator());
+  const auto empty = [&](const Tensor& like, bool strided) {
+    const Dims n = like.sizes();
+    Tensor t = Tensor::empty(strided ? Dims{n[0], n[2], n[1], n[3]} : n, p.dtype, rt.allocator());
     rt.poison(t);
-    return t;
+    return strided ? t.transpose(1, 2) : t;
   };
-  Tensor out = empty(h.dout);
-  Gradients g{empty(h.in.q), empty(h.in.k), empty(h.in.v)};
+  Tensor out = empty(h.dout, false);
+  Gradients g{empty(h.in.q, bshd), empty(h.in.k, bshd), empty(h.in.v, bshd)};
   RunContext ctx{rt.allocator(), rt.stream(), 0};
   {
     Saved saved;
