@@ -36,10 +36,12 @@ struct OpSpec {
   constexpr OpCost on(Device d) const { return d == Device::Cpu ? cpu : cuda; }
 };
 
-// Every op, with what it issues on each device. The one thing not predicted:
+// Every op, with what it issues on each device. What is not predicted:
 // cuBLAS (like cuDNN) may zero a workspace with a memset inside matmul on
 // Hopper; the report names such memsets, and the GPU tests hold expectations
-// to kernels and copies. matmul on the GPU also adds a "contiguous" kernel
+// to kernels and copies. It may also run a deep product split-K with a
+// reduction kernel after it (the backward's dK and dV, of depth G*S), which
+// the GPU tests set aside by name. matmul on the GPU also adds a "contiguous" kernel
 // for an operand cuBLAS cannot read, and a "to" kernel for an output whose
 // head dim is strided; the layouts the runner makes need neither, except the
 // backward's matmul_tn of grouped heads over Q in a [B, S, H, D] layout

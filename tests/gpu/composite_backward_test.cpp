@@ -152,6 +152,16 @@ TEST(CudaCompositeBackwardMasked, MathGivesZeroGradientsOnFullyMaskedRows) {
   }
 }
 
+// cuBLAS may run a deep GEMM (the backward's dK and dV: depth G*S, a small
+// [Skv, D] result) split-K, with a reduction kernel after it; ops.h leaves
+// those unpredicted, as it does the library's memsets.
+int split_k_reduces(const Trace& t) {
+  int n = 0;
+  for (const Activity& a : t.activities)
+    n += a.type == ActivityType::Kernel && a.name.find("splitKreduce") != std::string::npos;
+  return n;
+}
+
 // The runner's backward and training passes: accepted, the saved
 // probabilities counted, and the trace what the plan expects.
 TEST(CudaCompositeBackwardRunner, BackwardAndTrainPass) {
@@ -185,8 +195,9 @@ TEST(CudaCompositeBackwardRunner, BackwardAndTrainPass) {
         EXPECT_EQ(ops, r.expectation.cpu_ops) << what;
       }
       if (r.metrics.kernels_per_forward) {
-        EXPECT_EQ(*r.metrics.kernels_per_forward - r.metrics.memsets_per_forward, r.expectation.device_activities)
-            << what;
+        const double kernels = *r.metrics.kernels_per_forward - r.metrics.memsets_per_forward -
+                               split_k_reduces(r.trace) / static_cast<double>(r.metrics.steps);
+        EXPECT_EQ(kernels, r.expectation.device_activities) << what;
         EXPECT_EQ(r.metrics.copies_per_forward, r.expectation.copies) << what;
       }
     }
