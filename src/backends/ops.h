@@ -36,12 +36,16 @@ struct OpSpec {
   constexpr OpCost on(Device d) const { return d == Device::Cpu ? cpu : cuda; }
 };
 
-// Every op, with what it issues on each device. The one thing not predicted:
+// Every op, with what it issues on each device. What is not predicted:
 // cuBLAS (like cuDNN) may zero a workspace with a memset inside matmul on
 // Hopper; the report names such memsets, and the GPU tests hold expectations
-// to kernels and copies. matmul on the GPU also adds a "contiguous" kernel
+// to kernels and copies. It may also run a deep product split-K with a
+// reduction kernel after it (the backward's dK and dV, of depth G*S), which
+// the GPU tests set aside by name. matmul on the GPU also adds a "contiguous" kernel
 // for an operand cuBLAS cannot read, and a "to" kernel for an output whose
-// head dim is strided; the layouts the runner makes need neither.
+// head dim is strided; the layouts the runner makes need neither, except the
+// backward's matmul_tn of grouped heads over Q in a [B, S, H, D] layout
+// (--bshd), whose group cannot be read as one matrix.
 namespace op {
 inline constexpr OpSpec matmul{"matmul", {}, {1, 0}};
 inline constexpr OpSpec mul{"mul", {}, {1, 0}};
@@ -62,6 +66,9 @@ inline constexpr OpSpec where{"where", {}, {1, 0}};
 // The structural mask, built in one pass under a "tril" range; naive caches
 // it per problem (a registered buffer), so it is not per-forward work.
 inline constexpr OpSpec structural_mask{"tril", {}, {1, 0}};
+// The backward's own: the softmax's backward (dS = P * (dP - rowsum(dP * P))),
+// one pass on either device. Its products are "matmul", as the forward's.
+inline constexpr OpSpec softmax_backward{"_softmax_backward_data", {}, {1, 0}};
 }  // namespace op
 
 class Ops {
@@ -82,6 +89,11 @@ class Ops {
   // contiguous tensor of p's dtype.
   virtual void matmul_pv(const Tensor& p, const Tensor& v, Tensor& out, RunContext& ctx) = 0;
   virtual Tensor matmul_pv(const Tensor& p, const Tensor& v, RunContext& ctx) = 0;
+  // a^T @ b over the rows, summed over the query heads of each grouped-query
+  // group: a [B, H, S, M], b [B, H, S, N] -> out [B, Hkv, M, N] (H a multiple of
+  // Hkv = out's heads; any strides with a contiguous last dim, a's dtype).
+  // dV = P^T dO and dK = dS^T Q of the backward, one GEMM per group.
+  virtual void matmul_tn(const Tensor& a, const Tensor& b, Tensor& out, RunContext& ctx) = 0;
 
   virtual Tensor mul(const Tensor& x, float s, RunContext& ctx) = 0;
   // x.masked_fill(~keep, value): the hidden copy, then the fill on it.
@@ -95,6 +107,10 @@ class Ops {
   // torch.softmax makes it. Safe: such a row becomes zeros (_safe_softmax).
   virtual Tensor softmax(const Tensor& x, RunContext& ctx) = 0;
   virtual Tensor safe_softmax(const Tensor& x, RunContext& ctx) = 0;
+  // The backward of either: grad * probs - probs * rowsum(grad * probs), in
+  // grad's dtype (probs may have another). A zero row of probs (a fully
+  // masked row of _safe_softmax) gives a zero row; a NaN one stays NaN.
+  virtual Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) = 0;
 
   // dtype conversion into a fresh tensor, or into dst (same shape, any strides).
   virtual Tensor to(const Tensor& x, DType dtype, RunContext& ctx) = 0;

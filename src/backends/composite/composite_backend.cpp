@@ -1,5 +1,6 @@
 #include "backends/composite/composite_backend.h"
 
+#include "attnprof/error.h"
 #include "backends/composite/plan.h"
 
 namespace attnprof::composite {
@@ -17,23 +18,62 @@ Tensor MaskCache::get(Ops& ops, const Problem& p, RunContext& ctx) {
   return mask_;
 }
 
+void CompositeBackend::forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) {
+  saved = {};
+  run(*ops_, p, in, out, ctx, mask_, &saved.probs);
+}
+
+void CompositeBackend::backward(const Problem& p, const Inputs& in, const Tensor&, const Tensor& dout,
+                                const Saved& saved, Gradients& grads, RunContext& ctx) {
+  if (!saved.probs.defined()) {
+    fail(ErrorKind::Internal, std::string(name()) + ": backward without the probabilities forward_train saves");
+  }
+  run_backward(*ops_, p, in, dout, saved.probs, grads, ctx, mask_);
+}
+
 CompositeBackend::Planned CompositeBackend::plan(const Problem& p) const {
   PlanOps plan(device());
   // Declared after the plan, so they give their bytes back before it goes.
   MaskCache mask;
+  Saved saved;
   PlanOps::Args args = plan.args(p);
   RunContext ctx = plan.context();
   const std::size_t args_bytes = plan.live_bytes();
-  run(plan, p, args.in, args.out, ctx, mask);
-  const std::size_t cached = plan.live_bytes() - args_bytes;  // what the warmup left behind: the mask
+  // One call of the pass, as the runner makes it (runner.cpp: call()).
+  const auto call = [&] {
+    if (p.pass == Pass::Forward) {
+      run(plan, p, args.in, args.out, ctx, mask, nullptr);
+      return;
+    }
+    if (p.pass == Pass::Train) {
+      saved = {};
+      run(plan, p, args.in, args.out, ctx, mask, &saved.probs);
+    }
+    run_backward(plan, p, args.in, args.dout, saved.probs, args.grads, ctx, mask);
+  };
+  // The runner makes a backward's saved tensors once, before the steps.
+  if (p.pass == Pass::Backward) run(plan, p, args.in, args.out, ctx, mask, &saved.probs);
+  call();
+  // What the warmup left behind: the mask, and the saved probabilities.
+  const std::size_t cached = plan.live_bytes() - args_bytes;
   plan.clear();
-  run(plan, p, args.in, args.out, ctx, mask);
+  call();
   return {plan.recorded(), cached + plan.peak_bytes() + ops_->library_workspace_bytes()};
 }
 
 Expectation CompositeBackend::expectation(const Problem& p) const { return plan(p).expectation; }
 
 std::size_t CompositeBackend::planned_workspace_bytes(const Problem& p) const { return plan(p).workspace_bytes; }
+
+std::size_t CompositeBackend::score_elements(const Problem& p) {
+  return static_cast<std::size_t>(p.batch * p.heads * p.seq * p.kv_seq);
+}
+
+std::string CompositeBackend::backward_story(const Problem& p, DType saved) {
+  if (p.pass == Pass::Forward) return {};
+  // No atomics anywhere: --deterministic changes nothing here.
+  return ", backward from the saved [S, Skv] probabilities (" + std::string(dtype_name(saved)) + "), deterministic";
+}
 
 std::string CompositeBackend::wrong_device(const Problem& p) const {
   if (p.device == device()) return {};

@@ -26,33 +26,62 @@ class MaskCache {
   Tensor mask_;
 };
 
+// The backward, for every composite: what autograd runs on the forward's
+// decomposition, op for op, from the probabilities the training forward keeps
+// (the one saved tensor; Saved::probs, [B, H, S, Skv], in the dtype the
+// backend computes in). For O = P V, P = softmax(S), S = scale Q K^T masked:
+//   dP = dO V^T, dV = P^T dO        (matmul's backward; dV summed over a group)
+//   dS = P * (dP - rowsum(dP * P))  (_softmax_backward_data)
+//   the mask's backward             (masked_fill: zero where masked; add: none)
+//   dS *= scale                     (mul's backward)
+//   dQ = dS K, dK = dS^T Q          (matmul's backward; dK summed over a group)
+// Each backend writes its own in run_backward(), with its own precision.
 class CompositeBackend : public Backend {
  public:
   explicit CompositeBackend(std::unique_ptr<Ops> ops) : ops_(std::move(ops)) {}
 
   Device device() const override { return ops_->device(); }
 
-  // The ops a steady-state forward calls, in order, and what they issue on
-  // this device: a warmup pass against the plan fills the caches, the second
-  // pass is recorded (as the profiler's schedule warms up before it records).
+  // The ops a steady-state call of p's pass makes, in order, and what they
+  // issue on this device: a warmup pass against the plan fills the caches
+  // (and, for a backward, makes the forward's saved probabilities), the
+  // second pass is recorded (as the profiler's schedule warms up before it
+  // records). Forward: the forward; Backward: the backward; Train: both.
   Expectation expectation(const Problem& p) const override;
-  // Bytes the same planned forward allocates beyond its inputs and output (at
-  // its peak, the cached mask and the library's workspace included): what
-  // workspace_bytes() estimates, for the tests to hold it to.
+  // Bytes the same planned pass allocates beyond its inputs and outputs (at
+  // its peak, the cached mask, the saved probabilities and the library's
+  // workspace included): what workspace_bytes() estimates, for the tests to
+  // hold it to.
   std::size_t planned_workspace_bytes(const Problem& p) const;
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
-    run(*ops_, p, in, out, ctx, mask_);
+    run(*ops_, p, in, out, ctx, mask_, nullptr);
   }
 
+  bool has_backward() const override { return true; }
+  void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override;
+  void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
+                Gradients& grads, RunContext& ctx) override;
+
  protected:
-  // The forward, written once over the ops.
-  virtual void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
-                   MaskCache& mask) const = 0;
+  // The forward, written once over the ops; a training forward also hands
+  // back the probabilities in *probs.
+  virtual void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
+                   Tensor* probs) const = 0;
+  // The backward, written once over the ops, from the forward's probabilities
+  // into the caller's gradients.
+  virtual void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Tensor& probs,
+                            Gradients& grads, RunContext& ctx, MaskCache& mask) const = 0;
 
   const Ops& ops() const { return *ops_; }
   // Why a problem for another device is not eligible here (empty when it is ours).
   std::string wrong_device(const Problem& p) const;
+  // What a backward or training pass adds to the eligibility's story (empty
+  // for a forward): the probabilities it saves, in `saved`.
+  static std::string backward_story(const Problem& p, DType saved);
+  // p's score tensor [B, H, S, Skv] in elements: the saved probabilities and
+  // every temporary the backward makes of that shape.
+  static std::size_t score_elements(const Problem& p);
 
  private:
   struct Planned {

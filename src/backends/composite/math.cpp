@@ -12,6 +12,22 @@
 //  - the FP32 result is cast back to the input dtype.
 // Causal bf16: to, to, to, mul, ones, tril, where, mul, matmul, add_,
 // _safe_softmax, matmul, to; on a GPU 16 device activities (_safe_softmax is 4).
+//
+// The backward runs in FP32 from the saved FP32 probabilities (what the math
+// path's autograd keeps of its _safe_softmax), as autograd would:
+//   to (dO upcast), to (V), matmul (dP = dO V^T), matmul (dV = P^T dO), to (dV
+//   cast back), _safe_softmax's backward (_softmax_backward_data), to (K),
+//   matmul (dQ = dS K), mul, to (dQ), to (Q), matmul (dK = dS^T Q), mul, to (dK).
+// bf16 on a GPU: 14 device activities (FP32 inputs skip the four upcasts and
+// dV's downcast: 9).
+// The mask has no backward here: add_'s gradient passes through, and the
+// saved probabilities are already zero wherever it masks. A fully masked row's
+// probabilities are all zeros, so its dS, its dQ and its share of dK and dV
+// are zeros, never NaN. Autograd would also save the scaled FP32 Q and K;
+// keeping only the probabilities, the backward upcasts Q and K again and
+// applies the two sqrt(scale) factors as one scale on each product
+// (d(q * r) = r dq_s, with dq_s = dS (r k)).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -40,24 +56,31 @@ class Math final : public CompositeBackend {
     std::string what = is_16bit(p.dtype) ? "upcasts to FP32, " : "";
     what += "FP32 products (" + ops().describe_gemm(DType::F32) + ")";
     if (structural(p.mask)) what += ", mask rebuilt every call";
-    return {true, what + ", NaN-safe softmax"};
+    return {true, what + ", NaN-safe softmax" + backward_story(p, DType::F32)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
     const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
-    const std::size_t scores = n(p.batch * p.heads * p.seq * p.kv_seq) * 4;
+    const std::size_t scores = score_elements(p) * 4;
     const std::size_t q = n(p.batch * p.heads * p.seq * p.head_dim) * 4;
     const std::size_t kv = n(p.batch * p.kv_heads * p.kv_seq * p.head_dim) * 4;
     const std::size_t mask = n(p.seq * p.kv_seq) * (4 + 2);  // the FP32 additive mask and its bool parents
     // At the safe softmax: the scores, the softmax, the result (and briefly a
     // bool [B, H, S, Skv]); before it, Q and K each with a scaled copy.
-    return 3 * scores + scores / 4 + 2 * q + 2 * kv + kv + q + mask + ops().library_workspace_bytes();
+    const std::size_t forward = 3 * scores + scores / 4 + 2 * q + 2 * kv + kv + q + mask;
+    // At the softmax's backward: the saved probabilities, dP and dS; around
+    // the products, two of those and FP32 copies of dO or Q, of K or V, and
+    // of the product and its scaled copy.
+    const std::size_t backward = 3 * scores + 2 * q + 2 * kv;
+    const std::size_t pass = p.pass == Pass::Forward ? forward : std::max(forward, backward);
+    return pass + ops().library_workspace_bytes();
   }
 
   Traits traits() const override { return {.reference_precision = true}; }
 
  protected:
-  void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache&) const override {
+  void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache&,
+           Tensor* saved) const override {
     const bool upcast = is_16bit(p.dtype);
     Tensor mask;  // additive: 0 or -inf, or the bias
     if (p.mask == MaskKind::Boolean) mask = ops.where(in.mask, 0.f, kNegInf, ctx);
@@ -80,6 +103,7 @@ class Math final : public CompositeBackend {
     if (mask.defined()) ops.add_(attn, mask, ctx);
     mask = Tensor();
     attn = ops.safe_softmax(attn, ctx);
+    if (saved != nullptr) *saved = attn;
     if (upcast) {
       const Tensor o = ops.matmul_pv(attn, v32, ctx);
       attn = Tensor();
@@ -87,6 +111,34 @@ class Math final : public CompositeBackend {
     } else {
       ops.matmul_pv(attn, v32, out, ctx);
     }
+  }
+
+  void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Tensor& probs,
+                    Gradients& grads, RunContext& ctx, MaskCache&) const override {
+    const bool upcast = is_16bit(p.dtype);
+    const auto fp32 = [&](const Tensor& x) { return upcast ? ops.to(x, DType::F32, ctx) : x; };
+    const auto scale = static_cast<float>(p.softmax_scale());
+    Tensor ds;
+    {
+      const Tensor dout32 = fp32(dout), v32 = fp32(in.v);
+      const Tensor dp = ops.matmul_qk(dout32, v32, ctx);  // dO V^T
+      if (upcast) {
+        Tensor dv = Tensor::empty(grads.dv.sizes(), DType::F32, ctx.allocator);
+        ops.matmul_tn(probs, dout32, dv, ctx);
+        ops.to_into(dv, grads.dv, ctx);
+      } else {
+        ops.matmul_tn(probs, dout32, grads.dv, ctx);
+      }
+      ds = ops.softmax_backward(dp, probs, ctx);
+    }
+    {
+      const Tensor k32 = fp32(in.k);
+      ops.to_into(ops.mul(ops.matmul_pv(ds, k32, ctx), scale, ctx), grads.dq, ctx);
+    }
+    const Tensor q32 = fp32(in.q);
+    Tensor dk = Tensor::empty(grads.dk.sizes(), DType::F32, ctx.allocator);
+    ops.matmul_tn(ds, q32, dk, ctx);
+    ops.to_into(ops.mul(dk, scale, ctx), grads.dk, ctx);
   }
 
  private:

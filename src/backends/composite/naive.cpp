@@ -12,6 +12,21 @@
 //    the copy and one score buffer: 5 device activities.
 // A bias is added with add (naive) or add_ (naive_inplace). The structural
 // mask is built once per problem, like a registered buffer.
+//
+// The backward is autograd's on the same ops, in the input dtype, from the
+// saved probabilities (the softmax's output, the one tensor kept):
+//   matmul (dP = dO V^T), matmul (dV = P^T dO), _softmax_backward_data,
+//   the fill's backward (dS.masked_fill(~mask, 0): naive out of place with its
+//   hidden copy, as autograd's MaskedFillBackward is; naive_inplace in place),
+//   mul (the scale), matmul (dQ = dS K), matmul (dK = dS^T Q).
+// Causal on a GPU: 4 GEMMs, the softmax's backward, the memcpy, the fill and
+// the scale = 8 device activities (naive_inplace 7).
+// A bias's add has nothing to do backward. A fully masked row's NaN
+// probabilities make its dS NaN until the fill's backward zeroes it (every key
+// of the row is masked), so its dQ and its share of dK are zero; but dV =
+// P^T dO sums the NaN row into every key's gradient, as autograd does on the
+// textbook decomposition.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -31,23 +46,29 @@ class Naive final : public CompositeBackend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = wrong_device(p); !why.empty()) return {false, why};
-    return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores"};
+    return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores" +
+                      backward_story(p, p.dtype)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
-    const auto scores = static_cast<std::size_t>(p.batch * p.heads * p.seq * p.kv_seq) * element_size(p.dtype);
+    const std::size_t scores = score_elements(p) * element_size(p.dtype);
     const auto mask = static_cast<std::size_t>(p.seq * p.kv_seq);  // the cached bool mask
     // Two score buffers are live at a time (each op reads one, writes one);
     // naive's out-of-place fill allocates a third over the forward, and
     // budgeting it keeps the refuse-before-allocating check on the safe side
-    // of allocator rounding.
-    return (inplace_ ? 2 : 3) * scores + mask + ops().library_workspace_bytes();
+    // of allocator rounding. The backward holds the saved probabilities and
+    // two score-sized gradients at a time (dP and dS, dS and its masked or
+    // scaled copy); a training step's forward peaks lower.
+    const std::size_t forward = (inplace_ ? 2 : 3) * scores, backward = 3 * scores;
+    const std::size_t pass = p.pass == Pass::Forward ? forward : std::max(forward, backward);
+    return pass + mask + ops().library_workspace_bytes();
   }
 
   Traits traits() const override { return {.nan_on_fully_masked = true, .memory_baseline = !inplace_}; }
 
  protected:
-  void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask) const override {
+  void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
+           Tensor* saved) const override {
     Tensor attn;
     {
       // The product is a temporary PyTorch frees once the scaled copy exists.
@@ -64,27 +85,46 @@ class Naive final : public CompositeBackend {
           attn = ops.add(attn, in.bias, ctx);
         }
         break;
-      case MaskKind::Boolean:
-        fill(ops, attn, in.mask, ctx);
-        break;
       default:
-        fill(ops, attn, mask.get(ops, p, ctx), ctx);
+        fill(ops, attn, keep(ops, p, in, ctx, mask), kNegInf, ctx);
         break;
     }
     const Tensor probs = ops.softmax(attn, ctx);
     attn = Tensor();  // freed here, as the reference's reassignment frees it
     ops.matmul_pv(probs, in.v, out, ctx);
+    if (saved != nullptr) *saved = probs;
+  }
+
+  void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Tensor& probs,
+                    Gradients& grads, RunContext& ctx, MaskCache& mask) const override {
+    Tensor ds;
+    {
+      const Tensor dp = ops.matmul_qk(dout, in.v, ctx);  // dO V^T
+      ops.matmul_tn(probs, dout, grads.dv, ctx);
+      ds = ops.softmax_backward(dp, probs, ctx);
+    }
+    if (p.mask != MaskKind::None && p.mask != MaskKind::Bias) fill(ops, ds, keep(ops, p, in, ctx, mask), 0.f, ctx);
+    ds = ops.mul(ds, static_cast<float>(p.softmax_scale()), ctx);
+    ops.matmul_pv(ds, in.k, grads.dq, ctx);
+    ops.matmul_tn(ds, in.q, grads.dk, ctx);
   }
 
  private:
-  // masked_fill(~keep, -inf): the out-of-place fill keeps its input alive until
-  // the copy is filled, two score buffers at once.
-  void fill(Ops& ops, Tensor& attn, const Tensor& keep, RunContext& ctx) const {
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  // The keep mask of a Boolean or structural problem: the input's, or the
+  // cached structural one.
+  static Tensor keep(Ops& ops, const Problem& p, const Inputs& in, RunContext& ctx, MaskCache& mask) {
+    return p.mask == MaskKind::Boolean ? in.mask : mask.get(ops, p, ctx);
+  }
+
+  // x.masked_fill(~keep, value) (-inf forward, 0 backward): the out-of-place
+  // fill keeps its input alive until the copy is filled, two score buffers at once.
+  void fill(Ops& ops, Tensor& x, const Tensor& keep, float value, RunContext& ctx) const {
     if (inplace_) {
-      ops.masked_fill_(attn, keep, kNegInf, ctx);
+      ops.masked_fill_(x, keep, value, ctx);
     } else {
-      attn = ops.masked_fill(attn, keep, kNegInf, ctx);
+      x = ops.masked_fill(x, keep, value, ctx);
     }
   }
 

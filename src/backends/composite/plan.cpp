@@ -54,6 +54,11 @@ PlanOps::Args PlanOps::args(const Problem& p) {
   if (p.mask == MaskKind::Boolean) r.in.mask = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, a).expand(full);
   if (p.mask == MaskKind::Bias) r.in.bias = Tensor::empty({1, 1, p.seq, p.kv_seq}, p.dtype, a).expand(full);
   r.out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, a);
+  if (p.pass != Pass::Forward) {
+    r.dout = Tensor::empty(r.out.sizes(), p.dtype, a);
+    r.grads = {Tensor::empty(r.in.q.sizes(), p.dtype, a), Tensor::empty(r.in.k.sizes(), p.dtype, a),
+               Tensor::empty(r.in.v.sizes(), p.dtype, a)};
+  }
   return r;
 }
 
@@ -101,6 +106,14 @@ Tensor PlanOps::matmul_pv(const Tensor& p, const Tensor& v, RunContext& ctx) {
   return out;
 }
 
+void PlanOps::matmul_tn(const Tensor& a, const Tensor& b, Tensor& out, RunContext&) {
+  record(op::matmul);
+  if (out.sizes() != Dims{a.size(0), out.size(1), a.size(3), b.size(3)} || a.size(1) % out.size(1) != 0) {
+    fail(ErrorKind::Internal,
+         "matmul: output " + out.describe() + " does not match " + a.describe() + "^T @ " + b.describe());
+  }
+}
+
 Tensor PlanOps::mul(const Tensor& x, float, RunContext& ctx) {
   record(op::mul);
   return like(x, x.dtype(), ctx.allocator);
@@ -132,6 +145,11 @@ Tensor PlanOps::safe_softmax(const Tensor& x, RunContext& ctx) {
   const Tensor probs = like(x, x.dtype(), ctx.allocator);
   like(x, DType::Bool, ctx.allocator);
   return like(x, x.dtype(), ctx.allocator);
+}
+
+Tensor PlanOps::softmax_backward(const Tensor& grad, const Tensor&, RunContext& ctx) {
+  record(op::softmax_backward);
+  return like(grad, grad.dtype(), ctx.allocator);
 }
 
 Tensor PlanOps::to(const Tensor& x, DType dtype, RunContext& ctx) {

@@ -22,10 +22,14 @@ class PlanOps final : public Ops {
   PlanOps& operator=(const PlanOps&) = delete;
 
   // Inputs and output of p's shapes (masks broadcast from [1, 1, S, Skv], as
-  // make_inputs() makes them), allocated by the plan. They must die before it.
+  // make_inputs() makes them), and for a backward or training pass dO and the
+  // gradients (the runner's, counted with the inputs), allocated by the plan.
+  // They must die before it.
   struct Args {
     Inputs in;
     Tensor out;
+    Tensor dout;
+    Gradients grads;
   };
   Args args(const Problem& p);
   // A context whose allocator is the plan's.
@@ -49,6 +53,7 @@ class PlanOps final : public Ops {
   Tensor matmul_qk(const Tensor& q, const Tensor& k, RunContext& ctx) override;
   void matmul_pv(const Tensor& p, const Tensor& v, Tensor& out, RunContext& ctx) override;
   Tensor matmul_pv(const Tensor& p, const Tensor& v, RunContext& ctx) override;
+  void matmul_tn(const Tensor& a, const Tensor& b, Tensor& out, RunContext& ctx) override;
   Tensor mul(const Tensor& x, float s, RunContext& ctx) override;
   Tensor masked_fill(const Tensor& x, const Tensor& keep, float value, RunContext& ctx) override;
   void masked_fill_(Tensor& x, const Tensor& keep, float value, RunContext& ctx) override;
@@ -56,6 +61,7 @@ class PlanOps final : public Ops {
   void add_(Tensor& a, const Tensor& b, RunContext& ctx) override;
   Tensor softmax(const Tensor& x, RunContext& ctx) override;
   Tensor safe_softmax(const Tensor& x, RunContext& ctx) override;
+  Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) override;
   Tensor to(const Tensor& x, DType dtype, RunContext& ctx) override;
   void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) override;
   Tensor ones(const Dims& sizes, RunContext& ctx) override;

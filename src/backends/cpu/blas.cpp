@@ -18,6 +18,11 @@ void sgemm(bool trans_b, int m, int n, int k, float alpha, const float* a, int l
   cblas_sgemm(kRowMajor, kNoTrans, trans_b ? kTrans : kNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+void sgemm_tn(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float beta, float* c,
+              int ldc) {
+  cblas_sgemm(kRowMajor, kTrans, kNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 void blas_set_threads(int threads) { openblas_set_num_threads(threads); }
 
 const char* blas_config() { return openblas_get_config(); }

@@ -203,6 +203,30 @@ class CpuOps final : public Ops {
     return out;
   }
 
+  void matmul_tn(const Tensor& a, const Tensor& b, Tensor& out, RunContext&) override {
+    RecordFunction rf(op::matmul.name, dtypes_string({&a, &b}), dims_string(a) + ", " + dims_string(b));
+    const std::int64_t B = a.size(0), H = a.size(1), S = a.size(2), M = a.size(3), N = b.size(3);
+    const std::int64_t Hkv = out.size(1), group = H / Hkv;
+    if (b.sizes() != Dims{B, H, S, N} || out.sizes() != Dims{B, Hkv, M, N} || H % Hkv != 0) {
+      fail(ErrorKind::Internal, "matmul: " + a.describe() + "^T @ " + b.describe() + " into " + out.describe());
+    }
+    std::vector<float> as, bs, cs(static_cast<std::size_t>(M * N));
+    for (std::int64_t bi = 0; bi < B; ++bi) {
+      for (std::int64_t hk = 0; hk < Hkv; ++hk) {
+        // The group's heads accumulate into one FP32 product, as the sum over
+        // the expanded K/V heads does in autograd.
+        for (std::int64_t g = 0; g < group; ++g) {
+          std::int64_t lda = 0, ldb = 0;
+          const float* ap = fp32_slice(a, bi, hk * group + g, as, lda);
+          const float* bp = fp32_slice(b, bi, hk * group + g, bs, ldb);
+          sgemm_tn(static_cast<int>(M), static_cast<int>(N), static_cast<int>(S), 1.0f, ap, static_cast<int>(lda), bp,
+                   static_cast<int>(ldb), g == 0 ? 0.0f : 1.0f, cs.data(), static_cast<int>(N));
+        }
+        for (std::int64_t m = 0; m < M; ++m) store_row(out, bi, hk, m, cs.data() + m * N);
+      }
+    }
+  }
+
   Tensor mul(const Tensor& x, float s, RunContext& ctx) override {
     RecordFunction rf(op::mul.name, dtypes_string({&x}) + ", Scalar", dims_string(x) + ", []");
     return map_rows(x, x.dtype(), ctx.allocator, [s](float* r, std::int64_t n, auto...) {
@@ -287,6 +311,23 @@ class CpuOps final : public Ops {
       const float inv = 1.0f / sum;
       for (std::int64_t j = 0; j < n; ++j) r[j] *= inv;
     });
+  }
+
+  Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) override {
+    RecordFunction rf(op::softmax_backward.name, dtypes_string({&grad, &probs}),
+                      dims_string(grad) + ", " + dims_string(probs));
+    if (probs.sizes() != grad.sizes()) {
+      fail(ErrorKind::Internal, "_softmax_backward_data: " + grad.describe() + " vs " + probs.describe());
+    }
+    return map_rows(grad, grad.dtype(), ctx.allocator,
+                    [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
+                      thread_local std::vector<float> p;
+                      p.resize(static_cast<std::size_t>(n));
+                      load_row(probs, b, h, i, p.data());
+                      float dot = 0;
+                      for (std::int64_t j = 0; j < n; ++j) dot += r[j] * p[j];
+                      for (std::int64_t j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
+                    });
   }
 
   Tensor to(const Tensor& x, DType t, RunContext& ctx) override {

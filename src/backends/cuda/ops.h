@@ -57,6 +57,10 @@ Tensor matmul_qk(Blas& blas, const Tensor& q, const Tensor& k, RunContext& ctx);
 void matmul_pv(Blas& blas, const Tensor& p, const Tensor& v, Tensor& out, RunContext& ctx);
 // p @ v into a fresh contiguous [B, H, S, D] tensor of p's dtype.
 Tensor matmul_pv(Blas& blas, const Tensor& p, const Tensor& v, RunContext& ctx);
+// a^T @ b into out, summed over the query heads of each group: a [B, H, S, M],
+// b [B, H, S, N], out [B, Hkv, M, N] with any strides. The backward's dV and
+// dK: a group's heads, stacked as rows, are one GEMM of depth G*S.
+void matmul_tn(Blas& blas, const Tensor& a, const Tensor& b, Tensor& out, RunContext& ctx);
 
 // --- elementwise -----------------------------------------------------------
 
@@ -103,5 +107,8 @@ Tensor softmax(const Tensor& x, RunContext& ctx);
 // all(dim=-1), where(fully masked row, 0, softmax). A fully masked row becomes
 // zeros; four kernels and two extra score-sized buffers.
 Tensor safe_softmax(const Tensor& x, RunContext& ctx);
+// The softmax's backward ("_softmax_backward_data"): probs * (grad -
+// rowsum(grad * probs)) in grad's dtype, one kernel, one block per row.
+Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx);
 
 }  // namespace attnprof::cuda::ops

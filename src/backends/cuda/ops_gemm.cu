@@ -3,7 +3,10 @@
 // cuBLAS is column-major; a row-major [rows, cols] matrix with row stride ld is
 // the column-major [cols, rows] matrix with leading dimension ld. So
 //   scores = Q K^T  is  scores^T = K^T(op T on K) * Q  with m = Skv, n = S, k = D,
-//   out    = P V    is  out^T    = V * P^T            with m = D,   n = S, k = Skv.
+//   out    = P V    is  out^T    = V * P^T            with m = D,   n = S, k = Skv,
+//   out    = A^T B  is  out^T    = B^T(op N) * A(op T) with m = N,   n = M, k = rows
+// (the backward's dV = P^T dO and dK = dS^T Q, whose rows run over a group's
+// query heads stacked, so the grouped-query sum is the GEMM's own).
 // Batch runs over (batch, kv head, query head within the group); grouped query
 // heads share one K/V matrix. When a group's query heads are consecutive rows
 // ([B, H, S, D] contiguous), they are folded into one taller matrix, which is
@@ -122,6 +125,12 @@ bool gemm_readable(const Tensor& t) {
 // value >= d is right.
 std::int64_t leading_dim(const Tensor& t) {
   return t.size(2) == 1 ? std::max<std::int64_t>(t.size(3), 1) : t.stride(2);
+}
+
+// The rows of `group` consecutive heads read as one taller matrix: each head's
+// rows follow the previous head's at the row stride.
+bool heads_stack(const Tensor& t, std::int64_t group) {
+  return gemm_readable(t) && (group == 1 || t.stride(1) == t.size(2) * leading_dim(t));
 }
 
 void check_shapes(const Tensor& q, const Tensor& kv, const char* op) {
@@ -246,6 +255,54 @@ Tensor matmul_pv(Blas& blas, const Tensor& p, const Tensor& v, RunContext& ctx) 
   Tensor out = Tensor::empty({p.size(0), p.size(1), p.size(2), v.size(3)}, p.dtype(), ctx.allocator);
   matmul_pv(blas, p, v, out, ctx);
   return out;
+}
+
+namespace {
+
+// a^T @ b into out, whose head dim is unit-stride; a and b stack their heads.
+void tn_into(Blas& blas, const Tensor& a, const Tensor& b, Tensor& out, RunContext& ctx) {
+  const std::int64_t B = a.size(0), Hkv = out.size(1), G = a.size(1) / Hkv, S = a.size(2), M = a.size(3), N = b.size(3);
+  const Gemm g{CUBLAS_OP_N,
+               CUBLAS_OP_T,
+               N,
+               M,
+               G * S,
+               static_cast<const char*>(b.data()),
+               static_cast<const char*>(a.data()),
+               static_cast<char*>(out.data()),
+               leading_dim(b),
+               leading_dim(a),
+               leading_dim(out),
+               cuda_type(a.dtype()),
+               element_size(a.dtype())};
+  run_gemm(blas.bind(ctx), g,
+           {{B, {b.stride(0), a.stride(0), out.stride(0)}}, {Hkv, {G * b.stride(1), G * a.stride(1), out.stride(1)}}});
+}
+
+}  // namespace
+
+void matmul_tn(Blas& blas, const Tensor& a_in, const Tensor& b_in, Tensor& out, RunContext& ctx) {
+  OpRange range(op::matmul.name, {&a_in, &b_in});
+  check_shapes(a_in, b_in, "matmul");
+  check_shapes(a_in, out, "matmul");
+  const std::int64_t group = a_in.size(1) / out.size(1);
+  if (b_in.sizes() != Dims{a_in.size(0), a_in.size(1), a_in.size(2), b_in.size(3)} ||
+      out.sizes() != Dims{a_in.size(0), out.size(1), a_in.size(3), b_in.size(3)}) {
+    fail(ErrorKind::Internal, "matmul: " + a_in.describe() + "^T @ " + b_in.describe() + " into " + out.describe());
+  }
+  // An operand whose group cannot be read as one matrix (Q in a [B, S, H, D]
+  // layout, say) is made contiguous first: one "contiguous" kernel rather
+  // than a GEMM per query head.
+  const Tensor a = heads_stack(a_in, group) ? a_in : contiguous(a_in, ctx);
+  const Tensor b = heads_stack(b_in, group) ? b_in : contiguous(b_in, ctx);
+  if (out.numel() == 0) return;
+  if (gemm_readable(out)) {
+    tn_into(blas, a, b, out, ctx);
+    return;
+  }
+  Tensor tmp = Tensor::empty(out.sizes(), out.dtype(), ctx.allocator);
+  tn_into(blas, a, b, tmp, ctx);
+  to_into(tmp, out, ctx);
 }
 
 }  // namespace attnprof::cuda::ops

@@ -31,6 +31,9 @@ class CudaOps final : public Ops {
   Tensor matmul_pv(const Tensor& p, const Tensor& v, RunContext& ctx) override {
     return ops::matmul_pv(blas_, p, v, ctx);
   }
+  void matmul_tn(const Tensor& a, const Tensor& b, Tensor& out, RunContext& ctx) override {
+    ops::matmul_tn(blas_, a, b, out, ctx);
+  }
   Tensor mul(const Tensor& x, float s, RunContext& ctx) override { return ops::mul(x, s, ctx); }
   Tensor masked_fill(const Tensor& x, const Tensor& keep, float value, RunContext& ctx) override {
     return ops::masked_fill(x, keep, value, ctx);
@@ -42,6 +45,9 @@ class CudaOps final : public Ops {
   void add_(Tensor& a, const Tensor& b, RunContext& ctx) override { ops::add_(a, b, ctx); }
   Tensor softmax(const Tensor& x, RunContext& ctx) override { return ops::softmax(x, ctx); }
   Tensor safe_softmax(const Tensor& x, RunContext& ctx) override { return ops::safe_softmax(x, ctx); }
+  Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) override {
+    return ops::softmax_backward(grad, probs, ctx);
+  }
   Tensor to(const Tensor& x, DType dtype, RunContext& ctx) override { return ops::to(x, dtype, ctx); }
   void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) override { ops::to_into(src, dst, ctx); }
   Tensor ones(const Dims& sizes, RunContext& ctx) override { return ops::ones(sizes, ctx); }

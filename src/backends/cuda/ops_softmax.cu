@@ -1,4 +1,5 @@
-// Row softmax over the last dim, and PyTorch's NaN-safe softmax built from it.
+// Row softmax over the last dim, PyTorch's NaN-safe softmax built from it, and
+// the backward both share.
 //
 // One block per row: one pass keeps a running (max, sum of exp) per thread
 // (online softmax), a block reduction merges them, a second pass writes
@@ -125,6 +126,36 @@ __global__ void zero_rows_kernel(const std::uint8_t* flag, const T* x, T* y, std
   }
 }
 
+__device__ float block_sum(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = lane < warps ? partial[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+    if (lane == 0) partial[0] = w;
+  }
+  __syncthreads();
+  return partial[0];
+}
+
+// out = p * (g - sum_j g_j p_j) over one row a block: a pass for the dot
+// product, a second (from L1/L2) for the result.
+template <class T, class Tp>
+__global__ void softmax_backward_kernel(const T* grad, const Tp* probs, T* out, std::int64_t cols) {
+  const std::int64_t base = std::int64_t{blockIdx.x} * cols;
+  float dot = 0.f;
+  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    dot += dev::load(grad, base + j) * dev::load(probs, base + j);
+  }
+  dot = block_sum(dot);
+  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    dev::store(out, base + j, dev::load(probs, base + j) * (dev::load(grad, base + j) - dot));
+  }
+}
+
 // Enough threads that each moves one 16-byte pack per pass on short rows, and
 // several on long ones.
 int softmax_threads(std::int64_t packs) {
@@ -197,6 +228,26 @@ Tensor safe_softmax(const Tensor& x, RunContext& ctx) {
     check_launch();
   }
   return y;
+}
+
+Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) {
+  OpRange range(op::softmax_backward.name, {&grad, &probs});
+  require_scores(grad, "_softmax_backward_data");
+  require_scores(probs, "_softmax_backward_data");
+  if (grad.sizes() != probs.sizes()) {
+    fail(ErrorKind::Internal, "_softmax_backward_data: " + grad.describe() + " vs " + probs.describe());
+  }
+  Tensor out = Tensor::empty(grad.sizes(), grad.dtype(), ctx.allocator);
+  const std::int64_t cols = grad.size(3), rows = grad.numel() / cols;
+  if (rows == 0) return out;
+  ATTNPROF_DISPATCH_FLOAT(grad.dtype(), T, [&] {
+    ATTNPROF_DISPATCH_FLOAT(probs.dtype(), Tp, [&] {
+      softmax_backward_kernel<T, Tp><<<static_cast<unsigned>(rows), softmax_threads(cols), 0, stream_of(ctx)>>>(
+          grad.data_as<T>(), probs.data_as<Tp>(), out.data_as<T>(), cols);
+    });
+  });
+  check_launch();
+  return out;
 }
 
 }  // namespace attnprof::cuda::ops
