@@ -174,6 +174,11 @@ if has python; then
   python3 -c 'import nanobind; print("nanobind", nanobind.__version__, nanobind.__file__)' >>"$OUT/log.txt" 2>&1
   cmake -S . -B $B -DATTNPROF_PYTHON=ON >>"$OUT/log.txt" 2>&1 && cmake --build $B --target _core >>/tmp/build.txt 2>&1 ||
     { grep -E 'error|Error' -A3 /tmp/build.txt | head -30; log "python module build failed"; }
+  # Which C++ runtime the module carries or needs (one per process: see python/CMakeLists.txt).
+  { $(grep -m1 CMAKE_CXX_COMPILER: $B/CMakeCache.txt | cut -d= -f2) -dumpspecs | grep -n -i 'static' | head -5
+    ldd $B/python/attnprof/_core*.so | grep -E 'stdc|gcc_s'
+    echo "static libstdc++ symbols defined in the module: $(nm -D --defined-only $B/python/attnprof/_core*.so | grep -c _ZNSt6locale7classicEv)"
+  } >>"$OUT/log.txt" 2>&1
   PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" \
     python/tests >"$OUT/pytest.txt" 2>&1
   echo "pytest rc $?" >>"$OUT/pytest.txt"
