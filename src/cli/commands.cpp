@@ -99,11 +99,14 @@ int run_profile(const Options& o) {
   const std::string count = !gpu                    ? analysis::format("%.1f", m.ops_per_forward)
                             : m.kernels_per_forward ? analysis::format("%.1f", *m.kernels_per_forward)
                                                     : std::string("not counted");
-  std::printf("per forward: %s %s, copies %.0f, time %.1f us, host %.1f us%s, peak %.1f MiB\n",
+  const std::string per = p.pass == Pass::Train ? "training step" : std::string(pass_name(p.pass));
+  std::printf("per %s: %s %s, copies %.0f, time %.1f us, host %.1f us%s, peak %.1f MiB%s\n", per.c_str(),
               gpu ? "GPU activities" : "ops", count.c_str(), m.copies_per_forward, m.device_time_us.value_or(0),
-              m.host_time_us, unprofiled.c_str(), static_cast<double>(m.peak_bytes) / (1024.0 * 1024.0));
+              m.host_time_us, unprofiled.c_str(), static_cast<double>(m.peak_bytes) / (1024.0 * 1024.0),
+              m.tflops ? analysis::format(", %.3g TFLOP/s", *m.tflops).c_str() : "");
   if (r.error && r.acceptance) {
-    std::printf("error vs float64: %s (%s)\n", r.acceptance->pass ? "ok" : "OVER TOLERANCE", r.acceptance->why.c_str());
+    std::printf("error vs float64%s: %s (%s)\n", r.gradient_errors ? " (the worst of dQ, dK and dV)" : "",
+                r.acceptance->pass ? "ok" : "OVER TOLERANCE", r.acceptance->why.c_str());
   }
   for (const auto& f : r.findings) std::printf("- %s\n", f.text.c_str());
   std::printf("wrote %s.{json,txt,summary.json}\n", output_stem(o.trace_dir, p, r.backend).c_str());
