@@ -23,7 +23,9 @@ void check_ring(const Problem& p, int gpus, std::string_view backend) {
   }
   parallel::check_ring_problem(p, gpus);
 #ifndef ATTNPROF_WITH_NCCL
-  fail(ErrorKind::Unsupported, "--gpus needs a build with CUDA and NCCL, and this one has none (CMake says why)");
+  fail(
+      ErrorKind::Unsupported,
+      "--gpus needs GPUs through a build with CUDA and NCCL; this one has neither (CMake's configure output says why)");
 #else
   std::string why;
   const int have = parallel::cuda_device_count(&why);
