@@ -10,14 +10,20 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "analysis/findings.h"
+#include "analysis/metrics.h"
 #include "attnprof/error.h"
+#include "attnprof/trace_io.h"
 #include "parallel/merge.h"
 #include "parallel/sharding.h"
+#include "synthetic_trace.h"
 
 #ifndef ATTNPROF_CLI_PATH
 #error "ATTNPROF_CLI_PATH must name the attnprof executable"
@@ -285,6 +291,105 @@ TEST(CliGpus, UnsupportedProblemsAreRefused) {
 TEST(CliGpus, MoreGpusThanTheMachineHasIsOneLine) {
   const CliResult r = attnprof_cli("profile --backend flash --gpus 64 --seq 1024");
   expect_one_line(r, "GPU");
+}
+
+// ---- Findings over a two-GPU trace -------------------------------------------
+
+// One profiler step; GPU 0 computes 800 us with 200 us of NCCL all hidden,
+// GPU 1 computes 600 us with 200 us of NCCL of which 50 us is hidden, then
+// idles 200 us.
+Trace two_gpu_trace() {
+  using testing::device;
+  Trace t;
+  t.world_size = 2;
+  t.activities.push_back(testing::host(ActivityType::UserAnnotation, "ProfilerStep#1", 0, 1'000'000, 0));
+  const auto kernel = [](int dev, const char* name, std::int64_t start, std::int64_t dur) {
+    Activity a = device(ActivityType::Kernel, name, start, dur, 0);
+    a.device = dev;
+    a.stream = std::string_view(name).starts_with("nccl") ? 20 : 7;
+    return a;
+  };
+  t.activities.push_back(kernel(0, "flash_fwd_kernel", 0, 400'000));
+  t.activities.push_back(kernel(1, "flash_fwd_kernel", 0, 300'000));
+  t.activities.push_back(kernel(0, "ncclDevKernel_SendRecv", 100'000, 200'000));
+  t.activities.push_back(kernel(1, "flash_fwd_kernel", 300'000, 300'000));
+  t.activities.push_back(kernel(0, "flash_fwd_kernel", 400'000, 400'000));
+  t.activities.push_back(kernel(1, "ncclDevKernel_SendRecv", 550'000, 200'000));
+  t.steps_recorded = 1;
+  return t;
+}
+
+const Finding* rule(const std::vector<Finding>& fs, const std::string& id) {
+  for (const auto& f : fs) {
+    if (f.rule == id) return &f;
+  }
+  return nullptr;
+}
+
+TEST(ParallelFindings, CommOverlapRankWaitAndImbalanceFromTheTrace) {
+  RunResult r;
+  r.backend = "flash";
+  r.problem.device = Device::Cuda;
+  r.eligibility.eligible = true;
+  r.trace = two_gpu_trace();
+  r.metrics = analysis::measure(r.trace, r.problem, 0);
+  ASSERT_EQ(r.metrics.device_time_per_rank_us.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.metrics.device_time_per_rank_us[0], 800.0);
+  EXPECT_DOUBLE_EQ(r.metrics.device_time_per_rank_us[1], 750.0);
+  EXPECT_EQ(r.metrics.world_size, 2);
+  const auto fs = analysis::findings(r, {r}, {});
+  const Finding* comm = rule(fs, "comm-overlap");
+  ASSERT_TRUE(comm);
+  EXPECT_DOUBLE_EQ(comm->figures.at("comm_us_per_forward"), 400.0);
+  EXPECT_DOUBLE_EQ(comm->figures.at("comm_hidden_pct"), 62.5);
+  EXPECT_DOUBLE_EQ(comm->figures.at("comm_hidden_pct_gpu0"), 100.0);
+  EXPECT_DOUBLE_EQ(comm->figures.at("comm_hidden_pct_gpu1"), 25.0);
+  EXPECT_NE(comm->text.find("62.5% of it hidden"), std::string::npos) << comm->text;
+  const Finding* wait = rule(fs, "rank-wait");
+  ASSERT_TRUE(wait);
+  EXPECT_DOUBLE_EQ(wait->figures.at("wait_us_gpu0"), 0.0);
+  EXPECT_DOUBLE_EQ(wait->figures.at("wait_us_gpu1"), 200.0);
+  const Finding* imb = rule(fs, "load-imbalance");
+  ASSERT_TRUE(imb);
+  EXPECT_NEAR(imb->figures.at("imbalance"), 800.0 / 700.0, 1e-12);
+}
+
+TEST(ParallelFindings, OneGpuWithoutNcclSaysNothing) {
+  RunResult r;
+  r.backend = "flash";
+  r.problem.device = Device::Cuda;
+  r.eligibility.eligible = true;
+  r.trace = two_gpu_trace();
+  std::erase_if(r.trace.activities, [](const Activity& a) { return a.device == 1 || a.name.starts_with("nccl"); });
+  r.trace.world_size = 1;
+  r.metrics = analysis::measure(r.trace, r.problem, 0);
+  EXPECT_TRUE(r.metrics.device_time_per_rank_us.empty());
+  const auto fs = analysis::findings(r, {r}, {});
+  EXPECT_FALSE(rule(fs, "comm-overlap"));
+  EXPECT_FALSE(rule(fs, "rank-wait"));
+  EXPECT_FALSE(rule(fs, "load-imbalance"));
+}
+
+TEST(ParallelFindings, ChromeTraceHasAProcessLanePerGpuAndTheWorldSize) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::temp_directory_path() / ("attnprof_two_gpu_" + std::to_string(::getpid()) + ".json");
+  write_chrome_trace(two_gpu_trace(), out.string());
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+  fs::remove(out);
+  EXPECT_EQ(j["distributedInfo"]["world_size"], 2);
+  std::set<std::int64_t> kernel_pids;
+  std::set<std::string> process_names;
+  bool nccl = false;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("cat", "") == "kernel") {
+      kernel_pids.insert(e["pid"].get<std::int64_t>());
+      nccl = nccl || e["name"].get<std::string>().starts_with("ncclDevKernel");
+    }
+    if (e.value("name", "") == "process_name") process_names.insert(e["args"]["name"].get<std::string>());
+  }
+  EXPECT_EQ(kernel_pids, (std::set<std::int64_t>{0, 1}));
+  EXPECT_TRUE(nccl);
+  EXPECT_EQ(process_names.count("GPU 0") + process_names.count("GPU 1"), 2u) << j["traceEvents"].dump().substr(0, 400);
 }
 
 }  // namespace
