@@ -23,6 +23,7 @@
 #include "attnprof/trace_io.h"
 #include "parallel/merge.h"
 #include "parallel/sharding.h"
+#include "report/report.h"
 #include "synthetic_trace.h"
 
 #ifndef ATTNPROF_CLI_PATH
@@ -352,6 +353,14 @@ TEST(ParallelFindings, CommOverlapRankWaitAndImbalanceFromTheTrace) {
   const Finding* imb = rule(fs, "load-imbalance");
   ASSERT_TRUE(imb);
   EXPECT_NEAR(imb->figures.at("imbalance"), 800.0 / 700.0, 1e-12);
+  // The at-a-glance table and the JSON carry each GPU's time.
+  r.findings = fs;
+  const std::string table = report::compare_table({r});
+  EXPECT_NE(table.find("GPU time per rank"), std::string::npos) << table;
+  EXPECT_NE(table.find("flash x2 GPUs"), std::string::npos) << table;
+  const nlohmann::json j = report::result_json(r);
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["device_time_per_rank_us"], (nlohmann::json{800.0, 750.0}));
 }
 
 TEST(ParallelFindings, OneGpuWithoutNcclSaysNothing) {
