@@ -83,6 +83,20 @@ __global__ void finish_output(const float* o_acc, T* out, std::int64_t n) {
   }
 }
 
+// Puts the caller's current device back: the ring visits every rank's
+// device, and the runtime the profiler and the float64 check use works on
+// the device that was current before.
+class DeviceGuard {
+ public:
+  DeviceGuard() { cudaGetDevice(&device_); }
+  ~DeviceGuard() { cudaSetDevice(device_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_ = 0;
+};
+
 struct Rank {
   int device = 0;
   ncclComm_t comm = nullptr;
@@ -124,6 +138,7 @@ struct RingAttention::Impl {
   std::int64_t heads_total = 0;  // B * H
 
   ~Impl() {
+    const DeviceGuard guard;
     for (Rank& r : ranks) {
       cudaSetDevice(r.device);
       cudaDeviceSynchronize();
@@ -215,6 +230,7 @@ struct RingAttention::Impl {
 
 RingAttention::RingAttention(const Problem& p, int world, const Inputs& host) : impl_(std::make_unique<Impl>()) {
   check_ring_problem(p, world);
+  const DeviceGuard guard;
   Impl& m = *impl_;
   m.p = p;
   m.layout = zigzag_layout(p, world);
@@ -300,6 +316,7 @@ std::size_t RingAttention::bytes_per_rank() const {
 }
 
 void RingAttention::forward() {
+  const DeviceGuard guard;
   Impl& m = *impl_;
   const int n = m.layout.world;
   const std::size_t block_bytes = 2 * m.shard_elems * m.es;
@@ -360,6 +377,7 @@ void RingAttention::forward() {
 }
 
 void RingAttention::synchronize() {
+  const DeviceGuard guard;
   for (Rank& r : impl_->ranks) {
     ATTNPROF_CUDA_CHECK(cudaSetDevice(r.device));
     ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(r.compute));
@@ -368,6 +386,7 @@ void RingAttention::synchronize() {
 }
 
 Tensor RingAttention::gather_output() {
+  const DeviceGuard guard;
   Impl& m = *impl_;
   synchronize();
   const Problem& p = m.p;
