@@ -111,7 +111,7 @@ struct Rank {
   void* out = nullptr;                           // [B, H, 2C, D]
   cudaEvent_t received[2] = {nullptr, nullptr};  // the comm stream filled ring[i]
   cudaEvent_t consumed[2] = {nullptr, nullptr};  // the compute stream is done reading ring[i]
-  cudaEvent_t sent = nullptr;                    // the comm stream is done reading kv_own
+  cudaEvent_t sent = nullptr;                    // the comm stream is done with this forward
 };
 
 }  // namespace
