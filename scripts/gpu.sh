@@ -5,12 +5,12 @@
 # per call with and without CUPTI, the benchmark against PyTorch, and the
 # Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize nocupti compare train host bench bench_backward python (default: all). Results land in $OUT (8 files at most).
+# sanitize nocupti compare train host bench bench_backward python ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward python}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward python ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=build/gpu
@@ -19,6 +19,9 @@ B=build/gpu
 CUDNN_DIR=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)
 [[ -n $CUDNN_DIR ]] && export LD_LIBRARY_PATH=$CUDNN_DIR:${LD_LIBRARY_PATH:-}
 [[ -d .deps/usr/lib/x86_64-linux-gnu ]] && export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# NCCL for --gpus (ring attention) from PyTorch's wheel, with its headers.
+NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+[[ -n $NCCL_DIR && -f $NCCL_DIR/libnccl.so.2 ]] && export LD_LIBRARY_PATH=$NCCL_DIR:${LD_LIBRARY_PATH:-} || NCCL_DIR=
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nvcc --version | tail -1
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
@@ -29,6 +32,7 @@ if has build; then
   log "configure + build ($(nproc) cores)"
   extra=()
   [[ -n $CUDNN_DIR ]] && extra+=(-DCUDNN_LIBRARY="$CUDNN_DIR/libcudnn.so.9")
+  [[ -n $NCCL_DIR ]] && extra+=(-DATTNPROF_NCCL_LIBRARY="$NCCL_DIR/libnccl.so.2")
   # Libraries the machine lacks (simdjson), carried as Debian packages
   # unpacked under .deps/ (dpkg -x), found through the prefix path.
   [[ -d .deps/usr ]] && extra+=(-DCMAKE_PREFIX_PATH="$PWD/.deps/usr")
@@ -186,6 +190,40 @@ if has python; then
     >"$OUT/python_overhead.md" 2>&1
 fi
 
+if has ring; then
+  # Context parallelism: ring attention over NCCL on every GPU here (the
+  # machine sets NCCL_NVLS_ENABLE=0; left as it is). Targets: 2 GPUs at least
+  # 1.8x one GPU, at least 90% of the communication hidden behind compute.
+  log "ring attention (--gpus) on $(nvidia-smi -L | wc -l) GPU(s)"
+  {
+    echo "GPUs: $(nvidia-smi -L | wc -l); NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-unset}"
+    timeout 240 $B/tests/attnprof_gpu_tests --gtest_brief=1 --gtest_filter='Ring*' 2>&1 | tail -n 12
+    for g in 2 1; do
+      echo "== profile --gpus $g"
+      timeout 150 $B/attnprof profile --backend flash --device cuda --gpus $g --batch 1 --heads 16 --seq 65536 \
+        --head-dim 128 --mask causal --warmup 1 --active 3 --unprofiled-calls 4 --check-rows 512 \
+        --json /tmp/ring$g.json --trace-dir /tmp/ring$g --quiet 2>&1 | cut -c1-260
+      echo "rc ${PIPESTATUS[0]}"
+    done
+    python3 - <<'PY'
+import json, os
+res = {g: json.load(open(f"/tmp/ring{g}.json"))["results"][0] for g in (1, 2) if os.path.exists(f"/tmp/ring{g}.json")}
+for g, r in sorted(res.items()):
+    figs = {f["rule"]: f["figures"] for f in r["findings"]}
+    hid = figs.get("comm-overlap", {}).get("comm_hidden_pct")
+    print(f"ring --gpus {g}: GPU time {r['device_time_us'] / 1e3:.2f} ms, per rank {r['device_time_per_rank_us']}, "
+          f"rel error {r['rel_error']:.2e} accepted {r['accepted']}, comm hidden "
+          + (f"{hid:.1f}%" if hid is not None else "-") + f", imbalance {figs.get('load-imbalance', {}).get('imbalance')}")
+if 1 in res and 2 in res and res[1]["device_time_us"] and res[2]["device_time_us"]:
+    s = res[1]["device_time_us"] / res[2]["device_time_us"]
+    hid = {f["rule"]: f["figures"] for f in res[2]["findings"]}.get("comm-overlap", {}).get("comm_hidden_pct", 0)
+    print(f"ring speedup 2 GPUs over 1: {s:.2f}x (target >= 1.8x: {'met' if s >= 1.8 else 'MISSED'}); "
+          f"communication hidden {hid:.1f}% (target >= 90%: {'met' if hid >= 90 else 'MISSED'})")
+PY
+  } >"$OUT/ring.txt" 2>&1
+  tail -n 4 "$OUT/ring.txt"
+fi
+
 log "done"
 echo "==== env"; cat /tmp/env.txt
 [[ -f $OUT/sanitizer.txt ]] && { echo "==== sanitizer"; cat "$OUT/sanitizer.txt"; }
@@ -196,6 +234,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/bench_backward.txt ]] && { echo "==== bench --pass backward"; cat /tmp/bench_backward.txt; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
+[[ -f $OUT/ring.txt ]] && { echo "==== ring (--gpus)"; cat "$OUT/ring.txt"; }
 # The device tool brings back 8 files at most: more than that travel as one archive.
 if (($(find "$OUT" -type f | wc -l) > 8)); then
   tar czf /tmp/results.tar.gz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tar.gz "$OUT/"

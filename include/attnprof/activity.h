@@ -111,6 +111,7 @@ struct Trace {
   std::string name;                        // trace name ("8_16_1024_64_naive")
   std::string collector_note;              // e.g. "CUPTI unavailable: timing from device events"
   int steps_recorded = 0;                  // active steps captured
+  int world_size = 1;                      // GPUs one run was sharded over (--gpus); distributedInfo
 };
 
 }  // namespace attnprof

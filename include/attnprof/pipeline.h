@@ -29,6 +29,9 @@ struct PipelineOptions {
   // The HTML report (attnprof/html.h): one self-contained page. Checked,
   // with Plotly.js's presence, before any work.
   std::optional<std::filesystem::path> html_path;
+  // --gpus N: flash as ring attention over N GPUs (attnprof/parallel.h);
+  // 0 runs on one device as before.
+  int gpus = 0;
 };
 
 // The files written for one backend.

@@ -64,6 +64,10 @@ struct Metrics {
   // Backward and train: the device time of the forward alone (profiled the
   // same way, on a short schedule), for backward time over forward time.
   std::optional<double> forward_device_time_us;
+  // --gpus: GPUs the run was sharded over, and each one's busy time per
+  // forward (every device activity on it, NCCL's included), by device.
+  int world_size = 1;
+  std::vector<double> device_time_per_rank_us;
 };
 
 struct RunResult {

@@ -70,6 +70,17 @@ Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops
     if (!dev.empty()) {
       m.kernels_per_forward = static_cast<double>(dev.size()) / steps;
       m.device_time_us = union_ns(std::move(iv)) / steps / 1e3;
+      if (t.world_size > 1) {
+        m.world_size = t.world_size;
+        std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> by_device;
+        for (int d = 0; d < t.world_size; ++d) by_device[d];
+        for (EventIndex i : dev) {
+          const Activity& a = index.at(i);
+          if (auto it = by_device.find(a.device); it != by_device.end())
+            it->second.emplace_back(a.start_ns, a.end_ns());
+        }
+        for (auto& [d, v] : by_device) m.device_time_per_rank_us.push_back(union_ns(std::move(v)) / steps / 1e3);
+      }
     } else {
       // No device activities recorded. With CUPTI off the fallback times a
       // span per forward with device events and counts nothing: the count

@@ -100,6 +100,14 @@ const char* kRunHelp = R"(Run (profile and compare):
                        profiled calls slower), p10 and p90 go to the summary;
                        a quarter as many untimed calls go first; 0 skips
                                                           (default 32)
+  --gpus N             context parallelism: flash only, Q, K and V sharded
+                       along the sequence over N GPUs of this machine (ring
+                       attention over NCCL, zigzag chunks so causal work is
+                       balanced; --seq a multiple of 2N; --mask none or
+                       causal; 1 runs the same path on one GPU). The trace
+                       has a lane per GPU and NCCL's kernels; the findings
+                       say how much communication compute hid, each rank's
+                       wait and the load imbalance
   --expect B=N         your guess before you look: backend B makes N GPU
                        activities (N CPU ops on the CPU) per forward; repeatable.
                        The report says whether the trace agrees.
@@ -417,6 +425,7 @@ Options parse(int argc, char** argv) {
       {"--seed", [&](auto& f, auto& v) { o.seed = static_cast<std::uint64_t>(to_int(f, v)); }},
       {"--check-rows", [&](auto& f, auto& v) { o.check_rows = to_small_int(f, v, 1, 1 << 24); }},
       {"--unprofiled-calls", [&](auto& f, auto& v) { o.unprofiled_calls = to_small_int(f, v, 0, 10000); }},
+      {"--gpus", [&](auto& f, auto& v) { o.gpus = to_small_int(f, v, 1, 64); }},
       {"--json",
        [&](auto&, auto& v) {
          if (v.empty()) bad("--json needs a path");
@@ -465,6 +474,7 @@ Options parse(int argc, char** argv) {
   if (o.command == "profile" && o.backend.empty()) bad("profile needs --backend B (one of " + backend_list() + ")");
   if (o.command != "profile" && !o.backend.empty()) bad("--backend is for profile; compare takes --backends A,B");
   if (o.command == "explain" && o.html_path) bad("--html is for compare and profile");
+  if (o.command == "explain" && o.gpus) bad("--gpus is for compare and profile");
   return o;
 }
 

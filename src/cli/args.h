@@ -26,6 +26,7 @@ struct Options {
   std::uint64_t seed = 0x5eed;
   std::int64_t check_rows = 2048;
   int unprofiled_calls = 32;
+  int gpus = 0;  // --gpus N: ring attention over N GPUs (0: not given)
   bool bshd = false;
   std::optional<std::string> json_path;
   std::optional<std::string> html_path;  // compare, profile

@@ -66,7 +66,8 @@ PipelineOptions pipeline_options(const Options& o, Progress& progress) {
           .table = {.sort_by = o.sort, .row_limit = o.row_limit},
           .trace_dir = o.trace_dir,
           .json_path = o.json_path ? std::optional<std::filesystem::path>(*o.json_path) : std::nullopt,
-          .html_path = o.html_path ? std::optional<std::filesystem::path>(*o.html_path) : std::nullopt};
+          .html_path = o.html_path ? std::optional<std::filesystem::path>(*o.html_path) : std::nullopt,
+          .gpus = o.gpus};
 }
 
 void print_header(const std::string& what, const Problem& p, const std::string& device_desc) {

@@ -19,7 +19,9 @@ using namespace attnprof;
 // usable, else the CPU; and the default shape for it.
 void resolve_defaults(cli::Options& o) {
   Problem& p = o.problem;
-  if (!o.device_given) {
+  if (!o.device_given && o.gpus > 0) {
+    p.device = Device::Cuda;  // --gpus is for GPUs: refused there with the reason if none
+  } else if (!o.device_given) {
     p.device = Device::Cpu;
     if (cuda_built()) {
       try {

@@ -295,10 +295,13 @@ nlohmann::json chrome_trace_json(const Trace& trace) {
   append_flows(trace, base, events);
 
   json doc{
-      {sc::kSchemaVersionKey, sc::kSchemaVersion},    {sc::kDeviceProperties, json::array()},
-      {sc::kDisplayTimeUnit, sc::kDisplayTimeUnitMs}, {sc::kBaseTimeNanoseconds, base},
-      {sc::kTraceEvents, std::move(events)},          {sc::kTraceName, trace.name},
-      {sc::kDistributedInfo, {{sc::kRank, 0}}},
+      {sc::kSchemaVersionKey, sc::kSchemaVersion},
+      {sc::kDeviceProperties, json::array()},
+      {sc::kDisplayTimeUnit, sc::kDisplayTimeUnitMs},
+      {sc::kBaseTimeNanoseconds, base},
+      {sc::kTraceEvents, std::move(events)},
+      {sc::kTraceName, trace.name},
+      {sc::kDistributedInfo, {{sc::kRank, 0}, {sc::kWorldSize, trace.world_size}}},
   };
   if (trace.device) doc[sc::kDeviceProperties].push_back(device_properties_json(*trace.device));
   if (!trace.collector_note.empty()) doc[sc::kCollectorNote] = trace.collector_note;

@@ -21,6 +21,7 @@ inline constexpr const char* kTraceName = "traceName";
 // traceEvents (keys are written sorted: it is).
 inline constexpr const char* kDistributedInfo = "distributedInfo";
 inline constexpr const char* kRank = "rank";
+inline constexpr const char* kWorldSize = "world_size";
 // Not a PyTorch key: why device timing fell back (readers ignore unknown keys).
 inline constexpr const char* kCollectorNote = "collectorNote";
 

@@ -6,6 +6,7 @@
 #include "analysis/findings.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
+#include "attnprof/parallel.h"
 #include "attnprof/trace_io.h"
 #include "report/report.h"
 
@@ -99,6 +100,14 @@ std::filesystem::path output_stem(const std::filesystem::path& dir, const Proble
 
 PipelineReport compare(const Problem& p, const PipelineOptions& o, const std::vector<std::string>& only) {
   check_before_work(o);
+  if (o.gpus > 0) {
+    // Only flash shards: another backend asked for by name is refused.
+    for (const auto& b : only) check_ring(p, o.gpus, b);
+    check_ring(p, o.gpus);
+    std::vector<RunResult> one;
+    one.push_back(run_ring(p, o.gpus, o.run));
+    return finish(p, std::move(one), o, "attnprof compare --gpus " + std::to_string(o.gpus));
+  }
   (void)device_runtime(p.device, o.run.threads);  // no usable device: refused before any backend runs
   return finish(p, run_backends(p, o.run, only), o, "attnprof compare");
 }
@@ -113,6 +122,14 @@ void PipelineReport::require_any_ran() const {
 
 PipelineReport profile(const Problem& p, std::string backend, const PipelineOptions& o) {
   check_before_work(o);
+  if (o.gpus > 0) {
+    check_ring(p, o.gpus, backend == "auto" ? std::string(kRingBackend) : backend);
+    std::vector<RunResult> one;
+    one.push_back(run_ring(p, o.gpus, o.run));
+    if (one.front().failure)
+      fail(ErrorKind::Device, backend + " --gpus " + std::to_string(o.gpus) + " failed: " + *one.front().failure);
+    return finish(p, std::move(one), o, "attnprof profile " + backend + " --gpus " + std::to_string(o.gpus));
+  }
   if (backend == "auto") backend = choose_auto(p).backend;
   Backend* b = find_backend(backend, p.device);
   if (!b || !eligibility_of(*b, p).eligible) {

@@ -40,11 +40,16 @@ std::string compare_table(const std::vector<RunResult>& results) {
                                      "CPU/call",     "peak mem",
                                      "TFLOP/s",      "% ceiling",
                                      "rel error",    "occupancy"};
+  // --gpus: each GPU's busy time, a column only when a run was sharded.
+  const bool per_rank = std::any_of(results.begin(), results.end(),
+                                    [](const RunResult& r) { return !r.metrics.device_time_per_rank_us.empty(); });
+  if (per_rank) header.push_back("GPU time per rank");
   std::vector<Row> rows;
   for (const auto& r : results) {
     Row row;
     if (!r.eligibility.eligible || r.failure) {
       row.cells = {r.backend, "-", "-", "-", "-", "-", "-", "-", "-", "-"};
+      if (per_rank) row.cells.push_back("-");
       row.findings = {r.failure ? "failed: " + *r.failure : r.eligibility.reason};
       rows.push_back(row);
       continue;
@@ -63,6 +68,12 @@ std::string compare_table(const std::vector<RunResult>& results) {
                  opt_num("%.1f%%", m.ceiling_pct),
                  err,
                  opt_num("%.0f%%", m.occupancy_pct)};
+    if (per_rank) {
+      std::string ranks;
+      for (double us : m.device_time_per_rank_us) ranks += (ranks.empty() ? "" : " / ") + time_str(us);
+      row.cells.push_back(ranks.empty() ? "-" : ranks);
+    }
+    if (m.world_size > 1) row.cells.front() += " x" + std::to_string(m.world_size) + " GPUs";
     for (const auto& f : r.findings) row.findings.push_back(f.text);
     rows.push_back(row);
   }
@@ -176,6 +187,10 @@ nlohmann::json result_json(const RunResult& r) {
   j["occupancy_pct"] = ran ? opt(r.metrics.occupancy_pct) : json(nullptr);
   j["saved_bytes"] = ran ? opt(r.metrics.saved_bytes) : json(nullptr);
   j["forward_device_time_us"] = ran ? opt(r.metrics.forward_device_time_us) : json(nullptr);
+  // --gpus: the GPUs the run was sharded over and each one's busy time.
+  j["world_size"] = r.metrics.world_size;
+  j["device_time_per_rank_us"] =
+      ran && !r.metrics.device_time_per_rank_us.empty() ? json(r.metrics.device_time_per_rank_us) : json(nullptr);
   if (r.gradient_errors) {
     const auto grad = [](const ErrorStats& e) {
       return json{{"rel_error", e.rel}, {"max_abs_error", e.max_abs}, {"nan_count", e.nan_count}};

@@ -309,7 +309,7 @@ TEST(ChromeTrace, RankLineAsHolisticTraceAnalysisGrepsIt) {
     }
   }
   EXPECT_TRUE(found);
-  EXPECT_EQ(json::parse(std::ifstream(out))["distributedInfo"], (json{{"rank", 0}}));
+  EXPECT_EQ(json::parse(std::ifstream(out))["distributedInfo"], (json{{"rank", 0}, {"world_size", 1}}));
 }
 
 TEST(ChromeTrace, UnwritableDirectoryThrowsIoAndLeavesNothing) {
