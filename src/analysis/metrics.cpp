@@ -134,7 +134,8 @@ Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops
 
   if (m.device_time_us && *m.device_time_us > 0) {
     m.tflops = p.flops() / (*m.device_time_us * 1e-6) / 1e12;
-    if (ceiling_tflops > 0) m.ceiling_pct = *m.tflops / ceiling_tflops * 100.0;
+    // Against the ceiling of every GPU the call ran on (ring attention's --gpus N).
+    if (ceiling_tflops > 0) m.ceiling_pct = *m.tflops / (ceiling_tflops * std::max(1, t.world_size)) * 100.0;
   }
   return m;
 }

@@ -64,12 +64,15 @@ void cite_first_forward(Finding& f, const TraceIndex& ix) {
   if (!ix.forwards().empty()) cite(f, ix, ix.forwards().front());
 }
 
-// "per forward" in a run's trace; "per step" in a profiler's steps; "in the
-// trace" when the whole trace is one call.
+// "per forward" (or "per backward", "per train step": the pass the runner's
+// call ranges name) in a run's trace; "per step" in a profiler's steps; "in
+// the trace" when the whole trace is one call.
 std::string per_call(const TraceIndex& ix) {
   switch (ix.call_scope()) {
-    case TraceIndex::CallScope::Forward:
-      return "per forward";
+    case TraceIndex::CallScope::Forward: {
+      const std::string_view pass = ix.forwards().empty() ? "forward" : std::string_view(ix.at(ix.forwards()[0]).name);
+      return pass == "train" ? "per train step" : "per " + std::string(pass);
+    }
     case TraceIndex::CallScope::ProfilerStep:
       return "per step";
     case TraceIndex::CallScope::WholeTrace:
@@ -116,8 +119,8 @@ std::vector<Finding> expectation_mismatch(const RuleInput& in) {
     return {};
   }
   const TraceIndex& ix = in.index;
-  Finding f = found(format("expected %.0f GPU activities per forward, ", r.expectation.device_activities) +
-                    format("saw %.0f", *m.kernels_per_forward));
+  Finding f = found(format("expected %.0f GPU activities ", r.expectation.device_activities) + per_call(ix) +
+                    format(", saw %.0f", *m.kernels_per_forward));
   // Name what the guess missed: memsets a library issued, and where from.
   std::map<std::string, std::vector<EventIndex>> memsets;
   for (EventIndex d : ix.device_activities()) {
@@ -159,7 +162,7 @@ std::vector<Finding> user_guess(const RuleInput& in, bool confirmed) {
   const char* what = in.gpu ? "GPU activities" : "ops";
   Finding f =
       found(std::string(confirmed ? "guess confirmed: " : "guess missed: ") + format("you expected %.0f ", g->second) +
-            what + format(" per forward, the trace shows %.1f", seen));
+            what + " " + per_call(in.index) + format(", the trace shows %.1f", seen));
   cite_first_forward(f, in.index);
   f.figures = {{"guess_per_forward", g->second}, {"seen_per_forward", seen}};
   return {f};
@@ -272,7 +275,7 @@ std::vector<Finding> masked_fill_in_place(const RuleInput& in) {
   if (const RunResult* base = memory_baseline(in.all); base && base->metrics.allocated_bytes_per_forward > 0) {
     const double saved = base->metrics.allocated_bytes_per_forward - m.allocated_bytes_per_forward;
     if (saved > 0) {
-      f.text += ", " + mib(saved) + " less allocated per forward than " + base->backend;
+      f.text += ", " + mib(saved) + " less allocated " + per_call(ix) + " than " + base->backend;
       f.figures["saved_bytes_per_forward"] = saved;
     }
     if (base->metrics.device_time_us && m.device_time_us) {
