@@ -1,6 +1,7 @@
 """The PyTorch side, imported only once a torch tensor arrives: torch.ops.attnprof.attention
-(a torch.library custom op with a fake implementation, so torch.compile traces it whole) and
-the eager path of attnprof.attention on torch tensors."""
+(a torch.library custom op with a fake implementation, so torch.compile traces it whole), the
+training pair attention_train / attention_backward (the first's autograd is the second, attnprof's
+own backward) and the eager path of attnprof.attention on torch tensors."""
 
 from __future__ import annotations
 
