@@ -6,7 +6,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -151,7 +150,7 @@ struct RingAttention::Impl {
       }
       if (r.compute) cudaStreamDestroy(r.compute);
       if (r.comm_stream) cudaStreamDestroy(r.comm_stream);
-      if (r.comm) ncclCommDestroy(r.comm);
+      if (r.comm) nccl().comm_destroy(r.comm);
     }
     cudaGetLastError();
   }
@@ -243,9 +242,9 @@ RingAttention::RingAttention(const Problem& p, int world, const Inputs& host) : 
   std::vector<int> devices(static_cast<std::size_t>(world));
   for (int i = 0; i < world; ++i) devices[static_cast<std::size_t>(i)] = i;
   std::vector<ncclComm_t> comms(static_cast<std::size_t>(world));
-  if (const ncclResult_t st = ncclCommInitAll(comms.data(), world, devices.data()); st != ncclSuccess) {
+  if (const ncclResult_t st = nccl().comm_init_all(comms.data(), world, devices.data()); st != ncclSuccess) {
     fail(ErrorKind::Device,
-         "NCCL failed to start on " + std::to_string(world) + " GPU(s): ncclCommInitAll: " + ncclGetErrorString(st));
+         "NCCL failed to start on " + std::to_string(world) + " GPU(s): ncclCommInitAll: " + nccl().error_string(st));
   }
   m.ranks.resize(static_cast<std::size_t>(world));
   for (int i = 0; i < world; ++i) {
@@ -338,13 +337,13 @@ void RingAttention::forward() {
         // The buffer received into was last read by the compute at step s - 1.
         ATTNPROF_CUDA_CHECK(cudaStreamWaitEvent(r.comm_stream, r.consumed[into], 0));
       }
-      ATTNPROF_NCCL_CHECK(ncclGroupStart());
+      ATTNPROF_NCCL_CHECK(nccl().group_start());
       for (int i = 0; i < n; ++i) {
         Rank& r = m.ranks[static_cast<std::size_t>(i)];
-        ATTNPROF_NCCL_CHECK(ncclSend(block_at(r, s), block_bytes, ncclChar, (i + 1) % n, r.comm, r.comm_stream));
-        ATTNPROF_NCCL_CHECK(ncclRecv(r.ring[into], block_bytes, ncclChar, (i + n - 1) % n, r.comm, r.comm_stream));
+        ATTNPROF_NCCL_CHECK(nccl().send(block_at(r, s), block_bytes, ncclChar, (i + 1) % n, r.comm, r.comm_stream));
+        ATTNPROF_NCCL_CHECK(nccl().recv(r.ring[into], block_bytes, ncclChar, (i + n - 1) % n, r.comm, r.comm_stream));
       }
-      ATTNPROF_NCCL_CHECK(ncclGroupEnd());
+      ATTNPROF_NCCL_CHECK(nccl().group_end());
       for (Rank& r : m.ranks) {
         ATTNPROF_CUDA_CHECK(cudaSetDevice(r.device));
         ATTNPROF_CUDA_CHECK(cudaEventRecord(r.received[into], r.comm_stream));
