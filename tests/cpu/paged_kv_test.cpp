@@ -28,6 +28,8 @@
 #include "backends/composite/composite_backend.h"
 #include "backends/composite/plan.h"
 #include "common/test_problem.h"
+#include "parallel/sharding.h"
+#include "report/report.h"
 
 #ifndef ATTNPROF_CLI_PATH
 #error "ATTNPROF_CLI_PATH must name the attnprof executable"
@@ -291,6 +293,27 @@ TEST(PagedEligibility, CudaCompositesRefuse) {
   for (const Explanation& e : explain(p)) {
     EXPECT_FALSE(e.eligible) << e.backend;
     EXPECT_FALSE(e.reason.empty()) << e.backend;
+  }
+}
+
+TEST(PagedReport, ProblemJsonNamesTheCache) {
+  Problem p = paged({.batch = 1, .heads = 2, .seq = 16, .kv_seq = 64, .head_dim = 32}, 16, MaskKind::Causal);
+  EXPECT_EQ(report::problem_json(p)["kv_cache"], "paged");
+  EXPECT_EQ(report::problem_json(p)["page_size"], 16);
+  p.kv_cache = KvCache::Contiguous;
+  p.page_size = 0;
+  EXPECT_EQ(report::problem_json(p)["kv_cache"], "contiguous");
+  EXPECT_TRUE(report::problem_json(p)["page_size"].is_null());
+}
+
+TEST(PagedRing, GpusRefuseAPagedCache) {
+  Problem p = paged({.batch = 1, .heads = 2, .seq = 64, .kv_seq = 64, .head_dim = 64}, 16, MaskKind::Causal);
+  p.device = Device::Cuda;
+  try {
+    parallel::check_ring_problem(p, 2);
+    ADD_FAILURE() << "a paged ring run was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("drop --kv-cache paged"), std::string::npos) << e.what();
   }
 }
 
