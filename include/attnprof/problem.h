@@ -96,6 +96,9 @@ struct Problem {
   std::string describe() const;  // "batch 8, heads 16, seq 1024, head_dim 64, bf16, causal on cuda"
   std::size_t q_bytes() const;
   std::size_t kv_bytes() const;  // one of K or V
+  // A paged cache's copy of one of K or V (the last pages' padding included)
+  // plus its share of the block table; 0 for a contiguous cache.
+  std::size_t kv_page_bytes() const;
 };
 
 }  // namespace attnprof

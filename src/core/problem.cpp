@@ -257,6 +257,12 @@ std::size_t Problem::kv_bytes() const {
   return static_cast<std::size_t>(batch * kv_heads * kv_seq * head_dim) * element_size(dtype);
 }
 
+std::size_t Problem::kv_page_bytes() const {
+  if (kv_cache != KvCache::Paged) return 0;
+  const auto pages = static_cast<std::size_t>(batch * pages_per_seq());
+  return pages * static_cast<std::size_t>(kv_heads * page_size * head_dim) * element_size(dtype) + pages * 2;
+}
+
 void Backend::forward_train(const Problem& p, const Inputs&, Tensor&, Saved&, RunContext&) {
   fail(ErrorKind::Unsupported, no_backward(name()).reason + " (" + p.describe() + ")");
 }

@@ -136,6 +136,23 @@ INSTANTIATE_TEST_SUITE_P(Cpu, PagedPasses,
                                   DType::BF16}),
                          [](const auto& info) { return std::string(info.param.label); });
 
+// Every decode-like width of 1 .. 16 queries against a 300-key cache (not a
+// multiple of either page size), grouped-query, bottom-right causal.
+TEST(PagedDecode, EveryQueryCountFrom1To16) {
+  for (std::int64_t seq = 1; seq <= 16; ++seq) {
+    const std::int64_t page = seq % 2 == 0 ? 64 : 16;
+    const Problem p = paged({.batch = 2, .heads = 4, .kv_heads = 2, .seq = seq, .kv_seq = 300, .head_dim = 32}, page,
+                            MaskKind::CausalBottomRight);
+    for (const char* name : kBackends) {
+      SCOPED_TRACE(std::string(name) + " seq " + std::to_string(seq));
+      const RunResult r = run_backend(backend(name), p, quick());
+      ASSERT_FALSE(r.failure) << *r.failure;
+      ASSERT_TRUE(r.acceptance) << "no float64 check";
+      EXPECT_TRUE(r.acceptance->pass) << r.acceptance->why;
+    }
+  }
+}
+
 TEST(PagedInputs, PagesHoldTheLogicalKeysThroughTheTable) {
   const Problem p = paged({.batch = 2, .heads = 2, .seq = 8, .kv_seq = 37, .head_dim = 8}, 16, MaskKind::Causal);
   const Inputs in = make_inputs(p, 7, cpu_allocator());
@@ -158,6 +175,7 @@ TEST(PagedInputs, PagesHoldTheLogicalKeysThroughTheTable) {
     }
   }
   EXPECT_TRUE(shuffled) << "the physical pages should not be in logical order";
+  EXPECT_EQ(2 * p.kv_page_bytes(), in.k_pages.nbytes() + in.v_pages.nbytes() + in.block_table.nbytes());
   EXPECT_NE(p.describe().find("paged KV cache (3 pages of 16 keys"), std::string::npos) << p.describe();
 }
 
