@@ -241,6 +241,27 @@ TEST(PagedInputs, ACorruptTableIsRefusedWithOneLine) {
   EXPECT_NE(why.find("want int32 [2, 3]"), std::string::npos) << why;
 }
 
+// The backends guard their reads too: a table pointing past the cache is
+// refused with one line before any page is read.
+TEST(PagedInputs, BackendsRefuseATableOutOfRange) {
+  const Problem p = paged({.batch = 2, .heads = 2, .seq = 8, .kv_seq = 40, .head_dim = 8}, 16, MaskKind::Causal);
+  Inputs in = make_inputs(p, 5, cpu_allocator());
+  in.block_table.data_as<std::int32_t>()[5] = 99;
+  for (const char* name : kBackends) {
+    SCOPED_TRACE(name);
+    Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, cpu_allocator());
+    RunContext ctx{cpu_allocator(), nullptr, 1};
+    try {
+      backend(name).forward(p, in, out, ctx);
+      ADD_FAILURE() << "read through a table entry past the cache";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("block table [1][2] = 99 is not a physical page"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(PagedProblem, ValidateSaysWhatToChange) {
   const auto why = [](KvCache c, std::int64_t page, Pass pass = Pass::Forward) {
     Problem p = testing::to_problem(testing::Shape{.seq = 64}, DType::BF16, MaskKind::Causal);

@@ -17,6 +17,7 @@
 
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
+#include "attnprof/reference.h"
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/flash_microkernels.h"
 #include "backends/cpu/flash_tiles.h"
@@ -382,6 +383,7 @@ class FlashCpu final : public Backend {
       fail(ErrorKind::InvalidArgument,
            "flash: --kv-cache paged without the pages and block table (make_inputs makes them)");
     }
+    if (p.kv_cache == KvCache::Paged) check_block_table(p, in.block_table, in.k_pages.size(0));
 
     const std::int64_t D = p.head_dim;
     // A paged cache's rows are copied out of their pages (load_kv_row).

@@ -399,6 +399,19 @@ class CpuOps final : public Ops {
     const auto* src = static_cast<const unsigned char*>(pages.data());
     auto* dst = static_cast<unsigned char*>(out.data());
     const auto* ids = static_cast<const std::int32_t*>(table.data());
+    // Every entry a physical page before any is read (make_inputs checks the
+    // whole table with check_block_table; this guards the reads).
+    const std::int64_t num_pages = pages.size(0), per_seq = (kv_seq + page - 1) / page;
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t l = 0; l < per_seq; ++l) {
+        const std::int64_t id = ids[b * table.stride(2) + l * table.stride(3)];
+        if (id < 0 || id >= num_pages) {
+          fail(ErrorKind::InvalidArgument, "block table [" + std::to_string(b) + "][" + std::to_string(l) +
+                                               "] = " + std::to_string(id) + " is not a physical page (the cache has " +
+                                               std::to_string(num_pages) + ")");
+        }
+      }
+    }
     const std::int64_t n = B * H * kv_seq;
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < n; ++r) {
