@@ -15,6 +15,14 @@ struct Inputs {
   Tensor q, k, v;  // [B, H, S, D], [B, Hkv, Skv, D], [B, Hkv, Skv, D]; any strides
   Tensor mask;     // Boolean masks: bool [B|1, H|1, S, Skv] (expanded views allowed)
   Tensor bias;     // Bias masks: same shape, any floating dtype
+  // A paged KV cache (Problem::kv_cache == Paged), the same K and V stored
+  // as pages [num_pages, Hkv, page_size, D] in the problem's dtype, and the
+  // int32 block table [B, pages_per_seq] (held as [1, 1, B, pages_per_seq],
+  // tensors being 4-d): sequence b's keys page * l ..
+  // page * (l + 1) - 1 live in physical page block_table[b][l]. k and v stay
+  // the logical [B, Hkv, Skv, D] tensors (what the float64 reference reads);
+  // a paged backend reads only these. Undefined for a contiguous cache.
+  Tensor k_pages, v_pages, block_table;
 };
 
 // What a forward keeps for its backward (autograd's saved tensors, beyond

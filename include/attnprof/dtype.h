@@ -10,20 +10,22 @@
 
 namespace attnprof {
 
-enum class DType : std::uint8_t { F32, F16, BF16, Bool };
+// I32 holds indices only (a paged KV cache's block table): never a problem's dtype.
+enum class DType : std::uint8_t { F32, F16, BF16, Bool, I32 };
 
-// Per-dtype facts, in the enum's order (F32, F16, BF16, Bool).
+// Per-dtype facts, in the enum's order (F32, F16, BF16, Bool, I32).
 namespace detail {
 struct DTypeInfo {
   std::string_view name;
   std::size_t size;
-  double max_finite;  // the largest finite value (0 for bool)
+  double max_finite;  // the largest finite value (0 for bool and int32)
 };
-inline constexpr std::array<DTypeInfo, 4> kDTypes{{
+inline constexpr std::array<DTypeInfo, 5> kDTypes{{
     {"fp32", 4, 3.4028234663852886e38},
     {"fp16", 2, 65504.0},
     {"bf16", 2, 3.3895313892515355e38},  // (2 - 2^-7) x 2^127
     {"bool", 1, 0},
+    {"int32", 4, 0},
 }};
 constexpr const DTypeInfo& info(DType t) { return kDTypes[static_cast<std::size_t>(t)]; }
 }  // namespace detail
@@ -101,6 +103,8 @@ inline float load_as_float(const void* base, DType t, std::int64_t i) {
       return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
     case DType::Bool:
       return static_cast<const std::uint8_t*>(base)[i] ? 1.0f : 0.0f;
+    case DType::I32:
+      return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
   }
   return 0.0f;
 }
@@ -118,6 +122,9 @@ inline void store_from_float(void* base, DType t, std::int64_t i, float v) {
       break;
     case DType::Bool:
       static_cast<std::uint8_t*>(base)[i] = v != 0.0f;
+      break;
+    case DType::I32:
+      static_cast<std::int32_t*>(base)[i] = static_cast<std::int32_t>(v);
       break;
   }
 }

@@ -31,6 +31,15 @@ enum class Pass : std::uint8_t { Forward, Backward, Train };
 std::string_view pass_name(Pass p);
 std::optional<Pass> parse_pass(std::string_view name);
 
+// How K and V are stored. Contiguous: [B, Hkv, Skv, D]. Paged: pages
+// [num_pages, Hkv, page_size, D] and an int32 block table [B, pages_per_seq]
+// mapping each sequence's logical page to a physical one (vLLM's layout).
+enum class KvCache : std::uint8_t { Contiguous, Paged };
+std::string_view kv_cache_name(KvCache c);
+std::optional<KvCache> parse_kv_cache(std::string_view name);
+// The accepted spellings, for --help and error messages.
+std::string_view kv_cache_choices();
+
 struct Problem {
   std::int64_t batch = 8;
   std::int64_t heads = 16;
@@ -47,10 +56,18 @@ struct Problem {
   // Backward only: dQ accumulated in a fixed order rather than with atomics
   // (fused backwards); refused where it means nothing.
   bool deterministic = false;
+  KvCache kv_cache = KvCache::Contiguous;
+  // Paged only: keys per page, a power of two. The last page of a sequence
+  // is padded when kv_seq is not a multiple (pages round up).
+  std::int64_t page_size = 0;
+
+  // Pages per sequence, ceil(kv_seq / page_size) (0 for a contiguous cache).
+  std::int64_t pages_per_seq() const { return page_size > 0 ? (kv_seq + page_size - 1) / page_size : 0; }
 
   // Fills kv_heads/kv_seq defaults; throws Error(InvalidArgument) with what to change.
   Problem& normalize();
   void validate() const;
+  void validate_kv_cache() const;  // the --kv-cache and --page-size part of validate()
 
   double softmax_scale() const;
   std::int64_t group() const { return heads / kv_heads; }
@@ -79,6 +96,9 @@ struct Problem {
   std::string describe() const;  // "batch 8, heads 16, seq 1024, head_dim 64, bf16, causal on cuda"
   std::size_t q_bytes() const;
   std::size_t kv_bytes() const;  // one of K or V
+  // A paged cache's copy of one of K or V (the last pages' padding included)
+  // plus its share of the block table; 0 for a contiguous cache.
+  std::size_t kv_page_bytes() const;
 };
 
 }  // namespace attnprof

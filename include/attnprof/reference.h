@@ -16,6 +16,15 @@ namespace attnprof {
 // [batch, seq, heads, head_dim] and returns [B, H, S, D] views of them.
 Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, bool bshd = false);
 
+// With p.kv_cache == Paged, also the paged copies of K and V and their block
+// table (Inputs): the physical pages a random (seeded) permutation, so a
+// backend that ignores the table reads the wrong keys.
+
+// Throws Error(InvalidArgument) with one line unless `block_table` is an int32
+// [1, 1, p.batch, p.pages_per_seq()] table whose every entry is a physical page in
+// [0, num_pages) and no page serves two (sequence, logical page) slots.
+void check_block_table(const Problem& p, const Tensor& block_table, std::int64_t num_pages);
+
 // Which (batch, head, query row) triples to check: all of them for small
 // problems, an even sample of at most `max_rows` otherwise.
 struct RowSample {

@@ -69,6 +69,9 @@ inline constexpr OpSpec structural_mask{"tril", {}, {1, 0}};
 // The backward's own: the softmax's backward (dS = P * (dP - rowsum(dP * P))),
 // one pass on either device. Its products are "matmul", as the forward's.
 inline constexpr OpSpec softmax_backward{"_softmax_backward_data", {}, {1, 0}};
+// A paged KV cache read into a contiguous K or V (pages[block_table] then
+// the reshape, as PyTorch's paged decode gathers it): one gather pass.
+inline constexpr OpSpec gather_pages{"index_select", {}, {1, 0}};
 }  // namespace op
 
 class Ops {
@@ -126,6 +129,12 @@ class Ops {
   // p's structural mask (causal, bottom-right causal, sliding window; None
   // keeps every key) as bool [1, 1, S, Skv], true = attend, Problem::visible().
   virtual Tensor structural_mask(const Problem& p, RunContext& ctx) = 0;
+
+  // A paged cache's K or V gathered into a fresh contiguous [B, Hkv, kv_seq, D]:
+  // pages [num_pages, Hkv, page_size, D], block_table int32 [1, 1, B, pages_per_seq]
+  // (Inputs), key j of sequence b read from page block_table[b][j / page_size]
+  // at row j % page_size. Devices without it refuse (the default here).
+  virtual Tensor gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx);
 };
 
 }  // namespace attnprof

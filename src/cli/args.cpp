@@ -70,6 +70,13 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
                        boolean (a random 90%-kept mask), bias (random additive)
                                                           (default causal)
   --window N           keys each query sees with --mask sliding-window
+  --kv-cache C         contiguous, or paged: K and V in pages of --page-size
+                       keys, read through a (shuffled) block table, as a
+                       decode server keeps them; forward only, on the CPU
+                       (naive, naive_inplace, math gather the pages, flash
+                       reads them in place)           (default contiguous)
+  --page-size N        keys per page with --kv-cache paged, a power of two
+                       (16, 64 ...); a sequence's last page is padded
   --scale X            softmax scale                      (default 1/sqrt(head_dim))
   --device D           cpu or cuda                        (default: cuda when a GPU is present)
   --layout L           bhsd or bshd: lay Q, K, V out as [batch, seq, heads, dim]
@@ -376,6 +383,17 @@ Options parse(int argc, char** argv) {
          auto m = parse_mask(v);
          if (!m) bad("unknown --mask '" + v + "': use one of " + std::string(mask_choices()));
          p.mask = *m;
+       }},
+      {"--kv-cache",
+       [&](auto&, auto& v) {
+         auto c = parse_kv_cache(v);
+         if (!c) bad("unknown --kv-cache '" + v + "': use " + std::string(kv_cache_choices()));
+         p.kv_cache = *c;
+       }},
+      {"--page-size",
+       [&](auto& f, auto& v) {
+         p.page_size = to_int(f, v);
+         if (p.page_size <= 0) bad("--page-size must be positive, got " + v);
        }},
       {"--device",
        [&](auto&, auto& v) {

@@ -66,6 +66,16 @@ std::optional<MaskKind> parse_mask(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view kv_cache_name(KvCache c) { return c == KvCache::Paged ? "paged" : "contiguous"; }
+
+std::optional<KvCache> parse_kv_cache(std::string_view name) {
+  if (name == "contiguous") return KvCache::Contiguous;
+  if (name == "paged") return KvCache::Paged;
+  return std::nullopt;
+}
+
+std::string_view kv_cache_choices() { return "contiguous, paged"; }
+
 std::string_view mask_choices() { return "none, causal, causal-bottom-right, sliding-window, boolean, bias"; }
 
 Problem& Problem::normalize() {
@@ -108,6 +118,7 @@ void Problem::validate() const {
     fail(ErrorKind::InvalidArgument,
          "--deterministic applies to the backward (--pass backward or train): the forward has no atomics to order");
   }
+  validate_kv_cache();
   if (scale && (!std::isfinite(*scale) || *scale == 0.0)) {
     fail(ErrorKind::InvalidArgument, "--scale must be a finite, non-zero number");
   }
@@ -123,6 +134,30 @@ void Problem::validate() const {
                   softmax_scale(), reach, std::string(dtype_name(dtype)).c_str(), max_finite(dtype),
                   max_finite(dtype) / static_cast<double>(head_dim));
     fail(ErrorKind::InvalidArgument, buf);
+  }
+}
+
+// The paged cache: a page size that is a power of two (as vLLM's and
+// FlashAttention's kernels take), with --kv-cache paged only, forward only.
+void Problem::validate_kv_cache() const {
+  if (kv_cache != KvCache::Paged) {
+    if (page_size != 0) fail(ErrorKind::InvalidArgument, "--page-size applies only to --kv-cache paged");
+    return;
+  }
+  if (page_size <= 0) {
+    fail(ErrorKind::InvalidArgument, "--kv-cache paged needs --page-size N (keys per page, a power of two such as 16)");
+  }
+  if (page_size > kMaxSeq) {
+    fail(ErrorKind::InvalidArgument, "--page-size " + std::to_string(page_size) + " is beyond the " +
+                                         std::to_string(kMaxSeq) + " keys this tool accepts");
+  }
+  if ((page_size & (page_size - 1)) != 0) {
+    fail(ErrorKind::InvalidArgument,
+         "--page-size " + std::to_string(page_size) + " must be a power of two (16, 32, 64 ...)");
+  }
+  if (pass != Pass::Forward) {
+    fail(ErrorKind::InvalidArgument,
+         "--kv-cache paged is forward only (a decode-time cache): use --pass forward, or --kv-cache contiguous");
   }
 }
 
@@ -206,6 +241,11 @@ std::string Problem::describe() const {
   if (mask == MaskKind::SlidingWindow) os << " " << window;
   os << " on " << device_name(device);
   if (pass != Pass::Forward) os << ", " << pass_name(pass) << " pass" << (deterministic ? " (deterministic)" : "");
+  if (kv_cache == KvCache::Paged) {
+    os << ", paged KV cache (" << pages_per_seq() << " pages of " << page_size << " keys per sequence";
+    if (kv_seq % page_size != 0) os << ", the last one padded";
+    os << ")";
+  }
   return os.str();
 }
 
@@ -215,6 +255,12 @@ std::size_t Problem::q_bytes() const {
 
 std::size_t Problem::kv_bytes() const {
   return static_cast<std::size_t>(batch * kv_heads * kv_seq * head_dim) * element_size(dtype);
+}
+
+std::size_t Problem::kv_page_bytes() const {
+  if (kv_cache != KvCache::Paged) return 0;
+  const auto pages = static_cast<std::size_t>(batch * pages_per_seq());
+  return pages * static_cast<std::size_t>(kv_heads * page_size * head_dim) * element_size(dtype) + pages * 2;
 }
 
 void Backend::forward_train(const Problem& p, const Inputs&, Tensor&, Saved&, RunContext&) {

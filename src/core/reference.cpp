@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -156,6 +157,51 @@ class ErrorAccumulator {
 
 }  // namespace
 
+namespace {
+
+// The paged copies of in.k and in.v: B * pages_per_seq physical pages in a
+// random order, the padding of each sequence's last page zeros.
+void make_pages(const Problem& p, Rng& rng, Allocator& allocator, Inputs& in) {
+  const std::int64_t page = p.page_size, per_seq = p.pages_per_seq(), num_pages = p.batch * per_seq;
+  std::vector<std::int32_t> physical(static_cast<std::size_t>(num_pages));
+  for (std::int64_t i = 0; i < num_pages; ++i) physical[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+  for (std::int64_t i = num_pages - 1; i > 0; --i) {  // Fisher-Yates
+    const auto j = static_cast<std::int64_t>(rng.next() % static_cast<std::uint64_t>(i + 1));
+    std::swap(physical[static_cast<std::size_t>(i)], physical[static_cast<std::size_t>(j)]);
+  }
+  in.block_table = Tensor::empty({1, 1, p.batch, per_seq}, DType::I32, allocator);
+  std::memcpy(in.block_table.data(), physical.data(), physical.size() * sizeof(std::int32_t));
+  check_block_table(p, in.block_table, num_pages);
+  const std::size_t row = static_cast<std::size_t>(p.head_dim) * element_size(p.dtype);
+  const auto paged = [&](const Tensor& logical) {
+    Tensor pages = Tensor::empty({num_pages, p.kv_heads, page, p.head_dim}, p.dtype, allocator);
+    std::memset(pages.data(), 0, pages.nbytes());
+    auto* dst = static_cast<unsigned char*>(pages.data());
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      for (std::int64_t hk = 0; hk < p.kv_heads; ++hk) {
+        for (std::int64_t j = 0; j < p.kv_seq; ++j) {
+          const std::int64_t phys = physical[static_cast<std::size_t>(b * per_seq + j / page)];
+          unsigned char* to =
+              dst + static_cast<std::size_t>(pages.index(phys, hk, j % page, 0)) * element_size(p.dtype);
+          if (logical.stride(3) == 1) {
+            std::memcpy(to,
+                        static_cast<const unsigned char*>(logical.data()) +
+                            static_cast<std::size_t>(logical.index(b, hk, j, 0)) * element_size(p.dtype),
+                        row);
+          } else {
+            for (std::int64_t d = 0; d < p.head_dim; ++d) pages.set(phys, hk, j % page, d, logical.get(b, hk, j, d));
+          }
+        }
+      }
+    }
+    return pages;
+  };
+  in.k_pages = paged(in.k);
+  in.v_pages = paged(in.v);
+}
+
+}  // namespace
+
 Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, bool bshd) {
   Rng rng{seed * 0x2545f4914f6cdd1dull + 1};
   Inputs in;
@@ -179,7 +225,37 @@ Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, b
     for (std::int64_t i = 0, n = b.numel(); i < n; ++i) store_from_float(b.data(), p.dtype, i, 2.0f * rng.uniform());
     in.bias = b.expand(full);
   }
+  if (p.kv_cache == KvCache::Paged) make_pages(p, rng, allocator, in);
   return in;
+}
+
+void check_block_table(const Problem& p, const Tensor& block_table, std::int64_t num_pages) {
+  const std::int64_t pages = p.pages_per_seq();
+  if (!block_table.defined() || block_table.dtype() != DType::I32 || block_table.size(0) != 1 ||
+      block_table.size(1) != 1 || block_table.size(2) != p.batch || block_table.size(3) != pages) {
+    fail(ErrorKind::InvalidArgument, "block table: want int32 [" + std::to_string(p.batch) + ", " +
+                                         std::to_string(pages) + "] (batch, pages per sequence), got " +
+                                         (block_table.defined() ? block_table.describe() : std::string("none")));
+  }
+  std::vector<std::int64_t> owner(static_cast<std::size_t>(std::max<std::int64_t>(num_pages, 0)), -1);
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t l = 0; l < pages; ++l) {
+      const auto page = static_cast<std::int64_t>(block_table.get(0, 0, b, l));
+      const std::string slot =
+          "block table [" + std::to_string(b) + "][" + std::to_string(l) + "] = " + std::to_string(page);
+      if (page < 0 || page >= num_pages) {
+        fail(ErrorKind::InvalidArgument, slot + " is not a physical page (the cache has " + std::to_string(num_pages) +
+                                             ", 0 .. " + std::to_string(num_pages - 1) + ")");
+      }
+      std::int64_t& o = owner[static_cast<std::size_t>(page)];
+      if (o >= 0) {
+        fail(ErrorKind::InvalidArgument, slot + ": physical page " + std::to_string(page) + " is already sequence " +
+                                             std::to_string(o / pages) + "'s logical page " +
+                                             std::to_string(o % pages) + " (a page serves one slot)");
+      }
+      o = b * pages + l;
+    }
+  }
 }
 
 RowSample sample_rows(const Problem& p, std::int64_t max_rows) {

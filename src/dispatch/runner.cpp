@@ -39,7 +39,8 @@ std::size_t input_bytes(const Problem& p) {
   std::size_t masks = 0;
   if (p.mask == MaskKind::Boolean) masks = static_cast<std::size_t>(p.seq * p.kv_seq);
   if (p.mask == MaskKind::Bias) masks = static_cast<std::size_t>(p.seq * p.kv_seq) * element_size(p.dtype);
-  return 2 * p.q_bytes() + 2 * p.kv_bytes() + masks + p.gradient_bytes();  // q, k, v, mask, O (and dO, dQ, dK, dV)
+  // q, k, v, mask, O (and dO, dQ, dK, dV), and a paged cache's copies of K and V.
+  return 2 * p.q_bytes() + 2 * p.kv_bytes() + masks + p.gradient_bytes() + 2 * p.kv_page_bytes();
 }
 
 // The device's matrix-product ceiling: measured once, unless

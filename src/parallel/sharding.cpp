@@ -75,6 +75,8 @@ void check_ring_problem(const Problem& p, int world) {
   }
   if (p.kv_seq != p.seq) fail(ErrorKind::Unsupported, "--gpus needs --kv-seq equal to --seq (self-attention)");
   if (p.kv_heads != p.heads) fail(ErrorKind::Unsupported, "--gpus does not take grouped-query heads: drop --kv-heads");
+  if (p.kv_cache == KvCache::Paged)
+    fail(ErrorKind::Unsupported, "--gpus reads a contiguous KV cache: drop --kv-cache paged");
   if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
     fail(ErrorKind::Unsupported, "--gpus runs flash, which takes --dtype bf16 or fp16");
   }

@@ -133,6 +133,8 @@ nlohmann::json problem_json(const Problem& p) {
                       {"pass", pass_name(p.pass)},
                       {"deterministic", p.deterministic}};
   j["window"] = p.mask == MaskKind::SlidingWindow ? nlohmann::json(p.window) : nlohmann::json(nullptr);
+  j["kv_cache"] = kv_cache_name(p.kv_cache);
+  j["page_size"] = p.kv_cache == KvCache::Paged ? nlohmann::json(p.page_size) : nlohmann::json(nullptr);
   return j;
 }
 

@@ -3,6 +3,14 @@
 #include "attnprof/error.h"
 #include "backends/composite/plan.h"
 
+namespace attnprof {
+
+Tensor Ops::gather_pages(const Tensor&, const Tensor&, std::int64_t, RunContext&) {
+  fail(ErrorKind::Unsupported, "the paged KV cache runs on the CPU in this build; on CUDA it is not implemented yet");
+}
+
+}  // namespace attnprof
+
 namespace attnprof::composite {
 
 Tensor MaskCache::get(Ops& ops, const Problem& p, RunContext& ctx) {
@@ -18,9 +26,21 @@ Tensor MaskCache::get(Ops& ops, const Problem& p, RunContext& ctx) {
   return mask_;
 }
 
+void CompositeBackend::run_forward(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
+                                   MaskCache& mask, Tensor* probs) const {
+  if (p.kv_cache != KvCache::Paged) {
+    run(ops, p, in, out, ctx, mask, probs);
+    return;
+  }
+  Inputs gathered = in;
+  gathered.k = ops.gather_pages(in.k_pages, in.block_table, p.kv_seq, ctx);
+  gathered.v = ops.gather_pages(in.v_pages, in.block_table, p.kv_seq, ctx);
+  run(ops, p, gathered, out, ctx, mask, probs);
+}
+
 void CompositeBackend::forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) {
   saved = {};
-  run(*ops_, p, in, out, ctx, mask_, &saved.probs);
+  run_forward(*ops_, p, in, out, ctx, mask_, &saved.probs);
 }
 
 void CompositeBackend::backward(const Problem& p, const Inputs& in, const Tensor&, const Tensor& dout,
@@ -42,17 +62,17 @@ CompositeBackend::Planned CompositeBackend::plan(const Problem& p) const {
   // One call of the pass, as the runner makes it (runner.cpp: call()).
   const auto call = [&] {
     if (p.pass == Pass::Forward) {
-      run(plan, p, args.in, args.out, ctx, mask, nullptr);
+      run_forward(plan, p, args.in, args.out, ctx, mask, nullptr);
       return;
     }
     if (p.pass == Pass::Train) {
       saved = {};
-      run(plan, p, args.in, args.out, ctx, mask, &saved.probs);
+      run_forward(plan, p, args.in, args.out, ctx, mask, &saved.probs);
     }
     run_backward(plan, p, args.in, args.dout, saved.probs, args.grads, ctx, mask);
   };
   // The runner makes a backward's saved tensors once, before the steps.
-  if (p.pass == Pass::Backward) run(plan, p, args.in, args.out, ctx, mask, &saved.probs);
+  if (p.pass == Pass::Backward) run_forward(plan, p, args.in, args.out, ctx, mask, &saved.probs);
   call();
   // What the warmup left behind: the mask, and the saved probabilities.
   const std::size_t cached = plan.live_bytes() - args_bytes;
@@ -73,6 +93,16 @@ std::string CompositeBackend::backward_story(const Problem& p, DType saved) {
   if (p.pass == Pass::Forward) return {};
   // No atomics anywhere: --deterministic changes nothing here.
   return ", backward from the saved [S, Skv] probabilities (" + std::string(dtype_name(saved)) + "), deterministic";
+}
+
+std::string CompositeBackend::paged_refusal(const Problem& p) const {
+  if (p.kv_cache != KvCache::Paged || device() == Device::Cpu) return {};
+  return "the paged KV cache runs on the CPU in this build; on CUDA it is not implemented yet";
+}
+
+std::string CompositeBackend::paged_story(const Problem& p) {
+  if (p.kv_cache != KvCache::Paged) return {};
+  return ", K and V gathered from " + std::to_string(p.page_size) + "-key pages through the block table (index_select)";
 }
 
 std::string CompositeBackend::wrong_device(const Problem& p) const {

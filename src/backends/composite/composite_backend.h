@@ -55,7 +55,7 @@ class CompositeBackend : public Backend {
   std::size_t planned_workspace_bytes(const Problem& p) const;
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
-    run(*ops_, p, in, out, ctx, mask_, nullptr);
+    run_forward(*ops_, p, in, out, ctx, mask_, nullptr);
   }
 
   bool has_backward() const override { return true; }
@@ -74,6 +74,11 @@ class CompositeBackend : public Backend {
                             Gradients& grads, RunContext& ctx, MaskCache& mask) const = 0;
 
   const Ops& ops() const { return *ops_; }
+  // Why a paged KV cache is refused here (empty when it is contiguous, or
+  // paged on the CPU, where the forward gathers it).
+  std::string paged_refusal(const Problem& p) const;
+  // What a paged cache adds to the eligibility's story (empty when contiguous).
+  static std::string paged_story(const Problem& p);
   // Why a problem for another device is not eligible here (empty when it is ours).
   std::string wrong_device(const Problem& p) const;
   // What a backward or training pass adds to the eligibility's story (empty
@@ -89,6 +94,10 @@ class CompositeBackend : public Backend {
     std::size_t workspace_bytes = 0;
   };
   Planned plan(const Problem& p) const;
+  // run(), after a paged cache's K and V are gathered into contiguous
+  // [B, Hkv, Skv, D] tensors (gather_pages, one per tensor and call).
+  void run_forward(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
+                   Tensor* probs) const;
 
   std::unique_ptr<Ops> ops_;
   MaskCache mask_;

@@ -53,10 +53,11 @@ class Math final : public CompositeBackend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = wrong_device(p); !why.empty()) return {false, why};
+    if (std::string why = paged_refusal(p); !why.empty()) return {false, why};
     std::string what = is_16bit(p.dtype) ? "upcasts to FP32, " : "";
     what += "FP32 products (" + ops().describe_gemm(DType::F32) + ")";
     if (structural(p.mask)) what += ", mask rebuilt every call";
-    return {true, what + ", NaN-safe softmax" + backward_story(p, DType::F32)};
+    return {true, what + ", NaN-safe softmax" + paged_story(p) + backward_story(p, DType::F32)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
@@ -73,7 +74,9 @@ class Math final : public CompositeBackend {
     // of the product and its scaled copy.
     const std::size_t backward = 3 * scores + 2 * q + 2 * kv;
     const std::size_t pass = p.pass == Pass::Forward ? forward : std::max(forward, backward);
-    return pass + ops().library_workspace_bytes();
+    // A paged cache's K and V gathered into contiguous copies.
+    const std::size_t gathered = p.kv_cache == KvCache::Paged ? 2 * p.kv_bytes() : 0;
+    return pass + gathered + ops().library_workspace_bytes();
   }
 
   Traits traits() const override { return {.reference_precision = true}; }

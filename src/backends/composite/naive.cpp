@@ -46,8 +46,9 @@ class Naive final : public CompositeBackend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = wrong_device(p); !why.empty()) return {false, why};
+    if (std::string why = paged_refusal(p); !why.empty()) return {false, why};
     return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores" +
-                      backward_story(p, p.dtype)};
+                      paged_story(p) + backward_story(p, p.dtype)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
@@ -61,7 +62,9 @@ class Naive final : public CompositeBackend {
     // scaled copy); a training step's forward peaks lower.
     const std::size_t forward = (inplace_ ? 2 : 3) * scores, backward = 3 * scores;
     const std::size_t pass = p.pass == Pass::Forward ? forward : std::max(forward, backward);
-    return pass + mask + ops().library_workspace_bytes();
+    // A paged cache's K and V gathered into contiguous copies.
+    const std::size_t gathered = p.kv_cache == KvCache::Paged ? 2 * p.kv_bytes() : 0;
+    return pass + mask + gathered + ops().library_workspace_bytes();
   }
 
   Traits traits() const override { return {.nan_on_fully_masked = true, .memory_baseline = !inplace_}; }

@@ -53,6 +53,12 @@ PlanOps::Args PlanOps::args(const Problem& p) {
   const Dims full{p.batch, p.heads, p.seq, p.kv_seq};
   if (p.mask == MaskKind::Boolean) r.in.mask = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, a).expand(full);
   if (p.mask == MaskKind::Bias) r.in.bias = Tensor::empty({1, 1, p.seq, p.kv_seq}, p.dtype, a).expand(full);
+  if (p.kv_cache == KvCache::Paged) {
+    const Dims pages{p.batch * p.pages_per_seq(), p.kv_heads, p.page_size, p.head_dim};
+    r.in.k_pages = Tensor::empty(pages, p.dtype, a);
+    r.in.v_pages = Tensor::empty(pages, p.dtype, a);
+    r.in.block_table = Tensor::empty({1, 1, p.batch, p.pages_per_seq()}, DType::I32, a);
+  }
   r.out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, a);
   if (p.pass != Pass::Forward) {
     r.dout = Tensor::empty(r.out.sizes(), p.dtype, a);
@@ -186,6 +192,11 @@ Tensor PlanOps::where(const Tensor& cond, float, float, RunContext& ctx) {
 Tensor PlanOps::structural_mask(const Problem& p, RunContext& ctx) {
   record(op::structural_mask);
   return Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, ctx.allocator);
+}
+
+Tensor PlanOps::gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx) {
+  record(op::gather_pages);
+  return Tensor::empty({block_table.size(2), pages.size(1), kv_seq, pages.size(3)}, pages.dtype(), ctx.allocator);
 }
 
 }  // namespace attnprof::composite

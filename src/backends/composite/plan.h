@@ -69,6 +69,7 @@ class PlanOps final : public Ops {
   Tensor triu(const Tensor& x, std::int64_t diagonal, RunContext& ctx) override;
   Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx) override;
   Tensor structural_mask(const Problem& p, RunContext& ctx) override;
+  Tensor gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx) override;
 
  private:
   class ShapeAllocator;

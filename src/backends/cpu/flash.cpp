@@ -17,6 +17,7 @@
 
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
+#include "attnprof/reference.h"
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/flash_microkernels.h"
 #include "backends/cpu/flash_tiles.h"
@@ -72,6 +73,7 @@ void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, s
       break;
     }
     case DType::Bool:
+    case DType::I32:
       break;
   }
   for (; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c);
@@ -184,6 +186,22 @@ struct Job {
   float* lse;         // forward_train: each row's log-sum-exp, contiguous [B, H, S]; null otherwise
 };
 
+// Key j's K or V row of sequence b, kv head hk, widened to FP32: from the
+// logical tensor, or with a paged cache from page block_table[b][j / page] at
+// row j % page (the pages are read where they lie, never gathered).
+void load_kv_row(const Job& job, const Tensor& logical, const Tensor& pages, std::int64_t b, std::int64_t hk,
+                 std::int64_t j, float* dst) {
+  const std::int64_t D = job.p.head_dim;
+  if (job.p.kv_cache != KvCache::Paged) {
+    load_row(logical, b, hk, j, D, dst);
+    return;
+  }
+  const Tensor& table = job.in.block_table;
+  const std::int64_t page = job.p.page_size;
+  const std::int64_t phys = table.data_as<const std::int32_t>()[b * table.stride(2) + (j / page) * table.stride(3)];
+  load_row(pages, phys, hk, j % page, D, dst);
+}
+
 // Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
 // qcols are zero so padded lanes compute harmless values.
 void pack_q(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
@@ -259,7 +277,7 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
       k_rows = K.data_as<const float>() + K.index(b, hk, j0, 0);
       ldk = K.stride(2);
     } else {
-      for (std::int64_t j = 0; j < n; ++j) load_row(K, b, hk, j0 + j, D, scratch + L.k + j * D);
+      for (std::int64_t j = 0; j < n; ++j) load_kv_row(job, K, job.in.k_pages, b, hk, j0 + j, scratch + L.k + j * D);
     }
     Prefetch v_next;
     if (job.v_in_place)
@@ -280,7 +298,7 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
     } else {
       for (std::int64_t j = 0; j < n; ++j) {
         float* row = scratch + L.v + j * job.dpad;
-        load_row(V, b, hk, j0 + j, D, row);
+        load_kv_row(job, V, job.in.v_pages, b, hk, j0 + j, row);
         std::fill(row + D, row + job.dpad, 0.0f);
       }
     }
@@ -297,8 +315,11 @@ class FlashCpu final : public Backend {
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = check_problem(p); !why.empty()) return {.eligible = false, .reason = why};
     const std::string threads = std::to_string(omp_get_max_threads()) + " threads";
-    if (p.pass == Pass::Forward)
-      return {.eligible = true, .reason = "tiled online softmax, " + threads + ", never materialises [S, Skv]"};
+    if (p.pass == Pass::Forward) {
+      const std::string paged =
+          p.kv_cache == KvCache::Paged ? ", K and V read from their pages through the block table" : "";
+      return {.eligible = true, .reason = "tiled online softmax, " + threads + paged + ", never materialises [S, Skv]"};
+    }
     return {.eligible = true,
             .reason = "FlashAttention-2 backward recomputing P from the saved log-sum-exp, " + threads +
                       (p.deterministic ? ", dQ summed in a fixed order" : "") + ", never materialises [S, Skv]"};
@@ -358,10 +379,17 @@ class FlashCpu final : public Backend {
     RecordFunction rf("flash_attention", dtypes_string({&in.q, &in.k, &in.v}),
                       dims_string(in.q) + ", " + dims_string(in.k) + ", " + dims_string(in.v));
     require_mask_tensor(p, in);
+    if (p.kv_cache == KvCache::Paged && (!in.k_pages.defined() || !in.v_pages.defined() || !in.block_table.defined())) {
+      fail(ErrorKind::InvalidArgument,
+           "flash: --kv-cache paged without the pages and block table (make_inputs makes them)");
+    }
+    if (p.kv_cache == KvCache::Paged) check_block_table(p, in.block_table, in.k_pages.size(0));
 
     const std::int64_t D = p.head_dim;
-    const bool k_unit = in.k.stride(3) == 1 || D == 1;
-    const bool v_unit = in.v.stride(3) == 1 || D == 1;
+    // A paged cache's rows are copied out of their pages (load_kv_row).
+    const bool paged = p.kv_cache == KvCache::Paged;
+    const bool k_unit = !paged && (in.k.stride(3) == 1 || D == 1);
+    const bool v_unit = !paged && (in.v.stride(3) == 1 || D == 1);
     const Job job{.p = p,
                   .in = in,
                   .out = out,

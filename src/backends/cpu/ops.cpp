@@ -385,6 +385,43 @@ class CpuOps final : public Ops {
     }
     return m;
   }
+
+  Tensor gather_pages(const Tensor& pages, const Tensor& table, std::int64_t kv_seq, RunContext& ctx) override {
+    RecordFunction rf(op::gather_pages.name, dtypes_string({&pages, &table}),
+                      dims_string(pages) + ", " + dims_string(table));
+    const std::int64_t B = table.size(2), H = pages.size(1), page = pages.size(2), D = pages.size(3);
+    if (table.dtype() != DType::I32 || !pages.is_contiguous()) {
+      fail(ErrorKind::Internal, "index_select: want contiguous pages and an int32 table, got " + pages.describe() +
+                                    " and " + table.describe());
+    }
+    Tensor out = Tensor::empty({B, H, kv_seq, D}, pages.dtype(), ctx.allocator);
+    const std::size_t es = element_size(pages.dtype()), row = static_cast<std::size_t>(D) * es;
+    const auto* src = static_cast<const unsigned char*>(pages.data());
+    auto* dst = static_cast<unsigned char*>(out.data());
+    const auto* ids = static_cast<const std::int32_t*>(table.data());
+    // Every entry a physical page before any is read (make_inputs checks the
+    // whole table with check_block_table; this guards the reads).
+    const std::int64_t num_pages = pages.size(0), per_seq = (kv_seq + page - 1) / page;
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t l = 0; l < per_seq; ++l) {
+        const std::int64_t id = ids[b * table.stride(2) + l * table.stride(3)];
+        if (id < 0 || id >= num_pages) {
+          fail(ErrorKind::InvalidArgument, "block table [" + std::to_string(b) + "][" + std::to_string(l) +
+                                               "] = " + std::to_string(id) + " is not a physical page (the cache has " +
+                                               std::to_string(num_pages) + ")");
+        }
+      }
+    }
+    const std::int64_t n = B * H * kv_seq;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t b = r / (H * kv_seq), h = (r / kv_seq) % H, j = r % kv_seq;
+      const std::int64_t phys = ids[b * table.stride(2) + (j / page) * table.stride(3)];
+      std::memcpy(dst + static_cast<std::size_t>(out.index(b, h, j, 0)) * es,
+                  src + static_cast<std::size_t>(pages.index(phys, h, j % page, 0)) * es, row);
+    }
+    return out;
+  }
 };
 
 }  // namespace

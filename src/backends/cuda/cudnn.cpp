@@ -253,6 +253,8 @@ class Cudnn final : public Backend {
   Eligibility eligibility(const Problem& p) const override {
     if (p.device != Device::Cuda) return {false, "runs on a CUDA device only"};
     if (!is_16bit(p.dtype)) return {false, "fp32 not supported by cuDNN SDPA (use --dtype bf16 or fp16)"};
+    if (p.kv_cache == KvCache::Paged)
+      return {false, "the paged KV cache is not wired to cuDNN SDPA yet (use --device cpu)"};
     if (p.mask == MaskKind::Boolean) {
       return {false, "boolean masks not supported by cuDNN SDPA here (an additive --mask bias is)"};
     }

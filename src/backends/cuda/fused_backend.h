@@ -33,6 +33,8 @@ class FusedBackend : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (p.dtype == DType::F32) return {false, "fp32 is not supported: the fused kernels take fp16 or bf16 (use math)"};
+    if (p.kv_cache == KvCache::Paged)
+      return {false, "the paged KV cache is not implemented in our fused CUDA kernels yet (use --device cpu)"};
     if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) {
       return {false, std::string(mask_name(p.mask)) + " masks are not supported by our fused kernel: use naive, math" +
                          (p.mask == MaskKind::Bias ? " or cudnn" : "")};

@@ -66,6 +66,7 @@ void fill_uniform(void* data, std::int64_t n, DType dtype, std::uint64_t seed, c
     case DType::BF16:
       return launch<__nv_bfloat16>(data, n, seed, stream);
     case DType::Bool:
+    case DType::I32:
       break;
   }
   throw Error(ErrorKind::Internal, "fill_uniform: a floating dtype is required");
