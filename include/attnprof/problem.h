@@ -93,6 +93,10 @@ struct Problem {
 
   // "8_16_1024_64": the file-name stem.
   std::string shape_key() const;
+  // The stem of the files a run writes: shape_key(), then the pass when it is
+  // not the forward and the paged cache, so that runs of one shape with
+  // another pass or cache do not overwrite each other ("8_16_1024_64_backward").
+  std::string file_stem() const;
   std::string describe() const;  // "batch 8, heads 16, seq 1024, head_dim 64, bf16, causal on cuda"
   std::size_t q_bytes() const;
   std::size_t kv_bytes() const;  // one of K or V

@@ -131,7 +131,7 @@ int run_compare(const Options& o) {
   std::printf(
       "\nerror: relative to a float64 reference on sampled rows; a 16-bit backend passes at <= 2 x math's error "
       "+ a floor. Traces, tables and summaries: %s/%s_<backend>.{json,txt,summary.json}\n",
-      o.trace_dir.c_str(), p.shape_key().c_str());
+      o.trace_dir.c_str(), p.file_stem().c_str());
   if (o.html_path) std::printf("HTML report: %s\n", o.html_path->c_str());
   rep.require_any_ran();  // the table and JSON said what happened to each backend
   return rep.accepted() ? kExitOk : kExitInaccurate;

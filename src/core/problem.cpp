@@ -231,6 +231,13 @@ std::string Problem::shape_key() const {
          std::to_string(head_dim);
 }
 
+std::string Problem::file_stem() const {
+  std::string s = shape_key();
+  if (pass != Pass::Forward) s += "_" + std::string(pass_name(pass));
+  if (kv_cache == KvCache::Paged) s += "_paged" + std::to_string(page_size);
+  return s;
+}
+
 std::string Problem::describe() const {
   std::ostringstream os;
   os << "batch " << batch << ", heads " << heads;

@@ -163,7 +163,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
   r.eligibility = eligibility_of(backend, p);
   r.expectation = backend.expectation(p);
   r.traits = backend.traits();
-  r.trace.name = p.shape_key() + "_" + r.backend;
+  r.trace.name = p.file_stem() + "_" + r.backend;
   if (!r.eligibility.eligible) return r;
   try {
     DeviceRuntime& rt = device_runtime(p.device, options.threads);
@@ -203,7 +203,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       unprofiled = time_unprofiled_calls(backend, p, t, ctx, rt, options.unprofiled_calls);
     }
     r.trace = std::move(trace);
-    r.trace.name = p.shape_key() + "_" + r.backend;
+    r.trace.name = p.file_stem() + "_" + r.backend;
     if (!r.trace.device) r.trace.device = rt.properties();
 
     if (options.progress) options.progress(r.backend + ": checking against float64");

@@ -49,7 +49,7 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
   // flash's traits; its expectation (one kernel a forward) is not the
   // ring's, whose kernel count depends on the pairs and on NCCL: unknown.
   if (Backend* b = find_backend(kRingBackend, p.device)) r.traits = b->traits();
-  r.trace.name = p.shape_key() + "_" + r.backend;
+  r.trace.name = p.file_stem() + "_" + r.backend;
   r.trace.world_size = gpus;
   try {
     check_ring(p, gpus);
@@ -79,7 +79,7 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
     }
     prof.stop();
     r.trace = std::move(prof.trace());
-    r.trace.name = p.shape_key() + "_" + r.backend;
+    r.trace.name = p.file_stem() + "_" + r.backend;
     r.trace.world_size = gpus;
     if (!r.trace.device) r.trace.device = rt.properties();
 

@@ -92,7 +92,7 @@ HtmlReport PipelineReport::html(std::string title) const {
 }
 
 std::filesystem::path output_stem(const std::filesystem::path& dir, const Problem& p, std::string_view backend) {
-  std::string name = p.shape_key();
+  std::string name = p.file_stem();
   name += '_';
   name += backend;
   return dir / name;

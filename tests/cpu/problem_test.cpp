@@ -229,6 +229,11 @@ TEST(Problem, PassNamesFlopsAndDeterminism) {
   p.pass = Pass::Train;
   EXPECT_DOUBLE_EQ(p.flops(), 3.5 * fwd);
   EXPECT_NE(p.describe().find("train pass"), std::string::npos) << p.describe();
+  // Runs of one shape with another pass write other files.
+  EXPECT_EQ(p.file_stem(), "2_4_128_64_train");
+  p.pass = Pass::Forward;
+  EXPECT_EQ(p.file_stem(), p.shape_key());
+  p.pass = Pass::Train;
 
   p.deterministic = true;
   EXPECT_NO_THROW(p.validate());
