@@ -232,9 +232,16 @@ std::string Problem::shape_key() const {
 }
 
 std::string Problem::file_stem() const {
+  // Appended piece by piece, as dims_string is (g++ 12's -Wrestrict).
   std::string s = shape_key();
-  if (pass != Pass::Forward) s += "_" + std::string(pass_name(pass));
-  if (kv_cache == KvCache::Paged) s += "_paged" + std::to_string(page_size);
+  if (pass != Pass::Forward) {
+    s += '_';
+    s += pass_name(pass);
+  }
+  if (kv_cache == KvCache::Paged) {
+    s += "_paged";
+    s += std::to_string(page_size);
+  }
   return s;
 }
 
