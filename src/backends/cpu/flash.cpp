@@ -154,12 +154,8 @@ struct Layout {
 Layout layout_for(std::int64_t head_dim) {
   const std::int64_t dpad = round_up(head_dim, 8);
   Layout L;
-  std::int64_t at = 0;
-  auto take = [&at](std::int64_t floats) {
-    const std::int64_t start = at;
-    at += round_up(floats, 16);
-    return start;
-  };
+  ScratchLayout scratch;
+  const auto take = [&scratch](std::int64_t floats) { return scratch.take(floats); };
   L.qt = take(head_dim * kBlockQ);
   L.k = take(kBlockK * head_dim);
   L.v = take(kBlockK * dpad);
@@ -168,7 +164,7 @@ Layout layout_for(std::int64_t head_dim) {
   L.m = take(kBlockQ);
   L.l = take(kBlockQ);
   L.alpha = take(kBlockQ);
-  L.total = at;
+  L.total = scratch.total;
   return L;
 }
 

@@ -121,12 +121,8 @@ Layout layout_for(std::int64_t head_dim) {
   Layout L;
   L.block_k = key_block_rows(head_dim);
   const std::int64_t keys = L.block_k;
-  std::int64_t at = 0;
-  auto take = [&at](std::int64_t floats) {
-    const std::int64_t start = at;
-    at += round_up(floats, 16);
-    return start;
-  };
+  ScratchLayout scratch;
+  const auto take = [&scratch](std::int64_t floats) { return scratch.take(floats); };
   L.k = take(keys * D);
   L.kt = take(D * keys);
   L.v = take(keys * D);
@@ -141,7 +137,7 @@ Layout layout_for(std::int64_t head_dim) {
   L.dqt = take(D * kBlockQ);
   L.lse2 = take(kBlockQ);
   L.delta = take(kBlockQ);
-  L.total = at;
+  L.total = scratch.total;
   return L;
 }
 

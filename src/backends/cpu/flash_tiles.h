@@ -23,6 +23,17 @@ constexpr float kLog2e = std::numbers::log2e_v<float>;
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
+// Lays out one thread's scratch buffers end to end, each starting on a
+// 16-float (64-byte) boundary: offsets in floats, and the total.
+struct ScratchLayout {
+  std::int64_t total = 0;
+  std::int64_t take(std::int64_t floats) {
+    const std::int64_t start = total;
+    total += round_up(floats, 16);
+    return start;
+  }
+};
+
 // ctx.threads, or every OpenMP thread when 0.
 int resolve_threads(int requested);
 
