@@ -26,7 +26,7 @@ class FusedBackend : public Backend {
   using Story = const char* (*)(const FusedParams& shape);
 
   FusedBackend(std::string_view name, std::string_view op, bool flash, Launch launch, Story story)
-      : name_(name), op_(op), flash_(flash), launch_(launch), story_(story) {}
+      : name_(name), op_(op), bwd_op_(backward_op(op)), flash_(flash), launch_(launch), story_(story) {}
 
   std::string_view name() const override { return name_; }
   Device device() const override { return Device::Cuda; }
@@ -85,11 +85,11 @@ class FusedBackend : public Backend {
         e.device_activities = 1;
         break;
       case Pass::Backward:
-        e.cpu_ops = {bwd_op()};
+        e.cpu_ops = {bwd_op_};
         e.device_activities = 3;
         break;
       case Pass::Train:
-        e.cpu_ops = {std::string(op_), bwd_op()};
+        e.cpu_ops = {std::string(op_), bwd_op_};
         e.device_activities = 4;
         break;
     }
@@ -112,8 +112,7 @@ class FusedBackend : public Backend {
 
   void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
                 Gradients& grads, RunContext& ctx) override {
-    const std::string op = bwd_op();
-    RecordFunction rf(op, dtype_name(p.dtype), p.shape_key());
+    RecordFunction rf(bwd_op_, dtype_name(p.dtype), p.shape_key());
     for (const Tensor* t :
          std::initializer_list<const Tensor*>{&in.q, &in.k, &in.v, &out, &dout, &grads.dq, &grads.dk, &grads.dv}) {
       if (t->stride(3) != 1) {
@@ -148,8 +147,9 @@ class FusedBackend : public Backend {
   }
 
  private:
-  std::string bwd_op() const {
-    std::string op(op_);
+  // The backward's op name, made once (a call records it): "_flash_attention_forward" -> "..._backward".
+  static std::string backward_op(std::string_view forward_op) {
+    std::string op(forward_op);
     if (const auto at = op.rfind("forward"); at != std::string::npos) op.replace(at, 7, "backward");
     return op;
   }
@@ -223,6 +223,7 @@ class FusedBackend : public Backend {
   }
 
   std::string_view name_, op_;
+  std::string bwd_op_;
   bool flash_;
   Launch launch_;
   Story story_;
