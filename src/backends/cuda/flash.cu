@@ -1,20 +1,50 @@
 // flash: our FlashAttention-3 class kernel on sm90a (head_dim 64, 128), our
-// FlashAttention-2 class kernel elsewhere (sm80 path; runs on sm90 too).
+// FlashAttention-2 class kernel elsewhere (sm80 path; runs on sm90 too), and
+// for few queries or a paged KV cache the split-KV decode kernel.
 #include <memory>
+#include <string>
 
 #include "backends/cuda/cuda_backends.h"
 #include "backends/cuda/fused_backend.h"
 
 namespace attnprof::cuda {
+namespace {
+
+// What eligibility (and so explain) says will run for a problem of this shape.
+const char* flash_story(const FusedParams& shape) {
+  thread_local std::string story;
+  if (flash_decode_takes(shape)) {
+    const DecodePlan plan = flash_decode_plan(shape);
+    const int group = shape.heads / shape.kv_heads;
+    story = "the split-KV decode kernel (FlashDecoding class: the " + std::to_string(group) +
+            " query heads of a KV head and their queries packed into " + std::to_string(plan.row_blocks) +
+            " 16-row tile" + (plan.row_blocks == 1 ? "" : "s") + " a KV head, so K and V are read once; cp.async " +
+            (shape.page_size > 0 ? "rows found through the block table" : "stages") + ", mma.sync)";
+    story += plan.splits > 1 ? "; the " + std::to_string(shape.seq_k) + " keys split " + std::to_string(plan.splits) +
+                                   " ways to fill the GPU, then a combine kernel merges the splits by their "
+                                   "log-sum-exp (2 kernels)"
+                             : "; one key range a CTA (the batch fills the GPU): 1 kernel";
+    if (shape.page_size > 0 && shape.seq_q > kFlashDecodeMaxQueries) {
+      story += "; a paged cache is read by this kernel only, so these " + std::to_string(shape.seq_q) +
+               " queries run as decode tiles (it is built for at most " + std::to_string(kFlashDecodeMaxQueries) + ")";
+    }
+    return story.c_str();
+  }
+  story = flash_sm90_applies(shape) ? "one fused kernel (FlashAttention-3 class on sm90: TMA loads "
+                                      "from a producer warp, wgmma, two consumer warpgroups)"
+                                    : "one fused kernel (FlashAttention-2 class: cp.async "
+                                      "double-buffered K/V, mma.sync, online softmax)";
+  if (shape.seq_q <= 8 * kFlashDecodeMaxQueries && flash_decode_head_dim(shape.head_dim)) {
+    story += "; the decode kernel takes at most " + std::to_string(kFlashDecodeMaxQueries) + " queries, this has " +
+             std::to_string(shape.seq_q) + ", so it runs as a prefill";
+  }
+  return story.c_str();
+}
+
+}  // namespace
 
 std::unique_ptr<Backend> make_flash() {
-  return std::make_unique<FusedBackend>(
-      "flash", "_flash_attention_forward", true, &launch_flash, [](const FusedParams& shape) {
-        return flash_sm90_applies(shape) ? "one fused kernel (FlashAttention-3 class on sm90: TMA loads "
-                                           "from a producer warp, wgmma, two consumer warpgroups)"
-                                         : "one fused kernel (FlashAttention-2 class: cp.async "
-                                           "double-buffered K/V, mma.sync, online softmax)";
-      });
+  return std::make_unique<FusedBackend>("flash", "_flash_attention_forward", true, &launch_flash, &flash_story);
 }
 
 }  // namespace attnprof::cuda

@@ -23,8 +23,8 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 }  // namespace
 
-// Both kernels take the same problems today; `flash` is there so that one
-// may diverge (an sm90-only path, say) without changing callers. Callers
+// Both kernels take the same problems but one: a paged KV cache, which only
+// flash's decode kernel reads (`flash`). Callers
 // prefix the backend's name, so the reason does not repeat it.
 const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool flash) {
   thread_local std::string reason;
@@ -62,6 +62,26 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) {
     return say("q, k, v and o must be 16-byte aligned");
   }
+  if (p.page_size > 0) {
+    if (!flash) return say("a paged KV cache is read by flash's decode kernel only");
+    if (p.block_table == nullptr) return say("a paged KV cache needs its block table");
+    if (!flash_decode_head_dim(p.head_dim)) {
+      std::string built;
+      for (const int d : kFlashDecodeHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
+      return say("a paged KV cache is read by the decode kernel, built for head_dim " + built + ", not " +
+                 std::to_string(p.head_dim));
+    }
+    if ((p.page_size & (p.page_size - 1)) != 0) {
+      return say("the page size must be a power of two, not " + std::to_string(p.page_size));
+    }
+    if (static_cast<std::int64_t>(p.pages_per_seq) * p.page_size < p.seq_k) {
+      return say("the block table's " + std::to_string(p.pages_per_seq) + " pages of " + std::to_string(p.page_size) +
+                 " keys do not hold kv_seq " + std::to_string(p.seq_k));
+    }
+    if (reinterpret_cast<std::uintptr_t>(p.block_table) % alignof(std::int32_t) != 0) {
+      return say("the block table must be an int32-aligned device pointer");
+    }
+  }
   if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % alignof(float) != 0) {
     return say("lse must be a float-aligned device pointer (or null)");
   }
@@ -82,7 +102,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
 }
 
 cudaError_t launch_flash_sm80(const FusedParams& p, cudaStream_t stream) {
-  if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
+  if (fused_unsupported_reason(p, /*flash=*/true) != nullptr || p.page_size > 0) return cudaErrorInvalidValue;
   return launch_flash_sm80_checked(p, stream);
 }
 

@@ -38,7 +38,7 @@ bool sm90_kernel_runs_here() {
 }  // namespace
 
 bool flash_sm90_applies(const FusedParams& p) {
-  return flash_sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() &&
+  return !flash_decode_takes(p) && flash_sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() &&
          fused_unsupported_reason(p, /*flash=*/true) == nullptr;
 }
 
@@ -49,6 +49,7 @@ cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream) {
 
 cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream) {
   if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
+  if (flash_decode_takes(p)) return launch_flash_decode(p, stream);
   // One check per call: the choice needs only the head_dim and the binary.
   return flash_sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() ? kernels::dispatch_fwd<FlashSm90Runner>(p, stream)
                                                                     : launch_flash_sm80_checked(p, stream);

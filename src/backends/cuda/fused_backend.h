@@ -33,8 +33,9 @@ class FusedBackend : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (p.dtype == DType::F32) return {false, "fp32 is not supported: the fused kernels take fp16 or bf16 (use math)"};
-    if (p.kv_cache == KvCache::Paged)
-      return {false, "the paged KV cache is not implemented in our fused CUDA kernels yet (use --device cpu)"};
+    if (p.kv_cache == KvCache::Paged && !flash_) {
+      return {false, "a paged KV cache is read by flash's decode kernel only (use flash, cudnn, naive or math)"};
+    }
     if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) {
       return {false, std::string(mask_name(p.mask)) + " masks are not supported by our fused kernel: use naive, math" +
                          (p.mask == MaskKind::Bias ? " or cudnn" : "")};
@@ -49,6 +50,13 @@ class FusedBackend : public Backend {
     set_contiguous(shape.k_batch_stride, shape.k_head_stride, shape.k_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
     set_contiguous(shape.v_batch_stride, shape.v_head_stride, shape.v_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
     set_contiguous(shape.o_batch_stride, shape.o_head_stride, shape.o_row_stride, p.heads, p.seq, p.head_dim);
+    if (p.kv_cache == KvCache::Paged) {
+      set_contiguous(shape.k_batch_stride, shape.k_head_stride, shape.k_row_stride, p.kv_heads, p.page_size,
+                     p.head_dim);
+      set_contiguous(shape.v_batch_stride, shape.v_head_stride, shape.v_row_stride, p.kv_heads, p.page_size,
+                     p.head_dim);
+      shape.block_table = static_cast<const std::int32_t*>(stand_in);
+    }
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
     if (p.pass == Pass::Forward) return {true, story_(shape)};
     if (!fused_bwd_head_dim_built(p.head_dim)) {
@@ -66,23 +74,27 @@ class FusedBackend : public Backend {
 
   // Forward: nothing. Backward: the saved LSE, D and (not deterministic) the
   // FP32 dQ accumulator; a training step holds the same at its peak.
+  // Flash's split-KV decode adds its splits' partial results to the forward.
   std::size_t workspace_bytes(const Problem& p) const override {
-    if (p.pass == Pass::Forward) return 0;
+    const std::size_t decode = flash_ ? flash_decode_plan(params_for(p)).workspace_bytes : 0;
+    if (p.pass == Pass::Forward) return decode;
     const auto rows = static_cast<std::size_t>(p.batch * p.heads * p.seq);
-    std::size_t bytes = 2 * rows * sizeof(float);  // LSE, D
+    std::size_t bytes = decode + 2 * rows * sizeof(float);  // LSE, D
     if (!p.deterministic) bytes += rows * static_cast<std::size_t>(p.head_dim) * sizeof(float);
     return bytes;
   }
 
-  // Forward: one kernel. Backward: preprocess (D, and the dQ accumulator
+  // Forward: one kernel, or flash's decode kernel and, when it splits the
+  // keys, its combine kernel. Backward: preprocess (D, and the dQ accumulator
   // zeroed in the same kernel: no memset), dK/dV (with atomic dQ), then the
-  // dQ conversion or, deterministic, the dQ kernel: 3. Train: 1 + 3.
+  // dQ conversion or, deterministic, the dQ kernel: 3. Train: forward + 3.
   Expectation expectation(const Problem& p) const override {
     Expectation e;
+    const int forward = flash_ && flash_decode_plan(params_for(p)).splits > 1 ? 2 : 1;
     switch (p.pass) {
       case Pass::Forward:
         e.cpu_ops = {std::string(op_)};
-        e.device_activities = 1;
+        e.device_activities = forward;
         break;
       case Pass::Backward:
         e.cpu_ops = {bwd_op_};
@@ -90,7 +102,7 @@ class FusedBackend : public Backend {
         break;
       case Pass::Train:
         e.cpu_ops = {std::string(op_), bwd_op_};
-        e.device_activities = 4;
+        e.device_activities = forward + 3;
         break;
     }
     return e;
@@ -158,8 +170,24 @@ class FusedBackend : public Backend {
     RecordFunction rf(op_, dtype_name(p.dtype), p.shape_key());
     FusedParams f = params_for(p);
     fill_forward(f, in, out, lse);
+    if (p.kv_cache == KvCache::Paged) {
+      f.k = in.k_pages.data();
+      f.v = in.v_pages.data();
+      set_strides(in.k_pages, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
+      set_strides(in.v_pages, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
+      f.block_table = in.block_table.data_as<std::int32_t>();
+    }
     if (const char* why = fused_unsupported_reason(f, flash_))
       fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
+    // The decode kernel's split results, released (to the stream-ordered cache) when this call returns.
+    Tensor workspace;
+    if (flash_ && flash_decode_takes(f)) {
+      if (const std::size_t bytes = flash_decode_plan(f).workspace_bytes) {
+        workspace =
+            Tensor::empty({1, 1, 1, static_cast<std::int64_t>(bytes / sizeof(float))}, DType::F32, ctx.allocator);
+        f.workspace = workspace.data_as<float>();
+      }
+    }
     ATTNPROF_CUDA_CHECK(launch_(f, static_cast<cudaStream_t>(ctx.stream)));
   }
 
@@ -205,6 +233,10 @@ class FusedBackend : public Backend {
     f.scale = static_cast<float>(p.softmax_scale());
     f.bf16 = p.dtype == DType::BF16;
     f.window = static_cast<int>(p.window);
+    if (p.kv_cache == KvCache::Paged) {
+      f.page_size = static_cast<int>(p.page_size);
+      f.pages_per_seq = static_cast<int>(p.pages_per_seq());
+    }
     switch (p.mask) {
       case MaskKind::Causal:
         f.mask = FusedMask::Causal;

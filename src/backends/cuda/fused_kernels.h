@@ -16,6 +16,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 #include "backends/cuda/fused_params.h"
 
 namespace attnprof::cuda {
@@ -36,6 +38,25 @@ cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream);
 // not, launch_flash_sm90 returns cudaErrorNotSupported.
 bool flash_sm90_applies(const FusedParams& p);
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream);
+
+// Flash's split-KV decode (kernels/flash_decode.cuh): whether it takes `p`
+// (a paged cache, or at most kFlashDecodeMaxQueries queries, at a head dim of
+// kFlashDecodeHeadDims), how many key ranges it splits into (filling the
+// GPU's CTA slots; 1 needs no combine kernel) and the FP32 workspace that
+// the splits need (FusedParams::workspace). Device facts are read once.
+struct DecodePlan {
+  bool applies = false;
+  int splits = 1;
+  int row_blocks = 0;  // 16 packed query rows (queries x heads of a group) a CTA
+  std::size_t workspace_bytes = 0;
+};
+DecodePlan flash_decode_plan(const FusedParams& p);
+// The plan's `applies` alone, without device facts (cheap; on every call).
+bool flash_decode_takes(const FusedParams& p);
+// Enqueues the split kernel and, with more than one split, the combine
+// kernel; without p.workspace, one split. cudaErrorInvalidValue when the
+// plan does not apply.
+cudaError_t launch_flash_decode(const FusedParams& p, cudaStream_t stream);
 
 // The fused backward (kernels/flash_bwd_sm80.cuh; both backends): nullptr when
 // `p` can run (the forward's checks, a head_dim of kFusedBwdHeadDims, the

@@ -20,11 +20,21 @@ inline constexpr std::array<int, 2> kFlashSm90HeadDims = {64, 128};
 // 256 is left out: dK and dV of a warp's 16 keys alone would be 256 f32 a thread.
 inline constexpr std::array<int, 4> kFusedBwdHeadDims = {32, 64, 96, 128};
 
+// The head dims of flash's split-KV decode kernel (kernels/flash_decode.cuh,
+// flash_decode_hdim*.cu): the only kernel of ours that reads a paged cache.
+inline constexpr std::array<int, 3> kFlashDecodeHeadDims = {64, 128, 256};
+// Query lengths up to this take the decode kernel on a contiguous cache;
+// longer ones the prefill kernels (a paged cache always takes it).
+inline constexpr int kFlashDecodeMaxQueries = 16;
+
 constexpr bool fused_head_dim_built(int head_dim) {
   return std::find(kFusedHeadDims.begin(), kFusedHeadDims.end(), head_dim) != kFusedHeadDims.end();
 }
 constexpr bool flash_sm90_head_dim(int head_dim) {
   return std::find(kFlashSm90HeadDims.begin(), kFlashSm90HeadDims.end(), head_dim) != kFlashSm90HeadDims.end();
+}
+constexpr bool flash_decode_head_dim(int head_dim) {
+  return std::find(kFlashDecodeHeadDims.begin(), kFlashDecodeHeadDims.end(), head_dim) != kFlashDecodeHeadDims.end();
 }
 constexpr bool fused_bwd_head_dim_built(int head_dim) {
   return std::find(kFusedBwdHeadDims.begin(), kFusedBwdHeadDims.end(), head_dim) != kFusedBwdHeadDims.end();
@@ -52,6 +62,16 @@ struct FusedParams {
   FusedMask mask = FusedMask::None;
   int window = 0;    // SlidingWindow: keys j with i + (Sk - Sq) - window < j <= i + (Sk - Sq)
   bool bf16 = true;  // false: fp16
+  // A paged KV cache (flash's decode kernel only): k and v point at pages
+  // [num_pages, Hkv, page_size, D], k_batch_stride (v_batch_stride) is the
+  // stride of one page, and sequence b's key j is in page
+  // block_table[b * pages_per_seq + j / page_size] (device int32), row
+  // j % page_size. page_size is a power of two; 0: a contiguous cache.
+  const std::int32_t* block_table = nullptr;
+  int page_size = 0, pages_per_seq = 0;
+  // The decode kernel's FP32 workspace when it splits the keys
+  // (flash_decode_plan(...).workspace_bytes), else unused.
+  float* workspace = nullptr;
 };
 
 // Arguments of the fused backward (kernels/flash_bwd_sm80.cuh): the forward's

@@ -8,21 +8,41 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <set>
+#include <utility>
+
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/fwd_args.cuh"
 
 namespace attnprof::cuda::kernels {
 
+// Opts `kernel` in to `bytes` of dynamic shared memory on the current device,
+// once: cudaFuncSetAttribute costs a driver call (about a microsecond) that a
+// kernel launched on every forward should not pay each time. The attribute is
+// per function and device, so is the memo.
+template <class Kernel>
+cudaError_t opt_in_shared_memory(Kernel* kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;  // (kernel, device)
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
+  std::lock_guard lock(mutex);
+  if (done.contains(key)) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess) done.insert(key);
+  return e;
+}
+
 // The grid comes from the kernel's tile scheduler; `extra` are the kernel's
 // arguments after FwdArgs (the sm90 kernel's TMA descriptors). Kernels of more
-// than 48 KiB of dynamic shared memory opt in first.
+// than 48 KiB of dynamic shared memory opt in first (once).
 template <class Scheduler, class... Extra>
 cudaError_t launch_fwd(void (*kernel)(FwdArgs, Extra...), int threads, int smem_bytes, const FwdArgs& a,
                        cudaStream_t stream, const Extra&... extra) {
-  if (smem_bytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = opt_in_shared_memory(kernel, smem_bytes); err != cudaSuccess) return err;
   int sms = 0;
   if constexpr (Scheduler::kPersistent) {
     int device = 0;

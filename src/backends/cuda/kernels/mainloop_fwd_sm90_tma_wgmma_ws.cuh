@@ -70,7 +70,20 @@ struct MainloopFwdSm90TmaWgmmaWs {
     CUtensorMap q, k, v;
   };
 
+  // The descriptors of a tensor set: encoded on its first call and kept (a
+  // few sets a thread), since three cuTensorMapEncodeTiled calls cost more
+  // host time than the rest of a launch. A descriptor holds only the address,
+  // sizes and strides, all in the key, so a hit is the same descriptor.
   static cudaError_t to_params(const FwdArgs& a, Params& p) {
+    const sm90::MapKey key{{a.q, a.k, a.v},
+                           {a.q_batch_stride, a.q_head_stride, a.q_row_stride, a.k_batch_stride, a.k_head_stride,
+                            a.k_row_stride, a.v_batch_stride, a.v_head_stride, a.v_row_stride},
+                           {a.seq_q, a.seq_k, a.heads, a.group, a.batch}};
+    thread_local sm90::MapCache<Params> cache;
+    if (const Params* hit = cache.find(key)) {
+      p = *hit;
+      return cudaSuccess;
+    }
     const int kv_heads = a.heads / a.group;
     for (const cudaError_t e : {
              sm90::make_map<Element>(p.q, a.q, kD, a.seq_q, a.heads, a.batch, a.q_row_stride, a.q_head_stride,
@@ -82,6 +95,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
          }) {
       if (e != cudaSuccess) return e;
     }
+    cache.insert(key, p);
     return cudaSuccess;
   }
 

@@ -1,0 +1,144 @@
+// Host entry of flash's split-KV decode (kernels/flash_decode.cuh): when it
+// applies, how many key ranges it splits into, and the dispatch to the
+// instantiations of flash_decode_hdim*.cu.
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
+#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/kernels/flash_decode.cuh"
+
+namespace attnprof::cuda {
+namespace kernels {
+ATTNPROF_DECODE_INSTANTIATE(extern template, 64)
+ATTNPROF_DECODE_INSTANTIATE(extern template, 128)
+ATTNPROF_DECODE_INSTANTIATE(extern template, 256)
+}  // namespace kernels
+
+namespace {
+
+// What the split count depends on: multiprocessors and the shared memory
+// each has (which caps the decode CTAs it holds). Read once per device.
+struct DeviceFacts {
+  int sms = 0, smem_per_sm = 0;
+};
+
+DeviceFacts device_facts() {
+  static std::mutex mutex;
+  static std::array<DeviceFacts, 64> facts{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= static_cast<int>(facts.size())) return {};
+  std::lock_guard lock(mutex);
+  DeviceFacts& f = facts[device];
+  if (f.sms == 0) {
+    if (cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) {
+      f = {};
+    }
+  }
+  return f;
+}
+
+int decode_smem_bytes(int head_dim) {
+  switch (head_dim) {
+    case 64:
+      return kernels::DecodeCfg<64>::kSmemBytes;
+    case 128:
+      return kernels::DecodeCfg<128>::kSmemBytes;
+    default:
+      return kernels::DecodeCfg<256>::kSmemBytes;
+  }
+}
+
+constexpr int kMaxSplits = 64;  // the combine kernel's lanes hold two splits each
+
+// FlashAttention-2's heuristic: the fewest splits whose last wave is nearly as
+// full as the best split count's, among counts that give distinct ranges.
+int choose_splits(int ctas, int slots, int key_tiles) {
+  if (ctas >= slots * 4 / 5 || key_tiles < 2) return 1;
+  const int most = std::min({kMaxSplits, key_tiles, (slots + ctas - 1) / ctas * 2});
+  std::array<double, kMaxSplits + 1> eff{};
+  double best = 0;
+  auto ceil_div = [](int x, int y) { return (x + y - 1) / y; };
+  for (int s = 1; s <= most; ++s) {
+    if (s > 1 && ceil_div(key_tiles, s) == ceil_div(key_tiles, s - 1)) continue;  // the same ranges as s - 1
+    const double waves = static_cast<double>(ctas) * s / slots;
+    eff[s] = waves / std::ceil(waves);
+    best = std::max(best, eff[s]);
+  }
+  for (int s = 1; s <= most; ++s) {
+    if (eff[s] >= 0.85 * best) return s;
+  }
+  return 1;
+}
+
+}  // namespace
+
+bool flash_decode_takes(const FusedParams& p) {
+  return flash_decode_head_dim(p.head_dim) && (p.page_size > 0 || p.seq_q <= kFlashDecodeMaxQueries);
+}
+
+DecodePlan flash_decode_plan(const FusedParams& p) {
+  DecodePlan plan;
+  if (!flash_decode_takes(p) || p.kv_heads < 1 || p.heads % p.kv_heads != 0) return plan;
+  plan.applies = true;
+  using Cfg = kernels::DecodeCfg<128>;  // the tile shape is the same at every head dim
+  const std::int64_t rows = static_cast<std::int64_t>(p.seq_q) * (p.heads / p.kv_heads);
+  plan.row_blocks = static_cast<int>((rows + Cfg::kRows - 1) / Cfg::kRows);
+  const DeviceFacts f = device_facts();
+  const int per_sm = f.smem_per_sm > 0 ? std::clamp(f.smem_per_sm / (decode_smem_bytes(p.head_dim) + 1024), 1, 8) : 1;
+  const std::int64_t ctas = static_cast<std::int64_t>(p.batch) * p.kv_heads * plan.row_blocks;
+  const int key_tiles = (p.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  plan.splits = ctas >= (std::int64_t{1} << 30) || f.sms == 0
+                    ? 1
+                    : choose_splits(static_cast<int>(ctas), std::max(1, f.sms * per_sm), key_tiles);
+  if (plan.splits > 1) {
+    const std::size_t rows_all = static_cast<std::size_t>(p.batch) * p.heads * p.seq_q;
+    plan.workspace_bytes = plan.splits * rows_all * (p.head_dim + 1) * sizeof(float);
+  }
+  return plan;
+}
+
+cudaError_t launch_flash_decode(const FusedParams& p, cudaStream_t stream) {
+  const DecodePlan plan = flash_decode_plan(p);
+  if (!plan.applies) return cudaErrorInvalidValue;
+  // Without the workspace the keys stay in one range: slower, not wrong.
+  const int splits = p.workspace != nullptr ? plan.splits : 1;
+  const bool paged = p.page_size > 0;
+  if (paged && (p.block_table == nullptr || (p.page_size & (p.page_size - 1)) != 0)) return cudaErrorInvalidValue;
+  const std::size_t rows_all = static_cast<std::size_t>(p.batch) * p.heads * p.seq_q;
+  const kernels::DecodeArgs d{
+      .a = kernels::FwdArgs::from(p),
+      .mask = kernels::mask_mode(p.mask),
+      .row_blocks = plan.row_blocks,
+      .num_splits = splits,
+      .block_table = p.block_table,
+      .pages_per_seq = p.pages_per_seq,
+      .page_shift = paged ? std::countr_zero(static_cast<unsigned>(p.page_size)) : 0,
+      .o_partial = p.workspace,
+      .lse_partial = p.workspace != nullptr ? p.workspace + splits * rows_all * p.head_dim : nullptr,
+  };
+  auto run = [&]<int kD>() {
+    if (p.bf16) {
+      return paged ? kernels::launch_flash_decode_kernels<kD, kernels::Bf16, true>(d, stream)
+                   : kernels::launch_flash_decode_kernels<kD, kernels::Bf16, false>(d, stream);
+    }
+    return paged ? kernels::launch_flash_decode_kernels<kD, kernels::Fp16, true>(d, stream)
+                 : kernels::launch_flash_decode_kernels<kD, kernels::Fp16, false>(d, stream);
+  };
+  switch (p.head_dim) {
+    case 64:
+      return run.template operator()<64>();
+    case 128:
+      return run.template operator()<128>();
+    case 256:
+      return run.template operator()<256>();
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace attnprof::cuda

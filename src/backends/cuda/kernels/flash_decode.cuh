@@ -1,0 +1,343 @@
+// Split-KV decode (FlashDecoding): few query rows against a long KV cache.
+//
+// A prefill kernel gives each CTA 128 query rows of one head; with one query
+// a head that tile is almost all padding, and batch * heads CTAs read each
+// KV head `group` times. Here instead:
+//   - the query heads of a grouped-query group and their queries are packed
+//     into one 16-row tile (row r: query r / group, head kv_head * group +
+//     r % group), so each CTA reads its KV head once for all of them;
+//   - the keys are cut into num_splits ranges, one CTA each (grid x), so a
+//     small batch still fills the GPU; each split writes its rows' O,
+//     normalised, in FP32 with its log-sum-exp, and flash_decode_combine_kernel
+//     merges the splits by their log-sum-exp. One split writes O directly;
+//   - inside a CTA the 4 warps take 16 keys each of every 64-key tile (the
+//     16 rows are all they have), each with its own online softmax; the four
+//     partial results merge once through shared memory at the end;
+//   - K and V stream through kStages cp.async stages (the kernel is
+//     memory-bound: what matters is bytes in flight), from a contiguous cache
+//     or, kPaged, from pages found through the block table, row by row.
+// Masks are runtime (a memory-bound kernel has the instructions to spare):
+// none, causal (either alignment through diag_offset) and sliding window.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/element.cuh"
+#include "backends/cuda/kernels/fwd_args.cuh"
+#include "backends/cuda/kernels/fwd_launch.cuh"
+#include "backends/cuda/kernels/softmax_online.cuh"
+#include "backends/cuda/kernels/tile_load_sm80.cuh"
+#include "backends/cuda/kernels/utils.cuh"
+#include "backends/cuda/kernels/warp_gemm_sm80.cuh"
+
+namespace attnprof::cuda::kernels {
+
+struct DecodeArgs {
+  FwdArgs a;       // q, k, v, o, strides, shape, scale, mask geometry, lse
+  MaskMode mask;   // a runtime choice here
+  int row_blocks;  // ceil(seq_q * group / kRows)
+  int num_splits;  // grid x
+  // kPaged: a.k and a.v are pages [num_pages, Hkv, page_size, D]; a.k_batch_stride
+  // (a.v_batch_stride) is the page stride. Sequence b's key j lives in page
+  // block_table[b * pages_per_seq + (j >> page_shift)], row j & (page_size - 1).
+  const std::int32_t* block_table;
+  int pages_per_seq, page_shift;
+  // num_splits > 1: each split's normalised O, [num_splits][B * H * seq_q][D],
+  // and log-sum-exp, [num_splits][B * H * seq_q] (-inf: the split saw no key).
+  float* o_partial;
+  float* lse_partial;
+};
+
+template <int kHeadDim_>
+struct DecodeCfg {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kRows = 16;  // packed query rows per CTA
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kKeysPerWarp = 16;
+  static constexpr int kBlockN = kKeysPerWarp * kWarps;  // keys per tile
+  // Enough bytes in flight to cover DRAM latency: 2 CTAs an SM at D <= 128.
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;
+  static constexpr int kDTiles = kHeadDim / 8;
+  static constexpr int kKSteps = kHeadDim / 16;
+  using QTile = SmemTile<kRows, kHeadDim>;
+  using KVTile = SmemTile<kBlockN, kHeadDim>;
+  static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
+  // The merge of the warps' results reuses the stages: kWarps x kRows rows of
+  // kHeadDim FP32 (padded), then each warp's row max and row sum.
+  static constexpr int kMergeStride = kHeadDim + 8;
+  static constexpr int kMergeBytes = (kWarps * kRows * kMergeStride + 2 * kWarps * kRows) * 4;
+  static constexpr int kStagesBytes = kStages * kStageBytes;
+  static constexpr int kSmemBytes = QTile::kBytes + (kStagesBytes > kMergeBytes ? kStagesBytes : kMergeBytes);
+};
+
+// Visible key interval (lo, hi) of query qi: lo < j < hi.
+__device__ __forceinline__ void visible_keys(const FwdArgs& a, MaskMode mask, int qi, int& lo, int& hi) {
+  hi = a.seq_k;
+  lo = -1;
+  if (mask != MaskMode::None) hi = min(hi, qi + a.diag_offset + 1);
+  if (mask == MaskMode::Window) lo = qi + a.diag_offset - a.window;
+}
+
+template <class Cfg, Half16 Element, bool kPaged>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(const __grid_constant__ DecodeArgs d) {
+  constexpr int kD = Cfg::kHeadDim, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kChunksPerRow = kD / 8;
+  using QTile = typename Cfg::QTile;
+  using KVTile = typename Cfg::KVTile;
+  const FwdArgs& a = d.a;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  std::uint16_t* const q_smem = reinterpret_cast<std::uint16_t*>(smem_raw);
+  unsigned char* const stages = smem_raw + QTile::kBytes;
+  auto k_smem = [&](int s) { return reinterpret_cast<std::uint16_t*>(stages + s * Cfg::kStageBytes); };
+  auto v_smem = [&](int s) { return k_smem(s) + KVTile::kElems; };
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int split = blockIdx.x, batch = blockIdx.z;
+  const int kv_head = blockIdx.y / d.row_blocks;
+  const int r0 = (blockIdx.y % d.row_blocks) * Cfg::kRows;
+  const int rows_total = a.seq_q * a.group;
+  const int r_last = min(rows_total, r0 + Cfg::kRows) - 1;
+
+  // The CTA's key tiles: the union of its rows' visible keys, cut into num_splits.
+  int lo_first, hi_last, lo_last, hi_first;
+  visible_keys(a, d.mask, r0 / a.group, lo_first, hi_first);
+  visible_keys(a, d.mask, r_last / a.group, lo_last, hi_last);
+  const int key_begin = lo_first + 1, key_end = hi_last;
+  int tile_begin = 0, tile_end = 0;
+  if (key_end > key_begin) {
+    const int first = key_begin / kBN, count = (key_end + kBN - 1) / kBN - first;
+    const int per_split = (count + d.num_splits - 1) / d.num_splits;
+    tile_begin = first + min(count, split * per_split);
+    tile_end = first + min(count, (split + 1) * per_split);
+  }
+
+  // Q: the 16 packed rows (zeros past rows_total), one cp.async group with the first stage.
+  for (int c = tid; c < Cfg::kRows * kChunksPerRow; c += Cfg::kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8, row = r0 + r;
+    const bool valid = row < rows_total;
+    const int qi = valid ? row / a.group : 0, head = kv_head * a.group + (valid ? row % a.group : 0);
+    const std::uint16_t* src = a.q + batch * a.q_batch_stride + head * a.q_head_stride + qi * a.q_row_stride + col;
+    cp_async_16(smem_u32(q_smem + QTile::offset(r, col)), src, valid);
+  }
+
+  // K and V rows of key tile t into stage s: each thread takes one column
+  // chunk of rows tid / kChunksPerRow + i * kRowsPerPass.
+  constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
+  static_assert(Cfg::kThreads % kChunksPerRow == 0 && kBN % kRowsPerPass == 0, "whole rows per pass");
+  const int load_row = tid / kChunksPerRow, load_col = (tid % kChunksPerRow) * 8;
+  const std::int64_t k_head = kv_head * a.k_head_stride + load_col, v_head = kv_head * a.v_head_stride + load_col;
+  auto load_tile = [&](int t, int s) {
+#pragma unroll
+    for (int i = 0; i < kBN / kRowsPerPass; ++i) {
+      const int r = load_row + i * kRowsPerPass, key = t * kBN + r;
+      const bool valid = key < a.seq_k;
+      std::int64_t k_off = 0, v_off = 0;
+      if (valid) {
+        if constexpr (kPaged) {
+          const std::int64_t page = d.block_table[batch * d.pages_per_seq + (key >> d.page_shift)];
+          const int in_page = key & ((1 << d.page_shift) - 1);
+          k_off = page * a.k_batch_stride + k_head + in_page * a.k_row_stride;
+          v_off = page * a.v_batch_stride + v_head + in_page * a.v_row_stride;
+        } else {
+          k_off = batch * a.k_batch_stride + k_head + key * a.k_row_stride;
+          v_off = batch * a.v_batch_stride + v_head + key * a.v_row_stride;
+        }
+      }
+      cp_async_16(smem_u32(k_smem(s) + KVTile::offset(r, load_col)), a.k + k_off, valid);
+      cp_async_16(smem_u32(v_smem(s) + KVTile::offset(r, load_col)), a.v + v_off, valid);
+    }
+  };
+
+  // Prologue: kStages - 1 tiles in flight (empty groups past the end keep the count uniform).
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (tile_begin + s < tile_end) load_tile(tile_begin + s, s);
+    cp_async_commit();
+  }
+
+  // This thread's two rows (fragment rows g and g + 8) and what they see.
+  const int g = lane / 4;
+  int row_lo[2], row_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) visible_keys(a, d.mask, min(r0 + g + 8 * h, r_last) / a.group, row_lo[h], row_hi[h]);
+  // Tiles wholly inside every row's interval need no per-element mask.
+  const int clean_lo = lo_last + 1, clean_hi = hi_first;
+
+  float acc[1][Cfg::kDTiles][4];
+  zero(acc);
+  OnlineSoftmax<1> softmax;
+  softmax.init();
+  const int warp_key0 = warp * Cfg::kKeysPerWarp;
+  for (int t = tile_begin; t < tile_end; ++t) {
+    const int i = t - tile_begin, stage = i % kStages;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile t landed for every thread; stage (i - 1) % kStages is free
+    if (t + kStages - 1 < tile_end) load_tile(t + kStages - 1, (i + kStages - 1) % kStages);
+    cp_async_commit();
+
+    float s[1][2][4];
+    gemm_qk_smem<Element, QTile, KVTile, 1, 2, Cfg::kKSteps>(s, q_smem, 0, k_smem(stage) + KVTile::offset(warp_key0, 0),
+                                                             lane);
+    const int n0 = t * kBN + warp_key0;
+    if (n0 < clean_lo || n0 + Cfg::kKeysPerWarp > clean_hi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = n0 + nt * 8 + 2 * (lane % 4) + e;
+            if (key >= row_hi[h] || key <= row_lo[h]) s[0][nt][2 * h + e] = -INFINITY;
+          }
+        }
+      }
+    }
+    softmax.update<false>(s, acc, a.scale_log2);
+    gemm_pv<Element, KVTile, 1, 2, Cfg::kDTiles>(acc, s, v_smem(stage) + KVTile::offset(warp_key0, 0), lane);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages: the merge may reuse them
+
+  // Merge the four warps: each writes its unnormalised O, row max and row sum.
+  float* const merge = reinterpret_cast<float*>(stages);
+  float* const merge_max = merge + Cfg::kWarps * Cfg::kRows * Cfg::kMergeStride;
+  float* const merge_sum = merge_max + Cfg::kWarps * Cfg::kRows;
+  float inv_unused[1][2];
+  softmax.finish(inv_unused);  // row_sum reduced over the quad
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    float* const o_row = merge + (warp * Cfg::kRows + r) * Cfg::kMergeStride;
+#pragma unroll
+    for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+      *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * (lane % 4)) =
+          make_float2(acc[0][dt][2 * h], acc[0][dt][2 * h + 1]);
+    }
+    if (lane % 4 == 0) {
+      merge_max[warp * Cfg::kRows + r] = softmax.row_max[0][h];
+      merge_sum[warp * Cfg::kRows + r] = softmax.row_sum[0][h];
+    }
+  }
+  __syncthreads();
+
+  // Each thread: 4 consecutive columns of one row at a time.
+  constexpr int kQuads = kD / 4;
+  for (int item = tid; item < Cfg::kRows * kQuads; item += Cfg::kThreads) {
+    const int r = item / kQuads, col = (item % kQuads) * 4, row = r0 + r;
+    if (row >= rows_total) continue;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) m = fmaxf(m, merge_max[w * Cfg::kRows + r]);
+    const float base = m == -INFINITY ? 0.f : m * a.scale_log2;
+    float sum = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) {
+      const float f = ex2(merge_max[w * Cfg::kRows + r] * a.scale_log2 - base);  // 0 for a warp that saw no key
+      sum += f * merge_sum[w * Cfg::kRows + r];
+      const float4 v = *reinterpret_cast<const float4*>(merge + (w * Cfg::kRows + r) * Cfg::kMergeStride + col);
+      o.x += f * v.x;
+      o.y += f * v.y;
+      o.z += f * v.z;
+      o.w += f * v.w;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    // Natural-log LSE of the scaled scores; -inf where no key was seen (a split's
+    // "nothing here"), which the one-split path turns into +inf (a fully masked row).
+    const float lse = sum > 0.f ? (base + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
+    const int qi = row / a.group, head = kv_head * a.group + row % a.group;
+    const std::int64_t row_id = (static_cast<std::int64_t>(batch) * a.heads + head) * a.seq_q + qi;
+    if (d.num_splits == 1) {
+      std::uint16_t* const dst = a.o + batch * a.o_batch_stride + head * a.o_head_stride + qi * a.o_row_stride + col;
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(pack2<Element>(o.x * inv, o.y * inv), pack2<Element>(o.z * inv, o.w * inv));
+      if (a.lse != nullptr && col == 0) a.lse[row_id] = sum > 0.f ? lse : INFINITY;
+    } else {
+      const std::int64_t rows_all = static_cast<std::int64_t>(a.batch) * a.heads * a.seq_q;
+      *reinterpret_cast<float4*>(d.o_partial + (split * rows_all + row_id) * kD + col) =
+          make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+      if (col == 0) d.lse_partial[split * rows_all + row_id] = lse;
+    }
+  }
+}
+
+// Merges num_splits partial results of each row: weights e^(lse_s - max),
+// O = sum_s w_s O_s / sum_s w_s, LSE = max + ln(sum_s w_s) (+inf when no
+// split saw a key: the row is fully masked and written as zeros). One warp
+// a row; num_splits <= 64.
+template <int kHeadDim, Half16 Element>
+__global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_constant__ DecodeArgs d) {
+  constexpr int kPerLane = kHeadDim / 32;
+  static_assert(kPerLane >= 2 && kPerLane % 2 == 0, "pairs of columns a lane");
+  const FwdArgs& a = d.a;
+  const std::int64_t rows_all = static_cast<std::int64_t>(a.batch) * a.heads * a.seq_q;
+  const std::int64_t row_id = static_cast<std::int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row_id >= rows_all) return;
+  float l0 = -INFINITY, l1 = -INFINITY;
+  if (lane < d.num_splits) l0 = d.lse_partial[lane * rows_all + row_id];
+  if (lane + 32 < d.num_splits) l1 = d.lse_partial[(lane + 32) * rows_all + row_id];
+  float m = fmaxf(l0, l1);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const float base = m == -INFINITY ? 0.f : m;
+  const float w0 = __expf(l0 - base), w1 = __expf(l1 - base);  // e^-inf = 0
+  float sum = w0 + w1;
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  float o[kPerLane] = {};
+  const int col0 = lane * kPerLane;
+  for (int s = 0; s < d.num_splits; ++s) {
+    const float w = __shfl_sync(0xffffffffu, s < 32 ? w0 : w1, s % 32);
+    if (w == 0.f) continue;  // uniform across the warp
+    const float* src = d.o_partial + (s * rows_all + row_id) * kHeadDim + col0;
+#pragma unroll
+    for (int e = 0; e < kPerLane; e += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(src + e);
+      o[e] += w * v.x;
+      o[e + 1] += w * v.y;
+    }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const int qi = static_cast<int>(row_id % a.seq_q);
+  const std::int64_t bh = row_id / a.seq_q;
+  const int head = static_cast<int>(bh % a.heads), batch = static_cast<int>(bh / a.heads);
+  std::uint16_t* const dst = a.o + batch * a.o_batch_stride + head * a.o_head_stride + qi * a.o_row_stride + col0;
+#pragma unroll
+  for (int e = 0; e < kPerLane; e += 2) {
+    *reinterpret_cast<std::uint32_t*>(dst + e) = pack2<Element>(o[e] * inv, o[e + 1] * inv);
+  }
+  if (a.lse != nullptr && lane == 0) a.lse[row_id] = sum > 0.f ? base + __logf(sum) : INFINITY;
+}
+
+// Launches the split kernel (grid: num_splits, Hkv * row_blocks, batch) and,
+// when num_splits > 1, the combine kernel after it on the same stream. The
+// shared-memory opt-in is made once per kernel (the first call).
+template <int kHeadDim, Half16 Element, bool kPaged>
+cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, cudaStream_t stream) {
+  using Cfg = DecodeCfg<kHeadDim>;
+  if (const cudaError_t e = opt_in_shared_memory(flash_decode_splitkv_kernel<Cfg, Element, kPaged>, Cfg::kSmemBytes);
+      e != cudaSuccess) {
+    return e;
+  }
+  const int kv_heads = d.a.heads / d.a.group;
+  flash_decode_splitkv_kernel<Cfg, Element, kPaged>
+      <<<dim3(d.num_splits, kv_heads * d.row_blocks, d.a.batch), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || d.num_splits == 1) return e;
+  const std::int64_t rows_all = static_cast<std::int64_t>(d.a.batch) * d.a.heads * d.a.seq_q;
+  flash_decode_combine_kernel<kHeadDim, Element><<<static_cast<unsigned>((rows_all + 3) / 4), 128, 0, stream>>>(d);
+  return cudaGetLastError();
+}
+
+// Instantiations at one head dim: `template` in flash_decode_hdim<D>.cu,
+// `extern template` where the launch is dispatched (so that file compiles none).
+#define ATTNPROF_DECODE_INSTANTIATE(prefix, head_dim)                                                     \
+  prefix cudaError_t launch_flash_decode_kernels<head_dim, Bf16, false>(const DecodeArgs&, cudaStream_t); \
+  prefix cudaError_t launch_flash_decode_kernels<head_dim, Bf16, true>(const DecodeArgs&, cudaStream_t);  \
+  prefix cudaError_t launch_flash_decode_kernels<head_dim, Fp16, false>(const DecodeArgs&, cudaStream_t); \
+  prefix cudaError_t launch_flash_decode_kernels<head_dim, Fp16, true>(const DecodeArgs&, cudaStream_t);
+
+}  // namespace attnprof::cuda::kernels

@@ -1,0 +1,186 @@
+// Flash's split-KV decode kernel (kernels/flash_decode.cuh) through the flash
+// backend: few queries against a long KV cache, contiguous and paged, against
+// the float64 reference; with one split and with several (and so the combine
+// kernel), each counted against CUPTI; every mask, grouped-query packing,
+// fully masked rows, the LSE a training step saves; and the one-line
+// refusals of what no kernel takes.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attnprof/backend.h"
+#include "attnprof/dispatch.h"
+#include "attnprof/problem.h"
+#include "attnprof/runner.h"
+#include "backends/cuda/fused_kernels.h"
+#include "common/test_problem.h"
+#include "gpu_test.h"
+
+namespace attnprof {
+namespace {
+
+Backend& flash() {
+  Backend* b = find_backend("flash", Device::Cuda);
+  if (b == nullptr) throw std::runtime_error("no CUDA flash backend in this build");
+  return *b;
+}
+
+struct Case {
+  const char* label;
+  testing::Shape shape;
+  std::int64_t page;  // 0: contiguous
+  MaskKind mask;
+  DType dtype = DType::BF16;
+  Pass pass = Pass::Forward;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
+
+Problem problem_of(const Case& c) {
+  Problem p = testing::to_problem(c.shape, c.dtype, c.mask, Device::Cuda);
+  if (c.page > 0) {
+    p.kv_cache = KvCache::Paged;
+    p.page_size = c.page;
+  }
+  p.pass = c.pass;
+  p.validate();
+  return p;
+}
+
+// The kernel's plan for a problem, as the backend makes it.
+cuda::DecodePlan plan_of(const Problem& p) {
+  cuda::FusedParams f;
+  f.batch = static_cast<int>(p.batch);
+  f.heads = static_cast<int>(p.heads);
+  f.kv_heads = static_cast<int>(p.kv_heads);
+  f.seq_q = static_cast<int>(p.seq);
+  f.seq_k = static_cast<int>(p.kv_seq);
+  f.head_dim = static_cast<int>(p.head_dim);
+  f.page_size = static_cast<int>(p.page_size);
+  return cuda::flash_decode_plan(f);
+}
+
+class FlashDecode : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FlashDecode, MatchesFloat64AndItsKernelCount) {
+  REQUIRE_GPU();
+  const Case& c = GetParam();
+  const Problem p = problem_of(c);
+  const Eligibility el = eligibility_of(flash(), p);
+  ASSERT_TRUE(el.eligible) << el.reason;
+  EXPECT_NE(el.reason.find("split-KV decode"), std::string::npos) << el.reason;
+  RunOptions o;
+  o.schedule = Schedule{.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
+  o.check_rows = 1024;
+  o.unprofiled_calls = 0;
+  const RunResult r = run_backend(flash(), p, o);
+  ASSERT_FALSE(r.failure) << *r.failure;
+  ASSERT_TRUE(r.acceptance) << "no float64 check";
+  EXPECT_TRUE(r.acceptance->pass) << r.acceptance->why << " (" << p.describe() << ")";
+  const int forward_kernels = plan_of(p).splits > 1 ? 2 : 1;
+  EXPECT_EQ(r.expectation.device_activities, c.pass == Pass::Train ? forward_kernels + 3 : forward_kernels);
+  if (r.metrics.kernels_per_forward) {
+    EXPECT_EQ(*r.metrics.kernels_per_forward - r.metrics.memsets_per_forward, r.expectation.device_activities);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gpu, FlashDecode,
+    ::testing::Values(
+        // One sequence: the keys split to fill the GPU, then the combine kernel.
+        Case{"seq1_gqa4_split",
+             {.batch = 1, .heads = 8, .kv_heads = 2, .seq = 1, .kv_seq = 4100, .head_dim = 128},
+             0,
+             MaskKind::CausalBottomRight},
+        Case{"seq1_paged16_split",
+             {.batch = 1, .heads = 8, .kv_heads = 2, .seq = 1, .kv_seq = 4100, .head_dim = 128},
+             16,
+             MaskKind::CausalBottomRight},
+        Case{"seq4_paged64_fp16_mqa",
+             {.batch = 3, .heads = 8, .kv_heads = 1, .seq = 4, .kv_seq = 1000, .head_dim = 64},
+             64,
+             MaskKind::CausalBottomRight,
+             DType::F16},
+        Case{"seq16_gqa_none",
+             {.batch = 2, .heads = 8, .kv_heads = 2, .seq = 16, .kv_seq = 333, .head_dim = 128},
+             0,
+             MaskKind::None},
+        Case{"seq16_topleft_causal",
+             {.batch = 2, .heads = 4, .seq = 16, .kv_seq = 300, .head_dim = 64},
+             0,
+             MaskKind::Causal},
+        Case{"seq8_window",
+             {.batch = 2, .heads = 4, .kv_heads = 2, .seq = 8, .kv_seq = 700, .head_dim = 128, .window = 100},
+             32,
+             MaskKind::SlidingWindow},
+        Case{"seq3_d256_paged",
+             {.batch = 2, .heads = 4, .kv_heads = 2, .seq = 3, .kv_seq = 515, .head_dim = 256},
+             16,
+             MaskKind::CausalBottomRight},
+        // More keys than queries reversed: rows 0..7 see no key and are zeros.
+        Case{"fully_masked_rows",
+             {.batch = 1, .heads = 2, .seq = 16, .kv_seq = 8, .head_dim = 64},
+             0,
+             MaskKind::CausalBottomRight},
+        // A paged cache with a prefill-length query: 16-row decode tiles.
+        Case{"paged_seq40_rowblocks",
+             {.batch = 2, .heads = 4, .kv_heads = 2, .seq = 40, .kv_seq = 300, .head_dim = 128},
+             16,
+             MaskKind::CausalBottomRight},
+        // The batch fills the GPU: one split, no combine.
+        Case{"batch64_one_split",
+             {.batch = 64, .heads = 32, .kv_heads = 8, .seq = 1, .kv_seq = 512, .head_dim = 128},
+             64,
+             MaskKind::CausalBottomRight},
+        // The LSE the decode kernel saves feeds the fused backward.
+        Case{"train_seq4",
+             {.batch = 1, .heads = 8, .kv_heads = 2, .seq = 4, .kv_seq = 2000, .head_dim = 64},
+             0,
+             MaskKind::CausalBottomRight,
+             DType::BF16,
+             Pass::Train}),
+    [](const auto& info) { return std::string(info.param.label); });
+
+TEST(FlashDecode, SplitsOnlyWhenTheBatchLeavesTheGpuIdle) {
+  REQUIRE_GPU();
+  const Problem one = problem_of({"",
+                                  {.batch = 1, .heads = 32, .kv_heads = 8, .seq = 1, .kv_seq = 8192, .head_dim = 128},
+                                  0,
+                                  MaskKind::CausalBottomRight});
+  const Problem full = problem_of({"",
+                                   {.batch = 64, .heads = 32, .kv_heads = 8, .seq = 1, .kv_seq = 4096, .head_dim = 128},
+                                   0,
+                                   MaskKind::CausalBottomRight});
+  EXPECT_GT(plan_of(one).splits, 4);
+  EXPECT_GT(plan_of(one).workspace_bytes, 0u);
+  EXPECT_EQ(plan_of(full).splits, 1);
+  EXPECT_EQ(plan_of(full).workspace_bytes, 0u);
+}
+
+TEST(FlashDecode, RefusesWhatNoKernelTakesInOneLine) {
+  REQUIRE_GPU();
+  // A paged cache at a head dim the decode kernel is not built for.
+  const Problem d96 = problem_of(
+      {"", {.batch = 1, .heads = 2, .seq = 1, .kv_seq = 100, .head_dim = 96}, 16, MaskKind::CausalBottomRight});
+  const Eligibility el = eligibility_of(flash(), d96);
+  EXPECT_FALSE(el.eligible);
+  EXPECT_NE(el.reason.find("built for head_dim 64, 128, 256"), std::string::npos) << el.reason;
+  EXPECT_EQ(el.reason.find('\n'), std::string::npos);
+  // Efficient reads no pages.
+  const Problem d64 = problem_of(
+      {"", {.batch = 1, .heads = 2, .seq = 1, .kv_seq = 100, .head_dim = 64}, 16, MaskKind::CausalBottomRight});
+  Backend* efficient = find_backend("efficient", Device::Cuda);
+  ASSERT_NE(efficient, nullptr);
+  EXPECT_FALSE(eligibility_of(*efficient, d64).eligible);
+  // A query longer than the decode kernel takes, on a contiguous cache: the
+  // prefill kernel runs, and explain says why.
+  const Problem long_q = problem_of(
+      {"", {.batch = 1, .heads = 2, .seq = 40, .kv_seq = 300, .head_dim = 64}, 0, MaskKind::CausalBottomRight});
+  const Eligibility prefill = eligibility_of(flash(), long_q);
+  ASSERT_TRUE(prefill.eligible) << prefill.reason;
+  EXPECT_NE(prefill.reason.find("takes at most 16 queries, this has 40"), std::string::npos) << prefill.reason;
+}
+
+}  // namespace
+}  // namespace attnprof
