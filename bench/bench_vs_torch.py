@@ -1,41 +1,137 @@
 #!/usr/bin/env python3
-"""attnprof's CUDA backends next to PyTorch's, on DESIGN.md's grid.
+"""attnprof's CUDA backends next to PyTorch's, on DESIGN.md's grid and issue 12's shape classes.
 
-One run on the GPU machine: for every grid row, `attnprof compare --json` times
-our backends (GPU time = kernel time per forward read from CUPTI records; host
+One run on the GPU machine: for every row, `attnprof compare --json` times our
+backends (GPU time = kernel time per forward read from CUPTI records; host
 time = CPU time of one forward call, with no profiler attached and under CUPTI),
 and torch.profiler times PyTorch's the same way (SDPA math, efficient, flash,
-cudnn, and hand-written naive and in-place naive). Prints one table (GPU time,
-TFLOP/s, host us per call, ratio ours/PyTorch) and writes it as JSON and Markdown.
+cudnn, and hand-written naive and in-place naive). Prints one table per backend
+pair (GPU time, TFLOP/s, host us per call, ratio ours/PyTorch), then a summary
+with one line per row: our flash and cudnn, PyTorch's SDPA as it dispatches by
+itself and its cuDNN SDPA, flash/cudnn and flash/torch, TFLOP/s, for decode rows
+the K/V bytes read per second against a device-to-device copy measured in the
+same run, and whether issue 12's targets are met. Writes JSON and Markdown.
+
+--shapes picks the rows:
+  grid      DESIGN.md's grid, every backend (files bench.*; the default)
+  classes   grouped-query, ViT-like, long context, head dim 256, and the grid's
+            2x16x8192x128 non-causal row (the 700 TFLOP/s target): our flash
+            and cudnn, PyTorch's SDPA (files bench_shapes.*)
+  decode    batch 64, 32 query heads over 8 K/V heads, 4096 keys, head dim 128,
+            1, 4 and 16 queries, bottom-right causal, contiguous and paged
+            (pages of 64 and 16) caches (files bench_decode.*); PyTorch has no
+            paged SDPA, so its columns on paged rows are its contiguous times
+  all       the three (files bench_all.*)
+A backend that refuses a row (our flash on a paged cache until the split-KV
+kernel lands, a PyTorch backend that cannot take a shape) gets its one-line
+reason under the table; the run goes on.
 
 With --pass backward, the same for the backward alone: ours through
 `attnprof compare --pass backward` (the forward's saved tensors in place), and
 PyTorch's autograd through torch.autograd.grad on a graph built once, timed the
-same way (backward FLOPs are 2.5x the forward's). Files: bench_backward.*.
+same way (backward FLOPs are 2.5x the forward's). Files: <stem>_backward.* (the
+grid's: bench_backward.*). Decode rows are forward only.
 
-  python3 bench/bench_vs_torch.py --attnprof build/gpu/attnprof --out OUTDIR [--pass backward]
+--smoke runs the same code on the CPU at shrunk shapes (seconds; the plumbing,
+not the figures); --dry-run prints the rows and our commands and runs nothing.
+
+  python3 bench/bench_vs_torch.py --attnprof build/gpu/attnprof --out OUTDIR [--shapes grid|classes|decode|all]
+      [--pass backward] [--rows N] [--smoke | --dry-run]
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-GRID = [  # (batch, heads, seq, head_dim, causal)
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One problem: B x H (Hkv K/V heads) x S queries (Skv keys) x D, bf16."""
+
+    cls: str  # grid, headline, gqa, vit, long, hd256, decode
+    b: int
+    h: int
+    hkv: int
+    sq: int
+    skv: int
+    d: int
+    mask: str  # none, causal (top-left, PyTorch's is_causal), causal-bottom-right
+    kv_cache: str = "contiguous"
+    page_size: int = 0
+
+    @property
+    def paged(self):
+        return self.kv_cache == "paged"
+
+    def shape(self):
+        heads = f"{self.h}/{self.hkv}" if self.hkv != self.h else f"{self.h}"
+        seqs = f"{self.sq}/{self.skv}" if self.skv != self.sq else f"{self.sq}"
+        return f"{self.b}x{heads}x{seqs}x{self.d}"
+
+    def cache(self):
+        return f"paged {self.page_size}" if self.paged else "contiguous"
+
+    def slug(self):
+        return "_".join(str(x) for x in (self.b, self.h, self.hkv, self.sq, self.skv, self.d, self.mask)) + (
+            f"_paged{self.page_size}" if self.paged else "")
+
+    def contiguous(self):
+        """The same problem on a contiguous cache: what PyTorch times for a paged row."""
+        return dataclasses.replace(self, kv_cache="contiguous", page_size=0)
+
+    def same_problem(self):
+        """What two rows of different classes share when they are one problem."""
+        return (self.b, self.h, self.hkv, self.sq, self.skv, self.d, self.mask, self.kv_cache, self.page_size)
+
+    def visible_pairs(self):
+        """Query-key pairs the mask keeps, as attnprof's Problem::visible_pairs counts them."""
+        if self.mask == "none":
+            return self.sq * self.skv
+        offset = self.skv - self.sq if self.mask == "causal-bottom-right" else 0  # query i sees keys <= i + offset
+        return sum(max(0, min(i + offset, self.skv - 1) + 1) for i in range(self.sq))
+
+    def flops(self, pass_="forward"):
+        return 4.0 * self.b * self.h * self.visible_pairs() * self.d * (2.5 if pass_ == "backward" else 1.0)
+
+    def kv_bytes(self):
+        """K and V read once: Hkv * Skv * D * 2 tensors * 2 bytes (bf16) * batch."""
+        return self.hkv * self.skv * self.d * 2 * 2 * self.b
+
+
+GRID = [Row("grid", b, h, h, s, s, d, "causal" if causal else "none") for b, h, s, d, causal in [
     (8, 16, 1024, 64, True),
     (4, 16, 4096, 64, True),
     (2, 16, 8192, 128, True),
     (2, 16, 8192, 128, False),
     (1, 16, 16384, 128, True),
+]]
+# Issue 12's shape classes. Batch 16 puts grouped-query at about 4 ms
+# (0.14 TFLOP per sequence, at 550-700 TFLOP/s).
+CLASSES = [
+    Row("headline", 2, 16, 16, 8192, 8192, 128, "none"),  # the grid's row with the 700 TFLOP/s target
+    Row("gqa", 16, 32, 8, 4096, 4096, 128, "causal"),
+    Row("vit", 16, 16, 16, 2048, 2048, 64, "none"),
+    Row("long", 1, 16, 16, 32768, 32768, 128, "causal"),
+    Row("hd256", 2, 16, 16, 4096, 4096, 256, "causal"),
+    Row("hd256", 2, 16, 16, 4096, 4096, 256, "none"),
 ]
+DECODE = [Row("decode", 64, 32, 8, sq, 4096, 128, "causal-bottom-right", cache, page)
+          for sq in (1, 4, 16) for cache, page in (("contiguous", 0), ("paged", 64), ("paged", 16))]
+SHAPES = {"grid": GRID, "classes": CLASSES, "decode": DECODE, "all": GRID + CLASSES + DECODE}
+STEMS = {"grid": "bench", "classes": "bench_shapes", "decode": "bench_decode", "all": "bench_all"}
+
 # Our backend -> PyTorch's counterpart.
 PAIRS = [
     ("naive", "naive"),
@@ -51,20 +147,64 @@ SDPA = {
     "sdpa_flash": SDPBackend.FLASH_ATTENTION,
     "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
 }
+# Outside the grid only the fused backends race: ours against cuDNN, and
+# PyTorch's SDPA as it dispatches by itself ("sdpa") and with each fused
+# backend forced (the math one would not fit at 32k).
+FUSED_OURS = ("flash", "cudnn")
+FUSED_TORCH = ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+# Issue 12's targets.
+TARGET_FLASH_OVER_CUDNN = 1.00
+TARGET_TFLOPS, TARGET_TFLOPS_ROW = 700.0, (2, 16, 16, 8192, 8192, 128, "none", "contiguous", 0)
+TARGET_COPY_PCT = 80.0
+TARGET_HOST_US = 5.0
+DEVICE = "cuda"  # "cpu" under --smoke
 
 
-def torch_attention(name, s, head_dim, causal, device):
-    """PyTorch's counterpart of one of our backends, as a function of (q, k, v)."""
-    scale = 1.0 / math.sqrt(head_dim)
-    if name in SDPA:
+class Refused(Exception):
+    """A PyTorch backend that cannot take a row; the message is the one-line reason."""
+
+
+def first_line(text, limit=200):
+    line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
+    line = line.split(" (Triggered internally at")[0]  # where in ATen a warning was raised
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def torch_attention(name, row):
+    """PyTorch's counterpart of one of our backends, as a function of (q, k, v).
+
+    Bottom-right causal with fewer queries than keys: one query sees every key
+    (no mask); more go through torch.nn.attention.bias.causal_lower_right,
+    which PyTorch routes to its flash or efficient kernel, or materialises."""
+    scale = 1.0 / math.sqrt(row.d)
+    gqa = {"enable_gqa": True} if row.hkv != row.h else {}
+    if name == "sdpa" or name in SDPA:
+        mask, causal = None, row.mask != "none"
+        if row.mask == "causal-bottom-right" and row.sq != row.skv:
+            causal = False
+            if row.sq > 1:
+                from torch.nn.attention.bias import causal_lower_right
+
+                mask = causal_lower_right(row.sq, row.skv)
+
+        def call(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **gqa)
+
+        if name == "sdpa":
+            return call
         backend = SDPA[name]
 
         def run(q, k, v):
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return call(q, k, v)
 
         return run
-    mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1) if causal else None
+    if gqa:
+        raise Refused("hand-written naive attention here takes as many K/V heads as query heads")
+    offset = row.skv - row.sq if row.mask == "causal-bottom-right" else 0
+    mask = None
+    if row.mask != "none":
+        mask = torch.ones(row.sq, row.skv, dtype=torch.bool, device=DEVICE).triu(1 + offset)
 
     def naive(q, k, v):
         attn = (q @ k.transpose(-2, -1)) * scale
@@ -81,11 +221,16 @@ def torch_attention(name, s, head_dim, causal, device):
     return naive if name == "naive" else naive_inplace
 
 
-def torch_fn(name, q, k, v, causal, pass_="forward"):
-    fn = torch_attention(name, q.shape[-2], q.shape[-1], causal, q.device)
+def torch_fn(name, row, q, k, v, pass_="forward"):
+    fn = torch_attention(name, row)
     if pass_ == "backward":
         return backward_fn(fn, q, k, v)
     return lambda: fn(q, k, v)
+
+
+def synchronize():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def host_us(fn, iters, back_to_back):
@@ -93,7 +238,7 @@ def host_us(fn, iters, back_to_back):
     other while the GPU works (as attnprof's --unprofiled-calls makes ours);
     otherwise each starts from an idle stream (as the profiled steps do)."""
     host = []
-    torch.cuda.synchronize()
+    synchronize()
     warmup = max(2, iters // 4) if back_to_back else 0  # untimed, as attnprof does
     for i in range(warmup + iters):
         t0 = time.perf_counter()
@@ -101,22 +246,58 @@ def host_us(fn, iters, back_to_back):
         if i >= warmup:
             host.append((time.perf_counter() - t0) * 1e6)
         if not back_to_back:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
+            synchronize()
+    synchronize()
     return statistics.median(host)
 
 
-def time_torch(fn, iters=10, unprofiled_iters=32):
-    """GPU time per call from torch.profiler's kernel records, host time per
-    call under that profiler, and host time per call with no profiler, calls
-    back to back (as attnprof's --unprofiled-calls measures ours)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        host_profiled = host_us(fn, iters, back_to_back=False)
-    gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0) / iters
-    return gpu_us, host_profiled, host_us(fn, unprofiled_iters, back_to_back=True)
+def sdpa_kind(kernels):
+    """Which SDPA backend ran, from the names of the kernels it launched."""
+    names = " ".join(kernels).lower()
+    for kind, marks in (("cudnn", ("cudnn",)), ("flash", ("flash",)), ("efficient", ("fmha", "efficient", "cutlass")),
+                        ("math", ("gemm", "softmax"))):
+        if any(m in names for m in marks):
+            return kind
+    return "?" if kernels else None
+
+
+def refusal(e, caught):
+    """The one-line reason a PyTorch backend refused: its exception, and the
+    first reason PyTorch warned of (sdpa_kernel's "No available kernel" says
+    only that; the warnings before it say why)."""
+    why = [first_line(w.message) for w in caught]
+    why = [w for w in why if w and "not used because" not in w and "runtime disabled" not in w]
+    return "; ".join([first_line(e)] + why[:1])
+
+
+def time_torch(make, iters=10, unprofiled_iters=32):
+    """make() gives the call to time. GPU time per call from torch.profiler's
+    kernel records, host time per call under that profiler, and host time per
+    call with no profiler, calls back to back (as attnprof's --unprofiled-calls
+    measures ours); the names of the kernels that ran. A backend that refuses
+    (or runs out of memory) raises Refused with the reason."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fn = make()
+            for _ in range(3):
+                fn()
+            synchronize()
+        except Refused:
+            raise
+        except Exception as e:  # noqa: BLE001 - a refusal or an OOM is a line in the table, not the end of the run
+            raise Refused(refusal(e, caught)) from None
+    if DEVICE != "cuda":  # --smoke: wall time is the device time
+        t = host_us(fn, iters, back_to_back=False)
+        return {"gpu_us": t, "host_profiled_us": None, "host_us": t, "kernels": []}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            host_profiled = host_us(fn, iters, back_to_back=False)
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    gpu_us = sum(e.self_device_time_total for e in events) / iters
+    return {"gpu_us": gpu_us, "host_profiled_us": host_profiled, "host_us": host_us(fn, unprofiled_iters, True),
+            "kernels": sorted({e.key for e in events})}
 
 
 def backward_fn(fn, q, k, v):
@@ -129,28 +310,78 @@ def backward_fn(fn, q, k, v):
     return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
 
-def flops(b, h, s, d, causal, pass_="forward"):
-    pairs = s * (s + 1) / 2 if causal else s * s
-    return 4.0 * b * h * pairs * d * (2.5 if pass_ == "backward" else 1.0)
+def copy_ceiling(gib=1.0, reps=10):
+    """Bytes read plus written per second by a large device-to-device copy, the
+    best of several: what a memory-bound kernel can hope for."""
+    n = int(gib * 2**30)
+    src = torch.ones(n, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for i in range(reps + 2):
+        if DEVICE == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            seconds = time.perf_counter() - t0
+        if i >= 2:  # two untimed first
+            best = min(best, seconds)
+    del src, dst
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return {"bytes_per_s": 2 * n / best, "copied_bytes": n, "best_s": best, "reps": reps}
 
 
-def ours(attnprof, row, outdir, pass_="forward"):
-    b, h, s, d, causal = row
-    path = os.path.join("/tmp", f"ours_{pass_}_{b}_{h}_{s}_{d}_{'causal' if causal else 'none'}.json")
-    cmd = [attnprof, "compare", "--device", "cuda", "--batch", str(b), "--heads", str(h), "--seq", str(s),
-           "--head-dim", str(d), "--dtype", "bf16", "--mask", "causal" if causal else "none", "--warmup", "3",
-           "--active", "10", "--check-rows", "256", "--trace-dir", "/tmp/bench-traces", "--json", path,
-           "--quiet", "--pass", pass_, "--backends", ",".join(p[0] for p in PAIRS)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode not in (0, 3):
-        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
-        return {}
+def ours_cmd(attnprof, row, backends, path, pass_):
+    cmd = [attnprof, "compare", "--device", DEVICE, "--batch", str(row.b), "--heads", str(row.h), "--kv-heads",
+           str(row.hkv), "--seq", str(row.sq), "--kv-seq", str(row.skv), "--head-dim", str(row.d), "--dtype", "bf16",
+           "--mask", row.mask, "--warmup", "3", "--active", "10", "--check-rows", "256", "--trace-dir",
+           "/tmp/bench-traces", "--json", path, "--quiet", "--pass", pass_, "--backends", ",".join(backends)]
+    if row.paged:
+        cmd += ["--kv-cache", "paged", "--page-size", str(row.page_size)]
+    return cmd
+
+
+def ours(attnprof, row, backends, pass_="forward", timeout_s=300):
+    """Our backends' records from `attnprof compare --json`; a backend that did
+    not run carries its one-line reason in "reason" (eligible false, or failed)."""
+    path = os.path.join("/tmp", f"ours_{pass_}_{row.slug()}.json")
+    if os.path.exists(path):
+        os.remove(path)
+    try:
+        proc = subprocess.run(ours_cmd(attnprof, row, backends, path, pass_), capture_output=True, text=True,
+                              timeout=timeout_s)
+        rc, tail = proc.returncode, (proc.stderr.strip() or proc.stdout.strip())
+    except subprocess.TimeoutExpired:
+        rc, tail = None, f"attnprof compare ran past {timeout_s} s"
+    if rc not in (0, 3) or not os.path.exists(path):
+        print(tail[-2000:], file=sys.stderr)
+        why = first_line(tail.splitlines()[-1] if tail else f"attnprof compare exited {rc}")
+        return {b: {"backend": b, "eligible": False, "failed": True, "reason": why} for b in backends}
     with open(path) as f:
         return {r["backend"]: r for r in json.load(f)["results"]}
 
 
+def did_not_run(m):
+    """Our record's reason when that backend gave no GPU time, else None."""
+    if m.get("device_time_us"):
+        return None
+    if not m:
+        return "no record in attnprof's JSON"
+    return first_line(m.get("reason") or "ran, but no device time was recorded")
+
+
 def fmt(x, spec):
     return "-" if x is None else format(x, spec)
+
+
+def ms(us):
+    return None if us is None else us / 1e3
 
 
 def host_cell(r):
@@ -160,50 +391,153 @@ def host_cell(r):
     return f'{r["ours_host_us"]:.1f} ({r["ours_host_p10_us"]:.1f}-{r["ours_host_p90_us"]:.1f})'
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--attnprof", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--rows", type=int, default=len(GRID), help="first N grid rows only")
-    ap.add_argument("--pass", dest="pass_", choices=("forward", "backward"), default="forward")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    torch.manual_seed(0)
-    stem = "bench" if args.pass_ == "forward" else "bench_backward"
-    results = []
-    for row in GRID[: args.rows]:
-        b, h, s, d, causal = row
-        print(f"[bench] {b}x{h}x{s}x{d} {'causal' if causal else 'non-causal'}", file=sys.stderr, flush=True)
-        mine = ours(args.attnprof, row, args.out, args.pass_)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        fl = flops(b, h, s, d, causal, args.pass_)
-        for our_name, torch_name in PAIRS:
-            try:
-                t_gpu, t_host_prof, t_host = time_torch(torch_fn(torch_name, q, k, v, causal, args.pass_))
-            except RuntimeError as e:  # a PyTorch backend that cannot take this row
-                t_gpu, t_host_prof, t_host = None, None, None
-                print(f"[bench] {torch_name}: {str(e).splitlines()[0]}", file=sys.stderr)
-            torch.cuda.empty_cache()
-            m = mine.get(our_name, {})
-            o_gpu = m.get("device_time_us")
-            results.append({
-                "shape": f"{b}x{h}x{s}x{d}", "causal": causal, "backend": our_name, "torch": torch_name,
-                "ours_gpu_us": o_gpu, "torch_gpu_us": t_gpu,
-                "ours_host_us": m.get("host_time_unprofiled_us"), "torch_host_us": t_host,
-                "ours_host_p10_us": m.get("host_time_unprofiled_p10_us"),
-                "ours_host_p90_us": m.get("host_time_unprofiled_p90_us"),
-                "ours_host_profiled_us": m.get("host_time_us"), "torch_host_profiled_us": t_host_prof,
-                "ours_tflops": fl / o_gpu / 1e6 if o_gpu else None,
-                "torch_tflops": fl / t_gpu / 1e6 if t_gpu else None,
-                "ratio": o_gpu / t_gpu if o_gpu and t_gpu else None,
-                "ours_rel_error": m.get("rel_error"), "ours_accepted": m.get("accepted"),
-                "ours_kernels": m.get("kernels_per_forward"),
-                "ours_forward_gpu_us": m.get("forward_device_time_us"),
-            })
-        del q, k, v
-        torch.cuda.empty_cache()
-        with open(os.path.join(args.out, stem + ".json"), "w") as f:  # partial results survive a time-out
-            json.dump({"results": results}, f, indent=1)
+def summarize(row, mine, torch_runs, fl, ceiling):
+    """One summary line: our flash and cudnn, PyTorch's SDPA, the ratios, and
+    issue 12's targets for this row."""
+    fla, cud = mine.get("flash", {}), mine.get("cudnn", {})
+    f_us, c_us = fla.get("device_time_us"), cud.get("device_time_us")
+    sdpa = {n: t for n, t in torch_runs.items() if n.startswith("sdpa") and t.get("gpu_us")}
+    best = min(sdpa, key=lambda n: sdpa[n]["gpu_us"]) if sdpa else None
+    t_best = sdpa[best]["gpu_us"] if best else None
+    s = {
+        "class": row.cls, "shape": row.shape(), "batch": row.b, "heads": row.h, "kv_heads": row.hkv, "seq": row.sq,
+        "kv_seq": row.skv, "head_dim": row.d, "mask": row.mask, "kv_cache": row.kv_cache,
+        "page_size": row.page_size or None, "flops": fl, "kv_bytes": row.kv_bytes(),
+        "torch_cache": "contiguous (PyTorch has no paged SDPA)" if row.paged else "contiguous",
+        "flash_us": f_us, "cudnn_us": c_us, "flash_reason": did_not_run(fla), "cudnn_reason": did_not_run(cud),
+        "flash_accepted": fla.get("accepted"), "cudnn_accepted": cud.get("accepted"),
+        "flash_rel_error": fla.get("rel_error"), "flash_host_us": fla.get("host_time_unprofiled_us"),
+        "torch": {n: {k: t.get(k) for k in ("gpu_us", "host_us", "kind", "reason")} for n, t in torch_runs.items()
+                  if n.startswith("sdpa")},
+        "torch_default_us": torch_runs.get("sdpa", {}).get("gpu_us"),
+        "torch_default_kind": torch_runs.get("sdpa", {}).get("kind"),
+        "torch_cudnn_us": torch_runs.get("sdpa_cudnn", {}).get("gpu_us"),
+        "torch_best_us": t_best, "torch_best": best,
+        "flash_over_cudnn": f_us / c_us if f_us and c_us else None,
+        "flash_over_torch": f_us / t_best if f_us and t_best else None,
+        "flash_tflops": fl / f_us / 1e6 if f_us else None,
+        "cudnn_tflops": fl / c_us / 1e6 if c_us else None,
+        "torch_best_tflops": fl / t_best / 1e6 if t_best else None,
+        "copy_ceiling_bytes_per_s": ceiling,
+        # attnprof's own memory figures where the binary writes them: its
+        # minimum bytes per call (Q, K, V, O, a block table) over the time,
+        # against the copy ceiling it measured; a cross-check of ours.
+        "flash_attnprof_gbs": fla.get("gbs"), "flash_attnprof_copy_pct": fla.get("copy_ceiling_pct"),
+        "attnprof_copy_ceiling_gbs": fla.get("copy_ceiling_gbs") or cud.get("copy_ceiling_gbs"),
+    }
+    if row.cls == "decode":
+        for who, us in (("flash", f_us), ("cudnn", c_us), ("torch_best", t_best)):
+            bw = row.kv_bytes() / (us * 1e-6) if us else None
+            s[f"{who}_kv_bytes_per_s"] = bw
+            s[f"{who}_kv_pct_copy"] = 100.0 * bw / ceiling if bw and ceiling else None
+    s["misses"], s["unknown"] = targets(row, s)
+    s["target"] = verdict(s["misses"], s["unknown"])
+    return s
+
+
+def targets(row, s):
+    """Issue 12's targets that apply to the row: those missed, those that cannot be judged."""
+    misses, unknown = [], []
+    if s["flash_us"] is None:
+        return ["flash did not run"], []
+    if s["flash_accepted"] is False:
+        misses.append("flash over its error tolerance")
+    if s["flash_over_cudnn"] is None:
+        unknown.append("cudnn did not run")
+    elif round(s["flash_over_cudnn"], 2) > TARGET_FLASH_OVER_CUDNN:
+        misses.append(f"flash {s['flash_over_cudnn']:.2f}x cudnn")
+    if row.same_problem() == TARGET_TFLOPS_ROW and s["flash_tflops"] < TARGET_TFLOPS:
+        misses.append(f"{s['flash_tflops']:.0f} < {TARGET_TFLOPS:.0f} TFLOP/s")
+    if row.cls == "decode":
+        pct = s.get("flash_kv_pct_copy")
+        if pct is None:
+            unknown.append("no copy ceiling")
+        elif pct < TARGET_COPY_PCT:
+            misses.append(f"{pct:.0f}% < {TARGET_COPY_PCT:.0f}% of copy")
+    if s["flash_host_us"] is not None and s["flash_host_us"] > TARGET_HOST_US:
+        misses.append(f"host {s['flash_host_us']:.1f} > {TARGET_HOST_US:.0f} us")
+    return misses, unknown
+
+
+def verdict(misses, unknown):
+    """yes, no (what missed), or ? (what could not be judged: a comparison backend that did not run)."""
+    if misses:
+        return "no: " + "; ".join(misses) + (f" (? {'; '.join(unknown)})" if unknown else "")
+    return "? " + "; ".join(unknown) if unknown else "yes"
+
+
+def kv_cell(s, who):
+    bw, pct = s.get(f"{who}_kv_bytes_per_s"), s.get(f"{who}_kv_pct_copy")
+    if bw is None:
+        return "-"
+    return f"{bw / 1e12:.2f} ({pct:.0f}%)" if pct is not None else f"{bw / 1e12:.2f}"
+
+
+def best_note(s):
+    """Which PyTorch backend was fastest: forced by name, or its own dispatch (and what that picked)."""
+    if not s["torch_best"]:
+        return ""
+    if s["torch_best"] == "sdpa":
+        return f" (default: {s['torch_default_kind']})" if s["torch_default_kind"] else " (default)"
+    return f" ({s['torch_best'].removeprefix('sdpa_')})"
+
+
+def time_cell(us, reason):
+    return "refused" if us is None and reason else fmt(ms(us), ".3f")
+
+
+def summary_table(summary, ceiling, pass_):
+    """The final table, and one line per backend that did not run and why."""
+    lines = ["| class | B x H(/Hkv) x S(/Skv) x D | mask | KV cache | our flash ms | our cudnn ms | torch SDPA ms (picks) "
+             "| torch cuDNN SDPA ms | torch best ms | flash/cudnn | flash/torch best | flash TFLOP/s | cudnn TFLOP/s "
+             "| flash KV TB/s (% copy) | cudnn KV TB/s (% copy) | flash host us | target met? |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes, told = [], set()
+    for i, s in enumerate(summary, 1):
+        tor = s["torch"]
+        default = tor.get("sdpa", {})
+        dflt = time_cell(default.get("gpu_us"), default.get("reason"))
+        if default.get("gpu_us") and s["torch_default_kind"]:
+            dflt += f" ({s['torch_default_kind']})"
+        tcud = tor.get("sdpa_cudnn", {})
+        cache = s["kv_cache"] if not s["page_size"] else f"paged {s['page_size']} (torch: contiguous)"
+        lines.append("| " + " | ".join([
+            s["class"], s["shape"], s["mask"], cache, time_cell(s["flash_us"], s["flash_reason"]),
+            time_cell(s["cudnn_us"], s["cudnn_reason"]), dflt, time_cell(tcud.get("gpu_us"), tcud.get("reason")),
+            fmt(ms(s["torch_best_us"]), ".3f") + best_note(s),
+            fmt(s["flash_over_cudnn"], ".2f"), fmt(s["flash_over_torch"], ".2f"), fmt(s["flash_tflops"], ".0f"),
+            fmt(s["cudnn_tflops"], ".0f"), kv_cell(s, "flash"), kv_cell(s, "cudnn"), fmt(s["flash_host_us"], ".1f"),
+            s["target"]]) + " |")
+        where = f"row {i} ({s['class']} {s['shape']} {s['mask']}, {s['kv_cache']}" + (
+            f" {s['page_size']})" if s["page_size"] else ")")
+        for who in ("flash", "cudnn"):
+            if s[f"{who}_reason"]:
+                notes.append(f"- {where}: our {who}: {s[f'{who}_reason']}")
+        for name, t in tor.items():
+            if t.get("reason") and (s["shape"], s["mask"], name) not in told:  # paged rows share the contiguous runs
+                told.add((s["shape"], s["mask"], name))
+                notes.append(f"- {where}: torch {name}: {t['reason']}")
+    head = [
+        f"Summary ({pass_}): GPU time per call (kernel time); ratios below 1 mean our flash is faster. torch SDPA: "
+        "PyTorch's dispatch left to itself (the kernels it ran say which backend); torch best: the fastest of its "
+        "SDPA backends on this row.",
+        f"Copy ceiling: {ceiling['bytes_per_s'] / 1e12:.2f} TB/s (bytes read + written by a "
+        f"{ceiling['copied_bytes'] / 2**30:g} GiB copy_ on the {DEVICE}, best of {ceiling['reps']}); decode rows: K/V "
+        "bytes (Hkv * Skv * D * 2 tensors * 2 bytes * batch) per second of GPU time, and their % of that ceiling (a "
+        "kernel that only reads can pass 100%).",
+        f"Targets: flash <= {TARGET_FLASH_OVER_CUDNN:.2f}x cudnn on every row; >= {TARGET_TFLOPS:.0f} TFLOP/s at "
+        f"2x16x8192x128 non-causal; decode >= {TARGET_COPY_PCT:.0f}% of the copy ceiling; flash host <= "
+        f"{TARGET_HOST_US:.0f} us per call.",
+    ]
+    if any(s["page_size"] for s in summary):
+        head.append("PyTorch has no paged SDPA: on paged rows its columns are its times on the contiguous cache.")
+    body = "\n".join(head) + "\n\n" + "\n".join(lines)
+    if notes:
+        body += "\n\nDid not run:\n" + "\n".join(notes)
+    return body
+
+
+def detail_table(results):
     # Host us: no profiler attached (the cost a program pays; ours with the
     # p10-p90 spread of its calls in parentheses); "profiled": the
     # same calls under CUPTI's API tracing (ours) or torch.profiler (PyTorch's).
@@ -212,20 +546,148 @@ def main():
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["shape"], "causal" if r["causal"] else "none", r["backend"],
-            fmt(r["ours_gpu_us"] and r["ours_gpu_us"] / 1e3, ".3f"), fmt(r["torch_gpu_us"] and r["torch_gpu_us"] / 1e3, ".3f"),
+            r["shape"] + (f" paged {r['page_size']}" if r["page_size"] else ""), r["mask"], r["backend"],
+            fmt(ms(r["ours_gpu_us"]), ".3f"), fmt(ms(r["torch_gpu_us"]), ".3f"),
             fmt(r["ratio"], ".2f"), fmt(r["ours_tflops"], ".0f"), fmt(r["torch_tflops"], ".0f"),
             host_cell(r), fmt(r["torch_host_us"], ".1f"),
             fmt(r["ours_host_profiled_us"], ".1f"), fmt(r["torch_host_profiled_us"], ".1f"),
             fmt(r["ours_kernels"], ".0f"), fmt(r["ours_rel_error"], ".1e")))
-    table = "\n".join(lines)
+    notes = [f"- {r['shape']} {r['mask']}{' paged ' + str(r['page_size']) if r['page_size'] else ''}: {who}: {why}"
+             for r in results for who, why in ((f"our {r['backend']}", r["ours_reason"]),
+                                               (f"torch {r['torch']}", r["torch_reason"])) if why]
+    return "\n".join(lines) + ("\n\nDid not run:\n" + "\n".join(notes) if notes else "")
+
+
+def shrink(row):
+    """--smoke: the row at a size the CPU runs in a moment, same kind of problem."""
+    h, hkv = (8, 2) if row.hkv != row.h else (2, 2)
+    sq, skv = (row.sq, 256) if row.sq != row.skv else (64, 64)
+    return dataclasses.replace(row, b=1, h=h, hkv=hkv, sq=sq, skv=skv)
+
+
+def torch_inputs(row):
+    q = torch.randn(row.b, row.h, row.sq, row.d, device=DEVICE, dtype=torch.bfloat16)
+    k, v = (torch.randn(row.b, row.hkv, row.skv, row.d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v
+
+
+def run_torch(row, names, pass_):
+    """Every PyTorch variant of the row: its times, or the reason it refused."""
+    q, k, v = torch_inputs(row)
+    runs = {}
+    for name in names:
+        try:
+            t = time_torch(lambda: torch_fn(name, row, q, k, v, pass_))
+            t["kind"] = sdpa_kind(t["kernels"]) if name.startswith("sdpa") else None
+        except Refused as e:
+            t = {"reason": str(e)}
+            print(f"[bench] torch {name} on {row.shape()}: {e}", file=sys.stderr)
+        runs[name] = t
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    del q, k, v
+    return runs
+
+
+def plan(row):
+    """(our backend, PyTorch's counterpart) pairs for the row, and every PyTorch variant it times."""
+    if row.cls == "grid":
+        return PAIRS, [p[1] for p in PAIRS] + ["sdpa"]
+    return [p for p in PAIRS if p[0] in FUSED_OURS], list(FUSED_TORCH)
+
+
+def rows_for(args):
+    rows, seen = [], set()
+    for row in SHAPES[args.shapes]:
+        if row.same_problem() in seen:  # --shapes all: the grid's row stands for the headline
+            continue
+        seen.add(row.same_problem())
+        rows.append(shrink(row) if args.smoke else row)
+    rows = rows[: args.rows] if args.rows else rows
+    if args.pass_ == "backward":
+        rows = [r for r in rows if r.cls != "decode"]
+    return rows
+
+
+def main():
+    global DEVICE
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--attnprof", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", choices=tuple(SHAPES), default="grid")
+    ap.add_argument("--rows", type=int, default=0, help="first N rows only")
+    ap.add_argument("--pass", dest="pass_", choices=("forward", "backward"), default="forward")
+    ap.add_argument("--smoke", action="store_true", help="on the CPU at shrunk shapes: the plumbing, not the figures")
+    ap.add_argument("--dry-run", action="store_true", help="print the rows and our commands; run nothing")
+    args = ap.parse_args()
+    if args.pass_ == "backward" and args.shapes == "decode":
+        ap.error("decode rows are forward only: --pass backward takes --shapes grid, classes or all")
+    DEVICE = "cpu" if args.smoke else "cuda"
+    rows = rows_for(args)
+    stem = STEMS[args.shapes] + ("_backward" if args.pass_ == "backward" else "")
+    if args.dry_run:
+        for row in rows:
+            pairs, torch_names = plan(row)
+            backends = [p[0] for p in pairs]
+            print(f"{row.cls} {row.shape()} {row.mask} {row.cache()}: flops {row.flops(args.pass_):.3e}, "
+                  f"K/V {row.kv_bytes() / 2**20:.1f} MiB, torch {','.join(torch_names)}"
+                  + (" (on the contiguous cache)" if row.paged else ""))
+            print("  " + shlex.join(ours_cmd(args.attnprof, row, backends, f"/tmp/ours_{row.slug()}.json", args.pass_)))
+        print(f"files: {os.path.join(args.out, stem)}.json, .md")
+        return
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_vs_torch: no CUDA device (--smoke runs the plumbing on the CPU)")
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    ceiling = copy_ceiling(gib=1.0 if DEVICE == "cuda" else 0.0625)
+    print(f"[bench] copy ceiling {ceiling['bytes_per_s'] / 1e12:.2f} TB/s (read + write)", file=sys.stderr, flush=True)
     meta = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    with open(os.path.join(args.out, stem + ".md"), "w") as f:
-        f.write(f"{meta}\n\n{table}\n")
-    print(table)
+            "gpu": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (--smoke)",
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "shapes": args.shapes, "pass": args.pass_,
+            "copy_ceiling": ceiling}
+    results, summary, torch_done = [], [], {}
+
+    def write():  # after every row too: partial results survive a time-out
+        table = summary_table(summary, ceiling, args.pass_)
+        with open(os.path.join(args.out, stem + ".json"), "w") as f:
+            json.dump({"meta": meta, "results": results, "summary": summary}, f, indent=1)
+        with open(os.path.join(args.out, stem + ".md"), "w") as f:
+            f.write(f"{meta}\n\n{detail_table(results)}\n\n{table}\n")
+        return table
+
+    for row in rows:
+        print(f"[bench] {row.cls} {row.shape()} {row.mask} {row.cache()}", file=sys.stderr, flush=True)
+        pairs, torch_names = plan(row)
+        mine = ours(args.attnprof, row, [p[0] for p in pairs], args.pass_)
+        # PyTorch's times on a paged row are its times on the contiguous cache,
+        # measured once.
+        key = row.contiguous()
+        if key not in torch_done:
+            torch_done[key] = run_torch(key, torch_names, args.pass_)
+        runs = torch_done[key]
+        fl = row.flops(args.pass_)
+        for our_name, torch_name in pairs:
+            t, m = runs.get(torch_name, {}), mine.get(our_name, {})
+            o_gpu, t_gpu = m.get("device_time_us"), t.get("gpu_us")
+            results.append({
+                "class": row.cls, "shape": row.shape(), "causal": row.mask != "none", "mask": row.mask,
+                "kv_cache": row.kv_cache, "page_size": row.page_size or None,
+                "backend": our_name, "torch": torch_name, "ours_gpu_us": o_gpu, "torch_gpu_us": t_gpu,
+                "ours_reason": did_not_run(m), "torch_reason": t.get("reason"),
+                "ours_host_us": m.get("host_time_unprofiled_us"), "torch_host_us": t.get("host_us"),
+                "ours_host_p10_us": m.get("host_time_unprofiled_p10_us"),
+                "ours_host_p90_us": m.get("host_time_unprofiled_p90_us"),
+                "ours_host_profiled_us": m.get("host_time_us"), "torch_host_profiled_us": t.get("host_profiled_us"),
+                "ours_tflops": fl / o_gpu / 1e6 if o_gpu else None,
+                "torch_tflops": fl / t_gpu / 1e6 if t_gpu else None,
+                "ratio": o_gpu / t_gpu if o_gpu and t_gpu else None,
+                "ours_rel_error": m.get("rel_error"), "ours_accepted": m.get("accepted"),
+                "ours_kernels": m.get("kernels_per_forward"),
+                "ours_forward_gpu_us": m.get("forward_device_time_us"),
+            })
+        summary.append(summarize(row, mine, runs, fl, ceiling["bytes_per_s"]))
+        write()
+    print(detail_table(results) + "\n\n" + write())
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 # The GPU run, in one call on the lent GPU machine: build with CUDA, the GPU
 # tests, compute-sanitizer (memcheck, racecheck) on the fused kernels at small
 # shapes, a profile with CUPTI off, compare at the reference shape, host time
-# per call with and without CUPTI, the benchmark against PyTorch, and the
-# Python package on CUDA tensors.
+# per call with and without CUPTI, the benchmark against PyTorch (the grid;
+# issue 12's shape classes; decode on contiguous and paged caches, each against
+# our cudnn and PyTorch's SDPA with the targets judged), and the Python package
+# on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize nocupti compare train host bench bench_backward python ring (default: all). Results land in $OUT (8 files at most).
+# sanitize nocupti compare train host bench bench_backward shapes decode python ring
+# (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward python ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward shapes decode python ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=build/gpu
@@ -54,13 +57,14 @@ fi
 
 if has sanitize; then
   log "compute-sanitizer on the fused kernels"
+  # Known ceilings: measuring them (a large cuBLAS GEMM, a large copy) under the sanitizer takes minutes.
+  san_env=(ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 ATTNPROF_COPY_GBS=4200)
   for tool in memcheck racecheck; do
     for be in efficient flash; do
       # On an sm90 GPU flash takes its sm90a kernel at head_dim 64 and 128, its sm80 kernel at 96.
       for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
         "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 96"; do
-        # A known ceiling: measuring it (a large cuBLAS GEMM) under the sanitizer takes minutes.
-        ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+        env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
           $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --warmup 0 --active 1 --unprofiled-calls 0 \
           --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
         echo "$tool $be $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" | tee -a "$OUT/sanitizer.txt"
@@ -72,11 +76,28 @@ if has sanitize; then
     for be in efficient flash; do
       for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
         "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 64 --deterministic"; do
-        ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+        env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
           $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --pass backward --warmup 0 --active 1 \
           --unprofiled-calls 0 --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
         echo "$tool $be backward $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" |
           tee -a "$OUT/sanitizer.txt"
+      done
+    done
+  done
+  # The decode path (issue 12): 1 and 16 queries against a longer cache, query
+  # heads grouped 4 to a K/V head, bottom-right causal, contiguous and paged.
+  # Until flash reads pages on CUDA the paged lines say why it refused.
+  for tool in memcheck racecheck; do
+    for args in "--seq 1 --kv-seq 333" "--seq 16 --kv-seq 1000"; do
+      for cache in "" "--kv-cache paged --page-size 16"; do
+        env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+          $B/attnprof profile --backend flash --device cuda --batch 1 --heads 8 --kv-heads 2 $args \
+          --mask causal-bottom-right $cache --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san --quiet \
+          >/tmp/san.txt 2>&1
+        rc=$?
+        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)
+        refused=$(grep -m1 -oE 'cannot run this problem: .*' /tmp/san.txt)
+        echo "$tool flash decode $args ${cache:-contiguous} -> rc $rc $summary $refused" | tee -a "$OUT/sanitizer.txt"
       done
     done
   done
@@ -165,6 +186,24 @@ if has bench_backward; then
     ${BENCH_ROWS:+--rows $BENCH_ROWS} >/tmp/bench_backward.txt 2>>"$OUT/log.txt"
 fi
 
+# Issue 12: every shape class and the decode rows against our cudnn and
+# PyTorch's SDPA in the same run, with ratios and the targets (flash <= 1.00x
+# cudnn, 700 TFLOP/s, 80% of the copy ceiling measured in the run, 5 us host).
+# A backend that refuses a row gets its reason under the table.
+if has shapes; then
+  log "shape classes against cuDNN and PyTorch's SDPA"
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_vs_torch.py --attnprof $B/attnprof --out "$OUT" --shapes classes \
+    >/tmp/bench_shapes.txt 2>>"$OUT/log.txt"
+  echo "bench --shapes classes rc $?" >>"$OUT/log.txt"
+fi
+
+if has decode; then
+  log "decode (contiguous and paged caches) against cuDNN and PyTorch's SDPA"
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_vs_torch.py --attnprof $B/attnprof --out "$OUT" --shapes decode \
+    >/tmp/bench_decode.txt 2>>"$OUT/log.txt"
+  echo "bench --shapes decode rc $?" >>"$OUT/log.txt"
+fi
+
 if has python; then
   # The Python package on CUDA tensors: its pytest suite (the GPU tests run
   # here: every backend, the current stream, torch.compile) and the host time
@@ -232,6 +271,9 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f $OUT/train.txt ]] && { echo "==== compare --pass train"; cut -c1-220 "$OUT/train.txt"; }
 [[ -f /tmp/bench.txt ]] && { echo "==== bench"; cat /tmp/bench.txt; }
 [[ -f /tmp/bench_backward.txt ]] && { echo "==== bench --pass backward"; cat /tmp/bench_backward.txt; }
+# The classes' and decode's summaries (the per-backend tables are in their .md).
+[[ -f /tmp/bench_shapes.txt ]] && { echo "==== bench --shapes classes"; sed -n '/^Summary/,$p' /tmp/bench_shapes.txt; }
+[[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
 [[ -f $OUT/ring.txt ]] && { echo "==== ring (--gpus)"; cat "$OUT/ring.txt"; }
