@@ -186,6 +186,11 @@ int main() {
       {2, 16, 8192, 128, FusedMask::Causal, 1.791, 3.405},
       {2, 16, 8192, 128, FusedMask::None, 3.267, 6.447},
       {1, 16, 16384, 128, FusedMask::Causal, 3.550, 6.740},
+      // Head dims the sm90 kernel took in run 11 (no PyTorch target: 0).
+      {4, 16, 4096, 96, FusedMask::Causal, 0, 0},
+      {2, 16, 4096, 192, FusedMask::Causal, 0, 0},
+      {2, 16, 4096, 256, FusedMask::Causal, 0, 0},
+      {2, 16, 4096, 256, FusedMask::None, 0, 0},
   };
   struct Row {
     std::string shape, kernel;
@@ -213,43 +218,67 @@ int main() {
                   s.mask == FusedMask::None ? "none" : "causal");
     const double flops = 4.0 * s.b * s.h * visible_pairs(s) * s.d;
 
-    std::vector<std::pair<std::string, Launch>> kernels = {
-        {"flash", [](const FusedParams& p) { return attnprof::cuda::launch_flash_sm80(p, nullptr); }},
-        {"efficient", [](const FusedParams& p) { return attnprof::cuda::launch_efficient(p, nullptr); }},
-    };
+    // 192 has no sm80 kernel: its rows start at the sm90 default, which is then the reference.
+    const bool sm80_built = attnprof::cuda::fused_head_dim_built(s.d);
+    std::vector<std::pair<std::string, Launch>> kernels;
+    if (sm80_built) {
+      kernels = {
+          {"flash", [](const FusedParams& p) { return attnprof::cuda::launch_flash_sm80(p, nullptr); }},
+          {"efficient", [](const FusedParams& p) { return attnprof::cuda::launch_efficient(p, nullptr); }},
+      };
+    }
     const bool causal = s.mask != FusedMask::None;
     const auto add = [&]<class Launcher, class Cfg>(const char* kname, Launcher, Cfg) {
       kernels.push_back({kname, causal ? variant<Launcher, Cfg, k::MaskMode::Causal>()
                                        : variant<Launcher, Cfg, k::MaskMode::None>()});
     };
     if (prop.major == 9) {  // the wgmma kernel (sm90a) and its variants (flash_fwd_sm90.cuh)
+      // FlashSm90Cfg<D, kBlockN, consumers, stages, skip rescale, producer warpgroup + setmaxnreg, pingpong>
       if (s.d == 64) {
         add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<64>{});
-        add("flash sm90 persistent", Sm90Persistent{}, k::FlashSm90DefaultCfg<64>{});
-        add("flash sm90 3wg", Sm90{}, k::FlashSm90Cfg<64, 128, 3>{});
-        add("flash sm90 3 stages", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 3>{});
-        add("flash sm90 skip", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 2, true>{});
+        add("sm90 wgp", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 2, false, true>{});
+        add("sm90 wgp pingpong", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 2, false, true, true>{});
+        add("sm90 wgp pingpong persist", Sm90Persistent{}, k::FlashSm90Cfg<64, 128, 2, 2, false, true, true>{});
+        add("sm90 wgp pingpong 3st", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 3, false, true, true>{});
+        add("sm90 wgp 3wg", Sm90{}, k::FlashSm90Cfg<64, 128, 3, 2, false, true>{});
       }
       if (s.d == 128) {
         add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<128>{});
-        add("flash sm90 persistent", Sm90Persistent{}, k::FlashSm90DefaultCfg<128>{});
-        add("flash sm90 3wg", Sm90{}, k::FlashSm90Cfg<128, 128, 3>{});
-        add("flash sm90 3 stages", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 3>{});
-        add("flash sm90 skip", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 2, true>{});
+        add("sm90 persistent", Sm90Persistent{}, k::FlashSm90DefaultCfg<128>{});
+        add("sm90 wgp", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 2, false, true>{});
+        add("sm90 wgp pingpong", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 2, false, true, true>{});
+        add("sm90 wgp pingpong persist", Sm90Persistent{}, k::FlashSm90Cfg<128, 128, 2, 2, false, true, true>{});
+        add("sm90 wgp pingpong 3st", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 3, false, true, true>{});
+      }
+      if (s.d == 96) {
+        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<96>{});
+        add("sm90 wgp pingpong", Sm90{}, k::FlashSm90Cfg<96, 128, 2, 2, false, true, true>{});
+      }
+      if (s.d == 192) {
+        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<192>{});
+        add("sm90 wgp pingpong", Sm90{}, k::FlashSm90Cfg<192, 64, 2, 2, false, true, true>{});
+        add("sm90 wgp pingpong persist", Sm90Persistent{}, k::FlashSm90Cfg<192, 64, 2, 2, false, true, true>{});
+      }
+      if (s.d == 256) {
+        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<256>{});
+        add("sm90 wgp pingpong", Sm90{}, k::FlashSm90Cfg<256, 64, 2, 2, false, true, true>{});
+        add("sm90 wgp pingpong persist", Sm90Persistent{}, k::FlashSm90Cfg<256, 64, 2, 2, false, true, true>{});
       }
     }
     // Variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).
-    if (s.d == 64 && causal) {
+    if (s.d == 64 && causal && s.s == 1024) {
       add("flash 64x64", Sm80{}, k::FlashCfg<64, 64, 64, true>{});
       add("flash prefetch at tile start", Sm80{}, k::FlashCfg<64, 128, 64, true, 1, false, k::Prefetch::TileStart>{});
     }
-    if (s.d == 128) {
+    if (s.d == 128 && s.s == 16384) {
       add("flash 128x32", Sm80{}, k::FlashCfg<128, 128, 32, false>{});
       add("flash no-skip", Sm80{}, k::FlashCfg<128, 128, 64, false, 1, false>{});
       add("flash prefetch at tile start", Sm80{}, k::FlashCfg<128, 128, 64, false, 1, true, k::Prefetch::TileStart>{});
     }
     // Reference output: the default flash kernel on set 0; every kernel is compared with it.
-    CK(attnprof::cuda::launch_flash_sm80(params_of(s, {sets[0].q, sets[0].k, sets[0].v, ref}), nullptr));
+    const FusedParams ref_params = params_of(s, {sets[0].q, sets[0].k, sets[0].v, ref});
+    CK(sm80_built ? attnprof::cuda::launch_flash_sm80(ref_params, nullptr)
+                  : attnprof::cuda::launch_flash(ref_params, nullptr));
     CK(cudaDeviceSynchronize());
     for (auto& [kname, launch] : kernels) {
       CK(cudaMemset(sets[0].o, 0xFF, n * 2));

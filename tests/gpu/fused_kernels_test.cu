@@ -46,6 +46,12 @@ bool usable_device(std::string* why) {
     if (!usable_device(&why_)) GTEST_SKIP() << why_; \
   } while (0)
 
+// 192 runs on flash's sm90a kernel only.
+#define SKIP_WHERE_HEAD_DIM_IS_NOT_BUILT(kc)                                                \
+  if ((kc).c.head_dim == 192 && !attnprof::cuda::flash_sm90_runs_here()) {                  \
+    GTEST_SKIP() << "head_dim 192 runs on flash's sm90a kernel only; this GPU is not sm90"; \
+  }
+
 #define CUDA_OK(call)                                                          \
   do {                                                                         \
     const cudaError_t err_ = (call);                                           \
@@ -274,6 +280,7 @@ class FusedKernels : public ::testing::TestWithParam<KernelCase> {};
 TEST_P(FusedKernels, MatchesFloat64Reference) {
   SKIP_WITHOUT_SM80();
   const KernelCase& kc = GetParam();
+  SKIP_WHERE_HEAD_DIM_IS_NOT_BUILT(kc);
   // Two draws: a kernel that is right on one input by accident is caught on the next.
   for (std::uint32_t seed : {1234u + kc.c.seq_q, 99u + kc.c.seq_k * 7u}) {
     Outcome o;
@@ -297,6 +304,7 @@ TEST_P(FusedKernels, MatchesFloat64Reference) {
 TEST_P(FusedKernels, LogSumExpMatchesFloat64) {
   SKIP_WITHOUT_SM80();
   const KernelCase& kc = GetParam();
+  SKIP_WHERE_HEAD_DIM_IS_NOT_BUILT(kc);
   Outcome o;
   run_case(kc.c, kc.kernel, 4321u + kc.c.seq_q, &o, /*with_lse=*/true);
   if (HasFatalFailure()) return;
@@ -342,10 +350,25 @@ std::vector<KernelCase> all_cases() {
       {"d96_bottomright_q333_k200", 1, 2, 2, 333, 200, 96, kBR},
       {"d256_causal_q200_k333", 1, 2, 2, 200, 333, 256, kCausal},
       {"d256_none_q333_k200", 1, 2, 1, 333, 200, 256, kNone},
+      {"fp16_d256_bottomright_q200_k333", 1, 2, 2, 200, 333, 256, kBR, 0, false},
+      {"gqa_d96_window64_300", 1, 4, 2, 300, 300, 96, kWin, 64},
+      {"bshd_d96_none_q200_k333", 1, 2, 2, 200, 333, 96, kNone, 0, true, true},
+      // 192: flash on sm90 only (kFlashSm90HeadDims).
+      {"d192_causal_333", 1, 2, 2, 333, 333, 192, kCausal},
+      {"gqa_d192_none_q200_k333", 1, 4, 2, 200, 333, 192, kNone},
+      {"bshd_fp16_d192_bottomright_q333_k200", 1, 4, 2, 333, 200, 192, kBR, 0, false, true},
+      // Few queries: flash takes its split-KV decode kernel (one split here: no workspace).
+      {"decode_gqa4_d128_q16_k1000", 2, 8, 2, 16, 1000, 128, kBR},
+      {"decode_mqa_d256_q3_k300_none", 1, 4, 1, 3, 300, 256, kNone},
+      {"decode_window100_d64_q8_k500", 1, 4, 2, 8, 500, 64, kWin, 100},
+      {"decode_fp16_bshd_d128_q4_k777", 2, 4, 4, 4, 777, 128, kBR, 0, false, true},
   };
   std::vector<KernelCase> out;
   for (Kernel k : {Kernel::Flash, Kernel::FlashSm80, Kernel::Efficient})
-    for (const Case& c : cases) out.push_back({c, k});
+    for (const Case& c : cases) {
+      if (c.head_dim == 192 && k != Kernel::Flash) continue;  // no sm80 kernel at 192
+      out.push_back({c, k});
+    }
   return out;
 }
 
@@ -427,12 +450,22 @@ TEST(FusedKernelsSupport, Sm90PathWhereItApplies) {
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   for (const int d : attnprof::cuda::kFusedHeadDims) {
-    EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(shape_only(d), true), nullptr) << "head_dim " << d;
-    EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(shape_only(d), false), nullptr) << "head_dim " << d;
+    FusedParams p = shape_only(d);
+    p.seq_q = p.seq_k = 64;  // past the decode kernel's queries
+    EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(p, true), nullptr) << "head_dim " << d;
+    EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(p, false), nullptr) << "head_dim " << d;
     const bool sm90 = attnprof::cuda::flash_sm90_head_dim(d);
-    EXPECT_EQ(attnprof::cuda::flash_sm90_applies(shape_only(d)), major == 9 && sm90) << "head_dim " << d;
-    if (!sm90) EXPECT_EQ(attnprof::cuda::launch_flash_sm90(shape_only(d), nullptr), cudaErrorNotSupported);
+    EXPECT_EQ(attnprof::cuda::flash_sm90_applies(p), major == 9 && sm90) << "head_dim " << d;
+    if (!sm90) EXPECT_EQ(attnprof::cuda::launch_flash_sm90(p, nullptr), cudaErrorNotSupported);
   }
+  // 192: flash on sm90 only, efficient never.
+  FusedParams p192 = shape_only(192);
+  p192.seq_q = p192.seq_k = 64;
+  EXPECT_EQ(attnprof::cuda::fused_unsupported_reason(p192, true) == nullptr, major == 9);
+  EXPECT_NE(attnprof::cuda::fused_unsupported_reason(p192, false), nullptr);
+  // 8 queries at a decode head dim: the decode kernel, not the sm90 prefill one.
+  EXPECT_TRUE(attnprof::cuda::flash_decode_takes(shape_only(128)));
+  EXPECT_FALSE(attnprof::cuda::flash_sm90_applies(shape_only(128)));
 }
 
 }  // namespace

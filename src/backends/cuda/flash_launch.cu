@@ -52,10 +52,12 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (p.heads % p.kv_heads != 0) {
     return say("heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " + std::to_string(p.kv_heads));
   }
-  if (!fused_head_dim_built(p.head_dim)) {
+  const bool sm90_only = flash && flash_sm90_head_dim(p.head_dim) && !fused_head_dim_built(p.head_dim);
+  if (!fused_head_dim_built(p.head_dim) && !(sm90_only && flash_sm90_runs_here())) {
     std::string built;
     for (const int d : kFusedHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
-    return say("head_dim " + std::to_string(p.head_dim) + " is not built: use one of " + built);
+    return say("head_dim " + std::to_string(p.head_dim) + " is not built: use one of " + built +
+               (flash ? " (and 192 with flash on an sm90 GPU)" : ""));
   }
   if (!(p.scale > 0.f) || !std::isfinite(p.scale)) return say("the softmax scale must be a positive finite number");
   if (p.mask == FusedMask::SlidingWindow && p.window < 1) return say("sliding window needs --window of at least 1");

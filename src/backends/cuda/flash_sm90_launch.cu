@@ -11,11 +11,7 @@ namespace {
 struct FlashSm90Runner {
   template <int kHeadDim, kernels::MaskMode kMask, kernels::Half16 Element, bool kLse>
   static cudaError_t run(const kernels::FwdArgs& a, cudaStream_t stream) {
-    if constexpr (flash_sm90_head_dim(kHeadDim)) {
-      return kernels::launch_flash_fwd_sm90<kHeadDim, kMask, Element, kLse>(a, stream);
-    } else {
-      return cudaErrorNotSupported;
-    }
+    return kernels::launch_flash_fwd_sm90<kHeadDim, kMask, Element, kLse>(a, stream);
   }
 };
 
@@ -23,9 +19,11 @@ struct FlashSm90Runner {
 // code exactly when they do.
 __global__ void sm90_image_probe() {}
 
+}  // namespace
+
 // Whether this binary holds the kernels as sm90 machine code for the current
 // device: a build for sm_80 alone (or a newer GPU) would find an empty body.
-bool sm90_kernel_runs_here() {
+bool flash_sm90_runs_here() {
   static const bool runs = [] {
     cudaFuncAttributes attr{};
     const bool ok = cudaFuncGetAttributes(&attr, sm90_image_probe) == cudaSuccess && attr.binaryVersion == 90;
@@ -35,24 +33,23 @@ bool sm90_kernel_runs_here() {
   return runs;
 }
 
-}  // namespace
-
 bool flash_sm90_applies(const FusedParams& p) {
-  return !flash_decode_takes(p) && flash_sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() &&
+  return !flash_decode_takes(p) && flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here() &&
          fused_unsupported_reason(p, /*flash=*/true) == nullptr;
 }
 
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream) {
   if (!flash_sm90_applies(p)) return cudaErrorNotSupported;
-  return kernels::dispatch_fwd<FlashSm90Runner>(p, stream);
+  return kernels::dispatch_fwd<FlashSm90Runner, kFlashSm90HeadDims>(p, stream);
 }
 
 cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream) {
   if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
   if (flash_decode_takes(p)) return launch_flash_decode(p, stream);
   // One check per call: the choice needs only the head_dim and the binary.
-  return flash_sm90_head_dim(p.head_dim) && sm90_kernel_runs_here() ? kernels::dispatch_fwd<FlashSm90Runner>(p, stream)
-                                                                    : launch_flash_sm80_checked(p, stream);
+  return flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here()
+             ? kernels::dispatch_fwd<FlashSm90Runner, kFlashSm90HeadDims>(p, stream)
+             : launch_flash_sm80_checked(p, stream);
 }
 
 }  // namespace attnprof::cuda

@@ -1,5 +1,5 @@
 // Our fused attention forward kernels (sm80 and later; sm90 runs them too):
-//   flash     — on sm90a at head_dim 64 and 128, FlashAttention-3 class: TMA
+//   flash     — on sm90a at head_dim 64, 96, 128, 192 and 256, FlashAttention-3 class: TMA
 //               loads from a producer warp through mbarrier stages, wgmma,
 //               two consumer warpgroups (kernels/flash_fwd_sm90.cuh and the
 //               role headers it names). Elsewhere
@@ -37,6 +37,8 @@ cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream);
 // a head_dim of kFlashSm90HeadDims, an sm90 GPU and a binary built for sm_90a. Where it does
 // not, launch_flash_sm90 returns cudaErrorNotSupported.
 bool flash_sm90_applies(const FusedParams& p);
+// Whether this binary has the sm90a kernels as machine code for the current device.
+bool flash_sm90_runs_here();
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream);
 
 // Flash's split-KV decode (kernels/flash_decode.cuh): whether it takes `p`

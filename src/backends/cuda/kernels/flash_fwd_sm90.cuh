@@ -6,15 +6,19 @@
 //   tile_scheduler.cuh                  which query tiles a CTA takes
 //   epilogue_fwd.cuh                    O (and the log-sum-exp) out of registers
 //
-// Warp kConsumers * 4 is the producer: one thread loads Q once a tile, then K
-// and V tile after tile into kStages shared-memory stages. Warpgroups 0 ..
+// Warp kConsumers * 4 is the producer (with its warpgroup, if Cfg says so):
+// one thread loads Q once a tile, then K and V tile after tile into kStages
+// shared-memory stages. Warpgroups 0 ..
 // kConsumers-1 are the consumers, each owning 64 query rows. Nothing makes the
 // consumers wait for each other, so one's softmax runs under another's matrix
 // products.
 //
+// Cfg (mainloop_fwd_sm90_tma_wgmma_ws.cuh) picks FlashAttention-3's other
+// pieces: a producer warpgroup with setmaxnreg, pingpong between the
+// consumers; Scheduler a persistent grid.
 // Not yet in: the consumers' own softmax overlapped with their next S
 // (FlashAttention-3's intra-warpgroup pipelining: tried, and slower without
-// setmaxnreg, docs/perf/fused-kernels.md run 9), setmaxnreg.
+// setmaxnreg, docs/perf/fused-kernels.md run 9).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -71,8 +75,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   typename Kernel::QPipeline::State q_state;
   typename Kernel::KVPipeline::State kv_state;
-  if (warp == Cfg::kConsumerThreads / 32) {  // the producer
-    if (lane == 0) {
+  if (warp >= Cfg::kConsumerThreads / 32) {  // the producer
+    if constexpr (Cfg::kWgProducer) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (warp == Cfg::kConsumerThreads / 32 && lane == 0) {
       auto cta = Scheduler::first(a);
       do {
         const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(a, cta.m0);
@@ -86,8 +91,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
+  if constexpr (Cfg::kWgProducer) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
   const int wg = warp / 4;
   const int warp_row0 = wg * 64 + (warp % 4) * 16;  // this warp's first row of the query tile
+  if constexpr (Cfg::kPingpong) {
+    if (wg == 1) sm90::pass_turn(wg);  // warpgroup 0 takes the first turn
+  }
   auto cta = Scheduler::first(a);
   do {
     const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(a, cta.m0);
@@ -100,7 +109,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Scheduler::kPersistent) q_pipe.consumer_release(q_state);
       q_state.advance();
     }
-    EpilogueFwd<Element, kLse>::store_direct(a, cta, acc, softmax, warp_row0, lane);
+    EpilogueFwd<Element, kLse>::template store_direct<Cfg::kHeadDim / 8>(a, cta, acc, softmax, warp_row0, lane);
   } while (Scheduler::next(a, cta));
 #endif
 }

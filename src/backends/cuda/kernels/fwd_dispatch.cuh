@@ -3,7 +3,8 @@
 // A Runner supplies
 //   template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
 //   static cudaError_t run(const FwdArgs&, cudaStream_t);
-// over the head dims of kFusedHeadDims (fused_params.h).
+// over the head dims of kFusedHeadDims (fused_params.h), or of another list
+// (kFlashSm90HeadDims) given as dispatch_fwd's second argument.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,22 +37,20 @@ cudaError_t dispatch_mask(const FwdArgs& a, FusedMask mask, cudaStream_t stream)
   return cudaErrorInvalidValue;
 }
 
-template <class Runner, Half16 Element, std::size_t... kI>
+template <class Runner, const auto& kDims, Half16 Element, std::size_t... kI>
 cudaError_t dispatch_head_dim(const FwdArgs& a, int head_dim, FusedMask mask, cudaStream_t stream,
                               std::index_sequence<kI...>) {
   cudaError_t result = cudaErrorInvalidValue;
-  (void)((head_dim == kFusedHeadDims[kI] &&
-          (result = dispatch_mask<Runner, kFusedHeadDims[kI], Element>(a, mask, stream), true)) ||
-         ...);
+  (void)((head_dim == kDims[kI] && (result = dispatch_mask<Runner, kDims[kI], Element>(a, mask, stream), true)) || ...);
   return result;
 }
 
-template <class Runner>
+template <class Runner, const auto& kDims = kFusedHeadDims>
 cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
   const FwdArgs a = FwdArgs::from(p);
-  constexpr auto kHeadDims = std::make_index_sequence<kFusedHeadDims.size()>();
-  return p.bf16 ? dispatch_head_dim<Runner, Bf16>(a, p.head_dim, p.mask, stream, kHeadDims)
-                : dispatch_head_dim<Runner, Fp16>(a, p.head_dim, p.mask, stream, kHeadDims);
+  constexpr auto kHeadDims = std::make_index_sequence<kDims.size()>();
+  return p.bf16 ? dispatch_head_dim<Runner, kDims, Bf16>(a, p.head_dim, p.mask, stream, kHeadDims)
+                : dispatch_head_dim<Runner, kDims, Fp16>(a, p.head_dim, p.mask, stream, kHeadDims);
 }
 
 }  // namespace attnprof::cuda::kernels

@@ -24,36 +24,84 @@
 
 namespace attnprof::cuda::kernels {
 
-// Tile sizes of the sm90a forward: 64 query rows per consumer warpgroup
-// (kConsumers of them), kBlockN keys a tile, kStages K/V stages. Measured on
-// H200 (docs/perf/fused-kernels.md, run 8): a third stage and the rescale skip
-// are within run-to-run spread of the default (2 consumers, 2 stages); three
-// consumers gain 4% at 4096x64, lose 7% at 1024x64, and at D = 128 the 416
-// threads cap ptxas at 128 registers, spill 1.1 KB and run at a third of the
-// speed (setmaxnreg would be needed there).
-template <int kHeadDim_, int kBlockN_, int kConsumers_ = 2, int kStages_ = 2, bool kSkipRescale_ = false>
+// Tile sizes and roles of the sm90a forward: 64 query rows per consumer
+// warpgroup (kConsumers of them), kBlockN keys a tile, kStages K/V stages.
+// Measured on H200 (docs/perf/fused-kernels.md, run 8): a third stage and the
+// rescale skip are within run-to-run spread of the default (2 consumers, 2
+// stages); three consumers gain 4% at 4096x64, lose 7% at 1024x64, and at
+// D = 128 the 416 threads cap ptxas at 128 registers, spill 1.1 KB and run
+// at a third of the speed without setmaxnreg.
+//
+// kWgProducer: the producer is a whole warpgroup that gives its registers
+// back (setmaxnreg.dec to kProducerRegs) so that the consumers may grow to
+// kConsumerRegs (setmaxnreg.inc), FlashAttention-3's split; otherwise one
+// producer warp and no register moves. kPingpong (2 consumers): the
+// consumers take turns to issue their matrix products (two named barriers),
+// so one's softmax runs under the other's GEMMs instead of both softmaxes at
+// once.
+//
+// Head dims: the tiles hold whole 64-column swizzle regions, kPadDim
+// columns; a head dim of 96 is padded to 128 (TMA fills the columns past the
+// tensor with zeros, which add nothing to Q K^T, and O's padding columns are
+// never stored). O += P V is issued in column chunks of 128 (and one of 64),
+// so any kPadDim up to 256 fits wgmma's N.
+template <int kHeadDim_, int kBlockN_, int kConsumers_ = 2, int kStages_ = 2, bool kSkipRescale_ = false,
+          bool kWgProducer_ = false, bool kPingpong_ = false>
 struct FlashSm90Cfg {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kPadDim = (kHeadDim + 63) / 64 * 64;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumers = kConsumers_;  // warpgroups of 64 query rows
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  static constexpr int kThreads = kConsumerThreads + 32;  // and one producer warp
+  static constexpr bool kWgProducer = kWgProducer_;
+  static constexpr bool kPingpong = kPingpong_;
+  static constexpr int kProducerThreads = kWgProducer ? 128 : 32;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  // setmaxnreg's counts (multiples of 8, at most 64K registers a CTA in all).
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegsFit = (65536 - kProducerThreads * kProducerRegs) / kConsumerThreads / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsFit < 240 ? kConsumerRegsFit : 240;
   static constexpr int kStages = kStages_;
   static constexpr bool kSkipRescale = kSkipRescale_;  // OnlineSoftmax::update's
   static constexpr int kNTiles = kBlockN / 8;
-  static constexpr int kDTiles = kHeadDim / 8;
-  static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle regions");
+  static constexpr int kDTiles = kPadDim / 8;
   static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N of S: 64 or 128");
-  static_assert(kDTiles == 8 || kDTiles == 16, "wgmma N of O: 64 or 128");
+  static_assert(kPadDim <= 256, "O's accumulators: 64 rows x at most 256 columns a warpgroup");
+  static_assert(!kPingpong || kConsumers == 2, "pingpong takes two consumer warpgroups");
 };
 
+// The tile shape each head dim runs with (docs/perf/fused-kernels.md, runs 7-11).
 template <int kHeadDim>
-using FlashSm90DefaultCfg = FlashSm90Cfg<kHeadDim, 128>;
+struct FlashSm90DefaultCfgOf {
+  using type = FlashSm90Cfg<kHeadDim, 128>;
+};
+template <>
+struct FlashSm90DefaultCfgOf<192> {
+  using type = FlashSm90Cfg<192, 64, 2, 2, false, true>;
+};
+template <>
+struct FlashSm90DefaultCfgOf<256> {
+  using type = FlashSm90Cfg<256, 64, 2, 2, false, true>;
+};
+template <int kHeadDim>
+using FlashSm90DefaultCfg = typename FlashSm90DefaultCfgOf<kHeadDim>::type;
+
+// f(chunk's first d-tile, its d-tiles) over O's column chunks of 16 d-tiles
+// (128 columns; the last may be 8): wgmma's N of 128 or 64.
+template <int kFirst, int kDTiles, class F>
+__device__ __forceinline__ void for_o_chunks(F&& f) {
+  if constexpr (kFirst < kDTiles) {
+    constexpr int kN = kDTiles - kFirst >= 16 ? 16 : 8;
+    static_assert(kDTiles - kFirst == kN || kDTiles - kFirst >= 16, "whole 64-column chunks");
+    f.template operator()<kFirst, kN>();
+    for_o_chunks<kFirst + kN, kDTiles>(f);
+  }
+}
 
 template <class Cfg, MaskMode kMask, Half16 Element>
 struct MainloopFwdSm90TmaWgmmaWs {
-  static constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  static constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kPadDim;
   static constexpr int kNT = Cfg::kNTiles, kDT = Cfg::kDTiles, kRegions = kD / 64;
   static constexpr int kQBytes = kBM * kD * 2;
   static constexpr int kKVBytes = kBN * kD * 2;
@@ -86,12 +134,12 @@ struct MainloopFwdSm90TmaWgmmaWs {
     }
     const int kv_heads = a.heads / a.group;
     for (const cudaError_t e : {
-             sm90::make_map<Element>(p.q, a.q, kD, a.seq_q, a.heads, a.batch, a.q_row_stride, a.q_head_stride,
-                                     a.q_batch_stride, kBM),
-             sm90::make_map<Element>(p.k, a.k, kD, a.seq_k, kv_heads, a.batch, a.k_row_stride, a.k_head_stride,
-                                     a.k_batch_stride, kBN),
-             sm90::make_map<Element>(p.v, a.v, kD, a.seq_k, kv_heads, a.batch, a.v_row_stride, a.v_head_stride,
-                                     a.v_batch_stride, kBN),
+             sm90::make_map<Element>(p.q, a.q, Cfg::kHeadDim, a.seq_q, a.heads, a.batch, a.q_row_stride,
+                                     a.q_head_stride, a.q_batch_stride, kBM),
+             sm90::make_map<Element>(p.k, a.k, Cfg::kHeadDim, a.seq_k, kv_heads, a.batch, a.k_row_stride,
+                                     a.k_head_stride, a.k_batch_stride, kBN),
+             sm90::make_map<Element>(p.v, a.v, Cfg::kHeadDim, a.seq_k, kv_heads, a.batch, a.v_row_stride,
+                                     a.v_head_stride, a.v_batch_stride, kBN),
          }) {
       if (e != cudaSuccess) return e;
     }
@@ -146,15 +194,17 @@ struct MainloopFwdSm90TmaWgmmaWs {
       float s[1][kNT][4];
       zero(s);
       kv_pipe.consumer_wait(kv_state, kPartK);
+      if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
       sm90::fence_operands(s[0]);
       sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
+      for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {  // not over the zero padding
         const std::uint32_t q_at = smem.q() + (kk / 4) * kBM * 128 + wg * 64 * 128 + (kk % 4) * 32;
         const std::uint32_t k_at = smem.k(stage) + (kk / 4) * kBN * 128 + (kk % 4) * 32;
         sm90::wgmma_ss<Element, kNT>(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
       }
       sm90::wgmma_commit();
+      if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(s[0]);
 
@@ -169,15 +219,21 @@ struct MainloopFwdSm90TmaWgmmaWs {
 #pragma unroll
       for (int kk = 0; kk < kNT / 2; ++kk) pack_p<Element>(p[kk], s[0], kk);
       kv_pipe.consumer_wait(kv_state, kPartV);
+      if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
       sm90::fence_operands(acc[0]);
       sm90::fence_operands(p);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kNT / 2; ++kk) {
-        const std::uint32_t v_at = smem.v(stage) + kk * 16 * 128;
-        sm90::wgmma_rs<Element, kDT>(acc[0], p[kk], sm90::smem_desc(v_at, kBN * 128), true);
+        for_o_chunks<0, kDT>([&]<int kFirst, int kN>() {
+          // Columns [8 kFirst, 8 (kFirst + kN)): from region kFirst / 8 on, regions kBN * 128 bytes apart.
+          const std::uint32_t v_at = smem.v(stage) + (kFirst / 8) * kBN * 128 + kk * 16 * 128;
+          sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), p[kk],
+                                      sm90::smem_desc(v_at, kBN * 128), true);
+        });
       }
       sm90::wgmma_commit();
+      if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc[0]);
       sm90::fence_operands(p);

@@ -128,6 +128,25 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kNTiles][4], const std::uint
   }
 }
 
+// Registers a warpgroup holds from here on (setmaxnreg: every warp of the
+// warpgroup executes it; counts are multiples of 8 in [24, 256]).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// Pingpong between two consumer warpgroups: named barrier 1 + wg is
+// warpgroup wg's turn to issue its matrix products. take_turn waits for it
+// (its 128 threads and the other warpgroup's 128 arrivals); pass_turn hands
+// the turn to the other. Warpgroup 1 passes once before its first turn, so
+// warpgroup 0 goes first. (Barrier 0 is __syncthreads'.)
+__device__ __forceinline__ void take_turn(int wg) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory"); }
+__device__ __forceinline__ void pass_turn(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory"); }
+
 #undef ATTNPROF_WGMMA_RS
 #undef ATTNPROF_WGMMA_SS
 #undef ATTNPROF_REGS_64

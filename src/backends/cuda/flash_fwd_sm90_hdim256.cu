@@ -1,0 +1,7 @@
+// flash's sm90a forward at head_dim 256, every mask and element type, with and
+// without the LSE (one head dim a translation unit keeps a build on few cores quick).
+#include "backends/cuda/kernels/flash_fwd_sm90.cuh"
+
+namespace attnprof::cuda::kernels {
+ATTNPROF_FWD_INSTANTIATE(launch_flash_fwd_sm90, 256)
+}  // namespace attnprof::cuda::kernels
