@@ -314,25 +314,44 @@ TEST(PagedExpectation, NaiveAndMathListTheGathers) {
   EXPECT_TRUE(r.acceptance && r.acceptance->pass);
 }
 
-// The composites written for CUDA refuse a paged cache with one line (no GPU
-// code reads pages yet); the plan stands in for the CUDA ops.
-TEST(PagedEligibility, CudaCompositesRefuse) {
+// The composites written for CUDA gather the pages too (one kernel each):
+// eligible for a paged forward, with two more index_select ops and two more
+// kernels than the contiguous forward; a backward through the cache is
+// refused with one line. The plan stands in for the CUDA ops.
+TEST(PagedEligibility, CudaCompositesGatherThePages) {
   Problem p = paged({.batch = 1, .heads = 2, .seq = 16, .kv_seq = 64, .head_dim = 32}, 16, MaskKind::Causal);
   p.device = Device::Cuda;
+  Problem contiguous = p;
+  contiguous.kv_cache = KvCache::Contiguous;
+  contiguous.page_size = 0;
   const std::unique_ptr<Backend> all[] = {
       composite::make_naive(std::make_unique<composite::PlanOps>(Device::Cuda)),
       composite::make_naive_inplace(std::make_unique<composite::PlanOps>(Device::Cuda)),
       composite::make_math(std::make_unique<composite::PlanOps>(Device::Cuda))};
   for (const auto& b : all) {
+    SCOPED_TRACE(std::string(b->name()));
     const Eligibility el = eligibility_of(*b, p);
-    EXPECT_FALSE(el.eligible) << b->name();
-    EXPECT_EQ(el.reason, "the paged KV cache runs on the CPU in this build; on CUDA it is not implemented yet");
+    EXPECT_TRUE(el.eligible) << el.reason;
+    EXPECT_NE(el.reason.find("gathered from 16-key pages through the block table (index_select, one kernel each)"),
+              std::string::npos)
+        << el.reason;
+    const Expectation paged_e = b->expectation(p), contiguous_e = b->expectation(contiguous);
+    ASSERT_GE(paged_e.cpu_ops.size(), 2u);
+    EXPECT_EQ(paged_e.cpu_ops[0], "index_select");
+    EXPECT_EQ(paged_e.cpu_ops[1], "index_select");
+    EXPECT_EQ(std::vector<std::string>(paged_e.cpu_ops.begin() + 2, paged_e.cpu_ops.end()), contiguous_e.cpu_ops);
+    EXPECT_EQ(paged_e.device_activities, contiguous_e.device_activities + 2);
+    EXPECT_EQ(paged_e.copies, contiguous_e.copies);
+
+    Problem backward = p;
+    backward.pass = Pass::Backward;
+    const Eligibility refused = b->eligibility(backward);
+    EXPECT_FALSE(refused.eligible);
+    EXPECT_NE(refused.reason.find("forward only"), std::string::npos) << refused.reason;
+    EXPECT_EQ(refused.reason.find('\n'), std::string::npos) << refused.reason;
   }
-  // explain() on cuda lists every backend as not eligible, with a reason.
-  for (const Explanation& e : explain(p)) {
-    EXPECT_FALSE(e.eligible) << e.backend;
-    EXPECT_FALSE(e.reason.empty()) << e.backend;
-  }
+  // explain() on cuda gives every backend a reason, eligible or not.
+  for (const Explanation& e : explain(p)) EXPECT_FALSE(e.reason.empty()) << e.backend;
 }
 
 TEST(PagedReport, ProblemJsonNamesTheCache) {

@@ -6,7 +6,7 @@
 namespace attnprof {
 
 Tensor Ops::gather_pages(const Tensor&, const Tensor&, std::int64_t, RunContext&) {
-  fail(ErrorKind::Unsupported, "the paged KV cache runs on the CPU in this build; on CUDA it is not implemented yet");
+  fail(ErrorKind::Unsupported, std::string("these ") + device_name(device()) + " ops cannot read a paged KV cache");
 }
 
 }  // namespace attnprof
@@ -95,14 +95,18 @@ std::string CompositeBackend::backward_story(const Problem& p, DType saved) {
   return ", backward from the saved [S, Skv] probabilities (" + std::string(dtype_name(saved)) + "), deterministic";
 }
 
+// Both devices' ops gather pages (CPU: one pass each; CUDA: one kernel each).
+// What is left to refuse is a backward through the cache, as
+// Problem::validate() does, for callers that skip validate().
 std::string CompositeBackend::paged_refusal(const Problem& p) const {
-  if (p.kv_cache != KvCache::Paged || device() == Device::Cpu) return {};
-  return "the paged KV cache runs on the CPU in this build; on CUDA it is not implemented yet";
+  if (p.kv_cache != KvCache::Paged || p.pass == Pass::Forward) return {};
+  return "the paged KV cache is forward only (a decode-time cache): use --pass forward, or --kv-cache contiguous";
 }
 
 std::string CompositeBackend::paged_story(const Problem& p) {
   if (p.kv_cache != KvCache::Paged) return {};
-  return ", K and V gathered from " + std::to_string(p.page_size) + "-key pages through the block table (index_select)";
+  return ", K and V gathered from " + std::to_string(p.page_size) + "-key pages through the block table (index_select" +
+         (p.device == Device::Cuda ? ", one kernel each)" : ")");
 }
 
 std::string CompositeBackend::wrong_device(const Problem& p) const {

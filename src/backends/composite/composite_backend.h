@@ -74,8 +74,8 @@ class CompositeBackend : public Backend {
                             Gradients& grads, RunContext& ctx, MaskCache& mask) const = 0;
 
   const Ops& ops() const { return *ops_; }
-  // Why a paged KV cache is refused here (empty when it is contiguous, or
-  // paged on the CPU, where the forward gathers it).
+  // Why a paged KV cache is refused here: empty when it is contiguous, or
+  // paged in a forward, which gathers it on either device.
   std::string paged_refusal(const Problem& p) const;
   // What a paged cache adds to the eligibility's story (empty when contiguous).
   static std::string paged_story(const Problem& p);

@@ -1,6 +1,7 @@
-// Elementwise ops and mask builders of the unfused CUDA backends: one plain
-// memory-bound kernel each, as PyTorch launches them, so the kernel counts and
-// the memory traffic of the naive and math backends are the reference's.
+// Elementwise ops, mask builders and the paged cache's gather of the unfused
+// CUDA backends: one plain memory-bound kernel each, as PyTorch launches them,
+// so the kernel counts and the memory traffic of the naive and math backends
+// are the reference's.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -145,6 +146,36 @@ __global__ void structural_mask_kernel(std::uint8_t* m, std::int64_t cols, std::
        e += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t d = e % cols - e / cols;
     m[e] = d >= lo && d <= hi;
+  }
+}
+
+// What a page gather walks: out [B, H, kv_seq, D] contiguous from pages
+// [num_pages, H, page, D] contiguous, through a table with strides
+// table_b (over sequences) and table_l (over logical pages).
+struct PagedShape {
+  std::int64_t heads, kv_seq, page, num_pages, table_b, table_l;
+};
+
+// One thread a pack of N elements of one key row (row_packs packs a row):
+// the row's physical page is one int32 load, which every pack of a page shares
+// through the cache. A table entry that is no physical page gives a NaN row
+// instead of a read outside the cache (ops.h says why it is not refused).
+template <class T, int N>
+__global__ void gather_pages_kernel(const T* pages, const std::int32_t* table, T* out, PagedShape g,
+                                    std::int64_t row_packs, std::int64_t packs) {
+  for (std::int64_t p = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; p < packs;
+       p += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t r = p / row_packs, c = p - r * row_packs;
+    const std::int64_t j = r % g.kv_seq, bh = r / g.kv_seq, h = bh % g.heads, b = bh / g.heads;
+    const std::int64_t phys = table[b * g.table_b + (j / g.page) * g.table_l];
+    Pack<T, N> v;
+    if (phys < 0 || phys >= g.num_pages) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) dev::store(v.v, t, __int_as_float(0x7fc00000));
+    } else {
+      v = reinterpret_cast<const Pack<T, N>*>(pages)[((phys * g.heads + h) * g.page + j % g.page) * row_packs + c];
+    }
+    reinterpret_cast<Pack<T, N>*>(out)[p] = v;
   }
 }
 
@@ -373,6 +404,43 @@ Tensor structural_mask(const Problem& p, RunContext& ctx) {
                                                                                m.numel(), lo, hi);
   check_launch();
   return m;
+}
+
+Tensor gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx) {
+  OpRange range(op::gather_pages.name, {&pages, &block_table});
+  require_contiguous(pages, "index_select");
+  detail::require_cuda(block_table, "index_select's block table");
+  if (block_table.dtype() != DType::I32) {
+    fail(ErrorKind::Internal, "index_select: want an int32 block table, got " + block_table.describe());
+  }
+  const std::int64_t B = block_table.size(2), H = pages.size(1), page = pages.size(2), D = pages.size(3);
+  if (page <= 0 || block_table.size(3) * page < kv_seq) {
+    fail(ErrorKind::Internal, "index_select: " + std::to_string(block_table.size(3)) + " pages of " +
+                                  std::to_string(page) + " keys cannot hold " + std::to_string(kv_seq));
+  }
+  Tensor out = Tensor::empty({B, H, kv_seq, D}, pages.dtype(), ctx.allocator);
+  const PagedShape g{.heads = H,
+                     .kv_seq = kv_seq,
+                     .page = page,
+                     .num_pages = pages.size(0),
+                     .table_b = block_table.stride(2),
+                     .table_l = block_table.stride(3)};
+  ATTNPROF_DISPATCH_FLOAT(pages.dtype(), T, [&] {
+    constexpr int n = static_cast<int>(16 / sizeof(T));
+    const auto go = [&](auto width) {
+      constexpr int w = decltype(width)::value;
+      const std::int64_t packs = out.numel() / w;
+      gather_pages_kernel<T, w><<<grid_for(packs), kThreads, 0, stream_of(ctx)>>>(
+          pages.data_as<T>(), block_table.data_as<std::int32_t>(), out.data_as<T>(), g, D / w, packs);
+    };
+    if (pack_width<T>(pages, D) == n && pack_width<T>(out, D) == n) {
+      go(std::integral_constant<int, n>{});
+    } else {
+      go(std::integral_constant<int, 1>{});
+    }
+  });
+  check_launch();
+  return out;
 }
 
 }  // namespace attnprof::cuda::ops

@@ -98,6 +98,18 @@ Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx)
 // bool [1, 1, S, Skv], true = attend, in one kernel; Problem::visible() rules.
 Tensor structural_mask(const Problem& p, RunContext& ctx);
 
+// --- paged KV cache -----------------------------------------------------------
+
+// A paged cache's K or V gathered into a fresh contiguous [B, Hkv, kv_seq, D]
+// ("index_select", one kernel): pages [num_pages, Hkv, page_size, D]
+// contiguous, block_table int32 [1, 1, B, pages_per_seq] (any strides), key j
+// of sequence b read from page block_table[b][j / page_size] at row
+// j % page_size. The table stays on the device, so its entries cannot be
+// refused before the kernel reads them (that would cost a copy back and a
+// wait per call): a row whose entry is no physical page is written as NaN
+// rather than read from outside the cache, and the float64 check fails.
+Tensor gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx);
+
 // --- row softmax over the last dim --------------------------------------------
 
 // Plain softmax, out of place: a row whose every entry is -inf becomes NaN, as

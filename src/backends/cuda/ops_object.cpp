@@ -57,6 +57,9 @@ class CudaOps final : public Ops {
     return ops::where(cond, if_true, if_false, ctx);
   }
   Tensor structural_mask(const Problem& p, RunContext& ctx) override { return ops::structural_mask(p, ctx); }
+  Tensor gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx) override {
+    return ops::gather_pages(pages, block_table, kv_seq, ctx);
+  }
 
  private:
   // One handle per backend object: handles are not safe to share between

@@ -136,6 +136,9 @@ class CudaRuntime final : public DeviceRuntime {
     d.v = to_device(host.v);
     d.mask = to_device(host.mask);
     d.bias = to_device(host.bias);
+    d.k_pages = to_device(host.k_pages);
+    d.v_pages = to_device(host.v_pages);
+    d.block_table = to_device(host.block_table);
     synchronize();  // the host buffers may be freed as soon as we return
     return d;
   }
