@@ -14,6 +14,13 @@
 // way: the forward of a training step, which also writes the softmax
 // statistics (each row's log-sum-exp), and sdpa_backward, which reads Q, K,
 // V, O, dO and those statistics and writes dQ, dK and dV.
+//
+// A paged KV cache (forward only) is cuDNN's paged SDPA: K and V are the
+// page containers [num_pages, Hkv, page_size, D], read through the block
+// table (one table for K, the same for V, seen as [B, 1, pages_per_seq, 1]).
+// cuDNN takes pages only with its padding mask, so the graph also reads each
+// sequence's query and key counts, int32 [B, 1, 1, 1] on the device, every
+// one S and Skv here (no sequence is shorter): made once per graph, with it.
 #include <bit>
 #include <cstdint>
 #include <memory>
@@ -45,9 +52,12 @@ namespace {
 namespace fe = cudnn_frontend;
 
 // Tensor uids in the graphs and the variant packs. A call binds its tensors
-// by uid (Bound), so one path builds, keys and runs every graph.
-enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kBias, kStats, kDO, kDQ, kDK, kDV };
-constexpr std::size_t kTensors = kDV - kQ + 1;
+// by uid (Bound), so one path builds, keys and runs every graph. A paged
+// forward binds the page containers as K and V, and adds the padding mask's
+// lengths and the page tables.
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kBias, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, kPageK, kPageV };
+constexpr std::int64_t kLastUid = kPageV;
+constexpr std::size_t kTensors = kLastUid - kQ + 1;
 constexpr std::size_t slot(Uid uid) { return static_cast<std::size_t>(uid - kQ); }
 // A call's tensors by slot(uid); null where its graph has none.
 using Bound = std::array<const Tensor*, kTensors>;
@@ -67,14 +77,8 @@ struct TensorDesc {
   std::vector<std::int64_t> dims, strides;
 };
 
-TensorDesc desc_of(const Tensor& t, bool compact_broadcast = false) {
-  TensorDesc d;
-  for (int i = 0; i < 4; ++i) {
-    const bool broadcast = compact_broadcast && t.stride(i) == 0;
-    d.dims.push_back(broadcast ? 1 : t.size(i));
-    d.strides.push_back(broadcast ? 0 : t.stride(i));
-  }
-  // Size-1 dims get the stride a packed tensor would have; cuDNN checks them.
+// Size-1 dims get the stride a packed tensor would have; cuDNN checks them.
+TensorDesc packed_unit_strides(TensorDesc d) {
   for (int i = 3; i >= 0; --i) {
     if (d.dims[static_cast<std::size_t>(i)] == 1) {
       const auto u = static_cast<std::size_t>(i);
@@ -82,6 +86,22 @@ TensorDesc desc_of(const Tensor& t, bool compact_broadcast = false) {
     }
   }
   return d;
+}
+
+TensorDesc desc_of(const Tensor& t, bool compact_broadcast = false) {
+  TensorDesc d;
+  for (int i = 0; i < 4; ++i) {
+    const bool broadcast = compact_broadcast && t.stride(i) == 0;
+    d.dims.push_back(broadcast ? 1 : t.size(i));
+    d.strides.push_back(broadcast ? 0 : t.stride(i));
+  }
+  return packed_unit_strides(std::move(d));
+}
+
+// The block table [1, 1, B, pages_per_seq] as cuDNN's page table
+// [B, 1, pages_per_seq, 1]: the same int32s, the sequences outermost.
+TensorDesc page_table_desc(const Tensor& table) {
+  return packed_unit_strides({{table.size(2), 1, table.size(3), 1}, {table.stride(2), 0, table.stride(3), 0}});
 }
 
 TensorDesc packed(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
@@ -103,6 +123,11 @@ Layout default_layout(const Problem& p, GraphKind kind) {
   const TensorDesc kvs = packed(p.batch, p.kv_heads, p.kv_seq, p.head_dim);
   l.t[slot(kQ)] = l.t[slot(kO)] = qs;
   l.t[slot(kK)] = l.t[slot(kV)] = kvs;
+  if (p.kv_cache == KvCache::Paged) {
+    // make_inputs' cache: B * pages_per_seq pages, a packed table.
+    l.t[slot(kK)] = l.t[slot(kV)] = packed(p.batch * p.pages_per_seq(), p.kv_heads, p.page_size, p.head_dim);
+    l.t[slot(kPageK)] = l.t[slot(kPageV)] = packed(p.batch, 1, p.pages_per_seq(), 1);
+  }
   if (p.mask == MaskKind::Bias) l.t[slot(kBias)] = packed(1, 1, p.seq, p.kv_seq);
   if (kind != GraphKind::Forward) l.t[slot(kStats)] = packed(p.batch, p.heads, p.seq, 1);
   if (kind == GraphKind::Backward) {
@@ -112,10 +137,17 @@ Layout default_layout(const Problem& p, GraphKind kind) {
   return l;
 }
 
+// The padding mask's lengths are the graph's own (Entry), never bound by a
+// call, so they are not part of the layout.
 Layout layout_of(const Bound& bound) {
   Layout l;
   for (std::size_t i = 0; i < kTensors; ++i) {
-    if (bound[i] != nullptr) l.t[i] = desc_of(*bound[i], /*compact_broadcast=*/i == slot(kBias));
+    if (bound[i] == nullptr) continue;
+    if (i == slot(kPageK) || i == slot(kPageV)) {
+      l.t[i] = page_table_desc(*bound[i]);
+    } else {
+      l.t[i] = desc_of(*bound[i], /*compact_broadcast=*/i == slot(kBias));
+    }
   }
   return l;
 }
@@ -125,6 +157,8 @@ std::string key_of(const Problem& p, const Layout& l, GraphKind kind) {
                   std::string(mask_name(p.mask)) + "|" + std::to_string(p.window) + "|" +
                   std::to_string(std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale())));
   if (kind == GraphKind::Backward && p.deterministic) k += "|deterministic";
+  // A paged K's dims are its pages': the keys read are the problem's.
+  if (p.kv_cache == KvCache::Paged) k += "|paged " + std::to_string(p.kv_seq);
   for (const TensorDesc& d : l.t) {
     k += "|";
     for (auto x : d.dims) k += std::to_string(x) + ",";
@@ -177,6 +211,9 @@ struct Entry {
   // own around the plan, and execute() must run it.
   cudnnBackendDescriptor_t plan = nullptr;
   std::unordered_map<std::int64_t, void*> pack;  // execute()'s map, when plan is null
+  // A paged graph's padding-mask lengths, int32 [B, 1, 1, 1] on the device
+  // (every query count S, every key count Skv), made on the graph's first run.
+  Tensor seq_q, seq_kv;
 };
 
 // What makes two calls identical for the direct path: the problem's
@@ -187,6 +224,7 @@ struct CallKey {
   std::array<Dims, 2 * kTensors> shape{};  // sizes, strides by slot (zeros when absent)
   std::array<void*, kTensors + 1> ptr{};   // addresses by slot, then the workspace
   std::int64_t window = 0;
+  std::int64_t kv_seq = 0;  // a paged K's shape is its pages'
   std::uint32_t scale_bits = 0;
   DType dtype = DType::BF16;
   MaskKind mask = MaskKind::None;
@@ -232,6 +270,19 @@ void set_mask(Attributes& a, const Problem& p, const std::shared_ptr<fe::graph::
   }
 }
 
+// cuDNN's messages may run over several lines; a reason or an error is one.
+std::string one_line(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+// cuDNN's SDPA backward takes no page table, and the cache is a decode-time one.
+constexpr const char* kPagedForwardOnly =
+    "the paged KV cache is forward only (cuDNN's SDPA backward reads no pages): use --pass forward";
+
 std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph& g, const char* name, Uid uid,
                                                          const TensorDesc& d, fe::DataType_t type) {
   return g.tensor(
@@ -253,8 +304,8 @@ class Cudnn final : public Backend {
   Eligibility eligibility(const Problem& p) const override {
     if (p.device != Device::Cuda) return {false, "runs on a CUDA device only"};
     if (!is_16bit(p.dtype)) return {false, "fp32 not supported by cuDNN SDPA (use --dtype bf16 or fp16)"};
-    if (p.kv_cache == KvCache::Paged)
-      return {false, "the paged KV cache is not wired to cuDNN SDPA yet (use --device cpu)"};
+    const bool paged = p.kv_cache == KvCache::Paged;
+    if (paged && p.pass != Pass::Forward) return {false, kPagedForwardOnly};
     if (p.mask == MaskKind::Boolean) {
       return {false, "boolean masks not supported by cuDNN SDPA here (an additive --mask bias is)"};
     }
@@ -267,7 +318,12 @@ class Cudnn final : public Backend {
         if (!e.failure.empty()) return {false, std::string(graph_name(kind)) + ": " + e.failure};
       }
     } catch (const Error& err) {
-      return {false, err.what()};
+      return {false, one_line(err.what())};
+    }
+    if (paged) {
+      return {true, "cuDNN paged SDPA graph: K and V read from " + std::to_string(p.page_size) +
+                        "-key pages through the block table (padding mask, every sequence full), one generated "
+                        "kernel, plan built once per problem and cached"};
     }
     if (p.pass == Pass::Forward) {
       return {true, "cuDNN SDPA graph: one generated kernel, plan built once per problem and cached"};
@@ -286,6 +342,8 @@ class Cudnn final : public Backend {
       if (it != cache_.end()) bytes = std::max(bytes, static_cast<std::size_t>(it->second.workspace));
     }
     if (p.pass != Pass::Forward) bytes += static_cast<std::size_t>(p.batch * p.heads * p.seq) * sizeof(float);
+    // A paged graph's padding-mask lengths.
+    if (p.kv_cache == KvCache::Paged) bytes += 2 * static_cast<std::size_t>(p.batch) * sizeof(std::int32_t);
     return bytes;
   }
 
@@ -315,7 +373,7 @@ class Cudnn final : public Backend {
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     std::string dtypes, dims;
-    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(in, dtypes, dims);
+    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
     run(GraphKind::Forward, p, bind(p, in, out), ctx);
   }
@@ -327,8 +385,9 @@ class Cudnn final : public Backend {
   // backward reads them; on a fully masked row cuDNN writes what its masking
   // value gives, not necessarily -inf.
   void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
+    if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
     std::string dtypes, dims;
-    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(in, dtypes, dims);
+    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
     saved.probs = Tensor();
     saved.lse = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
@@ -339,8 +398,9 @@ class Cudnn final : public Backend {
 
   void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
                 Gradients& grads, RunContext& ctx) override {
+    if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
     std::string dtypes, dims;
-    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(in, dtypes, dims);
+    if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kBackwardOp, dtypes, dims);
     if (!saved.lse.defined()) fail(ErrorKind::InvalidArgument, "cudnn backward: no saved statistics (forward_train)");
     Bound t = bind(p, in, out);
@@ -354,11 +414,18 @@ class Cudnn final : public Backend {
 
  private:
   static void require(fe::error_t status, const char* step) {
-    if (status.is_bad()) fail(ErrorKind::Device, std::string("cuDNN frontend ") + step + ": " + status.get_message());
+    if (status.is_bad()) {
+      fail(ErrorKind::Device, one_line(std::string("cuDNN frontend ") + step + ": " + status.get_message()));
+    }
   }
 
-  static void describe(const Inputs& in, std::string& dtypes, std::string& dims) {
-    for (const Tensor* t : {&in.q, &in.k, &in.v}) {
+  // The range's inputs: Q, K and V, or with a paged cache what cuDNN reads
+  // instead of K and V (the pages and the block table).
+  static void describe(const Problem& p, const Inputs& in, std::string& dtypes, std::string& dims) {
+    const std::array<const Tensor*, 4> paged{&in.q, &in.k_pages, &in.v_pages, &in.block_table};
+    const std::array<const Tensor*, 4> contiguous{&in.q, &in.k, &in.v, nullptr};
+    for (const Tensor* t : p.kv_cache == KvCache::Paged ? paged : contiguous) {
+      if (t == nullptr) continue;
       if (!dtypes.empty()) dtypes += ", ", dims += ", ";
       dtypes += dtype_name(t->dtype());
       dims += t->dims_string();
@@ -382,7 +449,8 @@ class Cudnn final : public Backend {
     return {GraphKind::TrainForward, GraphKind::Backward};
   }
 
-  // The inputs and O by slot; the bias only for a bias mask.
+  // The inputs and O by slot; the bias only for a bias mask. A paged cache
+  // binds its pages as K and V, and its block table as both page tables.
   static Bound bind(const Problem& p, const Inputs& in, const Tensor& out) {
     Bound t{};
     t[slot(kQ)] = &in.q;
@@ -390,6 +458,14 @@ class Cudnn final : public Backend {
     t[slot(kV)] = &in.v;
     t[slot(kO)] = &out;
     if (p.mask == MaskKind::Bias) t[slot(kBias)] = &in.bias;
+    if (p.kv_cache == KvCache::Paged) {
+      if (!in.k_pages.defined() || !in.v_pages.defined() || !in.block_table.defined()) {
+        fail(ErrorKind::InvalidArgument, "cudnn: --kv-cache paged without the pages and block table");
+      }
+      t[slot(kK)] = &in.k_pages;
+      t[slot(kV)] = &in.v_pages;
+      t[slot(kPageK)] = t[slot(kPageV)] = &in.block_table;
+    }
     return t;
   }
 
@@ -424,6 +500,7 @@ class Cudnn final : public Backend {
     }
     k.ptr[kTensors] = workspace_.defined() ? workspace_.data() : nullptr;
     k.window = p.window;
+    k.kv_seq = p.kv_seq;
     k.scale_bits = std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale()));
     k.dtype = p.dtype;
     k.mask = p.mask;
@@ -452,6 +529,10 @@ class Cudnn final : public Backend {
       e.plan = direct_plan(e, p.mask);
       e.plans_built = true;
     }
+    if (p.kv_cache == KvCache::Paged && !e.seq_q.defined()) {
+      e.seq_q = lengths(p.batch, p.seq, ctx);
+      e.seq_kv = lengths(p.batch, p.kv_seq, ctx);
+    }
     if (e.workspace > 0 && (!workspace_.defined() || workspace_.nbytes() < static_cast<std::size_t>(e.workspace))) {
       workspace_ = Tensor();
       workspace_ = Tensor::empty({1, 1, 1, e.workspace}, DType::Bool, ctx.allocator);
@@ -459,6 +540,10 @@ class Cudnn final : public Backend {
     void* workspace = e.workspace > 0 ? workspace_.data() : nullptr;
     std::array<void*, kTensors> user{};
     for (std::size_t i = 0; i < kTensors; ++i) user[i] = t[i] != nullptr ? t[i]->data() : nullptr;
+    if (e.seq_q.defined()) {
+      user[slot(kSeqQ)] = e.seq_q.data();
+      user[slot(kSeqKV)] = e.seq_kv.data();
+    }
     if (e.plan == nullptr) {
       set_stream(ctx.stream);
       for (std::size_t i = 0; i < kTensors; ++i) {
@@ -519,7 +604,7 @@ class Cudnn final : public Backend {
     if (!t.replacement_slots.empty() || !t.backend_slots.empty()) return nullptr;
     for (int slot : t.user_slots) {
       const std::int64_t uid = t.all_uids[static_cast<std::size_t>(slot)];
-      if (uid < kQ || uid > kDV || (uid == kBias && mask != MaskKind::Bias)) return nullptr;
+      if (uid < kQ || uid > kLastUid || (uid == kBias && mask != MaskKind::Bias)) return nullptr;
     }
     return plan->get_raw_desc();
   }
@@ -562,6 +647,19 @@ class Cudnn final : public Backend {
       throw;
     }
     return pack;
+  }
+
+  // `length` in each of `batch` int32s [batch, 1, 1, 1] on the device: a
+  // padding mask's per-sequence counts. Once per graph, so the copy waits for
+  // its host buffer rather than keep one.
+  static Tensor lengths(std::int64_t batch, std::int64_t length, RunContext& ctx) {
+    Tensor t = Tensor::empty({batch, 1, 1, 1}, DType::I32, ctx.allocator);
+    const std::vector<std::int32_t> host(static_cast<std::size_t>(batch), static_cast<std::int32_t>(length));
+    const auto stream = static_cast<cudaStream_t>(ctx.stream);
+    ATTNPROF_CUDA_CHECK(
+        cudaMemcpyAsync(t.data(), host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+    ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return t;
   }
 
   int sm_version() const {
@@ -619,20 +717,41 @@ class Cudnn final : public Backend {
       const bool train = kind == GraphKind::TrainForward;
       auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(train).set_attn_scale(scale);
       set_mask(options, p, bias);
+      if (p.kv_cache == KvCache::Paged) paged(*g, options, p, l);
       auto [o, stats] = g->sdpa(q, k, v, options);
       output(*o, kO, l, io);
       if (train) output(*stats, kStats, l, fe::DataType_t::FLOAT);  // stats is null otherwise
     }
     out = g;
-    // Each step's refusal is returned in cuDNN's words: that is the reason
-    // explain prints.
-    if (auto s = g->validate(); s.is_bad()) return "validate: " + s.get_message();
-    if (auto s = g->build_operation_graph(handle_); s.is_bad()) return "build_operation_graph: " + s.get_message();
-    if (auto s = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); s.is_bad()) {
-      return "no engine: " + s.get_message();
+    // Each step's refusal is returned in cuDNN's words, on one line: that is
+    // the reason explain prints.
+    if (auto s = g->validate(); s.is_bad()) return one_line("validate: " + s.get_message());
+    if (auto s = g->build_operation_graph(handle_); s.is_bad()) {
+      return one_line("build_operation_graph: " + s.get_message());
     }
-    if (auto s = g->check_support(handle_); s.is_bad()) return "check_support: " + s.get_message();
+    if (auto s = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); s.is_bad()) {
+      return one_line("no engine: " + s.get_message());
+    }
+    if (auto s = g->check_support(handle_); s.is_bad()) return one_line("check_support: " + s.get_message());
     return {};
+  }
+
+  // cuDNN's paged SDPA on a forward's attributes: the page tables (the block
+  // table for K and for V), the keys each sequence holds (the problem's, not
+  // the pages' padded count), and the padding mask paging requires, its
+  // lengths int32 [B, 1, 1, 1].
+  static void paged(fe::graph::Graph& g, fe::graph::SDPA_attributes& options, const Problem& p, const Layout& l) {
+    const TensorDesc counts{{p.batch, 1, 1, 1}, {1, 1, 1, 1}};
+    auto seq_q = add_tensor(g, "seq_len_q", kSeqQ, counts, fe::DataType_t::INT32);
+    auto seq_kv = add_tensor(g, "seq_len_kv", kSeqKV, counts, fe::DataType_t::INT32);
+    auto table_k = add_tensor(g, "page_table_k", kPageK, l[kPageK], fe::DataType_t::INT32);
+    auto table_v = add_tensor(g, "page_table_v", kPageV, l[kPageV], fe::DataType_t::INT32);
+    options.set_padding_mask(true)
+        .set_seq_len_q(seq_q)
+        .set_seq_len_kv(seq_kv)
+        .set_paged_attention_k_table(table_k)
+        .set_paged_attention_v_table(table_v)
+        .set_paged_attention_max_seq_len_kv(static_cast<int>(p.kv_seq));
   }
 
   mutable std::mutex mutex_;
