@@ -121,8 +121,17 @@ cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   using Kernel = FlashFwdSm90<Cfg, kMask, Element, kLse, Scheduler>;
   typename Kernel::Params p;
   if (const cudaError_t e = Kernel::Mainloop::to_params(a, p); e != cudaSuccess) return e;
-  return launch_fwd<Scheduler>(flash_fwd_sm90_kernel<Cfg, kMask, Element, kLse, Scheduler>, Cfg::kThreads,
-                               Kernel::kSmemBytes, a, stream, p);
+  const auto kernel = flash_fwd_sm90_kernel<Cfg, kMask, Element, kLse, Scheduler>;
+  if constexpr (Cfg::kWgProducer) {
+    // setmaxnreg's budget assumes ptxas gave every thread kLaunchRegs; with
+    // fewer, the consumers' setmaxnreg.inc would wait forever. Checked once.
+    static const bool budget_holds = [&] {
+      cudaFuncAttributes attr{};
+      return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.numRegs == Cfg::kLaunchRegs;
+    }();
+    if (!budget_holds) return cudaErrorNotSupported;
+  }
+  return launch_fwd<Scheduler>(kernel, Cfg::kThreads, Kernel::kSmemBytes, a, stream, p);
 }
 
 template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>

@@ -58,10 +58,18 @@ struct FlashSm90Cfg {
   static constexpr bool kPingpong = kPingpong_;
   static constexpr int kProducerThreads = kWgProducer ? 128 : 32;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
-  // setmaxnreg's counts (multiples of 8, at most 64K registers a CTA in all).
-  static constexpr int kProducerRegs = 32;
-  static constexpr int kConsumerRegsFit = (65536 - kProducerThreads * kProducerRegs) / kConsumerThreads / 8 * 8;
+  // setmaxnreg's counts (multiples of 8). The consumers grow only into what
+  // the producer gave back: the CTA's pool is what it was launched with,
+  // kLaunchRegs a thread (ptxas's cap under __launch_bounds__(kThreads, 1)),
+  // not the whole register file. Asking for more blocks setmaxnreg.inc for
+  // good (the H200 hung at 32 + 240 with 168 a thread: 18432 registers
+  // wanted, 17408 given back). 2 consumers: 24 + 240, FlashAttention-3's.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegsFit =
+      (kLaunchRegs * kThreads - kProducerThreads * kProducerRegs) / kConsumerThreads / 8 * 8;
   static constexpr int kConsumerRegs = kConsumerRegsFit < 240 ? kConsumerRegsFit : 240;
+  static_assert(!kWgProducer || kConsumerRegs >= kLaunchRegs, "setmaxnreg.inc must not shrink the consumers");
   static constexpr int kStages = kStages_;
   static constexpr bool kSkipRescale = kSkipRescale_;  // OnlineSoftmax::update's
   static constexpr int kNTiles = kBlockN / 8;
