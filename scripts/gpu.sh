@@ -61,7 +61,7 @@ if has sanitize; then
   san_env=(ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 ATTNPROF_COPY_GBS=4200)
   for tool in memcheck racecheck; do
     for be in efficient flash; do
-      # On an sm90 GPU flash takes its sm90a kernel at head_dim 64 and 128, its sm80 kernel at 96.
+      # On an sm90 GPU flash takes its sm90a kernel at every head dim here.
       for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
         "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 96"; do
         env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -84,11 +84,21 @@ if has sanitize; then
       done
     done
   done
-  # The decode path (issue 12): 1 and 16 queries against a longer cache, query
-  # heads grouped 4 to a K/V head, bottom-right causal, contiguous and paged.
-  # Until flash reads pages on CUDA the paged lines say why it refused.
+  # flash's sm90a kernel at the head dims only it takes (192) or that take its
+  # producer warpgroup with setmaxnreg (192, 256).
   for tool in memcheck racecheck; do
-    for args in "--seq 1 --kv-seq 333" "--seq 16 --kv-seq 1000"; do
+    for args in "--seq 130 --kv-seq 200 --mask causal --head-dim 192" "--seq 200 --kv-seq 77 --mask none --head-dim 256 --kv-heads 1"; do
+      env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+        $B/attnprof profile --backend flash --device cuda --batch 1 --heads 2 $args --warmup 0 --active 1 --unprofiled-calls 0 \
+        --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
+      echo "$tool flash $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" | tee -a "$OUT/sanitizer.txt"
+    done
+  done
+  # The decode path (issue 12): 1 and 16 queries against a longer cache, query
+  # heads grouped 4 to a K/V head, bottom-right causal, contiguous and paged;
+  # at batch 1 both split the keys, so the combine kernel runs under the tools too.
+  for tool in memcheck racecheck; do
+    for args in "--seq 1 --kv-seq 333" "--seq 16 --kv-seq 1000 --head-dim 128"; do
       for cache in "" "--kv-cache paged --page-size 16"; do
         env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
           $B/attnprof profile --backend flash --device cuda --batch 1 --heads 8 --kv-heads 2 $args \
