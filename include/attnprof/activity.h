@@ -102,6 +102,10 @@ struct DeviceProperties {
   // Peak DRAM bandwidth in GB/s from the memory clock and bus width (the
   // roofline's memory line); 0 where unknown. Not in Kineto's schema.
   double memory_bandwidth_gbs = 0;
+  // Measured: a large device-to-device copy's read plus written bytes over
+  // its time, in GB/s (DeviceRuntime::copy_bandwidth_gbs); what a copy
+  // reaches, below the peak above. 0 where not measured. Not in Kineto's schema.
+  double copy_bandwidth_gbs = 0;
 };
 
 struct Trace {

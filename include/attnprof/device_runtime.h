@@ -33,6 +33,11 @@ class DeviceRuntime {
   virtual void poison(Tensor& t) = 0;  // fills with NaN so unwritten elements show
   // Measured matrix-product ceiling (TFLOP/s) for this dtype, measured once.
   virtual double ceiling_tflops(DType dtype) = 0;
+  // Measured copy ceiling (GB/s): a large device-to-device copy, the bytes it
+  // read plus the bytes it wrote over its time, measured once. The memory roof
+  // a memory-bound run is judged against (the ridge point is
+  // ceiling_tflops / copy_bandwidth_gbs).
+  virtual double copy_bandwidth_gbs() = 0;
   // "NVIDIA H200, driver 580.159, CUDA 13.0" / "AMD EPYC, 2 threads, OpenBLAS 0.3.21"
   virtual std::string description() const = 0;
   virtual std::optional<DeviceProperties> properties() const { return std::nullopt; }

@@ -88,6 +88,27 @@ struct Problem {
   // Bytes of dQ, dK and dV, or of O and dO: what a backward reads and writes
   // beyond Q, K and V.
   std::size_t gradient_bytes() const;
+  // Key (and value) rows some query sees: the rows a kernel must read. All
+  // kv_seq of them unless a structural mask hides some from every query (a
+  // sliding window over a long cache; a top-left causal mask with kv_seq > seq).
+  std::int64_t kv_rows_read() const;
+  // The least one call of the pass must move through memory, in bytes: each
+  // tensor read or written once, no re-reads, no scratch (the roofline's
+  // denominator, FLOPs over these bytes its arithmetic intensity).
+  //  forward:  Q read, K and V read (kv_rows_read() rows per sequence and K/V
+  //            head: with a paged cache the rows, never the last page's
+  //            padding), O written; a Boolean mask or a bias read once at its
+  //            smallest shape, [S, Skv]; a paged cache's block table (an int32
+  //            per page).
+  //  backward: what a fused backward must at least move: Q, K, V, O, dO and
+  //            the row log-sum-exp read, dQ, dK and dV written (all of them),
+  //            the mask read.
+  //  train:    the forward, which also writes the log-sum-exp it saves, then
+  //            the backward.
+  std::size_t io_bytes() const;
+  // The row log-sum-exp a fused forward saves for the backward: FP32, one per
+  // (batch, head, query row).
+  std::size_t lse_bytes() const;
   // Rows whose every key is masked (structural masks only).
   std::int64_t fully_masked_rows() const;
 

@@ -56,6 +56,15 @@ struct Metrics {
   double allocated_bytes_per_forward = 0;     // sum of allocations inside one forward
   std::optional<double> tflops;
   std::optional<double> ceiling_pct;
+  // The problem's minimum traffic per call (Problem::io_bytes) over the
+  // device time, in GB/s, and that against the measured copy ceiling: the
+  // memory side of the roofline, beside TFLOP/s and % of the matmul ceiling.
+  std::optional<double> gbs;
+  std::optional<double> copy_ceiling_pct;
+  // The ceilings those were read against, one GPU's (measured, or given by
+  // ATTNPROF_CEILING_TFLOPS and ATTNPROF_COPY_GBS); unset where unknown.
+  std::optional<double> ceiling_tflops;
+  std::optional<double> copy_ceiling_gbs;
   std::optional<double> occupancy_pct;  // of the longest kernel
   std::optional<double> reserved_bytes;
   // Backward and train: the bytes the forward keeps for the backward

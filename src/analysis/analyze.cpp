@@ -150,9 +150,12 @@ StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string
   r.trace = std::move(step_trace);
   const TraceIndex ix(r.trace);
   r.metrics = analysis::measure(ix, r.problem, 0);
-  // The problem is not known from a trace: no FLOP count, so no TFLOP/s.
+  // The problem is not known from a trace: no FLOP or byte count, so no
+  // TFLOP/s or GB/s.
   r.metrics.tflops.reset();
   r.metrics.ceiling_pct.reset();
+  r.metrics.gbs.reset();
+  r.metrics.copy_ceiling_pct.reset();
   r.findings = analysis::findings(ix, r, {}, {});
   breakdown(ix, s);
   return s;

@@ -37,7 +37,7 @@ std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const
   for (const Rule& rule : rule_table()) {
     for (Finding& f : rule.fn(in)) {
       f.rule = std::string(rule.id);
-      f.severity = rule.severity;
+      f.severity = std::max(f.severity, rule.severity);
       out.push_back(std::move(f));
     }
   }

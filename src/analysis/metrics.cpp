@@ -1,3 +1,5 @@
+// Per-call figures read off a recorded trace: counts, times, memory, and
+// the roofline's two sides (TFLOP/s and GB/s against the measured ceilings).
 #include "analysis/metrics.h"
 
 #include <algorithm>
@@ -27,12 +29,14 @@ double union_ns(std::vector<std::pair<std::int64_t, std::int64_t>> iv) {
 
 }  // namespace
 
-Metrics measure(const Trace& t, const Problem& p, double ceiling_tflops) {
-  return measure(TraceIndex(t), p, ceiling_tflops);
+Metrics measure(const Trace& t, const Problem& p, double ceiling_tflops, double copy_gbs) {
+  return measure(TraceIndex(t), p, ceiling_tflops, copy_gbs);
 }
 
-Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops) {
+Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops, double copy_gbs) {
   Metrics m;
+  if (ceiling_tflops > 0) m.ceiling_tflops = ceiling_tflops;
+  if (copy_gbs > 0) m.copy_ceiling_gbs = copy_gbs;
   const Trace& t = index.trace();
   const auto fw = index.forwards();
   m.steps = static_cast<int>(fw.size());
@@ -133,9 +137,13 @@ Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops
   m.allocated_bytes_per_forward = allocated / steps;
 
   if (m.device_time_us && *m.device_time_us > 0) {
-    m.tflops = p.flops() / (*m.device_time_us * 1e-6) / 1e12;
-    // Against the ceiling of every GPU the call ran on (ring attention's --gpus N).
-    if (ceiling_tflops > 0) m.ceiling_pct = *m.tflops / (ceiling_tflops * std::max(1, t.world_size)) * 100.0;
+    const double seconds = *m.device_time_us * 1e-6;
+    const double gpus = std::max(1, t.world_size);
+    m.tflops = p.flops() / seconds / 1e12;
+    m.gbs = static_cast<double>(p.io_bytes()) / seconds / 1e9;
+    // Against the ceilings of every GPU the call ran on (ring attention's --gpus N).
+    if (ceiling_tflops > 0) m.ceiling_pct = *m.tflops / (ceiling_tflops * gpus) * 100.0;
+    if (copy_gbs > 0) m.copy_ceiling_pct = *m.gbs / (copy_gbs * gpus) * 100.0;
   }
   return m;
 }

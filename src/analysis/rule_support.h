@@ -1,6 +1,7 @@
-// What the rules of the table share (rules.cpp, rules_parallel.cpp): how a
-// finding is made and cites its events, how a call is named ("per forward",
-// "per backward", "per step"), and the trace questions several rules ask.
+// What the rules of the table share (rules.cpp, rules_parallel.cpp,
+// rules_limits.cpp): how a finding is made and cites its events, how a call
+// is named ("per forward", "per backward", "per step"), and the trace
+// questions several rules ask.
 #pragma once
 
 #include <span>
@@ -113,5 +114,9 @@ namespace attnprof::analysis {
 std::vector<Finding> comm_overlap(const RuleInput& in);
 std::vector<Finding> rank_wait(const RuleInput& in);
 std::vector<Finding> load_imbalance(const RuleInput& in);
+
+// What limits a run (rules_limits.cpp): the roofline's ceiling, and split-KV decode's splits.
+std::vector<Finding> bound(const RuleInput& in);
+std::vector<Finding> split_kv(const RuleInput& in);
 
 }  // namespace attnprof::analysis

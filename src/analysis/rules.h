@@ -30,6 +30,8 @@ using RuleFn = std::vector<Finding> (*)(const RuleInput&);
 
 struct Rule {
   std::string_view id;
+  // The least severity of the rule's findings: a rule may raise it on a
+  // finding that flags something (split-kv's over-split combine, say).
   Severity severity;
   RuleFn fn;
 };

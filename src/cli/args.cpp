@@ -128,6 +128,10 @@ Environment (GPU runs):
                        it detaches, so later calls pay nothing for it
   ATTNPROF_CEILING_TFLOPS=X
                        the matrix-product ceiling, instead of measuring it
+  ATTNPROF_COPY_GBS=X  the copy ceiling in GB/s (bytes read plus bytes
+                       written), instead of timing a large device-to-device
+                       copy. Both ceilings are measured once per process, on
+                       the CPU too; these two skip that (under a sanitizer)
 )";
 
 // --help and --quiet, which every command takes: true when `arg` is one.

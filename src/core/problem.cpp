@@ -207,6 +207,47 @@ double Problem::flops() const {
 
 std::size_t Problem::gradient_bytes() const { return pass == Pass::Forward ? 0 : 2 * q_bytes() + 2 * kv_bytes(); }
 
+std::size_t Problem::lse_bytes() const { return static_cast<std::size_t>(batch * heads * seq) * sizeof(float); }
+
+std::int64_t Problem::kv_rows_read() const {
+  if (mask == MaskKind::None || mask == MaskKind::Boolean || mask == MaskKind::Bias) return kv_seq;
+  // Each row's keys are one range, and the ranges of consecutive rows move
+  // by at most one key: their union is one range too.
+  std::int64_t first = kv_seq, last = -1;
+  for (std::int64_t i = 0; i < seq; ++i) {
+    const auto [lo, hi] = key_range(*this, i);
+    const std::int64_t a = std::max<std::int64_t>(lo, 0), b = std::min(hi, kv_seq - 1);
+    if (b < a) continue;
+    first = std::min(first, a);
+    last = std::max(last, b);
+  }
+  return last >= first ? last - first + 1 : 0;
+}
+
+std::size_t Problem::io_bytes() const {
+  const std::size_t es = element_size(dtype);
+  const auto pairs = static_cast<std::size_t>(seq * kv_seq);
+  const std::size_t mask_bytes = mask == MaskKind::Boolean ? pairs * element_size(DType::Bool)
+                                 : mask == MaskKind::Bias  ? pairs * es
+                                                           : 0;
+  // A paged cache's block table is read too; its pages' padding is not.
+  const std::size_t table = kv_cache == KvCache::Paged ? static_cast<std::size_t>(batch * pages_per_seq()) * 4 : 0;
+  const std::size_t q = q_bytes(), kv = kv_bytes();
+  const std::size_t kv_read = static_cast<std::size_t>(batch * kv_heads * kv_rows_read() * head_dim) * es;
+  const std::size_t forward = q + 2 * kv_read + mask_bytes + table             // Q, K, V (mask, table) in
+                              + q;                                             // O out
+  const std::size_t backward = 3 * q + 2 * kv_read + lse_bytes() + mask_bytes  // Q, O, dO, K, V, LSE (mask) in
+                               + q + 2 * kv;                                   // dQ, dK, dV out
+  switch (pass) {
+    case Pass::Backward:
+      return backward;
+    case Pass::Train:
+      return forward + lse_bytes() + backward;
+    default:
+      return forward;
+  }
+}
+
 namespace {
 constexpr std::pair<Pass, std::string_view> kPasses[] = {
     {Pass::Forward, "forward"}, {Pass::Backward, "backward"}, {Pass::Train, "train"}};

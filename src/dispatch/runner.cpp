@@ -54,6 +54,16 @@ double ceiling(DeviceRuntime& rt, DType dtype) {
   return rt.ceiling_tflops(dtype);
 }
 
+// The device's copy ceiling (GB/s), the same way: measured once, unless
+// ATTNPROF_COPY_GBS gives it.
+double copy_ceiling(DeviceRuntime& rt) {
+  if (const char* known = std::getenv("ATTNPROF_COPY_GBS")) {
+    const double v = std::atof(known);
+    if (v > 0) return v;
+  }
+  return rt.copy_bandwidth_gbs();
+}
+
 // What one call of the pass reads and writes: the inputs and O always; for
 // a backward, dO, the saved tensors and the gradients.
 struct PassTensors {
@@ -213,7 +223,9 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       check_gradients(p, host, host_dout, t, rt, options.check_rows, r);
     }
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
-    r.metrics = analysis::measure(r.trace, p, ceiling(rt, p.dtype));
+    const double copy_gbs = copy_ceiling(rt);
+    if (r.trace.device) r.trace.device->copy_bandwidth_gbs = copy_gbs;
+    r.metrics = analysis::measure(r.trace, p, ceiling(rt, p.dtype), copy_gbs);
     if (p.pass != Pass::Forward) {
       r.metrics.saved_bytes = static_cast<double>(t.saved.bytes());
       // The forward alone, profiled the same way, for backward time over

@@ -130,6 +130,7 @@ nlohmann::json problem_json(const Problem& p) {
                       {"scale", p.softmax_scale()},
                       {"device", device_name(p.device)},
                       {"flops", p.flops()},
+                      {"io_bytes", p.io_bytes()},
                       {"pass", pass_name(p.pass)},
                       {"deterministic", p.deterministic}};
   j["window"] = p.mask == MaskKind::SlidingWindow ? nlohmann::json(p.window) : nlohmann::json(nullptr);
@@ -181,6 +182,12 @@ nlohmann::json result_json(const RunResult& r) {
   j["allocated_bytes_per_forward"] = ran ? json(r.metrics.allocated_bytes_per_forward) : json(nullptr);
   j["tflops"] = ran ? opt(r.metrics.tflops) : json(nullptr);
   j["ceiling_pct"] = ran ? opt(r.metrics.ceiling_pct) : json(nullptr);
+  // The memory side: the problem's minimum bytes (problem.io_bytes) over the
+  // device time, against the measured copy ceiling; and the two ceilings read against.
+  j["gbs"] = ran ? opt(r.metrics.gbs) : json(nullptr);
+  j["copy_ceiling_pct"] = ran ? opt(r.metrics.copy_ceiling_pct) : json(nullptr);
+  j["ceiling_tflops"] = ran ? opt(r.metrics.ceiling_tflops) : json(nullptr);
+  j["copy_ceiling_gbs"] = ran ? opt(r.metrics.copy_ceiling_gbs) : json(nullptr);
   j["max_abs_error"] = r.error ? json(r.error->max_abs) : json(nullptr);
   j["rel_error"] = r.error ? json(r.error->rel) : json(nullptr);
   j["nan_count"] = r.error ? json(r.error->nan_count) : json(nullptr);
@@ -230,6 +237,10 @@ nlohmann::json device_json(const std::string& description, const std::optional<D
     j["compute_capability"] = std::to_string(props->compute_major) + "." + std::to_string(props->compute_minor);
     j["sms"] = props->num_sms;
     j["total_memory_bytes"] = props->total_global_mem;
+    // The peak from the memory clock and bus width, and what a large copy measured.
+    const auto known = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+    j["memory_bandwidth_gbs"] = known(props->memory_bandwidth_gbs);
+    j["copy_bandwidth_gbs"] = known(props->copy_bandwidth_gbs);
   }
   return j;
 }
