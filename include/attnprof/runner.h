@@ -40,6 +40,12 @@ struct Spread {
 };
 Spread spread_of(std::vector<double> samples);
 
+// The device's ceilings the metrics are held against, each measured once per
+// runtime unless the environment gives a known one (ATTNPROF_CEILING_TFLOPS,
+// ATTNPROF_COPY_GBS: measuring under a sanitizer or a debugger takes minutes).
+double ceiling_tflops(DeviceRuntime& rt, DType dtype);  // the matrix product's, TFLOP/s
+double copy_ceiling_gbs(DeviceRuntime& rt);             // a device-to-device copy's, read + written, GB/s
+
 // Per-forward figures read off the recorded trace (null where they do not apply).
 struct Metrics {
   int steps = 0;

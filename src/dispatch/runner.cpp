@@ -43,27 +43,6 @@ std::size_t input_bytes(const Problem& p) {
   return 2 * p.q_bytes() + 2 * p.kv_bytes() + masks + p.gradient_bytes() + 2 * p.kv_page_bytes();
 }
 
-// The device's matrix-product ceiling: measured once, unless
-// ATTNPROF_CEILING_TFLOPS gives a known one (measuring it under a sanitizer
-// or a debugger would take minutes).
-double ceiling(DeviceRuntime& rt, DType dtype) {
-  if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
-    const double v = std::atof(known);
-    if (v > 0) return v;
-  }
-  return rt.ceiling_tflops(dtype);
-}
-
-// The device's copy ceiling (GB/s), the same way: measured once, unless
-// ATTNPROF_COPY_GBS gives it.
-double copy_ceiling(DeviceRuntime& rt) {
-  if (const char* known = std::getenv("ATTNPROF_COPY_GBS")) {
-    const double v = std::atof(known);
-    if (v > 0) return v;
-  }
-  return rt.copy_bandwidth_gbs();
-}
-
 // What one call of the pass reads and writes: the inputs and O always; for
 // a backward, dO, the saved tensors and the gradients.
 struct PassTensors {
@@ -159,6 +138,27 @@ void check_gradients(const Problem& p, const Inputs& host, const Tensor& host_do
 
 }  // namespace
 
+// The device's matrix-product ceiling: measured once, unless
+// ATTNPROF_CEILING_TFLOPS gives a known one (measuring it under a sanitizer
+// or a debugger would take minutes).
+double ceiling_tflops(DeviceRuntime& rt, DType dtype) {
+  if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
+    const double v = std::atof(known);
+    if (v > 0) return v;
+  }
+  return rt.ceiling_tflops(dtype);
+}
+
+// The device's copy ceiling (GB/s), the same way: measured once, unless
+// ATTNPROF_COPY_GBS gives it.
+double copy_ceiling_gbs(DeviceRuntime& rt) {
+  if (const char* known = std::getenv("ATTNPROF_COPY_GBS")) {
+    const double v = std::atof(known);
+    if (v > 0) return v;
+  }
+  return rt.copy_bandwidth_gbs();
+}
+
 Spread spread_of(std::vector<double> samples) {
   if (samples.empty()) fail(ErrorKind::Internal, "spread_of: no samples");
   std::sort(samples.begin(), samples.end());
@@ -223,9 +223,9 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       check_gradients(p, host, host_dout, t, rt, options.check_rows, r);
     }
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
-    const double copy_gbs = copy_ceiling(rt);
+    const double copy_gbs = copy_ceiling_gbs(rt);
     if (r.trace.device) r.trace.device->copy_bandwidth_gbs = copy_gbs;
-    r.metrics = analysis::measure(r.trace, p, ceiling(rt, p.dtype), copy_gbs);
+    r.metrics = analysis::measure(r.trace, p, ceiling_tflops(rt, p.dtype), copy_gbs);
     if (p.pass != Pass::Forward) {
       r.metrics.saved_bytes = static_cast<double>(t.saved.bytes());
       // The forward alone, profiled the same way, for backward time over
@@ -236,7 +236,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       forward.deterministic = false;
       const Schedule short_schedule{.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
       const Trace ft = profile_calls(backend, forward, t, ctx, rt, short_schedule, {}, r.backend);
-      r.metrics.forward_device_time_us = analysis::measure(ft, forward, ceiling(rt, p.dtype)).device_time_us;
+      r.metrics.forward_device_time_us = analysis::measure(ft, forward, ceiling_tflops(rt, p.dtype)).device_time_us;
     }
     if (unprofiled) {
       r.metrics.host_time_unprofiled_us = unprofiled->p50;

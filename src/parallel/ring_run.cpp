@@ -99,11 +99,8 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
     if (progress) progress(label + ": checking the gathered output against float64");
     r.error = check_against_reference(p, host, ring.gather_output(), sample_rows(p, options.check_rows));
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
-    double ceiling = rt.ceiling_tflops(p.dtype);
-    if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
-      if (std::atof(known) > 0) ceiling = std::atof(known);
-    }
-    r.metrics = analysis::measure(r.trace, p, ceiling * gpus);
+    // One GPU's ceilings: measure() holds the run against world_size of them.
+    r.metrics = analysis::measure(r.trace, p, ceiling_tflops(rt, p.dtype), copy_ceiling_gbs(rt));
     if (unprofiled) {
       r.metrics.host_time_unprofiled_us = unprofiled->p50;
       r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;

@@ -239,9 +239,14 @@ json report_json(const HtmlReport& rep) {
       ceiling = *r.metrics.tflops / (*r.metrics.ceiling_pct / 100.0);
       ceiling_from = j["runs"].back()["label"];
     }
-    if (!bandwidth_gbs && r.trace.device && r.trace.device->memory_bandwidth_gbs > 0) {
+    // The measured copy ceiling where the run has one (what a kernel can
+    // reach), else the DRAM's spec peak.
+    if (!bandwidth_gbs && r.trace.device && r.trace.device->copy_bandwidth_gbs > 0) {
+      bandwidth_gbs = r.trace.device->copy_bandwidth_gbs;
+      bandwidth_from = "the measured copy ceiling of " + r.trace.device->name + " (device-to-device, read + written)";
+    } else if (!bandwidth_gbs && r.trace.device && r.trace.device->memory_bandwidth_gbs > 0) {
       bandwidth_gbs = r.trace.device->memory_bandwidth_gbs;
-      bandwidth_from = r.trace.device->name;
+      bandwidth_from = "the peak DRAM bandwidth of " + r.trace.device->name + " (memory clock x bus width)";
     }
   }
   j["ceiling_tflops"] = ceiling ? json(*ceiling) : json(nullptr);

@@ -244,7 +244,7 @@ inline constexpr const char* kScript = R"js(
       ? 'Ceiling: ' + C.toFixed(C < 1 ? 3 : 1) + ' TFLOP/s, the device\'s measured matrix-product ceiling (TFLOP/s / % of ceiling of ' + data.ceiling_from + ').'
       : 'No measured ceiling in these runs.' }));
   roof.appendChild(el('p', { cls: 'note', text: num(BW)
-      ? 'Memory line: ' + (BW * 1e3).toFixed(0) + ' GB/s, the peak DRAM bandwidth of ' + data.bandwidth_from + ' (memory clock x bus width).'
+      ? 'Memory line: ' + (BW * 1e3).toFixed(0) + ' GB/s, ' + data.bandwidth_from + '.'
       : 'Memory-bandwidth line absent: the device properties give no bandwidth (CPU runs, or traces without it).' }));
   roof.appendChild(el('p', { cls: 'note', text:
       'Bytes moved per forward (a lower bound, so intensity is an upper bound): Q, K, V read and O written once; runs ' +
