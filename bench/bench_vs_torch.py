@@ -22,9 +22,9 @@ same run, and whether issue 12's targets are met. Writes JSON and Markdown.
             (pages of 64 and 16) caches (files bench_decode.*); PyTorch has no
             paged SDPA, so its columns on paged rows are its contiguous times
   all       the three (files bench_all.*)
-A backend that refuses a row (our flash on a paged cache until the split-KV
-kernel lands, a PyTorch backend that cannot take a shape) gets its one-line
-reason under the table; the run goes on.
+A backend that refuses a row (a PyTorch backend that cannot take a shape, our
+efficient on a paged cache) gets its one-line reason under the table; the run
+goes on.
 
 With --pass backward, the same for the backward alone: ours through
 `attnprof compare --pass backward` (the forward's saved tensors in place), and

@@ -3,11 +3,13 @@
 // that ceiling; and, for split-KV decode, how the keys were split over the
 // GPU and what merging the splits cost.
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "analysis/format.h"
 #include "analysis/rule_support.h"
+#include "backends/cuda/fused_params.h"
 
 namespace attnprof::analysis {
 namespace {
@@ -145,10 +147,20 @@ std::vector<Finding> split_kv(const RuleInput& in) {
     f.text += "; no combine (one split writes O itself)";
   }
   if (sms > 0 && ctas < sms) {
-    f.text += format("; %.0f CTAs leave ", ctas) + format("%.0f of the ", sms - ctas) + std::to_string(sms) +
-              " SMs idle: more splits would fill them";
+    f.text +=
+        format("; %.0f CTAs leave ", ctas) + format("%.0f of the ", sms - ctas) + std::to_string(sms) + " SMs idle";
     f.figures["idle_sms"] = sms - ctas;
-    f.severity = Severity::Warning;
+    // The most splits the keys allow (a range of at least one key tile each,
+    // at most the combine's kFlashDecodeMaxSplits); unknown for a trace from a file.
+    const std::int64_t kv_seq = in.run.problem.kv_seq;
+    const std::int64_t most = std::min<std::int64_t>(cuda::kFlashDecodeMaxSplits,
+                                                     (kv_seq + cuda::kFlashDecodeKeys - 1) / cuda::kFlashDecodeKeys);
+    if (kv_seq <= 0 || splits < most) {
+      f.text += ": more splits would fill them";
+      f.severity = Severity::Warning;
+    } else {
+      f.text += ": the " + std::to_string(kv_seq) + " keys allow no more splits";
+    }
   }
   return {f};
 }

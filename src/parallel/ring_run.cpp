@@ -100,7 +100,9 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
     r.error = check_against_reference(p, host, ring.gather_output(), sample_rows(p, options.check_rows));
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
     // One GPU's ceilings: measure() holds the run against world_size of them.
-    r.metrics = analysis::measure(r.trace, p, ceiling_tflops(rt, p.dtype), copy_ceiling_gbs(rt));
+    const double copy_gbs = copy_ceiling_gbs(rt);
+    if (r.trace.device) r.trace.device->copy_bandwidth_gbs = copy_gbs;
+    r.metrics = analysis::measure(r.trace, p, ceiling_tflops(rt, p.dtype), copy_gbs);
     if (unprofiled) {
       r.metrics.host_time_unprofiled_us = unprofiled->p50;
       r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;

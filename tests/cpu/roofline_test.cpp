@@ -318,6 +318,19 @@ TEST(SplitKv, FlagsSplitsThatLeaveSmsIdle) {
   EXPECT_FALSE(f->figures.count("combine_share_pct"));
 }
 
+TEST(SplitKv, IdleSmsAreNoWarningWhenTheKeysAllowNoMoreSplits) {
+  // 128 keys are 2 tiles of 64: 2 splits is all there is, however idle the SMs.
+  RunResult r = decode_run({.splits = 2, .rows = 8, .batch = 2});
+  r.problem.kv_seq = 128;
+  const auto fs = analysis::findings(r, {r}, {});
+  const Finding* f = by_rule(fs, "split-kv");
+  ASSERT_TRUE(f) << dump(fs);
+  EXPECT_NE(f->text.find("32 CTAs leave 100 of the 132 SMs idle: the 128 keys allow no more splits"), std::string::npos)
+      << f->text;
+  EXPECT_EQ(f->severity, Severity::Info);
+  EXPECT_DOUBLE_EQ(f->figures.at("idle_sms"), 100);
+}
+
 TEST(SplitKv, FlagsAMissingOrAPointlessCombine) {
   const RunResult missing = decode_run({.splits = 4, .combine_ns = 0});
   const auto missing_fs = analysis::findings(missing, {missing}, {});

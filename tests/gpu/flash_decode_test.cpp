@@ -13,6 +13,7 @@
 #include "attnprof/dispatch.h"
 #include "attnprof/problem.h"
 #include "attnprof/runner.h"
+#include "backends/cuda/fused_backend.h"
 #include "backends/cuda/fused_kernels.h"
 #include "common/test_problem.h"
 #include "gpu_test.h"
@@ -49,17 +50,7 @@ Problem problem_of(const Case& c) {
 }
 
 // The kernel's plan for a problem, as the backend makes it.
-cuda::DecodePlan plan_of(const Problem& p) {
-  cuda::FusedParams f;
-  f.batch = static_cast<int>(p.batch);
-  f.heads = static_cast<int>(p.heads);
-  f.kv_heads = static_cast<int>(p.kv_heads);
-  f.seq_q = static_cast<int>(p.seq);
-  f.seq_k = static_cast<int>(p.kv_seq);
-  f.head_dim = static_cast<int>(p.head_dim);
-  f.page_size = static_cast<int>(p.page_size);
-  return cuda::flash_decode_plan(f);
-}
+cuda::DecodePlan plan_of(const Problem& p) { return cuda::flash_decode_plan(cuda::FusedBackend::params_for(p)); }
 
 class FlashDecode : public ::testing::TestWithParam<Case> {};
 
@@ -118,6 +109,15 @@ INSTANTIATE_TEST_SUITE_P(
              {.batch = 2, .heads = 4, .kv_heads = 2, .seq = 3, .kv_seq = 515, .head_dim = 256},
              16,
              MaskKind::CausalBottomRight},
+        // A window longer than the cache: its lower bound falls before key 0.
+        Case{"window_past_key0",
+             {.batch = 2, .heads = 8, .kv_heads = 2, .seq = 1, .kv_seq = 300, .head_dim = 128, .window = 4096},
+             0,
+             MaskKind::SlidingWindow},
+        Case{"window_past_key0_paged",
+             {.batch = 2, .heads = 8, .kv_heads = 2, .seq = 16, .kv_seq = 200, .head_dim = 64, .window = 1000},
+             16,
+             MaskKind::SlidingWindow},
         // More keys than queries reversed: rows 0..7 see no key and are zeros.
         Case{"fully_masked_rows",
              {.batch = 1, .heads = 2, .seq = 16, .kv_seq = 8, .head_dim = 64},

@@ -1,6 +1,7 @@
-// flash: our FlashAttention-3 class kernel on sm90a (head_dim 64, 128), our
-// FlashAttention-2 class kernel elsewhere (sm80 path; runs on sm90 too), and
-// for few queries or a paged KV cache the split-KV decode kernel.
+// flash: for few queries or a paged KV cache our split-KV decode kernel; else
+// our FlashAttention-3 class kernel on sm90a (head_dim 64, 96, 128, 192, 256)
+// and our FlashAttention-2 class kernel elsewhere (sm80 path; runs on sm90
+// too). flash_path (fused_kernels.h) says which.
 #include <memory>
 #include <string>
 
@@ -13,7 +14,8 @@ namespace {
 // What eligibility (and so explain) says will run for a problem of this shape.
 const char* flash_story(const FusedParams& shape) {
   thread_local std::string story;
-  if (flash_decode_takes(shape)) {
+  const FlashPath path = flash_path(shape);
+  if (path == FlashPath::Decode) {
     const DecodePlan plan = flash_decode_plan(shape);
     const int group = shape.heads / shape.kv_heads;
     story = "the split-KV decode kernel (FlashDecoding class: the " + std::to_string(group) +
@@ -30,10 +32,10 @@ const char* flash_story(const FusedParams& shape) {
     }
     return story.c_str();
   }
-  story = flash_sm90_applies(shape) ? "one fused kernel (FlashAttention-3 class on sm90: TMA loads "
-                                      "from a producer warp, wgmma, two consumer warpgroups)"
-                                    : "one fused kernel (FlashAttention-2 class: cp.async "
-                                      "double-buffered K/V, mma.sync, online softmax)";
+  story = path == FlashPath::Sm90 ? "one fused kernel (FlashAttention-3 class on sm90: TMA loads "
+                                    "from a producer warp, wgmma, two consumer warpgroups)"
+                                  : "one fused kernel (FlashAttention-2 class: cp.async "
+                                    "double-buffered K/V, mma.sync, online softmax)";
   if (shape.seq_q <= 8 * kFlashDecodeMaxQueries && flash_decode_head_dim(shape.head_dim)) {
     story += "; the decode kernel takes at most " + std::to_string(kFlashDecodeMaxQueries) + " queries, this has " +
              std::to_string(shape.seq_q) + ", so it runs as a prefill";

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/flash_decode.cuh"
 
 namespace attnprof::cuda {
 namespace kernels {
+// One line per head dim of kFlashDecodeHeadDims (flash_decode_hdim<D>.cu).
 ATTNPROF_DECODE_INSTANTIATE(extern template, 64)
 ATTNPROF_DECODE_INSTANTIATE(extern template, 128)
 ATTNPROF_DECODE_INSTANTIATE(extern template, 256)
@@ -42,25 +44,33 @@ DeviceFacts device_facts() {
   return f;
 }
 
-int decode_smem_bytes(int head_dim) {
-  switch (head_dim) {
-    case 64:
-      return kernels::DecodeCfg<64>::kSmemBytes;
-    case 128:
-      return kernels::DecodeCfg<128>::kSmemBytes;
-    default:
-      return kernels::DecodeCfg<256>::kSmemBytes;
+// f.template operator()<D>() at the head dim D of kFlashDecodeHeadDims that
+// equals head_dim; `otherwise` at any other.
+template <class R, class F>
+R at_decode_head_dim(int head_dim, R otherwise, F&& f) {
+  return [&]<std::size_t... kI>(std::index_sequence<kI...>) {
+    R result = otherwise;
+    (void)((head_dim == kFlashDecodeHeadDims[kI] &&
+            (result = f.template operator()<kFlashDecodeHeadDims[kI]>(), true)) ||
+           ...);
+    return result;
   }
+  (std::make_index_sequence<kFlashDecodeHeadDims.size()>());
 }
 
-constexpr int kMaxSplits = 64;  // the combine kernel's lanes hold two splits each
+int decode_smem_bytes(int head_dim) {
+  return at_decode_head_dim(head_dim, 0,
+                            [&]<int kD>() {  // ([&]: no function-pointer conversion for nvcc to warn about)
+                              return kernels::DecodeCfg<kD>::kSmemBytes;
+                            });
+}
 
 // FlashAttention-2's heuristic: the fewest splits whose last wave is nearly as
 // full as the best split count's, among counts that give distinct ranges.
 int choose_splits(int ctas, int slots, int key_tiles) {
   if (ctas >= slots * 4 / 5 || key_tiles < 2) return 1;
-  const int most = std::min({kMaxSplits, key_tiles, (slots + ctas - 1) / ctas * 2});
-  std::array<double, kMaxSplits + 1> eff{};
+  const int most = std::min({kFlashDecodeMaxSplits, key_tiles, (slots + ctas - 1) / ctas * 2});
+  std::array<double, kFlashDecodeMaxSplits + 1> eff{};
   double best = 0;
   auto ceil_div = [](int x, int y) { return (x + y - 1) / y; };
   for (int s = 1; s <= most; ++s) {
@@ -85,13 +95,19 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   DecodePlan plan;
   if (!flash_decode_takes(p) || p.kv_heads < 1 || p.heads % p.kv_heads != 0) return plan;
   plan.applies = true;
-  using Cfg = kernels::DecodeCfg<128>;  // the tile shape is the same at every head dim
   const std::int64_t rows = static_cast<std::int64_t>(p.seq_q) * (p.heads / p.kv_heads);
-  plan.row_blocks = static_cast<int>((rows + Cfg::kRows - 1) / Cfg::kRows);
+  plan.row_blocks = static_cast<int>((rows + kFlashDecodeRows - 1) / kFlashDecodeRows);
   const DeviceFacts f = device_facts();
+  // CTAs an SM holds, from shared memory (the kernels' registers, 80-206 a
+  // thread of 128, allow more than their shared memory does).
   const int per_sm = f.smem_per_sm > 0 ? std::clamp(f.smem_per_sm / (decode_smem_bytes(p.head_dim) + 1024), 1, 8) : 1;
   const std::int64_t ctas = static_cast<std::int64_t>(p.batch) * p.kv_heads * plan.row_blocks;
-  const int key_tiles = (p.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  // The keys some query sees (a causal or windowed row sees fewer than seq_k):
+  // splitting past them would only add empty ranges for the combine to read.
+  const int diag = p.mask == FusedMask::Causal ? 0 : p.seq_k - p.seq_q;
+  const int hi = p.mask == FusedMask::None ? p.seq_k : std::clamp(p.seq_q + diag, 0, p.seq_k);
+  const int lo = p.mask == FusedMask::SlidingWindow ? std::clamp(diag - p.window + 1, 0, p.seq_k) : 0;
+  const int key_tiles = std::max(0, hi - lo + kFlashDecodeKeys - 1) / kFlashDecodeKeys;
   plan.splits = ctas >= (std::int64_t{1} << 30) || f.sms == 0
                     ? 1
                     : choose_splits(static_cast<int>(ctas), std::max(1, f.sms * per_sm), key_tiles);
@@ -129,16 +145,7 @@ cudaError_t launch_flash_decode(const FusedParams& p, cudaStream_t stream) {
     return paged ? kernels::launch_flash_decode_kernels<kD, kernels::Fp16, true>(d, stream)
                  : kernels::launch_flash_decode_kernels<kD, kernels::Fp16, false>(d, stream);
   };
-  switch (p.head_dim) {
-    case 64:
-      return run.template operator()<64>();
-    case 128:
-      return run.template operator()<128>();
-    case 256:
-      return run.template operator()<256>();
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return at_decode_head_dim(p.head_dim, cudaErrorInvalidValue, run);
 }
 
 }  // namespace attnprof::cuda

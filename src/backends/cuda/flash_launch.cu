@@ -83,6 +83,14 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     if (reinterpret_cast<std::uintptr_t>(p.block_table) % alignof(std::int32_t) != 0) {
       return say("the block table must be an int32-aligned device pointer");
     }
+    // The decode kernel's grid y is KV heads x 16-row tiles of (queries x group).
+    const std::int64_t row_tiles =
+        (static_cast<std::int64_t>(p.seq_q) * (p.heads / p.kv_heads) + kFlashDecodeRows - 1) / kFlashDecodeRows;
+    if (row_tiles * p.kv_heads > 65535) {
+      return say("a paged cache is read by the decode kernel, which takes at most 65535 KV heads x " +
+                 std::to_string(kFlashDecodeRows) + "-row query tiles; this problem has " +
+                 std::to_string(row_tiles * p.kv_heads) + ": use fewer queries or a contiguous cache");
+    }
   }
   if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % alignof(float) != 0) {
     return say("lse must be a float-aligned device pointer (or null)");

@@ -33,9 +33,13 @@ bool flash_sm90_runs_here() {
   return runs;
 }
 
+FlashPath flash_path(const FusedParams& p) {
+  if (flash_decode_takes(p)) return FlashPath::Decode;
+  return flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here() ? FlashPath::Sm90 : FlashPath::Sm80;
+}
+
 bool flash_sm90_applies(const FusedParams& p) {
-  return !flash_decode_takes(p) && flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here() &&
-         fused_unsupported_reason(p, /*flash=*/true) == nullptr;
+  return flash_path(p) == FlashPath::Sm90 && fused_unsupported_reason(p, /*flash=*/true) == nullptr;
 }
 
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream) {
@@ -45,11 +49,20 @@ cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream) {
 
 cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream) {
   if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
-  if (flash_decode_takes(p)) return launch_flash_decode(p, stream);
-  // One check per call: the choice needs only the head_dim and the binary.
-  return flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here()
-             ? kernels::dispatch_fwd<FlashSm90Runner, kFlashSm90HeadDims>(p, stream)
-             : launch_flash_sm80_checked(p, stream);
+  switch (flash_path(p)) {
+    case FlashPath::Decode:
+      return launch_flash_decode(p, stream);
+    case FlashPath::Sm90: {
+      const cudaError_t e = kernels::dispatch_fwd<FlashSm90Runner, kFlashSm90HeadDims>(p, stream);
+      // Not launched (a register budget setmaxnreg cannot have, run_flash_fwd_sm90):
+      // the sm80 kernel runs instead where one is built.
+      if (e == cudaErrorNotSupported && fused_head_dim_built(p.head_dim)) return launch_flash_sm80_checked(p, stream);
+      return e;
+    }
+    case FlashPath::Sm80:
+      return launch_flash_sm80_checked(p, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace attnprof::cuda

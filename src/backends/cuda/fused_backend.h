@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -74,14 +75,18 @@ class FusedBackend : public Backend {
 
   // Forward: nothing. Backward: the saved LSE, D and (not deterministic) the
   // FP32 dQ accumulator; a training step holds the same at its peak.
-  // Flash's split-KV decode adds its splits' partial results to the forward.
+  // Forward: flash's split-KV decode keeps its splits' partial results (freed
+  // when the call returns). Backward: the saved LSE, D and (not deterministic)
+  // the FP32 dQ accumulator. A training step peaks at the larger of its
+  // forward (with the LSE it saves) and its backward.
   std::size_t workspace_bytes(const Problem& p) const override {
-    const std::size_t decode = flash_ ? flash_decode_plan(params_for(p)).workspace_bytes : 0;
-    if (p.pass == Pass::Forward) return decode;
     const auto rows = static_cast<std::size_t>(p.batch * p.heads * p.seq);
-    std::size_t bytes = decode + 2 * rows * sizeof(float);  // LSE, D
-    if (!p.deterministic) bytes += rows * static_cast<std::size_t>(p.head_dim) * sizeof(float);
-    return bytes;
+    const std::size_t decode =
+        flash_ && p.pass != Pass::Backward ? flash_decode_plan(params_for(p)).workspace_bytes : 0;
+    if (p.pass == Pass::Forward) return decode;
+    std::size_t backward = 2 * rows * sizeof(float);  // LSE, D
+    if (!p.deterministic) backward += rows * static_cast<std::size_t>(p.head_dim) * sizeof(float);
+    return std::max(backward, decode + rows * sizeof(float));
   }
 
   // Forward: one kernel, or flash's decode kernel and, when it splits the
@@ -106,6 +111,40 @@ class FusedBackend : public Backend {
         break;
     }
     return e;
+  }
+
+  // The kernels' arguments for a problem's shape (no tensors): what the
+  // plans (decode splits, workspace, expectations) are made from.
+  static FusedParams params_for(const Problem& p) {
+    FusedParams f;
+    f.batch = static_cast<int>(p.batch);
+    f.heads = static_cast<int>(p.heads);
+    f.kv_heads = static_cast<int>(p.kv_heads);
+    f.seq_q = static_cast<int>(p.seq);
+    f.seq_k = static_cast<int>(p.kv_seq);
+    f.head_dim = static_cast<int>(p.head_dim);
+    f.scale = static_cast<float>(p.softmax_scale());
+    f.bf16 = p.dtype == DType::BF16;
+    f.window = static_cast<int>(p.window);
+    if (p.kv_cache == KvCache::Paged) {
+      f.page_size = static_cast<int>(p.page_size);
+      f.pages_per_seq = static_cast<int>(p.pages_per_seq());
+    }
+    switch (p.mask) {
+      case MaskKind::Causal:
+        f.mask = FusedMask::Causal;
+        break;
+      case MaskKind::CausalBottomRight:
+        f.mask = FusedMask::CausalBottomRight;
+        break;
+      case MaskKind::SlidingWindow:
+        f.mask = FusedMask::SlidingWindow;
+        break;
+      default:
+        f.mask = FusedMask::None;
+        break;
+    }
+    return f;
   }
 
   bool has_backward() const override { return true; }
@@ -175,6 +214,11 @@ class FusedBackend : public Backend {
       f.v = in.v_pages.data();
       set_strides(in.k_pages, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
       set_strides(in.v_pages, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
+      // The decode kernel reads row b of the table at b * pages_per_seq.
+      if (in.block_table.stride(3) != 1 || in.block_table.stride(2) != p.pages_per_seq()) {
+        fail(ErrorKind::Unsupported,
+             std::string(name_) + " needs a contiguous block table; got " + in.block_table.describe());
+      }
       f.block_table = in.block_table.data_as<std::int32_t>();
     }
     if (const char* why = fused_unsupported_reason(f, flash_))
@@ -220,38 +264,6 @@ class FusedBackend : public Backend {
     r = dim;
     h = rows * dim;
     b = heads * rows * dim;
-  }
-
-  static FusedParams params_for(const Problem& p) {
-    FusedParams f;
-    f.batch = static_cast<int>(p.batch);
-    f.heads = static_cast<int>(p.heads);
-    f.kv_heads = static_cast<int>(p.kv_heads);
-    f.seq_q = static_cast<int>(p.seq);
-    f.seq_k = static_cast<int>(p.kv_seq);
-    f.head_dim = static_cast<int>(p.head_dim);
-    f.scale = static_cast<float>(p.softmax_scale());
-    f.bf16 = p.dtype == DType::BF16;
-    f.window = static_cast<int>(p.window);
-    if (p.kv_cache == KvCache::Paged) {
-      f.page_size = static_cast<int>(p.page_size);
-      f.pages_per_seq = static_cast<int>(p.pages_per_seq());
-    }
-    switch (p.mask) {
-      case MaskKind::Causal:
-        f.mask = FusedMask::Causal;
-        break;
-      case MaskKind::CausalBottomRight:
-        f.mask = FusedMask::CausalBottomRight;
-        break;
-      case MaskKind::SlidingWindow:
-        f.mask = FusedMask::SlidingWindow;
-        break;
-      default:
-        f.mask = FusedMask::None;
-        break;
-    }
-    return f;
   }
 
   std::string_view name_, op_;

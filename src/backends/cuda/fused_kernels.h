@@ -1,6 +1,7 @@
 // Our fused attention forward kernels (sm80 and later; sm90 runs them too):
 //   flash     — on sm90a at head_dim 64, 96, 128, 192 and 256, FlashAttention-3 class: TMA
-//               loads from a producer warp through mbarrier stages, wgmma,
+//               loads from a producer warp (a warpgroup with setmaxnreg at 192
+//               and 256) through mbarrier stages, wgmma,
 //               two consumer warpgroups (kernels/flash_fwd_sm90.cuh and the
 //               role headers it names). Elsewhere
 //               FlashAttention-2 class: Q in registers, K/V double-buffered
@@ -29,13 +30,18 @@ const char* fused_unsupported_reason(const FusedParams& p, bool flash);
 // Enqueue one forward on `stream`. cudaErrorInvalidValue when
 // fused_unsupported_reason(p, ...) is not null; otherwise the first error of
 // setting the kernel's shared-memory limit or of the launch.
-cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream);  // sm90 path where it applies, else sm80
+cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream);  // along flash_path(p)
 cudaError_t launch_flash_sm80(const FusedParams& p, cudaStream_t stream);
 cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream);
 
-// Whether launch_flash takes the sm90a path for `p` on the current device:
-// a head_dim of kFlashSm90HeadDims, an sm90 GPU and a binary built for sm_90a. Where it does
-// not, launch_flash_sm90 returns cudaErrorNotSupported.
+// Which kernel launch_flash runs for `p` on the current device: the decode
+// kernel where flash_decode_takes(p); else the sm90a kernel at a head_dim of
+// kFlashSm90HeadDims on an sm90 GPU with a binary built for sm_90a; else the
+// sm80 kernel. (The eligibility's story and the launch both read this.)
+enum class FlashPath { Decode, Sm90, Sm80 };
+FlashPath flash_path(const FusedParams& p);
+// flash_path(p) is Sm90 and `p` is supported. Where it is not,
+// launch_flash_sm90 returns cudaErrorNotSupported.
 bool flash_sm90_applies(const FusedParams& p);
 // Whether this binary has the sm90a kernels as machine code for the current device.
 bool flash_sm90_runs_here();

@@ -25,6 +25,11 @@ inline constexpr std::array<int, 3> kFlashDecodeHeadDims = {64, 128, 256};
 // Query lengths up to this take the decode kernel on a contiguous cache;
 // longer ones the prefill kernels (a paged cache always takes it).
 inline constexpr int kFlashDecodeMaxQueries = 16;
+// Its tile: packed query rows (queries x the heads of a group) and keys; and
+// the most key ranges it splits into (the combine kernel's lanes hold two each).
+inline constexpr int kFlashDecodeRows = 16;
+inline constexpr int kFlashDecodeKeys = 64;
+inline constexpr int kFlashDecodeMaxSplits = 64;
 
 constexpr bool fused_head_dim_built(int head_dim) {
   return std::find(kFusedHeadDims.begin(), kFusedHeadDims.end(), head_dim) != kFusedHeadDims.end();

@@ -53,11 +53,13 @@ struct DecodeArgs {
 template <int kHeadDim_>
 struct DecodeCfg {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kRows = 16;  // packed query rows per CTA
+  static constexpr int kRows = kFlashDecodeRows;  // packed query rows per CTA
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kKeysPerWarp = 16;
   static constexpr int kBlockN = kKeysPerWarp * kWarps;  // keys per tile
+  static_assert(kRows == 16, "one m16n8k16 row tile a warp");
+  static_assert(kBlockN == kFlashDecodeKeys, "the host's split plan counts tiles of kFlashDecodeKeys");
   // Enough bytes in flight to cover DRAM latency: 2 CTAs an SM at D <= 128.
   static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;
   static constexpr int kDTiles = kHeadDim / 8;
@@ -105,7 +107,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
   int lo_first, hi_last, lo_last, hi_first;
   visible_keys(a, d.mask, r0 / a.group, lo_first, hi_first);
   visible_keys(a, d.mask, r_last / a.group, lo_last, hi_last);
-  const int key_begin = lo_first + 1, key_end = hi_last;
+  // (A window may reach before key 0: the range starts at 0, never below.)
+  const int key_begin = max(0, lo_first + 1), key_end = hi_last;
   int tile_begin = 0, tile_end = 0;
   if (key_end > key_begin) {
     const int first = key_begin / kBN, count = (key_end + kBN - 1) / kBN - first;
@@ -267,9 +270,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
 // Merges num_splits partial results of each row: weights e^(lse_s - max),
 // O = sum_s w_s O_s / sum_s w_s, LSE = max + ln(sum_s w_s) (+inf when no
 // split saw a key: the row is fully masked and written as zeros). One warp
-// a row; num_splits <= 64.
+// a row; num_splits <= kFlashDecodeMaxSplits = 64, two a lane.
 template <int kHeadDim, Half16 Element>
 __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_constant__ DecodeArgs d) {
+  static_assert(kFlashDecodeMaxSplits <= 64, "two splits a lane");
   constexpr int kPerLane = kHeadDim / 32;
   static_assert(kPerLane >= 2 && kPerLane % 2 == 0, "pairs of columns a lane");
   const FwdArgs& a = d.a;
