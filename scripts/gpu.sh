@@ -113,6 +113,17 @@ if has sanitize; then
       done
     done
   done
+  # A window longer than the cache (its lower bound before key 0), contiguous and paged.
+  for tool in memcheck racecheck; do
+    for cache in "" "--kv-cache paged --page-size 16"; do
+      env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
+        $B/attnprof profile --backend flash --device cuda --batch 1 --heads 8 --kv-heads 2 --seq 1 --kv-seq 300 \
+        --mask sliding-window --window 4096 $cache --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san \
+        --quiet >/tmp/san.txt 2>&1
+      echo "$tool flash decode window 4096 over 300 keys ${cache:-contiguous} -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" |
+        tee -a "$OUT/sanitizer.txt"
+    done
+  done
   # The epilogue's log-sum-exp path (not taken by attnprof profile): every
   # fused kernel at two ragged shapes, through the GPU tests.
   [[ ${SANITIZE:-all} == new ]] || for tool in memcheck racecheck; do
