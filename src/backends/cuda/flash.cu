@@ -32,8 +32,9 @@ const char* flash_story(const FusedParams& shape) {
     }
     return story.c_str();
   }
-  story = path == FlashPath::Sm90 ? "one fused kernel (FlashAttention-3 class on sm90: TMA loads "
-                                    "from a producer warp, wgmma, two consumer warpgroups)"
+  story = path == FlashPath::Sm90 ? "one fused kernel (FlashAttention-3 class on sm90: TMA loads from a "
+                                    "producer warp, or at head dims 192 and 256 a producer warpgroup that gives "
+                                    "its registers to the consumers; wgmma, two consumer warpgroups)"
                                   : "one fused kernel (FlashAttention-2 class: cp.async "
                                     "double-buffered K/V, mma.sync, online softmax)";
   if (shape.seq_q <= 8 * kFlashDecodeMaxQueries && flash_decode_head_dim(shape.head_dim)) {
