@@ -537,6 +537,20 @@ def summary_table(summary, ceiling, pass_):
     return body
 
 
+# The findings each row keeps (attnprof's rule ids): memory- or compute-bound
+# against the measured ceilings, and the split-KV decode's splits and combine.
+FINDINGS_KEPT = ("bound", "split-kv")
+
+
+def findings_list(results):
+    """Our flash's kept findings, one line each, under the summary table."""
+    lines = [f"- {r['class']} {r['shape']} {r['mask']} {r['kv_cache']}"
+             f"{' ' + str(r['page_size']) if r.get('page_size') else ''}, {r['backend']}: {text}"
+             for r in results if r["backend"] == "flash"
+             for text in (r.get("ours_findings") or {}).values()]
+    return "\n\nWhat the profiler said of our flash (rules bound, split-kv):\n" + "\n".join(lines) if lines else ""
+
+
 def detail_table(results):
     # Host us: no profiler attached (the cost a program pays; ours with the
     # p10-p90 spread of its calls in parentheses); "profiled": the
@@ -648,7 +662,7 @@ def main():
     results, summary, torch_done = [], [], {}
 
     def write():  # after every row too: partial results survive a time-out
-        table = summary_table(summary, ceiling, args.pass_)
+        table = summary_table(summary, ceiling, args.pass_) + findings_list(results)
         with open(os.path.join(args.out, stem + ".json"), "w") as f:
             json.dump({"meta": meta, "results": results, "summary": summary}, f, indent=1)
         with open(os.path.join(args.out, stem + ".md"), "w") as f:
@@ -684,6 +698,10 @@ def main():
                 "ours_rel_error": m.get("rel_error"), "ours_accepted": m.get("accepted"),
                 "ours_kernels": m.get("kernels_per_forward"),
                 "ours_forward_gpu_us": m.get("forward_device_time_us"),
+                "ours_gbs": m.get("gbs"), "ours_copy_ceiling_pct": m.get("copy_ceiling_pct"),
+                # What the profiler says of the run's limits and of a split-KV decode, in its words.
+                "ours_findings": {f["rule"]: f["text"] for f in m.get("findings") or []
+                                  if f.get("rule") in FINDINGS_KEPT},
             })
         summary.append(summarize(row, mine, runs, fl, ceiling["bytes_per_s"]))
         write()
