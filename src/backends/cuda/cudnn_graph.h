@@ -1,0 +1,267 @@
+// The vocabulary of the cudnn backend's graphs (cudnn.cpp): the tensors'
+// uids and the three graph kinds, the descriptors cuDNN sees ([B, H, S, D]
+// with strides; a paged cache's page containers and page table), a problem's
+// layout and cache key, the frontend graph whose chosen plan may be run
+// directly, a cached graph's entry, a call's key for the direct path, and the
+// masks and tensors every graph sets alike. Only cudnn.cpp includes it, in
+// builds with the cuDNN frontend.
+#pragma once
+
+#include <cudnn_frontend.h>
+
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "attnprof/problem.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof::cuda::cudnn_graph {
+
+namespace fe = cudnn_frontend;
+
+// Tensor uids in the graphs and the variant packs. A call binds its tensors
+// by uid (Bound), so one path builds, keys and runs every graph. A paged
+// forward binds the page containers as K and V, and adds the padding mask's
+// lengths and the page tables.
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kBias, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, kPageK, kPageV };
+constexpr std::int64_t kLastUid = kPageV;
+constexpr std::size_t kTensors = kLastUid - kQ + 1;
+constexpr std::size_t slot(Uid uid) { return static_cast<std::size_t>(uid - kQ); }
+// A call's tensors by slot(uid); null where its graph has none.
+using Bound = std::array<const Tensor*, kTensors>;
+
+// The three graphs of a problem: the inference forward, the forward of a
+// training step (which also writes the softmax statistics) and the backward.
+enum class GraphKind : std::uint8_t { Forward, TrainForward, Backward };
+constexpr std::size_t kGraphKinds = 3;
+
+constexpr const char* kForwardOp = "_scaled_dot_product_cudnn_attention";
+constexpr const char* kBackwardOp = "_scaled_dot_product_cudnn_attention_backward";
+
+// Dims and strides cuDNN sees: [B, H, S, D] with arbitrary strides. A
+// broadcast (stride-0) dim of the bias becomes a size-1 dim, which is how
+// cuDNN spells broadcasting.
+struct TensorDesc {
+  std::vector<std::int64_t> dims, strides;
+};
+
+// Size-1 dims get the stride a packed tensor would have; cuDNN checks them.
+inline TensorDesc packed_unit_strides(TensorDesc d) {
+  for (int i = 3; i >= 0; --i) {
+    if (d.dims[static_cast<std::size_t>(i)] == 1) {
+      const auto u = static_cast<std::size_t>(i);
+      d.strides[u] = u == 3 ? 1 : d.strides[u + 1] * d.dims[u + 1];
+    }
+  }
+  return d;
+}
+
+inline TensorDesc desc_of(const Tensor& t, bool compact_broadcast = false) {
+  TensorDesc d;
+  for (int i = 0; i < 4; ++i) {
+    const bool broadcast = compact_broadcast && t.stride(i) == 0;
+    d.dims.push_back(broadcast ? 1 : t.size(i));
+    d.strides.push_back(broadcast ? 0 : t.stride(i));
+  }
+  return packed_unit_strides(std::move(d));
+}
+
+// The block table [1, 1, B, pages_per_seq] as cuDNN's page table
+// [B, 1, pages_per_seq, 1]: the same int32s, the sequences outermost.
+inline TensorDesc page_table_desc(const Tensor& table) {
+  return packed_unit_strides({{table.size(2), 1, table.size(3), 1}, {table.stride(2), 0, table.stride(3), 0}});
+}
+
+inline TensorDesc packed(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
+  return TensorDesc{{b, h, s, d}, {h * s * d, s * d, d, 1}};
+}
+
+// Each bound tensor's desc by slot(uid); empty where the graph has none.
+struct Layout {
+  std::array<TensorDesc, kTensors> t;
+  const TensorDesc& operator[](Uid uid) const { return t[slot(uid)]; }
+};
+
+// What eligibility assumes before it sees tensors: packed [B, H, S, D], a
+// bias broadcast over batch and heads, as make_inputs() lays them out, and
+// the statistics packed [B, H, S, 1] as forward_train() allocates them.
+inline Layout default_layout(const Problem& p, GraphKind kind) {
+  Layout l;
+  const TensorDesc qs = packed(p.batch, p.heads, p.seq, p.head_dim);
+  const TensorDesc kvs = packed(p.batch, p.kv_heads, p.kv_seq, p.head_dim);
+  l.t[slot(kQ)] = l.t[slot(kO)] = qs;
+  l.t[slot(kK)] = l.t[slot(kV)] = kvs;
+  if (p.kv_cache == KvCache::Paged) {
+    // make_inputs' cache: B * pages_per_seq pages, a packed table.
+    l.t[slot(kK)] = l.t[slot(kV)] = packed(p.batch * p.pages_per_seq(), p.kv_heads, p.page_size, p.head_dim);
+    l.t[slot(kPageK)] = l.t[slot(kPageV)] = packed(p.batch, 1, p.pages_per_seq(), 1);
+  }
+  if (p.mask == MaskKind::Bias) l.t[slot(kBias)] = packed(1, 1, p.seq, p.kv_seq);
+  if (kind != GraphKind::Forward) l.t[slot(kStats)] = packed(p.batch, p.heads, p.seq, 1);
+  if (kind == GraphKind::Backward) {
+    l.t[slot(kDO)] = l.t[slot(kDQ)] = qs;
+    l.t[slot(kDK)] = l.t[slot(kDV)] = kvs;
+  }
+  return l;
+}
+
+// The padding mask's lengths are the graph's own (Entry), never bound by a
+// call, so they are not part of the layout.
+inline Layout layout_of(const Bound& bound) {
+  Layout l;
+  for (std::size_t i = 0; i < kTensors; ++i) {
+    if (bound[i] == nullptr) continue;
+    if (i == slot(kPageK) || i == slot(kPageV)) {
+      l.t[i] = page_table_desc(*bound[i]);
+    } else {
+      l.t[i] = desc_of(*bound[i], /*compact_broadcast=*/i == slot(kBias));
+    }
+  }
+  return l;
+}
+
+inline std::string key_of(const Problem& p, const Layout& l, GraphKind kind) {
+  std::string k = std::to_string(static_cast<int>(kind)) + "|" + std::string(dtype_name(p.dtype)) + "|" +
+                  std::string(mask_name(p.mask)) + "|" + std::to_string(p.window) + "|" +
+                  std::to_string(std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale())));
+  if (kind == GraphKind::Backward && p.deterministic) k += "|deterministic";
+  // A paged K's dims are its pages': the keys read are the problem's.
+  if (p.kv_cache == KvCache::Paged) k += "|paged " + std::to_string(p.kv_seq);
+  for (const TensorDesc& d : l.t) {
+    k += "|";
+    for (auto x : d.dims) k += std::to_string(x) + ",";
+    k += ":";
+    for (auto x : d.strides) k += std::to_string(x) + ",";
+  }
+  return k;
+}
+
+// A frontend graph whose chosen plan can be run directly. The frontend keeps its
+// plans protected and offers only execute(), which per call creates and
+// finalizes a new variant-pack descriptor, queries the stream's capture state
+// and the thread's context; a derived class may read the plan.
+class PlanGraph final : public fe::graph::Graph {
+ public:
+  // The plan build_plans() chose; null when it chose none or an engine the
+  // frontend runs itself (candidate < -1).
+  const fe::ExecutionPlan* chosen_plan() const {
+    const std::int64_t i = plans.candidate;
+    if (i < 0 || i >= static_cast<std::int64_t>(plans.execution_plans.size())) return nullptr;
+    return plans.execution_plans[static_cast<std::size_t>(i)].get();
+  }
+  // Bytes of the workspace the frontend keeps in front of the engine's.
+  std::int64_t frontend_workspace() const { return get_fe_workspace_size_subtree(); }
+  // Whether every tensor the frontend places in its part of the workspace is
+  // only pointed into (operation 2: a backward's dQ accumulator, which cuDNN
+  // zeroes itself since 9.6, the full-head dK and dV of grouped-query heads,
+  // softmax sums), so that a cached pack may point at them too. Values it
+  // copies in (0) or memsets (1) on every execute() need execute().
+  bool workspace_only_pointed_into() const {
+    std::unordered_map<fe::graph::Tensor_attributes::uid_t, std::tuple<std::int64_t, std::int64_t, std::vector<float>>>
+        modifications;
+    std::int64_t offset = 0;
+    if (collect_tensors_in_workspace_subtree(modifications, offset).is_bad()) return false;
+    for (const auto& [uid, m] : modifications) {
+      if (std::get<0>(m) != 2) return false;
+    }
+    return true;
+  }
+};
+
+struct Entry {
+  std::shared_ptr<PlanGraph> graph;
+  std::string failure;  // why cuDNN refused; empty when supported
+  bool plans_built = false;
+  std::int64_t workspace = 0;
+  std::int64_t frontend_workspace = 0;  // where the engine's workspace starts within it
+  // The chosen plan's backend descriptor (owned by graph) when forward() may
+  // run it with a cached variant pack; null when the frontend has work of its
+  // own around the plan, and execute() must run it.
+  cudnnBackendDescriptor_t plan = nullptr;
+  std::unordered_map<std::int64_t, void*> pack;  // execute()'s map, when plan is null
+  // A paged graph's padding-mask lengths, int32 [B, 1, 1, 1] on the device
+  // (every query count S, every key count Skv), made on the graph's first run.
+  Tensor seq_q, seq_kv;
+};
+
+// What makes two calls identical for the direct path: the problem's
+// parameters, every tensor's shape and strides, and every address the variant
+// pack holds. Plain ints and pointers, so that the per-call check is a compare
+// with the last call's key, with no strings or allocations.
+struct CallKey {
+  std::array<Dims, 2 * kTensors> shape{};  // sizes, strides by slot (zeros when absent)
+  std::array<void*, kTensors + 1> ptr{};   // addresses by slot, then the workspace
+  std::int64_t window = 0;
+  std::int64_t kv_seq = 0;  // a paged K's shape is its pages'
+  std::uint32_t scale_bits = 0;
+  DType dtype = DType::BF16;
+  MaskKind mask = MaskKind::None;
+  bool deterministic = false;
+  bool operator==(const CallKey&) const = default;
+};
+
+// A cached variant pack: the plan it runs with (an Entry's graph) and the
+// addresses of the tensors by slot, then the workspace, as integers for a
+// total order.
+using PackKey = std::array<std::uintptr_t, kTensors + 2>;
+
+// The last call of one graph kind that the direct path ran: a training step
+// alternates the forward's and the backward's, and each keeps its own.
+struct LastCall {
+  CallKey key;
+  cudnnBackendDescriptor_t plan = nullptr, pack = nullptr;
+  bool valid = false;
+};
+
+// The masks the forward and backward attributes spell alike.
+template <class Attributes>
+void set_mask(Attributes& a, const Problem& p, const std::shared_ptr<fe::graph::Tensor_attributes>& bias) {
+  switch (p.mask) {
+    case MaskKind::Causal:
+      a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+      break;
+    case MaskKind::CausalBottomRight:
+      a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
+      break;
+    case MaskKind::SlidingWindow:
+      // Keeps i + off - window < j <= i + off: cuDNN's left bound counts the
+      // same `window` keys back from the bottom-right diagonal.
+      a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
+          .set_diagonal_band_right_bound(0)
+          .set_diagonal_band_left_bound(static_cast<int>(p.window));
+      break;
+    case MaskKind::Bias:
+      a.set_bias(bias);
+      break;
+    default:
+      break;
+  }
+}
+
+// cuDNN's messages may run over several lines; a reason or an error is one.
+inline std::string one_line(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+// cuDNN's SDPA backward takes no page table, and the cache is a decode-time one.
+constexpr const char* kPagedForwardOnly =
+    "the paged KV cache is forward only (cuDNN's SDPA backward reads no pages): use --pass forward";
+
+inline std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph& g, const char* name, Uid uid,
+                                                                const TensorDesc& d, fe::DataType_t type) {
+  return g.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d.dims).set_stride(d.strides).set_data_type(
+          type));
+}
+
+}  // namespace attnprof::cuda::cudnn_graph
