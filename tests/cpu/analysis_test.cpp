@@ -14,10 +14,14 @@
 #include "analysis/normalize.h"
 #include "analysis/rules.h"
 #include "analysis/trace_index.h"
+#include "findings_lookup.h"
 #include "synthetic_trace.h"
 
 namespace attnprof {
 namespace {
+
+using testing::by_rule;
+using testing::dump;
 
 using analysis::EventIndex;
 using analysis::kNone;
@@ -169,19 +173,6 @@ bool known_rule(const Finding& f) {
   const auto table = analysis::rule_table();
   return std::any_of(table.begin(), table.end(),
                      [&](const analysis::Rule& r) { return r.id == f.rule && f.severity >= r.severity; });
-}
-
-const Finding* by_rule(const std::vector<Finding>& fs, std::string_view rule) {
-  for (const auto& f : fs) {
-    if (f.rule == rule) return &f;
-  }
-  return nullptr;
-}
-
-std::string dump(const std::vector<Finding>& findings) {
-  std::string s;
-  for (const auto& f : findings) s += "\n  - [" + f.rule + "] " + f.text;
-  return s.empty() ? " (none)" : s;
 }
 
 RunResult run_of(Trace t, Device device, const std::string& backend = "naive") {

@@ -13,9 +13,12 @@
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
+#include "findings_lookup.h"
 
 namespace attnprof {
 namespace {
+
+using testing::dump;
 
 Problem cpu_problem(std::int64_t seq, std::int64_t kv_seq, MaskKind mask, DType dt = DType::BF16) {
   Problem p;
@@ -68,12 +71,6 @@ const Finding& only(const std::vector<Finding>& findings, std::string_view rule)
   }
   if (n != 1) throw std::runtime_error(std::string(rule) + ": " + std::to_string(n) + " findings");
   return *hit;
-}
-
-std::string dump(const std::vector<Finding>& findings) {
-  std::string s;
-  for (const auto& f : findings) s += "\n  - [" + f.rule + "] " + f.text;
-  return s.empty() ? " (none)" : s;
 }
 
 class Report : public ::testing::Test {

@@ -16,28 +16,19 @@
 #include "analysis/rules.h"
 #include "attnprof/dispatch.h"
 #include "attnprof/runner.h"
+#include "findings_lookup.h"
 #include "report/report.h"
 #include "synthetic_trace.h"
 
 namespace attnprof {
 namespace {
 
+using testing::by_rule;
+using testing::dump;
+
 using testing::attention_trace;
 using testing::host;
 using T = ActivityType;
-
-const Finding* by_rule(const std::vector<Finding>& fs, std::string_view rule) {
-  for (const auto& f : fs) {
-    if (f.rule == rule) return &f;
-  }
-  return nullptr;
-}
-
-std::string dump(const std::vector<Finding>& findings) {
-  std::string s;
-  for (const auto& f : findings) s += "\n  - [" + f.rule + "] " + f.text;
-  return s.empty() ? " (none)" : s;
-}
 
 Problem problem(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads, std::int64_t seq, std::int64_t kv_seq,
                 std::int64_t head_dim, DType dtype, MaskKind mask) {
