@@ -20,30 +20,15 @@
 #include "attnprof/runner.h"
 #include "backends/composite/composite.h"
 #include "common/test_problem.h"
+#include "cuda_forward.h"
 #include "gpu_test.h"
 #include "profiler/cupti/cupti_collector.h"
 
 namespace attnprof {
 namespace {
 
-std::unique_ptr<Backend> make(const std::string& name) {
-  if (name == "naive") return composite::make_naive(cuda::make_ops());
-  if (name == "naive_inplace") return composite::make_naive_inplace(cuda::make_ops());
-  if (name == "math") return composite::make_math(cuda::make_ops());
-  return cuda::make_cudnn();
-}
-
-// One forward on fresh inputs; returns the output on the host.
-Tensor run_once(Backend& b, const Problem& p, const Inputs& host) {
-  DeviceRuntime& rt = cuda::runtime();
-  const Inputs in = rt.upload(host);
-  Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rt.allocator());
-  rt.poison(out);
-  RunContext ctx{rt.allocator(), rt.stream(), 0};
-  b.forward(p, in, out, ctx);
-  rt.synchronize();
-  return rt.download(out);
-}
+constexpr auto& make = testing::make_cuda_backend;
+constexpr auto& run_once = testing::run_forward_once;
 
 struct Case {
   std::string backend;

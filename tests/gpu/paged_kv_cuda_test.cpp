@@ -27,17 +27,14 @@
 #include "backends/composite/composite.h"
 #include "backends/cuda/cuda_backends.h"
 #include "common/test_problem.h"
+#include "cuda_forward.h"
 #include "gpu_test.h"
 
 namespace attnprof {
 namespace {
 
-std::unique_ptr<Backend> make(const std::string& name) {
-  if (name == "naive") return composite::make_naive(cuda::make_ops());
-  if (name == "naive_inplace") return composite::make_naive_inplace(cuda::make_ops());
-  if (name == "math") return composite::make_math(cuda::make_ops());
-  return cuda::make_cudnn();
-}
+constexpr auto& make = testing::make_cuda_backend;
+constexpr auto& run_once = testing::run_forward_once;
 
 const char* const kBackends[] = {"naive", "naive_inplace", "math", "cudnn"};
 bool composite_backend(const std::string& name) { return name != "cudnn"; }
@@ -54,22 +51,6 @@ Problem contiguous(Problem p) {
   p.kv_cache = KvCache::Contiguous;
   p.page_size = 0;
   return p;
-}
-
-// One forward of `b` on `host` uploaded (the pages and table with it); the
-// output, poisoned before the call, on the host.
-Tensor run_once(Backend& b, const Problem& p, const Inputs& host) {
-  DeviceRuntime& rt = cuda::runtime();
-  const Inputs in = rt.upload(host);
-  if (p.kv_cache == KvCache::Paged) {
-    EXPECT_TRUE(in.k_pages.defined() && in.v_pages.defined() && in.block_table.defined()) << "pages not uploaded";
-  }
-  Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rt.allocator());
-  rt.poison(out);
-  RunContext ctx{rt.allocator(), rt.stream(), 0};
-  b.forward(p, in, out, ctx);
-  rt.synchronize();
-  return rt.download(out);
 }
 
 // Largest |a - b| over two host outputs of one shape (NaN if either has one).

@@ -1,0 +1,39 @@
+// What the GPU tests of the unfused CUDA backends share: a fresh backend by
+// name (naive, naive_inplace, math over the CUDA ops; cudnn), and one forward
+// on host inputs uploaded (a paged cache's pages and table with them), the
+// output poisoned before the call and brought back to the host.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "attnprof/backend.h"
+#include "backends/composite/composite.h"
+#include "backends/cuda/cuda_backends.h"
+
+namespace attnprof::testing {
+
+inline std::unique_ptr<Backend> make_cuda_backend(const std::string& name) {
+  if (name == "naive") return composite::make_naive(cuda::make_ops());
+  if (name == "naive_inplace") return composite::make_naive_inplace(cuda::make_ops());
+  if (name == "math") return composite::make_math(cuda::make_ops());
+  return cuda::make_cudnn();
+}
+
+inline Tensor run_forward_once(Backend& b, const Problem& p, const Inputs& host) {
+  DeviceRuntime& rt = cuda::runtime();
+  const Inputs in = rt.upload(host);
+  if (p.kv_cache == KvCache::Paged) {
+    EXPECT_TRUE(in.k_pages.defined() && in.v_pages.defined() && in.block_table.defined()) << "pages not uploaded";
+  }
+  Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rt.allocator());
+  rt.poison(out);
+  RunContext ctx{rt.allocator(), rt.stream(), 0};
+  b.forward(p, in, out, ctx);
+  rt.synchronize();
+  return rt.download(out);
+}
+
+}  // namespace attnprof::testing
