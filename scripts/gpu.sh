@@ -57,71 +57,49 @@ fi
 
 if has sanitize; then
   log "compute-sanitizer on the fused kernels"
+  # One attnprof profile under a tool: its line in sanitizer.txt (the tool's
+  # summary, and the reason when attnprof refused the problem).
   # Known ceilings: measuring them (a large cuBLAS GEMM, a large copy) under the sanitizer takes minutes.
-  san_env=(ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 ATTNPROF_COPY_GBS=4200)
+  sanitize_profile() {  # TOOL LABEL -- attnprof profile args
+    local tool=$1 label=$2; shift 3
+    env ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 ATTNPROF_COPY_GBS=4200 timeout 120 \
+      compute-sanitizer --tool "$tool" --error-exitcode 9 $B/attnprof profile --device cuda --batch 1 "$@" \
+      --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
+    local rc=$?
+    echo "$tool $label -> rc $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" \
+      "$(grep -m1 -oE 'cannot run this problem: .*' /tmp/san.txt)" | tee -a "$OUT/sanitizer.txt"
+  }
   # SANITIZE=new: only the kernels issue 12 added (sm90 192/256, decode); the
   # rest ran clean before and takes minutes.
-  [[ ${SANITIZE:-all} == new ]] || for tool in memcheck racecheck; do
-    for be in efficient flash; do
-      # On an sm90 GPU flash takes its sm90a kernel at every head dim here.
-      for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
-        "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 96"; do
-        env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
-          $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --warmup 0 --active 1 --unprofiled-calls 0 \
-          --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
-        echo "$tool $be $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" | tee -a "$OUT/sanitizer.txt"
-      done
-    done
-  done
-  # The backward kernels, through the same command with --pass backward.
-  [[ ${SANITIZE:-all} == new ]] || for tool in memcheck racecheck; do
-    for be in efficient flash; do
-      for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
-        "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 64 --deterministic"; do
-        env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
-          $B/attnprof profile --backend $be --device cuda --batch 1 --heads 2 $args --pass backward --warmup 0 --active 1 \
-          --unprofiled-calls 0 --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
-        echo "$tool $be backward $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" |
-          tee -a "$OUT/sanitizer.txt"
-      done
-    done
-  done
-  # flash's sm90a kernel at the head dims only it takes (192) or that take its
-  # producer warpgroup with setmaxnreg (192, 256).
   for tool in memcheck racecheck; do
+    if [[ ${SANITIZE:-all} != new ]]; then
+      for be in efficient flash; do
+        # On an sm90 GPU flash takes its sm90a kernel at every head dim here.
+        for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
+          "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 96"; do
+          sanitize_profile $tool "$be $args" -- --backend $be --heads 2 $args
+        done
+        # The backward kernels, through the same command with --pass backward.
+        for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
+          "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 64 --deterministic"; do
+          sanitize_profile $tool "$be backward $args" -- --backend $be --heads 2 $args --pass backward
+        done
+      done
+    fi
+    # flash's sm90a kernel at the head dims only it takes (192) or that take its
+    # producer warpgroup with setmaxnreg (192, 256).
     for args in "--seq 130 --kv-seq 200 --mask causal --head-dim 192" "--seq 200 --kv-seq 77 --mask none --head-dim 256 --kv-heads 1"; do
-      env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
-        $B/attnprof profile --backend flash --device cuda --batch 1 --heads 2 $args --warmup 0 --active 1 --unprofiled-calls 0 \
-        --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
-      echo "$tool flash $args -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" | tee -a "$OUT/sanitizer.txt"
+      sanitize_profile $tool "flash $args" -- --backend flash --heads 2 $args
     done
-  done
-  # The decode path (issue 12): 1 and 16 queries against a longer cache, query
-  # heads grouped 4 to a K/V head, bottom-right causal, contiguous and paged;
-  # at batch 1 both split the keys, so the combine kernel runs under the tools too.
-  for tool in memcheck racecheck; do
-    for args in "--seq 1 --kv-seq 333" "--seq 16 --kv-seq 1000 --head-dim 128"; do
-      for cache in "" "--kv-cache paged --page-size 16"; do
-        env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
-          $B/attnprof profile --backend flash --device cuda --batch 1 --heads 8 --kv-heads 2 $args \
-          --mask causal-bottom-right $cache --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san --quiet \
-          >/tmp/san.txt 2>&1
-        rc=$?
-        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)
-        refused=$(grep -m1 -oE 'cannot run this problem: .*' /tmp/san.txt)
-        echo "$tool flash decode $args ${cache:-contiguous} -> rc $rc $summary $refused" | tee -a "$OUT/sanitizer.txt"
-      done
-    done
-  done
-  # A window longer than the cache (its lower bound before key 0), contiguous and paged.
-  for tool in memcheck racecheck; do
+    # The decode path (issue 12): 1 and 16 queries against a longer cache, query
+    # heads grouped 4 to a K/V head, contiguous and paged; at batch 1 both split
+    # the keys, so the combine kernel runs under the tools too. Then a window
+    # longer than the cache (its lower bound before key 0).
     for cache in "" "--kv-cache paged --page-size 16"; do
-      env "${san_env[@]}" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 \
-        $B/attnprof profile --backend flash --device cuda --batch 1 --heads 8 --kv-heads 2 --seq 1 --kv-seq 300 \
-        --mask sliding-window --window 4096 $cache --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san \
-        --quiet >/tmp/san.txt 2>&1
-      echo "$tool flash decode window 4096 over 300 keys ${cache:-contiguous} -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" |
-        tee -a "$OUT/sanitizer.txt"
+      for args in "--seq 1 --kv-seq 333 --mask causal-bottom-right" "--seq 16 --kv-seq 1000 --head-dim 128 --mask causal-bottom-right" \
+        "--seq 1 --kv-seq 300 --mask sliding-window --window 4096"; do
+        sanitize_profile $tool "flash decode $args ${cache:-contiguous}" -- --backend flash --heads 8 --kv-heads 2 $args $cache
+      done
     done
   done
   # The epilogue's log-sum-exp path (not taken by attnprof profile): every
