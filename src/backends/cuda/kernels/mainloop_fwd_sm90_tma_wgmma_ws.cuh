@@ -38,7 +38,10 @@ namespace attnprof::cuda::kernels {
 // producer warp and no register moves. kPingpong (2 consumers): the
 // consumers take turns to issue their matrix products (two named barriers),
 // so one's softmax runs under the other's GEMMs instead of both softmaxes at
-// once.
+// once. kIntraOverlap: each consumer issues the next tile's S = Q K^T and this
+// tile's O += P V back to back and runs the next tile's softmax while P V
+// works, FlashAttention-3's intra-warpgroup pipelining (it holds a second set
+// of S registers, so it wants the producer warpgroup's registers).
 //
 // Head dims: the tiles hold whole 64-column swizzle regions, kPadDim
 // columns; a head dim of 96 is padded to 128 (TMA fills the columns past the
@@ -46,7 +49,7 @@ namespace attnprof::cuda::kernels {
 // never stored). O += P V is issued in column chunks of 128 (and one of 64),
 // so any kPadDim up to 256 fits wgmma's N.
 template <int kHeadDim_, int kBlockN_, int kConsumers_ = 2, int kStages_ = 2, bool kSkipRescale_ = false,
-          bool kWgProducer_ = false, bool kPingpong_ = false>
+          bool kWgProducer_ = false, bool kPingpong_ = false, bool kIntraOverlap_ = false>
 struct FlashSm90Cfg {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kPadDim = (kHeadDim + 63) / 64 * 64;
@@ -56,6 +59,7 @@ struct FlashSm90Cfg {
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr bool kWgProducer = kWgProducer_;
   static constexpr bool kPingpong = kPingpong_;
+  static constexpr bool kIntraOverlap = kIntraOverlap_;
   static constexpr int kProducerThreads = kWgProducer ? 128 : 32;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // setmaxnreg's counts (multiples of 8). The consumers grow only into what
@@ -173,18 +177,68 @@ struct MainloopFwdSm90TmaWgmmaWs {
       sm90::tma_load_4d(smem.q() + r * kBM * 128, &p.q, q_bar, 64 * r, cta.m0, cta.head, cta.batch);
     }
     for (int n_block = tiles.end - 1; n_block >= tiles.begin; --n_block) {
-      kv_pipe.producer_acquire(kv_state);  // both consumers are done with the stage's last tile
       const int n0 = n_block * kBN, stage = kv_state.index();
+      kv_pipe.producer_acquire(kv_state, kPartK);  // both consumers are done with the stage's last K
       const std::uint32_t k_bar = kv_pipe.producer_expect(kv_state, kPartK, kKVBytes);
       for (int r = 0; r < kRegions; ++r) {
         sm90::tma_load_4d(smem.k(stage) + r * kBN * 128, &p.k, k_bar, 64 * r, n0, cta.kv_head, cta.batch);
       }
+      kv_pipe.producer_acquire(kv_state, kPartV);
       const std::uint32_t v_bar = kv_pipe.producer_expect(kv_state, kPartV, kKVBytes);
       for (int r = 0; r < kRegions; ++r) {
         sm90::tma_load_4d(smem.v(stage) + r * kBN * 128, &p.v, v_bar, 64 * r, n0, cta.kv_head, cta.batch);
       }
       kv_state.advance();
     }
+  }
+
+  // S = Q K^T, issued (not waited for): this warpgroup's 64 rows of Q against
+  // the key tile in `stage`, K-major, over the head dim's k-steps (not the padding).
+  __device__ __forceinline__ static void issue_s(const Smem& smem, int stage, float (&s)[1][kNT][4], int wg) {
+    zero(s);
+    sm90::fence_operands(s[0]);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
+      const std::uint32_t q_at = smem.q() + (kk / 4) * kBM * 128 + wg * 64 * 128 + (kk % 4) * 32;
+      const std::uint32_t k_at = smem.k(stage) + (kk / 4) * kBN * 128 + (kk % 4) * 32;
+      sm90::wgmma_ss<Element, kNT>(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
+    }
+    sm90::wgmma_commit();
+  }
+
+  // O += P V, issued (not waited for): P from registers (16 keys a step), V
+  // of `stage` read MN-major, in O's column chunks.
+  __device__ __forceinline__ static void issue_pv(const Smem& smem, int stage, float (&acc)[1][kDT][4],
+                                                  std::uint32_t (&p)[kNT / 2][4]) {
+    sm90::fence_operands(acc[0]);
+    sm90::fence_operands(p);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kNT / 2; ++kk) {
+      for_o_chunks<0, kDT>([&]<int kFirst, int kN>() {
+        // Columns [8 kFirst, 8 (kFirst + kN)): from region kFirst / 8 on, regions kBN * 128 bytes apart.
+        const std::uint32_t v_at = smem.v(stage) + (kFirst / 8) * kBN * 128 + kk * 16 * 128;
+        sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), p[kk],
+                                    sm90::smem_desc(v_at, kBN * 128), true);
+      });
+    }
+    sm90::wgmma_commit();
+  }
+
+  // The mask on the key tile at n_block, where the tile needs one.
+  template <class Tile>
+  __device__ __forceinline__ static void mask(const FwdArgs& a, const Tile& cta, int n_block, float (&s)[1][kNT][4],
+                                              int warp_row0, int lane) {
+    const int n0 = n_block * kBN;
+    if (tile_needs_mask<kMask, kBM, kBN>(a, cta.m0, n0)) {
+      apply_mask<kMask>(s, a, cta.m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
+    }
+  }
+
+  __device__ __forceinline__ static void to_p(std::uint32_t (&p)[kNT / 2][4], const float (&s)[1][kNT][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kNT / 2; ++kk) pack_p<Element>(p[kk], s[0], kk);
   }
 
   // Consumer warpgroup wg: its 64 rows of the tile against every key tile,
@@ -196,58 +250,107 @@ struct MainloopFwdSm90TmaWgmmaWs {
                                              float (&acc)[1][kDT][4], OnlineSoftmax<1>& softmax, int wg, int warp_row0,
                                              int lane) {
     q_pipe.consumer_wait(q_state);
+    if constexpr (Cfg::kIntraOverlap) {
+      mma_overlapped(a, smem, cta, tiles, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
+    } else {
+      mma_in_turn(a, smem, cta, tiles, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
+    }
+  }
+
+  // One key tile after another: S, its softmax, then its P V, each waited for.
+  template <class Tile>
+  __device__ __forceinline__ static void mma_in_turn(const FwdArgs& a, const Smem& smem, const Tile& cta,
+                                                     KeyTiles tiles, const KVPipeline& kv_pipe,
+                                                     typename KVPipeline::State& kv_state, float (&acc)[1][kDT][4],
+                                                     OnlineSoftmax<1>& softmax, int wg, int warp_row0, int lane) {
     for (int n_block = tiles.end - 1; n_block >= tiles.begin; --n_block) {
       const int stage = kv_state.index();
-      // S = Q K^T: this warpgroup's 64 rows of Q against the key tile, K-major.
       float s[1][kNT][4];
-      zero(s);
       kv_pipe.consumer_wait(kv_state, kPartK);
       if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
-      sm90::fence_operands(s[0]);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {  // not over the zero padding
-        const std::uint32_t q_at = smem.q() + (kk / 4) * kBM * 128 + wg * 64 * 128 + (kk % 4) * 32;
-        const std::uint32_t k_at = smem.k(stage) + (kk / 4) * kBN * 128 + (kk % 4) * 32;
-        sm90::wgmma_ss<Element, kNT>(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
-      }
-      sm90::wgmma_commit();
+      issue_s(smem, stage, s, wg);
       if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(s[0]);
+      kv_pipe.consumer_release(kv_state, kPartK);
 
-      const int n0 = n_block * kBN;
-      if (tile_needs_mask<kMask, kBM, kBN>(a, cta.m0, n0)) {
-        apply_mask<kMask>(s, a, cta.m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));
-      }
+      mask(a, cta, n_block, s, warp_row0, lane);
       softmax.template update<Cfg::kSkipRescale>(s, acc, a.scale_log2);
 
-      // O += P V: P from the S registers (16 keys a step), V read MN-major.
       std::uint32_t p[kNT / 2][4];
-#pragma unroll
-      for (int kk = 0; kk < kNT / 2; ++kk) pack_p<Element>(p[kk], s[0], kk);
+      to_p(p, s);
       kv_pipe.consumer_wait(kv_state, kPartV);
       if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
-      sm90::fence_operands(acc[0]);
-      sm90::fence_operands(p);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kNT / 2; ++kk) {
-        for_o_chunks<0, kDT>([&]<int kFirst, int kN>() {
-          // Columns [8 kFirst, 8 (kFirst + kN)): from region kFirst / 8 on, regions kBN * 128 bytes apart.
-          const std::uint32_t v_at = smem.v(stage) + (kFirst / 8) * kBN * 128 + kk * 16 * 128;
-          sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), p[kk],
-                                      sm90::smem_desc(v_at, kBN * 128), true);
-        });
-      }
-      sm90::wgmma_commit();
+      issue_pv(smem, stage, acc, p);
       if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc[0]);
       sm90::fence_operands(p);
-      kv_pipe.consumer_release(kv_state);
+      kv_pipe.consumer_release(kv_state, kPartV);
       kv_state.advance();
     }
+  }
+
+  // FlashAttention-3's intra-warpgroup pipelining. Tile j+1's S and tile j's
+  // P V are issued back to back; once S is in (wgmma groups retire in order),
+  // its softmax runs while P V still works. Nothing outside a wgmma touches the
+  // registers of one in flight (else ptxas serialises every wgmma, C7514):
+  // O is rescaled to tile j's maxima before its P V is issued, with the alpha
+  // tile j's softmax left; the next P is packed only after P V is done.
+  // k_state leads v_state by one tile.
+  template <class Tile>
+  __device__ __forceinline__ static void mma_overlapped(const FwdArgs& a, const Smem& smem, const Tile& cta,
+                                                        KeyTiles tiles, const KVPipeline& kv_pipe,
+                                                        typename KVPipeline::State& kv_state, float (&acc)[1][kDT][4],
+                                                        OnlineSoftmax<1>& softmax, int wg, int warp_row0, int lane) {
+    typename KVPipeline::State k_state = kv_state, v_state = kv_state;
+    float s[1][kNT][4];
+    std::uint32_t p[kNT / 2][4];
+    float alpha[1][2];
+    int n_block = tiles.end - 1;
+    kv_pipe.consumer_wait(k_state, kPartK);
+    if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
+    issue_s(smem, k_state.index(), s, wg);
+    if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(s[0]);
+    kv_pipe.consumer_release(k_state, kPartK);
+    k_state.advance();
+    mask(a, cta, n_block, s, warp_row0, lane);
+    softmax.scores(s, a.scale_log2, alpha);  // O is still 0: its alpha is moot
+    to_p(p, s);
+    for (--n_block; n_block >= tiles.begin; --n_block) {
+      kv_pipe.consumer_wait(k_state, kPartK);
+      if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
+      issue_s(smem, k_state.index(), s, wg);
+      OnlineSoftmax<1>::rescale(acc, alpha);
+      kv_pipe.consumer_wait(v_state, kPartV);
+      issue_pv(smem, v_state.index(), acc, p);
+      if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
+      sm90::wgmma_wait<1>();  // S is in; P V works on
+      sm90::fence_operands(s[0]);
+      kv_pipe.consumer_release(k_state, kPartK);
+      k_state.advance();
+      mask(a, cta, n_block, s, warp_row0, lane);
+      softmax.scores(s, a.scale_log2, alpha);
+      sm90::wgmma_wait<0>();
+      sm90::fence_operands(acc[0]);
+      sm90::fence_operands(p);
+      kv_pipe.consumer_release(v_state, kPartV);
+      v_state.advance();
+      to_p(p, s);
+    }
+    OnlineSoftmax<1>::rescale(acc, alpha);
+    kv_pipe.consumer_wait(v_state, kPartV);
+    if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
+    issue_pv(smem, v_state.index(), acc, p);
+    if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(acc[0]);
+    sm90::fence_operands(p);
+    kv_pipe.consumer_release(v_state, kPartV);
+    v_state.advance();
+    kv_state = v_state;
   }
 };
 

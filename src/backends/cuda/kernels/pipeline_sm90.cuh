@@ -2,12 +2,13 @@
 // memory (our own, shaped like CUTLASS's PipelineTmaAsync and the pipelines of
 // FlashAttention-3's hopper/).
 //
-// A ring of kStages buffers. The producer (one thread) acquires a stage once
-// its consumers have released it, announces the bytes TMA will bring into it
-// and issues the copies; each of kParts "full" barriers of the stage completes
-// when its part has landed, so consumers may start on the first part (K)
-// before the second (V) arrives. Every consumer thread arrives on the stage's
-// "empty" barrier when done with all of it. Who is where in the ring is a
+// A ring of kStages buffers, each of kParts parts (K and V). The producer (one
+// thread) acquires a part of a stage once its consumers have released it,
+// announces the bytes TMA will bring into it and issues the copies; the part's
+// "full" barrier completes when it has landed, so consumers may start on the
+// first part (K) before the second (V) arrives. Every consumer thread arrives
+// on the part's "empty" barrier when done with it, so K's buffer may refill
+// while V's is still read (FlashAttention-3's separate K and V pipelines). Who is where in the ring is a
 // PipelineState that each side advances after a stage: the phase parities
 // are kept there, never worked out from a loop counter by the kernel.
 #pragma once
@@ -66,7 +67,7 @@ class PipelineTmaAsync {
  public:
   static constexpr int kStages = kStages_;
   static constexpr int kParts = kParts_;
-  static constexpr int kBarriers = kStages * (kParts + 1);  // kParts full and one empty per stage
+  static constexpr int kBarriers = 2 * kStages * kParts;  // a full and an empty barrier per part of a stage
   static constexpr int kBarrierBytes = 8 * kBarriers;
   using State = PipelineState<kStages>;
 
@@ -76,14 +77,16 @@ class PipelineTmaAsync {
   // By one thread; then mbar_fence_init and a CTA barrier before first use.
   __device__ __forceinline__ void init(int consumer_threads) const {
     for (int st = 0; st < kStages; ++st) {
-      for (int part = 0; part < kParts; ++part) mbar_init(full(st, part), 1);
-      mbar_init(empty(st), consumer_threads);
+      for (int part = 0; part < kParts; ++part) {
+        mbar_init(full(st, part), 1);
+        mbar_init(empty(st, part), consumer_threads);
+      }
     }
   }
 
-  // Producer: waits until every consumer has released the stage's last lap.
-  __device__ __forceinline__ void producer_acquire(const State& s) const {
-    mbar_wait(empty(s.index()), static_cast<int>(s.phase() ^ 1));
+  // Producer: waits until every consumer has released the part's last lap.
+  __device__ __forceinline__ void producer_acquire(const State& s, int part = 0) const {
+    mbar_wait(empty(s.index(), part), static_cast<int>(s.phase() ^ 1));
   }
   // Producer: announces `bytes` of TMA copies for one part of the stage and
   // returns the barrier they are to complete on.
@@ -97,14 +100,18 @@ class PipelineTmaAsync {
   __device__ __forceinline__ void consumer_wait(const State& s, int part = 0) const {
     mbar_wait(full(s.index(), part), static_cast<int>(s.phase()));
   }
-  // Consumer (every thread): done with the whole stage.
-  __device__ __forceinline__ void consumer_release(const State& s) const { mbar_arrive(empty(s.index())); }
+  // Consumer (every thread): done with one part of the stage.
+  __device__ __forceinline__ void consumer_release(const State& s, int part = 0) const {
+    mbar_arrive(empty(s.index(), part));
+  }
 
  private:
   __device__ __forceinline__ std::uint32_t full(int stage, int part) const {
     return bars_ + 8 * (part * kStages + stage);
   }
-  __device__ __forceinline__ std::uint32_t empty(int stage) const { return bars_ + 8 * (kParts * kStages + stage); }
+  __device__ __forceinline__ std::uint32_t empty(int stage, int part) const {
+    return bars_ + 8 * ((kParts + part) * kStages + stage);
+  }
 
   std::uint32_t bars_;
 };

@@ -59,6 +59,24 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
                                          float scale_log2) {
     float alpha[kMTiles][2];
+    const bool grew = scores(s, scale_log2, alpha);
+    // A row whose max did not grow has alpha exactly 1 (2^0), and a row still
+    // at -inf has o = 0; so when no row of the warp grew, the rescale of O
+    // (D/2 multiplies per m-tile a thread) may be skipped. The branch also
+    // stops the compiler from overlapping this tile's exponentials with the
+    // P*V products, which cost more than the multiplies with two m-tiles a
+    // warp (H200, D = 64, 128-row tiles: 0.544 ms with the skip, 0.512 without).
+    if (!kSkipUnchanged || __any_sync(0xffffffffu, grew)) rescale(o, alpha);
+  }
+
+  // The first half of update, for a caller that rescales O later (the sm90
+  // kernel's O is still being written by an asynchronous P V when the next
+  // tile's scores arrive): the new row maxima, s exponentiated, the row sums
+  // carried over, and alpha, the factor O must be multiplied by before this
+  // tile's P V is added. Returns whether any row's max grew (this thread's rows).
+  template <int kNTiles>
+  __device__ __forceinline__ bool scores(float (&s)[kMTiles][kNTiles][4], float scale_log2,
+                                         float (&alpha)[kMTiles][2]) {
     bool grew = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -87,22 +105,20 @@ struct OnlineSoftmax {
         row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
       }
     }
-    // A row whose max did not grow has alpha exactly 1 (2^0), and a row still
-    // at -inf has o = 0; so when no row of the warp grew, the rescale of O
-    // (D/2 multiplies per m-tile a thread) may be skipped. The branch also
-    // stops the compiler from overlapping this tile's exponentials with the
-    // P*V products, which cost more than the multiplies with two m-tiles a
-    // warp (H200, D = 64, 128-row tiles: 0.544 ms with the skip, 0.512 without).
-    if (!kSkipUnchanged || __any_sync(0xffffffffu, grew)) {
+    return grew;
+  }
+
+  // The second half: O times the alpha that scores() gave.
+  template <int kDTiles>
+  __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4], const float (&alpha)[kMTiles][2]) {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mt][dt][0] *= alpha[mt][0];
-          o[mt][dt][1] *= alpha[mt][0];
-          o[mt][dt][2] *= alpha[mt][1];
-          o[mt][dt][3] *= alpha[mt][1];
-        }
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        o[mt][dt][0] *= alpha[mt][0];
+        o[mt][dt][1] *= alpha[mt][0];
+        o[mt][dt][2] *= alpha[mt][1];
+        o[mt][dt][3] *= alpha[mt][1];
       }
     }
   }

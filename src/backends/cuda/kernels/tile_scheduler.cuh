@@ -71,21 +71,39 @@ struct StaticTileScheduler {
 };
 
 // One CTA per multiprocessor, each walking the tiles gridDim.x apart in one
-// order: query tiles longest first (for masked problems), then head, batch.
-// Kernels that take it must hand shared buffers (Q) back between tiles.
-template <MaskMode kMask, int kBlockM>
+// order. The (batch, head) pairs are cut into sections whose K and V fit in
+// kL2Bytes together; section after section, query tiles longest first (for
+// masked problems), then the section's pairs. So the CTAs at work at once
+// read the K and V of a few heads, which stay in L2, instead of one tile of
+// every head (FlashAttention-3's L2 swizzle). Kernels that take it must hand
+// shared buffers (Q) back between tiles.
+template <MaskMode kMask, int kBlockM, int kHeadDim>
 struct PersistentTileScheduler {
   static constexpr bool kPersistent = true;
+  static constexpr std::int64_t kL2Bytes = 32 << 20;  // of the H200's 50 MB (60 on the H100 SXM: 50)
   using Tile = CtaTile<kMask, kBlockM>;
 
   static int tiles(const FwdArgs& a) { return query_tiles<kBlockM>(a) * a.heads * a.batch; }
   static dim3 grid(const FwdArgs& a, int sms) { return dim3(tiles(a) < sms ? tiles(a) : sms); }
 
+  // (batch, head) pairs a section: K and V of one query head take 2 seq_k
+  // kHeadDim 16-bit values, shared by the group's heads.
+  __host__ __device__ __forceinline__ static int section_pairs(const FwdArgs& a) {
+    const std::int64_t per_pair = 4LL * a.seq_k * kHeadDim / a.group;
+    const std::int64_t fit = kL2Bytes / (per_pair > 0 ? per_pair : 1);
+    const int pairs = a.heads * a.batch;
+    return fit < 1 ? 1 : (fit > pairs ? pairs : static_cast<int>(fit));
+  }
+
   __device__ __forceinline__ static Tile at(const FwdArgs& a, int index) {
-    const int per_m_block = a.heads * a.batch;
-    const int rank = index / per_m_block, rest = index % per_m_block;
-    const int m_block = kMask == MaskMode::None ? rank : query_tiles<kBlockM>(a) - 1 - rank;
-    return Tile(a, m_block * kBlockM, rest % a.heads, rest / a.heads, index);
+    const int m_blocks = query_tiles<kBlockM>(a), pairs = a.heads * a.batch;
+    const int group = section_pairs(a), per_section = group * m_blocks;
+    const int section = index / per_section, first_pair = section * group;
+    const int in_section = pairs - first_pair < group ? pairs - first_pair : group;  // the last may be short
+    const int rest = index - section * per_section;
+    const int rank = rest / in_section, pair = first_pair + rest % in_section;
+    const int m_block = kMask == MaskMode::None ? rank : m_blocks - 1 - rank;
+    return Tile(a, m_block * kBlockM, pair % a.heads, pair / a.heads, index);
   }
   __device__ __forceinline__ static Tile first(const FwdArgs& a) { return at(a, blockIdx.x); }
   __device__ __forceinline__ static bool next(const FwdArgs& a, Tile& t) {
