@@ -111,8 +111,8 @@ struct Sm90 {
 struct Sm90Persistent {
   template <class Cfg, k::MaskMode kMask>
   static cudaError_t run(const k::FwdArgs& a) {
-    return k::run_flash_fwd_sm90<Cfg, kMask, k::Bf16, false, k::PersistentTileScheduler<kMask, Cfg::kBlockM, Cfg::kHeadDim>>(a,
-                                                                                                              nullptr);
+    return k::run_flash_fwd_sm90<Cfg, kMask, k::Bf16, false,
+                                 k::PersistentTileScheduler<kMask, Cfg::kBlockM, Cfg::kHeadDim>>(a, nullptr);
   }
 };
 

@@ -69,14 +69,15 @@ if has sanitize; then
     echo "$tool $label -> rc $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" \
       "$(grep -m1 -oE 'cannot run this problem: .*' /tmp/san.txt)" | tee -a "$OUT/sanitizer.txt"
   }
-  # SANITIZE=new: only the kernels issue 12 added (sm90 192/256, decode); the
+  forward_shapes=("--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128"
+    "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 96")
+  # SANITIZE=new: only the kernels issue 12 added or changed (flash sm90 at every head dim, decode); the
   # rest ran clean before and takes minutes.
   for tool in memcheck racecheck; do
     if [[ ${SANITIZE:-all} != new ]]; then
       for be in efficient flash; do
-        # On an sm90 GPU flash takes its sm90a kernel at every head dim here.
-        for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --mask causal --kv-heads 1 --head-dim 128" \
-          "--seq 130 --kv-seq 77 --mask sliding-window --window 20 --head-dim 96"; do
+        # (flash's forward: below, with the kernels issue 12 changed.)
+        [[ $be == efficient ]] && for args in "${forward_shapes[@]}"; do
           sanitize_profile $tool "$be $args" -- --backend $be --heads 2 $args
         done
         # The backward kernels, through the same command with --pass backward.
@@ -86,9 +87,11 @@ if has sanitize; then
         done
       done
     fi
-    # flash's sm90a kernel at the head dims only it takes (192) or that take its
-    # producer warpgroup with setmaxnreg (192, 256).
-    for args in "--seq 130 --kv-seq 200 --mask causal --head-dim 192" "--seq 200 --kv-seq 77 --mask none --head-dim 256 --kv-heads 1"; do
+    # flash's sm90a kernel (issue 12: producer warpgroup, setmaxnreg,
+    # intra-warpgroup overlap, pingpong) at every head dim: 64, 128 and 96
+    # (padded) above, 192 (only sm90 takes it) and 256.
+    for args in "${forward_shapes[@]}" "--seq 130 --kv-seq 200 --mask causal --head-dim 192" \
+      "--seq 200 --kv-seq 77 --mask none --head-dim 256 --kv-heads 1"; do
       sanitize_profile $tool "flash $args" -- --backend flash --heads 2 $args
     done
     # The decode path (issue 12): 1 and 16 queries against a longer cache, query

@@ -14,11 +14,10 @@
 // products.
 //
 // Cfg (mainloop_fwd_sm90_tma_wgmma_ws.cuh) picks FlashAttention-3's other
-// pieces: a producer warpgroup with setmaxnreg, pingpong between the
-// consumers; Scheduler a persistent grid.
-// Not yet in: the consumers' own softmax overlapped with their next S
-// (FlashAttention-3's intra-warpgroup pipelining: tried, and slower without
-// setmaxnreg, docs/perf/fused-kernels.md run 9).
+// pieces: a producer warpgroup with setmaxnreg, each consumer's softmax
+// overlapped with its own next GEMMs (intra-warpgroup), pingpong between the
+// consumers; Scheduler a persistent grid. The defaults take the first three
+// (docs/perf/fused-kernels.md, run 12).
 #pragma once
 
 #include <cuda_runtime.h>
