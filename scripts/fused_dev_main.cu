@@ -107,6 +107,13 @@ struct Sm90 {
     return k::run_flash_fwd_sm90<Cfg, kMask, k::Bf16>(a, nullptr);
   }
 };
+// The sm90 kernel as flash launches it (its default Cfg and scheduler for the head dim).
+struct Sm90Default {
+  template <class Cfg, k::MaskMode kMask>
+  static cudaError_t run(const k::FwdArgs& a) {
+    return k::launch_flash_fwd_sm90<Cfg::kHeadDim, kMask, k::Bf16, false>(a, nullptr);
+  }
+};
 // The sm90 kernel under the persistent, longest-first tile scheduler (tile_scheduler.cuh).
 struct Sm90Persistent {
   template <class Cfg, k::MaskMode kMask>
@@ -183,6 +190,7 @@ int main() {
       {2, 4, 200, 128, FusedMask::None, 1, 1},
       {8, 16, 1024, 64, FusedMask::Causal, 0.152, 0.257},
       {4, 16, 4096, 64, FusedMask::Causal, 0.569, 1.217},
+      {16, 16, 2048, 64, FusedMask::None, 0, 0},  // issue 12's ViT-like row
       {2, 16, 8192, 128, FusedMask::Causal, 1.791, 3.405},
       {2, 16, 8192, 128, FusedMask::None, 3.267, 6.447},
       {1, 16, 16384, 128, FusedMask::Causal, 3.550, 6.740},
@@ -234,38 +242,39 @@ int main() {
     };
     if (prop.major == 9) {  // the wgmma kernel (sm90a) and its variants (flash_fwd_sm90.cuh)
       // FlashSm90Cfg<D, kBlockN, consumers, stages, skip rescale, producer warpgroup + setmaxnreg, pingpong,
-      // intra-warpgroup overlap>; run 12 measures the overlap (ov) against run 11's best.
+      // intra-warpgroup overlap>; "flash sm90" is the default (run 12: wgp, ov, pingpong; 256 without pingpong).
       if (s.d == 64) {
-        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<64>{});
+        add("flash sm90", Sm90Default{}, k::FlashSm90DefaultCfg<64>{});
         add("sm90 wgp ov", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 2, false, true, false, true>{});
-        add("sm90 wgp ov pingpong", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 2, false, true, true, true>{});
         add("sm90 wgp ov 3st", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 3, false, true, false, true>{});
         add("sm90 wgp ov persist", Sm90Persistent{}, k::FlashSm90Cfg<64, 128, 2, 2, false, true, false, true>{});
         add("sm90 wgp 3wg", Sm90{}, k::FlashSm90Cfg<64, 128, 3, 2, false, true>{});
         add("sm90 wgp 3wg ov", Sm90{}, k::FlashSm90Cfg<64, 128, 3, 2, false, true, false, true>{});
+        add("sm90 wgp ov pp persist", Sm90Persistent{}, k::FlashSm90Cfg<64, 128, 2, 2, false, true, true, true>{});
+        add("sm90 wgp 3wg ov persist", Sm90Persistent{}, k::FlashSm90Cfg<64, 128, 3, 2, false, true, false, true>{});
+        add("sm90 wgp ov pp N64", Sm90{}, k::FlashSm90Cfg<64, 64, 2, 2, false, true, true, true>{});
       }
       if (s.d == 128) {
-        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<128>{});
+        add("flash sm90", Sm90Default{}, k::FlashSm90DefaultCfg<128>{});
+        add("sm90 run-11 default", Sm90{}, k::FlashSm90Cfg<128, 128>{});
         add("sm90 wgp ov", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 2, false, true, false, true>{});
-        add("sm90 wgp ov pingpong", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 2, false, true, true, true>{});
         add("sm90 wgp ov 3st", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 3, false, true, false, true>{});
         add("sm90 wgp ov pp 3st", Sm90{}, k::FlashSm90Cfg<128, 128, 2, 3, false, true, true, true>{});
         add("sm90 wgp ov persist", Sm90Persistent{}, k::FlashSm90Cfg<128, 128, 2, 2, false, true, false, true>{});
+        add("sm90 wgp ov pp persist", Sm90Persistent{}, k::FlashSm90Cfg<128, 128, 2, 2, false, true, true, true>{});
       }
       if (s.d == 96) {
-        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<96>{});
+        add("flash sm90", Sm90Default{}, k::FlashSm90DefaultCfg<96>{});
         add("sm90 wgp ov", Sm90{}, k::FlashSm90Cfg<96, 128, 2, 2, false, true, false, true>{});
-        add("sm90 wgp ov pingpong", Sm90{}, k::FlashSm90Cfg<96, 128, 2, 2, false, true, true, true>{});
       }
       if (s.d == 192) {
-        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<192>{});
+        add("flash sm90", Sm90Default{}, k::FlashSm90DefaultCfg<192>{});
         add("sm90 wgp ov", Sm90{}, k::FlashSm90Cfg<192, 64, 2, 2, false, true, false, true>{});
-        add("sm90 wgp ov pingpong", Sm90{}, k::FlashSm90Cfg<192, 64, 2, 2, false, true, true, true>{});
       }
       if (s.d == 256) {
-        add("flash sm90", Sm90{}, k::FlashSm90DefaultCfg<256>{});
-        add("sm90 wgp ov", Sm90{}, k::FlashSm90Cfg<256, 64, 2, 2, false, true, false, true>{});
+        add("flash sm90", Sm90Default{}, k::FlashSm90DefaultCfg<256>{});
         add("sm90 wgp ov pingpong", Sm90{}, k::FlashSm90Cfg<256, 64, 2, 2, false, true, true, true>{});
+        add("sm90 wgp ov persist", Sm90Persistent{}, k::FlashSm90Cfg<256, 64, 2, 2, false, true, false, true>{});
       }
     }
     // Variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/kernels/flash_fwd_sm90.cuh"
 
 namespace {
 
@@ -134,10 +135,54 @@ struct Outcome {
 };
 
 // Runs one kernel on fresh inputs drawn from `seed` and compares with float64.
-enum class Kernel { Flash, FlashSm80, Efficient };
+// Besides the public launchers, two choices of flash's sm90a kernel that the
+// defaults do not take but that stay built (docs/perf/fused-kernels.md, runs
+// 11-12): the key loop without the intra-warpgroup overlap (S, softmax, P V in
+// turn), and the persistent scheduler, here with a 256 KB L2 budget so that
+// small problems are cut into several head sections, the last one short.
+enum class Kernel { Flash, FlashSm80, Efficient, FlashSm90InTurn, FlashSm90Persistent };
 
 const char* kernel_name(Kernel k) {
-  return k == Kernel::Flash ? "flash" : k == Kernel::FlashSm80 ? "flash_sm80" : "efficient";
+  switch (k) {
+    case Kernel::Flash:
+      return "flash";
+    case Kernel::FlashSm80:
+      return "flash_sm80";
+    case Kernel::Efficient:
+      return "efficient";
+    case Kernel::FlashSm90InTurn:
+      return "flash_sm90_in_turn";
+    case Kernel::FlashSm90Persistent:
+      return "flash_sm90_persistent";
+  }
+  return "?";
+}
+
+namespace kern = attnprof::cuda::kernels;
+
+template <int kD, kern::MaskMode kMask>
+cudaError_t launch_sm90_choice(Kernel k, const kern::FwdArgs& a) {
+  using Default = kern::FlashSm90DefaultCfg<kD>;
+  if (k == Kernel::FlashSm90InTurn) {
+    using InTurn = kern::FlashSm90Cfg<kD, Default::kBlockN, 2, 2, false, true, false, false>;
+    return kern::run_flash_fwd_sm90<InTurn, kMask, kern::Bf16>(a, nullptr);
+  }
+  using Persistent = kern::PersistentTileScheduler<kMask, Default::kBlockM, kD, std::int64_t{256} << 10>;
+  return kern::run_flash_fwd_sm90<Default, kMask, kern::Bf16, false, Persistent>(a, nullptr);
+}
+
+template <int kD>
+cudaError_t launch_sm90_choice(Kernel k, const FusedParams& p) {
+  const kern::FwdArgs a = kern::FwdArgs::from(p);
+  switch (kern::mask_mode(p.mask)) {
+    case kern::MaskMode::None:
+      return launch_sm90_choice<kD, kern::MaskMode::None>(k, a);
+    case kern::MaskMode::Causal:
+      return launch_sm90_choice<kD, kern::MaskMode::Causal>(k, a);
+    case kern::MaskMode::Window:
+      return launch_sm90_choice<kD, kern::MaskMode::Window>(k, a);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch(Kernel k, const FusedParams& p) {
@@ -148,6 +193,13 @@ cudaError_t launch(Kernel k, const FusedParams& p) {
       return attnprof::cuda::launch_flash_sm80(p, nullptr);
     case Kernel::Efficient:
       return attnprof::cuda::launch_efficient(p, nullptr);
+    case Kernel::FlashSm90InTurn:
+    case Kernel::FlashSm90Persistent:
+      // Built for bf16 at head dims 64 and 128, without the log-sum-exp (the cases below).
+      if (!p.bf16 || p.lse != nullptr) return cudaErrorNotSupported;
+      if (p.head_dim == 64) return launch_sm90_choice<64>(k, p);
+      if (p.head_dim == 128) return launch_sm90_choice<128>(k, p);
+      return cudaErrorNotSupported;
   }
   return cudaErrorInvalidValue;
 }
@@ -277,25 +329,37 @@ struct KernelCase {
 
 class FusedKernels : public ::testing::TestWithParam<KernelCase> {};
 
-TEST_P(FusedKernels, MatchesFloat64Reference) {
-  SKIP_WITHOUT_SM80();
-  const KernelCase& kc = GetParam();
-  SKIP_WHERE_HEAD_DIM_IS_NOT_BUILT(kc);
+void expect_matches_float64(const KernelCase& kc) {
   // Two draws: a kernel that is right on one input by accident is caught on the next.
   for (std::uint32_t seed : {1234u + kc.c.seq_q, 99u + kc.c.seq_k * 7u}) {
     Outcome o;
     run_case(kc.c, kc.kernel, seed, &o);
-    if (HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
     const double rel_tol = kc.c.bf16 ? 1e-2 : 3e-3;
     const double abs_tol = kc.c.bf16 ? 4e-2 : 1e-2;
     EXPECT_EQ(o.nan_count, 0) << "NaN (or unwritten) outputs";
     EXPECT_EQ(o.masked_nonzero, 0) << "fully masked rows must be zeros (" << o.masked_rows << " such rows)";
     EXPECT_LT(o.rel_error, rel_tol) << "max abs error " << o.max_abs;
     EXPECT_LT(o.max_abs, abs_tol) << "relative error " << o.rel_error;
-    RecordProperty("rel_error_" + std::to_string(seed), std::to_string(o.rel_error));
+    ::testing::Test::RecordProperty("rel_error_" + std::to_string(seed), std::to_string(o.rel_error));
     std::printf("  %-10s %-34s seed %10u  rel %.2e  max_abs %.2e  masked rows %lld\n", kernel_name(kc.kernel),
                 kc.c.name, seed, o.rel_error, o.max_abs, static_cast<long long>(o.masked_rows));
   }
+}
+
+TEST_P(FusedKernels, MatchesFloat64Reference) {
+  SKIP_WITHOUT_SM80();
+  const KernelCase& kc = GetParam();
+  SKIP_WHERE_HEAD_DIM_IS_NOT_BUILT(kc);
+  expect_matches_float64(kc);
+}
+
+class FusedSm90Choices : public ::testing::TestWithParam<KernelCase> {};
+
+TEST_P(FusedSm90Choices, MatchesFloat64Reference) {
+  SKIP_WITHOUT_SM80();
+  if (!attnprof::cuda::flash_sm90_runs_here()) GTEST_SKIP() << "flash's sm90a kernel runs on sm90 GPUs only";
+  expect_matches_float64(GetParam());
 }
 
 // The same cases with an lse buffer: O as above, and every row's log-sum-exp
@@ -382,6 +446,28 @@ TEST(FusedKernelsSupport, CasesCoverEveryBuiltHeadDim) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, FusedKernels, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<KernelCase>& info) {
+                           return std::string(kernel_name(info.param.kernel)) + "_" + info.param.c.name;
+                         });
+
+// Ragged tiles, every mask, grouped heads, fully masked rows; at 16 (batch,
+// head) pairs and these lengths, the 256 KB budget makes sections of 2-10
+// pairs.
+std::vector<KernelCase> sm90_choice_cases() {
+  const std::vector<Case> cases = {
+      {"d64_causal_q333_k200", 2, 8, 8, 333, 200, 64, kCausal},
+      {"d64_window17_q333_k200", 2, 8, 4, 333, 200, 64, kWin, 17},
+      {"d128_none_q200_k333", 2, 8, 2, 200, 333, 128, kNone},
+      {"d128_bottomright_q333_k200", 2, 8, 8, 333, 200, 128, kBR},  // 133 fully masked rows a head
+      {"bshd_d128_causal_q200_k333", 1, 16, 4, 200, 333, 128, kCausal, 0, true, true},
+  };
+  std::vector<KernelCase> out;
+  for (Kernel k : {Kernel::FlashSm90InTurn, Kernel::FlashSm90Persistent})
+    for (const Case& c : cases) out.push_back({c, k});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, FusedSm90Choices, ::testing::ValuesIn(sm90_choice_cases()),
                          [](const ::testing::TestParamInfo<KernelCase>& info) {
                            return std::string(kernel_name(info.param.kernel)) + "_" + info.param.c.name;
                          });

@@ -135,7 +135,13 @@ cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
 
 template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
 cudaError_t launch_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
-  return run_flash_fwd_sm90<FlashSm90DefaultCfg<kHeadDim>, kMask, Element, kLse>(a, stream);
+  using Cfg = FlashSm90DefaultCfg<kHeadDim>;
+  if constexpr (kFlashSm90PersistentDefault<kHeadDim>) {
+    return run_flash_fwd_sm90<Cfg, kMask, Element, kLse, PersistentTileScheduler<kMask, Cfg::kBlockM, kHeadDim>>(
+        a, stream);
+  } else {
+    return run_flash_fwd_sm90<Cfg, kMask, Element, kLse>(a, stream);
+  }
 }
 
 }  // namespace attnprof::cuda::kernels
