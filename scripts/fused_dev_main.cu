@@ -242,7 +242,8 @@ int main() {
     };
     if (prop.major == 9) {  // the wgmma kernel (sm90a) and its variants (flash_fwd_sm90.cuh)
       // FlashSm90Cfg<D, kBlockN, consumers, stages, skip rescale, producer warpgroup + setmaxnreg, pingpong,
-      // intra-warpgroup overlap>; "flash sm90" is the default (run 12: wgp, ov, pingpong; 256 without pingpong).
+      // intra-warpgroup overlap>; "flash sm90" is the default (run 12: wgp, ov, pingpong; 192/256 80-key tiles, 256
+      // without pingpong).
       if (s.d == 64) {
         add("flash sm90", Sm90Default{}, k::FlashSm90DefaultCfg<64>{});
         add("sm90 wgp ov", Sm90{}, k::FlashSm90Cfg<64, 128, 2, 2, false, true, false, true>{});
@@ -269,12 +270,12 @@ int main() {
       }
       if (s.d == 192) {
         add("flash sm90", Sm90Default{}, k::FlashSm90DefaultCfg<192>{});
-        add("sm90 wgp ov", Sm90{}, k::FlashSm90Cfg<192, 64, 2, 2, false, true, false, true>{});
+        add("sm90 wgp ov pp N64", Sm90{}, k::FlashSm90Cfg<192, 64, 2, 2, false, true, true, true>{});
       }
       if (s.d == 256) {
         add("flash sm90", Sm90Default{}, k::FlashSm90DefaultCfg<256>{});
-        add("sm90 wgp ov pingpong", Sm90{}, k::FlashSm90Cfg<256, 64, 2, 2, false, true, true, true>{});
-        add("sm90 wgp ov persist", Sm90Persistent{}, k::FlashSm90Cfg<256, 64, 2, 2, false, true, false, true>{});
+        add("sm90 wgp ov N64", Sm90{}, k::FlashSm90Cfg<256, 64, 2, 2, false, true, false, true>{});
+        add("sm90 wgp ov pp N80", Sm90{}, k::FlashSm90Cfg<256, 80, 2, 2, false, true, true, true>{});
       }
     }
     // Variants kept for comparison with the defaults (see flash_fwd_sm80.cuh).

@@ -78,26 +78,28 @@ struct FlashSm90Cfg {
   static constexpr bool kSkipRescale = kSkipRescale_;  // OnlineSoftmax::update's
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kDTiles = kPadDim / 8;
-  static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N of S: 64 or 128");
+  static_assert(kNTiles == 8 || kNTiles == 10 || kNTiles == 16, "wgmma N of S: 64, 80 or 128");
   static_assert(kPadDim <= 256, "O's accumulators: 64 rows x at most 256 columns a warpgroup");
   static_assert(!kPingpong || kConsumers == 2, "pingpong takes two consumer warpgroups");
 };
 
 // The tile shape each head dim runs with (docs/perf/fused-kernels.md, runs 7-12):
 // FlashAttention-3's producer warpgroup, intra-warpgroup overlap and pingpong
-// (run 12: 626-693 TFLOP/s at D = 128, from 552-603 without the overlap);
-// at D = 256 pingpong is within 2% either way and left out.
+// (run 12: 633-701 TFLOP/s at D = 128, from 550-606 without the overlap).
+// D = 192 and 256 take 80-key tiles (FlashAttention-3's 128 x 80: +3-4% over
+// 64-key ones, run 12; 128 do not fit in shared memory); at D = 256
+// pingpong is within 2% either way and left out.
 template <int kHeadDim>
 struct FlashSm90DefaultCfgOf {
   using type = FlashSm90Cfg<kHeadDim, 128, 2, 2, false, true, true, true>;
 };
 template <>
 struct FlashSm90DefaultCfgOf<192> {
-  using type = FlashSm90Cfg<192, 64, 2, 2, false, true, true, true>;
+  using type = FlashSm90Cfg<192, 80, 2, 2, false, true, true, true>;
 };
 template <>
 struct FlashSm90DefaultCfgOf<256> {
-  using type = FlashSm90Cfg<256, 64, 2, 2, false, true, false, true>;
+  using type = FlashSm90Cfg<256, 80, 2, 2, false, true, false, true>;
 };
 template <int kHeadDim>
 using FlashSm90DefaultCfg = typename FlashSm90DefaultCfgOf<kHeadDim>::type;

@@ -11,11 +11,13 @@
 // accumulators share (wgmma_sm90.cuh), so both architectures use this.
 #pragma once
 
+#include <bit>
+
 #include "backends/cuda/kernels/utils.cuh"
 
 namespace attnprof::cuda::kernels {
 
-// Pairwise reduction of n values (n a power of two): log2(n) dependent steps
+// Pairwise reduction of n values: ceil(log2(n)) dependent steps
 // instead of n - 1. With two warps a scheduler little else hides the latency
 // of the row max and row sum chains (H200, flash D = 128, 128x64 tiles,
 // non-causal 2x16x8192: 3.16-3.20 ms with trees, 3.24 ms with sequential chains).
@@ -30,10 +32,14 @@ __device__ __forceinline__ void tree_reduce_step(float (&v)[kN], Op op) {
   }
 }
 
+// Any n: the values past the largest power of two below n are folded into
+// the first ones, then the power of two is reduced.
 template <int kN, class Op>
 __device__ __forceinline__ float tree_reduce(float (&v)[kN], Op op) {
-  static_assert((kN & (kN - 1)) == 0, "a power of two");
-  tree_reduce_step<kN / 2>(v, op);
+  constexpr int kPow2 = std::bit_floor(static_cast<unsigned>(kN));
+#pragma unroll
+  for (int i = 0; i < kN - kPow2; ++i) v[i] = op(v[i], v[i + kPow2]);
+  tree_reduce_step<kPow2 / 2>(v, op);
   return v[0];
 }
 

@@ -1,6 +1,6 @@
 // Warpgroup-level primitives of sm90a: the shared-memory matrix descriptor and
 // the 128-byte-swizzled tile layout it describes, wgmma.mma_async m64nNk16
-// (N = 64, 128) with f32 accumulation and its A operand from shared memory
+// (N = 64, 80, 128; RS: 64, 128) with f32 accumulation and its A operand from shared memory
 // (SS) or from registers (RS). (mbarriers: pipeline_sm90.cuh; TMA: tma_sm90.cuh.)
 //
 // Layout. A tile of 16-bit elements is kept as column regions of 64 elements
@@ -68,6 +68,10 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
 #define ATTNPROF_ACC_N128(d)                                                                                 \
   ATTNPROF_ACC_N64(d), ATTNPROF_ACC8(d, 8), ATTNPROF_ACC8(d, 9), ATTNPROF_ACC8(d, 10), ATTNPROF_ACC8(d, 11), \
       ATTNPROF_ACC8(d, 12), ATTNPROF_ACC8(d, 13), ATTNPROF_ACC8(d, 14), ATTNPROF_ACC8(d, 15)
+#define ATTNPROF_ACC_N80(d) ATTNPROF_ACC_N64(d), ATTNPROF_ACC8(d, 8), ATTNPROF_ACC8(d, 9)
+#define ATTNPROF_REGS_40                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
 #define ATTNPROF_REGS_32                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -97,12 +101,17 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
 template <Half16 Element, int kNTiles>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
                                          bool accumulate) {
-  static_assert(kNTiles == 8 || kNTiles == 16, "N = 64 or 128");
+  static_assert(kNTiles == 8 || kNTiles == 10 || kNTiles == 16, "N = 64, 80 or 128");
   if constexpr (kNTiles == 8) {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
     else
       ATTNPROF_WGMMA_SS(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+  } else if constexpr (kNTiles == 10) {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS(80, bf16, ATTNPROF_REGS_40, ATTNPROF_ACC_N80, 40, 41, 42);
+    else
+      ATTNPROF_WGMMA_SS(80, f16, ATTNPROF_REGS_40, ATTNPROF_ACC_N80, 40, 41, 42);
   } else {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
@@ -150,8 +159,10 @@ __device__ __forceinline__ void pass_turn(int wg) { asm volatile("bar.arrive %0,
 #undef ATTNPROF_WGMMA_RS
 #undef ATTNPROF_WGMMA_SS
 #undef ATTNPROF_REGS_64
+#undef ATTNPROF_REGS_40
 #undef ATTNPROF_REGS_32
 #undef ATTNPROF_ACC_N128
+#undef ATTNPROF_ACC_N80
 #undef ATTNPROF_ACC_N64
 #undef ATTNPROF_ACC8
 
