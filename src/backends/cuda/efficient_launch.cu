@@ -18,6 +18,10 @@ struct EfficientRunner {
 
 cudaError_t launch_efficient(const FusedParams& p, cudaStream_t stream) {
   if (fused_unsupported_reason(p, /*flash=*/false) != nullptr) return cudaErrorInvalidValue;
+  return launch_efficient_checked(p, stream);
+}
+
+cudaError_t launch_efficient_checked(const FusedParams& p, cudaStream_t stream) {
   return kernels::dispatch_fwd<EfficientRunner>(p, stream);
 }
 

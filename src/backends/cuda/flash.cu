@@ -47,7 +47,7 @@ const char* flash_story(const FusedParams& shape) {
 }  // namespace
 
 std::unique_ptr<Backend> make_flash() {
-  return std::make_unique<FusedBackend>("flash", "_flash_attention_forward", true, &launch_flash, &flash_story);
+  return std::make_unique<FusedBackend>("flash", "_flash_attention_forward", true, &launch_flash_checked, &flash_story);
 }
 
 }  // namespace attnprof::cuda

@@ -6,9 +6,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <utility>
 
+#include "backends/cuda/device_attributes.h"
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/flash_decode.cuh"
 
@@ -29,17 +29,12 @@ struct DeviceFacts {
 };
 
 DeviceFacts device_facts() {
-  static std::mutex mutex;
-  static std::array<DeviceFacts, 64> facts{};
+  DeviceFacts f;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= static_cast<int>(facts.size())) return {};
-  std::lock_guard lock(mutex);
-  DeviceFacts& f = facts[device];
-  if (f.sms == 0) {
-    if (cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) {
-      f = {};
-    }
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      fixed_device_attribute(f.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      fixed_device_attribute(f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) {
+    return {};
   }
   return f;
 }
@@ -119,7 +114,10 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
 }
 
 cudaError_t launch_flash_decode(const FusedParams& p, cudaStream_t stream) {
-  const DecodePlan plan = flash_decode_plan(p);
+  return launch_flash_decode_planned(p, flash_decode_plan(p), stream);
+}
+
+cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream) {
   if (!plan.applies) return cudaErrorInvalidValue;
   // Without the workspace the keys stay in one range: slower, not wrong.
   const int splits = p.workspace != nullptr ? plan.splits : 1;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backends/cuda/device_attributes.h"
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/fwd_dispatch.cuh"
 #include "backends/cuda/kernels/fwd_launch.cuh"
@@ -37,7 +38,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
     return say(std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")");
   }
-  if (const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (const cudaError_t err = fixed_device_attribute(major, cudaDevAttrComputeCapabilityMajor, device);
       err != cudaSuccess) {
     return say(std::string("cannot read the device's compute capability (") + cudaGetErrorString(err) + ")");
   }

@@ -49,9 +49,13 @@ cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream) {
 
 cudaError_t launch_flash(const FusedParams& p, cudaStream_t stream) {
   if (fused_unsupported_reason(p, /*flash=*/true) != nullptr) return cudaErrorInvalidValue;
+  return launch_flash_checked(p, flash_decode_takes(p) ? flash_decode_plan(p) : DecodePlan{}, stream);
+}
+
+cudaError_t launch_flash_checked(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream) {
   switch (flash_path(p)) {
     case FlashPath::Decode:
-      return launch_flash_decode(p, stream);
+      return launch_flash_decode_planned(p, plan, stream);
     case FlashPath::Sm90: {
       const cudaError_t e = kernels::dispatch_fwd<FlashSm90Runner, kFlashSm90HeadDims>(p, stream);
       // Not launched (a register budget setmaxnreg cannot have, run_flash_fwd_sm90):

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
@@ -22,7 +24,10 @@ namespace attnprof::cuda {
 
 class FusedBackend : public Backend {
  public:
-  using Launch = cudaError_t (*)(const FusedParams&, cudaStream_t);
+  // The kernel's launch for a `p` that fused_unsupported_reason already
+  // accepted, given flash's decode plan (empty off the decode path):
+  // launch_flash_checked; efficient's ignores the plan.
+  using Launch = cudaError_t (*)(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream);
   // What eligibility says will run for a problem of this shape.
   using Story = const char* (*)(const FusedParams& shape);
 
@@ -163,7 +168,7 @@ class FusedBackend : public Backend {
 
   void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
                 Gradients& grads, RunContext& ctx) override {
-    RecordFunction rf(bwd_op_, dtype_name(p.dtype), p.shape_key());
+    RecordFunction rf(bwd_op_, dtype_name(p.dtype), shape_key_of(p));
     for (const Tensor* t :
          std::initializer_list<const Tensor*>{&in.q, &in.k, &in.v, &out, &dout, &grads.dq, &grads.dk, &grads.dv}) {
       if (t->stride(3) != 1) {
@@ -206,7 +211,7 @@ class FusedBackend : public Backend {
   }
 
   void run_forward(const Problem& p, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
-    RecordFunction rf(op_, dtype_name(p.dtype), p.shape_key());
+    RecordFunction rf(op_, dtype_name(p.dtype), shape_key_of(p));
     FusedParams f = params_for(p);
     fill_forward(f, in, out, lse);
     if (p.kv_cache == KvCache::Paged) {
@@ -221,18 +226,22 @@ class FusedBackend : public Backend {
       }
       f.block_table = in.block_table.data_as<std::int32_t>();
     }
+    // Checked here for the message; the launch does not check again.
     if (const char* why = fused_unsupported_reason(f, flash_))
       fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
-    // The decode kernel's split results, released (to the stream-ordered cache) when this call returns.
-    Tensor workspace;
+    // The decode kernel's plan, made once for the workspace and the launch;
+    // its split results, released (to the stream-ordered cache) when this
+    // call returns: a Storage in place, not a Tensor (no heap allocation).
+    DecodePlan plan;
+    std::optional<Storage> workspace;
     if (flash_ && flash_decode_takes(f)) {
-      if (const std::size_t bytes = flash_decode_plan(f).workspace_bytes) {
-        workspace =
-            Tensor::empty({1, 1, 1, static_cast<std::int64_t>(bytes / sizeof(float))}, DType::F32, ctx.allocator);
-        f.workspace = workspace.data_as<float>();
+      plan = flash_decode_plan(f);
+      if (plan.workspace_bytes > 0) {
+        workspace.emplace(ctx.allocator, plan.workspace_bytes);
+        f.workspace = static_cast<float*>(workspace->data());
       }
     }
-    ATTNPROF_CUDA_CHECK(launch_(f, static_cast<cudaStream_t>(ctx.stream)));
+    ATTNPROF_CUDA_CHECK(launch_(f, plan, static_cast<cudaStream_t>(ctx.stream)));
   }
 
   // The tensors of a forward into f (checking their head_dim is contiguous).
@@ -251,6 +260,26 @@ class FusedBackend : public Backend {
     set_strides(in.v, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
     set_strides(out, f.o_batch_stride, f.o_head_stride, f.o_row_stride);
     f.lse = lse;
+  }
+
+  // p.shape_key() for a call's RecordFunction, built again only when the
+  // shape changes: four numbers formatted and joined (past 15 characters, a
+  // heap allocation) on every call otherwise. Keyed by the fields shape_key
+  // reads; per thread, and read by RecordFunction before this thread's next call.
+  static std::string_view shape_key_of(const Problem& p) {
+    struct Last {
+      std::int64_t batch = -1, heads = -1, seq = -1, head_dim = -1;
+      std::string key;
+    };
+    thread_local Last last;
+    if (p.batch != last.batch || p.heads != last.heads || p.seq != last.seq || p.head_dim != last.head_dim) {
+      last.key = p.shape_key();
+      last.batch = p.batch;
+      last.heads = p.heads;
+      last.seq = p.seq;
+      last.head_dim = p.head_dim;
+    }
+    return last.key;
   }
 
   static void set_strides(const Tensor& t, std::int64_t& b, std::int64_t& h, std::int64_t& r) {

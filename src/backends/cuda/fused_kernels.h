@@ -75,7 +75,14 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p);
 // fused_bwd_unsupported_reason(p) is not null.
 cudaError_t launch_fused_bwd(const FusedBwdParams& p, cudaStream_t stream);
 
-// launch_flash_sm80 for a `p` that fused_unsupported_reason already accepted.
+// The launches above for a `p` that fused_unsupported_reason(p, flash)
+// already accepted (FusedBackend checks first, for its message): no second
+// check. launch_flash_checked's `plan` is flash_decode_plan(p) where
+// flash_decode_takes(p) (read on the decode path only), so that the plan made
+// for the workspace is not made again.
+cudaError_t launch_flash_checked(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream);
+cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream);
 cudaError_t launch_flash_sm80_checked(const FusedParams& p, cudaStream_t stream);
+cudaError_t launch_efficient_checked(const FusedParams& p, cudaStream_t stream);
 
 }  // namespace attnprof::cuda

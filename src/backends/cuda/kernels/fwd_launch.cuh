@@ -12,22 +12,24 @@
 #include <set>
 #include <utility>
 
+#include "backends/cuda/device_attributes.h"
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/fwd_args.cuh"
 
 namespace attnprof::cuda::kernels {
 
-// Opts `kernel` in to `bytes` of dynamic shared memory on the current device,
-// once: cudaFuncSetAttribute costs a driver call (about a microsecond) that a
-// kernel launched on every forward should not pay each time. The attribute is
-// per function and device, so is the memo.
+// Dynamic shared memory a kernel may take without opting in.
+inline constexpr int kSmemWithoutOptIn = 48 * 1024;
+
+// Opts `kernel` in to `bytes` of dynamic shared memory on `device` (the
+// current one), once: cudaFuncSetAttribute costs a driver call (about a
+// microsecond) that a kernel launched on every forward should not pay each
+// time. The attribute is per function and device, so is the memo.
 template <class Kernel>
-cudaError_t opt_in_shared_memory(Kernel* kernel, int bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+cudaError_t opt_in_shared_memory(Kernel* kernel, int bytes, int device) {
+  if (bytes <= kSmemWithoutOptIn) return cudaSuccess;
   static std::mutex mutex;
   static std::set<std::pair<const void*, int>> done;  // (kernel, device)
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
   std::lock_guard lock(mutex);
   if (done.contains(key)) return cudaSuccess;
@@ -36,18 +38,30 @@ cudaError_t opt_in_shared_memory(Kernel* kernel, int bytes) {
   return e;
 }
 
+// The same on the current device.
+template <class Kernel>
+cudaError_t opt_in_shared_memory(Kernel* kernel, int bytes) {
+  if (bytes <= kSmemWithoutOptIn) return cudaSuccess;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  return opt_in_shared_memory(kernel, bytes, device);
+}
+
 // The grid comes from the kernel's tile scheduler; `extra` are the kernel's
 // arguments after FwdArgs (the sm90 kernel's TMA descriptors). Kernels of more
-// than 48 KiB of dynamic shared memory opt in first (once).
+// than 48 KiB of dynamic shared memory opt in first (once). One cudaGetDevice
+// serves both the opt-in and a persistent grid's multiprocessor count (read
+// once per device).
 template <class Scheduler, class... Extra>
 cudaError_t launch_fwd(void (*kernel)(FwdArgs, Extra...), int threads, int smem_bytes, const FwdArgs& a,
                        cudaStream_t stream, const Extra&... extra) {
-  if (const cudaError_t err = opt_in_shared_memory(kernel, smem_bytes); err != cudaSuccess) return err;
-  int sms = 0;
-  if constexpr (Scheduler::kPersistent) {
-    int device = 0;
+  int device = 0, sms = 0;
+  if (Scheduler::kPersistent || smem_bytes > kSmemWithoutOptIn) {
     if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-    if (const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (const cudaError_t err = opt_in_shared_memory(kernel, smem_bytes, device); err != cudaSuccess) return err;
+  if constexpr (Scheduler::kPersistent) {
+    if (const cudaError_t err = fixed_device_attribute(sms, cudaDevAttrMultiProcessorCount, device);
         err != cudaSuccess) {
       return err;
     }
