@@ -11,8 +11,6 @@
 // accumulators share (wgmma_sm90.cuh), so both architectures use this.
 #pragma once
 
-#include <bit>
-
 #include "backends/cuda/kernels/utils.cuh"
 
 namespace attnprof::cuda::kernels {
@@ -34,9 +32,11 @@ __device__ __forceinline__ void tree_reduce_step(float (&v)[kN], Op op) {
 
 // Any n: the values past the largest power of two below n are folded into
 // the first ones, then the power of two is reduced.
+constexpr int pow2_floor(int n) { return n < 2 ? 1 : 2 * pow2_floor(n / 2); }
+
 template <int kN, class Op>
 __device__ __forceinline__ float tree_reduce(float (&v)[kN], Op op) {
-  constexpr int kPow2 = std::bit_floor(static_cast<unsigned>(kN));
+  constexpr int kPow2 = pow2_floor(kN);
 #pragma unroll
   for (int i = 0; i < kN - kPow2; ++i) v[i] = op(v[i], v[i + kPow2]);
   tree_reduce_step<kPow2 / 2>(v, op);
