@@ -254,6 +254,40 @@ struct MainloopFwdSm90TmaWgmmaWs {
     for (int kk = 0; kk < kNT / 2; ++kk) pack_p<Element>(p[kk], s[0], kk);
   }
 
+  // S of the key tile in k_state's stage, waited for (in the warpgroup's turn
+  // under pingpong); K's buffer is released once S is in.
+  __device__ __forceinline__ static void s_waited(const KVPipeline& kv_pipe, const typename KVPipeline::State& k_state,
+                                                  const Smem& smem, float (&s)[1][kNT][4], int wg) {
+    kv_pipe.consumer_wait(k_state, kPartK);
+    if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
+    issue_s(smem, k_state.index(), s, wg);
+    if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(s[0]);
+    kv_pipe.consumer_release(k_state, kPartK);
+  }
+
+  // Waits for every wgmma in flight (the last is P V) and releases V's buffer.
+  __device__ __forceinline__ static void pv_retired(const KVPipeline& kv_pipe,
+                                                    const typename KVPipeline::State& v_state, float (&acc)[1][kDT][4],
+                                                    std::uint32_t (&p)[kNT / 2][4]) {
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(acc[0]);
+    sm90::fence_operands(p);
+    kv_pipe.consumer_release(v_state, kPartV);
+  }
+
+  // O += P V of the key tile in v_state's stage, waited for (in the turn).
+  __device__ __forceinline__ static void pv_waited(const KVPipeline& kv_pipe, const typename KVPipeline::State& v_state,
+                                                   const Smem& smem, float (&acc)[1][kDT][4],
+                                                   std::uint32_t (&p)[kNT / 2][4], int wg) {
+    kv_pipe.consumer_wait(v_state, kPartV);
+    if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
+    issue_pv(smem, v_state.index(), acc, p);
+    if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
+    pv_retired(kv_pipe, v_state, acc, p);
+  }
+
   // Consumer warpgroup wg: its 64 rows of the tile against every key tile,
   // into acc (O, unnormalised) and softmax. warp_row0: this warp's first row.
   template <class Tile>
@@ -277,29 +311,13 @@ struct MainloopFwdSm90TmaWgmmaWs {
                                                      typename KVPipeline::State& kv_state, float (&acc)[1][kDT][4],
                                                      OnlineSoftmax<1>& softmax, int wg, int warp_row0, int lane) {
     for (int n_block = tiles.end - 1; n_block >= tiles.begin; --n_block) {
-      const int stage = kv_state.index();
       float s[1][kNT][4];
-      kv_pipe.consumer_wait(kv_state, kPartK);
-      if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
-      issue_s(smem, stage, s, wg);
-      if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
-      sm90::wgmma_wait<0>();
-      sm90::fence_operands(s[0]);
-      kv_pipe.consumer_release(kv_state, kPartK);
-
+      s_waited(kv_pipe, kv_state, smem, s, wg);
       mask(a, cta, n_block, s, warp_row0, lane);
       softmax.template update<Cfg::kSkipRescale>(s, acc, a.scale_log2);
-
       std::uint32_t p[kNT / 2][4];
       to_p(p, s);
-      kv_pipe.consumer_wait(kv_state, kPartV);
-      if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
-      issue_pv(smem, stage, acc, p);
-      if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
-      sm90::wgmma_wait<0>();
-      sm90::fence_operands(acc[0]);
-      sm90::fence_operands(p);
-      kv_pipe.consumer_release(kv_state, kPartV);
+      pv_waited(kv_pipe, kv_state, smem, acc, p, wg);
       kv_state.advance();
     }
   }
@@ -321,13 +339,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
     std::uint32_t p[kNT / 2][4];
     float alpha[1][2];
     int n_block = tiles.end - 1;
-    kv_pipe.consumer_wait(k_state, kPartK);
-    if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
-    issue_s(smem, k_state.index(), s, wg);
-    if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(s[0]);
-    kv_pipe.consumer_release(k_state, kPartK);
+    s_waited(kv_pipe, k_state, smem, s, wg);
     k_state.advance();
     mask(a, cta, n_block, s, warp_row0, lane);
     softmax.scores(s, a.scale_log2, alpha);  // O is still 0: its alpha is moot
@@ -346,22 +358,12 @@ struct MainloopFwdSm90TmaWgmmaWs {
       k_state.advance();
       mask(a, cta, n_block, s, warp_row0, lane);
       softmax.scores(s, a.scale_log2, alpha);
-      sm90::wgmma_wait<0>();
-      sm90::fence_operands(acc[0]);
-      sm90::fence_operands(p);
-      kv_pipe.consumer_release(v_state, kPartV);
+      pv_retired(kv_pipe, v_state, acc, p);
       v_state.advance();
       to_p(p, s);
     }
     OnlineSoftmax<1>::rescale(acc, alpha);
-    kv_pipe.consumer_wait(v_state, kPartV);
-    if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
-    issue_pv(smem, v_state.index(), acc, p);
-    if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(acc[0]);
-    sm90::fence_operands(p);
-    kv_pipe.consumer_release(v_state, kPartV);
+    pv_waited(kv_pipe, v_state, smem, acc, p, wg);
     v_state.advance();
     kv_state = v_state;
   }
