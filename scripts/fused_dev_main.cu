@@ -18,6 +18,7 @@
 
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/efficient_fwd.cuh"
+#include "backends/cuda/kernels/flash_decode.cuh"
 #include "backends/cuda/kernels/flash_fwd_sm80.cuh"
 #include "backends/cuda/kernels/flash_fwd_sm90.cuh"
 
@@ -176,7 +177,129 @@ static void compare(const Shape& s, const std::uint16_t* a, const std::uint16_t*
   *rel = std::sqrt(e2 / r2);
 }
 
-int main() {
+// `fused_dev_main decode`: flash's split-KV decode kernel at issue 12's decode
+// row (batch 64, 32 query heads over 8 KV heads, 1 query, 4096 keys, D 128,
+// bottom-right causal) against its variants, with a 1 GiB device copy for the
+// copy ceiling (bytes read + written). Outputs are compared with the default's.
+static int decode_main() {
+  namespace cu = attnprof::cuda;
+  const int B = 64, H = 32, Hkv = 8, Sq = 1, Sk = 4096, D = 128;
+  const std::size_t nq = std::size_t(B) * H * Sq * D, nk = std::size_t(B) * Hkv * Sk * D;
+  struct DecodeSet {
+    std::uint16_t *q, *k, *v, *o;
+  };
+  std::vector<DecodeSet> sets(2);
+  std::uint32_t seed = 7;
+  for (DecodeSet& set : sets) {
+    for (auto [ptr, n] : {std::pair{&set.q, nq}, {&set.k, nk}, {&set.v, nk}, {&set.o, nq}}) {
+      CK(cudaMalloc(ptr, n * 2));
+      fill_random<<<1024, 256>>>(*ptr, n, seed++);
+      CK(cudaGetLastError());
+    }
+  }
+  const auto params = [&](const DecodeSet& set, float* workspace) {
+    return FusedParams{.q = set.q,
+                       .k = set.k,
+                       .v = set.v,
+                       .o = set.o,
+                       .q_batch_stride = std::int64_t(H) * Sq * D,
+                       .q_head_stride = std::int64_t(Sq) * D,
+                       .q_row_stride = D,
+                       .k_batch_stride = std::int64_t(Hkv) * Sk * D,
+                       .k_head_stride = std::int64_t(Sk) * D,
+                       .k_row_stride = D,
+                       .v_batch_stride = std::int64_t(Hkv) * Sk * D,
+                       .v_head_stride = std::int64_t(Sk) * D,
+                       .v_row_stride = D,
+                       .o_batch_stride = std::int64_t(H) * Sq * D,
+                       .o_head_stride = std::int64_t(Sq) * D,
+                       .o_row_stride = D,
+                       .batch = B,
+                       .heads = H,
+                       .kv_heads = Hkv,
+                       .seq_q = Sq,
+                       .seq_k = Sk,
+                       .head_dim = D,
+                       .scale = float(1.0 / std::sqrt(double(D))),
+                       .mask = FusedMask::CausalBottomRight,
+                       .bf16 = true,
+                       .workspace = workspace};
+  };
+  const cu::DecodePlan plan = cu::flash_decode_plan(params(sets[0], nullptr));
+  float* workspace = nullptr;
+  CK(cudaMalloc(&workspace, 2 * std::size_t(B) * H * Sq * (D + 1) * 4));
+  using Plain = k::DecodeCfg<128>;
+  using Prefetch = k::DecodeCfg<128, true>;
+  const std::vector<std::pair<std::string, std::function<cudaError_t(const DecodeSet&)>>> variants = {
+      {"default (launch_flash)", [&](const DecodeSet& set) { return cu::launch_flash(params(set, nullptr), nullptr); }},
+      {"L2::256B",
+       [&](const DecodeSet& set) {
+         return k::launch_flash_decode_kernels<128, k::Bf16, false, Prefetch>(
+             k::DecodeArgs::from(params(set, nullptr), plan.row_blocks, 1), nullptr);
+       }},
+      {"2 splits + combine",
+       [&](const DecodeSet& set) {
+         return k::launch_flash_decode_kernels<128, k::Bf16, false, Plain>(
+             k::DecodeArgs::from(params(set, workspace), plan.row_blocks, 2), nullptr);
+       }},
+      {"2 splits, L2::256B",
+       [&](const DecodeSet& set) {
+         return k::launch_flash_decode_kernels<128, k::Bf16, false, Prefetch>(
+             k::DecodeArgs::from(params(set, workspace), plan.row_blocks, 2), nullptr);
+       }},
+  };
+  std::printf("decode %dx%d/%dx%d/%dx%d, plan: %d split(s), %d row block(s)\n", B, H, Hkv, Sq, Sk, D, plan.splits,
+              plan.row_blocks);
+  std::uint16_t* ref = nullptr;
+  CK(cudaMalloc(&ref, nq * 2));
+  CK(variants[0].second({sets[0].q, sets[0].k, sets[0].v, ref}));
+  CK(cudaDeviceSynchronize());
+  const Shape shape{B, H, Sq, D, FusedMask::None, 0, 0};  // compare() reads B x H x S x D outputs
+  const double kv_bytes = 2.0 * nk * 2;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (const auto& [name, launch] : variants) {
+    CK(cudaMemset(sets[0].o, 0xFF, nq * 2));
+    CK(launch(sets[0]));
+    CK(cudaDeviceSynchronize());
+    double rel = 0;
+    long nans = 0;
+    compare(shape, sets[0].o, ref, &rel, &nans);
+    for (int i = 0; i < 6; ++i) CK(launch(sets[i % 2]));
+    std::vector<float> ms(30);
+    for (int r = 0; r < 30; ++r) {
+      CK(cudaEventRecord(e0));
+      CK(launch(sets[r % 2]));
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms[r], e0, e1));
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("| %-24s | %.1f us | %.2f TB/s K/V | rel vs default %.1e | NaN %ld |\n", name.c_str(), ms[15] * 1e3,
+                kv_bytes / (ms[15] * 1e-3) * 1e-12, rel, nans);
+  }
+  // The copy ceiling: a 1 GiB device-to-device copy, bytes read + written, best of 10.
+  const std::size_t copy = std::size_t(1) << 30;
+  void *src = nullptr, *dst = nullptr;
+  CK(cudaMalloc(&src, copy));
+  CK(cudaMalloc(&dst, copy));
+  float best = 1e30f;
+  for (int r = 0; r < 10; ++r) {
+    float t = 0;
+    CK(cudaEventRecord(e0));
+    CK(cudaMemcpyAsync(dst, src, copy, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    best = std::min(best, t);
+  }
+  std::printf("copy ceiling: %.2f TB/s (1 GiB copy, read + written, best of 10)\n", 2.0 * copy / (best * 1e-3) * 1e-12);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "decode") return decode_main();
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0, runtime = 0;

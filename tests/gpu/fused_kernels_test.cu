@@ -139,7 +139,8 @@ struct Outcome {
 // defaults do not take but that stay built (docs/perf/fused-kernels.md, runs
 // 11-12): the key loop without the intra-warpgroup overlap (S, softmax, P V in
 // turn), and the persistent scheduler, here with a 256 KB L2 budget so that
-// small problems are cut into several head sections, the last one short.
+// small problems are cut into several head sections, the last one short, and
+// on a few CTAs (FewCtas below).
 enum class Kernel { Flash, FlashSm80, Efficient, FlashSm90InTurn, FlashSm90Persistent };
 
 const char* kernel_name(Kernel k) {
@@ -160,27 +161,40 @@ const char* kernel_name(Kernel k) {
 
 namespace kern = attnprof::cuda::kernels;
 
-template <int kD, kern::MaskMode kMask>
+// The persistent scheduler on at most 5 CTAs, so that every CTA takes several
+// tiles (on 132 SMs the test problems would give each CTA one): Q handed back
+// between tiles, the K/V pipeline state and the pingpong turns carried over,
+// an empty tile followed by a full one.
+template <kern::MaskMode kMask, int kBlockM, int kD>
+struct FewCtas : kern::PersistentTileScheduler<kMask, kBlockM, kD, std::int64_t{256} << 10> {
+  static dim3 grid(const kern::FwdArgs& a, int /*sms*/) {
+    return dim3(std::min(kern::PersistentTileScheduler<kMask, kBlockM, kD, std::int64_t{256} << 10>::tiles(a), 5));
+  }
+};
+
+template <int kD, kern::MaskMode kMask, bool kLse>
 cudaError_t launch_sm90_choice(Kernel k, const kern::FwdArgs& a) {
   using Default = kern::FlashSm90DefaultCfg<kD>;
   if (k == Kernel::FlashSm90InTurn) {
     using InTurn = kern::FlashSm90Cfg<kD, Default::kBlockN, 2, 2, false, true, false, false>;
-    return kern::run_flash_fwd_sm90<InTurn, kMask, kern::Bf16>(a, nullptr);
+    return kern::run_flash_fwd_sm90<InTurn, kMask, kern::Bf16, kLse>(a, nullptr);
   }
-  using Persistent = kern::PersistentTileScheduler<kMask, Default::kBlockM, kD, std::int64_t{256} << 10>;
-  return kern::run_flash_fwd_sm90<Default, kMask, kern::Bf16, false, Persistent>(a, nullptr);
+  return kern::run_flash_fwd_sm90<Default, kMask, kern::Bf16, kLse, FewCtas<kMask, Default::kBlockM, kD>>(a, nullptr);
 }
 
 template <int kD>
 cudaError_t launch_sm90_choice(Kernel k, const FusedParams& p) {
   const kern::FwdArgs a = kern::FwdArgs::from(p);
+  const auto with_lse = [&]<kern::MaskMode kMask>() {
+    return a.lse != nullptr ? launch_sm90_choice<kD, kMask, true>(k, a) : launch_sm90_choice<kD, kMask, false>(k, a);
+  };
   switch (kern::mask_mode(p.mask)) {
     case kern::MaskMode::None:
-      return launch_sm90_choice<kD, kern::MaskMode::None>(k, a);
+      return with_lse.template operator()<kern::MaskMode::None>();
     case kern::MaskMode::Causal:
-      return launch_sm90_choice<kD, kern::MaskMode::Causal>(k, a);
+      return with_lse.template operator()<kern::MaskMode::Causal>();
     case kern::MaskMode::Window:
-      return launch_sm90_choice<kD, kern::MaskMode::Window>(k, a);
+      return with_lse.template operator()<kern::MaskMode::Window>();
   }
   return cudaErrorInvalidValue;
 }
@@ -195,8 +209,8 @@ cudaError_t launch(Kernel k, const FusedParams& p) {
       return attnprof::cuda::launch_efficient(p, nullptr);
     case Kernel::FlashSm90InTurn:
     case Kernel::FlashSm90Persistent:
-      // Built for bf16 at head dims 64 and 128, without the log-sum-exp (the cases below).
-      if (!p.bf16 || p.lse != nullptr) return cudaErrorNotSupported;
+      // Built for bf16 at head dims 64 and 128 (the cases below).
+      if (!p.bf16) return cudaErrorNotSupported;
       if (p.head_dim == 64) return launch_sm90_choice<64>(k, p);
       if (p.head_dim == 128) return launch_sm90_choice<128>(k, p);
       return cudaErrorNotSupported;
@@ -365,13 +379,10 @@ TEST_P(FusedSm90Choices, MatchesFloat64Reference) {
 // The same cases with an lse buffer: O as above, and every row's log-sum-exp
 // within f32 rounding of float64's (scores, exponentials and the log are f32
 // on the device).
-TEST_P(FusedKernels, LogSumExpMatchesFloat64) {
-  SKIP_WITHOUT_SM80();
-  const KernelCase& kc = GetParam();
-  SKIP_WHERE_HEAD_DIM_IS_NOT_BUILT(kc);
+void expect_lse_matches_float64(const KernelCase& kc) {
   Outcome o;
   run_case(kc.c, kc.kernel, 4321u + kc.c.seq_q, &o, /*with_lse=*/true);
-  if (HasFatalFailure()) return;
+  if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(o.nan_count, 0) << "NaN (or unwritten) outputs";
   EXPECT_EQ(o.masked_nonzero, 0);
   EXPECT_LT(o.rel_error, kc.c.bf16 ? 1e-2 : 3e-3);
@@ -380,6 +391,19 @@ TEST_P(FusedKernels, LogSumExpMatchesFloat64) {
   EXPECT_LT(o.lse_max_err, 1e-4);
   std::printf("  %-10s %-34s lse max err %.2e  masked rows %lld\n", kernel_name(kc.kernel), kc.c.name, o.lse_max_err,
               static_cast<long long>(o.masked_rows));
+}
+
+TEST_P(FusedKernels, LogSumExpMatchesFloat64) {
+  SKIP_WITHOUT_SM80();
+  const KernelCase& kc = GetParam();
+  SKIP_WHERE_HEAD_DIM_IS_NOT_BUILT(kc);
+  expect_lse_matches_float64(kc);
+}
+
+TEST_P(FusedSm90Choices, LogSumExpMatchesFloat64) {
+  SKIP_WITHOUT_SM80();
+  if (!attnprof::cuda::flash_sm90_runs_here()) GTEST_SKIP() << "flash's sm90a kernel runs on sm90 GPUs only";
+  expect_lse_matches_float64(GetParam());
 }
 
 constexpr FusedMask kNone = FusedMask::None, kCausal = FusedMask::Causal, kBR = FusedMask::CausalBottomRight,

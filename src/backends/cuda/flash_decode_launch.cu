@@ -119,22 +119,9 @@ cudaError_t launch_flash_decode(const FusedParams& p, cudaStream_t stream) {
 
 cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream) {
   if (!plan.applies) return cudaErrorInvalidValue;
-  // Without the workspace the keys stay in one range: slower, not wrong.
-  const int splits = p.workspace != nullptr ? plan.splits : 1;
   const bool paged = p.page_size > 0;
   if (paged && (p.block_table == nullptr || (p.page_size & (p.page_size - 1)) != 0)) return cudaErrorInvalidValue;
-  const std::size_t rows_all = static_cast<std::size_t>(p.batch) * p.heads * p.seq_q;
-  const kernels::DecodeArgs d{
-      .a = kernels::FwdArgs::from(p),
-      .mask = kernels::mask_mode(p.mask),
-      .row_blocks = plan.row_blocks,
-      .num_splits = splits,
-      .block_table = p.block_table,
-      .pages_per_seq = p.pages_per_seq,
-      .page_shift = paged ? std::countr_zero(static_cast<unsigned>(p.page_size)) : 0,
-      .o_partial = p.workspace,
-      .lse_partial = p.workspace != nullptr ? p.workspace + splits * rows_all * p.head_dim : nullptr,
-  };
+  const kernels::DecodeArgs d = kernels::DecodeArgs::from(p, plan.row_blocks, plan.splits);
   auto run = [&]<int kD>() {
     if (p.bf16) {
       return paged ? kernels::launch_flash_decode_kernels<kD, kernels::Bf16, true>(d, stream)

@@ -266,7 +266,7 @@ class FusedBackend : public Backend {
   // shape changes: four numbers formatted and joined (past 15 characters, a
   // heap allocation) on every call otherwise. Keyed by the fields shape_key
   // reads; per thread, and read by RecordFunction before this thread's next call.
-  static std::string_view shape_key_of(const Problem& p) {
+  static const std::string& shape_key_of(const Problem& p) {
     struct Last {
       std::int64_t batch = -1, heads = -1, seq = -1, head_dim = -1;
       std::string key;

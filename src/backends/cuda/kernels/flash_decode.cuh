@@ -22,6 +22,8 @@
 
 #include <cuda_runtime.h>
 
+#include <bit>
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/cuda/kernels/element.cuh"
@@ -48,11 +50,33 @@ struct DecodeArgs {
   // and log-sum-exp, [num_splits][B * H * seq_q] (-inf: the split saw no key).
   float* o_partial;
   float* lse_partial;
+
+  // From the problem and its plan (fused_kernels.h). Without a workspace
+  // the keys stay in one range: slower, not wrong.
+  static DecodeArgs from(const FusedParams& p, int row_blocks, int splits) {
+    if (p.workspace == nullptr) splits = 1;
+    const std::size_t rows_all = static_cast<std::size_t>(p.batch) * p.heads * p.seq_q;
+    return DecodeArgs{
+        .a = FwdArgs::from(p),
+        .mask = mask_mode(p.mask),
+        .row_blocks = row_blocks,
+        .num_splits = splits,
+        .block_table = p.block_table,
+        .pages_per_seq = p.pages_per_seq,
+        .page_shift = p.page_size > 0 ? std::countr_zero(static_cast<unsigned>(p.page_size)) : 0,
+        .o_partial = p.workspace,
+        .lse_partial = p.workspace != nullptr ? p.workspace + splits * rows_all * p.head_dim : nullptr,
+    };
+  }
 };
 
-template <int kHeadDim_>
+// kL2Prefetch: K and V loads ask L2 for 256-byte sector groups
+// (cp_async_16_l2_256), a choice measured against the default
+// (docs/perf/fused-kernels.md, run 12).
+template <int kHeadDim_, bool kL2Prefetch_ = false>
 struct DecodeCfg {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kL2Prefetch = kL2Prefetch_;
   static constexpr int kRows = kFlashDecodeRows;  // packed query rows per CTA
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -149,8 +173,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
           v_off = batch * a.v_batch_stride + v_head + key * a.v_row_stride;
         }
       }
-      cp_async_16(smem_u32(k_smem(s) + KVTile::offset(r, load_col)), a.k + k_off, valid);
-      cp_async_16(smem_u32(v_smem(s) + KVTile::offset(r, load_col)), a.v + v_off, valid);
+      if constexpr (Cfg::kL2Prefetch) {
+        cp_async_16_l2_256(smem_u32(k_smem(s) + KVTile::offset(r, load_col)), a.k + k_off, valid);
+        cp_async_16_l2_256(smem_u32(v_smem(s) + KVTile::offset(r, load_col)), a.v + v_off, valid);
+      } else {
+        cp_async_16(smem_u32(k_smem(s) + KVTile::offset(r, load_col)), a.k + k_off, valid);
+        cp_async_16(smem_u32(v_smem(s) + KVTile::offset(r, load_col)), a.v + v_off, valid);
+      }
     }
   };
 
@@ -320,9 +349,8 @@ __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_
 // Launches the split kernel (grid: num_splits, Hkv * row_blocks, batch) and,
 // when num_splits > 1, the combine kernel after it on the same stream. The
 // shared-memory opt-in is made once per kernel (the first call).
-template <int kHeadDim, Half16 Element, bool kPaged>
+template <int kHeadDim, Half16 Element, bool kPaged, class Cfg = DecodeCfg<kHeadDim>>
 cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, cudaStream_t stream) {
-  using Cfg = DecodeCfg<kHeadDim>;
   if (const cudaError_t e = opt_in_shared_memory(flash_decode_splitkv_kernel<Cfg, Element, kPaged>, Cfg::kSmemBytes);
       e != cudaSuccess) {
     return e;

@@ -1,6 +1,7 @@
-// FlashAttention forward on sm90a: TMA loads, wgmma, a producer warp and
-// consumer warpgroups that run free of each other. This file lays out shared
-// memory and the barriers and splits the CTA by role; the roles live in
+// FlashAttention forward on sm90a: TMA loads, wgmma, a producer (a warp, or
+// a warpgroup that gives its registers away) and consumer warpgroups. This
+// file lays out shared memory and the barriers and splits the CTA by role;
+// the roles live in
 //   mainloop_fwd_sm90_tma_wgmma_ws.cuh  loads (producer), matrix products and softmax (consumers)
 //   pipeline_sm90.cuh                   the mbarrier stages between them
 //   tile_scheduler.cuh                  which query tiles a CTA takes
@@ -8,15 +9,15 @@
 //
 // Warp kConsumers * 4 is the producer (with its warpgroup, if Cfg says so):
 // one thread loads Q once a tile, then K and V tile after tile into kStages
-// shared-memory stages. Warpgroups 0 ..
-// kConsumers-1 are the consumers, each owning 64 query rows. Nothing makes the
-// consumers wait for each other, so one's softmax runs under another's matrix
-// products.
+// shared-memory stages. Warpgroups 0 .. kConsumers-1 are the consumers, each
+// owning 64 query rows.
 //
-// Cfg (mainloop_fwd_sm90_tma_wgmma_ws.cuh) picks FlashAttention-3's other
-// pieces: a producer warpgroup with setmaxnreg, each consumer's softmax
-// overlapped with its own next GEMMs (intra-warpgroup), pingpong between the
-// consumers; Scheduler a persistent grid. The defaults take the first three
+// Cfg (mainloop_fwd_sm90_tma_wgmma_ws.cuh) picks FlashAttention-3's pieces:
+// the producer warpgroup with setmaxnreg, each consumer's softmax overlapped
+// with its own next matrix products (intra-warpgroup), pingpong (the two
+// consumers take turns to issue them; without it nothing makes them wait for
+// each other); Scheduler a static or persistent grid. The defaults per head
+// dim are FlashSm90DefaultCfgOf and kFlashSm90PersistentDefault
 // (docs/perf/fused-kernels.md, run 12).
 #pragma once
 

@@ -76,6 +76,7 @@ struct FlashSm90Cfg {
   static_assert(!kWgProducer || kConsumerRegs >= kLaunchRegs, "setmaxnreg.inc must not shrink the consumers");
   static constexpr int kStages = kStages_;
   static constexpr bool kSkipRescale = kSkipRescale_;  // OnlineSoftmax::update's
+  static_assert(!(kSkipRescale && kIntraOverlap), "the overlapped loop rescales O apart from update (no skip)");
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kDTiles = kPadDim / 8;
   static_assert(kNTiles == 8 || kNTiles == 10 || kNTiles == 16, "wgmma N of S: 64, 80 or 128");

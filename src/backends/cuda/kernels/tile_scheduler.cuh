@@ -7,8 +7,9 @@
 //   __device__ static Tile first(const FwdArgs&);        // always a real tile
 //   __device__ static bool next(const FwdArgs&, Tile&);  // false: this CTA is done
 // so a kernel's work loop is `Tile t = S::first(a); do { ... } while (S::next(a, t));`.
-// Masked problems (causal, window) take their query tiles longest first: the
-// last tiles see the most keys, and started first they do not trail the rest.
+// Masked problems (causal, window) take their query tiles longest first (the
+// persistent scheduler: within each L2 section): the last tiles see the most
+// keys, and started first they do not trail the rest.
 #pragma once
 
 #include <cuda_runtime.h>
