@@ -70,13 +70,9 @@ struct DecodeArgs {
   }
 };
 
-// kL2Prefetch: K and V loads ask L2 for 256-byte sector groups
-// (cp_async_16_l2_256), a choice measured against the default
-// (docs/perf/fused-kernels.md, run 12).
-template <int kHeadDim_, bool kL2Prefetch_ = false>
+template <int kHeadDim_>
 struct DecodeCfg {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kL2Prefetch = kL2Prefetch_;
   static constexpr int kRows = kFlashDecodeRows;  // packed query rows per CTA
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -173,13 +169,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
           v_off = batch * a.v_batch_stride + v_head + key * a.v_row_stride;
         }
       }
-      if constexpr (Cfg::kL2Prefetch) {
-        cp_async_16_l2_256(smem_u32(k_smem(s) + KVTile::offset(r, load_col)), a.k + k_off, valid);
-        cp_async_16_l2_256(smem_u32(v_smem(s) + KVTile::offset(r, load_col)), a.v + v_off, valid);
-      } else {
-        cp_async_16(smem_u32(k_smem(s) + KVTile::offset(r, load_col)), a.k + k_off, valid);
-        cp_async_16(smem_u32(v_smem(s) + KVTile::offset(r, load_col)), a.v + v_off, valid);
-      }
+      cp_async_16(smem_u32(k_smem(s) + KVTile::offset(r, load_col)), a.k + k_off, valid);
+      cp_async_16(smem_u32(v_smem(s) + KVTile::offset(r, load_col)), a.v + v_off, valid);
     }
   };
 
@@ -349,8 +340,9 @@ __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_
 // Launches the split kernel (grid: num_splits, Hkv * row_blocks, batch) and,
 // when num_splits > 1, the combine kernel after it on the same stream. The
 // shared-memory opt-in is made once per kernel (the first call).
-template <int kHeadDim, Half16 Element, bool kPaged, class Cfg = DecodeCfg<kHeadDim>>
+template <int kHeadDim, Half16 Element, bool kPaged>
 cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, cudaStream_t stream) {
+  using Cfg = DecodeCfg<kHeadDim>;
   if (const cudaError_t e = opt_in_shared_memory(flash_decode_splitkv_kernel<Cfg, Element, kPaged>, Cfg::kSmemBytes);
       e != cudaSuccess) {
     return e;
