@@ -105,6 +105,17 @@ if has sanitize; then
       done
     done
   done
+  # flash's persistent scheduler on 5 CTAs, each taking several tiles (Q
+  # handed back, pipeline state and pingpong turns carried over), O and LSE:
+  # the GPU tests' FusedSm90Choices cases (attnprof profile's grids give
+  # small problems one tile a CTA).
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/attnprof_gpu_tests --gtest_brief=1 \
+      --gtest_filter='*FusedSm90Choices*persistent_d64_window*:*FusedSm90Choices*persistent_d128_bottomright*' \
+      >/tmp/san.txt 2>&1
+    echo "$tool persistent several-tiles tests -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.txt | tr '\n' ' ')" |
+      tee -a "$OUT/sanitizer.txt"
+  done
   # The epilogue's log-sum-exp path (not taken by attnprof profile): every
   # fused kernel at two ragged shapes, through the GPU tests.
   [[ ${SANITIZE:-all} == new ]] || for tool in memcheck racecheck; do
