@@ -2,18 +2,16 @@
 // or attnprof's), split into profiler steps, each step measured and put
 // through the same findings rule table as compare, and two traces (or two
 // steps) set side by side. The attnprof command only parses, prints and
-// writes what comes back; the HTML report renders the same structures (each
-// step is a RunResult whose trace holds the step's events).
+// writes what the report layer (attnprof/report.h) renders of them: each
+// step is a run record (attnprof/record.h) whose trace holds the step's events.
 #pragma once
 
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "attnprof/html.h"
-#include "attnprof/runner.h"
+#include "attnprof/record.h"
 #include "attnprof/trace_reader.h"
 
 namespace attnprof {
@@ -128,26 +126,5 @@ TraceDiff diff_traces(const DiffSide& a, const DiffSide& b, const AnalyzeOptions
 // The same over analyses already made; `a_step`, `b_step` pick one step each.
 TraceDiff diff_analyses(const TraceAnalysis& a, std::optional<int> a_step, const TraceAnalysis& b,
                         std::optional<int> b_step);
-
-// ---- output (the report layer) -----------------------------------------------------
-
-// What analyze prints: per trace, the at-a-glance table of its steps with
-// their findings, then each step's top-level ops and top `top` kernels.
-std::string analysis_text(const TraceAnalysis& a, int top = 10);
-// {"traces": [{"path", "device", "steps": [{"label", "metrics", "kernels",
-// "memcpys", "memsets", ..., "ops": [...], "kernels_by_time": [...],
-// "findings": [finding records]}]}]}
-nlohmann::json analysis_json(const std::vector<TraceAnalysis>& analyses);
-
-// What diff prints: totals side by side, kernels that appeared or vanished,
-// the `top` largest changes per kernel and per op, findings on one side only.
-std::string diff_text(const TraceDiff& d, int top = 15);
-nlohmann::json diff_json(const TraceDiff& d);
-
-// The HTML report's content (attnprof/html.h) for analyze (one run per step
-// of each trace) and for diff (its rows, then each side's steps). The runs
-// point into `analyses` / `d`, which must outlive the report.
-HtmlReport analysis_html(const std::vector<TraceAnalysis>& analyses);
-HtmlReport diff_html(const TraceDiff& d);
 
 }  // namespace attnprof

@@ -70,6 +70,12 @@ struct Traits {
   // The backward sums dQ in the order its blocks finish (FP32 atomics on a
   // GPU, per-block locks on the CPU) unless p.deterministic fixes the order.
   bool backward_dq_unordered = false;
+  // Split-KV decode (the split-kv rule): the most splits the combine merges
+  // and the keys of one split's smallest range (a key tile), so a run whose
+  // splits leave SMs idle is told whether more splits were possible. 0: the
+  // backend does not split the keys.
+  int max_kv_splits = 0;
+  int kv_split_keys = 0;
 };
 
 // Per-call context handed to forward().

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "attnprof/runner.h"
+#include "attnprof/record.h"
 
 namespace attnprof {
 

@@ -1,4 +1,7 @@
-// Runs one backend under the profiler on one problem and measures it.
+// Running a problem: the backends there are and which of them can take it
+// (explain, auto), the device's runtime, and one backend run under the
+// profiler and measured into a run record (attnprof/record.h). The report
+// layer's compare and profile (attnprof/report.h) add findings and outputs.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +14,44 @@
 
 #include "attnprof/backend.h"
 #include "attnprof/device_runtime.h"
-#include "attnprof/findings.h"
 #include "attnprof/profiler.h"
-#include "attnprof/reference.h"
+#include "attnprof/record.h"
 
 namespace attnprof {
+
+// ---- the backends ------------------------------------------------------------------
+
+// The backend object for (name, device), or null when this build has none
+// (a GPU-only backend on the CPU, or CUDA backends in a CPU-only build).
+Backend* find_backend(std::string_view name, Device d);
+
+struct Explanation {
+  std::string backend;
+  bool eligible = false;
+  std::string reason;
+};
+
+// Every backend name, with whether it can take `p` and why (GPU-only backends
+// on the CPU answer "not eligible on CPU: ...").
+std::vector<Explanation> explain(const Problem& p);
+
+// `auto`: the fastest eligible backend for `p`, measured once per problem and
+// cached (each eligible backend's forward timed on the problem's device).
+struct AutoChoice {
+  std::string backend;
+  std::string reason;
+};
+AutoChoice choose_auto(const Problem& p);
+
+// The backend that runs `p` when `requested` is asked for ("auto" picks one):
+// the one place a name becomes a backend. Throws Error(InvalidArgument) for
+// a name that is no backend, Error(Unsupported) with explain()'s reason for
+// one that cannot take `p` (not built, another device, this problem).
+Backend& resolve_backend(const Problem& p, std::string_view requested);
+
+bool cuda_built();  // compiled with CUDA support
+
+// ---- one run -----------------------------------------------------------------------
 
 using ProgressFn = std::function<void(std::string_view)>;
 
@@ -45,66 +81,6 @@ Spread spread_of(std::vector<double> samples);
 // ATTNPROF_COPY_GBS: measuring under a sanitizer or a debugger takes minutes).
 double ceiling_tflops(DeviceRuntime& rt, DType dtype);  // the matrix product's, TFLOP/s
 double copy_ceiling_gbs(DeviceRuntime& rt);             // a device-to-device copy's, read + written, GB/s
-
-// Per-forward figures read off the recorded trace (null where they do not apply).
-struct Metrics {
-  int steps = 0;
-  std::optional<double> device_time_us;               // GPU: busy time of device activities; CPU: forward wall time
-  double host_time_us = 0;                            // CPU time of the forward call on the host, profiled
-  std::optional<double> host_time_unprofiled_us;      // GPU: the same with no profiler attached (median)
-  std::optional<double> host_time_unprofiled_p10_us;  // and its spread over the calls
-  std::optional<double> host_time_unprofiled_p90_us;
-  std::optional<double> kernels_per_forward;  // GPU activities: kernels + memcpys + memsets
-  double ops_per_forward = 0;                 // top-level CPU ops inside forward
-  double copies_per_forward = 0;              // memcpys on GPU, copy ops on CPU
-  double memsets_per_forward = 0;             // GPU memsets (libraries zeroing workspaces)
-  std::int64_t peak_bytes = 0;                // above the inputs and output
-  double allocated_bytes_per_forward = 0;     // sum of allocations inside one forward
-  std::optional<double> tflops;
-  std::optional<double> ceiling_pct;
-  // The problem's minimum traffic per call (Problem::io_bytes) over the
-  // device time, in GB/s, and that against the measured copy ceiling: the
-  // memory side of the roofline, beside TFLOP/s and % of the matmul ceiling.
-  std::optional<double> gbs;
-  std::optional<double> copy_ceiling_pct;
-  // The ceilings those were read against, one GPU's (measured, or given by
-  // ATTNPROF_CEILING_TFLOPS and ATTNPROF_COPY_GBS); unset where unknown.
-  std::optional<double> ceiling_tflops;
-  std::optional<double> copy_ceiling_gbs;
-  std::optional<double> occupancy_pct;  // of the longest kernel
-  std::optional<double> reserved_bytes;
-  // Backward and train: the bytes the forward keeps for the backward
-  // (probabilities, or the log-sum-exp), beyond the inputs and O.
-  std::optional<double> saved_bytes;
-  // Backward and train: the device time of the forward alone (profiled the
-  // same way, on a short schedule), for backward time over forward time.
-  std::optional<double> forward_device_time_us;
-  // --gpus: GPUs the run was sharded over, and each one's busy time per
-  // forward (every device activity on it, NCCL's included), by device.
-  int world_size = 1;
-  std::vector<double> device_time_per_rank_us;
-};
-
-struct RunResult {
-  std::string backend;
-  Problem problem;
-  Eligibility eligibility;
-  Expectation expectation;
-  Traits traits;
-  Trace trace;
-  Metrics metrics;
-  // Against float64: the output's error for a forward; for a backward or
-  // train pass, the worst of dQ, dK and dV (by relative error), each kept in
-  // gradient_errors.
-  std::optional<ErrorStats> error;
-  std::optional<GradientErrors> gradient_errors;
-  std::optional<Acceptance> acceptance;
-  std::vector<Finding> findings;       // filled by the analysis rule table
-  std::optional<std::string> failure;  // set when the run threw (message)
-  // analyze and diff: the trace file this result was read from (its
-  // "backend" is then the step's label); empty for a run attnprof made.
-  std::string source;
-};
 
 // The runtime for a device; throws Error(Unsupported) for CUDA without a GPU or
 // in a build without CUDA.

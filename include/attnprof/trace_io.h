@@ -4,17 +4,17 @@
 #pragma once
 
 #include <filesystem>
-#include <nlohmann/json.hpp>
+#include <string>
 #include <string_view>
 
 #include "attnprof/activity.h"
 
 namespace attnprof {
 
-// The whole trace as one JSON document. Times are microseconds relative to
+// The whole trace as one JSON document's text. Times are microseconds relative to
 // baseTimeNanoseconds (Trace::base_ns, or the earliest event when that is
 // unset or later), so doubles keep nanosecond precision.
-nlohmann::json chrome_trace_json(const Trace& trace);
+std::string chrome_trace_json(const Trace& trace);
 
 // Writes chrome_trace_json(trace) to `path`, creating its directory. The file
 // appears complete or not at all (a temporary in the same directory, renamed

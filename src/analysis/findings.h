@@ -8,7 +8,7 @@
 
 #include "analysis/trace_index.h"
 #include "attnprof/findings.h"
-#include "attnprof/runner.h"
+#include "attnprof/record.h"
 
 namespace attnprof::analysis {
 

@@ -3,7 +3,7 @@
 
 #include "analysis/trace_index.h"
 #include "attnprof/problem.h"
-#include "attnprof/runner.h"
+#include "attnprof/record.h"
 
 namespace attnprof::analysis {
 

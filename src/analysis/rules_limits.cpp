@@ -9,7 +9,6 @@
 
 #include "analysis/format.h"
 #include "analysis/rule_support.h"
-#include "backends/cuda/fused_params.h"
 
 namespace attnprof::analysis {
 namespace {
@@ -151,11 +150,15 @@ std::vector<Finding> split_kv(const RuleInput& in) {
         format("; %.0f CTAs leave ", ctas) + format("%.0f of the ", sms - ctas) + std::to_string(sms) + " SMs idle";
     f.figures["idle_sms"] = sms - ctas;
     // The most splits the keys allow (a range of at least one key tile each,
-    // at most the combine's kFlashDecodeMaxSplits); unknown for a trace from a file.
+    // at most what the combine merges), as the backend's traits declare them;
+    // unknown for a trace from a file.
+    const Traits& t = in.run.traits;
     const std::int64_t kv_seq = in.run.problem.kv_seq;
-    const std::int64_t most = std::min<std::int64_t>(cuda::kFlashDecodeMaxSplits,
-                                                     (kv_seq + cuda::kFlashDecodeKeys - 1) / cuda::kFlashDecodeKeys);
-    if (kv_seq <= 0 || splits < most) {
+    const std::int64_t most =
+        t.max_kv_splits > 0 && t.kv_split_keys > 0
+            ? std::min<std::int64_t>(t.max_kv_splits, (kv_seq + t.kv_split_keys - 1) / t.kv_split_keys)
+            : 0;
+    if (kv_seq <= 0 || most == 0 || splits < most) {
       f.text += ": more splits would fill them";
       f.severity = Severity::Warning;
     } else {

@@ -3,6 +3,7 @@
 // from the kernels of every device in one trace (Holistic Trace Analysis's
 // communication/computation overlap is the anchor).
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "analysis/findings.h"
+#include "attnprof/findings.h"
 #include "attnprof/problem.h"
 #include "attnprof/profiler.h"
 

@@ -6,16 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "analysis/format.h"
-#include "attnprof/analyze.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
-#include "attnprof/html.h"
-#include "attnprof/key_averages.h"
-#include "attnprof/pipeline.h"
+#include "attnprof/report.h"
 #include "attnprof/runner.h"
 #include "attnprof/trace_io.h"
-#include "report/report.h"
 
 namespace attnprof::cli {
 namespace {
@@ -86,30 +80,7 @@ int run_profile(const Options& o) {
   print_header("profile " + r.backend, p, rep.device_description);
   std::printf("%s\n", rep.tables.front().c_str());
   if (!rep.collector_note.empty()) std::printf("note: %s\n", rep.collector_note.c_str());
-  const Metrics& m = r.metrics;
-  std::string unprofiled;
-  if (m.host_time_unprofiled_us) {
-    unprofiled = analysis::format(" (%.1f us with no profiler attached", *m.host_time_unprofiled_us);
-    if (m.host_time_unprofiled_p10_us && m.host_time_unprofiled_p90_us) {
-      unprofiled += analysis::format(", p10-p90 %.1f", *m.host_time_unprofiled_p10_us) +
-                    analysis::format("-%.1f", *m.host_time_unprofiled_p90_us);
-    }
-    unprofiled += ")";
-  }
-  const bool gpu = p.device == Device::Cuda;
-  const std::string count = !gpu                    ? analysis::format("%.1f", m.ops_per_forward)
-                            : m.kernels_per_forward ? analysis::format("%.1f", *m.kernels_per_forward)
-                                                    : std::string("not counted");
-  const std::string per = p.pass == Pass::Train ? "training step" : std::string(pass_name(p.pass));
-  std::printf("per %s: %s %s, copies %.0f, time %.1f us, host %.1f us%s, peak %.1f MiB%s\n", per.c_str(),
-              gpu ? "GPU activities" : "ops", count.c_str(), m.copies_per_forward, m.device_time_us.value_or(0),
-              m.host_time_us, unprofiled.c_str(), static_cast<double>(m.peak_bytes) / (1024.0 * 1024.0),
-              m.tflops ? analysis::format(", %.3g TFLOP/s", *m.tflops).c_str() : "");
-  if (r.error && r.acceptance) {
-    std::printf("error vs float64%s: %s (%s)\n", r.gradient_errors ? " (the worst of dQ, dK and dV)" : "",
-                r.acceptance->pass ? "ok" : "OVER TOLERANCE", r.acceptance->why.c_str());
-  }
-  for (const auto& f : r.findings) std::printf("- %s\n", f.text.c_str());
+  std::printf("%s", profile_summary(r).c_str());
   std::printf("wrote %s.{json,txt,summary.json}\n", output_stem(o.trace_dir, p, r.backend).c_str());
   if (o.html_path) std::printf("wrote the HTML report to %s\n", o.html_path->c_str());
   return rep.accepted() ? kExitOk : kExitInaccurate;
@@ -121,7 +92,7 @@ int run_compare(const Options& o) {
   const PipelineReport rep = compare(p, pipeline_options(o, progress), o.backends);
   progress.clear();
   print_header("compare", p, rep.device_description);
-  std::printf("%s", report::compare_table(rep.results).c_str());
+  std::printf("%s", compare_table(rep.results).c_str());
   for (const auto& r : rep.results) {
     if (r.metrics.steps > 0 && r.acceptance && !r.acceptance->pass) {
       std::printf("\n%s: error over tolerance: %s", r.backend.c_str(), r.acceptance->why.c_str());
@@ -139,20 +110,11 @@ int run_compare(const Options& o) {
 
 int run_explain(const Options& o) {
   if (o.json_path) check_output_file(*o.json_path, "--json");
-  const Problem& p = o.problem;
-  const auto rows = explain(p);
-  std::optional<AutoChoice> chosen;
-  try {
-    chosen = choose_auto(p);
-  } catch (const Error& e) {
-    std::printf("auto: %s\n", e.what());
-  }
-  DeviceRuntime& rt = device_runtime(p.device, o.threads);
-  print_header("explain", p, rt.description());
-  std::printf("%s", report::explain_table(rows, chosen ? &*chosen : nullptr).c_str());
-  if (o.json_path) {
-    report::write_json_file(report::explain_json(p, rows, chosen ? &*chosen : nullptr, rt), *o.json_path);
-  }
+  const ExplainReport e = explain_report(o.problem, o.threads);
+  if (!e.auto_refusal.empty()) std::printf("auto: %s\n", e.auto_refusal.c_str());
+  print_header("explain", o.problem, e.device_description);
+  std::printf("%s", e.table().c_str());
+  if (o.json_path) write_file_atomically(*o.json_path, e.json(), "JSON");
   return kExitOk;
 }
 
@@ -189,7 +151,7 @@ int run_analyze(const Options& o) {
     if (i > 0) std::printf("\n");
     std::printf("%s", analysis_text(all[i], o.top).c_str());
   }
-  if (o.json_path) report::write_json_file(analysis_json(all), *o.json_path);
+  if (o.json_path) write_file_atomically(*o.json_path, analysis_json(all), "JSON");
   if (o.html_path) write_html_report(analysis_html(all), *o.html_path);
   return kExitOk;
 }
@@ -198,7 +160,7 @@ int run_diff(const Options& o) {
   check_trace_outputs(o);
   const TraceDiff d = diff_traces({o.traces[0], o.trace_steps[0]}, {o.traces[1], o.trace_steps[1]}, analyze_options(o));
   std::printf("%s", diff_text(d, o.top).c_str());
-  if (o.json_path) report::write_json_file(diff_json(d), *o.json_path);
+  if (o.json_path) write_file_atomically(*o.json_path, diff_json(d), "JSON");
   if (o.html_path) write_html_report(diff_html(d), *o.html_path);
   return kExitOk;
 }

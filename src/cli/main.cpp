@@ -6,7 +6,6 @@
 #include <exception>
 #include <new>
 
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
 #include "cli/commands.h"

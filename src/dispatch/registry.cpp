@@ -5,7 +5,6 @@
 #include <memory>
 #include <mutex>
 
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
 #include "backends/composite/composite.h"
@@ -81,6 +80,21 @@ std::vector<Explanation> explain(const Problem& p) {
     out.push_back(std::move(e));
   }
   return out;
+}
+
+Backend& resolve_backend(const Problem& p, std::string_view requested) {
+  const std::string name = requested == "auto" ? choose_auto(p).backend : std::string(requested);
+  if (!is_backend_name(name)) {
+    std::string names;
+    for (auto n : backend_names()) names += (names.empty() ? "" : ", ") + std::string(n);
+    fail(ErrorKind::InvalidArgument, "unknown backend '" + name + "': use auto, " + names);
+  }
+  Backend* b = find_backend(name, p.device);
+  if (b && eligibility_of(*b, p).eligible) return *b;
+  for (const Explanation& e : explain(p)) {
+    if (e.backend == name) fail(ErrorKind::Unsupported, "backend " + name + " cannot run this problem: " + e.reason);
+  }
+  fail(ErrorKind::Internal, "backend " + name + " is listed by no explanation");
 }
 
 AutoChoice choose_auto(const Problem& p) {

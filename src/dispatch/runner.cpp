@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "analysis/metrics.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "backends/cpu/cpu_backends.h"
 #ifdef ATTNPROF_WITH_CUDA

@@ -39,8 +39,6 @@ class RingAttention {
   void synchronize();
   // The output, gathered from the ranks into global row order on the CPU.
   Tensor gather_output();
-  // Device bytes this ring holds on one rank (every rank holds the same).
-  std::size_t bytes_per_rank() const;
 
  private:
   struct Impl;

@@ -5,9 +5,9 @@
 #include <string>
 
 #include "analysis/metrics.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/parallel.h"
+#include "attnprof/runner.h"
 #include "parallel/sharding.h"
 #ifdef ATTNPROF_WITH_NCCL
 #include "parallel/ring_attention.h"

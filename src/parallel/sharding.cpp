@@ -23,18 +23,6 @@ ZigzagLayout zigzag_layout(const Problem& p, int world) {
   return {world, p.seq, p.seq / n2};
 }
 
-const char* pair_kind_name(PairKind k) {
-  switch (k) {
-    case PairKind::Skip:
-      return "skip";
-    case PairKind::Full:
-      return "full";
-    case PairKind::Diagonal:
-      return "diagonal";
-  }
-  return "?";
-}
-
 // Structural masks give each query row one interval of visible keys, so its
 // first and last key of the chunk and the keys either side of the diagonal
 // tell the three kinds apart in O(chunk) calls of Problem::visible.

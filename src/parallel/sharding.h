@@ -36,7 +36,6 @@ enum class PairKind : std::uint8_t {
   Full,      // every query sees every key: no mask
   Diagonal,  // query row i of the chunk sees key rows j <= i (causal within the pair)
 };
-const char* pair_kind_name(PairKind k);
 
 // The kind of (query chunk qc, key chunk kc) under p's mask. Throws
 // Error(Unsupported) when the pattern is none of the three (a mask the ring

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <system_error>
@@ -279,9 +280,8 @@ void append_flows(const Trace& trace, std::int64_t base, json& events) {
   }
 }
 
-}  // namespace
-
-nlohmann::json chrome_trace_json(const Trace& trace) {
+// The document as a JSON value.
+json chrome_trace_value(const Trace& trace) {
   const std::int64_t base = effective_base(trace);
 
   json events = json::array();
@@ -307,6 +307,8 @@ nlohmann::json chrome_trace_json(const Trace& trace) {
   if (!trace.collector_note.empty()) doc[sc::kCollectorNote] = trace.collector_note;
   return doc;
 }
+
+}  // namespace
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents, std::string_view what) {
   namespace fs = std::filesystem;
@@ -391,10 +393,13 @@ void check_output_file(const std::filesystem::path& path, std::string_view flag)
   if (const std::string why = unwritable_dir(dir); !why.empty()) refuse(dir.string() + ": " + why);
 }
 
-void write_chrome_trace(const Trace& trace, const std::filesystem::path& path) {
+std::string chrome_trace_json(const Trace& trace) {
   // Replace, not throw, on invalid UTF-8: a kernel name must not lose the trace.
-  const std::string text = chrome_trace_json(trace).dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
-  write_file_atomically(path, text, "trace");
+  return chrome_trace_value(trace).dump(1, ' ', false, json::error_handler_t::replace);
+}
+
+void write_chrome_trace(const Trace& trace, const std::filesystem::path& path) {
+  write_file_atomically(path, chrome_trace_json(trace), "trace");
 }
 
 }  // namespace attnprof

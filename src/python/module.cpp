@@ -21,11 +21,9 @@
 #include <tuple>
 #include <vector>
 
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
-#include "attnprof/pipeline.h"
+#include "attnprof/report.h"
 #include "attnprof/runner.h"
-#include "report/report.h"
 
 namespace nb = nanobind;
 
@@ -155,21 +153,7 @@ Backend& resolve(const Problem& p, const std::string& requested) {
     std::lock_guard lock(mu);
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
   }
-  std::string name = requested;
-  if (name == "auto") name = choose_auto(p).backend;
-  if (!is_backend_name(name)) {
-    std::string names;
-    for (auto n : backend_names()) names += (names.empty() ? "" : ", ") + std::string(n);
-    fail(ErrorKind::InvalidArgument, "unknown backend '" + name + "': use auto, " + names);
-  }
-  Backend* b = find_backend(name, p.device);
-  if (!b) {
-    for (const auto& e : explain(p)) {
-      if (e.backend == name) fail(ErrorKind::Unsupported, name + ": " + e.reason);
-    }
-    fail(ErrorKind::Unsupported, name + " is not available on " + std::string(device_name(p.device)));
-  }
-  if (const Eligibility e = eligibility_of(*b, p); !e.eligible) fail(ErrorKind::Unsupported, name + ": " + e.reason);
+  Backend* b = &resolve_backend(p, requested);
   std::lock_guard lock(mu);
   plans.emplace(std::move(key), b);
   return *b;
@@ -452,7 +436,7 @@ NB_MODULE(_core, m) {
           nb::arg("scale").none(), nb::arg("pass_") = "forward", nb::arg("deterministic") = false)
       .def("describe", &Problem::describe)
       .def("shape_key", &Problem::shape_key)
-      .def("json", [](const Problem& p) { return report::problem_json(p).dump(); });
+      .def("json", [](const Problem& p) { return problem_json(p); });
 
   nb::class_<PipelineReport>(m, "PipelineReport")
       .def_ro("device_description", &PipelineReport::device_description)
@@ -466,8 +450,8 @@ NB_MODULE(_core, m) {
                    })
       .def_prop_ro("problem_description", [](const PipelineReport& r) { return r.problem.describe(); })
       .def("accepted", &PipelineReport::accepted)
-      .def("json", [](const PipelineReport& r) { return r.json().dump(); })
-      .def("compare_table", [](const PipelineReport& r) { return report::compare_table(r.results); });
+      .def("json", &PipelineReport::json)
+      .def("compare_table", [](const PipelineReport& r) { return compare_table(r.results); });
 
   m.def(
       "compare",
@@ -504,18 +488,8 @@ NB_MODULE(_core, m) {
       "explain",
       [](const Problem& p, int threads) {
         nb::gil_scoped_release unlocked;
-        const auto rows = explain(p);
-        std::optional<AutoChoice> chosen;
-        std::string auto_error;
-        try {
-          chosen = choose_auto(p);
-        } catch (const Error& e) {
-          auto_error = e.what();
-        }
-        DeviceRuntime& rt = device_runtime(p.device, threads);
-        const AutoChoice* c = chosen ? &*chosen : nullptr;
-        return std::make_tuple(report::explain_json(p, rows, c, rt).dump(), report::explain_table(rows, c),
-                               rt.description(), auto_error);
+        const ExplainReport e = explain_report(p, threads);
+        return std::make_tuple(e.json(), e.table(), e.device_description, e.auto_refusal);
       },
       nb::arg("problem"), nb::arg("threads"));
 

@@ -1,10 +1,10 @@
-// What analyze and diff print and write (attnprof/analyze.h).
+// What analyze and diff print and write (attnprof/report.h).
 #include <algorithm>
 #include <sstream>
 
 #include "analysis/format.h"
-#include "attnprof/analyze.h"
-#include "report/report.h"
+#include "attnprof/report.h"
+#include "report/json.h"
 
 namespace attnprof {
 namespace {
@@ -240,7 +240,7 @@ std::string analysis_text(const TraceAnalysis& a, int top) {
   return os.str();
 }
 
-nlohmann::json analysis_json(const std::vector<TraceAnalysis>& analyses) {
+nlohmann::json report::analysis_json(const std::vector<TraceAnalysis>& analyses) {
   json traces = json::array();
   for (const auto& a : analyses) {
     json steps = json::array();
@@ -329,7 +329,7 @@ std::string diff_text(const TraceDiff& d, int top) {
   return os.str();
 }
 
-nlohmann::json diff_json(const TraceDiff& d) {
+nlohmann::json report::diff_json(const TraceDiff& d) {
   json j;
   j["a"] = {{"label", d.a_label}, {"totals", totals_json(d.a)}};
   j["b"] = {{"label", d.b_label}, {"totals", totals_json(d.b)}};
@@ -353,6 +353,12 @@ nlohmann::json diff_json(const TraceDiff& d) {
   for (const auto& f : d.only_b) j["findings_only_b"].push_back(report::finding_json(f));
   return j;
 }
+
+std::string analysis_json(const std::vector<TraceAnalysis>& analyses) {
+  return report::analysis_json(analyses).dump(2) + "\n";
+}
+
+std::string diff_json(const TraceDiff& d) { return report::diff_json(d).dump(2) + "\n"; }
 
 namespace {
 

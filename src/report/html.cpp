@@ -19,7 +19,7 @@
 #include "attnprof/key_averages.h"
 #include "attnprof/trace_io.h"
 #include "report/html_page.h"
-#include "report/report.h"
+#include "report/json.h"
 
 namespace attnprof {
 namespace {

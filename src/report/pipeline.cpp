@@ -1,14 +1,12 @@
-// compare and profile as one library call each (attnprof/pipeline.h).
-#include "attnprof/pipeline.h"
-
+// compare, profile and explain as one library call each (attnprof/report.h).
 #include <algorithm>
 
 #include "analysis/findings.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/parallel.h"
+#include "attnprof/report.h"
 #include "attnprof/trace_io.h"
-#include "report/report.h"
+#include "report/json.h"
 
 namespace attnprof {
 namespace {
@@ -53,7 +51,7 @@ PipelineReport finish(const Problem& p, std::vector<RunResult> results, const Pi
     rep.outputs.push_back(std::move(out));
     if (!r.trace.collector_note.empty()) rep.collector_note = r.trace.collector_note;
   }
-  if (o.json_path) report::write_json_file(rep.json(), o.json_path->string());
+  if (o.json_path) write_file_atomically(*o.json_path, rep.json(), "JSON");
   if (o.html_path) write_html_report(rep.html(title), *o.html_path);
   return rep;
 }
@@ -65,7 +63,7 @@ bool PipelineReport::accepted() const {
                      [](const RunResult& r) { return r.metrics.steps == 0 || !r.acceptance || r.acceptance->pass; });
 }
 
-nlohmann::json PipelineReport::json() const {
+std::string PipelineReport::json() const {
   std::optional<DeviceProperties> props;
   for (const auto& r : results) {
     if (r.trace.device) props = r.trace.device;
@@ -75,7 +73,7 @@ nlohmann::json PipelineReport::json() const {
   j["problem"] = report::problem_json(problem);
   j["results"] = nlohmann::json::array();
   for (const auto& r : results) j["results"].push_back(report::result_json(r));
-  return j;
+  return j.dump(2) + "\n";
 }
 
 HtmlReport PipelineReport::html(std::string title) const {
@@ -130,20 +128,28 @@ PipelineReport profile(const Problem& p, std::string backend, const PipelineOpti
       fail(ErrorKind::Device, backend + " --gpus " + std::to_string(o.gpus) + " failed: " + *one.front().failure);
     return finish(p, std::move(one), o, "attnprof profile " + backend + " --gpus " + std::to_string(o.gpus));
   }
-  if (backend == "auto") backend = choose_auto(p).backend;
-  Backend* b = find_backend(backend, p.device);
-  if (!b || !eligibility_of(*b, p).eligible) {
-    for (const auto& e : explain(p)) {
-      if (e.backend == backend)
-        fail(ErrorKind::Unsupported, "backend " + backend + " cannot run this problem: " + e.reason);
-    }
-    fail(ErrorKind::Unsupported, "no backend named " + backend + " on " + device_name(p.device));
-  }
+  Backend& b = resolve_backend(p, backend);
   (void)device_runtime(p.device, o.run.threads);
   std::vector<RunResult> one;
-  one.push_back(run_backend(*b, p, o.run));
-  if (one.front().failure) fail(ErrorKind::Device, backend + " failed: " + *one.front().failure);
-  return finish(p, std::move(one), o, "attnprof profile " + backend);
+  one.push_back(run_backend(b, p, o.run));
+  const std::string name(b.name());
+  if (one.front().failure) fail(ErrorKind::Device, name + " failed: " + *one.front().failure);
+  return finish(p, std::move(one), o, "attnprof profile " + name);
+}
+
+ExplainReport explain_report(const Problem& p, int threads) {
+  ExplainReport e;
+  e.problem = p;
+  e.rows = explain(p);
+  DeviceRuntime& rt = device_runtime(p.device, threads);
+  e.device_description = rt.description();
+  e.device = rt.properties();
+  try {
+    e.chosen = choose_auto(p);
+  } catch (const Error& err) {
+    e.auto_refusal = err.what();
+  }
+  return e;
 }
 
 }  // namespace attnprof

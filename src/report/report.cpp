@@ -1,5 +1,3 @@
-#include "report/report.h"
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -9,8 +7,9 @@
 #include "analysis/format.h"
 #include "attnprof/error.h"
 #include "attnprof/trace_io.h"
+#include "report/json.h"
 
-namespace attnprof::report {
+namespace attnprof {
 using analysis::bytes_str;
 using analysis::format;
 
@@ -106,7 +105,37 @@ std::string compare_table(const std::vector<RunResult>& results) {
   return os.str();
 }
 
-std::string explain_table(const std::vector<Explanation>& rows, const AutoChoice* chosen) {
+std::string profile_summary(const RunResult& r) {
+  const Problem& p = r.problem;
+  const Metrics& m = r.metrics;
+  std::string unprofiled;
+  if (m.host_time_unprofiled_us) {
+    unprofiled = format(" (%.1f us with no profiler attached", *m.host_time_unprofiled_us);
+    if (m.host_time_unprofiled_p10_us && m.host_time_unprofiled_p90_us) {
+      unprofiled +=
+          format(", p10-p90 %.1f", *m.host_time_unprofiled_p10_us) + format("-%.1f", *m.host_time_unprofiled_p90_us);
+    }
+    unprofiled += ")";
+  }
+  const bool gpu = p.device == Device::Cuda;
+  const std::string count = !gpu                    ? format("%.1f", m.ops_per_forward)
+                            : m.kernels_per_forward ? format("%.1f", *m.kernels_per_forward)
+                                                    : std::string("not counted");
+  const std::string per = p.pass == Pass::Train ? "training step" : std::string(pass_name(p.pass));
+  std::string out = "per " + per + ": " + (gpu ? "GPU activities " : "ops ") + count +
+                    format(", copies %.0f", m.copies_per_forward) +
+                    format(", time %.1f us", m.device_time_us.value_or(0)) + format(", host %.1f us", m.host_time_us) +
+                    unprofiled + format(", peak %.1f MiB", static_cast<double>(m.peak_bytes) / (1024.0 * 1024.0)) +
+                    (m.tflops ? format(", %.3g TFLOP/s", *m.tflops) : std::string()) + "\n";
+  if (r.error && r.acceptance) {
+    out += std::string("error vs float64") + (r.gradient_errors ? " (the worst of dQ, dK and dV)" : "") + ": " +
+           (r.acceptance->pass ? "ok" : "OVER TOLERANCE") + " (" + r.acceptance->why + ")\n";
+  }
+  for (const auto& f : r.findings) out += "- " + f.text + "\n";
+  return out;
+}
+
+std::string ExplainReport::table() const {
   std::ostringstream os;
   std::size_t w = 7;
   for (const auto& r : rows) w = std::max(w, r.backend.size());
@@ -117,6 +146,12 @@ std::string explain_table(const std::vector<Explanation>& rows, const AutoChoice
   if (chosen) os << "auto" << std::string(w - 2, ' ') << "picks " << chosen->backend << ": " << chosen->reason << "\n";
   return os.str();
 }
+
+std::string ExplainReport::json() const { return report::explain_json(*this).dump(2) + "\n"; }
+
+std::string problem_json(const Problem& p) { return report::problem_json(p).dump(2) + "\n"; }
+
+namespace report {
 
 nlohmann::json problem_json(const Problem& p) {
   nlohmann::json j = {{"batch", p.batch},
@@ -217,16 +252,16 @@ nlohmann::json result_json(const RunResult& r) {
   return j;
 }
 
-nlohmann::json explain_json(const Problem& p, const std::vector<Explanation>& rows, const AutoChoice* chosen,
-                            DeviceRuntime& rt) {
+nlohmann::json explain_json(const ExplainReport& e) {
   nlohmann::json j;
-  j["device"] = device_json(rt.description(), rt.properties(), p.device);
-  j["problem"] = problem_json(p);
+  j["device"] = device_json(e.device_description, e.device, e.problem.device);
+  j["problem"] = report::problem_json(e.problem);
   j["results"] = nlohmann::json::array();
-  for (const auto& e : rows) {
-    j["results"].push_back({{"backend", e.backend}, {"eligible", e.eligible}, {"reason", e.reason}});
+  for (const auto& r : e.rows) {
+    j["results"].push_back({{"backend", r.backend}, {"eligible", r.eligible}, {"reason", r.reason}});
   }
-  j["auto"] = chosen ? nlohmann::json{{"backend", chosen->backend}, {"reason", chosen->reason}} : nlohmann::json();
+  j["auto"] =
+      e.chosen ? nlohmann::json{{"backend", e.chosen->backend}, {"reason", e.chosen->reason}} : nlohmann::json();
   return j;
 }
 
@@ -248,6 +283,6 @@ nlohmann::json device_json(const std::string& description, const std::optional<D
 void write_json_file(const nlohmann::json& j, const std::string& path) {
   write_file_atomically(path, j.dump(2) + "\n", "JSON");
 }
-void write_text_file(const std::string& text, const std::string& path) { write_file_atomically(path, text, "table"); }
 
-}  // namespace attnprof::report
+}  // namespace report
+}  // namespace attnprof

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "attnprof/error.h"
+#include "attnprof/report.h"
 #include "attnprof/trace_io.h"
 #include "common/kineto_trace.h"
 #include "cpu/synthetic_trace.h"
@@ -162,7 +163,7 @@ TEST(Analyze, OneStepByNumberAndNoStepsMeansTheWholeTrace) {
   }
   // Our own trace of one forward with its step: the forward is the call.
   const TraceAnalysis ours =
-      analyze_trace(parse_chrome_trace(chrome_trace_json(testing::attention_trace()).dump()), "ours.json");
+      analyze_trace(parse_chrome_trace(chrome_trace_json(testing::attention_trace())), "ours.json");
   ASSERT_EQ(ours.steps.size(), 1u);
   EXPECT_EQ(ours.steps[0].result.metrics.steps, 1);
   const Finding* copy = finding(ours.steps[0], "hidden-copy");
@@ -225,7 +226,7 @@ TEST(Diff, NaiveAgainstInPlace) {
   const std::string text = diff_text(d);
   EXPECT_NE(text.find("findings only in A:\n  [hidden-copy] hidden copy: masked_fill"), std::string::npos) << text;
   EXPECT_NE(text.find("memcpys"), std::string::npos);
-  const nlohmann::json j = diff_json(d);
+  const nlohmann::json j = nlohmann::json::parse(diff_json(d));
   EXPECT_EQ(j["findings_only_a"][0]["rule"], "hidden-copy");
   EXPECT_EQ(j["a"]["totals"]["memcpys"], 2.0);
 }

@@ -15,7 +15,6 @@
 
 #include "analysis/trace_index.h"
 #include "attnprof/backend.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "backends/composite/composite.h"

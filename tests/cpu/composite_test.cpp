@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "attnprof/backend.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/problem.h"
+#include "attnprof/runner.h"
 #include "backends/composite/composite_backend.h"
 #include "backends/composite/plan.h"
 #include "common/test_problem.h"

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "attnprof/backend.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/problem.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"

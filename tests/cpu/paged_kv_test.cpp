@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "attnprof/backend.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/problem.h"
 #include "attnprof/reference.h"
@@ -29,7 +28,7 @@
 #include "backends/composite/plan.h"
 #include "common/test_problem.h"
 #include "parallel/sharding.h"
-#include "report/report.h"
+#include "report/json.h"
 
 #ifndef ATTNPROF_CLI_PATH
 #error "ATTNPROF_CLI_PATH must name the attnprof executable"

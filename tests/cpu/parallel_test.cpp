@@ -23,7 +23,7 @@
 #include "attnprof/trace_io.h"
 #include "parallel/merge.h"
 #include "parallel/sharding.h"
-#include "report/report.h"
+#include "report/json.h"
 #include "synthetic_trace.h"
 
 #ifndef ATTNPROF_CLI_PATH
@@ -355,7 +355,7 @@ TEST(ParallelFindings, CommOverlapRankWaitAndImbalanceFromTheTrace) {
   EXPECT_NEAR(imb->figures.at("imbalance"), 800.0 / 700.0, 1e-12);
   // The at-a-glance table and the JSON carry each GPU's time.
   r.findings = fs;
-  const std::string table = report::compare_table({r});
+  const std::string table = compare_table({r});
   EXPECT_NE(table.find("GPU time per rank"), std::string::npos) << table;
   EXPECT_NE(table.find("flash x2 GPUs"), std::string::npos) << table;
   const nlohmann::json j = report::result_json(r);

@@ -1,19 +1,18 @@
 // The report: findings read off real CPU runs, the compare and explain tables,
 // and the --json schema of DESIGN.md.
-#include "report/report.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "analysis/findings.h"
 #include "analysis/format.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
 #include "findings_lookup.h"
+#include "report/json.h"
 
 namespace attnprof {
 namespace {
@@ -216,7 +215,7 @@ void FindingsAreRecordsWithEvidence(const std::vector<RunResult>& results) {
 }
 
 void CompareTableHasEveryBackendRow(const std::vector<RunResult>& results) {
-  const std::string table = report::compare_table(results);
+  const std::string table = compare_table(results);
   for (const char* col :
        {"backend", "ops/fwd", "copies/fwd", "peak mem", "TFLOP/s", "rel error", "what the trace shows"}) {
     EXPECT_NE(table.find(col), std::string::npos) << col << "\n" << table;
@@ -242,7 +241,7 @@ void CompareTableHasEveryBackendRow(const std::vector<RunResult>& results) {
 void ExplainTableListsEveryBackend(const std::vector<RunResult>&) {
   const auto rows = explain(cpu_problem(512, 512, MaskKind::Causal));
   AutoChoice pick{"flash", "fastest measured"};
-  const std::string t = report::explain_table(rows, &pick);
+  const std::string t = ExplainReport{.rows = rows, .chosen = pick}.table();
   for (std::string_view n : backend_names()) EXPECT_NE(t.find(std::string(n)), std::string::npos) << n;
   EXPECT_NE(t.find("picks flash"), std::string::npos) << t;
   EXPECT_NE(t.find("not eligible"), std::string::npos) << t;
@@ -413,7 +412,7 @@ TEST(ReportJson, FailedRunIsAllNullWithTheReason) {
         "tflops", "ceiling_pct", "max_abs_error", "rel_error", "nan_count", "occupancy_pct"}) {
     EXPECT_TRUE(j[f].is_null()) << f << " = " << j[f];
   }
-  EXPECT_NE(report::compare_table(all).find("failed: "), std::string::npos);
+  EXPECT_NE(compare_table(all).find("failed: "), std::string::npos);
 }
 
 // A GPU result made by hand: 10 us of kernel time, 40 us of host time per call
@@ -436,7 +435,7 @@ RunResult gpu_result(double unprofiled) {
 
 TEST(ReportHostTime, TheUnprofiledCallIsWhatTheTableShowsAndWhatCpuBoundIsJudgedOn) {
   std::vector<RunResult> fast{gpu_result(12)};
-  const std::string t = report::compare_table(fast);
+  const std::string t = compare_table(fast);
   EXPECT_NE(t.find("12.0 us"), std::string::npos) << t;
   EXPECT_EQ(t.find("40.0 us"), std::string::npos) << t;
   EXPECT_NE(t.find("no profiler attached"), std::string::npos) << t;
@@ -486,7 +485,7 @@ TEST(ReportHostTime, NoNoteWithoutUnprofiledCalls) {
   RunResult r = gpu_result(0);
   r.metrics.host_time_unprofiled_us.reset();
   std::vector<RunResult> all{r};
-  const std::string t = report::compare_table(all);
+  const std::string t = compare_table(all);
   EXPECT_NE(t.find("40.0 us"), std::string::npos) << t;
   EXPECT_EQ(t.find("no profiler attached"), std::string::npos) << t;
   EXPECT_TRUE(report::result_json(r)["host_time_unprofiled_us"].is_null());
@@ -514,7 +513,7 @@ TEST(ReportFindings, NanInNaiveOnBottomRightCausalWithShortKv) {
   EXPECT_TRUE(naive.acceptance->pass) << "naive's NaN on fully masked rows is documented: " << naive.acceptance->why;
   EXPECT_FALSE(has(math.findings, "NaN in")) << dump(math.findings);
   EXPECT_EQ(math.error->nan_rows, 0);
-  const std::string table = report::compare_table(all);
+  const std::string table = compare_table(all);
   EXPECT_NE(table.find("NaN"), std::string::npos) << table;
   EXPECT_GT(report::result_json(naive)["nan_count"].get<std::int64_t>(), 0);
 }

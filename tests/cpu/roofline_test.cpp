@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,10 +15,10 @@
 #include "analysis/findings.h"
 #include "analysis/metrics.h"
 #include "analysis/rules.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/runner.h"
+#include "backends/cuda/fused_params.h"
 #include "findings_lookup.h"
-#include "report/report.h"
+#include "report/json.h"
 #include "synthetic_trace.h"
 
 namespace attnprof {
@@ -246,6 +247,8 @@ RunResult decode_run(const Decode& d, double ceiling_tflops = 774, double copy_g
   r.backend = "flash";
   r.problem = decode_problem();
   r.eligibility.eligible = true;
+  // What the CUDA flash backend declares of its decode kernel.
+  r.traits = {.max_kv_splits = cuda::kFlashDecodeMaxSplits, .kv_split_keys = cuda::kFlashDecodeKeys};
   r.trace = decode_trace(d);
   r.metrics = analysis::measure(r.trace, r.problem, ceiling_tflops, copy_gbs);
   return r;

@@ -126,7 +126,7 @@ TEST(Occupancy, UnknownDeviceOrImpossibleLaunch) {
 
 TEST(TraceReader, ReadsBackWhatTheWriterWrites) {
   const Trace t = testing::attention_trace();
-  const std::string text = chrome_trace_json(t).dump(1);
+  const std::string text = chrome_trace_json(t);
   const Trace r = parse_chrome_trace(text);
   ASSERT_EQ(r.activities.size(), t.activities.size());
   EXPECT_EQ(r.name, t.name);

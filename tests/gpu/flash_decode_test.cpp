@@ -10,7 +10,6 @@
 #include <string>
 
 #include "attnprof/backend.h"
-#include "attnprof/dispatch.h"
 #include "attnprof/problem.h"
 #include "attnprof/runner.h"
 #include "backends/cuda/fused_backend.h"

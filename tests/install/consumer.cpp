@@ -1,7 +1,7 @@
 // Uses only the installed public headers, as the README shows: compares two
 // CPU backends on a small problem through the library's one call, and checks
 // that they ran, were read by the rules and matched float64.
-#include <attnprof/pipeline.h>
+#include <attnprof/report.h>
 
 #include <cstdio>
 

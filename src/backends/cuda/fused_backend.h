@@ -154,8 +154,14 @@ class FusedBackend : public Backend {
 
   bool has_backward() const override { return true; }
   // The backward recomputes P from the saved log-sum-exp; dQ is summed with
-  // FP32 atomics unless the problem asks for --deterministic.
-  Traits traits() const override { return {.backward_recomputes = true, .backward_dq_unordered = true}; }
+  // FP32 atomics unless the problem asks for deterministic. flash's decode
+  // path splits the keys (fused_params.h's limits, for the split-kv rule).
+  Traits traits() const override {
+    return {.backward_recomputes = true,
+            .backward_dq_unordered = true,
+            .max_kv_splits = flash_ ? kFlashDecodeMaxSplits : 0,
+            .kv_split_keys = flash_ ? kFlashDecodeKeys : 0};
+  }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     run_forward(p, in, out, nullptr, ctx);

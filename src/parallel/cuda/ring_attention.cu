@@ -305,15 +305,6 @@ RingAttention::RingAttention(const Problem& p, int world, const Inputs& host) : 
 
 RingAttention::~RingAttention() = default;
 
-std::size_t RingAttention::bytes_per_rank() const {
-  const Impl& m = *impl_;
-  const std::size_t shard = m.shard_elems * m.es;
-  const std::size_t ring = m.layout.world > 1 ? 4 * shard : 0;
-  return shard + 2 * shard + ring + m.shard_elems * sizeof(float) +
-         static_cast<std::size_t>(m.heads_total * (m.layout.shard_rows() + m.layout.chunk)) * sizeof(float) +
-         m.part_elems * m.es + shard;
-}
-
 void RingAttention::forward() {
   const DeviceGuard guard;
   Impl& m = *impl_;

@@ -1,18 +1,16 @@
-// What compare, profile and explain print and write: the at-a-glance table,
-// the explain table, and their JSON forms.
+// The JSON values behind the report's --json documents and per-backend
+// summaries, inside the report layer. The public API (attnprof/report.h)
+// hands out their text, so no third-party type crosses it.
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "attnprof/dispatch.h"
-#include "attnprof/runner.h"
+#include "attnprof/report.h"
 
 namespace attnprof::report {
-
-std::string compare_table(const std::vector<RunResult>& results);
-std::string explain_table(const std::vector<Explanation>& rows, const AutoChoice* chosen);
 
 nlohmann::json problem_json(const Problem& p);
 // One finding: {"rule", "severity", "text", "evidence": [{"index", "name", "cat",
@@ -23,12 +21,13 @@ nlohmann::json finding_json(const Finding& f);
 // apply); "findings" is a list of finding_json records.
 nlohmann::json result_json(const RunResult& r);
 // explain's --json: device, problem, each backend's eligibility and reason, auto's pick.
-nlohmann::json explain_json(const Problem& p, const std::vector<Explanation>& rows, const AutoChoice* chosen,
-                            DeviceRuntime& rt);
+nlohmann::json explain_json(const ExplainReport& e);
 nlohmann::json device_json(const std::string& description, const std::optional<DeviceProperties>& props, Device d);
+// analyze's and diff's --json (attnprof::analysis_json and diff_json are their text).
+nlohmann::json analysis_json(const std::vector<TraceAnalysis>& analyses);
+nlohmann::json diff_json(const TraceDiff& d);
 
 // Writes JSON to a temporary file beside `path`, then renames it into place.
 void write_json_file(const nlohmann::json& j, const std::string& path);
-void write_text_file(const std::string& text, const std::string& path);
 
 }  // namespace attnprof::report
