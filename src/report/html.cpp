@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -195,6 +196,17 @@ json timeline_json(const RunResult& r) {
   return out;
 }
 
+// How the error chart shows a run's error against float64. A log axis cannot
+// place 0, and JSON has no NaN (a non-finite rel_error reads null), so the
+// state is said outright: "measured" (a relative error > 0), "zero" (exact),
+// "nan" (non-finite output elements, or a non-finite error: rel alone, over
+// the finite rows, would hide them), "unchecked" (no reference compared).
+const char* error_state(const RunResult& r) {
+  if (!r.error) return "unchecked";
+  if (r.error->nan_count > 0 || !std::isfinite(r.error->rel)) return "nan";
+  return r.error->rel > 0 ? "measured" : "zero";
+}
+
 json run_json(const HtmlRun& run) {
   const RunResult& r = *run.result;
   json j = report::result_json(r);
@@ -203,6 +215,7 @@ json run_json(const HtmlRun& run) {
   j["device_type"] = device_name(r.problem.device);
   j["problem"] = report::problem_json(r.problem);
   if (!ran(r)) return j;
+  j["error_state"] = error_state(r);
   j["timeline"] = timeline_json(r);
   j["table"] = run.table.empty() ? key_averages_table(r.trace, TableOptions{}) : run.table;
   j["roofline"] = nullptr;

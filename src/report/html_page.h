@@ -107,11 +107,23 @@ inline constexpr const char* kScript = R"js(
   function fmtFlops(v) { return num(v) ? (v < 1 ? v.toFixed(3) : v.toFixed(1)) : '-'; }
   // Plotly reads hover text as markup: escape what a C++ kernel name carries.
   function esc(s) { return String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;'); }
-  function plot(div, traces, layout) {
+  // Three significant figures, for bar labels.
+  function sig(v) { return String(Number(v.toPrecision(3))); }
+  function shortTime(us) {
+    if (us >= 1e6) return sig(us / 1e6) + ' s';
+    if (us >= 1e3) return sig(us / 1e3) + ' ms';
+    return sig(us) + ' us';
+  }
+  function shortMiB(m) { return m >= 1024 ? sig(m / 1024) + ' GiB' : m >= 1 ? sig(m) + ' MiB' : sig(m * 1024) + ' KiB'; }
+  var measure = document.createElement('canvas').getContext('2d');  // text widths in a chart's font
+  // `after(div)`, when given, runs once the chart is drawn (it may need the
+  // drawn axes' pixels); the page is done when every chart's is.
+  function plot(div, traces, layout, after) {
     layout.paper_bgcolor = '#fff';
     layout.plot_bgcolor = '#fff';
     layout.font = { size: 12 };
-    pending.push(Promise.resolve(Plotly.newPlot(div, traces, layout, CONFIG)));
+    var drawn = Promise.resolve(Plotly.newPlot(div, traces, layout, CONFIG));
+    pending.push(after ? drawn.then(function () { return after(div); }) : drawn);
   }
   function table(headers, rows) {
     var t = el('table');
@@ -164,7 +176,8 @@ inline constexpr const char* kScript = R"js(
         return [r.label, el('span', { cls: 'failed', text: (r.failed ? 'failed: ' : 'did not run: ') + r.reason }),
                 '', '', '', '', '', '', '', '', ''];
       }
-      var err = num(r.rel_error) ? r.rel_error.toExponential(2) : '-';
+      var err = r.error_state === 'nan' ? 'NaN (' + r.nan_count + ' elements)'
+              : r.error_state === 'zero' ? '0' : num(r.rel_error) ? r.rel_error.toExponential(2) : '-';
       if (r.accepted === false) err += ' FAIL';
       return [r.label, fmtTime(r.device_time_us), fmtTime(hostOf(r)), countOf(r), r.copies_per_forward,
               fmtBytes(r.peak_bytes), fmtFlops(r.tflops), num(r.ceiling_pct) ? r.ceiling_pct.toFixed(1) + '%' : '-',
@@ -181,30 +194,199 @@ inline constexpr const char* kScript = R"js(
   // Every cell is in the grid before the first chart is drawn: Plotly sizes
   // a chart by its cell's width when it draws it.
   var cells = [0, 1, 2, 3].map(function () { return grid.appendChild(el('div', { cls: 'plot' })); });
-  function barPlot(title, traces, yaxis) {
-    var div = cells.shift();
-    plot(div, traces, { title: { text: title, x: 0.02, xanchor: 'left' }, barmode: 'group', height: 320, margin: { t: 40, b: 60, l: 60, r: 10 },
-                        yaxis: yaxis || {}, legend: { orientation: 'h', y: -0.2 } });
+  // Narrow bars (many runs, two series): their value labels stand upright.
+  function upright(nseries) { return labels.length * nseries > 8; }
+  // Each bar's label inside the bar where it fits (the drawn bar's pixels
+  // against the label's measured length), else just above it: a label above
+  // a tall bar could sit on a line drawn over the bars (the tolerance).
+  function labelsInsideWhereTheyFit(div) {
+    var fl = div._fullLayout, yr = fl.yaxis.range, log = fl.yaxis.type === 'log';
+    var at = function (v) { return (log ? Math.log10(v) : v) - yr[0]; };
+    var bars = [], where = [];
+    div._fullData.forEach(function (t, k) {
+      if (t.type !== 'bar' || !t.text) return;
+      measure.font = t.textfont.size + 'px ' + fl.font.family;
+      bars.push(k);
+      where.push(t.y.map(function (y, j) {
+        var base = Array.isArray(t.base) ? t.base[j] : 0;
+        if (!num(y)) return 'outside';
+        var px = (at(base + y) - at(base)) / (yr[1] - yr[0]) * fl._size.h;
+        var len = t.textangle === -90 ? measure.measureText(String(t.text[j])).width : t.textfont.size * 1.3;
+        return px >= len + 8 ? 'inside' : 'outside';
+      }));
+    });
+    return bars.length ? Plotly.restyle(div, { textposition: where }, bars) : null;
   }
-  function series(name, f, color) {
-    return { type: 'bar', name: name, x: labels, y: ranRuns.map(function (r) { var v = f(r); return num(v) ? v : null; }),
-             marker: { color: color } };
+  function barPlot(chart, title, traces, yaxis) {
+    var div = cells.shift();
+    div.setAttribute('data-chart', chart);
+    // The legend above the plot, right, where it covers no tick label.
+    plot(div, traces, { title: { text: title, x: 0.02, xanchor: 'left' }, barmode: 'group', height: 340,
+                        margin: { t: 50, b: 40, l: 60, r: 10 }, yaxis: yaxis, xaxis: { automargin: true },
+                        legend: { orientation: 'h', x: 1, xanchor: 'right', y: 1.02, yanchor: 'bottom' } },
+         labelsInsideWhereTheyFit);
+  }
+  // A figure as a bar: {v} when a log axis can place it (> 0); else a stub
+  // saying what it is.
+  function cell(v) { return num(v) && v > 0 ? { v: v } : { stub: v === 0 ? '0' : 'n/a' }; }
+  // Figures that span orders of magnitude across backends (math's 20 ms
+  // beside flash's 75 us; a float32 error of 1e-7 beside a bf16 one of 1e-3)
+  // go on a log axis, where a linear one would flatten all but the largest
+  // to nothing. Every bar rises from the axis floor (a decade below the
+  // smallest value, so the smallest bar is still a decade tall) and carries
+  // its value as a label. What a log axis cannot place (0, a missing figure,
+  // NaN) is a short stub at the floor labelled with what it is, not a gap.
+  // Series: { name, color, cells: one per run, {v, color?} or {stub, color?, hover?} }.
+  // `extra`: traces drawn over the bars whose y values the range must hold.
+  function logBars(chart, title, list, fmt, extra) {
+    var values = [];
+    list.forEach(function (s) { s.cells.forEach(function (c) { if (c.v) values.push(c.v); }); });
+    (extra || []).forEach(function (t) { t.y.forEach(function (v) { if (num(v) && v > 0) values.push(v); }); });
+    var lo = values.length ? Math.floor(Math.log10(Math.min.apply(null, values))) - 1 : 0;
+    var top = values.length ? Math.log10(Math.max.apply(null, values)) : lo + 1;
+    var up = upright(list.length);
+    var hi = top + Math.max(0.5, (top - lo) * 0.15);  // room for a label above the tallest
+    var floor = Math.pow(10, lo);
+    var stub = Math.pow(10, lo + (hi - lo) * 0.07) - floor;
+    var traces = list.map(function (s) {
+      return { type: 'bar', name: s.name, x: labels, base: s.cells.map(function () { return floor; }),
+               y: s.cells.map(function (c) { return c.v ? c.v - floor : stub; }),
+               marker: { color: s.cells.map(function (c) { return c.color || (c.v ? s.color : '#c7c7c7'); }) },
+               text: s.cells.map(function (c) { return c.v ? fmt(c.v) + (c.suffix || '') : c.stub; }),
+               textposition: 'outside', textangle: up ? -90 : 0, constraintext: 'none', cliponaxis: false,
+               insidetextanchor: extra && extra.length ? 'start' : 'end',  // clear of a line drawn across the bars
+               textfont: { size: 11 }, hovertext: s.cells.map(function (c, i) {
+                 return esc(labels[i]) + '<br>' + s.name + ': ' + (c.v ? fmt(c.v) + (c.suffix || '') : c.stub) +
+                        (c.hover ? '<br>' + esc(c.hover) : '');
+               }),
+               hoverinfo: 'text' };
+    });
+    // One tick a decade once the axis spans a few (Plotly's 2 to 9 between
+    // crowd it), every other decade once it spans many; 2 and 5 between
+    // decades on a short axis.
+    var dtick = hi - lo > 8 ? 2 : hi - lo >= 2.5 ? 1 : 'D2';
+    barPlot(chart, title, traces.concat(extra || []), { type: 'log', range: [lo, hi], exponentformat: 'power', dtick: dtick });
   }
   if (ranRuns.length) {
-    barPlot('time per forward (us)', [series(anyGpu ? 'GPU time' : 'time', function (r) { return r.device_time_us; }, '#54a24b'),
-                                      series('CPU/call', hostOf, '#4c78a8')]);
-    barPlot(countName + ' and copies/fwd', [series(countName, countOf, '#72b7b2'),
-                                            series('copies/fwd', function (r) { return r.copies_per_forward; }, '#d62728')]);
-    barPlot('peak memory (MiB)', [series('peak', function (r) { return num(r.peak_bytes) ? r.peak_bytes / 1048576 : null; },
-                                         '#9467bd')]);
-    barPlot('relative error vs float64', [series('rel error', function (r) { return r.rel_error > 0 ? r.rel_error : null; },
-                                                 '#e45756')], { type: 'log' });
+    logBars('time', 'time per forward, us (log axis)',
+            [{ name: anyGpu ? 'GPU time' : 'time', color: '#54a24b', cells: ranRuns.map(function (r) { return cell(r.device_time_us); }) },
+             { name: 'CPU/call', color: '#4c78a8', cells: ranRuns.map(function (r) { return cell(hostOf(r)); }) }],
+            shortTime);
+    var counts = [[countName, countOf, '#72b7b2'], ['copies/fwd', function (r) { return r.copies_per_forward; }, '#d62728']];
+    barPlot('counts', countName + ' and copies/fwd', counts.map(function (c) {
+      var ys = ranRuns.map(function (r) { var v = c[1](r); return num(v) ? v : null; });
+      return { type: 'bar', name: c[0], x: labels, y: ys, marker: { color: c[2] }, cliponaxis: false,
+               text: ys.map(function (v) { return v === null ? 'n/a' : sig(v); }), textposition: 'outside',
+               textangle: upright(counts.length) ? -90 : 0, constraintext: 'none', textfont: { size: 11 } };
+    }), { rangemode: 'tozero' });
+    logBars('memory', 'peak memory, MiB (log axis)',
+            [{ name: 'peak', color: '#9467bd', cells: ranRuns.map(function (r) {
+              return cell(num(r.peak_bytes) ? r.peak_bytes / 1048576 : null); }) }],
+            shortMiB);
+    // The error against float64 as the C++ side classed it (error_state):
+    // NaN output is the headline, whatever the finite rows' error.
+    var errorCells = ranRuns.map(function (r) {
+      var fail = r.accepted === false;
+      if (r.error_state === 'measured') {
+        return { v: r.rel_error, color: fail ? '#d62728' : undefined, suffix: fail ? ' FAIL' : '',
+                 hover: num(r.tolerance) ? 'tolerance ' + r.tolerance.toExponential(1) : '' };
+      }
+      if (r.error_state === 'zero') return { stub: '0', hover: 'exactly the reference' };
+      if (r.error_state === 'nan') {
+        return { stub: 'NaN', color: '#d62728', hover: r.nan_count + ' non-finite output elements' +
+                 (num(r.rel_error) ? '; ' + r.rel_error.toExponential(2) + ' on the finite rows' : '') };
+      }
+      return { stub: 'not checked', hover: 'no reference compared' };
+    });
+    var tolerances = ranRuns.map(function (r) { return num(r.tolerance) && r.tolerance > 0 ? r.tolerance : null; });
+    var tolerance = tolerances.some(function (t) { return t !== null; })
+        ? [{ type: 'scatter', mode: 'markers', name: 'tolerance', x: labels, y: tolerances, hoverinfo: 'y',
+             marker: { symbol: 'line-ew', size: 26, color: '#333', line: { width: 2, color: '#333' } } }]
+        : [];
+    logBars('error', 'relative error vs float64 (log axis)',
+            [{ name: 'rel error', color: '#e45756', cells: errorCells }], function (v) { return v.toExponential(1); },
+            tolerance);
   } else {
     bars.removeChild(grid);
     bars.appendChild(el('p', { cls: 'note', text: 'No run has figures to compare.' }));
   }
 
   // ---- roofline -----------------------------------------------------------
+  // Offsets (pixels, from a marker to its label's centre) for a w x h label,
+  // nearest first: on rings around the marker (ellipses just clear of it,
+  // then a third of a step further out each), 36 directions a ring, above and
+  // below before the diagonals before the sides. Rays out from the marker,
+  // so a crowd of points fans its names out with their lines between them.
+  function labelOffsets(w, h) {
+    var out = [];
+    for (var ring = 0; ring < 30; ++ring) {
+      var s = 1 + ring / 3;
+      for (var a = 0; a < 36; ++a) {
+        var t = a * Math.PI / 18, dx = Math.cos(t), dy = Math.sin(t);
+        out.push({ o: [dx * (w / 2 + 12) * s, -dy * (h / 2 + 10) * s], key: ring * 10 + (1 - Math.abs(dy)) + (dy < 0 ? 0.5 : 0) });
+      }
+    }
+    return out.sort(function (a, b) { return a.key - b.key; }).map(function (c) { return c.o; });
+  }
+  function overlap(a, b) {
+    return Math.max(0, Math.min(a[2], b[2]) - Math.max(a[0], b[0])) * Math.max(0, Math.min(a[3], b[3]) - Math.max(a[1], b[1]));
+  }
+  // How many of a line's sample points fall inside a box.
+  function crossings(line, box) {
+    var n = 0;
+    for (var t = 0.05; t < 1; t += 0.05) {
+      var x = line[0] + (line[2] - line[0]) * t, y = line[1] + (line[3] - line[1]) * t;
+      if (x > box[0] && x < box[2] && y > box[1] && y < box[3]) ++n;
+    }
+    return n;
+  }
+  // Each roofline point's name in a box tied to its marker by a thin line,
+  // placed so that no two names overlap however close the points (fused
+  // backends can sit within a pixel of each other). Greedy, in the drawn
+  // chart's pixels: points from the top, each name at the first offset
+  // (labelOffsets) whose box lies inside the plot area, clear of every box
+  // and marker, with its line crossing no box placed so far and its box no
+  // line; failing all, at the one that breaks these least. Text widths are
+  // measured with the chart's font.
+  function nameRooflinePoints(div, points) {
+    var fl = div._fullLayout, size = fl._size, xr = fl.xaxis.range, yr = fl.yaxis.range;
+    var fontSize = 11, pad = 3, gap = 3;
+    measure.font = fontSize + 'px ' + fl.font.family;
+    var at = points.map(function (r) {
+      return [size.l + (Math.log10(r.roofline.intensity) - xr[0]) / (xr[1] - xr[0]) * size.w,
+              size.t + (yr[1] - Math.log10(r.roofline.tflops)) / (yr[1] - yr[0]) * size.h];
+    });
+    var taken = at.map(function (p) { return [p[0] - 7, p[1] - 7, p[0] + 7, p[1] + 7]; });  // the markers
+    var boxes = [], lines = [];
+    var order = at.map(function (p, i) { return i; }).sort(function (i, j) { return at[i][1] - at[j][1] || at[i][0] - at[j][0]; });
+    var annotations = [];
+    order.forEach(function (i) {
+      var r = points[i];
+      var w = measure.measureText(r.label).width + 2 * (pad + 1) + 2 * gap, h = Math.ceil(fontSize * 1.3) + 2 * (pad + 1) + 2 * gap;
+      var best = null, bestCost = Infinity;
+      labelOffsets(w, h).some(function (o) {
+        var cx = at[i][0] + o[0], cy = at[i][1] + o[1];
+        var box = [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2];
+        var line = [at[i][0], at[i][1], cx, cy];
+        var cost = taken.reduce(function (c, b) { return c + overlap(box, b); }, 0) +
+                   10 * boxes.reduce(function (c, b) { return c + crossings(line, b); }, 0) +
+                   10 * lines.reduce(function (c, l) { return c + crossings(l, box); }, 0);
+        if (box[0] < size.l || box[2] > size.l + size.w || box[1] < size.t || box[3] > size.t + size.h) cost += 0.5;
+        if (cost < bestCost) { bestCost = cost; best = { o: o, box: box, line: line }; }
+        return cost === 0;
+      });
+      taken.push(best.box);
+      boxes.push(best.box);
+      lines.push(best.line);
+      var color = (div._fullData[i] && div._fullData[i].marker.color) || '#333';
+      annotations.push({ x: Math.log10(r.roofline.intensity), y: Math.log10(r.roofline.tflops), xref: 'x', yref: 'y',
+                         text: esc(r.label), showarrow: true, arrowhead: 0, arrowwidth: 1, arrowcolor: color,
+                         ax: best.o[0], ay: best.o[1], axref: 'pixel', ayref: 'pixel', standoff: 6,
+                         bgcolor: 'rgba(255,255,255,0.9)', bordercolor: color, borderwidth: 1, borderpad: pad,
+                         font: { size: fontSize, color: '#222' } });
+    });
+    return Plotly.relayout(div, { annotations: annotations });
+  }
   var roof = section('roofline', 'Roofline');
   root.appendChild(roof);
   var points = ranRuns.filter(function (r) { return r.roofline; });
@@ -214,8 +396,8 @@ inline constexpr const char* kScript = R"js(
     var ys = points.map(function (r) { return r.roofline.tflops; });
     var xmin = Math.min.apply(null, xs) / 4, xmax = Math.max.apply(null, xs) * 4;
     var traces = points.map(function (r) {
-      return { type: 'scatter', mode: 'markers+text', name: r.label, x: [r.roofline.intensity], y: [r.roofline.tflops],
-               text: [esc(r.label)], textposition: 'top center', marker: { size: 11 },
+      return { type: 'scatter', mode: 'markers', name: r.label, x: [r.roofline.intensity], y: [r.roofline.tflops],
+               marker: { size: 11 },
                hovertext: [esc(r.label) + '<br>' + fmtFlops(r.roofline.tflops) + ' TFLOP/s<br>' +
                            r.roofline.intensity.toFixed(2) + ' FLOP/byte<br>' + fmtBytes(r.roofline.bytes) + ' moved'],
                hoverinfo: 'text' };
@@ -232,11 +414,17 @@ inline constexpr const char* kScript = R"js(
     }
     var ymin = Math.min.apply(null, ys.concat(num(C) ? [C] : [])) / 10;
     var ymax = Math.max.apply(null, ys.concat(num(C) ? [C] : [])) * 3;
-    var div = el('div', { cls: 'plot' });
+    var div = el('div', { cls: 'plot', 'data-chart': 'roofline' });
     roof.appendChild(div);
     plot(div, traces, { height: 460, margin: { t: 20, l: 70, r: 20, b: 60 },
                         xaxis: { type: 'log', title: { text: 'arithmetic intensity (FLOP / byte moved)' }, range: [Math.log10(xmin), Math.log10(xmax)] },
-                        yaxis: { type: 'log', title: { text: 'TFLOP/s' }, range: [Math.log10(ymin), Math.log10(ymax)] } });
+                        yaxis: { type: 'log', title: { text: 'TFLOP/s' }, range: [Math.log10(ymin), Math.log10(ymax)] } },
+         function (d) {
+           // Placed again when a zoom or a resize moves the points (not when
+           // the placing itself relays the annotations out).
+           d.on('plotly_relayout', function (e) { if (e && !('annotations' in e)) nameRooflinePoints(d, points); });
+           return nameRooflinePoints(d, points);
+         });
   } else {
     roof.appendChild(el('p', { cls: 'note', text: 'No run has both TFLOP/s and a FLOP count: nothing to place.' }));
   }

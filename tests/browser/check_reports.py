@@ -14,10 +14,18 @@ every cited event once):
   - it drew the charts its data calls for (data-report-plots);
   - Chromium's own log has no console error and no uncaught exception;
   - its screenshot is not blank: many distinct colours, and a good share of
-    the pixels differ from the page background.
+    the pixels differ from the page background;
+  - its charts read at a glance, as drawn (a probe script appended to a copy
+    of the page reads each chart's Plotly layout and the bounding boxes of
+    what it drew): time per forward, peak memory and relative error on log
+    axes, every bar rising from the plot area's floor (none in mid-air) and
+    tall enough to see, with its value as a label; errors that are 0, NaN or
+    not checked labelled as such; the roofline's names, one per point, inside
+    the chart and overlapping neither each other nor a marker.
 Chromium missing is a failure, not a skip: scripts/setup.sh installs it.
 """
 import argparse
+import html.parser
 import json
 import os
 import re
@@ -69,6 +77,102 @@ def expected_plots(data):
     return n
 
 
+# Appended to a copy of the page: once the page says it is done, writes what
+# its charts drew into <body data-probe> for --dump-dom to carry out. Boxes are
+# [left, top, right, bottom] in CSS pixels.
+PROBE = r"""
+<script>
+(function () {
+  function box(e) { var r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }
+  function all(root, sel) { return Array.prototype.slice.call(root.querySelectorAll(sel)); }
+  function collect() {
+    var charts = all(document, '.js-plotly-plot').map(function (div) {
+      var fl = div._fullLayout;
+      return {
+        chart: div.getAttribute('data-chart'),
+        xtype: fl.xaxis.type, ytype: fl.yaxis.type,
+        area: box(div.querySelector('.draglayer .nsewdrag')),
+        div: box(div),
+        bars: all(div, '.barlayer .point').map(function (p) {
+          var t = p.querySelector('text');
+          return { box: box(p.querySelector('path')), text: t ? t.textContent : null };
+        }),
+        markers: all(div, '.scatterlayer .point').map(box),
+        labels: all(div, '.annotation-text-g').map(function (g) {
+          return { box: box(g.querySelector('rect') || g), text: g.textContent };
+        })
+      };
+    });
+    document.body.setAttribute('data-probe', JSON.stringify(charts));
+  }
+  (function wait() {
+    if (document.body.getAttribute('data-report-status') === 'loading') setTimeout(wait, 50);
+    else collect();
+  })();
+})();
+</script>
+"""
+
+LOG_CHARTS = ("time", "memory", "error")
+MIN_BAR_PX = 4  # the shortest bar a reader still sees (stubs for 0, NaN, n/a are taller)
+
+
+def intersects(a, b):
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def chart_problems(data, charts):
+    """What the drawn charts get wrong, against what the data calls for."""
+    ran = [r for r in data["runs"] if r["ran"]]
+    problems = []
+    by_name = {c["chart"]: c for c in charts if c["chart"]}
+    for name in LOG_CHARTS if ran else ():
+        c = by_name.get(name)
+        if c is None:
+            problems.append(f"no {name} chart")
+            continue
+        if c["ytype"] != "log":
+            problems.append(f"{name} chart: y axis is {c['ytype']!r}, not log")
+        floor = c["area"][3]
+        for b in c["bars"]:
+            left, top, right, bottom = b["box"]
+            if abs(bottom - floor) > 1.5:
+                problems.append(f"{name} chart: a bar ends {floor - bottom:.1f} px above the axis floor (mid-air)")
+            if bottom - top < MIN_BAR_PX:
+                problems.append(f"{name} chart: a bar {bottom - top:.1f} px tall (flattened)")
+            if not b["text"]:
+                problems.append(f"{name} chart: a bar without its value as a label")
+        want = len(ran) * (2 if name == "time" else 1)
+        if len(c["bars"]) != want:
+            problems.append(f"{name} chart: {len(c['bars'])} bars, want one per run and series ({want})")
+    if "error" in by_name:
+        texts = [b["text"] for b in by_name["error"]["bars"]]
+        for r, text in zip(ran, texts):
+            want = {"zero": "0", "nan": "NaN", "unchecked": "not checked"}.get(r["error_state"])
+            if want is not None and text != want:
+                problems.append(f"error chart: {r['label']}'s error ({r['error_state']}) is labelled {text!r}, not {want!r}")
+    points = [r for r in ran if r.get("roofline")]
+    if points:
+        c = by_name.get("roofline")
+        if c is None:
+            return problems + ["no roofline chart"]
+        labels = c["labels"]
+        if sorted(lab["text"] for lab in labels) != sorted(r["label"] for r in points):
+            problems.append(f"roofline: names {sorted(lab['text'] for lab in labels)}, "
+                            f"want one per point {sorted(r['label'] for r in points)}")
+        for i, a in enumerate(labels):
+            for b in labels[i + 1:]:
+                if intersects(a["box"], b["box"]):
+                    problems.append(f"roofline: names {a['text']!r} and {b['text']!r} overlap")
+            for m in c["markers"]:
+                if intersects(a["box"], m):
+                    problems.append(f"roofline: name {a['text']!r} covers a marker")
+            if not (c["div"][0] <= a["box"][0] and a["box"][2] <= c["div"][2] and
+                    c["div"][1] <= a["box"][1] and a["box"][3] <= c["div"][3]):
+                problems.append(f"roofline: name {a['text']!r} at {a['box']} is outside its chart {c['div']}")
+    return problems
+
+
 def console_problems(log):
     """Chromium logs every console message at INFO ("INFO:CONSOLE:1] "msg", source: ...")
     whatever its level, so console.error is caught by the page itself
@@ -99,26 +203,52 @@ def screenshot_problems(png):
     return problems
 
 
+def body_attributes(dom):
+    """<body>'s attributes, unescaped, from Chromium's --dump-dom; None with no body.
+    (A parser, not a pattern: attribute values may hold '>' unescaped.)"""
+
+    class Body(html.parser.HTMLParser):
+        attrs = None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "body" and self.attrs is None:
+                self.attrs = {k: v or "" for k, v in attrs}
+
+    parser = Body(convert_charrefs=True)
+    parser.feed(dom)
+    return parser.attrs
+
+
 def check(browser, html_path, work):
     name = os.path.basename(html_path)
     problems = []
     data = embedded_data(html_path)
+    probed = os.path.join(work, name.replace(".html", ".probe.html"))
+    with open(html_path, encoding="utf-8") as f:
+        page = f.read()
+    with open(probed, "w", encoding="utf-8") as f:
+        f.write(page.replace("</body>", PROBE + "</body>"))
     url = "file://" + os.path.abspath(html_path) + "#selftest"
     with tempfile.TemporaryDirectory(dir=work) as profile:
-        dom = chromium(browser, profile, ["--dump-dom", url])
-    body = re.search(r"<body([^>]*)>", dom.stdout)
-    if dom.returncode != 0 or not body:
+        dom = chromium(browser, profile, ["--dump-dom", "--window-size=1400,2200",
+                                          "file://" + os.path.abspath(probed) + "#selftest"])
+    attrs = body_attributes(dom.stdout)
+    if dom.returncode != 0 or attrs is None:
         return [f"{name}: chromium exited {dom.returncode} with no page:\n{dom.stderr[-2000:]}"]
-    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
     status = attrs.get("data-report-status")
     if status != "ok":
-        errors = attrs.get("data-report-errors", "").replace("&quot;", '"')
+        errors = attrs.get("data-report-errors", "")
         problems.append(f"{name}: page status {status!r}; errors: {errors}")
     plots = int(attrs.get("data-report-plots", "0"))
     want = expected_plots(data)
     if plots != want:
         problems.append(f"{name}: drew {plots} charts, its data calls for {want}")
     problems += [f"{name}: {line}" for line in console_problems(dom.stderr)]
+    if "data-probe" not in attrs:
+        problems.append(f"{name}: the probe wrote nothing")
+    else:
+        charts = json.loads(attrs["data-probe"])
+        problems += [f"{name}: {p}" for p in chart_problems(data, charts)]
 
     # The screenshot of the page as a reader first sees it (no #selftest, which scrolls).
     png = os.path.join(work, name.replace(".html", ".png"))

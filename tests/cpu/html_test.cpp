@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -132,6 +133,26 @@ TEST(Html, RunsThatDidNotRunCarryTheirReasonOnly) {
   EXPECT_FALSE(data["runs"][0].contains("timeline"));
   EXPECT_TRUE(data["diff"][0]["b"].is_null());
   EXPECT_EQ(data["diff"][0]["note"], "vanished");
+}
+
+TEST(Html, ErrorStateSaysExactNanAndUncheckedOutright) {
+  RunResult r = synthetic_run();
+  HtmlReport rep{.runs = {{.result = &r}}};
+  const auto shown = [&] { return embedded(html_report(rep, ""))["runs"][0]; };
+  r.error = ErrorStats{.max_abs = 1e-3, .rel = 5e-4};
+  EXPECT_EQ(shown()["error_state"], "measured");
+  EXPECT_DOUBLE_EQ(shown()["rel_error"], 5e-4);
+  r.error = ErrorStats{};
+  EXPECT_EQ(shown()["error_state"], "zero") << "a log axis cannot place 0: said, not dropped";
+  r.error = ErrorStats{.max_abs = 1e-3, .rel = 5e-4, .nan_count = 7, .nan_rows = 1};
+  EXPECT_EQ(shown()["error_state"], "nan") << "the finite rows' error must not hide NaN output";
+  EXPECT_EQ(shown()["nan_count"], 7);
+  r.error = ErrorStats{.rel = std::numeric_limits<double>::quiet_NaN()};
+  EXPECT_EQ(shown()["error_state"], "nan");
+  EXPECT_TRUE(shown()["rel_error"].is_null()) << "JSON has no NaN: the state carries it";
+  r.error.reset();
+  EXPECT_EQ(shown()["error_state"], "unchecked");
+  EXPECT_TRUE(shown()["nan_count"].is_null());
 }
 
 }  // namespace

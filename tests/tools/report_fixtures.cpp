@@ -6,7 +6,10 @@
 //                                    RunResult list, as analyze and diff will
 //                                    build one: GPU-shaped runs, findings
 //                                    citing events, a run that did not run,
-//                                    diff rows, names that need escaping
+//                                    diff rows, names that need escaping,
+//                                    figures orders of magnitude apart,
+//                                    errors exact, NaN and not checked, and
+//                                    six roofline points nearly on one spot
 //   report_fixtures gpu-trace FILE   a Chrome trace of four profiler steps of
 //                                    the synthetic GPU forward, through our
 //                                    writer (write_chrome_trace)
@@ -14,6 +17,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "analysis/trace_index.h"
 #include "attnprof/html.h"
@@ -109,6 +113,27 @@ int write_html(const std::string& path) {
   b.findings.push_back(cite(index, "slow-softmax", Severity::Info, "softmax: 25 us per forward",
                             "softmax_warp_forward<c10::BFloat16, </script><b>&amp;"));
   RunResult fused = gpu_run("flash (fused)", with_memory, 75.0, 1, 0, false);
+  // Figures three orders of magnitude apart: math at 25 ms, in float64-exact
+  // arithmetic, beside fused runs of 75 us.
+  RunResult math = gpu_run("math", Trace{.steps_recorded = 2}, 25'000.0, 9, 2, true);
+  math.metrics.peak_bytes = 2LL << 30;
+  math.metrics.host_time_us = 310.0;
+  math.error = ErrorStats{.max_abs = 1e-9, .rel = 2.3e-8};
+  // A crowd on the roofline: six fused backends at nearly one intensity and
+  // one TFLOP/s (their names must not overlap), each with an error the chart
+  // must show as what it is: exact, NaN, not checked, failed, float32-small.
+  std::vector<RunResult> crowd;
+  const char* names[] = {"flash_sm90", "cudnn", "sdpa_flash", "sdpa_mem_efficient", "flex", "xformers_cutlass"};
+  for (int k = 0; k < 6; ++k)
+    crowd.push_back(gpu_run(names[k], Trace{.steps_recorded = 2}, 75.2 + 0.3 * k, 1, 0, false));
+  crowd[1].error = ErrorStats{};  // rel 0: exactly the reference
+  crowd[2].error = ErrorStats{.max_abs = 1e-3, .rel = 4.1e-4, .nan_count = 12, .nan_rows = 3};
+  crowd[2].acceptance = Acceptance{.pass = false, .tolerance = 1e-3, .why = "NaN in 3 rows"};
+  crowd[3].error.reset();  // no reference compared
+  crowd[3].acceptance.reset();
+  crowd[4].error = ErrorStats{.max_abs = 0.2, .rel = 2.1e-2};
+  crowd[4].acceptance = Acceptance{.pass = false, .tolerance = 1e-3, .why = "over 2 x math's error"};
+  crowd[5].error = ErrorStats{.max_abs = 1e-6, .rel = 3.2e-7};
   RunResult absent;
   absent.backend = "cudnn";
   absent.eligibility = {.eligible = false, .reason = "not eligible on CPU: cuDNN runs on NVIDIA GPUs only"};
@@ -120,6 +145,7 @@ int write_html(const std::string& path) {
       .runs = {{.label = "", .result = &a},
                {.label = "", .result = &b},
                {.label = "", .result = &fused},
+               {.label = "", .result = &math},
                {.label = "", .result = &absent}},
       .diff =
           {{.kind = "kernel", .name = "Memcpy DtoD (Device -> Device)", .a = 40.0, .unit = "us", .note = "vanished"},
@@ -130,6 +156,10 @@ int write_html(const std::string& path) {
       .notes = {"synthetic: every figure is made up"},
       .diff_a = "a.json",
       .diff_b = "b.json"};
+  for (int k = 0; k < 6; ++k) {
+    const RunResult& r = crowd[static_cast<std::size_t>(k)];
+    rep.runs.push_back({.label = "", .result = &r, .bytes_moved = html_bytes_moved(r) * (1.0 + 0.004 * k)});
+  }
   write_html_report(rep, path);
   return 0;
 }
