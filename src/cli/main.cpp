@@ -9,6 +9,7 @@
 #include "attnprof/dispatch.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
+#include "attnprof/trace_io.h"
 #include "cli/commands.h"
 
 namespace {
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
     ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
   }
+  remove_temporaries_on_signals();
   try {
     cli::Options o = cli::parse(argc, argv);
     if (o.help) {

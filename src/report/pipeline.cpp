@@ -14,9 +14,24 @@ namespace attnprof {
 namespace {
 
 // Everything that can be refused without running: the table's sort, every
-// output path. Nothing is computed, and nothing is written but directories.
-void check_before_work(const PipelineOptions& o) {
+// output path, and outputs that would overwrite one another (--json onto
+// --html, or onto a trace, table or summary of a backend the run may write).
+// Nothing is computed, and nothing is written but directories.
+void check_before_work(const Problem& p, const PipelineOptions& o) {
   (void)key_averages_table(Trace{}, o.table);  // throws on a bad sort key
+  std::vector<NamedFile> outputs;
+  if (o.json_path) outputs.push_back({"--json", *o.json_path});
+  if (o.html_path) outputs.push_back({"--html", *o.html_path});
+  if (o.trace_dir) {
+    for (const std::string_view backend : backend_names()) {
+      const std::string stem = output_stem(*o.trace_dir, p, backend).string();
+      const std::string b(backend);
+      outputs.push_back({"the " + b + " trace", stem + ".json"});
+      outputs.push_back({"the " + b + " table", stem + ".txt"});
+      outputs.push_back({"the " + b + " summary", stem + ".summary.json"});
+    }
+  }
+  check_distinct_files(outputs);
   if (o.trace_dir) check_output_dir(*o.trace_dir, "--trace-dir");
   if (o.json_path) check_output_file(*o.json_path, "--json");
   if (o.html_path) {
@@ -99,7 +114,7 @@ std::filesystem::path output_stem(const std::filesystem::path& dir, const Proble
 }
 
 PipelineReport compare(const Problem& p, const PipelineOptions& o, const std::vector<std::string>& only) {
-  check_before_work(o);
+  check_before_work(p, o);
   if (o.gpus > 0) {
     // Only flash shards: another backend asked for by name is refused.
     for (const auto& b : only) check_ring(p, o.gpus, b);
@@ -121,7 +136,7 @@ void PipelineReport::require_any_ran() const {
 }
 
 PipelineReport profile(const Problem& p, std::string backend, const PipelineOptions& o) {
-  check_before_work(o);
+  check_before_work(p, o);
   if (o.gpus > 0) {
     check_ring(p, o.gpus, backend == "auto" ? std::string(kRingBackend) : backend);
     std::vector<RunResult> one;
