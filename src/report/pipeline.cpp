@@ -19,6 +19,22 @@ namespace {
 // Nothing is computed, and nothing is written but directories.
 void check_before_work(const Problem& p, const PipelineOptions& o) {
   (void)key_averages_table(Trace{}, o.table);  // throws on a bad sort key
+  // The run's counts, as the command line bounds them (a library caller,
+  // Python's among them, gets the same refusals in field names).
+  const auto within = [](const char* field, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    if (v < lo || v > hi) {
+      fail(ErrorKind::InvalidArgument, std::string(field) + " must be from " + std::to_string(lo) + " to " +
+                                           std::to_string(hi) + ", got " + std::to_string(v));
+    }
+  };
+  const Schedule& s = o.run.schedule;
+  within("schedule.wait", s.wait, 0, 1000);
+  within("schedule.warmup", s.warmup, 0, 1000);
+  within("schedule.active", s.active, 1, 1000);
+  within("schedule.repeat", s.repeat, 1, 100);
+  within("threads", o.run.threads, 0, 4096);  // 0: every core
+  within("check_rows", o.run.check_rows, 1, std::int64_t{1} << 24);
+  within("unprofiled_calls", o.run.unprofiled_calls, 0, 10000);
   std::vector<NamedFile> outputs;
   if (o.json_path) outputs.push_back({"--json", *o.json_path});
   if (o.html_path) outputs.push_back({"--html", *o.html_path});
