@@ -124,12 +124,13 @@ void on_fatal_signal(int sig) {
 
 struct Target {
   enum Mode { Replace, Device, Descriptor } mode = Replace;
-  fs::path path;        // Replace: the file renamed over; Device: what is opened
-  int fd = -1;          // Descriptor: our own open descriptor
-  bool exists = false;  // Replace: a file is there now
-  mode_t perm = 0666;   // Replace: the existing file's permissions, kept
-  bool fifo = false;    // Device: a FIFO, not a character device
-  std::string refusal;  // why the path cannot be written at all
+  fs::path path;              // Replace: the file renamed over; Device: what is opened
+  int fd = -1;                // Descriptor: our own open descriptor
+  bool exists = false;        // Replace: a file is there now
+  mode_t perm = 0666;         // Replace: the existing file's permissions, kept
+  bool fifo = false;          // Device: a FIFO, not a character device
+  bool through_link = false;  // Replace: `path` is a symbolic link to `path`
+  std::string refusal;        // why the path cannot be written at all
 };
 
 // /proc/self/fd/N, /proc/<our pid>/fd/N: the descriptor N, or -1.
@@ -186,6 +187,7 @@ Target classify(const fs::path& path) {
       return t;
     }
     p = target.is_absolute() ? target : p.parent_path() / target;
+    t.through_link = true;
   }
   struct stat st;
   if (::stat(p.c_str(), &st) != 0) {
@@ -315,7 +317,7 @@ void write_file_atomically(const fs::path& path, std::string_view contents, std:
   }
   std::error_code ec;
   const fs::path dir = final_path.parent_path();
-  if (!dir.empty()) {
+  if (!dir.empty() && !t.through_link) {  // a link's target is where it points, not where to make directories
     fs::create_directories(dir, ec);
     if (ec) fail_io(ec.message());
   }
@@ -357,6 +359,10 @@ void check_output_file(const fs::path& path, std::string_view flag) {
     refuse("it is read-only (permission denied)");
   }
   const fs::path dir = final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
+  std::error_code ec;
+  if (t.through_link && !fs::is_directory(dir, ec)) {
+    refuse("it is a symbolic link to " + final_path.string() + ", whose directory does not exist");
+  }
   if (const std::string why = unwritable_dir(dir); !why.empty()) refuse(dir.string() + ": " + why);
 }
 

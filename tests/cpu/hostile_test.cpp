@@ -190,8 +190,16 @@ const char* kTrace =
 
 // ---- Limits ------------------------------------------------------------------------
 
+// Whether the executable starts at all under an address-space limit: a build
+// that loads the CUDA libraries at start-up needs more than these tests allow.
+bool starts_under(rlim_t as, const fs::path& io) {
+  const Child c = run_cli({"--help"}, io, {.as = as, .timeout_s = 30});
+  return c.code == 0;
+}
+
 TEST(Hostile, AddressSpaceLimitIsRefusedNotHung) {
   TempDir d;
+  if (!starts_under(rlim_t{400} << 20, d.path())) GTEST_SKIP() << "the executable cannot load under 400 MiB";
   // Below what OpenBLAS's buffers need: refused up front (before, OpenBLAS
   // retried its failed map forever at 100% CPU).
   for (const rlim_t as : {rlim_t{400} << 20, rlim_t{700} << 20}) {
@@ -211,6 +219,7 @@ TEST(Hostile, AddressSpaceLimitIsRefusedNotHung) {
 
 TEST(Hostile, LongScheduleIsRefusedNotGrown) {
   TempDir d;
+  if (!starts_under(rlim_t{1500} << 20, d.path())) GTEST_SKIP() << "the executable cannot load under 1500 MiB";
   std::vector<std::string> args = small({"profile", "--backend", "naive"}, d.path());
   for (const char* a : {"--active", "1000", "--repeat", "100"}) args.emplace_back(a);
   // The limit stands for a small machine: the trace's estimate is over what is left.
@@ -257,6 +266,18 @@ TEST(Hostile, OutputsGoThroughDevicesAndLinks) {
   EXPECT_EQ(c.code, 0) << c.err;
   EXPECT_TRUE(fs::is_symlink(d / "link.json"));
   EXPECT_NE(slurp(d / "real.json").find("\"results\""), std::string::npos) << slurp(d / "real.json");
+
+  // A dangling link: its target is created where the link points, but no
+  // directory is made for it.
+  fs::create_symlink(d / "new.json", d / "to_new.json");
+  c = run_cli(small({"explain", "--json", (d / "to_new.json").string()}, d.path()), d.path());
+  EXPECT_EQ(c.code, 0) << c.err;
+  EXPECT_TRUE(fs::is_symlink(d / "to_new.json"));
+  EXPECT_TRUE(fs::is_regular_file(d / "new.json"));
+  fs::create_symlink(d / "no_dir" / "x.json", d / "to_nowhere.json");
+  c = run_cli(small({"explain", "--json", (d / "to_nowhere.json").string()}, d.path()), d.path());
+  expect_one_line(c, "whose directory does not exist");
+  EXPECT_FALSE(fs::exists(d / "no_dir"));
 
   // /dev/stdout is the command's standard output (here a file the child holds).
   c = run_cli(small({"explain", "--json", "/dev/stdout"}, d.path()), d.path());
@@ -354,7 +375,7 @@ TEST(Hostile, SignalDuringAWriteLeavesNoTemporary) {
       remove_temporaries_on_signals();
       const int n = ::open("/dev/null", O_WRONLY);
       ::dup2(n, 2);
-      const std::string contents(std::size_t{768} << 20, 'x');
+      const std::string contents(std::size_t{256} << 20, 'x');
       write_file_atomically(target, contents, "test");
       ::_exit(0);
     }
@@ -372,7 +393,7 @@ TEST(Hostile, SignalDuringAWriteLeavesNoTemporary) {
     EXPECT_TRUE(temporaries(d.path()).empty()) << "signal " << sig << " left " << temporaries(d.path()).front();
     EXPECT_TRUE(WIFSIGNALED(status) || WIFEXITED(status));
     if (WIFSIGNALED(status)) EXPECT_EQ(WTERMSIG(status), sig);  // it dies of the signal, as shells expect
-    if (fs::exists(target)) EXPECT_EQ(fs::file_size(target), std::size_t{768} << 20);
+    if (fs::exists(target)) EXPECT_EQ(fs::file_size(target), std::size_t{256} << 20);
   }
 }
 
