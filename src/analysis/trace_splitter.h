@@ -39,8 +39,8 @@ inline std::string size_str(std::uint64_t bytes) {
 
 // A streaming check that bytes are exactly one JSON value (RFC 8259: the
 // grammar, UTF-8, escapes, no control characters in strings). The splitter
-// runs it over the top-level values it skips, which nothing else parses; the
-// events and the values read are checked by simdjson.
+// runs it over every event and top-level value: simdjson's On-Demand parse
+// checks only what it reads, and skipped values are read by nothing.
 class ValueChecker {
  public:
   void reset() {
@@ -339,16 +339,28 @@ class Splitter {
   }
 
   void keep(const char* p, std::size_t from, std::size_t to) {
-    if (target_ == Target::Skip) {  // not kept, but checked: nothing else reads it
-      checker_.feed(p + from, to - from, offset_ + from);
-      return;
-    }
+    // Every value is checked whole: simdjson's On-Demand parse of an event
+    // skips the fields we do not read without checking them.
+    checked([&] { checker_.feed(p + from, to - from, offset_ + from); });
+    if (target_ == Target::Skip) return;  // not kept
+
     if (to > from) {
       if (text_.size() + (to - from) > o_.max_event_bytes) {
         refuse((target_ == Target::Event ? "event " + std::to_string(events_) : "\"" + key_ + "\"") +
                " is larger than " + size_str(o_.max_event_bytes));
       }
       text_.append(p + from, to - from);
+    }
+  }
+
+  // The checker's refusal, named by the event it is in.
+  template <class F>
+  void checked(F&& f) {
+    if (target_ != Target::Event) return f();
+    try {
+      f();
+    } catch (const Unreadable& u) {
+      refuse("event " + std::to_string(events_) + ": " + u.why);
     }
   }
 
@@ -367,7 +379,7 @@ class Splitter {
     level_ = depth_;
     vstart_ = i;
     text_.clear();
-    if (target == Target::Skip) checker_.reset();
+    checker_.reset();
     const char c = p[i];
     if (c == '{' || c == '[') {
       kind_ = Kind::Container;
@@ -384,7 +396,7 @@ class Splitter {
 
   void complete() {
     state_ = resume_;
-    if (target_ == Target::Skip) checker_.finish(offset_);
+    checked([&] { checker_.finish(offset_); });
     if (target_ == Target::Event) {
       if (++events_ > o_.max_events) refuse("more than " + std::to_string(o_.max_events) + " events");
       sink_.event(text_, events_ - 1);

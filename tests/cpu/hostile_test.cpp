@@ -547,6 +547,10 @@ TEST(Hostile, TheWholeDocumentIsValidated) {
            "\xef{" + events + "}",
            "\xef\xbb{" + events + "}",
            "{" + events + ", " + events + "}",
+           // Inside an event, in fields nothing reads.
+           R"({"traceEvents": [)" + event("cpu_op", R"(, "junk": @@@)") + "]}",
+           R"({"traceEvents": [)" + event("cpu_op", R"(, "args": {"x": [1, tru]})") + "]}",
+           R"({"traceEvents": [)" + event("cpu_op", ", \"args\": {\"x\": \"\xff\"}") + "]}",
        }) {
     const std::string why = parse_why(bad);
     EXPECT_NE(why, "accepted") << bad;
