@@ -47,6 +47,36 @@ def cuda_built() -> bool:
     return _core.cuda_built()
 
 
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _whole(name: str, value, bounds=_INT32, optional: bool = False):
+    """A whole number the C++ side can hold, or attnprof.Error naming the argument.
+
+    The library bounds what it means (threads from 0 to 4096, ...); this only
+    keeps a wrong type or a number past 64 bits from reaching the bindings,
+    which would raise a TypeError about the whole call.
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise Error(f"{name} must be a whole number, got {type(value).__name__} {value!r}")
+    v = value.__index__()
+    if not bounds[0] <= v <= bounds[1]:
+        raise Error(f"{name} is out of range: {v}")
+    return v
+
+
+def _real(name: str, value):
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise Error(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
+
+
 def _is_torch(x) -> bool:
     # A torch tensor can only exist once torch is imported: no import here.
     torch = _sys.modules.get("torch")
@@ -74,6 +104,12 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
     """
     if layout not in ("bhsd", "bshd"):
         raise Error(f"unknown layout '{layout}': use bhsd ([B, H, S, D]) or bshd ([B, S, H, D])")
+    threads = _whole("threads", threads)
+    window = _whole("window", window, _INT64, optional=True)
+    scale = _real("scale", scale)
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if getattr(getattr(x, "dtype", None), "kind", None) == "O":
+            raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
     if _is_torch(q):
         from . import _torch
 
@@ -120,9 +156,29 @@ def torch_ops():
 
 def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_="forward",
              deterministic=False):
+    batch, heads, seq, head_dim = (_whole(n, v, _INT64) for n, v in
+                                   (("batch", batch), ("heads", heads), ("seq", seq), ("head_dim", head_dim)))
+    kv_heads = _whole("kv_heads", kv_heads, _INT64, optional=True)
+    kv_seq = _whole("kv_seq", kv_seq, _INT64, optional=True)
+    window = _whole("window", window, _INT64, optional=True)
+    scale = _real("scale", scale)
     return _core.Problem(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, kv_seq=kv_seq, head_dim=head_dim,
                          dtype=dtype, device=device, mask=mask, window=window, scale=scale, pass_=pass_,
                          deterministic=deterministic)
+
+
+def _run_args(seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit):
+    """compare's and profile's numbers, checked as _whole does (the library bounds them)."""
+    try:
+        schedule = tuple(schedule)
+    except TypeError:
+        raise Error(f"schedule must be (wait, warmup, active, repeat), got {schedule!r}") from None
+    if len(schedule) != 4:
+        raise Error(f"schedule must be (wait, warmup, active, repeat), got {schedule!r}")
+    schedule = tuple(_whole(f"schedule.{n}", v) for n, v in zip(("wait", "warmup", "active", "repeat"), schedule))
+    expect = {str(k): _whole(f"expect[{k!r}]", v) for k, v in dict(expect or {}).items()}
+    return (_whole("seed", seed, (0, 2**64 - 1)), _whole("threads", threads), _whole("check_rows", check_rows, _INT64),
+            schedule, _whole("unprofiled_calls", unprofiled_calls), expect, _whole("row_limit", row_limit))
 
 
 def _default_shape(device, batch, heads, seq, head_dim):
@@ -146,8 +202,10 @@ def compare(*, batch: int | None = None, heads: int | None = None, seq: int = 10
     """
     b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
     p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
-    rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows,
-                        tuple(schedule), unprofiled_calls, dict(expect or {}), sort_by, row_limit)
+    seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
+        seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
+    rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
+                        unprofiled_calls, expect, sort_by, row_limit)
     return Report(rep, "compare")
 
 
@@ -162,8 +220,10 @@ def profile(backend: str = "auto", *, batch: int | None = None, heads: int | Non
     """`attnprof profile --backend B` as a call: one backend ("auto" picks one); its key-averages table in .table."""
     b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
     p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
-    rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, tuple(schedule),
-                        unprofiled_calls, dict(expect or {}), sort_by, row_limit)
+    seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
+        seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
+    rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
+                        unprofiled_calls, expect, sort_by, row_limit)
     return Report(rep, "profile")
 
 
@@ -174,4 +234,4 @@ def explain(*, batch: int | None = None, heads: int | None = None, seq: int = 10
     """`attnprof explain` as a call: which backends can take the problem and why, and what auto picks."""
     b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
     p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
-    return Explanation(*_core.explain(p, threads))
+    return Explanation(*_core.explain(p, _whole("threads", threads)))

@@ -86,6 +86,88 @@ def test_bad_problem_for_reports():
         attnprof.compare(batch=-1, trace_dir=None)
 
 
+def test_arrays_it_cannot_read():
+    q, k, v = arrays()
+    with pytest.raises(attnprof.Error, match=r"q must be 4-d.*got 0-d"):
+        attnprof.attention(np.array(1.0, np.float32), k, v)
+    with pytest.raises(attnprof.Error, match=r"q is an array of Python objects"):
+        attnprof.attention(q.astype(object), k, v)
+    with pytest.raises(attnprof.Error, match=r"dtype attnprof does not take"):
+        attnprof.attention(q.astype(np.complex64), k, v)
+    with pytest.raises(attnprof.Error, match=r"q is empty \(dimension 2 has size 0\)"):
+        attnprof.attention(np.ones((1, 2, 0, 32), np.float32), k, v)
+    with pytest.raises(attnprof.Error, match=r"strided head_dim"):
+        attnprof.attention(np.asfortranarray(q), k, v)
+
+
+def test_sizes_it_cannot_hold():
+    q, k, v = arrays()
+    # 2^55 elements of one float, by stride 0: no offset arithmetic on them.
+    huge = np.lib.stride_tricks.as_strided(np.zeros(32, np.float32), (2**20, 2**20, 2**10, 32), (0, 0, 0, 4))
+    with pytest.raises(attnprof.Error, match=r"more than 2\^48 elements"):
+        attnprof.attention(huge, huge, huge, out=np.empty(q.shape, np.float32))
+    # An output whose elements overlap (not a broadcast: no stride is 0).
+    overlapping = np.lib.stride_tricks.as_strided(np.zeros(2048, np.float32), q.shape, (4, 4, 4, 4))
+    with pytest.raises(attnprof.Error, match=r"out .* overlaps itself"):
+        attnprof.attention(q, k, v, out=overlapping)
+    for kwargs, message in (({"threads": 2**40}, r"threads is out of range"),
+                            ({"threads": -3}, r"threads must be from 0"),
+                            ({"threads": 1.5}, r"threads must be a whole number"),
+                            ({"mask": "sliding_window", "window": 2**70}, r"window is out of range"),
+                            ({"scale": "x"}, r"scale must be a number"),
+                            ({"scale": float("nan")}, r"finite")):
+        with pytest.raises(attnprof.Error, match=message):
+            attnprof.attention(q, k, v, **kwargs)
+    small = {"batch": 1, "heads": 1, "seq": 64, "trace_dir": None}
+    for kwargs, message in (({"batch": 2**64}, r"batch is out of range"),
+                            ({"schedule": (0, 0, -1, 1)}, r"schedule.active must be from 1 to 1000"),
+                            ({"schedule": (0, 0, 2**31, 1)}, r"schedule.active is out of range"),
+                            ({"schedule": (0, 1)}, r"schedule must be"),
+                            ({"threads": 5000}, r"threads must be from 0 to 4096"),
+                            ({"check_rows": -5}, r"check_rows must be from 1"),
+                            ({"unprofiled_calls": -1}, r"unprofiled_calls must be from 0"),
+                            ({"seed": -1}, r"seed is out of range")):
+        with pytest.raises(attnprof.Error, match=message):
+            attnprof.compare(**{**small, **kwargs})
+
+
+def test_colliding_outputs_are_refused_before_any_work(tmp_path):
+    trace = tmp_path / "traces" / "1_1_64_64_flash.json"
+    with pytest.raises(attnprof.Error, match=r"same file as the flash trace"):
+        attnprof.compare(batch=1, heads=1, seq=64, backends=["flash"], trace_dir=str(tmp_path / "traces"),
+                         json_path=str(trace))
+    assert not (tmp_path / "traces" / "1_1_64_64_flash.txt").exists()
+
+
+def test_keyboard_interrupt_stops_a_long_call_and_leaves_nothing(tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    # A call that finishes first: what the library keeps between calls (its mask cache) is not the interrupt's.
+    attnprof.compare(batch=1, heads=2, seq=128, head_dim=64, backends=["naive"], trace_dir=None,
+                     schedule=(0, 0, 1, 1), threads=1)
+    gc.collect()
+    before = _core.allocated_bytes("cpu")
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            # 10000 steps of naive: minutes, unless the interrupt stops it.
+            attnprof.compare(batch=1, heads=2, seq=128, head_dim=64, backends=["naive"],
+                             trace_dir=str(tmp_path / "traces"), json_path=str(tmp_path / "o.json"),
+                             schedule=(0, 0, 1000, 10), threads=1)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 30
+    left = [p.name for p in tmp_path.rglob("*") if p.is_file()]
+    assert left == [], f"an interrupted call left {left}"
+    gc.collect()
+    assert _core.allocated_bytes("cpu") == before
+
+
 torch = pytest.importorskip("torch")
 
 

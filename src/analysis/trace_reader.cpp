@@ -7,7 +7,11 @@
 // zlib's gzread reads gzipped and plain files alike.
 #include "attnprof/trace_reader.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <simdjson.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -38,6 +42,12 @@ namespace {
 namespace od = simdjson::ondemand;
 namespace sc = schema;
 using namespace trace_reading;
+
+// Bounds that keep every sum and difference the rules make inside an int64.
+constexpr std::int64_t kMaxBaseNs = 4'000'000'000'000'000'000;
+constexpr std::int64_t kMaxTimeNs = 4'000'000'000'000'000'000;  // ts, and base + ts
+constexpr std::int64_t kMaxDurNs = 1'000'000'000'000'000'000;
+constexpr std::int64_t kMaxBytes = std::int64_t{1} << 50;
 
 // ---- Stage 2: events into Activities ---------------------------------------------
 
@@ -127,21 +137,16 @@ class EventReader final : public Splitter::Sink {
       refuse(what + json_error(e));
     }
     if (key == sc::kBaseTimeNanoseconds) {
-      std::string_view raw;
-      if (doc.raw_json_token().get(raw)) refuse(what + "not a number");
-      std::int64_t base = 0;
-      const auto [ptr, ec] = std::from_chars(raw.data(), raw.data() + raw.size(), base);
-      if (ec != std::errc() || base < 0 || base > std::int64_t{4'000'000'000'000'000'000}) {
-        refuse(what + "not a whole number of nanoseconds in range");
+      // A whole number written as one (1e3 is 1000, 1.5 is refused), the whole document.
+      const std::optional<std::int64_t> base = integer(doc);
+      if (!base || *base < 0 || *base > kMaxBaseNs) {
+        refuse(what + "not a whole number of nanoseconds from 0 to 4e18");
       }
-      (void)ptr;
-      base_ns_ = base;
-    } else if (key == sc::kTraceName) {
+      base_ns_ = *base;
+    } else if (key == sc::kTraceName || key == sc::kCollectorNote) {
       std::string_view s;
-      if (doc.get_string().get(s) == simdjson::SUCCESS) trace_.name = std::string(s);
-    } else if (key == sc::kCollectorNote) {
-      std::string_view s;
-      if (doc.get_string().get(s) == simdjson::SUCCESS) trace_.collector_note = std::string(s);
+      if (doc.get_string().get(s) != simdjson::SUCCESS) refuse(what + "not a string");
+      (key == sc::kTraceName ? trace_.name : trace_.collector_note) = std::string(s);
     } else if (key == sc::kDeviceProperties) {
       read_devices(doc, what);
     }
@@ -150,8 +155,12 @@ class EventReader final : public Splitter::Sink {
   // Times from the base, every kernel's occupancy, the trace's device.
   void finish() {
     for (Activity& a : trace_.activities) {
-      if (a.start_ns > std::numeric_limits<std::int64_t>::max() - base_ns_) refuse("an event's ts is out of range");
+      // Every start and end within +-5e18 ns keeps ends and differences of
+      // any two times inside an int64.
       a.start_ns += base_ns_;
+      if (a.start_ns < -kMaxTimeNs || a.start_ns > kMaxTimeNs) {
+        refuse("an event's time (baseTimeNanoseconds + ts) is out of range: more than 4e18 ns from 0");
+      }
     }
     trace_.base_ns = base_ns_;
     if (!devices_.empty()) {
@@ -188,9 +197,10 @@ class EventReader final : public Splitter::Sink {
     refuse(prefix() + "\"" + std::string(field) + "\" " + why);
   }
 
-  // Whole numbers, accepting integral doubles ("device": 0.0); none for a
-  // wrong type or a number out of range.
-  static std::optional<std::int64_t> integer(od::value v) {
+  // Whole numbers, accepting integral doubles ("device": 0.0, 1e3); none for
+  // a wrong type, a fraction or a number out of range.
+  template <class V>
+  static std::optional<std::int64_t> integer(V& v) {
     od::number_type t;
     if (v.get_number_type().get(t)) return std::nullopt;
     if (t == od::number_type::signed_integer) {
@@ -204,7 +214,7 @@ class EventReader final : public Splitter::Sink {
       return static_cast<std::int64_t>(x);  // correlation ids wrap as Kineto's do
     }
     double d;
-    if (v.get_double().get(d) || !std::isfinite(d) || std::abs(d) > 9.0e18) return std::nullopt;
+    if (v.get_double().get(d) || !std::isfinite(d) || std::abs(d) > 9.0e18 || d != std::trunc(d)) return std::nullopt;
     return static_cast<std::int64_t>(d);
   }
 
@@ -380,6 +390,9 @@ class EventReader final : public Splitter::Sink {
     if (!ts) bad_field("ts", "is missing");
     if (complete && !dur) bad_field("dur", "is missing");
     if (dur && *dur < 0) bad_field("dur", "is negative");
+    if (*ts < -kMaxTimeNs || *ts > kMaxTimeNs) bad_field("ts", "is out of range (more than 4e18 ns from 0)");
+    if (dur && *dur > kMaxDurNs) bad_field("dur", "is out of range (more than 1e18 ns, 31 years)");
+    check_sizes(*type, args);
     a.type = *type;
     a.start_ns = *ts;
     a.dur_ns = complete ? *dur : 0;
@@ -435,6 +448,35 @@ class EventReader final : public Splitter::Sink {
         break;
     }
     trace_.activities.push_back(std::move(a));
+  }
+
+  // Sizes are never negative, and stay far enough inside an int64 that sums
+  // over millions of events cannot overflow.
+  template <class A>
+  void check_sizes(ActivityType type, const A& args) const {
+    const auto size = [&](std::string_view field, const std::optional<std::int64_t>& v) {
+      if (!v) return;
+      if (*v < 0) bad_field(field, "is negative");
+      if (*v > kMaxBytes) bad_field(field, "is out of range (more than 2^50)");
+    };
+    namespace k = sc::args;
+    if (type == ActivityType::Kernel) {
+      size(k::kRegistersPerThread, args.registers);
+      size(k::kSharedMemory, args.shared);
+      for (int i = 0; i < 3; ++i) {
+        if (args.grid[i] < 0) bad_field(k::kGrid, "has a negative dimension");
+        if (args.block[i] < 0) bad_field(k::kBlock, "has a negative dimension");
+      }
+    } else if (type == ActivityType::Memcpy || type == ActivityType::Memset) {
+      size(k::kBytes, args.bytes);
+    } else if (type == ActivityType::Allocation) {
+      // A free's Bytes are negative; the totals never are.
+      if (args.mem_bytes && (*args.mem_bytes < -kMaxBytes || *args.mem_bytes > kMaxBytes)) {
+        bad_field(k::kMemBytes, "is out of range (more than 2^50)");
+      }
+      size(k::kTotalAllocated, args.total_alloc);
+      size(k::kTotalReserved, args.total_reserved);
+    }
   }
 
   template <class A>
@@ -514,7 +556,25 @@ class EventReader final : public Splitter::Sink {
           continue;
         }
         const auto n = integer(v);
-        if (!n) continue;
+        if (!n) continue;  // of another type: ignored, as in args
+        static constexpr std::string_view kRead[] = {k::kId,
+                                                     k::kTotalGlobalMem,
+                                                     k::kComputeMajor,
+                                                     k::kComputeMinor,
+                                                     k::kMaxThreadsPerBlock,
+                                                     k::kMaxThreadsPerMultiprocessor,
+                                                     k::kRegsPerBlock,
+                                                     k::kWarpSize,
+                                                     k::kSharedMemPerBlock,
+                                                     k::kNumSms,
+                                                     k::kRegsPerMultiprocessor,
+                                                     k::kSharedMemPerBlockOptin,
+                                                     k::kSharedMemPerMultiprocessor,
+                                                     k::kMaxBlocksPerMultiprocessor,
+                                                     k::kL2CacheSize};
+        if (*n < 0 && std::find(std::begin(kRead), std::end(kRead), key) != std::end(kRead)) {
+          refuse(what + "\"" + std::string(key) + "\" is negative");
+        }
         if (key == k::kId) d.id = small(n);
         if (key == k::kTotalGlobalMem) d.total_global_mem = *n;
         if (key == k::kComputeMajor) d.compute_major = small(n);
@@ -592,17 +652,66 @@ Trace parse_chrome_trace(std::string_view json, std::string_view source, const T
   }
 }
 
+namespace {
+
+// Opens `path` for reading without blocking, and refuses what is no file: a
+// directory, a device (/dev/zero never ends), a socket, a FIFO nobody writes
+// to within a few seconds. A FIFO or pipe that is written to (`analyze
+// <(zcat t.json.gz)`) is read.
+int open_trace_file(const std::filesystem::path& path, const std::function<void(const std::string&)>& cannot) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) cannot("no such file");
+    if (err == ELOOP) cannot("a loop of symbolic links");
+    if (err == ENXIO) cannot("it is a socket, not a trace file");
+    cannot(errno_reason(err));
+  }
+  struct Closer {
+    int fd;
+    bool armed = true;
+    ~Closer() {
+      if (armed) ::close(fd);
+    }
+  } guard{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) cannot(errno_reason(errno));
+  if (S_ISDIR(st.st_mode)) cannot("it is a directory, not a trace file");
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) cannot("it is a device, not a trace file");
+  if (S_ISSOCK(st.st_mode)) cannot("it is a socket, not a trace file");
+  if (S_ISFIFO(st.st_mode)) {
+    constexpr int kWaitMs = 3000;
+    pollfd p{fd, POLLIN, 0};
+    int ready;
+    while ((ready = ::poll(&p, 1, kWaitMs)) < 0 && errno == EINTR) {
+    }
+    if (ready == 0) {
+      cannot("it is a FIFO that no process wrote to within " + std::to_string(kWaitMs / 1000) +
+             " s: start its writer, or pipe the trace to standard input (analyze -)");
+    }
+  } else if (!S_ISREG(st.st_mode)) {
+    cannot("it is not a regular file");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  guard.armed = false;
+  return fd;
+}
+
+}  // namespace
+
 Trace read_chrome_trace(const std::filesystem::path& path, const TraceReadOptions& options) {
   const std::string name = path.string();
-  const auto cannot = [&](const std::string& why) { fail(ErrorKind::BadInput, "cannot read " + name + ": " + why); };
-  std::error_code ec;
-  if (name != "-") {
-    if (!std::filesystem::exists(path, ec)) cannot("no such file");
-    if (std::filesystem::is_directory(path, ec)) cannot("it is a directory, not a trace file");
-  }
+  const std::function<void(const std::string&)> cannot = [&](const std::string& why) {
+    fail(ErrorKind::BadInput, "cannot read " + name + ": " + why);
+  };
+  const int fd = name == "-" ? ::dup(0) : open_trace_file(path, cannot);
+  if (fd < 0) cannot(errno_reason(errno));
   errno = 0;
-  gzFile f = name == "-" ? gzdopen(0, "rb") : gzopen(name.c_str(), "rb");
-  if (!f) cannot(errno ? errno_reason(errno) : "cannot open it");
+  gzFile f = gzdopen(fd, "rb");
+  if (!f) {
+    ::close(fd);
+    cannot(errno ? errno_reason(errno) : "cannot open it");
+  }
   struct Closer {
     gzFile f;
     ~Closer() { gzclose(f); }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -35,6 +36,243 @@ inline std::string size_str(std::uint64_t bytes) {
   if (b >= (1 << 20)) return analysis::format("%.1f MiB", b / (1 << 20));
   return analysis::format("%.0f bytes", b);
 }
+
+// A streaming check that bytes are exactly one JSON value (RFC 8259: the
+// grammar, UTF-8, escapes, no control characters in strings). The splitter
+// runs it over every event and top-level value: simdjson's On-Demand parse
+// checks only what it reads, and skipped values are read by nothing.
+class ValueChecker {
+ public:
+  void reset() {
+    stack_.clear();
+    state_ = S::Value;
+    utf8_left_ = hex_left_ = 0;
+    lit_ = nullptr;
+  }
+
+  // `offset`: the document offset of p[0], for messages.
+  void feed(const char* p, std::size_t n, std::uint64_t offset) {
+    for (std::size_t i = 0; i < n; ++i) step(static_cast<unsigned char>(p[i]), offset + i);
+  }
+
+  // The value must be complete here.
+  void finish(std::uint64_t offset) {
+    if (in_number()) state_ = S::After;
+    if (state_ != S::After || !stack_.empty()) refuse("not JSON: a value ends early " + where(offset));
+  }
+
+ private:
+  enum class S { Value, After, Key, KeyOrClose, Colon, Str, Esc, Lit, Minus, Zero, Int, Dot, Frac, E, ESign, Exp };
+
+  static std::string where(std::uint64_t at) { return "at byte " + std::to_string(at); }
+  [[noreturn]] static void bad(const char* what, std::uint64_t at) {
+    refuse(std::string("not JSON: ") + what + " " + where(at));
+  }
+  static bool ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+  static bool digit(unsigned char c) { return c >= '0' && c <= '9'; }
+  bool in_number() const { return state_ == S::Zero || state_ == S::Int || state_ == S::Frac || state_ == S::Exp; }
+
+  void value(unsigned char c, std::uint64_t at) {
+    if (ws(c)) return;
+    switch (c) {
+      case '{':
+        stack_.push_back('{');
+        state_ = S::KeyOrClose;
+        return;
+      case '[':
+        stack_.push_back('[');
+        state_ = S::Value;
+        array_start_ = true;
+        return;
+      case '"':
+        key_ = false;
+        state_ = S::Str;
+        return;
+      case 't':
+        lit_ = "rue";
+        state_ = S::Lit;
+        return;
+      case 'f':
+        lit_ = "alse";
+        state_ = S::Lit;
+        return;
+      case 'n':
+        lit_ = "ull";
+        state_ = S::Lit;
+        return;
+      case '-':
+        state_ = S::Minus;
+        return;
+      case '0':
+        state_ = S::Zero;
+        return;
+      default:
+        if (digit(c)) {
+          state_ = S::Int;
+          return;
+        }
+        if (c == ']' && array_start_ && !stack_.empty() && stack_.back() == '[') {
+          close(c, at);
+          return;
+        }
+        bad("expected a value", at);
+    }
+  }
+
+  void close(unsigned char c, std::uint64_t at) {
+    if (stack_.empty() || (c == '}') != (stack_.back() == '{')) bad("a bracket that does not match", at);
+    stack_.pop_back();
+    state_ = S::After;
+    array_start_ = false;
+  }
+
+  // After a value: a separator or a close; a number ends at the first byte not its own.
+  void after(unsigned char c, std::uint64_t at) {
+    if (ws(c)) return;
+    if (stack_.empty()) bad("more than one value", at);
+    if (c == ',') {
+      state_ = stack_.back() == '{' ? S::Key : S::Value;
+      array_start_ = false;
+      return;
+    }
+    if (c == '}' || c == ']') return close(c, at);
+    bad("expected ',' or a close", at);
+  }
+
+  void string_byte(unsigned char c, std::uint64_t at) {
+    if (utf8_left_ > 0) {
+      if (c < lo_ || c > hi_) bad("invalid UTF-8", at);
+      lo_ = 0x80;
+      hi_ = 0xBF;
+      --utf8_left_;
+      return;
+    }
+    if (c == '"') {
+      state_ = key_ ? S::Colon : S::After;
+      return;
+    }
+    if (c == '\\') {
+      state_ = S::Esc;
+      return;
+    }
+    if (c < 0x20) bad("a control character in a string", at);
+    if (c < 0x80) return;
+    lo_ = 0x80;
+    hi_ = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      utf8_left_ = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      utf8_left_ = 2;
+      if (c == 0xE0) lo_ = 0xA0;
+      if (c == 0xED) hi_ = 0x9F;  // no UTF-16 surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      utf8_left_ = 3;
+      if (c == 0xF0) lo_ = 0x90;
+      if (c == 0xF4) hi_ = 0x8F;
+    } else {
+      bad("invalid UTF-8", at);
+    }
+  }
+
+  void step(unsigned char c, std::uint64_t at) {
+    switch (state_) {
+      case S::Value:
+        return value(c, at);
+      case S::After:
+        return after(c, at);
+      case S::KeyOrClose:
+        if (ws(c)) return;
+        if (c == '}') return close(c, at);
+        [[fallthrough]];
+      case S::Key:
+        if (ws(c)) return;
+        if (c != '"') bad("expected a key", at);
+        key_ = true;
+        state_ = S::Str;
+        return;
+      case S::Colon:
+        if (ws(c)) return;
+        if (c != ':') bad("expected ':'", at);
+        state_ = S::Value;
+        array_start_ = false;
+        return;
+      case S::Str:
+        return string_byte(c, at);
+      case S::Esc:
+        if (hex_left_ > 0) {
+          if (!std::isxdigit(c)) bad("a \\u escape without four hex digits", at);
+          if (--hex_left_ == 0) state_ = S::Str;
+          return;
+        }
+        if (c == 'u') {
+          hex_left_ = 4;
+          return;
+        }
+        if (!std::strchr("\"\\/bfnrt", c) || c == 0) bad("an invalid escape", at);
+        state_ = S::Str;
+        return;
+      case S::Lit:
+        if (c != static_cast<unsigned char>(*lit_)) bad("an unknown literal", at);
+        if (*++lit_ == 0) state_ = S::After;
+        return;
+      case S::Minus:
+        if (c == '0')
+          state_ = S::Zero;
+        else if (digit(c))
+          state_ = S::Int;
+        else
+          bad("a malformed number", at);
+        return;
+      case S::Zero:
+      case S::Int:
+        if (digit(c) && state_ == S::Int) return;
+        if (c == '.')
+          state_ = S::Dot;
+        else if (c == 'e' || c == 'E')
+          state_ = S::E;
+        else if (digit(c))
+          bad("a number with a leading zero", at);
+        else {
+          state_ = S::After;
+          after(c, at);
+        }
+        return;
+      case S::Dot:
+        if (!digit(c)) bad("a malformed number", at);
+        state_ = S::Frac;
+        return;
+      case S::Frac:
+        if (digit(c)) return;
+        if (c == 'e' || c == 'E') {
+          state_ = S::E;
+          return;
+        }
+        state_ = S::After;
+        return after(c, at);
+      case S::E:
+        if (c == '+' || c == '-') {
+          state_ = S::ESign;
+          return;
+        }
+        [[fallthrough]];
+      case S::ESign:
+        if (!digit(c)) bad("a malformed number", at);
+        state_ = S::Exp;
+        return;
+      case S::Exp:
+        if (digit(c)) return;
+        state_ = S::After;
+        return after(c, at);
+    }
+  }
+
+  std::string stack_;
+  S state_ = S::Value;
+  bool key_ = false, array_start_ = false;
+  int utf8_left_ = 0, hex_left_ = 0;
+  unsigned char lo_ = 0x80, hi_ = 0xBF;
+  const char* lit_ = nullptr;
+};
 
 class Splitter {
  public:
@@ -83,18 +321,46 @@ class Splitter {
 
   [[noreturn]] void unexpected(const char* p, std::size_t i, const char* wanted) const {
     const unsigned char c = static_cast<unsigned char>(p[i]);
-    std::string found =
-        c >= 0x20 && c < 0x7f ? std::string("'") + static_cast<char>(c) + "'" : analysis::format("byte 0x%02x", c);
+    std::string found;
+    if (c >= 0x20 && c < 0x7f) {
+      found = std::string("'") + static_cast<char>(c) + "'";
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", static_cast<unsigned>(c));
+      found = std::string("byte ") + hex;
+    }
+    // What the first byte of a file says it is, when it is no JSON.
+    if (offset_ + i == 0 && state_ == State::Start) {
+      if (c == 0x00) found += " (a NUL: a binary or zero-filled file, not a trace)";
+      if (c == 0x1f) found += " (a gzip stream inside the gzip stream: decompress it once more)";
+      if (c == 0xff || c == 0xfe) found += " (UTF-16 text: a trace is UTF-8)";
+    }
     refuse("not JSON: expected " + std::string(wanted) + " " + where(i) + ", found " + found);
   }
 
   void keep(const char* p, std::size_t from, std::size_t to) {
+    // Every value is checked whole: simdjson's On-Demand parse of an event
+    // skips the fields we do not read without checking them.
+    checked([&] { checker_.feed(p + from, to - from, offset_ + from); });
+    if (target_ == Target::Skip) return;  // not kept
+
     if (to > from) {
       if (text_.size() + (to - from) > o_.max_event_bytes) {
         refuse((target_ == Target::Event ? "event " + std::to_string(events_) : "\"" + key_ + "\"") +
                " is larger than " + size_str(o_.max_event_bytes));
       }
       text_.append(p + from, to - from);
+    }
+  }
+
+  // The checker's refusal, named by the event it is in.
+  template <class F>
+  void checked(F&& f) {
+    if (target_ != Target::Event) return f();
+    try {
+      f();
+    } catch (const Unreadable& u) {
+      refuse("event " + std::to_string(events_) + ": " + u.why);
     }
   }
 
@@ -109,10 +375,11 @@ class Splitter {
     state_ = State::Value;
     target_ = target;
     resume_ = resume;
-    capture_ = target != Target::Skip;
+    capture_ = true;  // kept, or for a skipped value checked (keep)
     level_ = depth_;
     vstart_ = i;
     text_.clear();
+    checker_.reset();
     const char c = p[i];
     if (c == '{' || c == '[') {
       kind_ = Kind::Container;
@@ -129,6 +396,7 @@ class Splitter {
 
   void complete() {
     state_ = resume_;
+    checked([&] { checker_.finish(offset_); });
     if (target_ == Target::Event) {
       if (++events_ > o_.max_events) refuse("more than " + std::to_string(o_.max_events) + " events");
       sink_.event(text_, events_ - 1);
@@ -147,7 +415,8 @@ class Splitter {
           bom_ = 1;
           return i + 1;
         }
-        if (bom_ > 0 && bom_ < 3) {
+        if (bom_ > 0 && bom_ < 3) {  // the rest of the mark, EF BB BF, and nothing else
+          if (static_cast<unsigned char>(c) != (bom_ == 1 ? 0xBB : 0xBF)) unexpected(p, i, "a UTF-8 byte order mark");
           ++bom_;
           return i + 1;
         }
@@ -175,6 +444,7 @@ class Splitter {
         unexpected(p, i, "a key");
       case State::Key: {
         if (key_escape_pending_) {  // the byte after a backslash, maybe in the next chunk
+          if (!std::strchr("\"\\/bfnrtu", c) || c == 0) unexpected(p, i, "an escape ('\\\"', '\\n', ...)");
           key_ += c;
           key_escape_pending_ = false;
           kstart_ = i + 1;
@@ -190,6 +460,7 @@ class Splitter {
           kstart_ = j + 1;
           return j + 1;
         }
+        check_key(i);
         state_ = State::Colon;
         after_comma_ = false;
         return j + 1;
@@ -203,6 +474,7 @@ class Splitter {
         if (space(c)) return i + 1;
         if (key_ == sc::kTraceEvents && !key_escape_) {
           if (c != '[') refuse("\"traceEvents\" is not an array " + where(i));
+          if (saw_events_) refuse("a second \"traceEvents\" array " + where(i));
           deeper(p, i);
           saw_events_ = in_events_ = true;
           state_ = State::ArrElem;
@@ -319,6 +591,21 @@ class Splitter {
     }
   }
 
+  // A top-level key: UTF-8 with no control characters (its escapes were
+  // checked as they were read).
+  void check_key(std::size_t i) const {
+    ValueChecker k;
+    std::string quoted = "\"";
+    for (const char ch : key_) quoted += (ch == '"' || ch == '\\') ? ' ' : ch;
+    quoted += '"';
+    try {
+      k.feed(quoted.data(), quoted.size(), 0);
+      k.finish(0);
+    } catch (const Unreadable&) {
+      refuse("not JSON: a key that is not valid UTF-8 or holds a control character " + where(i));
+    }
+  }
+
   static bool wanted(const std::string& key) {
     return key == sc::kDeviceProperties || key == sc::kBaseTimeNanoseconds || key == sc::kTraceName ||
            key == sc::kCollectorNote;
@@ -335,6 +622,7 @@ class Splitter {
   std::size_t vstart_ = 0, kstart_ = 0;
   std::uint64_t offset_ = 0, events_ = 0;
   std::string key_, text_;
+  ValueChecker checker_;
 };
 
 }  // namespace attnprof::trace_reading

@@ -128,8 +128,16 @@ AnalyzeOptions analyze_options(const Options& o) {
 
 }  // namespace
 
-// --json and --html checked, and Plotly found, before any trace is read.
+// --json and --html checked, and Plotly found, before any trace is read:
+// neither may be the other, nor one of the traces read.
 void check_trace_outputs(const Options& o) {
+  std::vector<NamedFile> files;
+  if (o.json_path) files.push_back({"--json", *o.json_path});
+  if (o.html_path) files.push_back({"--html", *o.html_path});
+  for (const auto& t : o.traces) {
+    if (t != "-") files.push_back({"the trace", t, /*output=*/false});
+  }
+  check_distinct_files(files);
   if (o.json_path) check_output_file(*o.json_path, "--json");
   if (o.html_path) {
     check_output_file(*o.html_path, "--html");

@@ -8,6 +8,7 @@
 
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
+#include "attnprof/trace_io.h"
 #include "cli/commands.h"
 
 namespace {
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
     ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
   }
+  remove_temporaries_on_signals();
   try {
     cli::Options o = cli::parse(argc, argv);
     if (o.help) {

@@ -2,6 +2,8 @@
 // inputs, poison the output, step through the schedule, check against float64.
 #include "attnprof/runner.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +34,18 @@ std::string gib(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
   return buf;
+}
+
+// Where the CPU's free memory is an address-space or data limit's, saying so.
+std::string limit_note(Device d) {
+  if (d != Device::Cpu) return {};
+  for (const int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+    rlimit r{};
+    if (::getrlimit(resource, &r) == 0 && r.rlim_cur != RLIM_INFINITY) {
+      return " under the process's memory limit (ulimit -v or -d)";
+    }
+  }
+  return {};
 }
 
 std::size_t input_bytes(const Problem& p) {
@@ -71,6 +85,36 @@ void call(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx) {
   }
 }
 
+// Bytes an event of the trace holds: the record and its strings while it is
+// recorded, and the JSON tree and text the trace file is built from (about
+// 2 KiB an event, measured on a kernel's event) when it is written.
+double event_bytes(const Activity& a) {
+  constexpr double kWritingBytes = 2048;
+  return static_cast<double>(sizeof(Activity) + a.name.capacity() + a.input_dtypes.capacity() +
+                             a.input_dims.capacity()) +
+         kWritingBytes;
+}
+
+// The trace grows by each recorded step's events: once the first recorded
+// steps are in, the schedule's whole trace is estimated from them and refused
+// if host memory cannot hold it (a long schedule, --active 1000 --repeat 100,
+// would otherwise grow until the machine swaps or the kernel kills us).
+void check_trace_fits(const Trace& trace, int recorded, int to_record, const Schedule& schedule, int threads) {
+  if (trace.activities.empty()) return;
+  double bytes = 0;
+  for (const Activity& a : trace.activities) bytes += event_bytes(a);
+  const double per_step = bytes / recorded;
+  const double need = per_step * to_record;
+  const double have = static_cast<double>(device_runtime(Device::Cpu, threads).available_bytes());
+  if (need <= 0.8 * have) return;
+  fail(ErrorKind::OutOfMemory, "the schedule records " + std::to_string(to_record) + " steps (active " +
+                                   std::to_string(schedule.active) + " x repeat " + std::to_string(schedule.repeat) +
+                                   "); at about " +
+                                   std::to_string(trace.activities.size() / static_cast<std::size_t>(recorded)) +
+                                   " events a step that is a trace of about " + gib(need) + ", more than the " +
+                                   gib(have) + " of host memory free: use a smaller active or repeat");
+}
+
 // The schedule's steps of the pass under a fresh profiler with the runtime's
 // collectors; the trace they recorded.
 Trace profile_calls(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx, DeviceRuntime& rt,
@@ -79,8 +123,18 @@ Trace profile_calls(Backend& backend, const Problem& p, PassTensors& t, RunConte
   for (auto& c : rt.make_collectors()) prof.add_collector(std::move(c));
   prof.observe(rt.allocator());
   const int steps = schedule.total_steps();
+  int recorded = 0, to_record = 0;
+  for (int s = 0; s < steps; ++s)
+    to_record += schedule.at(s) != Schedule::Action::None && schedule.at(s) != Schedule::Action::Warmup;
+  bool estimated = false;
   prof.start();
   for (int s = 0; s < steps; ++s) {
+    if (!estimated && recorded > 0) {
+      check_trace_fits(prof.trace(), recorded, to_record, schedule, ctx.threads);
+      estimated = true;
+    }
+    const Schedule::Action action = schedule.at(s);
+    recorded += action != Schedule::Action::None && action != Schedule::Action::Warmup;
     if (progress) progress(label + ": step " + std::to_string(s + 1) + "/" + std::to_string(steps));
     {
       // The range covers the call alone, so on a GPU its length is the host
@@ -180,7 +234,8 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     const double have = static_cast<double>(rt.available_bytes());
     if (need > 0.9 * have) {
       fail(ErrorKind::OutOfMemory, r.backend + " needs about " + gib(need) + " on " + device_name(p.device) +
-                                       " but only " + gib(have) + " is free: use a smaller --batch, --heads or --seq");
+                                       " but only " + gib(have) + " is free" + limit_note(p.device) +
+                                       ": use a smaller --batch, --heads or --seq");
     }
     if (options.progress) options.progress(r.backend + ": preparing inputs (" + p.describe() + ")");
     const Inputs host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);

@@ -1,19 +1,10 @@
 // Chrome trace writer: one pass over the Trace records, field names from
 // trace_schema.h, escaping and commas left to nlohmann::json.
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <fstream>
-#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -309,89 +300,6 @@ json chrome_trace_value(const Trace& trace) {
 }
 
 }  // namespace
-
-void write_file_atomically(const std::filesystem::path& path, std::string_view contents, std::string_view what) {
-  namespace fs = std::filesystem;
-  const auto fail_io = [&](const std::string& reason) {
-    fail(ErrorKind::Io, "cannot write " + std::string(what) + " to " + path.string() + ": " + reason);
-  };
-  if (path.filename().empty()) fail_io("the path names no file");
-
-  std::error_code ec;
-  const fs::path dir = path.parent_path();
-  if (!dir.empty()) {
-    fs::create_directories(dir, ec);
-    if (ec) fail_io(ec.message());
-  }
-
-  // A name no other writer picks: concurrent writers of one path each rename
-  // a complete file, and the last one wins.
-  static std::atomic<std::uint64_t> counter{0};
-  const std::uint64_t unique = std::hash<std::thread::id>{}(std::this_thread::get_id()) ^
-                               static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  // Built by appending: GCC 12 warns (-Wrestrict, a false positive) on "." + string.
-  std::string tmp_name = ".";
-  tmp_name += path.filename().string();
-  tmp_name += ".tmp" + std::to_string(unique) + "_" + std::to_string(counter.fetch_add(1));
-  const fs::path tmp = dir / tmp_name;
-
-  {
-    errno = 0;
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail_io(errno != 0 ? std::generic_category().message(errno) : "cannot create a file there");
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    out.flush();
-    out.close();
-    if (!out) {
-      const std::string reason = errno != 0 ? std::generic_category().message(errno) : "write failed";
-      fs::remove(tmp, ec);
-      fail_io(reason);
-    }
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    const std::string reason = ec.message();
-    fs::remove(tmp, ec);
-    fail_io(reason);
-  }
-}
-
-namespace {
-
-// Why files cannot be written into `dir` (created if missing), or nothing.
-std::string unwritable_dir(const std::filesystem::path& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return ec.message();
-  if (!fs::is_directory(dir, ec)) return "not a directory";
-  const fs::path probe = dir / (".attnprof-probe-" + std::to_string(::getpid()));
-  {
-    std::ofstream f(probe);
-    if (!f) return "cannot create files there (permission denied or read-only)";
-  }
-  fs::remove(probe, ec);
-  return {};
-}
-
-}  // namespace
-
-void check_output_dir(const std::filesystem::path& dir, std::string_view flag) {
-  if (const std::string why = unwritable_dir(dir); !why.empty()) {
-    fail(ErrorKind::Io, "cannot use " + std::string(flag) + " " + dir.string() + ": " + why);
-  }
-}
-
-void check_output_file(const std::filesystem::path& path, std::string_view flag) {
-  namespace fs = std::filesystem;
-  const auto refuse = [&](const std::string& why) {
-    fail(ErrorKind::Io, "cannot write " + std::string(flag) + " " + path.string() + ": " + why);
-  };
-  std::error_code ec;
-  if (path.filename().empty() || fs::is_directory(path, ec)) refuse("it names a directory, not a file");
-  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
-  if (const std::string why = unwritable_dir(dir); !why.empty()) refuse(dir.string() + ": " + why);
-}
 
 std::string chrome_trace_json(const Trace& trace) {
   // Replace, not throw, on invalid UTF-8: a kernel name must not lose the trace.

@@ -12,12 +12,14 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -93,9 +95,28 @@ Tensor view_of(const char* name, const Array& a, bool bshd, Device device, DType
                                          "; got " + std::to_string(a.ndim()) + "-d " + dims + "]");
   }
   Dims sizes{}, strides{};
+  // A DLPack producer can claim any shape: sizes past what an int64 offset
+  // can address are refused before any arithmetic on them, and so is an
+  // empty array (whose strides DLPack leaves meaningless).
+  constexpr std::uint64_t kMax = std::uint64_t{1} << 48;
+  std::uint64_t elements = 1;
   for (std::size_t i = 0; i < 4; ++i) {
-    sizes[i] = static_cast<std::int64_t>(a.shape(i));
-    strides[i] = a.stride(i);
+    const std::uint64_t n = a.shape(i);
+    const std::int64_t stride = a.stride(i);
+    if (n == 0)
+      fail(ErrorKind::InvalidArgument,
+           std::string(name) + " is empty (dimension " + std::to_string(i) + " has size 0)");
+    if (n > kMax || elements > kMax / n) {
+      fail(ErrorKind::InvalidArgument,
+           std::string(name) + " has more than 2^48 elements: more than attnprof addresses");
+    }
+    if (stride > static_cast<std::int64_t>(kMax) || stride < -static_cast<std::int64_t>(kMax)) {
+      fail(ErrorKind::InvalidArgument,
+           std::string(name) + " has a stride beyond 2^48 elements in dimension " + std::to_string(i));
+    }
+    elements *= n;
+    sizes[i] = static_cast<std::int64_t>(n);
+    strides[i] = stride;
   }
   // q, k and v are only read, though a Tensor's data is not const.
   Tensor t = Tensor::from_blob(const_cast<void*>(static_cast<const void*>(a.data())), sizes, strides, dtype, device);
@@ -108,13 +129,29 @@ Tensor view_of(const char* name, const Array& a, bool bshd, Device device, DType
   return t;
 }
 
-// The output is written by many threads or blocks at once: no two elements may share memory.
-void require_writable_layout(const Tensor& out) {
+// The output is written by many threads or blocks at once: no two elements
+// may share memory. Dimensions by increasing stride must each step past all
+// the elements of the ones below (as_strided views that overlap do not).
+void require_writable_layout(const char* name, const Tensor& out) {
   for (int i = 0; i < 4; ++i) {
     if (out.size(i) > 1 && out.stride(i) == 0) {
-      fail(ErrorKind::InvalidArgument, "out " + out.describe() + " is a broadcast view (stride 0 in dimension " +
-                                           std::to_string(i) + "): pass a tensor that owns one element per position");
+      fail(ErrorKind::InvalidArgument, std::string(name) + " " + out.describe() +
+                                           " is a broadcast view (stride 0 in dimension " + std::to_string(i) +
+                                           "): pass a tensor that owns one element per position");
     }
+  }
+  std::array<int, 4> order{0, 1, 2, 3};
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return out.stride(a) < out.stride(b); });
+  std::int64_t span = 1;  // elements spanned by the dimensions below
+  for (const int i : order) {
+    if (out.size(i) <= 1) continue;
+    if (out.stride(i) < span) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " " + out.describe() + " overlaps itself (dimension " +
+                                           std::to_string(i) +
+                                           "'s stride is less than the elements below it span): pass a tensor that "
+                                           "owns one element per position");
+    }
+    span = out.stride(i) * out.size(i);
   }
 }
 
@@ -196,11 +233,20 @@ struct Call {
   }
 };
 
+// As the pipeline bounds them (check_before_work): thousands of threads
+// would each be created, with an OpenBLAS buffer apiece.
+void check_threads(int threads) {
+  if (threads < 0 || threads > 4096) {
+    fail(ErrorKind::InvalidArgument, "threads must be from 0 (every core) to 4096, got " + std::to_string(threads));
+  }
+}
+
 // The calls of a training step resolve `auto` as one problem: the backward
 // must run on the backend whose forward saved its tensors.
 Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
              std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads,
              bool bshd, Pass pass) {
+  check_threads(threads);
   const Where wq = where_of("q", q);
   const DType dtype = dtype_of("q", q);
   const auto same_place = [&](const char* name, const auto& a) {
@@ -222,7 +268,7 @@ Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::s
   in.k = view_of("k", k, bshd, wq.device, dtype);
   in.v = view_of("v", v, bshd, wq.device, dtype);
   Tensor o = view_of("out", out, bshd, wq.device, dtype);
-  require_writable_layout(o);
+  require_writable_layout("out", o);
   require_same("batch", "q", in.q.size(0), "k", in.k.size(0));
   require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
   for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
@@ -314,6 +360,9 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
   const Tensor d_out = c.view_like("dout", dout, c.out, bshd);
   Gradients g{c.view_like("dq", dq, c.in.q, bshd), c.view_like("dk", dk, c.in.k, bshd),
               c.view_like("dv", dv, c.in.v, bshd)};
+  require_writable_layout("dq", g.dq);
+  require_writable_layout("dk", g.dk);
+  require_writable_layout("dv", g.dv);
   if (lse.ndim() != 3 || lse.dtype() != nb::dtype<float>() || where_of("lse", lse).device != c.p.device) {
     fail(ErrorKind::InvalidArgument, "lse must be attention_train's float32 [B, H, S] log-sum-exp on q's device");
   }
@@ -361,6 +410,27 @@ Problem make_problem(std::int64_t batch, std::int64_t heads, std::optional<std::
   return p;
 }
 
+// Ctrl-C during a long call: Python's handler only sets a flag while the
+// library runs without the GIL, so each progress step takes the GIL and runs
+// the handlers; a KeyboardInterrupt (or any exception they raise) unwinds
+// the run as this exception, and is raised once the GIL is back (rethrow).
+struct Interrupted {};
+
+void check_signals(std::string_view) {
+  nb::gil_scoped_acquire held;
+  if (PyErr_CheckSignals() != 0) throw Interrupted{};
+}
+
+template <class Work>
+auto interruptible(Work&& work) {
+  try {
+    nb::gil_scoped_release unlocked;
+    return work();
+  } catch (const Interrupted&) {
+    throw nb::python_error();  // the error PyErr_CheckSignals set
+  }
+}
+
 PipelineOptions make_options(const std::optional<std::string>& trace_dir, const std::optional<std::string>& json_path,
                              std::uint64_t seed, int threads, bool bshd, std::int64_t check_rows,
                              std::tuple<int, int, int, int> schedule, int unprofiled_calls,
@@ -372,6 +442,7 @@ PipelineOptions make_options(const std::optional<std::string>& trace_dir, const 
   o.run.check_rows = check_rows;
   std::tie(o.run.schedule.wait, o.run.schedule.warmup, o.run.schedule.active, o.run.schedule.repeat) = schedule;
   o.run.unprofiled_calls = unprofiled_calls;
+  o.run.progress = check_signals;
   for (const auto& [name, n] : expect) o.guesses.emplace(name, n);
   o.table = {.sort_by = sort_by, .row_limit = row_limit};
   if (trace_dir) o.trace_dir = *trace_dir;
@@ -461,8 +532,7 @@ NB_MODULE(_core, m) {
          const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
                                                unprofiled_calls, expect, sort_by, row_limit);
-        nb::gil_scoped_release unlocked;
-        return compare(p, o, only);
+        return interruptible([&] { return compare(p, o, only); });
       },
       nb::arg("problem"), nb::arg("backends"), nb::arg("trace_dir").none(), nb::arg("json_path").none(),
       nb::arg("seed"), nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"),
@@ -476,8 +546,7 @@ NB_MODULE(_core, m) {
          const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
                                                unprofiled_calls, expect, sort_by, row_limit);
-        nb::gil_scoped_release unlocked;
-        return profile(p, backend, o);
+        return interruptible([&] { return profile(p, backend, o); });
       },
       nb::arg("problem"), nb::arg("backend"), nb::arg("trace_dir").none(), nb::arg("json_path").none(), nb::arg("seed"),
       nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"), nb::arg("unprofiled_calls"),
@@ -487,6 +556,7 @@ NB_MODULE(_core, m) {
   m.def(
       "explain",
       [](const Problem& p, int threads) {
+        check_threads(threads);
         nb::gil_scoped_release unlocked;
         const ExplainReport e = explain_report(p, threads);
         return std::make_tuple(e.json(), e.table(), e.device_description, e.auto_refusal);

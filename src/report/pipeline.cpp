@@ -12,9 +12,40 @@ namespace attnprof {
 namespace {
 
 // Everything that can be refused without running: the table's sort, every
-// output path. Nothing is computed, and nothing is written but directories.
-void check_before_work(const PipelineOptions& o) {
+// output path, and outputs that would overwrite one another (--json onto
+// --html, or onto a trace, table or summary of a backend the run may write).
+// Nothing is computed, and nothing is written but directories.
+void check_before_work(const Problem& p, const PipelineOptions& o) {
   (void)key_averages_table(Trace{}, o.table);  // throws on a bad sort key
+  // The run's counts, as the command line bounds them (a library caller,
+  // Python's among them, gets the same refusals in field names).
+  const auto within = [](const char* field, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    if (v < lo || v > hi) {
+      fail(ErrorKind::InvalidArgument, std::string(field) + " must be from " + std::to_string(lo) + " to " +
+                                           std::to_string(hi) + ", got " + std::to_string(v));
+    }
+  };
+  const Schedule& s = o.run.schedule;
+  within("schedule.wait", s.wait, 0, 1000);
+  within("schedule.warmup", s.warmup, 0, 1000);
+  within("schedule.active", s.active, 1, 1000);
+  within("schedule.repeat", s.repeat, 1, 100);
+  within("threads", o.run.threads, 0, 4096);  // 0: every core
+  within("check_rows", o.run.check_rows, 1, std::int64_t{1} << 24);
+  within("unprofiled_calls", o.run.unprofiled_calls, 0, 10000);
+  std::vector<NamedFile> outputs;
+  if (o.json_path) outputs.push_back({"--json", *o.json_path});
+  if (o.html_path) outputs.push_back({"--html", *o.html_path});
+  if (o.trace_dir) {
+    for (const std::string_view backend : backend_names()) {
+      const std::string stem = output_stem(*o.trace_dir, p, backend).string();
+      const std::string b(backend);
+      outputs.push_back({"the " + b + " trace", stem + ".json"});
+      outputs.push_back({"the " + b + " table", stem + ".txt"});
+      outputs.push_back({"the " + b + " summary", stem + ".summary.json"});
+    }
+  }
+  check_distinct_files(outputs);
   if (o.trace_dir) check_output_dir(*o.trace_dir, "--trace-dir");
   if (o.json_path) check_output_file(*o.json_path, "--json");
   if (o.html_path) {
@@ -97,7 +128,7 @@ std::filesystem::path output_stem(const std::filesystem::path& dir, const Proble
 }
 
 PipelineReport compare(const Problem& p, const PipelineOptions& o, const std::vector<std::string>& only) {
-  check_before_work(o);
+  check_before_work(p, o);
   if (o.gpus > 0) {
     // Only flash shards: another backend asked for by name is refused.
     for (const auto& b : only) check_ring(p, o.gpus, b);
@@ -119,7 +150,7 @@ void PipelineReport::require_any_ran() const {
 }
 
 PipelineReport profile(const Problem& p, std::string backend, const PipelineOptions& o) {
-  check_before_work(o);
+  check_before_work(p, o);
   if (o.gpus > 0) {
     check_ring(p, o.gpus, backend == "auto" ? std::string(kRingBackend) : backend);
     std::vector<RunResult> one;

@@ -281,7 +281,8 @@ nlohmann::json device_json(const std::string& description, const std::optional<D
 }
 
 void write_json_file(const nlohmann::json& j, const std::string& path) {
-  write_file_atomically(path, j.dump(2) + "\n", "JSON");
+  // Replace, not throw, on invalid UTF-8: a kernel's name must not lose the report.
+  write_file_atomically(path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "JSON");
 }
 
 }  // namespace report

@@ -61,6 +61,13 @@ Finding cite(const analysis::TraceIndex& index, std::string rule, Severity sev, 
   return f;
 }
 
+// An empty trace that recorded `steps` profiler steps.
+Trace recorded(int steps) {
+  Trace t;
+  t.steps_recorded = steps;
+  return t;
+}
+
 RunResult gpu_run(std::string name, const Trace& trace, double device_us, double kernels, double copies,
                   bool materialises) {
   RunResult r;
@@ -115,7 +122,7 @@ int write_html(const std::string& path) {
   RunResult fused = gpu_run("flash (fused)", with_memory, 75.0, 1, 0, false);
   // Figures three orders of magnitude apart: math at 25 ms, in float64-exact
   // arithmetic, beside fused runs of 75 us.
-  RunResult math = gpu_run("math", Trace{.steps_recorded = 2}, 25'000.0, 9, 2, true);
+  RunResult math = gpu_run("math", recorded(2), 25'000.0, 9, 2, true);
   math.metrics.peak_bytes = 2LL << 30;
   math.metrics.host_time_us = 310.0;
   math.error = ErrorStats{.max_abs = 1e-9, .rel = 2.3e-8};
@@ -124,8 +131,7 @@ int write_html(const std::string& path) {
   // must show as what it is: exact, NaN, not checked, failed, float32-small.
   std::vector<RunResult> crowd;
   const char* names[] = {"flash_sm90", "cudnn", "sdpa_flash", "sdpa_mem_efficient", "flex", "xformers_cutlass"};
-  for (int k = 0; k < 6; ++k)
-    crowd.push_back(gpu_run(names[k], Trace{.steps_recorded = 2}, 75.2 + 0.3 * k, 1, 0, false));
+  for (int k = 0; k < 6; ++k) crowd.push_back(gpu_run(names[k], recorded(2), 75.2 + 0.3 * k, 1, 0, false));
   crowd[1].error = ErrorStats{};  // rel 0: exactly the reference
   crowd[2].error = ErrorStats{.max_abs = 1e-3, .rel = 4.1e-4, .nan_count = 12, .nan_rows = 3};
   crowd[2].acceptance = Acceptance{.pass = false, .tolerance = 1e-3, .why = "NaN in 3 rows"};

@@ -1,15 +1,19 @@
 // The CPU as a profiling device: the tracked CPU allocator, OpenMP and
 // OpenBLAS thread counts, and a measured sgemm ceiling.
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -33,13 +37,58 @@ std::string cpu_model() {
   return "CPU";
 }
 
+constexpr std::int64_t kUnlimited = std::numeric_limits<std::int64_t>::max();
+
+// A figure from /proc/self/status ("VmSize:  123 kB"), in bytes; -1 if absent.
+std::int64_t status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  const std::string_view k(key);
+  for (std::string line; std::getline(f, line);) {
+    if (line.compare(0, k.size(), k) == 0) return std::atoll(line.c_str() + k.size()) * 1024;
+  }
+  return -1;
+}
+
+// Bytes the process may still map under its limits: RLIMIT_AS less the
+// address space it holds, RLIMIT_DATA less its data; kUnlimited without limits.
+std::int64_t left_under_limits() {
+  std::int64_t left = kUnlimited;
+  const auto under = [&](int resource, const char* held_key) {
+    rlimit r{};
+    if (::getrlimit(resource, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
+    const std::int64_t held = status_bytes(held_key);
+    const auto cap = static_cast<std::int64_t>(std::min<rlim_t>(r.rlim_cur, static_cast<rlim_t>(kUnlimited)));
+    left = std::min(left, std::max<std::int64_t>(0, cap - std::max<std::int64_t>(held, 0)));
+  };
+  under(RLIMIT_AS, "VmSize:");
+  under(RLIMIT_DATA, "VmData:");
+  return left;
+}
+
+// What a thread that runs BLAS and OpenMP work maps the first time it does:
+// OpenBLAS's per-thread buffer (128 MiB in Debian's DYNAMIC_ARCH build; it
+// retries a failed map of it forever, so it must never fail), glibc's arena
+// for the thread (64 MiB reserved) and a stack.
+constexpr std::int64_t kPerThreadBytes = (128 + 64 + 8) << 20;
+// Slack kept under a limit for what no estimate counts (the profiler's
+// records, the reference check, libraries' own allocations).
+constexpr std::int64_t kLimitSlackBytes = 96 << 20;
+
 class CpuRuntime final : public DeviceRuntime {
  public:
   explicit CpuRuntime(int threads) { set_threads(threads); }
 
   void set_threads(int threads) {
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads_ = threads > 0 ? threads : hw;
+    const int want = threads > 0 ? threads : hw;
+    // More BLAS threads than the address-space limit leaves room for would
+    // hang in OpenBLAS's allocator: refused while nothing has started them.
+    if (want > threads_ && want > warm_threads_) {
+      const std::int64_t left = left_under_limits();
+      const std::int64_t need = static_cast<std::int64_t>(want - std::max(threads_, warm_threads_)) * kPerThreadBytes;
+      if (left != kUnlimited && left < need + kLimitSlackBytes) refuse_threads(want, need, left);
+    }
+    threads_ = want;
     omp_set_num_threads(threads_);
     cpu::blas_set_threads(threads_);
   }
@@ -47,15 +96,32 @@ class CpuRuntime final : public DeviceRuntime {
   Device device() const override { return Device::Cpu; }
   Allocator& allocator() override { return cpu_allocator(); }
 
+  // Free RAM, or under an address-space or data limit (ulimit -v, -d) what
+  // is left under it, whichever is less. Under a limit, OpenBLAS's and the
+  // threads' own needs come first: they are taken now, by one small product
+  // on every thread, while they fit; if they do not, nothing is left (the
+  // runner then refuses the run rather than hang in OpenBLAS).
   std::int64_t available_bytes() const override {
+    std::int64_t free = kUnlimited;
     std::ifstream f("/proc/meminfo");
     std::string key;
     std::int64_t kb = 0;
     std::string unit;
     while (f >> key >> kb >> unit) {
-      if (key == "MemAvailable:") return kb * 1024;
+      if (key == "MemAvailable:") {
+        free = kb * 1024;
+        break;
+      }
     }
-    return std::numeric_limits<std::int64_t>::max();
+    std::int64_t left = left_under_limits();
+    if (left == kUnlimited) return free;
+    if (warm_threads_ < threads_) {
+      const std::int64_t need = static_cast<std::int64_t>(threads_) * kPerThreadBytes;
+      if (left < need + kLimitSlackBytes) refuse_threads(threads_, need, left);
+      warm_up();
+      left = left_under_limits();
+    }
+    return std::min(free, std::max<std::int64_t>(0, left - kLimitSlackBytes));
   }
 
   Inputs upload(const Inputs& host) override { return host; }
@@ -123,6 +189,36 @@ class CpuRuntime final : public DeviceRuntime {
     return best;
   }
 
+  // One product big enough for OpenBLAS to split over every thread, and an
+  // OpenMP region that allocates on each: every buffer, arena and stack the
+  // runs will use is mapped now.
+  void warm_up() const {
+    const int n = 256;
+    std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+    cpu::sgemm(false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+#pragma omp parallel num_threads(threads_)
+    {
+      volatile char* p = static_cast<char*>(std::malloc(4096));
+      if (p) p[0] = 1;
+      std::free(const_cast<char*>(p));
+    }
+    warm_threads_ = threads_;
+  }
+
+  [[noreturn]] static void refuse_threads(int threads, std::int64_t need, std::int64_t left) {
+    fail(ErrorKind::OutOfMemory, std::to_string(threads) + " CPU thread" + (threads == 1 ? "" : "s") + " need about " +
+                                     gib_str(need + kLimitSlackBytes) +
+                                     " of address space for OpenBLAS's buffers, but only " + gib_str(left) +
+                                     " is left under the process's memory limit (ulimit -v or -d): use fewer "
+                                     "threads or raise the limit");
+  }
+
+  static std::string gib_str(std::int64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+    return buf;
+  }
+
   std::string description() const override {
     std::string cfg = cpu::blas_config();
     return cpu_model() + ", " + std::to_string(threads_) + " threads, " + cfg;
@@ -130,6 +226,7 @@ class CpuRuntime final : public DeviceRuntime {
 
  private:
   int threads_ = 1;
+  mutable int warm_threads_ = 0;  // threads whose buffers warm_up() has mapped
   std::map<int, double> ceiling_;
   std::map<int, double> copy_;  // GB/s, by thread count
 };
