@@ -23,7 +23,7 @@ DeviceRuntime& device_runtime(Device d, int threads) {
 #ifdef ATTNPROF_WITH_CUDA
   return cuda::runtime();
 #else
-  fail(ErrorKind::Unsupported, "this build has no CUDA support: use --device cpu, or rebuild with a CUDA toolkit");
+  fail(ErrorKind::Unsupported, "this build has no CUDA support: use device=cpu, or rebuild with a CUDA toolkit");
 #endif
 }
 
@@ -181,7 +181,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     const double have = static_cast<double>(rt.available_bytes());
     if (need > 0.9 * have) {
       fail(ErrorKind::OutOfMemory, r.backend + " needs about " + gib(need) + " on " + device_name(p.device) +
-                                       " but only " + gib(have) + " is free: use a smaller --batch, --heads or --seq");
+                                       " but only " + gib(have) + " is free: use a smaller batch, heads or seq");
     }
     if (options.progress) options.progress(r.backend + ": preparing inputs (" + p.describe() + ")");
     const Inputs host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);
@@ -246,7 +246,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
   } catch (const Error& e) {
     r.failure = e.what();
   } catch (const std::bad_alloc&) {
-    r.failure = "out of host memory: use a smaller --batch, --heads or --seq";
+    r.failure = "out of host memory: use a smaller batch, heads or seq";
   }
   return r;
 }

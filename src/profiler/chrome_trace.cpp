@@ -376,14 +376,14 @@ std::string unwritable_dir(const std::filesystem::path& dir) {
 
 void check_output_dir(const std::filesystem::path& dir, std::string_view flag) {
   if (const std::string why = unwritable_dir(dir); !why.empty()) {
-    fail(ErrorKind::Io, "cannot use " + std::string(flag) + " " + dir.string() + ": " + why);
+    fail(ErrorKind::Io, "cannot use " + std::string(flag) + " " + dir.string() + ": " + why, {std::string(flag)});
   }
 }
 
 void check_output_file(const std::filesystem::path& path, std::string_view flag) {
   namespace fs = std::filesystem;
   const auto refuse = [&](const std::string& why) {
-    fail(ErrorKind::Io, "cannot write " + std::string(flag) + " " + path.string() + ": " + why);
+    fail(ErrorKind::Io, "cannot write " + std::string(flag) + " " + path.string() + ": " + why, {std::string(flag)});
   };
   std::error_code ec;
   if (path.filename().empty() || fs::is_directory(path, ec)) refuse("it names a directory, not a file");

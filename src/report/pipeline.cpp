@@ -17,10 +17,10 @@ namespace {
 // output path. Nothing is computed, and nothing is written but directories.
 void check_before_work(const PipelineOptions& o) {
   (void)key_averages_table(Trace{}, o.table);  // throws on a bad sort key
-  if (o.trace_dir) check_output_dir(*o.trace_dir, "--trace-dir");
-  if (o.json_path) check_output_file(*o.json_path, "--json");
+  if (o.trace_dir) check_output_dir(*o.trace_dir, "trace_dir");
+  if (o.json_path) check_output_file(*o.json_path, "json_path");
   if (o.html_path) {
-    check_output_file(*o.html_path, "--html");
+    check_output_file(*o.html_path, "html_path");
     (void)find_plotly_js();  // throws: run scripts/setup.sh
   }
 }
@@ -106,7 +106,7 @@ PipelineReport compare(const Problem& p, const PipelineOptions& o, const std::ve
     check_ring(p, o.gpus);
     std::vector<RunResult> one;
     one.push_back(run_ring(p, o.gpus, o.run));
-    return finish(p, std::move(one), o, "attnprof compare --gpus " + std::to_string(o.gpus));
+    return finish(p, std::move(one), o, "attnprof compare on " + std::to_string(o.gpus) + " GPUs");
   }
   (void)device_runtime(p.device, o.run.threads);  // no usable device: refused before any backend runs
   return finish(p, run_backends(p, o.run, only), o, "attnprof compare");
@@ -127,8 +127,8 @@ PipelineReport profile(const Problem& p, std::string backend, const PipelineOpti
     std::vector<RunResult> one;
     one.push_back(run_ring(p, o.gpus, o.run));
     if (one.front().failure)
-      fail(ErrorKind::Device, backend + " --gpus " + std::to_string(o.gpus) + " failed: " + *one.front().failure);
-    return finish(p, std::move(one), o, "attnprof profile " + backend + " --gpus " + std::to_string(o.gpus));
+      fail(ErrorKind::Device, backend + " on " + std::to_string(o.gpus) + " GPUs failed: " + *one.front().failure);
+    return finish(p, std::move(one), o, "attnprof profile " + backend + " on " + std::to_string(o.gpus) + " GPUs");
   }
   if (backend == "auto") backend = choose_auto(p).backend;
   Backend* b = find_backend(backend, p.device);
