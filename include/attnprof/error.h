@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace attnprof {
 
@@ -16,15 +18,24 @@ enum class ErrorKind {
   Internal,
 };
 
+// The message speaks in the library's terms: a field is named as the Problem
+// (or an options struct) spells it, "head_dim must be positive". `fields` lists
+// the fields the message names, so a front end can show them in its own terms
+// (the CLI writes "--head-dim"; Python's keywords are the field names).
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message, std::vector<std::string> fields = {})
+      : std::runtime_error(message), kind_(kind), fields_(std::move(fields)) {}
   ErrorKind kind() const noexcept { return kind_; }
+  const std::vector<std::string>& fields() const noexcept { return fields_; }
 
  private:
   ErrorKind kind_;
+  std::vector<std::string> fields_;
 };
 
-[[noreturn]] inline void fail(ErrorKind kind, const std::string& message) { throw Error(kind, message); }
+[[noreturn]] inline void fail(ErrorKind kind, const std::string& message, std::vector<std::string> fields = {}) {
+  throw Error(kind, message, std::move(fields));
+}
 
 }  // namespace attnprof

@@ -1,6 +1,7 @@
 // The attention problem: sizes, dtype, device, mask and scale.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@ enum class MaskKind : std::uint8_t {
 };
 
 std::string_view mask_name(MaskKind m);
+// Takes '_' for '-' too ("sliding_window", as a Python keyword value is spelled).
 std::optional<MaskKind> parse_mask(std::string_view name);
 // The accepted spellings, for --help and error messages.
 std::string_view mask_choices();
@@ -64,10 +66,15 @@ struct Problem {
   // Pages per sequence, ceil(kv_seq / page_size) (0 for a contiguous cache).
   std::int64_t pages_per_seq() const { return page_size > 0 ? (kv_seq + page_size - 1) / page_size : 0; }
 
-  // Fills kv_heads/kv_seq defaults; throws Error(InvalidArgument) with what to change.
+  // Everything that decides how a problem runs: the plan caches' key.
+  auto operator<=>(const Problem&) const = default;
+
+  // Fills kv_heads/kv_seq defaults.
   Problem& normalize();
+  // Throws Error(InvalidArgument) saying what to change, in field names
+  // ("head_dim must be ..."), the fields listed in Error::fields().
   void validate() const;
-  void validate_kv_cache() const;  // the --kv-cache and --page-size part of validate()
+  void validate_kv_cache() const;  // the kv_cache and page_size part of validate()
 
   double softmax_scale() const;
   std::int64_t group() const { return heads / kv_heads; }

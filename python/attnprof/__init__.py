@@ -102,8 +102,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
     backward (flash, efficient, cudnn: the backends that keep only the
     log-sum-exp); deterministic=True sums dQ in a fixed order on a GPU.
     """
-    if layout not in ("bhsd", "bshd"):
-        raise Error(f"unknown layout '{layout}': use bhsd ([B, H, S, D]) or bshd ([B, S, H, D])")
+    bshd = _is_bshd(layout)
     threads = _whole("threads", threads)
     window = _whole("window", window, _INT64, optional=True)
     scale = _real("scale", scale)
@@ -118,7 +117,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
     if out is None:
         out = _empty_like(q)
     try:
-        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, layout == "bshd")
+        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None
@@ -126,6 +125,16 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
         del out  # a refused call leaves nothing allocated, even while the traceback lives
         raise
     return out
+
+
+# The layouts as the library parses them, read once: a call into _core here
+# would break torch.compile's graph. Anything else gets the library's refusal.
+_LAYOUTS = {name: _core.is_bshd(name) for name in ("bhsd", "bshd")}
+
+
+def _is_bshd(layout: str) -> bool:
+    bshd = _LAYOUTS.get(layout)
+    return _core.is_bshd(layout) if bshd is None else bshd
 
 
 def not_an_array(e: TypeError) -> str:
@@ -154,10 +163,16 @@ def torch_ops():
     return _torch.ops()
 
 
-def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_="forward",
-             deterministic=False):
-    batch, heads, seq, head_dim = (_whole(n, v, _INT64) for n, v in
-                                   (("batch", batch), ("heads", heads), ("seq", seq), ("head_dim", head_dim)))
+# The library's defaults (attnprof/problem.h, runner.h, key_averages.h), read
+# once: the signatures below show them and keep no copies. batch and heads
+# left None take the device's (the CLI's: the reference shape on a GPU, a
+# smaller one on the CPU).
+_D = _core.defaults()
+
+
+def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic):
+    batch, heads = (_whole(n, v, _INT64, optional=True) for n, v in (("batch", batch), ("heads", heads)))
+    seq, head_dim = (_whole(n, v, _INT64) for n, v in (("seq", seq), ("head_dim", head_dim)))
     kv_heads = _whole("kv_heads", kv_heads, _INT64, optional=True)
     kv_seq = _whole("kv_seq", kv_seq, _INT64, optional=True)
     window = _whole("window", window, _INT64, optional=True)
@@ -181,27 +196,21 @@ def _run_args(seed, threads, check_rows, schedule, unprofiled_calls, expect, row
             schedule, _whole("unprofiled_calls", unprofiled_calls), expect, _whole("row_limit", row_limit))
 
 
-def _default_shape(device, batch, heads, seq, head_dim):
-    # The CLI's defaults: the reference shape on a GPU, a smaller batch on the CPU.
-    return (batch if batch is not None else (8 if device != "cpu" else 2), heads if heads is not None else
-            (16 if device != "cpu" else 8), seq, head_dim)
-
-
-def compare(*, batch: int | None = None, heads: int | None = None, seq: int = 1024, head_dim: int = 64,
-            dtype: str = "bf16", device: str = "cpu", mask: str = "causal", window: int | None = None,
-            scale: float | None = None, kv_heads: int | None = None, kv_seq: int | None = None,
-            backends: list[str] | None = None, trace_dir: str | None = "traces", json_path: str | None = None,
-            seed: int = 0x5EED, threads: int = 0, bshd: bool = False, check_rows: int = 2048,
-            schedule: tuple[int, int, int, int] = (0, 1, 3, 1), unprofiled_calls: int = 32,
-            expect: dict[str, int] | None = None, sort_by: str = "cpu_time_total", row_limit: int = -1,
-            pass_: str = "forward", deterministic: bool = False) -> Report:
+def compare(*, batch: int | None = None, heads: int | None = None, seq: int = _D["seq"],
+            head_dim: int = _D["head_dim"], dtype: str = _D["dtype"], device: str = "cpu", mask: str = _D["mask"],
+            window: int | None = None, scale: float | None = None, kv_heads: int | None = None,
+            kv_seq: int | None = None, backends: list[str] | None = None, trace_dir: str | None = "traces",
+            json_path: str | None = None, seed: int = _D["seed"], threads: int = _D["threads"], bshd: bool = False,
+            check_rows: int = _D["check_rows"], schedule: tuple[int, int, int, int] = _D["schedule"],
+            unprofiled_calls: int = _D["unprofiled_calls"], expect: dict[str, int] | None = None,
+            sort_by: str = _D["sort_by"], row_limit: int = _D["row_limit"], pass_: str = _D["pass_"],
+            deterministic: bool = False) -> Report:
     """`attnprof compare` as a call: every eligible backend (or `backends`) profiled on one problem.
 
     schedule is (wait, warmup, active, repeat) steps, as --wait/--warmup/--active/--repeat.
     pass_ is --pass (forward, backward or train), deterministic --deterministic.
     """
-    b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
-    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
+    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
     seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
         seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
     rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
@@ -209,17 +218,17 @@ def compare(*, batch: int | None = None, heads: int | None = None, seq: int = 10
     return Report(rep, "compare")
 
 
-def profile(backend: str = "auto", *, batch: int | None = None, heads: int | None = None, seq: int = 1024,
-            head_dim: int = 64, dtype: str = "bf16", device: str = "cpu", mask: str = "causal",
+def profile(backend: str = "auto", *, batch: int | None = None, heads: int | None = None, seq: int = _D["seq"],
+            head_dim: int = _D["head_dim"], dtype: str = _D["dtype"], device: str = "cpu", mask: str = _D["mask"],
             window: int | None = None, scale: float | None = None, kv_heads: int | None = None,
             kv_seq: int | None = None, trace_dir: str | None = "traces", json_path: str | None = None,
-            seed: int = 0x5EED, threads: int = 0, bshd: bool = False, check_rows: int = 2048,
-            schedule: tuple[int, int, int, int] = (0, 1, 3, 1), unprofiled_calls: int = 32,
-            expect: dict[str, int] | None = None, sort_by: str = "cpu_time_total", row_limit: int = -1,
-            pass_: str = "forward", deterministic: bool = False) -> Report:
+            seed: int = _D["seed"], threads: int = _D["threads"], bshd: bool = False,
+            check_rows: int = _D["check_rows"], schedule: tuple[int, int, int, int] = _D["schedule"],
+            unprofiled_calls: int = _D["unprofiled_calls"], expect: dict[str, int] | None = None,
+            sort_by: str = _D["sort_by"], row_limit: int = _D["row_limit"], pass_: str = _D["pass_"],
+            deterministic: bool = False) -> Report:
     """`attnprof profile --backend B` as a call: one backend ("auto" picks one); its key-averages table in .table."""
-    b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
-    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
+    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
     seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
         seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
     rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
@@ -227,11 +236,11 @@ def profile(backend: str = "auto", *, batch: int | None = None, heads: int | Non
     return Report(rep, "profile")
 
 
-def explain(*, batch: int | None = None, heads: int | None = None, seq: int = 1024, head_dim: int = 64,
-            dtype: str = "bf16", device: str = "cpu", mask: str = "causal", window: int | None = None,
-            scale: float | None = None, kv_heads: int | None = None, kv_seq: int | None = None,
-            threads: int = 0, pass_: str = "forward", deterministic: bool = False) -> Explanation:
+def explain(*, batch: int | None = None, heads: int | None = None, seq: int = _D["seq"],
+            head_dim: int = _D["head_dim"], dtype: str = _D["dtype"], device: str = "cpu", mask: str = _D["mask"],
+            window: int | None = None, scale: float | None = None, kv_heads: int | None = None,
+            kv_seq: int | None = None, threads: int = _D["threads"], pass_: str = _D["pass_"],
+            deterministic: bool = False) -> Explanation:
     """`attnprof explain` as a call: which backends can take the problem and why, and what auto picks."""
-    b, h, s, d = _default_shape(device, batch, heads, seq, head_dim)
-    p = _problem(b, h, s, d, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
+    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
     return Explanation(*_core.explain(p, _whole("threads", threads)))

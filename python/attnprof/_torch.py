@@ -80,7 +80,7 @@ def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = 
     """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     views = _dlpack(q, k, v, out)
-    _, lse = _core.attention_train(*views, backend, mask, window, scale, _stream_of(q), 0, bshd)
+    _, lse = _core.attention_train(*views, backend, mask, window, scale, _stream_of(q), 0, bshd, deterministic)
     return out, torch.from_dlpack(lse)
 
 
@@ -140,7 +140,7 @@ def ops():
 
 
 def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, deterministic=False):
-    bshd = layout == "bshd"
+    bshd = layout == "bshd"  # attnprof.attention read it through the library's parser
     for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
         if not isinstance(t, torch.Tensor):
             raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")

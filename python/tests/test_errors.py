@@ -31,7 +31,11 @@ CASES = {
     "GPU-only backend on CPU": (lambda: arrays(), {"backend": "cudnn"}, r"cudnn.*(CPU|cpu)"),
     "unknown mask": (lambda: arrays(), {"mask": "diagonal"}, r"unknown mask 'diagonal'"),
     "mask tensor": (lambda: arrays(), {"mask": "boolean"}, r"needs a mask tensor"),
-    "window without sliding window": (lambda: arrays(), {"window": 4}, r"window is only for"),
+    "window without sliding window": (lambda: arrays(), {"window": 4}, r"window applies only to mask=sliding-window"),
+    "window not positive": (lambda: arrays(), {"mask": "sliding_window", "window": 0}, r"window must be positive"),
+    "sliding window without window": (lambda: arrays(), {"mask": "sliding_window"}, r"needs window=N"),
+    "scale overflows": (lambda: arrays(), {"scale": 1e300}, r"scale 1e\+300 makes the scores overflow"),
+    "scale not finite": (lambda: arrays(), {"scale": float("nan")}, r"scale must be a finite, non-zero number"),
     "unknown layout": (lambda: arrays(), {"layout": "sbhd"}, r"unknown layout"),
 }
 
@@ -166,6 +170,73 @@ def test_keyboard_interrupt_stops_a_long_call_and_leaves_nothing(tmp_path):
     assert left == [], f"an interrupted call left {left}"
     gc.collect()
     assert _core.allocated_bytes("cpu") == before
+
+
+# The library names fields as Python's keywords are spelled, never the CLI's flags.
+FIELD_CASES = {
+    "batch": ({"batch": -1}, r"^batch must be positive, got -1$"),
+    "batch zero": ({"batch": 0}, r"^batch must be positive, got 0$"),
+    "heads": ({"heads": 0}, r"^heads must be positive"),
+    "head_dim": ({"head_dim": 300}, r"^head_dim 300 is above the largest supported, 256$"),
+    "kv_heads": ({"heads": 8, "kv_heads": 3}, r"^kv_heads 3 must divide heads 8"),
+    "seq": ({"seq": 1 << 30}, r"^seq 1073741824 is beyond"),
+    "kv_seq": ({"kv_seq": 0}, r"^kv_seq must be positive"),
+    "window": ({"mask": "causal", "window": 8}, r"^window applies only to mask=sliding-window$"),
+    "deterministic": ({"deterministic": True}, r"^deterministic applies to the backward \(pass=backward or train\)"),
+    "pass": ({"pass_": "sideways"}, r"^unknown pass 'sideways': use forward, backward or train$"),
+    "device": ({"device": "tpu"}, r"^unknown device 'tpu': use cpu or cuda"),
+    "mask": ({"mask": "diagonal"}, r"^unknown mask 'diagonal'"),
+    # issue 20 item 12: 2^64 scores, refused by field before an estimate can wrap past 64 bits.
+    "scores": ({"batch": 1024, "heads": 1024, "seq": 1 << 22, "kv_seq": 1 << 22, "head_dim": 256},
+               r"^batch x heads x seq x kv_seq is 1.84e\+19 attention scores"),
+}
+
+
+@pytest.mark.parametrize("case", list(FIELD_CASES))
+def test_errors_name_fields_not_flags(case):
+    kwargs, message = FIELD_CASES[case]
+    with pytest.raises(attnprof.Error, match=message) as info:
+        attnprof.explain(**kwargs)
+    assert "--" not in str(info.value), str(info.value)
+
+
+def test_the_cli_spellings_are_taken_too():
+    # One parser: "gpu" and "cuda:0" for cuda (the CLI took one, Python the other), '-' or '_' in mask names.
+    def problem(**kw):
+        args = dict(batch=1, heads=2, kv_heads=None, seq=64, kv_seq=None, head_dim=32, dtype="fp32", device="cpu",
+                    mask="causal", window=None, scale=None)
+        args.update(kw)
+        return _core.Problem(**args)
+
+    for device in ("cuda", "cuda:0", "gpu"):
+        assert problem(device=device).describe().endswith("on cuda")
+    for mask in ("sliding-window", "sliding_window"):
+        assert "sliding-window 8" in problem(mask=mask, window=8).describe()
+    with pytest.raises(attnprof.Error, match=r"^unknown layout 'sbhd': use bhsd"):
+        attnprof.attention(*arrays(), layout="sbhd")
+
+
+def test_backend_lists_agree_with_their_checks():
+    # issue 20 item 11, in Python: compare's backends name backends (auto is profile's and attention's).
+    with pytest.raises(attnprof.Error, match=r"auto is not a backend to list in backends") as info:
+        attnprof.compare(backends=["auto"], seq=64, trace_dir=None)
+    assert ", auto" not in str(info.value)
+    with pytest.raises(attnprof.Error, match=r"unknown backend 'turbo' in backends: use naive"):
+        attnprof.compare(backends=["naive", "turbo"], seq=64, trace_dir=None)
+    with pytest.raises(attnprof.Error, match=r"unknown backend 'turbo': use naive.*, auto$"):
+        attnprof.profile("turbo", seq=64, trace_dir=None)
+    with pytest.raises(attnprof.Error, match=r"unknown backend 'turbo' in expect"):
+        attnprof.compare(backends=["naive"], expect={"turbo": 3}, seq=64, trace_dir=None)
+
+
+def test_defaults_are_the_librarys():
+    import inspect
+
+    d = _core.defaults()
+    sig = inspect.signature(attnprof.compare).parameters
+    for name in ("seq", "head_dim", "dtype", "mask", "seed", "check_rows", "unprofiled_calls", "schedule", "sort_by"):
+        assert sig[name].default == d[name], name
+    assert d["seq"] == 1024 and d["head_dim"] == 64 and d["dtype"] == "bf16" and d["schedule"] == (0, 1, 3, 1)
 
 
 torch = pytest.importorskip("torch")

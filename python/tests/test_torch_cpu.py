@@ -156,3 +156,31 @@ def test_backward_refusals_are_clear():
     with torch.no_grad():
         torch.testing.assert_close(attnprof.attention(q, k, v, backend="flash"), sdpa(q.detach(), k, v), atol=2e-5,
                                    rtol=1e-4)
+
+
+# issue 19 item 6: the plan cache keyed by shape, mask and backend alone (not the pass, deterministic or the
+# KV cache), so a backward after a forward of the same shape reused the forward's plan: its eligibility,
+# and auto's pick, were never checked for the backward.
+def test_a_backward_is_planned_as_a_backward_not_as_the_forward_before_it():
+    attnprof.torch_ops()
+    q, k, v = qkv((1, 2, 48, 32))
+    attnprof.attention(q, k, v, backend="naive")  # planned for inference: naive runs a forward
+    out, lse = torch.ops.attnprof.attention_train(q, k, v, "flash")
+    # The same refusal, in the same words, as a training call with naive meets.
+    with pytest.raises(attnprof.Error, match=r"^naive keeps the \[S, Skv\] probabilities") as train:
+        torch.ops.attnprof.attention_train(q, k, v, "naive")
+    with pytest.raises(attnprof.Error, match=r"^naive keeps the \[S, Skv\] probabilities") as backward:
+        torch.ops.attnprof.attention_backward(torch.ones_like(out), q, k, v, out, lse, "naive")
+    assert str(train.value) == str(backward.value)
+
+
+def test_auto_resolves_per_pass():
+    # A forward's auto may pick a composite; a training step's must pick a backend that keeps only the
+    # log-sum-exp (flash, on the CPU), whatever the forward of the same shape picked.
+    q, k, v = qkv((1, 2, 40, 32))
+    torch.testing.assert_close(attnprof.attention(q, k, v, backend="auto"), sdpa(q, k, v), atol=2e-5, rtol=1e-4)
+    qg = q.clone().requires_grad_(True)
+    out = attnprof.attention(qg, k, v, backend="auto")
+    dout = torch.randn_like(out)
+    (dq,) = torch.autograd.grad(out, (qg,), dout)
+    torch.testing.assert_close(dq.double(), sdpa_grads(q, k, v, dout)[0], atol=1e-4, rtol=1e-4)

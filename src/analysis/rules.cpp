@@ -87,7 +87,7 @@ std::vector<Finding> activities_not_counted(const RuleInput& in) {
   std::string why = in.run.trace.collector_note;
   if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
   Finding f = found("GPU activities not counted" + (why.empty() ? std::string() : ": " + why) +
-                    "; the expected count and any --expect guess are not checked");
+                    "; the expected count and any guess (expect=) are not checked");
   cite_first_forward(f, in.index);
   return {f};
 }
@@ -397,9 +397,9 @@ std::vector<Finding> backward_recompute(const RuleInput& in) {
   if (r.problem.pass == Pass::Forward || !r.traits.backward_recomputes) return {};
   std::string text = "backward recomputes P from the saved log-sum-exp (5 matrix products to the forward's 2)";
   if (r.traits.backward_dq_unordered) {
-    text += r.problem.deterministic ? "; dQ in a fixed order (--deterministic): bitwise repeatable"
+    text += r.problem.deterministic ? "; dQ in a fixed order (deterministic=true): bitwise repeatable"
                                     : "; dQ summed in the order its blocks finish (atomics): its bits may "
-                                      "differ run to run (--deterministic fixes the order)";
+                                      "differ run to run (deterministic=true fixes the order)";
   }
   Finding f = found(std::move(text));
   f.figures = {{"deterministic", r.problem.deterministic ? 1.0 : 0.0}};

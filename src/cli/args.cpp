@@ -1,39 +1,72 @@
 #include "cli/args.h"
 
-#include <charconv>
-#include <cmath>
+#include <cctype>
 #include <cstdlib>
 #include <functional>
 #include <map>
 
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
+#include "attnprof/problem_spec.h"
 
 namespace attnprof::cli {
 namespace {
 
 [[noreturn]] void bad(const std::string& msg) { fail(ErrorKind::InvalidArgument, msg); }
 
-std::int64_t to_int(const std::string& flag, const std::string& v) {
-  std::int64_t x = 0;
-  const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec == std::errc::result_out_of_range) bad(flag + " " + v + " is out of range");
-  if (ec != std::errc() || ptr != v.data() + v.size()) bad(flag + " expects a whole number, got '" + v + "'");
-  return x;
-}
-
+// The CLI's own integer flags, read by the library's one number parser.
 int to_small_int(const std::string& flag, const std::string& v, int lo, int hi) {
-  const std::int64_t x = to_int(flag, v);
-  if (x < lo || x > hi) bad(flag + " must be between " + std::to_string(lo) + " and " + std::to_string(hi));
-  return static_cast<int>(x);
+  return static_cast<int>(parse_integer(flag, v, lo, hi));
 }
 
-double to_double(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x)) bad(flag + " expects a number, got '" + v + "'");
-  return x;
+// The flag of each field the library names in its messages: the Problem's
+// fields, then the run's and the pipeline's options. One table, read one way
+// by parse() (a flag sets its field) and the other by flag_message().
+struct FieldFlag {
+  std::string_view field, flag;
+  bool problem = false;  // set through set_problem_field
+};
+constexpr FieldFlag kFieldFlags[] = {
+    {"batch", "--batch", true},
+    {"heads", "--heads", true},
+    {"kv_heads", "--kv-heads", true},
+    {"seq", "--seq", true},
+    {"kv_seq", "--kv-seq", true},
+    {"head_dim", "--head-dim", true},
+    {"dtype", "--dtype", true},
+    {"device", "--device", true},
+    {"mask", "--mask", true},
+    {"window", "--window", true},
+    {"scale", "--scale", true},
+    {"pass", "--pass", true},
+    {"deterministic", "--deterministic"},  // a switch here: parse() sets it
+    {"kv_cache", "--kv-cache", true},
+    {"page_size", "--page-size", true},
+    {"layout", "--layout"},
+    {"backend", "--backend"},
+    {"backends", "--backends"},
+    {"expect", "--expect"},
+    {"gpus", "--gpus"},
+    {"trace_dir", "--trace-dir"},
+    {"json_path", "--json"},
+    {"html_path", "--html"},
+    {"sort_by", "--sort"},
+    {"row_limit", "--row-limit"},
+    {"threads", "--threads"},
+    {"seed", "--seed"},
+    {"check_rows", "--check-rows"},
+    {"unprofiled_calls", "--unprofiled-calls"},
+    {"top", "--top"},
+};
+
+const FieldFlag* flag_of(std::string_view field) {
+  for (const auto& f : kFieldFlags) {
+    if (f.field == field) return &f;
+  }
+  return nullptr;
 }
+
+bool word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; }
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -50,11 +83,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-std::string backend_list() {
-  std::string s;
-  for (auto n : backend_names()) s += (s.empty() ? "" : ", ") + std::string(n);
-  return s + ", auto";
-}
+std::string backend_list() { return backend_choices(/*with_auto=*/true); }
 
 const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
   --batch N            batch size                        (GPU default 8, CPU default 2)
@@ -209,6 +238,51 @@ Options parse_trace_command(Options o, int argc, char** argv) {
 
 }  // namespace
 
+std::string flag_message(const Error& e) {
+  std::string s = e.what();
+  // field=value, as the library cites a setting in any message: the flag and its value.
+  for (const FieldFlag& f : kFieldFlags) {
+    const std::string cite = std::string(f.field) + "=";
+    for (std::size_t at = s.find(cite); at != std::string::npos; at = s.find(cite, at)) {
+      if (at > 0 && word_char(s[at - 1])) {
+        at += cite.size();
+        continue;
+      }
+      std::string with = std::string(f.flag) + " ";
+      std::size_t len = cite.size();
+      if (f.field == "deterministic" && s.compare(at + len, 4, "true") == 0) {  // a switch here
+        with.pop_back();
+        len += 4;
+      }
+      s.replace(at, len, with);
+      at += with.size();
+    }
+  }
+  // Bare field names, only those the error says it names (prose elsewhere may
+  // use the same words), and never inside a quoted value.
+  for (const std::string& field : e.fields()) {
+    const FieldFlag* f = flag_of(field);
+    if (!f) continue;
+    std::string out;
+    bool quoted = false;
+    for (std::size_t i = 0; i < s.size();) {
+      const char c = s[i];
+      if (c == '\'' && (quoted || i == 0 || !std::isalnum(static_cast<unsigned char>(s[i - 1])))) quoted = !quoted;
+      const bool starts = !quoted && s.compare(i, field.size(), field) == 0 && (i == 0 || !word_char(s[i - 1])) &&
+                          (i + field.size() == s.size() || !word_char(s[i + field.size()]));
+      if (starts) {
+        out += f->flag;
+        i += field.size();
+      } else {
+        out += c;
+        ++i;
+      }
+    }
+    s = std::move(out);
+  }
+  return s;
+}
+
 std::string usage() {
   return R"(attnprof: scaled-dot-product attention, computed every way the field does, each profiled.
 
@@ -254,7 +328,7 @@ std::string command_help(const std::string& command) {
             "memory, TFLOP/s and %% of the measured ceiling, error against a float64 reference,\n"
             "occupancy, and what the trace shows (rules that read the recorded events).\n"
             "A trace, table and summary per backend go to --trace-dir.\n\n"
-            "  --backends A,B,...   only these backends\n"
+            "  --backends A,B,...   only these backends (named: auto is for profile)\n"
             "  --json PATH          also write the results as JSON\n"
             "  --html FILE          also write the HTML report: one self-contained page with each\n"
             "                       backend's timeline, bars, a roofline, the findings and tables\n\n") +
@@ -354,81 +428,27 @@ Options parse(int argc, char** argv) {
   p.batch = 0;  // 0 = the device default, filled once the device is known
   p.heads = 0;
   using Setter = std::function<void(const std::string&, const std::string&)>;
-  // A size flag. 0 stands for "the default" in some (batch and heads: the
-  // device's; kv-heads and kv-seq: the query's), so a typed 0 is refused here;
-  // negative values reach Problem::validate, which names them.
-  const auto size = [](std::int64_t& field) -> Setter {
-    return [&field](const std::string& f, const std::string& v) {
-      field = to_int(f, v);
-      if (field == 0) bad(f + " must be positive, got 0");
+  std::map<std::string, Setter> flags;
+  // The problem's flags: their fields, parsed by the library as Python's keywords are.
+  for (const FieldFlag& f : kFieldFlags) {
+    if (!f.problem) continue;
+    flags[std::string(f.flag)] = [&p, &o, field = f.field](const std::string&, const std::string& v) {
+      set_problem_field(p, field, v);
+      o.device_given |= field == "device";
     };
-  };
-  const std::map<std::string, Setter> flags = {
-      {"--batch", size(p.batch)},
-      {"--heads", size(p.heads)},
-      {"--kv-heads", size(p.kv_heads)},
-      {"--seq", size(p.seq)},
-      {"--kv-seq", size(p.kv_seq)},
-      {"--head-dim", [&](auto& f, auto& v) { p.head_dim = to_int(f, v); }},
-      {"--window",
-       [&](auto& f, auto& v) {
-         p.window = to_int(f, v);
-         if (p.window <= 0) bad("--window must be positive");
-       }},
-      {"--scale", [&](auto& f, auto& v) { p.scale = to_double(f, v); }},
-      {"--dtype",
-       [&](auto&, auto& v) {
-         auto t = parse_dtype(v);
-         if (!t) bad("unknown --dtype '" + v + "': use fp32, fp16 or bf16");
-         p.dtype = *t;
-       }},
-      {"--mask",
-       [&](auto&, auto& v) {
-         auto m = parse_mask(v);
-         if (!m) bad("unknown --mask '" + v + "': use one of " + std::string(mask_choices()));
-         p.mask = *m;
-       }},
-      {"--kv-cache",
-       [&](auto&, auto& v) {
-         auto c = parse_kv_cache(v);
-         if (!c) bad("unknown --kv-cache '" + v + "': use " + std::string(kv_cache_choices()));
-         p.kv_cache = *c;
-       }},
-      {"--page-size",
-       [&](auto& f, auto& v) {
-         p.page_size = to_int(f, v);
-         if (p.page_size <= 0) bad("--page-size must be positive, got " + v);
-       }},
-      {"--device",
-       [&](auto&, auto& v) {
-         if (v == "cpu")
-           p.device = Device::Cpu;
-         else if (v == "cuda" || v == "gpu")
-           p.device = Device::Cuda;
-         else
-           bad("unknown --device '" + v + "': use cpu or cuda");
-         o.device_given = true;
-       }},
-      {"--pass",
-       [&](auto&, auto& v) {
-         auto x = parse_pass(v);
-         if (!x) bad("unknown --pass '" + v + "': use forward, backward or train");
-         p.pass = *x;
-       }},
-      {"--layout",
-       [&](auto&, auto& v) {
-         if (v != "bhsd" && v != "bshd") bad("unknown --layout '" + v + "': use bhsd or bshd");
-         o.bshd = v == "bshd";
-       }},
+  }
+  const std::map<std::string, Setter> run_flags = {
+      {"--layout", [&](auto&, auto& v) { o.bshd = layout_from_text(v) == Layout::Bshd; }},
       {"--backend",
        [&](auto&, auto& v) {
-         if (!is_backend_name(v) && v != "auto") bad("unknown --backend '" + v + "': use one of " + backend_list());
+         check_backend_name("backend", v, /*auto_ok=*/true);
          o.backend = v;
        }},
       {"--backends",
        [&](auto&, auto& v) {
+         // compare runs each backend named; auto would be one of them twice.
          for (const auto& b : split(v, ',')) {
-           if (!is_backend_name(b)) bad("unknown backend '" + b + "' in --backends: use " + backend_list());
+           check_backend_name("backends", b, /*auto_ok=*/false);
            o.backends.push_back(b);
          }
        }},
@@ -444,7 +464,7 @@ Options parse(int argc, char** argv) {
       {"--sort", [&](auto&, auto& v) { o.sort = v; }},
       {"--row-limit", [&](auto& f, auto& v) { o.row_limit = to_small_int(f, v, 1, 100000); }},
       {"--threads", [&](auto& f, auto& v) { o.threads = to_small_int(f, v, 1, 4096); }},
-      {"--seed", [&](auto& f, auto& v) { o.seed = static_cast<std::uint64_t>(to_int(f, v)); }},
+      {"--seed", [&](auto& f, auto& v) { o.seed = static_cast<std::uint64_t>(parse_integer(f, v, 0)); }},
       {"--check-rows", [&](auto& f, auto& v) { o.check_rows = to_small_int(f, v, 1, 1 << 24); }},
       {"--unprofiled-calls", [&](auto& f, auto& v) { o.unprofiled_calls = to_small_int(f, v, 0, 10000); }},
       {"--gpus", [&](auto& f, auto& v) { o.gpus = to_small_int(f, v, 1, 64); }},
@@ -461,10 +481,12 @@ Options parse(int argc, char** argv) {
       {"--expect",
        [&](auto& f, auto& v) {
          const auto kv = split(v, '=');
-         if (kv.size() != 2 || !is_backend_name(kv[0])) bad("--expect wants BACKEND=N, e.g. --expect naive=6");
+         if (kv.size() != 2) bad("--expect wants BACKEND=N, e.g. --expect naive=6");
+         check_backend_name("expect", kv[0], /*auto_ok=*/false);
          o.guesses[kv[0]] = to_small_int(f, kv[1], 0, 100000);
        }},
   };
+  flags.insert(run_flags.begin(), run_flags.end());
   static const char* kShapeFlags[] = {"--batch", "--heads", "--seq",    "--head-dim",
                                       "--dtype", "--mask",  "--kv-seq", "--kv-heads"};
   for (int i = 2; i < argc; ++i) {
@@ -474,7 +496,7 @@ Options parse(int argc, char** argv) {
       continue;
     }
     if (arg == "--deterministic") {
-      p.deterministic = true;
+      set_problem_field(p, "deterministic", "true");
       continue;
     }
     std::string value;

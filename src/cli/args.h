@@ -5,9 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "attnprof/error.h"
 #include "attnprof/findings.h"
 #include "attnprof/problem.h"
 #include "attnprof/profiler.h"
+#include "attnprof/runner.h"
 
 namespace attnprof::cli {
 
@@ -22,10 +24,11 @@ struct Options {
   std::string trace_dir = "traces";
   std::string sort = "cpu_time_total";
   int row_limit = 20;
-  int threads = 0;
-  std::uint64_t seed = 0x5eed;
-  std::int64_t check_rows = 2048;
-  int unprofiled_calls = 32;
+  // The library's defaults (RunOptions), not copies of them.
+  int threads = RunOptions{}.threads;
+  std::uint64_t seed = RunOptions{}.seed;
+  std::int64_t check_rows = RunOptions{}.check_rows;
+  int unprofiled_calls = RunOptions{}.unprofiled_calls;
   int gpus = 0;  // --gpus N: ring attention over N GPUs (0: not given)
   bool bshd = false;
   std::optional<std::string> json_path;
@@ -44,6 +47,12 @@ struct Options {
 
 // Throws Error(InvalidArgument) with a one-line message for any bad flag.
 Options parse(int argc, char** argv);
+
+// An error's message in the CLI's terms: the library names fields
+// ("head_dim must be positive", "use pass=forward"); the user typed flags
+// ("--head-dim", "--pass forward"). The one table of fields and flags is
+// args.cpp's.
+std::string flag_message(const Error& e);
 
 std::string usage();  // top-level --help
 std::string command_help(const std::string& command);

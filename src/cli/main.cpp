@@ -7,8 +7,10 @@
 #include <new>
 
 #include "attnprof/error.h"
+#include "attnprof/problem_spec.h"
 #include "attnprof/runner.h"
 #include "attnprof/trace_io.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 
 namespace {
@@ -31,11 +33,7 @@ void resolve_defaults(cli::Options& o) {
       }
     }
   }
-  // GPU: the reference shape (8, 16, 1024, 64). CPU: a smaller batch and head
-  // count so every backend finishes well inside a minute on a few cores.
-  if (p.batch == 0) p.batch = p.device == Device::Cuda ? 8 : 2;
-  if (p.heads == 0) p.heads = p.device == Device::Cuda ? 16 : 8;
-  p.normalize().validate();
+  fill_device_defaults(p).normalize().validate();
 }
 
 }  // namespace
@@ -63,7 +61,7 @@ int main(int argc, char** argv) {
     if (o.command == "compare") return cli::run_compare(o);
     return cli::run_explain(o);
   } catch (const Error& e) {
-    std::fprintf(stderr, "attnprof: %s\n", e.what());
+    std::fprintf(stderr, "attnprof: %s\n", cli::flag_message(e).c_str());
     if (e.kind() == ErrorKind::BadInput) return cli::kExitBadInput;
     return e.kind() == ErrorKind::InvalidArgument ? cli::kExitUsage : cli::kExitError;
   } catch (const std::bad_alloc&) {

@@ -1,6 +1,7 @@
 // The CPU allocator: 64-byte aligned buffers, tracked totals and peak, and
 // every allocate and free reported to the observer (a recording profiler).
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -16,11 +17,13 @@ class CpuAllocator final : public Allocator {
   Device device() const override { return Device::Cpu; }
 
   void* allocate(std::size_t bytes) override {
-    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    // A size near SIZE_MAX would round to 0 (no memory, no error).
+    const std::size_t rounded = bytes > SIZE_MAX - 63 ? 0 : (bytes + 63) / 64 * 64;
     void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-    if (rounded && !p) {
-      fail(ErrorKind::OutOfMemory, "out of host memory allocating " + std::to_string(bytes >> 20) +
-                                       " MiB: use a smaller --batch, --heads or --seq");
+    if (bytes && !p) {
+      fail(ErrorKind::OutOfMemory,
+           "out of host memory allocating " + std::to_string(bytes >> 20) + " MiB: use a smaller batch, heads or seq",
+           {"batch", "heads", "seq"});
     }
     MemoryStats after;
     {

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
@@ -28,9 +32,44 @@ constexpr MaskSpelling kMasks[] = {
 constexpr std::int64_t kMaxSeq = std::int64_t{1} << 22;
 constexpr std::int64_t kMaxBatchHeads = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxHeadDim = 256;
+// The [B, H, S, Skv] scores an unfused backend materialises: byte counts of a
+// dozen FP32 buffers of them (and the float64 reference's) stay exact in 64
+// bits below this. The other limits alone allow 2^64 of them.
+constexpr std::int64_t kMaxScores = std::int64_t{1} << 56;
 
-void require_positive(std::int64_t v, const char* flag) {
-  if (v <= 0) fail(ErrorKind::InvalidArgument, std::string(flag) + " must be positive, got " + std::to_string(v));
+[[noreturn]] void refuse(const std::string& message, std::vector<std::string> fields) {
+  fail(ErrorKind::InvalidArgument, message, std::move(fields));
+}
+
+void require_positive(std::int64_t v, const char* field) {
+  if (v <= 0) refuse(std::string(field) + " must be positive, got " + std::to_string(v), {field});
+}
+
+// The product of non-negative sizes, or nullopt past int64.
+std::optional<std::int64_t> product(std::initializer_list<std::int64_t> sizes) {
+  std::int64_t n = 1;
+  for (const std::int64_t s : sizes) {
+    if (__builtin_mul_overflow(n, s, &n)) return std::nullopt;
+  }
+  return n;
+}
+
+// Bytes of a tensor of these sizes, saturating at SIZE_MAX (validate() keeps
+// every problem's tensors far below it).
+std::size_t bytes_of(std::initializer_list<std::int64_t> sizes, std::size_t element) {
+  std::size_t n = element;
+  for (const std::int64_t s : sizes) {
+    if (s < 0 || __builtin_mul_overflow(n, static_cast<std::size_t>(s), &n)) return SIZE_MAX;
+  }
+  return n;
+}
+
+std::size_t sum(std::initializer_list<std::size_t> parts) {
+  std::size_t n = 0;
+  for (const std::size_t x : parts) {
+    if (__builtin_add_overflow(n, x, &n)) return SIZE_MAX;
+  }
+  return n;
 }
 
 // First and last visible key of query row i (inclusive), before clamping.
@@ -59,10 +98,12 @@ std::string_view mask_name(MaskKind m) {
 }
 
 std::optional<MaskKind> parse_mask(std::string_view name) {
+  std::string spelled(name);
+  std::replace(spelled.begin(), spelled.end(), '_', '-');
   for (const auto& s : kMasks) {
-    if (s.name == name) return s.kind;
+    if (s.name == spelled) return s.kind;
   }
-  if (name == "causal-top-left") return MaskKind::Causal;
+  if (spelled == "causal-top-left") return MaskKind::Causal;
   return std::nullopt;
 }
 
@@ -85,43 +126,56 @@ Problem& Problem::normalize() {
 }
 
 void Problem::validate() const {
-  require_positive(batch, "--batch");
-  require_positive(heads, "--heads");
-  require_positive(kv_heads, "--kv-heads");
-  require_positive(seq, "--seq");
-  require_positive(kv_seq, "--kv-seq");
-  require_positive(head_dim, "--head-dim");
-  if (seq > kMaxSeq || kv_seq > kMaxSeq) {
-    fail(ErrorKind::InvalidArgument, "--seq/--kv-seq " + std::to_string(std::max(seq, kv_seq)) + " is beyond the " +
-                                         std::to_string(kMaxSeq) + " this tool accepts");
+  require_positive(batch, "batch");
+  require_positive(heads, "heads");
+  require_positive(kv_heads, "kv_heads");
+  require_positive(seq, "seq");
+  require_positive(kv_seq, "kv_seq");
+  require_positive(head_dim, "head_dim");
+  for (const auto& [v, field] : {std::pair{seq, "seq"}, std::pair{kv_seq, "kv_seq"}}) {
+    if (v > kMaxSeq) {
+      refuse(std::string(field) + " " + std::to_string(v) + " is beyond the " + std::to_string(kMaxSeq) +
+                 " this tool accepts",
+             {field});
+    }
   }
   if (batch > kMaxBatchHeads || heads > kMaxBatchHeads || batch * heads > kMaxBatchHeads) {  // no overflow
-    fail(ErrorKind::InvalidArgument, "--batch x --heads is beyond the " + std::to_string(kMaxBatchHeads) +
-                                         " (batch, head) pairs this tool accepts");
+    refuse("batch x heads is beyond the " + std::to_string(kMaxBatchHeads) + " query heads this tool accepts",
+           {"batch", "heads"});
   }
   if (head_dim > kMaxHeadDim) {
-    fail(ErrorKind::InvalidArgument,
-         "--head-dim " + std::to_string(head_dim) + " is above the largest supported, " + std::to_string(kMaxHeadDim));
+    refuse("head_dim " + std::to_string(head_dim) + " is above the largest supported, " + std::to_string(kMaxHeadDim),
+           {"head_dim"});
   }
   if (kv_heads > heads || heads % kv_heads != 0) {
-    fail(ErrorKind::InvalidArgument, "--kv-heads " + std::to_string(kv_heads) + " must divide --heads " +
-                                         std::to_string(heads) + " (grouped-query attention)");
+    refuse("kv_heads " + std::to_string(kv_heads) + " must divide heads " + std::to_string(heads) +
+               " (grouped-query attention)",
+           {"kv_heads", "heads"});
   }
-  if (dtype == DType::Bool) fail(ErrorKind::InvalidArgument, "--dtype must be fp32, fp16 or bf16");
+  // Within the limits above Q, K and V count at most 2^50 elements; the
+  // scores can pass 2^63 (a size_t of bytes, 2^64).
+  if (const auto scores = product({batch, heads, seq, kv_seq}); !scores || *scores > kMaxScores) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3g",
+                  static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(seq) *
+                      static_cast<double>(kv_seq));
+    refuse("batch x heads x seq x kv_seq is " + std::string(buf) + " attention scores, beyond the 2^56 (" +
+               std::to_string(kMaxScores) + ") this tool sizes in 64-bit byte counts",
+           {"batch", "heads", "seq", "kv_seq"});
+  }
+  if (dtype == DType::Bool) refuse("dtype must be fp32, fp16 or bf16", {"dtype"});
   if (mask == MaskKind::SlidingWindow && window <= 0) {
-    fail(ErrorKind::InvalidArgument, "--mask sliding-window needs --window N (N >= 1 keys)");
+    refuse("mask=sliding-window needs window=N (N >= 1 keys)", {"window"});
   }
   if (mask != MaskKind::SlidingWindow && window != 0) {
-    fail(ErrorKind::InvalidArgument, "--window applies only to --mask sliding-window");
+    refuse("window applies only to mask=sliding-window", {"window"});
   }
   if (deterministic && pass == Pass::Forward) {
-    fail(ErrorKind::InvalidArgument,
-         "--deterministic applies to the backward (--pass backward or train): the forward has no atomics to order");
+    refuse("deterministic applies to the backward (pass=backward or train): the forward has no atomics to order",
+           {"deterministic"});
   }
   validate_kv_cache();
-  if (scale && (!std::isfinite(*scale) || *scale == 0.0)) {
-    fail(ErrorKind::InvalidArgument, "--scale must be a finite, non-zero number");
-  }
+  if (scale && (!std::isfinite(*scale) || *scale == 0.0)) refuse("scale must be a finite, non-zero number", {"scale"});
   // The inputs are uniform in [-1, 1), so |q . k| reaches head_dim at most and
   // a score |scale| x head_dim. Past the dtype's largest finite value the
   // unfused backends' scores become inf and softmax gives NaN (inf - inf); the
@@ -129,35 +183,34 @@ void Problem::validate() const {
   if (const double reach = std::abs(softmax_scale()) * static_cast<double>(head_dim); reach > max_finite(dtype)) {
     char buf[256];
     std::snprintf(buf, sizeof buf,
-                  "--scale %g makes the scores overflow: |scale| x head_dim reaches %.3g, past the largest finite %s "
-                  "(%.5g), so softmax would give NaN everywhere; use |--scale| <= %.3g",
+                  "scale %g makes the scores overflow: |scale| x head_dim reaches %.3g, past the largest finite %s "
+                  "(%.5g), so softmax would give NaN everywhere; use |scale| <= %.3g",
                   softmax_scale(), reach, std::string(dtype_name(dtype)).c_str(), max_finite(dtype),
                   max_finite(dtype) / static_cast<double>(head_dim));
-    fail(ErrorKind::InvalidArgument, buf);
+    refuse(buf, {"scale", "head_dim"});
   }
 }
 
 // The paged cache: a page size that is a power of two (as vLLM's and
-// FlashAttention's kernels take), with --kv-cache paged only, forward only.
+// FlashAttention's kernels take), with kv_cache=paged only, forward only.
 void Problem::validate_kv_cache() const {
   if (kv_cache != KvCache::Paged) {
-    if (page_size != 0) fail(ErrorKind::InvalidArgument, "--page-size applies only to --kv-cache paged");
+    if (page_size != 0) refuse("page_size applies only to kv_cache=paged", {"page_size"});
     return;
   }
   if (page_size <= 0) {
-    fail(ErrorKind::InvalidArgument, "--kv-cache paged needs --page-size N (keys per page, a power of two such as 16)");
+    refuse("kv_cache=paged needs page_size=N (keys per page, a power of two such as 16)", {"page_size"});
   }
   if (page_size > kMaxSeq) {
-    fail(ErrorKind::InvalidArgument, "--page-size " + std::to_string(page_size) + " is beyond the " +
-                                         std::to_string(kMaxSeq) + " keys this tool accepts");
+    refuse("page_size " + std::to_string(page_size) + " is beyond the " + std::to_string(kMaxSeq) +
+               " keys this tool accepts",
+           {"page_size"});
   }
   if ((page_size & (page_size - 1)) != 0) {
-    fail(ErrorKind::InvalidArgument,
-         "--page-size " + std::to_string(page_size) + " must be a power of two (16, 32, 64 ...)");
+    refuse("page_size " + std::to_string(page_size) + " must be a power of two (16, 32, 64 ...)", {"page_size"});
   }
   if (pass != Pass::Forward) {
-    fail(ErrorKind::InvalidArgument,
-         "--kv-cache paged is forward only (a decode-time cache): use --pass forward, or --kv-cache contiguous");
+    refuse("kv_cache=paged is forward only (a decode-time cache): use pass=forward, or kv_cache=contiguous", {});
   }
 }
 
@@ -205,9 +258,11 @@ double Problem::flops() const {
   }
 }
 
-std::size_t Problem::gradient_bytes() const { return pass == Pass::Forward ? 0 : 2 * q_bytes() + 2 * kv_bytes(); }
+std::size_t Problem::gradient_bytes() const {
+  return pass == Pass::Forward ? 0 : sum({q_bytes(), q_bytes(), kv_bytes(), kv_bytes()});
+}
 
-std::size_t Problem::lse_bytes() const { return static_cast<std::size_t>(batch * heads * seq) * sizeof(float); }
+std::size_t Problem::lse_bytes() const { return bytes_of({batch, heads, seq}, sizeof(float)); }
 
 std::int64_t Problem::kv_rows_read() const {
   if (mask == MaskKind::None || mask == MaskKind::Boolean || mask == MaskKind::Bias) return kv_seq;
@@ -226,23 +281,23 @@ std::int64_t Problem::kv_rows_read() const {
 
 std::size_t Problem::io_bytes() const {
   const std::size_t es = element_size(dtype);
-  const auto pairs = static_cast<std::size_t>(seq * kv_seq);
-  const std::size_t mask_bytes = mask == MaskKind::Boolean ? pairs * element_size(DType::Bool)
-                                 : mask == MaskKind::Bias  ? pairs * es
+  const std::size_t mask_bytes = mask == MaskKind::Boolean ? bytes_of({seq, kv_seq}, element_size(DType::Bool))
+                                 : mask == MaskKind::Bias  ? bytes_of({seq, kv_seq}, es)
                                                            : 0;
   // A paged cache's block table is read too; its pages' padding is not.
-  const std::size_t table = kv_cache == KvCache::Paged ? static_cast<std::size_t>(batch * pages_per_seq()) * 4 : 0;
+  const std::size_t table = kv_cache == KvCache::Paged ? bytes_of({batch, pages_per_seq()}, 4) : 0;
   const std::size_t q = q_bytes(), kv = kv_bytes();
-  const std::size_t kv_read = static_cast<std::size_t>(batch * kv_heads * kv_rows_read() * head_dim) * es;
-  const std::size_t forward = q + 2 * kv_read + mask_bytes + table             // Q, K, V (mask, table) in
-                              + q;                                             // O out
-  const std::size_t backward = 3 * q + 2 * kv_read + lse_bytes() + mask_bytes  // Q, O, dO, K, V, LSE (mask) in
-                               + q + 2 * kv;                                   // dQ, dK, dV out
+  const std::size_t kv_read = bytes_of({batch, kv_heads, kv_rows_read(), head_dim}, es);
+  const std::size_t forward = sum({q, kv_read, kv_read, mask_bytes, table,  // Q, K, V (mask, table) in
+                                   q});                                     // O out
+  const std::size_t backward =
+      sum({q, q, q, kv_read, kv_read, lse_bytes(), mask_bytes,  // Q, O, dO, K, V, LSE (mask) in
+           q, kv, kv});                                         // dQ, dK, dV out
   switch (pass) {
     case Pass::Backward:
       return backward;
     case Pass::Train:
-      return forward + lse_bytes() + backward;
+      return sum({forward, lse_bytes(), backward});
     default:
       return forward;
   }
@@ -304,18 +359,14 @@ std::string Problem::describe() const {
   return os.str();
 }
 
-std::size_t Problem::q_bytes() const {
-  return static_cast<std::size_t>(batch * heads * seq * head_dim) * element_size(dtype);
-}
+std::size_t Problem::q_bytes() const { return bytes_of({batch, heads, seq, head_dim}, element_size(dtype)); }
 
-std::size_t Problem::kv_bytes() const {
-  return static_cast<std::size_t>(batch * kv_heads * kv_seq * head_dim) * element_size(dtype);
-}
+std::size_t Problem::kv_bytes() const { return bytes_of({batch, kv_heads, kv_seq, head_dim}, element_size(dtype)); }
 
 std::size_t Problem::kv_page_bytes() const {
   if (kv_cache != KvCache::Paged) return 0;
-  const auto pages = static_cast<std::size_t>(batch * pages_per_seq());
-  return pages * static_cast<std::size_t>(kv_heads * page_size * head_dim) * element_size(dtype) + pages * 2;
+  const std::int64_t pages = batch * pages_per_seq();
+  return sum({bytes_of({pages, kv_heads, page_size, head_dim}, element_size(dtype)), bytes_of({pages}, 2)});
 }
 
 void Backend::forward_train(const Problem& p, const Inputs&, Tensor&, Saved&, RunContext&) {
@@ -328,14 +379,14 @@ void Backend::backward(const Problem& p, const Inputs&, const Tensor&, const Ten
 }
 
 Eligibility no_backward(std::string_view backend) {
-  return {false, std::string(backend) + " has no backward pass: use --pass forward, or a backend with one"};
+  return {false, std::string(backend) + " has no backward pass: use pass=forward, or a backend with one"};
 }
 
 Eligibility eligibility_of(const Backend& b, const Problem& p) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
   if (p.deterministic && !b.traits().backward_dq_unordered) {
     return {false, std::string(b.name()) +
-                       "'s backward sums dQ in a fixed order already: --deterministic means "
+                       "'s backward sums dQ in a fixed order already: deterministic=true means "
                        "nothing here (it applies to flash, efficient and cudnn, and to flash on the CPU)"};
   }
   return b.eligibility(p);

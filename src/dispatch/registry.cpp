@@ -70,7 +70,7 @@ std::vector<Explanation> explain(const Problem& p) {
     } else if (p.device == Device::Cpu) {
       e.reason = std::string("not eligible on CPU: ") +
                  (name == "cudnn" ? "cuDNN runs on NVIDIA GPUs only"
-                                  : "a fused CUDA kernel (sm80 and later); use --device cuda");
+                                  : "a fused CUDA kernel (sm80 and later); needs device=cuda");
     } else if (!cuda_built()) {
       e.reason = "not eligible: this build has no CUDA (configure with a CUDA toolkit, preset 'cuda')";
     } else {

@@ -24,7 +24,7 @@ DeviceRuntime& device_runtime(Device d, int threads) {
 #ifdef ATTNPROF_WITH_CUDA
   return cuda::runtime();
 #else
-  fail(ErrorKind::Unsupported, "this build has no CUDA support: use --device cpu, or rebuild with a CUDA toolkit");
+  fail(ErrorKind::Unsupported, "this build has no CUDA support: use device=cpu, or rebuild with a CUDA toolkit");
 #endif
 }
 
@@ -235,7 +235,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     if (need > 0.9 * have) {
       fail(ErrorKind::OutOfMemory, r.backend + " needs about " + gib(need) + " on " + device_name(p.device) +
                                        " but only " + gib(have) + " is free" + limit_note(p.device) +
-                                       ": use a smaller --batch, --heads or --seq");
+                                       ": use a smaller batch, heads or seq");
     }
     if (options.progress) options.progress(r.backend + ": preparing inputs (" + p.describe() + ")");
     const Inputs host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);
@@ -300,7 +300,7 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
   } catch (const Error& e) {
     r.failure = e.what();
   } catch (const std::bad_alloc&) {
-    r.failure = "out of host memory: use a smaller --batch, --heads or --seq";
+    r.failure = "out of host memory: use a smaller batch, heads or seq";
   }
   return r;
 }

@@ -16,27 +16,31 @@
 namespace attnprof {
 
 void check_ring(const Problem& p, int gpus, std::string_view backend) {
-  if (gpus < 1) fail(ErrorKind::InvalidArgument, "--gpus must be at least 1, got " + std::to_string(gpus));
+  if (gpus < 1) fail(ErrorKind::InvalidArgument, "gpus must be at least 1, got " + std::to_string(gpus), {"gpus"});
   if (backend != kRingBackend) {
-    fail(ErrorKind::Unsupported, "--gpus runs " + std::string(kRingBackend) + " only, not " + std::string(backend) +
-                                     ": use --backend " + kRingBackend);
+    fail(ErrorKind::Unsupported,
+         "gpus runs " + std::string(kRingBackend) + " only, not " + std::string(backend) +
+             ": use backend=" + kRingBackend,
+         {"gpus"});
   }
   parallel::check_ring_problem(p, gpus);
 #ifndef ATTNPROF_WITH_NCCL
-  fail(
-      ErrorKind::Unsupported,
-      "--gpus needs GPUs through a build with CUDA and NCCL; this one has neither (CMake's configure output says why)");
+  fail(ErrorKind::Unsupported,
+       "gpus needs GPUs through a build with CUDA and NCCL; this one has neither (CMake's configure output says why)",
+       {"gpus"});
 #else
   std::string why;
   const int have = parallel::cuda_device_count(&why);
   if (have == 0) {
-    fail(ErrorKind::Unsupported, "--gpus " + std::to_string(gpus) + " needs " + std::to_string(gpus) +
-                                     " CUDA GPU(s) but this machine has no usable GPU" +
-                                     (why.empty() ? std::string() : " (" + why + ")"));
+    fail(ErrorKind::Unsupported,
+         "gpus " + std::to_string(gpus) + " needs " + std::to_string(gpus) +
+             " CUDA GPU(s) but this machine has no usable GPU" + (why.empty() ? std::string() : " (" + why + ")"),
+         {"gpus"});
   }
   if (gpus > have) {
     fail(ErrorKind::Unsupported,
-         "--gpus " + std::to_string(gpus) + " asks for more GPUs than this machine has (" + std::to_string(have) + ")");
+         "gpus " + std::to_string(gpus) + " asks for more GPUs than this machine has (" + std::to_string(have) + ")",
+         {"gpus"});
   }
 #endif
 }
@@ -112,7 +116,7 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
   } catch (const Error& e) {
     r.failure = e.what();
   } catch (const std::bad_alloc&) {
-    r.failure = "out of host memory: use a smaller --batch, --heads or --seq";
+    r.failure = "out of host memory: use a smaller batch, heads or seq";
   }
   return r;
 }

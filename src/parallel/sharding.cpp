@@ -13,12 +13,13 @@ std::int64_t ZigzagLayout::global_row(int rank, std::int64_t local_row) const {
 }
 
 ZigzagLayout zigzag_layout(const Problem& p, int world) {
-  if (world < 1) fail(ErrorKind::InvalidArgument, "--gpus must be at least 1, got " + std::to_string(world));
+  if (world < 1) fail(ErrorKind::InvalidArgument, "gpus must be at least 1, got " + std::to_string(world), {"gpus"});
   const std::int64_t n2 = 2 * static_cast<std::int64_t>(world);
   if (p.seq % n2 != 0) {
-    fail(ErrorKind::InvalidArgument, "--seq " + std::to_string(p.seq) +
-                                         " must be a multiple of 2N = " + std::to_string(n2) +
-                                         " for zigzag sharding over " + std::to_string(world) + " GPUs");
+    fail(ErrorKind::InvalidArgument,
+         "seq " + std::to_string(p.seq) + " must be a multiple of 2N = " + std::to_string(n2) +
+             " for zigzag sharding over " + std::to_string(world) + " GPUs",
+         {"seq"});
   }
   return {world, p.seq, p.seq / n2};
 }
@@ -43,7 +44,7 @@ PairKind classify_pair(const Problem& p, const ZigzagLayout& l, int qc, int kc) 
   if (all_diag) return PairKind::Diagonal;
   fail(ErrorKind::Unsupported, std::string("the ") + std::string(mask_name(p.mask)) + " mask cuts query chunk " +
                                    std::to_string(qc) + " against key chunk " + std::to_string(kc) +
-                                   " in a way ring attention does not take: use --mask none or causal");
+                                   " in a way ring attention does not take: use mask=none or mask=causal");
 }
 
 std::vector<std::vector<PairKind>> pair_table(const Problem& p, const ZigzagLayout& l) {
@@ -55,18 +56,22 @@ std::vector<std::vector<PairKind>> pair_table(const Problem& p, const ZigzagLayo
 }
 
 void check_ring_problem(const Problem& p, int world) {
-  if (world < 1) fail(ErrorKind::InvalidArgument, "--gpus must be at least 1, got " + std::to_string(world));
-  if (p.device != Device::Cuda) fail(ErrorKind::Unsupported, "--gpus needs --device cuda");
-  if (p.pass != Pass::Forward) fail(ErrorKind::Unsupported, "--gpus runs the forward only: drop --pass");
+  if (world < 1) fail(ErrorKind::InvalidArgument, "gpus must be at least 1, got " + std::to_string(world), {"gpus"});
+  if (p.device != Device::Cuda) fail(ErrorKind::Unsupported, "gpus needs device=cuda", {"gpus"});
+  if (p.pass != Pass::Forward) fail(ErrorKind::Unsupported, "gpus runs the forward only: use pass=forward", {"gpus"});
   if (p.mask != MaskKind::None && p.mask != MaskKind::Causal) {
-    fail(ErrorKind::Unsupported, "--gpus takes --mask none or causal, not " + std::string(mask_name(p.mask)));
+    fail(ErrorKind::Unsupported, "gpus takes mask=none or mask=causal, not " + std::string(mask_name(p.mask)),
+         {"gpus"});
   }
-  if (p.kv_seq != p.seq) fail(ErrorKind::Unsupported, "--gpus needs --kv-seq equal to --seq (self-attention)");
-  if (p.kv_heads != p.heads) fail(ErrorKind::Unsupported, "--gpus does not take grouped-query heads: drop --kv-heads");
+  if (p.kv_seq != p.seq)
+    fail(ErrorKind::Unsupported, "gpus needs kv_seq equal to seq (self-attention)", {"gpus", "kv_seq", "seq"});
+  if (p.kv_heads != p.heads)
+    fail(ErrorKind::Unsupported, "gpus does not take grouped-query heads: kv_heads must equal heads",
+         {"gpus", "kv_heads", "heads"});
   if (p.kv_cache == KvCache::Paged)
-    fail(ErrorKind::Unsupported, "--gpus reads a contiguous KV cache: drop --kv-cache paged");
+    fail(ErrorKind::Unsupported, "gpus reads a contiguous KV cache: use kv_cache=contiguous", {"gpus"});
   if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
-    fail(ErrorKind::Unsupported, "--gpus runs flash, which takes --dtype bf16 or fp16");
+    fail(ErrorKind::Unsupported, "gpus runs flash, which takes dtype=bf16 or dtype=fp16", {"gpus"});
   }
   (void)zigzag_layout(p, world);
 }

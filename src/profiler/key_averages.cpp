@@ -97,8 +97,9 @@ const SortKey& find_sort_key(const std::string& name) {
     if (key == name) return fn;
   }
   fail(ErrorKind::InvalidArgument,
-       "unknown --sort '" + name +
-           "': use one of cpu_time_total, self_cpu_time_total, cuda_time_total, self_cuda_time_total, count");
+       "unknown sort_by '" + name +
+           "': use one of cpu_time_total, self_cpu_time_total, cuda_time_total, self_cuda_time_total, count",
+       {"sort_by"});
 }
 
 double us(std::int64_t ns) { return static_cast<double>(ns) / 1000.0; }

@@ -334,13 +334,13 @@ void write_file_atomically(const fs::path& path, std::string_view contents, std:
 
 void check_output_dir(const fs::path& dir, std::string_view flag) {
   if (const std::string why = unwritable_dir(dir); !why.empty()) {
-    fail(ErrorKind::Io, "cannot use " + std::string(flag) + " " + dir.string() + ": " + why);
+    fail(ErrorKind::Io, "cannot use " + std::string(flag) + " " + dir.string() + ": " + why, {std::string(flag)});
   }
 }
 
 void check_output_file(const fs::path& path, std::string_view flag) {
   const auto refuse = [&](const std::string& why) {
-    fail(ErrorKind::Io, "cannot write " + std::string(flag) + " " + path.string() + ": " + why);
+    fail(ErrorKind::Io, "cannot write " + std::string(flag) + " " + path.string() + ": " + why, {std::string(flag)});
   };
   if (path.filename().empty()) refuse("it names a directory, not a file");
   const Target t = classify(path);
@@ -388,10 +388,11 @@ void check_distinct_files(const std::vector<NamedFile>& files) {
       struct stat st;
       // Two outputs to /dev/null (or one terminal) lose nothing.
       if (files[j].output && ::stat(files[i].path.c_str(), &st) == 0 && S_ISCHR(st.st_mode)) continue;
-      fail(ErrorKind::InvalidArgument, "cannot write " + files[i].what + " " + files[i].path.string() +
-                                           ": it is the same file as " + files[j].what + " " + files[j].path.string() +
-                                           (files[j].output ? "" : ", which is read") +
-                                           ": give each output its own path");
+      fail(ErrorKind::InvalidArgument,
+           "cannot write " + files[i].what + " " + files[i].path.string() + ": it is the same file as " +
+               files[j].what + " " + files[j].path.string() + (files[j].output ? "" : ", which is read") +
+               ": give each output its own path",
+           {files[i].what, files[j].what});
     }
   }
 }

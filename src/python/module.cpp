@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attnprof/error.h"
+#include "attnprof/problem_spec.h"
 #include "attnprof/report.h"
 #include "attnprof/runner.h"
 
@@ -162,53 +163,70 @@ void require_same(const char* what, const char* a_name, std::int64_t a, const ch
   }
 }
 
+// What a call needs of its backend beyond the problem: autograd through
+// attnprof keeps only what the fused backwards keep (the log-sum-exp), so a
+// training step takes a backend that recomputes the probabilities.
+enum class Use : std::uint8_t { Inference, Autograd };
+
 // Which backend runs a problem: resolved and checked for eligibility once per
-// (problem, requested name), as `auto` measures once per problem.
+// (problem, requested name, use), as `auto` measures once per problem. The
+// whole Problem is the key (its pass, deterministic and KV cache included), so
+// nothing that decides the plan can be left out of it.
 struct PlanKey {
-  Dims q, k;
-  DType dtype;
-  Device device;
-  MaskKind mask;
-  std::int64_t window;
-  std::optional<double> scale;
+  Problem problem;
   std::string backend;
+  Use use;
   auto operator<=>(const PlanKey&) const = default;
 };
 
-Backend& resolve(const Problem& p, const std::string& requested) {
+std::string keeps_probabilities(std::string_view backend) {
+  return std::string(backend) +
+         " keeps the [S, Skv] probabilities for its backward; autograd through attnprof takes a backend that keeps "
+         "only the log-sum-exp (flash, efficient, cudnn)";
+}
+
+// `auto` under autograd: its measured pick where that recomputes, else the
+// first eligible backend that does (explain()'s order).
+std::string auto_for(const Problem& p, Use use) {
+  const std::string picked = choose_auto(p).backend;
+  if (use == Use::Inference) return picked;
+  const auto recomputes = [&](const std::string& name) {
+    const Backend* b = find_backend(name, p.device);
+    return b && b->traits().backward_recomputes;
+  };
+  if (recomputes(picked)) return picked;
+  for (const auto& e : explain(p)) {
+    if (e.eligible && recomputes(e.backend)) return e.backend;
+  }
+  fail(ErrorKind::Unsupported, "auto: no eligible backend keeps only the log-sum-exp for autograd (" + p.describe() +
+                                   "); attnprof explain says why each is refused");
+}
+
+Backend& resolve(const Problem& p, const std::string& requested, Use use) {
   static std::mutex mu;
   static std::map<PlanKey, Backend*> plans;
-  PlanKey key{{p.batch, p.heads, p.seq, p.head_dim},
-              {p.batch, p.kv_heads, p.kv_seq, p.head_dim},
-              p.dtype,
-              p.device,
-              p.mask,
-              p.window,
-              p.scale,
-              requested};
+  PlanKey key{p, requested, use};
   {
     std::lock_guard lock(mu);
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
   }
-  Backend* b = &resolve_backend(p, requested);
+  check_backend_name("backend", requested, /*auto_ok=*/true);
+  Backend* b = &resolve_backend(p, requested == "auto" ? auto_for(p, use) : requested);
+  if (use == Use::Autograd && !b->traits().backward_recomputes) {
+    fail(ErrorKind::Unsupported, keeps_probabilities(std::string(b->name())));
+  }
   std::lock_guard lock(mu);
   plans.emplace(std::move(key), b);
   return *b;
 }
 
-// The library's mask names, also spelled with underscores as Python keywords are.
-std::optional<MaskKind> parse_mask_name(std::string name) {
-  std::replace(name.begin(), name.end(), '_', '-');
-  return parse_mask(name);
-}
-
-MaskKind mask_of(const std::string& mask) {
-  const auto m = parse_mask_name(mask);
-  if (!m) fail(ErrorKind::InvalidArgument, "unknown mask '" + mask + "': use " + std::string(mask_choices()));
-  if (*m == MaskKind::Boolean || *m == MaskKind::Bias) {
-    fail(ErrorKind::Unsupported, "mask '" + mask + "' needs a mask tensor, which attnprof.attention does not take yet");
+// attention()'s masks: the structural ones (a mask tensor is not taken yet).
+void set_mask(Problem& p, const std::string& mask) {
+  set_problem_field(p, "mask", mask);
+  if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) {
+    fail(ErrorKind::Unsupported, "mask '" + mask + "' needs a mask tensor, which attnprof.attention does not take yet",
+         {"mask"});
   }
-  return *m;
 }
 
 // One call on the caller's arrays: their borrowed views, the problem they
@@ -241,11 +259,12 @@ void check_threads(int threads) {
   }
 }
 
-// The calls of a training step resolve `auto` as one problem: the backward
-// must run on the backend whose forward saved its tensors.
+// The calls of a training step resolve `auto` as one problem, the training
+// step's (pass train, its deterministic): the backward must run on the backend
+// whose forward saved its tensors.
 Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
              std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads,
-             bool bshd, Pass pass) {
+             bool bshd, Pass pass, bool deterministic) {
   check_threads(threads);
   const Where wq = where_of("q", q);
   const DType dtype = dtype_of("q", q);
@@ -283,16 +302,14 @@ Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::s
   p.kv_seq = in.k.size(2);
   p.dtype = dtype;
   p.device = wq.device;
-  p.mask = mask_of(mask);
-  if (window) p.window = *window;
-  if (window && p.mask != MaskKind::SlidingWindow) {
-    fail(ErrorKind::InvalidArgument, "window is only for mask='sliding_window'");
-  }
+  set_mask(p, mask);
+  if (window) set_problem_field(p, "window", std::to_string(*window));
   p.scale = scale;
   p.pass = pass;
+  p.deterministic = deterministic;
   p.normalize().validate();
 
-  Backend& b = resolve(p, backend);
+  Backend& b = resolve(p, backend, pass == Pass::Forward ? Use::Inference : Use::Autograd);
   DeviceRuntime& rt = device_runtime(p.device, threads);
   return Call{p, std::move(in), std::move(o), &b, RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
 }
@@ -315,7 +332,7 @@ void run(const Call& c, Work&& work) {
 std::string attention(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
                       const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                       std::uintptr_t stream, int threads, bool bshd) {
-  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Forward);
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false);
   run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
   return std::string(c.backend->name());
 }
@@ -329,13 +346,8 @@ using Lse = nb::ndarray<float, nb::ndim<3>>;
 std::tuple<std::string, Lse> attention_train(const In& q, const In& k, const In& v, const Out& out,
                                              const std::string& backend, const std::string& mask,
                                              std::optional<std::int64_t> window, std::optional<double> scale,
-                                             std::uintptr_t stream, int threads, bool bshd) {
-  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train);
-  if (!c.backend->traits().backward_recomputes) {
-    fail(ErrorKind::Unsupported, std::string(c.backend->name()) +
-                                     " keeps the [S, Skv] probabilities for its backward; autograd through attnprof "
-                                     "takes a backend that keeps only the log-sum-exp (flash, efficient, cudnn)");
-  }
+                                             std::uintptr_t stream, int threads, bool bshd, bool deterministic) {
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic);
   Saved saved;
   run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
   auto* held = new Tensor(saved.lse);
@@ -354,9 +366,8 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
                                const Out& dq, const Out& dk, const Out& dv, const std::string& backend,
                                const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                                std::uintptr_t stream, int threads, bool bshd, bool deterministic) {
-  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train);
-  c.p.pass = Pass::Backward;
-  c.p.deterministic = deterministic;
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic);
+  c.p.pass = Pass::Backward;  // the call itself; planned as the training step it is part of
   const Tensor d_out = c.view_like("dout", dout, c.out, bshd);
   Gradients g{c.view_like("dq", dq, c.in.q, bshd), c.view_like("dk", dk, c.in.k, bshd),
               c.view_like("dv", dv, c.in.v, bshd)};
@@ -376,37 +387,33 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
   return std::string(c.backend->name());
 }
 
-Problem make_problem(std::int64_t batch, std::int64_t heads, std::optional<std::int64_t> kv_heads, std::int64_t seq,
-                     std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
-                     const std::string& device, const std::string& mask, std::optional<std::int64_t> window,
-                     std::optional<double> scale, const std::string& pass, bool deterministic) {
+// A problem from Python's keywords, through the library's one parser: None
+// leaves a field at its default (batch and heads: the device's).
+Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64_t> heads,
+                     std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
+                     std::int64_t head_dim, const std::string& dtype, const std::string& device,
+                     const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
+                     const std::string& pass, bool deterministic) {
   Problem p;
-  p.batch = batch;
-  p.heads = heads;
-  p.kv_heads = kv_heads.value_or(0);
-  p.seq = seq;
-  p.kv_seq = kv_seq.value_or(0);
-  p.head_dim = head_dim;
-  const auto dt = parse_dtype(dtype);
-  if (!dt) fail(ErrorKind::InvalidArgument, "unknown dtype '" + dtype + "': use fp32, fp16 or bf16");
-  p.dtype = *dt;
-  if (device == "cpu") {
-    p.device = Device::Cpu;
-  } else if (device == "cuda" || device == "cuda:0") {
-    p.device = Device::Cuda;
-  } else {
-    fail(ErrorKind::InvalidArgument, "unknown device '" + device + "': use cpu or cuda");
-  }
-  const auto m = parse_mask_name(mask);
-  if (!m) fail(ErrorKind::InvalidArgument, "unknown mask '" + mask + "': use " + std::string(mask_choices()));
-  p.mask = *m;
-  p.window = window.value_or(0);
+  p.batch = 0;
+  p.heads = 0;
+  const auto set = [&p](std::string_view field, std::optional<std::int64_t> v) {
+    if (v) set_problem_field(p, field, std::to_string(*v));
+  };
+  set("batch", batch);
+  set("heads", heads);
+  set("kv_heads", kv_heads);
+  set("seq", seq);
+  set("kv_seq", kv_seq);
+  p.head_dim = head_dim;  // validate() names its range
+  set_problem_field(p, "dtype", dtype);
+  set_problem_field(p, "device", device);
+  set_problem_field(p, "mask", mask);
+  set("window", window);
   p.scale = scale;
-  const auto ps = parse_pass(pass);
-  if (!ps) fail(ErrorKind::InvalidArgument, "unknown pass '" + pass + "': use forward, backward or train");
-  p.pass = *ps;
+  set_problem_field(p, "pass", pass);
   p.deterministic = deterministic;
-  p.normalize().validate();
+  fill_device_defaults(p).normalize().validate();
   return p;
 }
 
@@ -443,7 +450,10 @@ PipelineOptions make_options(const std::optional<std::string>& trace_dir, const 
   std::tie(o.run.schedule.wait, o.run.schedule.warmup, o.run.schedule.active, o.run.schedule.repeat) = schedule;
   o.run.unprofiled_calls = unprofiled_calls;
   o.run.progress = check_signals;
-  for (const auto& [name, n] : expect) o.guesses.emplace(name, n);
+  for (const auto& [name, n] : expect) {
+    check_backend_name("expect", name, /*auto_ok=*/false);
+    o.guesses.emplace(name, n);
+  }
   o.table = {.sort_by = sort_by, .row_limit = row_limit};
   if (trace_dir) o.trace_dir = *trace_dir;
   if (json_path) o.json_path = *json_path;
@@ -468,6 +478,7 @@ NB_MODULE(_core, m) {
   m.def("attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"),
         nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
+        nb::arg("deterministic"),
         "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
   m.def("attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
         nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
@@ -495,16 +506,18 @@ NB_MODULE(_core, m) {
   nb::class_<Problem>(m, "Problem")
       .def(
           "__init__",
-          [](Problem* self, std::int64_t batch, std::int64_t heads, std::optional<std::int64_t> kv_heads,
-             std::int64_t seq, std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
-             const std::string& device, const std::string& mask, std::optional<std::int64_t> window,
-             std::optional<double> scale, const std::string& pass, bool deterministic) {
+          [](Problem* self, std::optional<std::int64_t> batch, std::optional<std::int64_t> heads,
+             std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
+             std::int64_t head_dim, const std::string& dtype, const std::string& device, const std::string& mask,
+             std::optional<std::int64_t> window, std::optional<double> scale, const std::string& pass,
+             bool deterministic) {
             new (self) Problem(make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window,
                                             scale, pass, deterministic));
           },
-          nb::arg("batch"), nb::arg("heads"), nb::arg("kv_heads").none(), nb::arg("seq"), nb::arg("kv_seq").none(),
-          nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"), nb::arg("window").none(),
-          nb::arg("scale").none(), nb::arg("pass_") = "forward", nb::arg("deterministic") = false)
+          nb::arg("batch").none(), nb::arg("heads").none(), nb::arg("kv_heads").none(), nb::arg("seq"),
+          nb::arg("kv_seq").none(), nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"),
+          nb::arg("window").none(), nb::arg("scale").none(), nb::arg("pass_") = "forward",
+          nb::arg("deterministic") = false)
       .def("describe", &Problem::describe)
       .def("shape_key", &Problem::shape_key)
       .def("json", [](const Problem& p) { return problem_json(p); });
@@ -530,6 +543,7 @@ NB_MODULE(_core, m) {
          const std::optional<std::string>& json_path, std::uint64_t seed, int threads, bool bshd,
          std::int64_t check_rows, std::tuple<int, int, int, int> schedule, int unprofiled_calls,
          const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
+        for (const auto& b : only) check_backend_name("backends", b, /*auto_ok=*/false);
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
                                                unprofiled_calls, expect, sort_by, row_limit);
         return interruptible([&] { return compare(p, o, only); });
@@ -544,6 +558,7 @@ NB_MODULE(_core, m) {
          const std::optional<std::string>& json_path, std::uint64_t seed, int threads, bool bshd,
          std::int64_t check_rows, std::tuple<int, int, int, int> schedule, int unprofiled_calls,
          const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
+        check_backend_name("backend", backend, /*auto_ok=*/true);
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
                                                unprofiled_calls, expect, sort_by, row_limit);
         return interruptible([&] { return profile(p, backend, o); });
@@ -569,12 +584,36 @@ NB_MODULE(_core, m) {
     return out;
   });
   m.def("cuda_built", &cuda_built);
+  // The library's spellings and defaults, so that Python keeps no copies.
+  m.def(
+      "is_bshd", [](const std::string& layout) { return layout_from_text(layout) == Layout::Bshd; }, nb::arg("layout"));
+  m.def("defaults", [] {
+    const Problem p;
+    const RunOptions r;
+    const TableOptions t;
+    nb::dict d;
+    d["seq"] = p.seq;
+    d["head_dim"] = p.head_dim;
+    d["dtype"] = std::string(dtype_name(p.dtype));
+    d["mask"] = std::string(mask_name(p.mask));
+    d["pass_"] = std::string(pass_name(p.pass));
+    d["seed"] = r.seed;
+    d["threads"] = r.threads;
+    d["check_rows"] = r.check_rows;
+    d["unprofiled_calls"] = r.unprofiled_calls;
+    d["schedule"] = std::make_tuple(r.schedule.wait, r.schedule.warmup, r.schedule.active, r.schedule.repeat);
+    d["sort_by"] = t.sort_by;
+    d["row_limit"] = t.row_limit;
+    return d;
+  });
   // Bytes live in the library's own allocator on a device (the tests check
   // that a refused call leaves nothing behind).
   m.def(
       "allocated_bytes",
       [](const std::string& device) {
-        return device_runtime(device == "cpu" ? Device::Cpu : Device::Cuda).allocator().stats().allocated;
+        Problem p;
+        set_problem_field(p, "device", device);
+        return device_runtime(p.device).allocator().stats().allocated;
       },
       nb::arg("device"));
 }

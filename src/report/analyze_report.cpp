@@ -224,7 +224,8 @@ std::string analysis_text(const TraceAnalysis& a, int top) {
       }
     }
     os << ops.str("  ");
-    if (s.ops.size() > static_cast<std::size_t>(top)) os << "  ... " << s.ops.size() - top << " more (--top N)\n";
+    if (s.ops.size() > static_cast<std::size_t>(top))
+      os << "  ... " << s.ops.size() - top << " more (top=N shows them)\n";
     if (!gpu || s.kernels_by_time.empty()) continue;
     os << "\n" << s.label << ": top kernels by time\n";
     Table ks({"time", "share", "count", "occupancy", "GEMM on", "kernel"});
@@ -313,7 +314,8 @@ std::string diff_text(const TraceDiff& d, int top) {
              count_str(r.count_a), count_str(r.count_b), r.change, shorten(r.name, 80)});
     }
     os << c.str("  ");
-    if (list.size() > static_cast<std::size_t>(top)) os << "  ... " << list.size() - top << " more (--top N)\n";
+    if (list.size() > static_cast<std::size_t>(top))
+      os << "  ... " << list.size() - top << " more (top=N shows them)\n";
   };
   changes("time per kernel", d.kernels);
   const bool gpu = d.a.kernels + d.a.memcpys + d.a.memsets + d.b.kernels + d.b.memcpys + d.b.memsets > 0;

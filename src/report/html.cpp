@@ -340,7 +340,7 @@ std::filesystem::path find_plotly_js() {
   for (const fs::path& p : tried) {
     if (fs::is_regular_file(p, ec)) return p;
   }
-  fail(ErrorKind::Unsupported, "--html needs Plotly.js, which is not at " + tried.back().string() +
+  fail(ErrorKind::Unsupported, "the HTML report needs Plotly.js, which is not at " + tried.back().string() +
                                    ": run scripts/setup.sh (it fetches it into third_party/plotly/)");
 }
 

@@ -34,8 +34,8 @@ void check_before_work(const Problem& p, const PipelineOptions& o) {
   within("check_rows", o.run.check_rows, 1, std::int64_t{1} << 24);
   within("unprofiled_calls", o.run.unprofiled_calls, 0, 10000);
   std::vector<NamedFile> outputs;
-  if (o.json_path) outputs.push_back({"--json", *o.json_path});
-  if (o.html_path) outputs.push_back({"--html", *o.html_path});
+  if (o.json_path) outputs.push_back({"json_path", *o.json_path});
+  if (o.html_path) outputs.push_back({"html_path", *o.html_path});
   if (o.trace_dir) {
     for (const std::string_view backend : backend_names()) {
       const std::string stem = output_stem(*o.trace_dir, p, backend).string();
@@ -46,10 +46,10 @@ void check_before_work(const Problem& p, const PipelineOptions& o) {
     }
   }
   check_distinct_files(outputs);
-  if (o.trace_dir) check_output_dir(*o.trace_dir, "--trace-dir");
-  if (o.json_path) check_output_file(*o.json_path, "--json");
+  if (o.trace_dir) check_output_dir(*o.trace_dir, "trace_dir");
+  if (o.json_path) check_output_file(*o.json_path, "json_path");
   if (o.html_path) {
-    check_output_file(*o.html_path, "--html");
+    check_output_file(*o.html_path, "html_path");
     (void)find_plotly_js();  // throws: run scripts/setup.sh
   }
 }
@@ -135,7 +135,7 @@ PipelineReport compare(const Problem& p, const PipelineOptions& o, const std::ve
     check_ring(p, o.gpus);
     std::vector<RunResult> one;
     one.push_back(run_ring(p, o.gpus, o.run));
-    return finish(p, std::move(one), o, "attnprof compare --gpus " + std::to_string(o.gpus));
+    return finish(p, std::move(one), o, "attnprof compare on " + std::to_string(o.gpus) + " GPUs");
   }
   (void)device_runtime(p.device, o.run.threads);  // no usable device: refused before any backend runs
   return finish(p, run_backends(p, o.run, only), o, "attnprof compare");
@@ -156,8 +156,8 @@ PipelineReport profile(const Problem& p, std::string backend, const PipelineOpti
     std::vector<RunResult> one;
     one.push_back(run_ring(p, o.gpus, o.run));
     if (one.front().failure)
-      fail(ErrorKind::Device, backend + " --gpus " + std::to_string(o.gpus) + " failed: " + *one.front().failure);
-    return finish(p, std::move(one), o, "attnprof profile " + backend + " --gpus " + std::to_string(o.gpus));
+      fail(ErrorKind::Device, backend + " on " + std::to_string(o.gpus) + " GPUs failed: " + *one.front().failure);
+    return finish(p, std::move(one), o, "attnprof profile " + backend + " on " + std::to_string(o.gpus) + " GPUs");
   }
   Backend& b = resolve_backend(p, backend);
   (void)device_runtime(p.device, o.run.threads);

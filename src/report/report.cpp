@@ -100,7 +100,7 @@ std::string compare_table(const std::vector<RunResult>& results) {
                   [](const RunResult& r) { return r.metrics.host_time_unprofiled_us; })) {
     os << "CPU/call: median host time of calls made back to back with no profiler attached; the trace's forward "
           "ranges,\n"
-          "taken under CUPTI's API tracing, are longer (host_time_us against host_time_unprofiled_us in --json).\n";
+          "taken under CUPTI's API tracing, are longer (host_time_us against host_time_unprofiled_us in the JSON).\n";
   }
   return os.str();
 }

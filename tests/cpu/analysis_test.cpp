@@ -285,7 +285,7 @@ TEST(Findings, TheTrainingStorySavedTensorsRecomputeAndBackwardOverForward) {
   fs = analysis::findings(r, {r}, {});
   re = by_rule(fs, "backward-recompute");
   ASSERT_TRUE(re) << dump(fs);
-  EXPECT_NE(re->text.find("fixed order (--deterministic)"), std::string::npos) << re->text;
+  EXPECT_NE(re->text.find("fixed order (deterministic=true)"), std::string::npos) << re->text;
 
   // A forward run says none of this.
   r.problem.pass = Pass::Forward;

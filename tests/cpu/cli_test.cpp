@@ -187,8 +187,64 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"window_without_sliding", p({"--mask", "causal", "--window", "8"}), "--window"},
         BadArgs{"window_zero", p({"--mask", "sliding-window", "--window", "0"}), "--window"},
         BadArgs{"profile_without_backend", {"profile", "--device", "cpu"}, "--backend"},
-        BadArgs{"bad_expect", p({"--expect", "naive"}), "--expect"}),
+        BadArgs{"bad_expect", p({"--expect", "naive"}), "--expect"},
+        // One strict number parser for every numeric flag (issue 20 item 13).
+        BadArgs{"scale_hex", p({"--scale", "0x10"}), "--scale expects a decimal number"},
+        BadArgs{"scale_leading_space", p({"--scale", " 0.1"}), "--scale expects a decimal number"},
+        BadArgs{"scale_trailing_space", p({"--scale", "0.1 "}), "--scale expects a decimal number"},
+        BadArgs{"scale_plus", p({"--scale", "+0.1"}), "--scale"},
+        BadArgs{"scale_huge", p({"--scale", "1e999"}), "--scale 1e999 is out of range"},
+        BadArgs{"seq_hex", p({"--seq", "0x10"}), "--seq expects a whole number"},
+        BadArgs{"seq_space", p({"--seq", " 64"}), "--seq expects a whole number"},
+        BadArgs{"head_dim_plus", p({"--head-dim", "+64"}), "--head-dim expects a whole number"},
+        BadArgs{"page_size_hex", p({"--kv-cache", "paged", "--page-size", "0x10"}), "--page-size"},
+        BadArgs{"seed_negative", p({"--seed", "-1"}), "--seed"},
+        BadArgs{"expect_auto", p({"--expect", "auto=3"}), "--expect"},
+        // issue 20 item 11: a list that shows auto takes it, one that does not take it does not show it.
+        BadArgs{"backends_auto",
+                {"compare", "--backends", "naive,auto", "--device", "cpu"},
+                "auto is not a backend to list in --backends"},
+        // issue 20 item 12: 2^64 scores, refused before any estimate can wrap.
+        BadArgs{"scores_overflow",
+                {"compare", "--device", "cpu", "--batch", "1024", "--heads", "1024", "--seq", "4194304", "--kv-seq",
+                 "4194304", "--head-dim", "256"},
+                "--batch x --heads x --seq x --kv-seq is 1.84e+19 attention scores"}),
     [](const auto& info) { return std::string(info.param.label); });
+
+// The library names fields; the CLI shows its flags, with the values cited.
+TEST(Cli, LibraryErrorsNameTheFlags) {
+  TempDir dir;
+  const auto refused = [&](const std::vector<std::string>& more) {
+    return attnprof(with(kProfile, with({"--seq", "64", "--trace-dir", dir.str("t")}, more)), dir);
+  };
+  expect_refused(refused({"--mask", "sliding-window"}), "--mask sliding-window needs --window N (N >= 1 keys)");
+  expect_refused(refused({"--kv-cache", "paged"}), "--kv-cache paged needs --page-size N");
+  expect_refused(refused({"--head-dim", "300"}), "--head-dim 300 is above the largest supported, 256");
+  expect_refused(refused({"--deterministic"}),
+                 "--deterministic applies to the backward (--pass backward or train): the forward has no atomics");
+  const CliRun scale = refused({"--dtype", "fp16", "--scale", "2000"});
+  expect_refused(scale, "|--scale| x --head-dim reaches 1.28e+05");
+  EXPECT_NE(scale.err.find("use |--scale| <= 1.02e+03"), std::string::npos) << scale.err;
+  expect_refused(refused({"--batch", "0"}), "attnprof: --batch must be positive, got 0");
+  expect_refused(refused({"--kv-heads", "3", "--heads", "8"}), "attnprof: --kv-heads 3 must divide --heads 8");
+  const CliRun backends = attnprof({"compare", "--device", "cpu", "--backends", "auto"}, dir);
+  expect_refused(backends, "--backends");
+  EXPECT_EQ(backends.err.find(", auto"), std::string::npos) << "lists auto as valid: " << backends.err;
+}
+
+// The spellings Python takes, the CLI takes: cuda:0 and gpu for cuda, '_' in mask names.
+TEST(Cli, TakesTheLibrarysSpellings) {
+  TempDir dir;
+  for (const std::string cuda : {"cuda", "cuda:0", "gpu"}) {
+    const CliRun r = attnprof({"explain", "--device", cuda, "--seq", "64"}, dir);
+    EXPECT_EQ(r.err.find("unknown"), std::string::npos) << cuda << ": " << r.err;
+    if (r.code != 0) EXPECT_EQ(r.err.find("device="), std::string::npos) << "a field cited unmapped: " << r.err;
+  }
+  const CliRun r =
+      attnprof({"explain", "--device", "cpu", "--seq", "64", "--mask", "sliding_window", "--window", "8"}, dir);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("sliding-window 8"), std::string::npos) << r.out;
+}
 
 TEST(Cli, SortBogusIsRefusedBeforeAnyWork) {
   TempDir dir;
@@ -314,7 +370,8 @@ TEST(Cli, ProblemTooLargeForMemoryIsRefusedQuicklyWithoutAllocating) {
                                          "--seq",    "65536", "--quiet", "--trace-dir", dir.str("t")};
   const CliRun r = attnprof(with({"profile", "--backend", "naive"}, huge), dir);
   expect_refused(r, "GiB");
-  EXPECT_NE(r.err.find("--batch"), std::string::npos) << "says what to change: " << r.err;
+  // A run's failure is text (RunResult::failure), which no flag table reads: the fields in prose.
+  EXPECT_NE(r.err.find("use a smaller batch, heads or seq"), std::string::npos) << "says what to change: " << r.err;
   EXPECT_LT(r.seconds, 5.0) << "refused by the estimate, not by trying";
   const CliRun f = attnprof(with({"profile", "--backend", "flash"}, huge), dir);
   expect_refused(f, "GiB");

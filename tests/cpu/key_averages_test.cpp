@@ -187,7 +187,8 @@ TEST(KeyAveragesTable, UnknownSortKeyNamesTheChoices) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("unknown --sort 'bogus'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unknown sort_by 'bogus'"), std::string::npos) << msg;
+    EXPECT_EQ(e.fields(), std::vector<std::string>{"sort_by"});
     EXPECT_NE(msg.find("self_cuda_time_total"), std::string::npos) << msg;
   }
   EXPECT_THROW(key_averages_table(Trace{}, {.sort_by = "bogus"}), Error);

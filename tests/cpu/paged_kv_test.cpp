@@ -277,10 +277,10 @@ TEST(PagedProblem, ValidateSaysWhatToChange) {
   EXPECT_EQ(why(KvCache::Paged, 16), "");
   EXPECT_EQ(why(KvCache::Paged, 1), "");
   EXPECT_EQ(why(KvCache::Paged, 4096), "") << "a page larger than the cache is one padded page";
-  EXPECT_NE(why(KvCache::Paged, 0).find("needs --page-size"), std::string::npos);
+  EXPECT_NE(why(KvCache::Paged, 0).find("needs page_size=N"), std::string::npos);
   EXPECT_NE(why(KvCache::Paged, 24).find("power of two"), std::string::npos);
   EXPECT_NE(why(KvCache::Paged, std::int64_t{1} << 23).find("beyond"), std::string::npos);
-  EXPECT_NE(why(KvCache::Contiguous, 16).find("only to --kv-cache paged"), std::string::npos);
+  EXPECT_NE(why(KvCache::Contiguous, 16).find("only to kv_cache=paged"), std::string::npos);
   EXPECT_NE(why(KvCache::Paged, 16, Pass::Backward).find("forward only"), std::string::npos);
   EXPECT_NE(why(KvCache::Paged, 16, Pass::Train).find("forward only"), std::string::npos);
   EXPECT_EQ(parse_kv_cache("paged"), KvCache::Paged);
@@ -370,7 +370,7 @@ TEST(PagedRing, GpusRefuseAPagedCache) {
     parallel::check_ring_problem(p, 2);
     ADD_FAILURE() << "a paged ring run was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("drop --kv-cache paged"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use kv_cache=contiguous"), std::string::npos) << e.what();
   }
 }
 

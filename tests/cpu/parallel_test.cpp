@@ -126,7 +126,7 @@ TEST(Parallel, SequenceNotCutIntoTwoNChunksIsRefusedSayingSo) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
-    EXPECT_STREQ(e.what(), "--seq 1000 must be a multiple of 2N = 6 for zigzag sharding over 3 GPUs");
+    EXPECT_STREQ(e.what(), "seq 1000 must be a multiple of 2N = 6 for zigzag sharding over 3 GPUs");
   }
 }
 

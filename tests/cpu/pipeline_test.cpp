@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "attnprof/error.h"
 #include "attnprof/report.h"
@@ -84,7 +85,8 @@ TEST(Pipeline, BadOutputsAndBackendsAreRefusedBeforeAnyWork) {
     FAIL() << "an unwritable --json was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Io);
-    EXPECT_NE(std::string(e.what()).find("--json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("json_path"), std::string::npos) << e.what();
+    EXPECT_EQ(e.fields(), std::vector<std::string>{"json_path"});
   }
   EXPECT_TRUE(fs::is_empty(*o.trace_dir)) << "nothing ran, nothing was written";
   o = quick(dir);

@@ -91,7 +91,7 @@ std::size_t CompositeBackend::score_elements(const Problem& p) {
 
 std::string CompositeBackend::backward_story(const Problem& p, DType saved) {
   if (p.pass == Pass::Forward) return {};
-  // No atomics anywhere: --deterministic changes nothing here.
+  // No atomics anywhere: deterministic changes nothing here.
   return ", backward from the saved [S, Skv] probabilities (" + std::string(dtype_name(saved)) + "), deterministic";
 }
 
@@ -100,7 +100,7 @@ std::string CompositeBackend::backward_story(const Problem& p, DType saved) {
 // Problem::validate() does, for callers that skip validate().
 std::string CompositeBackend::paged_refusal(const Problem& p) const {
   if (p.kv_cache != KvCache::Paged || p.pass == Pass::Forward) return {};
-  return "the paged KV cache is forward only (a decode-time cache): use --pass forward, or --kv-cache contiguous";
+  return "the paged KV cache is forward only (a decode-time cache): use pass=forward, or kv_cache=contiguous";
 }
 
 std::string CompositeBackend::paged_story(const Problem& p) {

@@ -117,7 +117,7 @@ void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_
 }
 
 std::string check_problem(const Problem& p) {
-  if (p.device != Device::Cpu) return "the CPU flash backend runs on the CPU; use --device cpu";
+  if (p.device != Device::Cpu) return "the CPU flash backend runs on the CPU; use device=cpu";
   try {
     Problem q = p;
     q.normalize();
@@ -377,7 +377,7 @@ class FlashCpu final : public Backend {
     require_mask_tensor(p, in);
     if (p.kv_cache == KvCache::Paged && (!in.k_pages.defined() || !in.v_pages.defined() || !in.block_table.defined())) {
       fail(ErrorKind::InvalidArgument,
-           "flash: --kv-cache paged without the pages and block table (make_inputs makes them)");
+           "flash: kv_cache=paged without the pages and block table (make_inputs makes them)");
     }
     if (p.kv_cache == KvCache::Paged) check_block_table(p, in.block_table, in.k_pages.size(0));
 

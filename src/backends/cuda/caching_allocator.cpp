@@ -89,7 +89,7 @@ void* CachingAllocator::allocate(std::size_t bytes) {
         throw Error(ErrorKind::OutOfMemory, "CUDA out of memory allocating " + mib(static_cast<double>(bytes)) +
                                                 " MiB (" + mib(static_cast<double>(free_bytes)) + " MiB free of " +
                                                 mib(static_cast<double>(total_bytes)) +
-                                                "): use a smaller --batch/--seq");
+                                                "): use a smaller batch or seq");
       }
       ATTNPROF_CUDA_CHECK(e);
       live_.emplace(ptr, size);

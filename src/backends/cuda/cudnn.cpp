@@ -65,11 +65,11 @@ class Cudnn final : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (p.device != Device::Cuda) return {false, "runs on a CUDA device only"};
-    if (!is_16bit(p.dtype)) return {false, "fp32 not supported by cuDNN SDPA (use --dtype bf16 or fp16)"};
+    if (!is_16bit(p.dtype)) return {false, "fp32 not supported by cuDNN SDPA (use dtype=bf16 or dtype=fp16)"};
     const bool paged = p.kv_cache == KvCache::Paged;
     if (paged && p.pass != Pass::Forward) return {false, kPagedForwardOnly};
     if (p.mask == MaskKind::Boolean) {
-      return {false, "boolean masks not supported by cuDNN SDPA here (an additive --mask bias is)"};
+      return {false, "boolean masks not supported by cuDNN SDPA here (an additive mask=bias is)"};
     }
     try {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -222,7 +222,7 @@ class Cudnn final : public Backend {
     if (p.mask == MaskKind::Bias) t[slot(kBias)] = &in.bias;
     if (p.kv_cache == KvCache::Paged) {
       if (!in.k_pages.defined() || !in.v_pages.defined() || !in.block_table.defined()) {
-        fail(ErrorKind::InvalidArgument, "cudnn: --kv-cache paged without the pages and block table");
+        fail(ErrorKind::InvalidArgument, "cudnn: kv_cache=paged without the pages and block table");
       }
       t[slot(kK)] = &in.k_pages;
       t[slot(kV)] = &in.v_pages;

@@ -255,7 +255,7 @@ inline std::string one_line(std::string s) {
 
 // cuDNN's SDPA backward takes no page table, and the cache is a decode-time one.
 constexpr const char* kPagedForwardOnly =
-    "the paged KV cache is forward only (cuDNN's SDPA backward reads no pages): use --pass forward";
+    "the paged KV cache is forward only (cuDNN's SDPA backward reads no pages): use pass=forward";
 
 inline std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph& g, const char* name, Uid uid,
                                                                 const TensorDesc& d, fe::DataType_t type) {

@@ -22,6 +22,10 @@
 
 namespace attnprof::cuda {
 
+// The refusal of a head dim the fused backward is not built for, or null: one
+// message for eligibility and the launch's own check (fused_bwd_launch.cu).
+const char* fused_bwd_head_dim_refusal(int head_dim);
+
 class FusedBackend : public Backend {
  public:
   // The kernel's launch for a `p` that fused_unsupported_reason already
@@ -65,12 +69,7 @@ class FusedBackend : public Backend {
     }
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
     if (p.pass == Pass::Forward) return {true, story_(shape)};
-    if (!fused_bwd_head_dim_built(p.head_dim)) {
-      std::string built;
-      for (const int d : kFusedBwdHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
-      return {false, "our fused backward is built for head_dim " + built + ", not " + std::to_string(p.head_dim) +
-                         " (dK and dV of 16 keys a warp outgrow the registers): use math"};
-    }
+    if (const char* why = fused_bwd_head_dim_refusal(p.head_dim)) return {false, why};
     return {true, std::string(story_(shape)) + "; backward: " +
                       (p.deterministic ? "D = rowsum(dO O), dK/dV per key tile, dQ per query tile (no atomics)"
                                        : "D = rowsum(dO O), dK/dV per key tile with dQ by FP32 atomics, dQ "

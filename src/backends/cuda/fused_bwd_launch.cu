@@ -50,6 +50,16 @@ cudaError_t dispatch_head_dim(const kernels::BwdArgs& a, int head_dim, FusedMask
 
 }  // namespace
 
+const char* fused_bwd_head_dim_refusal(int head_dim) {
+  if (fused_bwd_head_dim_built(head_dim)) return nullptr;
+  thread_local std::string reason;
+  std::string built;
+  for (const int d : kFusedBwdHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
+  reason = "the fused backward is built for head_dim " + built + ", not " + std::to_string(head_dim) +
+           " (dK and dV of 16 keys a warp outgrow the registers): use math";
+  return reason.c_str();
+}
+
 const char* fused_bwd_unsupported_reason(const FusedBwdParams& p) {
   if (const char* why = fused_unsupported_reason(p.fwd, /*flash=*/true)) return why;
   thread_local std::string reason;
@@ -57,12 +67,7 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p) {
     reason = text;
     return reason.c_str();
   };
-  if (!fused_bwd_head_dim_built(p.fwd.head_dim)) {
-    std::string built;
-    for (const int d : kFusedBwdHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
-    return say("the fused backward is built for head_dim " + built + ", not " + std::to_string(p.fwd.head_dim) +
-               " (use math)");
-  }
+  if (const char* why = fused_bwd_head_dim_refusal(p.fwd.head_dim)) return why;
   if (p.fwd.lse == nullptr) return say("the backward needs the forward's saved log-sum-exp");
   if (!p.dout || !p.dq || !p.dk || !p.dv || !p.dsum) return say("dout, dq, dk, dv and the workspace must be set");
   if (!p.deterministic && !p.dq_accum) return say("the dQ accumulator must be set (or deterministic)");

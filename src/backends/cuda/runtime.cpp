@@ -98,7 +98,7 @@ class CudaRuntime final : public DeviceRuntime {
       cudaGetLastError();
       throw Error(ErrorKind::Unsupported, std::string("no CUDA device: ") +
                                               (e != cudaSuccess ? cudaGetErrorString(e) : "none found") +
-                                              "; use --device cpu");
+                                              "; use device=cpu");
     }
     ATTNPROF_CUDA_CHECK(cudaSetDevice(kDevice));
     ATTNPROF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

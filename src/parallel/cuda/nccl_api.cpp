@@ -26,8 +26,9 @@ template <class Fn>
 void bind(void* lib, const char* symbol, Fn& fn) {
   fn = reinterpret_cast<Fn>(dlsym(lib, symbol));
   if (!fn) {
-    fail(ErrorKind::Unsupported, std::string("the NCCL found has no ") + symbol +
-                                     ": --gpus needs NCCL 2.19 or newer (PyTorch's wheel has one)");
+    fail(ErrorKind::Unsupported,
+         std::string("the NCCL found has no ") + symbol + ": gpus needs NCCL 2.19 or newer (PyTorch's wheel has one)",
+         {"gpus"});
   }
 }
 
@@ -35,7 +36,7 @@ NcclApi load() {
   std::string tried;
   void* lib = open_nccl(tried);
   if (!lib) {
-    fail(ErrorKind::Unsupported, "--gpus needs NCCL, which could not be loaded (" + tried +
+    fail(ErrorKind::Unsupported, "ring attention needs NCCL, which could not be loaded (" + tried +
                                      "): put the directory of libnccl.so.2 (PyTorch's nvidia/nccl/lib) on "
                                      "LD_LIBRARY_PATH");
   }
