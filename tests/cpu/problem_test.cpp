@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "attnprof/backend.h"
-#include "attnprof/runner.h"
 #include "attnprof/dtype.h"
 #include "attnprof/error.h"
 #include "attnprof/problem_spec.h"
 #include "attnprof/profiler.h"
 #include "attnprof/reference.h"
+#include "attnprof/runner.h"
 #include "attnprof/tensor.h"
 #include "mask_oracle.h"
 
