@@ -18,6 +18,7 @@
 #include "attnprof/report.h"
 #include "attnprof/trace_io.h"
 #include "common/kineto_trace.h"
+#include "common/temp_dir.h"
 #include "cpu/synthetic_trace.h"
 
 #ifndef ATTNPROF_CLI_PATH
@@ -251,24 +252,9 @@ TEST(Diff, KernelsThatAppearAndVanish) {
 
 // ---- The command ------------------------------------------------------------------------
 
-class Dir {
- public:
-  Dir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnprof_analyze_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~Dir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& f) const { return (path_ / f).string(); }
-  std::size_t files() const {
-    return static_cast<std::size_t>(std::distance(fs::directory_iterator(path_), fs::directory_iterator()));
-  }
-
- private:
-  fs::path path_;
+struct Dir : testing::TempDir {
+  Dir() : testing::TempDir("attnprof_analyze") {}
+  std::string operator/(const std::string& f) const { return str(f); }
 };
 
 struct CliRun {

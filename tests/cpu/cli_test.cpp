@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
+
 #ifndef ATTNPROF_CLI_PATH
 #error "ATTNPROF_CLI_PATH must name the attnprof executable"
 #endif
@@ -23,33 +25,11 @@ namespace attnprof {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::slurp;
 
-// A fresh temporary directory, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnprof_cli_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::string str(const std::string& sub = "") const { return sub.empty() ? path_.string() : (path_ / sub).string(); }
-
- private:
-  fs::path path_;
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("attnprof_cli") {}
 };
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::string quote(const std::string& s) {
   std::string q = "'";

@@ -28,6 +28,7 @@
 #include "attnprof/error.h"
 #include "attnprof/trace_io.h"
 #include "attnprof/trace_reader.h"
+#include "common/temp_dir.h"
 
 #ifndef ATTNPROF_CLI_PATH
 #error "ATTNPROF_CLI_PATH must name the attnprof executable"
@@ -37,31 +38,11 @@ namespace attnprof {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::slurp;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnprof_hostile_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  fs::path operator/(const std::string& s) const { return path_ / s; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("attnprof_hostile") {}
 };
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 void spit(const fs::path& p, const std::string& s) {
   std::ofstream f(p, std::ios::binary);
