@@ -1,5 +1,7 @@
 // The one place that knows which backends exist on which device, and the one
-// place a CUDA build's backends are reached from.
+// place a CUDA build's backends are reached from: the CUDA plugin
+// (backends/cuda/plugin.h), loaded the first time a CUDA backend or the CUDA
+// runtime is asked for.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -9,38 +11,179 @@
 #include "attnprof/runner.h"
 #include "backends/composite/composite.h"
 #include "backends/cpu/cpu_backends.h"
+#include "backends/cuda/plugin.h"
 #ifdef ATTNPROF_WITH_CUDA
-#include "backends/cuda/cuda_backends.h"
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
 #endif
 
 namespace attnprof {
+
+namespace cuda {
 namespace {
 
-struct Registry {
-  std::map<std::string, std::unique_ptr<Backend>, std::less<>> cpu;
-  std::map<std::string, std::unique_ptr<Backend>, std::less<>> cuda;
-
-  Registry() {
-    // The composite backends are written once; each instance owns the ops of
-    // its device.
-    cpu.emplace("naive", composite::make_naive(cpu::make_ops()));
-    cpu.emplace("naive_inplace", composite::make_naive_inplace(cpu::make_ops()));
-    cpu.emplace("math", composite::make_math(cpu::make_ops()));
-    cpu.emplace("flash", cpu::make_flash());
-#ifdef ATTNPROF_WITH_CUDA
-    cuda.emplace("naive", composite::make_naive(cuda::make_ops()));
-    cuda.emplace("naive_inplace", composite::make_naive_inplace(cuda::make_ops()));
-    cuda.emplace("math", composite::make_math(cuda::make_ops()));
-    cuda.emplace("efficient", cuda::make_efficient());
-    cuda.emplace("flash", cuda::make_flash());
-    if (auto b = cuda::make_cudnn()) cuda.emplace("cudnn", std::move(b));
-#endif
-  }
+struct Loaded {
+  const Plugin* plugin = nullptr;
+  std::string why;  // when plugin is null
 };
 
-Registry& registry() {
-  static Registry r;
-  return r;
+#ifdef ATTNPROF_WITH_CUDA
+namespace fs = std::filesystem;
+
+// The shared object this code is linked into (the Python module), or empty
+// when it is in the program itself (the attnprof command, a test, a program
+// built against the installed libraries).
+fs::path this_shared_object() {
+  struct Search {
+    std::uintptr_t address;
+    std::string name;
+  } search{reinterpret_cast<std::uintptr_t>(&this_shared_object), {}};
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) {
+        auto* s = static_cast<Search*>(data);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto& ph = info->dlpi_phdr[i];
+          const std::uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+          if (ph.p_type == PT_LOAD && s->address >= start && s->address < start + ph.p_memsz) {
+            s->name = info->dlpi_name;  // "" for the program
+            return 1;
+          }
+        }
+        return 0;
+      },
+      &search);
+  return search.name;
+}
+
+// Where the plugin may lie, in order: beside this object and beside the
+// running program (the build tree's command, a Python module's folder), then
+// the install's lib dir next to their bin dir. After these, the library
+// search path (see load()).
+std::vector<fs::path> plugin_paths(const fs::path& object) {
+  std::vector<fs::path> dirs;
+  std::error_code ec;
+  if (!object.empty()) {
+    if (const fs::path p = fs::canonical(object, ec); !ec) dirs.push_back(p.parent_path());
+  }
+  if (const fs::path exe = fs::read_symlink("/proc/self/exe", ec); !ec) dirs.push_back(exe.parent_path());
+  std::vector<fs::path> out;
+  auto add = [&out](const fs::path& p) {
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  };
+  for (const fs::path& d : dirs) add(d / ATTNPROF_CUDA_PLUGIN_FILE);
+  for (const fs::path& d : dirs)
+    add((d / ATTNPROF_CUDA_PLUGIN_BIN_TO_LIB / ATTNPROF_CUDA_PLUGIN_FILE).lexically_normal());
+  return out;
+}
+
+std::string dl_error() {
+  const char* e = ::dlerror();
+  return e ? e : "unknown dynamic loader error";
+}
+
+Loaded load() {
+  const fs::path object = this_shared_object();
+  // The plugin's references to the CPU layers resolve against the global
+  // scope. A program exports its symbols there (dispatch links executables
+  // with --export-dynamic); a Python module is loaded RTLD_LOCAL, so it is
+  // made global first.
+  if (!object.empty()) {
+    ::dlopen(object.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+    ::dlerror();
+  }
+  const std::string prefix = "no usable CUDA GPU: ";
+  const std::string hint = "; use --device cpu";
+  void* handle = nullptr;
+  std::string where;
+  std::string looked;
+  for (const fs::path& p : plugin_paths(object)) {
+    std::error_code ec;
+    if (!fs::exists(p, ec)) {
+      looked += p.parent_path().string() + ", ";
+      continue;
+    }
+    where = p.string();
+    handle = ::dlopen(where.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) return {nullptr, prefix + "cannot load the CUDA plugin " + where + ": " + dl_error() + hint};
+    break;
+  }
+  if (!handle) {
+    // The library search path: LD_LIBRARY_PATH, the RUNPATH of the program or
+    // module (the build tree's, a find_package program's), ld.so.cache.
+    where = ATTNPROF_CUDA_PLUGIN_FILE;
+    handle = ::dlopen(where.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      return {nullptr, prefix + "cannot load the CUDA plugin (looked in " + looked +
+                           "then the library search path): " + dl_error() + hint};
+    }
+  }
+  using Entry = const Plugin* (*)();
+  const auto entry = reinterpret_cast<Entry>(::dlsym(handle, kPluginEntry));
+  if (!entry) return {nullptr, prefix + where + " is not attnprof's CUDA plugin: " + dl_error()};
+  const Plugin* plugin = entry();
+  if (plugin == nullptr || plugin->abi != kPluginAbi || plugin->size != sizeof(Plugin)) {
+    return {nullptr, prefix + where + " is from another attnprof build (plugin interface " +
+                         (plugin ? std::to_string(plugin->abi) : std::string("?")) + ", this program's " +
+                         std::to_string(kPluginAbi) + "): reinstall attnprof"};
+  }
+  return {plugin, {}};  // never unloaded: its objects live until exit
+}
+#else
+Loaded load() { return {nullptr, "this build has no CUDA support: use --device cpu, or rebuild with a CUDA toolkit"}; }
+#endif
+
+const Loaded& loaded() {
+  static const Loaded l = load();
+  return l;
+}
+
+}  // namespace
+
+const Plugin& plugin() {
+  const Loaded& l = loaded();
+  if (!l.plugin) fail(ErrorKind::Unsupported, l.why);
+  return *l.plugin;
+}
+
+}  // namespace cuda
+
+namespace {
+
+using BackendMap = std::map<std::string, std::unique_ptr<Backend>, std::less<>>;
+
+BackendMap& cpu_backends() {
+  static BackendMap m = [] {
+    // The composite backends are written once; each instance owns the ops of
+    // its device.
+    BackendMap b;
+    b.emplace("naive", composite::make_naive(cpu::make_ops()));
+    b.emplace("naive_inplace", composite::make_naive_inplace(cpu::make_ops()));
+    b.emplace("math", composite::make_math(cpu::make_ops()));
+    b.emplace("flash", cpu::make_flash());
+    return b;
+  }();
+  return m;
+}
+
+// Empty when the plugin cannot be loaded (cuda::plugin() says why).
+BackendMap& cuda_backends() {
+  static BackendMap m = [] {
+    BackendMap b;
+    if (!cuda::loaded().plugin) return b;
+    const cuda::Plugin& c = cuda::plugin();
+    b.emplace("naive", composite::make_naive(c.make_ops()));
+    b.emplace("naive_inplace", composite::make_naive_inplace(c.make_ops()));
+    b.emplace("math", composite::make_math(c.make_ops()));
+    b.emplace("efficient", c.make_efficient());
+    b.emplace("flash", c.make_flash());
+    if (auto cudnn = c.make_cudnn()) b.emplace("cudnn", std::move(cudnn));
+    return b;
+  }();
+  return m;
 }
 
 }  // namespace
@@ -54,7 +197,7 @@ bool cuda_built() {
 }
 
 Backend* find_backend(std::string_view name, Device d) {
-  auto& m = d == Device::Cpu ? registry().cpu : registry().cuda;
+  auto& m = d == Device::Cpu ? cpu_backends() : cuda_backends();
   auto it = m.find(name);
   return it == m.end() ? nullptr : it->second.get();
 }
@@ -73,6 +216,8 @@ std::vector<Explanation> explain(const Problem& p) {
                                   : "a fused CUDA kernel (sm80 and later); needs device=cuda");
     } else if (!cuda_built()) {
       e.reason = "not eligible: this build has no CUDA (configure with a CUDA toolkit, preset 'cuda')";
+    } else if (!cuda::loaded().plugin) {
+      e.reason = "not eligible: " + cuda::loaded().why;
     } else {
       e.reason =
           "not eligible: not built (cuDNN or its frontend headers were missing at build time; run scripts/setup.sh)";

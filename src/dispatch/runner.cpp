@@ -13,19 +13,13 @@
 #include "analysis/metrics.h"
 #include "attnprof/error.h"
 #include "backends/cpu/cpu_backends.h"
-#ifdef ATTNPROF_WITH_CUDA
-#include "backends/cuda/cuda_backends.h"
-#endif
+#include "backends/cuda/plugin.h"
 
 namespace attnprof {
 
 DeviceRuntime& device_runtime(Device d, int threads) {
   if (d == Device::Cpu) return cpu::runtime(threads);
-#ifdef ATTNPROF_WITH_CUDA
-  return cuda::runtime();
-#else
-  fail(ErrorKind::Unsupported, "this build has no CUDA support: use device=cpu, or rebuild with a CUDA toolkit");
-#endif
+  return cuda::plugin().runtime();  // loads the CUDA plugin, or says why it cannot
 }
 
 namespace {

@@ -8,10 +8,8 @@
 #include "attnprof/error.h"
 #include "attnprof/parallel.h"
 #include "attnprof/runner.h"
+#include "backends/cuda/plugin.h"
 #include "parallel/sharding.h"
-#ifdef ATTNPROF_WITH_NCCL
-#include "parallel/ring_attention.h"
-#endif
 
 namespace attnprof {
 
@@ -24,13 +22,14 @@ void check_ring(const Problem& p, int gpus, std::string_view backend) {
          {"gpus"});
   }
   parallel::check_ring_problem(p, gpus);
-#ifndef ATTNPROF_WITH_NCCL
-  fail(ErrorKind::Unsupported,
-       "gpus needs GPUs through a build with CUDA and NCCL; this one has neither (CMake's configure output says why)",
-       {"gpus"});
-#else
+  // The ring lives in the CUDA plugin, built there only with NCCL.
+  if (!cuda_built() || !cuda::plugin().make_ring) {
+    fail(ErrorKind::Unsupported,
+         "gpus needs GPUs through a build with CUDA and NCCL; this one has neither (CMake's configure output says why)",
+         {"gpus"});
+  }
   std::string why;
-  const int have = parallel::cuda_device_count(&why);
+  const int have = cuda::plugin().device_count(&why);
   if (have == 0) {
     fail(ErrorKind::Unsupported,
          "gpus " + std::to_string(gpus) + " needs " + std::to_string(gpus) +
@@ -42,7 +41,6 @@ void check_ring(const Problem& p, int gpus, std::string_view backend) {
          "gpus " + std::to_string(gpus) + " asks for more GPUs than this machine has (" + std::to_string(have) + ")",
          {"gpus"});
   }
-#endif
 }
 
 RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
@@ -57,16 +55,15 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
   r.trace.world_size = gpus;
   try {
     check_ring(p, gpus);
-#ifdef ATTNPROF_WITH_NCCL
     DeviceRuntime& rt = device_runtime(Device::Cuda, options.threads);
     const ProgressFn& progress = options.progress;
     const std::string label = r.backend + " x" + std::to_string(gpus);
     if (progress) progress(label + ": preparing inputs (" + p.describe() + ")");
     const Inputs host = make_inputs(p, options.seed, cpu_allocator(), false);
     if (progress) progress(label + ": starting NCCL and sharding over " + std::to_string(gpus) + " GPU(s)");
-    parallel::RingAttention ring(p, gpus, host);
-    ring.forward();  // NCCL's first calls connect the ring: not profiled
-    ring.synchronize();
+    const std::unique_ptr<cuda::Ring> ring = cuda::plugin().make_ring(p, gpus, host);
+    ring->forward();  // NCCL's first calls connect the ring: not profiled
+    ring->synchronize();
 
     Profiler prof(options.schedule);
     for (auto& c : rt.make_collectors()) prof.add_collector(std::move(c));
@@ -76,9 +73,9 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
       if (progress) progress(label + ": step " + std::to_string(s + 1) + "/" + std::to_string(steps));
       {
         RecordFunction range(pass_name(p.pass), dtype_name(p.dtype), p.shape_key(), ActivityType::UserAnnotation);
-        ring.forward();
+        ring->forward();
       }
-      ring.synchronize();
+      ring->synchronize();
       prof.step();
     }
     prof.stop();
@@ -93,15 +90,15 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
       std::vector<double> us;
       for (int i = 0; i < options.unprofiled_calls; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
-        ring.forward();
+        ring->forward();
         us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
       }
-      ring.synchronize();
+      ring->synchronize();
       unprofiled = spread_of(std::move(us));
     }
 
     if (progress) progress(label + ": checking the gathered output against float64");
-    r.error = check_against_reference(p, host, ring.gather_output(), sample_rows(p, options.check_rows));
+    r.error = check_against_reference(p, host, ring->gather_output(), sample_rows(p, options.check_rows));
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
     // One GPU's ceilings: measure() holds the run against world_size of them.
     const double copy_gbs = copy_ceiling_gbs(rt);
@@ -112,7 +109,6 @@ RunResult run_ring(const Problem& p, int gpus, const RunOptions& options) {
       r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;
       r.metrics.host_time_unprofiled_p90_us = unprofiled->p90;
     }
-#endif
   } catch (const Error& e) {
     r.failure = e.what();
   } catch (const std::bad_alloc&) {

@@ -1,9 +1,14 @@
 // Uses only the installed public headers, as the README shows: compares two
 // CPU backends on a small problem through the library's one call, and checks
-// that they ran, were read by the rules and matched float64.
+// that they ran, were read by the rules and matched float64. From a CUDA
+// build's install, it also probes the GPU: the CUDA plugin must be found
+// (through the RUNPATH the package gave this program), whatever the machine.
+#include <attnprof/error.h>
 #include <attnprof/report.h>
+#include <attnprof/runner.h>
 
 #include <cstdio>
+#include <string>
 
 int main() {
   using namespace attnprof;
@@ -30,5 +35,18 @@ int main() {
                 r.findings.size(),
                 r.findings.empty() ? "" : ", first: ", r.findings.empty() ? "" : r.findings.front().rule.c_str());
   }
-  return rep.results[0].findings.empty() ? 1 : 0;  // naive's hidden copy is always found
+  if (rep.results[0].findings.empty()) return 1;  // naive's hidden copy is always found
+  if (cuda_built()) {
+    try {
+      std::printf("consumer: CUDA usable: %s\n", device_runtime(Device::Cuda).description().c_str());
+    } catch (const Error& e) {
+      // No driver or no GPU is this machine's business; a plugin not found is the install's.
+      if (std::string(e.what()).find("looked in") != std::string::npos) {
+        std::fprintf(stderr, "consumer: the CUDA plugin was not found: %s\n", e.what());
+        return 1;
+      }
+      std::printf("consumer: CUDA probed, not usable here: %s\n", e.what());
+    }
+  }
+  return 0;
 }

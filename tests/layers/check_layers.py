@@ -26,9 +26,17 @@ ALLOWED = {
     "backends": {"core", "profiler", "cupti"},
     # Analysis reads records and traces; it sees no backend, no dispatch, no report.
     "analysis": {"core", "profiler", "record"},
+    # Zigzag sharding and the log-sum-exp merge: the ring's arithmetic, read
+    # by its driver (parallel) and by the ring itself.
+    "sharding": {"core"},
+    # The GPU half's ring attention over NCCL, built into the CUDA plugin.
+    "ring": {"core", "profiler", "cupti", "backends", "sharding"},
+    # The CUDA plugin's entry point: the one file that assembles the GPU half
+    # (the CUDA backends, the collectors, the ring) into libattnprof_cuda.so.
+    "plugin": {"core", "profiler", "cupti", "backends", "ring"},
     "dispatch": {"core", "profiler", "cupti", "record", "backends", "analysis"},
-    "parallel": {"core", "profiler", "cupti", "record", "backends", "analysis", "dispatch"},
-    "report": {"core", "profiler", "cupti", "record", "backends", "analysis", "dispatch", "parallel"},
+    "parallel": {"core", "profiler", "cupti", "record", "backends", "analysis", "dispatch", "sharding"},
+    "report": {"core", "profiler", "cupti", "record", "backends", "analysis", "dispatch", "sharding", "parallel"},
     # Front ends: the public API only (checked separately below).
     "cli": set(),
     "python": set(),
@@ -48,6 +56,10 @@ PUBLIC = {
 # Source folders (under src/) by layer, the most specific prefix first.
 FOLDERS = [
     ("profiler/cupti/", "cupti"),
+    ("backends/cuda/plugin.cpp", "plugin"),
+    ("parallel/cuda/", "ring"),
+    ("parallel/merge.", "sharding"),
+    ("parallel/sharding.", "sharding"),
     ("core/", "core"),
     ("profiler/", "profiler"),
     ("record/", "record"),

@@ -1,4 +1,4 @@
-// Ring attention over NCCL (parallel/ring_attention.h): per rank its Q shard,
+// Ring attention over NCCL (parallel/cuda/ring_attention.h): per rank its Q shard,
 // its own K/V shard, a double buffer for the K/V block in flight, the running
 // (O, lse) in FP32 and the partial (O, lse) of one launch. Step s computes on
 // the block of rank r - s while the communication stream sends that block to
@@ -18,7 +18,7 @@
 #include "core/cuda_check.h"
 #include "parallel/cuda/nccl_check.h"
 #include "parallel/merge.h"
-#include "parallel/ring_attention.h"
+#include "parallel/cuda/ring_attention.h"
 #include "parallel/sharding.h"
 
 namespace attnprof::parallel {
