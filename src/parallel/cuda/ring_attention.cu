@@ -17,8 +17,8 @@
 #include "backends/cuda/fused_kernels.h"
 #include "core/cuda_check.h"
 #include "parallel/cuda/nccl_check.h"
-#include "parallel/merge.h"
 #include "parallel/cuda/ring_attention.h"
+#include "parallel/merge.h"
 #include "parallel/sharding.h"
 
 namespace attnprof::parallel {
