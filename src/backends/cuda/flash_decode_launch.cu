@@ -99,9 +99,10 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   const std::int64_t ctas = static_cast<std::int64_t>(p.batch) * p.kv_heads * plan.row_blocks;
   // The keys some query sees (a causal or windowed row sees fewer than seq_k):
   // splitting past them would only add empty ranges for the combine to read.
-  const int diag = p.mask == FusedMask::Causal ? 0 : p.seq_k - p.seq_q;
-  const int hi = p.mask == FusedMask::None ? p.seq_k : std::clamp(p.seq_q + diag, 0, p.seq_k);
-  const int lo = p.mask == FusedMask::SlidingWindow ? std::clamp(diag - p.window + 1, 0, p.seq_k) : 0;
+  const kernels::MaskMode mask = kernels::mask_mode(p.mask);
+  const int diag = kernels::FwdArgs::from(p).diag_offset;
+  const int hi = mask == kernels::MaskMode::None ? p.seq_k : std::clamp(p.seq_q + diag, 0, p.seq_k);
+  const int lo = mask == kernels::MaskMode::Window ? std::clamp(diag - p.window + 1, 0, p.seq_k) : 0;
   const int key_tiles = std::max(0, hi - lo + kFlashDecodeKeys - 1) / kFlashDecodeKeys;
   plan.splits = ctas >= (std::int64_t{1} << 30) || f.sms == 0
                     ? 1

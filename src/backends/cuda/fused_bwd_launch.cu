@@ -20,20 +20,14 @@ namespace {
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 template <int kHeadDim, kernels::Half16 Element>
-cudaError_t dispatch_mask(const kernels::BwdArgs& a, FusedMask mask, cudaStream_t stream) {
-  switch (kernels::mask_mode(mask)) {
-    case kernels::MaskMode::None:
-      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::None, Element>(a, stream);
-    case kernels::MaskMode::Causal:
-      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::Causal, Element>(a, stream);
-    case kernels::MaskMode::Window:
-      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::Window, Element>(a, stream);
-  }
-  return cudaErrorInvalidValue;
+cudaError_t dispatch_mask(const kernels::BwdArgs& a, MaskKind mask, cudaStream_t stream) {
+  return kernels::with_mask_mode(mask, cudaErrorInvalidValue, [&]<kernels::MaskMode kMask>() {
+    return kernels::launch_flash_bwd_sm80<kHeadDim, kMask, Element>(a, stream);
+  });
 }
 
 template <kernels::Half16 Element>
-cudaError_t dispatch_head_dim(const kernels::BwdArgs& a, int head_dim, FusedMask mask, cudaStream_t stream) {
+cudaError_t dispatch_head_dim(const kernels::BwdArgs& a, int head_dim, MaskKind mask, cudaStream_t stream) {
   switch (head_dim) {
     case 32:
       return dispatch_mask<32, Element>(a, mask, stream);

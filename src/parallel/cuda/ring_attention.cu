@@ -157,8 +157,7 @@ struct RingAttention::Impl {
 
   // One flash launch: query rows [q_row0, q_row0 + C) of the shard against
   // `k_rows` key rows from k_row0 of the block at `kv`, into the partial.
-  void launch(Rank& r, const void* kv, std::int64_t q_row0, std::int64_t k_row0, std::int64_t k_rows,
-              cuda::FusedMask mask) {
+  void launch(Rank& r, const void* kv, std::int64_t q_row0, std::int64_t k_row0, std::int64_t k_rows, MaskKind mask) {
     const std::int64_t s2 = layout.shard_rows(), d = p.head_dim, c = layout.chunk;
     const char* qb = static_cast<const char*>(r.q);
     const char* kb = static_cast<const char*>(kv);
@@ -211,17 +210,17 @@ struct RingAttention::Impl {
       // Adjacent key chunks in one launch where one mask says it: both full
       // (no mask), or full then diagonal (bottom-right causal over 2C keys).
       if (k0 == PairKind::Full && k1 == PairKind::Full) {
-        launch(r, kv, qi * c, 0, 2 * c, cuda::FusedMask::None);
+        launch(r, kv, qi * c, 0, 2 * c, MaskKind::None);
         continue;
       }
       if (k0 == PairKind::Full && k1 == PairKind::Diagonal) {
-        launch(r, kv, qi * c, 0, 2 * c, cuda::FusedMask::CausalBottomRight);
+        launch(r, kv, qi * c, 0, 2 * c, MaskKind::CausalBottomRight);
         continue;
       }
       for (int ki = 0; ki < 2; ++ki) {
         const PairKind k = ki == 0 ? k0 : k1;
         if (k == PairKind::Skip) continue;
-        launch(r, kv, qi * c, ki * c, c, k == PairKind::Full ? cuda::FusedMask::None : cuda::FusedMask::Causal);
+        launch(r, kv, qi * c, ki * c, c, k == PairKind::Full ? MaskKind::None : MaskKind::Causal);
       }
     }
   }

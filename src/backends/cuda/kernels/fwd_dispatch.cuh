@@ -25,20 +25,13 @@ cudaError_t dispatch_lse(const FwdArgs& a, cudaStream_t stream) {
 }
 
 template <class Runner, int kHeadDim, Half16 Element>
-cudaError_t dispatch_mask(const FwdArgs& a, FusedMask mask, cudaStream_t stream) {
-  switch (mask_mode(mask)) {
-    case MaskMode::None:
-      return dispatch_lse<Runner, kHeadDim, Element, MaskMode::None>(a, stream);
-    case MaskMode::Causal:
-      return dispatch_lse<Runner, kHeadDim, Element, MaskMode::Causal>(a, stream);
-    case MaskMode::Window:
-      return dispatch_lse<Runner, kHeadDim, Element, MaskMode::Window>(a, stream);
-  }
-  return cudaErrorInvalidValue;
+cudaError_t dispatch_mask(const FwdArgs& a, MaskKind mask, cudaStream_t stream) {
+  return with_mask_mode(mask, cudaErrorInvalidValue,
+                        [&]<MaskMode kMask>() { return dispatch_lse<Runner, kHeadDim, Element, kMask>(a, stream); });
 }
 
 template <class Runner, const auto& kDims, Half16 Element, std::size_t... kI>
-cudaError_t dispatch_head_dim(const FwdArgs& a, int head_dim, FusedMask mask, cudaStream_t stream,
+cudaError_t dispatch_head_dim(const FwdArgs& a, int head_dim, MaskKind mask, cudaStream_t stream,
                               std::index_sequence<kI...>) {
   cudaError_t result = cudaErrorInvalidValue;
   (void)((head_dim == kDims[kI] && (result = dispatch_mask<Runner, kDims[kI], Element>(a, mask, stream), true)) || ...);
