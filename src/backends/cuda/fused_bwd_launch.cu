@@ -6,6 +6,7 @@
 
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/flash_bwd_sm80.cuh"
+#include "backends/cuda/kernels/static_switch.cuh"
 
 namespace attnprof::cuda {
 namespace kernels {
@@ -18,29 +19,6 @@ ATTNPROF_BWD_EXTERN(128)
 namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-template <int kHeadDim, kernels::Half16 Element>
-cudaError_t dispatch_mask(const kernels::BwdArgs& a, MaskKind mask, cudaStream_t stream) {
-  return kernels::with_mask_mode(mask, cudaErrorInvalidValue, [&]<kernels::MaskMode kMask>() {
-    return kernels::launch_flash_bwd_sm80<kHeadDim, kMask, Element>(a, stream);
-  });
-}
-
-template <kernels::Half16 Element>
-cudaError_t dispatch_head_dim(const kernels::BwdArgs& a, int head_dim, MaskKind mask, cudaStream_t stream) {
-  switch (head_dim) {
-    case 32:
-      return dispatch_mask<32, Element>(a, mask, stream);
-    case 64:
-      return dispatch_mask<64, Element>(a, mask, stream);
-    case 96:
-      return dispatch_mask<96, Element>(a, mask, stream);
-    case 128:
-      return dispatch_mask<128, Element>(a, mask, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
 
 }  // namespace
 
@@ -77,8 +55,13 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p) {
 cudaError_t launch_fused_bwd(const FusedBwdParams& p, cudaStream_t stream) {
   if (fused_bwd_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   const kernels::BwdArgs a = kernels::BwdArgs::from(p);
-  return p.fwd.bf16 ? dispatch_head_dim<kernels::Bf16>(a, p.fwd.head_dim, p.fwd.mask, stream)
-                    : dispatch_head_dim<kernels::Fp16>(a, p.fwd.head_dim, p.fwd.mask, stream);
+  return kernels::with_element(p.fwd.bf16, [&]<kernels::Half16 Element>() {
+    return kernels::with_head_dim<kFusedBwdHeadDims>(p.fwd.head_dim, cudaErrorInvalidValue, [&]<int kHeadDim>() {
+      return kernels::with_mask_mode(p.fwd.mask, cudaErrorInvalidValue, [&]<kernels::MaskMode kMask>() {
+        return kernels::launch_flash_bwd_sm80<kHeadDim, kMask, Element>(a, stream);
+      });
+    });
+  });
 }
 
 }  // namespace attnprof::cuda
