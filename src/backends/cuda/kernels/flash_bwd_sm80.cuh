@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "backends/cuda/fused_params.h"
+#include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/fwd_args.cuh"
 #include "backends/cuda/kernels/mma_sm80.cuh"
 #include "backends/cuda/kernels/tile_load_sm80.cuh"
@@ -83,24 +84,6 @@ struct BwdArgs {
     };
   }
 };
-
-template <Half16 Element>
-__device__ __forceinline__ float to_float(std::uint16_t x) {
-  if constexpr (std::same_as<Element, Bf16>) {
-    return __uint_as_float(static_cast<std::uint32_t>(x) << 16);
-  } else {
-    return __half2float(__ushort_as_half(x));
-  }
-}
-
-template <Half16 Element>
-__device__ __forceinline__ std::uint16_t from_float(float x) {
-  if constexpr (std::same_as<Element, Bf16>) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  } else {
-    return __half_as_ushort(__float2half_rn(x));
-  }
-}
 
 // C[16 kMTiles, 8 kNTiles] += A[16 kMTiles, 16 kKSteps] B[16 kKSteps, 8 kNTiles]
 // for one warp, operands in padded shared tiles:
