@@ -1,21 +1,15 @@
 // Host entry of the fused backward (kernels/flash_bwd_sm80.cuh), shared by
 // efficient and flash: its eligibility check and the dispatch of the runtime
-// choices (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu.
+// choices (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu
+// (kernels/bwd_launch.cuh).
 #include <cstdint>
 #include <string>
 
 #include "backends/cuda/fused_kernels.h"
-#include "backends/cuda/kernels/flash_bwd_sm80.cuh"
+#include "backends/cuda/kernels/bwd_launch.cuh"
 #include "backends/cuda/kernels/static_switch.cuh"
 
 namespace attnprof::cuda {
-namespace kernels {
-ATTNPROF_BWD_EXTERN(32)
-ATTNPROF_BWD_EXTERN(64)
-ATTNPROF_BWD_EXTERN(96)
-ATTNPROF_BWD_EXTERN(128)
-}  // namespace kernels
-
 namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
