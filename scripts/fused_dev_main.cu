@@ -22,7 +22,7 @@
 #include "backends/cuda/kernels/flash_fwd_sm80.cuh"
 #include "backends/cuda/kernels/flash_fwd_sm90.cuh"
 
-using attnprof::cuda::FusedMask;
+using attnprof::MaskKind;
 using attnprof::cuda::FusedParams;
 namespace k = attnprof::cuda::kernels;
 
@@ -51,12 +51,12 @@ __global__ void fill_random(std::uint16_t* p, std::size_t n, std::uint32_t seed)
 
 struct Shape {
   int b, h, s, d;
-  FusedMask mask;
+  MaskKind mask;
   double target_flash_ms, target_eff_ms;
 };
 
 static double visible_pairs(const Shape& s) {
-  return s.mask == FusedMask::None ? double(s.s) * s.s : double(s.s) * (s.s + 1) / 2;
+  return s.mask == MaskKind::None ? double(s.s) * s.s : double(s.s) * (s.s + 1) / 2;
 }
 
 struct Set {
@@ -222,7 +222,7 @@ static int decode_main() {
                        .seq_k = Sk,
                        .head_dim = D,
                        .scale = float(1.0 / std::sqrt(double(D))),
-                       .mask = FusedMask::CausalBottomRight,
+                       .mask = MaskKind::CausalBottomRight,
                        .bf16 = true,
                        .workspace = workspace};
   };
@@ -243,7 +243,7 @@ static int decode_main() {
   CK(cudaMalloc(&ref, nq * 2));
   CK(variants[0].second({sets[0].q, sets[0].k, sets[0].v, ref}));
   CK(cudaDeviceSynchronize());
-  const Shape shape{B, H, Sq, D, FusedMask::None, 0, 0};  // compare() reads B x H x S x D outputs
+  const Shape shape{B, H, Sq, D, MaskKind::None, 0, 0};  // compare() reads B x H x S x D outputs
   const double kv_bytes = 2.0 * nk * 2;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -298,19 +298,19 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, driver, runtime);
 
   const std::vector<Shape> shapes = {
-      {1, 4, 333, 64, FusedMask::Causal, 1, 1},  // tails: a partial query tile and key tile
-      {2, 4, 200, 128, FusedMask::None, 1, 1},
-      {8, 16, 1024, 64, FusedMask::Causal, 0.152, 0.257},
-      {4, 16, 4096, 64, FusedMask::Causal, 0.569, 1.217},
-      {16, 16, 2048, 64, FusedMask::None, 0, 0},  // issue 12's ViT-like row
-      {2, 16, 8192, 128, FusedMask::Causal, 1.791, 3.405},
-      {2, 16, 8192, 128, FusedMask::None, 3.267, 6.447},
-      {1, 16, 16384, 128, FusedMask::Causal, 3.550, 6.740},
+      {1, 4, 333, 64, MaskKind::Causal, 1, 1},  // tails: a partial query tile and key tile
+      {2, 4, 200, 128, MaskKind::None, 1, 1},
+      {8, 16, 1024, 64, MaskKind::Causal, 0.152, 0.257},
+      {4, 16, 4096, 64, MaskKind::Causal, 0.569, 1.217},
+      {16, 16, 2048, 64, MaskKind::None, 0, 0},  // issue 12's ViT-like row
+      {2, 16, 8192, 128, MaskKind::Causal, 1.791, 3.405},
+      {2, 16, 8192, 128, MaskKind::None, 3.267, 6.447},
+      {1, 16, 16384, 128, MaskKind::Causal, 3.550, 6.740},
       // Head dims the sm90 kernel took in run 11 (no PyTorch target: 0).
-      {4, 16, 4096, 96, FusedMask::Causal, 0, 0},
-      {2, 16, 4096, 192, FusedMask::Causal, 0, 0},
-      {2, 16, 4096, 256, FusedMask::Causal, 0, 0},
-      {2, 16, 4096, 256, FusedMask::None, 0, 0},
+      {4, 16, 4096, 96, MaskKind::Causal, 0, 0},
+      {2, 16, 4096, 192, MaskKind::Causal, 0, 0},
+      {2, 16, 4096, 256, MaskKind::Causal, 0, 0},
+      {2, 16, 4096, 256, MaskKind::None, 0, 0},
   };
   struct Row {
     std::string shape, kernel;
@@ -335,7 +335,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&ref, n * 2));
     char name[64];
     std::snprintf(name, sizeof name, "%dx%dx%dx%d %s", s.b, s.h, s.s, s.d,
-                  s.mask == FusedMask::None ? "none" : "causal");
+                  s.mask == MaskKind::None ? "none" : "causal");
     const double flops = 4.0 * s.b * s.h * visible_pairs(s) * s.d;
 
     // 192 has no sm80 kernel: its rows start at the sm90 default, which is then the reference.
@@ -347,7 +347,7 @@ int main(int argc, char** argv) {
           {"efficient", [](const FusedParams& p) { return attnprof::cuda::launch_efficient(p, nullptr); }},
       };
     }
-    const bool causal = s.mask != FusedMask::None;
+    const bool causal = s.mask != MaskKind::None;
     const auto add = [&]<class Launcher, class Cfg>(const char* kname, Launcher, Cfg) {
       kernels.push_back({kname, causal ? variant<Launcher, Cfg, k::MaskMode::Causal>()
                                        : variant<Launcher, Cfg, k::MaskMode::None>()});

@@ -1,8 +1,9 @@
 // Theoretical occupancy of a kernel launch, computed from its record (block
 // size, registers per thread, shared memory per block) and the device's
-// properties with the CUDA occupancy calculator's formula, in plain C++: a
-// CPU-only build reads a GPU trace and computes the same figure, for every
-// kernel, libraries' and driver-API (cuLaunchKernelEx) launches included.
+// properties with the CUDA occupancy calculator's formula, in plain C++: the
+// CUPTI collector fills its kernel records with it, and a CPU-only build that
+// reads a GPU trace computes the same figure, for every kernel, libraries' and
+// driver-API (cuLaunchKernelEx) launches included.
 #pragma once
 
 #include <array>

@@ -8,18 +8,10 @@
 #include <string_view>
 
 #include "attnprof/dtype.h"
+#include "attnprof/mask.h"
 #include "attnprof/tensor.h"
 
 namespace attnprof {
-
-enum class MaskKind : std::uint8_t {
-  None,
-  Causal,             // top-left aligned: query i sees keys j <= i (PyTorch's is_causal)
-  CausalBottomRight,  // query i sees keys j <= i + (kv_seq - seq) (FlashAttention's)
-  SlidingWindow,      // bottom-right causal, and only the last `window` keys: i + off - window < j <= i + off
-  Boolean,            // a [batch|1, heads|1, seq, kv_seq] boolean tensor, true = attend
-  Bias,               // a [batch|1, heads|1, seq, kv_seq] additive bias
-};
 
 std::string_view mask_name(MaskKind m);
 // Takes '_' for '-' too ("sliding_window", as a Python keyword value is spelled).

@@ -24,7 +24,7 @@
 
 namespace {
 
-using attnprof::cuda::FusedMask;
+using attnprof::MaskKind;
 using attnprof::cuda::FusedParams;
 
 bool usable_device(std::string* why) {
@@ -85,7 +85,7 @@ double from_bits(std::uint16_t bits, bool bf16) {
 struct Case {
   const char* name;
   int batch, heads, kv_heads, seq_q, seq_k, head_dim;
-  FusedMask mask;
+  MaskKind mask;
   int window = 0;
   bool bf16 = true;
   bool bshd = false;  // [B, S, H, D] storage: head and row strides swapped
@@ -102,15 +102,18 @@ Strides strides_of(int heads, int seq, int d, bool bshd) {
 }
 
 bool visible(const Case& c, int i, int j) {
-  const int off = c.mask == FusedMask::Causal ? 0 : c.seq_k - c.seq_q;
+  const int off = c.mask == MaskKind::Causal ? 0 : c.seq_k - c.seq_q;
   switch (c.mask) {
-    case FusedMask::None:
+    case MaskKind::None:
       return true;
-    case FusedMask::Causal:
-    case FusedMask::CausalBottomRight:
+    case MaskKind::Causal:
+    case MaskKind::CausalBottomRight:
       return j <= i + off;
-    case FusedMask::SlidingWindow:
+    case MaskKind::SlidingWindow:
       return j <= i + off && j > i + off - c.window;
+    case MaskKind::Boolean:
+    case MaskKind::Bias:
+      break;
   }
   return false;
 }
@@ -188,15 +191,7 @@ cudaError_t launch_sm90_choice(Kernel k, const FusedParams& p) {
   const auto with_lse = [&]<kern::MaskMode kMask>() {
     return a.lse != nullptr ? launch_sm90_choice<kD, kMask, true>(k, a) : launch_sm90_choice<kD, kMask, false>(k, a);
   };
-  switch (kern::mask_mode(p.mask)) {
-    case kern::MaskMode::None:
-      return with_lse.template operator()<kern::MaskMode::None>();
-    case kern::MaskMode::Causal:
-      return with_lse.template operator()<kern::MaskMode::Causal>();
-    case kern::MaskMode::Window:
-      return with_lse.template operator()<kern::MaskMode::Window>();
-  }
-  return cudaErrorInvalidValue;
+  return kern::with_mask_mode(p.mask, cudaErrorInvalidValue, with_lse);
 }
 
 cudaError_t launch(Kernel k, const FusedParams& p) {
@@ -406,8 +401,8 @@ TEST_P(FusedSm90Choices, LogSumExpMatchesFloat64) {
   expect_lse_matches_float64(GetParam());
 }
 
-constexpr FusedMask kNone = FusedMask::None, kCausal = FusedMask::Causal, kBR = FusedMask::CausalBottomRight,
-                    kWin = FusedMask::SlidingWindow;
+constexpr MaskKind kNone = MaskKind::None, kCausal = MaskKind::Causal, kBR = MaskKind::CausalBottomRight,
+                   kWin = MaskKind::SlidingWindow;
 
 std::vector<KernelCase> all_cases() {
   const std::vector<Case> cases = {
@@ -524,7 +519,7 @@ FusedParams shape_only(int head_dim) {
                      .seq_k = 8,
                      .head_dim = head_dim,
                      .scale = 0.125f,
-                     .mask = FusedMask::Causal};
+                     .mask = MaskKind::Causal};
 }
 
 TEST(FusedKernelsSupport, ReasonsSayWhatToChange) {
@@ -547,7 +542,7 @@ TEST(FusedKernelsSupport, ReasonsSayWhatToChange) {
   bad.q_row_stride = 60;
   EXPECT_NE(attnprof::cuda::fused_unsupported_reason(bad, true), nullptr);
   bad = p;
-  bad.mask = FusedMask::SlidingWindow;
+  bad.mask = MaskKind::SlidingWindow;
   bad.window = 0;
   EXPECT_NE(attnprof::cuda::fused_unsupported_reason(bad, true), nullptr);
 }

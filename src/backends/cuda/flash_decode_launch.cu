@@ -6,11 +6,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <utility>
 
 #include "backends/cuda/device_attributes.h"
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/flash_decode.cuh"
+#include "backends/cuda/kernels/static_switch.cuh"
 
 namespace attnprof::cuda {
 namespace kernels {
@@ -39,25 +39,9 @@ DeviceFacts device_facts() {
   return f;
 }
 
-// f.template operator()<D>() at the head dim D of kFlashDecodeHeadDims that
-// equals head_dim; `otherwise` at any other.
-template <class R, class F>
-R at_decode_head_dim(int head_dim, R otherwise, F&& f) {
-  return [&]<std::size_t... kI>(std::index_sequence<kI...>) {
-    R result = otherwise;
-    (void)((head_dim == kFlashDecodeHeadDims[kI] &&
-            (result = f.template operator()<kFlashDecodeHeadDims[kI]>(), true)) ||
-           ...);
-    return result;
-  }
-  (std::make_index_sequence<kFlashDecodeHeadDims.size()>());
-}
-
 int decode_smem_bytes(int head_dim) {
-  return at_decode_head_dim(head_dim, 0,
-                            [&]<int kD>() {  // ([&]: no function-pointer conversion for nvcc to warn about)
-                              return kernels::DecodeCfg<kD>::kSmemBytes;
-                            });
+  return kernels::with_head_dim<kFlashDecodeHeadDims>(head_dim, 0,
+                                                      [&]<int kD>() { return kernels::DecodeCfg<kD>::kSmemBytes; });
 }
 
 // FlashAttention-2's heuristic: the fewest splits whose last wave is nearly as
@@ -99,9 +83,10 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   const std::int64_t ctas = static_cast<std::int64_t>(p.batch) * p.kv_heads * plan.row_blocks;
   // The keys some query sees (a causal or windowed row sees fewer than seq_k):
   // splitting past them would only add empty ranges for the combine to read.
-  const int diag = p.mask == FusedMask::Causal ? 0 : p.seq_k - p.seq_q;
-  const int hi = p.mask == FusedMask::None ? p.seq_k : std::clamp(p.seq_q + diag, 0, p.seq_k);
-  const int lo = p.mask == FusedMask::SlidingWindow ? std::clamp(diag - p.window + 1, 0, p.seq_k) : 0;
+  const kernels::MaskMode mask = kernels::mask_mode(p.mask);
+  const int diag = kernels::FwdArgs::from(p).diag_offset;
+  const int hi = mask == kernels::MaskMode::None ? p.seq_k : std::clamp(p.seq_q + diag, 0, p.seq_k);
+  const int lo = mask == kernels::MaskMode::Window ? std::clamp(diag - p.window + 1, 0, p.seq_k) : 0;
   const int key_tiles = std::max(0, hi - lo + kFlashDecodeKeys - 1) / kFlashDecodeKeys;
   plan.splits = ctas >= (std::int64_t{1} << 30) || f.sms == 0
                     ? 1
@@ -122,15 +107,12 @@ cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& 
   const bool paged = p.page_size > 0;
   if (paged && (p.block_table == nullptr || (p.page_size & (p.page_size - 1)) != 0)) return cudaErrorInvalidValue;
   const kernels::DecodeArgs d = kernels::DecodeArgs::from(p, plan.row_blocks, plan.splits);
-  auto run = [&]<int kD>() {
-    if (p.bf16) {
-      return paged ? kernels::launch_flash_decode_kernels<kD, kernels::Bf16, true>(d, stream)
-                   : kernels::launch_flash_decode_kernels<kD, kernels::Bf16, false>(d, stream);
-    }
-    return paged ? kernels::launch_flash_decode_kernels<kD, kernels::Fp16, true>(d, stream)
-                 : kernels::launch_flash_decode_kernels<kD, kernels::Fp16, false>(d, stream);
-  };
-  return at_decode_head_dim(p.head_dim, cudaErrorInvalidValue, run);
+  return kernels::with_head_dim<kFlashDecodeHeadDims>(p.head_dim, cudaErrorInvalidValue, [&]<int kD>() {
+    return kernels::with_element(p.bf16, [&]<kernels::Half16 Element>() {
+      return paged ? kernels::launch_flash_decode_kernels<kD, Element, true>(d, stream)
+                   : kernels::launch_flash_decode_kernels<kD, Element, false>(d, stream);
+    });
+  });
 }
 
 }  // namespace attnprof::cuda

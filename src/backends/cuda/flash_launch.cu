@@ -61,8 +61,10 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
                (flash ? " (and 192 with flash on an sm90 GPU)" : ""));
   }
   if (!(p.scale > 0.f) || !std::isfinite(p.scale)) return say("the softmax scale must be a positive finite number");
-  if (p.mask == FusedMask::SlidingWindow && p.window < 1)
-    return say("mask=sliding-window needs window=N (N >= 1 keys)");
+  if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) {
+    return say("a mask given as a tensor (boolean, bias) is not read by the fused kernels");
+  }
+  if (p.mask == MaskKind::SlidingWindow && p.window < 1) return say("mask=sliding-window needs window=N (N >= 1 keys)");
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) {
     return say("q, k, v and o must be 16-byte aligned");
   }

@@ -134,20 +134,7 @@ class FusedBackend : public Backend {
       f.page_size = static_cast<int>(p.page_size);
       f.pages_per_seq = static_cast<int>(p.pages_per_seq());
     }
-    switch (p.mask) {
-      case MaskKind::Causal:
-        f.mask = FusedMask::Causal;
-        break;
-      case MaskKind::CausalBottomRight:
-        f.mask = FusedMask::CausalBottomRight;
-        break;
-      case MaskKind::SlidingWindow:
-        f.mask = FusedMask::SlidingWindow;
-        break;
-      default:
-        f.mask = FusedMask::None;
-        break;
-    }
+    f.mask = p.mask;
     return f;
   }
 

@@ -1,52 +1,18 @@
 // Host entry of the fused backward (kernels/flash_bwd_sm80.cuh), shared by
 // efficient and flash: its eligibility check and the dispatch of the runtime
-// choices (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu.
+// choices (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu
+// (kernels/bwd_launch.cuh).
 #include <cstdint>
 #include <string>
 
 #include "backends/cuda/fused_kernels.h"
-#include "backends/cuda/kernels/flash_bwd_sm80.cuh"
+#include "backends/cuda/kernels/bwd_launch.cuh"
+#include "backends/cuda/kernels/static_switch.cuh"
 
 namespace attnprof::cuda {
-namespace kernels {
-ATTNPROF_BWD_EXTERN(32)
-ATTNPROF_BWD_EXTERN(64)
-ATTNPROF_BWD_EXTERN(96)
-ATTNPROF_BWD_EXTERN(128)
-}  // namespace kernels
-
 namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-template <int kHeadDim, kernels::Half16 Element>
-cudaError_t dispatch_mask(const kernels::BwdArgs& a, FusedMask mask, cudaStream_t stream) {
-  switch (kernels::mask_mode(mask)) {
-    case kernels::MaskMode::None:
-      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::None, Element>(a, stream);
-    case kernels::MaskMode::Causal:
-      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::Causal, Element>(a, stream);
-    case kernels::MaskMode::Window:
-      return kernels::launch_flash_bwd_sm80<kHeadDim, kernels::MaskMode::Window, Element>(a, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-template <kernels::Half16 Element>
-cudaError_t dispatch_head_dim(const kernels::BwdArgs& a, int head_dim, FusedMask mask, cudaStream_t stream) {
-  switch (head_dim) {
-    case 32:
-      return dispatch_mask<32, Element>(a, mask, stream);
-    case 64:
-      return dispatch_mask<64, Element>(a, mask, stream);
-    case 96:
-      return dispatch_mask<96, Element>(a, mask, stream);
-    case 128:
-      return dispatch_mask<128, Element>(a, mask, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
 
 }  // namespace
 
@@ -88,8 +54,13 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p) {
 cudaError_t launch_fused_bwd(const FusedBwdParams& p, cudaStream_t stream) {
   if (fused_bwd_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   const kernels::BwdArgs a = kernels::BwdArgs::from(p);
-  return p.fwd.bf16 ? dispatch_head_dim<kernels::Bf16>(a, p.fwd.head_dim, p.fwd.mask, stream)
-                    : dispatch_head_dim<kernels::Fp16>(a, p.fwd.head_dim, p.fwd.mask, stream);
+  return kernels::with_element(p.fwd.bf16, [&]<kernels::Half16 Element>() {
+    return kernels::with_head_dim<kFusedBwdHeadDims>(p.fwd.head_dim, cudaErrorInvalidValue, [&]<int kHeadDim>() {
+      return kernels::with_mask_mode(p.fwd.mask, cudaErrorInvalidValue, [&]<kernels::MaskMode kMask>() {
+        return kernels::launch_flash_bwd_sm80<kHeadDim, kMask, Element>(a, stream);
+      });
+    });
+  });
 }
 
 }  // namespace attnprof::cuda

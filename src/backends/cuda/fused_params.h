@@ -7,6 +7,8 @@
 #include <array>
 #include <cstdint>
 
+#include "attnprof/mask.h"
+
 namespace attnprof::cuda {
 
 // The head dims every fused kernel is instantiated for (one translation unit
@@ -44,8 +46,6 @@ constexpr bool fused_bwd_head_dim_built(int head_dim) {
   return std::find(kFusedBwdHeadDims.begin(), kFusedBwdHeadDims.end(), head_dim) != kFusedBwdHeadDims.end();
 }
 
-enum class FusedMask : int { None = 0, Causal = 1, CausalBottomRight = 2, SlidingWindow = 3 };
-
 struct FusedParams {
   const void* q = nullptr;  // [B, H, Sq, D], head_dim contiguous
   const void* k = nullptr;  // [B, Hkv, Sk, D]
@@ -61,7 +61,8 @@ struct FusedParams {
   std::int64_t o_batch_stride = 0, o_head_stride = 0, o_row_stride = 0;
   int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
   float scale = 0.f;  // softmax scale
-  FusedMask mask = FusedMask::None;
+  // The problem's mask; the kernels take the structural ones (not Boolean, Bias).
+  MaskKind mask = MaskKind::None;
   int window = 0;    // SlidingWindow: keys j with i + (Sk - Sq) - window < j <= i + (Sk - Sq)
   bool bf16 = true;  // false: fp16
   // A paged KV cache (flash's decode kernel only): k and v point at pages

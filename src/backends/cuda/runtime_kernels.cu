@@ -1,9 +1,9 @@
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
+#include <concepts>
+#include <cstdint>
 
 #include "attnprof/error.h"
+#include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/runtime.h"
 #include "core/cuda_check.h"
 
@@ -23,35 +23,26 @@ __device__ float uniform(std::uint64_t seed, std::int64_t i) {
   return static_cast<float>(bits) * (2.0f / 16777216.0f) - 1.0f;
 }
 
-template <class T>
-__device__ T convert(float v);
-template <>
-__device__ float convert<float>(float v) {
-  return v;
-}
-template <>
-__device__ __half convert<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __nv_bfloat16 convert<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-template <class T>
-__global__ void fill_uniform_kernel(T* out, std::int64_t n, std::uint64_t seed) {
+// Element: float, or an element tag of element.cuh (Bf16, Fp16), whose
+// conversion rounds the f32 draw to nearest.
+template <class Element>
+__global__ void fill_uniform_kernel(void* data, std::int64_t n, std::uint64_t seed) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = convert<T>(uniform(seed, i));
+    if constexpr (std::same_as<Element, float>) {
+      static_cast<float*>(data)[i] = uniform(seed, i);
+    } else {
+      static_cast<typename Element::Storage*>(data)[i] = kernels::from_float<Element>(uniform(seed, i));
+    }
   }
 }
 
-template <class T>
+template <class Element>
 void launch(void* data, std::int64_t n, std::uint64_t seed, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const std::int64_t blocks = std::min<std::int64_t>((n + kThreads - 1) / kThreads, 65536);
   if (blocks == 0) return;
-  fill_uniform_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<T*>(data), n, seed);
+  fill_uniform_kernel<Element><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(data, n, seed);
   ATTNPROF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -62,9 +53,9 @@ void fill_uniform(void* data, std::int64_t n, DType dtype, std::uint64_t seed, c
     case DType::F32:
       return launch<float>(data, n, seed, stream);
     case DType::F16:
-      return launch<__half>(data, n, seed, stream);
+      return launch<kernels::Fp16>(data, n, seed, stream);
     case DType::BF16:
-      return launch<__nv_bfloat16>(data, n, seed, stream);
+      return launch<kernels::Bf16>(data, n, seed, stream);
     case DType::Bool:
     case DType::I32:
       break;

@@ -3,18 +3,19 @@
 // (O, lse) in FP32 and the partial (O, lse) of one launch. Step s computes on
 // the block of rank r - s while the communication stream sends that block to
 // rank r + 1 and receives the next from rank r - 1.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "attnprof/error.h"
 #include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/kernels/element.cuh"
+#include "backends/cuda/kernels/static_switch.cuh"
 #include "core/cuda_check.h"
 #include "parallel/cuda/nccl_check.h"
 #include "parallel/cuda/ring_attention.h"
@@ -33,32 +34,11 @@ __global__ void init_running(float* o, float* lse, std::int64_t rows, int dim) {
   if (threadIdx.x == 0) lse[row] = -INFINITY;
 }
 
-template <class T>
-__device__ float to_float(T x);
-template <>
-__device__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <>
-__device__ float to_float(__half x) {
-  return __half2float(x);
-}
-template <class T>
-__device__ T from_float(float x);
-template <>
-__device__ __nv_bfloat16 from_float(float x) {
-  return __float2bfloat16(x);
-}
-template <>
-__device__ __half from_float(float x) {
-  return __float2half(x);
-}
-
 // Merges the partial (o_part, lse_part) of `part_rows` query rows per head
 // into the running result's rows [row0, row0 + part_rows) of each head
 // (`acc_rows` rows a head). One block a row.
-template <class T>
-__global__ void merge_partial(float* o_acc, float* lse_acc, const T* o_part, const float* lse_part,
+template <cuda::kernels::Half16 Element>
+__global__ void merge_partial(float* o_acc, float* lse_acc, const std::uint16_t* o_part, const float* lse_part,
                               std::int64_t heads_total, std::int64_t part_rows, std::int64_t acc_rows,
                               std::int64_t row0, int dim) {
   const std::int64_t idx = blockIdx.x;  // head * part_rows + row
@@ -68,17 +48,17 @@ __global__ void merge_partial(float* o_acc, float* lse_acc, const T* o_part, con
   const MergeWeights<float> w = merge_weights<float>(lse_acc[acc], lse_part[idx]);
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
     float& o = o_acc[acc * dim + d];
-    o = w.wa * o + w.wb * to_float(o_part[idx * dim + d]);
+    o = w.wa * o + w.wb * cuda::kernels::to_float<Element>(o_part[idx * dim + d]);
   }
   __syncthreads();
   if (threadIdx.x == 0) lse_acc[acc] = w.lse;
 }
 
-template <class T>
-__global__ void finish_output(const float* o_acc, T* out, std::int64_t n) {
+template <cuda::kernels::Half16 Element>
+__global__ void finish_output(const float* o_acc, std::uint16_t* out, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    out[i] = from_float<T>(o_acc[i]);
+    out[i] = cuda::kernels::from_float<Element>(o_acc[i]);
   }
 }
 
@@ -157,8 +137,7 @@ struct RingAttention::Impl {
 
   // One flash launch: query rows [q_row0, q_row0 + C) of the shard against
   // `k_rows` key rows from k_row0 of the block at `kv`, into the partial.
-  void launch(Rank& r, const void* kv, std::int64_t q_row0, std::int64_t k_row0, std::int64_t k_rows,
-              cuda::FusedMask mask) {
+  void launch(Rank& r, const void* kv, std::int64_t q_row0, std::int64_t k_row0, std::int64_t k_rows, MaskKind mask) {
     const std::int64_t s2 = layout.shard_rows(), d = p.head_dim, c = layout.chunk;
     const char* qb = static_cast<const char*>(r.q);
     const char* kb = static_cast<const char*>(kv);
@@ -188,15 +167,11 @@ struct RingAttention::Impl {
     ATTNPROF_CUDA_CHECK(cuda::launch_flash(f, r.compute));
     const auto blocks = static_cast<unsigned>(heads_total * c);
     const std::int64_t acc_rows = s2;
-    if (p.dtype == DType::BF16) {
-      merge_partial<<<blocks, kThreads, 0, r.compute>>>(r.o_acc, r.lse_acc, static_cast<const __nv_bfloat16*>(r.o_part),
-                                                        r.lse_part, heads_total, c, acc_rows, q_row0,
-                                                        static_cast<int>(d));
-    } else {
-      merge_partial<<<blocks, kThreads, 0, r.compute>>>(r.o_acc, r.lse_acc, static_cast<const __half*>(r.o_part),
-                                                        r.lse_part, heads_total, c, acc_rows, q_row0,
-                                                        static_cast<int>(d));
-    }
+    cuda::kernels::with_element(p.dtype == DType::BF16, [&]<cuda::kernels::Half16 Element>() {
+      merge_partial<Element>
+          <<<blocks, kThreads, 0, r.compute>>>(r.o_acc, r.lse_acc, static_cast<const std::uint16_t*>(r.o_part),
+                                               r.lse_part, heads_total, c, acc_rows, q_row0, static_cast<int>(d));
+    });
     ATTNPROF_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -211,17 +186,17 @@ struct RingAttention::Impl {
       // Adjacent key chunks in one launch where one mask says it: both full
       // (no mask), or full then diagonal (bottom-right causal over 2C keys).
       if (k0 == PairKind::Full && k1 == PairKind::Full) {
-        launch(r, kv, qi * c, 0, 2 * c, cuda::FusedMask::None);
+        launch(r, kv, qi * c, 0, 2 * c, MaskKind::None);
         continue;
       }
       if (k0 == PairKind::Full && k1 == PairKind::Diagonal) {
-        launch(r, kv, qi * c, 0, 2 * c, cuda::FusedMask::CausalBottomRight);
+        launch(r, kv, qi * c, 0, 2 * c, MaskKind::CausalBottomRight);
         continue;
       }
       for (int ki = 0; ki < 2; ++ki) {
         const PairKind k = ki == 0 ? k0 : k1;
         if (k == PairKind::Skip) continue;
-        launch(r, kv, qi * c, ki * c, c, k == PairKind::Full ? cuda::FusedMask::None : cuda::FusedMask::Causal);
+        launch(r, kv, qi * c, ki * c, c, k == PairKind::Full ? MaskKind::None : MaskKind::Causal);
       }
     }
   }
@@ -357,11 +332,9 @@ void RingAttention::forward() {
     ATTNPROF_CUDA_CHECK(cudaEventRecord(r.sent, r.comm_stream));
     ATTNPROF_CUDA_CHECK(cudaStreamWaitEvent(r.compute, r.sent, 0));
     const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((elems + 255) / 256, 65535));
-    if (m.p.dtype == DType::BF16) {
-      finish_output<<<blocks, 256, 0, r.compute>>>(r.o_acc, static_cast<__nv_bfloat16*>(r.out), elems);
-    } else {
-      finish_output<<<blocks, 256, 0, r.compute>>>(r.o_acc, static_cast<__half*>(r.out), elems);
-    }
+    cuda::kernels::with_element(m.p.dtype == DType::BF16, [&]<cuda::kernels::Half16 Element>() {
+      finish_output<Element><<<blocks, 256, 0, r.compute>>>(r.o_acc, static_cast<std::uint16_t*>(r.out), elems);
+    });
     ATTNPROF_CUDA_CHECK(cudaGetLastError());
   }
 }

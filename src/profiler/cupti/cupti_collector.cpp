@@ -1,6 +1,5 @@
 #include "profiler/cupti/cupti_collector.h"
 
-#include <cuda_occupancy.h>
 #include <cuda_runtime_api.h>
 #include <cupti.h>
 #include <cxxabi.h>
@@ -10,13 +9,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "attnprof/error.h"
+#include "attnprof/occupancy.h"
 #include "profiler/cupti/cupti_records.h"
 
 namespace attnprof::cupti {
@@ -223,46 +223,12 @@ DeviceProperties query_device_properties(int device) {
   return d;
 }
 
-void fill_occupancy(KernelInfo& kernel, const DeviceProperties& device, int reserved_shared_per_block) {
-  cudaOccDeviceProp prop;
-  prop.computeMajor = device.compute_major;
-  prop.computeMinor = device.compute_minor;
-  prop.maxThreadsPerBlock = device.max_threads_per_block;
-  prop.maxThreadsPerMultiprocessor = device.max_threads_per_sm;
-  prop.regsPerBlock = device.regs_per_block;
-  prop.regsPerMultiprocessor = device.regs_per_sm;
-  prop.warpSize = device.warp_size;
-  prop.sharedMemPerBlock = static_cast<std::size_t>(device.shared_mem_per_block);
-  prop.sharedMemPerMultiprocessor = static_cast<std::size_t>(device.shared_mem_per_sm);
-  prop.numSms = device.num_sms;
-  prop.sharedMemPerBlockOptin = static_cast<std::size_t>(device.shared_mem_per_block_optin);
-  prop.reservedSharedMemPerBlock = static_cast<std::size_t>(std::max(reserved_shared_per_block, 0));
-
-  cudaOccFuncAttributes attr;
-  attr.maxThreadsPerBlock = INT_MAX;  // the launch succeeded, so its block size was allowed
-  attr.numRegs = kernel.registers_per_thread;
-  attr.sharedSizeBytes = static_cast<std::size_t>(std::max(kernel.static_shared_bytes, 0));
-  attr.partitionedGCConfig = PARTITIONED_GC_OFF;
-  // The launch succeeded, so the kernel had opted into at least the dynamic
-  // shared memory it used. Kineto's FUNC_SHMEM_LIMIT_DEFAULT caps blocks at
-  // 48 KiB and reports 0% for every heavier kernel (cuDNN's, flash's).
-  attr.shmemLimitConfig = FUNC_SHMEM_LIMIT_OPTIN;
-  attr.maxDynamicSharedSizeBytes = static_cast<std::size_t>(std::max(kernel.dynamic_shared_bytes, 0));
-  attr.numBlockBarriers = 1;
-  const cudaOccDeviceState state;
-
-  const int block = kernel.block[0] * kernel.block[1] * kernel.block[2];
-  if (block <= 0 || device.warp_size <= 0 || device.max_threads_per_sm <= 0) return;
-  cudaOccResult result{};
-  if (cudaOccMaxActiveBlocksPerMultiprocessor(&result, &prop, &attr, &state, block, attr.maxDynamicSharedSizeBytes) !=
-      CUDA_OCC_SUCCESS) {
-    return;
-  }
-  const int warps_per_block = (block + device.warp_size - 1) / device.warp_size;
-  const double max_warps = static_cast<double>(device.max_threads_per_sm) / device.warp_size;
-  kernel.blocks_per_sm = result.activeBlocksPerMultiprocessor;
-  kernel.warps_per_sm = static_cast<double>(result.activeBlocksPerMultiprocessor) * warps_per_block;
-  kernel.occupancy_pct = std::min(100.0, *kernel.warps_per_sm / max_warps * 100.0);
+void fill_occupancy(KernelInfo& kernel, const DeviceProperties& device) {
+  const std::optional<Occupancy> o = theoretical_occupancy(kernel, device);
+  if (!o) return;
+  kernel.blocks_per_sm = o->blocks_per_sm;
+  kernel.warps_per_sm = o->warps_per_sm;
+  kernel.occupancy_pct = o->pct;
 }
 
 std::string probe() {
@@ -329,13 +295,7 @@ void CuptiCollector::start() {
       throw Error(ErrorKind::Device, std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e));
     }
     devices_.clear();
-    reserved_shared_.clear();
-    for (int d = 0; d < count; ++d) {
-      devices_.push_back(query_device_properties(d));
-      int reserved = 0;
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, d);
-      reserved_shared_.push_back(reserved);
-    }
+    for (int d = 0; d < count; ++d) devices_.push_back(query_device_properties(d));
     int current = 0;
     cudaGetDevice(&current);
     device_ = devices_.at(static_cast<std::size_t>(current));
@@ -454,7 +414,7 @@ void CuptiCollector::finish(std::vector<Activity>& raw) {
       if (it == kernel_names.end()) it = kernel_names.emplace(a.name, demangle(a.name)).first;
       a.name = it->second;
       const auto d = static_cast<std::size_t>(a.device);
-      if (d < devices_.size()) fill_occupancy(*a.kernel, devices_[d], reserved_shared_[d]);
+      if (d < devices_.size()) fill_occupancy(*a.kernel, devices_[d]);
     }
     if (const auto e = external.find(static_cast<std::uint32_t>(a.correlation)); e != external.end()) {
       a.external_id = e->second;

@@ -23,14 +23,14 @@ namespace attnprof::cupti {
 // cudaGetDeviceProperties in attnprof's terms; throws Error(Device).
 DeviceProperties query_device_properties(int device);
 
-// Theoretical occupancy of one launch from its record (grid, block,
-// registers, static and dynamic shared memory) with the CUDA occupancy
-// calculator: fills blocks_per_sm, warps_per_sm and occupancy_pct. Kernels
-// that opted into more than 48 KiB of dynamic shared memory are computed
-// against the opt-in limit, so large-tile and driver-API (cuLaunchKernelEx)
-// launches do not read as 0%. Leaves the fields empty when the calculator
-// refuses the input (an unknown architecture).
-void fill_occupancy(KernelInfo& kernel, const DeviceProperties& device, int reserved_shared_per_block);
+// Theoretical occupancy of one launch from its record (block, registers,
+// static and dynamic shared memory): fills blocks_per_sm, warps_per_sm and
+// occupancy_pct with attnprof/occupancy.h's calculator, the one a trace read
+// back gets too. Kernels with more than 48 KiB of dynamic shared memory count
+// against the SM's shared memory (they opted in to launch), so large-tile and
+// driver-API (cuLaunchKernelEx) launches do not read as 0%. Leaves the fields
+// empty for an unknown architecture or a record with no block size.
+void fill_occupancy(KernelInfo& kernel, const DeviceProperties& device);
 
 // Sets CUPTI up once per process (buffer callbacks, the shared clock) and
 // checks that activity collection can be enabled; leaves it attached for the
@@ -71,7 +71,6 @@ class CuptiCollector : public Collector {
   bool running_ = false;
   std::vector<Activity> activities_;
   std::vector<DeviceProperties> devices_;
-  std::vector<int> reserved_shared_;  // per device, for the occupancy calculator
   std::optional<DeviceProperties> device_;
   std::string note_;
 };

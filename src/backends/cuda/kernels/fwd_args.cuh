@@ -9,13 +9,42 @@
 
 #include <cstdint>
 
+#include "attnprof/mask.h"
 #include "backends/cuda/fused_params.h"
 
 namespace attnprof::cuda::kernels {
 
-// Causal covers both alignments: top-left is diag_offset 0, bottom-right is
-// diag_offset = seq_k - seq_q. Window is bottom-right causal plus a lower bound.
+// The kernels' template parameter for the problem's mask (MaskKind,
+// attnprof/mask.h): Causal covers both alignments (top-left is diag_offset 0,
+// bottom-right is diag_offset = seq_k - seq_q, FwdArgs::from); Window is
+// bottom-right causal plus a lower bound.
 enum class MaskMode : int { None, Causal, Window };
+
+// The one mapping of MaskKind to MaskMode: f.template operator()<kMask>() at
+// the MaskMode of `mask`; `otherwise` for the masks given as tensors (Boolean,
+// Bias), which no fused kernel reads (fused_unsupported_reason refuses them).
+template <class R, class F>
+constexpr R with_mask_mode(MaskKind mask, R otherwise, F&& f) {
+  switch (mask) {
+    case MaskKind::None:
+      return f.template operator()<MaskMode::None>();
+    case MaskKind::Causal:
+    case MaskKind::CausalBottomRight:
+      return f.template operator()<MaskMode::Causal>();
+    case MaskKind::SlidingWindow:
+      return f.template operator()<MaskMode::Window>();
+    case MaskKind::Boolean:
+    case MaskKind::Bias:
+      break;
+  }
+  return otherwise;
+}
+
+// The same as a value, for a kernel that takes the mask at run time (decode).
+constexpr MaskMode mask_mode(MaskKind mask) {
+  // [&]: no conversion to a function pointer for nvcc to warn about.
+  return with_mask_mode(mask, MaskMode::None, [&]<MaskMode kMask>() { return kMask; });
+}
 
 struct FwdArgs {
   const std::uint16_t* q;
@@ -33,7 +62,7 @@ struct FwdArgs {
   float* lse;        // [B, H, seq_q] or null (FusedParams::lse); last, so the other fields keep their offsets
 
   static FwdArgs from(const FusedParams& p) {
-    const bool top_left = p.mask == FusedMask::Causal;
+    const bool top_left = p.mask == MaskKind::Causal;
     return FwdArgs{
         .q = static_cast<const std::uint16_t*>(p.q),
         .k = static_cast<const std::uint16_t*>(p.k),
@@ -63,19 +92,6 @@ struct FwdArgs {
     };
   }
 };
-
-constexpr MaskMode mask_mode(FusedMask m) {
-  switch (m) {
-    case FusedMask::None:
-      return MaskMode::None;
-    case FusedMask::Causal:
-    case FusedMask::CausalBottomRight:
-      return MaskMode::Causal;
-    case FusedMask::SlidingWindow:
-      return MaskMode::Window;
-  }
-  return MaskMode::None;
-}
 
 // Key tiles [begin, end) that rows [m0, m0 + kBlockM) can see; empty when the
 // whole query tile is masked (its rows are then written as zeros).

@@ -9,48 +9,24 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstddef>
-#include <utility>
-
 #include "backends/cuda/fused_params.h"
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/fwd_args.cuh"
+#include "backends/cuda/kernels/static_switch.cuh"
 
 namespace attnprof::cuda::kernels {
-
-template <class Runner, int kHeadDim, Half16 Element, MaskMode kMask>
-cudaError_t dispatch_lse(const FwdArgs& a, cudaStream_t stream) {
-  return a.lse != nullptr ? Runner::template run<kHeadDim, kMask, Element, true>(a, stream)
-                          : Runner::template run<kHeadDim, kMask, Element, false>(a, stream);
-}
-
-template <class Runner, int kHeadDim, Half16 Element>
-cudaError_t dispatch_mask(const FwdArgs& a, FusedMask mask, cudaStream_t stream) {
-  switch (mask_mode(mask)) {
-    case MaskMode::None:
-      return dispatch_lse<Runner, kHeadDim, Element, MaskMode::None>(a, stream);
-    case MaskMode::Causal:
-      return dispatch_lse<Runner, kHeadDim, Element, MaskMode::Causal>(a, stream);
-    case MaskMode::Window:
-      return dispatch_lse<Runner, kHeadDim, Element, MaskMode::Window>(a, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-template <class Runner, const auto& kDims, Half16 Element, std::size_t... kI>
-cudaError_t dispatch_head_dim(const FwdArgs& a, int head_dim, FusedMask mask, cudaStream_t stream,
-                              std::index_sequence<kI...>) {
-  cudaError_t result = cudaErrorInvalidValue;
-  (void)((head_dim == kDims[kI] && (result = dispatch_mask<Runner, kDims[kI], Element>(a, mask, stream), true)) || ...);
-  return result;
-}
 
 template <class Runner, const auto& kDims = kFusedHeadDims>
 cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
   const FwdArgs a = FwdArgs::from(p);
-  constexpr auto kHeadDims = std::make_index_sequence<kDims.size()>();
-  return p.bf16 ? dispatch_head_dim<Runner, kDims, Bf16>(a, p.head_dim, p.mask, stream, kHeadDims)
-                : dispatch_head_dim<Runner, kDims, Fp16>(a, p.head_dim, p.mask, stream, kHeadDims);
+  return with_element(p.bf16, [&]<Half16 Element>() {
+    return with_head_dim<kDims>(p.head_dim, cudaErrorInvalidValue, [&]<int kHeadDim>() {
+      return with_mask_mode(p.mask, cudaErrorInvalidValue, [&]<MaskMode kMask>() {
+        return a.lse != nullptr ? Runner::template run<kHeadDim, kMask, Element, true>(a, stream)
+                                : Runner::template run<kHeadDim, kMask, Element, false>(a, stream);
+      });
+    });
+  });
 }
 
 }  // namespace attnprof::cuda::kernels

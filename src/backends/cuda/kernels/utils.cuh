@@ -1,11 +1,8 @@
-// Architecture-neutral device helpers of the fused forwards: shared-memory
-// addresses, packing f32 pairs into 16-bit registers (and the P operand of
-// O += P V out of the S accumulators), the fast base-2 exponential and
-// accumulator zeroing. Nothing here names an mma or wgmma instruction.
+// Architecture-neutral device helpers of the fused kernels: shared-memory
+// addresses, the P operand of O += P V packed out of the S accumulators
+// (element.cuh's pack2), the fast base-2 exponential and accumulator zeroing.
+// Nothing here names an mma or wgmma instruction.
 #pragma once
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -15,19 +12,6 @@ namespace attnprof::cuda::kernels {
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Two f32 values rounded to nearest into one register of two 16-bit values;
-// the lower column sits in the low half.
-template <Half16 Element>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
-  if constexpr (std::same_as<Element, Bf16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  }
 }
 
 // The A fragment of key step kk of O += P V, from the S accumulators (f32, the

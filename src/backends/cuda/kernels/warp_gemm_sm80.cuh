@@ -4,6 +4,8 @@
 //   S = Q K^T   (Q from registers or shared memory, K from shared memory)
 //   O += P V    (P from the S accumulators, converted to 16 bits in registers;
 //                V from shared memory through ldmatrix.trans)
+// and, for the backward (flash_bwd_sm80.cuh), warp_gemm_ss: any product with
+// both operands in shared memory, either of them stored transposed.
 // Shared tiles use the padded layout of SmemTile.
 #pragma once
 
@@ -137,6 +139,50 @@ __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const f
       ldmatrix_x4_trans(b, base + 2 * VTile::offset(kk * 16, dp * 16));
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) mma_pair<Element>(o[mt][2 * dp], o[mt][2 * dp + 1], a[mt], b);
+    }
+  }
+}
+
+// The general product with both operands in padded shared tiles (the
+// backward's five): C[16 kMTiles, 8 kNTiles] += A[16 kMTiles, 16 kKSteps]
+// B[16 kKSteps, 8 kNTiles] for one warp:
+//   kATrans false: A stored row-major [m][k] (a_tile.offset(m, k)); its rows
+//                  [m0, m0 + 16 kMTiles) are this warp's;
+//   kATrans true:  A stored transposed [k][m] (A = X^T of a row-major X);
+//   kBKN false:    B stored [n][k] (B = Y^T of a row-major Y, as K in Q K^T);
+//   kBKN true:     B stored [k][n] (as V in P V).
+// The ldmatrix lane addresses follow the fragment layouts of mma_sm80.cuh.
+template <Half16 Element, class ATile, class BTile, bool kATrans, bool kBKN, int kMTiles, int kNTiles, int kKSteps>
+__device__ __forceinline__ void warp_gemm_ss(float (&c)[kMTiles][kNTiles][4], const std::uint16_t* a_smem, int m0,
+                                             const std::uint16_t* b_smem, int lane) {
+  static_assert(kNTiles % 2 == 0, "B is loaded 16 columns at a time");
+  // A as an A operand (or, stored transposed, read as K is); B as K is (or,
+  // stored [k][n], as V is): the lane offsets above.
+  const int a_lane = kATrans ? lane_offset_k<ATile>(lane) : lane_offset_a<ATile>(lane);
+  const int b_lane = kBKN ? lane_offset_a<BTile>(lane) : lane_offset_k<BTile>(lane);
+  const std::uint32_t a_base = smem_u32(a_smem + a_lane);
+  const std::uint32_t b_base = smem_u32(b_smem + b_lane);
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    std::uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if constexpr (kATrans) {
+        ldmatrix_x4_trans(a[mt], a_base + 2 * ATile::offset(kk * 16, m0 + mt * 16));
+      } else {
+        ldmatrix_x4(a[mt], a_base + 2 * ATile::offset(m0 + mt * 16, kk * 16));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      std::uint32_t b[4];
+      if constexpr (kBKN) {
+        ldmatrix_x4_trans(b, b_base + 2 * BTile::offset(kk * 16, np * 16));
+      } else {
+        ldmatrix_x4(b, b_base + 2 * BTile::offset(np * 16, kk * 16));
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) mma_pair<Element>(c[mt][2 * np], c[mt][2 * np + 1], a[mt], b);
     }
   }
 }

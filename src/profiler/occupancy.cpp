@@ -7,6 +7,10 @@
 //              so whole warps fit per sub-partition
 //   shared:    (shared per block + the 1 KiB reserved per block from sm80),
 //              rounded up to the allocation unit, into the SM's shared memory
+// The one occupancy calculator: in the profiler layer so that the CUPTI
+// collector fills live kernel records with it and the trace reader (analysis)
+// computes the same figure for a trace read back. tests/gpu/occupancy_test.cu
+// checks it against CUDA's own (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
 #include "attnprof/occupancy.h"
 
 #include <algorithm>
