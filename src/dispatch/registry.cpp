@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "attnprof/error.h"
+#include "attnprof/occupancy.h"
 #include "attnprof/runner.h"
 #include "backends/composite/composite.h"
 #include "backends/cpu/cpu_backends.h"
@@ -86,6 +87,11 @@ std::string dl_error() {
 }
 
 Loaded load() {
+  // Host functions the plugin calls that a program may not otherwise pull in
+  // from the static layers (the collector's occupancy): taken here, so every
+  // program that can load the plugin links and exports them.
+  static const void* volatile needs[] = {reinterpret_cast<const void*>(&theoretical_occupancy)};
+  (void)needs;
   const fs::path object = this_shared_object();
   // The plugin's references to the CPU layers resolve against the global
   // scope. A program exports its symbols there (dispatch links executables
@@ -96,7 +102,7 @@ Loaded load() {
     ::dlerror();
   }
   const std::string prefix = "no usable CUDA GPU: ";
-  const std::string hint = "; use --device cpu";
+  const std::string hint = "; use device=cpu";
   void* handle = nullptr;
   std::string where;
   std::string looked;
@@ -133,7 +139,7 @@ Loaded load() {
   return {plugin, {}};  // never unloaded: its objects live until exit
 }
 #else
-Loaded load() { return {nullptr, "this build has no CUDA support: use --device cpu, or rebuild with a CUDA toolkit"}; }
+Loaded load() { return {nullptr, "this build has no CUDA support: use device=cpu, or rebuild with a CUDA toolkit"}; }
 #endif
 
 const Loaded& loaded() {
