@@ -105,6 +105,15 @@ if has sanitize; then
       done
     done
   done
+  # The sm80 backward (split by role in issue 19): preprocess, dK/dV with the
+  # atomic dQ add, dQ conversion, and the deterministic order, at ragged shapes.
+  bwd_shapes=("--seq 130 --kv-seq 200 --mask causal --head-dim 64" "--seq 200 --kv-seq 77 --mask none --head-dim 128 --kv-heads 1"
+    "--seq 130 --mask sliding-window --window 20 --head-dim 96 --deterministic")
+  for tool in memcheck racecheck; do
+    for args in "${bwd_shapes[@]}"; do
+      sanitize_profile $tool "flash backward $args" -- --backend flash --heads 2 --pass backward $args
+    done
+  done
   # flash's persistent scheduler on 5 CTAs, each taking several tiles (Q
   # handed back, pipeline state and pingpong turns carried over), O and LSE:
   # the GPU tests' FusedSm90Choices cases (attnprof profile's grids give
