@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attnprof/runner.h"
+#include "common/temp_dir.h"
 
 #ifndef ATTNPROF_CLI_PATH
 #error "ATTNPROF_CLI_PATH must name the attnprof executable"
@@ -54,28 +55,10 @@ struct Child {
   }
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using testing::slurp;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnprof_plugin_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("attnprof_plugin") {}
 };
 
 struct Launch {

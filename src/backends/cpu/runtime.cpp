@@ -206,8 +206,8 @@ class CpuRuntime final : public DeviceRuntime {
   }
 
   [[noreturn]] static void refuse_threads(int threads, std::int64_t need, std::int64_t left) {
-    fail(ErrorKind::OutOfMemory, std::to_string(threads) + " CPU thread" + (threads == 1 ? "" : "s") + " need about " +
-                                     gib_str(need + kLimitSlackBytes) +
+    fail(ErrorKind::OutOfMemory, std::to_string(threads) + " CPU thread" + (threads == 1 ? " needs" : "s need") +
+                                     " about " + gib_str(need + kLimitSlackBytes) +
                                      " of address space for OpenBLAS's buffers, but only " + gib_str(left) +
                                      " is left under the process's memory limit (ulimit -v or -d): use fewer "
                                      "threads or raise the limit");
