@@ -101,7 +101,7 @@ std::vector<Case> cases() {
   }
   // The other head dims, efficient's forward feeding the same backward, and
   // the deterministic dQ kernel on every mask.
-  for (std::int64_t d : {32, 96}) {
+  for (std::int64_t d : {32, 96}) {  // 96: padded to 128 in the sm90 kernel
     for (const Shape& s : {shapes[1], shapes[4], shapes[6]}) {
       out.push_back({"flash", DType::BF16, d, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, false,
                      "flash_bf16_d" + std::to_string(d) + "_" + s.label});
@@ -114,6 +114,13 @@ std::vector<Case> cases() {
   for (const Shape& s : shapes) {
     out.push_back({"flash", DType::BF16, 128, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, true,
                    std::string("flash_bf16_d128_deterministic_") + s.label});
+  }
+  // The sm90 kernel's other tiles in ordered dQ, and fp16 at head dim 96.
+  for (const Shape& s : {shapes[3], shapes[4], shapes[6]}) {
+    out.push_back({"flash", DType::F16, 64, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, true,
+                   std::string("flash_fp16_d64_deterministic_") + s.label});
+    out.push_back({"flash", DType::F16, 96, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, false,
+                   std::string("flash_fp16_d96_") + s.label});
   }
   return out;
 }
@@ -268,7 +275,10 @@ TEST(FusedBackwardChecks, EligibilityNamesWhatTheBackwardCannotDo) {
     p.head_dim = 128;
     EXPECT_TRUE(eligibility_of(*b, p).eligible) << name;
     EXPECT_EQ(b->expectation(p).device_activities, 3);
-    EXPECT_EQ(b->workspace_bytes(p), static_cast<std::size_t>(p.batch * p.heads * p.seq) * (2 + 128) * 4);
+    // The saved LSE, D and the dQ accumulator; flash's sm90 backward adds the LSE in log2 units.
+    const auto rows = static_cast<std::size_t>(p.batch * p.heads * p.seq);
+    const bool sm90 = name == "flash" && eligibility_of(*b, p).reason.find("FlashAttention-3") != std::string::npos;
+    EXPECT_EQ(b->workspace_bytes(p), rows * ((sm90 ? 3 : 2) + 128) * 4) << eligibility_of(*b, p).reason;
     p.pass = Pass::Train;
     EXPECT_EQ(b->expectation(p).device_activities, 4);
   }
@@ -294,6 +304,23 @@ TEST(FusedBackwardChecks, RunnerTimesAndChecksTheBackward) {
       EXPECT_TRUE(r.acceptance->pass) << pass_name(pass) << ": " << r.acceptance->why;
       if (r.metrics.kernels_per_forward) {
         EXPECT_EQ(*r.metrics.kernels_per_forward, r.expectation.device_activities) << pass_name(pass);
+      }
+      // On sm90 the backward is the sm90a kernel (not the sm80 fallback that a
+      // register split ptxas did not give would take), and explain says so.
+      if (r.trace.device && r.trace.device->compute_major == 9) {
+        EXPECT_NE(r.eligibility.reason.find("FlashAttention-3 class on sm90: TMA loads of Q, dO"), std::string::npos)
+            << r.eligibility.reason;
+        bool sm90_kernel = false, sm80_kernel = false;
+        for (const Activity& act : r.trace.activities) {
+          if (act.type != ActivityType::Kernel) continue;
+          sm90_kernel |= act.name.find("flash_bwd_sm90_kernel") != std::string::npos;
+          sm80_kernel |= act.name.find("flash_bwd_dkdv_kernel") != std::string::npos;
+        }
+        if (!r.trace.collector_note.empty() && r.trace.collector_note.find("CUPTI unavailable") != std::string::npos) {
+          continue;  // no kernel names without CUPTI
+        }
+        EXPECT_TRUE(sm90_kernel) << pass_name(pass) << (deterministic ? " deterministic" : "");
+        EXPECT_FALSE(sm80_kernel) << pass_name(pass);
       }
     }
   }

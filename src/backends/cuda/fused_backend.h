@@ -1,8 +1,9 @@
 // The Backend shell around one fused kernel (efficient, flash): eligibility
 // from the kernel's own answer, FusedParams from the problem and the tensors,
-// one RecordFunction and one launch per forward. The backward (both backends,
-// kernels/flash_bwd_sm80.cuh) reads the log-sum-exp that forward_train saves:
-// three kernels, workspace D (and, unless deterministic, an FP32 dQ accumulator).
+// one RecordFunction and one launch per forward. The backward reads the
+// log-sum-exp that forward_train saves: three kernels (efficient's, and
+// flash's off sm90: kernels/flash_bwd_sm80.cuh; flash's on sm90:
+// kernels/flash_bwd_sm90.cuh), workspace as fused_bwd_workspace says.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -70,11 +71,28 @@ class FusedBackend : public Backend {
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
     if (p.pass == Pass::Forward) return {true, story_(shape)};
     if (const char* why = fused_bwd_head_dim_refusal(p.head_dim)) return {false, why};
-    return {true, std::string(story_(shape)) + "; backward: " +
-                      (p.deterministic ? "D = rowsum(dO O), dK/dV per key tile, dQ per query tile (no atomics)"
-                                       : "D = rowsum(dO O), dK/dV per key tile with dQ by FP32 atomics, dQ "
-                                         "conversion") +
-                      " (FlashAttention-2 class, mma.sync)"};
+    return {true, std::string(story_(shape)) + "; backward: " + backward_story(p)};
+  }
+
+  // What the backward runs for `p`, and why that kernel.
+  std::string backward_story(const Problem& p) const {
+    if (fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90) {
+      return std::string("D = rowsum(dO O), then one warp-specialised kernel per 128-key tile (FlashAttention-3 "
+                         "class on sm90: TMA loads of Q, dO, LSE and D from a producer warpgroup, wgmma in two "
+                         "consumer warpgroups, K and V resident), dQ summed in FP32 ") +
+             (p.deterministic ? "in key-tile order (deterministic: each key tile waits its turn)"
+                              : "by vector reductions as key tiles finish") +
+             ", then the dQ conversion";
+    }
+    std::string why;
+    if (flash_ && !flash_sm90_bwd_head_dim(static_cast<int>(p.head_dim))) {
+      why = " (the sm90 backward is built for head_dim 64, 96 and 128)";
+    } else if (flash_) {
+      why = " (not an sm90 GPU with sm_90a code in this build)";
+    }
+    return (p.deterministic ? "D = rowsum(dO O), dK/dV per key tile, dQ per query tile (no atomics)"
+                            : "D = rowsum(dO O), dK/dV per key tile with dQ by FP32 atomics, dQ conversion") +
+           std::string(" (FlashAttention-2 class, mma.sync)") + why;
   }
 
   // Forward: nothing. Backward: the saved LSE, D and (not deterministic) the
@@ -88,9 +106,14 @@ class FusedBackend : public Backend {
     const std::size_t decode =
         flash_ && p.pass != Pass::Backward ? flash_decode_plan(params_for(p)).workspace_bytes : 0;
     if (p.pass == Pass::Forward) return decode;
-    std::size_t backward = 2 * rows * sizeof(float);  // LSE, D
-    if (!p.deterministic) backward += rows * static_cast<std::size_t>(p.head_dim) * sizeof(float);
+    const std::size_t backward = rows * sizeof(float) +  // the saved LSE
+                                 static_cast<std::size_t>(backward_workspace(p).total()) * sizeof(float);
     return std::max(backward, decode + rows * sizeof(float));
+  }
+
+  FusedBwdWorkspace backward_workspace(const Problem& p) const {
+    return fused_bwd_workspace(p.batch, p.heads, p.seq, p.head_dim, p.deterministic,
+                               fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90);
   }
 
   // Forward: one kernel, or flash's decode kernel and, when it splits the
@@ -183,15 +206,25 @@ class FusedBackend : public Backend {
     set_strides(grads.dk, b.dk_batch_stride, b.dk_head_stride, b.dk_row_stride);
     set_strides(grads.dv, b.dv_batch_stride, b.dv_head_stride, b.dv_row_stride);
     b.deterministic = p.deterministic;
-    // Workspace, released (to the stream-ordered cache) when this call returns.
-    const Tensor dsum = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
-    Tensor dq_accum;
-    if (!p.deterministic) dq_accum = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, DType::F32, ctx.allocator);
-    b.dsum = dsum.data_as<float>();
-    b.dq_accum = p.deterministic ? nullptr : dq_accum.data_as<float>();
-    if (const char* why = fused_bwd_unsupported_reason(b))
+    // Workspace in one piece, released (to the stream-ordered cache) when
+    // this call returns; each part starts 512-byte aligned (its element
+    // count is a multiple of 128).
+    const BwdPath path = fused_bwd_path(b.fwd.head_dim, flash_);
+    const FusedBwdWorkspace w = backward_workspace(p);
+    Storage workspace(ctx.allocator, static_cast<std::size_t>(w.total()) * sizeof(float));
+    float* at = static_cast<float*>(workspace.data());
+    auto take = [&at](std::int64_t n) {
+      float* part = n > 0 ? at : nullptr;
+      at += n;
+      return part;
+    };
+    b.dsum = take(w.dsum);
+    b.lse_log2 = take(w.lse_log2);
+    b.dq_accum = take(w.dq_accum);
+    b.dq_semaphore = reinterpret_cast<int*>(take(w.dq_semaphore));
+    if (const char* why = fused_bwd_unsupported_reason(b, path))
       fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
-    ATTNPROF_CUDA_CHECK(launch_fused_bwd(b, static_cast<cudaStream_t>(ctx.stream)));
+    ATTNPROF_CUDA_CHECK(launch_fused_bwd(b, path, static_cast<cudaStream_t>(ctx.stream)));
   }
 
  private:

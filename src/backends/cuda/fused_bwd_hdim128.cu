@@ -3,5 +3,5 @@
 #include "backends/cuda/kernels/flash_bwd_sm80.cuh"
 
 namespace attnprof::cuda::kernels {
-ATTNPROF_BWD_INSTANTIATE(128)
+ATTNPROF_BWD_INSTANTIATE(launch_flash_bwd_sm80, 128)
 }  // namespace attnprof::cuda::kernels

@@ -1,7 +1,8 @@
-// Host entry of the fused backward (kernels/flash_bwd_sm80.cuh), shared by
-// efficient and flash: its eligibility check and the dispatch of the runtime
-// choices (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu
-// (kernels/bwd_launch.cuh).
+// Host entry of the fused backwards (kernels/flash_bwd_sm80.cuh, shared by
+// efficient and flash; kernels/flash_bwd_sm90.cuh, flash's on sm90): which
+// one runs, their eligibility check and the dispatch of the runtime choices
+// (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu and
+// flash_bwd_sm90_hdim*.cu (kernels/bwd_launch.cuh).
 #include <cstdint>
 #include <string>
 
@@ -26,7 +27,11 @@ const char* fused_bwd_head_dim_refusal(int head_dim) {
   return reason.c_str();
 }
 
-const char* fused_bwd_unsupported_reason(const FusedBwdParams& p) {
+BwdPath fused_bwd_path(int head_dim, bool flash) {
+  return flash && flash_sm90_bwd_head_dim(head_dim) && flash_sm90_runs_here() ? BwdPath::Sm90 : BwdPath::Sm80;
+}
+
+const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path) {
   if (const char* why = fused_unsupported_reason(p.fwd, /*flash=*/true)) return why;
   thread_local std::string reason;
   auto say = [&](const std::string& text) {
@@ -36,7 +41,12 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p) {
   if (const char* why = fused_bwd_head_dim_refusal(p.fwd.head_dim)) return why;
   if (p.fwd.lse == nullptr) return say("the backward needs the forward's saved log-sum-exp");
   if (!p.dout || !p.dq || !p.dk || !p.dv || !p.dsum) return say("dout, dq, dk, dv and the workspace must be set");
-  if (!p.deterministic && !p.dq_accum) return say("the dQ accumulator must be set (or deterministic)");
+  const FusedBwdWorkspace need = fused_bwd_workspace(p.fwd.batch, p.fwd.heads, p.fwd.seq_q, p.fwd.head_dim,
+                                                      p.deterministic, path == BwdPath::Sm90);
+  if ((need.dq_accum > 0 && !p.dq_accum) || (need.lse_log2 > 0 && !p.lse_log2) ||
+      (need.dq_semaphore > 0 && !p.dq_semaphore)) {
+    return say("the workspace this path needs (fused_bwd_workspace) must be set");
+  }
   if (!aligned16(p.dout) || !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv)) {
     return say("dout, dq, dk and dv must be 16-byte aligned");
   }
@@ -51,12 +61,20 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p) {
   return nullptr;
 }
 
-cudaError_t launch_fused_bwd(const FusedBwdParams& p, cudaStream_t stream) {
-  if (fused_bwd_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+cudaError_t launch_fused_bwd(const FusedBwdParams& p, BwdPath path, cudaStream_t stream) {
+  if (fused_bwd_unsupported_reason(p, path) != nullptr) return cudaErrorInvalidValue;
   const kernels::BwdArgs a = kernels::BwdArgs::from(p);
   return kernels::with_element(p.fwd.bf16, [&]<kernels::Half16 Element>() {
-    return kernels::with_head_dim<kFusedBwdHeadDims>(p.fwd.head_dim, cudaErrorInvalidValue, [&]<int kHeadDim>() {
-      return kernels::with_mask_mode(p.fwd.mask, cudaErrorInvalidValue, [&]<kernels::MaskMode kMask>() {
+    return kernels::with_mask_mode(p.fwd.mask, cudaErrorInvalidValue, [&]<kernels::MaskMode kMask>() {
+      if (path == BwdPath::Sm90) {
+        const cudaError_t e = kernels::with_head_dim<kFlashSm90BwdHeadDims>(
+            p.fwd.head_dim, cudaErrorInvalidValue,
+            [&]<int kHeadDim>() { return kernels::launch_flash_bwd_sm90<kHeadDim, kMask, Element>(a, stream); });
+        // Not launched (the register split, run_flash_bwd_sm90): sm80's kernels
+        // take the same workspace (the sm90 one is a superset).
+        if (e != cudaErrorNotSupported) return e;
+      }
+      return kernels::with_head_dim<kFusedBwdHeadDims>(p.fwd.head_dim, cudaErrorInvalidValue, [&]<int kHeadDim>() {
         return kernels::launch_flash_bwd_sm80<kHeadDim, kMask, Element>(a, stream);
       });
     });

@@ -66,14 +66,21 @@ bool flash_decode_takes(const FusedParams& p);
 // plan does not apply.
 cudaError_t launch_flash_decode(const FusedParams& p, cudaStream_t stream);
 
-// The fused backward (kernels/flash_bwd_sm80.cuh; both backends): nullptr when
-// `p` can run (the forward's checks, a head_dim of kFusedBwdHeadDims, the
-// saved LSE, dO, the gradients and the workspace), else a one-line reason.
-const char* fused_bwd_unsupported_reason(const FusedBwdParams& p);
-// Enqueues its three kernels on `stream` (preprocess, dK/dV, then the dQ
-// conversion or, deterministic, the dQ kernel). cudaErrorInvalidValue when
-// fused_bwd_unsupported_reason(p) is not null.
-cudaError_t launch_fused_bwd(const FusedBwdParams& p, cudaStream_t stream);
+// The fused backward's two kernels: the FlashAttention-2 class sm80 one
+// (kernels/flash_bwd_sm80.cuh; efficient's, and flash's off sm90) and flash's
+// FlashAttention-3 class sm90a one (kernels/flash_bwd_sm90.cuh) at a head dim
+// of kFlashSm90BwdHeadDims on an sm90 GPU with a binary built for sm_90a.
+enum class BwdPath { Sm80, Sm90 };
+BwdPath fused_bwd_path(int head_dim, bool flash);
+// nullptr when `p` can run on `path` (the forward's checks, a head_dim of
+// kFusedBwdHeadDims, the saved LSE, dO, the gradients and the workspace that
+// fused_bwd_workspace names for the path), else a one-line reason.
+const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path);
+// Enqueues its three kernels on `stream` (preprocess, the main kernel, then
+// the dQ conversion or, deterministic on sm80, the dQ kernel); the sm80 ones
+// when the sm90 kernel cannot launch (its register split). cudaErrorInvalidValue when
+// fused_bwd_unsupported_reason(p, path) is not null.
+cudaError_t launch_fused_bwd(const FusedBwdParams& p, BwdPath path, cudaStream_t stream);
 
 // The launches above for a `p` that fused_unsupported_reason(p, flash)
 // already accepted (FusedBackend checks first, for its message): no second

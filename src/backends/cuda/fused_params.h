@@ -20,6 +20,14 @@ inline constexpr std::array<int, 5> kFlashSm90HeadDims = {64, 96, 128, 192, 256}
 // The head dims the fused backward is built for (src/backends/cuda/fused_bwd_hdim*.cu).
 // 256 is left out: dK and dV of a warp's 16 keys alone would be 256 f32 a thread.
 inline constexpr std::array<int, 4> kFusedBwdHeadDims = {32, 64, 96, 128};
+// The head dims of flash's sm90a backward (kernels/flash_bwd_sm90.cuh,
+// flash_bwd_sm90_hdim*.cu); the others take the sm80 kernel where it is built.
+inline constexpr std::array<int, 3> kFlashSm90BwdHeadDims = {64, 96, 128};
+// The backward's workspace rows per (batch, head): seq_q rounded up to this,
+// so that the sm90 kernel reads a query tile's LSE and D and adds its dQ rows
+// whole (bulk copies, no bounds checks).
+inline constexpr int kBwdRowPad = 128;
+constexpr std::int64_t bwd_padded_rows(std::int64_t seq_q) { return (seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
 
 // The head dims of flash's split-KV decode kernel (kernels/flash_decode.cuh,
 // flash_decode_hdim*.cu): the only kernel of ours that reads a paged cache.
@@ -44,6 +52,10 @@ constexpr bool flash_decode_head_dim(int head_dim) {
 }
 constexpr bool fused_bwd_head_dim_built(int head_dim) {
   return std::find(kFusedBwdHeadDims.begin(), kFusedBwdHeadDims.end(), head_dim) != kFusedBwdHeadDims.end();
+}
+constexpr bool flash_sm90_bwd_head_dim(int head_dim) {
+  return std::find(kFlashSm90BwdHeadDims.begin(), kFlashSm90BwdHeadDims.end(), head_dim) !=
+         kFlashSm90BwdHeadDims.end();
 }
 
 struct FusedParams {
@@ -91,13 +103,35 @@ struct FusedBwdParams {
   std::int64_t dq_batch_stride = 0, dq_head_stride = 0, dq_row_stride = 0;
   std::int64_t dk_batch_stride = 0, dk_head_stride = 0, dk_row_stride = 0;
   std::int64_t dv_batch_stride = 0, dv_head_stride = 0, dv_row_stride = 0;
-  // Workspace: D = rowsum(dO * O), FP32 [B, H, Sq] contiguous; and, unless
-  // deterministic, the FP32 dQ accumulator [B, H, Sq, D] contiguous.
+  // Workspace (FusedBwdWorkspace says which a path needs), FP32 and
+  // contiguous, rows padded to bwd_padded_rows(seq_q): D = rowsum(dO * O)
+  // [B, H, rows]; the LSE in log2 units [B, H, rows] (sm90); the dQ
+  // accumulator [B, H, rows, D] (sm90 always, sm80 unless deterministic); the
+  // ordered-dQ semaphores, int32 [B, H, rows / 64, 2] (sm90, deterministic).
   float* dsum = nullptr;
+  float* lse_log2 = nullptr;
   float* dq_accum = nullptr;
-  // dQ without atomics: a second kernel per query tile loops over the key
-  // tiles in a fixed order (dq_accum unused).
+  int* dq_semaphore = nullptr;
+  // Bitwise repeatable dQ: on sm80 a second kernel per query tile loops over
+  // the key tiles in a fixed order (dq_accum unused); on sm90 the key tiles
+  // add into the accumulator in key order, each waiting on its semaphore.
   bool deterministic = false;
 };
+
+// The workspace a backward needs, in 4-byte elements per part (0: not needed).
+struct FusedBwdWorkspace {
+  std::int64_t dsum = 0, lse_log2 = 0, dq_accum = 0, dq_semaphore = 0;
+  std::int64_t total() const { return dsum + lse_log2 + dq_accum + dq_semaphore; }
+};
+constexpr FusedBwdWorkspace fused_bwd_workspace(std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
+                                                std::int64_t head_dim, bool deterministic, bool sm90) {
+  const std::int64_t rows = batch * heads * bwd_padded_rows(seq_q);
+  FusedBwdWorkspace w;
+  w.dsum = rows;
+  if (sm90) w.lse_log2 = rows;
+  if (sm90 || !deterministic) w.dq_accum = rows * head_dim;
+  if (sm90 && deterministic) w.dq_semaphore = rows / 64 * 2;
+  return w;
+}
 
 }  // namespace attnprof::cuda

@@ -1,7 +1,10 @@
-// Device-side arguments of the fused backward (flash_bwd_sm80.cuh), made from
-// the host-side FusedBwdParams in one place (BwdArgs::from): the forward's
-// FwdArgs (its tensors, shape and mask geometry; O and the saved log-sum-exp
-// read) and the backward's own tensors and workspace.
+// Device-side arguments of the fused backwards (flash_bwd_sm80.cuh,
+// flash_bwd_sm90.cuh), made from the host-side FusedBwdParams in one place
+// (BwdArgs::from): the forward's FwdArgs (its tensors, shape and mask
+// geometry; O and the saved log-sum-exp read) and the backward's own tensors
+// and workspace. The workspace's rows are padded to kBwdRowPad per (batch,
+// head) (fused_params.h), so that a query tile's LSE, D and dQ accumulator
+// rows are whole and in bounds for the sm90 kernel's bulk copies.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +24,14 @@ struct BwdArgs {
   std::int64_t dq_batch_stride, dq_head_stride, dq_row_stride;
   std::int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
   std::int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
-  float* dsum;      // [B, H, Sq]
-  float* dq_accum;  // [B, H, Sq, D], or null when deterministic
-  float scale;      // softmax scale (dQ = scale dS K, dK = scale dS^T Q)
+  float* dsum;          // [B, H, rows_pad]
+  float* lse_log2;      // [B, H, rows_pad]: the LSE in log2 units, +inf past seq_q (sm90), or null
+  float* dq_accum;      // [B, H, rows_pad, D], or null (sm80, deterministic)
+  int* dq_semaphore;    // [B, H, rows_pad / 64, 2]: sm90's ordered dQ (deterministic), or null
+  float scale;          // softmax scale (dQ = scale dS K, dK = scale dS^T Q)
   int head_dim;
+  int rows_pad;         // bwd_padded_rows(seq_q)
+  bool deterministic;
 
   static BwdArgs from(const FusedBwdParams& p) {
     return BwdArgs{
@@ -46,11 +53,19 @@ struct BwdArgs {
         .dv_head_stride = p.dv_head_stride,
         .dv_row_stride = p.dv_row_stride,
         .dsum = p.dsum,
-        .dq_accum = p.deterministic ? nullptr : p.dq_accum,
+        .lse_log2 = p.lse_log2,
+        .dq_accum = p.dq_accum,
+        .dq_semaphore = p.dq_semaphore,
         .scale = p.fwd.scale,
         .head_dim = p.fwd.head_dim,
+        .rows_pad = static_cast<int>(bwd_padded_rows(p.fwd.seq_q)),
+        .deterministic = p.deterministic,
     };
   }
 };
+
+// A saved LSE (natural log) in log2 units; a fully masked row (+inf, or -inf,
+// NaN) as +inf, so that P = 2^(s - inf) = 0 throughout.
+__device__ __forceinline__ float lse_log2(float lse) { return isfinite(lse) ? lse * 1.4426950408889634f : INFINITY; }
 
 }  // namespace attnprof::cuda::kernels

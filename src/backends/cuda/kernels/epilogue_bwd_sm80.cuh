@@ -35,7 +35,7 @@ __device__ __forceinline__ void store_rows(std::uint16_t* base, std::int64_t row
 }
 
 // Adds a warp's 16 rows of dQ (f32 accumulator fragments, rows row0 + g and
-// row0 + g + 8) times a.scale into the FP32 dQ accumulator [B, H, Sq, kHeadDim]
+// row0 + g + 8) times a.scale into the FP32 dQ accumulator [B, H, rows_pad, kHeadDim]
 // with atomics; rows past seq_q skipped.
 template <int kHeadDim, int kDTiles>
 __device__ __forceinline__ void add_dq_atomic(const BwdArgs& a, const float (&dq)[1][kDTiles][4], int batch, int head,
@@ -47,7 +47,7 @@ __device__ __forceinline__ void add_dq_atomic(const BwdArgs& a, const float (&dq
     const int row = row0 + gq + 8 * h;
     if (row >= f.seq_q) continue;
     float* const acc =
-        a.dq_accum + ((static_cast<std::int64_t>(batch) * f.heads + head) * f.seq_q + row) * kHeadDim + 2 * t;
+        a.dq_accum + ((static_cast<std::int64_t>(batch) * f.heads + head) * a.rows_pad + row) * kHeadDim + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
       atomicAdd(acc + dt * 8, dq[0][dt][2 * h] * a.scale);

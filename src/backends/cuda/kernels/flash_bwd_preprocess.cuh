@@ -1,6 +1,9 @@
-// The backward's first kernel (flash_bwd_sm80.cuh): D = rowsum(dO * O), the
-// term of dS = P (dP - D), per query row; and the FP32 dQ accumulator zeroed
-// (no cudaMemset).
+// The backwards' first kernel (flash_bwd_sm80.cuh, flash_bwd_sm90.cuh): per
+// query row D = rowsum(dO * O), the term of dS = P (dP - D); the LSE in log2
+// units where the sm90 kernel reads it (BwdArgs::lse_log2); the FP32 dQ
+// accumulator and the ordered-dQ semaphores zeroed (no cudaMemset). It covers
+// the padded rows too (D = 0, LSE +inf), so a query tile read whole adds
+// nothing from rows past seq_q.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,28 +15,62 @@
 
 namespace attnprof::cuda::kernels {
 
-// D = rowsum(dO * O) per query row, one warp a row; zeroes the row's dQ
-// accumulator when there is one.
+// Eight elements of a 16-byte chunk as f32, multiplied pairwise and summed.
+template <Half16 Element>
+__device__ __forceinline__ float dot8(const uint4& x, const uint4& y) {
+  const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sum += to_float<Element>(static_cast<std::uint16_t>(xs[i] & 0xFFFF)) *
+           to_float<Element>(static_cast<std::uint16_t>(ys[i] & 0xFFFF));
+    sum += to_float<Element>(static_cast<std::uint16_t>(xs[i] >> 16)) *
+           to_float<Element>(static_cast<std::uint16_t>(ys[i] >> 16));
+  }
+  return sum;
+}
+
+// One warp a padded row: 16-byte loads of O and dO (head_dim is a multiple of
+// 8 and rows are 16-byte aligned: fused_bwd_unsupported_reason).
 template <Half16 Element>
 __global__ void __launch_bounds__(128) flash_bwd_preprocess_kernel(const __grid_constant__ BwdArgs a) {
   const FwdArgs& f = a.f;
-  const std::int64_t rows = static_cast<std::int64_t>(f.batch) * f.heads * f.seq_q;
+  const std::int64_t rows = static_cast<std::int64_t>(f.batch) * f.heads * a.rows_pad;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const int i = static_cast<int>(r % f.seq_q);
-  const int head = static_cast<int>((r / f.seq_q) % f.heads);
-  const int batch = static_cast<int>(r / (static_cast<std::int64_t>(f.seq_q) * f.heads));
-  const std::uint16_t* o = f.o + batch * f.o_batch_stride + head * f.o_head_stride + i * f.o_row_stride;
-  const std::uint16_t* d_o = a.dout + batch * a.do_batch_stride + head * a.do_head_stride + i * a.do_row_stride;
+  const int i = static_cast<int>(r % a.rows_pad);
+  const std::int64_t bh = r / a.rows_pad;
+  const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
   float sum = 0.f;
-  for (int d = lane; d < a.head_dim; d += 32) sum += to_float<Element>(o[d]) * to_float<Element>(d_o[d]);
+  if (i < f.seq_q) {
+    const auto* o = reinterpret_cast<const uint4*>(f.o + batch * f.o_batch_stride + head * f.o_head_stride +
+                                                   i * f.o_row_stride);
+    const auto* d_o = reinterpret_cast<const uint4*>(a.dout + batch * a.do_batch_stride + head * a.do_head_stride +
+                                                     i * a.do_row_stride);
+    for (int c = lane; c < a.head_dim / 8; c += 32) sum += dot8<Element>(o[c], d_o[c]);
+  }
 #pragma unroll
   for (int w = 16; w > 0; w /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, w);
-  if (lane == 0) a.dsum[r] = sum;
-  if (a.dq_accum != nullptr) {
-    for (int d = lane; d < a.head_dim; d += 32) a.dq_accum[r * a.head_dim + d] = 0.f;
+  if (lane == 0) {
+    a.dsum[r] = sum;
+    if (a.lse_log2 != nullptr) a.lse_log2[r] = i < f.seq_q ? lse_log2(f.lse[bh * f.seq_q + i]) : INFINITY;
+    if (a.dq_semaphore != nullptr && i % 64 == 0) {
+      a.dq_semaphore[2 * (r / 64)] = 0;
+      a.dq_semaphore[2 * (r / 64) + 1] = 0;
+    }
   }
+  if (a.dq_accum != nullptr) {
+    auto* acc = reinterpret_cast<float4*>(a.dq_accum + r * a.head_dim);
+    for (int c = lane; c < a.head_dim / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+template <Half16 Element>
+cudaError_t launch_bwd_preprocess(const BwdArgs& a, cudaStream_t stream) {
+  const std::int64_t rows = static_cast<std::int64_t>(a.f.batch) * a.f.heads * a.rows_pad;
+  flash_bwd_preprocess_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 }  // namespace attnprof::cuda::kernels

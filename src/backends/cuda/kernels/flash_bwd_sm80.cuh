@@ -111,13 +111,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const __g
   float dk[1][kDT][4], dv[1][kDT][4];
   zero(dk);
   zero(dv);
-  const QueryRange rows = query_range<kMask, kBN>(f, n0);
-  const int m_begin = rows.begin < rows.end ? rows.begin / kBM : 0;
-  const int m_end = rows.begin < rows.end ? (rows.end + kBM - 1) / kBM : 0;
+  const QueryTiles tiles = query_tiles<kMask, kBM, kBN>(f, n0);
 
   for (int g = 0; g < f.group; ++g) {
     const int head = kv_head * f.group + g;
-    for (int m_block = m_begin; m_block < m_end; ++m_block) {
+    for (int m_block = tiles.begin; m_block < tiles.end; ++m_block) {
       const int m0 = m_block * kBM;
       load_query_tile<Cfg>(a, smem, batch, head, m0, tid);
       cp_async_wait<0>();
@@ -171,10 +169,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const __gri
   load_query_tile<Cfg>(a, smem, batch, head, m0, tid);
   float dq[1][kDT][4];
   zero(dq);
-  const KeyTiles tiles = key_tiles<kMask, kBM, kBN>(f, m0);
+  const KeyTiles key_range = key_tiles<kMask, kBM, kBN>(f, m0);
   const std::uint16_t* k = f.k + batch * f.k_batch_stride + kv_head * f.k_head_stride;
   const std::uint16_t* v = f.v + batch * f.v_batch_stride + kv_head * f.v_head_stride;
-  for (int n_block = tiles.begin; n_block < tiles.end; ++n_block) {
+  for (int n_block = key_range.begin; n_block < key_range.end; ++n_block) {
     const int n0 = n_block * kBN;
     load_tile_async<kBN, kD, kT>(reinterpret_cast<std::uint16_t*>(smem + Cfg::kKOff), k + n0 * f.k_row_stride,
                                  f.k_row_stride, f.seq_k - n0, tid);
@@ -201,10 +199,8 @@ template <int kHeadDim, MaskMode kMask, Half16 Element>
 cudaError_t launch_flash_bwd_sm80(const BwdArgs& a, cudaStream_t stream) {
   using Cfg = BwdCfg<kHeadDim>;
   const FwdArgs& f = a.f;
-  const bool deterministic = a.dq_accum == nullptr;
-  const std::int64_t rows = static_cast<std::int64_t>(f.batch) * f.heads * f.seq_q;
-  flash_bwd_preprocess_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a);
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  const bool deterministic = a.deterministic;
+  if (const cudaError_t err = launch_bwd_preprocess<Element>(a, stream); err != cudaSuccess) return err;
 
   const dim3 kv_grid((f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN, f.heads / f.group, f.batch);
   if (deterministic) {
@@ -222,11 +218,7 @@ cudaError_t launch_flash_bwd_sm80(const BwdArgs& a, cudaStream_t stream) {
   if (const cudaError_t err = opt_in_shared_memory(dkdv, Cfg::kSmemBytes); err != cudaSuccess) return err;
   dkdv<<<kv_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  const std::int64_t n = rows * kHeadDim;
-  const std::int64_t blocks = (n + 255) / 256;
-  flash_bwd_convert_dq_kernel<Element>
-      <<<static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16), 256, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_bwd_convert_dq<Element>(a, stream);
 }
 
 }  // namespace attnprof::cuda::kernels

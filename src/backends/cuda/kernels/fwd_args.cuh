@@ -1,6 +1,7 @@
 // Device-side arguments of the fused attention forwards, made from the
 // host-side FusedParams in one place (FwdArgs::from), and the mask geometry
-// they share: which key tiles a query tile must visit, which of those need
+// they share: which key tiles a query tile must visit (and, for the backward,
+// which query tiles a key tile meets), which of those need
 // per-element masking, and the per-element rule itself. (Where a CTA's tile
 // sits: tile_scheduler.cuh.)
 #pragma once
@@ -107,6 +108,22 @@ __device__ __forceinline__ KeyTiles key_tiles(const FwdArgs& a, int m0) {
   if constexpr (kMask == MaskMode::Window) lo = max(0, m0 + a.diag_offset - a.window + 1);
   if (hi <= lo) return {0, 0};
   return {lo / kBlockN, (hi + kBlockN - 1) / kBlockN};
+}
+
+// The backward's view from a key tile: query tiles [begin, end) of kBlockM
+// rows that see some key of the kBlockN keys at n0 (empty when none does).
+struct QueryTiles {
+  int begin, end;
+};
+
+template <MaskMode kMask, int kBlockM, int kBlockN>
+__device__ __forceinline__ QueryTiles query_tiles(const FwdArgs& f, int n0) {
+  int lo = 0, hi = f.seq_q;
+  // Row i sees key j when j <= i + off (Causal, Window) and j > i + off - window (Window).
+  if constexpr (kMask != MaskMode::None) lo = max(lo, n0 - f.diag_offset);
+  if constexpr (kMask == MaskMode::Window) hi = min(hi, n0 + kBlockN - 1 - f.diag_offset + f.window);
+  if (hi <= lo) return {0, 0};
+  return {lo / kBlockM, (hi + kBlockM - 1) / kBlockM};
 }
 
 // True when some (row, key) pair of this tile is masked: the key tail past

@@ -1,7 +1,6 @@
 // The work of the backward's tile kernels (flash_bwd_sm80.cuh) on one
 // (query tile, key tile) pair, on mma.sync with operands in padded shared
-// tiles (warp_gemm_sm80.cuh's warp_gemm_ss): which query rows a key tile
-// meets, the query tile's Q, dO, LSE and D into shared memory, P recomputed
+// tiles (warp_gemm_sm80.cuh's warp_gemm_ss): the query tile's Q, dO, LSE and D into shared memory, P recomputed
 // from the saved LSE and dS = P (dP - D) for a warp's 16 query rows, and P or
 // dS written back to shared memory as 16-bit operands of dV, dK and dQ.
 #pragma once
@@ -19,25 +18,6 @@
 
 namespace attnprof::cuda::kernels {
 
-// Query rows [begin, end) whose visible keys meet keys [n0, n0 + kBlockN).
-struct QueryRange {
-  int begin, end;
-};
-
-template <MaskMode kMask, int kBlockN>
-__device__ __forceinline__ QueryRange query_range(const FwdArgs& a, int n0) {
-  int lo = 0, hi = a.seq_q;
-  // Row i sees key j when j <= i + off (Causal, Window) and j > i + off - window (Window).
-  if constexpr (kMask != MaskMode::None) lo = max(lo, n0 - a.diag_offset);
-  if constexpr (kMask == MaskMode::Window) hi = min(hi, n0 + kBlockN - 1 - a.diag_offset + a.window);
-  return {lo, hi};
-}
-
-__device__ __forceinline__ float lse_log2(float lse) {
-  // A fully masked row: +inf (or -inf, NaN) means P = 2^(s - inf) = 0 throughout.
-  return isfinite(lse) ? lse * 1.4426950408889634f : INFINITY;
-}
-
 // Loads a query tile's Q and dO (cp.async, committed), its LSE (in log2 units)
 // and D; rows past seq_q read as zeros with LSE +inf.
 template <class Cfg>
@@ -53,9 +33,9 @@ __device__ __forceinline__ void load_query_tile(const BwdArgs& a, unsigned char*
   cp_async_commit();
   if (tid < Cfg::kBlockM) {
     const int row = m0 + tid;
-    const std::int64_t idx = (static_cast<std::int64_t>(batch) * f.heads + head) * f.seq_q + row;
-    reinterpret_cast<float*>(smem + Cfg::kLseOff)[tid] = row < f.seq_q ? lse_log2(f.lse[idx]) : INFINITY;
-    reinterpret_cast<float*>(smem + Cfg::kDOff)[tid] = row < f.seq_q ? a.dsum[idx] : 0.f;
+    const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + head;
+    reinterpret_cast<float*>(smem + Cfg::kLseOff)[tid] = row < f.seq_q ? lse_log2(f.lse[bh * f.seq_q + row]) : INFINITY;
+    reinterpret_cast<float*>(smem + Cfg::kDOff)[tid] = row < f.seq_q ? a.dsum[bh * a.rows_pad + row] : 0.f;
   }
 }
 

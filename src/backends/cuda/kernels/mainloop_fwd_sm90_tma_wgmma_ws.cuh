@@ -113,18 +113,6 @@ using FlashSm90DefaultCfg = typename FlashSm90DefaultCfgOf<kHeadDim>::type;
 template <int kHeadDim>
 inline constexpr bool kFlashSm90PersistentDefault = kHeadDim == 64;
 
-// f(chunk's first d-tile, its d-tiles) over O's column chunks of 16 d-tiles
-// (128 columns; the last may be 8): wgmma's N of 128 or 64.
-template <int kFirst, int kDTiles, class F>
-__device__ __forceinline__ void for_o_chunks(F&& f) {
-  if constexpr (kFirst < kDTiles) {
-    constexpr int kN = kDTiles - kFirst >= 16 ? 16 : 8;
-    static_assert(kDTiles - kFirst == kN || kDTiles - kFirst >= 16, "whole 64-column chunks");
-    f.template operator()<kFirst, kN>();
-    for_o_chunks<kFirst + kN, kDTiles>(f);
-  }
-}
-
 template <class Cfg, MaskMode kMask, Half16 Element>
 struct MainloopFwdSm90TmaWgmmaWs {
   static constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kPadDim;
@@ -230,7 +218,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kNT / 2; ++kk) {
-      for_o_chunks<0, kDT>([&]<int kFirst, int kN>() {
+      sm90::for_n_chunks<0, kDT>([&]<int kFirst, int kN>() {
         // Columns [8 kFirst, 8 (kFirst + kN)): from region kFirst / 8 on, regions kBN * 128 bytes apart.
         const std::uint32_t v_at = smem.v(stage) + (kFirst / 8) * kBN * 128 + kk * 16 * 128;
         sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), p[kk],

@@ -1,5 +1,6 @@
 // TMA on sm90a: tensor-map descriptors of [batch, heads, rows, head_dim]
-// tensors (host) and the 4-d tiled loads that complete on an mbarrier (device).
+// tensors (host), the 4-d tiled loads and the plain bulk copies of contiguous
+// bytes that complete on an mbarrier (device).
 #pragma once
 
 #include <cuda.h>
@@ -41,17 +42,20 @@ cudaError_t make_map(CUtensorMap& map, const void* data, int head_dim, int rows,
 }
 
 // What a kernel's descriptors are made from: the tensors' addresses, their
-// strides and the problem's sizes.
-struct MapKey {
-  std::array<const void*, 3> data;
-  std::array<std::int64_t, 9> strides;
+// strides and the problem's sizes (the forward's: Q, K, V; the backward's
+// add dO).
+template <int kTensors>
+struct MapKeyOf {
+  std::array<const void*, kTensors> data;
+  std::array<std::int64_t, 3 * kTensors> strides;
   std::array<int, 5> sizes;
-  bool operator==(const MapKey&) const = default;
+  bool operator==(const MapKeyOf&) const = default;
 };
+using MapKey = MapKeyOf<3>;
 
 // The last kSlots descriptor sets made, replaced round robin: a benchmark
 // or a serving loop calls with the same few tensor sets over and over.
-template <class Params, int kSlots = 4>
+template <class Params, int kSlots = 4, class MapKey = MapKey>
 class MapCache {
  public:
   const Params* find(const MapKey& key) const {
@@ -80,6 +84,14 @@ __device__ __forceinline__ void tma_load_4d(std::uint32_t dst, const void* map, 
       "[%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+
+// `bytes` contiguous bytes (a multiple of 16, both ends 16-byte aligned) from
+// global to shared memory, completing on bar.
+__device__ __forceinline__ void bulk_load(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 }  // namespace attnprof::cuda::kernels::sm90

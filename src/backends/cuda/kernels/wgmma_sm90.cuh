@@ -1,7 +1,8 @@
 // Warpgroup-level primitives of sm90a: the shared-memory matrix descriptor and
 // the 128-byte-swizzled tile layout it describes, wgmma.mma_async m64nNk16
 // (N = 64, 80, 128; RS: 64, 128) with f32 accumulation and its A operand from shared memory
-// (SS) or from registers (RS). (mbarriers: pipeline_sm90.cuh; TMA: tma_sm90.cuh.)
+// (SS) or from registers (RS); and the SS form with both operands read
+// MN-major (N = 32, 64), which the backward's dQ = dS K takes. (mbarriers: pipeline_sm90.cuh; TMA: tma_sm90.cuh.)
 //
 // Layout. A tile of 16-bit elements is kept as column regions of 64 elements
 // (128 bytes a row); region r holds columns [64r, 64r + 64) of every row,
@@ -62,6 +63,7 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
 }
 
 #define ATTNPROF_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define ATTNPROF_ACC_N32(d) ATTNPROF_ACC8(d, 0), ATTNPROF_ACC8(d, 1), ATTNPROF_ACC8(d, 2), ATTNPROF_ACC8(d, 3)
 #define ATTNPROF_ACC_N64(d)                                                                                \
   ATTNPROF_ACC8(d, 0), ATTNPROF_ACC8(d, 1), ATTNPROF_ACC8(d, 2), ATTNPROF_ACC8(d, 3), ATTNPROF_ACC8(d, 4), \
       ATTNPROF_ACC8(d, 5), ATTNPROF_ACC8(d, 6), ATTNPROF_ACC8(d, 7)
@@ -72,6 +74,7 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
 #define ATTNPROF_REGS_40                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
+#define ATTNPROF_REGS_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define ATTNPROF_REGS_32                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -87,6 +90,14 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
                ", 0;\n"                                                                                 \
                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " " REGS ", %" #A ", %" #B \
                ", p, 1, 1, 0, 0;\n}\n"                                                                  \
+               : ACC(d)                                                                                 \
+               : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)))
+// d (+)= A B, A and B from shared memory, both read MN-major (transposed).
+#define ATTNPROF_WGMMA_SS_TT(N, TY, REGS, ACC, A, B, P)                                                 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P                                                  \
+               ", 0;\n"                                                                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " " REGS ", %" #A ", %" #B \
+               ", p, 1, 1, 1, 1;\n}\n"                                                                  \
                : ACC(d)                                                                                 \
                : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)))
 // d (+)= A B, A from registers, B from shared memory read MN-major (transposed).
@@ -117,6 +128,29 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kNTiles][4], std::uint64_t a
       ATTNPROF_WGMMA_SS(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
     else
       ATTNPROF_WGMMA_SS(128, f16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
+  }
+}
+
+// d (+)= A B with A [64 x 16] and B [16 x N] both stored MN-major (N = 32
+// or 64): A's rows (M) and B's columns (N) run along the 128-byte rows of
+// their tiles, the reduction steps down them (a tile written as the transpose
+// of the operand). B may start at 64 bytes into its rows (columns 32-63 of a
+// region): the swizzle applies to the address wgmma forms, as for the
+// K-major k-steps that start 32 bytes in.
+template <Half16 Element, int kNTiles>
+__device__ __forceinline__ void wgmma_ss_tt(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
+                                            bool accumulate) {
+  static_assert(kNTiles == 4 || kNTiles == 8, "N = 32 or 64");
+  if constexpr (kNTiles == 4) {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS_TT(32, bf16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
+    else
+      ATTNPROF_WGMMA_SS_TT(32, f16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
+  } else {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS_TT(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+    else
+      ATTNPROF_WGMMA_SS_TT(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
   }
 }
 
@@ -156,14 +190,39 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 __device__ __forceinline__ void take_turn(int wg) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory"); }
 __device__ __forceinline__ void pass_turn(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory"); }
 
+// f(chunk's first n-tile, its n-tiles) over an accumulator's column chunks of
+// 16 n-tiles (128 columns; the last may be 8): wgmma's N of 128 or 64.
+template <int kFirst, int kNTiles, class F>
+__device__ __forceinline__ void for_n_chunks(F&& f) {
+  if constexpr (kFirst < kNTiles) {
+    constexpr int kN = kNTiles - kFirst >= 16 ? 16 : 8;
+    static_assert(kNTiles - kFirst == kN || kNTiles - kFirst >= 16, "whole 64-column chunks");
+    f.template operator()<kFirst, kN>();
+    for_n_chunks<kFirst + kN, kNTiles>(f);
+  }
+}
+
+// A named barrier of `threads` threads (bar.sync; id 0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Orders this thread's ordinary shared-memory writes before later reads by
+// the asynchronous proxy (wgmma's operands from shared memory, TMA stores).
+__device__ __forceinline__ void fence_view_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 #undef ATTNPROF_WGMMA_RS
+#undef ATTNPROF_WGMMA_SS_TT
 #undef ATTNPROF_WGMMA_SS
 #undef ATTNPROF_REGS_64
 #undef ATTNPROF_REGS_40
 #undef ATTNPROF_REGS_32
+#undef ATTNPROF_REGS_16
 #undef ATTNPROF_ACC_N128
 #undef ATTNPROF_ACC_N80
 #undef ATTNPROF_ACC_N64
+#undef ATTNPROF_ACC_N32
 #undef ATTNPROF_ACC8
 
 }  // namespace attnprof::cuda::kernels::sm90

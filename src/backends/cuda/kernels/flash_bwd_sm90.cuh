@@ -1,0 +1,214 @@
+// FlashAttention backward on sm90a (FlashAttention-3 class): TMA loads, wgmma,
+// a producer warpgroup that gives its registers to two consumer warpgroups.
+// Three kernels a call, as on sm80 (flash_bwd_sm80.cuh):
+//   1. bwd_preprocess (flash_bwd_preprocess.cuh): D = rowsum(dO * O) and the
+//      LSE in log2 units, both over padded rows; the dQ accumulator and the
+//      ordered-dQ semaphores zeroed;
+//   2. flash_bwd_sm90_kernel: one CTA per (128-key tile, kv head, batch),
+//      K and V resident in shared memory, Q, dO, LSE and D streamed query tile
+//      after query tile, for every query head of its grouped-query group (dK
+//      and dV summed in registers, no atomics for them); dQ added into the FP32
+//      accumulator (vector reductions; deterministic: in key-tile order);
+//   3. bwd_convert_dq (flash_bwd_postprocess.cuh): the accumulator to dQ.
+// This file lays out shared memory and the barriers and splits the CTA by
+// role; the roles live in
+//   mainloop_bwd_sm90.cuh    loads (producer), the five products (consumers)
+//   pipeline_sm90.cuh        the mbarrier stages between them
+//   epilogue_bwd_sm90.cuh    dQ into the accumulator; dK and dV out
+// The grid is the static one of the sm80 kernel (key tile fastest), which the
+// ordered dQ relies on: a key tile waits only on lower ones of its head.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/bwd_args.cuh"
+#include "backends/cuda/kernels/bwd_launch.cuh"
+#include "backends/cuda/kernels/element.cuh"
+#include "backends/cuda/kernels/epilogue_bwd_sm90.cuh"
+#include "backends/cuda/kernels/flash_bwd_postprocess.cuh"
+#include "backends/cuda/kernels/flash_bwd_preprocess.cuh"
+#include "backends/cuda/kernels/fwd_args.cuh"
+#include "backends/cuda/kernels/fwd_launch.cuh"
+#include "backends/cuda/kernels/mainloop_bwd_sm90.cuh"
+#include "backends/cuda/kernels/pipeline_sm90.cuh"
+#include "backends/cuda/kernels/utils.cuh"
+#include "backends/cuda/kernels/wgmma_sm90.cuh"
+
+namespace attnprof::cuda::kernels {
+
+template <class Cfg, MaskMode kMask, Half16 Element>
+struct FlashBwdSm90 {
+  using Mainloop = MainloopBwdSm90<Cfg, kMask, Element>;
+  using Epilogue = EpilogueBwdSm90<Cfg>;
+  using Params = typename Mainloop::Params;
+  static constexpr int kKVPipeOffset = Mainloop::kSmemBytes;
+  static constexpr int kQPipeOffset = kKVPipeOffset + Mainloop::KVPipeline::kBarrierBytes;
+  // 1024 bytes of slack: the swizzled buffers must start 1024-byte aligned.
+  static constexpr int kSmemBytes = kQPipeOffset + Mainloop::QPipeline::kBarrierBytes + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
+  static constexpr int kDsReady = 1;  // named barrier: both consumers' dS^T is in shared memory
+};
+
+template <class Cfg, MaskMode kMask, Half16 Element, bool kDeterministic>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdArgs a,
+                          const __grid_constant__ typename FlashBwdSm90<Cfg, kMask, Element>::Params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Kernel = FlashBwdSm90<Cfg, kMask, Element>;
+  using Mainloop = typename Kernel::Mainloop;
+  using Epilogue = typename Kernel::Epilogue;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kMT = Cfg::kMTiles, kDT = Cfg::kDTiles;
+  extern __shared__ __align__(128) unsigned char smem_raw[];  // aligned to 1024 below
+  const std::uint32_t raw = smem_u32(smem_raw);
+  const std::uint32_t base = (raw + 1023) & ~1023u;
+  const typename Mainloop::Smem smem{base, smem_raw + (base - raw)};
+  const typename Mainloop::KVPipeline kv_pipe(base + Kernel::kKVPipeOffset);
+  const typename Mainloop::QPipeline q_pipe(base + Kernel::kQPipeOffset);
+
+  const FwdArgs& f = a.f;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n_block = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
+  const int n0 = n_block * kBN;
+  const QueryTiles tiles = query_tiles<kMask, kBM, kBN>(f, n0);
+  if (tid == 0) {
+    kv_pipe.init(Cfg::kConsumerThreads);
+    q_pipe.init(Cfg::kConsumerThreads);
+    sm90::mbar_fence_init();
+  }
+  __syncthreads();
+
+  typename Mainloop::QPipeline::State q_state;
+  if (warp >= Cfg::kConsumerThreads / 32) {  // the producer
+    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (warp == Cfg::kConsumerThreads / 32 && lane == 0 && tiles.begin < tiles.end) {
+      Mainloop::load(p, a, smem, n0, kv_head, batch, tiles, kv_pipe, q_pipe, q_state);
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int wg = warp / 4, warp_in_wg = warp % 4;
+  const int key_row0 = 64 * wg + 16 * warp_in_wg;  // this warp's first row of the key tile
+  const int t = lane % 4;
+  float dk[1][kDT][4], dv[1][kDT][4];
+  zero(dk);
+  zero(dv);
+  if (tiles.begin < tiles.end) {
+    kv_pipe.consumer_wait(typename Mainloop::KVPipeline::State{});
+    int buf = 0;
+    for (int g = 0; g < f.group; ++g) {
+      const int head = kv_head * f.group + g;
+      const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + head;
+      for (int m_block = tiles.begin; m_block < tiles.end; ++m_block) {
+        const int m0 = m_block * kBM, st = q_state.index();
+        float s[kMT][4], dp[kMT][4];
+        q_pipe.consumer_wait(q_state, Mainloop::kPartQ);
+        Mainloop::issue_transposed_scores(smem.k(), smem.q(st), s, wg);
+        q_pipe.consumer_wait(q_state, Mainloop::kPartDo);
+        Mainloop::issue_transposed_scores(smem.v(), smem.dout(st), dp, wg);
+
+        // P^T = exp2(S^T scale - LSE) while dP^T works.
+        sm90::wgmma_wait<1>();
+        sm90::fence_operands(s);
+        if (tile_needs_mask<kMask, kBM, kBN>(f, m0, n0)) {
+          Mainloop::mask(f, s, n0 + key_row0 + lane / 4, m0 + 2 * t);
+        }
+        const float2* lse = smem.template at<const float2>(smem.lse(st));
+        const float2* dsum = smem.template at<const float2>(smem.dsum(st));
+#pragma unroll
+        for (int nt = 0; nt < kMT; ++nt) {
+          const float2 l = lse[nt * 4 + t];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            s[nt][2 * h] = ex2(fmaf(s[nt][2 * h], f.scale_log2, -l.x));
+            s[nt][2 * h + 1] = ex2(fmaf(s[nt][2 * h + 1], f.scale_log2, -l.y));
+          }
+        }
+        std::uint32_t pt[kMT / 2][4];
+#pragma unroll
+        for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(pt[kk], s, kk);
+
+        // dS^T = P^T (dP^T - D).
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(dp);
+#pragma unroll
+        for (int nt = 0; nt < kMT; ++nt) {
+          const float2 d = dsum[nt * 4 + t];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            dp[nt][2 * h] = s[nt][2 * h] * (dp[nt][2 * h] - d.x);
+            dp[nt][2 * h + 1] = s[nt][2 * h + 1] * (dp[nt][2 * h + 1] - d.y);
+          }
+        }
+        std::uint32_t dst[kMT / 2][4];
+#pragma unroll
+        for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(dst[kk], dp, kk);
+
+        // dS^T to shared memory for dQ (both consumers read both halves),
+        // then dV += P^T dO and dK += dS^T Q from registers, then dQ = dS K.
+        Mainloop::store_ds(smem, buf, dst, key_row0, lane);
+        sm90::fence_view_async_shared();
+        Mainloop::issue_accumulate(smem.dout(st), dv, pt);
+        Mainloop::issue_accumulate(smem.q(st), dk, dst);
+        sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
+        float dq[Cfg::kDqTiles][4];
+        Mainloop::issue_dq(smem, buf, dq, wg);
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(dv[0]);
+        sm90::fence_operands(dk[0]);
+        sm90::fence_operands(dq);
+        sm90::fence_operands(pt);
+        sm90::fence_operands(dst);
+        q_pipe.consumer_release(q_state, Mainloop::kPartQ);
+        q_pipe.consumer_release(q_state, Mainloop::kPartDo);
+        if constexpr (kDeterministic) {
+          const int turn = n_block - key_tiles<kMask, kBM, kBN>(f, m0).begin;
+          Epilogue::add_dq_ordered(a, dq, bh, m0, turn, wg, warp_in_wg, lane);
+        } else {
+          Epilogue::add_dq(a, dq, bh, m0, wg, warp_in_wg, lane);
+        }
+        q_state.advance();
+        buf ^= 1;
+      }
+    }
+  }
+  Epilogue::template store_dkdv<Element>(a, dk, dv, n0, kv_head, batch, wg, warp_in_wg, lane);
+#endif
+}
+
+// The three kernels of one backward on `stream`; cudaErrorNotSupported,
+// before anything is launched, when ptxas did not give the kernel the
+// registers its setmaxnreg split assumes (the caller runs the sm80 kernel).
+template <class Cfg, MaskMode kMask, Half16 Element>
+cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
+  using Kernel = FlashBwdSm90<Cfg, kMask, Element>;
+  typename Kernel::Params p;
+  if (const cudaError_t e = Kernel::Mainloop::to_params(a, p); e != cudaSuccess) return e;
+  const auto kernel = a.deterministic ? flash_bwd_sm90_kernel<Cfg, kMask, Element, true>
+                                      : flash_bwd_sm90_kernel<Cfg, kMask, Element, false>;
+  static const bool budget_holds = [] {
+    for (const auto k : {flash_bwd_sm90_kernel<Cfg, kMask, Element, true>,
+                         flash_bwd_sm90_kernel<Cfg, kMask, Element, false>}) {
+      cudaFuncAttributes attr{};
+      if (cudaFuncGetAttributes(&attr, k) != cudaSuccess || attr.numRegs != Cfg::kLaunchRegs) return false;
+    }
+    return true;
+  }();
+  if (!budget_holds) return cudaErrorNotSupported;
+  if (const cudaError_t e = opt_in_shared_memory(kernel, Kernel::kSmemBytes); e != cudaSuccess) return e;
+  if (const cudaError_t e = launch_bwd_preprocess<Element>(a, stream); e != cudaSuccess) return e;
+  const FwdArgs& f = a.f;
+  const dim3 grid((f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN, f.heads / f.group, f.batch);
+  kernel<<<grid, Cfg::kThreads, Kernel::kSmemBytes, stream>>>(a, p);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  return launch_bwd_convert_dq<Element>(a, stream);
+}
+
+template <int kHeadDim, MaskMode kMask, Half16 Element>
+cudaError_t launch_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
+  return run_flash_bwd_sm90<FlashBwdSm90DefaultCfg<kHeadDim>, kMask, Element>(a, stream);
+}
+
+}  // namespace attnprof::cuda::kernels

@@ -1,0 +1,295 @@
+// The query loop of flash's sm90a backward (flash_bwd_sm90.cuh), split by
+// role as the forward's mainloop is:
+//   load: the producer thread brings the CTA's K and V once, then query tile
+//         after query tile its Q with the LSE (log2 units) and its dO with
+//         D = rowsum(dO O), by TMA and bulk copies, into the stages of a
+//         PipelineTmaAsync (parts: Q, dO);
+//   step: each consumer warpgroup, for its 64 keys of the CTA's key tile and
+//         one query tile: S^T = K Q^T and dP^T = V dO^T (wgmma SS, both
+//         operands K-major), P^T = exp2(S^T scale - LSE) and
+//         dS^T = P^T (dP^T - D) in registers, dV += P^T dO and
+//         dK += dS^T Q with P^T and dS^T straight from those registers
+//         (wgmma RS, dO and Q read MN-major), and dS^T written to shared
+//         memory, where both warpgroups read it for dQ = dS K (wgmma SS,
+//         both operands MN-major), half of dQ's columns each.
+// Working with S transposed (keys as rows) is what keeps dK and dV in the
+// accumulators of the warpgroup that owns the keys, and P^T and dS^T in the A
+// fragment layout that the next products take (FlashAttention-3's choice for
+// its Hopper backward). Q, K, V, dO and dS^T sit in the 128-byte-swizzled
+// layout that TMA writes and wgmma reads (wgmma_sm90.cuh).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/bwd_args.cuh"
+#include "backends/cuda/kernels/element.cuh"
+#include "backends/cuda/kernels/fwd_args.cuh"
+#include "backends/cuda/kernels/pipeline_sm90.cuh"
+#include "backends/cuda/kernels/tma_sm90.cuh"
+#include "backends/cuda/kernels/utils.cuh"
+#include "backends/cuda/kernels/wgmma_sm90.cuh"
+
+namespace attnprof::cuda::kernels {
+
+// Tiles and roles of the sm90a backward: a CTA owns kBlockN = 128 keys (64
+// per consumer warpgroup, two of them) and walks query tiles of kBlockM rows
+// in kStages stages; a producer warpgroup gives its registers to the
+// consumers (setmaxnreg, FlashAttention-3's 24 + 240 split).
+//
+// dQ = dS K is split between the consumers by columns: each takes half of
+// the padded head dim (32 or 64 columns, wgmma's N). Head dim 96 is padded to
+// 128, as in the forward (TMA fills the columns past the tensor with zeros;
+// they are never stored).
+//
+// Registers at head dim 128 (a consumer thread): dK and dV 64 f32 each, S^T
+// and dP^T 32 each while they live, P^T and dS^T 16 each packed, dQ 32. (A
+// 128-query tile at head dim 64 spilled 768 bytes: S^T and dP^T twice the size.)
+template <int kHeadDim_, int kBlockM_, int kStages_ = 2>
+struct FlashBwdSm90Cfg {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kPadDim = (kHeadDim + 63) / 64 * 64;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumers = 2;
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  // As the forward's FlashSm90Cfg: the consumers grow only into what the
+  // producer gives back from the launch's kLaunchRegs a thread.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegsFit =
+      (kLaunchRegs * kThreads - kProducerThreads * kProducerRegs) / kConsumerThreads / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsFit < 240 ? kConsumerRegsFit : 240;
+  static constexpr int kMTiles = kBlockM / 8;  // n-tiles of S^T: the query tile's columns
+  static constexpr int kDTiles = kPadDim / 8;
+  static constexpr int kDqCols = kPadDim / 2;  // a consumer's columns of dQ
+  static constexpr int kDqTiles = kDqCols / 8;
+  static_assert(kBlockM == 64 || kBlockM == 128, "S^T's wgmma N: 64 or 128 queries");
+  static_assert(kDqCols == 32 || kDqCols == 64, "dQ's wgmma N: 32 or 64 columns a consumer");
+};
+
+// The tile each head dim runs with.
+template <int kHeadDim>
+using FlashBwdSm90DefaultCfg = FlashBwdSm90Cfg<kHeadDim, 64>;
+
+template <class Cfg, MaskMode kMask, Half16 Element>
+struct MainloopBwdSm90 {
+  static constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kPadDim;
+  static constexpr int kMT = Cfg::kMTiles, kDT = Cfg::kDTiles, kRegions = kD / 64;
+  static constexpr int kQBytes = kBM * kD * 2;  // a Q or dO tile
+  static constexpr int kKBytes = kBN * kD * 2;  // K or V
+  static constexpr int kDsBytes = kBN * kBM * 2;
+  static constexpr int kRowBytes = kBM * 4;  // a tile's LSE or D
+  // K, V, the Q and dO stages, dS^T twice (a consumer may write the next
+  // while the other still reads this one), the LSE and D stages; the
+  // swizzled buffers 1024-byte aligned (sizes are multiples of 1024).
+  static constexpr int kKOff = 0, kVOff = kKBytes, kQOff = 2 * kKBytes;
+  static constexpr int kDoOff = kQOff + Cfg::kStages * kQBytes;
+  static constexpr int kDsOff = kDoOff + Cfg::kStages * kQBytes;
+  static constexpr int kLseOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kDsumOff = kLseOff + Cfg::kStages * kRowBytes;
+  static constexpr int kSmemBytes = kDsumOff + Cfg::kStages * kRowBytes;
+
+  using KVPipeline = sm90::PipelineTmaAsync<1>;
+  using QPipeline = sm90::PipelineTmaAsync<Cfg::kStages, 2>;  // parts: Q (+ LSE), dO (+ D)
+  static constexpr int kPartQ = 0, kPartDo = 1;
+
+  struct Params {
+    CUtensorMap q, k, v, dout;
+  };
+  using MapKey = sm90::MapKeyOf<4>;
+
+  // The descriptors of a tensor set, made on its first call and kept (the
+  // forward's MapCache).
+  static cudaError_t to_params(const BwdArgs& a, Params& p) {
+    const FwdArgs& f = a.f;
+    const MapKey key{{f.q, f.k, f.v, a.dout},
+                     {f.q_batch_stride, f.q_head_stride, f.q_row_stride, f.k_batch_stride, f.k_head_stride,
+                      f.k_row_stride, f.v_batch_stride, f.v_head_stride, f.v_row_stride, a.do_batch_stride,
+                      a.do_head_stride, a.do_row_stride},
+                     {f.seq_q, f.seq_k, f.heads, f.group, f.batch}};
+    thread_local sm90::MapCache<Params, 4, MapKey> cache;
+    if (const Params* hit = cache.find(key)) {
+      p = *hit;
+      return cudaSuccess;
+    }
+    const int kv_heads = f.heads / f.group;
+    for (const cudaError_t e : {
+             sm90::make_map<Element>(p.q, f.q, Cfg::kHeadDim, f.seq_q, f.heads, f.batch, f.q_row_stride,
+                                     f.q_head_stride, f.q_batch_stride, kBM),
+             sm90::make_map<Element>(p.dout, a.dout, Cfg::kHeadDim, f.seq_q, f.heads, f.batch, a.do_row_stride,
+                                     a.do_head_stride, a.do_batch_stride, kBM),
+             sm90::make_map<Element>(p.k, f.k, Cfg::kHeadDim, f.seq_k, kv_heads, f.batch, f.k_row_stride,
+                                     f.k_head_stride, f.k_batch_stride, kBN),
+             sm90::make_map<Element>(p.v, f.v, Cfg::kHeadDim, f.seq_k, kv_heads, f.batch, f.v_row_stride,
+                                     f.v_head_stride, f.v_batch_stride, kBN),
+         }) {
+      if (e != cudaSuccess) return e;
+    }
+    cache.insert(key, p);
+    return cudaSuccess;
+  }
+
+  // The shared buffers from their 1024-byte aligned base: shared-window
+  // addresses for TMA and wgmma, a generic pointer for the threads' own reads
+  // and writes.
+  struct Smem {
+    std::uint32_t base;
+    unsigned char* ptr;
+    __device__ __forceinline__ std::uint32_t k() const { return base + kKOff; }
+    __device__ __forceinline__ std::uint32_t v() const { return base + kVOff; }
+    __device__ __forceinline__ std::uint32_t q(int st) const { return base + kQOff + st * kQBytes; }
+    __device__ __forceinline__ std::uint32_t dout(int st) const { return base + kDoOff + st * kQBytes; }
+    __device__ __forceinline__ std::uint32_t ds(int buf) const { return base + kDsOff + buf * kDsBytes; }
+    __device__ __forceinline__ std::uint32_t lse(int st) const { return base + kLseOff + st * kRowBytes; }
+    __device__ __forceinline__ std::uint32_t dsum(int st) const { return base + kDsumOff + st * kRowBytes; }
+    template <class T>
+    __device__ __forceinline__ T* at(std::uint32_t addr) const {
+      return reinterpret_cast<T*>(ptr + (addr - base));
+    }
+  };
+
+  // Producer (one thread): K and V of the CTA's key tile, then for every
+  // query head of its group the query tiles [tiles.begin, tiles.end).
+  __device__ __forceinline__ static void load(const Params& p, const BwdArgs& a, const Smem& smem, int n0,
+                                              int kv_head, int batch, QueryTiles tiles, const KVPipeline& kv_pipe,
+                                              const QPipeline& q_pipe, typename QPipeline::State& q_state) {
+    const FwdArgs& f = a.f;
+    const std::uint32_t kv_bar = kv_pipe.producer_expect(typename KVPipeline::State{}, 0, 2 * kKBytes);
+    for (int r = 0; r < kRegions; ++r) {
+      sm90::tma_load_4d(smem.k() + r * kBN * 128, &p.k, kv_bar, 64 * r, n0, kv_head, batch);
+      sm90::tma_load_4d(smem.v() + r * kBN * 128, &p.v, kv_bar, 64 * r, n0, kv_head, batch);
+    }
+    for (int g = 0; g < f.group; ++g) {
+      const int head = kv_head * f.group + g;
+      const std::int64_t rows = (static_cast<std::int64_t>(batch) * f.heads + head) * a.rows_pad;
+      for (int m_block = tiles.begin; m_block < tiles.end; ++m_block) {
+        const int m0 = m_block * kBM, st = q_state.index();
+        q_pipe.producer_acquire(q_state, kPartQ);
+        const std::uint32_t q_bar = q_pipe.producer_expect(q_state, kPartQ, kQBytes + kRowBytes);
+        for (int r = 0; r < kRegions; ++r) {
+          sm90::tma_load_4d(smem.q(st) + r * kBM * 128, &p.q, q_bar, 64 * r, m0, head, batch);
+        }
+        sm90::bulk_load(smem.lse(st), a.lse_log2 + rows + m0, kRowBytes, q_bar);
+        q_pipe.producer_acquire(q_state, kPartDo);
+        const std::uint32_t do_bar = q_pipe.producer_expect(q_state, kPartDo, kQBytes + kRowBytes);
+        for (int r = 0; r < kRegions; ++r) {
+          sm90::tma_load_4d(smem.dout(st) + r * kBM * 128, &p.dout, do_bar, 64 * r, m0, head, batch);
+        }
+        sm90::bulk_load(smem.dsum(st), a.dsum + rows + m0, kRowBytes, do_bar);
+        q_state.advance();
+      }
+    }
+  }
+
+  // X^T = K_w Y^T, issued (not waited for): this warpgroup's 64 rows of `keys`
+  // (K or V) against the query tile `rows` (Q or dO), both K-major over the
+  // head dim's k-steps (not the padding).
+  __device__ __forceinline__ static void issue_transposed_scores(std::uint32_t keys, std::uint32_t rows,
+                                                                 float (&x)[kMT][4], int wg) {
+    zero_tiles(x);
+    sm90::fence_operands(x);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
+      const std::uint32_t a_at = keys + (kk / 4) * kBN * 128 + wg * 64 * 128 + (kk % 4) * 32;
+      const std::uint32_t b_at = rows + (kk / 4) * kBM * 128 + (kk % 4) * 32;
+      sm90::wgmma_ss<Element, kMT>(x, sm90::smem_desc(a_at, 0), sm90::smem_desc(b_at, 0), kk > 0);
+    }
+    sm90::wgmma_commit();
+  }
+
+  // acc += X^T Y, issued: X^T (P^T or dS^T) from registers, 16 queries a
+  // k-step, Y (dO or Q) of the stage read MN-major, in 128-column chunks.
+  __device__ __forceinline__ static void issue_accumulate(std::uint32_t rows, float (&acc)[1][kDT][4],
+                                                          std::uint32_t (&x)[kMT / 2][4]) {
+    sm90::fence_operands(acc[0]);
+    sm90::fence_operands(x);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMT / 2; ++kk) {
+      sm90::for_n_chunks<0, kDT>([&]<int kFirst, int kN>() {
+        const std::uint32_t y_at = rows + (kFirst / 8) * kBM * 128 + kk * 16 * 128;
+        sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), x[kk],
+                                    sm90::smem_desc(y_at, kBM * 128), true);
+      });
+    }
+    sm90::wgmma_commit();
+  }
+
+  // dQ (this warpgroup's kDqCols columns) = dS K, issued: dS^T from shared
+  // memory (rows = keys) and K, both read MN-major, 16 keys a k-step.
+  __device__ __forceinline__ static void issue_dq(const Smem& smem, int buf, float (&dq)[Cfg::kDqTiles][4], int wg) {
+    constexpr int kCols = Cfg::kDqCols;
+    const std::uint32_t k = smem.k() + (wg * kCols / 64) * kBN * 128 + (wg * kCols % 64) * 2;
+    zero_tiles(dq);
+    sm90::fence_operands(dq);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      sm90::wgmma_ss_tt<Element, Cfg::kDqTiles>(dq, sm90::smem_desc(smem.ds(buf) + kk * 16 * 128, kBN * 128),
+                                                sm90::smem_desc(k + kk * 16 * 128, kBN * 128), kk > 0);
+    }
+    sm90::wgmma_commit();
+  }
+
+  // Masks S^T (rows: keys key0 and key0 + 8; columns: queries from col0, the
+  // accumulator's layout) where the tile needs it: keys past seq_k, the causal
+  // diagonal, the window. Queries past seq_q need nothing: their LSE is +inf.
+  __device__ __forceinline__ static void mask(const FwdArgs& f, float (&s)[kMT][4], int key0, int col0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key0 + 8 * h;
+      // Visible: lo <= c < hi, c = query - col0.
+      int lo = key < f.seq_k ? -(1 << 30) : (1 << 30), hi = 1 << 30;
+      if constexpr (kMask != MaskMode::None) lo = max(lo, key - f.diag_offset - col0);
+      if constexpr (kMask == MaskMode::Window) hi = min(hi, key - f.diag_offset + f.window - col0);
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = nt * 8 + e;
+          if (c < lo || c >= hi) s[nt][2 * h + e] = -INFINITY;
+        }
+      }
+    }
+  }
+
+  // dS^T's A fragments into shared memory as the [key][query] tile that
+  // issue_dq reads: 64-query regions of 128-byte rows, chunks swizzled by the
+  // row (conflict-free: the 8 rows of a store are 8 different chunks).
+  __device__ __forceinline__ static void store_ds(const Smem& smem, int buf, const std::uint32_t (&ds)[kMT / 2][4],
+                                                  int key_row0, int lane) {
+    unsigned char* const base = smem.template at<unsigned char>(smem.ds(buf));
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int kk = 0; kk < kMT / 2; ++kk) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = kk * 16 + 8 * j;  // the fragment half's first query
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = key_row0 + g + 8 * h;
+          const int chunk = ((c % 64) / 8) ^ (row % 8);
+          *reinterpret_cast<std::uint32_t*>(base + (c / 64) * kBN * 128 + row * 128 + chunk * 16 + 4 * t) =
+              ds[kk][2 * j + h];
+        }
+      }
+    }
+  }
+
+  template <int kA, int kB>
+  __device__ __forceinline__ static void zero_tiles(float (&x)[kA][kB]) {
+#pragma unroll
+    for (int i = 0; i < kA; ++i)
+#pragma unroll
+      for (int j = 0; j < kB; ++j) x[i][j] = 0.f;
+  }
+};
+
+}  // namespace attnprof::cuda::kernels
