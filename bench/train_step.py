@@ -297,9 +297,11 @@ def build_transformers(a, dtype, device, attnprof_fn):
     models = []
     for impl in ("attnprof", "sdpa"):
         torch.manual_seed(a.seed)
-        config = LlamaConfig(**cfg)
         with torch.device(device):
-            m = LlamaForCausalLM._from_config(config, attn_implementation=impl)
+            try:
+                m = LlamaForCausalLM._from_config(LlamaConfig(**cfg), attn_implementation=impl)
+            except (AttributeError, TypeError):  # no _from_config, or one without attn_implementation
+                m = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation=impl))
         m = m.to(device=device, dtype=dtype)
         got = m.config._attn_implementation
         if got != impl:

@@ -115,3 +115,39 @@ def test_refusals_are_one_line(train_step, monkeypatch):
     with pytest.raises(SystemExit) as e:  # argparse's own refusal (exit status 2)
         train_step.main(["--device", "cpu", "--heads", "6", "--kv-heads", "4"])
     assert e.value.code == 2
+
+
+def test_attention_share_on_a_gpu_trace(train_step, tmp_path):
+    # The CUDA branch of the accounting, on a hand-made Chrome trace: kernels
+    # count as attention's when launched (External id) from an attention op or
+    # an op inside one, on the op's own thread (the backward's runs on autograd's).
+    def op(name, ext, ts, dur, tid=1, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 10, "tid": tid, "ts": ts, "dur": dur,
+                "args": {"External id": ext}}
+
+    def kernel(name, ext, dur, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": 1000, "dur": dur,
+                "args": {"External id": ext, "correlation": ext + 100}}
+
+    events = [
+        op("train_step", 1, 0, 500, cat="user_annotation"),
+        op("aten::mm", 2, 10, 5), kernel("gemm", 2, 40),
+        op("attnprof::attention_train", 3, 20, 30), kernel("flash_fwd", 3, 10),
+        op("aten::empty", 4, 22, 2),
+        op("aten::mm", 5, 100, 5, tid=2), kernel("gemm", 5, 30),
+        op("attnprof::attention_backward", 6, 110, 50, tid=2), op("aten::zeros", 7, 112, 3, tid=2),
+        kernel("memset", 7, 2, cat="gpu_memset"), kernel("flash_bwd", 6, 18),
+        op("aten::add", 8, 115, 3, tid=1),  # inside the backward's span, but on another thread
+        kernel("add", 8, 5), kernel("unlinked", 0, 1),
+        {"ph": "s", "cat": "ac2g", "name": "flow", "pid": 0, "tid": 7, "ts": 1, "id": 3},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    share = train_step._attention_share(str(path), torch.device("cuda"))
+    assert share["attention_ops"] == ["attnprof::attention_backward", "attnprof::attention_train"]
+    assert share["attention_op_calls"] == 2
+    assert share["attention_ms"] == pytest.approx(0.030)  # flash_fwd 10 + memset 2 + flash_bwd 18 (us)
+    assert share["step_ms"] == pytest.approx(0.106)
+    assert share["share"] == pytest.approx(30 / 106)
+    assert share["unlinked_gpu_ms"] == pytest.approx(0.001)
+    assert share["attention_kernels"] == ["flash_bwd", "flash_fwd", "memset"]
