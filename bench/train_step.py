@@ -655,6 +655,12 @@ def main(argv=None) -> dict:
         result = run(a)
     except Refused as e:
         raise SystemExit(f"train_step: error: {e}") from None
+    except Exception as e:
+        # attnprof's refusals (attnprof.Error: a backend that cannot train, a
+        # shape it cannot take) in one line; anything else keeps its traceback.
+        if type(e).__name__ == "Error" and type(e).__module__.startswith("attnprof"):
+            raise SystemExit(f"train_step: error: attnprof refused: {str(e).splitlines()[0]}") from None
+        raise
     text = table(result)
     print(text, flush=True)
     if a.out:

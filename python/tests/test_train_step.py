@@ -107,6 +107,10 @@ def test_refusals_are_one_line(train_step, monkeypatch):
         train_step.main(["--device", "cpu", "--backend", "nope"])
     assert str(e.value).startswith("train_step: error: --backend 'nope' is not one of attnprof's: ")
     assert "flash" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SystemExit) as e:  # attnprof's own refusal, in one line
+        train_step.main(["--device", "cpu", "--backend", "naive", "--no-profile"])
+    assert str(e.value).startswith("train_step: error: attnprof refused: naive keeps the [S, Skv] probabilities")
+    assert "\n" not in str(e.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as e:
         train_step.main(["--device", "cuda"])
