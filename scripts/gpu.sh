@@ -4,16 +4,17 @@
 # shapes, a profile with CUPTI off, compare at the reference shape, host time
 # per call with and without CUPTI, the benchmark against PyTorch (the grid;
 # issue 12's shape classes; decode on contiguous and paged caches, each against
-# our cudnn and PyTorch's SDPA with the targets judged), and the Python package
-# on CUDA tensors.
+# our cudnn and PyTorch's SDPA with the targets judged), a Llama-shaped model
+# trained with our attention against PyTorch's SDPA (train_model), and the Python
+# package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize nocupti compare train host bench bench_backward shapes decode python ring
-# (default: all). Results land in $OUT (8 files at most).
+# sanitize nocupti compare train host bench bench_backward shapes decode train_model
+# python ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward shapes decode python ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward shapes decode train_model python ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -228,24 +229,54 @@ if has decode; then
   echo "bench --shapes decode rc $?" >>"$OUT/log.txt"
 fi
 
-if has python; then
-  # The Python package on CUDA tensors: its pytest suite (the GPU tests run
-  # here: every backend, the current stream, torch.compile) and the host time
-  # a Python call adds over the C++ call. nanobind comes as a carried wheel
-  # where it is not installed (.whl, see the device README).
-  log "Python package"
+# The Python module attnprof._core in $B/python, built once for the phases
+# that import the package (train_model, python). nanobind comes as a carried
+# wheel where it is not installed (.whl, see the device README).
+python_module_rc=
+python_module() {
+  [[ -n $python_module_rc ]] && return $python_module_rc
   if ! python3 -c 'import nanobind' 2>/dev/null && ls .whl/nanobind-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nanobind-*.whl &&
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
   python3 -c 'import nanobind; print("nanobind", nanobind.__version__, nanobind.__file__)' >>"$OUT/log.txt" 2>&1
+  python_module_rc=0
   cmake -S . -B $B -DATTNPROF_PYTHON=ON >>"$OUT/log.txt" 2>&1 && cmake --build $B --target _core >>/tmp/build.txt 2>&1 ||
-    { grep -E 'error|Error' -A3 /tmp/build.txt | head -30; log "python module build failed"; }
+    { python_module_rc=1; grep -E 'error|Error' -A3 /tmp/build.txt | head -30; log "python module build failed"; }
   # Which C++ runtime the module carries or needs (one per process: see python/CMakeLists.txt).
   { $(grep -m1 CMAKE_CXX_COMPILER: $B/CMakeCache.txt | cut -d= -f2) -dumpspecs | grep -n -i 'static' | head -5
     ldd $B/python/attnprof/_core*.so | grep -E 'stdc|gcc_s'
     echo "static libstdc++ symbols defined in the module: $(nm -D --defined-only $B/python/attnprof/_core*.so | grep -c _ZNSt6locale7classicEv)"
   } >>"$OUT/log.txt" 2>&1
+  return $python_module_rc
+}
+
+if has train_model; then
+  # Issue 21: a Llama-shaped decoder (transformers' LlamaForCausalLM with random
+  # weights where transformers is importable; 4 layers, hidden 2048, 16 query
+  # heads over 4 K/V heads of 128, batch 4 x 2048, bf16) trained with our flash
+  # through transformers' attention registry against PyTorch's SDPA, on the same
+  # weights and batches: median step time, the ratio, attention's share of a
+  # step (torch.profiler), loss and gradient agreement. About a minute.
+  log "training step of a Llama-shaped model: attnprof flash against PyTorch's SDPA"
+  if python_module; then
+    PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout 180 python3 bench/train_step.py \
+      --out "$OUT" >/tmp/train_model.txt 2>/tmp/train_model.err
+    rc=$?
+    cat /tmp/train_model.err >>"$OUT/log.txt"
+    ((rc != 0)) && grep -v '^\[train_step' /tmp/train_model.err | tail -n 5 >>/tmp/train_model.txt
+    echo "train_step rc $rc" >>/tmp/train_model.txt
+  else
+    echo "train_step not run: the Python module did not build" >/tmp/train_model.txt
+  fi
+fi
+
+if has python; then
+  # The Python package on CUDA tensors: its pytest suite (the GPU tests run
+  # here: every backend, the current stream, torch.compile) and the host time
+  # a Python call adds over the C++ call.
+  log "Python package"
+  python_module
   PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" \
     python/tests >"$OUT/pytest.txt" 2>&1
   echo "pytest rc $?" >>"$OUT/pytest.txt"
@@ -298,6 +329,7 @@ echo "==== env"; cat /tmp/env.txt
 # The classes' and decode's summaries (the per-backend tables are in their .md).
 [[ -f /tmp/bench_shapes.txt ]] && { echo "==== bench --shapes classes"; sed -n '/^Summary/,$p' /tmp/bench_shapes.txt; }
 [[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
+[[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
 [[ -f $OUT/ring.txt ]] && { echo "==== ring (--gpus)"; cat "$OUT/ring.txt"; }
