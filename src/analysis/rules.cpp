@@ -406,6 +406,9 @@ std::vector<Finding> backward_recompute(const RuleInput& in) {
   return {f};
 }
 
+// Against the 2.5x FLOP ratio: above it the backward runs its matrix products
+// at a lower rate than the forward does (the usual case: five products, two
+// of them accumulated across tiles, against two).
 std::vector<Finding> backward_over_forward(const RuleInput& in) {
   const Metrics& m = in.run.metrics;
   if (in.run.problem.pass != Pass::Backward || !m.device_time_us || !m.forward_device_time_us ||
@@ -413,9 +416,63 @@ std::vector<Finding> backward_over_forward(const RuleInput& in) {
     return {};
   }
   const double ratio = *m.device_time_us / *m.forward_device_time_us;
+  const double rate = 2.5 / ratio;  // the backward's FLOP rate over the forward's
   Finding f = found(format("backward takes %.2fx the forward's time (", ratio) + format("%.1f us", *m.device_time_us) +
-                    " to " + format("%.1f us", *m.forward_device_time_us) + "; its FLOPs are 2.5x)");
-  f.figures = {{"ratio", ratio}, {"backward_us", *m.device_time_us}, {"forward_us", *m.forward_device_time_us}};
+                    " to " + format("%.1f us", *m.forward_device_time_us) + "; its FLOPs are 2.5x, so it runs at " +
+                    format("%.2fx", rate) + " the forward's FLOP rate)");
+  f.figures = {{"ratio", ratio},
+               {"flop_rate_over_forward", rate},
+               {"backward_us", *m.device_time_us},
+               {"forward_us", *m.forward_device_time_us}};
+  return {f};
+}
+
+// A kernel's name as people read it: no return type, namespaces or template
+// arguments ("void ns::flash_bwd_sm90_kernel<Cfg<...>>(Args)" ->
+// "flash_bwd_sm90_kernel").
+std::string kernel_base_name(std::string_view name) {
+  if (name.starts_with("void ")) name.remove_prefix(5);
+  const std::size_t end = name.find_first_of("<(");
+  std::string_view head = name.substr(0, end);
+  if (const std::size_t colon = head.rfind("::"); colon != std::string_view::npos) head.remove_prefix(colon + 2);
+  return std::string(head.empty() ? name.substr(0, 70) : head);
+}
+
+// The kernels the backward launched (inside its op: in a training step, not
+// the forward's), each with its share of the backward's device time.
+std::vector<Finding> backward_kernels(const RuleInput& in) {
+  const RunResult& r = in.run;
+  if (!in.gpu || r.problem.pass == Pass::Forward) return {};
+  const TraceIndex& ix = in.index;
+  struct Kernel {
+    std::string name;
+    double ns = 0;
+    EventIndex first = kNone;
+  };
+  std::vector<Kernel> kernels;
+  double total = 0;
+  for (const EventIndex d : ix.device_activities()) {
+    const Activity& a = ix.at(d);
+    if (a.type != ActivityType::Kernel) continue;
+    if (r.problem.pass == Pass::Train) {
+      const EventIndex op = ix.launching_op(d, /*outermost=*/true);
+      if (op == kNone || ix.op(op).find("backward") == std::string_view::npos) continue;
+    }
+    const std::string name = kernel_base_name(a.name);
+    auto it = std::find_if(kernels.begin(), kernels.end(), [&](const Kernel& k) { return k.name == name; });
+    if (it == kernels.end()) it = kernels.insert(kernels.end(), Kernel{name, 0, d});
+    it->ns += static_cast<double>(a.dur_ns);
+    total += static_cast<double>(a.dur_ns);
+  }
+  if (kernels.empty() || total <= 0) return {};
+  std::string text = "backward kernels: ";
+  Finding f;
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    text += (i ? ", " : "") + kernels[i].name + format(" %.0f%%", 100.0 * kernels[i].ns / total);
+  }
+  f = found(std::move(text));
+  for (const Kernel& k : kernels) cite(f, ix, k.first);
+  f.figures = {{"kernels", static_cast<double>(kernels.size())}, {"device_ns", total}};
   return {f};
 }
 
@@ -545,6 +602,7 @@ constexpr Rule kRules[] = {
     {"saved-for-backward", Severity::Info, saved_for_backward},
     {"backward-recompute", Severity::Info, backward_recompute},
     {"backward-over-forward", Severity::Info, backward_over_forward},
+    {"backward-kernels", Severity::Info, backward_kernels},
     {"one-fused-kernel", Severity::Info, one_fused_kernel},
     {"low-occupancy", Severity::Info, low_occupancy},
     {"launch-kernel-ex", Severity::Info, launch_kernel_ex},

@@ -270,6 +270,28 @@ TEST(Findings, TheTrainingStorySavedTensorsRecomputeAndBackwardOverForward) {
   ASSERT_TRUE(ratio) << dump(fs);
   EXPECT_NEAR(ratio->figures.at("ratio"), 2.5, 1e-12);
   EXPECT_EQ(ratio->text.rfind("backward takes 2.50x the forward's time", 0), 0u) << ratio->text;
+  EXPECT_NE(ratio->text.find("its FLOPs are 2.5x, so it runs at 1.00x the forward's FLOP rate"), std::string::npos)
+      << ratio->text;
+  // Its kernels by the names people read, with their shares of its device time.
+  const Finding* kernels = by_rule(fs, "backward-kernels");
+  ASSERT_TRUE(kernels) << dump(fs);
+  EXPECT_EQ(kernels->text,
+            "backward kernels: ampere_bf16_s16816gemm_bf16_128x64 50%, elementwise_kernel 17%, masked_fill_kernel "
+            "12%, softmax_warp_forward 21%");
+  EXPECT_EQ(kernels->evidence.size(), 4u);
+  for (Activity& a : r.trace.activities) {
+    if (a.name == "softmax_warp_forward") {
+      a.name = "void attnprof::cuda::kernels::flash_bwd_sm90_kernel<attnprof::Cfg<128, 64>, (MaskMode)1>(BwdArgs)";
+    }
+  }
+  r.metrics.forward_device_time_us = bwd / 3.125;  // 3.125x the forward's time: 0.80x its FLOP rate
+  fs = analysis::findings(r, {r}, {});
+  kernels = by_rule(fs, "backward-kernels");
+  ASSERT_TRUE(kernels) << dump(fs);
+  EXPECT_NE(kernels->text.find(", flash_bwd_sm90_kernel 21%"), std::string::npos) << kernels->text;
+  ratio = by_rule(fs, "backward-over-forward");
+  ASSERT_TRUE(ratio) << dump(fs);
+  EXPECT_NEAR(ratio->figures.at("flop_rate_over_forward"), 0.8, 1e-12);
 
   // A fused backward keeps only the log-sum-exp and says how dQ is summed.
   r.metrics.saved_bytes = 2.0 * 4 * 256 * 4;
@@ -292,7 +314,7 @@ TEST(Findings, TheTrainingStorySavedTensorsRecomputeAndBackwardOverForward) {
   r.problem.deterministic = false;
   r.metrics.saved_bytes.reset();
   fs = analysis::findings(r, {r}, {});
-  for (const char* id : {"saved-for-backward", "backward-recompute", "backward-over-forward"}) {
+  for (const char* id : {"saved-for-backward", "backward-recompute", "backward-over-forward", "backward-kernels"}) {
     EXPECT_FALSE(by_rule(fs, id)) << id << ": " << dump(fs);
   }
 }
