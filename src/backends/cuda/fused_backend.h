@@ -207,8 +207,8 @@ class FusedBackend : public Backend {
     set_strides(grads.dv, b.dv_batch_stride, b.dv_head_stride, b.dv_row_stride);
     b.deterministic = p.deterministic;
     // Workspace in one piece, released (to the stream-ordered cache) when
-    // this call returns; each part starts 512-byte aligned (its element
-    // count is a multiple of 128).
+    // this call returns; each part starts 16-byte aligned (its element
+    // count is a multiple of 4).
     const BwdPath path = fused_bwd_path(b.fwd.head_dim, flash_);
     const FusedBwdWorkspace w = backward_workspace(p);
     Storage workspace(ctx.allocator, static_cast<std::size_t>(w.total()) * sizeof(float));
@@ -222,6 +222,7 @@ class FusedBackend : public Backend {
     b.lse_log2 = take(w.lse_log2);
     b.dq_accum = take(w.dq_accum);
     b.dq_semaphore = reinterpret_cast<int*>(take(w.dq_semaphore));
+    b.dq_accum_cols = w.dq_accum_cols;
     if (const char* why = fused_bwd_unsupported_reason(b, path))
       fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
     ATTNPROF_CUDA_CHECK(launch_fused_bwd(b, path, static_cast<cudaStream_t>(ctx.stream)));

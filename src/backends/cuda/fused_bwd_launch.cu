@@ -44,7 +44,7 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path) 
   const FusedBwdWorkspace need = fused_bwd_workspace(p.fwd.batch, p.fwd.heads, p.fwd.seq_q, p.fwd.head_dim,
                                                       p.deterministic, path == BwdPath::Sm90);
   if ((need.dq_accum > 0 && !p.dq_accum) || (need.lse_log2 > 0 && !p.lse_log2) ||
-      (need.dq_semaphore > 0 && !p.dq_semaphore)) {
+      (need.dq_semaphore > 0 && !p.dq_semaphore) || (need.dq_accum > 0 && p.dq_accum_cols != need.dq_accum_cols)) {
     return say("the workspace this path needs (fused_bwd_workspace) must be set");
   }
   if (!aligned16(p.dout) || !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv)) {

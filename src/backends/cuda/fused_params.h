@@ -106,21 +106,25 @@ struct FusedBwdParams {
   // Workspace (FusedBwdWorkspace says which a path needs), FP32 and
   // contiguous, rows padded to bwd_padded_rows(seq_q): D = rowsum(dO * O)
   // [B, H, rows]; the LSE in log2 units [B, H, rows] (sm90); the dQ
-  // accumulator [B, H, rows, D] (sm90 always, sm80 unless deterministic); the
-  // ordered-dQ semaphores, int32 [B, H, rows / 64, 2] (sm90, deterministic).
+  // accumulator [B, H, rows, dq_accum_cols] (sm90 always, in its 64-row
+  // tiles' register order; sm80 unless deterministic); the ordered-dQ
+  // semaphores, int32 [B, H, rows / 64] (sm90, deterministic).
   float* dsum = nullptr;
   float* lse_log2 = nullptr;
   float* dq_accum = nullptr;
   int* dq_semaphore = nullptr;
+  int dq_accum_cols = 0;  // FusedBwdWorkspace::dq_accum_cols
   // Bitwise repeatable dQ: on sm80 a second kernel per query tile loops over
   // the key tiles in a fixed order (dq_accum unused); on sm90 the key tiles
   // add into the accumulator in key order, each waiting on its semaphore.
   bool deterministic = false;
 };
 
-// The workspace a backward needs, in 4-byte elements per part (0: not needed).
+// The workspace a backward needs, in 4-byte elements per part (0: not
+// needed), and the dQ accumulator's columns (the sm90 kernel's padded head dim).
 struct FusedBwdWorkspace {
   std::int64_t dsum = 0, lse_log2 = 0, dq_accum = 0, dq_semaphore = 0;
+  int dq_accum_cols = 0;
   std::int64_t total() const { return dsum + lse_log2 + dq_accum + dq_semaphore; }
 };
 constexpr FusedBwdWorkspace fused_bwd_workspace(std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
@@ -128,9 +132,11 @@ constexpr FusedBwdWorkspace fused_bwd_workspace(std::int64_t batch, std::int64_t
   const std::int64_t rows = batch * heads * bwd_padded_rows(seq_q);
   FusedBwdWorkspace w;
   w.dsum = rows;
+  w.dq_accum_cols = static_cast<int>(sm90 ? (head_dim + 63) / 64 * 64 : head_dim);
   if (sm90) w.lse_log2 = rows;
-  if (sm90 || !deterministic) w.dq_accum = rows * head_dim;
-  if (sm90 && deterministic) w.dq_semaphore = rows / 64 * 2;
+  if (sm90 || !deterministic) w.dq_accum = rows * w.dq_accum_cols;
+  // Rounded up to a multiple of 4 elements: the parts after it stay 16-byte aligned.
+  if (sm90 && deterministic) w.dq_semaphore = (rows / 64 + 3) / 4 * 4;
   return w;
 }
 

@@ -26,11 +26,12 @@ struct BwdArgs {
   std::int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
   float* dsum;          // [B, H, rows_pad]
   float* lse_log2;      // [B, H, rows_pad]: the LSE in log2 units, +inf past seq_q (sm90), or null
-  float* dq_accum;      // [B, H, rows_pad, D], or null (sm80, deterministic)
-  int* dq_semaphore;    // [B, H, rows_pad / 64, 2]: sm90's ordered dQ (deterministic), or null
+  float* dq_accum;      // [B, H, rows_pad, dq_accum_cols] (sm90: tiles in register order), or null
+  int* dq_semaphore;    // [B, H, rows_pad / 64]: sm90's ordered dQ (deterministic), or null
   float scale;          // softmax scale (dQ = scale dS K, dK = scale dS^T Q)
   int head_dim;
   int rows_pad;         // bwd_padded_rows(seq_q)
+  int dq_accum_cols;    // head_dim (sm80), padded to 64 (sm90)
   bool deterministic;
 
   static BwdArgs from(const FusedBwdParams& p) {
@@ -59,6 +60,7 @@ struct BwdArgs {
         .scale = p.fwd.scale,
         .head_dim = p.fwd.head_dim,
         .rows_pad = static_cast<int>(bwd_padded_rows(p.fwd.seq_q)),
+        .dq_accum_cols = p.dq_accum_cols,
         .deterministic = p.deterministic,
     };
   }

@@ -1,10 +1,16 @@
-// What leaves the sm90a backward's registers (flash_bwd_sm90.cuh): a
-// consumer's dQ share of one query tile added into the FP32 accumulator
-// (flash_bwd_postprocess.cuh converts it), by vector reductions in whatever
-// order the key tiles finish, or (deterministic) in key-tile order, each key
-// tile waiting on a semaphore for the one before; and dK and dV once per key
-// tile (epilogue_bwd_sm80.cuh's store_rows). The accumulators have
-// mma.m16n8k16's C layout (wgmma_sm90.cuh).
+// What leaves the sm90a backward's registers (flash_bwd_sm90.cuh): each query
+// tile's dQ share, staged in shared memory and added into the FP32
+// accumulator by one bulk reduce-add (TMA) per tile, in whatever order the
+// key tiles finish or (deterministic) in key-tile order, each key tile
+// waiting on a semaphore for the one before; and dK and dV once per key tile
+// (epilogue_bwd_sm80.cuh's store_rows). The accumulators have mma.m16n8k16's
+// C layout (wgmma_sm90.cuh).
+//
+// The staged tile, and so the accumulator's 64-row tiles, are in register
+// order: [consumer][warp][n-tile][lane][4 floats] (kBlockM x kPadDim floats),
+// so that every thread writes 16-byte pieces without bank conflicts and the
+// whole tile is one contiguous bulk operation, as FlashAttention-3 does; the
+// conversion kernel (flash_bwd_postprocess.cuh) reads that order back.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,56 +19,63 @@
 
 #include "backends/cuda/kernels/bwd_args.cuh"
 #include "backends/cuda/kernels/epilogue_bwd_sm80.cuh"
+#include "backends/cuda/kernels/tma_sm90.cuh"
+#include "backends/cuda/kernels/utils.cuh"
 #include "backends/cuda/kernels/wgmma_sm90.cuh"
 
 namespace attnprof::cuda::kernels {
 
-__device__ __forceinline__ void red_add_v2(float* at, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(x), "f"(y) : "memory");
-}
+// Where fragment (consumer wg, warp, n-tile nt, lane) of a tile's dQ sits, in
+// floats from the tile's start: DqTileLayout::offset (both the kernel and the
+// conversion use it).
+template <int kDqTiles>
+struct DqTileLayout {
+  __host__ __device__ static constexpr int offset(int wg, int warp, int nt, int lane) {
+    return (((wg * 4 + warp) * kDqTiles + nt) * 32 + lane) * 4;
+  }
+};
 
 template <class Cfg>
 struct EpilogueBwdSm90 {
-  // Adds a consumer's share of dQ (the query tile's 64 rows, its kDqCols
-  // columns), times the softmax scale, into the accumulator; padding columns
-  // skipped.
-  __device__ __forceinline__ static void add_dq(const BwdArgs& a, const float (&dq)[Cfg::kDqTiles][4],
-                                                std::int64_t bh, int m0, int wg, int warp_in_wg, int lane) {
-    const int row = m0 + warp_in_wg * 16 + lane / 4;
-    const int col0 = wg * Cfg::kDqCols + 2 * (lane % 4);
-    float* const at = a.dq_accum + (bh * a.rows_pad + row) * Cfg::kHeadDim + col0;
+  static_assert(Cfg::kBlockM == 64, "a dQ tile of 64 rows: four warps of 16 a consumer");
+  using Layout = DqTileLayout<Cfg::kDqTiles>;
+  static constexpr int kDqBytes = Cfg::kBlockM * Cfg::kPadDim * 4;
+
+  // This thread's dQ fragments (times the softmax scale) into the staged tile.
+  __device__ __forceinline__ static void stage_dq(float* tile, const float (&dq)[Cfg::kDqTiles][4], float scale,
+                                                  int wg, int warp_in_wg, int lane) {
 #pragma unroll
     for (int nt = 0; nt < Cfg::kDqTiles; ++nt) {
-      if (Cfg::kPadDim == Cfg::kHeadDim || col0 + nt * 8 < Cfg::kHeadDim) {
-        red_add_v2(at + nt * 8, dq[nt][0] * a.scale, dq[nt][1] * a.scale);
-        red_add_v2(at + 8 * Cfg::kHeadDim + nt * 8, dq[nt][2] * a.scale, dq[nt][3] * a.scale);
-      }
+      *reinterpret_cast<float4*>(tile + Layout::offset(wg, warp_in_wg, nt, lane)) =
+          make_float4(dq[nt][0] * scale, dq[nt][1] * scale, dq[nt][2] * scale, dq[nt][3] * scale);
     }
   }
 
-  // The same in key-tile order: this consumer's semaphore (the tile's 64 rows,
-  // its column half) counts the key tiles that have added; it waits for its turn
-  // (n_block - first, first being the query tile's first visible key tile),
-  // adds, and passes the turn on. Key tiles start in grid order, so a key
-  // tile waits only on ones already running or done. Named barrier 2 + wg:
-  // the consumer's 128 threads.
-  __device__ __forceinline__ static void add_dq_ordered(const BwdArgs& a, const float (&dq)[Cfg::kDqTiles][4],
-                                                        std::int64_t bh, int m0, int turn, int wg, int warp_in_wg,
-                                                        int lane) {
-    static_assert(Cfg::kBlockM == 64, "a semaphore per 64 query rows and column half");
-    int* const sem = a.dq_semaphore + 2 * (bh * (a.rows_pad / 64) + m0 / 64) + wg;
-    const bool leader = warp_in_wg == 0 && lane == 0;
-    if (leader) {
+  // By the one leader thread, once the staged tile is whole (a named barrier
+  // after every thread's stage_dq and proxy fence): its bulk reduce-add into
+  // the accumulator's tile at m0. Deterministic: first waits for its turn on
+  // the tile's semaphore (turn = n_block - the tile's first visible key
+  // tile), then waits for the adds to land and passes the turn on. Key tiles
+  // start in grid order, so a key tile waits only on ones running or done.
+  template <bool kDeterministic>
+  __device__ __forceinline__ static void add_dq(const BwdArgs& a, std::uint32_t tile, std::int64_t bh, int m0,
+                                                int turn) {
+    float* const dst = a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim;
+    if constexpr (kDeterministic) {
+      int* const sem = a.dq_semaphore + bh * (a.rows_pad / 64) + m0 / 64;
       int seen;
       do {
         asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(sem) : "memory");
       } while (seen != turn);
+      sm90::bulk_reduce_add_f32(dst, tile, kDqBytes);
+      sm90::bulk_commit();
+      sm90::bulk_wait<0>();
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+    } else {
+      sm90::bulk_reduce_add_f32(dst, tile, kDqBytes);
+      sm90::bulk_commit();
     }
-    sm90::named_barrier_sync(2 + wg, 128);
-    add_dq(a, dq, bh, m0, wg, warp_in_wg, lane);
-    __threadfence();
-    sm90::named_barrier_sync(2 + wg, 128);
-    if (leader) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
   }
 
   // dK (times the softmax scale) and dV of this consumer's 64 keys; keys past

@@ -55,14 +55,13 @@ __global__ void __launch_bounds__(128) flash_bwd_preprocess_kernel(const __grid_
   if (lane == 0) {
     a.dsum[r] = sum;
     if (a.lse_log2 != nullptr) a.lse_log2[r] = i < f.seq_q ? lse_log2(f.lse[bh * f.seq_q + i]) : INFINITY;
-    if (a.dq_semaphore != nullptr && i % 64 == 0) {
-      a.dq_semaphore[2 * (r / 64)] = 0;
-      a.dq_semaphore[2 * (r / 64) + 1] = 0;
-    }
+    if (a.dq_semaphore != nullptr && i % 64 == 0) a.dq_semaphore[r / 64] = 0;
   }
   if (a.dq_accum != nullptr) {
-    auto* acc = reinterpret_cast<float4*>(a.dq_accum + r * a.head_dim);
-    for (int c = lane; c < a.head_dim / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    // The row's share of the accumulator (in the sm90 kernel's tile order a
+    // row is not contiguous, but the tiles of the padded rows cover it all).
+    auto* acc = reinterpret_cast<float4*>(a.dq_accum + r * a.dq_accum_cols);
+    for (int c = lane; c < a.dq_accum_cols / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 

@@ -8,13 +8,15 @@
 //      K and V resident in shared memory, Q, dO, LSE and D streamed query tile
 //      after query tile, for every query head of its grouped-query group (dK
 //      and dV summed in registers, no atomics for them); dQ added into the FP32
-//      accumulator (vector reductions; deterministic: in key-tile order);
-//   3. bwd_convert_dq (flash_bwd_postprocess.cuh): the accumulator to dQ.
+//      accumulator by one bulk reduce-add a query tile (deterministic: in
+//      key-tile order);
+//   3. bwd_convert_dq_tiled (flash_bwd_postprocess.cuh): the accumulator
+//      (in its tiles' register order) to dQ.
 // This file lays out shared memory and the barriers and splits the CTA by
 // role; the roles live in
 //   mainloop_bwd_sm90.cuh    loads (producer), the five products (consumers)
 //   pipeline_sm90.cuh        the mbarrier stages between them
-//   epilogue_bwd_sm90.cuh    dQ into the accumulator; dK and dV out
+//   epilogue_bwd_sm90.cuh    dQ staged and reduce-added into the accumulator; dK and dV out
 // The grid is the static one of the sm80 kernel (key tile fastest), which the
 // ordered dQ relies on: a key tile waits only on lower ones of its head.
 #pragma once
@@ -48,7 +50,9 @@ struct FlashBwdSm90 {
   // 1024 bytes of slack: the swizzled buffers must start 1024-byte aligned.
   static constexpr int kSmemBytes = kQPipeOffset + Mainloop::QPipeline::kBarrierBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
-  static constexpr int kDsReady = 1;  // named barrier: both consumers' dS^T is in shared memory
+  // Named barriers of the two consumers: both halves of dS^T are in shared
+  // memory (and the last tile's dQ has left it); the staged dQ tile is whole.
+  static constexpr int kDsReady = 1, kDqReady = 2;
 };
 
 template <class Cfg, MaskMode kMask, Half16 Element, bool kDeterministic>
@@ -92,6 +96,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int wg = warp / 4, warp_in_wg = warp % 4;
   const int key_row0 = 64 * wg + 16 * warp_in_wg;  // this warp's first row of the key tile
   const int t = lane % 4;
+  const bool leader = tid == 0;  // issues the dQ tiles' bulk reduce-adds
   float dk[1][kDT][4], dv[1][kDT][4];
   zero(dk);
   zero(dv);
@@ -152,6 +157,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         sm90::fence_view_async_shared();
         Mainloop::issue_accumulate(smem.dout(st), dv, pt);
         Mainloop::issue_accumulate(smem.q(st), dk, dst);
+        if (leader) sm90::bulk_wait_read<0>();  // the last tile's dQ has left the staging buffer
         sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
         float dq[Cfg::kDqTiles][4];
         Mainloop::issue_dq(smem, buf, dq, wg);
@@ -163,17 +169,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         sm90::fence_operands(dst);
         q_pipe.consumer_release(q_state, Mainloop::kPartQ);
         q_pipe.consumer_release(q_state, Mainloop::kPartDo);
-        if constexpr (kDeterministic) {
-          const int turn = n_block - key_tiles<kMask, kBM, kBN>(f, m0).begin;
-          Epilogue::add_dq_ordered(a, dq, bh, m0, turn, wg, warp_in_wg, lane);
-        } else {
-          Epilogue::add_dq(a, dq, bh, m0, wg, warp_in_wg, lane);
+        // dQ: staged, then one bulk reduce-add (the leader's) into the accumulator.
+        Epilogue::stage_dq(smem.template at<float>(smem.dq()), dq, a.scale, wg, warp_in_wg, lane);
+        sm90::fence_view_async_shared();
+        sm90::named_barrier_sync(Kernel::kDqReady, Cfg::kConsumerThreads);
+        if (leader) {
+          const int turn = kDeterministic ? n_block - key_tiles<kMask, kBM, kBN>(f, m0).begin : 0;
+          Epilogue::template add_dq<kDeterministic>(a, smem.dq(), bh, m0, turn);
         }
         q_state.advance();
         buf ^= 1;
       }
     }
   }
+  if (leader) sm90::bulk_wait<0>();  // the last reduce-add has read its source and landed
   Epilogue::template store_dkdv<Element>(a, dk, dv, n0, kv_head, batch, wg, warp_in_wg, lane);
 #endif
 }
@@ -203,7 +212,7 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   const dim3 grid((f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN, f.heads / f.group, f.batch);
   kernel<<<grid, Cfg::kThreads, Kernel::kSmemBytes, stream>>>(a, p);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  return launch_bwd_convert_dq<Element>(a, stream);
+  return launch_bwd_convert_dq_tiled<Element, Cfg::kPadDim>(a, stream);
 }
 
 template <int kHeadDim, MaskMode kMask, Half16 Element>

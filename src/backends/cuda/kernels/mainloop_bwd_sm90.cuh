@@ -85,13 +85,15 @@ struct MainloopBwdSm90 {
   static constexpr int kKBytes = kBN * kD * 2;  // K or V
   static constexpr int kDsBytes = kBN * kBM * 2;
   static constexpr int kRowBytes = kBM * 4;  // a tile's LSE or D
+  static constexpr int kDqBytes = kBM * kD * 4;  // the staged FP32 dQ tile
   // K, V, the Q and dO stages, dS^T twice (a consumer may write the next
-  // while the other still reads this one), the LSE and D stages; the
-  // swizzled buffers 1024-byte aligned (sizes are multiples of 1024).
+  // while the other still reads this one), the staged dQ tile, the LSE and D
+  // stages; the swizzled buffers 1024-byte aligned (sizes are multiples of 1024).
   static constexpr int kKOff = 0, kVOff = kKBytes, kQOff = 2 * kKBytes;
   static constexpr int kDoOff = kQOff + Cfg::kStages * kQBytes;
   static constexpr int kDsOff = kDoOff + Cfg::kStages * kQBytes;
-  static constexpr int kLseOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kDqOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kLseOff = kDqOff + kDqBytes;
   static constexpr int kDsumOff = kLseOff + Cfg::kStages * kRowBytes;
   static constexpr int kSmemBytes = kDsumOff + Cfg::kStages * kRowBytes;
 
@@ -146,6 +148,7 @@ struct MainloopBwdSm90 {
     __device__ __forceinline__ std::uint32_t q(int st) const { return base + kQOff + st * kQBytes; }
     __device__ __forceinline__ std::uint32_t dout(int st) const { return base + kDoOff + st * kQBytes; }
     __device__ __forceinline__ std::uint32_t ds(int buf) const { return base + kDsOff + buf * kDsBytes; }
+    __device__ __forceinline__ std::uint32_t dq() const { return base + kDqOff; }
     __device__ __forceinline__ std::uint32_t lse(int st) const { return base + kLseOff + st * kRowBytes; }
     __device__ __forceinline__ std::uint32_t dsum(int st) const { return base + kDsumOff + st * kRowBytes; }
     template <class T>

@@ -1,6 +1,7 @@
 // TMA on sm90a: tensor-map descriptors of [batch, heads, rows, head_dim]
 // tensors (host), the 4-d tiled loads and the plain bulk copies of contiguous
-// bytes that complete on an mbarrier (device).
+// bytes that complete on an mbarrier, and the bulk reduce-add of f32 from
+// shared into global memory (device).
 #pragma once
 
 #include <cuda.h>
@@ -92,6 +93,28 @@ __device__ __forceinline__ void bulk_load(std::uint32_t dst, const void* src, st
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+
+// Adds `bytes` of f32 (a multiple of 16, both ends 16-byte aligned) from
+// shared memory into global memory element by element (the adds happen in
+// L2), as an operation of this thread's bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src, std::uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most kPending of this thread's bulk groups are still reading
+// their shared-memory sources (the sources may then be overwritten).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Until at most kPending of this thread's bulk groups are incomplete (their
+// writes performed).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace attnprof::cuda::kernels::sm90
