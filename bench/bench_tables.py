@@ -1,12 +1,14 @@
 """The tables bench_vs_torch.py prints and writes: every backend's row
-against PyTorch's counterpart (detail_table), and issue 12's summary of our
-flash against our cudnn and PyTorch's SDPA with each target judged
-(summarize, summary_table), with what the profiler's rules said of our flash
-(findings_list). Plain formatting: no torch, no timing."""
+against PyTorch's counterpart (detail_table), and the summary of our flash
+against our cudnn and PyTorch's SDPA with each target judged (summarize,
+summary_table: issue 12's forward targets, or on a backward run issue 21's
+flash <= 1.00x cudnn per row and the count of rows that meet it), with what
+the profiler's rules said of our flash (findings_list). Plain formatting: no
+torch, no timing."""
 
-# Issue 12's targets.
+# Issue 12's targets (forward); issue 21's backward one is the same ratio.
 TARGET_FLASH_OVER_CUDNN = 1.00
-TARGET_TFLOPS, TARGET_TFLOPS_ROW = 700.0, (2, 16, 16, 8192, 8192, 128, "none", "contiguous", 0)
+TARGET_TFLOPS, TARGET_TFLOPS_ROW = 700.0, (2, 16, 16, 8192, 8192, 128, "none", "contiguous", 0, "bf16")
 TARGET_COPY_PCT = 80.0
 TARGET_HOST_US = 5.0
 
@@ -34,6 +36,12 @@ def ms(us):
     return None if us is None else us / 1e3
 
 
+def shape_cell(r):
+    """The shape, and the dtype where it is not bf16 (records written before rows had one were bf16)."""
+    dtype = r.get("dtype") or "bf16"
+    return r["shape"] + ("" if dtype == "bf16" else f" {dtype}")
+
+
 def host_cell(r):
     """Our median host us per call, with the p10-p90 spread of the calls."""
     if r["ours_host_us"] is None or r["ours_host_p10_us"] is None or r["ours_host_p90_us"] is None:
@@ -41,9 +49,10 @@ def host_cell(r):
     return f'{r["ours_host_us"]:.1f} ({r["ours_host_p10_us"]:.1f}-{r["ours_host_p90_us"]:.1f})'
 
 
-def summarize(row, mine, torch_runs, fl, ceiling):
+def summarize(row, mine, torch_runs, fl, ceiling, pass_="forward"):
     """One summary line: our flash and cudnn, PyTorch's SDPA, the ratios, and
-    issue 12's targets for this row."""
+    the targets for this row (issue 12's forward ones; issue 21's on a backward
+    pass)."""
     fla, cud = mine.get("flash", {}), mine.get("cudnn", {})
     f_us, c_us = fla.get("device_time_us"), cud.get("device_time_us")
     sdpa = {n: t for n, t in torch_runs.items() if n.startswith("sdpa") and t.get("gpu_us")}
@@ -52,9 +61,14 @@ def summarize(row, mine, torch_runs, fl, ceiling):
     s = {
         "class": row.cls, "shape": row.shape(), "batch": row.b, "heads": row.h, "kv_heads": row.hkv, "seq": row.sq,
         "kv_seq": row.skv, "head_dim": row.d, "mask": row.mask, "kv_cache": row.kv_cache,
-        "page_size": row.page_size or None, "flops": fl, "kv_bytes": row.kv_bytes(),
+        "page_size": row.page_size or None, "dtype": row.dtype, "pass": pass_, "flops": fl,
+        "kv_bytes": row.kv_bytes(),
         "torch_cache": "contiguous (PyTorch has no paged SDPA)" if row.paged else "contiguous",
         "flash_us": f_us, "cudnn_us": c_us, "flash_reason": did_not_run(fla), "cudnn_reason": did_not_run(cud),
+        # Refused: attnprof said the backend cannot take the problem (as
+        # against one that failed or left no record).
+        "flash_refused": fla.get("eligible") is False and not fla.get("failed"),
+        "cudnn_refused": cud.get("eligible") is False and not cud.get("failed"),
         "flash_accepted": fla.get("accepted"), "cudnn_accepted": cud.get("accepted"),
         "flash_rel_error": fla.get("rel_error"), "flash_host_us": fla.get("host_time_unprofiled_us"),
         "torch": {n: {k: t.get(k) for k in ("gpu_us", "host_us", "kind", "reason")} for n, t in torch_runs.items()
@@ -80,9 +94,33 @@ def summarize(row, mine, torch_runs, fl, ceiling):
             bw = row.kv_bytes() / (us * 1e-6) if us else None
             s[f"{who}_kv_bytes_per_s"] = bw
             s[f"{who}_kv_pct_copy"] = 100.0 * bw / ceiling if bw and ceiling else None
+    if pass_ == "backward":
+        s["backward_target"], s["target"] = backward_target(s)
+        s["misses"] = [s["target"].removeprefix("missed: ")] if s["backward_target"] == "missed" else []
+        s["unknown"] = [s["target"].removeprefix("no figure: ")] if s["backward_target"] == "no figure" else []
+        return s
     s["misses"], s["unknown"] = targets(row, s)
     s["target"] = verdict(s["misses"], s["unknown"])
     return s
+
+
+def backward_target(s):
+    """Issue 21's target on a backward row, flash <= 1.00x our cudnn: ("met" |
+    "missed" | "no figure", the line that says so, with the ratio or with the
+    one-line reason the backend that did not run gave)."""
+    for who in ("flash", "cudnn"):
+        if not s[f"{who}_us"]:  # no time, or none recorded
+            did = "refused the row" if s[f"{who}_refused"] else "did not run"
+            return "no figure", f"no figure: our {who} {did}: {s[f'{who}_reason']}"
+    ratio = s["flash_over_cudnn"]
+    text = f"flash {ratio:.2f}x cudnn"
+    if s["cudnn_accepted"] is False:
+        text += " (cudnn over its error tolerance)"
+    if s["flash_accepted"] is False:
+        return "missed", f"missed: {text}, flash over its error tolerance"
+    if round(ratio, 2) > TARGET_FLASH_OVER_CUDNN:
+        return "missed", f"missed: {text}"
+    return "met", f"met: {text}"
 
 
 def targets(row, s):
@@ -136,37 +174,95 @@ def time_cell(us, reason):
     return "refused" if us is None and reason else fmt(ms(us), ".3f")
 
 
-def summary_table(summary, ceiling, pass_):
-    """The final table, and one line per backend that did not run and why."""
-    lines = ["| class | B x H(/Hkv) x S(/Skv) x D | mask | KV cache | our flash ms | our cudnn ms | torch SDPA ms (picks) "
-             "| torch cuDNN SDPA ms | torch best ms | flash/cudnn | flash/torch best | flash TFLOP/s | cudnn TFLOP/s "
-             "| flash KV TB/s (% copy) | cudnn KV TB/s (% copy) | flash host us | target met? |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def did_not_run_notes(summary):
+    """One line per backend of a summary row that did not run, and why (a
+    PyTorch run that paged rows share is told once)."""
     notes, told = [], set()
     for i, s in enumerate(summary, 1):
-        tor = s["torch"]
-        default = tor.get("sdpa", {})
-        dflt = time_cell(default.get("gpu_us"), default.get("reason"))
-        if default.get("gpu_us") and s["torch_default_kind"]:
-            dflt += f" ({s['torch_default_kind']})"
-        tcud = tor.get("sdpa_cudnn", {})
-        cache = s["kv_cache"] if not s["page_size"] else f"paged {s['page_size']} (torch: contiguous)"
-        lines.append("| " + " | ".join([
-            s["class"], s["shape"], s["mask"], cache, time_cell(s["flash_us"], s["flash_reason"]),
-            time_cell(s["cudnn_us"], s["cudnn_reason"]), dflt, time_cell(tcud.get("gpu_us"), tcud.get("reason")),
-            fmt(ms(s["torch_best_us"]), ".3f") + best_note(s),
-            fmt(s["flash_over_cudnn"], ".2f"), fmt(s["flash_over_torch"], ".2f"), fmt(s["flash_tflops"], ".0f"),
-            fmt(s["cudnn_tflops"], ".0f"), kv_cell(s, "flash"), kv_cell(s, "cudnn"), fmt(s["flash_host_us"], ".1f"),
-            s["target"]]) + " |")
-        where = f"row {i} ({s['class']} {s['shape']} {s['mask']}, {s['kv_cache']}" + (
+        where = f"row {i} ({s['class']} {shape_cell(s)} {s['mask']}, {s['kv_cache']}" + (
             f" {s['page_size']})" if s["page_size"] else ")")
         for who in ("flash", "cudnn"):
             if s[f"{who}_reason"]:
                 notes.append(f"- {where}: our {who}: {s[f'{who}_reason']}")
-        for name, t in tor.items():
-            if t.get("reason") and (s["shape"], s["mask"], name) not in told:  # paged rows share the contiguous runs
-                told.add((s["shape"], s["mask"], name))
+        for name, t in s["torch"].items():
+            key = (s["shape"], s.get("dtype"), s["mask"], name)
+            if t.get("reason") and key not in told:  # paged rows share the contiguous runs
+                told.add(key)
                 notes.append(f"- {where}: torch {name}: {t['reason']}")
+    return notes
+
+
+def torch_default_cell(s):
+    """PyTorch's SDPA as it dispatches by itself, and which backend that picked."""
+    default = s["torch"].get("sdpa", {})
+    cell = time_cell(default.get("gpu_us"), default.get("reason"))
+    if default.get("gpu_us") and s["torch_default_kind"]:
+        cell += f" ({s['torch_default_kind']})"
+    return cell
+
+
+def torch_cell(s, name):
+    t = s["torch"].get(name, {})
+    return time_cell(t.get("gpu_us"), t.get("reason"))
+
+
+def backward_tally(summary):
+    """The last line of a backward summary: how many rows meet issue 21's target."""
+    by = {v: [s for s in summary if s.get("backward_target") == v] for v in ("met", "missed", "no figure")}
+    line = (f"Backward target flash <= {TARGET_FLASH_OVER_CUDNN:.2f}x cudnn: met on {len(by['met'])} of "
+            f"{len(summary)} rows, missed on {len(by['missed'])}, no figure on {len(by['no figure'])}")
+    rest = [v + " " + ", ".join(f"{s['class']} {shape_cell(s)} {s['mask']}" for s in by[v])
+            for v in ("missed", "no figure") if by[v]]
+    return line + (f" ({'; '.join(rest)})" if rest else "") + "."
+
+
+def backward_summary_table(summary):
+    """A backward run's summary: issue 21's target judged on every row, then
+    the backends that did not run, then the count of rows that meet it."""
+    lines = ["| class | B x H(/Hkv) x S(/Skv) x D | mask | our flash ms | our cudnn ms | torch SDPA ms (picks) "
+             "| torch flash SDPA ms | torch cuDNN SDPA ms | torch best ms | flash/cudnn | flash/torch best "
+             "| flash TFLOP/s | cudnn TFLOP/s | flash host us | flash <= 1.00x cudnn? |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        lines.append("| " + " | ".join([
+            s["class"], shape_cell(s), s["mask"], time_cell(s["flash_us"], s["flash_reason"]),
+            time_cell(s["cudnn_us"], s["cudnn_reason"]), torch_default_cell(s), torch_cell(s, "sdpa_flash"),
+            torch_cell(s, "sdpa_cudnn"), fmt(ms(s["torch_best_us"]), ".3f") + best_note(s),
+            fmt(s["flash_over_cudnn"], ".2f"), fmt(s["flash_over_torch"], ".2f"), fmt(s["flash_tflops"], ".0f"),
+            fmt(s["cudnn_tflops"], ".0f"), fmt(s["flash_host_us"], ".1f"), s["target"]]) + " |")
+    head = [
+        "Summary (backward): GPU time per backward call (kernel time); ratios below 1 mean our flash is faster. "
+        "torch SDPA: PyTorch's dispatch left to itself (the kernels it ran say which backend); torch best: the "
+        "fastest of its SDPA backends on this row. Every row is bf16 unless its shape says fp16.",
+        "TFLOP/s: backward FLOPs, 2.5x the forward's 4 * B * H * D * (query-key pairs the mask keeps).",
+        f"Target (issue 21): our flash's backward <= {TARGET_FLASH_OVER_CUDNN:.2f}x our cudnn's on every row, the "
+        "ratio rounded to 2 places; no figure where either did not run (the reason is on the row).",
+    ]
+    body = "\n".join(head) + "\n\n" + "\n".join(lines)
+    notes = did_not_run_notes(summary)
+    if notes:
+        body += "\n\nDid not run:\n" + "\n".join(notes)
+    return body + "\n\n" + backward_tally(summary)
+
+
+def summary_table(summary, ceiling, pass_):
+    """The final table, and one line per backend that did not run and why."""
+    if pass_ == "backward":
+        return backward_summary_table(summary)
+    lines = ["| class | B x H(/Hkv) x S(/Skv) x D | mask | KV cache | our flash ms | our cudnn ms | torch SDPA ms (picks) "
+             "| torch cuDNN SDPA ms | torch best ms | flash/cudnn | flash/torch best | flash TFLOP/s | cudnn TFLOP/s "
+             "| flash KV TB/s (% copy) | cudnn KV TB/s (% copy) | flash host us | target met? |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        cache = s["kv_cache"] if not s["page_size"] else f"paged {s['page_size']} (torch: contiguous)"
+        lines.append("| " + " | ".join([
+            s["class"], shape_cell(s), s["mask"], cache, time_cell(s["flash_us"], s["flash_reason"]),
+            time_cell(s["cudnn_us"], s["cudnn_reason"]), torch_default_cell(s), torch_cell(s, "sdpa_cudnn"),
+            fmt(ms(s["torch_best_us"]), ".3f") + best_note(s),
+            fmt(s["flash_over_cudnn"], ".2f"), fmt(s["flash_over_torch"], ".2f"), fmt(s["flash_tflops"], ".0f"),
+            fmt(s["cudnn_tflops"], ".0f"), kv_cell(s, "flash"), kv_cell(s, "cudnn"), fmt(s["flash_host_us"], ".1f"),
+            s["target"]]) + " |")
+    notes = did_not_run_notes(summary)
     head = [
         f"Summary ({pass_}): GPU time per call (kernel time); ratios below 1 mean our flash is faster. torch SDPA: "
         "PyTorch's dispatch left to itself (the kernels it ran say which backend); torch best: the fastest of its "
@@ -194,7 +290,7 @@ FINDINGS_KEPT = ("bound", "split-kv")
 
 def findings_list(results):
     """Our flash's kept findings, one line each, under the summary table."""
-    lines = [f"- {r['class']} {r['shape']} {r['mask']} {r['kv_cache']}"
+    lines = [f"- {r['class']} {shape_cell(r)} {r['mask']} {r['kv_cache']}"
              f"{' ' + str(r['page_size']) if r.get('page_size') else ''}, {r['backend']}: {text}"
              for r in results if r["backend"] == "flash"
              for text in (r.get("ours_findings") or {}).values()]
@@ -210,13 +306,14 @@ def detail_table(results):
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["shape"] + (f" paged {r['page_size']}" if r["page_size"] else ""), r["mask"], r["backend"],
+            shape_cell(r) + (f" paged {r['page_size']}" if r["page_size"] else ""), r["mask"], r["backend"],
             fmt(ms(r["ours_gpu_us"]), ".3f"), fmt(ms(r["torch_gpu_us"]), ".3f"),
             fmt(r["ratio"], ".2f"), fmt(r["ours_tflops"], ".0f"), fmt(r["torch_tflops"], ".0f"),
             host_cell(r), fmt(r["torch_host_us"], ".1f"),
             fmt(r["ours_host_profiled_us"], ".1f"), fmt(r["torch_host_profiled_us"], ".1f"),
             fmt(r["ours_kernels"], ".0f"), fmt(r["ours_rel_error"], ".1e")))
-    notes = [f"- {r['shape']} {r['mask']}{' paged ' + str(r['page_size']) if r['page_size'] else ''}: {who}: {why}"
+    notes = [f"- {shape_cell(r)} {r['mask']}{' paged ' + str(r['page_size']) if r['page_size'] else ''}: "
+             f"{who}: {why}"
              for r in results for who, why in ((f"our {r['backend']}", r["ours_reason"]),
                                                (f"torch {r['torch']}", r["torch_reason"])) if why]
     return "\n".join(lines) + ("\n\nDid not run:\n" + "\n".join(notes) if notes else "")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""attnprof's CUDA backends next to PyTorch's, on DESIGN.md's grid and issue 12's shape classes.
+"""attnprof's CUDA backends next to PyTorch's: DESIGN.md's grid, issue 12's shape classes, issue 21's backward set.
 
 One run on the GPU machine: for every row, `attnprof compare --json` times our
 backends (GPU time = kernel time per forward read from CUPTI records; host
@@ -22,6 +22,16 @@ same run, and whether issue 12's targets are met. Writes JSON and Markdown.
             (pages of 64 and 16) caches (files bench_decode.*); PyTorch has no
             paged SDPA, so its columns on paged rows are its contiguous times
   all       the three (files bench_all.*)
+  backward  with --pass backward only: issue 21's set, the grid's rows and
+            grouped-query (2 x 32 query heads over 8 K/V heads, 4k, head dim
+            128, causal), non-causal head dim 64 (2x16x8192), head dim 96 causal
+            (2x24x4096), head dim 256 causal (2x16x4096) and fp16 causal head
+            dim 128 (4x16x2048; every other row is bf16): our flash and cudnn,
+            PyTorch's SDPA as it dispatches by itself and with its flash and
+            cuDNN forced (files bench_backward.*, as the grid's backward); the
+            summary judges flash <= 1.00x cudnn on each row (met or missed with
+            the ratio; no figure, with the reason, where either refused) and
+            counts the rows
 A backend that refuses a row (a PyTorch backend that cannot take a shape, our
 efficient on a paged cache) gets its one-line reason under the table; the run
 goes on.
@@ -30,13 +40,16 @@ With --pass backward, the same for the backward alone: ours through
 `attnprof compare --pass backward` (the forward's saved tensors in place), and
 PyTorch's autograd through torch.autograd.grad on a graph built once, timed the
 same way (backward FLOPs are 2.5x the forward's). Files: <stem>_backward.* (the
-grid's: bench_backward.*). Decode rows are forward only.
+grid's: bench_backward.*). Decode rows are forward only. The summary of a
+backward run judges issue 21's target (flash <= 1.00x cudnn) instead of issue
+12's forward ones.
 
 --smoke runs the same code on the CPU at shrunk shapes (seconds; the plumbing,
 not the figures); --dry-run prints the rows and our commands and runs nothing.
 
   python3 bench/bench_vs_torch.py --attnprof build/gpu/attnprof --out OUTDIR [--shapes grid|classes|decode|all]
       [--pass backward] [--rows N] [--smoke | --dry-run]
+  python3 bench/bench_vs_torch.py --attnprof build/gpu/attnprof --out OUTDIR --shapes backward --pass backward
 """
 import argparse
 import dataclasses
@@ -60,7 +73,7 @@ from bench_tables import FINDINGS_KEPT, detail_table, did_not_run, findings_list
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One problem: B x H (Hkv K/V heads) x S queries (Skv keys) x D, bf16."""
+    """One problem: B x H (Hkv K/V heads) x S queries (Skv keys) x D, in bf16 or fp16."""
 
     cls: str  # grid, headline, gqa, vit, long, hd256, decode
     b: int
@@ -72,6 +85,7 @@ class Row:
     mask: str  # none, causal (top-left, PyTorch's is_causal), causal-bottom-right
     kv_cache: str = "contiguous"
     page_size: int = 0
+    dtype: str = "bf16"  # or fp16: attnprof's --dtype, and PyTorch's inputs
 
     @property
     def paged(self):
@@ -85,9 +99,14 @@ class Row:
     def cache(self):
         return f"paged {self.page_size}" if self.paged else "contiguous"
 
+    def label(self):
+        """Class, shape, mask, cache, and the dtype where it is not bf16: how the logs name the row."""
+        return f"{self.cls} {self.shape()} {self.mask} {self.cache()}" + (
+            f" {self.dtype}" if self.dtype != "bf16" else "")
+
     def slug(self):
         return "_".join(str(x) for x in (self.b, self.h, self.hkv, self.sq, self.skv, self.d, self.mask)) + (
-            f"_paged{self.page_size}" if self.paged else "")
+            f"_paged{self.page_size}" if self.paged else "") + (f"_{self.dtype}" if self.dtype != "bf16" else "")
 
     def contiguous(self):
         """The same problem on a contiguous cache: what PyTorch times for a paged row."""
@@ -95,7 +114,8 @@ class Row:
 
     def same_problem(self):
         """What two rows of different classes share when they are one problem."""
-        return (self.b, self.h, self.hkv, self.sq, self.skv, self.d, self.mask, self.kv_cache, self.page_size)
+        return (self.b, self.h, self.hkv, self.sq, self.skv, self.d, self.mask, self.kv_cache, self.page_size,
+                self.dtype)
 
     def visible_pairs(self):
         """Query-key pairs the mask keeps, as attnprof's Problem::visible_pairs counts them."""
@@ -108,7 +128,7 @@ class Row:
         return 4.0 * self.b * self.h * self.visible_pairs() * self.d * (2.5 if pass_ == "backward" else 1.0)
 
     def kv_bytes(self):
-        """K and V read once: Hkv * Skv * D * 2 tensors * 2 bytes (bf16) * batch."""
+        """K and V read once: Hkv * Skv * D * 2 tensors * 2 bytes (bf16 or fp16) * batch."""
         return self.hkv * self.skv * self.d * 2 * 2 * self.b
 
 
@@ -131,8 +151,19 @@ CLASSES = [
 ]
 DECODE = [Row("decode", 64, 32, 8, sq, 4096, 128, "causal-bottom-right", cache, page)
           for sq in (1, 4, 16) for cache, page in (("contiguous", 0), ("paged", 64), ("paged", 16))]
-SHAPES = {"grid": GRID, "classes": CLASSES, "decode": DECODE, "all": GRID + CLASSES + DECODE}
-STEMS = {"grid": "bench", "classes": "bench_shapes", "decode": "bench_decode", "all": "bench_all"}
+# Issue 21's backward rows: the grid, and the classes its target names
+# (flash backward <= 1.00x our cudnn's on each).
+BACKWARD = GRID + [
+    Row("gqa", 2, 32, 8, 4096, 4096, 128, "causal"),
+    Row("hd64", 2, 16, 16, 8192, 8192, 64, "none"),
+    Row("hd96", 2, 24, 24, 4096, 4096, 96, "causal"),
+    Row("hd256", 2, 16, 16, 4096, 4096, 256, "causal"),
+    Row("fp16", 4, 16, 16, 2048, 2048, 128, "causal", dtype="fp16"),
+]
+SHAPES = {"grid": GRID, "classes": CLASSES, "decode": DECODE, "all": GRID + CLASSES + DECODE, "backward": BACKWARD}
+# --shapes backward writes bench_backward.*, the files the grid's backward
+# wrote before it (the JSON's meta says which set ran).
+STEMS = {"grid": "bench", "classes": "bench_shapes", "decode": "bench_decode", "all": "bench_all", "backward": "bench"}
 
 # Our backend -> PyTorch's counterpart.
 PAIRS = [
@@ -154,6 +185,11 @@ SDPA = {
 # backend forced (the math one would not fit at 32k).
 FUSED_OURS = ("flash", "cudnn")
 FUSED_TORCH = ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+# --shapes backward: ours against cuDNN, and PyTorch's dispatch with its flash
+# and cuDNN forced (the efficient, math and naive backwards would not fit ten
+# rows in about 5 minutes).
+BACKWARD_TORCH = ("sdpa", "sdpa_flash", "sdpa_cudnn")
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 DEVICE = "cuda"  # "cpu" under --smoke
 
 
@@ -330,7 +366,7 @@ def copy_ceiling(gib=1.0, reps=10):
 
 def ours_cmd(attnprof, row, backends, path, pass_):
     cmd = [attnprof, "compare", "--device", DEVICE, "--batch", str(row.b), "--heads", str(row.h), "--kv-heads",
-           str(row.hkv), "--seq", str(row.sq), "--kv-seq", str(row.skv), "--head-dim", str(row.d), "--dtype", "bf16",
+           str(row.hkv), "--seq", str(row.sq), "--kv-seq", str(row.skv), "--head-dim", str(row.d), "--dtype", row.dtype,
            "--mask", row.mask, "--warmup", "3", "--active", "10", "--check-rows", "256", "--trace-dir",
            "/tmp/bench-traces", "--json", path, "--quiet", "--pass", pass_, "--backends", ",".join(backends)]
     if row.paged:
@@ -366,8 +402,9 @@ def shrink(row):
 
 
 def torch_inputs(row):
-    q = torch.randn(row.b, row.h, row.sq, row.d, device=DEVICE, dtype=torch.bfloat16)
-    k, v = (torch.randn(row.b, row.hkv, row.skv, row.d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    dtype = TORCH_DTYPES[row.dtype]
+    q = torch.randn(row.b, row.h, row.sq, row.d, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(row.b, row.hkv, row.skv, row.d, device=DEVICE, dtype=dtype) for _ in range(2))
     return q, k, v
 
 
@@ -381,7 +418,7 @@ def run_torch(row, names, pass_):
             t["kind"] = sdpa_kind(t["kernels"]) if name.startswith("sdpa") else None
         except Refused as e:
             t = {"reason": str(e)}
-            print(f"[bench] torch {name} on {row.shape()}: {e}", file=sys.stderr)
+            print(f"[bench] torch {name} on {row.label()}: {e}", file=sys.stderr)
         runs[name] = t
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
@@ -389,11 +426,14 @@ def run_torch(row, names, pass_):
     return runs
 
 
-def plan(row):
+def plan(row, shapes="grid"):
     """(our backend, PyTorch's counterpart) pairs for the row, and every PyTorch variant it times."""
+    fused = [p for p in PAIRS if p[0] in FUSED_OURS]
+    if shapes == "backward":  # the grid's rows too
+        return fused, list(BACKWARD_TORCH)
     if row.cls == "grid":
         return PAIRS, [p[1] for p in PAIRS] + ["sdpa"]
-    return [p for p in PAIRS if p[0] in FUSED_OURS], list(FUSED_TORCH)
+    return fused, list(FUSED_TORCH)
 
 
 def rows_for(args):
@@ -421,15 +461,17 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="print the rows and our commands; run nothing")
     args = ap.parse_args()
     if args.pass_ == "backward" and args.shapes == "decode":
-        ap.error("decode rows are forward only: --pass backward takes --shapes grid, classes or all")
+        ap.error("decode rows are forward only: --pass backward takes --shapes grid, classes, all or backward")
+    if args.pass_ == "forward" and args.shapes == "backward":
+        ap.error("--shapes backward is issue 21's backward set: it runs with --pass backward only")
     DEVICE = "cpu" if args.smoke else "cuda"
     rows = rows_for(args)
     stem = STEMS[args.shapes] + ("_backward" if args.pass_ == "backward" else "")
     if args.dry_run:
         for row in rows:
-            pairs, torch_names = plan(row)
+            pairs, torch_names = plan(row, args.shapes)
             backends = [p[0] for p in pairs]
-            print(f"{row.cls} {row.shape()} {row.mask} {row.cache()}: flops {row.flops(args.pass_):.3e}, "
+            print(f"{row.label()}: flops {row.flops(args.pass_):.3e}, "
                   f"K/V {row.kv_bytes() / 2**20:.1f} MiB, torch {','.join(torch_names)}"
                   + (" (on the contiguous cache)" if row.paged else ""))
             print("  " + shlex.join(ours_cmd(args.attnprof, row, backends, f"/tmp/ours_{row.slug()}.json", args.pass_)))
@@ -456,8 +498,9 @@ def main():
         return table
 
     for row in rows:
-        print(f"[bench] {row.cls} {row.shape()} {row.mask} {row.cache()}", file=sys.stderr, flush=True)
-        pairs, torch_names = plan(row)
+        print(f"[bench] {row.label()}", file=sys.stderr, flush=True)
+        row_t0 = time.perf_counter()
+        pairs, torch_names = plan(row, args.shapes)
         mine = ours(args.attnprof, row, [p[0] for p in pairs], args.pass_)
         # PyTorch's times on a paged row are its times on the contiguous cache,
         # measured once.
@@ -470,7 +513,8 @@ def main():
             t, m = runs.get(torch_name, {}), mine.get(our_name, {})
             o_gpu, t_gpu = m.get("device_time_us"), t.get("gpu_us")
             results.append({
-                "class": row.cls, "shape": row.shape(), "causal": row.mask != "none", "mask": row.mask,
+                "class": row.cls, "shape": row.shape(), "dtype": row.dtype, "causal": row.mask != "none",
+                "mask": row.mask,
                 "kv_cache": row.kv_cache, "page_size": row.page_size or None,
                 "backend": our_name, "torch": torch_name, "ours_gpu_us": o_gpu, "torch_gpu_us": t_gpu,
                 "ours_reason": did_not_run(m), "torch_reason": t.get("reason"),
@@ -489,8 +533,10 @@ def main():
                 "ours_findings": {f["rule"]: f["text"] for f in m.get("findings") or []
                                   if f.get("rule") in FINDINGS_KEPT},
             })
-        summary.append(summarize(row, mine, runs, fl, ceiling["bytes_per_s"]))
+        summary.append(summarize(row, mine, runs, fl, ceiling["bytes_per_s"], args.pass_))
         write()
+        # What each row costs, so that a phase's time-out can be sized.
+        print(f"[bench]   {time.perf_counter() - row_t0:.0f} s", file=sys.stderr, flush=True)
     print(detail_table(results) + "\n\n" + write())
 
 
