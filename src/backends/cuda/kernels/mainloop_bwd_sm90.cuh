@@ -47,7 +47,7 @@ namespace attnprof::cuda::kernels {
 // Registers at head dim 128 (a consumer thread): dK and dV 64 f32 each, S^T
 // and dP^T 32 each while they live, P^T and dS^T 16 each packed, dQ 32. (A
 // 128-query tile at head dim 64 spilled 768 bytes: S^T and dP^T twice the size.)
-template <int kHeadDim_, int kBlockM_, int kStages_ = 2>
+template <int kHeadDim_, int kBlockM_, int kStages_ = 3>
 struct FlashBwdSm90Cfg {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kPadDim = (kHeadDim + 63) / 64 * 64;
