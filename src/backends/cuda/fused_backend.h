@@ -86,7 +86,9 @@ class FusedBackend : public Backend {
     }
     std::string why;
     if (flash_ && !flash_sm90_bwd_head_dim(static_cast<int>(p.head_dim))) {
-      why = " (the sm90 backward is built for head_dim 64, 96 and 128)";
+      std::string dims;
+      for (const int d : kFlashSm90BwdHeadDims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+      why = " (the sm90 backward is built for head_dim " + dims + ")";
     } else if (flash_) {
       why = " (not an sm90 GPU with sm_90a code in this build)";
     }
