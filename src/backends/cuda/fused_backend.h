@@ -77,9 +77,10 @@ class FusedBackend : public Backend {
   // What the backward runs for `p`, and why that kernel.
   std::string backward_story(const Problem& p) const {
     if (fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90) {
-      return std::string("D = rowsum(dO O), then one warp-specialised kernel per 128-key tile (FlashAttention-3 "
-                         "class on sm90: TMA loads of Q, dO, LSE and D from a producer warpgroup, wgmma in two "
-                         "consumer warpgroups, K and V resident), dQ summed in FP32 ") +
+      return std::string(
+                 "D = rowsum(dO O), then one warp-specialised kernel per 128-key tile (FlashAttention-3 "
+                 "class on sm90: TMA loads of Q, dO, LSE and D from a producer warpgroup, wgmma in two "
+                 "consumer warpgroups, K and V resident), dQ summed in FP32 ") +
              (p.deterministic ? "in key-tile order (deterministic: each key tile waits its turn)"
                               : "by vector reductions as key tiles finish") +
              ", then the dQ conversion";

@@ -42,7 +42,7 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path) 
   if (p.fwd.lse == nullptr) return say("the backward needs the forward's saved log-sum-exp");
   if (!p.dout || !p.dq || !p.dk || !p.dv || !p.dsum) return say("dout, dq, dk, dv and the workspace must be set");
   const FusedBwdWorkspace need = fused_bwd_workspace(p.fwd.batch, p.fwd.heads, p.fwd.seq_q, p.fwd.head_dim,
-                                                      p.deterministic, path == BwdPath::Sm90);
+                                                     p.deterministic, path == BwdPath::Sm90);
   if ((need.dq_accum > 0 && !p.dq_accum) || (need.lse_log2 > 0 && !p.lse_log2) ||
       (need.dq_semaphore > 0 && !p.dq_semaphore) || (need.dq_accum > 0 && p.dq_accum_cols != need.dq_accum_cols)) {
     return say("the workspace this path needs (fused_bwd_workspace) must be set");

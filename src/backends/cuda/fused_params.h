@@ -27,7 +27,9 @@ inline constexpr std::array<int, 3> kFlashSm90BwdHeadDims = {64, 96, 128};
 // so that the sm90 kernel reads a query tile's LSE and D and adds its dQ rows
 // whole (bulk copies, no bounds checks).
 inline constexpr int kBwdRowPad = 128;
-constexpr std::int64_t bwd_padded_rows(std::int64_t seq_q) { return (seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
+constexpr std::int64_t bwd_padded_rows(std::int64_t seq_q) {
+  return (seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
+}
 
 // The head dims of flash's split-KV decode kernel (kernels/flash_decode.cuh,
 // flash_decode_hdim*.cu): the only kernel of ours that reads a paged cache.
@@ -54,8 +56,7 @@ constexpr bool fused_bwd_head_dim_built(int head_dim) {
   return std::find(kFusedBwdHeadDims.begin(), kFusedBwdHeadDims.end(), head_dim) != kFusedBwdHeadDims.end();
 }
 constexpr bool flash_sm90_bwd_head_dim(int head_dim) {
-  return std::find(kFlashSm90BwdHeadDims.begin(), kFlashSm90BwdHeadDims.end(), head_dim) !=
-         kFlashSm90BwdHeadDims.end();
+  return std::find(kFlashSm90BwdHeadDims.begin(), kFlashSm90BwdHeadDims.end(), head_dim) != kFlashSm90BwdHeadDims.end();
 }
 
 struct FusedParams {

@@ -24,14 +24,14 @@ struct BwdArgs {
   std::int64_t dq_batch_stride, dq_head_stride, dq_row_stride;
   std::int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
   std::int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
-  float* dsum;          // [B, H, rows_pad]
-  float* lse_log2;      // [B, H, rows_pad]: the LSE in log2 units, +inf past seq_q (sm90), or null
-  float* dq_accum;      // [B, H, rows_pad, dq_accum_cols] (sm90: tiles in register order), or null
-  int* dq_semaphore;    // [B, H, rows_pad / 64]: sm90's ordered dQ (deterministic), or null
-  float scale;          // softmax scale (dQ = scale dS K, dK = scale dS^T Q)
+  float* dsum;        // [B, H, rows_pad]
+  float* lse_log2;    // [B, H, rows_pad]: the LSE in log2 units, +inf past seq_q (sm90), or null
+  float* dq_accum;    // [B, H, rows_pad, dq_accum_cols] (sm90: tiles in register order), or null
+  int* dq_semaphore;  // [B, H, rows_pad / 64]: sm90's ordered dQ (deterministic), or null
+  float scale;        // softmax scale (dQ = scale dS K, dK = scale dS^T Q)
   int head_dim;
-  int rows_pad;         // bwd_padded_rows(seq_q)
-  int dq_accum_cols;    // head_dim (sm80), padded to 64 (sm90)
+  int rows_pad;       // bwd_padded_rows(seq_q)
+  int dq_accum_cols;  // head_dim (sm80), padded to 64 (sm90)
   bool deterministic;
 
   static BwdArgs from(const FusedBwdParams& p) {

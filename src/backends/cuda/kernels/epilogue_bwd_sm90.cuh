@@ -42,8 +42,8 @@ struct EpilogueBwdSm90 {
   static constexpr int kDqBytes = Cfg::kBlockM * Cfg::kPadDim * 4;
 
   // This thread's dQ fragments (times the softmax scale) into the staged tile.
-  __device__ __forceinline__ static void stage_dq(float* tile, const float (&dq)[Cfg::kDqTiles][4], float scale,
-                                                  int wg, int warp_in_wg, int lane) {
+  __device__ __forceinline__ static void stage_dq(float* tile, const float (&dq)[Cfg::kDqTiles][4], float scale, int wg,
+                                                  int warp_in_wg, int lane) {
 #pragma unroll
     for (int nt = 0; nt < Cfg::kDqTiles; ++nt) {
       *reinterpret_cast<float4*>(tile + Layout::offset(wg, warp_in_wg, nt, lane)) =

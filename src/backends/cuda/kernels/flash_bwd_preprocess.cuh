@@ -44,8 +44,8 @@ __global__ void __launch_bounds__(128) flash_bwd_preprocess_kernel(const __grid_
   const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
   float sum = 0.f;
   if (i < f.seq_q) {
-    const auto* o = reinterpret_cast<const uint4*>(f.o + batch * f.o_batch_stride + head * f.o_head_stride +
-                                                   i * f.o_row_stride);
+    const auto* o =
+        reinterpret_cast<const uint4*>(f.o + batch * f.o_batch_stride + head * f.o_head_stride + i * f.o_row_stride);
     const auto* d_o = reinterpret_cast<const uint4*>(a.dout + batch * a.do_batch_stride + head * a.do_head_stride +
                                                      i * a.do_row_stride);
     for (int c = lane; c < a.head_dim / 8; c += 32) sum += dot8<Element>(o[c], d_o[c]);

@@ -198,8 +198,8 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   const auto kernel = a.deterministic ? flash_bwd_sm90_kernel<Cfg, kMask, Element, true>
                                       : flash_bwd_sm90_kernel<Cfg, kMask, Element, false>;
   static const bool budget_holds = [] {
-    for (const auto k : {flash_bwd_sm90_kernel<Cfg, kMask, Element, true>,
-                         flash_bwd_sm90_kernel<Cfg, kMask, Element, false>}) {
+    for (const auto k :
+         {flash_bwd_sm90_kernel<Cfg, kMask, Element, true>, flash_bwd_sm90_kernel<Cfg, kMask, Element, false>}) {
       cudaFuncAttributes attr{};
       if (cudaFuncGetAttributes(&attr, k) != cudaSuccess || attr.numRegs != Cfg::kLaunchRegs) return false;
     }

@@ -84,7 +84,7 @@ struct MainloopBwdSm90 {
   static constexpr int kQBytes = kBM * kD * 2;  // a Q or dO tile
   static constexpr int kKBytes = kBN * kD * 2;  // K or V
   static constexpr int kDsBytes = kBN * kBM * 2;
-  static constexpr int kRowBytes = kBM * 4;  // a tile's LSE or D
+  static constexpr int kRowBytes = kBM * 4;      // a tile's LSE or D
   static constexpr int kDqBytes = kBM * kD * 4;  // the staged FP32 dQ tile
   // K, V, the Q and dO stages, dS^T twice (a consumer may write the next
   // while the other still reads this one), the staged dQ tile, the LSE and D
@@ -110,11 +110,11 @@ struct MainloopBwdSm90 {
   // forward's MapCache).
   static cudaError_t to_params(const BwdArgs& a, Params& p) {
     const FwdArgs& f = a.f;
-    const MapKey key{{f.q, f.k, f.v, a.dout},
-                     {f.q_batch_stride, f.q_head_stride, f.q_row_stride, f.k_batch_stride, f.k_head_stride,
-                      f.k_row_stride, f.v_batch_stride, f.v_head_stride, f.v_row_stride, a.do_batch_stride,
-                      a.do_head_stride, a.do_row_stride},
-                     {f.seq_q, f.seq_k, f.heads, f.group, f.batch}};
+    const MapKey key{
+        {f.q, f.k, f.v, a.dout},
+        {f.q_batch_stride, f.q_head_stride, f.q_row_stride, f.k_batch_stride, f.k_head_stride, f.k_row_stride,
+         f.v_batch_stride, f.v_head_stride, f.v_row_stride, a.do_batch_stride, a.do_head_stride, a.do_row_stride},
+        {f.seq_q, f.seq_k, f.heads, f.group, f.batch}};
     thread_local sm90::MapCache<Params, 4, MapKey> cache;
     if (const Params* hit = cache.find(key)) {
       p = *hit;
@@ -159,8 +159,8 @@ struct MainloopBwdSm90 {
 
   // Producer (one thread): K and V of the CTA's key tile, then for every
   // query head of its group the query tiles [tiles.begin, tiles.end).
-  __device__ __forceinline__ static void load(const Params& p, const BwdArgs& a, const Smem& smem, int n0,
-                                              int kv_head, int batch, QueryTiles tiles, const KVPipeline& kv_pipe,
+  __device__ __forceinline__ static void load(const Params& p, const BwdArgs& a, const Smem& smem, int n0, int kv_head,
+                                              int batch, QueryTiles tiles, const KVPipeline& kv_pipe,
                                               const QPipeline& q_pipe, typename QPipeline::State& q_state) {
     const FwdArgs& f = a.f;
     const std::uint32_t kv_bar = kv_pipe.producer_expect(typename KVPipeline::State{}, 0, 2 * kKBytes);
