@@ -54,8 +54,8 @@ struct AttentionCall {
   std::optional<Problem> problem;
   std::string shape;  // "2x4x256x64" (B x H x S x D), "2x4x256x64, kv 2x2x512x64" when K differs; empty unknown
   std::string dtype;  // "bf16"; empty unknown
-  // "none", "causal", "causal_bottom_right", "sliding_window", "boolean", "bias",
-  // "block_mask" (FlexAttention's); empty unknown.
+  // mask_name's spelling ("none", "causal", "causal-bottom-right", "sliding-window", "boolean", "bias"),
+  // "block_mask" (FlexAttention's), "unknown" (a mask the trace does not say); empty: no shapes.
   std::string mask;
   std::optional<double> scale;
   std::vector<std::string> kernels;   // the kernels it launched, in launch order

@@ -12,6 +12,7 @@
 
 #include "attnprof/analyze.h"
 #include "attnprof/report.h"
+#include "attnprof/trace_io.h"
 #include "common/temp_dir.h"
 #include "cpu/findings_lookup.h"
 
@@ -252,6 +253,68 @@ TEST(AttentionCalls, WithoutShapesOneLineSaysHowToRecordThem) {
   const Finding* f = by_rule(a.steps[0].result.findings, "attention-problems");
   ASSERT_NE(f, nullptr);
   EXPECT_NE(f->text.find("shapes not recorded"), std::string::npos) << f->text;
+}
+
+// A CPU trace made by hand: one op per call at the top level, with the
+// record_shapes columns PyTorch writes for it.
+Activity op(std::string name, std::int64_t start_us, std::string dims, std::string types,
+            std::vector<std::string> concrete) {
+  Activity a;
+  a.type = ActivityType::CpuOp;
+  a.name = std::move(name);
+  a.start_ns = start_us * 1000;
+  a.dur_ns = 100'000;
+  a.input_dims = std::move(dims);
+  a.input_dtypes = std::move(types);
+  a.concrete_inputs = std::move(concrete);
+  return a;
+}
+
+TEST(AttentionCalls, FlashAttnWindowsGroupedQueryAndAttnprofOps) {
+  Trace t;
+  // flash_attn's [B, S, H, D], grouped-query K/V (2 heads), causal bottom-right, a window of 63 keys on the left.
+  t.activities.push_back(op("flash_attn::_flash_attn_forward", 0, "[1, 128, 8, 64], [1, 256, 2, 64], [1, 256, 2, 64]",
+                            "c10::BFloat16, c10::BFloat16, c10::BFloat16, Scalar, Scalar, Scalar, Scalar, Scalar",
+                            {"", "", "", "0.", "0.125", "True", "63", "0"}));
+  // attnprof's op, its mask by name.
+  t.activities.push_back(op("attnprof::attention", 200, "[2, 4, 64, 32], [2, 4, 64, 32], [2, 4, 64, 32]",
+                            "float, float, float, , , , ,", {"", "", "", "flash", "none", "", "", "False"}));
+  // SDPA with a boolean mask tensor.
+  t.activities.push_back(op("aten::scaled_dot_product_attention", 400,
+                            "[1, 2, 16, 8], [1, 2, 16, 8], [1, 2, 16, 8], [1, 1, 16, 16], [], [], [], []",
+                            "float, float, float, bool, Scalar, Scalar, , Scalar",
+                            {"", "", "", "", "0.", "False", "", "False"}));
+  // The Concrete Inputs survive attnprof's own writer and reader.
+  const Trace back = parse_chrome_trace(chrome_trace_json(t));
+  ASSERT_EQ(back.activities.size(), 3u);
+  EXPECT_EQ(back.activities[0].concrete_inputs, t.activities[0].concrete_inputs);
+  const auto calls = calls_of(analyze_trace(back, "hand.json"));
+  ASSERT_EQ(calls.size(), 3u);
+
+  const AttentionCall& fa = calls[0];
+  EXPECT_EQ(fa.backend, "flash_attn");
+  EXPECT_EQ(fa.shape, "1x8x128x64, kv 1x2x256x64");
+  EXPECT_EQ(fa.mask, "sliding-window");
+  ASSERT_TRUE(fa.problem && fa.flops);
+  EXPECT_EQ(fa.problem->window, 64);
+  // By hand: query i sees keys (i + 128 - 64, i + 128], all inside [0, 256): 64 each.
+  EXPECT_DOUBLE_EQ(*fa.flops, 4.0 * 1 * 8 * (128.0 * 64) * 64);
+  EXPECT_DOUBLE_EQ(*fa.scale, 0.125);
+
+  const AttentionCall& ours = calls[1];
+  EXPECT_EQ(ours.backend, "attnprof:flash");
+  EXPECT_EQ(ours.mask, "none");
+  ASSERT_TRUE(ours.flops);
+  EXPECT_DOUBLE_EQ(*ours.flops, 4.0 * 2 * 4 * (64.0 * 64) * 32);
+  EXPECT_NEAR(ours.cpu_us, 100, 1e-9);
+  ASSERT_TRUE(ours.tflops);
+  EXPECT_NEAR(*ours.tflops, *ours.flops / 100e-6 / 1e12, 1e-12);
+
+  const AttentionCall& sdpa = calls[2];
+  EXPECT_EQ(sdpa.backend, "unknown") << "no dispatch op, no kernel";
+  EXPECT_EQ(sdpa.mask, "boolean");
+  ASSERT_TRUE(sdpa.flops);
+  EXPECT_DOUBLE_EQ(*sdpa.flops, 4.0 * 1 * 2 * (16.0 * 16) * 8);
 }
 
 TEST(AttentionCalls, CopiesOutsideAttentionAreInformation) {
