@@ -349,6 +349,13 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
         call.backend += ":" + c[static_cast<std::size_t>(at_i)];
       }
     }
+    // SDPA's entry point leaves scale None (1/sqrt(D)); its dispatch op records the value used.
+    for (EventIndex i : ops) {
+      if (call.scale) break;
+      const Signature* sig = signature_of(ix.at(i).name);
+      if (sig) call.scale = number(at(ix.at(i).concrete_inputs, sig->scale));
+    }
+    if (call.problem && call.scale) call.problem->scale = call.scale;
     shapes_missing |= !shaped;
     if (call.problem) call.problem->device = gpu ? Device::Cuda : Device::Cpu;
     out.calls.push_back(std::move(call));

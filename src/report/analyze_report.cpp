@@ -158,7 +158,7 @@ std::string attention_text(const StepAnalysis& s, bool gpu) {
                                       c.mask.empty() ? "-" : c.mask,
                                       c.dtype.empty() ? "-" : c.dtype};
     if (gpu) cells.push_back(std::to_string(c.kernels.size()));
-    for (auto x : {time_str(gpu ? c.gpu_us : c.cpu_us), opt("%.2f", c.tflops), opt("%.0f%%", c.ceiling_pct),
+    for (auto x : {time_str(gpu ? c.gpu_us : c.cpu_us), opt("%.3g", c.tflops), opt("%.0f%%", c.ceiling_pct),
                    opt("%.1f%%", c.share_pct)}) {
       cells.push_back(std::move(x));
     }

@@ -111,6 +111,8 @@ TEST(AttentionCalls, CudaFlashAgainstAHandCount) {
     ASSERT_TRUE(c.tflops.has_value());
     EXPECT_NEAR(*c.tflops, *c.flops / (c.gpu_us * 1e-6) / 1e12, 1e-9);
     EXPECT_FALSE(c.ceiling_pct.has_value()) << "no ceiling was given";
+    ASSERT_TRUE(c.scale.has_value()) << "SDPA's scale is None; its dispatch op records 0.125";
+    EXPECT_DOUBLE_EQ(*c.scale, 0.125);
   }
   for (const auto& s : a.steps) {
     ASSERT_EQ(s.attention.calls.size(), 1u);
