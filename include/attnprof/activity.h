@@ -71,6 +71,9 @@ struct Activity {
   std::uint32_t cbid = 0;         // CUPTI callback id of runtime/driver calls
   std::string input_dtypes;       // CPU ops: "bf16, bf16" as PyTorch's "Input type"
   std::string input_dims;         // CPU ops: "[8, 16, 1024, 64], [...]"
+  // CPU ops: PyTorch's "Concrete Inputs", one entry per input ("True",
+  // "0.125"; empty for tensors): what an attention call's is_causal and scale were.
+  std::vector<std::string> concrete_inputs;
   std::optional<KernelInfo> kernel;
   std::optional<TransferInfo> transfer;
   std::optional<AllocationInfo> allocation;

@@ -6,6 +6,7 @@
 // step is a run record (attnprof/record.h) whose trace holds the step's events.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -37,6 +38,45 @@ struct KernelRow {
   bool driver_launch = false;           // launched through the driver API (cuLaunchKernel, cuLaunchKernelEx)
 };
 
+// One attention call in a trace from elsewhere (torch.profiler's): the
+// outermost op of an SDPA call, its backward, FlexAttention, FlashAttention's
+// package or attnprof's own custom ops, with what ran inside it.
+struct AttentionCall {
+  std::string op;        // the outermost op, as recorded ("aten::scaled_dot_product_attention")
+  std::string dispatch;  // the op that named the backend ("aten::_scaled_dot_product_flash_attention"); may be empty
+  // "flash", "efficient", "cudnn", "math", "flex", "flash_attn", "attnprof" (or
+  // "attnprof:BACKEND"), "overrideable"; "unknown" where neither op nor kernel names one.
+  std::string backend;
+  bool backward = false;
+  std::int64_t event = -1;  // the outermost op's index in the step's trace
+  // From record_shapes: Q's and K's dims, the dtype and the mask, in a
+  // Problem (pass Backward for a backward) whose flops() is the call's count.
+  std::optional<Problem> problem;
+  std::string shape;  // "2x4x256x64" (B x H x S x D), "2x4x256x64, kv 2x2x512x64" when K differs; empty unknown
+  std::string dtype;  // "bf16"; empty unknown
+  // mask_name's spelling ("none", "causal", "causal-bottom-right", "sliding-window", "boolean", "bias"),
+  // "block_mask" (FlexAttention's), "unknown" (a mask the trace does not say); empty: no shapes.
+  std::string mask;
+  std::optional<double> scale;
+  std::vector<std::string> kernels;   // the kernels it launched, in launch order
+  double gpu_us = 0;                  // their summed durations
+  double cpu_us = 0;                  // the outermost op's host time
+  std::optional<double> flops;        // 4*B*H*visible pairs*D, 2.5x for a backward
+  std::optional<double> tflops;       // flops over gpu_us (cpu_us on a CPU trace)
+  std::optional<double> ceiling_pct;  // of AnalyzeOptions::ceiling_tflops, when given
+  std::optional<double> share_pct;    // of the step's kernel time (host time on a CPU trace)
+};
+
+// The step's attention: its calls and their share of the step.
+struct AttentionSummary {
+  std::vector<AttentionCall> calls;
+  double forward_us = 0, backward_us = 0;  // GPU time (host time on a CPU trace)
+  double total_us = 0;                     // what the shares divide: the step's kernel time (or step time)
+  std::optional<double> forward_pct, backward_pct;
+  // One line when the calls' shapes were not recorded (how to record them).
+  std::string missing_shapes;
+};
+
 struct StepAnalysis {
   std::string label;  // "ProfilerStep#3", or "whole trace" when the trace has no steps
   // The step as a run: result.trace holds the step's events (device
@@ -53,6 +93,7 @@ struct StepAnalysis {
   int tensor_core_gemms = 0, cuda_core_gemms = 0;
   std::vector<OpRow> ops;  // by device time, then host time
   std::vector<KernelRow> kernels_by_time;
+  AttentionSummary attention;
 };
 
 struct TraceAnalysis {
@@ -68,6 +109,8 @@ struct TraceAnalysis {
 struct AnalyzeOptions {
   TraceReadOptions read;
   std::optional<int> step;  // only ProfilerStep#N; refused when the trace has no such step
+  // The device's dense TFLOP/s ceiling, for attention calls' percent of it; unset: not known.
+  std::optional<double> ceiling_tflops;
 };
 
 // Splits `trace` (read from `source`) into its steps and analyses each.

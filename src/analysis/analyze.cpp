@@ -8,6 +8,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "analysis/attention_calls.h"
 #include "analysis/findings.h"
 #include "analysis/metrics.h"
 #include "analysis/normalize.h"
@@ -139,7 +140,8 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s) {
                    [](const KernelRow& x, const KernelRow& y) { return x.total_us > y.total_us; });
 }
 
-StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string& source, bool gpu) {
+StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string& source, bool gpu,
+                          const AnalyzeOptions& options) {
   StepAnalysis s;
   s.label = label;
   RunResult& r = s.result;
@@ -156,7 +158,8 @@ StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string
   r.metrics.ceiling_pct.reset();
   r.metrics.gbs.reset();
   r.metrics.copy_ceiling_pct.reset();
-  r.findings = analysis::findings(ix, r, {}, {});
+  s.attention = analysis::attention_calls(ix, gpu, options.ceiling_tflops);
+  r.findings = analysis::findings(ix, r, {}, {}, &s.attention.calls);
   breakdown(ix, s);
   return s;
 }
@@ -240,7 +243,7 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
     auto& acts = parts[g].activities;
     std::stable_sort(acts.begin(), acts.end(),
                      [](const Activity& x, const Activity& y) { return x.start_ns < y.start_ns; });
-    out.steps.push_back(analyse_step(std::move(parts[g]), std::move(label), source, out.gpu));
+    out.steps.push_back(analyse_step(std::move(parts[g]), std::move(label), source, out.gpu, options));
     Trace().activities.swap(parts[g].activities);
   }
   return out;

@@ -24,7 +24,7 @@ std::optional<DType> trace_dtype(const TraceIndex& ix) {
 }  // namespace
 
 std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const std::vector<RunResult>& all,
-                              const Guesses& guesses) {
+                              const Guesses& guesses, const std::vector<AttentionCall>* attention) {
   std::vector<Finding> out;
   if (r.failure || r.metrics.steps == 0) return out;
   const RuleInput in{.index = index,
@@ -33,7 +33,8 @@ std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const
                      .guesses = guesses,
                      .steps = std::max(1, r.metrics.steps),
                      .gpu = r.problem.device == Device::Cuda,
-                     .dtype = r.source.empty() ? std::optional<DType>(r.problem.dtype) : trace_dtype(index)};
+                     .dtype = r.source.empty() ? std::optional<DType>(r.problem.dtype) : trace_dtype(index),
+                     .attention = attention};
   for (const Rule& rule : rule_table()) {
     for (Finding& f : rule.fn(in)) {
       f.rule = std::string(rule.id);

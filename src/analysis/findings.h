@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "analysis/trace_index.h"
+#include "attnprof/analyze.h"
 #include "attnprof/findings.h"
 #include "attnprof/record.h"
 
@@ -15,8 +16,10 @@ namespace attnprof::analysis {
 // Runs every rule on `r`. `all` holds the other backends of the same
 // comparison (for cross-backend rules such as memory against the baseline);
 // may be empty. `index` must index r.trace.
+// `attention`: the trace's attention calls (attention_calls.h), for a trace
+// read from elsewhere; null for a run, whose every op is the attention's.
 std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const std::vector<RunResult>& all,
-                              const Guesses& guesses);
+                              const Guesses& guesses, const std::vector<AttentionCall>* attention = nullptr);
 // The same, indexing r.trace first.
 std::vector<Finding> findings(const RunResult& r, const std::vector<RunResult>& all, const Guesses& guesses);
 

@@ -4,12 +4,15 @@
 #include "analysis/rules.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 
+#include "analysis/attention_calls.h"
 #include "analysis/format.h"
 #include "analysis/normalize.h"
 #include "analysis/rule_support.h"
@@ -101,16 +104,37 @@ struct CopyGroup {
   std::vector<EventIndex> events;  // the op first, then the copies
   double copies = 0;
   double bytes = 0;
+  bool outside_attention = false;  // a trace from elsewhere: the model's copy, not attention's
 };
 
-std::vector<Finding> copy_findings(const RuleInput& in, const std::map<std::string, CopyGroup>& groups, bool device) {
+// In a trace from elsewhere, an event outside every attention call is the
+// model's business (autograd's view backward, RMSNorm's upcast): information.
+// In a run every event is the attention's.
+// attnprof's own trace read back from a file: its runner's call ranges hold
+// nothing but attention.
+bool outside_attention(const RuleInput& in, EventIndex i) {
+  if (in.attention == nullptr) return false;
+  if (in.index.call_scope() == TraceIndex::CallScope::Forward && in.index.forward_of(i) >= 0) return false;
+  return attention_call_of(in.index, *in.attention, i) < 0;
+}
+
+// Groups by (outside attention, where).
+using CopyGroups = std::map<std::pair<bool, std::string>, CopyGroup>;
+
+std::vector<Finding> copy_findings(const RuleInput& in, const CopyGroups& groups, bool device) {
   std::vector<Finding> out;
-  for (const auto& [op, g] : groups) {
+  for (const auto& [key, g] : groups) {
+    const std::string& op = key.second;
     const double bytes = g.bytes / in.steps;
     const std::string per = per_call(in.index);
     Finding f = found(device ? "hidden copy: " + op + " makes " + format("%.0f", g.copies / in.steps) +
                                    " device-to-device copy " + per + " (" + mib(bytes) + ")"
                              : "hidden copy: " + op + " (out of place) allocates and copies " + mib(bytes) + " " + per);
+    if (g.outside_attention) {
+      f.text += ", outside attention";
+    } else {
+      f.severity = Severity::Warning;
+    }
     for (EventIndex i : g.events) cite(f, in.index, i);
     f.figures = {{"copies_per_forward", g.copies / in.steps}, {"bytes_per_forward", bytes}};
     out.push_back(std::move(f));
@@ -123,7 +147,7 @@ std::vector<Finding> copy_findings(const RuleInput& in, const std::map<std::stri
 // attributed to the op the call made (and the op inside it that launched it).
 std::vector<Finding> hidden_copy_device(const RuleInput& in) {
   const TraceIndex& ix = in.index;
-  std::map<std::string, CopyGroup> by_op;
+  CopyGroups by_op;
   for (EventIndex d : ix.device_activities()) {
     const Activity& a = ix.at(d);
     const EventIndex outer = ix.launching_op(d, /*outermost=*/true);
@@ -140,7 +164,9 @@ std::vector<Finding> hidden_copy_device(const RuleInput& in) {
     if (under_copy && ix.is_conversion_copy(inner)) continue;
     std::string where = outer != kNone ? std::string(ix.op(outer)) : std::string("(no op)");
     if (inner != kNone && inner != outer) where += " (its " + std::string(ix.op(inner)) + ")";
-    auto& g = by_op[where];
+    const bool outside = outside_attention(in, d);
+    auto& g = by_op[{outside, where}];
+    g.outside_attention = outside;
     if (g.events.empty() && outer != kNone) g.events.push_back(outer);
     g.events.push_back(d);
     g.copies += 1;
@@ -153,13 +179,15 @@ std::vector<Finding> hidden_copy_device(const RuleInput& in) {
 // op's start to the copy's end).
 std::vector<Finding> hidden_copy_host(const RuleInput& in) {
   const TraceIndex& ix = in.index;
-  std::map<std::string, CopyGroup> by_parent;
+  CopyGroups by_parent;
   for (EventIndex c : ix.ops_named("copy_")) {
     if (ix.is_conversion_copy(c)) continue;
     const EventIndex parent = ix.copy_owner(c);
     // A copy called for at the top level, or by an op whose job is copying, was asked for.
     if (!in.run.source.empty() && (parent == kNone || is_copy_op(ix.op(parent)))) continue;
-    auto& g = by_parent[parent != kNone ? std::string(ix.op(parent)) : std::string("(top level)")];
+    const bool outside = outside_attention(in, c);
+    auto& g = by_parent[{outside, parent != kNone ? std::string(ix.op(parent)) : std::string("(top level)")}];
+    g.outside_attention = outside;
     if (parent != kNone) {
       if (g.events.empty()) g.events.push_back(parent);
       g.bytes += ix.allocated_bytes_between(ix.at(parent).start_ns, ix.at(c).end_ns());
@@ -211,23 +239,44 @@ std::vector<Finding> upcast_fp32(const RuleInput& in) {
     while (is_op(ix, ix.parent(owner), "to")) owner = ix.parent(owner);
     made[owner] = std::string(first_dtype(ix.dtypes(c)));
   }
-  Finding f;
-  int upcasts = 0;
-  std::string from;
+  // Inside attention (every upcast of a run) and outside it (a trace's model code).
+  struct Group {
+    Finding f;
+    int upcasts = 0;
+    std::string from;
+    std::set<std::string> makers;  // the ops that called the outside ones
+  };
+  std::array<Group, 2> groups;
   for (EventIndex i : ix.ops_named("to")) {
     if (nested_in_same(ix, i)) continue;
     const auto dt = first_dtype(ix.dtypes(i));
     if (dt != "bf16" && dt != "fp16") continue;
     if (const auto m = made.find(i); m != made.end() && m->second != "fp32") continue;
-    ++upcasts;
-    if (from.empty()) from = std::string(dt);
-    cite(f, ix, i);
+    const bool outside = outside_attention(in, i);
+    Group& g = groups[outside ? 1 : 0];
+    ++g.upcasts;
+    if (g.from.empty()) g.from = std::string(dt);
+    if (outside) {
+      const EventIndex caller = ix.enclosing_op(i, /*outermost=*/true);
+      g.makers.insert(caller != kNone ? ix.at(caller).name : ix.at(i).name + " (top level)");
+    }
+    cite(g.f, ix, i);
   }
-  if (upcasts == 0) return {};
-  const double per_forward = static_cast<double>(upcasts) / in.steps;
-  f.text = format("upcasts %.0f ", per_forward) + from + " tensors to FP32 " + per_call(ix);
-  f.figures = {{"upcasts_per_forward", per_forward}};
-  return {f};
+  std::vector<Finding> out;
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    Group& g = groups[k];
+    if (g.upcasts == 0) continue;
+    const double per_forward = static_cast<double>(g.upcasts) / in.steps;
+    g.f.text = format("upcasts %.0f ", per_forward) + g.from + " tensors to FP32 " + per_call(ix);
+    g.f.figures = {{"upcasts_per_forward", per_forward}};
+    if (k == 1) {
+      g.f.text += " outside attention, made by " + join({g.makers.begin(), g.makers.end()});
+    } else {
+      g.f.severity = Severity::Warning;
+    }
+    out.push_back(std::move(g.f));
+  }
+  return out;
 }
 
 // The GEMM kernels an op launched (itself or an op inside it).
@@ -478,6 +527,54 @@ std::vector<Finding> backward_kernels(const RuleInput& in) {
 
 // ---- GPU: one fused kernel, heavy blocks at low occupancy, how it was launched, CPU-bound.
 
+// A trace from elsewhere: one finding per distinct attention problem (the
+// backend, pass, shape, mask and dtype), with its kernels and TFLOP/s.
+std::vector<Finding> attention_problems(const RuleInput& in) {
+  if (in.attention == nullptr || in.attention->empty()) return {};
+  struct Group {
+    Finding f;
+    int calls = 0;
+    std::size_t kernels = 0;
+    double flops = 0, us = 0;
+    bool all_flops = true;
+  };
+  std::map<std::tuple<std::string, bool, std::string, std::string, std::string>, Group> groups;
+  for (const AttentionCall& c : *in.attention) {
+    Group& g = groups[{c.backend, c.backward, c.shape, c.mask, c.dtype}];
+    ++g.calls;
+    g.kernels += c.kernels.size();
+    g.us += in.gpu ? c.gpu_us : c.cpu_us;
+    g.all_flops &= c.flops.has_value();
+    if (c.flops) g.flops += *c.flops;
+    cite(g.f, in.index, static_cast<EventIndex>(c.event));
+  }
+  std::vector<Finding> out;
+  for (auto& [key, g] : groups) {
+    const auto& [backend, backward, shape, mask, dtype] = key;
+    const double calls = static_cast<double>(g.calls) / in.steps;
+    std::string text = "attention: " + format("%.0f ", calls) + backend + (backward ? " backward" : " forward") +
+                       (calls == 1 ? " call " : " calls ") + per_call(in.index);
+    std::string what;
+    for (const auto& x : {shape, mask, dtype}) {
+      if (x.empty()) continue;
+      if (!what.empty()) what += ", ";
+      what += x;
+    }
+    text += what.empty() ? " (shapes not recorded)" : " (" + what + ")";
+    const double kernels = static_cast<double>(g.kernels) / g.calls;
+    if (in.gpu) text += format(", %.0f kernel", kernels) + (kernels == 1 ? "" : "s") + " each";
+    g.f.figures = {{"calls_per_forward", calls}, {"kernels_per_call", kernels}, {"time_us", g.us}};
+    if (g.all_flops && g.us > 0) {
+      const double tflops = g.flops / (g.us * 1e-6) / 1e12;
+      text += format(", %.2f TFLOP/s", tflops);
+      g.f.figures["tflops"] = tflops;
+    }
+    g.f.text = std::move(text);
+    out.push_back(std::move(g.f));
+  }
+  return out;
+}
+
 std::vector<Finding> one_fused_kernel(const RuleInput& in) {
   const auto dev = in.index.device_activities();
   const auto& k = in.run.metrics.kernels_per_forward;
@@ -589,9 +686,10 @@ constexpr Rule kRules[] = {
     {"op-sequence-mismatch", Severity::Warning, op_sequence_mismatch},
     {"guess-confirmed", Severity::Info, guess_confirmed},
     {"guess-missed", Severity::Warning, guess_missed},
-    {"hidden-copy", Severity::Warning, hidden_copy},
+    // Warnings inside attention; information outside it, in a trace from elsewhere.
+    {"hidden-copy", Severity::Info, hidden_copy},
     {"masked-fill-in-place", Severity::Info, masked_fill_in_place},
-    {"upcast-fp32", Severity::Warning, upcast_fp32},
+    {"upcast-fp32", Severity::Info, upcast_fp32},
     {"fp32-gemm", Severity::Warning, fp32_gemm},
     {"gemm-cuda-cores", Severity::Warning, gemm_cuda_cores},
     {"mask-rebuilt", Severity::Warning, mask_rebuilt},
@@ -603,6 +701,7 @@ constexpr Rule kRules[] = {
     {"backward-recompute", Severity::Info, backward_recompute},
     {"backward-over-forward", Severity::Info, backward_over_forward},
     {"backward-kernels", Severity::Info, backward_kernels},
+    {"attention-problems", Severity::Info, attention_problems},
     {"one-fused-kernel", Severity::Info, one_fused_kernel},
     {"low-occupancy", Severity::Info, low_occupancy},
     {"launch-kernel-ex", Severity::Info, launch_kernel_ex},

@@ -24,6 +24,9 @@ struct RuleInput {
   // The inputs' dtype: the problem's for a run; for a trace read from a file,
   // the 16-bit dtype its ops take, if any.
   std::optional<DType> dtype;
+  // A trace from elsewhere: its attention calls (outside them, upcasts and
+  // copies are the model's, not attention's). Null for a run.
+  const std::vector<AttentionCall>* attention = nullptr;
 };
 
 using RuleFn = std::vector<Finding> (*)(const RuleInput&);

@@ -272,6 +272,18 @@ class EventReader final : public Splitter::Sink {
     return out;
   }
 
+  // "Concrete Inputs": ["", "0.", "True"], each entry kept (non-strings as "").
+  static std::vector<std::string> strings(od::value v) {
+    od::array arr;
+    std::vector<std::string> out;
+    if (v.get_array().get(arr)) return out;
+    for (auto el : arr) {
+      std::string_view s;
+      out.emplace_back(el.get_string().get(s) == simdjson::SUCCESS ? s : std::string_view());
+    }
+    return out;
+  }
+
   // "Input Dims": [[8, 16], [], [[1, 2], [3]]] -> "[8, 16], [], [[1, 2], [3]]".
   static void dims_text(od::value v, std::string& out, int depth) {
     od::json_type t;
@@ -339,6 +351,7 @@ class EventReader final : public Splitter::Sink {
       std::array<int, 3> grid{1, 1, 1}, block{1, 1, 1};
       bool has_grid = false, has_block = false;
       std::string input_type, input_dims;
+      std::vector<std::string> concrete;
     } args;
     for (auto field : obj) {
       std::string_view key;
@@ -401,6 +414,7 @@ class EventReader final : public Splitter::Sink {
     a.context = args.context.value_or(-1);
     a.input_dtypes = std::move(args.input_type);
     a.input_dims = std::move(args.input_dims);
+    a.concrete_inputs = std::move(args.concrete);
     if (a.on_device()) {
       a.device = small(args.device.value_or(pid));
       a.stream = args.stream.value_or(tid);
@@ -511,6 +525,8 @@ class EventReader final : public Splitter::Sink {
         args.input_type = string_list(v);
       } else if (key == k::kInputDims) {
         args.input_dims = dims_list(v);
+      } else if (key == k::kConcreteInputs) {
+        args.concrete = strings(v);
       } else if (key == k::kMemBytes) {
         args.mem_bytes = integer(v);
       } else if (key == k::kTotalAllocated) {

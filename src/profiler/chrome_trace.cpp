@@ -147,6 +147,7 @@ json host_args(const Activity& a) {
   json args{{sc::args::kExternalId, a.external_id}};
   if (!a.input_dtypes.empty()) args[sc::args::kInputType] = input_types(a.input_dtypes);
   if (!a.input_dims.empty()) args[sc::args::kInputDims] = input_dims(a.input_dims);
+  if (!a.concrete_inputs.empty()) args[sc::args::kConcreteInputs] = a.concrete_inputs;
   return args;
 }
 

@@ -115,6 +115,7 @@ inline constexpr const char* kBytes = "bytes";
 inline constexpr const char* kBandwidth = "memory bandwidth (GB/s)";
 inline constexpr const char* kInputType = "Input type";
 inline constexpr const char* kInputDims = "Input Dims";
+inline constexpr const char* kConcreteInputs = "Concrete Inputs";  // scalars as text: is_causal, scale
 inline constexpr const char* kDeviceType = "Device Type";
 inline constexpr const char* kDeviceId = "Device Id";
 inline constexpr const char* kAddr = "Addr";

@@ -102,6 +102,76 @@ json op_row_json(const OpRow& o) {
           {"memsets", o.memsets}, {"host_us", o.host_us}, {"device_us", o.device_us}};
 }
 
+json opt_json(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+
+json attention_json(const AttentionSummary& a) {
+  json calls = json::array();
+  for (const auto& c : a.calls) {
+    calls.push_back({{"op", c.op},
+                     {"dispatch", c.dispatch},
+                     {"backend", c.backend},
+                     {"pass", c.backward ? "backward" : "forward"},
+                     {"event", c.event},
+                     {"shape", c.shape},
+                     {"batch", c.problem ? json(c.problem->batch) : json(nullptr)},
+                     {"heads", c.problem ? json(c.problem->heads) : json(nullptr)},
+                     {"kv_heads", c.problem ? json(c.problem->kv_heads) : json(nullptr)},
+                     {"seq", c.problem ? json(c.problem->seq) : json(nullptr)},
+                     {"kv_seq", c.problem ? json(c.problem->kv_seq) : json(nullptr)},
+                     {"head_dim", c.problem ? json(c.problem->head_dim) : json(nullptr)},
+                     {"dtype", c.dtype},
+                     {"mask", c.mask},
+                     {"scale", opt_json(c.scale)},
+                     {"kernels", c.kernels},
+                     {"gpu_us", c.gpu_us},
+                     {"cpu_us", c.cpu_us},
+                     {"flops", opt_json(c.flops)},
+                     {"tflops", opt_json(c.tflops)},
+                     {"ceiling_pct", opt_json(c.ceiling_pct)},
+                     {"share_pct", opt_json(c.share_pct)}});
+  }
+  return {{"calls", std::move(calls)},
+          {"forward_us", a.forward_us},
+          {"backward_us", a.backward_us},
+          {"total_us", a.total_us},
+          {"forward_pct", opt_json(a.forward_pct)},
+          {"backward_pct", opt_json(a.backward_pct)},
+          {"missing_shapes", a.missing_shapes.empty() ? json(nullptr) : json(a.missing_shapes)}};
+}
+
+// The step's attention calls: one row each, then the share line.
+std::string attention_text(const StepAnalysis& s, bool gpu) {
+  const AttentionSummary& a = s.attention;
+  if (a.calls.empty()) return {};
+  std::ostringstream os;
+  os << "\n" << s.label << ": attention\n";
+  std::vector<std::string> header = {"#", "backend", "pass", "shape", "mask", "dtype"};
+  if (gpu) header.emplace_back("kernels");
+  for (const char* h : {gpu ? "GPU time" : "CPU time", "TFLOP/s", "ceiling", "share"}) header.emplace_back(h);
+  Table t(header);
+  int n = 0;
+  for (const auto& c : a.calls) {
+    std::vector<std::string> cells = {std::to_string(++n),
+                                      c.backend,
+                                      c.backward ? "backward" : "forward",
+                                      c.shape.empty() ? "-" : c.shape,
+                                      c.mask.empty() ? "-" : c.mask,
+                                      c.dtype.empty() ? "-" : c.dtype};
+    if (gpu) cells.push_back(std::to_string(c.kernels.size()));
+    for (auto x : {time_str(gpu ? c.gpu_us : c.cpu_us), opt("%.3g", c.tflops), opt("%.0f%%", c.ceiling_pct),
+                   opt("%.1f%%", c.share_pct)}) {
+      cells.push_back(std::move(x));
+    }
+    t.add(std::move(cells));
+  }
+  os << t.str("  ");
+  os << "  attention " << (gpu ? "of the step's kernel time" : "of the step's host time") << ": forward "
+     << time_str(a.forward_us) << " (" << opt("%.1f%%", a.forward_pct) << "), backward " << time_str(a.backward_us)
+     << " (" << opt("%.1f%%", a.backward_pct) << ")\n";
+  if (!a.missing_shapes.empty()) os << "  " << a.missing_shapes << "\n";
+  return os.str();
+}
+
 json step_json(const StepAnalysis& s) {
   json j = report::result_json(s.result);
   j["label"] = s.label;
@@ -121,6 +191,7 @@ json step_json(const StepAnalysis& s) {
   for (const auto& o : s.ops) j["ops"].push_back(op_row_json(o));
   j["kernels_by_time"] = json::array();
   for (const auto& k : s.kernels_by_time) j["kernels_by_time"].push_back(kernel_row_json(k));
+  j["attention"] = attention_json(s.attention);
   return j;
 }
 
@@ -210,6 +281,7 @@ std::string analysis_text(const TraceAnalysis& a, int top) {
   }
 
   for (const auto& s : a.steps) {
+    os << attention_text(s, gpu);
     os << "\n" << s.label << ": top-level ops\n";
     Table ops(gpu ? std::vector<std::string>{"op", "calls", "kernels", "memcpys", "memsets", "GPU time", "host time"}
                   : std::vector<std::string>{"op", "calls", "host time"});

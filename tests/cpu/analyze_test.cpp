@@ -87,7 +87,11 @@ TEST(Analyze, NaiveStepsCountsOpsKernelsAndFindings) {
 
     const Finding* copy = finding(s, "hidden-copy");
     ASSERT_NE(copy, nullptr) << rules_of(s);
-    EXPECT_EQ(copy->text, "hidden copy: masked_fill (its copy_) makes 2 device-to-device copy per step (64.0 MiB)");
+    // No attention op in the trace (attention written by hand): the model's copy, information.
+    EXPECT_EQ(
+        copy->text,
+        "hidden copy: masked_fill (its copy_) makes 2 device-to-device copy per step (64.0 MiB), outside attention");
+    EXPECT_EQ(copy->severity, Severity::Info);
     ASSERT_NE(finding(s, "low-occupancy"), nullptr) << rules_of(s);
     const Finding* ex = finding(s, "launch-kernel-ex");
     ASSERT_NE(ex, nullptr) << rules_of(s);
@@ -113,7 +117,9 @@ TEST(Analyze, MathPathUpcastsFp32GemmsMaskAndSafeSoftmax) {
   EXPECT_EQ(s.tensor_core_gemms, 0);
   const Finding* up = finding(s, "upcast-fp32");
   ASSERT_NE(up, nullptr) << rules_of(s);
-  EXPECT_EQ(up->text, "upcasts 1 bf16 tensors to FP32 per step");
+  // No attention op in this trace: the upcast is the model's, information naming the op.
+  EXPECT_EQ(up->text, "upcasts 1 bf16 tensors to FP32 per step outside attention, made by aten::to (top level)");
+  EXPECT_EQ(up->severity, Severity::Info);
   const Finding* gemm = finding(s, "fp32-gemm");
   ASSERT_NE(gemm, nullptr) << rules_of(s);
   EXPECT_EQ(gemm->text,
@@ -170,6 +176,7 @@ TEST(Analyze, OneStepByNumberAndNoStepsMeansTheWholeTrace) {
   const Finding* copy = finding(ours.steps[0], "hidden-copy");
   ASSERT_NE(copy, nullptr) << rules_of(ours.steps[0]);
   EXPECT_EQ(copy->text, "hidden copy: masked_fill (its copy_) makes 1 device-to-device copy per forward (32.0 MiB)");
+  EXPECT_EQ(copy->severity, Severity::Warning) << "attnprof's own forward ranges hold only attention";
   // A trace without steps: one "whole trace" call.
   Trace bare = testing::attention_trace();
   bare.activities.erase(bare.activities.begin());  // the ProfilerStep range

@@ -1,0 +1,413 @@
+#include "analysis/attention_calls.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <unordered_map>
+
+#include "analysis/format.h"
+#include "analysis/normalize.h"
+
+namespace attnprof::analysis {
+namespace {
+
+bool has(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// Where an op's arguments sit in "Input Dims" and "Concrete Inputs" (the
+// schemas of PyTorch 2.x, of flash_attn 2.x and of attnprof's custom ops).
+struct Signature {
+  std::string_view name;
+  int q = 0, k = 1, v = 2;
+  int mask = -1;    // attn_mask / attn_bias: a tensor, or absent
+  int causal = -1;  // is_causal, a bool
+  int scale = -1;
+  int window_left = -1, window_right = -1;  // flash_attn's window_size
+  int mask_name = -1;                       // attnprof's mask, a string
+  int window = -1;                          // attnprof's window
+  bool bshd = false;                        // [B, S, H, D] (flash_attn) rather than [B, H, S, D]
+  bool bottom_right = false;                // causal aligned bottom-right (flash_attn)
+  bool backward = false;
+};
+
+constexpr std::array kSignatures = {
+    Signature{.name = "aten::scaled_dot_product_attention", .mask = 3, .causal = 5, .scale = 6},
+    Signature{.name = "aten::_scaled_dot_product_flash_attention", .causal = 4, .scale = 6},
+    Signature{.name = "aten::_scaled_dot_product_flash_attention_for_cpu", .mask = 5, .causal = 4, .scale = 6},
+    Signature{.name = "aten::_scaled_dot_product_efficient_attention", .mask = 3, .causal = 6, .scale = 7},
+    Signature{.name = "aten::_scaled_dot_product_cudnn_attention", .mask = 3, .causal = 6, .scale = 8},
+    Signature{.name = "aten::_scaled_dot_product_attention_math", .mask = 3, .causal = 5, .scale = 7},
+    Signature{.name = "aten::_scaled_dot_product_flash_attention_backward",
+              .q = 1,
+              .k = 2,
+              .v = 3,
+              .causal = 11,
+              .scale = 14,
+              .backward = true},
+    Signature{.name = "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+              .q = 1,
+              .k = 2,
+              .v = 3,
+              .mask = 8,
+              .causal = 7,
+              .scale = 9,
+              .backward = true},
+    Signature{.name = "aten::_scaled_dot_product_efficient_attention_backward",
+              .q = 1,
+              .k = 2,
+              .v = 3,
+              .mask = 4,
+              .causal = 11,
+              .scale = 12,
+              .backward = true},
+    Signature{.name = "aten::_scaled_dot_product_cudnn_attention_backward",
+              .q = 1,
+              .k = 2,
+              .v = 3,
+              .mask = 8,
+              .causal = 14,
+              .scale = 15,
+              .backward = true},
+    Signature{.name = "flash_attn::_flash_attn_forward",
+              .causal = 5,
+              .scale = 4,
+              .window_left = 6,
+              .window_right = 7,
+              .bshd = true,
+              .bottom_right = true},
+    Signature{.name = "flash_attn::_flash_attn_backward",
+              .q = 1,
+              .k = 2,
+              .v = 3,
+              .causal = 11,
+              .scale = 10,
+              .window_left = 12,
+              .window_right = 13,
+              .bshd = true,
+              .bottom_right = true,
+              .backward = true},
+    Signature{.name = "attnprof::attention", .scale = 6, .mask_name = 4, .window = 5},
+    Signature{.name = "attnprof::attention_train", .scale = 6, .mask_name = 4, .window = 5},
+    Signature{.name = "attnprof::attention_backward",
+              .q = 1,
+              .k = 2,
+              .v = 3,
+              .scale = 9,
+              .mask_name = 7,
+              .window = 8,
+              .backward = true},
+};
+
+const Signature* signature_of(std::string_view name) {
+  for (const auto& s : kSignatures) {
+    if (s.name == name) return &s;
+  }
+  // flex_attention's higher-order op: q, k, v first, its mask a block mask.
+  static constexpr Signature kFlex{.name = "flex_attention"};
+  static constexpr Signature kFlexBackward{.name = "flex_attention_backward", .q = 0, .k = 1, .v = 2, .backward = true};
+  if (has(name, "flex_attention")) return has(name, "backward") ? &kFlexBackward : &kFlex;
+  return nullptr;
+}
+
+// The backend an op's name commits to; empty when it names none (the SDPA
+// entry point, which dispatches).
+std::string backend_of_op(std::string_view n) {
+  if (n.starts_with("attnprof::")) return "attnprof";
+  if (n.starts_with("flash_attn::") || has(n, "FlashAttnFunc") || has(n, "FlashAttnVarlenFunc")) return "flash_attn";
+  if (has(n, "flex_attention") || has(n, "FlexAttention")) return "flex";
+  if (has(n, "scaled_dot_product_flash_attention") || has(n, "FlashAttentionBackward") || has(n, "_flash_attention_")) {
+    return "flash";
+  }
+  if (has(n, "scaled_dot_product_efficient_attention") || has(n, "EfficientAttentionBackward") ||
+      has(n, "_efficient_attention_")) {
+    return "efficient";
+  }
+  if (has(n, "scaled_dot_product_cudnn_attention") || has(n, "CudnnAttentionBackward") || has(n, "_cudnn_attention_")) {
+    return "cudnn";
+  }
+  if (has(n, "_scaled_dot_product_attention_math")) return "math";
+  if (has(n, "fused_attention_overrideable")) return "overrideable";
+  return {};
+}
+
+// Where no op names it: the kernels' names.
+std::string backend_of_kernel(std::string_view k) {
+  if (has(k, "flash_fwd") || has(k, "flash_bwd") || has(k, "pytorch_flash")) return "flash";
+  if (has(k, "fmha_cutlass") || has(k, "MemEffAttention") || (has(k, "cutlass::Kernel") && has(k, "Attention"))) {
+    return "efficient";
+  }
+  if (has(k, "cudnn") && (has(k, "sdpa") || has(k, "fmha") || has(k, "flash"))) return "cudnn";
+  if (has(k, "flex_attention") || has(k, "triton_tem_fused")) return "flex";
+  return {};
+}
+
+bool is_backward_op(std::string_view n) { return has(n, "backward") || has(n, "Backward"); }
+
+// "[2, 4, 256, 64], [], [[1, 2]]" -> one vector of integers per top-level
+// entry (nested lists flattened; an empty list is an absent tensor).
+std::vector<std::vector<std::int64_t>> parse_dims(std::string_view text) {
+  std::vector<std::vector<std::int64_t>> out;
+  int depth = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '[') {
+      if (depth++ == 0) out.emplace_back();
+    } else if (c == ']') {
+      --depth;
+    } else if (depth == 0 && c == ',') {
+      continue;
+    } else if ((c >= '0' && c <= '9') || c == '-') {
+      std::int64_t x = 0;
+      const auto [p, ec] = std::from_chars(text.data() + i, text.data() + text.size(), x);
+      if (ec == std::errc() && !out.empty() && depth > 0) out.back().push_back(x);
+      i = static_cast<std::size_t>(p - text.data()) - 1;
+    }
+  }
+  return out;
+}
+
+// "Input type" entries, split as the reader joined them (", ").
+std::vector<std::string_view> split_types(std::string_view text) {
+  std::vector<std::string_view> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(", ", pos), text.size());
+    out.push_back(text.substr(pos, comma - pos));
+    pos = comma + 2;
+  }
+  return out;
+}
+
+std::optional<double> number(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  double x = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (ec != std::errc()) return std::nullopt;
+  return x;
+}
+
+std::string_view at(const std::vector<std::string>& v, int i) {
+  return i >= 0 && static_cast<std::size_t>(i) < v.size() ? std::string_view(v[static_cast<std::size_t>(i)])
+                                                          : std::string_view();
+}
+
+std::string dims_str(const std::vector<std::int64_t>& d) {
+  std::string s;
+  for (auto x : d) {
+    if (!s.empty()) s += 'x';  // appended: GCC 12 warns (-Wrestrict, a false positive) on "x" + string
+    s += std::to_string(x);
+  }
+  return s;
+}
+
+// Shapes, dtype, mask and scale of one call from its op's record; false
+// when the op recorded no shapes.
+bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call) {
+  const auto dims = parse_dims(a.input_dims);
+  const auto dim = [&](int i) -> const std::vector<std::int64_t>* {
+    return i >= 0 && static_cast<std::size_t>(i) < dims.size() ? &dims[static_cast<std::size_t>(i)] : nullptr;
+  };
+  const auto* q = dim(sig.q);
+  const auto* k = dim(sig.k);
+  if (!q || !k || q->size() != 4 || k->size() != 4) return false;
+  const auto types = split_types(a.input_dtypes);
+  const auto type_at = [&](int i) {
+    return i >= 0 && static_cast<std::size_t>(i) < types.size() ? types[static_cast<std::size_t>(i)]
+                                                                : std::string_view();
+  };
+  Problem p;
+  p.pass = sig.backward ? Pass::Backward : Pass::Forward;
+  p.device = Device::Cuda;
+  p.batch = (*q)[0];
+  p.heads = sig.bshd ? (*q)[2] : (*q)[1];
+  p.seq = sig.bshd ? (*q)[1] : (*q)[2];
+  p.head_dim = (*q)[3];
+  p.kv_heads = sig.bshd ? (*k)[2] : (*k)[1];
+  p.kv_seq = sig.bshd ? (*k)[1] : (*k)[2];
+  call.dtype = normalize_dtype(type_at(sig.q));
+  if (const auto dt = parse_dtype(call.dtype)) p.dtype = *dt;
+
+  const auto& c = a.concrete_inputs;
+  p.mask = MaskKind::None;
+  if (const auto* m = dim(sig.mask); m && !m->empty()) {
+    p.mask = normalize_dtype(type_at(sig.mask)) == "bool" ? MaskKind::Boolean : MaskKind::Bias;
+  } else if (at(c, sig.causal) == "True" || at(c, sig.causal) == "true") {
+    p.mask = sig.bottom_right ? MaskKind::CausalBottomRight : MaskKind::Causal;
+  }
+  // flash_attn's window (left, right): keys i + off - left .. i + off + right; -1 unbounded.
+  if (const auto left = number(at(c, sig.window_left)); left && *left >= 0) {
+    const auto right = number(at(c, sig.window_right));
+    if (p.mask == MaskKind::CausalBottomRight || (right && *right == 0)) {
+      p.mask = MaskKind::SlidingWindow;
+      p.window = static_cast<std::int64_t>(*left) + 1;
+    }
+  }
+  bool mask_known = true;
+  if (sig.mask_name >= 0) {
+    // attnprof's ops: the mask by name, when the trace kept the string.
+    const auto m = parse_mask(at(c, sig.mask_name));
+    mask_known = m.has_value();
+    if (m) p.mask = *m;
+    if (const auto w = number(at(c, sig.window))) p.window = static_cast<std::int64_t>(*w);
+  }
+  if (sig.name.starts_with("flex_attention")) call.mask = "block_mask";
+  if (!mask_known) call.mask = "unknown";
+  call.scale = number(at(c, sig.scale));
+  p.scale = call.scale;
+  p.normalize();
+  if (call.mask.empty()) call.mask = std::string(mask_name(p.mask));
+  call.shape = dims_str({p.batch, p.heads, p.seq, p.head_dim});
+  if (p.kv_heads != p.heads || p.kv_seq != p.seq) {
+    call.shape += ", kv " + dims_str({p.batch, p.kv_heads, p.kv_seq, p.head_dim});
+  }
+  // A block mask's visible pairs are not in the trace: no exact count.
+  if (call.mask != "block_mask" && call.mask != "unknown" && p.batch > 0 && p.heads > 0 && p.seq > 0 && p.kv_seq > 0 &&
+      p.head_dim > 0) {
+    call.flops = p.flops();
+  }
+  call.problem = p;
+  return true;
+}
+
+}  // namespace
+
+bool is_attention_op(std::string_view n) {
+  if (n.starts_with("aten::")) return has(n, "attention");
+  if (n.starts_with("flash_attn::") || n.starts_with("attnprof::attention")) return true;
+  if (has(n, "flex_attention")) return true;
+  // Autograd's nodes: ScaledDotProductFlashAttentionBackward0, FlashAttnFuncBackward, and their
+  // "autograd::engine::evaluate_function: ..." wrappers.
+  return (has(n, "Attention") || has(n, "AttnFunc")) && has(n, "Backward");
+}
+
+int attention_call_of(const TraceIndex& ix, const std::vector<AttentionCall>& calls, EventIndex i) {
+  if (calls.empty() || i == kNone) return -1;
+  if (ix.at(i).on_device()) i = ix.launch_call(i);
+  for (EventIndex e = i; e != kNone; e = ix.parent(e)) {
+    const auto it = std::lower_bound(calls.begin(), calls.end(), static_cast<std::int64_t>(e),
+                                     [](const AttentionCall& c, std::int64_t x) { return c.event < x; });
+    if (it != calls.end() && it->event == e) return static_cast<int>(it - calls.begin());
+  }
+  return -1;
+}
+
+AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<double> ceiling_tflops) {
+  AttentionSummary out;
+  const auto n = static_cast<EventIndex>(ix.trace().activities.size());
+  // Each attention op's outermost attention ancestor is its call.
+  std::vector<EventIndex> roots;
+  std::unordered_map<EventIndex, std::vector<EventIndex>> members;  // root -> its attention ops, root first
+  for (EventIndex i = 0; i < n; ++i) {
+    const Activity& a = ix.at(i);
+    if (a.type != ActivityType::CpuOp || !is_attention_op(a.name)) continue;
+    EventIndex root = i;
+    for (EventIndex e = ix.parent(i); e != kNone; e = ix.parent(e)) {
+      if (ix.at(e).type == ActivityType::CpuOp && is_attention_op(ix.at(e).name)) root = e;
+    }
+    if (root == i) roots.push_back(i);
+    members[root].push_back(i);
+  }
+  std::sort(roots.begin(), roots.end());
+  bool shapes_missing = false;
+  for (EventIndex r : roots) {
+    AttentionCall call;
+    const Activity& a = ix.at(r);
+    call.op = a.name;
+    call.event = r;
+    call.cpu_us = static_cast<double>(a.dur_ns) / 1e3;
+    auto& ops = members[r];
+    std::sort(ops.begin(), ops.end());  // the root first: it starts first, and comes first in trace order
+    call.backward = is_backward_op(a.name);
+    // The dispatch: the first op that names a backend, aten's own op before an autograd node.
+    for (const bool aten_only : {true, false}) {
+      for (EventIndex i : ops) {
+        if (aten_only && !ix.at(i).name.starts_with("aten::")) continue;
+        if (auto b = backend_of_op(ix.at(i).name); !b.empty()) {
+          call.backend = std::move(b);
+          call.dispatch = ix.at(i).name;
+          break;
+        }
+      }
+      if (!call.backend.empty()) break;
+    }
+    bool shaped = false;
+    for (EventIndex i : ops) {
+      const Signature* sig = signature_of(ix.at(i).name);
+      if (!sig) continue;
+      call.backward |= sig->backward;
+      if (read_shapes(ix.at(i), *sig, call)) {
+        shaped = true;
+        break;
+      }
+    }
+    if (call.backend == "attnprof") {
+      // attnprof's ops name their backend in their second string argument.
+      const Signature* sig = signature_of(a.name);
+      const auto& c = a.concrete_inputs;
+      const int at_i = sig ? (sig->backward ? 6 : 3) : -1;
+      if (at_i >= 0 && static_cast<std::size_t>(at_i) < c.size() && !c[static_cast<std::size_t>(at_i)].empty()) {
+        call.backend += ":" + c[static_cast<std::size_t>(at_i)];
+      }
+    }
+    // SDPA's entry point leaves scale None (1/sqrt(D)); its dispatch op records the value used.
+    for (EventIndex i : ops) {
+      if (call.scale) break;
+      const Signature* sig = signature_of(ix.at(i).name);
+      if (sig) call.scale = number(at(ix.at(i).concrete_inputs, sig->scale));
+    }
+    if (call.problem && call.scale) call.problem->scale = call.scale;
+    shapes_missing |= !shaped;
+    if (call.problem) call.problem->device = gpu ? Device::Cuda : Device::Cpu;
+    out.calls.push_back(std::move(call));
+  }
+
+  // Device activities: each to the call that launched it.
+  double kernel_us = 0;
+  for (EventIndex d : ix.device_activities()) {
+    const Activity& k = ix.at(d);
+    if (k.type != ActivityType::Kernel) continue;
+    const double us = static_cast<double>(k.dur_ns) / 1e3;
+    kernel_us += us;
+    const int c = attention_call_of(ix, out.calls, d);
+    if (c < 0) continue;
+    auto& call = out.calls[static_cast<std::size_t>(c)];
+    call.kernels.push_back(k.name);
+    call.gpu_us += us;
+  }
+  // The step's host span (a CPU trace's shares divide it).
+  std::int64_t first = 0, last = 0;
+  bool any = false;
+  for (const auto& a : ix.trace().activities) {
+    if (a.on_device() || a.type == ActivityType::Allocation) continue;
+    first = any ? std::min(first, a.start_ns) : a.start_ns;
+    last = any ? std::max(last, a.end_ns()) : a.end_ns();
+    any = true;
+  }
+  out.total_us = gpu ? kernel_us : static_cast<double>(last - first) / 1e3;
+  for (auto& call : out.calls) {
+    if (call.backend.empty()) {
+      for (const auto& k : call.kernels) {
+        call.backend = backend_of_kernel(k);
+        if (!call.backend.empty()) break;
+      }
+    }
+    if (call.backend.empty()) call.backend = "unknown";
+    const double us = gpu ? call.gpu_us : call.cpu_us;
+    (call.backward ? out.backward_us : out.forward_us) += us;
+    if (call.flops && us > 0) call.tflops = *call.flops / (us * 1e-6) / 1e12;
+    if (call.tflops && ceiling_tflops && *ceiling_tflops > 0) call.ceiling_pct = 100.0 * *call.tflops / *ceiling_tflops;
+    if (out.total_us > 0) call.share_pct = 100.0 * us / out.total_us;
+  }
+  if (out.total_us > 0 && !out.calls.empty()) {
+    out.forward_pct = 100.0 * out.forward_us / out.total_us;
+    out.backward_pct = 100.0 * out.backward_us / out.total_us;
+  }
+  if (shapes_missing) {
+    out.missing_shapes =
+        "attention calls without shapes: record them with torch.profiler.profile(record_shapes=True) for FLOPs and "
+        "TFLOP/s";
+  }
+  return out;
+}
+
+}  // namespace attnprof::analysis

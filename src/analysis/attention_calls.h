@@ -1,0 +1,29 @@
+// Attention calls in a trace from elsewhere: which ops are attention, which
+// backend ran, what it launched, its shapes and FLOPs (attnprof/analyze.h's
+// AttentionCall). Read once per step from its index; the report prints them
+// and the rules read them (which upcasts and copies are attention's).
+#pragma once
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "analysis/trace_index.h"
+#include "attnprof/analyze.h"
+
+namespace attnprof::analysis {
+
+// An op that is attention or part of one: aten's SDPA and its dispatch,
+// forward and backward ops; autograd's *AttentionBackward* nodes;
+// flex_attention; flash_attn::*; attnprof::attention*.
+bool is_attention_op(std::string_view name);
+
+// The calls (outermost attention ops, in trace order) and their share of the
+// step. `gpu`: the trace has device activities (time is the kernels'; else the host's).
+AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<double> ceiling_tflops = {});
+
+// The call whose outermost op encloses host event i (or, for a device
+// activity, its launch): its position in `calls`, or -1.
+int attention_call_of(const TraceIndex& ix, const std::vector<AttentionCall>& calls, EventIndex i);
+
+}  // namespace attnprof::analysis
