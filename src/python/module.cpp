@@ -2,6 +2,9 @@
 // DLPack views (nb::ndarray, never converted or copied) and become borrowed
 // Tensors; problems, backends, eligibility, the pipeline and its tables are
 // the library's own calls. attnprof/__init__.py shapes what comes back.
+#include <charconv>
+#include <system_error>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
@@ -393,7 +396,7 @@ Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64
                      std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
                      std::int64_t head_dim, const std::string& dtype, const std::string& device,
                      const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                     const std::string& pass, bool deterministic) {
+                     const std::string& pass, bool deterministic, std::optional<double> softcap) {
   Problem p;
   p.batch = 0;
   p.heads = 0;
@@ -413,6 +416,12 @@ Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64
   p.scale = scale;
   set_problem_field(p, "pass", pass);
   p.deterministic = deterministic;
+  if (softcap) {
+    // Through the parser, as the CLI's text: 0 or less, NaN and inf are refused there.
+    char buf[64];
+    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, *softcap);
+    set_problem_field(p, "softcap", std::string_view(buf, ec == std::errc() ? end - buf : 0));
+  }
   fill_device_defaults(p).normalize().validate();
   return p;
 }
@@ -510,15 +519,16 @@ NB_MODULE(_core, m) {
              std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
              std::int64_t head_dim, const std::string& dtype, const std::string& device, const std::string& mask,
              std::optional<std::int64_t> window, std::optional<double> scale, const std::string& pass,
-             bool deterministic) {
+             bool deterministic, std::optional<double> softcap) {
             new (self) Problem(make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window,
-                                            scale, pass, deterministic));
+                                            scale, pass, deterministic, softcap));
           },
           nb::arg("batch").none(), nb::arg("heads").none(), nb::arg("kv_heads").none(), nb::arg("seq"),
           nb::arg("kv_seq").none(), nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"),
           nb::arg("window").none(), nb::arg("scale").none(), nb::arg("pass_") = "forward",
-          nb::arg("deterministic") = false)
+          nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none())
       .def("describe", &Problem::describe)
+      .def("file_stem", &Problem::file_stem)
       .def("shape_key", &Problem::shape_key)
       .def("json", [](const Problem& p) { return problem_json(p); });
 
