@@ -85,8 +85,12 @@ def _is_torch(x) -> bool:
 
 def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: int | None = None,
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
-              deterministic: bool = False):
+              deterministic: bool = False, softcap: float | None = None):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
+
+    softcap=c soft-caps the scaled scores before the mask, s -> tanh(s / c) * c
+    (Gemma-2's logits): the CPU backends take it, others refuse it by name;
+    None is no cap, 0 or less is refused.
 
     q is [B, H, S, D], k and v [B, Hkv, Skv, D] (layout="bshd": [B, S, H, D]
     and [B, Skv, Hkv, D]); any batch, head and sequence strides (views such
@@ -106,6 +110,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
     threads = _whole("threads", threads)
     window = _whole("window", window, _INT64, optional=True)
     scale = _real("scale", scale)
+    softcap = _real("softcap", softcap)
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
         if getattr(getattr(x, "dtype", None), "kind", None) == "O":
             raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
@@ -113,11 +118,11 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
         from . import _torch
 
         return _torch.attention(q, k, v, backend=backend, mask=mask, window=window, scale=scale, layout=layout,
-                                out=out, threads=threads, deterministic=deterministic)
+                                out=out, threads=threads, deterministic=deterministic, softcap=softcap)
     if out is None:
         out = _empty_like(q)
     try:
-        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd)
+        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd, softcap)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None
