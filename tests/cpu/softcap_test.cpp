@@ -5,6 +5,7 @@
 // whose traits do not take a cap refused by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -16,6 +17,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/report.h"
 #include "attnprof/runner.h"
+#include "backends/composite/composite_backend.h"
 #include "common/test_problem.h"
 
 namespace attnprof {
@@ -283,6 +285,38 @@ TEST(Softcap, AHugeCapChangesNothing) {
   flash->forward(capped, in, b, ctx);
   EXPECT_LT(check_against_reference(p, in, b, sample_rows(p, 1 << 20)).rel, 1e-5);
   EXPECT_LT(check_against_reference(p, in, a, sample_rows(p, 1 << 20)).rel, 1e-5);
+}
+
+// The composites' plan: the cap's ops in the expectation, as PyTorch's eager
+// Gemma-2 runs them, and the refuse-before-allocating estimate covering the
+// planned peak with its extra score buffers (the saved tanh included).
+TEST(Softcap, CompositePlansShowTheCapsOpsAndFitTheEstimate) {
+  for (const char* name : {"naive", "naive_inplace", "math"}) {
+    const auto* c = dynamic_cast<const composite::CompositeBackend*>(find_backend(name, Device::Cpu));
+    ASSERT_NE(c, nullptr) << name;
+    for (const MaskKind mask : {MaskKind::None, MaskKind::Causal, MaskKind::Boolean, MaskKind::Bias}) {
+      for (const DType dt : {DType::F32, DType::BF16}) {
+        for (const Pass pass : {Pass::Forward, Pass::Backward, Pass::Train}) {
+          Problem p = testing::to_problem(Shape{.batch = 2, .heads = 4, .seq = 96, .head_dim = 32}, dt, mask);
+          p.softcap = 30;
+          p.pass = pass;
+          p.validate();
+          const std::string what = std::string(name) + " " + p.describe();
+          EXPECT_GE(c->workspace_bytes(p), c->planned_workspace_bytes(p)) << what;
+          const std::vector<std::string> ops = c->expectation(p).cpu_ops;
+          const auto count = [&](const char* op) { return std::count(ops.begin(), ops.end(), op); };
+          EXPECT_EQ(count("tanh"), pass == Pass::Backward ? 0 : 1) << what;
+          EXPECT_EQ(count("tanh_backward"), pass == Pass::Forward ? 0 : 1) << what;
+          Problem plain = p;
+          plain.softcap = 0;
+          const std::vector<std::string> uncapped = c->expectation(plain).cpu_ops;
+          EXPECT_EQ(std::count(uncapped.begin(), uncapped.end(), "tanh"), 0) << what;
+          EXPECT_EQ(ops.size(), uncapped.size() + (pass == Pass::Forward ? 3u : pass == Pass::Backward ? 1u : 4u))
+              << what;
+        }
+      }
+    }
+  }
 }
 
 // ---- the field --------------------------------------------------------------------
