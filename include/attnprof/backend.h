@@ -31,7 +31,10 @@ struct Inputs {
 struct Saved {
   Tensor probs;  // softmax probabilities [B, H, S, Skv], in the dtype the backend computes in
   Tensor lse;    // log-sum-exp of each query row's scaled scores, FP32 [B, H, S, 1] (+-inf on a fully masked row)
-  std::size_t bytes() const { return probs.nbytes() + lse.nbytes(); }
+  // Soft-capped composites: tanh(s / c) of the scaled scores, [B, H, S, Skv]
+  // (what autograd keeps for tanh's backward).
+  Tensor tanh;
+  std::size_t bytes() const { return probs.nbytes() + lse.nbytes() + tanh.nbytes(); }
 };
 
 // dQ [B, H, S, D]; dK and dV [B, Hkv, Skv, D] (summed over the query heads of
@@ -76,6 +79,9 @@ struct Traits {
   // backend does not split the keys.
   int max_kv_splits = 0;
   int kv_split_keys = 0;
+  // Takes a soft cap (Problem::softcap): the others are refused by name in
+  // eligibility_of(), before their own eligibility is asked.
+  bool softcap = false;
 };
 
 // Per-call context handed to forward().
@@ -117,8 +123,11 @@ class Backend {
 
 // The reason a backend without a backward gives for Backward and Train.
 Eligibility no_backward(std::string_view backend);
+// The reason a backend without soft-capping gives for p.softcap > 0.
+Eligibility no_softcap(std::string_view backend, Device device);
 // b.eligibility(p), with no_backward() for a backward or training pass of a
-// backend that has none: what explain() and the runner ask.
+// backend that has none, and no_softcap() for a soft cap on a backend whose
+// traits do not take one: what explain() and the runner ask.
 Eligibility eligibility_of(const Backend& b, const Problem& p);
 
 // Every backend name in display order: naive, naive_inplace, math, efficient, flash, cudnn.

@@ -1,4 +1,4 @@
-// The attention problem: sizes, dtype, device, mask and scale.
+// The attention problem: sizes, dtype, device, mask, scale and soft cap.
 #pragma once
 
 #include <compare>
@@ -46,6 +46,9 @@ struct Problem {
   MaskKind mask = MaskKind::Causal;
   std::int64_t window = 0;      // SlidingWindow only
   std::optional<double> scale;  // default 1/sqrt(head_dim)
+  // Soft-capping (Gemma-2's logits): the scaled scores s become
+  // tanh(s / softcap) * softcap before the mask. 0: no cap; else positive.
+  double softcap = 0;
   Pass pass = Pass::Forward;
   // Backward only: dQ accumulated in a fixed order rather than with atomics
   // (fused backwards); refused where it means nothing.
@@ -114,8 +117,9 @@ struct Problem {
   // "8_16_1024_64": the file-name stem.
   std::string shape_key() const;
   // The stem of the files a run writes: shape_key(), then the pass when it is
-  // not the forward and the paged cache, so that runs of one shape with
-  // another pass or cache do not overwrite each other ("8_16_1024_64_backward").
+  // not the forward, the soft cap and the paged cache, so that runs of one
+  // shape with another pass, cap or cache do not overwrite each other
+  // ("8_16_1024_64_backward", "8_16_1024_64_softcap30").
   std::string file_stem() const;
   std::string describe() const;  // "batch 8, heads 16, seq 1024, head_dim 64, bf16, causal on cuda"
   std::size_t q_bytes() const;

@@ -51,7 +51,8 @@ double parse_real(std::string_view field, std::string_view text);
 // Sizes (batch, heads, kv_heads, seq, kv_seq, window, page_size) must be
 // positive; 0 is not a value a user gives (it stands for "the default").
 // Names take every spelling parse_dtype, parse_device, parse_mask,
-// parse_pass and parse_kv_cache do; deterministic takes true or false.
+// parse_pass and parse_kv_cache do; deterministic takes true or false;
+// softcap a positive real (0, "no cap", is given by leaving it out).
 // Throws Error(InvalidArgument) naming the field, and for a name the
 // accepted ones. Problem::validate() still checks the whole problem.
 void set_problem_field(Problem& p, std::string_view field, std::string_view text);

@@ -85,8 +85,12 @@ def _is_torch(x) -> bool:
 
 def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: int | None = None,
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
-              deterministic: bool = False):
+              deterministic: bool = False, softcap: float | None = None):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
+
+    softcap=c soft-caps the scaled scores before the mask, s -> tanh(s / c) * c
+    (Gemma-2's logits): the CPU backends take it, others refuse it by name;
+    None is no cap, 0 or less is refused.
 
     q is [B, H, S, D], k and v [B, Hkv, Skv, D] (layout="bshd": [B, S, H, D]
     and [B, Skv, Hkv, D]); any batch, head and sequence strides (views such
@@ -106,6 +110,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
     threads = _whole("threads", threads)
     window = _whole("window", window, _INT64, optional=True)
     scale = _real("scale", scale)
+    softcap = _real("softcap", softcap)
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
         if getattr(getattr(x, "dtype", None), "kind", None) == "O":
             raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
@@ -113,11 +118,11 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
         from . import _torch
 
         return _torch.attention(q, k, v, backend=backend, mask=mask, window=window, scale=scale, layout=layout,
-                                out=out, threads=threads, deterministic=deterministic)
+                                out=out, threads=threads, deterministic=deterministic, softcap=softcap)
     if out is None:
         out = _empty_like(q)
     try:
-        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd)
+        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd, softcap)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None
@@ -170,7 +175,8 @@ def torch_ops():
 _D = _core.defaults()
 
 
-def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic):
+def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
+             softcap=None):
     batch, heads = (_whole(n, v, _INT64, optional=True) for n, v in (("batch", batch), ("heads", heads)))
     seq, head_dim = (_whole(n, v, _INT64) for n, v in (("seq", seq), ("head_dim", head_dim)))
     kv_heads = _whole("kv_heads", kv_heads, _INT64, optional=True)
@@ -179,7 +185,7 @@ def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv
     scale = _real("scale", scale)
     return _core.Problem(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, kv_seq=kv_seq, head_dim=head_dim,
                          dtype=dtype, device=device, mask=mask, window=window, scale=scale, pass_=pass_,
-                         deterministic=deterministic)
+                         deterministic=deterministic, softcap=_real("softcap", softcap))
 
 
 def _run_args(seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit):
@@ -204,13 +210,15 @@ def compare(*, batch: int | None = None, heads: int | None = None, seq: int = _D
             check_rows: int = _D["check_rows"], schedule: tuple[int, int, int, int] = _D["schedule"],
             unprofiled_calls: int = _D["unprofiled_calls"], expect: dict[str, int] | None = None,
             sort_by: str = _D["sort_by"], row_limit: int = _D["row_limit"], pass_: str = _D["pass_"],
-            deterministic: bool = False) -> Report:
+            deterministic: bool = False, softcap: float | None = None) -> Report:
     """`attnprof compare` as a call: every eligible backend (or `backends`) profiled on one problem.
 
     schedule is (wait, warmup, active, repeat) steps, as --wait/--warmup/--active/--repeat.
-    pass_ is --pass (forward, backward or train), deterministic --deterministic.
+    pass_ is --pass (forward, backward or train), deterministic --deterministic, softcap --softcap
+    (Gemma-2's tanh(s / c) * c on the scaled scores; None: no cap, and 0 or less is refused).
     """
-    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
+    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
+                 softcap)
     seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
         seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
     rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
@@ -226,9 +234,10 @@ def profile(backend: str = "auto", *, batch: int | None = None, heads: int | Non
             check_rows: int = _D["check_rows"], schedule: tuple[int, int, int, int] = _D["schedule"],
             unprofiled_calls: int = _D["unprofiled_calls"], expect: dict[str, int] | None = None,
             sort_by: str = _D["sort_by"], row_limit: int = _D["row_limit"], pass_: str = _D["pass_"],
-            deterministic: bool = False) -> Report:
+            deterministic: bool = False, softcap: float | None = None) -> Report:
     """`attnprof profile --backend B` as a call: one backend ("auto" picks one); its key-averages table in .table."""
-    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
+    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
+                 softcap)
     seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
         seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
     rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
@@ -240,7 +249,8 @@ def explain(*, batch: int | None = None, heads: int | None = None, seq: int = _D
             head_dim: int = _D["head_dim"], dtype: str = _D["dtype"], device: str = "cpu", mask: str = _D["mask"],
             window: int | None = None, scale: float | None = None, kv_heads: int | None = None,
             kv_seq: int | None = None, threads: int = _D["threads"], pass_: str = _D["pass_"],
-            deterministic: bool = False) -> Explanation:
+            deterministic: bool = False, softcap: float | None = None) -> Explanation:
     """`attnprof explain` as a call: which backends can take the problem and why, and what auto picks."""
-    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic)
+    p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
+                 softcap)
     return Explanation(*_core.explain(p, _whole("threads", threads)))

@@ -48,21 +48,22 @@ def _dlpack(*tensors):
         raise Error(not_an_array(e)) from None
 
 
-def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0):
-    _core.attention(*_dlpack(q, k, v, out), backend, mask, window, scale, _stream_of(q), threads, bshd)
+def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=None):
+    _core.attention(*_dlpack(q, k, v, out), backend, mask, window, scale, _stream_of(q), threads, bshd, softcap)
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
-                  window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False) -> torch.Tensor:
+                  window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
+                  softcap: Optional[float] = None) -> torch.Tensor:
     """softmax(scale * q k^T + mask) v by an attnprof backend; out has q's shape ([B, H, S, D], or [B, S, H, D] when bshd)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _run(q, k, v, out, backend, mask, window, scale, bshd)
+    _run(q, k, v, out, backend, mask, window, scale, bshd, softcap=softcap)
     return out
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False):
+def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, softcap=None):
     # Matches the real output: a new contiguous tensor of q's shape, dtype and device.
     return q.new_empty(q.shape)
 
@@ -76,16 +77,18 @@ def _lse_shape(q: torch.Tensor, bshd: bool):
 @torch.library.custom_op("attnprof::attention_train", mutates_args=(), device_types=("cpu", "cuda"))
 def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
               window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
-              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              deterministic: bool = False, softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     views = _dlpack(q, k, v, out)
-    _, lse = _core.attention_train(*views, backend, mask, window, scale, _stream_of(q), 0, bshd, deterministic)
+    _, lse = _core.attention_train(*views, backend, mask, window, scale, _stream_of(q), 0, bshd, deterministic,
+                                   softcap)
     return out, torch.from_dlpack(lse)
 
 
 @_train_op.register_fake
-def _train_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, deterministic=False):
+def _train_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, deterministic=False,
+                softcap=None):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, bshd), dtype=torch.float32)
 
 
@@ -93,17 +96,18 @@ def _train_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None,
 def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
                  scale: Optional[float] = None, bshd: bool = False,
-                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 deterministic: bool = False,
+                 softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of attention_train's call for the upstream gradient dout."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv), backend, mask, window, scale,
-                             _stream_of(q), 0, bshd, deterministic)
+                             _stream_of(q), 0, bshd, deterministic, softcap)
     return dq, dk, dv
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, backend="auto", mask="causal", window=None, scale=None, bshd=False,
-                   deterministic=False):
+                   deterministic=False, softcap=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -139,7 +143,7 @@ def ops():
     return torch.ops.attnprof
 
 
-def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, deterministic=False):
+def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, deterministic=False, softcap=None):
     bshd = layout == "bshd"  # attnprof.attention read it through the library's parser
     for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
         if not isinstance(t, torch.Tensor):
@@ -148,18 +152,19 @@ def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, de
         # Autograd: the training op keeps the log-sum-exp, and its backward is attnprof's.
         if out is not None:
             raise Error("out= is not supported when gradients are needed: use the returned tensor")
-        return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic)[0]
+        return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic,
+                                                  softcap)[0]
     if _is_compiling():
         # Traced as one node of the graph (its fake gives the output's shape).
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
-        return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd)
+        return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap)
     if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     try:
-        _run(q, k, v, out, backend, mask, window, scale, bshd, threads)
+        _run(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
     except TypeError as e:
         del out
         from . import not_an_array

@@ -186,6 +186,12 @@ FIELD_CASES = {
     "pass": ({"pass_": "sideways"}, r"^unknown pass 'sideways': use forward, backward or train$"),
     "device": ({"device": "tpu"}, r"^unknown device 'tpu': use cpu or cuda"),
     "mask": ({"mask": "diagonal"}, r"^unknown mask 'diagonal'"),
+    # issue 22 item 3: a soft cap of zero or less, or not a finite number; None is no cap.
+    "softcap zero": ({"softcap": 0}, r"^softcap must be positive \(scores become tanh\(s / c\) \* c; leave it out"),
+    "softcap negative": ({"softcap": -30.0}, r"^softcap must be positive"),
+    "softcap nan": ({"softcap": float("nan")}, r"^softcap must be a finite number"),
+    "softcap inf": ({"softcap": float("inf")}, r"^softcap must be a finite number"),
+    "softcap text": ({"softcap": "thirty"}, r"^softcap must be a number, got str 'thirty'$"),
     # issue 20 item 12: 2^64 scores, refused by field before an estimate can wrap past 64 bits.
     "scores": ({"batch": 1024, "heads": 1024, "seq": 1 << 22, "kv_seq": 1 << 22, "head_dim": 256},
                r"^batch x heads x seq x kv_seq is 1.84e\+19 attention scores"),
@@ -294,3 +300,17 @@ def test_module_uses_the_shared_cxx_runtime():
     defined = subprocess.run([nm, "-D", "--defined-only", _core.__file__], capture_output=True, text=True,
                              check=True).stdout
     assert "_ZNSt6locale7classicEv" not in defined, "libstdc++ is linked statically into " + _core.__file__
+
+
+def test_softcap_is_taken_and_shown():
+    # issue 22 item 3: the CPU backends take a cap, and the problem says so.
+    ex = attnprof.explain(batch=1, heads=2, seq=64, head_dim=32, dtype="fp32", softcap=30)
+    text = str(ex)
+    for name in ("naive", "naive_inplace", "math", "flash"):
+        line = next(l for l in text.splitlines() if l.startswith(name + " "))
+        assert "not eligible" not in line, line
+    p = _core.Problem(batch=1, heads=2, kv_heads=None, seq=64, kv_seq=None, head_dim=32, dtype="fp32", device="cpu",
+                      mask="causal", window=None, scale=None, softcap=2.5)
+    assert "soft cap 2.5" in p.describe()
+    assert p.file_stem() == "1_2_64_32_softcap2.5"
+    assert '"softcap": 2.5' in p.json()

@@ -72,6 +72,12 @@ inline constexpr OpSpec softmax_backward{"_softmax_backward_data", {}, {1, 0}};
 // A paged KV cache read into a contiguous K or V (pages[block_table] then
 // the reshape, as PyTorch's paged decode gathers it): one gather pass.
 inline constexpr OpSpec gather_pages{"index_select", {}, {1, 0}};
+// Soft-capping as Gemma-2's modelling code writes it, s / c, tanh, * c (the
+// divide a mul by 1 / c); autograd keeps tanh's output, and its backward is
+// grad * (1 - t^2), one pass (the two muls' backwards, * c then / c, cancel
+// and are left out).
+inline constexpr OpSpec tanh{"tanh", {}, {1, 0}};
+inline constexpr OpSpec tanh_backward{"tanh_backward", {}, {1, 0}};
 }  // namespace op
 
 class Ops {
@@ -135,6 +141,13 @@ class Ops {
   // (Inputs), key j of sequence b read from page block_table[b][j / page_size]
   // at row j % page_size. Devices without it refuse (the default here).
   virtual Tensor gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx);
+
+  // Soft-capping's pieces: tanh(x) into a fresh tensor of x's dtype, and its
+  // backward grad * (1 - t^2) from tanh's output t, in grad's dtype. Devices
+  // without them refuse (the default here; eligibility refuses a soft cap
+  // there first).
+  virtual Tensor tanh(const Tensor& x, RunContext& ctx);
+  virtual Tensor tanh_backward(const Tensor& grad, const Tensor& t, RunContext& ctx);
 };
 
 }  // namespace attnprof

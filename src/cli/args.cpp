@@ -38,6 +38,7 @@ constexpr FieldFlag kFieldFlags[] = {
     {"mask", "--mask", true},
     {"window", "--window", true},
     {"scale", "--scale", true},
+    {"softcap", "--softcap", true},
     {"pass", "--pass", true},
     {"deterministic", "--deterministic"},  // a switch here: parse() sets it
     {"kv_cache", "--kv-cache", true},
@@ -107,6 +108,11 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
   --page-size N        keys per page with --kv-cache paged, a power of two
                        (16, 64 ...); a sequence's last page is padded
   --scale X            softmax scale                      (default 1/sqrt(head_dim))
+  --softcap C          soft-cap the scaled scores before the mask, as
+                       Gemma-2 does: s -> tanh(s / C) * C, so no score
+                       passes +-C; C > 0 (30 and 50 are Gemma-2's); on the
+                       CPU backends (naive, naive_inplace, math, flash),
+                       refused by name elsewhere      (default: no cap)
   --device D           cpu or cuda                        (default: cuda when a GPU is present)
   --layout L           bhsd or bshd: lay Q, K, V out as [batch, seq, heads, dim]
                        and pass strided views             (default bhsd)

@@ -15,6 +15,13 @@
 namespace attnprof {
 namespace {
 
+// A real as %g writes it ("30", "2.5", "nan"): for the description and file stems.
+std::string format_real(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 struct MaskSpelling {
   MaskKind kind;
   std::string_view name;
@@ -176,6 +183,10 @@ void Problem::validate() const {
   }
   validate_kv_cache();
   if (scale && (!std::isfinite(*scale) || *scale == 0.0)) refuse("scale must be a finite, non-zero number", {"scale"});
+  // 0 is no cap; a Problem built in code can still hold a negative or a NaN.
+  if (!std::isfinite(softcap) || softcap < 0) {
+    refuse("softcap must be a finite positive number (0: no cap), got " + format_real(softcap), {"softcap"});
+  }
   // The inputs are uniform in [-1, 1), so |q . k| reaches head_dim at most and
   // a score |scale| x head_dim. Past the dtype's largest finite value the
   // unfused backends' scores become inf and softmax gives NaN (inf - inf); the
@@ -328,11 +339,16 @@ std::string Problem::shape_key() const {
 }
 
 std::string Problem::file_stem() const {
-  // Appended piece by piece, as dims_string is (g++ 12's -Wrestrict).
+  // Appended piece by piece, as dims_string is (g++ 12's -Wrestrict). A soft
+  // cap changes the numbers, so it is in the stem too ("_softcap30").
   std::string s = shape_key();
   if (pass != Pass::Forward) {
     s += '_';
     s += pass_name(pass);
+  }
+  if (softcap > 0) {
+    s += "_softcap";
+    s += format_real(softcap);
   }
   if (kv_cache == KvCache::Paged) {
     s += "_paged";
@@ -349,6 +365,7 @@ std::string Problem::describe() const {
   if (kv_seq != seq) os << " (kv " << kv_seq << ")";
   os << ", head_dim " << head_dim << ", " << dtype_name(dtype) << ", " << mask_name(mask);
   if (mask == MaskKind::SlidingWindow) os << " " << window;
+  if (softcap > 0) os << ", soft cap " << format_real(softcap);
   os << " on " << device_name(device);
   if (pass != Pass::Forward) os << ", " << pass_name(pass) << " pass" << (deterministic ? " (deterministic)" : "");
   if (kv_cache == KvCache::Paged) {
@@ -382,8 +399,14 @@ Eligibility no_backward(std::string_view backend) {
   return {false, std::string(backend) + " has no backward pass: use pass=forward, or a backend with one"};
 }
 
+Eligibility no_softcap(std::string_view backend, Device device) {
+  return {false, "soft-capping is not built for " + std::string(backend) + " on " + std::string(device_name(device)) +
+                     " yet" + (device == Device::Cpu ? "" : " (use device=cpu)")};
+}
+
 Eligibility eligibility_of(const Backend& b, const Problem& p) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
+  if (p.softcap > 0 && !b.traits().softcap) return no_softcap(b.name(), b.device());
   if (p.deterministic && !b.traits().backward_dq_unordered) {
     return {false, std::string(b.name()) +
                        "'s backward sums dQ in a fixed order already: deterministic=true means "

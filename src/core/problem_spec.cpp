@@ -65,6 +65,16 @@ const std::vector<std::pair<std::string_view, Setter>>& setters() {
       {"mask", [](Problem& p, auto f, auto t) { p.mask = named<MaskKind>(f, t, parse_mask, mask_choices()); }},
       {"window", size(&Problem::window)},
       {"scale", [](Problem& p, auto f, auto t) { p.scale = parse_real(f, t); }},
+      // 0 is the Problem's "no cap", not a value to give: leaving it out is.
+      {"softcap",
+       [](Problem& p, auto f, auto t) {
+         const double c = parse_real(f, t);
+         if (!(c > 0)) {
+           refuse(f, std::string(f) + " must be positive (scores become tanh(s / c) * c; leave it out for no cap), got " +
+                         quoted(t));
+         }
+         p.softcap = c;
+       }},
       {"pass",
        [](Problem& p, auto f, auto t) { p.pass = named<Pass>(f, t, parse_pass, "forward, backward or train"); }},
       {"deterministic",

@@ -66,8 +66,10 @@ struct KvHead {
 // One query row's softmax in float64: the probabilities over the keys (0 on
 // masked ones) and its output. Returns false for a fully masked row, whose
 // probabilities and output are zeros (the NaN-safe convention).
+// With a soft cap c the scaled score s is c tanh(s / c) before the mask, and
+// dcap holds its derivative 1 - tanh^2(s / c) for the gradient reference.
 struct RowSoftmax {
-  std::vector<double> q, prob, out;
+  std::vector<double> q, prob, out, dcap;
   std::vector<char> keep;
 
   bool compute(const Problem& p, const Inputs& in, const KvHead& kv, std::int64_t b, std::int64_t h, std::int64_t i) {
@@ -76,6 +78,8 @@ struct RowSoftmax {
     prob.assign(static_cast<std::size_t>(Skv), 0.0);
     out.assign(static_cast<std::size_t>(D), 0.0);
     keep.resize(static_cast<std::size_t>(Skv));
+    dcap.assign(static_cast<std::size_t>(Skv), 1.0);
+    const double cap = p.softcap;
     for (std::int64_t d = 0; d < D; ++d) q[static_cast<std::size_t>(d)] = in.q.get(b, h, i, d);
     const double scale = p.softmax_scale();
     double mx = -std::numeric_limits<double>::infinity();
@@ -93,6 +97,11 @@ struct RowSoftmax {
       const double* kr = kv.k_row(j);
       for (std::int64_t d = 0; d < D; ++d) s += q[static_cast<std::size_t>(d)] * kr[d];
       s *= scale;
+      if (cap > 0) {
+        const double t = std::tanh(s / cap);
+        s = cap * t;
+        dcap[static_cast<std::size_t>(j)] = 1.0 - t * t;
+      }
       if (p.mask == MaskKind::Bias) s += in.bias.get(b, h, i, j);
       prob[static_cast<std::size_t>(j)] = s;
       mx = std::max(mx, s);
@@ -334,7 +343,8 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
   RowSoftmax row;
   std::vector<double> dov(static_cast<std::size_t>(D)), dp(static_cast<std::size_t>(Skv));
   // dO_i, dP_ij = dO_i . V_j and Delta_i = dO_i . O_i for the row in `row`;
-  // then dS_ij = P_ij (dP_ij - Delta_i) is the softmax's backward.
+  // then dS_ij = P_ij (dP_ij - Delta_i) is the softmax's backward, times
+  // 1 - tanh^2(s_ij / c) through a soft cap (the chain rule through c tanh(s / c)).
   const auto row_backward = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
     double delta = 0;
     for (std::int64_t d = 0; d < D; ++d) {
@@ -348,7 +358,7 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
         const double* vr = kv.v_row(j);
         for (std::int64_t d = 0; d < D; ++d) s += dov[static_cast<std::size_t>(d)] * vr[d];
       }
-      dp[static_cast<std::size_t>(j)] = pij * (s - delta);  // dS_ij
+      dp[static_cast<std::size_t>(j)] = pij * (s - delta) * row.dcap[static_cast<std::size_t>(j)];  // dS_ij
     }
   };
 

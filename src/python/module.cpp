@@ -2,6 +2,9 @@
 // DLPack views (nb::ndarray, never converted or copied) and become borrowed
 // Tensors; problems, backends, eligibility, the pipeline and its tables are
 // the library's own calls. attnprof/__init__.py shapes what comes back.
+#include <charconv>
+#include <system_error>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
@@ -259,12 +262,21 @@ void check_threads(int threads) {
   }
 }
 
+// A soft cap from Python through the parser, as the CLI's text: 0 or less,
+// NaN and inf are refused there. None leaves no cap.
+void set_softcap(Problem& p, std::optional<double> softcap) {
+  if (!softcap) return;
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, *softcap);
+  set_problem_field(p, "softcap", std::string_view(buf, ec == std::errc() ? static_cast<std::size_t>(end - buf) : 0));
+}
+
 // The calls of a training step resolve `auto` as one problem, the training
 // step's (pass train, its deterministic): the backward must run on the backend
 // whose forward saved its tensors.
 Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
              std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads,
-             bool bshd, Pass pass, bool deterministic) {
+             bool bshd, Pass pass, bool deterministic, std::optional<double> softcap) {
   check_threads(threads);
   const Where wq = where_of("q", q);
   const DType dtype = dtype_of("q", q);
@@ -307,6 +319,7 @@ Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::s
   p.scale = scale;
   p.pass = pass;
   p.deterministic = deterministic;
+  set_softcap(p, softcap);
   p.normalize().validate();
 
   Backend& b = resolve(p, backend, pass == Pass::Forward ? Use::Inference : Use::Autograd);
@@ -331,8 +344,8 @@ void run(const Call& c, Work&& work) {
 // default). Returns the backend that ran.
 std::string attention(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
                       const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                      std::uintptr_t stream, int threads, bool bshd) {
-  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false);
+                      std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap) {
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap);
   run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
   return std::string(c.backend->name());
 }
@@ -346,8 +359,10 @@ using Lse = nb::ndarray<float, nb::ndim<3>>;
 std::tuple<std::string, Lse> attention_train(const In& q, const In& k, const In& v, const Out& out,
                                              const std::string& backend, const std::string& mask,
                                              std::optional<std::int64_t> window, std::optional<double> scale,
-                                             std::uintptr_t stream, int threads, bool bshd, bool deterministic) {
-  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic);
+                                             std::uintptr_t stream, int threads, bool bshd, bool deterministic,
+                                             std::optional<double> softcap) {
+  Call c =
+      prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap);
   Saved saved;
   run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
   auto* held = new Tensor(saved.lse);
@@ -365,8 +380,10 @@ std::tuple<std::string, Lse> attention_train(const In& q, const In& k, const In&
 std::string attention_backward(const In& dout, const In& q, const In& k, const In& v, const Out& out, const In& lse,
                                const Out& dq, const Out& dk, const Out& dv, const std::string& backend,
                                const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                               std::uintptr_t stream, int threads, bool bshd, bool deterministic) {
-  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic);
+                               std::uintptr_t stream, int threads, bool bshd, bool deterministic,
+                               std::optional<double> softcap) {
+  Call c =
+      prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap);
   c.p.pass = Pass::Backward;  // the call itself; planned as the training step it is part of
   const Tensor d_out = c.view_like("dout", dout, c.out, bshd);
   Gradients g{c.view_like("dq", dq, c.in.q, bshd), c.view_like("dk", dk, c.in.k, bshd),
@@ -393,7 +410,7 @@ Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64
                      std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
                      std::int64_t head_dim, const std::string& dtype, const std::string& device,
                      const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                     const std::string& pass, bool deterministic) {
+                     const std::string& pass, bool deterministic, std::optional<double> softcap) {
   Problem p;
   p.batch = 0;
   p.heads = 0;
@@ -413,6 +430,7 @@ Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64
   p.scale = scale;
   set_problem_field(p, "pass", pass);
   p.deterministic = deterministic;
+  set_softcap(p, softcap);
   fill_device_defaults(p).normalize().validate();
   return p;
 }
@@ -473,18 +491,19 @@ NB_MODULE(_core, m) {
   m.def("attention", &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
         nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
         nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
+        nb::arg("softcap").none() = nb::none(),
         "softmax(scale * q k^T + mask) v into `out`, no copies; returns the backend that ran");
 
   m.def("attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"),
         nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
-        nb::arg("deterministic"),
+        nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
         "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
   m.def("attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
         nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
         nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::arg("backend"),
         nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"),
-        nb::arg("bshd"), nb::arg("deterministic"), "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
+        nb::arg("bshd"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(), "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
   // The views attention() reads and writes, as (data pointer, sizes, strides)
   // for q, k, v and out: the tests compare them with the caller's own.
@@ -510,15 +529,16 @@ NB_MODULE(_core, m) {
              std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
              std::int64_t head_dim, const std::string& dtype, const std::string& device, const std::string& mask,
              std::optional<std::int64_t> window, std::optional<double> scale, const std::string& pass,
-             bool deterministic) {
+             bool deterministic, std::optional<double> softcap) {
             new (self) Problem(make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window,
-                                            scale, pass, deterministic));
+                                            scale, pass, deterministic, softcap));
           },
           nb::arg("batch").none(), nb::arg("heads").none(), nb::arg("kv_heads").none(), nb::arg("seq"),
           nb::arg("kv_seq").none(), nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"),
           nb::arg("window").none(), nb::arg("scale").none(), nb::arg("pass_") = "forward",
-          nb::arg("deterministic") = false)
+          nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none())
       .def("describe", &Problem::describe)
+      .def("file_stem", &Problem::file_stem)
       .def("shape_key", &Problem::shape_key)
       .def("json", [](const Problem& p) { return problem_json(p); });
 

@@ -169,6 +169,7 @@ nlohmann::json problem_json(const Problem& p) {
                       {"pass", pass_name(p.pass)},
                       {"deterministic", p.deterministic}};
   j["window"] = p.mask == MaskKind::SlidingWindow ? nlohmann::json(p.window) : nlohmann::json(nullptr);
+  j["softcap"] = p.softcap > 0 ? nlohmann::json(p.softcap) : nlohmann::json(nullptr);
   j["kv_cache"] = kv_cache_name(p.kv_cache);
   j["page_size"] = p.kv_cache == KvCache::Paged ? nlohmann::json(p.page_size) : nlohmann::json(nullptr);
   return j;

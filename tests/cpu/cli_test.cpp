@@ -174,6 +174,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"scale_trailing_space", p({"--scale", "0.1 "}), "--scale expects a decimal number"},
         BadArgs{"scale_plus", p({"--scale", "+0.1"}), "--scale"},
         BadArgs{"scale_huge", p({"--scale", "1e999"}), "--scale 1e999 is out of range"},
+        // issue 22 item 3: a soft cap of zero or less, or not a finite number.
+        BadArgs{"softcap_zero", p({"--softcap", "0"}), "--softcap must be positive"},
+        BadArgs{"softcap_negative", p({"--softcap", "-30"}), "--softcap must be positive"},
+        BadArgs{"softcap_nan", p({"--softcap", "nan"}), "--softcap"},
+        BadArgs{"softcap_inf", p({"--softcap", "inf"}), "--softcap must be a finite number"},
+        BadArgs{"softcap_text", p({"--softcap", "big"}), "--softcap expects a decimal number"},
+        BadArgs{"softcap_missing", p({"--softcap"}), "--softcap"},
         BadArgs{"seq_hex", p({"--seq", "0x10"}), "--seq expects a whole number"},
         BadArgs{"seq_space", p({"--seq", " 64"}), "--seq expects a whole number"},
         BadArgs{"head_dim_plus", p({"--head-dim", "+64"}), "--head-dim expects a whole number"},
@@ -495,6 +502,39 @@ TEST(Cli, ProfileWritesTraceTableAndSummary) {
   EXPECT_TRUE(summary["kernels_per_forward"].is_null());
   EXPECT_DOUBLE_EQ(summary["copies_per_forward"].get<double>(), 1.0);
   EXPECT_TRUE(summary["rel_error"].is_number());
+}
+
+// issue 22 item 3: a soft-capped run says so in its header and JSON, and its
+// files do not overwrite an uncapped run's.
+TEST(Cli, SoftcapRunIsNamedInTheHeaderTheFilesAndTheJson) {
+  TempDir dir;
+  const fs::path t = dir.path() / "traces";
+  const CliRun r = attnprof({"profile", "--backend", "flash", "--device", "cpu", "--batch", "1", "--heads", "2",
+                             "--seq", "128", "--softcap", "30", "--threads", "1", "--trace-dir", t.string()},
+                            dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("soft cap 30"), std::string::npos) << r.out;
+  EXPECT_EQ(listing(t), (std::set<std::string>{"1_2_128_64_softcap30_flash.json", "1_2_128_64_softcap30_flash.txt",
+                                               "1_2_128_64_softcap30_flash.summary.json"}));
+  const auto summary = nlohmann::json::parse(slurp(t / "1_2_128_64_softcap30_flash.summary.json"));
+  EXPECT_DOUBLE_EQ(summary["problem"]["softcap"].get<double>(), 30.0);
+  EXPECT_LT(summary["rel_error"].get<double>(), 0.02) << "checked against the capped float64 reference";
+}
+
+TEST(Cli, ExplainWithSoftcapKeepsTheCpuBackends) {
+  TempDir dir;
+  const CliRun r =
+      attnprof({"explain", "--device", "cpu", "--batch", "1", "--heads", "2", "--seq", "128", "--softcap", "50"}, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream is(r.out);
+  int eligible = 0;
+  for (std::string l; std::getline(is, l);) {
+    for (const char* b : {"naive ", "naive_inplace ", "math ", "flash "}) {
+      if (l.rfind(b, 0) == 0 && l.find("not eligible") == std::string::npos) ++eligible;
+    }
+  }
+  EXPECT_EQ(eligible, 4) << r.out;
+  EXPECT_NE(r.out.find("soft cap 50"), std::string::npos) << r.out;
 }
 
 TEST(Cli, CompareJsonHasAllSixBackends) {

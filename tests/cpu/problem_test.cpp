@@ -327,6 +327,7 @@ TEST(ProblemSpec, EveryFieldParsesFromText) {
                                                                       {"mask", "sliding_window"},
                                                                       {"window", "7"},
                                                                       {"scale", "-0.125"},
+                                                                      {"softcap", "30"},
                                                                       {"pass", "train"},
                                                                       {"deterministic", "true"},
                                                                       {"kv_cache", "contiguous"},
@@ -343,6 +344,7 @@ TEST(ProblemSpec, EveryFieldParsesFromText) {
   EXPECT_EQ(p.device, Device::Cpu);
   EXPECT_EQ(p.mask, MaskKind::SlidingWindow);
   EXPECT_EQ(p.window, 7);
+  EXPECT_EQ(p.softcap, 30.0);
   EXPECT_EQ(p.scale, -0.125);
   EXPECT_EQ(p.pass, Pass::Train);
   EXPECT_TRUE(p.deterministic);

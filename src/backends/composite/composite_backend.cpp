@@ -1,5 +1,8 @@
 #include "backends/composite/composite_backend.h"
 
+#include <cstdio>
+#include <utility>
+
 #include "attnprof/error.h"
 #include "backends/composite/plan.h"
 
@@ -7,6 +10,14 @@ namespace attnprof {
 
 Tensor Ops::gather_pages(const Tensor&, const Tensor&, std::int64_t, RunContext&) {
   fail(ErrorKind::Unsupported, std::string("these ") + device_name(device()) + " ops cannot read a paged KV cache");
+}
+
+Tensor Ops::tanh(const Tensor&, RunContext&) {
+  fail(ErrorKind::Unsupported, std::string("these ") + device_name(device()) + " ops have no tanh (soft-capping)");
+}
+
+Tensor Ops::tanh_backward(const Tensor&, const Tensor&, RunContext&) {
+  fail(ErrorKind::Unsupported, std::string("these ") + device_name(device()) + " ops have no tanh_backward (soft-capping)");
 }
 
 }  // namespace attnprof
@@ -27,20 +38,40 @@ Tensor MaskCache::get(Ops& ops, const Problem& p, RunContext& ctx) {
 }
 
 void CompositeBackend::run_forward(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
-                                   MaskCache& mask, Tensor* probs) const {
+                                   MaskCache& mask, Saved* saved) const {
   if (p.kv_cache != KvCache::Paged) {
-    run(ops, p, in, out, ctx, mask, probs);
+    run(ops, p, in, out, ctx, mask, saved);
     return;
   }
   Inputs gathered = in;
   gathered.k = ops.gather_pages(in.k_pages, in.block_table, p.kv_seq, ctx);
   gathered.v = ops.gather_pages(in.v_pages, in.block_table, p.kv_seq, ctx);
-  run(ops, p, gathered, out, ctx, mask, probs);
+  run(ops, p, gathered, out, ctx, mask, saved);
+}
+
+void CompositeBackend::soft_cap(Ops& ops, const Problem& p, Tensor& attn, RunContext& ctx, Saved* saved) {
+  if (p.softcap <= 0) return;
+  Tensor t = ops.tanh(ops.mul(attn, static_cast<float>(1.0 / p.softcap), ctx), ctx);
+  attn = ops.mul(t, static_cast<float>(p.softcap), ctx);
+  if (saved != nullptr) saved->tanh = std::move(t);
+}
+
+void CompositeBackend::soft_cap_backward(Ops& ops, const Problem& p, Tensor& ds, const Saved& saved, RunContext& ctx) {
+  if (p.softcap <= 0) return;
+  if (!saved.tanh.defined()) fail(ErrorKind::Internal, "soft-capped backward without the tanh forward_train saves");
+  ds = ops.tanh_backward(ds, saved.tanh, ctx);
+}
+
+std::string CompositeBackend::softcap_story(const Problem& p) {
+  if (p.softcap <= 0) return {};
+  char buf[96];
+  std::snprintf(buf, sizeof buf, ", soft cap %g (mul, tanh, mul)", p.softcap);
+  return buf;
 }
 
 void CompositeBackend::forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) {
   saved = {};
-  run_forward(*ops_, p, in, out, ctx, mask_, &saved.probs);
+  run_forward(*ops_, p, in, out, ctx, mask_, &saved);
 }
 
 void CompositeBackend::backward(const Problem& p, const Inputs& in, const Tensor&, const Tensor& dout,
@@ -48,7 +79,7 @@ void CompositeBackend::backward(const Problem& p, const Inputs& in, const Tensor
   if (!saved.probs.defined()) {
     fail(ErrorKind::Internal, std::string(name()) + ": backward without the probabilities forward_train saves");
   }
-  run_backward(*ops_, p, in, dout, saved.probs, grads, ctx, mask_);
+  run_backward(*ops_, p, in, dout, saved, grads, ctx, mask_);
 }
 
 CompositeBackend::Planned CompositeBackend::plan(const Problem& p) const {
@@ -67,12 +98,12 @@ CompositeBackend::Planned CompositeBackend::plan(const Problem& p) const {
     }
     if (p.pass == Pass::Train) {
       saved = {};
-      run_forward(plan, p, args.in, args.out, ctx, mask, &saved.probs);
+      run_forward(plan, p, args.in, args.out, ctx, mask, &saved);
     }
-    run_backward(plan, p, args.in, args.dout, saved.probs, args.grads, ctx, mask);
+    run_backward(plan, p, args.in, args.dout, saved, args.grads, ctx, mask);
   };
   // The runner makes a backward's saved tensors once, before the steps.
-  if (p.pass == Pass::Backward) run_forward(plan, p, args.in, args.out, ctx, mask, &saved.probs);
+  if (p.pass == Pass::Backward) run_forward(plan, p, args.in, args.out, ctx, mask, &saved);
   call();
   // What the warmup left behind: the mask, and the saved probabilities.
   const std::size_t cached = plan.live_bytes() - args_bytes;

@@ -65,13 +65,23 @@ class CompositeBackend : public Backend {
 
  protected:
   // The forward, written once over the ops; a training forward also hands
-  // back the probabilities in *probs.
+  // back the probabilities (and with a soft cap tanh's output) in *saved.
   virtual void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
-                   Tensor* probs) const = 0;
-  // The backward, written once over the ops, from the forward's probabilities
+                   Saved* saved) const = 0;
+  // The backward, written once over the ops, from what the forward saved
   // into the caller's gradients.
-  virtual void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Tensor& probs,
+  virtual void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Saved& saved,
                             Gradients& grads, RunContext& ctx, MaskCache& mask) const = 0;
+
+  // Soft-capping, as Gemma-2's modelling code writes it: attn / c (a mul by
+  // 1 / c), tanh, * c; a training forward keeps tanh's output in *saved.
+  // Nothing when p.softcap is 0.
+  static void soft_cap(Ops& ops, const Problem& p, Tensor& attn, RunContext& ctx, Saved* saved);
+  // Its backward on dS: dS * (1 - t^2) from the saved t (the muls' c and
+  // 1 / c cancel). Nothing when p.softcap is 0.
+  static void soft_cap_backward(Ops& ops, const Problem& p, Tensor& ds, const Saved& saved, RunContext& ctx);
+  // What a soft cap adds to the eligibility's story (empty without one).
+  static std::string softcap_story(const Problem& p);
 
   const Ops& ops() const { return *ops_; }
   // Why a paged KV cache is refused here: empty when it is contiguous, or
@@ -97,7 +107,7 @@ class CompositeBackend : public Backend {
   // run(), after a paged cache's K and V are gathered into contiguous
   // [B, Hkv, Skv, D] tensors (gather_pages, one per tensor and call).
   void run_forward(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
-                   Tensor* probs) const;
+                   Saved* saved) const;
 
   std::unique_ptr<Ops> ops_;
   MaskCache mask_;

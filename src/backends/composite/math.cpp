@@ -57,7 +57,7 @@ class Math final : public CompositeBackend {
     std::string what = is_16bit(p.dtype) ? "upcasts to FP32, " : "";
     what += "FP32 products (" + ops().describe_gemm(DType::F32) + ")";
     if (structural(p.mask)) what += ", mask rebuilt every call";
-    return {true, what + ", NaN-safe softmax" + paged_story(p) + backward_story(p, DType::F32)};
+    return {true, what + ", NaN-safe softmax" + softcap_story(p) + paged_story(p) + backward_story(p, DType::F32)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
@@ -73,17 +73,22 @@ class Math final : public CompositeBackend {
     // the products, two of those and FP32 copies of dO or Q, of K or V, and
     // of the product and its scaled copy.
     const std::size_t backward = 3 * scores + 2 * q + 2 * kv;
-    const std::size_t pass = p.pass == Pass::Forward ? forward : std::max(forward, backward);
+    // A soft cap: its score buffers two at a time forward, the saved tanh and
+    // tanh_backward's output backward.
+    const std::size_t cap = p.softcap > 0 ? 2 * scores : 0;
+    const std::size_t pass = (p.pass == Pass::Forward ? forward : std::max(forward, backward)) + cap;
     // A paged cache's K and V gathered into contiguous copies.
     const std::size_t gathered = p.kv_cache == KvCache::Paged ? 2 * p.kv_bytes() : 0;
     return pass + gathered + ops().library_workspace_bytes();
   }
 
-  Traits traits() const override { return {.reference_precision = true}; }
+  Traits traits() const override {
+    return {.reference_precision = true, .softcap = ops().device() == Device::Cpu};
+  }
 
  protected:
   void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache&,
-           Tensor* saved) const override {
+           Saved* saved) const override {
     const bool upcast = is_16bit(p.dtype);
     Tensor mask;  // additive: 0 or -inf, or the bias
     if (p.mask == MaskKind::Boolean) mask = ops.where(in.mask, 0.f, kNegInf, ctx);
@@ -103,10 +108,11 @@ class Math final : public CompositeBackend {
       attn = ops.matmul_qk(q, k, ctx);
     }
     q = Tensor();
+    soft_cap(ops, p, attn, ctx, saved);
     if (mask.defined()) ops.add_(attn, mask, ctx);
     mask = Tensor();
     attn = ops.safe_softmax(attn, ctx);
-    if (saved != nullptr) *saved = attn;
+    if (saved != nullptr) saved->probs = attn;
     if (upcast) {
       const Tensor o = ops.matmul_pv(attn, v32, ctx);
       attn = Tensor();
@@ -116,8 +122,9 @@ class Math final : public CompositeBackend {
     }
   }
 
-  void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Tensor& probs,
+  void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Saved& saved,
                     Gradients& grads, RunContext& ctx, MaskCache&) const override {
+    const Tensor& probs = saved.probs;
     const bool upcast = is_16bit(p.dtype);
     const auto fp32 = [&](const Tensor& x) { return upcast ? ops.to(x, DType::F32, ctx) : x; };
     const auto scale = static_cast<float>(p.softmax_scale());
@@ -134,6 +141,7 @@ class Math final : public CompositeBackend {
       }
       ds = ops.softmax_backward(dp, probs, ctx);
     }
+    soft_cap_backward(ops, p, ds, saved, ctx);
     {
       const Tensor k32 = fp32(in.k);
       ops.to_into(ops.mul(ops.matmul_pv(ds, k32, ctx), scale, ctx), grads.dq, ctx);

@@ -1,5 +1,5 @@
 // naive and naive_inplace: the textbook attention written op by op,
-//   attn = (q @ k^T) * scale; attn = <mask it>; attn = softmax(attn); out = attn @ v
+//   attn = (q @ k^T) * scale; <soft cap it>; attn = <mask it>; attn = softmax(attn); out = attn @ v
 // over a materialised [S, Skv] score tensor, with the products in the input
 // dtype. The two differ only in how they mask, which is the whole point of
 // having both:
@@ -48,7 +48,7 @@ class Naive final : public CompositeBackend {
     if (std::string why = wrong_device(p); !why.empty()) return {false, why};
     if (std::string why = paged_refusal(p); !why.empty()) return {false, why};
     return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores" +
-                      paged_story(p) + backward_story(p, p.dtype)};
+                      softcap_story(p) + paged_story(p) + backward_story(p, p.dtype)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
@@ -60,24 +60,30 @@ class Naive final : public CompositeBackend {
     // of allocator rounding. The backward holds the saved probabilities and
     // two score-sized gradients at a time (dP and dS, dS and its masked or
     // scaled copy); a training step's forward peaks lower.
-    const std::size_t forward = (inplace_ ? 2 : 3) * scores, backward = 3 * scores;
+    // A soft cap adds its three score buffers' two at a time, and the saved
+    // tanh with tanh_backward's output to the backward.
+    const std::size_t cap = p.softcap > 0 ? 2 * scores : 0;
+    const std::size_t forward = (inplace_ ? 2 : 3) * scores + cap, backward = 3 * scores + cap;
     const std::size_t pass = p.pass == Pass::Forward ? forward : std::max(forward, backward);
     // A paged cache's K and V gathered into contiguous copies.
     const std::size_t gathered = p.kv_cache == KvCache::Paged ? 2 * p.kv_bytes() : 0;
     return pass + mask + gathered + ops().library_workspace_bytes();
   }
 
-  Traits traits() const override { return {.nan_on_fully_masked = true, .memory_baseline = !inplace_}; }
+  Traits traits() const override {
+    return {.nan_on_fully_masked = true, .memory_baseline = !inplace_, .softcap = ops().device() == Device::Cpu};
+  }
 
  protected:
   void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
-           Tensor* saved) const override {
+           Saved* saved) const override {
     Tensor attn;
     {
       // The product is a temporary PyTorch frees once the scaled copy exists.
       const Tensor scores = ops.matmul_qk(in.q, in.k, ctx);
       attn = ops.mul(scores, static_cast<float>(p.softmax_scale()), ctx);
     }
+    soft_cap(ops, p, attn, ctx, saved);
     switch (p.mask) {
       case MaskKind::None:
         break;
@@ -95,11 +101,12 @@ class Naive final : public CompositeBackend {
     const Tensor probs = ops.softmax(attn, ctx);
     attn = Tensor();  // freed here, as the reference's reassignment frees it
     ops.matmul_pv(probs, in.v, out, ctx);
-    if (saved != nullptr) *saved = probs;
+    if (saved != nullptr) saved->probs = probs;
   }
 
-  void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Tensor& probs,
+  void run_backward(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Saved& saved,
                     Gradients& grads, RunContext& ctx, MaskCache& mask) const override {
+    const Tensor& probs = saved.probs;
     Tensor ds;
     {
       const Tensor dp = ops.matmul_qk(dout, in.v, ctx);  // dO V^T
@@ -107,6 +114,7 @@ class Naive final : public CompositeBackend {
       ds = ops.softmax_backward(dp, probs, ctx);
     }
     if (p.mask != MaskKind::None && p.mask != MaskKind::Bias) fill(ops, ds, keep(ops, p, in, ctx, mask), 0.f, ctx);
+    soft_cap_backward(ops, p, ds, saved, ctx);
     ds = ops.mul(ds, static_cast<float>(p.softmax_scale()), ctx);
     ops.matmul_pv(ds, in.k, grads.dq, ctx);
     ops.matmul_tn(ds, in.q, grads.dk, ctx);

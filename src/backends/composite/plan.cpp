@@ -158,6 +158,16 @@ Tensor PlanOps::softmax_backward(const Tensor& grad, const Tensor&, RunContext& 
   return like(grad, grad.dtype(), ctx.allocator);
 }
 
+Tensor PlanOps::tanh(const Tensor& x, RunContext& ctx) {
+  record(op::tanh);
+  return like(x, x.dtype(), ctx.allocator);
+}
+
+Tensor PlanOps::tanh_backward(const Tensor& grad, const Tensor&, RunContext& ctx) {
+  record(op::tanh_backward);
+  return like(grad, grad.dtype(), ctx.allocator);
+}
+
 Tensor PlanOps::to(const Tensor& x, DType dtype, RunContext& ctx) {
   record(op::to);
   return like(x, dtype, ctx.allocator);

@@ -70,6 +70,8 @@ class PlanOps final : public Ops {
   Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx) override;
   Tensor structural_mask(const Problem& p, RunContext& ctx) override;
   Tensor gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx) override;
+  Tensor tanh(const Tensor& x, RunContext& ctx) override;
+  Tensor tanh_backward(const Tensor& grad, const Tensor& t, RunContext& ctx) override;
 
  private:
   class ShapeAllocator;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numbers>
 #include <string>
@@ -88,6 +89,15 @@ void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t 
     float* row = st + j * kBlockQ;
     std::fill(row, row + first, kNegInf);
     std::fill(row + end, row + qcols, kNegInf);
+  }
+}
+
+// qcols is a multiple of 16: whole vectors, eight query columns at a time.
+void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st) {
+  const F8 cap = splat(cap2), inv = splat(1.0f / cap2);
+  for (std::int64_t j = 0; j < n; ++j) {
+    float* row = st + j * kBlockQ;
+    for (std::int64_t c = 0; c < qcols; c += 8) store(row + c, mul(cap, tanh(mul(load(row + c), inv))));
   }
 }
 
@@ -176,6 +186,7 @@ struct Job {
   Layout layout;
   Band band;
   float q_scale;      // softmax scale * log2(e): the exponentials are base 2
+  float cap2;         // soft cap * log2(e) (the logits are base 2); 0: no cap
   std::int64_t dpad;  // head_dim rounded up to 8, the accumulator's row length
   bool k_in_place;    // FP32 unit-stride K rows are read where they lie
   bool v_in_place;    // likewise V, when its rows are also whole vectors
@@ -279,6 +290,7 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
     if (job.v_in_place)
       v_next = {.rows = V.data_as<const float>() + V.index(b, hk, j0, 0), .ld = V.stride(2), .floats = D};
     qk_block(k_rows, ldk, n, qt, kBlockQ, qcols, D, st, kBlockQ, v_next);
+    if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st);
 
     const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
     if (straddles) mask_band(band, i0, j0, n, qcols, st);
@@ -311,13 +323,17 @@ class FlashCpu final : public Backend {
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = check_problem(p); !why.empty()) return {.eligible = false, .reason = why};
     const std::string threads = std::to_string(omp_get_max_threads()) + " threads";
+    char cap_buf[64] = "";
+    if (p.softcap > 0) std::snprintf(cap_buf, sizeof cap_buf, ", scores soft-capped at %g per key block", p.softcap);
+    const std::string cap = cap_buf;
     if (p.pass == Pass::Forward) {
       const std::string paged =
           p.kv_cache == KvCache::Paged ? ", K and V read from their pages through the block table" : "";
-      return {.eligible = true, .reason = "tiled online softmax, " + threads + paged + ", never materialises [S, Skv]"};
+      return {.eligible = true,
+              .reason = "tiled online softmax, " + threads + cap + paged + ", never materialises [S, Skv]"};
     }
     return {.eligible = true,
-            .reason = "FlashAttention-2 backward recomputing P from the saved log-sum-exp, " + threads +
+            .reason = "FlashAttention-2 backward recomputing P from the saved log-sum-exp, " + threads + cap +
                       (p.deterministic ? ", dQ summed in a fixed order" : "") + ", never materialises [S, Skv]"};
   }
 
@@ -346,7 +362,9 @@ class FlashCpu final : public Backend {
   bool has_backward() const override { return true; }
   // The backward recomputes P from the saved log-sum-exp, tile by tile, and
   // adds each key block's dQ under a lock in the order the threads get there.
-  Traits traits() const override { return {.backward_recomputes = true, .backward_dq_unordered = true}; }
+  Traits traits() const override {
+    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true};
+  }
 
   void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
     run_forward(problem, in, out, nullptr, ctx);
@@ -392,6 +410,7 @@ class FlashCpu final : public Backend {
                   .layout = layout_for(D),
                   .band = band_of(p),
                   .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
+                  .cap2 = static_cast<float>(p.softcap * std::numbers::log2e),
                   .dpad = round_up(D, 8),
                   .k_in_place = in.k.dtype() == DType::F32 && k_unit,
                   .v_in_place = in.v.dtype() == DType::F32 && v_unit && D % 8 == 0,

@@ -3,6 +3,8 @@
 // the backward recomputes the probabilities block by block,
 //   P = exp(scale Q K^T - LSE),  dV += P^T dO,  dP = dO V^T,
 //   dS = P (dP - D) with D = rowsum(dO * O),  dK += scale dS^T Q,  dQ += scale dS K.
+// With a soft cap c, P = exp(c tanh(scale Q K^T / c) - LSE) and dS also takes
+// the cap's derivative, 1 - tanh^2.
 // A work item owns one (batch, kv head, block of keys): it walks the query
 // blocks that can see its keys, for every query head of the grouped-query
 // group, so its dK and dV rows are summed in its own tiles and written once.
@@ -168,6 +170,7 @@ struct Job {
   Band band;
   float q_scale;  // softmax scale * log2(e): the exponentials are base 2
   float scale;
+  float cap2;  // soft cap * log2(e) (the logits are base 2); 0: no cap
   std::int64_t dpad;
   std::int64_t q_blocks;
 };
@@ -212,7 +215,11 @@ void pack_queries(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
 }
 
 // S^T (base-2 logits, masked) turned into P^T = 2^(S^T - LSE) in place, and
-// dP^T into the scaled dS^T = scale P^T (dP^T - D), in place.
+// dP^T into the scaled dS^T = scale P^T (dP^T - D), in place. With a soft cap
+// (kCap) S^T holds the capped logits cap2 tanh(.), and dS^T also takes the
+// cap's derivative 1 - t^2, t = S^T / cap2 recovered from them; a masked
+// -inf gives -inf there, clamped to 0 (its P is 0 and 0 x -inf is NaN).
+template <bool kCap>
 void probabilities_and_ds(const Job& job, std::int64_t n, std::int64_t qcols, float* scratch) {
   const Layout& L = job.layout;
   const float* lse2 = scratch + L.lse2;
@@ -220,15 +227,23 @@ void probabilities_and_ds(const Job& job, std::int64_t n, std::int64_t qcols, fl
   float* pt = scratch + L.pt;
   float* dst = scratch + L.dst;
   const F8 scale = splat(job.scale);
+  const F8 inv_cap = splat(kCap ? 1.0f / job.cap2 : 0.0f);
+  const F8 one = splat(1.0f);
   for (std::int64_t c = 0; c < qcols; c += 8) {
     const F8 shift = load(lse2 + c);
     const F8 dc = load(delta + c);
     for (std::int64_t j = 0; j < n; ++j) {
       float* pj = pt + j * kBlockQ + c;
       float* sj = dst + j * kBlockQ + c;
-      const F8 prob = exp2(sub(load(pj), shift));
+      const F8 s = load(pj);
+      const F8 prob = exp2(sub(s, shift));
       store(pj, prob);
-      store(sj, mul(mul(prob, sub(load(sj), dc)), scale));
+      F8 ds = mul(mul(prob, sub(load(sj), dc)), scale);
+      if constexpr (kCap) {
+        const F8 t = mul(s, inv_cap);
+        ds = mul(ds, max(zeros(), sub(one, mul(t, t))));
+      }
+      store(sj, ds);
     }
   }
 }
@@ -272,10 +287,15 @@ void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb,
     for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
       pack_queries(job, b, h, i0, nq, qcols, scratch);
       gemm<false>(k, D, scratch + L.qt, kBlockQ, n, qcols, D, pt, kBlockQ);  // S^T = K Q^T
+      if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, pt);
       if (straddles) mask_band(band, i0, j0, n, qcols, pt);
       if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(p, job.in, b, h, i0, nq, j0, n, pt);
       gemm<false>(v, D, scratch + L.doutt, kBlockQ, n, qcols, D, dst, kBlockQ);  // dP^T = V dO^T
-      probabilities_and_ds(job, n, qcols, scratch);
+      if (job.cap2 > 0) {
+        probabilities_and_ds<true>(job, n, qcols, scratch);
+      } else {
+        probabilities_and_ds<false>(job, n, qcols, scratch);
+      }
       gemm<true>(pt, kBlockQ, scratch + L.dout, dpad, n, dpad, nq, dv, dpad);  // dV += P^T dO
       gemm<true>(dst, kBlockQ, scratch + L.q, dpad, n, dpad, nq, dk, dpad);    // dK += dS^T Q
       gemm<false>(kt, block_k, dst, kBlockQ, D, qcols, n, dqt, kBlockQ);       // dQ^T part = K^T dS^T
@@ -343,6 +363,7 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
                 .band = band_of(p),
                 .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
                 .scale = static_cast<float>(p.softmax_scale()),
+                .cap2 = static_cast<float>(p.softcap * std::numbers::log2e),
                 .dpad = round_up(D, 8),
                 .q_blocks = q_blocks};
 

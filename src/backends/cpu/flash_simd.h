@@ -60,6 +60,27 @@ inline F8 exp2(F8 x) {
   return {_mm256_mul_ps(p, _mm256_castsi256_ps(bits))};
 }
 
+// tanh(x) for soft-capping, relative error a few 1e-7: for |x| >= 0.1,
+// (1 - e) / (1 + e) with e = 2^(-2 log2(e) |x|) (exp2 above takes only
+// exponents <= 0), |x| past 44 giving exactly 1; below 0.1, where 1 - e would
+// cancel (and a large cap puts every score there), the odd Taylor series to
+// x^7 (the next term is under 3e-11). The sign is put back.
+inline F8 tanh(F8 x) {
+  const __m256 sign = _mm256_and_ps(x.v, _mm256_set1_ps(-0.0f));
+  const __m256 ax = _mm256_xor_ps(x.v, sign);
+  const __m256 e = exp2({_mm256_mul_ps(ax, _mm256_set1_ps(-2.0f * 1.4426950408889634f))}).v;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+  const __m256 x2 = _mm256_mul_ps(ax, ax);
+  __m256 p = _mm256_set1_ps(-17.0f / 315.0f);
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.0f / 15.0f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1.0f / 3.0f));
+  p = _mm256_fmadd_ps(p, x2, one);
+  const __m256 small = _mm256_mul_ps(ax, p);
+  const __m256 is_small = _mm256_cmp_ps(ax, _mm256_set1_ps(0.1f), _CMP_LT_OQ);
+  return {_mm256_or_ps(_mm256_blendv_ps(big, small, is_small), sign)};
+}
+
 // Eight 16-bit values widened to FP32 (F16C for fp16, a 16-bit shift for bf16).
 inline F8 load_f16(const std::uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
@@ -112,6 +133,9 @@ inline F8 finite_or_zero(F8 x) {
 }
 inline F8 exp2(F8 x) {
   return lanes([&](int i) { return std::exp2(x.v[i]); });
+}
+inline F8 tanh(F8 x) {
+  return lanes([&](int i) { return std::tanh(x.v[i]); });
 }
 inline F8 load_f16(const std::uint16_t* p) {
   return lanes([p](int i) { return f16_to_float(p[i]); });

@@ -58,6 +58,13 @@ void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, s
 // kBlockQ), on a block that straddles a bound.
 void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st);
 
+// Soft-capping on a block of S^T (n key rows by qcols query columns, row
+// length kBlockQ), applied after the scale and before the mask: with the
+// logits base 2, s2 = log2(e) s, the cap c becomes cap2 = log2(e) c and
+// s2 <- cap2 tanh(s2 / cap2). Callers branch on cap2 > 0 once per block, so
+// an uncapped run never comes here.
+void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st);
+
 // Boolean masks (false hides) and additive biases (times log2(e): the logits
 // are base 2) applied to S^T of query rows i0..i0+nq and keys j0..j0+n.
 void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq,

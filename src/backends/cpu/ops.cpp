@@ -330,6 +330,25 @@ class CpuOps final : public Ops {
                     });
   }
 
+  Tensor tanh(const Tensor& x, RunContext& ctx) override {
+    RecordFunction rf(op::tanh.name, dtypes_string({&x}), dims_string(x));
+    return map_rows(x, x.dtype(), ctx.allocator, [](float* r, std::int64_t n, auto...) {
+      for (std::int64_t j = 0; j < n; ++j) r[j] = std::tanh(r[j]);
+    });
+  }
+
+  Tensor tanh_backward(const Tensor& grad, const Tensor& t, RunContext& ctx) override {
+    RecordFunction rf(op::tanh_backward.name, dtypes_string({&grad, &t}), dims_string(grad) + ", " + dims_string(t));
+    if (t.sizes() != grad.sizes()) fail(ErrorKind::Internal, "tanh_backward: " + grad.describe() + " vs " + t.describe());
+    return map_rows(grad, grad.dtype(), ctx.allocator,
+                    [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
+                      thread_local std::vector<float> tr;
+                      tr.resize(static_cast<std::size_t>(n));
+                      load_row(t, b, h, i, tr.data());
+                      for (std::int64_t j = 0; j < n; ++j) r[j] *= 1.0f - tr[j] * tr[j];
+                    });
+  }
+
   Tensor to(const Tensor& x, DType t, RunContext& ctx) override {
     RecordFunction rf(op::to.name, dtypes_string({&x}), dims_string(x));
     return map_rows(x, t, ctx.allocator, [](auto...) {});

@@ -1,0 +1,64 @@
+// Soft-capping on CUDA (issue 22 item 3): no CUDA kernel takes a cap yet, so
+// every CUDA backend refuses one by name, in one line, forward and backward,
+// before any device call (eligibility_of reads the backend's traits); auto
+// finds nothing to pick. The CPU backends take it (tests/cpu/softcap_test.cpp).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "attnprof/backend.h"
+#include "attnprof/error.h"
+#include "attnprof/runner.h"
+
+namespace attnprof {
+namespace {
+
+Problem capped_cuda_problem(Pass pass) {
+  Problem p{.batch = 1, .heads = 8, .kv_heads = 2, .seq = 256, .head_dim = 64, .dtype = DType::BF16,
+            .device = Device::Cuda, .mask = MaskKind::Causal};
+  p.softcap = 30;
+  p.pass = pass;
+  p.normalize();
+  p.validate();
+  return p;
+}
+
+TEST(SoftcapCuda, EveryCudaBackendRefusesItByName) {
+  for (const Pass pass : {Pass::Forward, Pass::Backward, Pass::Train}) {
+    const Problem p = capped_cuda_problem(pass);
+    for (const std::string_view name : backend_names()) {
+      SCOPED_TRACE(std::string(name) + " " + std::string(pass_name(pass)));
+      Backend* b = find_backend(name, Device::Cuda);
+      ASSERT_NE(b, nullptr) << "a CUDA build has every backend on CUDA";
+      if (pass != Pass::Forward && !b->has_backward()) continue;  // refused as having no backward first
+      const Eligibility el = eligibility_of(*b, p);
+      EXPECT_FALSE(el.eligible);
+      EXPECT_EQ(el.reason, "soft-capping is not built for " + std::string(name) + " on cuda yet (use device=cpu)");
+      Problem uncapped = p;
+      uncapped.softcap = 0;
+      EXPECT_EQ(eligibility_of(*b, uncapped).reason.find("soft-capping"), std::string::npos)
+          << "without a cap the backend answers for itself";
+    }
+  }
+}
+
+TEST(SoftcapCuda, ExplainAndAutoRefuseInOneLine) {
+  const Problem p = capped_cuda_problem(Pass::Forward);
+  for (const Explanation& e : explain(p)) {
+    EXPECT_FALSE(e.eligible) << e.backend;
+    EXPECT_NE(e.reason.find("soft-capping is not built for " + e.backend), std::string::npos) << e.reason;
+  }
+  try {
+    resolve_backend(p, "flash");
+    ADD_FAILURE() << "flash on CUDA took a soft cap";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("soft-capping is not built for flash on cuda yet (use device=cpu)"),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace attnprof
