@@ -14,8 +14,14 @@ namespace attnprof {
 namespace {
 
 Problem capped_cuda_problem(Pass pass) {
-  Problem p{.batch = 1, .heads = 8, .kv_heads = 2, .seq = 256, .head_dim = 64, .dtype = DType::BF16,
-            .device = Device::Cuda, .mask = MaskKind::Causal};
+  Problem p{.batch = 1,
+            .heads = 8,
+            .kv_heads = 2,
+            .seq = 256,
+            .head_dim = 64,
+            .dtype = DType::BF16,
+            .device = Device::Cuda,
+            .mask = MaskKind::Causal};
   p.softcap = 30;
   p.pass = pass;
   p.normalize();
