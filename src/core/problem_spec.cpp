@@ -70,7 +70,8 @@ const std::vector<std::pair<std::string_view, Setter>>& setters() {
        [](Problem& p, auto f, auto t) {
          const double c = parse_real(f, t);
          if (!(c > 0)) {
-           refuse(f, std::string(f) + " must be positive (scores become tanh(s / c) * c; leave it out for no cap), got " +
+           refuse(f, std::string(f) +
+                         " must be positive (scores become tanh(s / c) * c; leave it out for no cap), got " +
                          quoted(t));
          }
          p.softcap = c;

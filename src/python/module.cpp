@@ -2,9 +2,6 @@
 // DLPack views (nb::ndarray, never converted or copied) and become borrowed
 // Tensors; problems, backends, eligibility, the pipeline and its tables are
 // the library's own calls. attnprof/__init__.py shapes what comes back.
-#include <charconv>
-#include <system_error>
-
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
@@ -16,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -23,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <tuple>
 #include <vector>
 
@@ -503,7 +502,8 @@ NB_MODULE(_core, m) {
         nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
         nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::arg("backend"),
         nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"),
-        nb::arg("bshd"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(), "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
+        nb::arg("bshd"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
+        "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
   // The views attention() reads and writes, as (data pointer, sizes, strides)
   // for q, k, v and out: the tests compare them with the caller's own.

@@ -122,8 +122,8 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 // bites hard and even 30 moves the largest ones. Ragged sizes: partial query
 // and key blocks in flash, grouped-query heads.
 Problem capped_problem(const Case& c, Pass pass) {
-  Problem p = testing::to_problem(Shape{.batch = 2, .heads = 4, .kv_heads = 2, .seq = 70, .kv_seq = 150, .head_dim = 64},
-                                  c.dtype, c.mask);
+  Problem p = testing::to_problem(
+      Shape{.batch = 2, .heads = 4, .kv_heads = 2, .seq = 70, .kv_seq = 150, .head_dim = 64}, c.dtype, c.mask);
   if (c.mask == MaskKind::Causal) p.kv_seq = p.seq + 9;  // keys past the last query: some never seen
   p.scale = 1.0;
   p.softcap = c.cap;
@@ -312,7 +312,9 @@ TEST(Softcap, CompositePlansShowTheCapsOpsAndFitTheEstimate) {
           plain.softcap = 0;
           const std::vector<std::string> uncapped = c->expectation(plain).cpu_ops;
           EXPECT_EQ(std::count(uncapped.begin(), uncapped.end(), "tanh"), 0) << what;
-          EXPECT_EQ(ops.size(), uncapped.size() + (pass == Pass::Forward ? 3u : pass == Pass::Backward ? 1u : 4u))
+          EXPECT_EQ(ops.size(), uncapped.size() + (pass == Pass::Forward    ? 3u
+                                                   : pass == Pass::Backward ? 1u
+                                                                            : 4u))
               << what;
         }
       }
@@ -323,8 +325,8 @@ TEST(Softcap, CompositePlansShowTheCapsOpsAndFitTheEstimate) {
 // flash's vector tanh against std::tanh: both branches, the switch at 0.1,
 // tiny arguments (a large cap puts every score there), saturation, signs.
 TEST(Softcap, FlashVectorTanhMatchesStdTanh) {
-  std::vector<float> xs = {0.0f, -0.0f, 1e-30f, 1e-8f, 1e-4f, 0.0999999f, 0.1f, 0.1000001f, 0.5f, 1.0f, 3.0f, 9.0f,
-                           20.0f, 44.0f, 90.0f, 1e30f};
+  std::vector<float> xs = {0.0f, -0.0f, 1e-30f, 1e-8f, 1e-4f, 0.0999999f, 0.1f,  0.1000001f,
+                           0.5f, 1.0f,  3.0f,   9.0f,  20.0f, 44.0f,      90.0f, 1e30f};
   for (float x = 1e-6f; x < 60.0f; x *= 1.07f) xs.push_back(x);
   const std::size_t n = xs.size();
   for (std::size_t i = 0; i < n; ++i) xs.push_back(-xs[i]);

@@ -17,7 +17,8 @@ Tensor Ops::tanh(const Tensor&, RunContext&) {
 }
 
 Tensor Ops::tanh_backward(const Tensor&, const Tensor&, RunContext&) {
-  fail(ErrorKind::Unsupported, std::string("these ") + device_name(device()) + " ops have no tanh_backward (soft-capping)");
+  fail(ErrorKind::Unsupported,
+       std::string("these ") + device_name(device()) + " ops have no tanh_backward (soft-capping)");
 }
 
 }  // namespace attnprof

@@ -82,9 +82,7 @@ class Math final : public CompositeBackend {
     return pass + gathered + ops().library_workspace_bytes();
   }
 
-  Traits traits() const override {
-    return {.reference_precision = true, .softcap = ops().device() == Device::Cpu};
-  }
+  Traits traits() const override { return {.reference_precision = true, .softcap = ops().device() == Device::Cpu}; }
 
  protected:
   void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache&,

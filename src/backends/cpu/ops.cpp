@@ -339,7 +339,8 @@ class CpuOps final : public Ops {
 
   Tensor tanh_backward(const Tensor& grad, const Tensor& t, RunContext& ctx) override {
     RecordFunction rf(op::tanh_backward.name, dtypes_string({&grad, &t}), dims_string(grad) + ", " + dims_string(t));
-    if (t.sizes() != grad.sizes()) fail(ErrorKind::Internal, "tanh_backward: " + grad.describe() + " vs " + t.describe());
+    if (t.sizes() != grad.sizes())
+      fail(ErrorKind::Internal, "tanh_backward: " + grad.describe() + " vs " + t.describe());
     return map_rows(grad, grad.dtype(), ctx.allocator,
                     [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
                       thread_local std::vector<float> tr;
