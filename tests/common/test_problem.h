@@ -1,8 +1,9 @@
 // Helpers the CPU and GPU tests share: the Problem a test's shape describes,
-// and a visit of every element of a 4-d tensor.
+// a visit of every element of a 4-d tensor, and a host tensor filled with NaN.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "attnprof/dtype.h"
@@ -46,6 +47,15 @@ void for_each_index(const Tensor& t, F&& f) {
     for (std::int64_t b = 0; b < t.size(1); ++b)
       for (std::int64_t c = 0; c < t.size(2); ++c)
         for (std::int64_t d = 0; d < t.size(3); ++d) f(a, b, c, d);
+}
+
+// A host [batch, heads, seq, head_dim] tensor of p's dtype filled with NaN:
+// an output that a kernel leaves unwritten fails its check.
+inline Tensor nan_tensor(const Problem& p, std::int64_t heads, std::int64_t seq) {
+  Tensor t = Tensor::empty({p.batch, heads, seq, p.head_dim}, p.dtype, cpu_allocator());
+  for_each_index(t,
+                 [&](auto a, auto b, auto c, auto d) { t.set(a, b, c, d, std::numeric_limits<float>::quiet_NaN()); });
+  return t;
 }
 
 }  // namespace attnprof::testing

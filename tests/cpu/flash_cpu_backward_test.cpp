@@ -27,13 +27,6 @@ Problem make_problem(const Shape& s, DType dtype, MaskKind mask, Pass pass = Pas
   return p;
 }
 
-Tensor poisoned(const Problem& p, std::int64_t heads, std::int64_t seq) {
-  Tensor t = Tensor::empty({p.batch, heads, seq, p.head_dim}, p.dtype, cpu_allocator());
-  testing::for_each_index(
-      t, [&](auto a, auto b, auto c, auto d) { t.set(a, b, c, d, std::numeric_limits<float>::quiet_NaN()); });
-  return t;
-}
-
 // One training step of flash: forward_train, then backward.
 struct Step {
   Inputs in;
@@ -47,8 +40,9 @@ Step run_flash(const Problem& p, int threads, std::uint64_t seed = 7) {
   Step s;
   s.in = make_inputs(p, seed, cpu_allocator());
   s.dout = make_dout(p, seed, cpu_allocator());
-  s.out = poisoned(p, p.heads, p.seq);
-  s.grads = {poisoned(p, p.heads, p.seq), poisoned(p, p.kv_heads, p.kv_seq), poisoned(p, p.kv_heads, p.kv_seq)};
+  s.out = testing::nan_tensor(p, p.heads, p.seq);
+  s.grads = {testing::nan_tensor(p, p.heads, p.seq), testing::nan_tensor(p, p.kv_heads, p.kv_seq),
+             testing::nan_tensor(p, p.kv_heads, p.kv_seq)};
   RunContext ctx{.allocator = cpu_allocator(), .threads = threads};
   flash->forward_train(p, s.in, s.out, s.saved, ctx);
   flash->backward(p, s.in, s.out, s.dout, s.saved, s.grads, ctx);
@@ -239,8 +233,9 @@ TEST(FlashBackward, EligibilityExpectationWorkspace) {
     Step s;
     s.in = make_inputs(p, 1, a);
     s.dout = make_dout(p, 1, a);
-    s.out = poisoned(p, p.heads, p.seq);
-    s.grads = {poisoned(p, p.heads, p.seq), poisoned(p, p.kv_heads, p.kv_seq), poisoned(p, p.kv_heads, p.kv_seq)};
+    s.out = testing::nan_tensor(p, p.heads, p.seq);
+    s.grads = {testing::nan_tensor(p, p.heads, p.seq), testing::nan_tensor(p, p.kv_heads, p.kv_seq),
+               testing::nan_tensor(p, p.kv_heads, p.kv_seq)};
     const std::int64_t tensors = a.stats().allocated;
     RunContext ctx{.allocator = a, .threads = 0};
     fl->forward_train(p, s.in, s.out, s.saved, ctx);

@@ -153,13 +153,6 @@ bool tolerated(const Problem& p, const ErrorStats& s, double math_rel, std::stri
   return a.pass;
 }
 
-Tensor nan_filled(const Problem& p, std::int64_t heads, std::int64_t seq) {
-  Tensor t = Tensor::empty({p.batch, heads, seq, p.head_dim}, p.dtype, cpu_allocator());
-  testing::for_each_index(
-      t, [&](auto w, auto x, auto y, auto z) { t.set(w, x, y, z, std::numeric_limits<float>::quiet_NaN()); });
-  return t;
-}
-
 // One backend's forward, or training step, on `in`; outputs start NaN so a
 // row left unwritten fails.
 struct Ran {
@@ -172,13 +165,14 @@ Ran run(const std::string& name, const Problem& p, const Inputs& in, const Tenso
   if (b == nullptr) ADD_FAILURE() << name << " missing";
   const Eligibility el = eligibility_of(*b, p);
   EXPECT_TRUE(el.eligible) << name << ": " << el.reason;
-  Ran r{nan_filled(p, p.heads, p.seq), {}};
+  Ran r{testing::nan_tensor(p, p.heads, p.seq), {}};
   RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
   if (dout == nullptr) {
     b->forward(p, in, r.out, ctx);
     return r;
   }
-  r.grads = {nan_filled(p, p.heads, p.seq), nan_filled(p, p.kv_heads, p.kv_seq), nan_filled(p, p.kv_heads, p.kv_seq)};
+  r.grads = {testing::nan_tensor(p, p.heads, p.seq), testing::nan_tensor(p, p.kv_heads, p.kv_seq),
+             testing::nan_tensor(p, p.kv_heads, p.kv_seq)};
   Saved saved;
   b->forward_train(p, in, r.out, saved, ctx);
   b->backward(p, in, r.out, *dout, saved, r.grads, ctx);

@@ -195,7 +195,7 @@ struct MainloopBwdSm90 {
   // head dim's k-steps (not the padding).
   __device__ __forceinline__ static void issue_transposed_scores(std::uint32_t keys, std::uint32_t rows,
                                                                  float (&x)[kMT][4], int wg) {
-    zero_tiles(x);
+    zero(x);
     sm90::fence_operands(x);
     sm90::wgmma_fence();
 #pragma unroll
@@ -230,7 +230,7 @@ struct MainloopBwdSm90 {
   __device__ __forceinline__ static void issue_dq(const Smem& smem, int buf, float (&dq)[Cfg::kDqTiles][4], int wg) {
     constexpr int kCols = Cfg::kDqCols;
     const std::uint32_t k = smem.k() + (wg * kCols / 64) * kBN * 128 + (wg * kCols % 64) * 2;
-    zero_tiles(dq);
+    zero(dq);
     sm90::fence_operands(dq);
     sm90::wgmma_fence();
 #pragma unroll
@@ -284,14 +284,6 @@ struct MainloopBwdSm90 {
         }
       }
     }
-  }
-
-  template <int kA, int kB>
-  __device__ __forceinline__ static void zero_tiles(float (&x)[kA][kB]) {
-#pragma unroll
-    for (int i = 0; i < kA; ++i)
-#pragma unroll
-      for (int j = 0; j < kB; ++j) x[i][j] = 0.f;
   }
 };
 

@@ -32,7 +32,14 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-// Accumulator fragments to zero.
+// Accumulator fragments to zero: one tile's n-tiles, or several tiles'.
+template <int kN>
+__device__ __forceinline__ void zero(float (&x)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[j][e] = 0.f;
+}
 template <int kA, int kB>
 __device__ __forceinline__ void zero(float (&x)[kA][kB][4]) {
 #pragma unroll
