@@ -21,7 +21,9 @@ if [[ " $steps " == *" sanitize "* ]]; then
   for tool in memcheck racecheck; do
     for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right --head-dim 128 --heads 4 --kv-heads 2" \
       "--seq 130 --mask sliding-window --window 20 --head-dim 96 --heads 2" \
-      "--seq 190 --kv-seq 77 --mask causal --head-dim 64 --heads 3 --kv-heads 1 --deterministic"; do
+      "--seq 190 --kv-seq 77 --mask causal --head-dim 64 --heads 3 --kv-heads 1 --deterministic" \
+      "--seq 150 --kv-seq 201 --mask causal-bottom-right --head-dim 256 --heads 2 --kv-heads 1" \
+      "--seq 170 --mask sliding-window --window 40 --head-dim 192 --heads 2 --deterministic"; do
       ATTNPROF_NO_CUPTI=1 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $B/attnprof profile --device cuda \
         --backend flash --pass backward --batch 1 $args --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san \
         --quiet >/tmp/san.txt 2>&1
@@ -62,5 +64,7 @@ gqa_2x32/8x4096x128 2 32 8 4096 128 causal bf16
 hd64_2x16x8192x64 2 16 16 8192 64 none bf16
 hd96_2x24x4096x96 2 24 24 4096 96 causal bf16
 fp16_4x16x2048x128 4 16 16 2048 128 causal fp16
+hd256_2x16x4096x256 2 16 16 4096 256 causal bf16
+hd192_2x16x4096x192 2 16 16 4096 192 causal bf16
 ROWS
 fi

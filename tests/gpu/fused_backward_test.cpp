@@ -19,6 +19,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "backends/cuda/cuda_backends.h"
+#include "backends/cuda/fused_kernels.h"
 #include "common/test_problem.h"
 #include "gpu_test.h"
 
@@ -115,6 +116,21 @@ std::vector<Case> cases() {
     out.push_back({"flash", DType::BF16, 128, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, true,
                    std::string("flash_bf16_d128_deterministic_") + s.label});
   }
+  // Head dims 192 and 256: the sm90 kernel's wide tiles (64 keys, both
+  // consumers on them; flash on sm90 only), every mask, grouped and
+  // multi-query heads, both dtypes, ordered dQ.
+  for (std::int64_t d : {192, 256}) {
+    for (const Shape& s : {shapes[0], shapes[1], shapes[3], shapes[4], shapes[6], shapes[7]}) {
+      out.push_back({"flash", DType::BF16, d, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, false,
+                     "flash_bf16_d" + std::to_string(d) + "_" + s.label});
+    }
+    for (const Shape& s : {shapes[2], shapes[5]}) {
+      out.push_back({"flash", DType::F16, d, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, false,
+                     "flash_fp16_d" + std::to_string(d) + "_" + s.label});
+      out.push_back({"flash", DType::BF16, d, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, true,
+                     "flash_bf16_d" + std::to_string(d) + "_deterministic_" + s.label});
+    }
+  }
   // The sm90 kernel's other tiles in ordered dQ, and fp16 at head dim 96.
   for (const Shape& s : {shapes[3], shapes[4], shapes[6]}) {
     out.push_back({"flash", DType::F16, 64, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, true,
@@ -134,6 +150,12 @@ TEST_P(FusedBackward, MatchesFloat64GradientReference) {
   auto backend = make(c.backend);
   ASSERT_TRUE(backend->has_backward());
   const Eligibility el = eligibility_of(*backend, p);
+  if (c.head_dim > 128 && !cuda::flash_sm90_runs_here()) {
+    // Off sm90 no backward of ours takes these head dims: refused by name.
+    EXPECT_FALSE(el.eligible);
+    EXPECT_NE(el.reason.find("head_dim"), std::string::npos) << el.reason;
+    return;
+  }
   ASSERT_TRUE(el.eligible) << el.reason;
 
   const Inputs host = make_inputs(p, 0xbacc + c.seq + c.head_dim, cpu_allocator(), c.bshd);
@@ -270,8 +292,14 @@ TEST(FusedBackwardChecks, EligibilityNamesWhatTheBackwardCannotDo) {
     EXPECT_EQ(b->workspace_bytes(p), 0u);
     p.pass = Pass::Backward;
     const Eligibility e = eligibility_of(*b, p);
-    EXPECT_FALSE(e.eligible) << name;
-    EXPECT_NE(e.reason.find("head_dim"), std::string::npos) << e.reason;
+    if (name == "flash" && cuda::flash_sm90_runs_here()) {
+      // flash's sm90 backward takes head dim 256 (its wide tiles).
+      EXPECT_TRUE(e.eligible) << e.reason;
+      EXPECT_NE(e.reason.find("64-key tile"), std::string::npos) << e.reason;
+    } else {
+      EXPECT_FALSE(e.eligible) << name;
+      EXPECT_NE(e.reason.find("head_dim"), std::string::npos) << e.reason;
+    }
     p.head_dim = 128;
     EXPECT_TRUE(eligibility_of(*b, p).eligible) << name;
     EXPECT_EQ(b->expectation(p).device_activities, 3);

@@ -23,9 +23,10 @@
 
 namespace attnprof::cuda {
 
-// The refusal of a head dim the fused backward is not built for, or null: one
-// message for eligibility and the launch's own check (fused_bwd_launch.cu).
-const char* fused_bwd_head_dim_refusal(int head_dim);
+// The refusal of a head dim the fused backward is not built for on its path
+// (fused_bwd_path), or null: one message for eligibility and the launch's own
+// check (fused_bwd_launch.cu).
+const char* fused_bwd_head_dim_refusal(int head_dim, bool flash);
 
 class FusedBackend : public Backend {
  public:
@@ -70,17 +71,17 @@ class FusedBackend : public Backend {
     }
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
     if (p.pass == Pass::Forward) return {true, story_(shape)};
-    if (const char* why = fused_bwd_head_dim_refusal(p.head_dim)) return {false, why};
+    if (const char* why = fused_bwd_head_dim_refusal(static_cast<int>(p.head_dim), flash_)) return {false, why};
     return {true, std::string(story_(shape)) + "; backward: " + backward_story(p)};
   }
 
   // What the backward runs for `p`, and why that kernel.
   std::string backward_story(const Problem& p) const {
     if (fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90) {
-      return std::string(
-                 "D = rowsum(dO O), then one warp-specialised kernel per 128-key tile (FlashAttention-3 "
-                 "class on sm90: TMA loads of Q, dO, LSE and D from a producer warpgroup, wgmma in two "
-                 "consumer warpgroups, K and V resident), dQ summed in FP32 ") +
+      return std::string("D = rowsum(dO O), then one warp-specialised kernel per ") +
+             (p.head_dim > 128 ? "64-key tile" : "128-key tile") +
+             " (FlashAttention-3 class on sm90: TMA loads of Q, dO, LSE and D from a producer warpgroup, wgmma in "
+             "two consumer warpgroups, K and V resident), dQ summed in FP32 " +
              (p.deterministic ? "in key-tile order (deterministic: each key tile waits its turn)"
                               : "by vector reductions as key tiles finish") +
              ", then the dQ conversion";

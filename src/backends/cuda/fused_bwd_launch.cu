@@ -17,13 +17,15 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 }  // namespace
 
-const char* fused_bwd_head_dim_refusal(int head_dim) {
-  if (fused_bwd_head_dim_built(head_dim)) return nullptr;
+const char* fused_bwd_head_dim_refusal(int head_dim, bool flash) {
+  if (fused_bwd_head_dim_built(head_dim) || fused_bwd_path(head_dim, flash) == BwdPath::Sm90) return nullptr;
   thread_local std::string reason;
   std::string built;
   for (const int d : kFusedBwdHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
   reason = "the fused backward is built for head_dim " + built + ", not " + std::to_string(head_dim) +
-           " (dK and dV of 16 keys a warp outgrow the registers): use math";
+           " (dK and dV of 16 keys a warp outgrow the registers)" +
+           (flash && flash_sm90_bwd_head_dim(head_dim) ? "; flash's sm90 backward takes it on an sm90 GPU" : "") +
+           ": use math";
   return reason.c_str();
 }
 
@@ -38,7 +40,7 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path) 
     reason = text;
     return reason.c_str();
   };
-  if (const char* why = fused_bwd_head_dim_refusal(p.fwd.head_dim)) return why;
+  if (const char* why = fused_bwd_head_dim_refusal(p.fwd.head_dim, path == BwdPath::Sm90)) return why;
   if (p.fwd.lse == nullptr) return say("the backward needs the forward's saved log-sum-exp");
   if (!p.dout || !p.dq || !p.dk || !p.dv || !p.dsum) return say("dout, dq, dk, dv and the workspace must be set");
   const FusedBwdWorkspace need = fused_bwd_workspace(p.fwd.batch, p.fwd.heads, p.fwd.seq_q, p.fwd.head_dim,
@@ -71,8 +73,9 @@ cudaError_t launch_fused_bwd(const FusedBwdParams& p, BwdPath path, cudaStream_t
             p.fwd.head_dim, cudaErrorInvalidValue,
             [&]<int kHeadDim>() { return kernels::launch_flash_bwd_sm90<kHeadDim, kMask, Element>(a, stream); });
         // Not launched (the register split, run_flash_bwd_sm90): sm80's kernels
-        // take the same workspace (the sm90 one is a superset).
-        if (e != cudaErrorNotSupported) return e;
+        // take the same workspace (the sm90 one is a superset) where they are
+        // built for the head dim.
+        if (e != cudaErrorNotSupported || !fused_bwd_head_dim_built(p.fwd.head_dim)) return e;
       }
       return kernels::with_head_dim<kFusedBwdHeadDims>(p.fwd.head_dim, cudaErrorInvalidValue, [&]<int kHeadDim>() {
         return kernels::launch_flash_bwd_sm80<kHeadDim, kMask, Element>(a, stream);

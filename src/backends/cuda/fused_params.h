@@ -21,8 +21,9 @@ inline constexpr std::array<int, 5> kFlashSm90HeadDims = {64, 96, 128, 192, 256}
 // 256 is left out: dK and dV of a warp's 16 keys alone would be 256 f32 a thread.
 inline constexpr std::array<int, 4> kFusedBwdHeadDims = {32, 64, 96, 128};
 // The head dims of flash's sm90a backward (kernels/flash_bwd_sm90.cuh,
-// flash_bwd_sm90_hdim*.cu); the others take the sm80 kernel where it is built.
-inline constexpr std::array<int, 3> kFlashSm90BwdHeadDims = {64, 96, 128};
+// flash_bwd_sm90_hdim*.cu; 192 and 256 on sm90 only); the others take the
+// sm80 kernel where it is built.
+inline constexpr std::array<int, 5> kFlashSm90BwdHeadDims = {64, 96, 128, 192, 256};
 // The backward's workspace rows per (batch, head): seq_q rounded up to this,
 // so that the sm90 kernel reads a query tile's LSE and D and adds its dQ rows
 // whole (bulk copies, no bounds checks).

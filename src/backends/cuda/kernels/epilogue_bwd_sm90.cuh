@@ -1,10 +1,11 @@
 // What leaves the sm90a backward's registers (flash_bwd_sm90.cuh): each query
 // tile's dQ share, staged in shared memory and added into the FP32
-// accumulator by one bulk reduce-add (TMA) per tile, in whatever order the
-// key tiles finish or (deterministic) in key-tile order, each key tile
-// waiting on a semaphore for the one before; and dK and dV once per key tile
-// (epilogue_bwd_sm80.cuh's store_rows). The accumulators have mma.m16n8k16's
-// C layout (wgmma_sm90.cuh).
+// accumulator by one bulk reduce-add (TMA) per tile (head dims past 128, with
+// no room to stage: by 16-byte vector reductions from registers), in
+// whatever order the key tiles finish or (deterministic) in key-tile order,
+// each key tile waiting on a semaphore for the one before; and dK and dV once
+// per key tile (epilogue_bwd_sm80.cuh's store_rows). The accumulators have
+// mma.m16n8k16's C layout (wgmma_sm90.cuh).
 //
 // The staged tile, and so the accumulator's 64-row tiles, are in register
 // order: [consumer][warp][n-tile][lane][4 floats] (kBlockM x kPadDim floats),
@@ -35,11 +36,36 @@ struct DqTileLayout {
   }
 };
 
+// The first column of consumer wg's n-tile nt of dQ (and, wide, of dK and
+// dV) at padded head dim kPadDim: the consumer's half of the columns, in
+// order; at 192, the 64-column region wg then the 32 columns 128 + 32 wg, so
+// that both consumers' chunks (64 and 32 columns) are the same instructions,
+// a region or 64 bytes into one (mainloop_bwd_sm90.cuh).
+template <int kPadDim>
+__host__ __device__ constexpr int consumer_column(int wg, int nt) {
+  if constexpr (kPadDim == 192) return nt < 8 ? 64 * wg + 8 * nt : 128 + 32 * wg + 8 * (nt - 8);
+  return wg * (kPadDim / 2) + 8 * nt;
+}
+
 template <class Cfg>
 struct EpilogueBwdSm90 {
   static_assert(Cfg::kBlockM == 64, "a dQ tile of 64 rows: four warps of 16 a consumer");
   using Layout = DqTileLayout<Cfg::kDqTiles>;
   static constexpr int kDqBytes = Cfg::kBlockM * Cfg::kPadDim * 4;
+
+  // The tile's semaphore (deterministic): its key tiles' turns, in order.
+  __device__ __forceinline__ static int* semaphore(const BwdArgs& a, std::int64_t bh, int m0) {
+    return a.dq_semaphore + bh * (a.rows_pad / 64) + m0 / 64;
+  }
+  __device__ __forceinline__ static void wait_turn(const int* sem, int turn) {
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(sem) : "memory");
+    } while (seen != turn);
+  }
+  __device__ __forceinline__ static void pass_turn(int* sem) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+  }
 
   // This thread's dQ fragments (times the softmax scale) into the staged tile.
   __device__ __forceinline__ static void stage_dq(float* tile, const float (&dq)[Cfg::kDqTiles][4], float scale, int wg,
@@ -62,34 +88,75 @@ struct EpilogueBwdSm90 {
                                                 int turn) {
     float* const dst = a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim;
     if constexpr (kDeterministic) {
-      int* const sem = a.dq_semaphore + bh * (a.rows_pad / 64) + m0 / 64;
-      int seen;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(sem) : "memory");
-      } while (seen != turn);
+      int* const sem = semaphore(a, bh, m0);
+      wait_turn(sem, turn);
       sm90::bulk_reduce_add_f32(dst, tile, kDqBytes);
       sm90::bulk_commit();
       sm90::bulk_wait<0>();
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+      pass_turn(sem);
     } else {
       sm90::bulk_reduce_add_f32(dst, tile, kDqBytes);
       sm90::bulk_commit();
     }
   }
 
-  // dK (times the softmax scale) and dV of this consumer's 64 keys; keys past
-  // seq_k and padding columns are not stored.
+  // Wide (no staging): this thread's dQ fragments of n-tiles [nt0, nt0 +
+  // kNTiles) (times the softmax scale) added into the accumulator's tile at
+  // m0 where stage_dq would have put them, one 16-byte vector reduction each.
+  template <int kNTiles>
+  __device__ __forceinline__ static void reduce_dq(const BwdArgs& a, const float (&dq)[kNTiles][4], std::int64_t bh,
+                                                   int m0, int nt0, int wg, int warp_in_wg, int lane) {
+    float* const dst = a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim;
+    const float scale = a.scale;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      asm volatile(
+          "red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + Layout::offset(wg, warp_in_wg, nt0 + nt, lane)),
+          "f"(dq[nt][0] * scale), "f"(dq[nt][1] * scale), "f"(dq[nt][2] * scale), "f"(dq[nt][3] * scale)
+          : "memory");
+    }
+  }
+  // Deterministic and wide: around a tile's reduce_dq calls, every consumer
+  // thread waits until the leader has seen the tile's turn, and the leader
+  // passes the turn on once every thread's adds are fenced (named barriers of
+  // the consumers, id `barrier`).
+  __device__ __forceinline__ static void take_dq_turn(const BwdArgs& a, std::int64_t bh, int m0, int turn, bool leader,
+                                                      int barrier) {
+    if (leader) wait_turn(semaphore(a, bh, m0), turn);
+    sm90::named_barrier_sync(barrier, Cfg::kConsumerThreads);
+  }
+  __device__ __forceinline__ static void pass_dq_turn(const BwdArgs& a, std::int64_t bh, int m0, bool leader,
+                                                      int barrier) {
+    __threadfence();
+    sm90::named_barrier_sync(barrier, Cfg::kConsumerThreads);
+    if (leader) pass_turn(semaphore(a, bh, m0));
+  }
+
+  // dK (times the softmax scale) and dV of this consumer's keys and columns
+  // (its 64 keys whole; wide: the CTA's 64 keys, its half of the head dim);
+  // keys past seq_k and padding columns are not stored.
   template <class Element>
-  __device__ __forceinline__ static void store_dkdv(const BwdArgs& a, const float (&dk)[1][Cfg::kDTiles][4],
-                                                    const float (&dv)[1][Cfg::kDTiles][4], int n0, int kv_head,
+  __device__ __forceinline__ static void store_dkdv(const BwdArgs& a, const float (&dk)[1][Cfg::kDkvTiles][4],
+                                                    const float (&dv)[1][Cfg::kDkvTiles][4], int n0, int kv_head,
                                                     int batch, int wg, int warp_in_wg, int lane) {
-    using Stored = const float(&)[1][Cfg::kHeadDim / 8][4];
-    const int row0 = 64 * wg + 16 * warp_in_wg, valid = a.f.seq_k - n0;
-    store_rows<Element>(a.dk + batch * a.dk_batch_stride + kv_head * a.dk_head_stride + n0 * a.dk_row_stride,
-                        a.dk_row_stride, reinterpret_cast<Stored>(dk), a.scale, row0, valid, lane);
-    store_rows<Element>(a.dv + batch * a.dv_batch_stride + kv_head * a.dv_head_stride + n0 * a.dv_row_stride,
-                        a.dv_row_stride, reinterpret_cast<Stored>(dv), 1.f, row0, valid, lane);
+    const int row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg, valid = a.f.seq_k - n0;
+    std::uint16_t* const dk_at = a.dk + batch * a.dk_batch_stride + kv_head * a.dk_head_stride + n0 * a.dk_row_stride;
+    std::uint16_t* const dv_at = a.dv + batch * a.dv_batch_stride + kv_head * a.dv_head_stride + n0 * a.dv_row_stride;
+    if constexpr (!Cfg::kWide) {
+      using Stored = const float(&)[1][Cfg::kHeadDim / 8][4];
+      store_rows<Element>(dk_at, a.dk_row_stride, reinterpret_cast<Stored>(dk), a.scale, row0, valid, lane);
+      store_rows<Element>(dv_at, a.dv_row_stride, reinterpret_cast<Stored>(dv), 1.f, row0, valid, lane);
+    } else {
+      // The consumer's columns in runs of contiguous n-tiles (consumer_column).
+      sm90::for_tile_chunks<0, Cfg::kDkvTiles, 8>([&]<int kFirst, int kN>() {
+        using Run = const float(&)[1][kN][4];
+        const int col = consumer_column<Cfg::kPadDim>(wg, kFirst);
+        store_rows<Element>(dk_at + col, a.dk_row_stride, reinterpret_cast<Run>(dk[0][kFirst]), a.scale, row0, valid,
+                            lane);
+        store_rows<Element>(dv_at + col, a.dv_row_stride, reinterpret_cast<Run>(dv[0][kFirst]), 1.f, row0, valid, lane);
+      });
+    }
   }
 };
 

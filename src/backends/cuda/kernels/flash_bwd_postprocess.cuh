@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const _
     const int warp = q % 4, wg = q / 4;
     const std::int64_t bh = tile / (a.rows_pad / 64);
     const int row = static_cast<int>(tile % (a.rows_pad / 64)) * 64 + warp * 16 + lane / 4;
-    const int col = wg * kDqCols + nt * 8 + 2 * (lane % 4);
+    const int col = consumer_column<kPadDim>(wg, nt) + 2 * (lane % 4);
     if (col >= a.head_dim || row >= f.seq_q) continue;
     // The slot's floats, where the kernel staged them (e is that slot, in order).
     const float4 v = *reinterpret_cast<const float4*>(a.dq_accum + tile * 64 * kPadDim +

@@ -4,7 +4,8 @@
 //   1. bwd_preprocess (flash_bwd_preprocess.cuh): D = rowsum(dO * O) and the
 //      LSE in log2 units, both over padded rows; the dQ accumulator and the
 //      ordered-dQ semaphores zeroed;
-//   2. flash_bwd_sm90_kernel: one CTA per (128-key tile, kv head, batch),
+//   2. flash_bwd_sm90_kernel: one CTA per (key tile, kv head, batch): 128
+//      keys, 64 past head dim 128,
 //      K and V resident in shared memory, Q, dO, LSE and D streamed query tile
 //      after query tile, for every query head of its grouped-query group (dK
 //      and dV summed in registers, no atomics for them); dQ added into the FP32
@@ -17,8 +18,12 @@
 //   mainloop_bwd_sm90.cuh    loads (producer), the five products (consumers)
 //   pipeline_sm90.cuh        the mbarrier stages between them
 //   epilogue_bwd_sm90.cuh    dQ staged and reduce-added into the accumulator; dK and dV out
-// The grid is the static one of the sm80 kernel (key tile fastest), which the
-// ordered dQ relies on: a key tile waits only on lower ones of its head.
+// The grid is static, (kv head, batch) fastest and the key tile slowest, so
+// that CTAs start in key-tile order across all heads: under a causal mask the
+// low key tiles, which every later query sees, are the heaviest, and start
+// first (longest first: the last wave holds the light ones). The ordered dQ
+// relies on the order too: a key tile waits only on lower ones of its head,
+// which started before it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,7 +68,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using Kernel = FlashBwdSm90<Cfg, kMask, Element>;
   using Mainloop = typename Kernel::Mainloop;
   using Epilogue = typename Kernel::Epilogue;
-  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kMT = Cfg::kMTiles, kDT = Cfg::kDTiles;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kMT = Cfg::kMTiles;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // aligned to 1024 below
   const std::uint32_t raw = smem_u32(smem_raw);
   const std::uint32_t base = (raw + 1023) & ~1023u;
@@ -73,7 +78,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const FwdArgs& f = a.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int n_block = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
+  const int kv_heads = f.heads / f.group;
+  const int n_block = blockIdx.y, kv_head = blockIdx.x % kv_heads, batch = blockIdx.x / kv_heads;
   const int n0 = n_block * kBN;
   const QueryTiles tiles = query_tiles<kMask, kBM, kBN>(f, n0);
   if (tid == 0) {
@@ -94,10 +100,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
   const int wg = warp / 4, warp_in_wg = warp % 4;
-  const int key_row0 = 64 * wg + 16 * warp_in_wg;  // this warp's first row of the key tile
+  // This warp's first row of the key tile, and the warpgroup's first query
+  // of S^T in the query tile (wide: both warpgroups share the keys and split
+  // the queries; mainloop_bwd_sm90.cuh).
+  const int key_row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg;
+  const int query_col0 = Cfg::kWide ? wg * Cfg::kScoreCols : 0;
   const int t = lane % 4;
   const bool leader = tid == 0;  // issues the dQ tiles' bulk reduce-adds
-  float dk[1][kDT][4], dv[1][kDT][4];
+  float dk[1][Cfg::kDkvTiles][4], dv[1][Cfg::kDkvTiles][4];
   zero(dk);
   zero(dv);
   if (tiles.begin < tiles.end) {
@@ -118,10 +128,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         sm90::wgmma_wait<1>();
         sm90::fence_operands(s);
         if (tile_needs_mask<kMask, kBM, kBN>(f, m0, n0)) {
-          Mainloop::mask(f, s, n0 + key_row0 + lane / 4, m0 + 2 * t);
+          Mainloop::mask(f, s, n0 + key_row0 + lane / 4, m0 + query_col0 + 2 * t);
         }
-        const float2* lse = smem.template at<const float2>(smem.lse(st));
-        const float2* dsum = smem.template at<const float2>(smem.dsum(st));
+        const float2* lse = smem.template at<const float2>(smem.lse(st)) + query_col0 / 2;
+        const float2* dsum = smem.template at<const float2>(smem.dsum(st)) + query_col0 / 2;
 #pragma unroll
         for (int nt = 0; nt < kMT; ++nt) {
           const float2 l = lse[nt * 4 + t];
@@ -151,38 +161,62 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(dst[kk], dp, kk);
 
-        // dS^T to shared memory for dQ (both consumers read both halves),
-        // then dV += P^T dO and dK += dS^T Q from registers, then dQ = dS K.
-        Mainloop::store_ds(smem, buf, dst, key_row0, lane);
-        sm90::fence_view_async_shared();
-        Mainloop::issue_accumulate(smem.dout(st), dv, pt);
-        Mainloop::issue_accumulate(smem.q(st), dk, dst);
-        if (leader) sm90::bulk_wait_read<0>();  // the last tile's dQ has left the staging buffer
-        sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
-        float dq[Cfg::kDqTiles][4];
-        Mainloop::issue_dq(smem, buf, dq, wg);
-        sm90::wgmma_wait<0>();
-        sm90::fence_operands(dv[0]);
-        sm90::fence_operands(dk[0]);
-        sm90::fence_operands(dq);
-        sm90::fence_operands(pt);
-        sm90::fence_operands(dst);
-        q_pipe.consumer_release(q_state, Mainloop::kPartQ);
-        q_pipe.consumer_release(q_state, Mainloop::kPartDo);
-        // dQ: staged, then one bulk reduce-add (the leader's) into the accumulator.
-        Epilogue::stage_dq(smem.template at<float>(smem.dq()), dq, a.scale, wg, warp_in_wg, lane);
-        sm90::fence_view_async_shared();
-        sm90::named_barrier_sync(Kernel::kDqReady, Cfg::kConsumerThreads);
-        if (leader) {
-          const int turn = kDeterministic ? n_block - key_tiles<kMask, kBM, kBN>(f, m0).begin : 0;
-          Epilogue::template add_dq<kDeterministic>(a, smem.dq(), bh, m0, turn);
+        const int turn = kDeterministic ? n_block - key_tiles<kMask, kBM, kBN>(f, m0).begin : 0;
+        if constexpr (Cfg::kWide) {
+          // P^T and dS^T to shared memory, this warpgroup's queries; once
+          // both halves are there, dV += P^T dO and dK += dS^T Q (its
+          // columns), then dQ = dS K a chunk at a time, each added into the
+          // accumulator from registers before the next is issued.
+          Mainloop::store_transposed(smem, smem.pt(buf), pt, key_row0, query_col0, lane);
+          Mainloop::store_transposed(smem, smem.ds(buf), dst, key_row0, query_col0, lane);
+          sm90::fence_view_async_shared();
+          sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
+          Mainloop::issue_accumulate_ss(smem.pt(buf), smem.dout(st), dv, wg);
+          Mainloop::issue_accumulate_ss(smem.ds(buf), smem.q(st), dk, wg);
+          if constexpr (kDeterministic) Epilogue::take_dq_turn(a, bh, m0, turn, leader, Kernel::kDqReady);
+          sm90::for_tile_chunks<0, Cfg::kDqTiles, Cfg::kDqChunkTiles>([&]<int kFirst, int kN>() {
+            float dq[kN][4];
+            Mainloop::issue_dq(smem, buf, dq, wg, kFirst);
+            sm90::wgmma_wait<0>();
+            sm90::fence_operands(dq);
+            Epilogue::reduce_dq(a, dq, bh, m0, kFirst, wg, warp_in_wg, lane);
+          });
+          sm90::fence_operands(dv[0]);
+          sm90::fence_operands(dk[0]);
+          q_pipe.consumer_release(q_state, Mainloop::kPartQ);
+          q_pipe.consumer_release(q_state, Mainloop::kPartDo);
+          if constexpr (kDeterministic) Epilogue::pass_dq_turn(a, bh, m0, leader, Kernel::kDqReady);
+        } else {
+          // dS^T to shared memory for dQ (both consumers read both halves),
+          // then dV += P^T dO and dK += dS^T Q from registers, then dQ = dS K.
+          Mainloop::store_transposed(smem, smem.ds(buf), dst, key_row0, 0, lane);
+          sm90::fence_view_async_shared();
+          Mainloop::issue_accumulate(smem.dout(st), dv, pt);
+          Mainloop::issue_accumulate(smem.q(st), dk, dst);
+          if (leader) sm90::bulk_wait_read<0>();  // the last tile's dQ has left the staging buffer
+          sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
+          float dq[Cfg::kDqTiles][4];
+          Mainloop::issue_dq(smem, buf, dq, wg, 0);
+          sm90::wgmma_wait<0>();
+          sm90::fence_operands(dv[0]);
+          sm90::fence_operands(dk[0]);
+          sm90::fence_operands(dq);
+          sm90::fence_operands(pt);
+          sm90::fence_operands(dst);
+          q_pipe.consumer_release(q_state, Mainloop::kPartQ);
+          q_pipe.consumer_release(q_state, Mainloop::kPartDo);
+          // dQ: staged, then one bulk reduce-add (the leader's) into the accumulator.
+          Epilogue::stage_dq(smem.template at<float>(smem.dq()), dq, a.scale, wg, warp_in_wg, lane);
+          sm90::fence_view_async_shared();
+          sm90::named_barrier_sync(Kernel::kDqReady, Cfg::kConsumerThreads);
+          if (leader) Epilogue::template add_dq<kDeterministic>(a, smem.dq(), bh, m0, turn);
         }
         q_state.advance();
         buf ^= 1;
       }
     }
   }
-  if (leader) sm90::bulk_wait<0>();  // the last reduce-add has read its source and landed
+  if (!Cfg::kWide && leader) sm90::bulk_wait<0>();  // the last reduce-add has read its source and landed
   Epilogue::template store_dkdv<Element>(a, dk, dv, n0, kv_head, batch, wg, warp_in_wg, lane);
 #endif
 }
@@ -209,7 +243,9 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   if (const cudaError_t e = opt_in_shared_memory(kernel, Kernel::kSmemBytes); e != cudaSuccess) return e;
   if (const cudaError_t e = launch_bwd_preprocess<Element>(a, stream); e != cudaSuccess) return e;
   const FwdArgs& f = a.f;
-  const dim3 grid((f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN, f.heads / f.group, f.batch);
+  const int n_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  if (n_tiles > 65535) return cudaErrorInvalidConfiguration;  // the grid's y
+  const dim3 grid(static_cast<unsigned>(f.heads / f.group) * f.batch, n_tiles);
   kernel<<<grid, Cfg::kThreads, Kernel::kSmemBytes, stream>>>(a, p);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   return launch_bwd_convert_dq_tiled<Element, Cfg::kPadDim>(a, stream);

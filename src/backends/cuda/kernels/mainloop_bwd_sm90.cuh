@@ -26,6 +26,7 @@
 
 #include "backends/cuda/kernels/bwd_args.cuh"
 #include "backends/cuda/kernels/element.cuh"
+#include "backends/cuda/kernels/epilogue_bwd_sm90.cuh"
 #include "backends/cuda/kernels/fwd_args.cuh"
 #include "backends/cuda/kernels/pipeline_sm90.cuh"
 #include "backends/cuda/kernels/tma_sm90.cuh"
@@ -34,25 +35,37 @@
 
 namespace attnprof::cuda::kernels {
 
-// Tiles and roles of the sm90a backward: a CTA owns kBlockN = 128 keys (64
-// per consumer warpgroup, two of them) and walks query tiles of kBlockM rows
-// in kStages stages; a producer warpgroup gives its registers to the
-// consumers (setmaxnreg, FlashAttention-3's 24 + 240 split).
+// Tiles and roles of the sm90a backward: a CTA owns kBlockN keys and walks
+// query tiles of kBlockM rows in kStages stages; two consumer warpgroups, and
+// a producer warpgroup that gives its registers to them (setmaxnreg,
+// FlashAttention-3's 24 + 240 split).
 //
-// dQ = dS K is split between the consumers by columns: each takes half of
-// the padded head dim (32 or 64 columns, wgmma's N). Head dim 96 is padded to
-// 128, as in the forward (TMA fills the columns past the tensor with zeros;
-// they are never stored).
-//
+// Up to head dim 128 a consumer owns 64 of the CTA's 128 keys, whole: S^T and
+// dP^T of its keys against the query tile, dK and dV over the padded head dim
+// in its accumulators. Head dim 96 is padded to 128, as in the forward (TMA
+// fills the columns past the tensor with zeros; they are never stored).
 // Registers at head dim 128 (a consumer thread): dK and dV 64 f32 each, S^T
 // and dP^T 32 each while they live, P^T and dS^T 16 each packed, dQ 32. (A
 // 128-query tile at head dim 64 spilled 768 bytes: S^T and dP^T twice the size.)
+//
+// Past head dim 128 ("wide": 192, 256) dK and dV of 64 keys would take 192 or
+// 256 f32 a thread alone, so both consumers work on the same 64 keys: each
+// computes S^T and dP^T against half of the query tile (32 queries), writes
+// its P^T and dS^T to shared memory, and accumulates dK and dV over half of
+// the head dim from both halves there (wgmma SS), as FlashAttention-3 does at
+// these head dims. At 256: dK and dV 64 f32 each, dQ 64, S^T and dP^T 16.
+// Their dQ has no room to be staged (K, V and two or three stages of Q and dO
+// fill shared memory), so it is added from registers by vector reductions.
+//
+// dQ = dS K is split between the consumers by columns in both: each takes
+// half of the padded head dim.
 template <int kHeadDim_, int kBlockM_, int kStages_ = 3>
 struct FlashBwdSm90Cfg {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kPadDim = (kHeadDim + 63) / 64 * 64;
+  static constexpr bool kWide = kPadDim > 128;
   static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kWide ? 64 : 128;
   static constexpr int kStages = kStages_;
   static constexpr int kConsumers = 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
@@ -65,17 +78,23 @@ struct FlashBwdSm90Cfg {
   static constexpr int kConsumerRegsFit =
       (kLaunchRegs * kThreads - kProducerThreads * kProducerRegs) / kConsumerThreads / 8 * 8;
   static constexpr int kConsumerRegs = kConsumerRegsFit < 240 ? kConsumerRegsFit : 240;
-  static constexpr int kMTiles = kBlockM / 8;  // n-tiles of S^T: the query tile's columns
+  static constexpr int kScoreCols = kWide ? kBlockM / 2 : kBlockM;  // a consumer's queries of S^T
+  static constexpr int kMTiles = kScoreCols / 8;                    // n-tiles of S^T
   static constexpr int kDTiles = kPadDim / 8;
+  static constexpr int kDkvCols = kWide ? kPadDim / 2 : kPadDim;  // a consumer's columns of dK and dV
+  static constexpr int kDkvTiles = kDkvCols / 8;
   static constexpr int kDqCols = kPadDim / 2;  // a consumer's columns of dQ
   static constexpr int kDqTiles = kDqCols / 8;
-  static_assert(kBlockM == 64 || kBlockM == 128, "S^T's wgmma N: 64 or 128 queries");
-  static_assert(kDqCols == 32 || kDqCols == 64, "dQ's wgmma N: 32 or 64 columns a consumer");
+  // Wide: dQ's n-tiles a chunk (computed and added one after the other).
+  static constexpr int kDqChunkTiles = kWide ? 8 : kDqTiles;
+  static_assert(kScoreCols == 32 || kScoreCols == 64 || kScoreCols == 128, "S^T's wgmma N: 32, 64 or 128 queries");
+  static_assert(kDqCols % 32 == 0, "dQ's columns in 32-column chunks");
 };
 
-// The tile each head dim runs with.
+// The tile each head dim runs with (the wide ones fit two stages at 256,
+// three at 192, in shared memory).
 template <int kHeadDim>
-using FlashBwdSm90DefaultCfg = FlashBwdSm90Cfg<kHeadDim, 64>;
+using FlashBwdSm90DefaultCfg = FlashBwdSm90Cfg<kHeadDim, 64, kHeadDim == 256 ? 2 : 3>;
 
 template <class Cfg, MaskMode kMask, Half16 Element>
 struct MainloopBwdSm90 {
@@ -84,15 +103,18 @@ struct MainloopBwdSm90 {
   static constexpr int kQBytes = kBM * kD * 2;  // a Q or dO tile
   static constexpr int kKBytes = kBN * kD * 2;  // K or V
   static constexpr int kDsBytes = kBN * kBM * 2;
-  static constexpr int kRowBytes = kBM * 4;      // a tile's LSE or D
-  static constexpr int kDqBytes = kBM * kD * 4;  // the staged FP32 dQ tile
+  static constexpr int kRowBytes = kBM * 4;                       // a tile's LSE or D
+  static constexpr int kDqBytes = Cfg::kWide ? 0 : kBM * kD * 4;  // the staged FP32 dQ tile
+  static constexpr int kPtBytes = Cfg::kWide ? 2 * kDsBytes : 0;  // P^T twice (wide)
   // K, V, the Q and dO stages, dS^T twice (a consumer may write the next
-  // while the other still reads this one), the staged dQ tile, the LSE and D
-  // stages; the swizzled buffers 1024-byte aligned (sizes are multiples of 1024).
+  // while the other still reads this one), P^T twice (wide), the staged dQ
+  // tile (not wide), the LSE and D stages; the swizzled buffers 1024-byte
+  // aligned (sizes are multiples of 1024).
   static constexpr int kKOff = 0, kVOff = kKBytes, kQOff = 2 * kKBytes;
   static constexpr int kDoOff = kQOff + Cfg::kStages * kQBytes;
   static constexpr int kDsOff = kDoOff + Cfg::kStages * kQBytes;
-  static constexpr int kDqOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kPtOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kDqOff = kPtOff + kPtBytes;
   static constexpr int kLseOff = kDqOff + kDqBytes;
   static constexpr int kDsumOff = kLseOff + Cfg::kStages * kRowBytes;
   static constexpr int kSmemBytes = kDsumOff + Cfg::kStages * kRowBytes;
@@ -148,6 +170,7 @@ struct MainloopBwdSm90 {
     __device__ __forceinline__ std::uint32_t q(int st) const { return base + kQOff + st * kQBytes; }
     __device__ __forceinline__ std::uint32_t dout(int st) const { return base + kDoOff + st * kQBytes; }
     __device__ __forceinline__ std::uint32_t ds(int buf) const { return base + kDsOff + buf * kDsBytes; }
+    __device__ __forceinline__ std::uint32_t pt(int buf) const { return base + kPtOff + buf * kDsBytes; }
     __device__ __forceinline__ std::uint32_t dq() const { return base + kDqOff; }
     __device__ __forceinline__ std::uint32_t lse(int st) const { return base + kLseOff + st * kRowBytes; }
     __device__ __forceinline__ std::uint32_t dsum(int st) const { return base + kDsumOff + st * kRowBytes; }
@@ -190,18 +213,20 @@ struct MainloopBwdSm90 {
     }
   }
 
-  // X^T = K_w Y^T, issued (not waited for): this warpgroup's 64 rows of `keys`
-  // (K or V) against the query tile `rows` (Q or dO), both K-major over the
-  // head dim's k-steps (not the padding).
+  // X^T = K_w Y_w^T, issued (not waited for): this warpgroup's 64 rows of
+  // `keys` (K or V; wide: the CTA's 64) against its columns of the query tile
+  // `rows` (Q or dO; wide: its half), both K-major over the head dim's
+  // k-steps (not the padding).
   __device__ __forceinline__ static void issue_transposed_scores(std::uint32_t keys, std::uint32_t rows,
                                                                  float (&x)[kMT][4], int wg) {
+    const std::uint32_t key_rows = Cfg::kWide ? 0 : wg * 64 * 128, query_rows = Cfg::kWide ? wg * kMT * 8 * 128 : 0;
     zero(x);
     sm90::fence_operands(x);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
-      const std::uint32_t a_at = keys + (kk / 4) * kBN * 128 + wg * 64 * 128 + (kk % 4) * 32;
-      const std::uint32_t b_at = rows + (kk / 4) * kBM * 128 + (kk % 4) * 32;
+      const std::uint32_t a_at = keys + (kk / 4) * kBN * 128 + key_rows + (kk % 4) * 32;
+      const std::uint32_t b_at = rows + (kk / 4) * kBM * 128 + query_rows + (kk % 4) * 32;
       sm90::wgmma_ss<Element, kMT>(x, sm90::smem_desc(a_at, 0), sm90::smem_desc(b_at, 0), kk > 0);
     }
     sm90::wgmma_commit();
@@ -225,18 +250,51 @@ struct MainloopBwdSm90 {
     sm90::wgmma_commit();
   }
 
-  // dQ (this warpgroup's kDqCols columns) = dS K, issued: dS^T from shared
-  // memory (rows = keys) and K, both read MN-major, 16 keys a k-step.
-  __device__ __forceinline__ static void issue_dq(const Smem& smem, int buf, float (&dq)[Cfg::kDqTiles][4], int wg) {
-    constexpr int kCols = Cfg::kDqCols;
-    const std::uint32_t k = smem.k() + (wg * kCols / 64) * kBN * 128 + (wg * kCols % 64) * 2;
+  // The byte offset of column `col` in an MN-major operand of 64-column
+  // regions `region_bytes` apart (a chunk's descriptor starts at a region or,
+  // 32 columns wide, 64 bytes into one: sm90::wgmma_ss_tt).
+  __device__ __forceinline__ static std::uint32_t column_at(int col, int region_bytes) {
+    return (col / 64) * region_bytes + (col % 64) * 2;
+  }
+
+  // Wide: acc (this warpgroup's kDkvCols columns, consumer_column's order)
+  // += X^T Y, issued: X^T (P^T or dS^T of all the tile's queries) from shared
+  // memory K-major, Y (dO or Q) of the stage read MN-major, 16 queries a
+  // k-step, in chunks of contiguous columns. The chunks' columns are offsets
+  // at run time, the same instructions for both warpgroups (an instruction
+  // stream a warpgroup made ptxas place the accumulators twice and spill).
+  __device__ __forceinline__ static void issue_accumulate_ss(std::uint32_t x, std::uint32_t rows,
+                                                             float (&acc)[1][Cfg::kDkvTiles][4], int wg) {
+    sm90::fence_operands(acc[0]);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      sm90::for_tile_chunks<0, Cfg::kDkvTiles, 16>([&]<int kFirst, int kN>() {
+        const std::uint32_t y_at =
+            rows + column_at(consumer_column<Cfg::kPadDim>(wg, kFirst), kBM * 128) + kk * 16 * 128;
+        sm90::wgmma_ss_km<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]),
+                                       sm90::smem_desc(x + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
+                                       sm90::smem_desc(y_at, kBM * 128), true);
+      });
+    }
+    sm90::wgmma_commit();
+  }
+
+  // dQ's n-tiles [nt0, nt0 + kNTiles) of this warpgroup (contiguous columns
+  // from consumer_column) = dS K, issued: dS^T from shared memory (rows =
+  // keys) and K, both read MN-major, 16 keys a k-step. Not wide: all of the
+  // warpgroup's kDqCols columns in one; wide: a chunk at a time, so that dK,
+  // dV and only a chunk of dQ are in flight.
+  template <int kNTiles>
+  __device__ __forceinline__ static void issue_dq(const Smem& smem, int buf, float (&dq)[kNTiles][4], int wg, int nt0) {
+    const std::uint32_t k = smem.k() + column_at(consumer_column<Cfg::kPadDim>(wg, nt0), kBN * 128);
     zero(dq);
     sm90::fence_operands(dq);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      sm90::wgmma_ss_tt<Element, Cfg::kDqTiles>(dq, sm90::smem_desc(smem.ds(buf) + kk * 16 * 128, kBN * 128),
-                                                sm90::smem_desc(k + kk * 16 * 128, kBN * 128), kk > 0);
+      sm90::wgmma_ss_tt<Element, kNTiles>(dq, sm90::smem_desc(smem.ds(buf) + kk * 16 * 128, kBN * 128),
+                                          sm90::smem_desc(k + kk * 16 * 128, kBN * 128), kk > 0);
     }
     sm90::wgmma_commit();
   }
@@ -263,18 +321,21 @@ struct MainloopBwdSm90 {
     }
   }
 
-  // dS^T's A fragments into shared memory as the [key][query] tile that
-  // issue_dq reads: 64-query regions of 128-byte rows, chunks swizzled by the
-  // row (conflict-free: the 8 rows of a store are 8 different chunks).
-  __device__ __forceinline__ static void store_ds(const Smem& smem, int buf, const std::uint32_t (&ds)[kMT / 2][4],
-                                                  int key_row0, int lane) {
-    unsigned char* const base = smem.template at<unsigned char>(smem.ds(buf));
+  // dS^T's (wide: and P^T's) A fragments into shared memory as the
+  // [key][query] tile at `tile` that issue_dq and issue_accumulate_ss read:
+  // 64-query regions of 128-byte rows, chunks swizzled by the row
+  // (conflict-free: the 8 rows of a store are 8 different chunks). col0: the
+  // fragments' first query in the tile (wide: the warpgroup's half).
+  __device__ __forceinline__ static void store_transposed(const Smem& smem, std::uint32_t tile,
+                                                          const std::uint32_t (&ds)[kMT / 2][4], int key_row0, int col0,
+                                                          int lane) {
+    unsigned char* const base = smem.template at<unsigned char>(tile);
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int kk = 0; kk < kMT / 2; ++kk) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int c = kk * 16 + 8 * j;  // the fragment half's first query
+        const int c = col0 + kk * 16 + 8 * j;  // the fragment half's first query
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = key_row0 + g + 8 * h;

@@ -100,6 +100,14 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
                ", p, 1, 1, 1, 1;\n}\n"                                                                  \
                : ACC(d)                                                                                 \
                : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)))
+// d (+)= A B, A from shared memory K-major, B from shared memory read MN-major.
+#define ATTNPROF_WGMMA_SS_KM(N, TY, REGS, ACC, A, B, P)                                                 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P                                                  \
+               ", 0;\n"                                                                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " " REGS ", %" #A ", %" #B \
+               ", p, 1, 1, 0, 1;\n}\n"                                                                  \
+               : ACC(d)                                                                                 \
+               : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)))
 // d (+)= A B, A from registers, B from shared memory read MN-major (transposed).
 #define ATTNPROF_WGMMA_RS(N, TY, REGS, ACC, A0, A1, A2, A3, B, P)                                                    \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P                                                               \
@@ -112,8 +120,13 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
 template <Half16 Element, int kNTiles>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
                                          bool accumulate) {
-  static_assert(kNTiles == 8 || kNTiles == 10 || kNTiles == 16, "N = 64, 80 or 128");
-  if constexpr (kNTiles == 8) {
+  static_assert(kNTiles == 4 || kNTiles == 8 || kNTiles == 10 || kNTiles == 16, "N = 32, 64, 80 or 128");
+  if constexpr (kNTiles == 4) {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS(32, bf16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
+    else
+      ATTNPROF_WGMMA_SS(32, f16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
+  } else if constexpr (kNTiles == 8) {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
     else
@@ -140,17 +153,47 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kNTiles][4], std::uint64_t a
 template <Half16 Element, int kNTiles>
 __device__ __forceinline__ void wgmma_ss_tt(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
                                             bool accumulate) {
-  static_assert(kNTiles == 4 || kNTiles == 8, "N = 32 or 64");
+  static_assert(kNTiles == 4 || kNTiles == 8 || kNTiles == 16, "N = 32, 64 or 128");
   if constexpr (kNTiles == 4) {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS_TT(32, bf16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
     else
       ATTNPROF_WGMMA_SS_TT(32, f16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
-  } else {
+  } else if constexpr (kNTiles == 8) {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS_TT(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
     else
       ATTNPROF_WGMMA_SS_TT(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+  } else {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS_TT(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
+    else
+      ATTNPROF_WGMMA_SS_TT(128, f16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
+  }
+}
+
+// d (+)= A B with A [64 x 16] K-major (as wgmma_ss's) and B [16 x N] stored
+// MN-major (as wgmma_ss_tt's B): P^T or dS^T from shared memory against dO or
+// Q (N = 32, 64 or 128; B may start 64 bytes into its rows, as there).
+template <Half16 Element, int kNTiles>
+__device__ __forceinline__ void wgmma_ss_km(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
+                                            bool accumulate) {
+  static_assert(kNTiles == 4 || kNTiles == 8 || kNTiles == 16, "N = 32, 64 or 128");
+  if constexpr (kNTiles == 4) {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS_KM(32, bf16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
+    else
+      ATTNPROF_WGMMA_SS_KM(32, f16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
+  } else if constexpr (kNTiles == 8) {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS_KM(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+    else
+      ATTNPROF_WGMMA_SS_KM(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+  } else {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS_KM(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
+    else
+      ATTNPROF_WGMMA_SS_KM(128, f16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
   }
 }
 
@@ -202,6 +245,19 @@ __device__ __forceinline__ void for_n_chunks(F&& f) {
   }
 }
 
+// f(chunk's first n-tile, its n-tiles) over n-tiles [kFirst, kTiles) in
+// chunks of at most kMax, each 16, 8 or 4 n-tiles (wgmma's N of 128, 64, 32).
+template <int kFirst, int kTiles, int kMax, class F>
+__device__ __forceinline__ void for_tile_chunks(F&& f) {
+  if constexpr (kFirst < kTiles) {
+    constexpr int kLeft = kTiles - kFirst < kMax ? kTiles - kFirst : kMax;
+    constexpr int kN = kLeft >= 16 ? 16 : kLeft >= 8 ? 8 : 4;
+    static_assert(kLeft >= 4, "whole 32-column chunks");
+    f.template operator()<kFirst, kN>();
+    for_tile_chunks<kFirst + kN, kTiles, kMax>(f);
+  }
+}
+
 // A named barrier of `threads` threads (bar.sync; id 0 is __syncthreads').
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -213,6 +269,7 @@ __device__ __forceinline__ void fence_view_async_shared() {
 }
 
 #undef ATTNPROF_WGMMA_RS
+#undef ATTNPROF_WGMMA_SS_KM
 #undef ATTNPROF_WGMMA_SS_TT
 #undef ATTNPROF_WGMMA_SS
 #undef ATTNPROF_REGS_64
