@@ -23,6 +23,15 @@ struct Inputs {
   // the logical [B, Hkv, Skv, D] tensors (what the float64 reference reads);
   // a paged backend reads only these. Undefined for a contiguous cache.
   Tensor k_pages, v_pages, block_table;
+  // Per-sequence key counts, int32 [1, 1, 1, B] on the problem's device, or
+  // undefined: sequence b attends keys 0 .. kv_lens[b] - 1 only (of kv_seq,
+  // the longest), as a key-padding mask would say; the structural masks'
+  // bottom-right alignment is then each sequence's own (offset kv_lens[b] -
+  // seq). A paged call with unequal seq_lens sets it; only a backend whose
+  // Traits::kv_lens is true reads it, and the others are refused by name.
+  // (A Boolean key-padding mask is lowered to the same lengths by the CPU
+  // flash itself: core/mask_lowering.h, where the CUDA kernels' hook is noted.)
+  Tensor kv_lens;
 };
 
 // What a forward keeps for its backward (autograd's saved tensors, beyond
@@ -82,6 +91,8 @@ struct Traits {
   // Takes a soft cap (Problem::softcap): the others are refused by name in
   // eligibility_of(), before their own eligibility is asked.
   bool softcap = false;
+  // Reads Inputs::kv_lens (per-sequence key counts).
+  bool kv_lens = false;
 };
 
 // Per-call context handed to forward().

@@ -66,6 +66,11 @@ struct RunOptions {
   // call (API tracing inflates the profiled figure). 0 = skip.
   int unprofiled_calls = 32;
   ProgressFn progress;  // called with one-line updates on long work
+  // A caller's mask (the CLI's --mask-file) in place of the generated one:
+  // a CPU tensor, Bool for a Boolean problem or the problem's float dtype for
+  // a Bias one, each dimension the problem's or 1 (mask_tensor.h). It goes
+  // into the same Inputs slot the generated masks do (attach_mask).
+  Tensor mask;
 };
 
 // p10, p50 and p90 of timed samples: the sample at rank round(p (n - 1)) of

@@ -83,10 +83,31 @@ def _is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: int | None = None,
+def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int | None = None,
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
-              deterministic: bool = False, softcap: float | None = None):
+              deterministic: bool = False, softcap: float | None = None, attn_mask=None, block_table=None,
+              seq_lens=None):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
+
+    mask names a structural mask ("none", "causal", "causal_bottom_right",
+    "sliding_window" with window=N); None is "causal", or, with attn_mask,
+    the tensor alone. attn_mask is a tensor mask as SDPA's attn_mask:
+    boolean (True attends) or an additive float in q's dtype, broadcastable
+    to [B, H, S, Skv] (always that order, whatever the layout; size-1 and
+    missing leading dimensions broadcast), on q's device; a mask name beside
+    it is refused (the tensor is the whole mask). A key-padding mask
+    ([B, 1, 1, Skv], each row a prefix of Trues) is lowered to per-sequence
+    key lengths on the CPU flash; flash on CUDA takes no boolean mask yet,
+    cudnn takes float ones. The mask gets no gradient.
+
+    A paged KV cache, as serving engines call attention: k and v are the
+    caches [num_pages, Hkv, page_size, D] (vLLM's layout), block_table int32
+    [B, pages_per_seq] each sequence's pages, seq_lens int32 [B] its keys
+    (at most pages_per_seq * page_size); mask="causal_bottom_right" aligns
+    each sequence's queries to the end of its own keys. Inference only.
+    Unequal seq_lens run on flash on the CPU; backends with one length for
+    every sequence refuse them by name. A CUDA block table and lengths are
+    read back once per call to check them.
 
     softcap=c soft-caps the scaled scores before the mask, s -> tanh(s / c) * c
     (Gemma-2's logits): the CPU backends take it, others refuse it by name;
@@ -111,18 +132,25 @@ def attention(q, k, v, *, backend: str = "auto", mask: str = "causal", window: i
     window = _whole("window", window, _INT64, optional=True)
     scale = _real("scale", scale)
     softcap = _real("softcap", softcap)
-    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+    if mask is not None and not isinstance(mask, str):
+        raise Error(f"mask names a structural mask (a string); a mask tensor goes in attn_mask=, got "
+                    f"{type(mask).__name__}")
+    mask = "" if mask is None else mask
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("attn_mask", attn_mask),
+                    ("block_table", block_table), ("seq_lens", seq_lens)):
         if getattr(getattr(x, "dtype", None), "kind", None) == "O":
             raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
     if _is_torch(q):
         from . import _torch
 
         return _torch.attention(q, k, v, backend=backend, mask=mask, window=window, scale=scale, layout=layout,
-                                out=out, threads=threads, deterministic=deterministic, softcap=softcap)
+                                out=out, threads=threads, deterministic=deterministic, softcap=softcap,
+                                attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens)
     if out is None:
         out = _empty_like(q)
     try:
-        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd, softcap)
+        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd, softcap, attn_mask, block_table,
+                        seq_lens)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None

@@ -48,22 +48,35 @@ def _dlpack(*tensors):
         raise Error(not_an_array(e)) from None
 
 
-def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=None):
-    _core.attention(*_dlpack(q, k, v, out), backend, mask, window, scale, _stream_of(q), threads, bshd, softcap)
+def _optional(t):
+    # An optional tensor argument (attn_mask, block_table, seq_lens) as DLPack, or None.
+    return None if t is None else _dlpack(t)[0]
+
+
+def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=None, attn_mask=None,
+         block_table=None, seq_lens=None):
+    _core.attention(*_dlpack(q, k, v, out), backend, mask, window, scale, _stream_of(q), threads, bshd, softcap,
+                    _optional(attn_mask), _optional(block_table), _optional(seq_lens))
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
                   window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
-                  softcap: Optional[float] = None) -> torch.Tensor:
-    """softmax(scale * q k^T + mask) v by an attnprof backend; out has q's shape ([B, H, S, D], or [B, S, H, D] when bshd)."""
+                  softcap: Optional[float] = None, attn_mask: Optional[torch.Tensor] = None,
+                  block_table: Optional[torch.Tensor] = None,
+                  seq_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """softmax(scale * q k^T + mask) v by an attnprof backend; out has q's shape ([B, H, S, D], or [B, S, H, D] when bshd).
+
+    mask "" with attn_mask: the tensor alone; block_table and seq_lens: k and v are paged caches."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _run(q, k, v, out, backend, mask, window, scale, bshd, softcap=softcap)
+    _run(q, k, v, out, backend, mask, window, scale, bshd, softcap=softcap, attn_mask=attn_mask,
+         block_table=block_table, seq_lens=seq_lens)
     return out
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, softcap=None):
+def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, softcap=None,
+                    attn_mask=None, block_table=None, seq_lens=None):
     # Matches the real output: a new contiguous tensor of q's shape, dtype and device.
     return q.new_empty(q.shape)
 
@@ -77,18 +90,19 @@ def _lse_shape(q: torch.Tensor, bshd: bool):
 @torch.library.custom_op("attnprof::attention_train", mutates_args=(), device_types=("cpu", "cuda"))
 def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
               window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
-              deterministic: bool = False, softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+              deterministic: bool = False, softcap: Optional[float] = None,
+              attn_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     views = _dlpack(q, k, v, out)
     _, lse = _core.attention_train(*views, backend, mask, window, scale, _stream_of(q), 0, bshd, deterministic,
-                                   softcap)
+                                   softcap, _optional(attn_mask))
     return out, torch.from_dlpack(lse)
 
 
 @_train_op.register_fake
 def _train_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, deterministic=False,
-                softcap=None):
+                softcap=None, attn_mask=None):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, bshd), dtype=torch.float32)
 
 
@@ -96,18 +110,18 @@ def _train_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None,
 def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
                  scale: Optional[float] = None, bshd: bool = False,
-                 deterministic: bool = False,
-                 softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 deterministic: bool = False, softcap: Optional[float] = None,
+                 attn_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of attention_train's call for the upstream gradient dout."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv), backend, mask, window, scale,
-                             _stream_of(q), 0, bshd, deterministic, softcap)
+                             _stream_of(q), 0, bshd, deterministic, softcap, _optional(attn_mask))
     return dq, dk, dv
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, backend="auto", mask="causal", window=None, scale=None, bshd=False,
-                   deterministic=False, softcap=None):
+                   deterministic=False, softcap=None, attn_mask=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -143,28 +157,36 @@ def ops():
     return torch.ops.attnprof
 
 
-def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, deterministic=False, softcap=None):
+def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, deterministic=False, softcap=None,
+              attn_mask=None, block_table=None, seq_lens=None):
     bshd = layout == "bshd"  # attnprof.attention read it through the library's parser
-    for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
-        if not isinstance(t, torch.Tensor):
+    extras = (("attn_mask", attn_mask), ("block_table", block_table), ("seq_lens", seq_lens))
+    for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()) + extras:
+        if t is not None and not isinstance(t, torch.Tensor):
             raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise Error("attn_mask requires grad: attnprof's backward gives the mask no gradient (pass attn_mask.detach())")
+    paged = block_table is not None or seq_lens is not None
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        if paged:
+            raise Error("a paged KV cache is inference only: call under torch.no_grad() (or detach q and the caches)")
         # Autograd: the training op keeps the log-sum-exp, and its backward is attnprof's.
         if out is not None:
             raise Error("out= is not supported when gradients are needed: use the returned tensor")
         return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic,
-                                                  softcap)[0]
+                                                  softcap, attn_mask)[0]
     if _is_compiling():
         # Traced as one node of the graph (its fake gives the output's shape).
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
-        return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap)
+        return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,
+                                            block_table, seq_lens)
     if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     try:
-        _run(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
+        _run(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap, attn_mask, block_table, seq_lens)
     except TypeError as e:
         del out
         from . import not_an_array

@@ -139,3 +139,38 @@ def test_mismatched_devices_and_nothing_left_allocated():
         attnprof.attention(q.requires_grad_(True), k, v, backend="math")
     assert torch.cuda.memory_allocated() == before
     assert _core.allocated_bytes("cuda") == lib_before
+
+
+def test_cuda_masks_and_paged_caches():
+    """attn_mask on CUDA: a bias reaches cudnn; flash refuses a boolean mask by name (its key-padding lowering
+    is the CPU's for now). A paged cache from Python on flash and cudnn, equal lengths."""
+    q, k, v = qkv((2, 8, 128, 64))
+    bias = torch.randn(2, 1, 128, 128, dtype=torch.bfloat16, device="cuda")
+    group = 1
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias.float())
+    eligible = attnprof.explain(batch=2, heads=8, seq=128, head_dim=64, device="cuda", mask="bias").eligible()
+    for backend in ("cudnn", "math"):
+        if backend in eligible:
+            got = attnprof.attention(q, k, v, backend=backend, attn_mask=bias)
+            torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    pad = torch.arange(128, device="cuda")[None, None, None, :] < torch.tensor([128, 50], device="cuda")[:, None, None,
+                                                                                                          None]
+    with pytest.raises(attnprof.Error, match=r"lowered to per-sequence key lengths on the CPU flash only"):
+        attnprof.attention(q, k, v, backend="flash", attn_mask=pad)
+    del group
+    # Paged decode: 2 sequences of 64 keys in pages of 16.
+    qd = torch.randn(2, 8, 1, 64, dtype=torch.bfloat16, device="cuda")
+    kc = torch.randn(8, 8, 16, 64, dtype=torch.bfloat16, device="cuda")
+    vc = torch.randn(8, 8, 16, 64, dtype=torch.bfloat16, device="cuda")
+    table = torch.tensor([[3, 0, 6, 1], [2, 7, 5, 4]], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([64, 64], dtype=torch.int32, device="cuda")
+    kl = kc[table.long()].permute(0, 2, 1, 3, 4).reshape(2, 64, 8, 64).transpose(1, 2)
+    vl = vc[table.long()].permute(0, 2, 1, 3, 4).reshape(2, 64, 8, 64).transpose(1, 2)
+    want = torch.nn.functional.scaled_dot_product_attention(qd.float(), kl.float(), vl.float())
+    for backend in ("flash", "cudnn"):
+        got = attnprof.attention(qd, kc, vc, block_table=table, seq_lens=lens, mask="none", backend=backend)
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    with pytest.raises(attnprof.Error, match=r"takes one kv length for every sequence"):
+        attnprof.attention(qd, kc, vc, block_table=table, seq_lens=torch.tensor([64, 30], dtype=torch.int32,
+                                                                                device="cuda"), mask="none",
+                           backend="flash")

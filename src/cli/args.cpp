@@ -7,6 +7,7 @@
 
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
+#include "attnprof/mask_tensor.h"
 #include "attnprof/problem_spec.h"
 
 namespace attnprof::cli {
@@ -43,6 +44,7 @@ constexpr FieldFlag kFieldFlags[] = {
     {"deterministic", "--deterministic"},  // a switch here: parse() sets it
     {"kv_cache", "--kv-cache", true},
     {"page_size", "--page-size", true},
+    {"mask_file", "--mask-file"},
     {"layout", "--layout"},
     {"backend", "--backend"},
     {"backends", "--backends"},
@@ -107,6 +109,9 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
                        reads them in place)           (default contiguous)
   --page-size N        keys per page with --kv-cache paged, a power of two
                        (16, 64 ...); a sequence's last page is padded
+  --mask-file PATH     a .npy mask instead of --mask: bool (True attends) or
+                       float (an additive bias), shape broadcastable to
+                       [batch, heads, seq, kv-seq] (numpy.save writes one)
   --scale X            softmax scale                      (default 1/sqrt(head_dim))
   --softcap C          soft-cap the scaled scores before the mask, as
                        Gemma-2 does: s -> tanh(s / C) * C, so no score
@@ -414,6 +419,18 @@ Examples:
   return h;
 }
 
+void load_mask_file(Options& o) {
+  if (!o.mask_file) return;
+  Tensor m = read_mask_file(*o.mask_file);
+  Problem& p = o.problem;
+  p.mask = mask_kind_of("--mask-file " + *o.mask_file, m.dtype());
+  p.validate();
+  o.mask = convert_mask(p, m);
+  Problem host = p;  // the file is read on the CPU; the runner uploads it with the inputs
+  host.device = Device::Cpu;
+  (void)broadcast_mask(host, o.mask, "--mask-file " + *o.mask_file);
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   if (argc < 2) {
@@ -445,6 +462,11 @@ Options parse(int argc, char** argv) {
   }
   const std::map<std::string, Setter> run_flags = {
       {"--layout", [&](auto&, auto& v) { o.bshd = layout_from_text(v) == Layout::Bshd; }},
+      {"--mask-file",
+       [&](auto&, auto& v) {
+         if (v.empty()) bad("--mask-file needs a path to a .npy file");
+         o.mask_file = v;
+       }},
       {"--backend",
        [&](auto&, auto& v) {
          check_backend_name("backend", v, /*auto_ok=*/true);
@@ -495,12 +517,14 @@ Options parse(int argc, char** argv) {
   flags.insert(run_flags.begin(), run_flags.end());
   static const char* kShapeFlags[] = {"--batch", "--heads", "--seq",    "--head-dim",
                                       "--dtype", "--mask",  "--kv-seq", "--kv-heads"};
+  bool mask_given = false;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
     if (take_common_flag(arg, o)) {
       if (o.help) return o;
       continue;
     }
+    mask_given |= arg == "--mask" || arg.rfind("--mask=", 0) == 0;
     if (arg == "--deterministic") {
       set_problem_field(p, "deterministic", "true");
       continue;
@@ -521,6 +545,10 @@ Options parse(int argc, char** argv) {
     it->second(arg, value);
     for (const char* s : kShapeFlags) o.shape_given |= arg == s;
   }
+  if (o.mask_file && mask_given) {
+    bad("--mask-file and --mask are exclusive: the file is the whole mask (fold a causal part into it)");
+  }
+  if (o.mask_file && o.gpus) bad("--mask-file is for one device (--gpus shards structural masks only)");
   if (o.command == "profile" && o.backend.empty()) bad("profile needs --backend B (one of " + backend_list() + ")");
   if (o.command != "profile" && !o.backend.empty()) bad("--backend is for profile; compare takes --backends A,B");
   if (o.command == "explain" && o.html_path) bad("--html is for compare and profile");

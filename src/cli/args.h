@@ -43,7 +43,17 @@ struct Options {
   std::vector<std::optional<int>> trace_steps;
   int top = 10;     // rows of the per-op and per-kernel tables
   int max_gib = 4;  // --max-gib: the most JSON a trace may inflate to
+  // --mask-file PATH: a .npy boolean or float mask in place of the generated
+  // one; read once the problem is known (load_mask_file), into `mask`.
+  std::optional<std::string> mask_file;
+  Tensor mask;
 };
+
+// Reads o.mask_file (when given) against the finished problem: its dtype
+// sets the mask kind (bool: boolean, float: bias), its shape must broadcast
+// to [B, H, S, Skv]. A file that cannot be read throws Error(BadInput), a
+// mask that does not fit the problem Error(InvalidArgument), both one line.
+void load_mask_file(Options& o);
 
 // Throws Error(InvalidArgument) with a one-line message for any bad flag.
 Options parse(int argc, char** argv);

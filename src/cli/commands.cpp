@@ -51,6 +51,7 @@ RunOptions run_options(const Options& o, Progress& progress) {
   r.check_rows = o.check_rows;
   r.unprofiled_calls = o.unprofiled_calls;
   r.progress = [&progress](std::string_view m) { progress(m); };
+  r.mask = o.mask;
   return r;
 }
 

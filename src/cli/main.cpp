@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
     if (o.command == "analyze") return cli::run_analyze(o);
     if (o.command == "diff") return cli::run_diff(o);
     resolve_defaults(o);
+    cli::load_mask_file(o);
     if (o.command == "profile") return cli::run_profile(o);
     if (o.command == "compare") return cli::run_compare(o);
     return cli::run_explain(o);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attnprof/error.h"
+#include "attnprof/mask_tensor.h"
 
 namespace attnprof {
 namespace {
@@ -217,7 +218,6 @@ Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, b
   in.q = random_tensor({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rng, allocator, bshd);
   in.k = random_tensor({p.batch, p.kv_heads, p.kv_seq, p.head_dim}, p.dtype, rng, allocator, bshd);
   in.v = random_tensor({p.batch, p.kv_heads, p.kv_seq, p.head_dim}, p.dtype, rng, allocator, bshd);
-  const Dims full{p.batch, p.heads, p.seq, p.kv_seq};
   if (p.mask == MaskKind::Boolean) {
     // One [S, Skv] mask broadcast over batch and heads: 90% of keys kept, and
     // the diagonal always kept so no row is masked by accident.
@@ -228,11 +228,11 @@ Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, b
         bits[i * p.kv_seq + j] = (rng.next() % 10 != 0) || j == std::min(i, p.kv_seq - 1);
       }
     }
-    in.mask = m.expand(full);
+    attach_mask(p, m, in, "the generated mask");
   } else if (p.mask == MaskKind::Bias) {
     Tensor b = Tensor::empty({1, 1, p.seq, p.kv_seq}, p.dtype, allocator);
     for (std::int64_t i = 0, n = b.numel(); i < n; ++i) store_from_float(b.data(), p.dtype, i, 2.0f * rng.uniform());
-    in.bias = b.expand(full);
+    attach_mask(p, b, in, "the generated bias");
   }
   if (p.kv_cache == KvCache::Paged) make_pages(p, rng, allocator, in);
   return in;
@@ -263,6 +263,32 @@ void check_block_table(const Problem& p, const Tensor& block_table, std::int64_t
                                              std::to_string(o % pages) + " (a page serves one slot)");
       }
       o = b * pages + l;
+    }
+  }
+}
+
+void check_block_table_reads(const Problem& p, const Tensor& block_table, std::int64_t num_pages,
+                             const std::int32_t* kv_lens) {
+  const std::int64_t pages = p.pages_per_seq();
+  if (!block_table.defined() || block_table.dtype() != DType::I32 || block_table.device() != Device::Cpu ||
+      block_table.size(0) != 1 || block_table.size(1) != 1 || block_table.size(2) != p.batch ||
+      block_table.size(3) < pages) {
+    fail(ErrorKind::InvalidArgument, "block_table: want int32 [" + std::to_string(p.batch) +
+                                         ", >= " + std::to_string(pages) + "] (batch, pages per sequence), got " +
+                                         (block_table.defined() ? block_table.describe() : std::string("none")));
+  }
+  const auto* ids = block_table.data_as<const std::int32_t>();
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int64_t keys = kv_lens ? kv_lens[b] : p.kv_seq;
+    const std::int64_t used = (keys + p.page_size - 1) / p.page_size;
+    for (std::int64_t l = 0; l < used; ++l) {
+      const std::int64_t page = ids[b * block_table.stride(2) + l * block_table.stride(3)];
+      if (page < 0 || page >= num_pages) {
+        fail(ErrorKind::InvalidArgument, "block table [" + std::to_string(b) + "][" + std::to_string(l) +
+                                             "] = " + std::to_string(page) + " is not a physical page (the cache has " +
+                                             std::to_string(num_pages) + ", 0 .. " + std::to_string(num_pages - 1) +
+                                             ")");
+      }
     }
   }
 }

@@ -12,6 +12,7 @@
 
 #include "analysis/metrics.h"
 #include "attnprof/error.h"
+#include "attnprof/mask_tensor.h"
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cuda/plugin.h"
 
@@ -232,7 +233,8 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
                                        ": use a smaller batch, heads or seq");
     }
     if (options.progress) options.progress(r.backend + ": preparing inputs (" + p.describe() + ")");
-    const Inputs host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);
+    Inputs host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);
+    if (options.mask.defined()) attach_mask(p, options.mask, host, "the mask file");
     PassTensors t;
     t.in = rt.upload(host);
     const auto empty = [&](std::int64_t heads, std::int64_t seq) {

@@ -26,7 +26,9 @@
 #include <vector>
 
 #include "attnprof/error.h"
+#include "attnprof/mask_tensor.h"
 #include "attnprof/problem_spec.h"
+#include "attnprof/reference.h"
 #include "attnprof/report.h"
 #include "attnprof/runner.h"
 
@@ -178,6 +180,7 @@ struct PlanKey {
   Problem problem;
   std::string backend;
   Use use;
+  bool kv_lens;  // per-sequence key lengths (a paged call's unequal seq_lens)
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -189,7 +192,18 @@ std::string keeps_probabilities(std::string_view backend) {
 
 // `auto` under autograd: its measured pick where that recomputes, else the
 // first eligible backend that does (explain()'s order).
-std::string auto_for(const Problem& p, Use use) {
+std::string auto_for(const Problem& p, Use use, bool kv_lens) {
+  const auto takes = [&](const std::string& name) {
+    const Backend* b = find_backend(name, p.device);
+    return b && (!kv_lens || b->traits().kv_lens);
+  };
+  if (kv_lens) {  // the measured pick may not read them: the first eligible one that does
+    for (const auto& e : explain(p)) {
+      if (e.eligible && takes(e.backend)) return e.backend;
+    }
+    fail(ErrorKind::Unsupported, "auto: no eligible backend takes per-sequence kv lengths (unequal seq_lens) for " +
+                                     p.describe() + "; flash on the CPU does");
+  }
   const std::string picked = choose_auto(p).backend;
   if (use == Use::Inference) return picked;
   const auto recomputes = [&](const std::string& name) {
@@ -204,31 +218,165 @@ std::string auto_for(const Problem& p, Use use) {
                                    "); attnprof explain says why each is refused");
 }
 
-Backend& resolve(const Problem& p, const std::string& requested, Use use) {
+Backend& resolve(const Problem& p, const std::string& requested, Use use, bool kv_lens) {
   static std::mutex mu;
   static std::map<PlanKey, Backend*> plans;
-  PlanKey key{p, requested, use};
+  PlanKey key{p, requested, use, kv_lens};
   {
     std::lock_guard lock(mu);
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
   }
   check_backend_name("backend", requested, /*auto_ok=*/true);
-  Backend* b = &resolve_backend(p, requested == "auto" ? auto_for(p, use) : requested);
+  Backend* b = &resolve_backend(p, requested == "auto" ? auto_for(p, use, kv_lens) : requested);
   if (use == Use::Autograd && !b->traits().backward_recomputes) {
     fail(ErrorKind::Unsupported, keeps_probabilities(std::string(b->name())));
+  }
+  if (kv_lens && !b->traits().kv_lens) {
+    fail(ErrorKind::Unsupported, std::string(b->name()) + " on " + device_name(p.device) +
+                                     " takes one kv length for every sequence, and seq_lens differ: flash on the "
+                                     "CPU takes per-sequence lengths (or pad the shorter sequences' pages)");
   }
   std::lock_guard lock(mu);
   plans.emplace(std::move(key), b);
   return *b;
 }
 
-// attention()'s masks: the structural ones (a mask tensor is not taken yet).
+// attention()'s mask names: the structural ones (a mask tensor comes as attn_mask).
 void set_mask(Problem& p, const std::string& mask) {
   set_problem_field(p, "mask", mask);
   if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) {
-    fail(ErrorKind::Unsupported, "mask '" + mask + "' needs a mask tensor, which attnprof.attention does not take yet",
-         {"mask"});
+    fail(ErrorKind::InvalidArgument,
+         "mask '" + mask + "' names a mask tensor: pass the tensor as attn_mask=", {"mask"});
   }
+}
+
+// What a call may take beyond q, k, v and out: a mask tensor, or a paged KV
+// cache's block table and per-sequence lengths (k and v are then the caches).
+struct Extras {
+  std::optional<In> attn_mask, block_table, seq_lens;
+};
+
+std::string dims_of(const In& a) {
+  std::string dims = "[";
+  for (std::size_t i = 0; i < a.ndim(); ++i) dims += (i ? ", " : "") + std::to_string(a.shape(i));
+  return dims + "]";
+}
+
+// attn_mask as a borrowed view right-aligned to 4-d (missing leading
+// dimensions are size 1), on q's device; broadcast_mask() checks it against
+// the problem. Its dtype picks the mask kind: bool, or a float (Bias).
+Tensor mask_view(const In& a, Device device) {
+  if (a.ndim() < 1 || a.ndim() > 4) {
+    fail(ErrorKind::InvalidArgument, "attn_mask " + dims_of(a) + " has " + std::to_string(a.ndim()) +
+                                         " dimensions: a mask has 1 to 4, broadcastable to [B, H, S, Skv]");
+  }
+  if (where_of("attn_mask", a).device != device) {
+    fail(ErrorKind::InvalidArgument,
+         "attn_mask is on " + where_name(a) + " but q is on " + device_name(device) + ": move the mask to q's device");
+  }
+  const nb::dlpack::dtype t = a.dtype();
+  DType dtype = DType::Bool;
+  if (t.lanes == 1 && t.bits == 8 && t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bool)) {
+    dtype = DType::Bool;
+  } else if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) ||
+             t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat)) {
+    try {
+      dtype = dtype_of("attn_mask", a);
+    } catch (const Error&) {
+      fail(ErrorKind::InvalidArgument, "attn_mask is a " + std::to_string(t.bits) +
+                                           "-bit float: a float mask takes q's dtype (float32, float16 or bfloat16)");
+    }
+  } else {
+    fail(ErrorKind::InvalidArgument, "attn_mask has DLPack dtype code " + std::to_string(t.code) + ", " +
+                                         std::to_string(t.bits) +
+                                         " bits: a mask is bool (True attends) or an additive float in q's dtype");
+  }
+  Dims sizes{1, 1, 1, 1}, strides{0, 0, 0, 0};
+  const std::size_t lead = 4 - a.ndim();
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    if (a.shape(i) == 0) fail(ErrorKind::InvalidArgument, "attn_mask " + dims_of(a) + " is empty");
+    if (a.shape(i) > (std::uint64_t{1} << 31)) {
+      fail(ErrorKind::InvalidArgument, "attn_mask " + dims_of(a) + " has a dimension beyond 2^31");
+    }
+    sizes[lead + i] = static_cast<std::int64_t>(a.shape(i));
+    strides[lead + i] = a.shape(i) == 1 ? 0 : a.stride(i);
+  }
+  return Tensor::from_blob(const_cast<void*>(static_cast<const void*>(a.data())), sizes, strides, dtype, device);
+}
+
+// An int32 array of `ndim` dimensions on q's device (block_table, seq_lens),
+// as a borrowed [1, 1, .., ..] view.
+Tensor index_view(const char* name, const In& a, std::size_t ndim, Device device) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.lanes != 1 || t.bits != 32 || t.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int)) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " must be int32 (DLPack code " + std::to_string(t.code) +
+                                         ", " + std::to_string(t.bits) + " bits given)");
+  }
+  if (a.ndim() != ndim) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " must be " + std::to_string(ndim) + "-d, " +
+                                         (ndim == 2 ? "[batch, pages_per_seq]" : "[batch]") + "; got " + dims_of(a));
+  }
+  if (where_of(name, a).device != device) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " is on " + where_name(a) + " but q is on " +
+                                         device_name(device) + ": move it to q's device");
+  }
+  Dims sizes{1, 1, 1, 1}, strides{0, 0, 0, 0};
+  for (std::size_t i = 0; i < ndim; ++i) {
+    if (a.shape(i) == 0) fail(ErrorKind::InvalidArgument, std::string(name) + " " + dims_of(a) + " is empty");
+    if (a.shape(i) > (std::uint64_t{1} << 31)) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " " + dims_of(a) + " has a dimension beyond 2^31");
+    }
+    sizes[4 - ndim + i] = static_cast<std::int64_t>(a.shape(i));
+    strides[4 - ndim + i] = a.stride(i);
+  }
+  return Tensor::from_blob(const_cast<void*>(static_cast<const void*>(a.data())), sizes, strides, DType::I32, device);
+}
+
+// A paged call: q [B, H, S, D] (bshd: [B, S, H, D]), k and v the caches
+// [num_pages, Hkv, page_size, D] (vLLM's layout, whatever the layout of q),
+// block_table int32 [B, pages_per_seq], seq_lens int32 [B] each sequence's
+// keys. kv_seq is the longest; with unequal lengths in.kv_lens holds them.
+// A CUDA table and lengths are read back to check them (a synchronisation).
+void prepare_paged(Problem& p, Inputs& in, const In& k, const In& v, const Extras& x, DType dtype) {
+  if (!x.block_table || !x.seq_lens) {
+    fail(ErrorKind::InvalidArgument, "a paged KV cache takes block_table= and seq_lens= together");
+  }
+  in.k_pages = view_of("k_cache", k, false, p.device, dtype);
+  in.v_pages = view_of("v_cache", v, false, p.device, dtype);
+  for (int i = 0; i < 4; ++i)
+    require_same("a dimension of k_cache and v_cache", "k_cache", in.k_pages.size(i), "v_cache", in.v_pages.size(i));
+  in.block_table = index_view("block_table", *x.block_table, 2, p.device);
+  const Tensor lens = index_view("seq_lens", *x.seq_lens, 1, p.device);
+  require_same("batch", "q", p.batch, "block_table", in.block_table.size(2));
+  require_same("batch", "q", p.batch, "seq_lens", lens.size(3));
+  p.kv_heads = in.k_pages.size(1);
+  p.page_size = in.k_pages.size(2);
+  p.kv_cache = KvCache::Paged;
+  require_same("head_dim", "q", p.head_dim, "k_cache", in.k_pages.size(3));
+  DeviceRuntime* rt = p.device == Device::Cpu ? nullptr : &device_runtime(p.device);
+  const Tensor host_lens = rt ? rt->download(lens) : lens;
+  const Tensor host_table = rt ? rt->download(in.block_table) : in.block_table;
+  const std::int64_t capacity = in.block_table.size(3) * p.page_size;
+  std::int64_t longest = 0;
+  bool equal = true;
+  std::vector<std::int32_t> per_seq(static_cast<std::size_t>(p.batch));
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int32_t n = host_lens.data_as<const std::int32_t>()[b * host_lens.stride(3)];
+    if (n < 0 || n > capacity) {
+      fail(ErrorKind::InvalidArgument, "seq_lens[" + std::to_string(b) + "] = " + std::to_string(n) +
+                                           " is outside 0 .. " + std::to_string(capacity) + " (the block table's " +
+                                           std::to_string(in.block_table.size(3)) + " pages of " +
+                                           std::to_string(p.page_size) + " keys)");
+    }
+    per_seq[static_cast<std::size_t>(b)] = n;
+    longest = std::max<std::int64_t>(longest, n);
+    equal &= b == 0 || n == per_seq[0];
+  }
+  if (longest == 0) fail(ErrorKind::InvalidArgument, "seq_lens are all 0: no sequence has a key to attend");
+  p.kv_seq = longest;
+  p.validate_kv_cache();
+  check_block_table_reads(p, host_table, in.k_pages.size(0), equal ? nullptr : per_seq.data());
+  if (!equal) in.kv_lens = lens;
 }
 
 // One call on the caller's arrays: their borrowed views, the problem they
@@ -275,7 +423,7 @@ void set_softcap(Problem& p, std::optional<double> softcap) {
 // whose forward saved its tensors.
 Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
              std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads,
-             bool bshd, Pass pass, bool deterministic, std::optional<double> softcap) {
+             bool bshd, Pass pass, bool deterministic, std::optional<double> softcap, const Extras& x = {}) {
   check_threads(threads);
   const Where wq = where_of("q", q);
   const DType dtype = dtype_of("q", q);
@@ -293,15 +441,18 @@ Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::s
   same_place("k", k);
   same_place("v", v);
   same_place("out", out);
+  const bool paged = x.block_table || x.seq_lens;
+  if (paged && x.attn_mask) {
+    fail(ErrorKind::InvalidArgument,
+         "attn_mask with a paged KV cache: seq_lens says each sequence's keys (and mask= their alignment)");
+  }
+  if (paged && pass != Pass::Forward) {
+    fail(ErrorKind::Unsupported, "a paged KV cache is inference only: no gradients flow into the caches");
+  }
   Inputs in;
   in.q = view_of("q", q, bshd, wq.device, dtype);
-  in.k = view_of("k", k, bshd, wq.device, dtype);
-  in.v = view_of("v", v, bshd, wq.device, dtype);
   Tensor o = view_of("out", out, bshd, wq.device, dtype);
   require_writable_layout("out", o);
-  require_same("batch", "q", in.q.size(0), "k", in.k.size(0));
-  require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
-  for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
   for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
 
   Problem p;
@@ -309,19 +460,40 @@ Call prepare(const In& q, const In& k, const In& v, const Out& out, const std::s
   p.heads = in.q.size(1);
   p.seq = in.q.size(2);
   p.head_dim = in.q.size(3);
-  p.kv_heads = in.k.size(1);
-  p.kv_seq = in.k.size(2);
   p.dtype = dtype;
   p.device = wq.device;
-  set_mask(p, mask);
+  if (paged) {
+    prepare_paged(p, in, k, v, x, dtype);
+  } else {
+    in.k = view_of("k", k, bshd, wq.device, dtype);
+    in.v = view_of("v", v, bshd, wq.device, dtype);
+    require_same("batch", "q", in.q.size(0), "k", in.k.size(0));
+    require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
+    for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
+    p.kv_heads = in.k.size(1);
+    p.kv_seq = in.k.size(2);
+  }
+  Tensor mask_tensor;
+  if (x.attn_mask) {
+    if (!mask.empty()) {
+      fail(ErrorKind::InvalidArgument, "attn_mask and mask='" + mask +
+                                           "' are exclusive: the tensor is the whole mask (leave mask unset, or "
+                                           "fold the causal part into the tensor)");
+    }
+    mask_tensor = mask_view(*x.attn_mask, p.device);
+    p.mask = mask_kind_of("attn_mask", mask_tensor.dtype());
+  } else {
+    set_mask(p, mask.empty() ? std::string("causal") : mask);
+  }
   if (window) set_problem_field(p, "window", std::to_string(*window));
   p.scale = scale;
   p.pass = pass;
   p.deterministic = deterministic;
   set_softcap(p, softcap);
   p.normalize().validate();
+  if (mask_tensor.defined()) attach_mask(p, mask_tensor, in, "attn_mask");
 
-  Backend& b = resolve(p, backend, pass == Pass::Forward ? Use::Inference : Use::Autograd);
+  Backend& b = resolve(p, backend, pass == Pass::Forward ? Use::Inference : Use::Autograd, in.kv_lens.defined());
   DeviceRuntime& rt = device_runtime(p.device, threads);
   return Call{p, std::move(in), std::move(o), &b, RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
 }
@@ -343,8 +515,11 @@ void run(const Call& c, Work&& work) {
 // default). Returns the backend that ran.
 std::string attention(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
                       const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                      std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap) {
-  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap);
+                      std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap,
+                      const std::optional<In>& attn_mask, const std::optional<In>& block_table,
+                      const std::optional<In>& seq_lens) {
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap,
+                   Extras{attn_mask, block_table, seq_lens});
   run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
   return std::string(c.backend->name());
 }
@@ -359,9 +534,9 @@ std::tuple<std::string, Lse> attention_train(const In& q, const In& k, const In&
                                              const std::string& backend, const std::string& mask,
                                              std::optional<std::int64_t> window, std::optional<double> scale,
                                              std::uintptr_t stream, int threads, bool bshd, bool deterministic,
-                                             std::optional<double> softcap) {
-  Call c =
-      prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap);
+                                             std::optional<double> softcap, const std::optional<In>& attn_mask) {
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic,
+                   softcap, Extras{attn_mask, {}, {}});
   Saved saved;
   run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
   auto* held = new Tensor(saved.lse);
@@ -380,9 +555,9 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
                                const Out& dq, const Out& dk, const Out& dv, const std::string& backend,
                                const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                                std::uintptr_t stream, int threads, bool bshd, bool deterministic,
-                               std::optional<double> softcap) {
-  Call c =
-      prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap);
+                               std::optional<double> softcap, const std::optional<In>& attn_mask) {
+  Call c = prepare(q, k, v, out, backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic,
+                   softcap, Extras{attn_mask, {}, {}});
   c.p.pass = Pass::Backward;  // the call itself; planned as the training step it is part of
   const Tensor d_out = c.view_like("dout", dout, c.out, bshd);
   Gradients g{c.view_like("dq", dq, c.in.q, bshd), c.view_like("dk", dk, c.in.k, bshd),
@@ -490,19 +665,22 @@ NB_MODULE(_core, m) {
   m.def("attention", &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
         nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
         nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
-        nb::arg("softcap").none() = nb::none(),
+        nb::arg("softcap").none() = nb::none(), nb::arg("attn_mask").noconvert().none() = nb::none(),
+        nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
         "softmax(scale * q k^T + mask) v into `out`, no copies; returns the backend that ran");
 
   m.def("attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"),
         nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
         nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
+        nb::arg("attn_mask").noconvert().none() = nb::none(),
         "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
   m.def("attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
         nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
         nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::arg("backend"),
         nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"),
         nb::arg("bshd"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
+        nb::arg("attn_mask").noconvert().none() = nb::none(),
         "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
   // The views attention() reads and writes, as (data pointer, sizes, strides)

@@ -14,7 +14,9 @@
 #include <cstdio>
 #include <cstring>
 #include <numbers>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
@@ -23,6 +25,7 @@
 #include "backends/cpu/flash_microkernels.h"
 #include "backends/cpu/flash_tiles.h"
 #include "backends/cpu/ops.h"
+#include "core/mask_lowering.h"
 
 namespace attnprof::cpu {
 
@@ -138,6 +141,23 @@ std::string check_problem(const Problem& p) {
   return {};
 }
 
+std::vector<std::int32_t> kv_lengths(const Problem& p, const Tensor& kv_lens) {
+  if (kv_lens.dtype() != DType::I32 || kv_lens.device() != Device::Cpu || kv_lens.sizes() != Dims{1, 1, 1, p.batch}) {
+    fail(ErrorKind::InvalidArgument, "flash: per-sequence key lengths must be int32 [1, 1, 1, " +
+                                         std::to_string(p.batch) + "] on the CPU; got " + kv_lens.describe());
+  }
+  std::vector<std::int32_t> lens(static_cast<std::size_t>(p.batch));
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const auto len = static_cast<std::int64_t>(kv_lens.data_as<const std::int32_t>()[b * kv_lens.stride(3)]);
+    if (len < 0 || len > p.kv_seq) {
+      fail(ErrorKind::InvalidArgument, "flash: sequence " + std::to_string(b) + " has " + std::to_string(len) +
+                                           " keys, outside 0 .. kv_seq = " + std::to_string(p.kv_seq));
+    }
+    lens[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(len);
+  }
+  return lens;
+}
+
 void require_mask_tensor(const Problem& p, const Inputs& in) {
   if (p.mask == MaskKind::Boolean && !in.mask.defined())
     fail(ErrorKind::InvalidArgument, "flash: a boolean mask problem needs Inputs::mask");
@@ -191,7 +211,24 @@ struct Job {
   bool k_in_place;    // FP32 unit-stride K rows are read where they lie
   bool v_in_place;    // likewise V, when its rows are also whole vectors
   float* lse;         // forward_train: each row's log-sum-exp, contiguous [B, H, S]; null otherwise
+  // Per-sequence key counts (Inputs::kv_lens, or a key-padding mask lowered
+  // to them), [B]; null: every sequence has kv_seq keys.
+  const std::int32_t* kv_lens;
+  bool mask_lowered;  // the Boolean mask is those lengths: never read per element
 };
+
+// Sequence b's keys and its band: with per-sequence lengths the bottom-right
+// alignment (CausalBottomRight, SlidingWindow) is the sequence's own.
+std::int64_t keys_of(const Job& job, std::int64_t b, Band& band) {
+  band = job.band;
+  if (!job.kv_lens) return job.p.kv_seq;
+  const std::int64_t len = job.kv_lens[b];
+  if (job.p.mask == MaskKind::CausalBottomRight || job.p.mask == MaskKind::SlidingWindow) {
+    band.lo += len - job.p.kv_seq;
+    band.hi += len - job.p.kv_seq;
+  }
+  return len;
+}
 
 // Key j's K or V row of sequence b, kv head hk, widened to FP32: from the
 // logical tensor, or with a paged cache from page block_table[b][j / page] at
@@ -267,10 +304,11 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
   std::fill(l, l + kBlockQ, 0.0f);
 
   // The keys any row of this block can see; rows outside it stay all-masked.
-  const Band& band = job.band;
+  Band band;
+  const std::int64_t keys = keys_of(job, b, band);
   const std::int64_t last = i0 + nq - 1;
   const std::int64_t k_begin = band.has_lo ? std::max<std::int64_t>(0, i0 + band.lo) : 0;
-  const std::int64_t k_end = band.has_hi ? std::min(p.kv_seq, last + band.hi + 1) : p.kv_seq;
+  const std::int64_t k_end = band.has_hi ? std::min(keys, last + band.hi + 1) : keys;
   if (k_begin < k_end) pack_q(job, b, h, i0, nq, qcols, qt, st);
 
   const Tensor& K = job.in.k;
@@ -294,7 +332,8 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
 
     const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
     if (straddles) mask_band(band, i0, j0, n, qcols, st);
-    if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(p, job.in, b, h, i0, nq, j0, n, st);
+    if ((p.mask == MaskKind::Boolean && !job.mask_lowered) || p.mask == MaskKind::Bias)
+      mask_tensor(p, job.in, b, h, i0, nq, j0, n, st);
 
     online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
 
@@ -329,8 +368,12 @@ class FlashCpu final : public Backend {
     if (p.pass == Pass::Forward) {
       const std::string paged =
           p.kv_cache == KvCache::Paged ? ", K and V read from their pages through the block table" : "";
+      const std::string lowered =
+          p.mask == MaskKind::Boolean
+              ? ", a key-padding mask lowered to per-sequence key lengths (others read per element)"
+              : "";
       return {.eligible = true,
-              .reason = "tiled online softmax, " + threads + cap + paged + ", never materialises [S, Skv]"};
+              .reason = "tiled online softmax, " + threads + cap + paged + lowered + ", never materialises [S, Skv]"};
     }
     return {.eligible = true,
             .reason = "FlashAttention-2 backward recomputing P from the saved log-sum-exp, " + threads + cap +
@@ -363,7 +406,7 @@ class FlashCpu final : public Backend {
   // The backward recomputes P from the saved log-sum-exp, tile by tile, and
   // adds each key block's dQ under a lock in the order the threads get there.
   Traits traits() const override {
-    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true};
+    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .kv_lens = true};
   }
 
   void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
@@ -397,7 +440,21 @@ class FlashCpu final : public Backend {
       fail(ErrorKind::InvalidArgument,
            "flash: kv_cache=paged without the pages and block table (make_inputs makes them)");
     }
-    if (p.kv_cache == KvCache::Paged) check_block_table(p, in.block_table, in.k_pages.size(0));
+    // Per-sequence lengths: the caller's (kv_lens), and a key-padding mask's,
+    // the shorter of the two.
+    std::vector<std::int32_t> lens;
+    if (in.kv_lens.defined()) lens = kv_lengths(p, in.kv_lens);
+    // The pages each sequence reads (a prefix cache's tables share pages,
+    // and past its pages a row is not read).
+    if (p.kv_cache == KvCache::Paged)
+      check_block_table_reads(p, in.block_table, in.k_pages.size(0), lens.empty() ? nullptr : lens.data());
+    const std::optional<std::vector<std::int32_t>> lowered =
+        p.mask == MaskKind::Boolean ? key_padding_lengths(in.mask) : std::nullopt;
+    if (lowered && lens.empty()) {
+      lens = *lowered;
+    } else if (lowered) {
+      for (std::size_t b = 0; b < lens.size(); ++b) lens[b] = std::min(lens[b], (*lowered)[b]);
+    }
 
     const std::int64_t D = p.head_dim;
     // A paged cache's rows are copied out of their pages (load_kv_row).
@@ -414,7 +471,9 @@ class FlashCpu final : public Backend {
                   .dpad = round_up(D, 8),
                   .k_in_place = in.k.dtype() == DType::F32 && k_unit,
                   .v_in_place = in.v.dtype() == DType::F32 && v_unit && D % 8 == 0,
-                  .lse = lse};
+                  .lse = lse,
+                  .kv_lens = lens.empty() ? nullptr : lens.data(),
+                  .mask_lowered = lowered.has_value()};
 
     const std::int64_t q_blocks = (p.seq + kBlockQ - 1) / kBlockQ;
     const std::int64_t heads = p.batch * p.heads;

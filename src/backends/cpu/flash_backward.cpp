@@ -332,6 +332,9 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
   RecordFunction rf("flash_attention_backward", dtypes_string({&in.q, &in.k, &in.v, &out, &dout}),
                     dims_string(in.q) + ", " + dims_string(in.k) + ", " + dims_string(in.v));
   require_mask_tensor(p, in);
+  // A key-padding mask is read as the tensor it is here (the forward's
+  // lowering only skips work); caller-given lengths are a forward's.
+  require(!in.kv_lens.defined(), "per-sequence key lengths (kv_lens) are taken by the forward only");
   require(lse.defined() && lse.dtype() == DType::F32 && lse.is_contiguous() &&
               lse.sizes() == Dims{p.batch, p.heads, p.seq, 1},
           "the saved log-sum-exp must be FP32 [B, H, S, 1] from flash's forward_train");

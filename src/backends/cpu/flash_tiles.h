@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <numbers>
 #include <string>
+#include <vector>
 
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
@@ -40,6 +41,9 @@ int resolve_threads(int requested);
 // Why the CPU flash backend cannot run `p` (wrong device, invalid problem), or
 // empty when it can.
 std::string check_problem(const Problem& p);
+// Inputs::kv_lens checked (int32 [1, 1, 1, B] on the CPU, each 0 .. kv_seq)
+// and read out.
+std::vector<std::int32_t> kv_lengths(const Problem& p, const Tensor& kv_lens);
 // Throws when a Boolean or Bias problem comes without its tensor.
 void require_mask_tensor(const Problem& p, const Inputs& in);
 

@@ -69,7 +69,9 @@ class Cudnn final : public Backend {
     const bool paged = p.kv_cache == KvCache::Paged;
     if (paged && p.pass != Pass::Forward) return {false, kPagedForwardOnly};
     if (p.mask == MaskKind::Boolean) {
-      return {false, "boolean masks not supported by cuDNN SDPA here (an additive mask=bias is)"};
+      return {false,
+              "boolean masks are not taken by cudnn here: pass the additive float form (0 where True, -inf where "
+              "False, in q's dtype) as attn_mask, which cudnn reads as its bias"};
     }
     try {
       std::lock_guard<std::mutex> lock(mutex_);

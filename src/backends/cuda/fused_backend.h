@@ -48,9 +48,17 @@ class FusedBackend : public Backend {
     if (p.kv_cache == KvCache::Paged && !flash_) {
       return {false, "a paged KV cache is read by flash's decode kernel only (use flash, cudnn, naive or math)"};
     }
-    if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) {
-      return {false, std::string(mask_name(p.mask)) + " masks are not supported by our fused kernel: use naive, math" +
-                         (p.mask == MaskKind::Bias ? " or cudnn" : "")};
+    if (p.mask == MaskKind::Bias) {
+      return {false, "bias masks are not supported by our fused kernel: use cudnn, naive or math"};
+    }
+    // A key-padding mask lowers to per-sequence key lengths
+    // (core/mask_lowering.h), which the CPU flash takes; these kernels do not
+    // yet (the hook FusedParams would gain is described there).
+    if (p.mask == MaskKind::Boolean) {
+      return {false, std::string(name_) +
+                         " on CUDA takes no boolean mask: a key-padding one ([B, 1, 1, Skv], each row a prefix of "
+                         "Trues) is lowered to per-sequence key lengths on the CPU flash only for now; use naive or "
+                         "math, or flash on the CPU"};
     }
     if (std::string why = arch_unsupported_reason(); !why.empty()) return {false, why};
     // A shape-only question: contiguous strides, and an aligned stand-in

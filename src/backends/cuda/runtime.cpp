@@ -141,6 +141,7 @@ class CudaRuntime final : public DeviceRuntime {
     d.k_pages = to_device(host.k_pages);
     d.v_pages = to_device(host.v_pages);
     d.block_table = to_device(host.block_table);
+    d.kv_lens = to_device(host.kv_lens);
     synchronize();  // the host buffers may be freed as soon as we return
     return d;
   }

@@ -1,0 +1,1 @@
+"""attnprof plugged into other libraries' attention hooks (each module imports its library only when used)."""
