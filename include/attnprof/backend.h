@@ -43,7 +43,14 @@ struct Saved {
   // Soft-capped composites: tanh(s / c) of the scaled scores, [B, H, S, Skv]
   // (what autograd keeps for tanh's backward).
   Tensor tanh;
-  std::size_t bytes() const { return probs.nbytes() + lse.nbytes() + tanh.nbytes(); }
+  // A packed batch on the composites: what each sequence's forward saved, in
+  // order (the fused backends save one packed lse instead).
+  std::vector<Saved> sequences;
+  std::size_t bytes() const {
+    std::size_t n = probs.nbytes() + lse.nbytes() + tanh.nbytes();
+    for (const Saved& s : sequences) n += s.bytes();
+    return n;
+  }
 };
 
 // dQ [B, H, S, D]; dK and dV [B, Hkv, Skv, D] (summed over the query heads of
@@ -93,6 +100,9 @@ struct Traits {
   bool softcap = false;
   // Reads Inputs::kv_lens (per-sequence key counts).
   bool kv_lens = false;
+  // Takes a packed (variable-length) batch (Problem::seq_lens); the others are
+  // refused by name in eligibility_of(), as for the soft cap.
+  bool varlen = false;
 };
 
 // Per-call context handed to forward().
@@ -136,9 +146,12 @@ class Backend {
 Eligibility no_backward(std::string_view backend);
 // The reason a backend without soft-capping gives for p.softcap > 0.
 Eligibility no_softcap(std::string_view backend, Device device);
+// The reason a backend without packed batches gives for p.varlen().
+Eligibility no_varlen(std::string_view backend, Device device);
 // b.eligibility(p), with no_backward() for a backward or training pass of a
 // backend that has none, and no_softcap() for a soft cap on a backend whose
-// traits do not take one: what explain() and the runner ask.
+// traits do not take one, and no_varlen() likewise: what explain() and the
+// runner ask.
 Eligibility eligibility_of(const Backend& b, const Problem& p);
 
 // Every backend name in display order: naive, naive_inplace, math, efficient, flash, cudnn.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "attnprof/dtype.h"
 #include "attnprof/mask.h"
@@ -57,6 +58,18 @@ struct Problem {
   // Paged only: keys per page, a power of two. The last page of a sequence
   // is padded when kv_seq is not a multiple (pages round up).
   std::int64_t page_size = 0;
+  // A packed (variable-length) batch, as FlashAttention's varlen functions
+  // take one: empty = dense. Otherwise `batch` sequences, sequence b of
+  // seq_lens[b] queries and kv_seq_lens[b] keys (0 allowed), laid end to end:
+  // Q [total_q, H, D], K and V [total_kv, Hkv, D], held as the 4-d views
+  // [1, H, total_q, D] and [1, Hkv, total_kv, D] (q_dims(), kv_dims()); O,
+  // dO and the gradients likewise, the saved log-sum-exp [1, H, total_q, 1].
+  // seq and kv_seq are max_seqlen_q and max_seqlen_k: at least every length.
+  // The mask applies per sequence (causal, bottom-right and the window at
+  // each sequence's own diagonal); grouped-query heads too. Structural masks
+  // only, contiguous K and V only. kv_seq_lens empty: the same as seq_lens.
+  std::vector<std::int64_t> seq_lens;
+  std::vector<std::int64_t> kv_seq_lens;
 
   // Pages per sequence, ceil(kv_seq / page_size) (0 for a contiguous cache).
   std::int64_t pages_per_seq() const { return page_size > 0 ? (kv_seq + page_size - 1) / page_size : 0; }
@@ -64,12 +77,37 @@ struct Problem {
   // Everything that decides how a problem runs: the plan caches' key.
   auto operator<=>(const Problem&) const = default;
 
-  // Fills kv_heads/kv_seq defaults.
+  // Fills kv_heads/kv_seq defaults (and a packed batch's kv_seq_lens, kv_seq).
   Problem& normalize();
   // Throws Error(InvalidArgument) saying what to change, in field names
   // ("head_dim must be ..."), the fields listed in Error::fields().
   void validate() const;
   void validate_kv_cache() const;  // the kv_cache and page_size part of validate()
+  void validate_varlen() const;    // the seq_lens and kv_seq_lens part of validate()
+
+  // ---- Packed (variable-length) batches; dense problems answer as one ----
+  bool varlen() const { return !seq_lens.empty(); }
+  // Queries and keys of sequence b: seq_lens[b] and kv_seq_lens[b], or seq and kv_seq.
+  std::int64_t seq_len(std::int64_t b) const;
+  std::int64_t kv_seq_len(std::int64_t b) const;
+  // Query rows and key rows of the whole batch: the packed tensors' lengths
+  // (batch * seq and batch * kv_seq when dense).
+  std::int64_t total_q() const;
+  std::int64_t total_kv() const;
+  // The cumulative lengths, batch + 1 entries from 0 (cu_seqlens_q, _k):
+  // sequence b's rows start at [b] in the packed tensor.
+  std::vector<std::int64_t> cu_seqlens_q() const;
+  std::vector<std::int64_t> cu_seqlens_k() const;
+  // Sequence b alone as a dense problem (batch 1, its lengths as seq and
+  // kv_seq, everything else p's); the per-sequence loops run it.
+  Problem sequence(std::int64_t b) const;
+  // The dense batch a padded call would run: batch sequences of seq and
+  // kv_seq; p itself when dense.
+  Problem padded() const;
+  // Q's (and O's) and K's (and V's) 4-d sizes: [B, H, S, D] and
+  // [B, Hkv, Skv, D], or the packed [1, H, total_q, D] and [1, Hkv, total_kv, D].
+  Dims q_dims() const;
+  Dims kv_dims() const;
 
   double softmax_scale() const;
   std::int64_t group() const { return heads / kv_heads; }
@@ -80,9 +118,11 @@ struct Problem {
   // read their tensors.
   bool visible(std::int64_t i, std::int64_t j) const;
   // Number of visible (query, key) pairs per head for structural masks,
-  // seq*kv_seq for Boolean and Bias.
+  // seq*kv_seq for Boolean and Bias. A packed batch: the sum over its
+  // sequences, each at its own lengths (the whole batch's pairs per head).
   std::int64_t visible_pairs() const;
-  // Matrix-product FLOPs of one forward: 4 * B * H * visible pairs * D.
+  // Matrix-product FLOPs of one forward: 4 * B * H * visible pairs * D
+  // (4 * H * visible pairs * D for a packed batch: exact per sequence).
   double forward_flops() const;
   // FLOPs of one call of the pass: the forward's, 2.5x it for the backward
   // (five matrix products to the forward's two), 3.5x for a training step.
@@ -93,6 +133,7 @@ struct Problem {
   // Key (and value) rows some query sees: the rows a kernel must read. All
   // kv_seq of them unless a structural mask hides some from every query (a
   // sliding window over a long cache; a top-left causal mask with kv_seq > seq).
+  // A packed batch: the sum over its sequences.
   std::int64_t kv_rows_read() const;
   // The least one call of the pass must move through memory, in bytes: each
   // tensor read or written once, no re-reads, no scratch (the roofline's
@@ -111,7 +152,8 @@ struct Problem {
   // The row log-sum-exp a fused forward saves for the backward: FP32, one per
   // (batch, head, query row).
   std::size_t lse_bytes() const;
-  // Rows whose every key is masked (structural masks only).
+  // Rows whose every key is masked (structural masks only); per (batch, head),
+  // or summed over a packed batch's sequences.
   std::int64_t fully_masked_rows() const;
 
   // "8_16_1024_64": the file-name stem.
@@ -119,7 +161,8 @@ struct Problem {
   // The stem of the files a run writes: shape_key(), then the pass when it is
   // not the forward, the soft cap and the paged cache, so that runs of one
   // shape with another pass, cap or cache do not overwrite each other
-  // ("8_16_1024_64_backward", "8_16_1024_64_softcap30").
+  // ("8_16_1024_64_backward", "8_16_1024_64_softcap30"); a packed batch adds
+  // "_varlen", its query rows and a hash of its lengths.
   std::string file_stem() const;
   std::string describe() const;  // "batch 8, heads 16, seq 1024, head_dim 64, bf16, causal on cuda"
   std::size_t q_bytes() const;
@@ -128,5 +171,17 @@ struct Problem {
   // plus its share of the block table; 0 for a contiguous cache.
   std::size_t kv_page_bytes() const;
 };
+
+// A packed batch of `base`'s heads, head_dim, dtype, mask ...: sequence b has
+// seq_lens[b] queries and kv_seq_lens[b] keys (empty: seq_lens), batch their
+// count, seq and kv_seq their maxima. Not validated here.
+Problem varlen_problem(Problem base, std::vector<std::int64_t> seq_lens, std::vector<std::int64_t> kv_seq_lens = {});
+
+// Per-sequence lengths from FlashAttention's cumulative lengths (`name`:
+// "cu_seqlens_q" in messages): n >= 2 entries starting at 0, never
+// decreasing, the last equal to `total` (the packed tensor's rows). Throws
+// Error(InvalidArgument) with one line saying which entry is wrong.
+std::vector<std::int64_t> lengths_from_cu_seqlens(const std::int32_t* cu, std::size_t n, std::int64_t total,
+                                                  std::string_view name);
 
 }  // namespace attnprof

@@ -34,7 +34,8 @@ std::optional<Device> parse_device(std::string_view name);
 // finishes well inside a minute on a few cores.
 std::int64_t default_batch(Device d);
 std::int64_t default_heads(Device d);
-// Fills batch and heads left 0 with the device's defaults. Only front ends
+// Fills batch and heads left 0 with the device's defaults (a packed batch's
+// batch: its count of sequences). Only front ends
 // call it, where 0 means "not given"; a Problem read off arrays never does.
 Problem& fill_device_defaults(Problem& p);
 
@@ -52,7 +53,9 @@ double parse_real(std::string_view field, std::string_view text);
 // positive; 0 is not a value a user gives (it stands for "the default").
 // Names take every spelling parse_dtype, parse_device, parse_mask,
 // parse_pass and parse_kv_cache do; deterministic takes true or false;
-// softcap a positive real (0, "no cap", is given by leaving it out).
+// softcap a positive real (0, "no cap", is given by leaving it out);
+// seq_lens and kv_seq_lens a comma-separated list of lengths ("512,1024,7",
+// each 0 or more), which also sets seq (kv_seq) to their maximum.
 // Throws Error(InvalidArgument) naming the field, and for a name the
 // accepted ones. Problem::validate() still checks the whole problem.
 void set_problem_field(Problem& p, std::string_view field, std::string_view text);

@@ -13,7 +13,9 @@ namespace attnprof {
 
 // Fresh random inputs on the CPU (never zeros): uniform in [-1, 1) rounded to
 // the dtype, in the given layout. `bshd` lays the buffers out as
-// [batch, seq, heads, head_dim] and returns [B, H, S, D] views of them.
+// [batch, seq, heads, head_dim] and returns [B, H, S, D] views of them. A
+// packed batch (p.varlen()) is always laid out as FlashAttention's varlen
+// functions take it, [total, H, D], viewed as p.q_dims() and p.kv_dims().
 Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, bool bshd = false);
 
 // With p.kv_cache == Paged, also the paged copies of K and V and their block
@@ -37,7 +39,9 @@ void check_block_table_reads(const Problem& p, const Tensor& block_table, std::i
 // Which (batch, head, query row) triples to check: all of them for small
 // problems, an even sample of at most `max_rows` otherwise.
 struct RowSample {
-  std::vector<std::int64_t> rows;  // flattened b * H * S + h * S + i
+  // flattened b * H * S + h * S + i; for a packed batch S is the maximum,
+  // seq, and only rows i < seq_len(b) are sampled
+  std::vector<std::int64_t> rows;
 };
 RowSample sample_rows(const Problem& p, std::int64_t max_rows);
 
@@ -50,7 +54,8 @@ struct ErrorStats {
   std::int64_t rows_checked = 0;
 };
 
-// Compares a CPU [B, H, S, D] output with the float64 reference on the sampled
+// Compares a CPU [B, H, S, D] output (p.q_dims(): packed for a packed batch,
+// each sequence against its own keys) with the float64 reference on the sampled
 // rows. A fully masked row's reference is zeros (the NaN-safe convention).
 ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Tensor& out, const RowSample& rows);
 
@@ -60,7 +65,8 @@ ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Ten
 // in [-1, 1) like the inputs (a different stream of the same generator).
 Tensor make_dout(const Problem& p, std::uint64_t seed, Allocator& allocator);
 
-// Key/value rows to check dK and dV on, flattened b * Hkv * Skv + hk * Skv + j:
+// Key/value rows to check dK and dV on, flattened b * Hkv * Skv + hk * Skv + j
+// (Skv the maximum kv_seq of a packed batch, j < kv_seq_len(b)):
 // every row of small problems; otherwise rows spread over at most a few
 // (batch, kv head) pairs (each pair costs a pass over all its query rows),
 // always with each pair's first and last key (the causal edges).

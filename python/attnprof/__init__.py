@@ -86,7 +86,8 @@ def _is_torch(x) -> bool:
 def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int | None = None,
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
               deterministic: bool = False, softcap: float | None = None, attn_mask=None, block_table=None,
-              seq_lens=None):
+              seq_lens=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
+              max_seqlen_k: int | None = None):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
 
     mask names a structural mask ("none", "causal", "causal_bottom_right",
@@ -108,6 +109,14 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     Unequal seq_lens run on flash on the CPU; backends with one length for
     every sequence refuse them by name. A CUDA block table and lengths are
     read back once per call to check them.
+
+    A packed (variable-length) batch, as flash_attn_varlen_func takes one:
+    q [total_q, H, D], k and v [total_k, Hkv, D], cu_seqlens_q and
+    cu_seqlens_k the int32 cumulative lengths (batch + 1 entries from 0, on
+    q's device), max_seqlen_q/_k at least every length (None: the longest).
+    The mask applies per sequence (causal, causal-bottom-right and the window
+    at each sequence's own diagonal); layout is ignored. The CPU backends take
+    it, forward and autograd backward; others refuse it by name.
 
     softcap=c soft-caps the scaled scores before the mask, s -> tanh(s / c) * c
     (Gemma-2's logits): the CPU backends take it, others refuse it by name;
@@ -140,6 +149,15 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
                     ("block_table", block_table), ("seq_lens", seq_lens)):
         if getattr(getattr(x, "dtype", None), "kind", None) == "O":
             raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if attn_mask is not None or block_table is not None or seq_lens is not None:
+            raise Error("a packed batch (cu_seqlens_q, cu_seqlens_k) takes structural masks only: no attn_mask, "
+                        "block_table or seq_lens")
+        return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend,
+                                 mask or "causal",
+                                 window, scale, out, threads, deterministic, softcap)
+    if max_seqlen_q is not None or max_seqlen_k is not None:
+        raise Error("max_seqlen_q and max_seqlen_k go with cu_seqlens_q and cu_seqlens_k (a packed batch)")
     if _is_torch(q):
         from . import _torch
 
@@ -156,6 +174,33 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         raise Error(not_an_array(e)) from None
     except BaseException:
         del out  # a refused call leaves nothing allocated, even while the traceback lives
+        raise
+    return out
+
+
+def _attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, out, threads, deterministic,
+                      softcap):
+    """attention() on a packed batch: both cumulative lengths, the maxima checked as whole numbers."""
+    if cu_q is None or cu_k is None:
+        raise Error("a packed batch needs both cu_seqlens_q and cu_seqlens_k")
+    max_q = _whole("max_seqlen_q", max_q, _INT64, optional=True)
+    max_k = _whole("max_seqlen_k", max_k, _INT64, optional=True)
+    if _is_torch(q):
+        from . import _torch
+
+        return _torch.attention_varlen(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                                       max_seqlen_k=max_k, backend=backend, mask=mask, window=window, scale=scale,
+                                       out=out, threads=threads, deterministic=deterministic, softcap=softcap)
+    if out is None:
+        out = _empty_like(q)
+    try:
+        _core.attention_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, 0, threads,
+                               softcap)
+    except TypeError as e:
+        del out
+        raise Error(not_an_array(e)) from None
+    except BaseException:
+        del out
         raise
     return out
 
@@ -203,8 +248,21 @@ def torch_ops():
 _D = _core.defaults()
 
 
+def _lengths(name: str, lens):
+    """A packed batch's lengths as the library's text ("512,1024,7"), each a whole number; None: dense."""
+    if lens is None:
+        return None
+    try:
+        items = list(lens)
+    except TypeError:
+        raise Error(f"{name} must be a list of whole numbers, got {type(lens).__name__} {lens!r}") from None
+    if not items:
+        raise Error(f"{name} is empty: give one length per sequence")
+    return ",".join(str(_whole(f"{name}[{i}]", n, _INT64)) for i, n in enumerate(items))
+
+
 def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
-             softcap=None):
+             softcap=None, seq_lens=None, kv_seq_lens=None):
     batch, heads = (_whole(n, v, _INT64, optional=True) for n, v in (("batch", batch), ("heads", heads)))
     seq, head_dim = (_whole(n, v, _INT64) for n, v in (("seq", seq), ("head_dim", head_dim)))
     kv_heads = _whole("kv_heads", kv_heads, _INT64, optional=True)
@@ -213,7 +271,8 @@ def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv
     scale = _real("scale", scale)
     return _core.Problem(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, kv_seq=kv_seq, head_dim=head_dim,
                          dtype=dtype, device=device, mask=mask, window=window, scale=scale, pass_=pass_,
-                         deterministic=deterministic, softcap=_real("softcap", softcap))
+                         deterministic=deterministic, softcap=_real("softcap", softcap),
+                         seq_lens=_lengths("seq_lens", seq_lens), kv_seq_lens=_lengths("kv_seq_lens", kv_seq_lens))
 
 
 def _run_args(seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit):
@@ -238,15 +297,18 @@ def compare(*, batch: int | None = None, heads: int | None = None, seq: int = _D
             check_rows: int = _D["check_rows"], schedule: tuple[int, int, int, int] = _D["schedule"],
             unprofiled_calls: int = _D["unprofiled_calls"], expect: dict[str, int] | None = None,
             sort_by: str = _D["sort_by"], row_limit: int = _D["row_limit"], pass_: str = _D["pass_"],
-            deterministic: bool = False, softcap: float | None = None) -> Report:
+            deterministic: bool = False, softcap: float | None = None, seq_lens: list[int] | None = None,
+            kv_seq_lens: list[int] | None = None) -> Report:
     """`attnprof compare` as a call: every eligible backend (or `backends`) profiled on one problem.
 
     schedule is (wait, warmup, active, repeat) steps, as --wait/--warmup/--active/--repeat.
     pass_ is --pass (forward, backward or train), deterministic --deterministic, softcap --softcap
     (Gemma-2's tanh(s / c) * c on the scaled scores; None: no cap, and 0 or less is refused).
+    seq_lens (kv_seq_lens) is --seq-lens (--kv-seq-lens): a packed batch of these lengths, batch their
+    count and seq their maximum; the findings say what share of the padded batch's FLOPs it needs.
     """
     p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
-                 softcap)
+                 softcap, seq_lens, kv_seq_lens)
     seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
         seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
     rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
@@ -262,10 +324,14 @@ def profile(backend: str = "auto", *, batch: int | None = None, heads: int | Non
             check_rows: int = _D["check_rows"], schedule: tuple[int, int, int, int] = _D["schedule"],
             unprofiled_calls: int = _D["unprofiled_calls"], expect: dict[str, int] | None = None,
             sort_by: str = _D["sort_by"], row_limit: int = _D["row_limit"], pass_: str = _D["pass_"],
-            deterministic: bool = False, softcap: float | None = None) -> Report:
-    """`attnprof profile --backend B` as a call: one backend ("auto" picks one); its key-averages table in .table."""
+            deterministic: bool = False, softcap: float | None = None, seq_lens: list[int] | None = None,
+            kv_seq_lens: list[int] | None = None) -> Report:
+    """`attnprof profile --backend B` as a call: one backend ("auto" picks one); its key-averages table in .table.
+
+    seq_lens and kv_seq_lens make a packed batch, as compare's do.
+    """
     p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
-                 softcap)
+                 softcap, seq_lens, kv_seq_lens)
     seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
         seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
     rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
@@ -277,8 +343,12 @@ def explain(*, batch: int | None = None, heads: int | None = None, seq: int = _D
             head_dim: int = _D["head_dim"], dtype: str = _D["dtype"], device: str = "cpu", mask: str = _D["mask"],
             window: int | None = None, scale: float | None = None, kv_heads: int | None = None,
             kv_seq: int | None = None, threads: int = _D["threads"], pass_: str = _D["pass_"],
-            deterministic: bool = False, softcap: float | None = None) -> Explanation:
-    """`attnprof explain` as a call: which backends can take the problem and why, and what auto picks."""
+            deterministic: bool = False, softcap: float | None = None, seq_lens: list[int] | None = None,
+            kv_seq_lens: list[int] | None = None) -> Explanation:
+    """`attnprof explain` as a call: which backends can take the problem and why, and what auto picks.
+
+    seq_lens and kv_seq_lens make a packed batch, as compare's do.
+    """
     p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
-                 softcap)
+                 softcap, seq_lens, kv_seq_lens)
     return Explanation(*_core.explain(p, _whole("threads", threads)))

@@ -196,3 +196,124 @@ def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, de
         del out  # a refused call leaves nothing allocated, even while the traceback lives
         raise
     return out
+
+
+# ---- Packed (variable-length) batches: flash_attn_varlen_func's arguments.
+# q [total_q, H, D], k and v [total_k, Hkv, D], int32 cu_seqlens on q's device.
+
+def _varlen_run(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, threads=0, softcap=None):
+    _core.attention_varlen(*_dlpack(q, k, v, out, cu_q, cu_k), max_q, max_k, backend, mask, window, scale,
+                           _stream_of(q), threads, softcap)
+
+
+@torch.library.custom_op("attnprof::attention_varlen", mutates_args=(), device_types=("cpu", "cuda"))
+def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+               backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
+               scale: Optional[float] = None, softcap: Optional[float] = None) -> torch.Tensor:
+    """Attention over a packed batch; out has q's shape [total_q, H, D]."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _varlen_run(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window, scale,
+                softcap=softcap)
+    return out
+
+
+@_varlen_op.register_fake
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, backend="auto",
+                 mask="causal", window=None, scale=None, softcap=None):
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("attnprof::attention_varlen_train", mutates_args=(), device_types=("cpu", "cuda"))
+def _varlen_train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int] = None,
+                     max_seqlen_k: Optional[int] = None, backend: str = "auto", mask: str = "causal",
+                     window: Optional[int] = None, scale: Optional[float] = None, deterministic: bool = False,
+                     softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed training forward: (out, the FP32 [H, total_q] log-sum-exp the backward reads)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _, lse = _core.attention_varlen_train(*_dlpack(q, k, v, out, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
+                                          max_seqlen_k, backend, mask, window, scale, _stream_of(q), 0, deterministic,
+                                          softcap)
+    return out, torch.from_dlpack(lse)
+
+
+@_varlen_train_op.register_fake
+def _varlen_train_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, backend="auto",
+                       mask="causal", window=None, scale=None, deterministic=False, softcap=None):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("attnprof::attention_varlen_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def _varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                        max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+                        backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
+                        scale: Optional[float] = None, deterministic: bool = False,
+                        softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of attention_varlen_train's call for the upstream gradient dout."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _core.attention_varlen_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k),
+                                    max_seqlen_q, max_seqlen_k, backend, mask, window, scale, _stream_of(q), 0,
+                                    deterministic, softcap)
+    return dq, dk, dv
+
+
+@_varlen_backward_op.register_fake
+def _varlen_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                          backend="auto", mask="causal", window=None, scale=None, deterministic=False, softcap=None):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_varlen_train(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = args
+
+
+def _varlen_train_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attnprof.attention_varlen_backward(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k,
+                                                             *ctx.args)
+    return (dq, dk, dv, None, None) + (None,) * len(ctx.args)
+
+
+torch.library.register_autograd("attnprof::attention_varlen_train", _varlen_train_backward,
+                                setup_context=_setup_varlen_train)
+torch.library.register_autograd("attnprof::attention_varlen", _no_backward, setup_context=_setup_context)
+
+
+def attention_varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window,
+                     scale, out, threads, deterministic=False, softcap=None):
+    for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + (
+            (("out", out),) if out is not None else ()):
+        if not isinstance(t, torch.Tensor):
+            raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        if out is not None:
+            raise Error("out= is not supported when gradients are needed: use the returned tensor")
+        return torch.ops.attnprof.attention_varlen_train(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                         max_seqlen_k, backend, mask, window, scale, deterministic,
+                                                         softcap)[0]
+    if _is_compiling():
+        if out is not None:
+            raise Error("out= is not supported under torch.compile: use the returned tensor")
+        return torch.ops.attnprof.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                   backend, mask, window, scale, softcap)
+    if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    try:
+        _varlen_run(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window,
+                    scale, threads, softcap)
+    except TypeError as e:
+        del out
+        from . import not_an_array
+
+        raise Error(not_an_array(e)) from None
+    except BaseException:
+        del out
+        raise
+    return out

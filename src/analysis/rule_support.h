@@ -119,4 +119,7 @@ std::vector<Finding> load_imbalance(const RuleInput& in);
 std::vector<Finding> bound(const RuleInput& in);
 std::vector<Finding> split_kv(const RuleInput& in);
 
+// A packed batch's FLOPs against the padded batch's (rules_varlen.cpp).
+std::vector<Finding> packed_batch(const RuleInput& in);
+
 }  // namespace attnprof::analysis

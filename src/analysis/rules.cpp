@@ -709,6 +709,7 @@ constexpr Rule kRules[] = {
     {"cpu-bound", Severity::Warning, cpu_bound},
     {"launch-bound", Severity::Warning, launch_bound},
     {"bound", Severity::Info, bound},
+    {"packed-batch", Severity::Info, packed_batch},
     {"comm-overlap", Severity::Info, comm_overlap},
     {"rank-wait", Severity::Info, rank_wait},
     {"load-imbalance", Severity::Info, load_imbalance},

@@ -45,6 +45,8 @@ constexpr FieldFlag kFieldFlags[] = {
     {"kv_cache", "--kv-cache", true},
     {"page_size", "--page-size", true},
     {"mask_file", "--mask-file"},
+    {"seq_lens", "--seq-lens", true},
+    {"kv_seq_lens", "--kv-seq-lens", true},
     {"layout", "--layout"},
     {"backend", "--backend"},
     {"backends", "--backends"},
@@ -112,6 +114,19 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
   --mask-file PATH     a .npy mask instead of --mask: bool (True attends) or
                        float (an additive bias), shape broadcastable to
                        [batch, heads, seq, kv-seq] (numpy.save writes one)
+  --seq-lens L,L,...   a packed (variable-length) batch, as FlashAttention's
+                       varlen functions take one: one query length per
+                       sequence (0 allowed), the sequences laid end to end as
+                       [total, heads, head_dim]; --batch becomes their count and
+                       --seq their maximum. The mask applies per sequence (causal
+                       and the window at each one's own diagonal). The table and
+                       the findings say what share of the padded batch's FLOPs
+                       it needs. On the CPU (flash, naive, naive_inplace, math),
+                       refused by name elsewhere; structural masks only
+  --kv-seq-lens L,...  each sequence's key/value length with --seq-lens
+                       (default: the same as --seq-lens); with
+                       --mask causal-bottom-right each sequence's diagonal
+                       ends at its last key
   --scale X            softmax scale                      (default 1/sqrt(head_dim))
   --softcap C          soft-cap the scaled scores before the mask, as
                        Gemma-2 does: s -> tanh(s / C) * C, so no score
@@ -313,6 +328,7 @@ trace: open it in Perfetto or chrome://tracing), .txt (the table) and .summary.j
 
 Examples:
   attnprof compare --device cpu --seq 2048 --mask causal
+  attnprof compare --device cpu --seq-lens 512,1024,64,2048 --backends flash,math
   attnprof analyze run.pt.trace.json.gz
   attnprof diff before.json after.json
 )";
@@ -515,8 +531,8 @@ Options parse(int argc, char** argv) {
        }},
   };
   flags.insert(run_flags.begin(), run_flags.end());
-  static const char* kShapeFlags[] = {"--batch", "--heads", "--seq",    "--head-dim",
-                                      "--dtype", "--mask",  "--kv-seq", "--kv-heads"};
+  static const char* kShapeFlags[] = {"--batch", "--heads",  "--seq",      "--head-dim", "--dtype",
+                                      "--mask",  "--kv-seq", "--kv-heads", "--seq-lens", "--kv-seq-lens"};
   bool mask_given = false;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <sstream>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -79,20 +80,86 @@ std::size_t sum(std::initializer_list<std::size_t> parts) {
   return n;
 }
 
+// One sequence's mask geometry: a dense problem's, or one sequence of a packed batch.
+struct Geometry {
+  MaskKind mask;
+  std::int64_t window, seq, kv_seq;
+};
+
+Geometry geometry(const Problem& p, std::int64_t b) { return {p.mask, p.window, p.seq_len(b), p.kv_seq_len(b)}; }
+
+bool structural_only(MaskKind m) { return m != MaskKind::None && m != MaskKind::Boolean && m != MaskKind::Bias; }
+
 // First and last visible key of query row i (inclusive), before clamping.
-std::pair<std::int64_t, std::int64_t> key_range(const Problem& p, std::int64_t i) {
-  switch (p.mask) {
+std::pair<std::int64_t, std::int64_t> key_range(const Geometry& g, std::int64_t i) {
+  const std::int64_t offset = g.kv_seq - g.seq;  // the bottom-right diagonal
+  switch (g.mask) {
     case MaskKind::Causal:
       return {0, i};
     case MaskKind::CausalBottomRight:
-      return {0, i + p.diagonal_offset()};
+      return {0, i + offset};
     case MaskKind::SlidingWindow: {
-      const std::int64_t hi = i + p.diagonal_offset();
-      return {hi - p.window + 1, hi};
+      const std::int64_t hi = i + offset;
+      return {hi - g.window + 1, hi};
     }
     default:
-      return {0, p.kv_seq - 1};
+      return {0, g.kv_seq - 1};
   }
+}
+
+std::int64_t visible_pairs_of(const Geometry& g) {
+  if (!structural_only(g.mask)) return g.seq * g.kv_seq;
+  std::int64_t total = 0;
+  for (std::int64_t i = 0; i < g.seq; ++i) {
+    const auto [lo, hi] = key_range(g, i);
+    const std::int64_t a = std::max<std::int64_t>(lo, 0), b = std::min(hi, g.kv_seq - 1);
+    if (b >= a) total += b - a + 1;
+  }
+  return total;
+}
+
+std::int64_t fully_masked_rows_of(const Geometry& g) {
+  if (!structural_only(g.mask)) return 0;
+  std::int64_t rows = 0;
+  for (std::int64_t i = 0; i < g.seq; ++i) {
+    const auto [lo, hi] = key_range(g, i);
+    if (std::min(hi, g.kv_seq - 1) < std::max<std::int64_t>(lo, 0)) ++rows;
+  }
+  return rows;
+}
+
+std::int64_t kv_rows_read_of(const Geometry& g) {
+  if (!structural_only(g.mask)) return g.kv_seq;
+  // Each row's keys are one range, and the ranges of consecutive rows move
+  // by at most one key: their union is one range too.
+  std::int64_t first = g.kv_seq, last = -1;
+  for (std::int64_t i = 0; i < g.seq; ++i) {
+    const auto [lo, hi] = key_range(g, i);
+    const std::int64_t a = std::max<std::int64_t>(lo, 0), b = std::min(hi, g.kv_seq - 1);
+    if (b < a) continue;
+    first = std::min(first, a);
+    last = std::max(last, b);
+  }
+  return last >= first ? last - first + 1 : 0;
+}
+
+// A count over a packed batch's sequences, or the dense problem's one.
+template <class Of>
+std::int64_t over_sequences(const Problem& p, Of of) {
+  if (!p.varlen()) return of(geometry(p, 0));
+  std::int64_t total = 0;
+  for (std::int64_t b = 0; b < p.batch; ++b) total += of(geometry(p, b));
+  return total;
+}
+
+std::int64_t max_of(const std::vector<std::int64_t>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+std::int64_t sum_of(const std::vector<std::int64_t>& v) {
+  std::int64_t n = 0;
+  for (const std::int64_t x : v) n += x;
+  return n;
 }
 
 }  // namespace
@@ -128,7 +195,8 @@ std::string_view mask_choices() { return "none, causal, causal-bottom-right, sli
 
 Problem& Problem::normalize() {
   if (kv_heads == 0) kv_heads = heads;
-  if (kv_seq == 0) kv_seq = seq;
+  if (varlen() && kv_seq_lens.empty()) kv_seq_lens = seq_lens;
+  if (kv_seq == 0) kv_seq = varlen() ? max_of(kv_seq_lens) : seq;
   return *this;
 }
 
@@ -182,6 +250,7 @@ void Problem::validate() const {
            {"deterministic"});
   }
   validate_kv_cache();
+  validate_varlen();
   if (scale && (!std::isfinite(*scale) || *scale == 0.0)) refuse("scale must be a finite, non-zero number", {"scale"});
   // 0 is no cap; a Problem built in code can still hold a negative or a NaN.
   if (!std::isfinite(softcap) || softcap < 0) {
@@ -225,36 +294,117 @@ void Problem::validate_kv_cache() const {
   }
 }
 
+// A packed batch: a length per sequence for queries and keys, none negative,
+// the maxima within seq and kv_seq (max_seqlen_q, max_seqlen_k), some query
+// and some key in all; a structural mask and a contiguous cache.
+void Problem::validate_varlen() const {
+  if (!varlen()) {
+    if (!kv_seq_lens.empty()) {
+      refuse("kv_seq_lens needs seq_lens (a packed batch's query lengths)", {"kv_seq_lens", "seq_lens"});
+    }
+    return;
+  }
+  const std::vector<std::int64_t>& kv = kv_seq_lens.empty() ? seq_lens : kv_seq_lens;
+  for (const auto& [lens, field, max_field, max] :
+       {std::tuple{&seq_lens, "seq_lens", "seq", seq}, std::tuple{&kv, "kv_seq_lens", "kv_seq", kv_seq}}) {
+    if (static_cast<std::int64_t>(lens->size()) != batch) {
+      refuse(std::string(field) + " has " + std::to_string(lens->size()) + " lengths but batch is " +
+                 std::to_string(batch) + " (one length per sequence)",
+             {field, "batch"});
+    }
+    for (std::size_t b = 0; b < lens->size(); ++b) {
+      const std::int64_t n = (*lens)[b];
+      if (n < 0) {
+        refuse(std::string(field) + "[" + std::to_string(b) + "] is " + std::to_string(n) + ": lengths are 0 or more",
+               {field});
+      }
+      if (n > max) {
+        refuse(std::string(max_field) + " (the maximum length) is " + std::to_string(max) + ", smaller than " + field +
+                   "[" + std::to_string(b) + "] = " + std::to_string(n),
+               {max_field, field});
+      }
+    }
+    if (sum_of(*lens) <= 0) refuse(std::string(field) + " are all 0: the packed batch has no rows", {field});
+  }
+  if (mask == MaskKind::Boolean || mask == MaskKind::Bias) {
+    refuse(
+        "a packed batch (seq_lens) takes structural masks only (none, causal, causal-bottom-right, "
+        "sliding-window): its mask is per sequence",
+        {"seq_lens", "mask"});
+  }
+  if (kv_cache == KvCache::Paged) {
+    refuse("a packed batch (seq_lens) reads a contiguous K and V: use kv_cache=contiguous", {"seq_lens"});
+  }
+}
+
 double Problem::softmax_scale() const { return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
 
 bool Problem::visible(std::int64_t i, std::int64_t j) const {
-  const auto [lo, hi] = key_range(*this, i);
+  const auto [lo, hi] = key_range(geometry(*this, 0), i);
   return j >= lo && j <= hi;
 }
 
-std::int64_t Problem::visible_pairs() const {
-  if (mask == MaskKind::None || mask == MaskKind::Boolean || mask == MaskKind::Bias) return seq * kv_seq;
-  std::int64_t total = 0;
-  for (std::int64_t i = 0; i < seq; ++i) {
-    const auto [lo, hi] = key_range(*this, i);
-    const std::int64_t a = std::max<std::int64_t>(lo, 0), b = std::min(hi, kv_seq - 1);
-    if (b >= a) total += b - a + 1;
-  }
-  return total;
+std::int64_t Problem::visible_pairs() const { return over_sequences(*this, visible_pairs_of); }
+
+std::int64_t Problem::fully_masked_rows() const { return over_sequences(*this, fully_masked_rows_of); }
+
+std::int64_t Problem::seq_len(std::int64_t b) const { return varlen() ? seq_lens[static_cast<std::size_t>(b)] : seq; }
+
+std::int64_t Problem::kv_seq_len(std::int64_t b) const {
+  if (!varlen()) return kv_seq;
+  const std::vector<std::int64_t>& kv = kv_seq_lens.empty() ? seq_lens : kv_seq_lens;
+  return kv[static_cast<std::size_t>(b)];
 }
 
-std::int64_t Problem::fully_masked_rows() const {
-  if (mask == MaskKind::None || mask == MaskKind::Boolean || mask == MaskKind::Bias) return 0;
-  std::int64_t rows = 0;
-  for (std::int64_t i = 0; i < seq; ++i) {
-    const auto [lo, hi] = key_range(*this, i);
-    if (std::min(hi, kv_seq - 1) < std::max<std::int64_t>(lo, 0)) ++rows;
-  }
-  return rows;
+std::int64_t Problem::total_q() const { return varlen() ? sum_of(seq_lens) : batch * seq; }
+
+std::int64_t Problem::total_kv() const {
+  if (!varlen()) return batch * kv_seq;
+  return sum_of(kv_seq_lens.empty() ? seq_lens : kv_seq_lens);
+}
+
+std::vector<std::int64_t> Problem::cu_seqlens_q() const {
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t b = 0; b < batch; ++b) cu.push_back(cu.back() + seq_len(b));
+  return cu;
+}
+
+std::vector<std::int64_t> Problem::cu_seqlens_k() const {
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t b = 0; b < batch; ++b) cu.push_back(cu.back() + kv_seq_len(b));
+  return cu;
+}
+
+Problem Problem::sequence(std::int64_t b) const {
+  Problem s = *this;
+  s.seq_lens.clear();
+  s.kv_seq_lens.clear();
+  s.batch = 1;
+  s.seq = seq_len(b);
+  s.kv_seq = kv_seq_len(b);
+  return s;
+}
+
+Problem Problem::padded() const {
+  Problem s = *this;
+  s.seq_lens.clear();
+  s.kv_seq_lens.clear();
+  return s;
+}
+
+Dims Problem::q_dims() const {
+  return varlen() ? Dims{1, heads, total_q(), head_dim} : Dims{batch, heads, seq, head_dim};
+}
+
+Dims Problem::kv_dims() const {
+  const std::int64_t hk = kv_heads == 0 ? heads : kv_heads;
+  return varlen() ? Dims{1, hk, total_kv(), head_dim} : Dims{batch, hk, kv_seq == 0 ? seq : kv_seq, head_dim};
 }
 
 double Problem::forward_flops() const {
-  return 4.0 * static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(visible_pairs()) *
+  // A packed batch's visible pairs already sum its sequences.
+  const double sequences = varlen() ? 1.0 : static_cast<double>(batch);
+  return 4.0 * sequences * static_cast<double>(heads) * static_cast<double>(visible_pairs()) *
          static_cast<double>(head_dim);
 }
 
@@ -273,22 +423,9 @@ std::size_t Problem::gradient_bytes() const {
   return pass == Pass::Forward ? 0 : sum({q_bytes(), q_bytes(), kv_bytes(), kv_bytes()});
 }
 
-std::size_t Problem::lse_bytes() const { return bytes_of({batch, heads, seq}, sizeof(float)); }
+std::size_t Problem::lse_bytes() const { return bytes_of({heads, total_q()}, sizeof(float)); }
 
-std::int64_t Problem::kv_rows_read() const {
-  if (mask == MaskKind::None || mask == MaskKind::Boolean || mask == MaskKind::Bias) return kv_seq;
-  // Each row's keys are one range, and the ranges of consecutive rows move
-  // by at most one key: their union is one range too.
-  std::int64_t first = kv_seq, last = -1;
-  for (std::int64_t i = 0; i < seq; ++i) {
-    const auto [lo, hi] = key_range(*this, i);
-    const std::int64_t a = std::max<std::int64_t>(lo, 0), b = std::min(hi, kv_seq - 1);
-    if (b < a) continue;
-    first = std::min(first, a);
-    last = std::max(last, b);
-  }
-  return last >= first ? last - first + 1 : 0;
-}
+std::int64_t Problem::kv_rows_read() const { return over_sequences(*this, kv_rows_read_of); }
 
 std::size_t Problem::io_bytes() const {
   const std::size_t es = element_size(dtype);
@@ -298,7 +435,7 @@ std::size_t Problem::io_bytes() const {
   // A paged cache's block table is read too; its pages' padding is not.
   const std::size_t table = kv_cache == KvCache::Paged ? bytes_of({batch, pages_per_seq()}, 4) : 0;
   const std::size_t q = q_bytes(), kv = kv_bytes();
-  const std::size_t kv_read = bytes_of({batch, kv_heads, kv_rows_read(), head_dim}, es);
+  const std::size_t kv_read = bytes_of({varlen() ? 1 : batch, kv_heads, kv_rows_read(), head_dim}, es);
   const std::size_t forward = sum({q, kv_read, kv_read, mask_bytes, table,  // Q, K, V (mask, table) in
                                    q});                                     // O out
   const std::size_t backward =
@@ -354,15 +491,59 @@ std::string Problem::file_stem() const {
     s += "_paged";
     s += std::to_string(page_size);
   }
+  if (varlen()) {
+    // Two packed batches of one count and maximum differ in their lengths:
+    // a hash of them keeps their files apart.
+    std::uint32_t h = 2166136261u;  // FNV-1a over the lengths
+    for (const auto* lens : {&seq_lens, &kv_seq_lens}) {
+      for (const std::int64_t n : *lens) {
+        for (int byte = 0; byte < 8; ++byte) h = (h ^ static_cast<std::uint32_t>((n >> (8 * byte)) & 0xff)) * 16777619u;
+      }
+      h = (h ^ 0xffu) * 16777619u;
+    }
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", h);
+    s += "_varlen";
+    s += std::to_string(total_q());
+    s += '_';
+    s += hex;
+  }
   return s;
 }
 
 std::string Problem::describe() const {
   std::ostringstream os;
-  os << "batch " << batch << ", heads " << heads;
-  if (kv_heads != heads) os << " (kv " << kv_heads << ")";
-  os << ", seq " << seq;
-  if (kv_seq != seq) os << " (kv " << kv_seq << ")";
+  if (varlen()) {
+    // The lengths themselves while they are few, else their range and sum.
+    const auto lengths = [&os](const std::vector<std::int64_t>& lens) {
+      if (lens.size() <= 8) {
+        for (std::size_t b = 0; b < lens.size(); ++b) os << (b ? "," : "") << lens[b];
+      } else {
+        os << *std::min_element(lens.begin(), lens.end()) << ".." << max_of(lens);
+      }
+      os << " (" << sum_of(lens) << " rows)";
+    };
+    os << "packed batch of " << batch << " sequences, seq lens ";
+    lengths(seq_lens);
+    if (!kv_seq_lens.empty() && kv_seq_lens != seq_lens) {
+      os << ", kv lens ";
+      lengths(kv_seq_lens);
+    }
+    os << ", heads " << heads;
+    if (kv_heads != heads) os << " (kv " << kv_heads << ")";
+    os << ", max seq " << seq;
+    if (kv_seq != seq) os << " (kv " << kv_seq << ")";
+    if (const double padded = this->padded().flops(); padded > 0) {
+      char pct[32];
+      std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * flops() / padded);
+      os << " (" << pct << " of the padded batch's FLOPs)";
+    }
+  } else {
+    os << "batch " << batch << ", heads " << heads;
+    if (kv_heads != heads) os << " (kv " << kv_heads << ")";
+    os << ", seq " << seq;
+    if (kv_seq != seq) os << " (kv " << kv_seq << ")";
+  }
   os << ", head_dim " << head_dim << ", " << dtype_name(dtype) << ", " << mask_name(mask);
   if (mask == MaskKind::SlidingWindow) os << " " << window;
   if (softcap > 0) os << ", soft cap " << format_real(softcap);
@@ -376,14 +557,55 @@ std::string Problem::describe() const {
   return os.str();
 }
 
-std::size_t Problem::q_bytes() const { return bytes_of({batch, heads, seq, head_dim}, element_size(dtype)); }
+std::size_t Problem::q_bytes() const { return bytes_of({heads, total_q(), head_dim}, element_size(dtype)); }
 
-std::size_t Problem::kv_bytes() const { return bytes_of({batch, kv_heads, kv_seq, head_dim}, element_size(dtype)); }
+std::size_t Problem::kv_bytes() const { return bytes_of({kv_heads, total_kv(), head_dim}, element_size(dtype)); }
 
 std::size_t Problem::kv_page_bytes() const {
   if (kv_cache != KvCache::Paged) return 0;
   const std::int64_t pages = batch * pages_per_seq();
   return sum({bytes_of({pages, kv_heads, page_size, head_dim}, element_size(dtype)), bytes_of({pages}, 2)});
+}
+
+Problem varlen_problem(Problem base, std::vector<std::int64_t> seq_lens, std::vector<std::int64_t> kv_seq_lens) {
+  if (kv_seq_lens.empty()) kv_seq_lens = seq_lens;
+  base.batch = static_cast<std::int64_t>(seq_lens.size());
+  base.seq = max_of(seq_lens);
+  base.kv_seq = max_of(kv_seq_lens);
+  base.seq_lens = std::move(seq_lens);
+  base.kv_seq_lens = std::move(kv_seq_lens);
+  return base;
+}
+
+std::vector<std::int64_t> lengths_from_cu_seqlens(const std::int32_t* cu, std::size_t n, std::int64_t total,
+                                                  std::string_view name) {
+  const std::string what(name);
+  if (n < 2) {
+    refuse(what + " has " + std::to_string(n) + " entries: it needs batch + 1 >= 2 (0, then each sequence's end)",
+           {what});
+  }
+  if (cu[0] != 0) refuse(what + "[0] is " + std::to_string(cu[0]) + ": cumulative lengths start at 0", {what});
+  std::vector<std::int64_t> lens;
+  lens.reserve(n - 1);
+  for (std::size_t i = 1; i < n; ++i) {
+    if (cu[i] < cu[i - 1]) {
+      refuse(what + " decreases at entry " + std::to_string(i) + " (" + std::to_string(cu[i - 1]) + " then " +
+                 std::to_string(cu[i]) + "): cumulative lengths never decrease",
+             {what});
+    }
+    if (cu[i] > total) {
+      refuse(what + "[" + std::to_string(i) + "] = " + std::to_string(cu[i]) + " overruns the packed tensor's " +
+                 std::to_string(total) + " rows",
+             {what});
+    }
+    lens.push_back(static_cast<std::int64_t>(cu[i]) - cu[i - 1]);
+  }
+  if (cu[n - 1] != total) {
+    refuse(what + " ends at " + std::to_string(cu[n - 1]) + " but the packed tensor has " + std::to_string(total) +
+               " rows: the last entry is the total",
+           {what});
+  }
+  return lens;
 }
 
 void Backend::forward_train(const Problem& p, const Inputs&, Tensor&, Saved&, RunContext&) {
@@ -404,9 +626,15 @@ Eligibility no_softcap(std::string_view backend, Device device) {
                      " yet" + (device == Device::Cpu ? "" : " (use device=cpu)")};
 }
 
+Eligibility no_varlen(std::string_view backend, Device device) {
+  return {false, "packed batches (seq_lens, varlen) are not built for " + std::string(backend) + " on " +
+                     std::string(device_name(device)) + " yet" + (device == Device::Cpu ? "" : " (use device=cpu)")};
+}
+
 Eligibility eligibility_of(const Backend& b, const Problem& p) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
   if (p.softcap > 0 && !b.traits().softcap) return no_softcap(b.name(), b.device());
+  if (p.varlen() && !b.traits().varlen) return no_varlen(b.name(), b.device());
   if (p.deterministic && !b.traits().backward_dq_unordered) {
     return {false, std::string(b.name()) +
                        "'s backward sums dQ in a fixed order already: deterministic=true means "

@@ -38,6 +38,21 @@ T named(std::string_view field, std::string_view text, Parse parse, std::string_
   refuse(field, "unknown " + std::string(field) + " " + quoted(text) + ": use " + std::string(choices));
 }
 
+// "512,1024,7": a packed batch's lengths, each a whole number from 0.
+std::vector<std::int64_t> lengths(std::string_view field, std::string_view text) {
+  std::vector<std::int64_t> out;
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = text.find(',', start);
+    const std::string_view piece = text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
+    out.push_back(parse_integer(field, piece, 0, std::int64_t{1} << 22));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::int64_t longest(const std::vector<std::int64_t>& v) { return *std::max_element(v.begin(), v.end()); }
+
 using Setter = std::function<void(Problem&, std::string_view field, std::string_view text)>;
 
 Setter size(std::int64_t Problem::*member) {
@@ -86,6 +101,18 @@ const std::vector<std::pair<std::string_view, Setter>>& setters() {
       {"kv_cache",
        [](Problem& p, auto f, auto t) { p.kv_cache = named<KvCache>(f, t, parse_kv_cache, kv_cache_choices()); }},
       {"page_size", size(&Problem::page_size)},
+      // A packed batch: seq (and kv_seq) become the longest length, as
+      // max_seqlen_q (_k); a seq given after them is the maximum itself.
+      {"seq_lens",
+       [](Problem& p, auto f, auto t) {
+         p.seq_lens = lengths(f, t);
+         p.seq = longest(p.seq_lens);
+       }},
+      {"kv_seq_lens",
+       [](Problem& p, auto f, auto t) {
+         p.kv_seq_lens = lengths(f, t);
+         p.kv_seq = longest(p.kv_seq_lens);
+       }},
   };
   return table;
 }
@@ -114,6 +141,8 @@ std::int64_t default_batch(Device d) { return d == Device::Cuda ? 8 : 2; }
 std::int64_t default_heads(Device d) { return d == Device::Cuda ? 16 : 8; }
 
 Problem& fill_device_defaults(Problem& p) {
+  // A packed batch's batch is its count of sequences.
+  if (p.batch == 0 && p.varlen()) p.batch = static_cast<std::int64_t>(p.seq_lens.size());
   if (p.batch == 0) p.batch = default_batch(p.device);
   if (p.heads == 0) p.heads = default_heads(p.device);
   return p;

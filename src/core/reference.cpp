@@ -10,6 +10,7 @@
 
 #include "attnprof/error.h"
 #include "attnprof/mask_tensor.h"
+#include "attnprof/varlen.h"
 
 namespace attnprof {
 namespace {
@@ -46,7 +47,8 @@ struct KvHead {
   std::int64_t b = -1, hk = -1, D = 0;
   std::vector<double> k, v;  // [Skv, D]
 
-  void load(const Problem& p, const Inputs& in, std::int64_t b_, std::int64_t hk_) {
+  // `tb`: b's batch index into the tensors of `in` (0 on one packed sequence's views).
+  void load(const Problem& p, const Inputs& in, std::int64_t b_, std::int64_t hk_, std::int64_t tb) {
     if (b_ == b && hk_ == hk) return;
     b = b_;
     hk = hk_;
@@ -55,8 +57,8 @@ struct KvHead {
     v.resize(k.size());
     for (std::int64_t j = 0; j < p.kv_seq; ++j) {
       for (std::int64_t d = 0; d < D; ++d) {
-        k[static_cast<std::size_t>(j * D + d)] = in.k.get(b, hk, j, d);
-        v[static_cast<std::size_t>(j * D + d)] = in.v.get(b, hk, j, d);
+        k[static_cast<std::size_t>(j * D + d)] = in.k.get(tb, hk, j, d);
+        v[static_cast<std::size_t>(j * D + d)] = in.v.get(tb, hk, j, d);
       }
     }
   }
@@ -165,6 +167,25 @@ class ErrorAccumulator {
   double err2_ = 0, ref2_ = 0;
 };
 
+// Where (b, h, i) of the checked rows lives: for a dense problem the problem
+// itself at batch index b; for a packed one sequence b as its own batch-1
+// problem, on views of its rows (tensor batch index 0). Made once per b:
+// sampled rows come sorted.
+struct SequenceAt {
+  std::int64_t b = -1;
+  Problem p;
+  Inputs in;
+  std::int64_t tb = 0;  // batch index into the tensors of `in`
+
+  void at(const Problem& whole, const Inputs& all, std::int64_t b_) {
+    if (b_ == b) return;
+    b = b_;
+    p = whole.varlen() ? whole.sequence(b_) : whole;
+    in = whole.varlen() ? sequence_inputs(whole, all, b_) : all;
+    tb = whole.varlen() ? 0 : b_;
+  }
+};
+
 }  // namespace
 
 namespace {
@@ -215,9 +236,13 @@ void make_pages(const Problem& p, Rng& rng, Allocator& allocator, Inputs& in) {
 Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, bool bshd) {
   Rng rng{seed * 0x2545f4914f6cdd1dull + 1};
   Inputs in;
-  in.q = random_tensor({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rng, allocator, bshd);
-  in.k = random_tensor({p.batch, p.kv_heads, p.kv_seq, p.head_dim}, p.dtype, rng, allocator, bshd);
-  in.v = random_tensor({p.batch, p.kv_heads, p.kv_seq, p.head_dim}, p.dtype, rng, allocator, bshd);
+  // A packed batch is laid out as FlashAttention's varlen functions take it,
+  // [total, H, D]: the [1, total, H, D] storage of the bshd layout.
+  bshd = bshd || p.varlen();
+  in.q = random_tensor(p.q_dims(), p.dtype, rng, allocator, bshd);
+  in.k = random_tensor(p.kv_dims(), p.dtype, rng, allocator, bshd);
+  in.v = random_tensor(p.kv_dims(), p.dtype, rng, allocator, bshd);
+  const Dims full{p.batch, p.heads, p.seq, p.kv_seq};
   if (p.mask == MaskKind::Boolean) {
     // One [S, Skv] mask broadcast over batch and heads: 90% of keys kept, and
     // the diagonal always kept so no row is masked by accident.
@@ -295,10 +320,14 @@ void check_block_table_reads(const Problem& p, const Tensor& block_table, std::i
 
 RowSample sample_rows(const Problem& p, std::int64_t max_rows) {
   RowSample s;
-  const std::int64_t total = p.batch * p.heads * p.seq;
+  const std::int64_t total = p.heads * p.total_q();
   if (total <= max_rows) {
-    s.rows.resize(static_cast<std::size_t>(total));
-    for (std::int64_t r = 0; r < total; ++r) s.rows[static_cast<std::size_t>(r)] = r;
+    s.rows.reserve(static_cast<std::size_t>(total));
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      for (std::int64_t h = 0; h < p.heads; ++h) {
+        for (std::int64_t i = 0; i < p.seq_len(b); ++i) s.rows.push_back((b * p.heads + h) * p.seq + i);
+      }
+    }
     return s;
   }
   // Whole heads are too many: take rows spread evenly over every (batch, head),
@@ -307,8 +336,10 @@ RowSample sample_rows(const Problem& p, std::int64_t max_rows) {
   const std::int64_t per_head = std::max<std::int64_t>(2, max_rows / heads_total);
   const std::int64_t head_step = std::max<std::int64_t>(1, heads_total * per_head / max_rows);
   for (std::int64_t bh = 0; bh < heads_total; bh += head_step) {
+    const std::int64_t len = p.seq_len(bh / p.heads);
+    if (len == 0) continue;
     for (std::int64_t k = 0; k < per_head; ++k) {
-      const std::int64_t i = per_head == 1 ? 0 : k * (p.seq - 1) / (per_head - 1);
+      const std::int64_t i = per_head == 1 ? 0 : k * (len - 1) / (per_head - 1);
       s.rows.push_back(bh * p.seq + i);
     }
   }
@@ -321,36 +352,44 @@ ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Ten
   KvHead kv;
   RowSoftmax row;
   ErrorAccumulator acc;
+  SequenceAt seq;
+  Tensor o;
   for (const std::int64_t r : rows.rows) {
     const std::int64_t b = r / (p.heads * p.seq), h = (r / p.seq) % p.heads, i = r % p.seq;
-    kv.load(p, in, b, h / p.group());
-    const bool any = row.compute(p, in, kv, b, h, i);
-    acc.row(row.out, any, [&](std::int64_t d) { return static_cast<double>(out.get(b, h, i, d)); });
+    if (b != seq.b) o = p.varlen() ? sequence_q_rows(p, out, b) : out;
+    seq.at(p, in, b);
+    kv.load(seq.p, seq.in, b, h / p.group(), seq.tb);
+    const bool any = row.compute(seq.p, seq.in, kv, seq.tb, h, i);
+    acc.row(row.out, any, [&](std::int64_t d) { return static_cast<double>(o.get(seq.tb, h, i, d)); });
   }
   return acc.done();
 }
 
 Tensor make_dout(const Problem& p, std::uint64_t seed, Allocator& allocator) {
   Rng rng{seed * 0x9e3779b97f4a7c15ull + 7};
-  return random_tensor({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rng, allocator, false);
+  return random_tensor(p.q_dims(), p.dtype, rng, allocator, false);
 }
 
 RowSample sample_kv_rows(const Problem& p, std::int64_t max_rows) {
   RowSample s;
   const std::int64_t pairs = p.batch * p.kv_heads;
-  if (pairs * p.kv_seq <= max_rows) {
-    for (std::int64_t r = 0; r < pairs * p.kv_seq; ++r) s.rows.push_back(r);
+  if (p.kv_heads * p.total_kv() <= max_rows) {
+    for (std::int64_t pair = 0; pair < pairs; ++pair) {
+      for (std::int64_t j = 0; j < p.kv_seq_len(pair / p.kv_heads); ++j) s.rows.push_back(pair * p.kv_seq + j);
+    }
     return s;
   }
   // The first, a middle and the last (batch, kv head) pair: each costs a pass
   // over every query row of its group.
   std::vector<std::int64_t> chosen = {0, pairs / 2, pairs - 1};
   chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
-  const std::int64_t per_pair =
-      std::clamp<std::int64_t>(max_rows / static_cast<std::int64_t>(chosen.size()), 2, p.kv_seq);
   for (const std::int64_t pair : chosen) {
+    const std::int64_t len = p.kv_seq_len(pair / p.kv_heads);
+    if (len == 0) continue;
+    const std::int64_t per_pair = std::clamp<std::int64_t>(max_rows / static_cast<std::int64_t>(chosen.size()), 2,
+                                                           std::max<std::int64_t>(len, 2));
     for (std::int64_t k = 0; k < per_pair; ++k) {
-      s.rows.push_back(pair * p.kv_seq + (per_pair == 1 ? 0 : k * (p.kv_seq - 1) / (per_pair - 1)));
+      s.rows.push_back(pair * p.kv_seq + (per_pair == 1 ? 0 : k * (len - 1) / (per_pair - 1)));
     }
   }
   s.rows.erase(std::unique(s.rows.begin(), s.rows.end()), s.rows.end());
@@ -363,21 +402,32 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
   for (const Tensor* t : {&dout, &g.dq, &g.dk, &g.dv}) {
     if (t->device() != Device::Cpu) fail(ErrorKind::Internal, "gradient check needs CPU tensors");
   }
-  const std::int64_t D = p.head_dim, Skv = p.kv_seq;
+  const std::int64_t D = p.head_dim;
   const double scale = p.softmax_scale();
   KvHead kv;
   RowSoftmax row;
-  std::vector<double> dov(static_cast<std::size_t>(D)), dp(static_cast<std::size_t>(Skv));
+  SequenceAt seq;  // the row's sequence: p itself when dense
+  // A packed batch's dO and gradients, viewed at the current sequence's rows.
+  Tensor d_out, dq_t, dk_t, dv_t;
+  const auto at = [&](std::int64_t b) {
+    if (b == seq.b) return;
+    seq.at(p, in, b);
+    d_out = p.varlen() ? sequence_q_rows(p, dout, b) : dout;
+    dq_t = p.varlen() ? sequence_q_rows(p, g.dq, b) : g.dq;
+    dk_t = p.varlen() ? sequence_kv_rows(p, g.dk, b) : g.dk;
+    dv_t = p.varlen() ? sequence_kv_rows(p, g.dv, b) : g.dv;
+  };
+  std::vector<double> dov(static_cast<std::size_t>(D)), dp(static_cast<std::size_t>(p.kv_seq));
   // dO_i, dP_ij = dO_i . V_j and Delta_i = dO_i . O_i for the row in `row`;
   // then dS_ij = P_ij (dP_ij - Delta_i) is the softmax's backward, times
   // 1 - tanh^2(s_ij / c) through a soft cap (the chain rule through c tanh(s / c)).
-  const auto row_backward = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
+  const auto row_backward = [&](std::int64_t h, std::int64_t i) {
     double delta = 0;
     for (std::int64_t d = 0; d < D; ++d) {
-      dov[static_cast<std::size_t>(d)] = dout.get(b, h, i, d);
+      dov[static_cast<std::size_t>(d)] = d_out.get(seq.tb, h, i, d);
       delta += dov[static_cast<std::size_t>(d)] * row.out[static_cast<std::size_t>(d)];
     }
-    for (std::int64_t j = 0; j < Skv; ++j) {
+    for (std::int64_t j = 0; j < seq.p.kv_seq; ++j) {
       const double pij = row.prob[static_cast<std::size_t>(j)];
       double s = 0;
       if (pij != 0) {
@@ -394,24 +444,26 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
   std::vector<double> ref(static_cast<std::size_t>(D));
   for (const std::int64_t r : q_rows.rows) {
     const std::int64_t b = r / (p.heads * p.seq), h = (r / p.seq) % p.heads, i = r % p.seq;
-    kv.load(p, in, b, h / p.group());
+    at(b);
+    kv.load(seq.p, seq.in, b, h / p.group(), seq.tb);
     std::fill(ref.begin(), ref.end(), 0.0);
-    if (row.compute(p, in, kv, b, h, i)) {
-      row_backward(b, h, i);
-      for (std::int64_t j = 0; j < Skv; ++j) {
+    if (row.compute(seq.p, seq.in, kv, seq.tb, h, i)) {
+      row_backward(h, i);
+      for (std::int64_t j = 0; j < seq.p.kv_seq; ++j) {
         const double ds = dp[static_cast<std::size_t>(j)];
         if (ds == 0) continue;
         const double* kr = kv.k_row(j);
         for (std::int64_t d = 0; d < D; ++d) ref[static_cast<std::size_t>(d)] += scale * ds * kr[d];
       }
     }
-    dq.row(ref, true, [&](std::int64_t d) { return static_cast<double>(g.dq.get(b, h, i, d)); });
+    dq.row(ref, true, [&](std::int64_t d) { return static_cast<double>(dq_t.get(seq.tb, h, i, d)); });
   }
   out.dq = dq.done();
 
   // dV_j = sum_i P_ij dO_i and dK_j = scale sum_i dS_ij Q_i over every query
   // row of every head in the group: one pass per (batch, kv head) pair.
   ErrorAccumulator dk, dv;
+  const std::int64_t Skv = p.kv_seq;  // the rows' flattening (the maximum for a packed batch)
   std::size_t next = 0;
   while (next < kv_rows.rows.size()) {
     const std::int64_t pair = kv_rows.rows[next] / Skv;
@@ -420,12 +472,13 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
       js.push_back(kv_rows.rows[next] % Skv);
     }
     const std::int64_t b = pair / p.kv_heads, hk = pair % p.kv_heads;
-    kv.load(p, in, b, hk);
+    at(b);
+    kv.load(seq.p, seq.in, b, hk, seq.tb);
     std::vector<double> dk_ref(js.size() * static_cast<std::size_t>(D)), dv_ref(dk_ref.size());
     for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
-      for (std::int64_t i = 0; i < p.seq; ++i) {
-        if (!row.compute(p, in, kv, b, h, i)) continue;
-        row_backward(b, h, i);
+      for (std::int64_t i = 0; i < seq.p.seq; ++i) {
+        if (!row.compute(seq.p, seq.in, kv, seq.tb, h, i)) continue;
+        row_backward(h, i);
         for (std::size_t n = 0; n < js.size(); ++n) {
           const double pij = row.prob[static_cast<std::size_t>(js[n])];
           const double ds = dp[static_cast<std::size_t>(js[n])];
@@ -444,8 +497,8 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
         return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(D)),
                                    all.begin() + static_cast<std::ptrdiff_t>((n + 1) * static_cast<std::size_t>(D)));
       };
-      dk.row(slice(dk_ref), true, [&](std::int64_t d) { return static_cast<double>(g.dk.get(b, hk, j, d)); });
-      dv.row(slice(dv_ref), true, [&](std::int64_t d) { return static_cast<double>(g.dv.get(b, hk, j, d)); });
+      dk.row(slice(dk_ref), true, [&](std::int64_t d) { return static_cast<double>(dk_t.get(seq.tb, hk, j, d)); });
+      dv.row(slice(dv_ref), true, [&](std::int64_t d) { return static_cast<double>(dv_t.get(seq.tb, hk, j, d)); });
     }
   }
   out.dk = dk.done();

@@ -237,18 +237,20 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     if (options.mask.defined()) attach_mask(p, options.mask, host, "the mask file");
     PassTensors t;
     t.in = rt.upload(host);
-    const auto empty = [&](std::int64_t heads, std::int64_t seq) {
-      Tensor x = Tensor::empty({p.batch, heads, seq, p.head_dim}, p.dtype, rt.allocator());
+    // p.q_dims() and p.kv_dims(): [B, H, S, D] and [B, Hkv, Skv, D], or a
+    // packed batch's [1, H, total_q, D] and [1, Hkv, total_kv, D].
+    const auto empty = [&](const Dims& dims) {
+      Tensor x = Tensor::empty(dims, p.dtype, rt.allocator());
       rt.poison(x);
       return x;
     };
-    t.out = empty(p.heads, p.seq);
+    t.out = empty(p.q_dims());
     RunContext ctx{rt.allocator(), rt.stream(), options.threads};
     Tensor host_dout;
     if (p.pass != Pass::Forward) {
       host_dout = make_dout(p, options.seed, cpu_allocator());
       t.dout = rt.upload(host_dout);
-      t.grads = {empty(p.heads, p.seq), empty(p.kv_heads, p.kv_seq), empty(p.kv_heads, p.kv_seq)};
+      t.grads = {empty(p.q_dims()), empty(p.kv_dims()), empty(p.kv_dims())};
       if (p.pass == Pass::Backward) {
         if (options.progress) options.progress(r.backend + ": the forward whose saved tensors the backward reads");
         backend.forward_train(p, t.in, t.out, t.saved, ctx);

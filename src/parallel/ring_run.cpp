@@ -21,6 +21,12 @@ void check_ring(const Problem& p, int gpus, std::string_view backend) {
              ": use backend=" + kRingBackend,
          {"gpus"});
   }
+  if (p.varlen()) {
+    fail(ErrorKind::Unsupported,
+         "gpus shards one dense sequence per batch entry: a packed batch (seq_lens) is not "
+         "built for ring attention yet",
+         {"gpus", "seq_lens"});
+  }
   parallel::check_ring_problem(p, gpus);
   // The ring lives in the CUDA plugin, built there only with NCCL.
   if (!cuda_built() || !cuda::plugin().make_ring) {

@@ -578,13 +578,213 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
   return std::string(c.backend->name());
 }
 
+// ---- Packed (variable-length) batches, as flash_attn_varlen_func takes them ----
+
+// A borrowed [1, H, total, D] view of a caller's packed [total, H, D] array.
+template <class Array>
+Tensor packed_view_of(const char* name, const Array& a, Device device, DType dtype) {
+  if (a.ndim() != 3) {
+    std::string dims = "[";
+    for (std::size_t i = 0; i < a.ndim(); ++i) dims += (i ? ", " : "") + std::to_string(a.shape(i));
+    fail(ErrorKind::InvalidArgument, std::string(name) +
+                                         " must be 3-d with cu_seqlens, [total, heads, head_dim]; got " +
+                                         std::to_string(a.ndim()) + "-d " + dims + "]");
+  }
+  constexpr std::uint64_t kMax = std::uint64_t{1} << 48;
+  std::uint64_t elements = 1;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::uint64_t n = a.shape(i);
+    if (n == 0)
+      fail(ErrorKind::InvalidArgument,
+           std::string(name) + " is empty (dimension " + std::to_string(i) + " has size 0)");
+    if (n > kMax || elements > kMax / n || a.stride(i) > static_cast<std::int64_t>(kMax) ||
+        a.stride(i) < -static_cast<std::int64_t>(kMax)) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " has sizes or strides beyond 2^48 elements");
+    }
+    elements *= n;
+  }
+  const auto total = static_cast<std::int64_t>(a.shape(0));
+  const Dims sizes{1, static_cast<std::int64_t>(a.shape(1)), total, static_cast<std::int64_t>(a.shape(2))};
+  const Dims strides{total * a.stride(0), a.stride(1), a.stride(0), a.stride(2)};
+  Tensor t = Tensor::from_blob(const_cast<void*>(static_cast<const void*>(a.data())), sizes, strides, dtype, device);
+  if (!t.rows_contiguous()) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " " + t.describe() +
+                                         " has a strided head_dim: rows of head_dim are read contiguously "
+                                         "(call .contiguous())");
+  }
+  return t;
+}
+
+// Per-sequence lengths from a caller's cu_seqlens: int32, 1-d, contiguous, on
+// q's device (read back to the host there), checked entry by entry.
+std::vector<std::int64_t> lengths_of(const char* name, const In& cu, Device device, std::int64_t total) {
+  const nb::dlpack::dtype t = cu.dtype();
+  if (t.lanes != 1 || t.bits != 32 || t.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int)) {
+    fail(ErrorKind::InvalidArgument, std::string(name) +
+                                         " must be int32 (torch.int32), as flash_attn_varlen_func "
+                                         "takes it; got DLPack code " +
+                                         std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits");
+  }
+  if (where_of(name, cu).device != device) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " is on " + where_name(cu) + " but q is on " +
+                                         device_name(device) + ": pass cu_seqlens on q's device");
+  }
+  if (cu.ndim() != 1 || (cu.shape(0) > 1 && cu.stride(0) != 1)) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " must be a contiguous 1-d array of batch + 1 offsets");
+  }
+  const auto n = static_cast<std::int64_t>(cu.shape(0));
+  if (n == 0) return lengths_from_cu_seqlens(nullptr, 0, total, name);
+  Tensor view = Tensor::from_blob(const_cast<void*>(static_cast<const void*>(cu.data())), {1, 1, 1, n}, {n, n, n, 1},
+                                  DType::I32, device);
+  const Tensor host = device == Device::Cpu ? view : device_runtime(device).download(view);
+  return lengths_from_cu_seqlens(host.data_as<const std::int32_t>(), static_cast<std::size_t>(n), total, name);
+}
+
+// One packed call: q [total_q, H, D], k and v [total_k, Hkv, D], out like q.
+Call prepare_varlen(const In& q, const In& k, const In& v, const Out& out, const In& cu_q, const In& cu_k,
+                    std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k, const std::string& backend,
+                    const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
+                    std::uintptr_t stream, int threads, Pass pass, bool deterministic, std::optional<double> softcap) {
+  check_threads(threads);
+  const Where wq = where_of("q", q);
+  const DType dtype = dtype_of("q", q);
+  const auto same_place = [&](const char* name, const auto& a) {
+    if (where_of(name, a).device != wq.device || dtype_of(name, a) != dtype) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " must be on q's device with q's dtype (q is " +
+                                           std::string(dtype_name(dtype)) + " on " + where_name(q) + ")");
+    }
+  };
+  same_place("k", k);
+  same_place("v", v);
+  same_place("out", out);
+  Inputs in;
+  in.q = packed_view_of("q", q, wq.device, dtype);
+  in.k = packed_view_of("k", k, wq.device, dtype);
+  in.v = packed_view_of("v", v, wq.device, dtype);
+  Tensor o = packed_view_of("out", out, wq.device, dtype);
+  require_writable_layout("out", o);
+  require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
+  for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
+  for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
+  std::vector<std::int64_t> lens_q = lengths_of("cu_seqlens_q", cu_q, wq.device, in.q.size(2));
+  std::vector<std::int64_t> lens_k = lengths_of("cu_seqlens_k", cu_k, wq.device, in.k.size(2));
+  if (lens_q.size() != lens_k.size()) {
+    fail(ErrorKind::InvalidArgument, "cu_seqlens_q has " + std::to_string(lens_q.size() + 1) +
+                                         " entries but cu_seqlens_k has " + std::to_string(lens_k.size() + 1) +
+                                         ": both are batch + 1");
+  }
+  Problem p;
+  p.heads = in.q.size(1);
+  p.head_dim = in.q.size(3);
+  p.kv_heads = in.k.size(1);
+  p.dtype = dtype;
+  p.device = wq.device;
+  p = varlen_problem(p, std::move(lens_q), std::move(lens_k));
+  // max_seqlen_q and _k, as flash_attn_varlen_func takes them: at least every length.
+  for (const auto& [given, lens, name, field] : {std::tuple{max_q, &p.seq_lens, "max_seqlen_q", &p.seq},
+                                                 std::tuple{max_k, &p.kv_seq_lens, "max_seqlen_k", &p.kv_seq}}) {
+    if (!given) continue;
+    for (std::size_t b = 0; b < lens->size(); ++b) {
+      if ((*lens)[b] > *given) {
+        fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) +
+                                             ", smaller than sequence " + std::to_string(b) + "'s length " +
+                                             std::to_string((*lens)[b]));
+      }
+    }
+    if (*given > 0) *field = *given;
+  }
+  set_mask(p, mask);
+  if (window) set_problem_field(p, "window", std::to_string(*window));
+  p.scale = scale;
+  p.pass = pass;
+  p.deterministic = deterministic;
+  set_softcap(p, softcap);
+  p.normalize().validate();
+
+  Backend& b = resolve(p, backend, pass == Pass::Forward ? Use::Inference : Use::Autograd);
+  DeviceRuntime& rt = device_runtime(p.device, threads);
+  return Call{p, std::move(in), std::move(o), &b, RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
+}
+
+std::string attention_varlen(const In& q, const In& k, const In& v, const Out& out, const In& cu_q, const In& cu_k,
+                             std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k,
+                             const std::string& backend, const std::string& mask, std::optional<std::int64_t> window,
+                             std::optional<double> scale, std::uintptr_t stream, int threads,
+                             std::optional<double> softcap) {
+  Call c = prepare_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, stream, threads,
+                          Pass::Forward, false, softcap);
+  run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+  return std::string(c.backend->name());
+}
+
+// The packed training forward: out, and the saved log-sum-exp as FP32
+// [H, total_q] (flash_attn_varlen_func's softmax_lse layout).
+using Lse2 = nb::ndarray<float, nb::ndim<2>>;
+std::tuple<std::string, Lse2> attention_varlen_train(const In& q, const In& k, const In& v, const Out& out,
+                                                     const In& cu_q, const In& cu_k, std::optional<std::int64_t> max_q,
+                                                     std::optional<std::int64_t> max_k, const std::string& backend,
+                                                     const std::string& mask, std::optional<std::int64_t> window,
+                                                     std::optional<double> scale, std::uintptr_t stream, int threads,
+                                                     bool deterministic, std::optional<double> softcap) {
+  Call c = prepare_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, stream, threads,
+                          Pass::Train, deterministic, softcap);
+  Saved saved;
+  run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
+  auto* held = new Tensor(saved.lse);
+  nb::capsule owner(held, [](void* t) noexcept { delete static_cast<Tensor*>(t); });
+  const std::size_t shape[2] = {static_cast<std::size_t>(c.p.heads), static_cast<std::size_t>(c.p.total_q())};
+  const std::int64_t strides[2] = {held->stride(1), held->stride(2)};
+  const int device_type = c.p.device == Device::Cpu ? nb::device::cpu::value : nb::device::cuda::value;
+  return {std::string(c.backend->name()),
+          Lse2(held->data(), 2, shape, owner, strides, nb::dtype<float>(), device_type, 0)};
+}
+
+std::string attention_varlen_backward(const In& dout, const In& q, const In& k, const In& v, const Out& out,
+                                      const In& lse, const Out& dq, const Out& dk, const Out& dv, const In& cu_q,
+                                      const In& cu_k, std::optional<std::int64_t> max_q,
+                                      std::optional<std::int64_t> max_k, const std::string& backend,
+                                      const std::string& mask, std::optional<std::int64_t> window,
+                                      std::optional<double> scale, std::uintptr_t stream, int threads,
+                                      bool deterministic, std::optional<double> softcap) {
+  Call c = prepare_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, stream, threads,
+                          Pass::Train, deterministic, softcap);
+  c.p.pass = Pass::Backward;
+  const auto like = [&](const char* name, const auto& a, const Tensor& counterpart) {
+    if (where_of(name, a).device != c.p.device || dtype_of(name, a) != c.p.dtype) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " must be on q's device with q's dtype");
+    }
+    const Tensor t = packed_view_of(name, a, c.p.device, c.p.dtype);
+    for (int i = 0; i < 4; ++i) require_same(name, name, t.size(i), "its counterpart", counterpart.size(i));
+    return t;
+  };
+  const Tensor d_out = like("dout", dout, c.out);
+  Gradients g{like("dq", dq, c.in.q), like("dk", dk, c.in.k), like("dv", dv, c.in.v)};
+  require_writable_layout("dq", g.dq);
+  require_writable_layout("dk", g.dk);
+  require_writable_layout("dv", g.dv);
+  if (lse.ndim() != 2 || lse.dtype() != nb::dtype<float>() || where_of("lse", lse).device != c.p.device ||
+      static_cast<std::int64_t>(lse.shape(0)) != c.p.heads ||
+      static_cast<std::int64_t>(lse.shape(1)) != c.p.total_q()) {
+    fail(ErrorKind::InvalidArgument,
+         "lse must be attention_varlen_train's float32 [H, total_q] log-sum-exp on q's device");
+  }
+  Saved saved;
+  saved.lse =
+      Tensor::from_blob(const_cast<void*>(static_cast<const void*>(lse.data())), {1, c.p.heads, c.p.total_q(), 1},
+                        {c.p.heads * c.p.total_q(), lse.stride(0), lse.stride(1), 1}, DType::F32, c.p.device);
+  run(c, [&] { c.backend->backward(c.p, c.in, c.out, d_out, saved, g, c.ctx); });
+  return std::string(c.backend->name());
+}
+
 // A problem from Python's keywords, through the library's one parser: None
 // leaves a field at its default (batch and heads: the device's).
 Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64_t> heads,
                      std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
                      std::int64_t head_dim, const std::string& dtype, const std::string& device,
                      const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                     const std::string& pass, bool deterministic, std::optional<double> softcap) {
+                     const std::string& pass, bool deterministic, std::optional<double> softcap,
+                     const std::optional<std::string>& seq_lens = std::nullopt,
+                     const std::optional<std::string>& kv_seq_lens = std::nullopt) {
   Problem p;
   p.batch = 0;
   p.heads = 0;
@@ -605,6 +805,9 @@ Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64
   set_problem_field(p, "pass", pass);
   p.deterministic = deterministic;
   set_softcap(p, softcap);
+  // A packed batch's lengths ("512,1024,7"), as --seq-lens: seq becomes their maximum.
+  if (seq_lens) set_problem_field(p, "seq_lens", *seq_lens);
+  if (kv_seq_lens) set_problem_field(p, "kv_seq_lens", *kv_seq_lens);
   fill_device_defaults(p).normalize().validate();
   return p;
 }
@@ -683,6 +886,28 @@ NB_MODULE(_core, m) {
         nb::arg("attn_mask").noconvert().none() = nb::none(),
         "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
+  // Packed batches: q [total_q, H, D], k and v [total_k, Hkv, D], int32
+  // cumulative lengths (flash_attn_varlen_func's arguments).
+  m.def("attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
+        nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
+        nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
+        nb::arg("threads"), nb::arg("softcap").none() = nb::none(),
+        "attention over a packed batch into `out`; returns the backend that ran");
+  m.def("attention_varlen_train", &attention_varlen_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
+        nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
+        nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
+        nb::arg("threads"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
+        "the packed training forward into `out`; returns (backend, the saved [H, total_q] log-sum-exp)");
+  m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
+        nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
+        nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
+        nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(),
+        nb::arg("max_seqlen_k").none(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
+        nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("deterministic"),
+        nb::arg("softcap").none() = nb::none(), "dQ, dK, dV of a packed batch; returns the backend that ran");
+
   // The views attention() reads and writes, as (data pointer, sizes, strides)
   // for q, k, v and out: the tests compare them with the caller's own.
   m.def(
@@ -707,15 +932,23 @@ NB_MODULE(_core, m) {
              std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
              std::int64_t head_dim, const std::string& dtype, const std::string& device, const std::string& mask,
              std::optional<std::int64_t> window, std::optional<double> scale, const std::string& pass,
-             bool deterministic, std::optional<double> softcap) {
+             bool deterministic, std::optional<double> softcap, const std::optional<std::string>& seq_lens,
+             const std::optional<std::string>& kv_seq_lens) {
             new (self) Problem(make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window,
-                                            scale, pass, deterministic, softcap));
+                                            scale, pass, deterministic, softcap, seq_lens, kv_seq_lens));
           },
           nb::arg("batch").none(), nb::arg("heads").none(), nb::arg("kv_heads").none(), nb::arg("seq"),
           nb::arg("kv_seq").none(), nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"),
           nb::arg("window").none(), nb::arg("scale").none(), nb::arg("pass_") = "forward",
-          nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none())
+          nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
+          nb::arg("seq_lens").none() = nb::none(), nb::arg("kv_seq_lens").none() = nb::none())
       .def("describe", &Problem::describe)
+      .def_prop_ro("seq_lens", [](const Problem& p) { return p.seq_lens; })
+      .def_prop_ro("kv_seq_lens", [](const Problem& p) { return p.kv_seq_lens; })
+      .def_prop_ro("batch", [](const Problem& p) { return p.batch; })
+      .def_prop_ro("seq", [](const Problem& p) { return p.seq; })
+      .def("forward_flops", &Problem::forward_flops)
+      .def("padded_forward_flops", [](const Problem& p) { return p.padded().forward_flops(); })
       .def("file_stem", &Problem::file_stem)
       .def("shape_key", &Problem::shape_key)
       .def("json", [](const Problem& p) { return problem_json(p); });

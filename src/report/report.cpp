@@ -172,6 +172,11 @@ nlohmann::json problem_json(const Problem& p) {
   j["softcap"] = p.softcap > 0 ? nlohmann::json(p.softcap) : nlohmann::json(nullptr);
   j["kv_cache"] = kv_cache_name(p.kv_cache);
   j["page_size"] = p.kv_cache == KvCache::Paged ? nlohmann::json(p.page_size) : nlohmann::json(nullptr);
+  // A packed batch: its lengths, and the padded batch's FLOPs beside its own.
+  j["seq_lens"] = p.varlen() ? nlohmann::json(p.seq_lens) : nlohmann::json(nullptr);
+  j["kv_seq_lens"] =
+      p.varlen() ? nlohmann::json(p.kv_seq_lens.empty() ? p.seq_lens : p.kv_seq_lens) : nlohmann::json(nullptr);
+  j["padded_flops"] = p.varlen() ? nlohmann::json(p.padded().flops()) : nlohmann::json(nullptr);
   return j;
 }
 

@@ -191,6 +191,23 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"backends_auto",
                 {"compare", "--backends", "naive,auto", "--device", "cpu"},
                 "auto is not a backend to list in --backends"},
+        // issue 22 item 2: a packed batch's lengths, one line naming the flag.
+        BadArgs{"seq_lens_text", p({"--seq-lens", "64,abc"}), "--seq-lens expects a whole number"},
+        BadArgs{"seq_lens_negative", p({"--seq-lens", "64,-3"}), "--seq-lens must be between 0"},
+        BadArgs{"seq_lens_empty_entry", p({"--seq-lens", "64,,8"}), "--seq-lens expects a whole number"},
+        BadArgs{"seq_lens_trailing_comma", p({"--seq-lens", "64,"}), "--seq-lens expects a whole number"},
+        BadArgs{"seq_lens_all_zero", p({"--seq-lens", "0,0", "--kv-seq-lens", "4,4", "--seq", "8"}),
+                "--seq-lens are all 0"},
+        BadArgs{"seq_lens_count_vs_batch", p({"--seq-lens", "64,8", "--batch", "3"}),
+                "--seq-lens has 2 lengths but --batch is 3"},
+        BadArgs{"kv_seq_lens_count", p({"--seq-lens", "64,8", "--kv-seq-lens", "64"}),
+                "--kv-seq-lens has 1 lengths but --batch is 2"},
+        BadArgs{"kv_seq_lens_alone", p({"--kv-seq-lens", "64"}), "--kv-seq-lens needs --seq-lens"},
+        BadArgs{"seq_lens_max_too_small", p({"--seq-lens", "64,8", "--seq", "32"}),
+                "--seq (the maximum length) is 32, smaller than --seq-lens[0] = 64"},
+        BadArgs{"seq_lens_boolean_mask", p({"--seq-lens", "64,8", "--mask", "boolean"}), "structural masks only"},
+        BadArgs{"seq_lens_paged", p({"--seq-lens", "64,8", "--kv-cache", "paged", "--page-size", "16"}),
+                "--kv-cache contiguous"},
         // issue 20 item 12: 2^64 scores, refused before any estimate can wrap.
         BadArgs{"scores_overflow",
                 {"compare", "--device", "cpu", "--batch", "1024", "--heads", "1024", "--seq", "4194304", "--kv-seq",
@@ -535,6 +552,76 @@ TEST(Cli, ExplainWithSoftcapKeepsTheCpuBackends) {
   }
   EXPECT_EQ(eligible, 4) << r.out;
   EXPECT_NE(r.out.find("soft cap 50"), std::string::npos) << r.out;
+}
+
+// issue 22 item 2: a packed batch runs on the CPU backends, checked against
+// float64, its files named apart, the padded batch's FLOPs in the header,
+// the findings and the JSON; the CUDA backends are refused on the CPU.
+TEST(Cli, PackedBatchRunsAndSaysWhatThePaddingWouldCost) {
+  TempDir dir;
+  const fs::path t = dir.path() / "traces";
+  const fs::path json = dir.path() / "c.json";
+  const CliRun r = attnprof({"compare",
+                             "--device",
+                             "cpu",
+                             "--seq-lens",
+                             "128,0,16,200",
+                             "--kv-seq-lens",
+                             "128,5,40,200",
+                             "--mask",
+                             "causal-bottom-right",
+                             "--heads",
+                             "4",
+                             "--kv-heads",
+                             "2",
+                             "--threads",
+                             "1",
+                             "--active",
+                             "1",
+                             "--warmup",
+                             "0",
+                             "--backends",
+                             "flash,math,naive",
+                             "--json",
+                             json.string(),
+                             "--trace-dir",
+                             t.string(),
+                             "--quiet"},
+                            dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("packed batch of 4 sequences, seq lens 128,0,16,200"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("of the padded batch's FLOPs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("packed batch: 4 sequences, "), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(slurp(json));
+  EXPECT_EQ(j["problem"]["batch"], 4);
+  EXPECT_EQ(j["problem"]["seq"], 200);
+  EXPECT_EQ(j["problem"]["seq_lens"], nlohmann::json::array({128, 0, 16, 200}));
+  EXPECT_EQ(j["problem"]["kv_seq_lens"], nlohmann::json::array({128, 5, 40, 200}));
+  EXPECT_LT(j["problem"]["flops"].get<double>(), j["problem"]["padded_flops"].get<double>());
+  int ran = 0;
+  for (const auto& res : j["results"]) {
+    const std::string b = res["backend"];
+    if (b == "efficient" || b == "cudnn" || b == "naive_inplace") continue;
+    ++ran;
+    ASSERT_TRUE(res["rel_error"].is_number()) << b;
+    EXPECT_LT(res["rel_error"].get<double>(), 0.02) << b;
+    bool finding = false;
+    for (const auto& f : res["findings"]) finding |= f["rule"] == "packed-batch";
+    EXPECT_TRUE(finding) << b;
+  }
+  EXPECT_EQ(ran, 3);
+  bool named = false;
+  for (const auto& name : listing(t)) named |= name.find("_varlen344_") != std::string::npos;
+  EXPECT_TRUE(named) << "trace files do not name the packed batch";
+}
+
+TEST(Cli, HelpTeachesSeqLens) {
+  TempDir dir;
+  const CliRun r = attnprof({"compare", "--help"}, dir);
+  ASSERT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--seq-lens L,L,..."), std::string::npos);
+  EXPECT_NE(r.out.find("--kv-seq-lens"), std::string::npos);
+  EXPECT_NE(r.out.find("padded batch's FLOPs"), std::string::npos);
 }
 
 TEST(Cli, CompareJsonHasAllSixBackends) {

@@ -331,7 +331,9 @@ TEST(ProblemSpec, EveryFieldParsesFromText) {
                                                                       {"pass", "train"},
                                                                       {"deterministic", "true"},
                                                                       {"kv_cache", "contiguous"},
-                                                                      {"page_size", "16"}};
+                                                                      {"page_size", "16"},
+                                                                      {"seq_lens", "3,40,0"},
+                                                                      {"kv_seq_lens", "50,1,2"}};
   ASSERT_EQ(text.size(), problem_fields().size()) << "a field without a case here";
   for (const auto& [field, value] : text) set_problem_field(p, field, value);
   EXPECT_EQ(p.batch, 3);
@@ -349,6 +351,8 @@ TEST(ProblemSpec, EveryFieldParsesFromText) {
   EXPECT_EQ(p.pass, Pass::Train);
   EXPECT_TRUE(p.deterministic);
   EXPECT_EQ(p.page_size, 16);
+  EXPECT_EQ(p.seq_lens, (std::vector<std::int64_t>{3, 40, 0}));
+  EXPECT_EQ(p.kv_seq_lens, (std::vector<std::int64_t>{50, 1, 2}));
 }
 
 TEST(ProblemSpec, OneSpellingOfEachNameForEveryFrontEnd) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "attnprof/error.h"
+#include "attnprof/varlen.h"
 #include "backends/composite/plan.h"
 
 namespace attnprof {
@@ -25,21 +26,57 @@ Tensor Ops::tanh_backward(const Tensor&, const Tensor&, RunContext&) {
 
 namespace attnprof::composite {
 
-Tensor MaskCache::get(Ops& ops, const Problem& p, RunContext& ctx) {
-  const std::string key = std::to_string(p.seq) + "/" + std::to_string(p.kv_seq) + "/" +
-                          std::string(mask_name(p.mask)) + "/" + std::to_string(p.window);
-  std::lock_guard lock(mutex_);
-  if (!mask_.defined() || key != key_ || allocator_ != &ctx.allocator) {
-    mask_ = Tensor();  // free the old one before building the next
-    mask_ = ops.structural_mask(p, ctx);
-    key_ = key;
-    allocator_ = &ctx.allocator;
+void MaskCache::use_for(const Problem& whole) {
+  std::string key = std::to_string(whole.seq) + "/" + std::to_string(whole.kv_seq) + "/" +
+                    std::string(mask_name(whole.mask)) + "/" + std::to_string(whole.window);
+  for (const auto* lens : {&whole.seq_lens, &whole.kv_seq_lens}) {
+    key += '|';
+    for (const std::int64_t n : *lens) key += std::to_string(n) + ",";
   }
-  return mask_;
+  std::lock_guard lock(mutex_);
+  if (key == owner_) return;
+  masks_.clear();  // free the old ones before building the next
+  owner_ = std::move(key);
 }
+
+Tensor MaskCache::get(Ops& ops, const Problem& p, RunContext& ctx) {
+  const std::string key = std::to_string(p.seq) + "/" + std::to_string(p.kv_seq);
+  std::lock_guard lock(mutex_);
+  if (allocator_ != &ctx.allocator || masks_.size() >= kShapes) masks_.clear();
+  allocator_ = &ctx.allocator;
+  Tensor& m = masks_[key];
+  if (!m.defined()) m = ops.structural_mask(p, ctx);
+  return m;
+}
+
+namespace {
+
+// x's rows as zeros, into `dst`: mul by 0 (x is finite) and to, on either device.
+void zero_rows(Ops& ops, const Tensor& like, Tensor& dst, RunContext& ctx) {
+  ops.to_into(ops.mul(like, 0.f, ctx), dst, ctx);
+}
+
+}  // namespace
 
 void CompositeBackend::run_forward(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
                                    MaskCache& mask, Saved* saved) const {
+  mask.use_for(p);
+  if (p.varlen()) {
+    if (saved != nullptr) saved->sequences.reserve(static_cast<std::size_t>(p.batch));
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      Saved* mine = saved != nullptr ? &saved->sequences.emplace_back() : nullptr;
+      const Problem one = p.sequence(b);
+      if (one.seq == 0) continue;
+      const Inputs rows = sequence_inputs(p, in, b);
+      Tensor o = sequence_q_rows(p, out, b);
+      if (one.kv_seq == 0) {
+        zero_rows(ops, rows.q, o, ctx);
+        continue;
+      }
+      run(ops, one, rows, o, ctx, mask, mine);
+    }
+    return;
+  }
   if (p.kv_cache != KvCache::Paged) {
     run(ops, p, in, out, ctx, mask, saved);
     return;
@@ -77,10 +114,37 @@ void CompositeBackend::forward_train(const Problem& p, const Inputs& in, Tensor&
 
 void CompositeBackend::backward(const Problem& p, const Inputs& in, const Tensor&, const Tensor& dout,
                                 const Saved& saved, Gradients& grads, RunContext& ctx) {
-  if (!saved.probs.defined()) {
+  const bool packed = p.varlen() && saved.sequences.size() == static_cast<std::size_t>(p.batch);
+  if (!saved.probs.defined() && !packed) {
     fail(ErrorKind::Internal, std::string(name()) + ": backward without the probabilities forward_train saves");
   }
-  run_backward(*ops_, p, in, dout, saved, grads, ctx, mask_);
+  run_backward_packed(*ops_, p, in, dout, saved, grads, ctx, mask_);
+}
+
+void CompositeBackend::run_backward_packed(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout,
+                                           const Saved& saved, Gradients& grads, RunContext& ctx,
+                                           MaskCache& mask) const {
+  mask.use_for(p);
+  if (!p.varlen()) {
+    run_backward(ops, p, in, dout, saved, grads, ctx, mask);
+    return;
+  }
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const Problem one = p.sequence(b);
+    const Inputs rows = sequence_inputs(p, in, b);
+    Gradients g{sequence_q_rows(p, grads.dq, b), sequence_kv_rows(p, grads.dk, b), sequence_kv_rows(p, grads.dv, b)};
+    if (one.seq == 0 || one.kv_seq == 0) {
+      // No query sees these keys, or these queries see no key: zero gradients.
+      if (one.kv_seq > 0) {
+        zero_rows(ops, rows.k, g.dk, ctx);
+        zero_rows(ops, rows.v, g.dv, ctx);
+      }
+      if (one.seq > 0) zero_rows(ops, rows.q, g.dq, ctx);
+      continue;
+    }
+    run_backward(ops, one, rows, sequence_q_rows(p, dout, b), saved.sequences[static_cast<std::size_t>(b)], g, ctx,
+                 mask);
+  }
 }
 
 CompositeBackend::Planned CompositeBackend::plan(const Problem& p) const {
@@ -101,7 +165,7 @@ CompositeBackend::Planned CompositeBackend::plan(const Problem& p) const {
       saved = {};
       run_forward(plan, p, args.in, args.out, ctx, mask, &saved);
     }
-    run_backward(plan, p, args.in, args.dout, saved, args.grads, ctx, mask);
+    run_backward_packed(plan, p, args.in, args.dout, saved, args.grads, ctx, mask);
   };
   // The runner makes a backward's saved tensors once, before the steps.
   if (p.pass == Pass::Backward) run_forward(plan, p, args.in, args.out, ctx, mask, &saved);
@@ -119,6 +183,21 @@ std::size_t CompositeBackend::planned_workspace_bytes(const Problem& p) const { 
 
 std::size_t CompositeBackend::score_elements(const Problem& p) {
   return static_cast<std::size_t>(p.batch * p.heads * p.seq * p.kv_seq);
+}
+
+std::size_t CompositeBackend::packed_workspace_bytes(const Problem& p) const {
+  std::size_t n = 0;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const Problem one = p.sequence(b);
+    if (one.seq > 0 && one.kv_seq > 0) n += workspace_bytes(one);
+  }
+  // Zeroing a sequence without keys (or queries): its rows' mul by 0.
+  return n + p.q_bytes() + 2 * p.kv_bytes();
+}
+
+std::string CompositeBackend::packed_story(const Problem& p) {
+  if (!p.varlen()) return {};
+  return ", " + std::to_string(p.batch) + " packed sequences run one by one (the ops once per sequence)";
 }
 
 std::string CompositeBackend::backward_story(const Problem& p, DType saved) {

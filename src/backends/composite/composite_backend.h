@@ -3,6 +3,7 @@
 // the plan (plan.h) instead of being written by hand.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,15 +16,21 @@ namespace attnprof::composite {
 
 // The structural mask of the last problem, built once and kept, like the
 // registered buffer of the reference module: building it is not per-call work.
+// A packed batch's sequences each have their own (seq, kv_seq): the masks of
+// the last problem's shapes are all kept, up to kShapes of them.
 class MaskCache {
  public:
+  // The whole problem a call is for: another one frees the masks kept.
+  void use_for(const Problem& whole);
+  // The mask of p (one sequence of the problem, or all of a dense one).
   Tensor get(Ops& ops, const Problem& p, RunContext& ctx);
 
  private:
+  static constexpr std::size_t kShapes = 64;
   std::mutex mutex_;
-  std::string key_;
+  std::string owner_;
+  std::map<std::string, Tensor> masks_;
   const Allocator* allocator_ = nullptr;
-  Tensor mask_;
 };
 
 // The backward, for every composite: what autograd runs on the forward's
@@ -36,6 +43,14 @@ class MaskCache {
 //   dS *= scale                     (mul's backward)
 //   dQ = dS K, dK = dS^T Q          (matmul's backward; dK summed over a group)
 // Each backend writes its own in run_backward(), with its own precision.
+//
+// A packed batch (Problem::seq_lens) runs as a loop over its sequences, each
+// the dense batch-1 problem Problem::sequence(b) on views of its rows (as a
+// PyTorch user would loop over documents): no [S, Skv] of padding is ever
+// made, the ops repeat once per sequence, and a training forward saves each
+// sequence's tensors in Saved::sequences. A sequence without queries is
+// skipped (its keys' dK and dV are zeros: mul by 0, to); one without keys
+// gets zero rows the same way (every key of its rows is masked).
 class CompositeBackend : public Backend {
  public:
   explicit CompositeBackend(std::unique_ptr<Ops> ops) : ops_(std::move(ops)) {}
@@ -97,6 +112,12 @@ class CompositeBackend : public Backend {
   // p's score tensor [B, H, S, Skv] in elements: the saved probabilities and
   // every temporary the backward makes of that shape.
   static std::size_t score_elements(const Problem& p);
+  // A packed batch's workspace: its sequences' (each as its own problem)
+  // summed, an upper bound (their saved tensors and masks stay while the
+  // others run; their temporaries do not).
+  std::size_t packed_workspace_bytes(const Problem& p) const;
+  // What a packed batch adds to the eligibility's story (empty when dense).
+  static std::string packed_story(const Problem& p);
 
  private:
   struct Planned {
@@ -108,6 +129,9 @@ class CompositeBackend : public Backend {
   // [B, Hkv, Skv, D] tensors (gather_pages, one per tensor and call).
   void run_forward(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
                    Saved* saved) const;
+  // run_backward(), or its loop over a packed batch's sequences.
+  void run_backward_packed(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Saved& saved,
+                           Gradients& grads, RunContext& ctx, MaskCache& mask) const;
 
   std::unique_ptr<Ops> ops_;
   MaskCache mask_;

@@ -57,10 +57,12 @@ class Math final : public CompositeBackend {
     std::string what = is_16bit(p.dtype) ? "upcasts to FP32, " : "";
     what += "FP32 products (" + ops().describe_gemm(DType::F32) + ")";
     if (structural(p.mask)) what += ", mask rebuilt every call";
-    return {true, what + ", NaN-safe softmax" + softcap_story(p) + paged_story(p) + backward_story(p, DType::F32)};
+    return {true, what + ", NaN-safe softmax" + softcap_story(p) + paged_story(p) + packed_story(p) +
+                      backward_story(p, DType::F32)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
+    if (p.varlen()) return packed_workspace_bytes(p);
     const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
     const std::size_t scores = score_elements(p) * 4;
     const std::size_t q = n(p.batch * p.heads * p.seq * p.head_dim) * 4;
@@ -82,7 +84,10 @@ class Math final : public CompositeBackend {
     return pass + gathered + ops().library_workspace_bytes();
   }
 
-  Traits traits() const override { return {.reference_precision = true, .softcap = ops().device() == Device::Cpu}; }
+  Traits traits() const override {
+    const bool cpu = ops().device() == Device::Cpu;  // soft caps and packed batches: the CPU's
+    return {.reference_precision = true, .softcap = cpu, .varlen = cpu};
+  }
 
  protected:
   void run(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache&,

@@ -48,10 +48,11 @@ class Naive final : public CompositeBackend {
     if (std::string why = wrong_device(p); !why.empty()) return {false, why};
     if (std::string why = paged_refusal(p); !why.empty()) return {false, why};
     return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores" +
-                      softcap_story(p) + paged_story(p) + backward_story(p, p.dtype)};
+                      softcap_story(p) + paged_story(p) + packed_story(p) + backward_story(p, p.dtype)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
+    if (p.varlen()) return packed_workspace_bytes(p);
     const std::size_t scores = score_elements(p) * element_size(p.dtype);
     const auto mask = static_cast<std::size_t>(p.seq * p.kv_seq);  // the cached bool mask
     // Two score buffers are live at a time (each op reads one, writes one);
@@ -71,7 +72,9 @@ class Naive final : public CompositeBackend {
   }
 
   Traits traits() const override {
-    return {.nan_on_fully_masked = true, .memory_baseline = !inplace_, .softcap = ops().device() == Device::Cpu};
+    // Soft caps and packed batches: the CPU's (the CUDA ops are untested there).
+    const bool cpu = ops().device() == Device::Cpu;
+    return {.nan_on_fully_masked = true, .memory_baseline = !inplace_, .softcap = cpu, .varlen = cpu};
   }
 
  protected:

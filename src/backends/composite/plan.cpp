@@ -47,9 +47,9 @@ PlanOps::~PlanOps() = default;
 PlanOps::Args PlanOps::args(const Problem& p) {
   attnprof::Allocator& a = *allocator_;
   Args r;
-  r.in.q = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, a);
-  r.in.k = Tensor::empty({p.batch, p.kv_heads, p.kv_seq, p.head_dim}, p.dtype, a);
-  r.in.v = Tensor::empty({p.batch, p.kv_heads, p.kv_seq, p.head_dim}, p.dtype, a);
+  r.in.q = Tensor::empty(p.q_dims(), p.dtype, a);  // packed [1, H, total_q, D] for a packed batch
+  r.in.k = Tensor::empty(p.kv_dims(), p.dtype, a);
+  r.in.v = Tensor::empty(p.kv_dims(), p.dtype, a);
   const Dims full{p.batch, p.heads, p.seq, p.kv_seq};
   if (p.mask == MaskKind::Boolean) r.in.mask = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, a).expand(full);
   if (p.mask == MaskKind::Bias) r.in.bias = Tensor::empty({1, 1, p.seq, p.kv_seq}, p.dtype, a).expand(full);
@@ -59,7 +59,7 @@ PlanOps::Args PlanOps::args(const Problem& p) {
     r.in.v_pages = Tensor::empty(pages, p.dtype, a);
     r.in.block_table = Tensor::empty({1, 1, p.batch, p.pages_per_seq()}, DType::I32, a);
   }
-  r.out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, a);
+  r.out = Tensor::empty(p.q_dims(), p.dtype, a);
   if (p.pass != Pass::Forward) {
     r.dout = Tensor::empty(r.out.sizes(), p.dtype, a);
     r.grads = {Tensor::empty(r.in.q.sizes(), p.dtype, a), Tensor::empty(r.in.k.sizes(), p.dtype, a),

@@ -7,6 +7,11 @@
 //
 // A training forward also writes each row's log-sum-exp, from the same running
 // max and sum, which is all the backward (flash_backward.cpp) keeps.
+//
+// A packed batch (Problem::seq_lens) runs the same items per sequence: the
+// item's rows and keys are its sequence's own (its band at its own diagonal),
+// placed in the packed tensors by the sequence's first row (Sequence, in
+// flash_tiles.h), so no padding is read, computed or written.
 #include <omp.h>
 
 #include <algorithm>
@@ -33,17 +38,20 @@ namespace flash {
 
 int resolve_threads(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
 
-Band band_of(const Problem& p) {
+Band band_of(const Problem& p) { return band_of(p, p.seq, p.kv_seq); }
+
+Band band_of(const Problem& p, std::int64_t seq, std::int64_t kv_seq) {
+  const std::int64_t offset = kv_seq - seq;  // the bottom-right diagonal
   Band band;
   switch (p.mask) {
     case MaskKind::Causal:
       band.has_hi = true;
       break;
     case MaskKind::CausalBottomRight:
-      band = {.has_hi = true, .hi = p.diagonal_offset()};
+      band = {.has_hi = true, .hi = offset};
       break;
     case MaskKind::SlidingWindow:
-      band = {.has_lo = true, .has_hi = true, .lo = p.diagonal_offset() - p.window + 1, .hi = p.diagonal_offset()};
+      band = {.has_lo = true, .has_hi = true, .lo = offset - p.window + 1, .hi = offset};
       break;
     case MaskKind::None:
     case MaskKind::Boolean:
@@ -51,6 +59,52 @@ Band band_of(const Problem& p) {
       break;
   }
   return band;
+}
+
+std::vector<Sequence> sequences_of(const Problem& p) {
+  std::vector<Sequence> seqs(static_cast<std::size_t>(p.batch));
+  std::int64_t q0 = 0, k0 = 0, qb0 = 0;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    Sequence& s = seqs[static_cast<std::size_t>(b)];
+    s.seq = p.seq_len(b);
+    s.kv_seq = p.kv_seq_len(b);
+    s.band = band_of(p, s.seq, s.kv_seq);
+    s.qb0 = qb0;
+    qb0 += (s.seq + kBlockQ - 1) / kBlockQ;
+    if (p.varlen()) {
+      s.q0 = q0;
+      s.k0 = k0;
+      q0 += s.seq;
+      k0 += s.kv_seq;
+    } else {
+      s.tb = b;
+    }
+  }
+  return seqs;
+}
+
+std::int64_t total_q_blocks(const Problem& p) {
+  std::int64_t n = 0;
+  for (std::int64_t b = 0; b < p.batch; ++b) n += (p.seq_len(b) + kBlockQ - 1) / kBlockQ;
+  return n;
+}
+
+Dims lse_dims(const Problem& p) {
+  return p.varlen() ? Dims{1, p.heads, p.total_q(), 1} : Dims{p.batch, p.heads, p.seq, 1};
+}
+
+std::int64_t lse_rows(const Problem& p) { return p.varlen() ? p.total_q() : p.seq; }
+
+void require_shapes(const Problem& p, const Inputs& in, const char* who) {
+  const auto check = [&](const char* name, const Tensor& t, const Dims& want) {
+    if (!t.defined() || t.sizes() != want) {
+      fail(ErrorKind::InvalidArgument, std::string(who) + ": " + name + " must be " + dims_string(want) + " for " +
+                                           p.describe() + ", got " + (t.defined() ? t.dims_string() : "none"));
+    }
+  };
+  check("q", in.q, p.q_dims());
+  check("k", in.k, p.kv_dims());
+  check("v", in.v, p.kv_dims());
 }
 
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst) {
@@ -204,42 +258,28 @@ struct Job {
   const Inputs& in;
   const Tensor& out;
   Layout layout;
-  Band band;
   float q_scale;      // softmax scale * log2(e): the exponentials are base 2
   float cap2;         // soft cap * log2(e) (the logits are base 2); 0: no cap
   std::int64_t dpad;  // head_dim rounded up to 8, the accumulator's row length
   bool k_in_place;    // FP32 unit-stride K rows are read where they lie
   bool v_in_place;    // likewise V, when its rows are also whole vectors
-  float* lse;         // forward_train: each row's log-sum-exp, contiguous [B, H, S]; null otherwise
-  // Per-sequence key counts (Inputs::kv_lens, or a key-padding mask lowered
-  // to them), [B]; null: every sequence has kv_seq keys.
-  const std::int32_t* kv_lens;
-  bool mask_lowered;  // the Boolean mask is those lengths: never read per element
+  float* lse;         // forward_train: each row's log-sum-exp, contiguous lse_dims(p); null otherwise
+  const std::vector<Sequence>& seqs;
+  std::int64_t lse_rows;  // rows per head of the log-sum-exp (lse_rows(p))
+  bool mask_lowered;  // the Boolean mask is per-sequence key lengths (in seqs): never read per element
 };
-
-// Sequence b's keys and its band: with per-sequence lengths the bottom-right
-// alignment (CausalBottomRight, SlidingWindow) is the sequence's own.
-std::int64_t keys_of(const Job& job, std::int64_t b, Band& band) {
-  band = job.band;
-  if (!job.kv_lens) return job.p.kv_seq;
-  const std::int64_t len = job.kv_lens[b];
-  if (job.p.mask == MaskKind::CausalBottomRight || job.p.mask == MaskKind::SlidingWindow) {
-    band.lo += len - job.p.kv_seq;
-    band.hi += len - job.p.kv_seq;
-  }
-  return len;
-}
 
 // Key j's K or V row of sequence b, kv head hk, widened to FP32: from the
 // logical tensor, or with a paged cache from page block_table[b][j / page] at
 // row j % page (the pages are read where they lie, never gathered).
-void load_kv_row(const Job& job, const Tensor& logical, const Tensor& pages, std::int64_t b, std::int64_t hk,
+void load_kv_row(const Job& job, const Tensor& logical, const Tensor& pages, const Sequence& s, std::int64_t hk,
                  std::int64_t j, float* dst) {
   const std::int64_t D = job.p.head_dim;
   if (job.p.kv_cache != KvCache::Paged) {
-    load_row(logical, b, hk, j, D, dst);
+    load_row(logical, s.tb, hk, s.k0 + j, D, dst);
     return;
   }
+  const std::int64_t b = s.tb;  // a paged cache is never packed
   const Tensor& table = job.in.block_table;
   const std::int64_t page = job.p.page_size;
   const std::int64_t phys = table.data_as<const std::int32_t>()[b * table.stride(2) + (j / page) * table.stride(3)];
@@ -248,11 +288,11 @@ void load_kv_row(const Job& job, const Tensor& logical, const Tensor& pages, std
 
 // Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
 // qcols are zero so padded lanes compute harmless values.
-void pack_q(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
+void pack_q(const Job& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
             float* qt, float* row) {
   const std::int64_t D = job.p.head_dim;
   for (std::int64_t i = 0; i < nq; ++i) {
-    load_row(job.in.q, b, h, i0 + i, D, row);
+    load_row(job.in.q, s.tb, h, s.q0 + i0 + i, D, row);
     for (std::int64_t d = 0; d < D; ++d) qt[d * kBlockQ + i] = row[d] * job.q_scale;
   }
   for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
@@ -261,20 +301,20 @@ void pack_q(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std
 // out rows = O / l, zeros where l == 0 (every key masked: never NaN); and for
 // a training forward each row's natural-log LSE, ln(l) + m ln 2 (m is the
 // base-2 running max), -inf where l == 0.
-void store_rows(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, const float* o,
+void store_rows(const Job& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq, const float* o,
                 const float* m, const float* l) {
   const Tensor& out = job.out;
   const std::int64_t D = job.p.head_dim;
   const std::int64_t inc = out.stride(3);
   if (job.lse) {
-    float* lse = job.lse + (b * job.p.heads + h) * job.p.seq + i0;
+    float* lse = job.lse + (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
     for (std::int64_t i = 0; i < nq; ++i)
       lse[i] = l[i] > 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
   }
   for (std::int64_t i = 0; i < nq; ++i) {
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     const float* src = o + i * job.dpad;
-    const std::int64_t base = out.index(b, h, i0 + i, 0);
+    const std::int64_t base = out.index(s.tb, h, s.q0 + i0 + i, 0);
     if (out.dtype() == DType::F32 && inc == 1) {
       float* dst = out.data_as<float>() + base;
       for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
@@ -284,13 +324,16 @@ void store_rows(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0,
   }
 }
 
-// One work item: query rows [i0, i0 + nq) of (b, h) against every visible key.
+// One work item: query rows [i0, i0 + nq) of (sequence b, head h) against
+// every visible key of the sequence; nothing past a short sequence's end.
 void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
   const Problem& p = job.p;
+  const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
+  if (i0 >= s.seq) return;
   const Layout& L = job.layout;
   const std::int64_t D = p.head_dim;
   const std::int64_t hk = h / p.group();
-  const std::int64_t nq = std::min(kBlockQ, p.seq - i0);
+  const std::int64_t nq = std::min(kBlockQ, s.seq - i0);
   const std::int64_t qcols = round_up(nq, 16);
   float* qt = scratch + L.qt;
   float* st = scratch + L.s;
@@ -304,12 +347,11 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
   std::fill(l, l + kBlockQ, 0.0f);
 
   // The keys any row of this block can see; rows outside it stay all-masked.
-  Band band;
-  const std::int64_t keys = keys_of(job, b, band);
+  const Band& band = s.band;
   const std::int64_t last = i0 + nq - 1;
   const std::int64_t k_begin = band.has_lo ? std::max<std::int64_t>(0, i0 + band.lo) : 0;
-  const std::int64_t k_end = band.has_hi ? std::min(keys, last + band.hi + 1) : keys;
-  if (k_begin < k_end) pack_q(job, b, h, i0, nq, qcols, qt, st);
+  const std::int64_t k_end = band.has_hi ? std::min(s.kv_seq, last + band.hi + 1) : s.kv_seq;
+  if (k_begin < k_end) pack_q(job, s, h, i0, nq, qcols, qt, st);
 
   const Tensor& K = job.in.k;
   const Tensor& V = job.in.v;
@@ -319,39 +361,45 @@ void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
     const float* k_rows = scratch + L.k;
     std::int64_t ldk = D;
     if (job.k_in_place) {
-      k_rows = K.data_as<const float>() + K.index(b, hk, j0, 0);
+      k_rows = K.data_as<const float>() + K.index(s.tb, hk, s.k0 + j0, 0);
       ldk = K.stride(2);
     } else {
-      for (std::int64_t j = 0; j < n; ++j) load_kv_row(job, K, job.in.k_pages, b, hk, j0 + j, scratch + L.k + j * D);
+      for (std::int64_t j = 0; j < n; ++j) load_kv_row(job, K, job.in.k_pages, s, hk, j0 + j, scratch + L.k + j * D);
     }
     Prefetch v_next;
     if (job.v_in_place)
-      v_next = {.rows = V.data_as<const float>() + V.index(b, hk, j0, 0), .ld = V.stride(2), .floats = D};
+      v_next = {.rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0), .ld = V.stride(2), .floats = D};
     qk_block(k_rows, ldk, n, qt, kBlockQ, qcols, D, st, kBlockQ, v_next);
     if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st);
 
     const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
     if (straddles) mask_band(band, i0, j0, n, qcols, st);
     if ((p.mask == MaskKind::Boolean && !job.mask_lowered) || p.mask == MaskKind::Bias)
-      mask_tensor(p, job.in, b, h, i0, nq, j0, n, st);
+      mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st);
 
     online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
 
     const float* v_rows = scratch + L.v;
     std::int64_t ldv = job.dpad;
     if (job.v_in_place) {
-      v_rows = V.data_as<const float>() + V.index(b, hk, j0, 0);
+      v_rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0);
       ldv = V.stride(2);
     } else {
       for (std::int64_t j = 0; j < n; ++j) {
         float* row = scratch + L.v + j * job.dpad;
-        load_kv_row(job, V, job.in.v_pages, b, hk, j0 + j, row);
+        load_kv_row(job, V, job.in.v_pages, s, hk, j0 + j, row);
         std::fill(row + D, row + job.dpad, 0.0f);
       }
     }
     pv_block(st, kBlockQ, v_rows, ldv, n, nq, job.dpad, alpha, o, job.dpad);
   }
-  store_rows(job, b, h, i0, nq, o, m, l);
+  store_rows(job, s, h, i0, nq, o, m, l);
+}
+
+// What a packed batch adds to the eligibility's story.
+std::string packed(const Problem& p) {
+  if (!p.varlen()) return {};
+  return ", " + std::to_string(p.batch) + " packed sequences, each against its own keys";
 }
 
 class FlashCpu final : public Backend {
@@ -373,11 +421,13 @@ class FlashCpu final : public Backend {
               ? ", a key-padding mask lowered to per-sequence key lengths (others read per element)"
               : "";
       return {.eligible = true,
-              .reason = "tiled online softmax, " + threads + cap + paged + lowered + ", never materialises [S, Skv]"};
+              .reason = "tiled online softmax, " + threads + cap + paged + lowered + packed(p) +
+                        ", never materialises [S, Skv]"};
     }
     return {.eligible = true,
             .reason = "FlashAttention-2 backward recomputing P from the saved log-sum-exp, " + threads + cap +
-                      (p.deterministic ? ", dQ summed in a fixed order" : "") + ", never materialises [S, Skv]"};
+                      packed(p) + (p.deterministic ? ", dQ summed in a fixed order" : "") +
+                      ", never materialises [S, Skv]"};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
@@ -387,7 +437,7 @@ class FlashCpu final : public Backend {
     if (p.pass == Pass::Forward) return forward;
     Problem q = p;
     q.normalize();
-    return forward + lse_bytes(q) + backward_workspace_bytes(q, threads);
+    return forward + q.lse_bytes() + backward_workspace_bytes(q, threads);
   }
 
   Expectation expectation(const Problem& p) const override {
@@ -406,19 +456,24 @@ class FlashCpu final : public Backend {
   // The backward recomputes P from the saved log-sum-exp, tile by tile, and
   // adds each key block's dQ under a lock in the order the threads get there.
   Traits traits() const override {
-    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .kv_lens = true};
+    return {.backward_recomputes = true,
+            .backward_dq_unordered = true,
+            .softcap = true,
+            .kv_lens = true,
+            .varlen = true};
   }
 
   void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
     run_forward(problem, in, out, nullptr, ctx);
   }
 
-  // The LSE, FP32 [B, H, S, 1], is all the backward needs beyond the inputs and O.
+  // The LSE, FP32 lse_dims(p) ([B, H, S, 1], or [1, H, total_q, 1] packed), is all the backward needs beyond the inputs
+  // and O.
   void forward_train(const Problem& problem, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
     Problem p = problem;
     p.normalize();
     saved.probs = {};
-    saved.lse = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
+    saved.lse = Tensor::empty(lse_dims(p), DType::F32, ctx.allocator);
     run_forward(p, in, out, saved.lse.data_as<float>(), ctx);
   }
 
@@ -428,8 +483,6 @@ class FlashCpu final : public Backend {
   }
 
  private:
-  static std::size_t lse_bytes(const Problem& p) { return static_cast<std::size_t>(p.batch * p.heads * p.seq) * 4; }
-
   static void run_forward(const Problem& problem, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
     Problem p = problem;
     p.normalize();
@@ -444,6 +497,7 @@ class FlashCpu final : public Backend {
     // the shorter of the two.
     std::vector<std::int32_t> lens;
     if (in.kv_lens.defined()) lens = kv_lengths(p, in.kv_lens);
+    if (p.varlen()) require_shapes(p, in, "flash");
     // The pages each sequence reads (a prefix cache's tables share pages,
     // and past its pages a row is not read).
     if (p.kv_cache == KvCache::Paged)
@@ -455,6 +509,17 @@ class FlashCpu final : public Backend {
     } else if (lowered) {
       for (std::size_t b = 0; b < lens.size(); ++b) lens[b] = std::min(lens[b], (*lowered)[b]);
     }
+    if (!lens.empty() && p.varlen()) {
+      fail(ErrorKind::InvalidArgument,
+           "flash: per-sequence key lengths (kv_lens, a key-padding mask) do not combine with a packed batch");
+    }
+    // Each sequence's keys and band from those lengths: the bottom-right
+    // alignment (CausalBottomRight, SlidingWindow) is then the sequence's own.
+    std::vector<Sequence> seqs = sequences_of(p);
+    for (std::size_t b = 0; b < lens.size(); ++b) {
+      seqs[b].kv_seq = lens[b];
+      seqs[b].band = band_of(p, seqs[b].seq, lens[b]);
+    }
 
     const std::int64_t D = p.head_dim;
     // A paged cache's rows are copied out of their pages (load_kv_row).
@@ -465,16 +530,18 @@ class FlashCpu final : public Backend {
                   .in = in,
                   .out = out,
                   .layout = layout_for(D),
-                  .band = band_of(p),
                   .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
                   .cap2 = static_cast<float>(p.softcap * std::numbers::log2e),
                   .dpad = round_up(D, 8),
                   .k_in_place = in.k.dtype() == DType::F32 && k_unit,
                   .v_in_place = in.v.dtype() == DType::F32 && v_unit && D % 8 == 0,
                   .lse = lse,
-                  .kv_lens = lens.empty() ? nullptr : lens.data(),
+                  .seqs = seqs,
+                  .lse_rows = lse_rows(p),
                   .mask_lowered = lowered.has_value()};
 
+    // A packed batch's items run over its longest sequence's query blocks;
+    // those past a shorter one's end return at once.
     const std::int64_t q_blocks = (p.seq + kBlockQ - 1) / kBlockQ;
     const std::int64_t heads = p.batch * p.heads;
     const std::int64_t items = heads * q_blocks;

@@ -18,6 +18,10 @@
 // contended. The order of those adds follows thread timing; with
 // p.deterministic an item owns a whole (batch, kv head) instead, whose key
 // blocks it walks in order, so every dQ sum has a fixed order.
+//
+// A packed batch (Problem::seq_lens): an item is a (sequence, kv head, key
+// block), its keys and queries its sequence's own, and the dQ tiles are per
+// (sequence's query block, head), so the sums stay within a sequence.
 #include <omp.h>
 
 #include <algorithm>
@@ -161,26 +165,26 @@ struct Job {
   const Problem& p;
   const Inputs& in;
   const Tensor& dout;
-  const float* lse;                   // [B, H, S]
-  const float* delta;                 // rowsum(dO * O), [B, H, S]
-  float* dq_acc;                      // [B, H, query blocks, D, kBlockQ]: dQ^T tiles in FP32
+  const float* lse;                   // lse_dims(p): [B, H, S], or [1, H, total_q] packed
+  const float* delta;                 // rowsum(dO * O), laid out as lse
+  float* dq_acc;                      // [query blocks of all sequences, H, D, kBlockQ]: dQ^T tiles in FP32
   std::vector<std::mutex>& dq_locks;  // one per dQ^T tile
   const Gradients& grads;
   Layout layout;
-  Band band;
+  const std::vector<Sequence>& seqs;
+  std::int64_t lse_rows;
   float q_scale;  // softmax scale * log2(e): the exponentials are base 2
   float scale;
   float cap2;  // soft cap * log2(e) (the logits are base 2); 0: no cap
   std::int64_t dpad;
-  std::int64_t q_blocks;
 };
 
 // Query rows i0..i0+nq of head h: Q and dO row-major (zero past D) and
 // transposed (zero past nq up to qcols), Q^T pre-scaled; the LSE in base 2,
 // +inf on a fully masked row and on padding so that P = 2^(S - LSE) is 0
 // there; D = rowsum(dO * O), 0 on padding.
-void pack_queries(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
-                  float* scratch) {
+void pack_queries(const Job& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                  std::int64_t qcols, float* scratch) {
   const Layout& L = job.layout;
   const std::int64_t D = job.p.head_dim;
   float* q = scratch + L.q;
@@ -190,8 +194,8 @@ void pack_queries(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
   for (std::int64_t i = 0; i < nq; ++i) {
     float* qi = q + i * job.dpad;
     float* di = d_o + i * job.dpad;
-    load_row(job.in.q, b, h, i0 + i, D, qi);
-    load_row(job.dout, b, h, i0 + i, D, di);
+    load_row(job.in.q, s.tb, h, s.q0 + i0 + i, D, qi);
+    load_row(job.dout, s.tb, h, s.q0 + i0 + i, D, di);
     std::fill(qi + D, qi + job.dpad, 0.0f);
     std::fill(di + D, di + job.dpad, 0.0f);
     for (std::int64_t d = 0; d < D; ++d) {
@@ -203,7 +207,7 @@ void pack_queries(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i
     std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
     std::fill(d_ot + d * kBlockQ + nq, d_ot + d * kBlockQ + qcols, 0.0f);
   }
-  const std::int64_t row0 = (b * job.p.heads + h) * job.p.seq + i0;
+  const std::int64_t row0 = (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
   float* lse2 = scratch + L.lse2;
   float* delta = scratch + L.delta;
   constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -248,16 +252,18 @@ void probabilities_and_ds(const Job& job, std::int64_t n, std::int64_t qcols, fl
   }
 }
 
-// One (batch, kv head, key block): dK and dV of keys j0..j0+n, and the
-// contributions of those keys to dQ.
+// One (sequence, kv head, key block): dK and dV of keys j0..j0+n, and the
+// contributions of those keys to dQ; nothing past a short sequence's keys.
 void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb, float* scratch) {
   const Problem& p = job.p;
+  const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
   const Layout& L = job.layout;
-  const Band& band = job.band;
+  const Band& band = s.band;
   const std::int64_t D = p.head_dim, dpad = job.dpad;
   const std::int64_t block_k = L.block_k;
   const std::int64_t j0 = kb * block_k;
-  const std::int64_t n = std::min(block_k, p.kv_seq - j0);
+  if (j0 >= s.kv_seq) return;
+  const std::int64_t n = std::min(block_k, s.kv_seq - j0);
   float* k = scratch + L.k;
   float* kt = scratch + L.kt;
   float* v = scratch + L.v;
@@ -268,11 +274,11 @@ void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb,
 
   // The queries that can see any of these keys; a key none sees keeps zeros.
   const std::int64_t i_begin = band.has_hi ? std::max<std::int64_t>(0, j0 - band.hi) : 0;
-  const std::int64_t i_end = band.has_lo ? std::min(p.seq, j0 + n - band.lo) : p.seq;
+  const std::int64_t i_end = band.has_lo ? std::min(s.seq, j0 + n - band.lo) : s.seq;
   if (i_begin < i_end) {
     for (std::int64_t j = 0; j < n; ++j) {
-      load_row(job.in.k, b, hk, j0 + j, D, k + j * D);
-      load_row(job.in.v, b, hk, j0 + j, D, v + j * D);
+      load_row(job.in.k, s.tb, hk, s.k0 + j0 + j, D, k + j * D);
+      load_row(job.in.v, s.tb, hk, s.k0 + j0 + j, D, v + j * D);
       for (std::int64_t d = 0; d < D; ++d) kt[d * block_k + j] = k[j * D + d];
     }
   }
@@ -281,15 +287,15 @@ void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb,
   float* dqt = scratch + L.dqt;
   for (std::int64_t qb = i_begin / kBlockQ; i_begin < i_end && qb <= (i_end - 1) / kBlockQ; ++qb) {
     const std::int64_t i0 = qb * kBlockQ;
-    const std::int64_t nq = std::min(kBlockQ, p.seq - i0);
+    const std::int64_t nq = std::min(kBlockQ, s.seq - i0);
     const std::int64_t qcols = round_up(nq, 16);
     const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < i0 + nq - 1 + band.lo);
     for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
-      pack_queries(job, b, h, i0, nq, qcols, scratch);
+      pack_queries(job, s, h, i0, nq, qcols, scratch);
       gemm<false>(k, D, scratch + L.qt, kBlockQ, n, qcols, D, pt, kBlockQ);  // S^T = K Q^T
       if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, pt);
       if (straddles) mask_band(band, i0, j0, n, qcols, pt);
-      if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(p, job.in, b, h, i0, nq, j0, n, pt);
+      if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, pt);
       gemm<false>(v, D, scratch + L.doutt, kBlockQ, n, qcols, D, dst, kBlockQ);  // dP^T = V dO^T
       if (job.cap2 > 0) {
         probabilities_and_ds<true>(job, n, qcols, scratch);
@@ -300,15 +306,15 @@ void key_block(const Job& job, std::int64_t b, std::int64_t hk, std::int64_t kb,
       gemm<true>(dst, kBlockQ, scratch + L.q, dpad, n, dpad, nq, dk, dpad);    // dK += dS^T Q
       gemm<false>(kt, block_k, dst, kBlockQ, D, qcols, n, dqt, kBlockQ);       // dQ^T part = K^T dS^T
 
-      const std::int64_t tile = (b * p.heads + h) * job.q_blocks + qb;
+      const std::int64_t tile = (s.qb0 + qb) * p.heads + h;
       float* acc = job.dq_acc + tile * D * kBlockQ;
       const std::lock_guard<std::mutex> hold(job.dq_locks[static_cast<std::size_t>(tile)]);
       for (std::int64_t x = 0; x < D * kBlockQ; x += 8) store(acc + x, add(load(acc + x), load(dqt + x)));
     }
   }
   for (std::int64_t j = 0; j < n; ++j) {
-    store_row(job.grads.dk, b, hk, j0 + j, D, dk + j * dpad);
-    store_row(job.grads.dv, b, hk, j0 + j, D, dv + j * dpad);
+    store_row(job.grads.dk, s.tb, hk, s.k0 + j0 + j, D, dk + j * dpad);
+    store_row(job.grads.dv, s.tb, hk, s.k0 + j0 + j, D, dv + j * dpad);
   }
 }
 
@@ -319,8 +325,8 @@ void require(bool ok, const std::string& what) {
 }  // namespace
 
 std::size_t backward_workspace_bytes(const Problem& p, int threads) {
-  const auto rows = static_cast<std::size_t>(p.batch * p.heads * p.seq);
-  const auto dq_tiles = static_cast<std::size_t>(p.batch * p.heads * blocks(p.seq, kBlockQ) * p.head_dim * kBlockQ);
+  const auto rows = static_cast<std::size_t>(p.heads * p.total_q());
+  const auto dq_tiles = static_cast<std::size_t>(total_q_blocks(p) * p.heads * p.head_dim * kBlockQ);
   return sizeof(float) *
          (static_cast<std::size_t>(layout_for(p.head_dim).total) * static_cast<std::size_t>(threads) + rows + dq_tiles);
 }
@@ -335,15 +341,21 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
   // A key-padding mask is read as the tensor it is here (the forward's
   // lowering only skips work); caller-given lengths are a forward's.
   require(!in.kv_lens.defined(), "per-sequence key lengths (kv_lens) are taken by the forward only");
-  require(lse.defined() && lse.dtype() == DType::F32 && lse.is_contiguous() &&
-              lse.sizes() == Dims{p.batch, p.heads, p.seq, 1},
-          "the saved log-sum-exp must be FP32 [B, H, S, 1] from flash's forward_train");
+  require(lse.defined() && lse.dtype() == DType::F32 && lse.is_contiguous() && lse.sizes() == lse_dims(p),
+          "the saved log-sum-exp must be FP32 " + dims_string(lse_dims(p)) + " from flash's forward_train");
   require(grads.dq.defined() && grads.dk.defined() && grads.dv.defined(), "dQ, dK and dV must be allocated");
+  if (p.varlen()) require_shapes(p, in, "flash backward");
 
   const std::int64_t D = p.head_dim;
-  const std::int64_t q_blocks = blocks(p.seq, kBlockQ);
+  const std::vector<Sequence> seqs = sequences_of(p);
+  const std::int64_t q_tiles = total_q_blocks(p) * p.heads;
+  // A packed batch's items run over its longest sequence's key blocks; those
+  // past a shorter one's keys return at once.
   const std::int64_t k_blocks = blocks(p.kv_seq, key_block_rows(D));
-  const std::int64_t rows = p.batch * p.heads * p.seq;
+  // Rows of the log-sum-exp (and of D): (tb * H + h) * per_head + row, where
+  // row is the query's row in the tensors (packed: across the sequences).
+  const std::int64_t per_head = lse_rows(p);
+  const std::int64_t rows = p.heads * p.total_q();
   const Layout layout = layout_for(D);
   // Deterministic: an item is a whole (batch, kv head), its key blocks in order.
   const std::int64_t blocks_per_item = p.deterministic ? k_blocks : 1;
@@ -351,9 +363,9 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
   const int threads = static_cast<int>(std::min<std::int64_t>(resolve_threads(ctx.threads), std::max(items, rows)));
 
   Tensor scratch = Tensor::empty({threads, 1, 1, layout.total}, DType::F32, ctx.allocator);
-  Tensor delta = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
-  Tensor dq_acc = Tensor::empty({p.batch * p.heads, q_blocks, D, kBlockQ}, DType::F32, ctx.allocator);
-  std::vector<std::mutex> dq_locks(static_cast<std::size_t>(p.batch * p.heads * q_blocks));
+  Tensor delta = Tensor::empty(lse_dims(p), DType::F32, ctx.allocator);
+  Tensor dq_acc = Tensor::empty({q_tiles, 1, D, kBlockQ}, DType::F32, ctx.allocator);
+  std::vector<std::mutex> dq_locks(static_cast<std::size_t>(q_tiles));
   const Job job{.p = p,
                 .in = in,
                 .dout = dout,
@@ -363,12 +375,19 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
                 .dq_locks = dq_locks,
                 .grads = grads,
                 .layout = layout,
-                .band = band_of(p),
+                .seqs = seqs,
+                .lse_rows = per_head,
                 .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
                 .scale = static_cast<float>(p.softmax_scale()),
                 .cap2 = static_cast<float>(p.softcap * std::numbers::log2e),
-                .dpad = round_up(D, 8),
-                .q_blocks = q_blocks};
+                .dpad = round_up(D, 8)};
+  // Row r of a head's rows: its sequence and its row within it.
+  const std::vector<std::int64_t> cu = p.cu_seqlens_q();
+  const auto sequence_of = [&](std::int64_t tb, std::int64_t r) -> std::pair<std::int64_t, std::int64_t> {
+    if (!p.varlen()) return {tb, r};
+    const auto b = static_cast<std::int64_t>(std::upper_bound(cu.begin(), cu.end(), r) - cu.begin()) - 1;
+    return {b, r - cu[static_cast<std::size_t>(b)]};
+  };
 
 #pragma omp parallel num_threads(threads)
   {
@@ -377,24 +396,23 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
     // and the dQ accumulator zeroed, before any item reads or adds to them.
 #pragma omp for schedule(static)
     for (std::int64_t row = 0; row < rows; ++row) {
-      const std::int64_t b = row / (p.heads * p.seq), h = row / p.seq % p.heads, i = row % p.seq;
-      load_row(out, b, h, i, D, mine + layout.q);
-      load_row(dout, b, h, i, D, mine + layout.dout);
+      const std::int64_t th = row / per_head, r = row % per_head;  // th = tb * H + h
+      load_row(out, th / p.heads, th % p.heads, r, D, mine + layout.q);
+      load_row(dout, th / p.heads, th % p.heads, r, D, mine + layout.dout);
       float sum = 0.0f;
       for (std::int64_t d = 0; d < D; ++d) sum += mine[layout.q + d] * mine[layout.dout + d];
       delta.data_as<float>()[row] = sum;
     }
 #pragma omp for schedule(static)
-    for (std::int64_t tile = 0; tile < p.batch * p.heads * q_blocks; ++tile)
-      std::fill_n(job.dq_acc + tile * D * kBlockQ, D * kBlockQ, 0.0f);
+    for (std::int64_t tile = 0; tile < q_tiles; ++tile) std::fill_n(job.dq_acc + tile * D * kBlockQ, D * kBlockQ, 0.0f);
 
       // Within a (batch, kv head) the first key blocks see the most queries
       // under causal masks; the dynamic schedule hands them out first.
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t item = 0; item < items; ++item) {
-      const std::int64_t per_head = k_blocks / blocks_per_item;
-      const std::int64_t bh = item / per_head;
-      const std::int64_t first = item % per_head * blocks_per_item;
+      const std::int64_t per_pair = k_blocks / blocks_per_item;
+      const std::int64_t bh = item / per_pair;
+      const std::int64_t first = item % per_pair * blocks_per_item;
       for (std::int64_t kb = first; kb < first + blocks_per_item; ++kb)
         key_block(job, bh / p.kv_heads, bh % p.kv_heads, kb, mine);
     }
@@ -402,11 +420,14 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
     // dQ^T tiles transposed back into dQ rows, rounded once.
 #pragma omp for schedule(static)
     for (std::int64_t row = 0; row < rows; ++row) {
-      const std::int64_t bh = row / p.seq, i = row % p.seq;
-      const float* tile = job.dq_acc + (bh * q_blocks + i / kBlockQ) * D * kBlockQ + i % kBlockQ;
+      const std::int64_t th = row / per_head, r = row % per_head;
+      const std::int64_t tb = th / p.heads, h = th % p.heads;
+      const auto [b, i] = sequence_of(tb, r);
+      const Sequence& s = seqs[static_cast<std::size_t>(b)];
+      const float* tile = job.dq_acc + ((s.qb0 + i / kBlockQ) * p.heads + h) * D * kBlockQ + i % kBlockQ;
       float* buf = mine + layout.q;
       for (std::int64_t d = 0; d < D; ++d) buf[d] = tile[d * kBlockQ];
-      store_row(grads.dq, bh / p.heads, bh % p.heads, i, D, buf);
+      store_row(grads.dq, tb, h, r, D, buf);
     }
   }
 }

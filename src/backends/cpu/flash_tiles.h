@@ -54,6 +54,33 @@ struct Band {
   std::int64_t lo = 0, hi = 0;
 };
 Band band_of(const Problem& p);
+// The band of one sequence of seq queries and kv_seq keys under p's mask
+// (the bottom-right diagonal at kv_seq - seq).
+Band band_of(const Problem& p, std::int64_t seq, std::int64_t kv_seq);
+
+// One sequence of a problem as the kernels walk it: batch b of a dense
+// problem, or sequence b of a packed one (Problem::seq_lens), whose rows lie
+// at an offset in the packed tensors. Each item's row and key indices are
+// the sequence's own; q0 and k0 place them in the tensors.
+struct Sequence {
+  std::int64_t tb = 0;      // batch index into the tensors (0 when packed)
+  std::int64_t q0 = 0;      // its first query row in Q, O, dO, dQ
+  std::int64_t k0 = 0;      // its first key row in K, V, dK, dV
+  std::int64_t seq = 0;     // its queries
+  std::int64_t kv_seq = 0;  // its keys
+  std::int64_t qb0 = 0;     // query blocks of the sequences before it (the backward's dQ tiles)
+  Band band;
+};
+std::vector<Sequence> sequences_of(const Problem& p);
+// Query blocks of all sequences together.
+std::int64_t total_q_blocks(const Problem& p);
+// The log-sum-exp's sizes: [B, H, S, 1], or [1, H, total_q, 1] when packed;
+// row i of head h of sequence s lies at (s.tb * H + h) * lse_rows(p) + s.q0 + i.
+Dims lse_dims(const Problem& p);
+std::int64_t lse_rows(const Problem& p);
+// Throws unless in's Q, K, V (and `out`-shaped tensors) have p's sizes:
+// p.q_dims() and p.kv_dims(), packed or not.
+void require_shapes(const Problem& p, const Inputs& in, const char* who);
 
 // Row i of t[b, h] (n elements) widened to FP32; vector loads when unit-stride.
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst);

@@ -1,0 +1,64 @@
+// Packed (variable-length) batches on CUDA (issue 22 item 2): no CUDA kernel
+// or CUDA op set takes one yet, so every CUDA backend refuses one by name, in
+// one line, forward and backward, before any device call (eligibility_of
+// reads the backend's traits); auto finds nothing to pick. The CPU backends
+// take it (tests/cpu/varlen_test.cpp).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "attnprof/backend.h"
+#include "attnprof/error.h"
+#include "attnprof/runner.h"
+
+namespace attnprof {
+namespace {
+
+Problem packed_cuda_problem(Pass pass) {
+  Problem base{.heads = 8, .kv_heads = 2, .head_dim = 64, .dtype = DType::BF16, .device = Device::Cuda};
+  base.mask = MaskKind::Causal;
+  base.pass = pass;
+  Problem p = varlen_problem(base, {256, 17, 0, 1024}, {256, 40, 3, 1024});
+  p.normalize();
+  p.validate();
+  return p;
+}
+
+TEST(VarlenCuda, EveryCudaBackendRefusesItByName) {
+  for (const Pass pass : {Pass::Forward, Pass::Backward, Pass::Train}) {
+    const Problem p = packed_cuda_problem(pass);
+    for (const std::string_view name : backend_names()) {
+      SCOPED_TRACE(std::string(name) + " " + std::string(pass_name(pass)));
+      Backend* b = find_backend(name, Device::Cuda);
+      ASSERT_NE(b, nullptr) << "a CUDA build has every backend on CUDA";
+      if (pass != Pass::Forward && !b->has_backward()) continue;  // refused as having no backward first
+      const Eligibility el = eligibility_of(*b, p);
+      EXPECT_FALSE(el.eligible);
+      EXPECT_EQ(el.reason, "packed batches (seq_lens, varlen) are not built for " + std::string(name) +
+                               " on cuda yet (use device=cpu)");
+      EXPECT_EQ(eligibility_of(*b, p.sequence(0)).reason.find("packed"), std::string::npos)
+          << "one sequence alone is dense: the backend answers for itself";
+    }
+  }
+}
+
+TEST(VarlenCuda, ExplainAndAutoRefuseInOneLine) {
+  const Problem p = packed_cuda_problem(Pass::Forward);
+  for (const Explanation& e : explain(p)) {
+    EXPECT_FALSE(e.eligible) << e.backend;
+    EXPECT_NE(e.reason.find("not built for " + e.backend), std::string::npos) << e.reason;
+  }
+  try {
+    resolve_backend(p, "flash");
+    ADD_FAILURE() << "flash on CUDA took a packed batch";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("packed batches (seq_lens, varlen) are not built for flash on cuda yet"),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace attnprof
