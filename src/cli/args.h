@@ -43,6 +43,10 @@ struct Options {
   std::vector<std::optional<int>> trace_steps;
   int top = 10;     // rows of the per-op and per-kernel tables
   int max_gib = 4;  // --max-gib: the most JSON a trace may inflate to
+  // analyze --replay: the trace's attention problems run here; --device
+  // (device_given, problem.device) picks where, --backends which.
+  bool replay = false;
+  double replay_max_gflop = 2.0;  // --replay-max-gflop: CPU replays skip problems above it
 };
 
 // Throws Error(InvalidArgument) with a one-line message for any bad flag.

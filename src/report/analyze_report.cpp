@@ -172,6 +172,72 @@ std::string attention_text(const StepAnalysis& s, bool gpu) {
   return os.str();
 }
 
+json replay_json(const TraceReplay& r) {
+  json problems = json::array();
+  for (const auto& p : r.problems) {
+    json runs = json::array();
+    for (const auto& x : p.runs) {
+      runs.push_back({{"backend", x.backend},
+                      {"ran", x.ran},
+                      {"us", opt_json(x.us)},
+                      {"ratio", opt_json(x.ratio)},
+                      {"tflops", opt_json(x.tflops)},
+                      {"note", x.note.empty() ? json(nullptr) : json(x.note)}});
+    }
+    problems.push_back({{"label", p.label},
+                        {"problem", p.problem ? json::parse(problem_json(*p.problem)) : json(nullptr)},
+                        {"ran", p.ran},
+                        {"calls", p.calls},
+                        {"trace_us", p.trace_us},
+                        {"flops", opt_json(p.flops)},
+                        {"runs", std::move(runs)},
+                        {"fastest", p.fastest.empty() ? json(nullptr) : json(p.fastest)},
+                        {"skipped", p.skipped.empty() ? json(nullptr) : json(p.skipped)}});
+  }
+  return {{"trace_device", r.trace_device},
+          {"device", r.device.empty() ? json(nullptr) : json(r.device)},
+          {"device_description", r.device_description},
+          {"note", r.note.empty() ? json(nullptr) : json(r.note)},
+          {"problems", std::move(problems)}};
+}
+
+// analyze --replay: per distinct problem, what ran in the trace and each backend's time against it.
+std::string replay_text(const TraceReplay& r) {
+  std::ostringstream os;
+  os << "\nreplay";
+  if (!r.device.empty()) os << " on " << r.device << " (" << r.device_description << ")";
+  os << "\n";
+  if (!r.note.empty()) os << "  " << r.note << "\n";
+  for (const auto& p : r.problems) {
+    os << "\n  " << p.label << ": " << p.calls << (p.calls == 1 ? " call" : " calls") << " in the trace (" << p.ran
+       << "), " << time_str(p.trace_us) << " a call there\n";
+    if (!p.skipped.empty()) {
+      os << "    " << p.skipped << "\n";
+      continue;
+    }
+    Table t({"backend", "time", "vs trace", "TFLOP/s", "note"});
+    for (const auto& x : p.runs) {
+      std::string note = x.backend == p.fastest ? "fastest" : "";
+      if (!x.note.empty()) {
+        if (!note.empty()) note += "; ";  // appended: GCC 12's -Wrestrict false positive
+        note += shorten(x.note, 100);
+      }
+      t.add({x.backend, x.us ? time_str(*x.us) : "-", opt("%.2fx", x.ratio), opt("%.3g", x.tflops), note});
+    }
+    os << t.str("    ");
+    if (!p.fastest.empty()) {
+      const auto it =
+          std::find_if(p.runs.begin(), p.runs.end(), [&](const ReplayRun& x) { return x.backend == p.fastest; });
+      os << "    fastest: " << p.fastest;
+      if (it != p.runs.end() && it->ratio) os << format(", %.2fx the trace's time", *it->ratio);
+      os << "\n";
+    } else {
+      os << "    no backend ran it\n";
+    }
+  }
+  return os.str();
+}
+
 json step_json(const StepAnalysis& s) {
   json j = report::result_json(s.result);
   j["label"] = s.label;
@@ -310,6 +376,7 @@ std::string analysis_text(const TraceAnalysis& a, int top) {
     }
     os << ks.str("  ");
   }
+  if (a.replay) os << replay_text(*a.replay);
   return os.str();
 }
 
@@ -324,7 +391,8 @@ nlohmann::json report::analysis_json(const std::vector<TraceAnalysis>& analyses)
                       {"gpu", a.gpu},
                       {"events", a.events},
                       {"events_outside_steps", a.events_outside_steps},
-                      {"steps", std::move(steps)}});
+                      {"steps", std::move(steps)},
+                      {"replay", a.replay ? replay_json(*a.replay) : json(nullptr)}});
   }
   return {{"traces", std::move(traces)}};
 }
