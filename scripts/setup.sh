@@ -101,9 +101,9 @@ if ! python3 -c "import PIL, hta, pandas, plotly, networkx, numpy, psutil, yaml"
 fi
 
 # The Python package: its build backend and binding library, and what its
-# tests import.
-py_need=(nanobind scikit_build_core pytest numpy torch)
-py_pkgs=(nanobind scikit-build-core pytest numpy torch)
+# tests import (transformers: scripts/record_model_traces.py's Llama).
+py_need=(nanobind scikit_build_core pytest numpy torch transformers)
+py_pkgs=(nanobind scikit-build-core pytest numpy torch transformers)
 py_missing=()
 for i in "${!py_need[@]}"; do
   python3 -c "import ${py_need[$i]}" >/dev/null 2>&1 || py_missing+=("${py_pkgs[$i]}")
