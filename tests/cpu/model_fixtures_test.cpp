@@ -46,11 +46,11 @@ int ops_named(const json& trace, const std::string& name) {
 }
 
 struct Expect {
-  const char* trace;     // key in model_traces.json
-  const char* op;        // the outermost op of a forward call, as the JSON names it; "" none
-  const char* backend;   // what the table says ran
+  const char* trace;       // key in model_traces.json
+  const char* op;          // the outermost op of a forward call, as the JSON names it; "" none
+  const char* backend;     // what the table says ran
   int backward_per_layer;  // backward calls per layer (0: the math decomposition's backward is autograd's)
-  bool flops;            // the mask is in the trace (attnprof's string arguments are not)
+  bool flops;              // the mask is in the trace (attnprof's string arguments are not)
 };
 
 void PrintTo(const Expect& e, std::ostream* os) { *os << e.trace; }
@@ -110,21 +110,20 @@ TEST_P(ModelFixtures, AttentionTableMatchesAHandCount) {
   EXPECT_TRUE(s.missing_shapes.empty()) << "record_shapes=True";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Llama, ModelFixtures,
-    ::testing::Values(
-        // SDPA on the CPU dispatches to its flash kernel, forward and backward.
-        Expect{"sdpa_forward", "aten::scaled_dot_product_attention", "flash", 0, true},
-        Expect{"sdpa_train", "aten::scaled_dot_product_attention", "flash", 1, true},
-        // SDPA held to its math decomposition: the backward is autograd's, op by op.
-        Expect{"sdpa_math_forward", "aten::scaled_dot_product_attention", "math", 0, true},
-        Expect{"sdpa_math_train", "aten::scaled_dot_product_attention", "math", 0, true},
-        // transformers' eager attention is matmuls and a softmax: no op names attention.
-        Expect{"eager_forward", "", "", 0, true}, Expect{"eager_train", "", "", 0, true},
-        // attnprof through transformers' AttentionInterface: its custom ops, train and backward.
-        Expect{"attnprof_forward", "attnprof::attention", "attnprof", 0, false},
-        Expect{"attnprof_train", "attnprof::attention_train", "attnprof", 1, false}),
-    [](const auto& info) { return std::string(info.param.trace); });
+INSTANTIATE_TEST_SUITE_P(Llama, ModelFixtures,
+                         ::testing::Values(
+                             // SDPA on the CPU dispatches to its flash kernel, forward and backward.
+                             Expect{"sdpa_forward", "aten::scaled_dot_product_attention", "flash", 0, true},
+                             Expect{"sdpa_train", "aten::scaled_dot_product_attention", "flash", 1, true},
+                             // SDPA held to its math decomposition: the backward is autograd's, op by op.
+                             Expect{"sdpa_math_forward", "aten::scaled_dot_product_attention", "math", 0, true},
+                             Expect{"sdpa_math_train", "aten::scaled_dot_product_attention", "math", 0, true},
+                             // transformers' eager attention is matmuls and a softmax: no op names attention.
+                             Expect{"eager_forward", "", "", 0, true}, Expect{"eager_train", "", "", 0, true},
+                             // attnprof through transformers' AttentionInterface: its custom ops, train and backward.
+                             Expect{"attnprof_forward", "attnprof::attention", "attnprof", 0, false},
+                             Expect{"attnprof_train", "attnprof::attention_train", "attnprof", 1, false}),
+                         [](const auto& info) { return std::string(info.param.trace); });
 
 TEST(ModelFixtures, TrainingStepReplaysItsForwardAndBackward) {
   TraceAnalysis a = analyze_traces({kDir + "/" + meta()["traces"]["sdpa_train"].get<std::string>()}).at(0);
