@@ -9,12 +9,12 @@
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize nocupti compare train host bench bench_backward shapes decode train_model
-# python ring (default: all). Results land in $OUT (8 files at most).
+# model_traces python ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward shapes decode train_model python ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward shapes decode train_model model_traces python ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -285,6 +285,33 @@ if has train_model; then
   fi
 fi
 
+if has model_traces; then
+  # Issue 23: torch.profiler traces of a Llama-shaped LlamaForCausalLM (random
+  # weights; scripts/record_model_traces.py: SDPA's pick, SDPA held to flash,
+  # efficient, cuDNN and math, transformers' eager, attnprof; a forward and a
+  # training step each), each through analyze; the training step of SDPA's
+  # pick also with --replay (target: within 60 s) and --html.
+  log "model traces: record, analyze, analyze --replay"
+  if python_module && python3 -c 'import transformers' 2>/dev/null; then
+    {
+      PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 300 python3 scripts/record_model_traces.py \
+        --out /tmp/model_traces --device cuda 2>&1 | grep -v -E 'USDT|Warning'
+      for t in /tmp/model_traces/*.pt.trace.json.gz; do
+        echo "==== analyze $(basename "$t")"
+        timeout 60 $B/attnprof analyze "$t" --top 5 2>&1 | sed -n '/: attention$/,/^$/p' | cut -c1-200
+      done
+      echo "==== analyze --replay cuda_sdpa_train"
+      start=$SECONDS
+      timeout 120 $B/attnprof analyze /tmp/model_traces/cuda_sdpa_train.pt.trace.json.gz --replay --top 5 \
+        --json "$OUT/model_replay.json" --html "$OUT/model_replay.html" 2>&1 | sed -n '/^replay/,$p' | cut -c1-200
+      echo "analyze --replay rc ${PIPESTATUS[0]}, $((SECONDS - start)) s (target: 60 s)"
+    } >"$OUT/model_traces.txt" 2>&1
+  else
+    echo "model traces not recorded: the Python module did not build, or transformers is not installed" \
+      >"$OUT/model_traces.txt"
+  fi
+fi
+
 if has python; then
   # The Python package on CUDA tensors: its pytest suite (the GPU tests run
   # here: every backend, the current stream, torch.compile) and the host time
@@ -346,6 +373,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/bench_shapes.txt ]] && { echo "==== bench --shapes classes"; sed -n '/^Summary/,$p' /tmp/bench_shapes.txt; }
 [[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
 [[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }
+[[ -f $OUT/model_traces.txt ]] && { echo "==== model traces (analyze, --replay)"; tail -n 60 "$OUT/model_traces.txt"; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
 [[ -f $OUT/ring.txt ]] && { echo "==== ring (--gpus)"; cat "$OUT/ring.txt"; }

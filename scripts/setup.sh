@@ -102,7 +102,8 @@ fi
 
 # The Python package: its build backend and binding library, and what its
 # tests import (transformers: attnprof.integrations.transformers's test runs
-# a tiny random-weight Llama against SDPA; it downloads nothing).
+# a tiny random-weight Llama against SDPA, and scripts/record_model_traces.py
+# records one; neither downloads anything).
 py_need=(nanobind scikit_build_core pytest numpy torch transformers)
 py_pkgs=(nanobind scikit-build-core pytest numpy torch transformers)
 py_missing=()

@@ -65,6 +65,11 @@ struct AttentionCall {
   std::optional<double> tflops;       // flops over gpu_us (cpu_us on a CPU trace)
   std::optional<double> ceiling_pct;  // of AnalyzeOptions::ceiling_tflops, when given
   std::optional<double> share_pct;    // of the step's kernel time (host time on a CPU trace)
+  // Why the recorded shapes are no problem attnprof can run (Problem::validate's
+  // reason: a hostile or corrupt trace's seq = 10^12, a negative dim, head_dim
+  // 512): FLOPs are then counted only where the count is cheap and exact, and
+  // replay skips the call with this line. Empty: the shapes are runnable.
+  std::string refused;
 };
 
 // The step's attention: its calls and their share of the step.
@@ -96,6 +101,42 @@ struct StepAnalysis {
   AttentionSummary attention;
 };
 
+// ---- replay (attnprof/replay.h runs it) ----------------------------------------------
+
+// One backend's run of a replayed problem.
+struct ReplayRun {
+  std::string backend;
+  bool ran = false;
+  std::optional<double> us;      // measured per call: device time on a GPU, wall time on the CPU
+  std::optional<double> ratio;   // us over the trace's time per call (below 1: faster than what ran)
+  std::optional<double> tflops;  // the problem's FLOPs over us
+  std::string note;              // why it did not run, how it failed, or "error over tolerance: ..."
+};
+
+// One distinct attention problem of the trace (pass, shapes, mask, dtype, scale).
+struct ReplayProblem {
+  std::string label;               // "forward 2x4x256x64 causal bf16"
+  std::optional<Problem> problem;  // as replayed (on the replay's device); unset: no shapes, or shapes refused
+  std::string ran;                 // the backends that ran it in the trace ("flash", "math, flash")
+  int calls = 0;                   // its calls in the trace, every step
+  double trace_us = 0;             // the trace's time per call: GPU time (host time on a CPU trace)
+  std::optional<double> flops;     // per call
+  std::vector<ReplayRun> runs;     // attnprof's backends, in explain()'s order
+  std::string fastest;             // the backend with the least time; empty when none ran
+  std::string skipped;             // one line: why it was not replayed; empty when it was
+};
+
+struct TraceReplay {
+  std::string trace_device;        // "cuda" or "cpu": where the trace ran
+  std::string device;              // where it was replayed; empty when it was not
+  std::string device_description;  // of the replay's device
+  // One line when the replay did not run where the trace did: this machine
+  // lacks the trace's device (and --device was not given), or --device names
+  // one that is not here, or it replays on another device than the trace's.
+  std::string note;
+  std::vector<ReplayProblem> problems;
+};
+
 struct TraceAnalysis {
   std::string path;
   std::string trace_name;
@@ -104,6 +145,7 @@ struct TraceAnalysis {
   std::vector<StepAnalysis> steps;
   std::size_t events = 0;                // activities read
   std::size_t events_outside_steps = 0;  // before the first step or between steps: not analysed
+  std::optional<TraceReplay> replay;     // analyze --replay (attnprof/replay.h)
 };
 
 struct AnalyzeOptions {

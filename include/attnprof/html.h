@@ -30,6 +30,9 @@ struct HtmlRun {
   // reader with no Problem) sets it, or leaves metrics.tflops empty to draw
   // no point.
   std::optional<double> bytes_moved{};
+  // analyze: a JSON object drawn under the run (its attention calls and the
+  // replay, its top kernels' durations, its memory over time); empty: none.
+  std::string extra_json{};
 };
 
 // One line of `attnprof diff`: something that differs between run A and run B.
@@ -49,6 +52,10 @@ struct HtmlReport {
   std::vector<HtmlDiffRow> diff;           // diff only; the section is left out when empty
   std::vector<std::string> notes;          // lines shown under the title (collector notes ...)
   std::string diff_a = "A", diff_b = "B";  // the two sides' names, diff only
+  // analyze and diff: the runs are steps of traces from elsewhere, so only
+  // what a trace holds is drawn (no bars of error against float64 or peak
+  // memory it lacks, no roofline of runs without a FLOP count).
+  bool from_traces = false;
 };
 
 // The roofline's bytes model for one forward, when HtmlRun::bytes_moved is

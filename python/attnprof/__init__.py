@@ -19,18 +19,23 @@ import sys as _sys
 from . import _core
 from ._core import Error
 from ._records import Explanation, Finding, Record, Report, Result
+from ._analyze import Analysis, Diff, analyze, diff
 
 __all__ = [
+    "Analysis",
+    "Diff",
     "Error",
     "Explanation",
     "Finding",
     "Record",
     "Report",
     "Result",
+    "analyze",
     "attention",
     "backend_names",
     "compare",
     "cuda_built",
+    "diff",
     "explain",
     "profile",
     "torch_ops",

@@ -31,6 +31,9 @@ def _stream_of(t: torch.Tensor) -> int:
 
 
 _is_compiling = torch.compiler.is_compiling
+# Under torch.profiler the eager call goes through torch.ops.attnprof.attention,
+# so the trace holds the op with its shapes (attnprof analyze reads it).
+_profiling = torch.autograd._profiler_enabled
 
 
 # DLPack capsules through torch's C exporter: ten times cheaper per tensor than
@@ -175,8 +178,9 @@ def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, de
             raise Error("out= is not supported when gradients are needed: use the returned tensor")
         return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic,
                                                   softcap, attn_mask)[0]
-    if _is_compiling():
-        # Traced as one node of the graph (its fake gives the output's shape).
+    if _is_compiling() or (out is None and _profiling()):
+        # Traced as one node of the graph (its fake gives the output's shape), or recorded as
+        # the op by the profiler.
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
         return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,

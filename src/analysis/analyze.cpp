@@ -220,10 +220,17 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
       group[i] = it != launch_step.end() ? it->second : step_at(spans, v[i].start_ns);
     }
   }
+  // Times from the trace's start: torch.profiler's base (baseTimeNanoseconds)
+  // is the clock's epoch, so its own times read 5.29e12 us from it.
+  std::int64_t start = trace.base_ns;
+  if (!v.empty()) {
+    start = v.front().start_ns;
+    for (const Activity& a : v) start = std::min(start, a.start_ns);
+  }
   std::vector<Trace> parts(groups);
   for (std::size_t g = 0; g < groups; ++g) {
     parts[g].device = trace.device;
-    parts[g].base_ns = trace.base_ns;
+    parts[g].base_ns = start;
     parts[g].name = trace.name;
     parts[g].collector_note = trace.collector_note;
     parts[g].steps_recorded = 1;

@@ -8,6 +8,7 @@
 
 #include "analysis/format.h"
 #include "analysis/normalize.h"
+#include "attnprof/error.h"
 
 namespace attnprof::analysis {
 namespace {
@@ -200,6 +201,25 @@ std::string dims_str(const std::vector<std::int64_t>& d) {
   return s;
 }
 
+// Shapes whose FLOPs count is exact and quick: positive, query rows a
+// walk can visit, scores inside 64 bits (validate()'s own bounds, less its
+// head_dim and dtype limits, which say what runs, not what counts).
+bool countable(const Problem& p) {
+  constexpr std::int64_t kRows = std::int64_t{1} << 24, kHeads = std::int64_t{1} << 24, kDim = 1 << 16;
+  for (const std::int64_t x : {p.batch, p.heads, p.kv_heads, p.seq, p.kv_seq, p.head_dim}) {
+    if (x <= 0) return false;
+  }
+  return p.seq <= kRows && p.kv_seq <= kRows && p.batch <= kHeads && p.heads <= kHeads && p.batch * p.heads <= kHeads &&
+         p.head_dim <= kDim;
+}
+
+// A whole number read from a trace's string, where a window or count goes:
+// none for NaN, infinities and magnitudes no int64 of this kind should hold.
+std::optional<std::int64_t> whole(std::optional<double> x) {
+  if (!x || !std::isfinite(*x) || std::abs(*x) > 1e15) return std::nullopt;
+  return static_cast<std::int64_t>(*x);
+}
+
 // Shapes, dtype, mask and scale of one call from its op's record; false
 // when the op recorded no shapes.
 bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call) {
@@ -235,11 +255,11 @@ bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call) {
     p.mask = sig.bottom_right ? MaskKind::CausalBottomRight : MaskKind::Causal;
   }
   // flash_attn's window (left, right): keys i + off - left .. i + off + right; -1 unbounded.
-  if (const auto left = number(at(c, sig.window_left)); left && *left >= 0) {
-    const auto right = number(at(c, sig.window_right));
+  if (const auto left = whole(number(at(c, sig.window_left))); left && *left >= 0) {
+    const auto right = whole(number(at(c, sig.window_right)));
     if (p.mask == MaskKind::CausalBottomRight || (right && *right == 0)) {
       p.mask = MaskKind::SlidingWindow;
-      p.window = static_cast<std::int64_t>(*left) + 1;
+      p.window = *left + 1;
     }
   }
   bool mask_known = true;
@@ -248,7 +268,7 @@ bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call) {
     const auto m = parse_mask(at(c, sig.mask_name));
     mask_known = m.has_value();
     if (m) p.mask = *m;
-    if (const auto w = number(at(c, sig.window))) p.window = static_cast<std::int64_t>(*w);
+    if (const auto w = whole(number(at(c, sig.window)))) p.window = *w;
   }
   if (sig.name.starts_with("flex_attention")) call.mask = "block_mask";
   if (!mask_known) call.mask = "unknown";
@@ -260,11 +280,11 @@ bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call) {
   if (p.kv_heads != p.heads || p.kv_seq != p.seq) {
     call.shape += ", kv " + dims_str({p.batch, p.kv_heads, p.kv_seq, p.head_dim});
   }
-  // A block mask's visible pairs are not in the trace: no exact count.
-  if (call.mask != "block_mask" && call.mask != "unknown" && p.batch > 0 && p.heads > 0 && p.seq > 0 && p.kv_seq > 0 &&
-      p.head_dim > 0) {
-    call.flops = p.flops();
-  }
+  // A block mask's visible pairs are not in the trace: no exact count. Nor
+  // for shapes past what the count can hold: visible_pairs() walks every
+  // query row (seq = 10^12 from a corrupt trace would take hours) and
+  // seq x kv_seq must stay inside 64 bits.
+  if (call.mask != "block_mask" && call.mask != "unknown" && countable(p)) call.flops = p.flops();
   call.problem = p;
   return true;
 }
@@ -356,6 +376,13 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
       if (sig) call.scale = number(at(ix.at(i).concrete_inputs, sig->scale));
     }
     if (call.problem && call.scale) call.problem->scale = call.scale;
+    if (call.problem) {
+      try {
+        call.problem->validate();
+      } catch (const Error& e) {
+        call.refused = e.what();
+      }
+    }
     shapes_missing |= !shaped;
     if (call.problem) call.problem->device = gpu ? Device::Cuda : Device::Cpu;
     out.calls.push_back(std::move(call));

@@ -14,6 +14,7 @@
 
 #include "analysis/attention_calls.h"
 #include "analysis/format.h"
+#include "analysis/kernel_names.h"
 #include "analysis/normalize.h"
 #include "analysis/rule_support.h"
 
@@ -474,17 +475,6 @@ std::vector<Finding> backward_over_forward(const RuleInput& in) {
                {"backward_us", *m.device_time_us},
                {"forward_us", *m.forward_device_time_us}};
   return {f};
-}
-
-// A kernel's name as people read it: no return type, namespaces or template
-// arguments ("void ns::flash_bwd_sm90_kernel<Cfg<...>>(Args)" ->
-// "flash_bwd_sm90_kernel").
-std::string kernel_base_name(std::string_view name) {
-  if (name.starts_with("void ")) name.remove_prefix(5);
-  const std::size_t end = name.find_first_of("<(");
-  std::string_view head = name.substr(0, end);
-  if (const std::size_t colon = head.rfind("::"); colon != std::string_view::npos) head.remove_prefix(colon + 2);
-  return std::string(head.empty() ? name.substr(0, 70) : head);
 }
 
 // The kernels the backward launched (inside its op: in a training step, not

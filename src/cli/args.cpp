@@ -217,7 +217,12 @@ Options parse_trace_command(Options o, int argc, char** argv) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
     } else {
-      if (arg != "--step" && arg != "--top" && arg != "--json" && arg != "--html" && arg != "--max-gib") {
+      if (!diff && arg == "--replay") {
+        o.replay = true;
+        continue;
+      }
+      if (arg != "--step" && arg != "--top" && arg != "--json" && arg != "--html" && arg != "--max-gib" &&
+          (diff || (arg != "--device" && arg != "--backends" && arg != "--replay-max-gflop"))) {
         bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
       }
       if (i + 1 >= argc) bad(arg + " needs a value");
@@ -246,6 +251,21 @@ Options parse_trace_command(Options o, int argc, char** argv) {
       o.html_path = value;
     } else if (arg == "--max-gib") {
       o.max_gib = to_small_int(arg, value, 1, 1 << 20);
+    } else if (!diff && arg == "--device") {
+      if (value != "cpu" && value != "cuda") bad("--device must be cpu or cuda, got '" + value + "'");
+      o.device_given = true;
+      o.problem.device = value == "cpu" ? Device::Cpu : Device::Cuda;
+    } else if (!diff && arg == "--backends") {
+      for (const auto& b : split(value, ',')) {
+        check_backend_name("backends", b, /*auto_ok=*/false);
+        o.backends.push_back(b);
+      }
+    } else if (!diff && arg == "--replay-max-gflop") {
+      char* end = nullptr;
+      const double g = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != 0 || !(g > 0) || g > 1e9)
+        bad("--replay-max-gflop must be a positive number of GFLOP");
+      o.replay_max_gflop = g;
     } else {
       bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
     }
@@ -257,6 +277,7 @@ Options parse_trace_command(Options o, int argc, char** argv) {
     }
   } else {
     if (o.traces.empty()) bad("analyze needs at least one trace file (attnprof analyze --help)");
+    if (!o.replay && (o.device_given || !o.backends.empty())) bad("--device and --backends go with --replay");
     for (auto& s : o.trace_steps) s = analyze_step;
   }
   return o;
@@ -368,7 +389,7 @@ std::string command_help(const std::string& command) {
             "  --json PATH          also write the answer as JSON\n\n") +
         kProblemHelp;
   } else if (command == "analyze") {
-    h = R"(attnprof analyze TRACE [TRACE...] [--step N] [--top N] [--json PATH] [--html FILE]
+    h = R"(attnprof analyze TRACE [TRACE...] [--step N] [--top N] [--json PATH] [--html FILE] [--replay]
 
 Reads Chrome traces as torch.profiler writes them (prof.export_chrome_trace(...),
 the TensorBoard handler's *.pt.trace.json, gzipped or not) or as attnprof writes
@@ -390,6 +411,16 @@ memsets of each top-level op and the top kernels by time.
                        key-averages table, and bars across steps and traces
   --max-gib N          refuse a trace whose JSON (after decompression) passes
                        N GiB: a gzip bomb, or more than this machine holds (default 4)
+  --replay             run each distinct attention problem of the trace (forward,
+                       and backward where the trace has one) through attnprof's
+                       eligible backends here; per problem what ran in the trace,
+                       its time there, each backend's time and ratio, the fastest.
+                       A trace from a device this machine lacks (a CUDA trace on a
+                       CPU-only machine) is replayed only with --device
+  --device D           with --replay: cpu or cuda (default: the trace's device)
+  --backends A,B,...   with --replay: only these backends
+  --replay-max-gflop N with --replay on the CPU: skip problems above N GFLOP a
+                       call, with a line saying so                  (default 2)
 
 A trace that cannot be read (not JSON, truncated, not a trace, too deep, not
 UTF-8, a field of the wrong type) stops with one line, "attnprof: cannot read

@@ -47,6 +47,10 @@ struct Options {
   // one; read once the problem is known (load_mask_file), into `mask`.
   std::optional<std::string> mask_file;
   Tensor mask;
+  // analyze --replay: the trace's attention problems run here; --device
+  // (device_given, problem.device) picks where, --backends which.
+  bool replay = false;
+  double replay_max_gflop = 2.0;  // --replay-max-gflop: CPU replays skip problems above it
 };
 
 // Reads o.mask_file (when given) against the finished problem: its dtype

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "attnprof/error.h"
+#include "attnprof/replay.h"
 #include "attnprof/report.h"
 #include "attnprof/runner.h"
 #include "attnprof/trace_io.h"
@@ -155,6 +156,17 @@ int run_analyze(const Options& o) {
     AnalyzeOptions a = analyze_options(o);
     a.step = o.trace_steps[i];
     all.push_back(analyze_trace(read_chrome_trace(o.traces[i], a.read), o.traces[i], a));
+  }
+  if (o.replay) {
+    Progress progress(o.quiet);
+    ReplayOptions r;
+    if (o.device_given) r.device = o.problem.device;
+    r.backends = o.backends;
+    r.cpu_max_gflop = o.replay_max_gflop;
+    r.run.threads = o.threads;
+    r.run.progress = [&progress](std::string_view m) { progress(m); };
+    for (auto& a : all) replay_attention(a, r);
+    progress.clear();
   }
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (i > 0) std::printf("\n");

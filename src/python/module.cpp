@@ -858,12 +858,17 @@ PipelineOptions make_options(const std::optional<std::string>& trace_dir, const 
 }  // namespace
 }  // namespace attnprof::python
 
+namespace attnprof::python {
+void bind_analyze(nb::module_& m);  // analyze_bindings.cpp
+}  // namespace attnprof::python
+
 NB_MODULE(_core, m) {
   using namespace attnprof;
   using namespace attnprof::python;
   m.doc() = "attnprof's C++ library: attention on DLPack arrays, and the compare/profile/explain pipeline";
 
   nb::exception<Error>(m, "Error", PyExc_ValueError);
+  bind_analyze(m);
 
   m.def("attention", &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
         nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),

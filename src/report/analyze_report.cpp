@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "analysis/format.h"
+#include "analysis/kernel_names.h"
 #include "attnprof/report.h"
 #include "report/json.h"
 
@@ -172,6 +173,72 @@ std::string attention_text(const StepAnalysis& s, bool gpu) {
   return os.str();
 }
 
+json replay_json(const TraceReplay& r) {
+  json problems = json::array();
+  for (const auto& p : r.problems) {
+    json runs = json::array();
+    for (const auto& x : p.runs) {
+      runs.push_back({{"backend", x.backend},
+                      {"ran", x.ran},
+                      {"us", opt_json(x.us)},
+                      {"ratio", opt_json(x.ratio)},
+                      {"tflops", opt_json(x.tflops)},
+                      {"note", x.note.empty() ? json(nullptr) : json(x.note)}});
+    }
+    problems.push_back({{"label", p.label},
+                        {"problem", p.problem ? json::parse(problem_json(*p.problem)) : json(nullptr)},
+                        {"ran", p.ran},
+                        {"calls", p.calls},
+                        {"trace_us", p.trace_us},
+                        {"flops", opt_json(p.flops)},
+                        {"runs", std::move(runs)},
+                        {"fastest", p.fastest.empty() ? json(nullptr) : json(p.fastest)},
+                        {"skipped", p.skipped.empty() ? json(nullptr) : json(p.skipped)}});
+  }
+  return {{"trace_device", r.trace_device},
+          {"device", r.device.empty() ? json(nullptr) : json(r.device)},
+          {"device_description", r.device_description},
+          {"note", r.note.empty() ? json(nullptr) : json(r.note)},
+          {"problems", std::move(problems)}};
+}
+
+// analyze --replay: per distinct problem, what ran in the trace and each backend's time against it.
+std::string replay_text(const TraceReplay& r) {
+  std::ostringstream os;
+  os << "\nreplay";
+  if (!r.device.empty()) os << " on " << r.device << " (" << r.device_description << ")";
+  os << "\n";
+  if (!r.note.empty()) os << "  " << r.note << "\n";
+  for (const auto& p : r.problems) {
+    os << "\n  " << p.label << ": " << p.calls << (p.calls == 1 ? " call" : " calls") << " in the trace (" << p.ran
+       << "), " << time_str(p.trace_us) << " a call there\n";
+    if (!p.skipped.empty()) {
+      os << "    " << p.skipped << "\n";
+      continue;
+    }
+    Table t({"backend", "time", "vs trace", "TFLOP/s", "note"});
+    for (const auto& x : p.runs) {
+      std::string note = x.backend == p.fastest ? "fastest" : "";
+      if (!x.note.empty()) {
+        if (!note.empty()) note += "; ";  // appended: GCC 12's -Wrestrict false positive
+        note += shorten(x.note, 100);
+      }
+      t.add({x.backend, x.us ? time_str(*x.us) : "-", opt("%.2fx", x.ratio), opt("%.3g", x.tflops), note});
+    }
+    os << t.str("    ");
+    if (!p.fastest.empty()) {
+      const auto it =
+          std::find_if(p.runs.begin(), p.runs.end(), [&](const ReplayRun& x) { return x.backend == p.fastest; });
+      os << "    fastest: " << p.fastest;
+      if (it != p.runs.end() && it->ratio) os << format(", %.2fx the trace's time", *it->ratio);
+      os << "\n";
+    } else {
+      os << "    no backend ran it\n";
+    }
+  }
+  return os.str();
+}
+
 json step_json(const StepAnalysis& s) {
   json j = report::result_json(s.result);
   j["label"] = s.label;
@@ -306,10 +373,11 @@ std::string analysis_text(const TraceAnalysis& a, int top) {
       if (n++ >= top) break;
       ks.add({time_str(k.total_us), format("%.1f%%", k.pct), std::to_string(k.count),
               opt("%.0f%%", k.occupancy_pct) + (k.driver_launch ? " (driver)" : ""), k.gemm.empty() ? "-" : k.gemm,
-              shorten(k.name, 90)});
+              analysis::short_kernel_name(k.name, 90)});
     }
     os << ks.str("  ");
   }
+  if (a.replay) os << replay_text(*a.replay);
   return os.str();
 }
 
@@ -324,7 +392,8 @@ nlohmann::json report::analysis_json(const std::vector<TraceAnalysis>& analyses)
                       {"gpu", a.gpu},
                       {"events", a.events},
                       {"events_outside_steps", a.events_outside_steps},
-                      {"steps", std::move(steps)}});
+                      {"steps", std::move(steps)},
+                      {"replay", a.replay ? replay_json(*a.replay) : json(nullptr)}});
   }
   return {{"traces", std::move(traces)}};
 }
@@ -443,15 +512,94 @@ void add_steps(HtmlReport& h, const std::vector<StepAnalysis>& steps, const std:
   }
 }
 
+// What the page draws under a step, from what the trace holds: its attention
+// calls (each on the roofline where its FLOPs and bytes are known), the
+// trace's replay (under its first step), its top kernels' durations, its
+// memory over time.
+std::string step_extra(const StepAnalysis& s, const TraceAnalysis& a, bool first) {
+  const bool gpu = a.gpu;
+  json calls = json::array();
+  for (const auto& c : s.attention.calls) {
+    std::vector<std::string> kernels;
+    for (const auto& k : c.kernels) {
+      const std::string n = analysis::short_kernel_name(k);
+      if (std::find(kernels.begin(), kernels.end(), n) == kernels.end()) kernels.push_back(n);
+    }
+    json call = {{"op", c.op},
+                 {"backend", c.backend},
+                 {"pass", c.backward ? "backward" : "forward"},
+                 {"shape", c.shape},
+                 {"mask", c.mask},
+                 {"dtype", c.dtype},
+                 {"us", gpu ? c.gpu_us : c.cpu_us},
+                 {"tflops", opt_json(c.tflops)},
+                 {"share_pct", opt_json(c.share_pct)},
+                 {"flops", opt_json(c.flops)},
+                 {"kernels", kernels},
+                 {"refused", c.refused}};
+    // The least traffic the call must move (Problem::io_bytes): its intensity is an upper bound.
+    if (c.problem && c.refused.empty() && c.flops) {
+      const double bytes = static_cast<double>(c.problem->io_bytes());
+      if (bytes > 0) {
+        call["bytes"] = bytes;
+        call["intensity"] = *c.flops / bytes;
+      }
+    }
+    calls.push_back(std::move(call));
+  }
+  json j;
+  j["attention"] = {{"calls", std::move(calls)},
+                    {"forward_pct", opt_json(s.attention.forward_pct)},
+                    {"backward_pct", opt_json(s.attention.backward_pct)},
+                    {"missing_shapes", s.attention.missing_shapes},
+                    {"time", gpu ? "GPU time" : "host time"}};
+  j["bandwidth_tbs"] =
+      a.device && a.device->memory_bandwidth_gbs > 0 ? json(a.device->memory_bandwidth_gbs / 1e3) : json(nullptr);
+  if (first && a.replay) j["replay"] = replay_json(*a.replay);
+  // The top kernels, each launch's duration.
+  const auto& acts = s.result.trace.activities;
+  json kernels = json::array();
+  for (std::size_t k = 0; k < s.kernels_by_time.size() && k < 8; ++k) {
+    const KernelRow& row = s.kernels_by_time[k];
+    json us = json::array();
+    for (const Activity& x : acts) {
+      if (x.type == ActivityType::Kernel && x.name == row.name && us.size() < 5000) {
+        us.push_back(static_cast<double>(x.dur_ns) / 1e3);
+      }
+    }
+    kernels.push_back({{"name", row.name}, {"short", analysis::short_kernel_name(row.name)}, {"us", std::move(us)}});
+  }
+  j["kernels"] = std::move(kernels);
+  // Memory: the allocator's total after each event ([memory] instant events' "Total Allocated").
+  json t = json::array(), total = json::array();
+  std::size_t n = 0;
+  for (const Activity& x : acts) n += x.type == ActivityType::Allocation && x.allocation.has_value();
+  const std::size_t stride = n > 4000 ? n / 4000 + 1 : 1;
+  std::size_t i = 0;
+  for (const Activity& x : acts) {
+    if (x.type != ActivityType::Allocation || !x.allocation) continue;
+    if (i++ % stride != 0) continue;
+    t.push_back(static_cast<double>(x.start_ns - s.result.trace.base_ns) / 1e3);
+    total.push_back(static_cast<double>(x.allocation->total_allocated));
+  }
+  j["memory"] = {{"t", std::move(t)}, {"total", std::move(total)}};
+  return j.dump();
+}
+
 }  // namespace
 
 HtmlReport analysis_html(const std::vector<TraceAnalysis>& analyses) {
   HtmlReport h;
   h.title = "attnprof analyze";
+  h.from_traces = true;
   for (const TraceAnalysis& a : analyses) {
     h.subtitle += (h.subtitle.empty() ? "" : ", ") + a.path;
     if (a.device && h.device.empty()) h.device = a.device->name;
+    const std::size_t from = h.runs.size();
     add_steps(h, a.steps, analyses.size() > 1 ? a.path : std::string());
+    for (std::size_t i = from; i < h.runs.size(); ++i)
+      h.runs[i].extra_json = step_extra(a.steps[i - from], a, i == from);
+    if (a.replay && !a.replay->note.empty()) h.notes.push_back("replay: " + a.replay->note);
   }
   return h;
 }
@@ -459,6 +607,7 @@ HtmlReport analysis_html(const std::vector<TraceAnalysis>& analyses) {
 HtmlReport diff_html(const TraceDiff& d) {
   HtmlReport h;
   h.title = "attnprof diff";
+  h.from_traces = true;
   h.subtitle = d.a_label + " against " + d.b_label;
   h.diff_a = d.a_label;
   h.diff_b = d.b_label;

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "analysis/kernel_names.h"
 #include "analysis/trace_index.h"
 #include "attnprof/error.h"
 #include "attnprof/key_averages.h"
@@ -184,8 +185,10 @@ json timeline_json(const RunResult& r) {
   const double base = static_cast<double>(index.base_ns());
   for (const Bar& b : bars) {
     const Activity& a = index.at(b.i);
+    const bool kernel = a.type == ActivityType::Kernel;
     out["events"].push_back({{"l", lanes[b.lane]},
-                             {"n", a.name},
+                             {"n", kernel ? analysis::short_kernel_name(a.name) : a.name},
+                             {"f", a.name},
                              {"c", activity_category(a.type)},
                              {"t", (static_cast<double>(a.start_ns) - base) / 1e3},
                              {"d", static_cast<double>(a.dur_ns) / 1e3},
@@ -231,6 +234,15 @@ json run_json(const HtmlRun& run) {
     }
   }
   if (!r.trace.collector_note.empty()) j["collector_note"] = r.trace.collector_note;
+  if (!run.extra_json.empty()) j["extra"] = json::parse(run.extra_json);
+  // Kernels the findings cite, by their short names (the whole one on hover).
+  for (auto& f : j["findings"]) {
+    for (auto& ev : f["evidence"]) {
+      if (ev.value("cat", "") == "kernel" && ev.contains("name")) {
+        ev["short"] = analysis::short_kernel_name(ev["name"].get<std::string>());
+      }
+    }
+  }
   return j;
 }
 
@@ -275,6 +287,7 @@ json report_json(const HtmlReport& rep) {
                          {"unit", d.unit},
                          {"note", d.note}});
   }
+  j["from_traces"] = rep.from_traces;
   j["diff_a"] = rep.diff_a;
   j["diff_b"] = rep.diff_b;
   return j;

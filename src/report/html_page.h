@@ -159,7 +159,8 @@ inline constexpr const char* kScript = R"js(
   if (data.device) root.appendChild(el('p', { cls: 'sub', text: 'device: ' + data.device }));
   (data.notes || []).forEach(function (n) { root.appendChild(el('p', { cls: 'note', text: n })); });
   var nav = el('nav');
-  [['summary', 'runs'], ['bars', 'bars'], ['roofline', 'roofline']].forEach(function (p) {
+  var fromTraces = !!data.from_traces;
+  (fromTraces ? [['summary', 'steps']] : [['summary', 'runs'], ['bars', 'bars'], ['roofline', 'roofline']]).forEach(function (p) {
     nav.appendChild(el('a', { href: '#' + p[0], text: p[1] }));
   });
   if (data.diff.length) nav.appendChild(el('a', { href: '#diff', text: 'diff' }));
@@ -167,8 +168,21 @@ inline constexpr const char* kScript = R"js(
   root.appendChild(nav);
 
   // ---- summary table ----------------------------------------------------------
-  var summary = section('summary', 'Runs');
-  summary.appendChild(table(
+  var summary = section('summary', fromTraces ? 'Steps' : 'Runs');
+  // A trace from elsewhere: only the columns it holds (no error against
+  // float64, no TFLOP/s of a problem it does not name; peak memory where it
+  // recorded memory).
+  var anyMemory = runs.some(function (r) { return r.extra && r.extra.memory && r.extra.memory.t.length; });
+  if (fromTraces) summary.appendChild(table(
+    ['step', anyGpu ? 'GPU time' : 'time', countName.replace('/fwd', ''), 'copies'].concat(anyMemory ? ['peak mem'] : []).concat(
+      ['attention calls', 'attention share', 'findings']),
+    runs.map(function (r) {
+      var at = r.extra && r.extra.attention;
+      var share = at && (num(at.forward_pct) || num(at.backward_pct)) ? ((at.forward_pct || 0) + (at.backward_pct || 0)).toFixed(1) + '%' : '-';
+      return [r.label, fmtTime(r.device_time_us), countOf(r), r.copies_per_forward].concat(
+        anyMemory ? [fmtBytes(r.peak_bytes)] : []).concat([at ? at.calls.length : 0, share, r.findings.length]);
+    })));
+  else summary.appendChild(table(
     ['run', anyGpu ? 'GPU time' : 'time', 'CPU/call', countName, 'copies/fwd', 'peak mem', 'TFLOP/s', '% ceiling',
      'rel error', 'occupancy', 'findings'],
     runs.map(function (r) {
@@ -186,6 +200,8 @@ inline constexpr const char* kScript = R"js(
   root.appendChild(summary);
 
   // ---- bars across runs -------------------------------------------------------
+  // (compare's and profile's: a trace's steps have no error against float64 to bar)
+  if (!fromTraces) (function () {
   var bars = section('bars', 'Across runs');
   var grid = el('div', { cls: 'grid' });
   bars.appendChild(grid);
@@ -310,6 +326,7 @@ inline constexpr const char* kScript = R"js(
     bars.removeChild(grid);
     bars.appendChild(el('p', { cls: 'note', text: 'No run has figures to compare.' }));
   }
+  })();
 
   // ---- roofline -----------------------------------------------------------
   // Offsets (pixels, from a marker to its label's centre) for a w x h label,
@@ -387,6 +404,7 @@ inline constexpr const char* kScript = R"js(
     });
     return Plotly.relayout(div, { annotations: annotations });
   }
+  if (!fromTraces) (function () {
   var roof = section('roofline', 'Roofline');
   root.appendChild(roof);
   var points = ranRuns.filter(function (r) { return r.roofline; });
@@ -440,6 +458,8 @@ inline constexpr const char* kScript = R"js(
       'matrix product, read and written by scale, mask and softmax, read by the second; FP32 where the backend ' +
       'computes in FP32).' }));
 
+  })();
+
   // ---- diff -------------------------------------------------------------------
   if (data.diff.length) {
     var diff = section('diff', 'What changed: ' + data.diff_a + ' -> ' + data.diff_b);
@@ -485,6 +505,93 @@ inline constexpr const char* kScript = R"js(
     return Plotly.relayout(div, update);
   }
 
+  // analyze's panels under a step, each only where the trace holds what it draws.
+  function pct(v) { return num(v) ? v.toFixed(1) + '%' : '-'; }
+  function drawExtra(s, r) {
+    var x = r.extra;
+    if (!x) return;
+    var at = x.attention;
+    if (at && at.calls.length) {
+      s.appendChild(el('h3', { text: 'Attention: ' + at.calls.length + ' calls; forward ' + pct(at.forward_pct) +
+                                     ', backward ' + pct(at.backward_pct) + ' of the step\'s ' + at.time }));
+      s.appendChild(table(['#', 'backend', 'pass', 'shape', 'mask', 'dtype', at.time, 'TFLOP/s', 'share', 'kernels'],
+        at.calls.map(function (c, k) {
+          return [k + 1, c.backend, c.pass, c.shape || '-', c.mask || '-', c.dtype || '-', fmtTime(c.us),
+                  num(c.tflops) ? sig(c.tflops) : '-', pct(c.share_pct),
+                  el('span', { title: c.kernels.join('\n'), text: c.kernels.slice(0, 2).join(', ') + (c.kernels.length > 2 ? ', ...' : '') })];
+        })));
+      if (at.missing_shapes) s.appendChild(el('p', { cls: 'note', text: at.missing_shapes }));
+      var placed = at.calls.filter(function (c) { return num(c.intensity) && num(c.tflops) && c.tflops > 0; });
+      if (placed.length) {
+        var groups = {};
+        placed.forEach(function (c) {
+          var key = c.backend + ' ' + c.pass;
+          var g = groups[key] || (groups[key] = { type: 'scatter', mode: 'markers', name: key, x: [], y: [], hovertext: [],
+                                                  hoverinfo: 'text', marker: { size: 10 } });
+          g.x.push(c.intensity);
+          g.y.push(c.tflops);
+          g.hovertext.push(esc(c.backend + ' ' + c.pass + ' ' + c.shape + ' ' + c.mask) + '<br>' + sig(c.tflops) +
+                           ' TFLOP/s<br>' + c.intensity.toFixed(1) + ' FLOP/byte (' + fmtBytes(c.bytes) + ' at least)');
+        });
+        var traces = Object.keys(groups).map(function (k) { return groups[k]; });
+        var xs = placed.map(function (c) { return c.intensity; }), ys = placed.map(function (c) { return c.tflops; });
+        var xmin = Math.min.apply(null, xs) / 3, xmax = Math.max.apply(null, xs) * 3;
+        if (num(x.bandwidth_tbs)) {
+          traces.push({ type: 'scatter', mode: 'lines', name: 'memory: ' + (x.bandwidth_tbs * 1e3).toFixed(0) + ' GB/s x intensity',
+                        x: [xmin, xmax], y: [x.bandwidth_tbs * xmin, x.bandwidth_tbs * xmax], line: { color: '#333', dash: 'dot' } });
+        }
+        var rdiv = el('div', { cls: 'plot', 'data-chart': 'attention-roofline' });
+        s.appendChild(el('h3', { text: 'Attention calls on the roofline' }));
+        s.appendChild(rdiv);
+        plot(rdiv, traces, { height: 380, margin: { t: 20, l: 70, r: 20, b: 60 },
+                             xaxis: { type: 'log', title: { text: 'FLOP / byte (FLOPs over the least traffic a call moves)' }, range: [Math.log10(xmin), Math.log10(xmax)] },
+                             yaxis: { type: 'log', title: { text: 'TFLOP/s' },
+                                      range: [Math.log10(Math.min.apply(null, ys) / 5), Math.log10(Math.max.apply(null, ys) * 5)] } });
+      }
+    }
+    if (x.replay) {
+      var rp = x.replay;
+      s.appendChild(el('h3', { text: 'Replay' + (rp.device ? ' on ' + rp.device + ' (' + rp.device_description + ')' : '') }));
+      if (rp.note) s.appendChild(el('p', { cls: 'note', text: rp.note }));
+      rp.problems.forEach(function (p) {
+        s.appendChild(el('p', { text: p.label + ': ' + p.calls + ' calls in the trace (' + p.ran + '), ' + fmtTime(p.trace_us) + ' a call there' }));
+        if (p.skipped) { s.appendChild(el('p', { cls: 'note', text: p.skipped })); return; }
+        s.appendChild(table(['backend', 'time', 'vs trace', 'TFLOP/s', 'note'], p.runs.map(function (u) {
+          return [u.backend === p.fastest ? el('b', { text: u.backend + ' (fastest)' }) : u.backend, num(u.us) ? fmtTime(u.us) : '-',
+                  num(u.ratio) ? u.ratio.toFixed(2) + 'x' : '-', num(u.tflops) ? sig(u.tflops) : '-', u.note || ''];
+        })));
+      });
+    }
+    if (x.memory && x.memory.t.length) {
+      var mdiv = el('div', { cls: 'plot', 'data-chart': 'memory-timeline' });
+      s.appendChild(el('h3', { text: 'Memory allocated over the step' }));
+      s.appendChild(mdiv);
+      plot(mdiv, [{ type: 'scatter', mode: 'lines', line: { shape: 'hv', color: '#9467bd' }, name: 'allocated', x: x.memory.t,
+                    y: x.memory.total.map(function (b) { return b / (1024 * 1024); }), hovertemplate: '%{y:.2f} MiB at %{x:.1f} us<extra></extra>' }],
+           { height: 260, margin: { t: 20, l: 70, r: 20, b: 50 }, xaxis: { title: { text: 'us from the trace start' } },
+             yaxis: { title: { text: 'MiB allocated' }, rangemode: 'tozero' } });
+    }
+    if (x.kernels && x.kernels.length) {
+      var seen = {};
+      var boxes = x.kernels.map(function (k) {
+        var name = k.short;
+        seen[name] = (seen[name] || 0) + 1;
+        if (seen[name] > 1) name += ' #' + seen[name];
+        return { type: 'box', orientation: 'h', name: name, x: k.us, boxpoints: k.us.length <= 50 ? 'all' : 'outliers',
+                 jitter: 0.3, hoverinfo: 'x', text: k.name, showlegend: false };
+      });
+      var kdiv = el('div', { cls: 'plot', 'data-chart': 'kernel-durations' });
+      s.appendChild(el('h3', { text: 'Top kernels: the duration of each launch' }));
+      s.appendChild(kdiv);
+      var names = el('details', null, [el('summary', { text: 'Whole kernel names' }),
+                                       el('pre', { text: x.kernels.map(function (k, j) { return boxes[j].name + ': ' + k.name; }).join('\n\n') })]);
+      plot(kdiv, boxes, { height: 120 + 40 * boxes.length, margin: { t: 20, l: 20, r: 20, b: 50 },
+                          xaxis: { type: 'log', title: { text: 'us per launch (log axis)' } },
+                          yaxis: { automargin: true, autorange: 'reversed' } });
+      s.appendChild(names);
+    }
+  }
+
   runs.forEach(function (r, i) {
     if (!r.ran) return;
     var s = section('run-' + i, r.label);
@@ -503,7 +610,7 @@ inline constexpr const char* kScript = R"js(
         t.x.push(e.d);
         t.base.push(e.t);
         t.y.push(tl.lanes[e.l]);
-        t.hovertext.push(esc(e.n) + '<br>' + e.c + ': ' + fmtTime(e.d) + ' at ' + e.t.toFixed(3) + ' us');
+        t.hovertext.push(esc(e.f || e.n) + '<br>' + e.c + ': ' + fmtTime(e.d) + ' at ' + e.t.toFixed(3) + ' us');
       });
       var div = el('div', { cls: 'plot' });
       s.appendChild(div);
@@ -519,6 +626,8 @@ inline constexpr const char* kScript = R"js(
       s.appendChild(el('p', { cls: 'note', text: 'No events in this step.' }));
     }
 
+    drawExtra(s, r);
+
     s.appendChild(el('h3', { text: 'Findings' }));
     if (!r.findings.length) s.appendChild(el('p', { cls: 'note', text: 'No findings.' }));
     r.findings.forEach(function (f) {
@@ -527,7 +636,7 @@ inline constexpr const char* kScript = R"js(
       if (f.evidence.length) {
         var ul = el('ul', { cls: 'evidence' });
         f.evidence.forEach(function (ev) {
-          var a = el('a', { href: '#run-' + i, text: ev.name });
+          var a = el('a', { href: '#run-' + i, text: ev.short || ev.name, title: ev.name });
           a.addEventListener('click', function (e) { e.preventDefault(); highlight(i, ev); });
           evidenceLinks.push(function () { return highlight(i, ev); });
           ul.appendChild(el('li', null, [a, ' ' + ev.cat + ', at ' + ev.ts.toFixed(3) + ' us, ' + fmtTime(ev.dur)]));

@@ -70,6 +70,18 @@ def embedded_data(html_path):
 def expected_plots(data):
     """The charts the page script draws for this data (html_page.h)."""
     ran = [r for r in data["runs"] if r["ran"]]
+    if data.get("from_traces"):
+        # analyze and diff: no bars or roofline of runs; per step its timeline, and only the panels
+        # its trace holds what for: attention calls with FLOPs, memory events, kernels.
+        n = sum(1 for r in ran if r["timeline"]["events"])
+        for r in ran:
+            x = r.get("extra") or {}
+            calls = (x.get("attention") or {}).get("calls", [])
+            n += any(c.get("intensity") and c.get("tflops") for c in calls)
+            n += bool((x.get("memory") or {}).get("t"))
+            n += bool(x.get("kernels"))
+        n += 1 if any(d["unit"] == "us" and (d["a"] is not None or d["b"] is not None) for d in data["diff"]) else 0
+        return n
     n = 4 if ran else 0  # time, counts, memory, error
     n += 1 if any(r.get("roofline") for r in ran) else 0
     n += sum(1 for r in ran if r["timeline"]["events"])
@@ -126,6 +138,8 @@ def chart_problems(data, charts):
     ran = [r for r in data["runs"] if r["ran"]]
     problems = []
     by_name = {c["chart"]: c for c in charts if c["chart"]}
+    if data.get("from_traces"):
+        return problems + trace_chart_problems(data, charts, by_name)
     for name in LOG_CHARTS if ran else ():
         c = by_name.get(name)
         if c is None:
@@ -219,6 +233,31 @@ def body_attributes(dom):
     return parser.attrs
 
 
+def trace_chart_problems(data, charts, by_name):
+    """A report of traces from elsewhere: times from the trace's start, no panel without data,
+    short kernel names with the whole one kept."""
+    problems = []
+    for r in (r for r in data["runs"] if r["ran"]):
+        tl = r["timeline"]
+        if tl["events"] and not (0 <= tl["from"] < 1e9 and tl["to"] < 1e10):
+            problems.append(f"{r['label']}: timeline from {tl['from']} to {tl['to']} us: not from the trace's start")
+        for e in tl["events"]:
+            if e["c"] == "kernel" and (len(e["n"]) > 72 or not e.get("f")):
+                problems.append(f"{r['label']}: kernel name {e['n'][:80]!r} not shortened, or its whole name lost")
+                break
+        x = r.get("extra") or {}
+        for k in x.get("kernels", []):
+            if len(k["short"]) > 72 or not k["us"]:
+                problems.append(f"{r['label']}: kernel {k['short'][:80]!r}: no short name or no durations")
+    for c in charts:
+        if c["chart"] in ("time", "counts", "error", "roofline", "memory"):
+            problems.append(f"a {c['chart']} chart on a report of traces")
+    if any((r.get("extra") or {}).get("replay") for r in data["runs"]) and not any(
+            (r.get("extra") or {}).get("replay", {}).get("problems") for r in data["runs"]):
+        problems.append("a replay with no problems listed")
+    return problems
+
+
 def check(browser, html_path, work):
     name = os.path.basename(html_path)
     problems = []
@@ -302,8 +341,13 @@ def main():
     naive, inplace = (os.path.join(a.out, "traces", f"1_2_128_32_{b}.json") for b in ("naive", "naive_inplace"))
     run([a.attnprof, "analyze", gpu_trace, "--html", os.path.join(a.out, "analyze.html")])
     run([a.attnprof, "diff", naive, inplace, "--html", os.path.join(a.out, "diff.html")])
+    # A trace we did not make: transformers' Llama training step (tests/fixtures/models/), replayed.
+    model = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "models",
+                         "cpu_sdpa_train.pt.trace.json.gz")
+    run([a.attnprof, "analyze", model, "--replay", "--backends", "flash,math", "--quiet",
+         "--html", os.path.join(a.out, "model_analyze.html")])
 
-    names = ("compare.html", "profile.html", "handmade.html", "analyze.html", "diff.html")
+    names = ("compare.html", "profile.html", "handmade.html", "analyze.html", "diff.html", "model_analyze.html")
     failed = 0
     for name in names:
         problems = check(browser, os.path.join(a.out, name), a.out)

@@ -51,7 +51,7 @@ PUBLIC = {
     "analysis": ["trace_reader.h", "analyze.h"],
     "dispatch": ["runner.h"],
     "parallel": ["parallel.h"],
-    "report": ["report.h", "html.h"],
+    "report": ["report.h", "html.h", "replay.h"],
 }
 
 # Source folders (under src/) by layer, the most specific prefix first.

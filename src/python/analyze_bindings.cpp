@@ -1,0 +1,66 @@
+// attnprof._core's analyze and diff (python/attnprof/_analyze.py): traces in,
+// the CLI's JSON and text out. Apart from module.cpp, whose one call adds them.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attnprof/analyze.h"
+#include "attnprof/error.h"
+#include "attnprof/problem_spec.h"
+#include "attnprof/replay.h"
+#include "attnprof/report.h"
+#include "attnprof/trace_io.h"
+
+namespace nb = nanobind;
+
+namespace attnprof::python {
+
+void bind_analyze(nb::module_& m) {
+  m.def(
+      "analyze",
+      [](const std::vector<std::string>& paths, std::optional<int> step, bool replay, std::optional<std::string> device,
+         const std::vector<std::string>& backends, int top) {
+        std::vector<TraceAnalysis> all;
+        {
+          nb::gil_scoped_release unlocked;
+          AnalyzeOptions o;
+          o.step = step;
+          for (const auto& p : paths) all.push_back(analyze_trace(read_chrome_trace(p, o.read), p, o));
+          if (replay) {
+            ReplayOptions r;
+            if (device) {
+              r.device = parse_device(*device);
+              if (!r.device) fail(ErrorKind::InvalidArgument, "device must be cpu or cuda, got '" + *device + "'");
+            }
+            r.backends = backends;
+            for (auto& a : all) replay_attention(a, r);
+          }
+        }
+        std::string text;
+        for (std::size_t i = 0; i < all.size(); ++i) text += (i ? "\n" : "") + analysis_text(all[i], top);
+        return std::make_tuple(analysis_json(all), text);
+      },
+      nb::arg("paths"), nb::arg("step").none(), nb::arg("replay"), nb::arg("device").none(), nb::arg("backends"),
+      nb::arg("top"), "analyze's JSON and text for the traces");
+  m.def(
+      "diff",
+      [](const std::string& a, std::optional<int> a_step, const std::string& b, std::optional<int> b_step, int top) {
+        TraceDiff d;
+        {
+          nb::gil_scoped_release unlocked;
+          d = diff_traces({a, a_step}, {b, b_step});
+        }
+        return std::make_tuple(diff_json(d), diff_text(d, top));
+      },
+      nb::arg("a"), nb::arg("a_step").none(), nb::arg("b"), nb::arg("b_step").none(), nb::arg("top"),
+      "diff's JSON and text for two traces (or two steps)");
+}
+
+}  // namespace attnprof::python
