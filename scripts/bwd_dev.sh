@@ -35,7 +35,7 @@ if [[ " $steps " == *" bench "* ]]; then
   printf '%-34s %-8s %12s %9s %12s %9s %7s\n' row mask "flash ms" TFLOP/s "cudnn ms" TFLOP/s ratio
   while read -r label b h hkv s d mask dtype; do
     timeout 120 $B/attnprof compare --device cuda --pass backward --backends flash,cudnn --batch $b --heads $h \
-      --kv-heads $hkv --seq $s --head-dim $d --mask $mask --dtype $dtype --json /tmp/bwd.json --trace-dir /tmp/bwd \
+      --kv-heads $hkv --seq $s --head-dim $d --mask $mask --dtype $dtype --check-rows 16 --json /tmp/bwd.json --trace-dir /tmp/bwd \
       --quiet >/tmp/bwd.txt 2>&1 || { echo "$label: compare rc $? $(tail -1 /tmp/bwd.txt)"; continue; }
     python3 - "$label" "$mask" <<'PY'
 import json, sys

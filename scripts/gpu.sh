@@ -249,6 +249,12 @@ fi
 python_module_rc=
 python_module() {
   [[ -n $python_module_rc ]] && return $python_module_rc
+  # A carried build (ATTNPROF_GPU_BUILD) brings its module, built for this
+  # machine's Python: the rest of that build is not here to rebuild it from.
+  if [[ -n ${ATTNPROF_GPU_BUILD:-} ]] && ls $B/python/attnprof/_core*.so >/dev/null 2>&1; then
+    python_module_rc=0
+    return 0
+  fi
   if ! python3 -c 'import nanobind' 2>/dev/null && ls .whl/nanobind-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nanobind-*.whl &&
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

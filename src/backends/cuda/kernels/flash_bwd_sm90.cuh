@@ -161,7 +161,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(dst[kk], dp, kk);
 
-        const int turn = kDeterministic ? n_block - key_tiles<kMask, kBM, kBN>(f, m0).begin : 0;
+        // Deterministic: this key tile's turn among those that add into the query tile.
+        const auto turn = [&] { return n_block - key_tiles<kMask, kBM, kBN>(f, m0).begin; };
         if constexpr (Cfg::kWide) {
           // P^T and dS^T to shared memory, this warpgroup's queries; once
           // both halves are there, dV += P^T dO and dK += dS^T Q (its
@@ -173,7 +174,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
           Mainloop::issue_accumulate_ss(smem.pt(buf), smem.dout(st), dv, wg);
           Mainloop::issue_accumulate_ss(smem.ds(buf), smem.q(st), dk, wg);
-          if constexpr (kDeterministic) Epilogue::take_dq_turn(a, bh, m0, turn, leader, Kernel::kDqReady);
+          if constexpr (kDeterministic) Epilogue::take_dq_turn(a, bh, m0, turn(), leader, Kernel::kDqReady);
           sm90::for_tile_chunks<0, Cfg::kDqTiles, Cfg::kDqChunkTiles>([&]<int kFirst, int kN>() {
             float dq[kN][4];
             Mainloop::issue_dq(smem, buf, dq, wg, kFirst);
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Epilogue::stage_dq(smem.template at<float>(smem.dq()), dq, a.scale, wg, warp_in_wg, lane);
           sm90::fence_view_async_shared();
           sm90::named_barrier_sync(Kernel::kDqReady, Cfg::kConsumerThreads);
-          if (leader) Epilogue::template add_dq<kDeterministic>(a, smem.dq(), bh, m0, turn);
+          if (leader) Epilogue::template add_dq<kDeterministic>(a, smem.dq(), bh, m0, kDeterministic ? turn() : 0);
         }
         q_state.advance();
         buf ^= 1;
