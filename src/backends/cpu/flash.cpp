@@ -266,7 +266,7 @@ struct Job {
   float* lse;         // forward_train: each row's log-sum-exp, contiguous lse_dims(p); null otherwise
   const std::vector<Sequence>& seqs;
   std::int64_t lse_rows;  // rows per head of the log-sum-exp (lse_rows(p))
-  bool mask_lowered;  // the Boolean mask is per-sequence key lengths (in seqs): never read per element
+  bool mask_lowered;      // the Boolean mask is per-sequence key lengths (in seqs): never read per element
 };
 
 // Key j's K or V row of sequence b, kv head hk, widened to FP32: from the
@@ -456,11 +456,8 @@ class FlashCpu final : public Backend {
   // The backward recomputes P from the saved log-sum-exp, tile by tile, and
   // adds each key block's dQ under a lock in the order the threads get there.
   Traits traits() const override {
-    return {.backward_recomputes = true,
-            .backward_dq_unordered = true,
-            .softcap = true,
-            .kv_lens = true,
-            .varlen = true};
+    return {
+        .backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .kv_lens = true, .varlen = true};
   }
 
   void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
