@@ -701,7 +701,7 @@ Call prepare_varlen(const In& q, const In& k, const In& v, const Out& out, const
   set_softcap(p, softcap);
   p.normalize().validate();
 
-  Backend& b = resolve(p, backend, pass == Pass::Forward ? Use::Inference : Use::Autograd);
+  Backend& b = resolve(p, backend, pass == Pass::Forward ? Use::Inference : Use::Autograd, /*kv_lens=*/false);
   DeviceRuntime& rt = device_runtime(p.device, threads);
   return Call{p, std::move(in), std::move(o), &b, RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
 }
