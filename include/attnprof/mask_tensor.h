@@ -22,11 +22,13 @@ MaskKind mask_kind_of(std::string_view name, DType dtype);
 // `mask` checked against p (p.mask already mask_kind_of its dtype; its sizes
 // right-aligned and padded with leading 1s to 4-d by the caller) and
 // broadcast to [B, H, S, Skv]: each dimension p's or 1; a Bias in p's dtype
-// (as SDPA wants a float mask in the query's dtype); on p's device. One-line
-// Error(InvalidArgument) naming `name` otherwise.
-Tensor broadcast_mask(const Problem& p, const Tensor& mask, std::string_view name);
+// (as SDPA wants a float mask in the query's dtype); on `where` (the device
+// of the tensors it goes with: the caller's q, or the host inputs that the
+// runner uploads). One-line Error(InvalidArgument) naming `name` otherwise.
+Tensor broadcast_mask(const Problem& p, const Tensor& mask, std::string_view name, Device where);
 
-// in.mask (Boolean) or in.bias (Bias) = broadcast_mask(p, mask, name).
+// in.mask (Boolean) or in.bias (Bias) = broadcast_mask(p, mask, name), on
+// in.q's device (p's when in.q is not set yet).
 void attach_mask(const Problem& p, const Tensor& mask, Inputs& in, std::string_view name);
 
 // A .npy file (NumPy's format, versions 1 to 3) holding a boolean or float

@@ -164,8 +164,8 @@ def test_cuda_masks_and_paged_caches():
     vc = torch.randn(8, 8, 16, 64, dtype=torch.bfloat16, device="cuda")
     table = torch.tensor([[3, 0, 6, 1], [2, 7, 5, 4]], dtype=torch.int32, device="cuda")
     lens = torch.tensor([64, 64], dtype=torch.int32, device="cuda")
-    kl = kc[table.long()].permute(0, 2, 1, 3, 4).reshape(2, 64, 8, 64).transpose(1, 2)
-    vl = vc[table.long()].permute(0, 2, 1, 3, 4).reshape(2, 64, 8, 64).transpose(1, 2)
+    kl = kc[table.long()].permute(0, 2, 1, 3, 4).reshape(2, 8, 64, 64)
+    vl = vc[table.long()].permute(0, 2, 1, 3, 4).reshape(2, 8, 64, 64)
     want = torch.nn.functional.scaled_dot_product_attention(qd.float(), kl.float(), vl.float())
     for backend in ("flash", "cudnn"):
         got = attnprof.attention(qd, kc, vc, block_table=table, seq_lens=lens, mask="none", backend=backend)

@@ -473,9 +473,8 @@ void load_mask_file(Options& o) {
   p.mask = mask_kind_of("--mask-file " + *o.mask_file, m.dtype());
   p.validate();
   o.mask = convert_mask(p, m);
-  Problem host = p;  // the file is read on the CPU; the runner uploads it with the inputs
-  host.device = Device::Cpu;
-  (void)broadcast_mask(host, o.mask, "--mask-file " + *o.mask_file);
+  // Read on the CPU; the runner uploads it with the inputs.
+  (void)broadcast_mask(p, o.mask, "--mask-file " + *o.mask_file, Device::Cpu);
 }
 
 Options parse(int argc, char** argv) {

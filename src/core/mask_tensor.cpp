@@ -18,7 +18,7 @@ MaskKind mask_kind_of(std::string_view name, DType dtype) {
                                        ": a mask is boolean (True attends) or an additive float bias");
 }
 
-Tensor broadcast_mask(const Problem& p, const Tensor& mask, std::string_view name) {
+Tensor broadcast_mask(const Problem& p, const Tensor& mask, std::string_view name, Device where) {
   const std::string n(name);
   if (!mask.defined()) fail(ErrorKind::InvalidArgument, n + " is missing");
   const Dims full{p.batch, p.heads, p.seq, p.kv_seq};
@@ -31,9 +31,9 @@ Tensor broadcast_mask(const Problem& p, const Tensor& mask, std::string_view nam
                                          std::string(dtype_name(p.dtype)) +
                                          ": a float mask takes the query's dtype (as SDPA's does)");
   }
-  if (mask.device() != p.device) {
-    fail(ErrorKind::InvalidArgument, n + " is on " + device_name(mask.device()) + " but q is on " +
-                                         device_name(p.device) + ": move the mask to q's device");
+  if (mask.device() != where) {
+    fail(ErrorKind::InvalidArgument, n + " is on " + device_name(mask.device()) + " but q is on " + device_name(where) +
+                                         ": move the mask to q's device");
   }
   for (int i = 0; i < 4; ++i) {
     const auto d = static_cast<std::size_t>(i);
@@ -52,7 +52,7 @@ Tensor broadcast_mask(const Problem& p, const Tensor& mask, std::string_view nam
 }
 
 void attach_mask(const Problem& p, const Tensor& mask, Inputs& in, std::string_view name) {
-  Tensor full = broadcast_mask(p, mask, name);
+  Tensor full = broadcast_mask(p, mask, name, in.q.defined() ? in.q.device() : p.device);
   if (p.mask == MaskKind::Boolean) {
     in.mask = std::move(full);
   } else {

@@ -251,12 +251,8 @@ class FusedBackend : public Backend {
   void run_forward(const Problem& p, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
     RecordFunction rf(op_, dtype_name(p.dtype), shape_key_of(p));
     FusedParams f = params_for(p);
-    fill_forward(f, in, out, lse);
+    fill_forward(f, in, out, lse, p.kv_cache == KvCache::Paged);
     if (p.kv_cache == KvCache::Paged) {
-      f.k = in.k_pages.data();
-      f.v = in.v_pages.data();
-      set_strides(in.k_pages, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
-      set_strides(in.v_pages, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
       // The decode kernel reads row b of the table at b * pages_per_seq.
       if (in.block_table.stride(3) != 1 || in.block_table.stride(2) != p.pages_per_seq()) {
         fail(ErrorKind::Unsupported,
@@ -282,20 +278,24 @@ class FusedBackend : public Backend {
     ATTNPROF_CUDA_CHECK(launch_(f, plan, static_cast<cudaStream_t>(ctx.stream)));
   }
 
-  // The tensors of a forward into f (checking their head_dim is contiguous).
-  void fill_forward(FusedParams& f, const Inputs& in, const Tensor& out, float* lse) const {
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&in.q, &in.k, &in.v, &out}) {
+  // The tensors of a forward into f (checking their head_dim is contiguous):
+  // K and V from their pages with a paged cache (the logical K and V, which a
+  // caller's cache does not have, are not read).
+  void fill_forward(FusedParams& f, const Inputs& in, const Tensor& out, float* lse, bool paged = false) const {
+    const Tensor& k = paged ? in.k_pages : in.k;
+    const Tensor& v = paged ? in.v_pages : in.v;
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&in.q, &k, &v, &out}) {
       if (t->stride(3) != 1) {
         fail(ErrorKind::Unsupported, std::string(name_) + " needs a contiguous head_dim; got " + t->describe());
       }
     }
     f.q = in.q.data();
-    f.k = in.k.data();
-    f.v = in.v.data();
+    f.k = k.data();
+    f.v = v.data();
     f.o = out.data();
     set_strides(in.q, f.q_batch_stride, f.q_head_stride, f.q_row_stride);
-    set_strides(in.k, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
-    set_strides(in.v, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
+    set_strides(k, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
+    set_strides(v, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
     set_strides(out, f.o_batch_stride, f.o_head_stride, f.o_row_stride);
     f.lse = lse;
   }
