@@ -5,6 +5,7 @@ own backward) and the eager path of attnprof.attention on torch tensors."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -34,6 +35,16 @@ _is_compiling = torch.compiler.is_compiling
 # Under torch.profiler the eager call goes through torch.ops.attnprof.attention,
 # so the trace holds the op with its shapes (attnprof analyze reads it).
 _profiling = torch.autograd._profiler_enabled
+
+
+def _labelled(backend, mask, window, attn_mask):
+    """Under torch.profiler (not while compiling), a range around the op naming what its string
+    arguments cannot keep in a trace (torch records them empty): `attnprof analyze` reads the
+    mask and backend from it (src/analysis/attention_calls.cpp). A no-op otherwise."""
+    if _is_compiling() or not _profiling():  # is_compiling first: dynamo cannot trace _profiling()
+        return contextlib.nullcontext()
+    name = mask or ("causal" if attn_mask is None else "boolean" if attn_mask.dtype == torch.bool else "bias")
+    return torch.profiler.record_function(f"attnprof.attention backend={backend} mask={name} window={window or 0}")
 
 
 # DLPack capsules through torch's C exporter: ten times cheaper per tensor than
@@ -137,7 +148,9 @@ def _setup_train(ctx, inputs, output):
 
 def _train_backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
+    backend, mask, window, *_, attn_mask = ctx.args  # attention_train's arguments after q, k, v
+    with _labelled(backend, mask, window, attn_mask):
+        dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
     return (dq, dk, dv) + (None,) * len(ctx.args)
 
 
@@ -176,15 +189,17 @@ def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, de
         # Autograd: the training op keeps the log-sum-exp, and its backward is attnprof's.
         if out is not None:
             raise Error("out= is not supported when gradients are needed: use the returned tensor")
-        return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic,
-                                                  softcap, attn_mask)[0]
+        with _labelled(backend, mask, window, attn_mask):
+            return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic,
+                                                      softcap, attn_mask)[0]
     if _is_compiling() or (out is None and _profiling()):
         # Traced as one node of the graph (its fake gives the output's shape), or recorded as
         # the op by the profiler.
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
-        return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,
-                                            block_table, seq_lens)
+        with _labelled(backend, mask, window, attn_mask):
+            return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,
+                                                block_table, seq_lens)
     if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:

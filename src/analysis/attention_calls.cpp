@@ -289,6 +289,53 @@ bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call) {
   return true;
 }
 
+// What attnprof's Python front end says of a call under torch.profiler, where
+// torch keeps none of the op's string arguments: a range around the op,
+// "attnprof.attention backend=B mask=M window=W" (python/attnprof/_torch.py).
+struct AttnprofLabel {
+  std::string backend, mask;
+  std::optional<std::int64_t> window;
+};
+
+std::optional<AttnprofLabel> attnprof_label(const TraceIndex& ix, EventIndex op) {
+  constexpr std::string_view kPrefix = "attnprof.attention ";
+  for (EventIndex e = ix.parent(op); e != kNone; e = ix.parent(e)) {
+    const Activity& u = ix.at(e);
+    if (u.type != ActivityType::UserAnnotation || !u.name.starts_with(kPrefix)) continue;
+    AttnprofLabel l;
+    std::string_view rest = std::string_view(u.name).substr(kPrefix.size());
+    while (!rest.empty()) {
+      const std::size_t end = std::min(rest.find(' '), rest.size());
+      const std::string_view field = rest.substr(0, end);
+      rest.remove_prefix(std::min(end + 1, rest.size()));
+      const std::size_t eq = field.find('=');
+      if (eq == std::string_view::npos) continue;
+      const std::string_view key = field.substr(0, eq), value = field.substr(eq + 1);
+      if (key == "backend") l.backend = std::string(value);
+      if (key == "mask") l.mask = std::string(value);
+      if (key == "window") l.window = whole(number(value));
+    }
+    return l;
+  }
+  return std::nullopt;
+}
+
+// The label's mask where the op's own arguments left it unknown: the
+// structural masks, whose FLOPs are then counted as for any call (a tensor
+// mask's visible pairs are not in the trace, nor a window without its size).
+void apply_label_mask(const AttnprofLabel& l, AttentionCall& call) {
+  const auto m = parse_mask(l.mask);
+  if (call.mask != "unknown" || !m || !call.problem) return;
+  Problem p = *call.problem;
+  p.mask = *m;
+  if (l.window) p.window = *l.window;
+  if (p.mask == MaskKind::SlidingWindow && p.window <= 0) return;
+  call.mask = std::string(mask_name(p.mask));
+  const bool structural = p.mask != MaskKind::Boolean && p.mask != MaskKind::Bias;
+  if (structural && countable(p)) call.flops = p.flops();
+  call.problem = p;
+}
+
 }  // namespace
 
 bool is_attention_op(std::string_view n) {
@@ -365,9 +412,14 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
       const Signature* sig = signature_of(a.name);
       const auto& c = a.concrete_inputs;
       const int at_i = sig ? (sig->backward ? 6 : 3) : -1;
+      // Where torch kept no strings, the Python front end's label says them.
+      const std::optional<AttnprofLabel> label = attnprof_label(ix, r);
       if (at_i >= 0 && static_cast<std::size_t>(at_i) < c.size() && !c[static_cast<std::size_t>(at_i)].empty()) {
         call.backend += ":" + c[static_cast<std::size_t>(at_i)];
+      } else if (label && !label->backend.empty()) {
+        call.backend += ":" + label->backend;
       }
+      if (label) apply_label_mask(*label, call);
     }
     // SDPA's entry point leaves scale None (1/sqrt(D)); its dispatch op records the value used.
     for (EventIndex i : ops) {

@@ -50,7 +50,8 @@ struct Expect {
   const char* op;          // the outermost op of a forward call, as the JSON names it; "" none
   const char* backend;     // what the table says ran
   int backward_per_layer;  // backward calls per layer (0: the math decomposition's backward is autograd's)
-  bool flops;              // the mask is in the trace (attnprof's string arguments are not)
+  bool flops;              // the mask is in the trace (attnprof's: its Python front end's label, torch keeping
+                           // no string argument)
 };
 
 void PrintTo(const Expect& e, std::ostream* os) { *os << e.trace; }
@@ -120,9 +121,10 @@ INSTANTIATE_TEST_SUITE_P(Llama, ModelFixtures,
                              Expect{"sdpa_math_train", "aten::scaled_dot_product_attention", "math", 0, true},
                              // transformers' eager attention is matmuls and a softmax: no op names attention.
                              Expect{"eager_forward", "", "", 0, true}, Expect{"eager_train", "", "", 0, true},
-                             // attnprof through transformers' AttentionInterface: its custom ops, train and backward.
-                             Expect{"attnprof_forward", "attnprof::attention", "attnprof", 0, false},
-                             Expect{"attnprof_train", "attnprof::attention_train", "attnprof", 1, false}),
+                             // attnprof through transformers' AttentionInterface: its custom ops, train and
+                             // backward, each inside the range naming its backend and mask.
+                             Expect{"attnprof_forward", "attnprof::attention", "attnprof:flash", 0, true},
+                             Expect{"attnprof_train", "attnprof::attention_train", "attnprof:flash", 1, true}),
                          [](const auto& info) { return std::string(info.param.trace); });
 
 TEST(ModelFixtures, TrainingStepReplaysItsForwardAndBackward) {
