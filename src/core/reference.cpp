@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "attnprof/error.h"
@@ -186,6 +188,92 @@ struct SequenceAt {
   }
 };
 
+// One query row's backward in float64, on top of its softmax: dO_i,
+// dP_ij = dO_i . V_j and Delta_i = dO_i . O_i, then dS_ij = P_ij (dP_ij - Delta_i)
+// (the softmax's backward), times 1 - tanh^2(s_ij / c) through a soft cap (the
+// chain rule through c tanh(s / c)). One per thread.
+struct RowBackward {
+  RowSoftmax row;
+  std::vector<double> dov, ds;
+
+  // False for a fully masked row (no gradient flows through it).
+  bool compute(const SequenceAt& seq, const KvHead& kv, const Tensor& d_out, std::int64_t h, std::int64_t i) {
+    if (!row.compute(seq.p, seq.in, kv, seq.tb, h, i)) return false;
+    const std::int64_t D = seq.p.head_dim, Skv = seq.p.kv_seq;
+    dov.resize(static_cast<std::size_t>(D));
+    ds.resize(static_cast<std::size_t>(Skv));
+    double delta = 0;
+    for (std::int64_t d = 0; d < D; ++d) {
+      dov[static_cast<std::size_t>(d)] = d_out.get(seq.tb, h, i, d);
+      delta += dov[static_cast<std::size_t>(d)] * row.out[static_cast<std::size_t>(d)];
+    }
+    for (std::int64_t j = 0; j < Skv; ++j) {
+      const double pij = row.prob[static_cast<std::size_t>(j)];
+      double s = 0;
+      if (pij != 0) {
+        const double* vr = kv.v_row(j);
+        for (std::int64_t d = 0; d < D; ++d) s += dov[static_cast<std::size_t>(d)] * vr[d];
+      }
+      ds[static_cast<std::size_t>(j)] = pij * (s - delta) * row.dcap[static_cast<std::size_t>(j)];
+    }
+    return true;
+  }
+};
+
+// dV_j = sum_i P_ij dO_i and dK_j = scale sum_i dS_ij Q_i for the keys `js` of
+// one (batch, kv head), over every query row of the `group` heads from
+// `head0`: [js.size(), D] each. Every query row's softmax costs O(Skv D), so
+// the rows are split over the machine's threads (a 2 x 16 x 8192 x 128 check
+// took minutes on one), each summing its own partials, added in thread order.
+void accumulate_kv_rows(const SequenceAt& seq, const KvHead& kv, const Tensor& d_out, std::int64_t head0,
+                        std::int64_t group, const std::vector<std::int64_t>& js, double scale,
+                        std::vector<double>& dk_ref, std::vector<double>& dv_ref) {
+  const std::size_t D = static_cast<std::size_t>(seq.p.head_dim), n_out = js.size() * D;
+  const std::int64_t rows = group * seq.p.seq;
+  const std::int64_t workers = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::thread::hardware_concurrency()),
+                                                        1, std::max<std::int64_t>(1, rows / 64));
+  std::vector<std::vector<double>> dk_part(static_cast<std::size_t>(workers), std::vector<double>(n_out)),
+      dv_part(dk_part);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(workers));
+  const auto work = [&](std::int64_t w) {
+    try {
+      RowBackward rb;
+      std::vector<double>& dk = dk_part[static_cast<std::size_t>(w)];
+      std::vector<double>& dv = dv_part[static_cast<std::size_t>(w)];
+      for (std::int64_t r = w; r < rows; r += workers) {  // interleaved: causal rows differ in cost
+        const std::int64_t h = head0 + r / seq.p.seq, i = r % seq.p.seq;
+        if (!rb.compute(seq, kv, d_out, h, i)) continue;
+        for (std::size_t n = 0; n < js.size(); ++n) {
+          const double pij = rb.row.prob[static_cast<std::size_t>(js[n])];
+          const double ds = rb.ds[static_cast<std::size_t>(js[n])];
+          if (pij == 0 && ds == 0) continue;
+          for (std::size_t d = 0; d < D; ++d) {
+            dv[n * D + d] += pij * rb.dov[d];
+            dk[n * D + d] += scale * ds * rb.row.q[d];
+          }
+        }
+      }
+    } catch (...) {
+      errors[static_cast<std::size_t>(w)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::int64_t w = 1; w < workers; ++w) threads.emplace_back(work, w);
+  work(0);
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  dk_ref.assign(n_out, 0.0);
+  dv_ref.assign(n_out, 0.0);
+  for (std::int64_t w = 0; w < workers; ++w) {
+    for (std::size_t x = 0; x < n_out; ++x) {
+      dk_ref[x] += dk_part[static_cast<std::size_t>(w)][x];
+      dv_ref[x] += dv_part[static_cast<std::size_t>(w)][x];
+    }
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -242,7 +330,6 @@ Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, b
   in.q = random_tensor(p.q_dims(), p.dtype, rng, allocator, bshd);
   in.k = random_tensor(p.kv_dims(), p.dtype, rng, allocator, bshd);
   in.v = random_tensor(p.kv_dims(), p.dtype, rng, allocator, bshd);
-  const Dims full{p.batch, p.heads, p.seq, p.kv_seq};
   if (p.mask == MaskKind::Boolean) {
     // One [S, Skv] mask broadcast over batch and heads: 90% of keys kept, and
     // the diagonal always kept so no row is masked by accident.
@@ -405,7 +492,6 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
   const std::int64_t D = p.head_dim;
   const double scale = p.softmax_scale();
   KvHead kv;
-  RowSoftmax row;
   SequenceAt seq;  // the row's sequence: p itself when dense
   // A packed batch's dO and gradients, viewed at the current sequence's rows.
   Tensor d_out, dq_t, dk_t, dv_t;
@@ -417,27 +503,7 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
     dk_t = p.varlen() ? sequence_kv_rows(p, g.dk, b) : g.dk;
     dv_t = p.varlen() ? sequence_kv_rows(p, g.dv, b) : g.dv;
   };
-  std::vector<double> dov(static_cast<std::size_t>(D)), dp(static_cast<std::size_t>(p.kv_seq));
-  // dO_i, dP_ij = dO_i . V_j and Delta_i = dO_i . O_i for the row in `row`;
-  // then dS_ij = P_ij (dP_ij - Delta_i) is the softmax's backward, times
-  // 1 - tanh^2(s_ij / c) through a soft cap (the chain rule through c tanh(s / c)).
-  const auto row_backward = [&](std::int64_t h, std::int64_t i) {
-    double delta = 0;
-    for (std::int64_t d = 0; d < D; ++d) {
-      dov[static_cast<std::size_t>(d)] = d_out.get(seq.tb, h, i, d);
-      delta += dov[static_cast<std::size_t>(d)] * row.out[static_cast<std::size_t>(d)];
-    }
-    for (std::int64_t j = 0; j < seq.p.kv_seq; ++j) {
-      const double pij = row.prob[static_cast<std::size_t>(j)];
-      double s = 0;
-      if (pij != 0) {
-        const double* vr = kv.v_row(j);
-        for (std::int64_t d = 0; d < D; ++d) s += dov[static_cast<std::size_t>(d)] * vr[d];
-      }
-      dp[static_cast<std::size_t>(j)] = pij * (s - delta) * row.dcap[static_cast<std::size_t>(j)];  // dS_ij
-    }
-  };
-
+  RowBackward rb;
   GradientErrors out;
   // dQ_i = scale sum_j dS_ij K_j: one query row at a time.
   ErrorAccumulator dq;
@@ -447,10 +513,9 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
     at(b);
     kv.load(seq.p, seq.in, b, h / p.group(), seq.tb);
     std::fill(ref.begin(), ref.end(), 0.0);
-    if (row.compute(seq.p, seq.in, kv, seq.tb, h, i)) {
-      row_backward(h, i);
+    if (rb.compute(seq, kv, d_out, h, i)) {
       for (std::int64_t j = 0; j < seq.p.kv_seq; ++j) {
-        const double ds = dp[static_cast<std::size_t>(j)];
+        const double ds = rb.ds[static_cast<std::size_t>(j)];
         if (ds == 0) continue;
         const double* kr = kv.k_row(j);
         for (std::int64_t d = 0; d < D; ++d) ref[static_cast<std::size_t>(d)] += scale * ds * kr[d];
@@ -474,23 +539,8 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
     const std::int64_t b = pair / p.kv_heads, hk = pair % p.kv_heads;
     at(b);
     kv.load(seq.p, seq.in, b, hk, seq.tb);
-    std::vector<double> dk_ref(js.size() * static_cast<std::size_t>(D)), dv_ref(dk_ref.size());
-    for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
-      for (std::int64_t i = 0; i < seq.p.seq; ++i) {
-        if (!row.compute(seq.p, seq.in, kv, seq.tb, h, i)) continue;
-        row_backward(h, i);
-        for (std::size_t n = 0; n < js.size(); ++n) {
-          const double pij = row.prob[static_cast<std::size_t>(js[n])];
-          const double ds = dp[static_cast<std::size_t>(js[n])];
-          for (std::int64_t d = 0; d < D; ++d) {
-            dv_ref[n * static_cast<std::size_t>(D) + static_cast<std::size_t>(d)] +=
-                pij * dov[static_cast<std::size_t>(d)];
-            dk_ref[n * static_cast<std::size_t>(D) + static_cast<std::size_t>(d)] +=
-                scale * ds * row.q[static_cast<std::size_t>(d)];
-          }
-        }
-      }
-    }
+    std::vector<double> dk_ref, dv_ref;
+    accumulate_kv_rows(seq, kv, d_out, hk * p.group(), p.group(), js, scale, dk_ref, dv_ref);
     for (std::size_t n = 0; n < js.size(); ++n) {
       const std::int64_t j = js[n];
       const auto slice = [&](const std::vector<double>& all) {
