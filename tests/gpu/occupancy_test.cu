@@ -74,7 +74,7 @@ std::vector<Kernel> kernels_under_test() {
       {"static_shared", reinterpret_cast<const void*>(static_shared_kernel)},
       {"dynamic_shared", reinterpret_cast<const void*>(dynamic_shared_kernel)},
       {"many_registers", reinterpret_cast<const void*>(many_registers_kernel)},
-      {"flash_bwd_preprocess", reinterpret_cast<const void*>(kern::flash_bwd_preprocess_kernel<kern::Bf16>)},
+      {"flash_bwd_preprocess", reinterpret_cast<const void*>(kern::flash_bwd_preprocess_kernel<kern::Bf16, 16>)},
       {"flash_bwd_dkdv hdim 64 causal",
        reinterpret_cast<const void*>(kern::flash_bwd_dkdv_kernel<Cfg, kern::MaskMode::Causal, kern::Bf16, false>)},
       {"flash_fwd_sm80 hdim 128 causal",

@@ -1,6 +1,7 @@
 // What leaves the sm90a backward's registers (flash_bwd_sm90.cuh): each query
 // tile's dQ share, staged in shared memory and added into the FP32
-// accumulator by one bulk reduce-add (TMA) per tile (head dims past 128, with
+// accumulator by one bulk reduce-add (TMA) per tile, which the kernel's dQ
+// writer warp issues (FlashBwdSm90::write_dq; head dims past 128, with
 // no room to stage: by 16-byte vector reductions from registers), in
 // whatever order the key tiles finish or (deterministic) in key-tile order,
 // each key tile waiting on a semaphore for the one before; and dK and dV once
@@ -74,30 +75,6 @@ struct EpilogueBwdSm90 {
     for (int nt = 0; nt < Cfg::kDqTiles; ++nt) {
       *reinterpret_cast<float4*>(tile + Layout::offset(wg, warp_in_wg, nt, lane)) =
           make_float4(dq[nt][0] * scale, dq[nt][1] * scale, dq[nt][2] * scale, dq[nt][3] * scale);
-    }
-  }
-
-  // By the one leader thread, once the staged tile is whole (a named barrier
-  // after every thread's stage_dq and proxy fence): its bulk reduce-add into
-  // the accumulator's tile at m0. Deterministic: first waits for its turn on
-  // the tile's semaphore (turn = n_block - the tile's first visible key
-  // tile), then waits for the adds to land and passes the turn on. Key tiles
-  // start in grid order, so a key tile waits only on ones running or done.
-  template <bool kDeterministic>
-  __device__ __forceinline__ static void add_dq(const BwdArgs& a, std::uint32_t tile, std::int64_t bh, int m0,
-                                                int turn) {
-    float* const dst = a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim;
-    if constexpr (kDeterministic) {
-      int* const sem = semaphore(a, bh, m0);
-      wait_turn(sem, turn);
-      sm90::bulk_reduce_add_f32(dst, tile, kDqBytes);
-      sm90::bulk_commit();
-      sm90::bulk_wait<0>();
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      pass_turn(sem);
-    } else {
-      sm90::bulk_reduce_add_f32(dst, tile, kDqBytes);
-      sm90::bulk_commit();
     }
   }
 

@@ -30,28 +30,34 @@ __device__ __forceinline__ float dot8(const uint4& x, const uint4& y) {
   return sum;
 }
 
-// One warp a padded row: 16-byte loads of O and dO (head_dim is a multiple of
-// 8 and rows are 16-byte aligned: fused_bwd_unsupported_reason).
-template <Half16 Element>
-__global__ void __launch_bounds__(128) flash_bwd_preprocess_kernel(const __grid_constant__ BwdArgs a) {
+// kLanes lanes a padded row (head_dim / 8 rounded up to a power of two, at
+// most a warp: 8 at head dim 64, 32 at 256), each with its 16-byte chunks of O
+// and dO (head_dim is a multiple of 8 and rows are 16-byte aligned:
+// fused_bwd_unsupported_reason) and its share of the row's accumulator. (One
+// warp a row left three lanes in four idle at head dim 64: 46 us where cuDNN's
+// pass took 19 on 8 x 16 x 1024 x 64, docs/perf/issue21-2026-12-02b.md.)
+template <Half16 Element, int kLanes>
+__global__ void __launch_bounds__(256) flash_bwd_preprocess_kernel(const __grid_constant__ BwdArgs a) {
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "a power-of-two share of a warp");
   const FwdArgs& f = a.f;
   const std::int64_t rows = static_cast<std::int64_t>(f.batch) * f.heads * a.rows_pad;
-  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (256 / kLanes) + threadIdx.x / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  const bool live = r < rows;  // every lane reaches the shuffles below
   const int i = static_cast<int>(r % a.rows_pad);
   const std::int64_t bh = r / a.rows_pad;
   const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
   float sum = 0.f;
-  if (i < f.seq_q) {
+  if (live && i < f.seq_q) {
     const auto* o =
         reinterpret_cast<const uint4*>(f.o + batch * f.o_batch_stride + head * f.o_head_stride + i * f.o_row_stride);
     const auto* d_o = reinterpret_cast<const uint4*>(a.dout + batch * a.do_batch_stride + head * a.do_head_stride +
                                                      i * a.do_row_stride);
-    for (int c = lane; c < a.head_dim / 8; c += 32) sum += dot8<Element>(o[c], d_o[c]);
+    for (int c = lane; c < a.head_dim / 8; c += kLanes) sum += dot8<Element>(o[c], d_o[c]);
   }
 #pragma unroll
-  for (int w = 16; w > 0; w /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, w);
+  for (int w = kLanes / 2; w > 0; w /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, w);
+  if (!live) return;
   if (lane == 0) {
     a.dsum[r] = sum;
     if (a.lse_log2 != nullptr) a.lse_log2[r] = i < f.seq_q ? lse_log2(f.lse[bh * f.seq_q + i]) : INFINITY;
@@ -61,15 +67,25 @@ __global__ void __launch_bounds__(128) flash_bwd_preprocess_kernel(const __grid_
     // The row's share of the accumulator (in the sm90 kernel's tile order a
     // row is not contiguous, but the tiles of the padded rows cover it all).
     auto* acc = reinterpret_cast<float4*>(a.dq_accum + r * a.dq_accum_cols);
-    for (int c = lane; c < a.dq_accum_cols / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int c = lane; c < a.dq_accum_cols / 4; c += kLanes) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+}
+
+template <Half16 Element, int kLanes>
+cudaError_t launch_bwd_preprocess_lanes(const BwdArgs& a, cudaStream_t stream) {
+  const std::int64_t rows = static_cast<std::int64_t>(a.f.batch) * a.f.heads * a.rows_pad;
+  constexpr int kRowsPerBlock = 256 / kLanes;
+  flash_bwd_preprocess_kernel<Element, kLanes>
+      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 template <Half16 Element>
 cudaError_t launch_bwd_preprocess(const BwdArgs& a, cudaStream_t stream) {
-  const std::int64_t rows = static_cast<std::int64_t>(a.f.batch) * a.f.heads * a.rows_pad;
-  flash_bwd_preprocess_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a);
-  return cudaGetLastError();
+  const int chunks = a.head_dim / 8;
+  if (chunks <= 8) return launch_bwd_preprocess_lanes<Element, 8>(a, stream);
+  if (chunks <= 16) return launch_bwd_preprocess_lanes<Element, 16>(a, stream);
+  return launch_bwd_preprocess_lanes<Element, 32>(a, stream);
 }
 
 }  // namespace attnprof::cuda::kernels

@@ -9,15 +9,16 @@
 //      K and V resident in shared memory, Q, dO, LSE and D streamed query tile
 //      after query tile, for every query head of its grouped-query group (dK
 //      and dV summed in registers, no atomics for them); dQ added into the FP32
-//      accumulator by one bulk reduce-add a query tile (deterministic: in
-//      key-tile order);
+//      accumulator by one bulk reduce-add a query tile, which a warp of the
+//      producer warpgroup issues (deterministic: in key-tile order);
 //   3. bwd_convert_dq_tiled (flash_bwd_postprocess.cuh): the accumulator
 //      (in its tiles' register order) to dQ.
 // This file lays out shared memory and the barriers and splits the CTA by
 // role; the roles live in
 //   mainloop_bwd_sm90.cuh    loads (producer), the five products (consumers)
 //   pipeline_sm90.cuh        the mbarrier stages between them
-//   epilogue_bwd_sm90.cuh    dQ staged and reduce-added into the accumulator; dK and dV out
+//   epilogue_bwd_sm90.cuh    dQ staged (the writer warp here reduce-adds it), the wide
+//                            path's dQ reductions and turns; dK and dV out
 // The grid is static, (kv head, batch) fastest and the key tile slowest, so
 // that CTAs start in key-tile order across all heads: under a causal mask the
 // low key tiles, which every later query sees, are the heaviest, and start
@@ -56,8 +57,51 @@ struct FlashBwdSm90 {
   static constexpr int kSmemBytes = kQPipeOffset + Mainloop::QPipeline::kBarrierBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
   // Named barriers of the two consumers: both halves of dS^T are in shared
-  // memory (and the last tile's dQ has left it); the staged dQ tile is whole.
-  static constexpr int kDsReady = 1, kDqReady = 2;
+  // memory; (wide, deterministic) the tile's dQ turn is seen, then passed.
+  // Between the consumers and the dQ writer (not wide): the staged dQ tile
+  // is whole; its buffer is free again.
+  static constexpr int kDsReady = 1, kDqReady = 2, kDqFull = 3, kDqEmpty = 4;
+  static constexpr int kDqHandshake = Cfg::kConsumerThreads + 32;
+
+  // The dQ writer (not wide): the producer warpgroup's second warp. For each
+  // query tile the consumers walk, once they have staged its dQ, one bulk
+  // reduce-add of it into the accumulator by its first lane, and the staging
+  // buffer handed back as soon as the copy has read it. Deterministic: the
+  // tile's turn waited for first (turn = n_block - the tile's first visible
+  // key tile) and passed on once the adds have landed, both off the
+  // consumers' path: they stall only when the writer is a whole tile behind.
+  template <bool kDeterministic>
+  __device__ static void write_dq(const BwdArgs& a, std::uint32_t staged, const QueryWalk& walk, int kv_head, int batch,
+                                  int n_block, int lane) {
+    using Epilogue = EpilogueBwdSm90<Cfg>;
+    const FwdArgs& f = a.f;
+    const int tiles = f.group * walk.count();
+    sm90::named_barrier_arrive(kDqEmpty, kDqHandshake);  // the buffer starts free
+    for (int t = 0; t < tiles; ++t) {
+      const int m0 = walk.at(t % walk.count()) * Cfg::kBlockM;
+      const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + kv_head * f.group + t / walk.count();
+      int* const sem = Epilogue::semaphore(a, bh, m0);
+      sm90::named_barrier_sync(kDqFull, kDqHandshake);
+      if (lane == 0) {
+        if constexpr (kDeterministic) {
+          Epilogue::wait_turn(sem, n_block - key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(f, m0).begin);
+        }
+        sm90::bulk_reduce_add_f32(a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim, staged, Epilogue::kDqBytes);
+        sm90::bulk_commit();
+        sm90::bulk_wait_read<0>();
+      }
+      __syncwarp();
+      if (t + 1 < tiles) sm90::named_barrier_arrive(kDqEmpty, kDqHandshake);
+      if constexpr (kDeterministic) {
+        if (lane == 0) {
+          sm90::bulk_wait<0>();
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          Epilogue::pass_turn(sem);
+        }
+      }
+    }
+    if (lane == 0) sm90::bulk_wait<0>();  // the last reduce-add has landed
+  }
 };
 
 template <class Cfg, MaskMode kMask, Half16 Element, bool kDeterministic>
@@ -82,6 +126,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int n_block = blockIdx.y, kv_head = blockIdx.x % kv_heads, batch = blockIdx.x / kv_heads;
   const int n0 = n_block * kBN;
   const QueryTiles tiles = query_tiles<kMask, kBM, kBN>(f, n0);
+  QueryWalk walk{tiles};
+  // Unmasked, every key tile of a head starts at query tile 0, and the few of
+  // them running at once would reduce-add into the same dQ tile together:
+  // each starts its walk at its own share of the query tiles instead (under a
+  // mask the first tiles differ already). Deterministic runs keep key-tile
+  // order, which the ordered dQ waits on.
+  if constexpr (kMask == MaskMode::None && !kDeterministic) {
+    walk.shift = static_cast<int>(static_cast<std::int64_t>(n_block) * walk.count() / gridDim.y);
+  }
   if (tid == 0) {
     kv_pipe.init(Cfg::kConsumerThreads);
     q_pipe.init(Cfg::kConsumerThreads);
@@ -90,10 +143,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
 
   typename Mainloop::QPipeline::State q_state;
-  if (warp >= Cfg::kConsumerThreads / 32) {  // the producer
+  if (warp >= Cfg::kConsumerThreads / 32) {  // the producer warpgroup: the loads, and the dQ writer
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp == Cfg::kConsumerThreads / 32 && lane == 0 && tiles.begin < tiles.end) {
-      Mainloop::load(p, a, smem, n0, kv_head, batch, tiles, kv_pipe, q_pipe, q_state);
+    const int role = warp - Cfg::kConsumerThreads / 32;
+    if (tiles.begin < tiles.end) {
+      if (role == 0 && lane == 0) Mainloop::load(p, a, smem, n0, kv_head, batch, walk, kv_pipe, q_pipe, q_state);
+      if constexpr (!Cfg::kWide) {
+        if (role == 1) Kernel::template write_dq<kDeterministic>(a, smem.dq(), walk, kv_head, batch, n_block, lane);
+      }
     }
     return;
   }
@@ -106,7 +163,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int key_row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg;
   const int query_col0 = Cfg::kWide ? wg * Cfg::kScoreCols : 0;
   const int t = lane % 4;
-  const bool leader = tid == 0;  // issues the dQ tiles' bulk reduce-adds
+  const bool leader = tid == 0;  // wide, deterministic: waits for the dQ turns and passes them on
   float dk[1][Cfg::kDkvTiles][4], dv[1][Cfg::kDkvTiles][4];
   zero(dk);
   zero(dv);
@@ -116,8 +173,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int g = 0; g < f.group; ++g) {
       const int head = kv_head * f.group + g;
       const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + head;
-      for (int m_block = tiles.begin; m_block < tiles.end; ++m_block) {
-        const int m0 = m_block * kBM, st = q_state.index();
+      for (int k = 0; k < walk.count(); ++k) {
+        const int m0 = walk.at(k) * kBM, st = q_state.index();
         float s[kMT][4], dp[kMT][4];
         q_pipe.consumer_wait(q_state, Mainloop::kPartQ);
         Mainloop::issue_transposed_scores(smem.k(), smem.q(st), s, wg);
@@ -194,7 +251,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           sm90::fence_view_async_shared();
           Mainloop::issue_accumulate(smem.dout(st), dv, pt);
           Mainloop::issue_accumulate(smem.q(st), dk, dst);
-          if (leader) sm90::bulk_wait_read<0>();  // the last tile's dQ has left the staging buffer
           sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
           float dq[Cfg::kDqTiles][4];
           Mainloop::issue_dq(smem, buf, dq, wg, 0);
@@ -206,18 +262,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           sm90::fence_operands(dst);
           q_pipe.consumer_release(q_state, Mainloop::kPartQ);
           q_pipe.consumer_release(q_state, Mainloop::kPartDo);
-          // dQ: staged, then one bulk reduce-add (the leader's) into the accumulator.
+          // dQ: staged once the writer has the buffer free again, then
+          // handed to it for the bulk reduce-add.
+          sm90::named_barrier_sync(Kernel::kDqEmpty, Kernel::kDqHandshake);
           Epilogue::stage_dq(smem.template at<float>(smem.dq()), dq, a.scale, wg, warp_in_wg, lane);
           sm90::fence_view_async_shared();
-          sm90::named_barrier_sync(Kernel::kDqReady, Cfg::kConsumerThreads);
-          if (leader) Epilogue::template add_dq<kDeterministic>(a, smem.dq(), bh, m0, kDeterministic ? turn() : 0);
+          sm90::named_barrier_arrive(Kernel::kDqFull, Kernel::kDqHandshake);
         }
         q_state.advance();
         buf ^= 1;
       }
     }
   }
-  if (!Cfg::kWide && leader) sm90::bulk_wait<0>();  // the last reduce-add has read its source and landed
   Epilogue::template store_dkdv<Element>(a, dk, dv, n0, kv_head, batch, wg, warp_in_wg, lane);
 #endif
 }

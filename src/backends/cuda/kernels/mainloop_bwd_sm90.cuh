@@ -96,6 +96,18 @@ struct FlashBwdSm90Cfg {
 template <int kHeadDim>
 using FlashBwdSm90DefaultCfg = FlashBwdSm90Cfg<kHeadDim, 64, kHeadDim == 256 ? 2 : 3>;
 
+// The order a CTA walks its query tiles [begin, end): from begin + shift
+// round to begin (`at`: the k-th tile walked).
+struct QueryWalk {
+  QueryTiles tiles;
+  int shift = 0;
+  __device__ __forceinline__ int count() const { return tiles.end - tiles.begin; }
+  __device__ __forceinline__ int at(int k) const {
+    const int j = k + shift;
+    return tiles.begin + (j < count() ? j : j - count());
+  }
+};
+
 template <class Cfg, MaskMode kMask, Half16 Element>
 struct MainloopBwdSm90 {
   static constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kPadDim;
@@ -181,9 +193,9 @@ struct MainloopBwdSm90 {
   };
 
   // Producer (one thread): K and V of the CTA's key tile, then for every
-  // query head of its group the query tiles [tiles.begin, tiles.end).
+  // query head of its group the query tiles of `walk`, in its order.
   __device__ __forceinline__ static void load(const Params& p, const BwdArgs& a, const Smem& smem, int n0, int kv_head,
-                                              int batch, QueryTiles tiles, const KVPipeline& kv_pipe,
+                                              int batch, QueryWalk walk, const KVPipeline& kv_pipe,
                                               const QPipeline& q_pipe, typename QPipeline::State& q_state) {
     const FwdArgs& f = a.f;
     const std::uint32_t kv_bar = kv_pipe.producer_expect(typename KVPipeline::State{}, 0, 2 * kKBytes);
@@ -194,8 +206,8 @@ struct MainloopBwdSm90 {
     for (int g = 0; g < f.group; ++g) {
       const int head = kv_head * f.group + g;
       const std::int64_t rows = (static_cast<std::int64_t>(batch) * f.heads + head) * a.rows_pad;
-      for (int m_block = tiles.begin; m_block < tiles.end; ++m_block) {
-        const int m0 = m_block * kBM, st = q_state.index();
+      for (int k = 0; k < walk.count(); ++k) {
+        const int m0 = walk.at(k) * kBM, st = q_state.index();
         q_pipe.producer_acquire(q_state, kPartQ);
         const std::uint32_t q_bar = q_pipe.producer_expect(q_state, kPartQ, kQBytes + kRowBytes);
         for (int r = 0; r < kRegions; ++r) {

@@ -262,6 +262,11 @@ __device__ __forceinline__ void for_tile_chunks(F&& f) {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` of `threads` threads without waiting
+// (bar.arrive: a producer's half of a producer-consumer handshake).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Orders this thread's ordinary shared-memory writes before later reads by
 // the asynchronous proxy (wgmma's operands from shared memory, TMA stores).
 __device__ __forceinline__ void fence_view_async_shared() {
