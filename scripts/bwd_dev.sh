@@ -23,7 +23,8 @@ if [[ " $steps " == *" sanitize "* ]]; then
       "--seq 130 --mask sliding-window --window 20 --head-dim 96 --heads 2" \
       "--seq 190 --kv-seq 77 --mask causal --head-dim 64 --heads 3 --kv-heads 1 --deterministic" \
       "--seq 150 --kv-seq 201 --mask causal-bottom-right --head-dim 256 --heads 2 --kv-heads 1" \
-      "--seq 170 --mask sliding-window --window 40 --head-dim 192 --heads 2 --deterministic"; do
+      "--seq 170 --mask sliding-window --window 40 --head-dim 192 --heads 2 --deterministic" \
+      "--seq 210 --kv-seq 333 --mask none --head-dim 64 --heads 3 --kv-heads 1"; do
       ATTNPROF_NO_CUPTI=1 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $B/attnprof profile --device cuda \
         --backend flash --pass backward --batch 1 $args --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san \
         --quiet >/tmp/san.txt 2>&1

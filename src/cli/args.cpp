@@ -222,6 +222,7 @@ Options parse_trace_command(Options o, int argc, char** argv) {
         continue;
       }
       if (arg != "--step" && arg != "--top" && arg != "--json" && arg != "--html" && arg != "--max-gib" &&
+          arg != "--ceiling-tflops" &&
           (diff || (arg != "--device" && arg != "--backends" && arg != "--replay-max-gflop"))) {
         bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
       }
@@ -260,6 +261,13 @@ Options parse_trace_command(Options o, int argc, char** argv) {
         check_backend_name("backends", b, /*auto_ok=*/false);
         o.backends.push_back(b);
       }
+    } else if (arg == "--ceiling-tflops") {
+      char* end = nullptr;
+      const double c = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != 0 || !(c > 0) || c > 1e6) {
+        bad("--ceiling-tflops must be a positive number of TFLOP/s (the trace's device's dense matmul rate)");
+      }
+      o.ceiling_tflops = c;
     } else if (!diff && arg == "--replay-max-gflop") {
       char* end = nullptr;
       const double g = std::strtod(value.c_str(), &end);
@@ -411,6 +419,10 @@ memsets of each top-level op and the top kernels by time.
                        key-averages table, and bars across steps and traces
   --max-gib N          refuse a trace whose JSON (after decompression) passes
                        N GiB: a gzip bomb, or more than this machine holds (default 4)
+  --ceiling-tflops X   the trace's device's dense matmul ceiling (TFLOP/s): each
+                       attention call's "ceiling" column is its TFLOP/s over X
+                       (default: ATTNPROF_CEILING_TFLOPS; "attnprof profile" on
+                       that device prints the one it measures)
   --replay             run each distinct attention problem of the trace (forward,
                        and backward where the trace has one) through attnprof's
                        eligible backends here; per problem what ran in the trace,
@@ -451,6 +463,7 @@ with two --step flags compares two steps of it.
   --html FILE          also write the HTML report: the rows that changed, and
                        both sides' steps as analyze shows them
   --max-gib N          as for analyze                             (default 4)
+  --ceiling-tflops X   as for analyze: the ceiling attention calls are held to
 
 Examples:
   attnprof diff naive.json naive_inplace.json

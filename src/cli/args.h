@@ -50,7 +50,8 @@ struct Options {
   // analyze --replay: the trace's attention problems run here; --device
   // (device_given, problem.device) picks where, --backends which.
   bool replay = false;
-  double replay_max_gflop = 2.0;  // --replay-max-gflop: CPU replays skip problems above it
+  std::optional<double> ceiling_tflops;  // analyze/diff --ceiling-tflops (else ATTNPROF_CEILING_TFLOPS)
+  double replay_max_gflop = 2.0;         // --replay-max-gflop: CPU replays skip problems above it
 };
 
 // Reads o.mask_file (when given) against the finished problem: its dtype

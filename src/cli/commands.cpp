@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "attnprof/error.h"
@@ -125,6 +126,12 @@ namespace {
 AnalyzeOptions analyze_options(const Options& o) {
   AnalyzeOptions a;
   a.read.max_bytes = static_cast<std::uint64_t>(o.max_gib) << 30;
+  a.ceiling_tflops = o.ceiling_tflops;
+  if (!a.ceiling_tflops) {
+    if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
+      if (const double v = std::atof(known); v > 0) a.ceiling_tflops = v;
+    }
+  }
   return a;
 }
 

@@ -275,5 +275,40 @@ TEST(Replay, TheCommandRefusesBadFlagsInOneLine) {
   }
 }
 
+// Every attention call's (tflops, ceiling_pct) in an analyze JSON, wherever it sits.
+void attention_calls_in(const json& j, std::vector<std::pair<json, json>>& out) {
+  if (j.is_object()) {
+    if (j.contains("ceiling_pct") && j.contains("tflops") && j.contains("share_pct")) {
+      out.emplace_back(j["tflops"], j["ceiling_pct"]);
+    }
+    for (const auto& [key, v] : j.items()) attention_calls_in(v, out);
+  } else if (j.is_array()) {
+    for (const auto& v : j) attention_calls_in(v, out);
+  }
+}
+
+TEST(Replay, TheCeilingFlagGivesEveryAttentionCallItsShareOfTheRoof) {
+  testing::TempDir io;
+  const Cli with = cli("analyze " + fixture("cpu_math") + " --ceiling-tflops 0.5 --json " + io.str("c.json"), io);
+  ASSERT_EQ(with.code, 0) << with.err;
+  std::vector<std::pair<json, json>> calls;
+  attention_calls_in(json::parse(testing::slurp(io.str("c.json"))), calls);
+  ASSERT_FALSE(calls.empty());
+  for (const auto& [tflops, pct] : calls) {
+    ASSERT_TRUE(tflops.is_number() && pct.is_number()) << tflops << " " << pct;
+    EXPECT_NEAR(pct.get<double>(), 100.0 * tflops.get<double>() / 0.5, 1e-9 + 1e-9 * pct.get<double>());
+  }
+  ::unsetenv("ATTNPROF_CEILING_TFLOPS");  // nor from the environment: no column
+  const Cli without = cli("analyze " + fixture("cpu_math") + " --json " + io.str("n.json"), io);
+  ASSERT_EQ(without.code, 0) << without.err;
+  calls.clear();
+  attention_calls_in(json::parse(testing::slurp(io.str("n.json"))), calls);
+  ASSERT_FALSE(calls.empty());
+  for (const auto& [tflops, pct] : calls) EXPECT_TRUE(pct.is_null()) << pct;
+  const Cli bad = cli("analyze " + fixture("cpu_math") + " --ceiling-tflops 0", io);
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
 }  // namespace
 }  // namespace attnprof

@@ -19,12 +19,19 @@
 //   pipeline_sm90.cuh        the mbarrier stages between them
 //   epilogue_bwd_sm90.cuh    dQ staged (the writer warp here reduce-adds it), the wide
 //                            path's dQ reductions and turns; dK and dV out
-// The grid is static, (kv head, batch) fastest and the key tile slowest, so
-// that CTAs start in key-tile order across all heads: under a causal mask the
-// low key tiles, which every later query sees, are the heaviest, and start
-// first (longest first: the last wave holds the light ones). The ordered dQ
-// relies on the order too: a key tile waits only on lower ones of its head,
-// which started before it.
+// The grid is static. Under a mask, (kv head, batch) fastest and the key tile
+// slowest, so that CTAs start in key-tile order across all heads: the low key
+// tiles, which every later query sees, are the heaviest, and start first
+// (longest first: the last wave holds the light ones). Unmasked, every CTA
+// has the same work, and the key tile goes fastest instead: a wave then
+// holds a head or two whole, whose Q, dO and dQ accumulator stay in L2 (in
+// key-tile order across all 32 heads of 2 x 16 x 8192 x 128 a wave streamed
+// every head's, 7.7 GB from DRAM against cuDNN's 0.75, and L2 hits 73% against
+// 97%: Nsight Compute, docs/perf/issue21-2026-12-02b.md). Deterministic
+// runs keep the first order: with a head's key tiles all at once, each would
+// wait on every lower one at every query tile. The ordered dQ relies on the
+// order: a key tile waits only on lower ones of its head, which started
+// before it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,40 +65,46 @@ struct FlashBwdSm90 {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
   // Named barriers of the two consumers: both halves of dS^T are in shared
   // memory; (wide, deterministic) the tile's dQ turn is seen, then passed.
-  // Between the consumers and the dQ writer (not wide): the staged dQ tile
-  // is whole; its buffer is free again.
-  static constexpr int kDsReady = 1, kDqReady = 2, kDqFull = 3, kDqEmpty = 4;
+  // Between the consumers and the dQ writer (not wide), per staging buffer:
+  // the staged dQ tile is whole (kDqFull + b); its buffer is free again
+  // (kDqEmpty + b).
+  static constexpr int kDsReady = 1, kDqReady = 2, kDqFull = 3, kDqEmpty = 5;
+  static constexpr int kDqBuffers = Mainloop::kDqBuffers;
   static constexpr int kDqHandshake = Cfg::kConsumerThreads + 32;
 
   // The dQ writer (not wide): the producer warpgroup's second warp. For each
-  // query tile the consumers walk, once they have staged its dQ, one bulk
-  // reduce-add of it into the accumulator by its first lane, and the staging
-  // buffer handed back as soon as the copy has read it. Deterministic: the
-  // tile's turn waited for first (turn = n_block - the tile's first visible
-  // key tile) and passed on once the adds have landed, both off the
-  // consumers' path: they stall only when the writer is a whole tile behind.
+  // query tile the consumers walk, once they have staged its dQ (in buffer
+  // t % kDqBuffers), one bulk reduce-add of it into the accumulator by its
+  // first lane, and the buffer handed back as soon as the copy has read it.
+  // Deterministic: the tile's turn waited for first (turn = n_block - the
+  // tile's first visible key tile) and passed on once the adds have landed,
+  // both off the consumers' path: they stall only when the writer is
+  // kDqBuffers tiles behind.
   template <bool kDeterministic>
-  __device__ static void write_dq(const BwdArgs& a, std::uint32_t staged, const QueryWalk& walk, int kv_head, int batch,
-                                  int n_block, int lane) {
+  __device__ static void write_dq(const BwdArgs& a, const typename Mainloop::Smem& smem, const QueryWalk& walk,
+                                  int kv_head, int batch, int n_block, int lane) {
     using Epilogue = EpilogueBwdSm90<Cfg>;
     const FwdArgs& f = a.f;
     const int tiles = f.group * walk.count();
-    sm90::named_barrier_arrive(kDqEmpty, kDqHandshake);  // the buffer starts free
+#pragma unroll
+    for (int b = 0; b < kDqBuffers; ++b) sm90::named_barrier_arrive(kDqEmpty + b, kDqHandshake);  // free at first
     for (int t = 0; t < tiles; ++t) {
+      const int b = kDqBuffers == 2 ? t % 2 : 0;
       const int m0 = walk.at(t % walk.count()) * Cfg::kBlockM;
       const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + kv_head * f.group + t / walk.count();
       int* const sem = Epilogue::semaphore(a, bh, m0);
-      sm90::named_barrier_sync(kDqFull, kDqHandshake);
+      sm90::named_barrier_sync(kDqFull + b, kDqHandshake);
       if (lane == 0) {
         if constexpr (kDeterministic) {
           Epilogue::wait_turn(sem, n_block - key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(f, m0).begin);
         }
-        sm90::bulk_reduce_add_f32(a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim, staged, Epilogue::kDqBytes);
+        sm90::bulk_reduce_add_f32(a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim, smem.dq(b), Epilogue::kDqBytes);
         sm90::bulk_commit();
         sm90::bulk_wait_read<0>();
       }
       __syncwarp();
-      if (t + 1 < tiles) sm90::named_barrier_arrive(kDqEmpty, kDqHandshake);
+      // No arrival the consumers would not wait for: none after a buffer's last tile.
+      if (t + kDqBuffers < tiles) sm90::named_barrier_arrive(kDqEmpty + b, kDqHandshake);
       if constexpr (kDeterministic) {
         if (lane == 0) {
           sm90::bulk_wait<0>();
@@ -123,7 +136,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const FwdArgs& f = a.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_heads = f.heads / f.group;
-  const int n_block = blockIdx.y, kv_head = blockIdx.x % kv_heads, batch = blockIdx.x / kv_heads;
+  constexpr bool kKeyTileFastest = kMask == MaskMode::None && !kDeterministic;  // the grid's order (above)
+  const int n_block = kKeyTileFastest ? blockIdx.x : blockIdx.y, n_blocks = kKeyTileFastest ? gridDim.x : gridDim.y;
+  const int kv_pair = kKeyTileFastest ? blockIdx.y : blockIdx.x;
+  const int kv_head = kv_pair % kv_heads, batch = kv_pair / kv_heads;
   const int n0 = n_block * kBN;
   const QueryTiles tiles = query_tiles<kMask, kBM, kBN>(f, n0);
   QueryWalk walk{tiles};
@@ -133,7 +149,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // mask the first tiles differ already). Deterministic runs keep key-tile
   // order, which the ordered dQ waits on.
   if constexpr (kMask == MaskMode::None && !kDeterministic) {
-    walk.shift = static_cast<int>(static_cast<std::int64_t>(n_block) * walk.count() / gridDim.y);
+    walk.shift = static_cast<int>(static_cast<std::int64_t>(n_block) * walk.count() / n_blocks);
   }
   if (tid == 0) {
     kv_pipe.init(Cfg::kConsumerThreads);
@@ -149,7 +165,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (tiles.begin < tiles.end) {
       if (role == 0 && lane == 0) Mainloop::load(p, a, smem, n0, kv_head, batch, walk, kv_pipe, q_pipe, q_state);
       if constexpr (!Cfg::kWide) {
-        if (role == 1) Kernel::template write_dq<kDeterministic>(a, smem.dq(), walk, kv_head, batch, n_block, lane);
+        if (role == 1) Kernel::template write_dq<kDeterministic>(a, smem, walk, kv_head, batch, n_block, lane);
       }
     }
     return;
@@ -264,10 +280,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           q_pipe.consumer_release(q_state, Mainloop::kPartDo);
           // dQ: staged once the writer has the buffer free again, then
           // handed to it for the bulk reduce-add.
-          sm90::named_barrier_sync(Kernel::kDqEmpty, Kernel::kDqHandshake);
-          Epilogue::stage_dq(smem.template at<float>(smem.dq()), dq, a.scale, wg, warp_in_wg, lane);
+          const int dq_buf = Kernel::kDqBuffers == 2 ? buf : 0;  // buf: the tile's index mod 2
+          sm90::named_barrier_sync(Kernel::kDqEmpty + dq_buf, Kernel::kDqHandshake);
+          Epilogue::stage_dq(smem.template at<float>(smem.dq(dq_buf)), dq, a.scale, wg, warp_in_wg, lane);
           sm90::fence_view_async_shared();
-          sm90::named_barrier_arrive(Kernel::kDqFull, Kernel::kDqHandshake);
+          sm90::named_barrier_arrive(Kernel::kDqFull + dq_buf, Kernel::kDqHandshake);
         }
         q_state.advance();
         buf ^= 1;
@@ -301,8 +318,12 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   if (const cudaError_t e = launch_bwd_preprocess<Element>(a, stream); e != cudaSuccess) return e;
   const FwdArgs& f = a.f;
   const int n_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  if (n_tiles > 65535) return cudaErrorInvalidConfiguration;  // the grid's y
-  const dim3 grid(static_cast<unsigned>(f.heads / f.group) * f.batch, n_tiles);
+  const unsigned pairs = static_cast<unsigned>(f.heads / f.group) * f.batch;
+  const bool key_tile_fastest = kMask == MaskMode::None && !a.deterministic;
+  if ((key_tile_fastest ? pairs : static_cast<unsigned>(n_tiles)) > 65535) {
+    return cudaErrorInvalidConfiguration;  // the grid's y
+  }
+  const dim3 grid = key_tile_fastest ? dim3(n_tiles, pairs) : dim3(pairs, n_tiles);
   kernel<<<grid, Cfg::kThreads, Kernel::kSmemBytes, stream>>>(a, p);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   return launch_bwd_convert_dq_tiled<Element, Cfg::kPadDim>(a, stream);

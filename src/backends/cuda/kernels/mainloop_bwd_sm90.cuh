@@ -120,14 +120,19 @@ struct MainloopBwdSm90 {
   static constexpr int kPtBytes = Cfg::kWide ? 2 * kDsBytes : 0;  // P^T twice (wide)
   // K, V, the Q and dO stages, dS^T twice (a consumer may write the next
   // while the other still reads this one), P^T twice (wide), the staged dQ
-  // tile (not wide), the LSE and D stages; the swizzled buffers 1024-byte
+  // tile(s) (not wide), the LSE and D stages; the swizzled buffers 1024-byte
   // aligned (sizes are multiples of 1024).
   static constexpr int kKOff = 0, kVOff = kKBytes, kQOff = 2 * kKBytes;
   static constexpr int kDoOff = kQOff + Cfg::kStages * kQBytes;
   static constexpr int kDsOff = kDoOff + Cfg::kStages * kQBytes;
   static constexpr int kPtOff = kDsOff + 2 * kDsBytes;
   static constexpr int kDqOff = kPtOff + kPtBytes;
-  static constexpr int kLseOff = kDqOff + kDqBytes;
+  // Two staged dQ tiles where they fit beside the rest (head dim 64), so the
+  // consumers may run two tiles ahead of the dQ writer (flash_bwd_sm90.cuh);
+  // 2 KiB kept for the barriers and the alignment slack.
+  static constexpr int kDqBuffers =
+      !Cfg::kWide && kDqOff + 2 * kDqBytes + 2 * Cfg::kStages * kRowBytes + 2048 <= 227 * 1024 ? 2 : 1;
+  static constexpr int kLseOff = kDqOff + kDqBuffers * kDqBytes;
   static constexpr int kDsumOff = kLseOff + Cfg::kStages * kRowBytes;
   static constexpr int kSmemBytes = kDsumOff + Cfg::kStages * kRowBytes;
 
@@ -183,7 +188,7 @@ struct MainloopBwdSm90 {
     __device__ __forceinline__ std::uint32_t dout(int st) const { return base + kDoOff + st * kQBytes; }
     __device__ __forceinline__ std::uint32_t ds(int buf) const { return base + kDsOff + buf * kDsBytes; }
     __device__ __forceinline__ std::uint32_t pt(int buf) const { return base + kPtOff + buf * kDsBytes; }
-    __device__ __forceinline__ std::uint32_t dq() const { return base + kDqOff; }
+    __device__ __forceinline__ std::uint32_t dq(int buf) const { return base + kDqOff + buf * kDqBytes; }
     __device__ __forceinline__ std::uint32_t lse(int st) const { return base + kLseOff + st * kRowBytes; }
     __device__ __forceinline__ std::uint32_t dsum(int st) const { return base + kDsumOff + st * kRowBytes; }
     template <class T>
