@@ -1,5 +1,5 @@
 // attnprof._core's analyze and diff (python/attnprof/_analyze.py): traces in,
-// the CLI's JSON and text out. Apart from module.cpp, whose one call adds them.
+// the CLI's JSON and text out; module.cpp's one call adds them.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -17,6 +17,7 @@
 #include "attnprof/replay.h"
 #include "attnprof/report.h"
 #include "attnprof/trace_io.h"
+#include "python/bindings.h"
 
 namespace nb = nanobind;
 
