@@ -41,7 +41,9 @@ void bind_analyze(nb::module_& m) {
               if (!r.device) fail(ErrorKind::InvalidArgument, "device must be cpu or cuda, got '" + *device + "'");
             }
             r.backends = backends;
-            for (auto& a : all) replay_attention(a, r);
+            after_runtime_use([&] {
+              for (auto& a : all) replay_attention(a, r);
+            });
           }
         }
         std::string text;

@@ -6,6 +6,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,9 +32,9 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
                       std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap,
                       const std::optional<In>& attn_mask, const std::optional<In>& block_table,
                       const std::optional<In>& seq_lens) {
-  Call c = prepare(array_of(q), array_of(k), array_of(v), array_of(out),
-                   {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
-                   Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens)});
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
+                          {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
+                          Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens)});
   run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
   return std::string(c.backend->name());
 }
@@ -46,9 +48,9 @@ std::tuple<std::string, nb::ndarray<float>> attention_train(
     const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
     std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
     bool deterministic, std::optional<double> softcap, const std::optional<In>& attn_mask) {
-  Call c = prepare(array_of(q), array_of(k), array_of(v), array_of(out),
-                   {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
-                   Extras{optional_array(attn_mask), {}, {}});
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
+                          {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
+                          Extras{optional_array(attn_mask), {}, {}});
   Saved saved;
   run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
   const std::size_t shape[3] = {static_cast<std::size_t>(c.p.batch), static_cast<std::size_t>(c.p.heads),
@@ -64,9 +66,9 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
                                const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                                std::uintptr_t stream, int threads, bool bshd, bool deterministic,
                                std::optional<double> softcap, const std::optional<In>& attn_mask) {
-  Call c = prepare(array_of(q), array_of(k), array_of(v), array_of(out),
-                   {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
-                   Extras{optional_array(attn_mask), {}, {}});
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
+                          {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
+                          Extras{optional_array(attn_mask), {}, {}});
   c.p.pass = Pass::Backward;  // the call itself; planned as the training step it is part of
   const Tensor d_out = c.view_like("dout", array_of(dout), c.out, bshd);
   Gradients g = c.gradients(array_of(dq), array_of(dk), array_of(dv), bshd);
@@ -81,6 +83,48 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
                         {lse.stride(0), lse.stride(1), lse.stride(2), 1}, DType::F32, c.p.device);
   run(c, [&] { c.backend->backward(c.p, c.in, c.out, d_out, saved, g, c.ctx); });
   return std::string(c.backend->name());
+}
+
+// ---- Host time by piece (bench/python_overhead.py) ----
+
+// attention() stopped after a stage, with its very arguments (so the
+// argument conversion costs what attention()'s does): 0 returns once the
+// arguments are converted, 1 once the call is prepared (views, problem,
+// plan), 2 runs it as attention() does.
+std::string attention_until(int stage, const In& q, const In& k, const In& v, const Out& out,
+                            const std::string& backend, const std::string& mask, std::optional<std::int64_t> window,
+                            std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
+                            std::optional<double> softcap, const std::optional<In>& attn_mask,
+                            const std::optional<In>& block_table, const std::optional<In>& seq_lens) {
+  if (stage <= 0) return {};
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
+                          {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
+                          Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens)});
+  if (stage == 1) return {};
+  run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+  return std::string(c.backend->name());
+}
+
+// The C++ call of the same problem: `calls` back-to-back forwards of one
+// prepared call, each timed alone (us), as the runner's --unprofiled-calls
+// times them (a device synchronisation before and after, none between).
+std::vector<double> time_forward(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
+                                 const std::string& mask, std::optional<std::int64_t> window,
+                                 std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
+                                 std::optional<double> softcap, int calls) {
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
+                          {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap});
+  std::vector<double> us(static_cast<std::size_t>(std::max(calls, 0)));
+  nb::gil_scoped_release unlocked;
+  DeviceRuntime& rt = runtime_for(c.p.device, threads);
+  rt.synchronize();
+  for (double& t : us) {
+    const auto t0 = std::chrono::steady_clock::now();
+    c.backend->forward(c.p, c.in, c.out, c.ctx);
+    t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  rt.synchronize();
+  return us;
 }
 
 }  // namespace
@@ -106,6 +150,21 @@ void bind_attention(nb::module_& m) {
         nb::arg("bshd"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
         nb::arg("attn_mask").noconvert().none() = nb::none(),
         "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
+
+  m.def("_attention_until", &attention_until, nb::arg("stage"), nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"),
+        nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
+        nb::arg("softcap").none() = nb::none(), nb::arg("attn_mask").noconvert().none() = nb::none(),
+        nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
+        "attention() up to a stage: 0 the arguments converted, 1 the call prepared, 2 run (bench/python_overhead.py)");
+  m.def("_time_forward", &time_forward, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+        nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
+        nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"), nb::arg("softcap").none(),
+        nb::arg("calls"), "the host time (us) of each of `calls` back-to-back C++ forwards of one prepared call");
+
+  // The call cache (call.cpp), for the tests.
+  m.def("_cache_entries", &cache_entries, "prepared calls the call cache holds");
+  m.def("_clear_cache", &clear_cache, "empties the call cache");
 
   // The views attention() reads and writes, as (data pointer, sizes, strides)
   // for q, k, v and out: the tests compare them with the caller's own.

@@ -2,7 +2,7 @@
 // share. Arrays come in as DLPack views (nb::ndarray, never converted or
 // copied) and become borrowed Tensors here; one call on them is a Call.
 //   arrays.cpp             DLPack arrays -> borrowed Tensor views, and their checks
-//   call.cpp               a dense call: prepare() and the plan
+//   call.cpp               a dense call: prepare(), the plan, the call cache
 //   attention_bindings.cpp attention, attention_train, attention_backward
 //   varlen_bindings.cpp    packed (variable-length) batches; a paged cache's preparation
 //   pipeline_bindings.cpp  Problem, compare, profile, explain, the library's defaults
@@ -143,6 +143,36 @@ struct CallArgs {
 };
 Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& args,
              const Extras& x = {});
+
+// prepare() through the call cache: a call whose every array layout and
+// argument matches one prepared before takes that one's problem and backend
+// and makes only its views (call.cpp says what the key holds; paged calls,
+// which read their tables, are never cached). cache_entries() counts what
+// the cache holds, clear_cache() empties it (the tests use both).
+Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& args,
+                    const Extras& x = {});
+std::size_t cache_entries();
+void clear_cache();
+
+// device_runtime(device, threads), setting the CPU's thread counts only when
+// they are not what this thread last set. The CPU runtime sets OpenMP's and
+// OpenBLAS's counts and asks glibc for the CPU count on every call, and
+// glibc opens /sys/devices/system/cpu/online for it: microseconds a call.
+// Whatever else sets the counts (compare, profile, explain, replay,
+// allocated_bytes: the library's own calls of device_runtime) calls
+// runtime_touched() after, so the next call sets them again.
+DeviceRuntime& runtime_for(Device device, int threads);
+void runtime_touched();
+
+// `work` (a call of the library that may set the CPU's thread counts), then
+// runtime_touched(), whether it returns or throws.
+template <class Work>
+auto after_runtime_use(Work&& work) {
+  struct Touched {
+    ~Touched() { runtime_touched(); }
+  } touched;
+  return work();
+}
 
 // ---- varlen_bindings.cpp ----
 

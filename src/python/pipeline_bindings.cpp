@@ -157,7 +157,7 @@ void bind_pipeline(nb::module_& m) {
         for (const auto& b : only) check_backend_name("backends", b, /*auto_ok=*/false);
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
                                                unprofiled_calls, expect, sort_by, row_limit);
-        return interruptible([&] { return compare(p, o, only); });
+        return after_runtime_use([&] { return interruptible([&] { return compare(p, o, only); }); });
       },
       nb::arg("problem"), nb::arg("backends"), nb::arg("trace_dir").none(), nb::arg("json_path").none(),
       nb::arg("seed"), nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"),
@@ -172,7 +172,7 @@ void bind_pipeline(nb::module_& m) {
         check_backend_name("backend", backend, /*auto_ok=*/true);
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
                                                unprofiled_calls, expect, sort_by, row_limit);
-        return interruptible([&] { return profile(p, backend, o); });
+        return after_runtime_use([&] { return interruptible([&] { return profile(p, backend, o); }); });
       },
       nb::arg("problem"), nb::arg("backend"), nb::arg("trace_dir").none(), nb::arg("json_path").none(), nb::arg("seed"),
       nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"), nb::arg("unprofiled_calls"),
@@ -184,7 +184,7 @@ void bind_pipeline(nb::module_& m) {
       [](const Problem& p, int threads) {
         check_threads(threads);
         nb::gil_scoped_release unlocked;
-        const ExplainReport e = explain_report(p, threads);
+        const ExplainReport e = after_runtime_use([&] { return explain_report(p, threads); });
         return std::make_tuple(e.json(), e.table(), e.device_description, e.auto_refusal);
       },
       nb::arg("problem"), nb::arg("threads"));
@@ -224,7 +224,7 @@ void bind_pipeline(nb::module_& m) {
       [](const std::string& device) {
         Problem p;
         set_problem_field(p, "device", device);
-        return device_runtime(p.device).allocator().stats().allocated;
+        return after_runtime_use([&] { return device_runtime(p.device).allocator().stats().allocated; });
       },
       nb::arg("device"));
 }
