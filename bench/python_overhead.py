@@ -13,7 +13,8 @@ passed in (no copy) and matches PyTorch's. Then, for each backend at the first s
 where the added time goes (the pieces' medians, each timed alone):
   the DLPack exports, the stream lookup, torch.compiler.is_compiling(), nanobind's
   argument conversion, the call's preparation (views, problem, plan; a cache hit after
-  the first call), the backend call and its return, and the Python front end (the rest).
+  the first call), the backend call and its return, and the Python front end (the rest),
+  each with the call cache off (every call prepared afresh, as before it) and on.
 
   CPU (the host-side overhead on the smallest shapes, one thread):
     PYTHONPATH=build/cpu/python python3 bench/python_overhead.py --device cpu
@@ -33,25 +34,38 @@ import attnprof
 from attnprof import _core, _torch
 
 
-def median_us(fn, device, calls=2000, warmup=200):
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
-    samples = []
-    clock = time.perf_counter
-    for _ in range(calls):
-        t0 = clock()
-        fn()
-        samples.append((clock() - t0) * 1e6)
-    sync()
-    samples.sort()
-    return statistics.median(samples), samples[len(samples) // 10], samples[(9 * len(samples)) // 10]
-
-
 def spread(us):
     us = sorted(us)
     return statistics.median(us), us[len(us) // 10], us[(9 * len(us)) // 10]
+
+
+def median_us(fn, device, calls, rounds):
+    """The least of `rounds` medians of `calls` back-to-back calls (us; and that round's p10, p90): the
+    round least disturbed by the machine's other work. On CUDA, calls stay well under the launch
+    queue's depth, so that a call's time is its host time, not a wait for the device."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    best = None
+    clock = time.perf_counter
+    for _ in range(rounds):
+        for _ in range(max(calls // 4, 10)):
+            fn()
+        sync()
+        samples = []
+        for _ in range(calls):
+            t0 = clock()
+            fn()
+            samples.append((clock() - t0) * 1e6)
+        sync()
+        got = spread(samples)
+        if best is None or got[0] < best[0]:
+            best = got
+    return best
+
+
+def cpp_us(q, k, v, o, backend, threads, calls, rounds):
+    """The C++ call, timed as median_us times the Python call: the least median of `rounds`."""
+    return min((spread(_core._time_forward(q, k, v, o, backend, "causal", None, None, _torch._stream_of(q), threads,
+                                           False, None, calls)) for _ in range(rounds)), key=lambda r: r[0])
 
 
 def cli_us(exe, backend, b, h, s, d):
@@ -64,8 +78,9 @@ def cli_us(exe, backend, b, h, s, d):
     return float(m.group(1)), float(m.group(2)), float(m.group(3))
 
 
-def breakdown(q, k, v, o, backend, threads, device, calls):
-    """Where the Python call's host time goes, piece by piece (medians, us)."""
+def breakdown(q, k, v, o, backend, threads, device, calls, rounds):
+    """Where the Python call's host time goes, piece by piece (medians, us), with the call cache off (every
+    call prepared afresh, as before it) and on."""
     dl = torch.utils.dlpack.to_dlpack
     stream = _torch._stream_of(q)
 
@@ -74,53 +89,76 @@ def breakdown(q, k, v, o, backend, threads, device, calls):
                                               stream, threads, False)
 
     def t(fn):
-        return median_us(fn, device, calls)[0]
+        return median_us(fn, device, calls, rounds)[0]
 
-    whole = t(lambda: attnprof.attention(q, k, v, backend=backend, mask="causal", out=o, threads=threads))
-    cpp = spread(_core._time_forward(q, k, v, o, backend, "causal", None, None, stream, threads, False, None,
-                                     calls))[0]
-    floor = t(lambda: None)
-    exports = t(lambda: (dl(q), dl(k), dl(v), dl(o)))
-    stream_us = t(lambda: _torch._stream_of(q))
-    compiling = t(torch.compiler.is_compiling)
-    stage = [t(until(i)) for i in range(3)]
-    rows = [
-        ("attnprof.attention(q, k, v, backend=B, mask='causal', out=o), whole call", whole),
-        ("the C++ call (_core._time_forward: the backend's forward alone)", cpp),
-        ("**added by the Python call**", whole - cpp),
-        ("4 x torch.utils.dlpack.to_dlpack", exports),
-        ("_stream_of(q) (the current stream)", stream_us),
-        ("torch.compiler.is_compiling()", compiling),
-        ("nanobind's argument conversion (stage 0 on fresh capsules, less the exports)", stage[0] - exports),
-        ("the call's preparation: views, problem, plan (stage 1 - stage 0)", stage[1] - stage[0]),
-        ("the backend's call and the return (stage 2 - stage 1)", stage[2] - stage[1]),
-        ("the Python front end (whole - stage 2 on fresh capsules - stream lookup)", whole - stage[2] - stream_us),
-        ("the timer's own floor (an empty lambda; in every row above)", floor),
+    def pieces():
+        whole = t(lambda: attnprof.attention(q, k, v, backend=backend, mask="causal", out=o, threads=threads))
+        cpp = cpp_us(q, k, v, o, backend, threads, calls, rounds)[0]
+        exports = t(lambda: (dl(q), dl(k), dl(v), dl(o)))
+        stream_us = t(lambda: _torch._stream_of(q))
+        stage = [t(until(i)) for i in range(3)]
+        prepare = min(spread(_core._time_prepare(q, k, v, o, backend, "causal", stream, threads, calls))[0]
+                      for _ in range(rounds))
+        return [
+            whole, cpp, whole - cpp, exports, stream_us, t(torch.compiler.is_compiling), stage[0] - exports,
+            stage[1] - stage[0], prepare, stage[2] - stage[1], whole - stage[2] - stream_us, t(lambda: None),
+        ]
+
+    names = [
+        "attnprof.attention(q, k, v, backend=B, mask='causal', out=o), whole call",
+        "the C++ call (_core._time_forward: the backend's forward alone)",
+        "**added by the Python call**",
+        "4 x torch.utils.dlpack.to_dlpack",
+        "_stream_of(q) (the current stream)",
+        "torch.compiler.is_compiling()",
+        "nanobind's argument conversion (stage 0 on fresh capsules, less the exports)",
+        "the call's preparation: views, problem, plan (stage 1 - stage 0)",
+        "the same preparation timed in C++ (_core._time_prepare)",
+        "the backend's call and the return (stage 2 - stage 1)",
+        "the Python front end (whole - stage 2 on fresh capsules - stream lookup)",
+        "the timer's own floor (an empty lambda; in every row above but the C++ ones)",
     ]
+    _core._use_cache(False)
+    try:
+        off = pieces()
+    finally:
+        _core._use_cache(True)
+    on = pieces()
     print(f"\nWhere the time goes: {backend}, {'x'.join(map(str, q.shape))} {str(q.dtype).replace('torch.', '')} "
-          f"on {device}\n\n| piece | median us |\n|---|---|")
-    for name, us in rows:
-        print(f"| {name} | {us:.2f} |", flush=True)
+          f"on {device}\n\n| piece | cache off: every call prepared, us | cache on, us |\n|---|---|---|")
+    for name, a, b in zip(names, off, on):
+        print(f"| {name} | {a:.2f} | {b:.2f} |", flush=True)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--attnprof", help="the attnprof command (CUDA: also the CLI's own timing of the C++ call)")
-    ap.add_argument("--calls", type=int, default=2000, help="timed calls per median")
+    ap.add_argument("--calls", type=int, help="timed calls per median (CPU 2000, CUDA 200: under the launch queue)")
+    ap.add_argument("--rounds", type=int, default=5, help="medians taken, the least reported")
     a = ap.parse_args()
+    a.calls = a.calls or (200 if a.device == "cuda" else 2000)
     if a.device == "cuda":
         where = torch.cuda.get_device_name()
         shapes = [(8, 16, 1024, 64), (2, 16, 8192, 128)]
         backends = ("flash", "cudnn", "efficient")
         dtype, threads = torch.bfloat16, 0
     else:
-        where = f"{platform.processor() or platform.machine()}, one thread"
+        where = f"{cpu_model()}, one thread"
         shapes = [(1, 1, 16, 16), (1, 2, 64, 32)]
         backends = ("flash", "naive", "math")
         dtype, threads = torch.float32, 1
         torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, Python {platform.python_version()}, {where}, {a.calls} calls per median")
+    print(f"torch {torch.__version__}, Python {platform.python_version()}, {where}; each time the least of "
+          f"{a.rounds} medians of {a.calls} calls")
     cli = a.device == "cuda" and a.attnprof
     print("| shape | backend | C++ call us (p10-p90) | Python call us (p10-p90) | added us |"
           + (" CLI's C++ call us |" if cli else "") + " torch SDPA us | no copy | max diff vs torch |")
@@ -135,11 +173,10 @@ def main():
             no_copy = got.data_ptr() == o.data_ptr()
             diff = (got.float() - ref.float()).abs().max().item()
             py = median_us(lambda: attnprof.attention(q, k, v, backend=backend, mask="causal", out=o,
-                                                      threads=threads), a.device, a.calls)
-            cpp = spread(_core._time_forward(q, k, v, o, backend, "causal", None, None, _torch._stream_of(q), threads,
-                                             False, None, a.calls))
+                                                      threads=threads), a.device, a.calls, a.rounds)
+            cpp = cpp_us(q, k, v, o, backend, threads, a.calls, a.rounds)
             sdpa = median_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
-                             a.device, a.calls)
+                             a.device, a.calls, a.rounds)
             row = (f"| {b}x{h}x{s}x{d} | {backend} | {cpp[0]:.1f} ({cpp[1]:.1f}-{cpp[2]:.1f}) | "
                    f"{py[0]:.1f} ({py[1]:.1f}-{py[2]:.1f}) | {py[0] - cpp[0]:+.1f} |")
             if cli:
@@ -148,7 +185,7 @@ def main():
         if not first:
             first = [q, k, v, o]
     for backend in backends:
-        breakdown(*first, backend, threads, a.device, a.calls)
+        breakdown(*first, backend, threads, a.device, a.calls, a.rounds)
 
 
 if __name__ == "__main__":

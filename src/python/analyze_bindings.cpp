@@ -47,7 +47,10 @@ void bind_analyze(nb::module_& m) {
           }
         }
         std::string text;
-        for (std::size_t i = 0; i < all.size(); ++i) text += (i ? "\n" : "") + analysis_text(all[i], top);
+        for (std::size_t i = 0; i < all.size(); ++i) {
+          if (i) text += '\n';
+          text += analysis_text(all[i], top);
+        }
         return std::make_tuple(analysis_json(all), text);
       },
       nb::arg("paths"), nb::arg("step").none(), nb::arg("replay"), nb::arg("device").none(), nb::arg("backends"),

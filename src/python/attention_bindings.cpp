@@ -107,7 +107,8 @@ std::string attention_until(int stage, const In& q, const In& k, const In& v, co
 
 // The C++ call of the same problem: `calls` back-to-back forwards of one
 // prepared call, each timed alone (us), as the runner's --unprofiled-calls
-// times them (a device synchronisation before and after, none between).
+// times them (a quarter as many untimed first; a device synchronisation
+// before and after, none between).
 std::vector<double> time_forward(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
                                  const std::string& mask, std::optional<std::int64_t> window,
                                  std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
@@ -118,12 +119,31 @@ std::vector<double> time_forward(const In& q, const In& k, const In& v, const Ou
   nb::gil_scoped_release unlocked;
   DeviceRuntime& rt = runtime_for(c.p.device, threads);
   rt.synchronize();
+  for (int i = 0; i < std::max(2, calls / 4); ++i)
+    c.backend->forward(c.p, c.in, c.out, c.ctx);  // untimed, as the runner's
   for (double& t : us) {
     const auto t0 = std::chrono::steady_clock::now();
     c.backend->forward(c.p, c.in, c.out, c.ctx);
     t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
   rt.synchronize();
+  return us;
+}
+
+// The call's preparation alone (prepare_cached(), a hit after the first),
+// `calls` times back to back, each timed alone (us).
+std::vector<double> time_prepare(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
+                                 const std::string& mask, std::uintptr_t stream, int threads, int calls) {
+  const Array aq = array_of(q), ak = array_of(k), av = array_of(v), ao = array_of(out);
+  const CallArgs args{backend, mask,  std::nullopt,  std::nullopt, stream,
+                      threads, false, Pass::Forward, false,        std::nullopt};
+  std::vector<double> us(static_cast<std::size_t>(std::max(calls, 0)));
+  prepare_cached(aq, ak, av, ao, args);
+  for (double& t : us) {
+    const auto t0 = std::chrono::steady_clock::now();
+    { const Call c = prepare_cached(aq, ak, av, ao, args); }
+    t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
   return us;
 }
 
@@ -162,9 +182,15 @@ void bind_attention(nb::module_& m) {
         nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"), nb::arg("softcap").none(),
         nb::arg("calls"), "the host time (us) of each of `calls` back-to-back C++ forwards of one prepared call");
 
+  m.def("_time_prepare", &time_prepare, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+        nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("stream"), nb::arg("threads"),
+        nb::arg("calls"), "the host time (us) of each of `calls` preparations of one call (a cache hit)");
+
   // The call cache (call.cpp), for the tests.
   m.def("_cache_entries", &cache_entries, "prepared calls the call cache holds");
   m.def("_clear_cache", &clear_cache, "empties the call cache");
+  m.def("_use_cache", &use_cache, nb::arg("on"),
+        "off: every call prepared afresh, as before the cache (bench/python_overhead.py compares)");
 
   // The views attention() reads and writes, as (data pointer, sizes, strides)
   // for q, k, v and out: the tests compare them with the caller's own.

@@ -153,14 +153,19 @@ Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array&
                     const Extras& x = {});
 std::size_t cache_entries();
 void clear_cache();
+// Off: prepare_cached() is prepare() and runtime_for() device_runtime(), as
+// before the cache (for measuring what it saves).
+void use_cache(bool on);
 
 // device_runtime(device, threads), setting the CPU's thread counts only when
 // they are not what this thread last set. The CPU runtime sets OpenMP's and
 // OpenBLAS's counts and asks glibc for the CPU count on every call, and
 // glibc opens /sys/devices/system/cpu/online for it: microseconds a call.
 // Whatever else sets the counts (compare, profile, explain, replay,
-// allocated_bytes: the library's own calls of device_runtime) calls
-// runtime_touched() after, so the next call sets them again.
+// allocated_bytes, auto's measuring: the library's own calls of
+// device_runtime) calls runtime_touched() after, so the next call sets them
+// again. Only speed hangs on it: a CPU backend sizes its scratch by the
+// count it runs with, whichever that is.
 DeviceRuntime& runtime_for(Device device, int threads);
 void runtime_touched();
 

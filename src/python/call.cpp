@@ -77,7 +77,9 @@ Backend& resolve(const Problem& p, const std::string& requested, Use use, bool k
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
   }
   check_backend_name("backend", requested, /*auto_ok=*/true);
-  Backend* b = &resolve_backend(p, requested == "auto" ? auto_for(p, use, kv_lens) : requested);
+  // auto measures the eligible backends, each run setting the CPU's thread counts.
+  Backend* b = after_runtime_use(
+      [&] { return &resolve_backend(p, requested == "auto" ? auto_for(p, use, kv_lens) : requested); });
   if (use == Use::Autograd && !b->traits().backward_recomputes) {
     fail(ErrorKind::Unsupported, keeps_probabilities(std::string(b->name())));
   }
@@ -114,10 +116,19 @@ namespace {
 // own, and runtime_touched() for the library's other callers).
 std::atomic<std::uint64_t> runtime_epoch{1};
 
+// Off: every call prepared and its runtime set afresh, as before the cache
+// (bench/python_overhead.py times both in one run).
+std::atomic<bool> cache_on{true};
+
 }  // namespace
 
 DeviceRuntime& runtime_for(Device device, int threads) {
   if (device != Device::Cpu) return device_runtime(device, threads);  // no thread counts to set
+  if (!cache_on.load(std::memory_order_relaxed)) {
+    DeviceRuntime& rt = device_runtime(device, threads);
+    runtime_touched();
+    return rt;
+  }
   // The thread counts this thread last set, at the epoch it set them in:
   // OpenMP's count is per thread, OpenBLAS's the process's, so any other
   // setting since (another thread's, compare's) makes this thread set them
@@ -353,7 +364,9 @@ std::unordered_map<CallKey, Prepared, CallKeyHash>& cache() {
 Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& a,
                     const Extras& x) {
   CallKey key;
-  if (x.block_table || x.seq_lens || !key_of(q, k, v, out, a, x, key)) return prepare(q, k, v, out, a, x);
+  if (!cache_on.load(std::memory_order_relaxed) || x.block_table || x.seq_lens || !key_of(q, k, v, out, a, x, key)) {
+    return prepare(q, k, v, out, a, x);
+  }
   std::optional<Prepared> hit;
   {
     std::lock_guard lock(cache_mu);
@@ -389,6 +402,8 @@ std::size_t cache_entries() {
   std::lock_guard lock(cache_mu);
   return cache().size();
 }
+
+void use_cache(bool on) { cache_on.store(on, std::memory_order_relaxed); }
 
 void clear_cache() {
   std::lock_guard lock(cache_mu);
