@@ -327,7 +327,7 @@ if has python; then
   PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" \
     python/tests >"$OUT/pytest.txt" 2>&1
   echo "pytest rc $?" >>"$OUT/pytest.txt"
-  PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 300 python3 bench/python_overhead.py --attnprof $B/attnprof \
+  PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 300 python3 bench/python_overhead.py --device cuda --attnprof $B/attnprof \
     >"$OUT/python_overhead.md" 2>&1
 fi
 

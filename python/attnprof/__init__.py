@@ -88,6 +88,28 @@ def _is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+# torch.Tensor and attnprof._torch.attention once a torch tensor has come
+# (_torch_front() imports attnprof._torch): attention() then tells a torch
+# call by one isinstance and calls the torch path with no import statement.
+_torch_tensor = None
+_torch_attention = None
+
+
+def _torch_front():
+    global _torch_tensor, _torch_attention
+    from . import _torch
+
+    _torch_tensor, _torch_attention = _torch.torch.Tensor, _torch.attention
+    return _torch_attention
+
+
+def _no_object_arrays(*arrays):
+    # numpy's object arrays export no DLPack; nanobind's refusal would name the whole call.
+    for name, x in zip(("q", "k", "v", "out", "attn_mask", "block_table", "seq_lens"), arrays):
+        if getattr(getattr(x, "dtype", None), "kind", None) == "O":
+            raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
+
+
 def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int | None = None,
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
               deterministic: bool = False, softcap: float | None = None, attn_mask=None, block_table=None,
@@ -141,20 +163,27 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     backward (flash, efficient, cudnn: the backends that keep only the
     log-sum-exp); deterministic=True sums dQ in a fixed order on a GPU.
     """
-    bshd = _is_bshd(layout)
-    threads = _whole("threads", threads)
-    window = _whole("window", window, _INT64, optional=True)
-    scale = _real("scale", scale)
-    softcap = _real("softcap", softcap)
-    if mask is not None and not isinstance(mask, str):
+    # Each check costs a call only when the value is not the common one: a
+    # repeated call's host time is what a model pays per layer
+    # (bench/python_overhead.py times it piece by piece).
+    bshd = _LAYOUTS.get(layout) if layout.__class__ is str else None
+    if bshd is None:
+        bshd = _is_bshd(layout)
+    if threads.__class__ is not int or not _INT32[0] <= threads <= _INT32[1]:
+        threads = _whole("threads", threads)
+    if window is not None:
+        window = _whole("window", window, _INT64)
+    if scale is not None:
+        scale = _real("scale", scale)
+    if softcap is not None:
+        softcap = _real("softcap", softcap)
+    if mask is None:
+        mask = ""
+    elif mask.__class__ is not str and not isinstance(mask, str):
         raise Error(f"mask names a structural mask (a string); a mask tensor goes in attn_mask=, got "
                     f"{type(mask).__name__}")
-    mask = "" if mask is None else mask
-    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("attn_mask", attn_mask),
-                    ("block_table", block_table), ("seq_lens", seq_lens)):
-        if getattr(getattr(x, "dtype", None), "kind", None) == "O":
-            raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
         if attn_mask is not None or block_table is not None or seq_lens is not None:
             raise Error("a packed batch (cu_seqlens_q, cu_seqlens_k) takes structural masks only: no attn_mask, "
                         "block_table or seq_lens")
@@ -163,12 +192,13 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
                                  window, scale, out, threads, deterministic, softcap)
     if max_seqlen_q is not None or max_seqlen_k is not None:
         raise Error("max_seqlen_q and max_seqlen_k go with cu_seqlens_q and cu_seqlens_k (a packed batch)")
-    if _is_torch(q):
-        from . import _torch
-
-        return _torch.attention(q, k, v, backend=backend, mask=mask, window=window, scale=scale, layout=layout,
-                                out=out, threads=threads, deterministic=deterministic, softcap=softcap,
-                                attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens)
+    if _torch_tensor is not None and isinstance(q, _torch_tensor) or _is_torch(q):
+        front = _torch_attention
+        if front is None:
+            front = _torch_front()
+        return front(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
+                     block_table, seq_lens)
+    _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
     if out is None:
         out = _empty_like(q)
     try:

@@ -32,6 +32,7 @@ def _stream_of(t: torch.Tensor) -> int:
 
 
 _is_compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
 # Under torch.profiler the eager call goes through torch.ops.attnprof.attention,
 # so the trace holds the op with its shapes (attnprof analyze reads it).
 _profiling = torch.autograd._profiler_enabled
@@ -69,8 +70,21 @@ def _optional(t):
 
 def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=None, attn_mask=None,
          block_table=None, seq_lens=None):
-    _core.attention(*_dlpack(q, k, v, out), backend, mask, window, scale, _stream_of(q), threads, bshd, softcap,
-                    _optional(attn_mask), _optional(block_table), _optional(seq_lens))
+    # The exports written out (no tuple, no map), the stream lookup inlined:
+    # this is every eager call's path.
+    try:
+        dq, dk, dv, do = _to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out)
+    except (RuntimeError, BufferError, TypeError) as e:  # a device or layout DLPack cannot describe
+        from . import not_an_array
+
+        raise Error(not_an_array(e)) from None
+    index = q.get_device()
+    stream = 0 if index < 0 else _raw_stream(index) if _raw_stream is not None else _stream_of(q)
+    if attn_mask is None and block_table is None and seq_lens is None:
+        _core.attention(dq, dk, dv, do, backend, mask, window, scale, stream, threads, bshd, softcap)
+    else:
+        _core.attention(dq, dk, dv, do, backend, mask, window, scale, stream, threads, bshd, softcap,
+                        _optional(attn_mask), _optional(block_table), _optional(seq_lens))
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
@@ -173,18 +187,21 @@ def ops():
     return torch.ops.attnprof
 
 
-def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, deterministic=False, softcap=None,
-              attn_mask=None, block_table=None, seq_lens=None):
-    bshd = layout == "bshd"  # attnprof.attention read it through the library's parser
-    extras = (("attn_mask", attn_mask), ("block_table", block_table), ("seq_lens", seq_lens))
-    for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()) + extras:
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
-    if attn_mask is not None and attn_mask.requires_grad:
-        raise Error("attn_mask requires grad: attnprof's backward gives the mask no gradient (pass attn_mask.detach())")
-    paged = block_table is not None or seq_lens is not None
-    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
-        if paged:
+def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
+              block_table, seq_lens):
+    """attnprof.attention on torch tensors, its arguments checked there (positional: a
+    repeated call's host time is what a model pays per layer)."""
+    if not (isinstance(k, _Tensor) and isinstance(v, _Tensor) and (out is None or isinstance(out, _Tensor))):
+        _refuse_mixed(k=k, v=v, out=out)
+    extras = attn_mask is not None or block_table is not None or seq_lens is not None
+    if extras:
+        _refuse_mixed(attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens)
+        if attn_mask is not None and attn_mask.requires_grad:
+            raise Error("attn_mask requires grad: attnprof's backward gives the mask no gradient (pass "
+                        "attn_mask.detach())")
+    needs_grad = q.requires_grad or k.requires_grad or v.requires_grad
+    if needs_grad and torch.is_grad_enabled():
+        if block_table is not None or seq_lens is not None:
             raise Error("a paged KV cache is inference only: call under torch.no_grad() (or detach q and the caches)")
         # Autograd: the training op keeps the log-sum-exp, and its backward is attnprof's.
         if out is not None:
@@ -200,7 +217,7 @@ def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, de
         with _labelled(backend, mask, window, attn_mask):
             return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,
                                                 block_table, seq_lens)
-    if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
+    if needs_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -215,6 +232,12 @@ def attention(q, k, v, *, backend, mask, window, scale, layout, out, threads, de
         del out  # a refused call leaves nothing allocated, even while the traceback lives
         raise
     return out
+
+
+def _refuse_mixed(**tensors):
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, _Tensor):
+            raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
 
 
 # ---- Packed (variable-length) batches: flash_attn_varlen_func's arguments.

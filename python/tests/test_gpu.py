@@ -174,3 +174,28 @@ def test_cuda_masks_and_paged_caches():
         attnprof.attention(qd, kc, vc, block_table=table, seq_lens=torch.tensor([64, 30], dtype=torch.int32,
                                                                                 device="cuda"), mask="none",
                            backend="flash")
+
+
+@pytest.mark.parametrize("backend", ["efficient", "flash", "cudnn"])
+def test_cuda_call_cache_reads_each_calls_tensors_and_stream(backend):
+    """The call cache on CUDA tensors: a hit reads the tensors it is given (new buffers of one shape), writes into the
+    out it is given, on the stream current at that call; a CPU k after a cached all-CUDA call is still refused."""
+    if backend not in attnprof.explain(batch=2, heads=8, seq=256, head_dim=64, device="cuda").eligible():
+        pytest.skip(f"{backend} is not eligible on this GPU")
+    entries = None
+    side = torch.cuda.Stream()
+    for i in range(3):
+        q, k, v = qkv()
+        out = torch.empty_like(q)
+        with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
+            assert attnprof.attention(q, k, v, backend=backend, out=out) is out
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), sdpa(q, k, v), atol=2e-2, rtol=2e-2)
+        if entries is None:
+            entries = _core._cache_entries()
+        assert _core._cache_entries() == entries  # the same key each time: a hit
+    with pytest.raises(attnprof.Error, match=r"different devices"):
+        attnprof.attention(q, k.cpu(), v, backend=backend, out=out)
+    with pytest.raises(attnprof.Error, match=r"q is bf16 but out is fp16"):
+        attnprof.attention(q, k, v, backend=backend, out=out.half())
+    assert _core._cache_entries() == entries

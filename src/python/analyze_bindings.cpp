@@ -1,5 +1,5 @@
 // attnprof._core's analyze and diff (python/attnprof/_analyze.py): traces in,
-// the CLI's JSON and text out. Apart from module.cpp, whose one call adds them.
+// the CLI's JSON and text out; module.cpp's one call adds them.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -17,6 +17,7 @@
 #include "attnprof/replay.h"
 #include "attnprof/report.h"
 #include "attnprof/trace_io.h"
+#include "python/bindings.h"
 
 namespace nb = nanobind;
 
@@ -40,11 +41,16 @@ void bind_analyze(nb::module_& m) {
               if (!r.device) fail(ErrorKind::InvalidArgument, "device must be cpu or cuda, got '" + *device + "'");
             }
             r.backends = backends;
-            for (auto& a : all) replay_attention(a, r);
+            after_runtime_use([&] {
+              for (auto& a : all) replay_attention(a, r);
+            });
           }
         }
         std::string text;
-        for (std::size_t i = 0; i < all.size(); ++i) text += (i ? "\n" : "") + analysis_text(all[i], top);
+        for (std::size_t i = 0; i < all.size(); ++i) {
+          if (i) text += '\n';
+          text += analysis_text(all[i], top);
+        }
         return std::make_tuple(analysis_json(all), text);
       },
       nb::arg("paths"), nb::arg("step").none(), nb::arg("replay"), nb::arg("device").none(), nb::arg("backends"),

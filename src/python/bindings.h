@@ -1,0 +1,206 @@
+// The Python bindings' internal header: what the files of attnprof._core
+// share. Arrays come in as DLPack views (nb::ndarray, never converted or
+// copied) and become borrowed Tensors here; one call on them is a Call.
+//   arrays.cpp             DLPack arrays -> borrowed Tensor views, and their checks
+//   call.cpp               a dense call: prepare(), the plan, the call cache
+//   attention_bindings.cpp attention, attention_train, attention_backward
+//   varlen_bindings.cpp    packed (variable-length) batches; a paged cache's preparation
+//   pipeline_bindings.cpp  Problem, compare, profile, explain, the library's defaults
+//   analyze_bindings.cpp   analyze and diff
+//   module.cpp             the module, which adds them all
+#pragma once
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "attnprof/backend.h"
+#include "attnprof/problem.h"
+#include "attnprof/runner.h"
+#include "attnprof/tensor.h"
+
+namespace attnprof::python {
+
+namespace nb = nanobind;
+
+// q, k and v are read only (nanobind then takes the cheaper unversioned
+// DLPack export); out is written.
+using In = nb::ndarray<nb::ro>;
+using Out = nb::ndarray<>;
+
+// What the bindings read of a caller's DLPack array, whichever nb::ndarray
+// type it came in as (so that the checks below are written once).
+struct Array {
+  const void* data;
+  std::size_t ndim;
+  const std::int64_t* shape;
+  const std::int64_t* strides;  // in elements; nanobind fills them in for a compact array
+  int device_type;
+  int device_id;
+  nb::dlpack::dtype dtype;
+
+  std::uint64_t size(std::size_t i) const { return static_cast<std::uint64_t>(shape[i]); }
+  std::int64_t stride(std::size_t i) const { return strides[i]; }
+};
+
+template <class A>
+Array array_of(const A& a) {
+  return {a.data(), a.ndim(), a.shape_ptr(), a.stride_ptr(), a.device_type(), a.device_id(), a.dtype()};
+}
+
+// ---- arrays.cpp: borrowed views of the caller's arrays, each check once ----
+
+// "cpu", "cuda:1", ... as a message names an array's device.
+std::string where_name(const Array& a);
+// The array's device: CPU or cuda:0 (the CUDA runtime is device 0's), else refused.
+Device device_of(const char* name, const Array& a);
+DType dtype_of(const char* name, const Array& a);
+std::string dims_of(const Array& a);  // "[2, 16, 64]"
+// `name` on `device` with `dtype`, else refused naming q's ("q is fp32 but v is fp16").
+void require_like_q(const char* name, const Array& a, const Array& q, Device device, DType dtype);
+// A borrowed [B, H, S, D] view of a caller's 4-d array; `bshd` reads it as
+// [B, S, H, D] (the view swaps the two middle dimensions; nothing moves).
+Tensor view_of(const char* name, const Array& a, bool bshd, Device device, DType dtype);
+// A borrowed [1, H, total, D] view of a caller's packed [total, H, D] array.
+Tensor packed_view_of(const char* name, const Array& a, Device device, DType dtype);
+// attn_mask as a borrowed view right-aligned to 4-d, on q's device; its
+// dtype picks the mask kind (bool, or a float: Bias).
+Tensor mask_view(const Array& a, Device device);
+// An int32 array of `ndim` dimensions on q's device (block_table, seq_lens),
+// as a borrowed [1, 1, .., ..] view.
+Tensor index_view(const char* name, const Array& a, std::size_t ndim, Device device);
+// The output is written by many threads or blocks at once: no two elements
+// may share memory.
+void require_writable_layout(const char* name, const Tensor& out);
+void require_same(const char* what, const char* a_name, std::int64_t a, const char* b_name, std::int64_t b);
+// As the pipeline bounds them (check_before_work).
+void check_threads(int threads);
+// A soft cap from Python through the parser, as the CLI's text; None leaves no cap.
+void set_softcap(Problem& p, std::optional<double> softcap);
+// attention()'s mask names: the structural ones (a mask tensor comes as attn_mask).
+void set_mask(Problem& p, const std::string& mask);
+// A float32 log-sum-exp the library allocated, as an array Python owns
+// (the Tensor is held until the array is dropped): `dims` of lse's sizes.
+nb::ndarray<float> owned_lse(const Tensor& lse, Device device, std::size_t ndim, const std::size_t* shape,
+                             const std::int64_t* strides);
+
+// ---- call.cpp: one call on the caller's arrays ----
+
+// What a call needs of its backend beyond the problem: autograd through
+// attnprof keeps only what the fused backwards keep (the log-sum-exp), so a
+// training step takes a backend that recomputes the probabilities.
+enum class Use : std::uint8_t { Inference, Autograd };
+
+// The backend that runs p, resolved and checked for eligibility once per
+// (problem, requested name, use, per-sequence kv lengths).
+Backend& resolve(const Problem& p, const std::string& requested, Use use, bool kv_lens);
+
+// One call on the caller's arrays: their borrowed views, the problem they
+// make, the backend that runs it and the context on the caller's stream.
+struct Call {
+  Problem p;
+  Inputs in;
+  Tensor out;
+  Backend* backend = nullptr;
+  RunContext ctx;
+
+  // A borrowed view of another array of the call (dO, the gradients): q's
+  // device and dtype, the same layout (packed, or 4-d and `bshd`), and
+  // `like`'s sizes.
+  Tensor view_like(const char* name, const Array& a, const Tensor& like, bool bshd) const;
+  // dq, dk and dv as view_like makes them, each writable.
+  Gradients gradients(const Array& dq, const Array& dk, const Array& dv, bool bshd) const;
+};
+
+// The last step of every prepare: the backend (for the pass's use) and the
+// context on the caller's stream.
+Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, std::uintptr_t stream, int threads);
+
+// What a call may take beyond q, k, v and out: a mask tensor, or a paged KV
+// cache's block table and per-sequence lengths (k and v are then the caches).
+struct Extras {
+  std::optional<Array> attn_mask, block_table, seq_lens;
+};
+
+// A dense call (q [B, H, S, D], or bshd), or a paged one (Extras). The calls
+// of a training step resolve `auto` as one problem, the training step's
+// (pass train, its deterministic): the backward must run on the backend
+// whose forward saved its tensors.
+struct CallArgs {
+  const std::string& backend;
+  const std::string& mask;
+  std::optional<std::int64_t> window;
+  std::optional<double> scale;
+  std::uintptr_t stream;
+  int threads;
+  bool bshd;
+  Pass pass;
+  bool deterministic;
+  std::optional<double> softcap;
+};
+Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& args,
+             const Extras& x = {});
+
+// prepare() through the call cache: a call whose every array layout and
+// argument matches one prepared before takes that one's problem and backend
+// and makes only its views (call.cpp says what the key holds; paged calls,
+// which read their tables, are never cached). cache_entries() counts what
+// the cache holds, clear_cache() empties it (the tests use both).
+Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& args,
+                    const Extras& x = {});
+std::size_t cache_entries();
+void clear_cache();
+// Off: prepare_cached() is prepare() and runtime_for() device_runtime(), as
+// before the cache (for measuring what it saves).
+void use_cache(bool on);
+
+// device_runtime(device, threads), setting the CPU's thread counts only when
+// they are not what this thread last set. The CPU runtime sets OpenMP's and
+// OpenBLAS's counts and asks glibc for the CPU count on every call, and
+// glibc opens /sys/devices/system/cpu/online for it: microseconds a call.
+// Whatever else sets the counts (compare, profile, explain, replay,
+// allocated_bytes, auto's measuring: the library's own calls of
+// device_runtime) calls runtime_touched() after, so the next call sets them
+// again. Only speed hangs on it: a CPU backend sizes its scratch by the
+// count it runs with, whichever that is.
+DeviceRuntime& runtime_for(Device device, int threads);
+void runtime_touched();
+
+// `work` (a call of the library that may set the CPU's thread counts), then
+// runtime_touched(), whether it returns or throws.
+template <class Work>
+auto after_runtime_use(Work&& work) {
+  struct Touched {
+    ~Touched() { runtime_touched(); }
+  } touched;
+  return work();
+}
+
+// ---- varlen_bindings.cpp ----
+
+// A paged call's k and v caches, block table and lengths into `in`, and the
+// problem's kv_heads, kv_seq, page size and cache kind.
+void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype);
+
+// Runs `work` with the GIL released on the CPU (milliseconds of work; other
+// Python threads run meanwhile); on a GPU it is an asynchronous launch.
+template <class Work>
+void run(const Call& c, Work&& work) {
+  if (c.p.device == Device::Cpu) {
+    nb::gil_scoped_release unlocked;
+    work();
+  } else {
+    work();
+  }
+}
+
+// The module's parts, each adding its functions (module.cpp calls them).
+void bind_attention(nb::module_& m);  // attention_bindings.cpp
+void bind_varlen(nb::module_& m);     // varlen_bindings.cpp
+void bind_pipeline(nb::module_& m);   // pipeline_bindings.cpp
+void bind_analyze(nb::module_& m);    // analyze_bindings.cpp
+
+}  // namespace attnprof::python

@@ -1,0 +1,413 @@
+// One call on the caller's arrays: the problem they make, checked once, and
+// the backend that runs it; the call cache, which lets a repeated call skip
+// both.
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "attnprof/error.h"
+#include "attnprof/mask_tensor.h"
+#include "attnprof/problem_spec.h"
+#include "python/bindings.h"
+
+namespace attnprof::python {
+namespace {
+
+// Which backend runs a problem: resolved and checked for eligibility once per
+// (problem, requested name, use), as `auto` measures once per problem. The
+// whole Problem is the key (its pass, deterministic and KV cache included), so
+// nothing that decides the plan can be left out of it.
+struct PlanKey {
+  Problem problem;
+  std::string backend;
+  Use use;
+  bool kv_lens;  // per-sequence key lengths (a paged call's unequal seq_lens)
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+std::string keeps_probabilities(std::string_view backend) {
+  return std::string(backend) +
+         " keeps the [S, Skv] probabilities for its backward; autograd through attnprof takes a backend that keeps "
+         "only the log-sum-exp (flash, efficient, cudnn)";
+}
+
+// `auto` under autograd: its measured pick where that recomputes, else the
+// first eligible backend that does (explain()'s order).
+std::string auto_for(const Problem& p, Use use, bool kv_lens) {
+  const auto takes = [&](const std::string& name) {
+    const Backend* b = find_backend(name, p.device);
+    return b && (!kv_lens || b->traits().kv_lens);
+  };
+  if (kv_lens) {  // the measured pick may not read them: the first eligible one that does
+    for (const auto& e : explain(p)) {
+      if (e.eligible && takes(e.backend)) return e.backend;
+    }
+    fail(ErrorKind::Unsupported, "auto: no eligible backend takes per-sequence kv lengths (unequal seq_lens) for " +
+                                     p.describe() + "; flash on the CPU does");
+  }
+  const std::string picked = choose_auto(p).backend;
+  if (use == Use::Inference) return picked;
+  const auto recomputes = [&](const std::string& name) {
+    const Backend* b = find_backend(name, p.device);
+    return b && b->traits().backward_recomputes;
+  };
+  if (recomputes(picked)) return picked;
+  for (const auto& e : explain(p)) {
+    if (e.eligible && recomputes(e.backend)) return e.backend;
+  }
+  fail(ErrorKind::Unsupported, "auto: no eligible backend keeps only the log-sum-exp for autograd (" + p.describe() +
+                                   "); attnprof explain says why each is refused");
+}
+
+}  // namespace
+
+Backend& resolve(const Problem& p, const std::string& requested, Use use, bool kv_lens) {
+  static std::mutex mu;
+  static std::map<PlanKey, Backend*> plans;
+  PlanKey key{p, requested, use, kv_lens};
+  {
+    std::lock_guard lock(mu);
+    if (auto it = plans.find(key); it != plans.end()) return *it->second;
+  }
+  check_backend_name("backend", requested, /*auto_ok=*/true);
+  // auto measures the eligible backends, each run setting the CPU's thread counts.
+  Backend* b = after_runtime_use(
+      [&] { return &resolve_backend(p, requested == "auto" ? auto_for(p, use, kv_lens) : requested); });
+  if (use == Use::Autograd && !b->traits().backward_recomputes) {
+    fail(ErrorKind::Unsupported, keeps_probabilities(std::string(b->name())));
+  }
+  if (kv_lens && !b->traits().kv_lens) {
+    fail(ErrorKind::Unsupported, std::string(b->name()) + " on " + device_name(p.device) +
+                                     " takes one kv length for every sequence, and seq_lens differ: flash on the "
+                                     "CPU takes per-sequence lengths (or pad the shorter sequences' pages)");
+  }
+  std::lock_guard lock(mu);
+  plans.emplace(std::move(key), b);
+  return *b;
+}
+
+Tensor Call::view_like(const char* name, const Array& a, const Tensor& like, bool bshd) const {
+  if (device_of(name, a) != p.device || dtype_of(name, a) != p.dtype) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " must be on q's device with q's dtype");
+  }
+  const Tensor t = p.varlen() ? packed_view_of(name, a, p.device, p.dtype) : view_of(name, a, bshd, p.device, p.dtype);
+  for (int i = 0; i < 4; ++i) require_same(name, name, t.size(i), "its counterpart", like.size(i));
+  return t;
+}
+
+Gradients Call::gradients(const Array& dq, const Array& dk, const Array& dv, bool bshd) const {
+  Gradients g{view_like("dq", dq, in.q, bshd), view_like("dk", dk, in.k, bshd), view_like("dv", dv, in.v, bshd)};
+  require_writable_layout("dq", g.dq);
+  require_writable_layout("dk", g.dk);
+  require_writable_layout("dv", g.dv);
+  return g;
+}
+
+namespace {
+
+// Bumped by every setting of the CPU runtime's thread counts (runtime_for's
+// own, and runtime_touched() for the library's other callers).
+std::atomic<std::uint64_t> runtime_epoch{1};
+
+// Off: every call prepared and its runtime set afresh, as before the cache
+// (bench/python_overhead.py times both in one run).
+std::atomic<bool> cache_on{true};
+
+}  // namespace
+
+DeviceRuntime& runtime_for(Device device, int threads) {
+  if (device != Device::Cpu) return device_runtime(device, threads);  // no thread counts to set
+  if (!cache_on.load(std::memory_order_relaxed)) {
+    DeviceRuntime& rt = device_runtime(device, threads);
+    runtime_touched();
+    return rt;
+  }
+  // The thread counts this thread last set, at the epoch it set them in:
+  // OpenMP's count is per thread, OpenBLAS's the process's, so any other
+  // setting since (another thread's, compare's) makes this thread set them
+  // again.
+  thread_local std::uint64_t set_at = 0;
+  thread_local int set_threads = -1;
+  static std::atomic<DeviceRuntime*> cpu{nullptr};
+  DeviceRuntime* rt = cpu.load(std::memory_order_acquire);
+  if (rt && set_threads == threads && set_at == runtime_epoch.load(std::memory_order_acquire)) return *rt;
+  rt = &device_runtime(device, threads);
+  cpu.store(rt, std::memory_order_release);
+  set_at = runtime_epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
+  set_threads = threads;
+  return *rt;
+}
+
+void runtime_touched() { runtime_epoch.fetch_add(1, std::memory_order_acq_rel); }
+
+Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, std::uintptr_t stream, int threads) {
+  Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd, in.kv_lens.defined());
+  DeviceRuntime& rt = runtime_for(p.device, threads);
+  return Call{std::move(p), std::move(in), std::move(out), &b,
+              RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
+}
+
+Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& a, const Extras& x) {
+  check_threads(a.threads);
+  const Device device = device_of("q", q);
+  const DType dtype = dtype_of("q", q);
+  require_like_q("k", k, q, device, dtype);
+  require_like_q("v", v, q, device, dtype);
+  require_like_q("out", out, q, device, dtype);
+  const bool paged = x.block_table || x.seq_lens;
+  if (paged && x.attn_mask) {
+    fail(ErrorKind::InvalidArgument,
+         "attn_mask with a paged KV cache: seq_lens says each sequence's keys (and mask= their alignment)");
+  }
+  if (paged && a.pass != Pass::Forward) {
+    fail(ErrorKind::Unsupported, "a paged KV cache is inference only: no gradients flow into the caches");
+  }
+  Inputs in;
+  in.q = view_of("q", q, a.bshd, device, dtype);
+  Tensor o = view_of("out", out, a.bshd, device, dtype);
+  require_writable_layout("out", o);
+  for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
+
+  Problem p;
+  p.batch = in.q.size(0);
+  p.heads = in.q.size(1);
+  p.seq = in.q.size(2);
+  p.head_dim = in.q.size(3);
+  p.dtype = dtype;
+  p.device = device;
+  if (paged) {
+    prepare_paged(p, in, k, v, x, dtype);
+  } else {
+    in.k = view_of("k", k, a.bshd, device, dtype);
+    in.v = view_of("v", v, a.bshd, device, dtype);
+    require_same("batch", "q", in.q.size(0), "k", in.k.size(0));
+    require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
+    for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
+    p.kv_heads = in.k.size(1);
+    p.kv_seq = in.k.size(2);
+  }
+  Tensor mask_tensor;
+  if (x.attn_mask) {
+    if (!a.mask.empty()) {
+      fail(ErrorKind::InvalidArgument, "attn_mask and mask='" + a.mask +
+                                           "' are exclusive: the tensor is the whole mask (leave mask unset, or "
+                                           "fold the causal part into the tensor)");
+    }
+    mask_tensor = mask_view(*x.attn_mask, p.device);
+    p.mask = mask_kind_of("attn_mask", mask_tensor.dtype());
+  } else {
+    set_mask(p, a.mask.empty() ? std::string("causal") : a.mask);
+  }
+  if (a.window) set_problem_field(p, "window", std::to_string(*a.window));
+  p.scale = a.scale;
+  p.pass = a.pass;
+  p.deterministic = a.deterministic;
+  set_softcap(p, a.softcap);
+  p.normalize().validate();
+  if (mask_tensor.defined()) attach_mask(p, mask_tensor, in, "attn_mask");
+  return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);
+}
+
+// ---- The call cache ----
+//
+// A repeated call (a model's every layer, every step) comes with arrays of
+// the same layouts and the same arguments. Everything prepare() checks and
+// builds from them but the data pointers (the devices, dtypes, shapes and
+// strides, the problem, its validation, the plan) is then the same, so the
+// cache keys a prepared call by exactly that, and a hit makes only the views
+// of the new pointers. A key that differs in anything goes through
+// prepare(), every check of it included; a refused call is never cached.
+// Paged calls read their block table and lengths, which no layout says, and
+// are never cached (nor packed ones, whose lengths are in cu_seqlens).
+
+namespace {
+
+// An array's layout: everything prepare() reads of it but its data pointer.
+struct Layout {
+  std::int32_t ndim = -1;  // -1: no array (attn_mask not given)
+  std::int32_t device_type = 0;
+  std::int32_t device_id = 0;
+  std::uint8_t code = 0;
+  std::uint8_t bits = 0;
+  std::uint16_t lanes = 0;
+  std::array<std::int64_t, 4> shape{};
+  std::array<std::int64_t, 4> strides{};
+  bool operator==(const Layout&) const = default;
+};
+
+// The names a key holds inline (no allocation per lookup); a longer one
+// (which no backend or mask has) is never cached.
+using Name = std::array<char, 24>;
+
+bool name_of(const std::string& s, Name& out) {
+  if (s.size() >= out.size()) return false;
+  out.fill('\0');
+  std::memcpy(out.data(), s.data(), s.size());
+  return true;
+}
+
+struct CallKey {
+  std::array<Layout, 5> arrays;  // q, k, v, out, attn_mask
+  Name backend{};
+  Name mask{};
+  std::optional<std::int64_t> window;
+  std::optional<double> scale;
+  std::optional<double> softcap;
+  int threads = 0;
+  bool bshd = false;
+  bool deterministic = false;
+  Pass pass = Pass::Forward;
+  bool operator==(const CallKey&) const = default;
+};
+
+bool layout_of(const Array& a, Layout& l) {
+  if (a.ndim > 4) return false;  // refused by prepare(), never cached
+  l.ndim = static_cast<std::int32_t>(a.ndim);
+  l.device_type = a.device_type;
+  l.device_id = a.device_id;
+  l.code = a.dtype.code;
+  l.bits = a.dtype.bits;
+  l.lanes = a.dtype.lanes;
+  for (std::size_t i = 0; i < a.ndim; ++i) {
+    l.shape[i] = a.shape[i];
+    l.strides[i] = a.strides[i];
+  }
+  return true;
+}
+
+bool key_of(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& a, const Extras& x,
+            CallKey& key) {
+  const Array* arrays[4] = {&q, &k, &v, &out};
+  for (std::size_t i = 0; i < 4; ++i) {
+    if (!layout_of(*arrays[i], key.arrays[i])) return false;
+  }
+  if (x.attn_mask && !layout_of(*x.attn_mask, key.arrays[4])) return false;
+  if (!name_of(a.backend, key.backend) || !name_of(a.mask, key.mask)) return false;
+  key.window = a.window;
+  key.scale = a.scale;
+  key.softcap = a.softcap;
+  key.threads = a.threads;
+  key.bshd = a.bshd;
+  key.deterministic = a.deterministic;
+  key.pass = a.pass;
+  return true;
+}
+
+template <class T>
+void mix(std::size_t& h, const T& v) {
+  h ^= std::hash<T>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+}
+
+struct CallKeyHash {
+  std::size_t operator()(const CallKey& k) const noexcept {
+    std::size_t h = 0;
+    for (const Layout& l : k.arrays) {
+      mix(h, l.ndim);
+      mix(h,
+          (std::int64_t{l.device_type} << 32) | (std::int64_t{l.code} << 24) | (std::int64_t{l.bits} << 16) | l.lanes);
+      for (std::int32_t i = 0; i < l.ndim; ++i) {
+        mix(h, l.shape[static_cast<std::size_t>(i)]);
+        mix(h, l.strides[static_cast<std::size_t>(i)]);
+      }
+    }
+    mix(h, std::string_view(k.backend.data()));
+    mix(h, std::string_view(k.mask.data()));
+    mix(h, k.window.value_or(-1));
+    // + 0.0: -0.0 and 0.0 compare equal, so they hash alike.
+    mix(h, k.scale ? *k.scale + 0.0 : -1.0);
+    mix(h, k.softcap ? *k.softcap + 0.0 : -1.0);
+    mix(h, (k.threads << 8) | (int{k.bshd} << 2) | (int{k.deterministic} << 1) | static_cast<int>(k.pass));
+    return h;
+  }
+};
+
+// A view's metadata, to be put on a new data pointer.
+struct ViewShape {
+  Dims sizes{};
+  Dims strides{};
+};
+
+ViewShape shape_of(const Tensor& t) { return {t.sizes(), t.strides()}; }
+
+// What a hit reuses of the call prepare() made.
+struct Prepared {
+  Problem p;
+  Backend* backend = nullptr;
+  std::array<ViewShape, 4> views;  // q, k, v, out
+  ViewShape mask;                  // attn_mask as attach_mask broadcast it (in.mask or in.bias)
+};
+
+Tensor view_on(const Array& a, const ViewShape& s, DType dtype, Device device) {
+  // from_blob still refuses a null pointer: a check of the data, not of the layout.
+  return Tensor::from_blob(const_cast<void*>(a.data), s.sizes, s.strides, dtype, device);
+}
+
+// Bounded: a process that calls with ever new shapes (a sequence growing
+// token by token) empties it now and then rather than growing without end.
+constexpr std::size_t kMaxEntries = 512;
+
+std::mutex cache_mu;
+std::unordered_map<CallKey, Prepared, CallKeyHash>& cache() {
+  static std::unordered_map<CallKey, Prepared, CallKeyHash> entries;
+  return entries;
+}
+
+}  // namespace
+
+Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& a,
+                    const Extras& x) {
+  CallKey key;
+  if (!cache_on.load(std::memory_order_relaxed) || x.block_table || x.seq_lens || !key_of(q, k, v, out, a, x, key)) {
+    return prepare(q, k, v, out, a, x);
+  }
+  std::optional<Prepared> hit;
+  {
+    std::lock_guard lock(cache_mu);
+    if (auto it = cache().find(key); it != cache().end()) hit = it->second;
+  }
+  if (!hit) {
+    Call c = prepare(q, k, v, out, a, x);
+    Prepared entry{c.p, c.backend, {shape_of(c.in.q), shape_of(c.in.k), shape_of(c.in.v), shape_of(c.out)}, {}};
+    if (x.attn_mask) entry.mask = shape_of(c.p.mask == MaskKind::Boolean ? c.in.mask : c.in.bias);
+    std::lock_guard lock(cache_mu);
+    if (cache().size() >= kMaxEntries) cache().clear();
+    cache().emplace(key, std::move(entry));
+    return c;
+  }
+  Prepared& e = *hit;
+  const Device device = e.p.device;
+  const DType dtype = e.p.dtype;
+  Inputs in;
+  in.q = view_on(q, e.views[0], dtype, device);
+  in.k = view_on(k, e.views[1], dtype, device);
+  in.v = view_on(v, e.views[2], dtype, device);
+  if (x.attn_mask) {
+    (e.p.mask == MaskKind::Boolean ? in.mask : in.bias) =
+        view_on(*x.attn_mask, e.mask, e.p.mask == MaskKind::Boolean ? DType::Bool : dtype, device);
+  }
+  Tensor o = view_on(out, e.views[3], dtype, device);
+  DeviceRuntime& rt = runtime_for(device, a.threads);
+  return Call{std::move(e.p), std::move(in), std::move(o), e.backend,
+              RunContext{rt.allocator(), reinterpret_cast<void*>(a.stream), a.threads}};
+}
+
+std::size_t cache_entries() {
+  std::lock_guard lock(cache_mu);
+  return cache().size();
+}
+
+void use_cache(bool on) { cache_on.store(on, std::memory_order_relaxed); }
+
+void clear_cache() {
+  std::lock_guard lock(cache_mu);
+  cache().clear();
+}
+
+}  // namespace attnprof::python

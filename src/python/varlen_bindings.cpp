@@ -1,0 +1,239 @@
+// The calls whose shape lives in index arrays: a packed (variable-length)
+// batch, as flash_attn_varlen_func takes one (its bindings here), and a paged
+// KV cache's preparation (prepare() calls it for attention(block_table=)).
+// Both read their index arrays back to the host to check them.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "attnprof/error.h"
+#include "attnprof/problem_spec.h"
+#include "attnprof/reference.h"
+#include "python/bindings.h"
+
+namespace attnprof::python {
+
+// q [B, H, S, D] (bshd: [B, S, H, D]), k and v the caches [num_pages, Hkv,
+// page_size, D] (vLLM's layout, whatever the layout of q), block_table int32
+// [B, pages_per_seq], seq_lens int32 [B] each sequence's keys. kv_seq is the
+// longest; with unequal lengths in.kv_lens holds them. A CUDA table and
+// lengths are read back to check them (a synchronisation).
+void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype) {
+  if (!x.block_table || !x.seq_lens) {
+    fail(ErrorKind::InvalidArgument, "a paged KV cache takes block_table= and seq_lens= together");
+  }
+  in.k_pages = view_of("k_cache", k, false, p.device, dtype);
+  in.v_pages = view_of("v_cache", v, false, p.device, dtype);
+  for (int i = 0; i < 4; ++i)
+    require_same("a dimension of k_cache and v_cache", "k_cache", in.k_pages.size(i), "v_cache", in.v_pages.size(i));
+  in.block_table = index_view("block_table", *x.block_table, 2, p.device);
+  const Tensor lens = index_view("seq_lens", *x.seq_lens, 1, p.device);
+  require_same("batch", "q", p.batch, "block_table", in.block_table.size(2));
+  require_same("batch", "q", p.batch, "seq_lens", lens.size(3));
+  p.kv_heads = in.k_pages.size(1);
+  p.page_size = in.k_pages.size(2);
+  p.kv_cache = KvCache::Paged;
+  require_same("head_dim", "q", p.head_dim, "k_cache", in.k_pages.size(3));
+  DeviceRuntime* rt = p.device == Device::Cpu ? nullptr : &device_runtime(p.device);
+  const Tensor host_lens = rt ? rt->download(lens) : lens;
+  const Tensor host_table = rt ? rt->download(in.block_table) : in.block_table;
+  const std::int64_t capacity = in.block_table.size(3) * p.page_size;
+  std::int64_t longest = 0;
+  bool equal = true;
+  std::vector<std::int32_t> per_seq(static_cast<std::size_t>(p.batch));
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int32_t n = host_lens.data_as<const std::int32_t>()[b * host_lens.stride(3)];
+    if (n < 0 || n > capacity) {
+      fail(ErrorKind::InvalidArgument, "seq_lens[" + std::to_string(b) + "] = " + std::to_string(n) +
+                                           " is outside 0 .. " + std::to_string(capacity) + " (the block table's " +
+                                           std::to_string(in.block_table.size(3)) + " pages of " +
+                                           std::to_string(p.page_size) + " keys)");
+    }
+    per_seq[static_cast<std::size_t>(b)] = n;
+    longest = std::max<std::int64_t>(longest, n);
+    equal &= b == 0 || n == per_seq[0];
+  }
+  if (longest == 0) fail(ErrorKind::InvalidArgument, "seq_lens are all 0: no sequence has a key to attend");
+  p.kv_seq = longest;
+  p.validate_kv_cache();
+  check_block_table_reads(p, host_table, in.k_pages.size(0), equal ? nullptr : per_seq.data());
+  if (!equal) in.kv_lens = lens;
+}
+
+namespace {
+
+// Per-sequence lengths from a caller's cu_seqlens: int32, 1-d, contiguous, on
+// q's device (read back to the host there), checked entry by entry.
+std::vector<std::int64_t> lengths_of(const char* name, const Array& cu, Device device, std::int64_t total) {
+  const nb::dlpack::dtype t = cu.dtype;
+  if (t.lanes != 1 || t.bits != 32 || t.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int)) {
+    fail(ErrorKind::InvalidArgument, std::string(name) +
+                                         " must be int32 (torch.int32), as flash_attn_varlen_func "
+                                         "takes it; got DLPack code " +
+                                         std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits");
+  }
+  if (device_of(name, cu) != device) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " is on " + where_name(cu) + " but q is on " +
+                                         device_name(device) + ": pass cu_seqlens on q's device");
+  }
+  if (cu.ndim != 1 || (cu.size(0) > 1 && cu.stride(0) != 1)) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " must be a contiguous 1-d array of batch + 1 offsets");
+  }
+  const auto n = static_cast<std::int64_t>(cu.size(0));
+  if (n == 0) return lengths_from_cu_seqlens(nullptr, 0, total, name);
+  Tensor view = Tensor::from_blob(const_cast<void*>(cu.data), {1, 1, 1, n}, {n, n, n, 1}, DType::I32, device);
+  const Tensor host = device == Device::Cpu ? view : device_runtime(device).download(view);
+  return lengths_from_cu_seqlens(host.data_as<const std::int32_t>(), static_cast<std::size_t>(n), total, name);
+}
+
+// What a packed call takes beyond its arrays (and the dense call's arguments).
+struct Packed {
+  const In& cu_q;
+  const In& cu_k;
+  std::optional<std::int64_t> max_q, max_k;
+};
+
+// One packed call: q [total_q, H, D], k and v [total_k, Hkv, D], out like q.
+Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& out_in, const Packed& packed,
+                    const CallArgs& a) {
+  check_threads(a.threads);
+  const Array q = array_of(q_in), k = array_of(k_in), v = array_of(v_in), out = array_of(out_in);
+  const Device device = device_of("q", q);
+  const DType dtype = dtype_of("q", q);
+  require_like_q("k", k, q, device, dtype);
+  require_like_q("v", v, q, device, dtype);
+  require_like_q("out", out, q, device, dtype);
+  Inputs in;
+  in.q = packed_view_of("q", q, device, dtype);
+  in.k = packed_view_of("k", k, device, dtype);
+  in.v = packed_view_of("v", v, device, dtype);
+  Tensor o = packed_view_of("out", out, device, dtype);
+  require_writable_layout("out", o);
+  require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
+  for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
+  for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
+  std::vector<std::int64_t> lens_q = lengths_of("cu_seqlens_q", array_of(packed.cu_q), device, in.q.size(2));
+  std::vector<std::int64_t> lens_k = lengths_of("cu_seqlens_k", array_of(packed.cu_k), device, in.k.size(2));
+  if (lens_q.size() != lens_k.size()) {
+    fail(ErrorKind::InvalidArgument, "cu_seqlens_q has " + std::to_string(lens_q.size() + 1) +
+                                         " entries but cu_seqlens_k has " + std::to_string(lens_k.size() + 1) +
+                                         ": both are batch + 1");
+  }
+  Problem p;
+  p.heads = in.q.size(1);
+  p.head_dim = in.q.size(3);
+  p.kv_heads = in.k.size(1);
+  p.dtype = dtype;
+  p.device = device;
+  p = varlen_problem(p, std::move(lens_q), std::move(lens_k));
+  // max_seqlen_q and _k, as flash_attn_varlen_func takes them: at least every length.
+  for (const auto& [given, lens, name, field] : {std::tuple{packed.max_q, &p.seq_lens, "max_seqlen_q", &p.seq},
+                                                 std::tuple{packed.max_k, &p.kv_seq_lens, "max_seqlen_k", &p.kv_seq}}) {
+    if (!given) continue;
+    for (std::size_t b = 0; b < lens->size(); ++b) {
+      if ((*lens)[b] > *given) {
+        fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) +
+                                             ", smaller than sequence " + std::to_string(b) + "'s length " +
+                                             std::to_string((*lens)[b]));
+      }
+    }
+    if (*given > 0) *field = *given;
+  }
+  set_mask(p, a.mask);
+  if (a.window) set_problem_field(p, "window", std::to_string(*a.window));
+  p.scale = a.scale;
+  p.pass = a.pass;
+  p.deterministic = a.deterministic;
+  set_softcap(p, a.softcap);
+  p.normalize().validate();
+  return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);
+}
+
+std::string attention_varlen(const In& q, const In& k, const In& v, const Out& out, const In& cu_q, const In& cu_k,
+                             std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k,
+                             const std::string& backend, const std::string& mask, std::optional<std::int64_t> window,
+                             std::optional<double> scale, std::uintptr_t stream, int threads,
+                             std::optional<double> softcap) {
+  Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
+                          {backend, mask, window, scale, stream, threads, false, Pass::Forward, false, softcap});
+  run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+  return std::string(c.backend->name());
+}
+
+// The packed training forward: out, and the saved log-sum-exp as FP32
+// [H, total_q] (flash_attn_varlen_func's softmax_lse layout).
+std::tuple<std::string, nb::ndarray<float>> attention_varlen_train(
+    const In& q, const In& k, const In& v, const Out& out, const In& cu_q, const In& cu_k,
+    std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k, const std::string& backend,
+    const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream,
+    int threads, bool deterministic, std::optional<double> softcap) {
+  Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
+                          {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
+  Saved saved;
+  run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
+  const std::size_t shape[2] = {static_cast<std::size_t>(c.p.heads), static_cast<std::size_t>(c.p.total_q())};
+  const std::int64_t strides[2] = {saved.lse.stride(1), saved.lse.stride(2)};
+  return {std::string(c.backend->name()), owned_lse(saved.lse, c.p.device, 2, shape, strides)};
+}
+
+std::string attention_varlen_backward(const In& dout, const In& q, const In& k, const In& v, const Out& out,
+                                      const In& lse, const Out& dq, const Out& dk, const Out& dv, const In& cu_q,
+                                      const In& cu_k, std::optional<std::int64_t> max_q,
+                                      std::optional<std::int64_t> max_k, const std::string& backend,
+                                      const std::string& mask, std::optional<std::int64_t> window,
+                                      std::optional<double> scale, std::uintptr_t stream, int threads,
+                                      bool deterministic, std::optional<double> softcap) {
+  Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
+                          {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
+  c.p.pass = Pass::Backward;
+  const Tensor d_out = c.view_like("dout", array_of(dout), c.out, false);
+  Gradients g = c.gradients(array_of(dq), array_of(dk), array_of(dv), false);
+  if (lse.ndim() != 2 || lse.dtype() != nb::dtype<float>() || device_of("lse", array_of(lse)) != c.p.device ||
+      static_cast<std::int64_t>(lse.shape(0)) != c.p.heads ||
+      static_cast<std::int64_t>(lse.shape(1)) != c.p.total_q()) {
+    fail(ErrorKind::InvalidArgument,
+         "lse must be attention_varlen_train's float32 [H, total_q] log-sum-exp on q's device");
+  }
+  Saved saved;
+  saved.lse =
+      Tensor::from_blob(const_cast<void*>(static_cast<const void*>(lse.data())), {1, c.p.heads, c.p.total_q(), 1},
+                        {c.p.heads * c.p.total_q(), lse.stride(0), lse.stride(1), 1}, DType::F32, c.p.device);
+  run(c, [&] { c.backend->backward(c.p, c.in, c.out, d_out, saved, g, c.ctx); });
+  return std::string(c.backend->name());
+}
+
+}  // namespace
+
+// Packed batches: q [total_q, H, D], k and v [total_k, Hkv, D], int32
+// cumulative lengths (flash_attn_varlen_func's arguments).
+void bind_varlen(nb::module_& m) {
+  m.def("attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
+        nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
+        nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
+        nb::arg("threads"), nb::arg("softcap").none() = nb::none(),
+        "attention over a packed batch into `out`; returns the backend that ran");
+  m.def("attention_varlen_train", &attention_varlen_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
+        nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
+        nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
+        nb::arg("threads"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
+        "the packed training forward into `out`; returns (backend, the saved [H, total_q] log-sum-exp)");
+  m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
+        nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
+        nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
+        nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(),
+        nb::arg("max_seqlen_k").none(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
+        nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("deterministic"),
+        nb::arg("softcap").none() = nb::none(), "dQ, dK, dV of a packed batch; returns the backend that ran");
+}
+
+}  // namespace attnprof::python
