@@ -174,7 +174,7 @@ TEST_P(FlashIsa, VectorExp2MatchesStdExp2) {
 TEST_P(FlashIsa, Bf16GemmMatchesFloat64) {
   const auto& k = cpu::flash::kernels_of(GetParam());
   if (!k.bf16_gemm) GTEST_SKIP() << cpu::isa_name(GetParam()) << " has no bf16 product (avx512bf16 and amx do)";
-  const std::int64_t m = 48, n = 32, depth = 96;
+  const std::int64_t m = 64, n = 32, depth = 96;
   std::vector<std::uint16_t> a(static_cast<std::size_t>(m * depth));
   std::vector<float> b(static_cast<std::size_t>(depth * n));
   std::uint32_t state = 12345;

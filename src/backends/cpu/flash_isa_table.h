@@ -3,12 +3,15 @@
 // level's table (flash_kernels.h). A unit defines ATTNPROF_ISA_NS (its
 // namespace), ATTNPROF_ISA_TABLE (the table's name), ATTNPROF_ISA_LEVEL (a
 // CpuIsa) and ATTNPROF_ISA_BF16 (1: the bf16 products of
-// flash_bf16_kernels.h), then includes this once.
+// flash_bf16_kernels.h, where the flags allow), then includes this once.
 #pragma once
 
 #include "backends/cpu/flash_backward_kernels.h"
 #include "backends/cpu/flash_forward_kernels.h"
-#if ATTNPROF_ISA_BF16
+// The bf16 products need the level's flags (a build without them, or off
+// x86-64, compiles this unit as plain arrays and without them).
+#if ATTNPROF_ISA_BF16 && defined(__AVX512BF16__)
+#define ATTNPROF_FLASH_BF16 1
 #include "backends/cpu/flash_bf16_kernels.h"
 #endif
 
@@ -31,7 +34,7 @@ inline void vector_exp2(const float* x, float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; i += kLanes) store(y + i, exp2(load(x + i)));
 }
 
-#if ATTNPROF_ISA_BF16
+#if ATTNPROF_FLASH_BF16
 inline std::int64_t forward_scratch(const Problem& p) {
   return bf16_path(p) ? forward_scratch_bf16(p) : forward_scratch_fp32(p);
 }
@@ -70,7 +73,7 @@ const Kernels ATTNPROF_ISA_TABLE {
   .backward_products = "FP32 products on 8-float arrays (baseline x86-64, SSE2)",
 #endif
   .vector_tanh = &ATTNPROF_ISA_NS::vector_tanh, .vector_exp2 = &ATTNPROF_ISA_NS::vector_exp2,
-#if ATTNPROF_ISA_BF16
+#if ATTNPROF_FLASH_BF16
   .bf16_gemm = &ATTNPROF_ISA_NS::bf16_gemm,
 #else
   .bf16_gemm = nullptr,

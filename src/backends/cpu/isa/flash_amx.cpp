@@ -3,5 +3,5 @@
 #define ATTNPROF_ISA_NS amx
 #define ATTNPROF_ISA_TABLE kKernelsAmx
 #define ATTNPROF_ISA_LEVEL CpuIsa::Amx
-#define ATTNPROF_ISA_BF16 0
+#define ATTNPROF_ISA_BF16 1
 #include "backends/cpu/flash_isa_table.h"

@@ -3,5 +3,5 @@
 #define ATTNPROF_ISA_NS avx512bf16
 #define ATTNPROF_ISA_TABLE kKernelsAvx512Bf16
 #define ATTNPROF_ISA_LEVEL CpuIsa::Avx512Bf16
-#define ATTNPROF_ISA_BF16 0
+#define ATTNPROF_ISA_BF16 1
 #include "backends/cpu/flash_isa_table.h"
