@@ -267,7 +267,10 @@ TEST(FlashIsaChoice, ForcingALevelThisCpuLacksIsRefusedInOneLine) {
       EXPECT_EQ(std::string(e.what()), "flash: " + c.error);
     }
 
-    const std::string cmd = "ATTNPROF_CPU_ISA=" + name + " " + ATTNPROF_CLI_PATH +
+    // The command built beside this test, or (a build carried to another
+    // machine: scripts/cpu_isa_dev.sh) where ATTNPROF_CLI names it.
+    const char* cli = std::getenv("ATTNPROF_CLI") ? std::getenv("ATTNPROF_CLI") : ATTNPROF_CLI_PATH;
+    const std::string cmd = "ATTNPROF_CPU_ISA=" + name + " " + cli +
                             " profile --device cpu --backend flash --seq 64 --heads 1 --dtype bf16 --mask causal "
                             "--warmup 0 --active 1 --trace-dir /tmp/attnprof_isa_test --quiet 2>&1 >/dev/null";
     FILE* pipe = ::popen(cmd.c_str(), "r");

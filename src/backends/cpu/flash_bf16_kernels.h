@@ -242,6 +242,7 @@ inline void pv_block_bf16(const std::uint32_t* pp, const std::uint32_t* vp, std:
 
 #if ATTNPROF_FLASH_AMX
 
+// ldtilecfg's 64 bytes: palette 1, then per tile its bytes per row and rows.
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
   std::uint8_t start_row = 0;
@@ -250,14 +251,26 @@ struct alignas(64) TileConfig {
   std::uint8_t rows[16] = {};
 };
 
-// Every tile 16 rows of 64 bytes: A (16 x 32 bf16), B (16 pairs x 16 columns)
-// and C (16 x 16 FP32) alike. Tile state is per thread: each item loads it.
-inline void load_tile_config() {
+constexpr TileConfig tile_config() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = 64;
     cfg.rows[t] = 16;
   }
+  return cfg;
+}
+
+// GCC 12's tile loads and ldtilecfg are asm statements that declare no (or
+// only 8 bytes of) memory read: without a barrier the compiler may leave the
+// stores that fill a tile's source (or the configuration) until after them.
+inline void compiler_barrier() { __asm__ volatile("" ::: "memory"); }
+
+// Every tile 16 rows of 64 bytes: A (16 x 32 bf16), B (16 pairs x 16 columns)
+// and C (16 x 16 FP32) alike. Tile state is per thread: each item loads it.
+// The configuration is a constant, so no store of it can be left out.
+inline void load_tile_config() {
+  alignas(64) static constexpr TileConfig cfg = tile_config();
+  compiler_barrier();
   _tile_loadconfig(&cfg);
 }
 
@@ -269,6 +282,7 @@ inline void amx_block(const void* a, std::int64_t lda, std::int64_t a_step, cons
   const auto* ab = static_cast<const char*>(a);
   const auto* bb = static_cast<const char*>(b);
   char* cb = reinterpret_cast<char*>(c);
+  compiler_barrier();  // every store to A, B and C before the tile loads read them
   if constexpr (kLoadC) {
     _tile_loadd(0, cb, ldc);
     _tile_loadd(1, cb + 64, ldc);
