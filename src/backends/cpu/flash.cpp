@@ -52,6 +52,13 @@ const Kernels& kernels_of(CpuIsa isa) {
   return kKernelsScalar;
 }
 
+namespace {
+const Kernels* g_test_kernels = nullptr;
+}  // namespace
+
+const Kernels& kernels_for_run(CpuIsa isa) { return g_test_kernels ? *g_test_kernels : kernels_of(isa); }
+void set_kernels_for_testing(const Kernels* kernels) { g_test_kernels = kernels; }
+
 int resolve_threads(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
 
 Band band_of(const Problem& p) { return band_of(p, p.seq, p.kv_seq); }
@@ -256,7 +263,7 @@ class FlashCpu final : public Backend {
   static std::string kernel_story(const IsaChoice& isa, const Problem& problem) {
     Problem p = problem;
     p.normalize();
-    const Kernels& k = kernels_of(isa.isa);
+    const Kernels& k = kernels_for_run(isa.isa);
     std::string s = "flash cpu kernel: " + isa.why + ": ";
     if (p.pass == Pass::Backward) return s + "backward " + k.backward_products;
     s += k.forward_products(p);
@@ -268,7 +275,7 @@ class FlashCpu final : public Backend {
     Problem p = problem;
     p.normalize();
     const IsaChoice isa = choose_isa();
-    const Kernels& k = kernels_of(isa.isa);
+    const Kernels& k = kernels_for_run(isa.isa);
     const int threads = omp_get_max_threads();
     const std::size_t forward =
         static_cast<std::size_t>(k.forward_scratch_floats(p)) * sizeof(float) * static_cast<std::size_t>(threads);
@@ -357,7 +364,7 @@ class FlashCpu final : public Backend {
     // The kernels of the level cpu_isa.h picks: never one this CPU lacks.
     const IsaChoice isa = choose_isa();
     if (!isa.error.empty()) fail(ErrorKind::Unsupported, "flash: " + isa.error);
-    const Kernels& kernels = kernels_of(isa.isa);
+    const Kernels& kernels = kernels_for_run(isa.isa);
 
     const std::int64_t D = p.head_dim;
     // A paged cache's rows are copied out of their pages (load_kv_row).

@@ -58,7 +58,7 @@ void require(bool ok, const std::string& what) {
 }  // namespace
 
 std::size_t backward_workspace_bytes(const Problem& p, int threads) {
-  const Kernels& k = kernels_of(choose_isa().isa);
+  const Kernels& k = kernels_for_run(choose_isa().isa);
   const auto rows = static_cast<std::size_t>(p.heads * p.total_q());
   const auto dq_tiles = static_cast<std::size_t>(total_q_blocks(p) * p.heads * p.head_dim * kBlockQ);
   return sizeof(float) *
@@ -84,7 +84,7 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
   // The kernels of the level cpu_isa.h picks: never one this CPU lacks.
   const IsaChoice isa = choose_isa();
   if (!isa.error.empty()) fail(ErrorKind::Unsupported, "flash backward: " + isa.error);
-  const Kernels& kernels = kernels_of(isa.isa);
+  const Kernels& kernels = kernels_for_run(isa.isa);
 
   const std::int64_t D = p.head_dim;
   const std::vector<Sequence> seqs = sequences_of(p);

@@ -18,18 +18,20 @@
 //  - P^T in pairs of keys, pp[t][i] = (P^T[2t][i], P^T[2t+1][i]).
 #pragma once
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "backends/cpu/flash_forward_kernels.h"
 
+#if !defined(ATTNPROF_FLASH_EMULATE)
+#include <immintrin.h>
 #if !defined(__AVX512BF16__)
 #error "flash_bf16_kernels.h needs -mavx512bf16"
 #endif
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#endif
+// ATTNPROF_FLASH_EMULATE_AMX: the tests' stand-ins (tests/cpu/avx512_emulation.h).
+#if (defined(__AMX_TILE__) && defined(__AMX_BF16__)) || defined(ATTNPROF_FLASH_EMULATE_AMX)
 #define ATTNPROF_FLASH_AMX 1
 #endif
 
@@ -263,7 +265,11 @@ constexpr TileConfig tile_config() {
 // GCC 12's tile loads and ldtilecfg are asm statements that declare no (or
 // only 8 bytes of) memory read: without a barrier the compiler may leave the
 // stores that fill a tile's source (or the configuration) until after them.
-inline void compiler_barrier() { __asm__ volatile("" ::: "memory"); }
+inline void compiler_barrier() {
+#if !defined(ATTNPROF_FLASH_EMULATE)
+  __asm__ volatile("" ::: "memory");
+#endif
+}
 
 // Every tile 16 rows of 64 bytes: A (16 x 32 bf16), B (16 pairs x 16 columns)
 // and C (16 x 16 FP32) alike. Tile state is per thread: each item loads it.

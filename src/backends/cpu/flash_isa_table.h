@@ -10,7 +10,7 @@
 #include "backends/cpu/flash_forward_kernels.h"
 // The bf16 products need the level's flags (a build without them, or off
 // x86-64, compiles this unit as plain arrays and without them).
-#if ATTNPROF_ISA_BF16 && defined(__AVX512BF16__)
+#if ATTNPROF_ISA_BF16 && (defined(__AVX512BF16__) || defined(ATTNPROF_FLASH_EMULATE))
 #define ATTNPROF_FLASH_BF16 1
 #include "backends/cpu/flash_bf16_kernels.h"
 #endif

@@ -88,5 +88,10 @@ extern const Kernels kKernelsAmx;
 // The table of one level (only call its functions once cpu_isa.h says the
 // level runs here).
 const Kernels& kernels_of(CpuIsa isa);
+// What the drivers run for the chosen level: kernels_of(isa), or the table a
+// test put in its place (tests/cpu/flash_emulated_test.h runs the AVX-512,
+// AVX512-BF16 and AMX code over stand-ins of their intrinsics); null: none.
+const Kernels& kernels_for_run(CpuIsa isa);
+void set_kernels_for_testing(const Kernels* kernels);
 
 }  // namespace attnprof::cpu::flash

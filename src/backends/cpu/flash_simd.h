@@ -20,7 +20,11 @@
 #error "flash_simd.h is included by the kernel translation units (src/backends/cpu/isa/), which name ATTNPROF_ISA_NS"
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#if defined(ATTNPROF_FLASH_EMULATE)
+// Tests only (tests/cpu/flash_emulated_*_test.cpp, which include the plain
+// C++ stand-ins of the intrinsics first): the AVX-512 code, on any machine.
+#define ATTNPROF_FLASH_AVX512 1
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define ATTNPROF_FLASH_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
