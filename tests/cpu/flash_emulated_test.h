@@ -110,5 +110,37 @@ void run_emulated_backward(const cpu::flash::Kernels& k, const std::string& leve
   }
 }
 
+// The bf16 ceiling's product (Kernels::bf16_gemm) against float64 on the
+// same bf16 values.
+void run_emulated_bf16_gemm(const cpu::flash::Kernels& k) {
+  ASSERT_NE(k.bf16_gemm, nullptr);
+  const std::int64_t m = 64, n = 64, depth = 96;
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * depth));
+  std::vector<std::uint16_t> b(static_cast<std::size_t>(depth * n));
+  std::uint32_t state = 777;
+  const auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return float_to_bf16(static_cast<float>(state >> 8) / static_cast<float>(1u << 24) * 2.0f - 1.0f);
+  };
+  for (auto& x : a) x = next();
+  for (auto& x : b) x = next();
+  std::vector<std::uint32_t> b_vnni(static_cast<std::size_t>(depth / 2 * n));
+  for (std::int64_t p = 0; p < depth / 2; ++p)
+    for (std::int64_t c = 0; c < n; ++c)
+      b_vnni[static_cast<std::size_t>(p * n + c)] =
+          b[static_cast<std::size_t>(2 * p * n + c)] |
+          (std::uint32_t{b[static_cast<std::size_t>((2 * p + 1) * n + c)]} << 16);
+  std::vector<float> c(static_cast<std::size_t>(m * n), -1.0f);
+  k.bf16_gemm(a.data(), b_vnni.data(), c.data(), m, n, depth);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (std::int64_t d = 0; d < depth; ++d)
+        want += static_cast<double>(bf16_to_float(a[static_cast<std::size_t>(i * depth + d)])) *
+                bf16_to_float(b[static_cast<std::size_t>(d * n + j)]);
+      ASSERT_NEAR(c[static_cast<std::size_t>(i * n + j)], want, 1e-4) << i << ", " << j;
+    }
+}
+
 }  // namespace
 }  // namespace attnprof
