@@ -18,7 +18,8 @@
 #include "attnprof/report.h"
 #include "attnprof/runner.h"
 #include "backends/composite/composite_backend.h"
-#include "backends/cpu/flash_simd.h"
+#include "backends/cpu/cpu_isa.h"
+#include "backends/cpu/flash_kernels.h"
 #include "common/test_problem.h"
 
 namespace attnprof {
@@ -316,28 +317,35 @@ TEST(Softcap, CompositePlansShowTheCapsOpsAndFitTheEstimate) {
   }
 }
 
-// flash's vector tanh against std::tanh: both branches, the switch at 0.1,
-// tiny arguments (a large cap puts every score there), saturation, signs.
+// flash's vector tanh against std::tanh at every kernel level this CPU runs
+// (the others are skipped by name, see FlashIsa in flash_isa_test.cpp): both
+// branches, the switch at 0.1, tiny arguments (a large cap puts every score
+// there), saturation, signs.
 TEST(Softcap, FlashVectorTanhMatchesStdTanh) {
   std::vector<float> xs = {0.0f, -0.0f, 1e-30f, 1e-8f, 1e-4f, 0.0999999f, 0.1f,  0.1000001f,
                            0.5f, 1.0f,  3.0f,   9.0f,  20.0f, 44.0f,      90.0f, 1e30f};
   for (float x = 1e-6f; x < 60.0f; x *= 1.07f) xs.push_back(x);
   const std::size_t n = xs.size();
   for (std::size_t i = 0; i < n; ++i) xs.push_back(-xs[i]);
-  while (xs.size() % 8 != 0) xs.push_back(0.25f);
-  double worst = 0;
-  for (std::size_t i = 0; i < xs.size(); i += 8) {
-    float got[8];
-    cpu::flash::store(got, cpu::flash::tanh(cpu::flash::load(xs.data() + i)));
-    for (std::size_t l = 0; l < 8; ++l) {
-      const double want = std::tanh(static_cast<double>(xs[i + l]));
-      const double err = std::abs(got[l] - want) / std::max(std::abs(want), 1e-30);
+  while (xs.size() % 16 != 0) xs.push_back(0.25f);
+  int levels = 0;
+  for (cpu::CpuIsa isa : cpu::kAllCpuIsas) {
+    if (!cpu::isa_missing(isa).empty()) continue;
+    ++levels;
+    const std::string level(cpu::isa_name(isa));
+    std::vector<float> got(xs.size(), std::numeric_limits<float>::quiet_NaN());
+    cpu::flash::kernels_of(isa).vector_tanh(xs.data(), got.data(), static_cast<std::int64_t>(xs.size()));
+    double worst = 0;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const double want = std::tanh(static_cast<double>(xs[i]));
+      const double err = std::abs(got[i] - want) / std::max(std::abs(want), 1e-30);
       worst = std::max(worst, err);
-      EXPECT_LT(err, 1e-6) << "tanh(" << xs[i + l] << ") = " << got[l] << ", want " << want;
-      EXPECT_EQ(std::signbit(got[l]), std::signbit(xs[i + l])) << xs[i + l];
+      EXPECT_LT(err, 1e-6) << level << ": tanh(" << xs[i] << ") = " << got[i] << ", want " << want;
+      EXPECT_EQ(std::signbit(got[i]), std::signbit(xs[i])) << level << " " << xs[i];
     }
+    EXPECT_GT(worst, 0.0) << level << " compared something";
   }
-  EXPECT_GT(worst, 0.0) << "compared something";
+  EXPECT_GE(levels, 1) << "the scalar level runs everywhere";
 }
 
 // ---- the field --------------------------------------------------------------------

@@ -27,7 +27,7 @@
 #include "attnprof/profiler.h"
 #include "attnprof/reference.h"
 #include "backends/cpu/cpu_backends.h"
-#include "backends/cpu/flash_microkernels.h"
+#include "backends/cpu/flash_kernels.h"
 #include "backends/cpu/flash_tiles.h"
 #include "backends/cpu/ops.h"
 #include "core/mask_lowering.h"
@@ -35,6 +35,29 @@
 namespace attnprof::cpu {
 
 namespace flash {
+
+const Kernels& kernels_of(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Scalar:
+      return kKernelsScalar;
+    case CpuIsa::Avx2:
+      return kKernelsAvx2;
+    case CpuIsa::Avx512:
+      return kKernelsAvx512;
+    case CpuIsa::Avx512Bf16:
+      return kKernelsAvx512Bf16;
+    case CpuIsa::Amx:
+      return kKernelsAmx;
+  }
+  return kKernelsScalar;
+}
+
+namespace {
+const Kernels* g_test_kernels = nullptr;
+}  // namespace
+
+const Kernels& kernels_for_run(CpuIsa isa) { return g_test_kernels ? *g_test_kernels : kernels_of(isa); }
+void set_kernels_for_testing(const Kernels* kernels) { g_test_kernels = kernels; }
 
 int resolve_threads(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
 
@@ -107,34 +130,16 @@ void require_shapes(const Problem& p, const Inputs& in, const char* who) {
   check("v", in.v, p.kv_dims());
 }
 
+// Baseline (the drivers' row reads: the backward's rowsum(dO * O)); the
+// kernels widen with their own vectors (flash_forward_kernels.h).
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst) {
   const std::int64_t base = t.index(b, h, i, 0);
   const std::int64_t inc = t.stride(3);
-  const void* data = t.data();
-  if (inc != 1 && n > 1) {
-    for (std::int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c * inc);
+  if (t.dtype() == DType::F32 && inc == 1) {
+    std::memcpy(dst, t.data_as<const float>() + base, static_cast<std::size_t>(n) * 4);
     return;
   }
-  std::int64_t c = 0;
-  switch (t.dtype()) {
-    case DType::F32:
-      std::memcpy(dst, static_cast<const float*>(data) + base, static_cast<std::size_t>(n) * 4);
-      return;
-    case DType::F16: {
-      const auto* src = static_cast<const std::uint16_t*>(data) + base;
-      for (; c + 8 <= n; c += 8) store(dst + c, load_f16(src + c));
-      break;
-    }
-    case DType::BF16: {
-      const auto* src = static_cast<const std::uint16_t*>(data) + base;
-      for (; c + 8 <= n; c += 8) store(dst + c, load_bf16(src + c));
-      break;
-    }
-    case DType::Bool:
-    case DType::I32:
-      break;
-  }
-  for (; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c);
+  for (std::int64_t c = 0; c < n; ++c) dst[c] = load_as_float(t.data(), t.dtype(), base + c * inc);
 }
 
 // Per key row the visible query columns are one interval.
@@ -146,15 +151,6 @@ void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t 
     float* row = st + j * kBlockQ;
     std::fill(row, row + first, kNegInf);
     std::fill(row + end, row + qcols, kNegInf);
-  }
-}
-
-// qcols is a multiple of 16: whole vectors, eight query columns at a time.
-void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st) {
-  const F8 cap = splat(cap2), inv = splat(1.0f / cap2);
-  for (std::int64_t j = 0; j < n; ++j) {
-    float* row = st + j * kBlockQ;
-    for (std::int64_t c = 0; c < qcols; c += 8) store(row + c, mul(cap, tanh(mul(load(row + c), inv))));
   }
 }
 
@@ -225,177 +221,6 @@ namespace {
 
 using namespace flash;
 
-// 128 keys: a block's S^T (128 x 64 floats, 32 KiB) and the K and V rows it
-// reads stay in the 512 KiB L2 next to the accumulator, while the per-block
-// softmax bookkeeping is amortised over twice as many keys as with 64.
-constexpr std::int64_t kBlockK = 128;
-
-// Per-thread scratch, in floats; every region starts on a 64-byte boundary.
-struct Layout {
-  std::int64_t qt = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, alpha = 0, total = 0;
-};
-
-Layout layout_for(std::int64_t head_dim) {
-  const std::int64_t dpad = round_up(head_dim, 8);
-  Layout L;
-  ScratchLayout scratch;
-  const auto take = [&scratch](std::int64_t floats) { return scratch.take(floats); };
-  L.qt = take(head_dim * kBlockQ);
-  L.k = take(kBlockK * head_dim);
-  L.v = take(kBlockK * dpad);
-  L.s = take(kBlockK * kBlockQ);
-  L.o = take(kBlockQ * dpad);
-  L.m = take(kBlockQ);
-  L.l = take(kBlockQ);
-  L.alpha = take(kBlockQ);
-  L.total = scratch.total;
-  return L;
-}
-
-// Everything a work item needs, fixed for one forward.
-struct Job {
-  const Problem& p;
-  const Inputs& in;
-  const Tensor& out;
-  Layout layout;
-  float q_scale;      // softmax scale * log2(e): the exponentials are base 2
-  float cap2;         // soft cap * log2(e) (the logits are base 2); 0: no cap
-  std::int64_t dpad;  // head_dim rounded up to 8, the accumulator's row length
-  bool k_in_place;    // FP32 unit-stride K rows are read where they lie
-  bool v_in_place;    // likewise V, when its rows are also whole vectors
-  float* lse;         // forward_train: each row's log-sum-exp, contiguous lse_dims(p); null otherwise
-  const std::vector<Sequence>& seqs;
-  std::int64_t lse_rows;  // rows per head of the log-sum-exp (lse_rows(p))
-  bool mask_lowered;      // the Boolean mask is per-sequence key lengths (in seqs): never read per element
-};
-
-// Key j's K or V row of sequence b, kv head hk, widened to FP32: from the
-// logical tensor, or with a paged cache from page block_table[b][j / page] at
-// row j % page (the pages are read where they lie, never gathered).
-void load_kv_row(const Job& job, const Tensor& logical, const Tensor& pages, const Sequence& s, std::int64_t hk,
-                 std::int64_t j, float* dst) {
-  const std::int64_t D = job.p.head_dim;
-  if (job.p.kv_cache != KvCache::Paged) {
-    load_row(logical, s.tb, hk, s.k0 + j, D, dst);
-    return;
-  }
-  const std::int64_t b = s.tb;  // a paged cache is never packed
-  const Tensor& table = job.in.block_table;
-  const std::int64_t page = job.p.page_size;
-  const std::int64_t phys = table.data_as<const std::int32_t>()[b * table.stride(2) + (j / page) * table.stride(3)];
-  load_row(pages, phys, hk, j % page, D, dst);
-}
-
-// Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
-// qcols are zero so padded lanes compute harmless values.
-void pack_q(const Job& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq, std::int64_t qcols,
-            float* qt, float* row) {
-  const std::int64_t D = job.p.head_dim;
-  for (std::int64_t i = 0; i < nq; ++i) {
-    load_row(job.in.q, s.tb, h, s.q0 + i0 + i, D, row);
-    for (std::int64_t d = 0; d < D; ++d) qt[d * kBlockQ + i] = row[d] * job.q_scale;
-  }
-  for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
-}
-
-// out rows = O / l, zeros where l == 0 (every key masked: never NaN); and for
-// a training forward each row's natural-log LSE, ln(l) + m ln 2 (m is the
-// base-2 running max), -inf where l == 0.
-void store_rows(const Job& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq, const float* o,
-                const float* m, const float* l) {
-  const Tensor& out = job.out;
-  const std::int64_t D = job.p.head_dim;
-  const std::int64_t inc = out.stride(3);
-  if (job.lse) {
-    float* lse = job.lse + (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
-    for (std::int64_t i = 0; i < nq; ++i)
-      lse[i] = l[i] > 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
-  }
-  for (std::int64_t i = 0; i < nq; ++i) {
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    const float* src = o + i * job.dpad;
-    const std::int64_t base = out.index(s.tb, h, s.q0 + i0 + i, 0);
-    if (out.dtype() == DType::F32 && inc == 1) {
-      float* dst = out.data_as<float>() + base;
-      for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
-    } else {
-      for (std::int64_t d = 0; d < D; ++d) store_from_float(out.data(), out.dtype(), base + d * inc, src[d] * inv);
-    }
-  }
-}
-
-// One work item: query rows [i0, i0 + nq) of (sequence b, head h) against
-// every visible key of the sequence; nothing past a short sequence's end.
-void attend_block(const Job& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
-  const Problem& p = job.p;
-  const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
-  if (i0 >= s.seq) return;
-  const Layout& L = job.layout;
-  const std::int64_t D = p.head_dim;
-  const std::int64_t hk = h / p.group();
-  const std::int64_t nq = std::min(kBlockQ, s.seq - i0);
-  const std::int64_t qcols = round_up(nq, 16);
-  float* qt = scratch + L.qt;
-  float* st = scratch + L.s;
-  float* o = scratch + L.o;
-  float* m = scratch + L.m;
-  float* l = scratch + L.l;
-  float* alpha = scratch + L.alpha;
-
-  std::fill(o, o + nq * job.dpad, 0.0f);
-  std::fill(m, m + kBlockQ, kNegInf);
-  std::fill(l, l + kBlockQ, 0.0f);
-
-  // The keys any row of this block can see; rows outside it stay all-masked.
-  const Band& band = s.band;
-  const std::int64_t last = i0 + nq - 1;
-  const std::int64_t k_begin = band.has_lo ? std::max<std::int64_t>(0, i0 + band.lo) : 0;
-  const std::int64_t k_end = band.has_hi ? std::min(s.kv_seq, last + band.hi + 1) : s.kv_seq;
-  if (k_begin < k_end) pack_q(job, s, h, i0, nq, qcols, qt, st);
-
-  const Tensor& K = job.in.k;
-  const Tensor& V = job.in.v;
-  for (std::int64_t j0 = k_begin; j0 < k_end; j0 += kBlockK) {
-    const std::int64_t n = std::min(kBlockK, k_end - j0);
-
-    const float* k_rows = scratch + L.k;
-    std::int64_t ldk = D;
-    if (job.k_in_place) {
-      k_rows = K.data_as<const float>() + K.index(s.tb, hk, s.k0 + j0, 0);
-      ldk = K.stride(2);
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) load_kv_row(job, K, job.in.k_pages, s, hk, j0 + j, scratch + L.k + j * D);
-    }
-    Prefetch v_next;
-    if (job.v_in_place)
-      v_next = {.rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0), .ld = V.stride(2), .floats = D};
-    qk_block(k_rows, ldk, n, qt, kBlockQ, qcols, D, st, kBlockQ, v_next);
-    if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st);
-
-    const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
-    if (straddles) mask_band(band, i0, j0, n, qcols, st);
-    if ((p.mask == MaskKind::Boolean && !job.mask_lowered) || p.mask == MaskKind::Bias)
-      mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st);
-
-    online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
-
-    const float* v_rows = scratch + L.v;
-    std::int64_t ldv = job.dpad;
-    if (job.v_in_place) {
-      v_rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0);
-      ldv = V.stride(2);
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) {
-        float* row = scratch + L.v + j * job.dpad;
-        load_kv_row(job, V, job.in.v_pages, s, hk, j0 + j, row);
-        std::fill(row + D, row + job.dpad, 0.0f);
-      }
-    }
-    pv_block(st, kBlockQ, v_rows, ldv, n, nq, job.dpad, alpha, o, job.dpad);
-  }
-  store_rows(job, s, h, i0, nq, o, m, l);
-}
-
 // What a packed batch adds to the eligibility's story.
 std::string packed(const Problem& p) {
   if (!p.varlen()) return {};
@@ -409,10 +234,13 @@ class FlashCpu final : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = check_problem(p); !why.empty()) return {.eligible = false, .reason = why};
+    const IsaChoice isa = choose_isa();
+    if (!isa.error.empty()) return {.eligible = false, .reason = isa.error};
     const std::string threads = std::to_string(omp_get_max_threads()) + " threads";
     char cap_buf[64] = "";
     if (p.softcap > 0) std::snprintf(cap_buf, sizeof cap_buf, ", scores soft-capped at %g per key block", p.softcap);
     const std::string cap = cap_buf;
+    const std::string kernel = kernel_story(isa, p);
     if (p.pass == Pass::Forward) {
       const std::string paged =
           p.kv_cache == KvCache::Paged ? ", K and V read from their pages through the block table" : "";
@@ -422,22 +250,37 @@ class FlashCpu final : public Backend {
               : "";
       return {.eligible = true,
               .reason = "tiled online softmax, " + threads + cap + paged + lowered + packed(p) +
-                        ", never materialises [S, Skv]"};
+                        ", never materialises [S, Skv]; " + kernel};
     }
     return {.eligible = true,
             .reason = "FlashAttention-2 backward recomputing P from the saved log-sum-exp, " + threads + cap +
                       packed(p) + (p.deterministic ? ", dQ summed in a fixed order" : "") +
-                      ", never materialises [S, Skv]"};
+                      ", never materialises [S, Skv]; " + kernel};
   }
 
-  std::size_t workspace_bytes(const Problem& p) const override {
+  // "flash cpu kernel: avx2 (no avx512f): <the products>", the forward's and,
+  // for a backward or training pass, the backward's.
+  static std::string kernel_story(const IsaChoice& isa, const Problem& problem) {
+    Problem p = problem;
+    p.normalize();
+    const Kernels& k = kernels_for_run(isa.isa);
+    std::string s = "flash cpu kernel: " + isa.why + ": ";
+    if (p.pass == Pass::Backward) return s + "backward " + k.backward_products;
+    s += k.forward_products(p);
+    if (p.pass == Pass::Train) s += std::string("; backward ") + k.backward_products;
+    return s;
+  }
+
+  std::size_t workspace_bytes(const Problem& problem) const override {
+    Problem p = problem;
+    p.normalize();
+    const IsaChoice isa = choose_isa();
+    const Kernels& k = kernels_for_run(isa.isa);
     const int threads = omp_get_max_threads();
     const std::size_t forward =
-        static_cast<std::size_t>(layout_for(p.head_dim).total) * sizeof(float) * static_cast<std::size_t>(threads);
+        static_cast<std::size_t>(k.forward_scratch_floats(p)) * sizeof(float) * static_cast<std::size_t>(threads);
     if (p.pass == Pass::Forward) return forward;
-    Problem q = p;
-    q.normalize();
-    return forward + q.lse_bytes() + backward_workspace_bytes(q, threads);
+    return forward + p.lse_bytes() + backward_workspace_bytes(p, threads);
   }
 
   Expectation expectation(const Problem& p) const override {
@@ -518,24 +361,25 @@ class FlashCpu final : public Backend {
       seqs[b].band = band_of(p, seqs[b].seq, lens[b]);
     }
 
+    // The kernels of the level cpu_isa.h picks: never one this CPU lacks.
+    const IsaChoice isa = choose_isa();
+    if (!isa.error.empty()) fail(ErrorKind::Unsupported, "flash: " + isa.error);
+    const Kernels& kernels = kernels_for_run(isa.isa);
+
     const std::int64_t D = p.head_dim;
     // A paged cache's rows are copied out of their pages (load_kv_row).
     const bool paged = p.kv_cache == KvCache::Paged;
-    const bool k_unit = !paged && (in.k.stride(3) == 1 || D == 1);
-    const bool v_unit = !paged && (in.v.stride(3) == 1 || D == 1);
-    const Job job{.p = p,
-                  .in = in,
-                  .out = out,
-                  .layout = layout_for(D),
-                  .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
-                  .cap2 = static_cast<float>(p.softcap * std::numbers::log2e),
-                  .dpad = round_up(D, 8),
-                  .k_in_place = in.k.dtype() == DType::F32 && k_unit,
-                  .v_in_place = in.v.dtype() == DType::F32 && v_unit && D % 8 == 0,
-                  .lse = lse,
-                  .seqs = seqs,
-                  .lse_rows = lse_rows(p),
-                  .mask_lowered = lowered.has_value()};
+    const ForwardJob job{.p = p,
+                         .in = in,
+                         .out = out,
+                         .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
+                         .cap2 = static_cast<float>(p.softcap * std::numbers::log2e),
+                         .k_unit = !paged && (in.k.stride(3) == 1 || D == 1),
+                         .v_unit = !paged && (in.v.stride(3) == 1 || D == 1),
+                         .lse = lse,
+                         .seqs = seqs,
+                         .lse_rows = lse_rows(p),
+                         .mask_lowered = lowered.has_value()};
 
     // A packed batch's items run over its longest sequence's query blocks;
     // those past a shorter one's end return at once.
@@ -545,7 +389,8 @@ class FlashCpu final : public Backend {
     const int threads =
         static_cast<int>(std::min<std::int64_t>(resolve_threads(ctx.threads), std::max<std::int64_t>(items, 1)));
 
-    Tensor scratch = Tensor::empty({threads, 1, 1, job.layout.total}, DType::F32, ctx.allocator);
+    const std::int64_t per_thread = kernels.forward_scratch_floats(p);
+    Tensor scratch = Tensor::empty({threads, 1, 1, per_thread}, DType::F32, ctx.allocator);
     float* scratch_base = scratch.data_as<float>();
 
     // Items run head by head, so both threads share one head's K and V in
@@ -554,12 +399,13 @@ class FlashCpu final : public Backend {
     // items to finish are the short ones.
 #pragma omp parallel num_threads(threads)
     {
-      float* mine = scratch_base + static_cast<std::int64_t>(omp_get_thread_num()) * job.layout.total;
+      float* mine = scratch_base + static_cast<std::int64_t>(omp_get_thread_num()) * per_thread;
+      std::memset(mine, 0xff, kScratchHeaderFloats * sizeof(float));  // no head's K and V held yet
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t item = 0; item < items; ++item) {
         const std::int64_t bh = item / q_blocks;
         const std::int64_t qb = q_blocks - 1 - item % q_blocks;
-        attend_block(job, bh / p.heads, bh % p.heads, qb * kBlockQ, mine);
+        kernels.attend_block(job, bh / p.heads, bh % p.heads, qb * kBlockQ, mine);
       }
     }
   }

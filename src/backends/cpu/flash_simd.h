@@ -1,6 +1,12 @@
-// Eight-lane float vectors for the CPU flash kernels: AVX2/FMA/F16C when the
-// library is built for x86-64-v3 (the default), plain arrays otherwise, so the
-// micro-kernels are written once and the choice is made at compile time.
+// Float vectors of kLanes lanes for the CPU flash kernels, one implementation
+// per instruction-set level: AVX-512 (16 lanes) when the translation unit is
+// compiled with -mavx512f..., AVX2/FMA/F16C (8 lanes) with -mavx2 -mfma
+// -mf16c, plain 8-float arrays (which the compiler turns into SSE2) without.
+// The micro-kernels (flash_microkernels.h) are written once over Vf and
+// kLanes; each kernel translation unit (isa/flash_*.cpp) includes this inside
+// its own namespace, ATTNPROF_ISA_NS, so the levels never share a symbol and
+// nothing compiled for AVX-512 is reached on a machine without it (the
+// dispatch in flash.cpp asks cpu_isa.h first).
 #pragma once
 
 #include <cmath>
@@ -8,35 +14,111 @@
 #include <limits>
 
 #include "attnprof/dtype.h"
+#include "backends/cpu/flash_tiles.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#ifndef ATTNPROF_ISA_NS
+#error "flash_simd.h is included by the kernel translation units (src/backends/cpu/isa/), which name ATTNPROF_ISA_NS"
+#endif
+
+#if defined(ATTNPROF_FLASH_EMULATE)
+// Tests only (tests/cpu/flash_emulated_*_test.cpp, which include the plain
+// C++ stand-ins of the intrinsics first): the AVX-512 code, on any machine.
+#define ATTNPROF_FLASH_AVX512 1
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define ATTNPROF_FLASH_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define ATTNPROF_FLASH_AVX2 1
 #endif
 
-namespace attnprof::cpu::flash {
+namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+#if ATTNPROF_FLASH_AVX512
 
-#if ATTNPROF_FLASH_AVX2
+constexpr int kLanes = 16;
+// Register tiles of 12 rows: 12 x 2 accumulators + 2 operands + 1 broadcast <= 32 zmm.
+constexpr int kTileRows = 12;
 
-struct F8 {
+struct Vf {
+  __m512 v;
+};
+
+inline Vf zeros() { return {_mm512_setzero_ps()}; }
+inline Vf splat(float x) { return {_mm512_set1_ps(x)}; }
+inline Vf load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline Vf broadcast(const float* p) { return {_mm512_set1_ps(*p)}; }
+inline void store(float* p, Vf a) { _mm512_storeu_ps(p, a.v); }
+inline Vf fma(Vf a, Vf b, Vf c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vf add(Vf a, Vf b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Vf sub(Vf a, Vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Vf mul(Vf a, Vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vf max(Vf a, Vf b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline Vf finite_or_zero(Vf x) {
+  const __mmask16 is_neg_inf = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
+  return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~is_neg_inf), x.v)};
+}
+// The AVX2 version's algorithm (see there), 16 lanes.
+inline Vf exp2(Vf x) {
+  const __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-127.0f));
+  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(xc, n);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return {_mm512_mul_ps(p, _mm512_castsi512_ps(bits))};
+}
+inline Vf tanh(Vf x) {
+  const __m512 sign = _mm512_and_ps(x.v, _mm512_set1_ps(-0.0f));
+  const __m512 ax = _mm512_xor_ps(x.v, sign);
+  const __m512 e = exp2({_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f * 1.4426950408889634f))}).v;
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 big = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+  const __m512 x2 = _mm512_mul_ps(ax, ax);
+  __m512 p = _mm512_set1_ps(-17.0f / 315.0f);
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.0f / 15.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.0f / 3.0f));
+  p = _mm512_fmadd_ps(p, x2, one);
+  const __m512 small = _mm512_mul_ps(ax, p);
+  const __mmask16 is_small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.1f), _CMP_LT_OQ);
+  return {_mm512_or_ps(_mm512_mask_blend_ps(is_small, big, small), sign)};
+}
+inline Vf load_f16(const std::uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+inline Vf load_bf16(const std::uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+}
+
+#elif ATTNPROF_FLASH_AVX2
+
+constexpr int kLanes = 8;
+// 6 x 2 accumulators + 2 operands + 1 broadcast <= 16 ymm.
+constexpr int kTileRows = 6;
+
+struct Vf {
   __m256 v;
 };
 
-inline F8 zeros() { return {_mm256_setzero_ps()}; }
-inline F8 splat(float x) { return {_mm256_set1_ps(x)}; }
-inline F8 load(const float* p) { return {_mm256_loadu_ps(p)}; }
-inline F8 broadcast(const float* p) { return {_mm256_broadcast_ss(p)}; }
-inline void store(float* p, F8 a) { _mm256_storeu_ps(p, a.v); }
-inline F8 fma(F8 a, F8 b, F8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-inline F8 add(F8 a, F8 b) { return {_mm256_add_ps(a.v, b.v)}; }
-inline F8 sub(F8 a, F8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
-inline F8 mul(F8 a, F8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
-inline F8 max(F8 a, F8 b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline Vf zeros() { return {_mm256_setzero_ps()}; }
+inline Vf splat(float x) { return {_mm256_set1_ps(x)}; }
+inline Vf load(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline Vf broadcast(const float* p) { return {_mm256_broadcast_ss(p)}; }
+inline void store(float* p, Vf a) { _mm256_storeu_ps(p, a.v); }
+inline Vf fma(Vf a, Vf b, Vf c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vf add(Vf a, Vf b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline Vf sub(Vf a, Vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline Vf mul(Vf a, Vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Vf max(Vf a, Vf b) { return {_mm256_max_ps(a.v, b.v)}; }
 // x where x > -inf, else 0: the running max used as the exponent's shift, so a
 // row that has seen only masked keys computes exp2(-inf - 0) = 0, never NaN.
-inline F8 finite_or_zero(F8 x) {
+inline Vf finite_or_zero(Vf x) {
   const __m256 is_neg_inf = _mm256_cmp_ps(x.v, _mm256_set1_ps(kNegInf), _CMP_EQ_OQ);
   return {_mm256_andnot_ps(is_neg_inf, x.v)};
 }
@@ -45,7 +127,7 @@ inline F8 finite_or_zero(F8 x) {
 // 2e-7: x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f polynomial, 2^n
 // built in the exponent bits. Inputs below -127 (and -inf) give exactly 0,
 // because n = -127 produces a zero bit pattern.
-inline F8 exp2(F8 x) {
+inline Vf exp2(Vf x) {
   const __m256 xc = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
   const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(xc, n);
@@ -65,7 +147,7 @@ inline F8 exp2(F8 x) {
 // exponents <= 0), |x| past 44 giving exactly 1; below 0.1, where 1 - e would
 // cancel (and a large cap puts every score there), the odd Taylor series to
 // x^7 (the next term is under 3e-11). The sign is put back.
-inline F8 tanh(F8 x) {
+inline Vf tanh(Vf x) {
   const __m256 sign = _mm256_and_ps(x.v, _mm256_set1_ps(-0.0f));
   const __m256 ax = _mm256_xor_ps(x.v, sign);
   const __m256 e = exp2({_mm256_mul_ps(ax, _mm256_set1_ps(-2.0f * 1.4426950408889634f))}).v;
@@ -82,68 +164,73 @@ inline F8 tanh(F8 x) {
 }
 
 // Eight 16-bit values widened to FP32 (F16C for fp16, a 16-bit shift for bf16).
-inline F8 load_f16(const std::uint16_t* p) {
+inline Vf load_f16(const std::uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
 }
-inline F8 load_bf16(const std::uint16_t* p) {
+inline Vf load_bf16(const std::uint16_t* p) {
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
 }
 
 #else
 
-struct F8 {
-  float v[8];
+// Baseline x86-64 (or another CPU): plain arrays; the loops below are simple
+// enough for the compiler to turn into SSE2.
+constexpr int kLanes = 8;
+constexpr int kTileRows = 6;
+
+struct Vf {
+  float v[kLanes];
 };
 
 template <class Fn>
-inline F8 lanes(Fn fn) {
-  F8 r;
-  for (int i = 0; i < 8; ++i) r.v[i] = fn(i);
+inline Vf lanes(Fn fn) {
+  Vf r;
+  for (int i = 0; i < kLanes; ++i) r.v[i] = fn(i);
   return r;
 }
-inline F8 splat(float x) {
+inline Vf splat(float x) {
   return lanes([x](int) { return x; });
 }
-inline F8 zeros() { return splat(0.0f); }
-inline F8 load(const float* p) {
+inline Vf zeros() { return splat(0.0f); }
+inline Vf load(const float* p) {
   return lanes([p](int i) { return p[i]; });
 }
-inline F8 broadcast(const float* p) { return splat(*p); }
-inline void store(float* p, F8 a) {
-  for (int i = 0; i < 8; ++i) p[i] = a.v[i];
+inline Vf broadcast(const float* p) { return splat(*p); }
+inline void store(float* p, Vf a) {
+  for (int i = 0; i < kLanes; ++i) p[i] = a.v[i];
 }
-inline F8 fma(F8 a, F8 b, F8 c) {
-  return lanes([&](int i) { return std::fma(a.v[i], b.v[i], c.v[i]); });
+inline Vf fma(Vf a, Vf b, Vf c) {
+  return lanes([&](int i) { return a.v[i] * b.v[i] + c.v[i]; });
 }
-inline F8 add(F8 a, F8 b) {
+inline Vf add(Vf a, Vf b) {
   return lanes([&](int i) { return a.v[i] + b.v[i]; });
 }
-inline F8 sub(F8 a, F8 b) {
+inline Vf sub(Vf a, Vf b) {
   return lanes([&](int i) { return a.v[i] - b.v[i]; });
 }
-inline F8 mul(F8 a, F8 b) {
+inline Vf mul(Vf a, Vf b) {
   return lanes([&](int i) { return a.v[i] * b.v[i]; });
 }
-inline F8 max(F8 a, F8 b) {
+inline Vf max(Vf a, Vf b) {
   return lanes([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; });
 }
-inline F8 finite_or_zero(F8 x) {
+inline Vf finite_or_zero(Vf x) {
   return lanes([&](int i) { return x.v[i] == kNegInf ? 0.0f : x.v[i]; });
 }
-inline F8 exp2(F8 x) {
+inline Vf exp2(Vf x) {
   return lanes([&](int i) { return std::exp2(x.v[i]); });
 }
-inline F8 tanh(F8 x) {
+inline Vf tanh(Vf x) {
   return lanes([&](int i) { return std::tanh(x.v[i]); });
 }
-inline F8 load_f16(const std::uint16_t* p) {
+inline Vf load_f16(const std::uint16_t* p) {
   return lanes([p](int i) { return f16_to_float(p[i]); });
 }
-inline F8 load_bf16(const std::uint16_t* p) {
+inline Vf load_bf16(const std::uint16_t* p) {
   return lanes([p](int i) { return bf16_to_float(p[i]); });
 }
 
 #endif
 
-}  // namespace attnprof::cpu::flash
+}  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@ namespace attnprof::cpu::flash {
 constexpr std::int64_t kBlockQ = 64;
 
 constexpr float kLog2e = std::numbers::log2e_v<float>;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
@@ -82,19 +84,13 @@ std::int64_t lse_rows(const Problem& p);
 // p.q_dims() and p.kv_dims(), packed or not.
 void require_shapes(const Problem& p, const Inputs& in, const char* who);
 
-// Row i of t[b, h] (n elements) widened to FP32; vector loads when unit-stride.
+// Row i of t[b, h] (n elements) widened to FP32 (baseline code: the drivers'
+// reads; the kernels have their own, flash_forward_kernels.h).
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst);
 
 // -inf where the band hides key j0 + j from query i0 + c, in S^T (row length
 // kBlockQ), on a block that straddles a bound.
 void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st);
-
-// Soft-capping on a block of S^T (n key rows by qcols query columns, row
-// length kBlockQ), applied after the scale and before the mask: with the
-// logits base 2, s2 = log2(e) s, the cap c becomes cap2 = log2(e) c and
-// s2 <- cap2 tanh(s2 / cap2). Callers branch on cap2 > 0 once per block, so
-// an uncapped run never comes here.
-void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st);
 
 // Boolean masks (false hides) and additive biases (times log2(e): the logits
 // are base 2) applied to S^T of query rows i0..i0+nq and keys j0..j0+n.

@@ -143,9 +143,16 @@ class CpuOps final : public Ops {
  public:
   Device device() const override { return Device::Cpu; }
 
+  // 16-bit products stay FP32 here: the distribution's OpenBLAS (Debian 12's
+  // 0.3.21) exports no bf16 GEMM (cblas_sbgemm) and none for fp16, and where
+  // one exists its rounding would make the composites differ from the float64
+  // check's yardstick, math (Traits::reference_precision computes in FP32);
+  // the machine's bf16 products are the flash kernels' (flash_bf16_kernels.h).
   std::string describe_gemm(DType operands) const override {
     if (!is_16bit(operands)) return "OpenBLAS sgemm";
-    return std::string("OpenBLAS sgemm on ") + std::string(dtype_name(operands)) + " widened to FP32 per head";
+    return std::string("OpenBLAS sgemm on ") + std::string(dtype_name(operands)) + " widened to FP32 per head" +
+           (has_sbgemm() ? " (kept FP32: math is the 16-bit tolerance's FP32 yardstick)"
+                         : " (this OpenBLAS exports no bf16 GEMM, cblas_sbgemm)");
   }
 
   std::size_t library_workspace_bytes() const override { return 0; }

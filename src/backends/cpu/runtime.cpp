@@ -1,5 +1,6 @@
 // The CPU as a profiling device: the tracked CPU allocator, OpenMP and
-// OpenBLAS thread counts, and a measured sgemm ceiling.
+// OpenBLAS thread counts, and a measured matrix-product ceiling per dtype
+// (sgemm for fp32 and fp16, the best bf16 product the machine has for bf16).
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -15,12 +16,15 @@
 #include <memory>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "attnprof/device_runtime.h"
 #include "attnprof/error.h"
 #include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_backends.h"
+#include "backends/cpu/cpu_isa.h"
+#include "backends/cpu/flash_kernels.h"
 
 namespace attnprof {
 namespace {
@@ -135,20 +139,67 @@ class CpuRuntime final : public DeviceRuntime {
           for (std::int64_t d = 0; d < t.size(3); ++d) t.set(b, h, i, d, std::numeric_limits<float>::quiet_NaN());
   }
 
-  double ceiling_tflops(DType) override {
-    // 16-bit values are computed in FP32 on the CPU, so one sgemm ceiling
-    // serves every dtype: the best of a few 1024^3 products on this many threads.
-    if (auto it = ceiling_.find(threads_); it != ceiling_.end()) return it->second;
+  // The best of a few 1024^3 products on this many threads, per dtype. fp32
+  // and fp16 (which every CPU kernel computes in FP32): OpenBLAS's sgemm. bf16:
+  // the fastest of sgemm (what bf16 costs where nothing multiplies bf16),
+  // OpenBLAS's cblas_sbgemm when the library exports it, and our own bf16
+  // product on the best kernel level (AMX tiles, or AVX512-BF16 dot
+  // products: flash_bf16_kernels.h), so "% ceiling" on an AMX machine is
+  // judged against the AMX roof, not FP32's.
+  double ceiling_tflops(DType dtype) override {
+    const bool bf16 = dtype == DType::BF16;
+    const auto key = std::make_pair(threads_, bf16);
+    if (auto it = ceiling_.find(key); it != ceiling_.end()) return it->second;
     const int n = 1024;
-    std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+    double best = 0;
+    {
+      std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+      best = best_of([&] { cpu::sgemm(false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); }, n);
+    }
+    if (bf16) {
+      std::vector<std::uint16_t> a(static_cast<std::size_t>(n) * n, 0x3f00), b(a.size(), 0x3e80);  // 0.5, 0.25
+      std::vector<float> c(a.size());
+      if (cpu::has_sbgemm()) {
+        best = std::max(best, best_of([&] { cpu::sbgemm(n, n, n, a.data(), b.data(), c.data()); }, n));
+      }
+      const auto& k = cpu::flash::kernels_of(cpu::best_isa());
+      if (k.bf16_gemm) {
+        // Row blocks of 32 over the threads (each thread its own tile state).
+        const auto* bv = reinterpret_cast<const std::uint32_t*>(b.data());
+        const int blocks = n / 32;
+        best = std::max(best, best_of(
+                                  [&] {
+#pragma omp parallel for num_threads(threads_) schedule(static)
+                                    for (int blk = 0; blk < blocks; ++blk)
+                                      k.bf16_gemm(a.data() + static_cast<std::size_t>(blk) * 32 * n, bv,
+                                                  c.data() + static_cast<std::size_t>(blk) * 32 * n, 32, n, n);
+                                  },
+                                  n));
+      }
+    }
+    ceiling_[key] = best;
+    return best;
+  }
+
+  // What the bf16 ceiling is measured with, for the description.
+  static std::string bf16_ceiling_source() {
+    const auto& k = cpu::flash::kernels_of(cpu::best_isa());
+    std::string s = "bf16 ceiling: the best of OpenBLAS sgemm";
+    s += cpu::has_sbgemm() ? ", cblas_sbgemm" : " (this OpenBLAS exports no cblas_sbgemm)";
+    if (k.bf16_gemm) s += std::string(", our ") + std::string(cpu::isa_name(k.isa)) + " bf16 product";
+    return s;
+  }
+
+  // TFLOP/s of the best of three timed runs of `product` (one n^3 GEMM) after one untimed.
+  template <class F>
+  static double best_of(F&& product, int n) {
     double best = 0;
     for (int rep = 0; rep < 4; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
-      cpu::sgemm(false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      product();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (rep > 0) best = std::max(best, 2.0 * n * n * n / s / 1e12);
+      if (rep > 0 && s > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s / 1e12);
     }
-    ceiling_[threads_] = best;
     return best;
   }
 
@@ -221,14 +272,18 @@ class CpuRuntime final : public DeviceRuntime {
 
   std::string description() const override {
     std::string cfg = cpu::blas_config();
-    return cpu_model() + ", " + std::to_string(threads_) + " threads, " + cfg;
+    const cpu::IsaChoice isa = cpu::choose_isa();
+    const std::string kernel =
+        isa.error.empty() ? "flash cpu kernel: " + isa.why : "flash cpu kernel: refused (" + isa.error + ")";
+    return cpu_model() + ", " + std::to_string(threads_) + " threads, " + cfg + ", " + kernel + ", " +
+           bf16_ceiling_source();
   }
 
  private:
   int threads_ = 1;
-  mutable int warm_threads_ = 0;  // threads whose buffers warm_up() has mapped
-  std::map<int, double> ceiling_;
-  std::map<int, double> copy_;  // GB/s, by thread count
+  mutable int warm_threads_ = 0;                    // threads whose buffers warm_up() has mapped
+  std::map<std::pair<int, bool>, double> ceiling_;  // TFLOP/s by (threads, bf16)
+  std::map<int, double> copy_;                      // GB/s, by thread count
 };
 
 }  // namespace

@@ -1,0 +1,469 @@
+// The CPU flash forward on bf16 products, for bf16 inputs: AVX512-BF16's
+// VDPBF16PS (bf16 pairs multiplied and summed into FP32 lanes) and, where
+// the level has AMX and head_dim is a multiple of 32, AMX-BF16 tile products
+// (TDPBF16PS) for S^T = K Q^T and O^T = V^T P^T. Compiled in the avx512bf16
+// and amx translation units only (flash_isa_table.h, ATTNPROF_ISA_BF16).
+//
+// Operands stay bf16, as the inputs are: no widening before the products.
+// The softmax is FP32 (flash_microkernels.h's online_softmax on S^T); P is
+// rounded to bf16 for P V, as the GPU kernels do. Layouts:
+//  - Q^T in pairs, qt2[p][i] = (Q[i][2p], Q[i][2p+1]) (the low 16 bits the
+//    even element), packed once per query block, unscaled (the scale is
+//    applied to the FP32 scores, so Q is not rounded twice);
+//  - K, bf16 rows [keys][D], and V, in pairs of keys (VNNI order) for
+//    VDPBF16PS or transposed, V^T [D][keys], for AMX: repacked once per
+//    (sequence, kv head) per thread into the thread's scratch, tagged in its
+//    header, so every query block of the head (and of its grouped-query
+//    group) reads them packed;
+//  - P^T in pairs of keys, pp[t][i] = (P^T[2t][i], P^T[2t+1][i]).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/flash_forward_kernels.h"
+
+#if !defined(ATTNPROF_FLASH_EMULATE)
+#include <immintrin.h>
+#if !defined(__AVX512BF16__)
+#error "flash_bf16_kernels.h needs -mavx512bf16"
+#endif
+#endif
+// ATTNPROF_FLASH_EMULATE_AMX: the tests' stand-ins (tests/cpu/avx512_emulation.h).
+#if (defined(__AMX_TILE__) && defined(__AMX_BF16__)) || defined(ATTNPROF_FLASH_EMULATE_AMX)
+#define ATTNPROF_FLASH_AMX 1
+#endif
+
+namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
+
+inline __m512bh as_bh(__m512i v) {
+  __m512bh r;
+  std::memcpy(&r, &v, sizeof r);
+  return r;
+}
+
+inline __m256i bits_of(__m256bh h) {
+  __m256i r;
+  std::memcpy(&r, &h, sizeof r);
+  return r;
+}
+
+// Sixteen FP32 lanes of a and b rounded to bf16 (to nearest even) and
+// paired, a in the low half of each 32-bit lane.
+inline __m512i pair_bf16(__m512 a, __m512 b) {
+  const __m512i lo = _mm512_cvtepu16_epi32(bits_of(_mm512_cvtneps_pbh(a)));
+  const __m512i hi = _mm512_cvtepu16_epi32(bits_of(_mm512_cvtneps_pbh(b)));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+// The bf16 path takes bf16 inputs with an even head_dim (pairs).
+inline bool bf16_path(const Problem& p) { return p.dtype == DType::BF16 && p.head_dim % 2 == 0; }
+#if ATTNPROF_FLASH_AMX
+inline bool amx_path(const Problem& p) { return bf16_path(p) && p.head_dim % 32 == 0; }
+#else
+inline bool amx_path(const Problem&) { return false; }
+#endif
+
+// Keys the per-head caches hold room for: the longest sequence's, rounded up
+// to pairs of tiles, plus one tile pair of zeros that a block starting at an
+// odd key may read past the last one.
+inline std::int64_t cache_keys(const Problem& p) { return round_up(p.kv_seq, 32) + 32; }
+
+struct Bf16Layout {
+  std::int64_t kc = 0, vc = 0, qt2 = 0, s = 0, pp = 0, o = 0, m = 0, l = 0, alpha = 0, total = 0;
+};
+
+// In floats; the bf16 regions take half a float per element.
+inline Bf16Layout bf16_layout_for(const Problem& p) {
+  const std::int64_t D = p.head_dim, dpad = dpad_of(D), keys = cache_keys(p);
+  Bf16Layout L;
+  ScratchLayout scratch;
+  const auto take = [&scratch](std::int64_t floats) { return scratch.take(floats); };
+  take(kScratchHeaderFloats);
+  L.kc = take(keys * D / 2);
+  L.vc = take(keys * dpad / 2);  // V pairs [keys / 2][dpad] or V^T [D][keys], uint16 each
+  L.qt2 = take(D / 2 * kBlockQ);
+  L.s = take(kBlockK * kBlockQ);
+  L.pp = take(kBlockK / 2 * kBlockQ);
+  L.o = take(kBlockQ * dpad);  // O [kBlockQ][dpad], or O^T [D][kBlockQ] for AMX
+  L.m = take(kBlockQ);
+  L.l = take(kBlockQ);
+  L.alpha = take(kBlockQ);
+  L.total = scratch.total;
+  return L;
+}
+
+inline std::int64_t forward_scratch_bf16(const Problem& p) { return bf16_layout_for(p).total; }
+
+// K and V of (sequence b, kv head hk) repacked into the thread's caches,
+// unless they already hold them (the header's tag).
+inline void fill_caches(const ForwardJob& job, std::int64_t b, std::int64_t hk, float* scratch, const Bf16Layout& L) {
+  std::int64_t tag[2];
+  std::memcpy(tag, scratch, sizeof tag);
+  if (tag[0] == b && tag[1] == hk) return;
+  const Problem& p = job.p;
+  const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
+  const std::int64_t D = p.head_dim, dpad = dpad_of(D), keys = cache_keys(p);
+  const bool amx = amx_path(p);
+  auto* kc = reinterpret_cast<std::uint16_t*>(scratch + L.kc);
+  auto* vc = reinterpret_cast<std::uint16_t*>(scratch + L.vc);
+  float* row = scratch + L.s;  // a row buffer until the items use it
+  std::fill(kc, kc + keys * D, std::uint16_t{0});
+  std::fill(vc, vc + keys * dpad, std::uint16_t{0});
+  for (std::int64_t j = 0; j < s.kv_seq; ++j) {
+    load_kv_row(job, job.in.k, job.in.k_pages, s, hk, j, row);
+    for (std::int64_t d = 0; d < D; ++d) kc[j * D + d] = float_to_bf16(row[d]);
+    load_kv_row(job, job.in.v, job.in.v_pages, s, hk, j, row);
+    if (amx) {
+      for (std::int64_t d = 0; d < D; ++d) vc[d * keys + j] = float_to_bf16(row[d]);  // V^T
+    } else {
+      for (std::int64_t d = 0; d < D; ++d) vc[(j / 2 * dpad + d) * 2 + j % 2] = float_to_bf16(row[d]);  // pairs
+    }
+  }
+  tag[0] = b;
+  tag[1] = hk;
+  std::memcpy(scratch, tag, sizeof tag);
+}
+
+// Query rows i0..i0+nq as pairs, qt2[p][i]; zero columns up to qcols.
+inline void pack_q_pairs(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                         std::int64_t qcols, std::uint32_t* qt2, float* row) {
+  const std::int64_t D = job.p.head_dim;
+  for (std::int64_t i = 0; i < nq; ++i) {
+    widen_row(job.in.q, s.tb, h, s.q0 + i0 + i, D, row);
+    for (std::int64_t p = 0; p < D / 2; ++p)
+      qt2[p * kBlockQ + i] = float_to_bf16(row[2 * p]) | (std::uint32_t{float_to_bf16(row[2 * p + 1])} << 16);
+  }
+  for (std::int64_t p = 0; p < D / 2; ++p) std::fill(qt2 + p * kBlockQ + nq, qt2 + p * kBlockQ + qcols, 0u);
+}
+
+// P^T rows j < n paired into pp[t][i] for t < pairs (rows past n are zero).
+inline void pack_p_pairs(const float* st, std::int64_t n, std::int64_t pairs, std::int64_t qcols, std::uint32_t* pp) {
+  const __m512 zero = _mm512_setzero_ps();
+  for (std::int64_t t = 0; t < pairs; ++t) {
+    const std::int64_t j = 2 * t;
+    for (std::int64_t c = 0; c < qcols; c += 16) {
+      const __m512 a = j < n ? _mm512_loadu_ps(st + j * kBlockQ + c) : zero;
+      const __m512 b = j + 1 < n ? _mm512_loadu_ps(st + (j + 1) * kBlockQ + c) : zero;
+      _mm512_storeu_si512(pp + t * kBlockQ + c, pair_bf16(a, b));
+    }
+  }
+}
+
+// ---- VDPBF16PS: S^T = K Qt and O += P V, register tiles as the FP32 ones ----
+
+// st[r][0..32) = scale * sum_p K[r] pair p . qt2[p][0..32) for r < MR.
+template <int MR>
+inline void qk_tile_bf16(const std::uint16_t* k, std::int64_t ldk, const std::uint32_t* qt2, std::int64_t pairs,
+                         float scale, float* st) {
+  __m512 acc[MR][2];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < pairs; ++p) {
+    const __m512bh q0 = as_bh(_mm512_loadu_si512(qt2 + p * kBlockQ));
+    const __m512bh q1 = as_bh(_mm512_loadu_si512(qt2 + p * kBlockQ + 16));
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      std::int32_t pair;
+      std::memcpy(&pair, k + r * ldk + 2 * p, sizeof pair);
+      const __m512bh kr = as_bh(_mm512_set1_epi32(pair));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], kr, q0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], kr, q1);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r) {
+    _mm512_storeu_ps(st + r * kBlockQ, _mm512_mul_ps(acc[r][0], sc));
+    _mm512_storeu_ps(st + r * kBlockQ + 16, _mm512_mul_ps(acc[r][1], sc));
+  }
+}
+
+inline void qk_block_bf16(const std::uint16_t* k, std::int64_t ldk, std::int64_t n, const std::uint32_t* qt2,
+                          std::int64_t qcols, std::int64_t pairs, float scale, float* st) {
+  std::int64_t j = 0;
+  for (; j + kTileRows <= n; j += kTileRows)
+    for (std::int64_t c = 0; c < qcols; c += 32)
+      qk_tile_bf16<kTileRows>(k + j * ldk, ldk, qt2 + c, pairs, scale, st + j * kBlockQ + c);
+  if (j == n) return;
+  with_tail_rows(n - j, [&](auto mr) {
+    for (std::int64_t c = 0; c < qcols; c += 32)
+      qk_tile_bf16<decltype(mr)::value>(k + j * ldk, ldk, qt2 + c, pairs, scale, st + j * kBlockQ + c);
+  });
+}
+
+// o[r][0..16 NV) = alpha[r] o[r] + sum_t pp[t][r] . vp[t][0..16 NV) for r < MR.
+template <int MR, int NV>
+inline void pv_tile_bf16(const std::uint32_t* pp, const std::uint32_t* vp, std::int64_t ldv, std::int64_t pairs,
+                         const float* alpha, float* o, std::int64_t ldo) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 2
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_mul_ps(a, _mm512_loadu_ps(o + r * ldo + 16 * c));
+  }
+  for (std::int64_t t = 0; t < pairs; ++t) {
+    __m512bh vt[NV];
+#pragma GCC unroll 2
+    for (int c = 0; c < NV; ++c) vt[c] = as_bh(_mm512_loadu_si512(vp + t * ldv + 16 * c));
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh pr = as_bh(_mm512_set1_epi32(static_cast<std::int32_t>(pp[t * kBlockQ + r])));
+#pragma GCC unroll 2
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pr, vt[c]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * ldo + 16 * c, acc[r][c]);
+}
+
+template <int NV>
+inline void pv_strip_bf16(const std::uint32_t* pp, const std::uint32_t* vp, std::int64_t ldv, std::int64_t pairs,
+                          std::int64_t rows, const float* alpha, float* o, std::int64_t ldo) {
+  std::int64_t i = 0;
+  for (; i + kTileRows <= rows; i += kTileRows)
+    pv_tile_bf16<kTileRows, NV>(pp + i, vp, ldv, pairs, alpha + i, o + i * ldo, ldo);
+  if (i == rows) return;
+  with_tail_rows(rows - i, [&](auto mr) {
+    pv_tile_bf16<decltype(mr)::value, NV>(pp + i, vp, ldv, pairs, alpha + i, o + i * ldo, ldo);
+  });
+}
+
+inline void pv_block_bf16(const std::uint32_t* pp, const std::uint32_t* vp, std::int64_t ldv, std::int64_t pairs,
+                          std::int64_t rows, std::int64_t dpad, const float* alpha, float* o, std::int64_t ldo) {
+  std::int64_t c = 0;
+  for (; c + 32 <= dpad; c += 32) pv_strip_bf16<2>(pp, vp + c, ldv, pairs, rows, alpha, o + c, ldo);
+  if (c < dpad) pv_strip_bf16<1>(pp, vp + c, ldv, pairs, rows, alpha, o + c, ldo);
+}
+
+// ---- AMX: 16 x 16 FP32 tiles, all eight 16 rows of 64 bytes ----------------
+
+#if ATTNPROF_FLASH_AMX
+
+// ldtilecfg's 64 bytes: palette 1, then per tile its bytes per row and rows.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+constexpr TileConfig tile_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  return cfg;
+}
+
+// GCC 12's tile loads and ldtilecfg are asm statements that declare no (or
+// only 8 bytes of) memory read: without a barrier the compiler may leave the
+// stores that fill a tile's source (or the configuration) until after them.
+inline void compiler_barrier() {
+#if !defined(ATTNPROF_FLASH_EMULATE)
+  __asm__ volatile("" ::: "memory");
+#endif
+}
+
+// Every tile 16 rows of 64 bytes: A (16 x 32 bf16), B (16 pairs x 16 columns)
+// and C (16 x 16 FP32) alike. Tile state is per thread: each item loads it.
+// The configuration is a constant, so no store of it can be left out.
+inline void load_tile_config() {
+  alignas(64) static constexpr TileConfig cfg = tile_config();
+  compiler_barrier();
+  _tile_loadconfig(&cfg);
+}
+
+// C[2 x 2 tiles] = A (2 row tiles at a, a + 16 lda) B (2 column tiles at b, b + 16), depth/32 steps;
+// A rows lda bytes apart, B rows ldb bytes apart, C rows ldc bytes apart. kLoadC: start from C.
+template <int kRowTiles, bool kLoadC>
+inline void amx_block(const void* a, std::int64_t lda, std::int64_t a_step, const void* b, std::int64_t ldb,
+                      std::int64_t b_step, std::int64_t steps, float* c, std::int64_t ldc) {
+  const auto* ab = static_cast<const char*>(a);
+  const auto* bb = static_cast<const char*>(b);
+  char* cb = reinterpret_cast<char*>(c);
+  compiler_barrier();  // every store to A, B and C before the tile loads read them
+  if constexpr (kLoadC) {
+    _tile_loadd(0, cb, ldc);
+    _tile_loadd(1, cb + 64, ldc);
+    if constexpr (kRowTiles == 2) {
+      _tile_loadd(2, cb + 16 * ldc, ldc);
+      _tile_loadd(3, cb + 16 * ldc + 64, ldc);
+    }
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (kRowTiles == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  }
+  for (std::int64_t t = 0; t < steps; ++t) {
+    _tile_loadd(4, ab + t * a_step, lda);
+    _tile_loadd(6, bb + t * b_step, ldb);
+    _tile_loadd(7, bb + t * b_step + 64, ldb);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kRowTiles == 2) {
+      _tile_loadd(5, ab + 16 * lda + t * a_step, lda);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, cb, ldc);
+  _tile_stored(1, cb + 64, ldc);
+  if constexpr (kRowTiles == 2) {
+    _tile_stored(2, cb + 16 * ldc, ldc);
+    _tile_stored(3, cb + 16 * ldc + 64, ldc);
+  }
+}
+
+#endif
+
+// One work item on bf16 products (see the top of this file).
+inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
+  const Problem& p = job.p;
+  const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
+  if (i0 >= s.seq) return;
+  const Bf16Layout L = bf16_layout_for(p);
+  const std::int64_t D = p.head_dim, dpad = dpad_of(D);
+  [[maybe_unused]] const std::int64_t keys_cached = cache_keys(p);
+  const std::int64_t hk = h / p.group();
+  const std::int64_t nq = std::min(kBlockQ, s.seq - i0);
+  const std::int64_t qcols = round_up(nq, 32);
+  const bool amx = amx_path(p);
+  auto* qt2 = reinterpret_cast<std::uint32_t*>(scratch + L.qt2);
+  auto* pp = reinterpret_cast<std::uint32_t*>(scratch + L.pp);
+  const auto* kc = reinterpret_cast<const std::uint16_t*>(scratch + L.kc);
+  const auto* vc = reinterpret_cast<const std::uint16_t*>(scratch + L.vc);
+  float* st = scratch + L.s;
+  float* o = scratch + L.o;
+  float* m = scratch + L.m;
+  float* l = scratch + L.l;
+  float* alpha = scratch + L.alpha;
+
+  std::fill(o, o + kBlockQ * dpad, 0.0f);
+  std::fill(m, m + kBlockQ, kNegInf);
+  std::fill(l, l + kBlockQ, 0.0f);
+
+  KeyRange keys = visible_keys(s, i0, nq);
+  keys.begin &= ~std::int64_t{1};  // blocks start on a pair of keys (the extra key is masked as outside the band)
+  if (keys.begin < keys.end) {
+    fill_caches(job, b, hk, scratch, L);
+    pack_q_pairs(job, s, h, i0, nq, qcols, qt2, st);
+  }
+#if ATTNPROF_FLASH_AMX
+  if (amx && keys.begin < keys.end) load_tile_config();
+#endif
+  for (std::int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
+    const std::int64_t n = std::min(kBlockK, keys.end - j0);
+    const std::uint16_t* k_rows = kc + j0 * D;
+    if (amx) {
+#if ATTNPROF_FLASH_AMX
+      // S^T tiles: A = 16 K rows by 32 dims, B = 16 pairs of Qt by 16 queries.
+      const std::int64_t key_tiles = (n + 15) / 16;
+      for (std::int64_t c = 0; c < qcols; c += 32) {
+        std::int64_t kt = 0;
+        for (; kt + 2 <= key_tiles; kt += 2)
+          amx_block<2, false>(k_rows + kt * 16 * D, D * 2, 64, qt2 + c, kBlockQ * 4, 16 * kBlockQ * 4, D / 32,
+                              st + kt * 16 * kBlockQ + c, kBlockQ * 4);
+        if (kt < key_tiles)
+          amx_block<1, false>(k_rows + kt * 16 * D, D * 2, 64, qt2 + c, kBlockQ * 4, 16 * kBlockQ * 4, D / 32,
+                              st + kt * 16 * kBlockQ + c, kBlockQ * 4);
+      }
+      const __m512 sc = _mm512_set1_ps(job.q_scale);
+      for (std::int64_t j = 0; j < n; ++j)
+        for (std::int64_t c = 0; c < qcols; c += 16)
+          _mm512_storeu_ps(st + j * kBlockQ + c, _mm512_mul_ps(_mm512_loadu_ps(st + j * kBlockQ + c), sc));
+#endif
+    } else {
+      qk_block_bf16(k_rows, D, n, qt2, qcols, D / 2, job.q_scale, st);
+    }
+    mask_block(job, s, h, i0, nq, qcols, j0, n, st);
+    online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
+
+    if (amx) {
+#if ATTNPROF_FLASH_AMX
+      // O^T = diag(alpha) O^T + V^T P^T: A = 16 rows of V^T by 32 keys, B = 16 key pairs of P^T by 16 queries.
+      const std::int64_t pairs = round_up(n, 32) / 2;
+      pack_p_pairs(st, n, pairs, qcols, pp);
+      for (std::int64_t d = 0; d < D; ++d)
+        for (std::int64_t c = 0; c < qcols; c += 16)
+          _mm512_storeu_ps(o + d * kBlockQ + c,
+                           _mm512_mul_ps(_mm512_loadu_ps(o + d * kBlockQ + c), _mm512_loadu_ps(alpha + c)));
+      for (std::int64_t d = 0; d < D; d += 32)
+        for (std::int64_t c = 0; c < qcols; c += 32)
+          amx_block<2, true>(vc + d * keys_cached + j0, keys_cached * 2, 64, pp + c, kBlockQ * 4, 16 * kBlockQ * 4,
+                             pairs / 16, o + d * kBlockQ + c, kBlockQ * 4);
+#endif
+    } else {
+      const std::int64_t pairs = (n + 1) / 2;
+      pack_p_pairs(st, n, pairs, qcols, pp);
+      const auto* vp = reinterpret_cast<const std::uint32_t*>(vc) + j0 / 2 * dpad;
+      pv_block_bf16(pp, vp, dpad, pairs, nq, dpad, alpha, o, dpad);
+    }
+  }
+#if ATTNPROF_FLASH_AMX
+  if (amx && keys.begin < keys.end) _tile_release();
+#endif
+  if (amx) {
+    store_rows(job, s, h, i0, nq, o, 1, kBlockQ, m, l);
+  } else {
+    store_rows(job, s, h, i0, nq, o, dpad, 1, m, l);
+  }
+}
+
+inline const char* forward_products_bf16(const Problem& p) {
+  if (amx_path(p))
+    return "bf16 AMX tile products (TDPBF16PS) for Q K^T and P V, FP32 softmax, P rounded to bf16 for P V";
+#if ATTNPROF_FLASH_AMX
+  return "bf16 dot products (VDPBF16PS) on 16 lanes for Q K^T and P V (AMX tiles take head_dim a multiple of 32), "
+         "FP32 softmax, P rounded to bf16 for P V";
+#else
+  return "bf16 dot products (VDPBF16PS) on 16 lanes for Q K^T and P V, FP32 softmax, P rounded to bf16 for P V";
+#endif
+}
+
+// The bf16 ceiling's product (flash_kernels.h's Kernels::bf16_gemm): AMX tiles
+// where the level has them, else VDPBF16PS register tiles. m, n and k
+// multiples of 32.
+inline void bf16_gemm(const std::uint16_t* a, const std::uint32_t* b, float* c, std::int64_t m, std::int64_t n,
+                      std::int64_t k) {
+#if ATTNPROF_FLASH_AMX
+  load_tile_config();
+  for (std::int64_t j = 0; j < n; j += 32)
+    for (std::int64_t i = 0; i < m; i += 32)
+      amx_block<2, false>(a + i * k, k * 2, 64, b + j, n * 4, 16 * n * 4, k / 32, c + i * n + j, n * 4);
+  _tile_release();
+#else
+  for (std::int64_t j = 0; j < n; j += 32)
+    for (std::int64_t i = 0; i < m; i += 8) {
+      __m512 acc[8][2];
+      for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
+      for (std::int64_t p = 0; p < k / 2; ++p) {
+        const __m512bh b0 = as_bh(_mm512_loadu_si512(b + p * n + j));
+        const __m512bh b1 = as_bh(_mm512_loadu_si512(b + p * n + j + 16));
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+          std::int32_t pair;
+          std::memcpy(&pair, a + (i + r) * k + 2 * p, sizeof pair);
+          const __m512bh ar = as_bh(_mm512_set1_epi32(pair));
+          acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, b0);
+          acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, b1);
+        }
+      }
+      for (int r = 0; r < 8; ++r) {
+        _mm512_storeu_ps(c + (i + r) * n + j, acc[r][0]);
+        _mm512_storeu_ps(c + (i + r) * n + j + 16, acc[r][1]);
+      }
+    }
+#endif
+}
+
+}  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS

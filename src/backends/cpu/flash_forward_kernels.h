@@ -1,0 +1,244 @@
+// The CPU flash forward's work item (see flash.cpp for the algorithm and the
+// driver), written once over flash_simd.h's vectors and compiled per
+// instruction-set level inside ATTNPROF_ISA_NS (src/backends/cpu/isa/).
+// Everything here computes in FP32: 16-bit rows are widened as they are read.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numbers>
+
+#include "backends/cpu/flash_kernels.h"
+#include "backends/cpu/flash_microkernels.h"
+
+namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
+
+// 128 keys: a block's S^T (128 x 64 floats, 32 KiB) and the K and V rows it
+// reads stay in the 512 KiB L2 next to the accumulator, while the per-block
+// softmax bookkeeping is amortised over twice as many keys as with 64.
+constexpr std::int64_t kBlockK = 128;
+
+inline std::int64_t dpad_of(std::int64_t head_dim) { return round_up(head_dim, kLanes); }
+
+// Per-thread scratch, in floats; every region starts on a 64-byte boundary.
+struct Layout {
+  std::int64_t qt = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, alpha = 0, total = 0;
+};
+
+inline Layout layout_for(std::int64_t head_dim) {
+  const std::int64_t dpad = dpad_of(head_dim);
+  Layout L;
+  ScratchLayout scratch;
+  const auto take = [&scratch](std::int64_t floats) { return scratch.take(floats); };
+  take(kScratchHeaderFloats);
+  L.qt = take(head_dim * kBlockQ);
+  L.k = take(kBlockK * head_dim);
+  L.v = take(kBlockK * dpad);
+  L.s = take(kBlockK * kBlockQ);
+  L.o = take(kBlockQ * dpad);
+  L.m = take(kBlockQ);
+  L.l = take(kBlockQ);
+  L.alpha = take(kBlockQ);
+  L.total = scratch.total;
+  return L;
+}
+
+// Row i of t[b, h] (n elements) widened to FP32; vector loads when unit-stride.
+inline void widen_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst) {
+  const std::int64_t base = t.index(b, h, i, 0);
+  const std::int64_t inc = t.stride(3);
+  const void* data = t.data();
+  if (inc != 1 && n > 1) {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c * inc);
+    return;
+  }
+  std::int64_t c = 0;
+  switch (t.dtype()) {
+    case DType::F32:
+      std::memcpy(dst, static_cast<const float*>(data) + base, static_cast<std::size_t>(n) * 4);
+      return;
+    case DType::F16: {
+      const auto* src = static_cast<const std::uint16_t*>(data) + base;
+      for (; c + kLanes <= n; c += kLanes) store(dst + c, load_f16(src + c));
+      break;
+    }
+    case DType::BF16: {
+      const auto* src = static_cast<const std::uint16_t*>(data) + base;
+      for (; c + kLanes <= n; c += kLanes) store(dst + c, load_bf16(src + c));
+      break;
+    }
+    case DType::Bool:
+    case DType::I32:
+      break;
+  }
+  for (; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c);
+}
+
+// Soft-capping on a block of S^T (n key rows by qcols query columns, row
+// length kBlockQ), applied after the scale and before the mask: with the
+// logits base 2, s2 = log2(e) s, the cap c becomes cap2 = log2(e) c and
+// s2 <- cap2 tanh(s2 / cap2). qcols is a multiple of kLanes. Callers branch
+// on cap2 > 0 once per block, so an uncapped run never comes here.
+inline void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st) {
+  const Vf cap = splat(cap2), inv = splat(1.0f / cap2);
+  for (std::int64_t j = 0; j < n; ++j) {
+    float* row = st + j * kBlockQ;
+    for (std::int64_t c = 0; c < qcols; c += kLanes) store(row + c, mul(cap, tanh(mul(load(row + c), inv))));
+  }
+}
+
+// Key j's K or V row of sequence b, kv head hk, widened to FP32: from the
+// logical tensor, or with a paged cache from page block_table[b][j / page] at
+// row j % page (the pages are read where they lie, never gathered).
+inline void load_kv_row(const ForwardJob& job, const Tensor& logical, const Tensor& pages, const Sequence& s,
+                        std::int64_t hk, std::int64_t j, float* dst) {
+  const std::int64_t D = job.p.head_dim;
+  if (job.p.kv_cache != KvCache::Paged) {
+    widen_row(logical, s.tb, hk, s.k0 + j, D, dst);
+    return;
+  }
+  const std::int64_t b = s.tb;  // a paged cache is never packed
+  const Tensor& table = job.in.block_table;
+  const std::int64_t page = job.p.page_size;
+  const std::int64_t phys = table.data_as<const std::int32_t>()[b * table.stride(2) + (j / page) * table.stride(3)];
+  widen_row(pages, phys, hk, j % page, D, dst);
+}
+
+// Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
+// qcols are zero so padded lanes compute harmless values.
+inline void pack_q(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                   std::int64_t qcols, float* qt, float* row) {
+  const std::int64_t D = job.p.head_dim;
+  for (std::int64_t i = 0; i < nq; ++i) {
+    widen_row(job.in.q, s.tb, h, s.q0 + i0 + i, D, row);
+    for (std::int64_t d = 0; d < D; ++d) qt[d * kBlockQ + i] = row[d] * job.q_scale;
+  }
+  for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
+}
+
+// out rows = O / l, zeros where l == 0 (every key masked: never NaN); and for
+// a training forward each row's natural-log LSE, ln(l) + m ln 2 (m is the
+// base-2 running max), -inf where l == 0. O is row i at o + i * ldo_row, or
+// (transposed, the AMX kernel's O^T) column i at o + i with rows ldo_col apart.
+inline void store_rows(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                       const float* o, std::int64_t ldo_row, std::int64_t ldo_col, const float* m, const float* l) {
+  const Tensor& out = job.out;
+  const std::int64_t D = job.p.head_dim;
+  const std::int64_t inc = out.stride(3);
+  if (job.lse) {
+    float* lse = job.lse + (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
+    for (std::int64_t i = 0; i < nq; ++i)
+      lse[i] = l[i] > 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
+  }
+  for (std::int64_t i = 0; i < nq; ++i) {
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const float* src = o + i * ldo_row;
+    const std::int64_t base = out.index(s.tb, h, s.q0 + i0 + i, 0);
+    if (out.dtype() == DType::F32 && inc == 1) {
+      float* dst = out.data_as<float>() + base;
+      for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d * ldo_col] * inv;
+    } else {
+      for (std::int64_t d = 0; d < D; ++d)
+        store_from_float(out.data(), out.dtype(), base + d * inc, src[d * ldo_col] * inv);
+    }
+  }
+}
+
+// The keys any row of query rows [i0, i0 + nq) can see, [begin, end).
+struct KeyRange {
+  std::int64_t begin = 0, end = 0;
+};
+inline KeyRange visible_keys(const Sequence& s, std::int64_t i0, std::int64_t nq) {
+  const Band& band = s.band;
+  const std::int64_t last = i0 + nq - 1;
+  return {.begin = band.has_lo ? std::max<std::int64_t>(0, i0 + band.lo) : 0,
+          .end = band.has_hi ? std::min(s.kv_seq, last + band.hi + 1) : s.kv_seq};
+}
+
+// Soft cap, band and tensor masks on one block of S^T (n keys from j0).
+inline void mask_block(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                       std::int64_t qcols, std::int64_t j0, std::int64_t n, float* st) {
+  const Problem& p = job.p;
+  const Band& band = s.band;
+  if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st);
+  const std::int64_t last = i0 + nq - 1;
+  const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
+  if (straddles) mask_band(band, i0, j0, n, qcols, st);
+  if ((p.mask == MaskKind::Boolean && !job.mask_lowered) || p.mask == MaskKind::Bias)
+    mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st);
+}
+
+inline std::int64_t forward_scratch_fp32(const Problem& p) { return layout_for(p.head_dim).total; }
+
+// One work item in FP32: query rows [i0, i0 + nq) of (sequence b, head h)
+// against every visible key of the sequence; nothing past a short sequence's end.
+inline void attend_block_fp32(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
+  const Problem& p = job.p;
+  const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
+  if (i0 >= s.seq) return;
+  const Layout L = layout_for(p.head_dim);
+  const std::int64_t D = p.head_dim;
+  const std::int64_t dpad = dpad_of(D);
+  const std::int64_t hk = h / p.group();
+  const std::int64_t nq = std::min(kBlockQ, s.seq - i0);
+  const std::int64_t qcols = round_up(nq, kQkCols);
+  float* qt = scratch + L.qt;
+  float* st = scratch + L.s;
+  float* o = scratch + L.o;
+  float* m = scratch + L.m;
+  float* l = scratch + L.l;
+  float* alpha = scratch + L.alpha;
+  // FP32 unit-stride K rows are read where they lie; V too when its rows are
+  // whole vectors.
+  const bool k_in_place = job.k_unit && job.in.k.dtype() == DType::F32;
+  const bool v_in_place = job.v_unit && job.in.v.dtype() == DType::F32 && D % kLanes == 0;
+
+  std::fill(o, o + nq * dpad, 0.0f);
+  std::fill(m, m + kBlockQ, kNegInf);
+  std::fill(l, l + kBlockQ, 0.0f);
+
+  // The keys any row of this block can see; rows outside it stay all-masked.
+  const KeyRange keys = visible_keys(s, i0, nq);
+  if (keys.begin < keys.end) pack_q(job, s, h, i0, nq, qcols, qt, st);
+
+  const Tensor& K = job.in.k;
+  const Tensor& V = job.in.v;
+  for (std::int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
+    const std::int64_t n = std::min(kBlockK, keys.end - j0);
+
+    const float* k_rows = scratch + L.k;
+    std::int64_t ldk = D;
+    if (k_in_place) {
+      k_rows = K.data_as<const float>() + K.index(s.tb, hk, s.k0 + j0, 0);
+      ldk = K.stride(2);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) load_kv_row(job, K, job.in.k_pages, s, hk, j0 + j, scratch + L.k + j * D);
+    }
+    Prefetch v_next;
+    if (v_in_place)
+      v_next = {.rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0), .ld = V.stride(2), .floats = D};
+    qk_block(k_rows, ldk, n, qt, kBlockQ, qcols, D, st, kBlockQ, v_next);
+    mask_block(job, s, h, i0, nq, qcols, j0, n, st);
+
+    online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
+
+    const float* v_rows = scratch + L.v;
+    std::int64_t ldv = dpad;
+    if (v_in_place) {
+      v_rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0);
+      ldv = V.stride(2);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) {
+        float* row = scratch + L.v + j * dpad;
+        load_kv_row(job, V, job.in.v_pages, s, hk, j0 + j, row);
+        std::fill(row + D, row + dpad, 0.0f);
+      }
+    }
+    pv_block(st, kBlockQ, v_rows, ldv, n, nq, dpad, alpha, o, dpad);
+  }
+  store_rows(job, s, h, i0, nq, o, dpad, 1, m, l);
+}
+
+}  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS

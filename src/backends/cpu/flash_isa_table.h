@@ -1,0 +1,83 @@
+// The body of each kernel translation unit (src/backends/cpu/isa/flash_*.cpp):
+// the forward and backward work items over this level's vectors, and the
+// level's table (flash_kernels.h). A unit defines ATTNPROF_ISA_NS (its
+// namespace), ATTNPROF_ISA_TABLE (the table's name), ATTNPROF_ISA_LEVEL (a
+// CpuIsa) and ATTNPROF_ISA_BF16 (1: the bf16 products of
+// flash_bf16_kernels.h, where the flags allow), then includes this once.
+#pragma once
+
+#include "backends/cpu/flash_backward_kernels.h"
+#include "backends/cpu/flash_forward_kernels.h"
+// The bf16 products need the level's flags (a build without them, or off
+// x86-64, compiles this unit as plain arrays and without them).
+#if ATTNPROF_ISA_BF16 && (defined(__AVX512BF16__) || defined(ATTNPROF_FLASH_EMULATE))
+#define ATTNPROF_FLASH_BF16 1
+#include "backends/cpu/flash_bf16_kernels.h"
+#endif
+
+namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
+
+inline const char* forward_products_fp32(const Problem&) {
+#if ATTNPROF_FLASH_AVX512
+  return "FP32 FMA products on 16 lanes (AVX-512), 16-bit inputs widened";
+#elif ATTNPROF_FLASH_AVX2
+  return "FP32 FMA products on 8 lanes (AVX2), 16-bit inputs widened";
+#else
+  return "FP32 products on 8-float arrays (baseline x86-64, SSE2), 16-bit inputs widened";
+#endif
+}
+
+inline void vector_tanh(const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; i += kLanes) store(y + i, tanh(load(x + i)));
+}
+inline void vector_exp2(const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; i += kLanes) store(y + i, exp2(load(x + i)));
+}
+
+#if ATTNPROF_FLASH_BF16
+inline std::int64_t forward_scratch(const Problem& p) {
+  return bf16_path(p) ? forward_scratch_bf16(p) : forward_scratch_fp32(p);
+}
+inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
+  if (bf16_path(job.p)) {
+    attend_block_bf16(job, b, h, i0, scratch);
+  } else {
+    attend_block_fp32(job, b, h, i0, scratch);
+  }
+}
+inline const char* forward_products(const Problem& p) {
+  return bf16_path(p) ? forward_products_bf16(p) : forward_products_fp32(p);
+}
+#else
+inline std::int64_t forward_scratch(const Problem& p) { return forward_scratch_fp32(p); }
+inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
+  attend_block_fp32(job, b, h, i0, scratch);
+}
+inline const char* forward_products(const Problem& p) { return forward_products_fp32(p); }
+#endif
+
+}  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS
+
+namespace attnprof::cpu::flash {
+
+const Kernels ATTNPROF_ISA_TABLE {
+  .isa = ATTNPROF_ISA_LEVEL, .lanes = ATTNPROF_ISA_NS::kLanes,
+  .forward_scratch_floats = &ATTNPROF_ISA_NS::forward_scratch, .attend_block = &ATTNPROF_ISA_NS::attend_block,
+  .forward_products = &ATTNPROF_ISA_NS::forward_products, .backward_key_rows = &ATTNPROF_ISA_NS::key_block_rows,
+  .backward_scratch_floats = &ATTNPROF_ISA_NS::backward_scratch_floats, .key_block = &ATTNPROF_ISA_NS::key_block_fp32,
+#if ATTNPROF_FLASH_AVX512
+  .backward_products = "FP32 FMA products on 16 lanes (AVX-512)",
+#elif ATTNPROF_FLASH_AVX2
+  .backward_products = "FP32 FMA products on 8 lanes (AVX2)",
+#else
+  .backward_products = "FP32 products on 8-float arrays (baseline x86-64, SSE2)",
+#endif
+  .vector_tanh = &ATTNPROF_ISA_NS::vector_tanh, .vector_exp2 = &ATTNPROF_ISA_NS::vector_exp2,
+#if ATTNPROF_FLASH_BF16
+  .bf16_gemm = &ATTNPROF_ISA_NS::bf16_gemm,
+#else
+  .bf16_gemm = nullptr,
+#endif
+};
+
+}  // namespace attnprof::cpu::flash

@@ -1,0 +1,24 @@
+// The CPU flash's avx512bf16 kernels over stand-ins of their intrinsics, against
+// float64, forward and backward (see flash_emulated_test.h).
+#define ATTNPROF_FLASH_EMULATE 1
+
+#define ATTNPROF_ISA_NS emulated_avx512bf16
+#define ATTNPROF_ISA_TABLE kKernelsEmulatedAvx512Bf16
+#define ATTNPROF_ISA_LEVEL CpuIsa::Avx512Bf16
+#define ATTNPROF_ISA_BF16 1
+// The stand-ins first: the kernels below use them.
+// clang-format off
+#include "cpu/avx512_emulation.h"
+#include "backends/cpu/flash_isa_table.h"
+// clang-format on
+#include "cpu/flash_emulated_test.h"
+
+namespace attnprof {
+namespace {
+
+TEST(FlashEmulated, Avx512Bf16Forward) { run_emulated_forward(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16"); }
+TEST(FlashEmulated, Avx512Bf16Bf16Gemm) { run_emulated_bf16_gemm(cpu::flash::kKernelsEmulatedAvx512Bf16); }
+TEST(FlashEmulated, Avx512Bf16Backward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16"); }
+
+}  // namespace
+}  // namespace attnprof

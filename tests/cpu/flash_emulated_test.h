@@ -1,0 +1,146 @@
+// The AVX-512, AVX512-BF16 and AMX kernels of the CPU flash run here over
+// plain C++ stand-ins of their intrinsics (avx512_emulation.h), so their
+// layouts, register and tile blocking, tails and repacked caches are checked
+// against float64 on any machine (this dev box has AVX2 only; CI likewise);
+// the real instructions run in FlashIsa (flash_isa_test.cpp) where the CPU
+// has them. Each including test unit first compiles one level's kernels
+// (flash_isa_table.h) with ATTNPROF_FLASH_EMULATE, then defines
+// ATTNPROF_EMULATED_SUITE and includes this.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attnprof/backend.h"
+#include "attnprof/reference.h"
+#include "backends/cpu/cpu_backends.h"
+#include "backends/cpu/flash_kernels.h"
+#include "common/test_problem.h"
+
+namespace attnprof {
+namespace {
+
+struct EmulatedCase {
+  const char* name;
+  testing::Shape shape;
+  DType dtype;
+  MaskKind mask;
+};
+
+const std::vector<EmulatedCase>& emulated_cases() {
+  static const std::vector<EmulatedCase> c = {
+      {"none_fp32", {.batch = 1, .heads = 2, .seq = 130, .kv_seq = 200, .head_dim = 64}, DType::F32, MaskKind::None},
+      {"causal_hdim40_fp32", {.heads = 2, .seq = 150, .head_dim = 40}, DType::F32, MaskKind::Causal},
+      {"window_fp32", {.heads = 1, .seq = 200, .head_dim = 128, .window = 70}, DType::F32, MaskKind::SlidingWindow},
+      {"causal_bf16", {.heads = 2, .seq = 200, .head_dim = 64}, DType::BF16, MaskKind::Causal},
+      {"none_hdim128_bf16", {.heads = 1, .seq = 100, .kv_seq = 290, .head_dim = 128}, DType::BF16, MaskKind::None},
+      {"gqa_window_bf16",
+       {.heads = 4, .kv_heads = 2, .seq = 150, .head_dim = 64, .window = 51},
+       DType::BF16,
+       MaskKind::SlidingWindow},
+      {"bottom_right_hdim32_bf16",
+       {.heads = 2, .seq = 70, .kv_seq = 199, .head_dim = 32},
+       DType::BF16,
+       MaskKind::CausalBottomRight},
+      {"hdim_odd_pairs_bf16", {.heads = 1, .seq = 40, .kv_seq = 77, .head_dim = 40}, DType::BF16, MaskKind::Causal},
+      {"hdim5_bf16", {.heads = 1, .seq = 33, .kv_seq = 47, .head_dim = 5}, DType::BF16, MaskKind::Causal},
+  };
+  return c;
+}
+
+void expect_emulated_accurate(const Problem& p, const ErrorStats& e, const std::string& what) {
+  EXPECT_EQ(e.nan_rows, 0) << what;
+  EXPECT_GT(e.rows_checked, 0) << what;
+  if (p.dtype == DType::F32) {
+    EXPECT_LT(e.rel, 1e-5) << what << ": rel " << e.rel;
+  } else {
+    const Acceptance a = accept(p.dtype, e, std::nullopt, false);
+    EXPECT_TRUE(a.pass) << what << ": " << a.why;
+  }
+}
+
+// The emulated table in the drivers' place for one test.
+struct UseKernels {
+  explicit UseKernels(const cpu::flash::Kernels& k) { cpu::flash::set_kernels_for_testing(&k); }
+  ~UseKernels() { cpu::flash::set_kernels_for_testing(nullptr); }
+  UseKernels(const UseKernels&) = delete;
+  UseKernels& operator=(const UseKernels&) = delete;
+};
+
+void run_emulated_forward(const cpu::flash::Kernels& k, const std::string& level) {
+  const UseKernels use(k);
+  auto flash = cpu::make_flash();
+  for (const EmulatedCase& c : emulated_cases()) {
+    Problem p = testing::to_problem(c.shape, c.dtype, c.mask);
+    p.validate();
+    ASSERT_TRUE(flash->eligibility(p).eligible) << c.name;
+    const Inputs in = make_inputs(p, 21, cpu_allocator());
+    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    flash->forward(p, in, out, ctx);
+    expect_emulated_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
+                             level + " (emulated) " + c.name + ": " + k.forward_products(p));
+  }
+}
+
+void run_emulated_backward(const cpu::flash::Kernels& k, const std::string& level) {
+  const UseKernels use(k);
+  auto flash = cpu::make_flash();
+  for (const EmulatedCase& c : emulated_cases()) {
+    Problem p = testing::to_problem(c.shape, c.dtype, c.mask);
+    p.pass = Pass::Backward;
+    p.validate();
+    Inputs in = make_inputs(p, 9, cpu_allocator());
+    const Tensor dout = make_dout(p, 9, cpu_allocator());
+    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
+    Saved saved;
+    Gradients g{testing::nan_tensor(p, p.heads, p.seq), testing::nan_tensor(p, p.kv_heads, p.kv_seq),
+                testing::nan_tensor(p, p.kv_heads, p.kv_seq)};
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    flash->forward_train(p, in, out, saved, ctx);
+    flash->backward(p, in, out, dout, saved, g, ctx);
+    const GradientErrors e =
+        check_gradients_against_reference(p, in, dout, g, sample_rows(p, 1 << 20), sample_kv_rows(p, 1 << 20));
+    const std::string what = level + " (emulated) " + c.name;
+    expect_emulated_accurate(p, e.dq, what + " dQ");
+    expect_emulated_accurate(p, e.dk, what + " dK");
+    expect_emulated_accurate(p, e.dv, what + " dV");
+  }
+}
+
+// The bf16 ceiling's product (Kernels::bf16_gemm) against float64 on the
+// same bf16 values.
+void run_emulated_bf16_gemm(const cpu::flash::Kernels& k) {
+  ASSERT_NE(k.bf16_gemm, nullptr);
+  const std::int64_t m = 64, n = 64, depth = 96;
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * depth));
+  std::vector<std::uint16_t> b(static_cast<std::size_t>(depth * n));
+  std::uint32_t state = 777;
+  const auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return float_to_bf16(static_cast<float>(state >> 8) / static_cast<float>(1u << 24) * 2.0f - 1.0f);
+  };
+  for (auto& x : a) x = next();
+  for (auto& x : b) x = next();
+  std::vector<std::uint32_t> b_vnni(static_cast<std::size_t>(depth / 2 * n));
+  for (std::int64_t p = 0; p < depth / 2; ++p)
+    for (std::int64_t c = 0; c < n; ++c)
+      b_vnni[static_cast<std::size_t>(p * n + c)] =
+          b[static_cast<std::size_t>(2 * p * n + c)] |
+          (std::uint32_t{b[static_cast<std::size_t>((2 * p + 1) * n + c)]} << 16);
+  std::vector<float> c(static_cast<std::size_t>(m * n), -1.0f);
+  k.bf16_gemm(a.data(), b_vnni.data(), c.data(), m, n, depth);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (std::int64_t d = 0; d < depth; ++d)
+        want += static_cast<double>(bf16_to_float(a[static_cast<std::size_t>(i * depth + d)])) *
+                bf16_to_float(b[static_cast<std::size_t>(d * n + j)]);
+      ASSERT_NEAR(c[static_cast<std::size_t>(i * n + j)], want, 1e-4) << i << ", " << j;
+    }
+}
+
+}  // namespace
+}  // namespace attnprof

@@ -1,0 +1,290 @@
+// The CPU flash kernels at every instruction-set level (cpu_isa.h), each
+// forced with ATTNPROF_CPU_ISA and checked against the float64 reference on
+// fresh random inputs with poisoned outputs: forward and backward, fp32 and
+// bf16, causal, sliding window, grouped-query heads, odd head dims. A level
+// this CPU cannot run is skipped with what it lacks (visible in the test
+// output and CTest's summary), and forcing it must be refused in one line
+// (the library, the backend's eligibility and the command), never by SIGILL.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnprof/backend.h"
+#include "attnprof/error.h"
+#include "attnprof/reference.h"
+#include "backends/cpu/cpu_backends.h"
+#include "backends/cpu/cpu_isa.h"
+#include "backends/cpu/flash_kernels.h"
+#include "common/test_problem.h"
+
+#ifndef ATTNPROF_CLI_PATH
+#error "ATTNPROF_CLI_PATH must name the attnprof executable"
+#endif
+
+namespace attnprof {
+namespace {
+
+using cpu::CpuIsa;
+using testing::Shape;
+
+// Sets ATTNPROF_CPU_ISA for one scope, restoring what was there.
+class ForceIsa {
+ public:
+  explicit ForceIsa(const std::string& value) {
+    if (const char* old = std::getenv("ATTNPROF_CPU_ISA")) old_ = old;
+    ::setenv("ATTNPROF_CPU_ISA", value.c_str(), 1);
+  }
+  ~ForceIsa() {
+    if (old_) {
+      ::setenv("ATTNPROF_CPU_ISA", old_->c_str(), 1);
+    } else {
+      ::unsetenv("ATTNPROF_CPU_ISA");
+    }
+  }
+  ForceIsa(const ForceIsa&) = delete;
+  ForceIsa& operator=(const ForceIsa&) = delete;
+
+ private:
+  std::optional<std::string> old_;
+};
+
+struct Case {
+  const char* name;
+  Shape shape;
+  DType dtype;
+  MaskKind mask;
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {"none_fp32", {.batch = 2, .heads = 2, .seq = 130, .kv_seq = 200, .head_dim = 64}, DType::F32, MaskKind::None},
+      {"causal_fp32", {.heads = 3, .seq = 150, .head_dim = 32}, DType::F32, MaskKind::Causal},
+      {"window_fp32", {.heads = 2, .seq = 300, .head_dim = 128, .window = 70}, DType::F32, MaskKind::SlidingWindow},
+      {"gqa_causal_fp32", {.heads = 8, .kv_heads = 2, .seq = 140, .head_dim = 64}, DType::F32, MaskKind::Causal},
+      {"hdim_odd_fp32", {.heads = 1, .seq = 33, .kv_seq = 47, .head_dim = 5}, DType::F32, MaskKind::Causal},
+      {"hdim72_bottom_right_fp32",
+       {.heads = 2, .seq = 90, .kv_seq = 200, .head_dim = 72},
+       DType::F32,
+       MaskKind::CausalBottomRight},
+      {"causal_bf16", {.batch = 2, .heads = 2, .seq = 200, .head_dim = 64}, DType::BF16, MaskKind::Causal},
+      {"none_hdim128_bf16", {.heads = 2, .seq = 160, .kv_seq = 300, .head_dim = 128}, DType::BF16, MaskKind::None},
+      {"gqa_window_bf16",
+       {.heads = 4, .kv_heads = 2, .seq = 170, .head_dim = 64, .window = 50},
+       DType::BF16,
+       MaskKind::SlidingWindow},
+      {"hdim_odd_bf16", {.heads = 1, .seq = 40, .kv_seq = 77, .head_dim = 40}, DType::BF16, MaskKind::Causal},
+      {"causal_f16", {.heads = 2, .seq = 100, .head_dim = 64}, DType::F16, MaskKind::Causal},
+  };
+  return c;
+}
+
+// FP32 far under 1e-4 (1e-5 as the other CPU flash tests); 16-bit by accept().
+void expect_accurate(const Problem& p, const ErrorStats& e, const std::string& what) {
+  EXPECT_EQ(e.nan_rows, 0) << what;
+  EXPECT_GT(e.rows_checked, 0) << what;
+  if (p.dtype == DType::F32) {
+    EXPECT_LT(e.rel, 1e-5) << what << ": rel " << e.rel;
+  } else {
+    const Acceptance a = accept(p.dtype, e, std::nullopt, false);
+    EXPECT_TRUE(a.pass) << what << ": " << a.why;
+  }
+}
+
+class FlashIsa : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    const std::string missing = cpu::isa_missing(GetParam());
+    if (!missing.empty()) {
+      GTEST_SKIP() << "flash cpu kernel " << cpu::isa_name(GetParam()) << " cannot run here: this CPU lacks "
+                   << missing;
+    }
+  }
+};
+
+TEST_P(FlashIsa, ForwardMatchesFloat64) {
+  const ForceIsa force(std::string(cpu::isa_name(GetParam())));
+  auto flash = cpu::make_flash();
+  for (const Case& c : cases()) {
+    Problem p = testing::to_problem(c.shape, c.dtype, c.mask);
+    p.validate();
+    const Eligibility el = flash->eligibility(p);
+    ASSERT_TRUE(el.eligible) << c.name << ": " << el.reason;
+    EXPECT_NE(el.reason.find("flash cpu kernel: " + std::string(cpu::isa_name(GetParam())) + " (forced"),
+              std::string::npos)
+        << el.reason;
+    const Inputs in = make_inputs(p, 11, cpu_allocator());
+    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    flash->forward(p, in, out, ctx);
+    expect_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
+                    std::string(cpu::isa_name(GetParam())) + " " + c.name);
+  }
+}
+
+TEST_P(FlashIsa, BackwardMatchesFloat64) {
+  const ForceIsa force(std::string(cpu::isa_name(GetParam())));
+  auto flash = cpu::make_flash();
+  for (const Case& c : cases()) {
+    if (c.dtype == DType::F16) continue;  // fp16 shares bf16's widened path; kept short
+    Problem p = testing::to_problem(c.shape, c.dtype, c.mask);
+    p.pass = Pass::Backward;
+    p.validate();
+    ASSERT_TRUE(flash->eligibility(p).eligible) << c.name;
+    Inputs in = make_inputs(p, 5, cpu_allocator());
+    const Tensor dout = make_dout(p, 5, cpu_allocator());
+    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
+    Saved saved;
+    Gradients g{testing::nan_tensor(p, p.heads, p.seq), testing::nan_tensor(p, p.kv_heads, p.kv_seq),
+                testing::nan_tensor(p, p.kv_heads, p.kv_seq)};
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    flash->forward_train(p, in, out, saved, ctx);
+    flash->backward(p, in, out, dout, saved, g, ctx);
+    const GradientErrors e =
+        check_gradients_against_reference(p, in, dout, g, sample_rows(p, 1 << 20), sample_kv_rows(p, 1 << 20));
+    const std::string what = std::string(cpu::isa_name(GetParam())) + " " + c.name;
+    expect_accurate(p, e.dq, what + " dQ");
+    expect_accurate(p, e.dk, what + " dK");
+    expect_accurate(p, e.dv, what + " dV");
+  }
+}
+
+// The vector exp2 of the softmax against std::exp2 over the exponents it
+// takes (<= 0), down to where it flushes to 0.
+TEST_P(FlashIsa, VectorExp2MatchesStdExp2) {
+  std::vector<float> xs;
+  for (float x = 0.0f; x > -126.0f; x -= 0.173f) xs.push_back(x);
+  xs.push_back(-std::numeric_limits<float>::infinity());
+  while (xs.size() % 16 != 0) xs.push_back(-0.5f);
+  std::vector<float> got(xs.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu::flash::kernels_of(GetParam()).vector_exp2(xs.data(), got.data(), static_cast<std::int64_t>(xs.size()));
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double want = std::exp2(static_cast<double>(xs[i]));
+    EXPECT_LE(std::abs(got[i] - want), 1e-6 * want + 1e-38) << "exp2(" << xs[i] << ") = " << got[i];
+  }
+}
+
+// The bf16 product behind the bf16 ceiling (avx512bf16 and amx) against a
+// float64 product of the same bf16 values.
+TEST_P(FlashIsa, Bf16GemmMatchesFloat64) {
+  const auto& k = cpu::flash::kernels_of(GetParam());
+  if (!k.bf16_gemm) GTEST_SKIP() << cpu::isa_name(GetParam()) << " has no bf16 product (avx512bf16 and amx do)";
+  const std::int64_t m = 64, n = 32, depth = 96;
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * depth));
+  std::vector<float> b(static_cast<std::size_t>(depth * n));
+  std::uint32_t state = 12345;
+  const auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / static_cast<float>(1u << 24) * 2.0f - 1.0f;
+  };
+  for (auto& x : a) x = float_to_bf16(next());
+  for (auto& x : b) x = bf16_to_float(float_to_bf16(next()));
+  std::vector<std::uint32_t> b_vnni(static_cast<std::size_t>(depth / 2 * n));
+  for (std::int64_t p = 0; p < depth / 2; ++p)
+    for (std::int64_t c = 0; c < n; ++c)
+      b_vnni[static_cast<std::size_t>(p * n + c)] =
+          float_to_bf16(b[static_cast<std::size_t>(2 * p * n + c)]) |
+          (static_cast<std::uint32_t>(float_to_bf16(b[static_cast<std::size_t>((2 * p + 1) * n + c)])) << 16);
+  std::vector<float> c(static_cast<std::size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
+  k.bf16_gemm(a.data(), b_vnni.data(), c.data(), m, n, depth);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (std::int64_t d = 0; d < depth; ++d)
+        want += static_cast<double>(bf16_to_float(a[static_cast<std::size_t>(i * depth + d)])) *
+                b[static_cast<std::size_t>(d * n + j)];
+      EXPECT_NEAR(c[static_cast<std::size_t>(i * n + j)], want, 1e-4) << i << ", " << j;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, FlashIsa, ::testing::ValuesIn(cpu::kAllCpuIsas),
+                         [](const ::testing::TestParamInfo<CpuIsa>& info) {
+                           return std::string(cpu::isa_name(info.param));
+                         });
+
+// The default (nothing forced) is the best level here, and says why.
+TEST(FlashIsaChoice, DefaultIsTheBestLevelAndSaysWhy) {
+  const ForceIsa force("");
+  const cpu::IsaChoice c = cpu::choose_isa();
+  EXPECT_TRUE(c.error.empty()) << c.error;
+  EXPECT_EQ(c.isa, cpu::best_isa());
+  EXPECT_EQ(c.why.rfind(std::string(cpu::isa_name(c.isa)) + " (", 0), 0u) << c.why;
+  if (c.isa != CpuIsa::Amx) EXPECT_NE(c.why.find("(no "), std::string::npos) << c.why;
+  EXPECT_TRUE(cpu::isa_missing(CpuIsa::Scalar).empty()) << "baseline x86-64 runs everywhere";
+
+  auto flash = cpu::make_flash();
+  Problem p = testing::to_problem(Shape{.seq = 64}, DType::F32, MaskKind::Causal);
+  EXPECT_NE(flash->eligibility(p).reason.find("flash cpu kernel: " + c.why), std::string::npos)
+      << flash->eligibility(p).reason;
+}
+
+TEST(FlashIsaChoice, UnknownLevelIsRefusedInOneLine) {
+  const ForceIsa force("avx9000");
+  const cpu::IsaChoice c = cpu::choose_isa();
+  EXPECT_NE(c.error.find("ATTNPROF_CPU_ISA=avx9000 is not a CPU kernel level"), std::string::npos) << c.error;
+  EXPECT_EQ(c.error.find('\n'), std::string::npos);
+  auto flash = cpu::make_flash();
+  Problem p = testing::to_problem(Shape{.seq = 64}, DType::F32, MaskKind::Causal);
+  const Eligibility el = flash->eligibility(p);
+  EXPECT_FALSE(el.eligible);
+  EXPECT_EQ(el.reason, c.error);
+}
+
+// Every level this CPU lacks, forced: refused in one line naming what is
+// missing, by the choice, the eligibility, the forward and backward (which
+// throw before any kernel runs) and the command (exit code 1 or 2, no signal).
+TEST(FlashIsaChoice, ForcingALevelThisCpuLacksIsRefusedInOneLine) {
+  int refused = 0;
+  for (CpuIsa isa : cpu::kAllCpuIsas) {
+    const std::string missing = cpu::isa_missing(isa);
+    if (missing.empty()) continue;
+    ++refused;
+    const std::string name(cpu::isa_name(isa));
+    const ForceIsa force(name);
+    const cpu::IsaChoice c = cpu::choose_isa();
+    EXPECT_EQ(c.error, "ATTNPROF_CPU_ISA=" + name + " cannot run on this CPU: it lacks " + missing +
+                           " (best here: " + std::string(cpu::isa_name(cpu::best_isa())) + ")");
+    EXPECT_EQ(c.error.find('\n'), std::string::npos);
+
+    auto flash = cpu::make_flash();
+    Problem p = testing::to_problem(Shape{.seq = 64}, DType::BF16, MaskKind::Causal);
+    const Eligibility el = flash->eligibility(p);
+    EXPECT_FALSE(el.eligible) << name;
+    EXPECT_EQ(el.reason, c.error);
+    const Inputs in = make_inputs(p, 3, cpu_allocator());
+    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 1};
+    try {
+      flash->forward(p, in, out, ctx);
+      ADD_FAILURE() << name << ": the forward ran";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+      EXPECT_EQ(std::string(e.what()), "flash: " + c.error);
+    }
+
+    // The command built beside this test, or (a build carried to another
+    // machine: scripts/cpu_isa_dev.sh) where ATTNPROF_CLI names it.
+    const char* cli = std::getenv("ATTNPROF_CLI") ? std::getenv("ATTNPROF_CLI") : ATTNPROF_CLI_PATH;
+    const std::string cmd = "ATTNPROF_CPU_ISA=" + name + " " + cli +
+                            " profile --device cpu --backend flash --seq 64 --heads 1 --dtype bf16 --mask causal "
+                            "--warmup 0 --active 1 --trace-dir /tmp/attnprof_isa_test --quiet 2>&1 >/dev/null";
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string err;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, pipe)) err += buf;
+    const int status = ::pclose(pipe);
+    ASSERT_TRUE(WIFEXITED(status)) << name << ": the command died by a signal: " << err;
+    EXPECT_NE(WEXITSTATUS(status), 0) << err;
+    EXPECT_NE(err.find(c.error), std::string::npos) << err;
+  }
+  if (refused == 0) GTEST_SKIP() << "this CPU runs every level (" << cpu::isa_flags_present() << "): none to refuse";
+}
+
+}  // namespace
+}  // namespace attnprof
