@@ -18,6 +18,7 @@
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cpu/flash_kernels.h"
 #include "common/test_problem.h"
+#include "cpu/flash_accuracy.h"
 
 namespace attnprof {
 namespace {
@@ -50,17 +51,6 @@ const std::vector<EmulatedCase>& emulated_cases() {
   return c;
 }
 
-void expect_emulated_accurate(const Problem& p, const ErrorStats& e, const std::string& what) {
-  EXPECT_EQ(e.nan_rows, 0) << what;
-  EXPECT_GT(e.rows_checked, 0) << what;
-  if (p.dtype == DType::F32) {
-    EXPECT_LT(e.rel, 1e-5) << what << ": rel " << e.rel;
-  } else {
-    const Acceptance a = accept(p.dtype, e, std::nullopt, false);
-    EXPECT_TRUE(a.pass) << what << ": " << a.why;
-  }
-}
-
 // The emulated table in the drivers' place for one test.
 struct UseKernels {
   explicit UseKernels(const cpu::flash::Kernels& k) { cpu::flash::set_kernels_for_testing(&k); }
@@ -80,8 +70,8 @@ void run_emulated_forward(const cpu::flash::Kernels& k, const std::string& level
     Tensor out = testing::nan_tensor(p, p.heads, p.seq);
     RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
     flash->forward(p, in, out, ctx);
-    expect_emulated_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
-                             level + " (emulated) " + c.name + ": " + k.forward_products(p));
+    testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
+                                   level + " (emulated) " + c.name + ": " + k.forward_products(p));
   }
 }
 
@@ -104,9 +94,9 @@ void run_emulated_backward(const cpu::flash::Kernels& k, const std::string& leve
     const GradientErrors e =
         check_gradients_against_reference(p, in, dout, g, sample_rows(p, 1 << 20), sample_kv_rows(p, 1 << 20));
     const std::string what = level + " (emulated) " + c.name;
-    expect_emulated_accurate(p, e.dq, what + " dQ");
-    expect_emulated_accurate(p, e.dk, what + " dK");
-    expect_emulated_accurate(p, e.dv, what + " dV");
+    testing::expect_flash_accurate(p, e.dq, what + " dQ");
+    testing::expect_flash_accurate(p, e.dk, what + " dK");
+    testing::expect_flash_accurate(p, e.dv, what + " dV");
   }
 }
 

@@ -22,6 +22,7 @@
 #include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/flash_kernels.h"
 #include "common/test_problem.h"
+#include "cpu/flash_accuracy.h"
 
 #ifndef ATTNPROF_CLI_PATH
 #error "ATTNPROF_CLI_PATH must name the attnprof executable"
@@ -84,18 +85,6 @@ const std::vector<Case>& cases() {
   return c;
 }
 
-// FP32 far under 1e-4 (1e-5 as the other CPU flash tests); 16-bit by accept().
-void expect_accurate(const Problem& p, const ErrorStats& e, const std::string& what) {
-  EXPECT_EQ(e.nan_rows, 0) << what;
-  EXPECT_GT(e.rows_checked, 0) << what;
-  if (p.dtype == DType::F32) {
-    EXPECT_LT(e.rel, 1e-5) << what << ": rel " << e.rel;
-  } else {
-    const Acceptance a = accept(p.dtype, e, std::nullopt, false);
-    EXPECT_TRUE(a.pass) << what << ": " << a.why;
-  }
-}
-
 class FlashIsa : public ::testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override {
@@ -122,8 +111,8 @@ TEST_P(FlashIsa, ForwardMatchesFloat64) {
     Tensor out = testing::nan_tensor(p, p.heads, p.seq);
     RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
     flash->forward(p, in, out, ctx);
-    expect_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
-                    std::string(cpu::isa_name(GetParam())) + " " + c.name);
+    testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
+                                   std::string(cpu::isa_name(GetParam())) + " " + c.name);
   }
 }
 
@@ -148,9 +137,9 @@ TEST_P(FlashIsa, BackwardMatchesFloat64) {
     const GradientErrors e =
         check_gradients_against_reference(p, in, dout, g, sample_rows(p, 1 << 20), sample_kv_rows(p, 1 << 20));
     const std::string what = std::string(cpu::isa_name(GetParam())) + " " + c.name;
-    expect_accurate(p, e.dq, what + " dQ");
-    expect_accurate(p, e.dk, what + " dK");
-    expect_accurate(p, e.dv, what + " dV");
+    testing::expect_flash_accurate(p, e.dq, what + " dQ");
+    testing::expect_flash_accurate(p, e.dk, what + " dK");
+    testing::expect_flash_accurate(p, e.dv, what + " dV");
   }
 }
 
