@@ -151,7 +151,8 @@ struct TraceAnalysis {
 struct AnalyzeOptions {
   TraceReadOptions read;
   std::optional<int> step;  // only ProfilerStep#N; refused when the trace has no such step
-  // The device's dense TFLOP/s ceiling, for attention calls' percent of it; unset: not known.
+  // The device's dense TFLOP/s ceiling, for attention calls' percent of it;
+  // unset: ATTNPROF_CEILING_TFLOPS when set (as the runner takes it), else not known.
   std::optional<double> ceiling_tflops;
 };
 

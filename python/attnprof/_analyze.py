@@ -106,14 +106,17 @@ class _TracePath:
 
 
 def analyze(trace, *more, step: int | None = None, replay: bool = False, device: str | None = None,
-            backends: list[str] | None = None, top: int = 10) -> Analysis:
+            backends: list[str] | None = None, top: int = 10, ceiling_tflops: float | None = None) -> Analysis:
     """`attnprof analyze TRACE [TRACE...]` as a call. Each trace is a path (Chrome JSON, gzipped or
     not) or a torch.profiler.profile that has stopped. replay=True runs each distinct attention problem
-    through attnprof's backends here (device= where, backends= which), as --replay does."""
+    through attnprof's backends here (device= where, backends= which), as --replay does.
+    ceiling_tflops= is --ceiling-tflops: the trace's device's matmul ceiling, for each attention
+    call's share of it (default: ATTNPROF_CEILING_TFLOPS, else none)."""
     paths = [_TracePath(t, "trace") for t in (trace, *more)]
     try:
         json_text, text = _core.analyze([p.path for p in paths], _step("step", step), bool(replay), device,
-                                        list(backends or []), int(top))
+                                        list(backends or []), int(top),
+                                        None if ceiling_tflops is None else float(ceiling_tflops))
     finally:
         for p in paths:
             p.close()

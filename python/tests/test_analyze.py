@@ -53,6 +53,20 @@ def test_analyze_matches_the_cli_json(tmp_path):
     assert got["traces"][0]["steps"] == want["traces"][0]["steps"]
 
 
+def test_analyze_ceiling_as_the_cli_takes_it(tmp_path):
+    exe = cli()
+    assert exe, "the attnprof command beside the module (PYTHONPATH=<build>/python)"
+    out = tmp_path / "c.json"
+    subprocess.run([exe, "analyze", MODEL_TRAIN, "--ceiling-tflops", "0.5", "--json", str(out)], check=True,
+                   capture_output=True)
+    a = attnprof.analyze(MODEL_TRAIN, ceiling_tflops=0.5)
+    assert a.to_dict()["traces"][0]["steps"] == json.loads(out.read_text())["traces"][0]["steps"]
+    calls = a.attention_calls()
+    assert calls and all(c["ceiling_pct"] == pytest.approx(100 * c["tflops"] / 0.5) for c in calls)
+    with pytest.raises(ValueError, match="ceiling_tflops"):
+        attnprof.analyze(MODEL_TRAIN, ceiling_tflops=0)
+
+
 def test_analyze_replay_on_the_cpu():
     a = attnprof.analyze(MODEL_TRAIN, replay=True, device="cpu", backends=["flash"])
     problems = a.traces[0].replay.problems

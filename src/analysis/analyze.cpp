@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 #include <unordered_map>
@@ -140,6 +141,16 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s) {
                    [](const KernelRow& x, const KernelRow& y) { return x.total_us > y.total_us; });
 }
 
+// AnalyzeOptions::ceiling_tflops, else ATTNPROF_CEILING_TFLOPS (a positive
+// number), else unknown: every front end the same.
+std::optional<double> ceiling_of(const AnalyzeOptions& options) {
+  if (options.ceiling_tflops) return options.ceiling_tflops;
+  if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
+    if (const double v = std::atof(known); v > 0) return v;
+  }
+  return std::nullopt;
+}
+
 StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string& source, bool gpu,
                           const AnalyzeOptions& options) {
   StepAnalysis s;
@@ -158,7 +169,7 @@ StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string
   r.metrics.ceiling_pct.reset();
   r.metrics.gbs.reset();
   r.metrics.copy_ceiling_pct.reset();
-  s.attention = analysis::attention_calls(ix, gpu, options.ceiling_tflops);
+  s.attention = analysis::attention_calls(ix, gpu, ceiling_of(options));
   r.findings = analysis::findings(ix, r, {}, {}, &s.attention.calls);
   breakdown(ix, s);
   return s;

@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 
 #include "attnprof/error.h"
@@ -126,12 +125,7 @@ namespace {
 AnalyzeOptions analyze_options(const Options& o) {
   AnalyzeOptions a;
   a.read.max_bytes = static_cast<std::uint64_t>(o.max_gib) << 30;
-  a.ceiling_tflops = o.ceiling_tflops;
-  if (!a.ceiling_tflops) {
-    if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
-      if (const double v = std::atof(known); v > 0) a.ceiling_tflops = v;
-    }
-  }
+  a.ceiling_tflops = o.ceiling_tflops;  // unset: the library reads ATTNPROF_CEILING_TFLOPS
   return a;
 }
 

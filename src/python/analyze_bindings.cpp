@@ -27,12 +27,16 @@ void bind_analyze(nb::module_& m) {
   m.def(
       "analyze",
       [](const std::vector<std::string>& paths, std::optional<int> step, bool replay, std::optional<std::string> device,
-         const std::vector<std::string>& backends, int top) {
+         const std::vector<std::string>& backends, int top, std::optional<double> ceiling_tflops) {
+        if (ceiling_tflops && !(*ceiling_tflops > 0 && *ceiling_tflops <= 1e6)) {
+          fail(ErrorKind::InvalidArgument, "ceiling_tflops must be a positive number of TFLOP/s");
+        }
         std::vector<TraceAnalysis> all;
         {
           nb::gil_scoped_release unlocked;
           AnalyzeOptions o;
           o.step = step;
+          o.ceiling_tflops = ceiling_tflops;
           for (const auto& p : paths) all.push_back(analyze_trace(read_chrome_trace(p, o.read), p, o));
           if (replay) {
             ReplayOptions r;
@@ -54,7 +58,7 @@ void bind_analyze(nb::module_& m) {
         return std::make_tuple(analysis_json(all), text);
       },
       nb::arg("paths"), nb::arg("step").none(), nb::arg("replay"), nb::arg("device").none(), nb::arg("backends"),
-      nb::arg("top"), "analyze's JSON and text for the traces");
+      nb::arg("top"), nb::arg("ceiling_tflops").none(), "analyze's JSON and text for the traces");
   m.def(
       "diff",
       [](const std::string& a, std::optional<int> a_step, const std::string& b, std::optional<int> b_step, int top) {
