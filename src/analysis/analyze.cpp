@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <tuple>
 #include <unordered_map>
 
@@ -258,9 +259,19 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
   for (std::size_t g = 0; g < groups; ++g) {
     std::string label = spans.empty() ? std::string("whole trace") : labels[g];
     if (options.step && step_number(label) != options.step) continue;
+    // By start, stably, each activity moved once: sorting the activities
+    // themselves moved each about log n times, half of the analysis on the
+    // 1M-event trace (docs/perf/analyze-scale.md), as an Activity is large.
     auto& acts = parts[g].activities;
-    std::stable_sort(acts.begin(), acts.end(),
-                     [](const Activity& x, const Activity& y) { return x.start_ns < y.start_ns; });
+    std::vector<std::size_t> order(acts.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t x, std::size_t y) { return acts[x].start_ns < acts[y].start_ns; });
+    std::vector<Activity> sorted;
+    sorted.reserve(acts.size());
+    for (const std::size_t i : order) sorted.push_back(std::move(acts[i]));
+    acts.swap(sorted);
+    Trace().activities.swap(sorted);  // the moved-from shells, freed before the step's analysis
     out.steps.push_back(analyse_step(std::move(parts[g]), std::move(label), source, out.gpu, options));
     Trace().activities.swap(parts[g].activities);
   }
