@@ -125,17 +125,7 @@ TEST_P(FlashIsa, BackwardMatchesFloat64) {
     p.pass = Pass::Backward;
     p.validate();
     ASSERT_TRUE(flash->eligibility(p).eligible) << c.name;
-    Inputs in = make_inputs(p, 5, cpu_allocator());
-    const Tensor dout = make_dout(p, 5, cpu_allocator());
-    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
-    Saved saved;
-    Gradients g{testing::nan_tensor(p, p.heads, p.seq), testing::nan_tensor(p, p.kv_heads, p.kv_seq),
-                testing::nan_tensor(p, p.kv_heads, p.kv_seq)};
-    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
-    flash->forward_train(p, in, out, saved, ctx);
-    flash->backward(p, in, out, dout, saved, g, ctx);
-    const GradientErrors e =
-        check_gradients_against_reference(p, in, dout, g, sample_rows(p, 1 << 20), sample_kv_rows(p, 1 << 20));
+    const GradientErrors e = testing::flash_backward_errors(*flash, p, 5);
     const std::string what = std::string(cpu::isa_name(GetParam())) + " " + c.name;
     testing::expect_flash_accurate(p, e.dq, what + " dQ");
     testing::expect_flash_accurate(p, e.dk, what + " dK");
