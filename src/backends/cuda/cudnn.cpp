@@ -58,8 +58,10 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -311,6 +313,12 @@ class Cudnn final : public Backend {
   // problem as lowered.
   void run(GraphKind kind, const Problem& p, const Inputs& in, Bound t, RunContext& ctx) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (ints_.size() > kMaxInts) {
+      // The offsets and lengths of earlier calls go (a call adds at most 11);
+      // no cached call may point at them.
+      for (LastCall& l : last_) l.valid = false;
+      ints_.clear();
+    }
     std::optional<Problem> lowered;
     if (p.mask == MaskKind::Boolean) lowered = lower_mask(kind, p, in, t, ctx);
     const Problem& g = lowered ? *lowered : p;
@@ -402,11 +410,6 @@ class Cudnn final : public Backend {
   // mask's lengths, bound from ints(). Each packed tensor is checked to hold
   // the batch's rows: [1, heads, total, D].
   void bind_ragged(const Problem& p, Bound& t, RunContext& ctx) {
-    if (ints_.size() + kRagged.size() + 2 > kMaxInts) {
-      // The offsets of earlier length sets go; no cached call may point at them.
-      for (LastCall& l : last_) l.valid = false;
-      ints_.clear();
-    }
     const std::vector<std::int64_t> cu_q = p.cu_seqlens_q(), cu_k = p.cu_seqlens_k();
     for (const RaggedPair& r : kRagged) {
       const Tensor* x = t[slot(r.tensor)];
