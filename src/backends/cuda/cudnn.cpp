@@ -21,6 +21,27 @@
 // cuDNN takes pages only with its padding mask, so the graph also reads each
 // sequence's query and key counts, int32 [B, 1, 1, 1] on the device, every
 // one S and Skv here (no sequence is shorter): made once per graph, with it.
+//
+// A packed (variable-length) batch is cuDNN's ragged layout: the graph sees
+// [B, H, max_seq, D] with the packed tensor's head, row and element strides,
+// each packed tensor (Q, K, V, O, the statistics, dO, dQ, dK, dV) with a
+// ragged offset tensor, int32 [B + 1, 1, 1, 1], where sequence b's rows start
+// in elements (cu_seqlens times the row stride), and the padding mask with
+// each sequence's query and key counts, int32 [B, 1, 1, 1]. The graph is
+// built for the batch, the maxima and the strides; the offsets and lengths
+// are data, made on the device from the problem's host vectors the first
+// time a length set is seen and kept, keyed by their contents (ints()), so a
+// repeated call finds the same buffers, its cached variant pack and one
+// kernel. Causal (top-left and bottom-right) and the window apply per
+// sequence, through the lengths.
+//
+// A boolean mask is read back once per call (its compact form, B * Skv bytes
+// for a [B, 1, 1, Skv] key-padding mask): a key-padding mask becomes the
+// padding mask (each sequence's key count, every query counted), any other is
+// turned on the device into the additive bias cuDNN reads (0 where true, -inf
+// where false, in q's dtype: mask_to_bias.cu) and runs as a bias mask.
+//
+// A soft cap is cuDNN's score modifier (cudnn_graph.h, soft_cap()).
 #include <bit>
 #include <cstdint>
 #include <memory>
@@ -37,14 +58,18 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "backends/cuda/cudnn_check.h"
 #include "backends/cuda/cudnn_graph.h"
+#include "backends/cuda/mask_to_bias.h"
 #include "core/cuda_check.h"
+#include "core/mask_lowering.h"
 
 namespace attnprof::cuda {
 namespace {
@@ -68,32 +93,48 @@ class Cudnn final : public Backend {
     if (!is_16bit(p.dtype)) return {false, "fp32 not supported by cuDNN SDPA (use dtype=bf16 or dtype=fp16)"};
     const bool paged = p.kv_cache == KvCache::Paged;
     if (paged && p.pass != Pass::Forward) return {false, kPagedForwardOnly};
-    if (p.mask == MaskKind::Boolean) {
-      return {false,
-              "boolean masks are not taken by cudnn here: pass the additive float form (0 where True, -inf where "
-              "False, in q's dtype) as attn_mask, which cudnn reads as its bias"};
+    if (p.varlen()) {
+      if (p.softcap > 0) return {false, no_softcap_on_ragged()};
+      if (const std::string why = zero_length_refusal(p); !why.empty()) return {false, why};
     }
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       const int sm = sm_version();
       if (sm < 80) return {false, "cuDNN SDPA needs sm80 or newer; this GPU is sm" + std::to_string(sm)};
+      // A boolean mask is asked about in its general form, as the bias it
+      // becomes; a key-padding one falls back to it if its padding-mask
+      // graph is refused.
+      const Problem g = as_bias(p);
       for (GraphKind kind : kinds_of(p.pass)) {
-        const Entry& e = entry(p, default_layout(p, kind), kind);
+        const Entry& e = entry(g, default_layout(g, kind), kind);
         if (!e.failure.empty()) return {false, std::string(graph_name(kind)) + ": " + e.failure};
       }
     } catch (const Error& err) {
       return {false, one_line(err.what())};
     }
+    std::string how;
+    if (p.varlen()) {
+      how = "on the ragged layout (" + std::to_string(p.batch) +
+            " packed sequences: per-sequence ragged offsets into Q, K, V and O, padding mask with each "
+            "sequence's lengths)";
+    }
+    if (p.mask == MaskKind::Boolean) {
+      how =
+          "with the boolean mask read back per call: a key-padding mask as the padding mask, any other as the "
+          "additive bias (0 / -inf in q's dtype, one conversion kernel)";
+    }
+    if (p.softcap > 0) how += std::string(how.empty() ? "" : ", ") + "soft cap as cuDNN's score modifier (tanh)";
+    if (!how.empty()) how += ", ";
     if (paged) {
       return {true, "cuDNN paged SDPA graph: K and V read from " + std::to_string(p.page_size) +
-                        "-key pages through the block table (padding mask, every sequence full), one generated "
-                        "kernel, plan built once per problem and cached"};
+                        "-key pages through the block table (padding mask, every sequence full), " + how +
+                        "one generated kernel, plan built once per problem and cached"};
     }
     if (p.pass == Pass::Forward) {
-      return {true, "cuDNN SDPA graph: one generated kernel, plan built once per problem and cached"};
+      return {true, "cuDNN SDPA graph " + how + "one generated kernel, plan built once per problem and cached"};
     }
-    return {true, std::string("cuDNN SDPA forward (with softmax stats) and backward graphs") +
-                      (p.deterministic ? ", deterministic dQ" : "") + ", plans built once per problem and cached"};
+    return {true, "cuDNN SDPA forward (with softmax stats) and backward graphs " + how +
+                      (p.deterministic ? "deterministic dQ, " : "") + "plans built once per problem and cached"};
   }
 
   // The largest workspace of the pass's graphs (they share one), plus the
@@ -105,13 +146,27 @@ class Cudnn final : public Backend {
       const auto it = cache_.find(key_of(p, default_layout(p, kind), kind));
       if (it != cache_.end()) bytes = std::max(bytes, static_cast<std::size_t>(it->second.workspace));
     }
-    if (p.pass != Pass::Forward) bytes += static_cast<std::size_t>(p.batch * p.heads * p.seq) * sizeof(float);
+    if (p.pass != Pass::Forward) bytes += p.lse_bytes();
+    // A packed batch's offsets and lengths; a boolean mask's bias, counted
+    // at the [S, Skv] of a mask broadcast over batch and heads (a mask of
+    // its own per batch or head is that many times larger).
+    if (p.varlen()) bytes += (kRagged.size() + 2) * static_cast<std::size_t>(p.batch + 1) * sizeof(std::int32_t);
+    if (p.mask == MaskKind::Boolean) bytes += static_cast<std::size_t>(p.seq * p.kv_seq) * element_size(p.dtype);
     // A paged graph's padding-mask lengths.
     if (p.kv_cache == KvCache::Paged) bytes += 2 * static_cast<std::size_t>(p.batch) * sizeof(std::int32_t);
     return bytes;
   }
 
   Expectation expectation(const Problem& p) const override {
+    // A boolean mask: the read-back of its compact form (one copy to the
+    // host), then the conversion kernel and the SDPA kernel, or the SDPA
+    // kernel alone for a key-padding mask; which one, only its contents say.
+    if (p.mask == MaskKind::Boolean) {
+      std::vector<std::string> ops{kForwardOp};
+      if (p.pass == Pass::Backward) ops = {kBackwardOp};
+      if (p.pass == Pass::Train) ops.emplace_back(kBackwardOp);
+      return {ops, /*device_activities=*/-1, /*copies=*/static_cast<int>(ops.size())};
+    }
     switch (p.pass) {
       // How many kernels the backward launches depends on the engine cuDNN
       // picks (a preprocessing kernel for rowsum(dO * O), a dQ conversion),
@@ -133,13 +188,17 @@ class Cudnn final : public Backend {
   bool has_backward() const override { return true; }
   // cuDNN's SDPA backward recomputes P from the forward's stats; its dQ is
   // summed with atomics unless the deterministic algorithm is asked for.
-  Traits traits() const override { return {.backward_recomputes = true, .backward_dq_unordered = true}; }
+  // Soft caps and packed batches: eligibility() says which of them cuDNN
+  // builds (no soft cap on a packed batch).
+  Traits traits() const override {
+    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .varlen = true};
+  }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
-    run(GraphKind::Forward, p, bind(p, in, out), ctx);
+    run(GraphKind::Forward, p, in, bind(p, in, out), ctx);
   }
 
   // cuDNN's softmax statistics ("Stats") are, per query row, max + ln(sum of
@@ -147,17 +206,23 @@ class Cudnn final : public Backend {
   // log-sum-exp that Saved::lse holds, in FP32 [B, H, S, 1] (the frontend's
   // stats_use_log2, which would make it base 2, is left off). Only cuDNN's own
   // backward reads them; on a fully masked row cuDNN writes what its masking
-  // value gives, not necessarily -inf.
+  // value gives, not necessarily -inf. A packed batch's are the packed
+  // [1, H, total_q, 1] of the fused backends, which cuDNN reads and writes
+  // as ragged statistics ([B, H, max_seq, 1] through the query offsets);
+  // cuDNN takes those on sm90 and newer, and refuses them for the backward on
+  // sm8x and sm12x ("Packed/ragged LSE is not supported"), which
+  // eligibility() then says.
   void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
     if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
     saved.probs = Tensor();
-    saved.lse = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
+    const Dims lse = p.varlen() ? Dims{1, p.heads, p.total_q(), 1} : Dims{p.batch, p.heads, p.seq, 1};
+    saved.lse = Tensor::empty(lse, DType::F32, ctx.allocator);
     Bound t = bind(p, in, out);
     t[slot(kStats)] = &saved.lse;
-    run(GraphKind::TrainForward, p, t, ctx);
+    run(GraphKind::TrainForward, p, in, t, ctx);
   }
 
   void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
@@ -173,7 +238,7 @@ class Cudnn final : public Backend {
     t[slot(kDQ)] = &grads.dq;
     t[slot(kDK)] = &grads.dk;
     t[slot(kDV)] = &grads.dv;
-    run(GraphKind::Backward, p, t, ctx);
+    run(GraphKind::Backward, p, in, t, ctx);
   }
 
  private:
@@ -242,15 +307,205 @@ class Cudnn final : public Backend {
   // (that costs a capture query per call): attnprof never captures a pass, and
   // a caller that did would have to keep this backend alive as long as the
   // captured graph.
-  void run(GraphKind kind, const Problem& p, const Bound& t, RunContext& ctx) {
+  //
+  // Before that, a boolean mask is lowered (lower_mask()) and a packed batch
+  // binds its offsets and lengths (bind_ragged()); the graph then runs the
+  // problem as lowered.
+  void run(GraphKind kind, const Problem& p, const Inputs& in, Bound t, RunContext& ctx) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (ints_.size() > kMaxInts) {
+      // The offsets and lengths of earlier calls go (a call adds at most 11);
+      // no cached call may point at them.
+      for (LastCall& l : last_) l.valid = false;
+      ints_.clear();
+    }
+    std::optional<Problem> lowered;
+    if (p.mask == MaskKind::Boolean) lowered = lower_mask(kind, p, in, t, ctx);
+    const Problem& g = lowered ? *lowered : p;
+    if (g.varlen()) bind_ragged(g, t, ctx);
     LastCall& last = last_[static_cast<std::size_t>(kind)];
-    const CallKey key = call_key(p, t);
+    const CallKey key = call_key(g, t);
     if (!last.valid || !(key == last.key)) {
-      if (!prepare(kind, p, t, ctx, key, last)) return;  // run by the frontend's execute()
+      if (!prepare(kind, g, t, ctx, key, last)) return;  // run by the frontend's execute()
     }
     set_stream(ctx.stream);
     ATTNPROF_CUDNN_CHECK(cudnnBackendExecute(handle_, last.plan, last.pack));
+  }
+
+  // A boolean mask as the graph reads it, on the problem (a copy with the
+  // mask it runs as) and the bound tensors. The mask's compact form is read
+  // back (a copy and a wait per call) and, when it is a key-padding mask
+  // (core/mask_lowering.h), runs as the padding mask: each sequence's key
+  // count, all S queries (mask none); otherwise as the bias it is turned into
+  // (mask bias). No soft cap beside the padding mask (the frontend takes no
+  // score modifier with one), and the bias form whenever cuDNN refuses the
+  // padding one.
+  //
+  // A fully masked row (a sequence of key count 0, or a row of the mask all
+  // false) is every key at -inf. The float64 reference gives such a row zeros
+  // (and zero gradients); cuDNN gives its row what its kernel's guard for an
+  // empty row gives (zeros from 9.25 on for a zero key count; before, NaN,
+  // NVIDIA/cudnn-frontend#943), so tests/gpu/cudnn_ragged_test.cpp holds it
+  // to the reference.
+  Problem lower_mask(GraphKind kind, const Problem& p, const Inputs& in, Bound& t, RunContext& ctx) {
+    if (!in.mask.defined() || in.mask.dtype() != DType::Bool || in.mask.device() != Device::Cuda) {
+      fail(ErrorKind::InvalidArgument, "cudnn: mask=boolean without a bool CUDA mask tensor (Inputs::mask)");
+    }
+    const Tensor host = read_back(in.mask, ctx);
+    Problem g = p;
+    if (p.softcap == 0) {
+      if (auto lens = key_padding_lengths(host.expand(in.mask.sizes()));
+          lens && static_cast<std::int64_t>(lens->size()) == p.batch) {
+        g.mask = MaskKind::None;
+        Bound padded = t;
+        padded[slot(kSeqQ)] = &ints(std::vector<std::int32_t>(lens->size(), static_cast<std::int32_t>(p.seq)), ctx);
+        padded[slot(kSeqKV)] = &ints(*lens, ctx);
+        if (entry(g, layout_of(g, padded), kind).failure.empty()) {
+          t = padded;
+          return g;
+        }
+      }
+    }
+    g.mask = MaskKind::Bias;
+    const Dims sizes = compact_sizes(in.mask);
+    if (!mask_bias_.defined() || mask_bias_.sizes() != sizes || mask_bias_.dtype() != p.dtype) {
+      mask_bias_ = Tensor();
+      mask_bias_ = Tensor::empty(sizes, p.dtype, ctx.allocator);
+    }
+    mask_to_bias(in.mask, mask_bias_, ctx.stream);
+    t[slot(kBias)] = &mask_bias_;
+    return g;
+  }
+
+  // The compact form of a CUDA bool mask (compact_sizes()) on the host: one
+  // copy when it is contiguous in memory, else a compact copy made on the
+  // device first. The copy waits for the stream.
+  static Tensor read_back(const Tensor& mask, RunContext& ctx) {
+    const Dims sizes = compact_sizes(mask);
+    Tensor host = Tensor::empty(sizes, DType::Bool, cpu_allocator());
+    const Tensor compact = mask.as_strided(sizes, mask.strides(), mask.offset());
+    // Contiguous but for the strides of size-1 dimensions, which are never stepped.
+    bool dense = true;
+    std::int64_t expect = 1;
+    for (int d = 3; d >= 0; --d) {
+      const std::int64_t n = sizes[static_cast<std::size_t>(d)];
+      if (n > 1 && compact.stride(d) != expect) dense = false;
+      expect *= n;
+    }
+    Tensor copy;
+    const Tensor* src = &compact;
+    if (!dense) {
+      copy = Tensor::empty(sizes, DType::Bool, ctx.allocator);
+      mask_to_bias(mask, copy, ctx.stream);
+      src = &copy;
+    }
+    const auto stream = static_cast<cudaStream_t>(ctx.stream);
+    ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(host.data(), src->data(), host.nbytes(), cudaMemcpyDeviceToHost, stream));
+    ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return host;
+  }
+
+  // A packed batch's ragged offsets (each bound packed tensor's sequence
+  // starts: cu_seqlens times its row stride, in elements) and the padding
+  // mask's lengths, bound from ints(). Each packed tensor is checked to hold
+  // the batch's rows: [1, heads, total, D].
+  void bind_ragged(const Problem& p, Bound& t, RunContext& ctx) {
+    const std::vector<std::int64_t> cu_q = p.cu_seqlens_q(), cu_k = p.cu_seqlens_k();
+    for (const RaggedPair& r : kRagged) {
+      const Tensor* x = t[slot(r.tensor)];
+      if (x == nullptr) continue;
+      const bool q = query_rows(r.tensor);
+      const std::int64_t heads =
+          r.tensor == kQ || r.tensor == kO || r.tensor == kStats || r.tensor == kDO || r.tensor == kDQ ? p.heads
+                                                                                                       : p.kv_heads;
+      const std::int64_t total = q ? p.total_q() : p.total_kv();
+      const std::int64_t d = r.tensor == kStats ? 1 : p.head_dim;
+      if (x->size(0) != 1 || x->size(1) != heads || x->size(2) != total || x->size(3) != d) {
+        fail(ErrorKind::InvalidArgument, std::string("cudnn: a packed batch's ") + ragged_name(r.tensor) +
+                                             " must be [1, " + std::to_string(heads) + ", " + std::to_string(total) +
+                                             ", " + std::to_string(d) + "] (the batch's rows), got " + x->describe());
+      }
+      const std::vector<std::int64_t>& cu = q ? cu_q : cu_k;
+      std::vector<std::int32_t> offsets(cu.size());
+      for (std::size_t b = 0; b < cu.size(); ++b) {
+        const std::int64_t o = cu[b] * x->stride(2);
+        if (o > std::numeric_limits<std::int32_t>::max()) {
+          fail(ErrorKind::Unsupported, std::string("cudnn: a packed batch's ") + ragged_name(r.tensor) +
+                                           " spans more than 2^31 elements, past cuDNN's int32 ragged offsets");
+        }
+        offsets[b] = static_cast<std::int32_t>(o);
+      }
+      t[slot(r.offset)] = &ints(offsets, ctx);
+    }
+    const auto lengths = [&](auto len) {
+      std::vector<std::int32_t> v(static_cast<std::size_t>(p.batch));
+      for (std::int64_t b = 0; b < p.batch; ++b) v[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(len(b));
+      return v;
+    };
+    t[slot(kSeqQ)] = &ints(lengths([&](std::int64_t b) { return p.seq_len(b); }), ctx);
+    t[slot(kSeqKV)] = &ints(lengths([&](std::int64_t b) { return p.kv_seq_len(b); }), ctx);
+  }
+
+  static const char* ragged_name(Uid uid) {
+    switch (uid) {
+      case kQ:
+        return "q";
+      case kK:
+        return "k";
+      case kV:
+        return "v";
+      case kO:
+        return "output";
+      case kStats:
+        return "saved log-sum-exp";
+      case kDO:
+        return "dout";
+      case kDQ:
+        return "dq";
+      case kDK:
+        return "dk";
+      default:
+        return "dv";
+    }
+  }
+
+  // `values` as int32 [n, 1, 1, 1] on the device, made the first time these
+  // values are asked for (a copy from the host that the stream waits for, as
+  // lengths() does) and kept: offsets and lengths are a problem's data, the
+  // same on every call of a problem, so a repeated call binds the same
+  // buffers and finds its cached variant pack.
+  const Tensor& ints(const std::vector<std::int32_t>& values, RunContext& ctx) {
+    auto it = ints_.find(values);
+    if (it != ints_.end()) return it->second;
+    Tensor t = Tensor::empty({static_cast<std::int64_t>(values.size()), 1, 1, 1}, DType::I32, ctx.allocator);
+    const auto stream = static_cast<cudaStream_t>(ctx.stream);
+    ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(t.data(), values.data(), t.nbytes(), cudaMemcpyHostToDevice, stream));
+    ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return ints_.emplace(values, std::move(t)).first->second;
+  }
+
+  // The problem eligibility asks cuDNN about: a boolean mask as the bias it
+  // becomes in general.
+  static Problem as_bias(const Problem& p) {
+    Problem g = p;
+    if (g.mask == MaskKind::Boolean) g.mask = MaskKind::Bias;
+    return g;
+  }
+
+  // cuDNN before 9.25 writes NaN into the rows of a packed batch's sequence
+  // with no keys (NVIDIA/cudnn-frontend#943, whose tests skip zero-length
+  // sequences below 9.25); refused by name there, with what to change.
+  static std::string zero_length_refusal(const Problem& p) {
+    const auto version = static_cast<long>(cudnnGetVersion());
+    if (version >= 92500) return {};
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      if (p.seq_len(b) > 0 && p.kv_seq_len(b) > 0) continue;
+      return "cuDNN " + std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) +
+             " gives NaN for a packed batch's zero-length sequences (sequence " + std::to_string(b) + " has " +
+             std::to_string(p.seq_len(b)) + " queries and " + std::to_string(p.kv_seq_len(b)) +
+             " keys; cuDNN 9.25 and newer take them): leave empty sequences out of seq_lens, or use device=cpu";
+    }
+    return {};
   }
 
   // Cheap: copies ints and pointers, allocates nothing.
@@ -266,6 +521,7 @@ class Cudnn final : public Backend {
     k.window = p.window;
     k.kv_seq = p.kv_seq;
     k.scale_bits = std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale()));
+    k.softcap_bits = std::bit_cast<std::uint64_t>(p.softcap);
     k.dtype = p.dtype;
     k.mask = p.mask;
     k.deterministic = p.deterministic;
@@ -285,7 +541,7 @@ class Cudnn final : public Backend {
   // runs the call through the frontend's execute() (false).
   bool prepare(GraphKind kind, const Problem& p, const Bound& t, RunContext& ctx, CallKey key, LastCall& last) {
     last.valid = false;
-    Entry& e = entry(p, layout_of(t), kind);
+    Entry& e = entry(p, layout_of(p, t), kind);
     if (!e.failure.empty()) fail(ErrorKind::Unsupported, "cuDNN: " + e.failure);
     if (!e.plans_built) {
       require(e.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
@@ -445,9 +701,38 @@ class Cudnn final : public Backend {
     return cache_.emplace(key, std::move(e)).first->second;
   }
 
-  // Sets a graph output's uid, dims, strides and type from the layout.
-  static void output(fe::graph::Tensor_attributes& t, Uid uid, const Layout& l, fe::DataType_t type) {
+  // A graph input from the layout, with its ragged offset when the layout
+  // has one for it.
+  static std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
+                                                             const Layout& l, fe::DataType_t type) {
+    auto t = add_tensor(g, name, uid, l[uid], type);
+    ragged(g, *t, uid, l);
+    return t;
+  }
+
+  // Sets a graph output's uid, dims, strides, type and ragged offset from the layout.
+  static void output(fe::graph::Graph& g, fe::graph::Tensor_attributes& t, Uid uid, const Layout& l,
+                     fe::DataType_t type) {
     t.set_output(true).set_uid(uid).set_dim(l[uid].dims).set_stride(l[uid].strides).set_data_type(type);
+    ragged(g, t, uid, l);
+  }
+
+  static void ragged(fe::graph::Graph& g, fe::graph::Tensor_attributes& t, Uid uid, const Layout& l) {
+    for (const RaggedPair& r : kRagged) {
+      if (r.tensor == uid && l.has(r.offset)) {
+        t.set_ragged_offset(add_tensor(g, "ragged_offset", r.offset, l[r.offset], fe::DataType_t::INT32));
+      }
+    }
+  }
+
+  // The padding mask with the call's per-sequence lengths (a packed batch's,
+  // a key-padding mask's), on a forward's or a backward's attributes.
+  template <class Attributes>
+  static void padding(fe::graph::Graph& g, Attributes& options, const Layout& l) {
+    if (!l.padding()) return;
+    auto seq_q = add_tensor(g, "seq_len_q", kSeqQ, l[kSeqQ], fe::DataType_t::INT32);
+    auto seq_kv = add_tensor(g, "seq_len_kv", kSeqKV, l[kSeqKV], fe::DataType_t::INT32);
+    options.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
   }
 
   std::string build(const Problem& p, const Layout& l, GraphKind kind, std::shared_ptr<PlanGraph>& out) const {
@@ -456,16 +741,16 @@ class Cudnn final : public Backend {
     g->set_io_data_type(io)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto q = add_tensor(*g, "Q", kQ, l[kQ], io);
-    auto k = add_tensor(*g, "K", kK, l[kK], io);
-    auto v = add_tensor(*g, "V", kV, l[kV], io);
+    auto q = input(*g, "Q", kQ, l, io);
+    auto k = input(*g, "K", kK, l, io);
+    auto v = input(*g, "V", kV, l, io);
     std::shared_ptr<fe::graph::Tensor_attributes> bias;
     if (p.mask == MaskKind::Bias) bias = add_tensor(*g, "Bias", kBias, l[kBias], io);
     const auto scale = static_cast<float>(p.softmax_scale());
     if (kind == GraphKind::Backward) {
-      auto o = add_tensor(*g, "O", kO, l[kO], io);
-      auto d_o = add_tensor(*g, "dO", kDO, l[kDO], io);
-      auto stats = add_tensor(*g, "Stats", kStats, l[kStats], fe::DataType_t::FLOAT);
+      auto o = input(*g, "O", kO, l, io);
+      auto d_o = input(*g, "dO", kDO, l, io);
+      auto stats = input(*g, "Stats", kStats, l, fe::DataType_t::FLOAT);
       // The frontend's deterministic algorithm sums dQ in a fixed order
       // instead of with atomics: what --deterministic asks for.
       auto options = fe::graph::SDPA_backward_attributes()
@@ -473,18 +758,22 @@ class Cudnn final : public Backend {
                          .set_attn_scale(scale)
                          .set_deterministic_algorithm(p.deterministic);
       set_mask(options, p, bias);
+      padding(*g, options, l);
+      if (p.softcap > 0) soft_cap(options, p);
       auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
-      output(*dq, kDQ, l, io);
-      output(*dk, kDK, l, io);
-      output(*dv, kDV, l, io);
+      output(*g, *dq, kDQ, l, io);
+      output(*g, *dk, kDK, l, io);
+      output(*g, *dv, kDV, l, io);
     } else {
       const bool train = kind == GraphKind::TrainForward;
       auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(train).set_attn_scale(scale);
       set_mask(options, p, bias);
+      padding(*g, options, l);
+      if (p.softcap > 0) soft_cap(options, p);
       if (p.kv_cache == KvCache::Paged) paged(*g, options, p, l);
       auto [o, stats] = g->sdpa(q, k, v, options);
-      output(*o, kO, l, io);
-      if (train) output(*stats, kStats, l, fe::DataType_t::FLOAT);  // stats is null otherwise
+      output(*g, *o, kO, l, io);
+      if (train) output(*g, *stats, kStats, l, fe::DataType_t::FLOAT);  // stats is null otherwise
     }
     out = g;
     // Each step's refusal is returned in cuDNN's words, on one line: that is
@@ -519,6 +808,12 @@ class Cudnn final : public Backend {
   }
 
   mutable std::mutex mutex_;
+  // The device offsets and lengths by their values (ints()); started over
+  // past kMaxInts buffers.
+  static constexpr std::size_t kMaxInts = 256;
+  std::map<std::vector<std::int32_t>, Tensor> ints_;
+  // A boolean mask's bias (lower_mask()), kept so that calls bind one address.
+  Tensor mask_bias_;
   mutable std::unordered_map<std::string, Entry> cache_;
   mutable cudnnHandle_t handle_ = nullptr;
   void* stream_ = nullptr;

@@ -1,6 +1,7 @@
 // The vocabulary of the cudnn backend's graphs (cudnn.cpp): the tensors'
 // uids and the three graph kinds, the descriptors cuDNN sees ([B, H, S, D]
-// with strides; a paged cache's page containers and page table), a problem's
+// with strides; a paged cache's page containers and page table; a packed
+// batch's ragged layout), a problem's
 // layout and cache key, the frontend graph whose chosen plan may be run
 // directly, a cached graph's entry, a call's key for the direct path, and the
 // masks and tensors every graph sets alike. Only cudnn.cpp includes it, in
@@ -9,12 +10,14 @@
 
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -28,13 +31,58 @@ namespace fe = cudnn_frontend;
 // Tensor uids in the graphs and the variant packs. A call binds its tensors
 // by uid (Bound), so one path builds, keys and runs every graph. A paged
 // forward binds the page containers as K and V, and adds the padding mask's
-// lengths and the page tables.
-enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kBias, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, kPageK, kPageV };
-constexpr std::int64_t kLastUid = kPageV;
+// lengths and the page tables. A packed batch (and a key-padding boolean
+// mask) binds the padding mask's lengths, int32 [B, 1, 1, 1]; a packed batch
+// also binds one ragged offset tensor per packed tensor, int32 [B + 1, 1, 1, 1]:
+// where sequence b starts in it, in elements (kRagQ is Q's, and so on in the
+// order of kQ ... kDV).
+enum Uid : std::int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kBias,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqQ,
+  kSeqKV,
+  kPageK,
+  kPageV,
+  kRagQ,
+  kRagK,
+  kRagV,
+  kRagO,
+  kRagStats,
+  kRagDO,
+  kRagDQ,
+  kRagDK,
+  kRagDV,
+};
+constexpr std::int64_t kLastUid = kRagDV;
 constexpr std::size_t kTensors = kLastUid - kQ + 1;
 constexpr std::size_t slot(Uid uid) { return static_cast<std::size_t>(uid - kQ); }
 // A call's tensors by slot(uid); null where its graph has none.
 using Bound = std::array<const Tensor*, kTensors>;
+
+// The packed tensors of a packed batch, each with its ragged offset's uid.
+struct RaggedPair {
+  Uid tensor, offset;
+};
+constexpr std::array<RaggedPair, 9> kRagged{{{kQ, kRagQ},
+                                             {kK, kRagK},
+                                             {kV, kRagV},
+                                             {kO, kRagO},
+                                             {kStats, kRagStats},
+                                             {kDO, kRagDO},
+                                             {kDQ, kRagDQ},
+                                             {kDK, kRagDK},
+                                             {kDV, kRagDV}}};
+// Whether a packed tensor's rows are the queries' (Q, O, dO, dQ, the
+// statistics) or the keys' (K, V, dK, dV).
+constexpr bool query_rows(Uid uid) { return uid != kK && uid != kV && uid != kDK && uid != kDV; }
 
 // The three graphs of a problem: the inference forward, the forward of a
 // training step (which also writes the softmax statistics) and the backward.
@@ -82,15 +130,40 @@ inline TensorDesc packed(std::int64_t b, std::int64_t h, std::int64_t s, std::in
   return TensorDesc{{b, h, s, d}, {h * s * d, s * d, d, 1}};
 }
 
+// A packed batch's tensor, held as [1, heads, total rows, d] with these
+// strides, as cuDNN's ragged layout sees it: [B, heads, max rows, d] with the
+// same head, row and element strides, each sequence's first row found through
+// the ragged offsets (its first row times the row stride), so any layout of
+// the packed rows serves: [total, H, D] (FlashAttention's, make_inputs') or
+// [H, total, D] (a contiguous [1, H, total, D], as the runner allocates O and
+// the gradients). The batch stride is never read through; it is the span of
+// one sequence's extent so that no dimension overlaps another.
+inline TensorDesc ragged_desc(const Dims& strides, std::int64_t heads, std::int64_t batch, std::int64_t max_rows,
+                              std::int64_t d) {
+  const std::int64_t span = std::max({heads * strides[1], max_rows * strides[2], d * strides[3]});
+  return packed_unit_strides({{batch, heads, max_rows, d}, {span, strides[1], strides[2], strides[3]}});
+}
+
 // Each bound tensor's desc by slot(uid); empty where the graph has none.
 struct Layout {
   std::array<TensorDesc, kTensors> t;
   const TensorDesc& operator[](Uid uid) const { return t[slot(uid)]; }
+  bool has(Uid uid) const { return !t[slot(uid)].dims.empty(); }
+  // A packed batch's graph (ragged offsets), and a graph with a padding
+  // mask's per-sequence lengths bound by the call (a packed batch's, a
+  // key-padding boolean mask's; a paged graph keeps its own, in Entry).
+  bool ragged() const { return has(kRagQ); }
+  bool padding() const { return has(kSeqQ); }
 };
 
 // What eligibility assumes before it sees tensors: packed [B, H, S, D], a
 // bias broadcast over batch and heads, as make_inputs() lays them out, and
-// the statistics packed [B, H, S, 1] as forward_train() allocates them.
+// the statistics packed [B, H, S, 1] as forward_train() allocates them. A
+// packed batch: Q, K and V [total, H, D] as make_inputs() lays them out, O,
+// dO, the gradients and the statistics contiguous [1, H, total, D] (and
+// [1, H, total_q, 1]) as the runner, make_dout() and forward_train()
+// allocate them, each with its ragged offsets, and the padding mask's
+// lengths.
 inline Layout default_layout(const Problem& p, GraphKind kind) {
   Layout l;
   const TensorDesc qs = packed(p.batch, p.heads, p.seq, p.head_dim);
@@ -108,12 +181,33 @@ inline Layout default_layout(const Problem& p, GraphKind kind) {
     l.t[slot(kDO)] = l.t[slot(kDQ)] = qs;
     l.t[slot(kDK)] = l.t[slot(kDV)] = kvs;
   }
+  if (!p.varlen()) return l;
+  const std::int64_t d = p.head_dim, tq = p.total_q(), tk = p.total_kv();
+  const auto rows_major = [&](std::int64_t h, std::int64_t max_rows) {  // [total, h, d]
+    return ragged_desc({0, d, h * d, 1}, h, p.batch, max_rows, d);
+  };
+  const auto heads_major = [&](std::int64_t h, std::int64_t total, std::int64_t max_rows, std::int64_t dd) {
+    return ragged_desc(contiguous_strides({1, h, total, dd}), h, p.batch, max_rows, dd);
+  };
+  l.t[slot(kQ)] = rows_major(p.heads, p.seq);
+  l.t[slot(kK)] = l.t[slot(kV)] = rows_major(p.kv_heads, p.kv_seq);
+  l.t[slot(kO)] = heads_major(p.heads, tq, p.seq, d);
+  if (kind != GraphKind::Forward) l.t[slot(kStats)] = heads_major(p.heads, tq, p.seq, 1);
+  if (kind == GraphKind::Backward) {
+    l.t[slot(kDO)] = l.t[slot(kDQ)] = l.t[slot(kO)];
+    l.t[slot(kDK)] = l.t[slot(kDV)] = heads_major(p.kv_heads, tk, p.kv_seq, d);
+  }
+  for (const RaggedPair& r : kRagged) {
+    if (l.has(r.tensor)) l.t[slot(r.offset)] = packed(p.batch + 1, 1, 1, 1);
+  }
+  l.t[slot(kSeqQ)] = l.t[slot(kSeqKV)] = packed(p.batch, 1, 1, 1);
   return l;
 }
 
-// The padding mask's lengths are the graph's own (Entry), never bound by a
-// call, so they are not part of the layout.
-inline Layout layout_of(const Bound& bound) {
+// A paged graph's padding-mask lengths are the graph's own (Entry), never
+// bound by a call, so they are not part of its layout. A packed batch's
+// tensors are described in the ragged layout.
+inline Layout layout_of(const Problem& p, const Bound& bound) {
   Layout l;
   for (std::size_t i = 0; i < kTensors; ++i) {
     if (bound[i] == nullptr) continue;
@@ -123,6 +217,13 @@ inline Layout layout_of(const Bound& bound) {
       l.t[i] = desc_of(*bound[i], /*compact_broadcast=*/i == slot(kBias));
     }
   }
+  if (!p.varlen()) return l;
+  for (const RaggedPair& r : kRagged) {
+    const Tensor* t = bound[slot(r.tensor)];
+    if (t == nullptr) continue;
+    l.t[slot(r.tensor)] =
+        ragged_desc(t->strides(), t->size(1), p.batch, query_rows(r.tensor) ? p.seq : p.kv_seq, t->size(3));
+  }
   return l;
 }
 
@@ -131,6 +232,7 @@ inline std::string key_of(const Problem& p, const Layout& l, GraphKind kind) {
                   std::string(mask_name(p.mask)) + "|" + std::to_string(p.window) + "|" +
                   std::to_string(std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale())));
   if (kind == GraphKind::Backward && p.deterministic) k += "|deterministic";
+  if (p.softcap > 0) k += "|softcap " + std::to_string(std::bit_cast<std::uint64_t>(p.softcap));
   // A paged K's dims are its pages': the keys read are the problem's.
   if (p.kv_cache == KvCache::Paged) k += "|paged " + std::to_string(p.kv_seq);
   for (const TensorDesc& d : l.t) {
@@ -200,6 +302,7 @@ struct CallKey {
   std::int64_t window = 0;
   std::int64_t kv_seq = 0;  // a paged K's shape is its pages'
   std::uint32_t scale_bits = 0;
+  std::uint64_t softcap_bits = 0;
   DType dtype = DType::BF16;
   MaskKind mask = MaskKind::None;
   bool deterministic = false;
@@ -219,9 +322,13 @@ struct LastCall {
   bool valid = false;
 };
 
-// The masks the forward and backward attributes spell alike.
+// The masks the forward and backward attributes spell alike. With a soft
+// cap the structural masks are the score modifier's instead (soft_cap()):
+// the frontend takes no diagonal band beside a score modifier.
 template <class Attributes>
 void set_mask(Attributes& a, const Problem& p, const std::shared_ptr<fe::graph::Tensor_attributes>& bias) {
+  if (p.mask == MaskKind::Bias) a.set_bias(bias);
+  if (p.softcap > 0) return;
   switch (p.mask) {
     case MaskKind::Causal:
       a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
@@ -236,11 +343,48 @@ void set_mask(Attributes& a, const Problem& p, const std::shared_ptr<fe::graph::
           .set_diagonal_band_right_bound(0)
           .set_diagonal_band_left_bound(static_cast<int>(p.window));
       break;
-    case MaskKind::Bias:
-      a.set_bias(bias);
-      break;
     default:
       break;
+  }
+}
+
+// Soft-capping as cuDNN's score modifier, on the scaled scores s before the
+// bias (the order Problem::softcap gives): c tanh(s / c) through the
+// frontend's Softcap (divide, tanh, multiply), then the structural mask the
+// attributes cannot carry beside it, as the frontend's own subgraph for it.
+// The backward graph applies the same forward to recompute P and Softcap's
+// backward (dS (1 - tanh^2(s / c))) before the attention scale, so both of
+// its modifiers share one Softcap, which keeps s / c between them.
+template <class Attributes>
+void soft_cap(Attributes& a, const Problem& p) {
+  using fe::graph::attn::score_modifiers::Softcap;
+  auto cap = std::make_shared<Softcap>();
+  const auto value = static_cast<float>(p.softcap);
+  const std::int64_t s_q = p.seq, s_kv = p.kv_seq, window = p.window;
+  const MaskKind mask = p.mask;
+  a.set_score_mod([cap, value, s_q, s_kv, window, mask](std::shared_ptr<fe::graph::Graph> g,
+                                                        std::shared_ptr<fe::graph::Tensor_attributes> s) {
+    s = cap->forward(g, s, std::make_shared<fe::graph::Tensor_attributes>(value));
+    namespace sm = fe::graph::attn::score_modifiers;
+    switch (mask) {
+      case MaskKind::Causal:
+        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::TOP_LEFT, std::nullopt, 0, s_q, s_kv, nullptr,
+                                       nullptr);
+      case MaskKind::CausalBottomRight:
+        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::BOTTOM_RIGHT, std::nullopt, 0, s_q, s_kv, nullptr,
+                                       nullptr);
+      case MaskKind::SlidingWindow:
+        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::BOTTOM_RIGHT, window, 0, s_q, s_kv, nullptr,
+                                       nullptr);
+      default:
+        return s;
+    }
+  });
+  if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_backward_attributes>) {
+    a.set_score_mod_bprop(
+        [cap, value](std::shared_ptr<fe::graph::Graph> g, std::shared_ptr<fe::graph::Tensor_attributes> ds) {
+          return cap->backward(g, ds, std::make_shared<fe::graph::Tensor_attributes>(value));
+        });
   }
 }
 
@@ -256,6 +400,15 @@ inline std::string one_line(std::string s) {
 // cuDNN's SDPA backward takes no page table, and the cache is a decode-time one.
 constexpr const char* kPagedForwardOnly =
     "the paged KV cache is forward only (cuDNN's SDPA backward reads no pages): use pass=forward";
+
+// The frontend takes a score modifier (the soft cap) only without the
+// padding mask, and a ragged layout needs one.
+inline std::string no_softcap_on_ragged() {
+  return "a soft cap on a packed batch is not built for cudnn: the cuDNN frontend " +
+         std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." + std::to_string(CUDNN_FRONTEND_MINOR_VERSION) +
+         " takes its score modifier (the soft cap) only without the padding mask a ragged layout needs (use "
+         "device=cpu, or a dense batch)";
+}
 
 inline std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph& g, const char* name, Uid uid,
                                                                 const TensorDesc& d, fe::DataType_t type) {
