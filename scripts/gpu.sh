@@ -8,13 +8,13 @@
 # judged), a Llama-shaped model trained with our attention against PyTorch's
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize nocupti compare train host bench bench_backward shapes decode train_model
-# model_traces python ring (default: all). Results land in $OUT (8 files at most).
+# sanitize nocupti compare train host bench bench_backward sequences shapes decode
+# train_model model_traces python ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward shapes decode train_model model_traces python ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences shapes decode train_model model_traces python ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -225,6 +225,16 @@ if has bench_backward; then
   fi
 fi
 
+# Issue 22: a packed batch (8 sequences, 10-100% of 4096) on flash against
+# the dense padded call and cudnn's packed call, and soft-capping's cost
+# (bench/sequences_bench.py; files sequences_bench.*).
+if has sequences; then
+  log "packed batches and soft caps (issue 22's targets)"
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/sequences_bench.py --attnprof $B/attnprof --out "$OUT" \
+    >/tmp/bench_sequences.txt 2>>"$OUT/log.txt"
+  echo "sequences_bench rc $?" >>"$OUT/log.txt"
+fi
+
 # Issue 12: every shape class and the decode rows against our cudnn and
 # PyTorch's SDPA in the same run, with ratios and the targets (flash <= 1.00x
 # cudnn, 700 TFLOP/s, 80% of the copy ceiling measured in the run, 5 us host).
@@ -376,6 +386,7 @@ echo "==== env"; cat /tmp/env.txt
 # are in their .md).
 [[ -f /tmp/bench_backward.txt ]] && { echo "==== bench --shapes backward --pass backward"
   sed -n '/^Summary/,$p' /tmp/bench_backward.txt; }
+[[ -f /tmp/bench_sequences.txt ]] && { echo "==== packed batches and soft caps"; cat /tmp/bench_sequences.txt; }
 [[ -f /tmp/bench_shapes.txt ]] && { echo "==== bench --shapes classes"; sed -n '/^Summary/,$p' /tmp/bench_shapes.txt; }
 [[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
 [[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }

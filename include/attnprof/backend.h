@@ -29,8 +29,8 @@ struct Inputs {
   // bottom-right alignment is then each sequence's own (offset kv_lens[b] -
   // seq). A paged call with unequal seq_lens sets it; only a backend whose
   // Traits::kv_lens is true reads it, and the others are refused by name.
-  // (A Boolean key-padding mask is lowered to the same lengths by the CPU
-  // flash itself: core/mask_lowering.h, where the CUDA kernels' hook is noted.)
+  // (A Boolean key-padding mask is lowered to the same lengths by flash
+  // itself, CPU and CUDA: core/mask_lowering.h.)
   Tensor kv_lens;
 };
 

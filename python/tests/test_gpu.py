@@ -142,8 +142,8 @@ def test_mismatched_devices_and_nothing_left_allocated():
 
 
 def test_cuda_masks_and_paged_caches():
-    """attn_mask on CUDA: a bias reaches cudnn; flash refuses a boolean mask by name (its key-padding lowering
-    is the CPU's for now). A paged cache from Python on flash and cudnn, equal lengths."""
+    """attn_mask on CUDA: a bias reaches cudnn; flash reads a key-padding mask as per-sequence key lengths and
+    refuses any other boolean mask by name. A paged cache from Python on flash and cudnn, equal lengths."""
     q, k, v = qkv((2, 8, 128, 64))
     bias = torch.randn(2, 1, 128, 128, dtype=torch.bfloat16, device="cuda")
     group = 1
@@ -155,8 +155,12 @@ def test_cuda_masks_and_paged_caches():
             torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
     pad = torch.arange(128, device="cuda")[None, None, None, :] < torch.tensor([128, 50], device="cuda")[:, None, None,
                                                                                                           None]
-    with pytest.raises(attnprof.Error, match=r"lowered to per-sequence key lengths on the CPU flash only"):
-        attnprof.attention(q, k, v, backend="flash", attn_mask=pad)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=pad)
+    got = attnprof.attention(q, k, v, backend="flash", attn_mask=pad)
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    holed = pad & (torch.arange(128, device="cuda") % 3 != 1)
+    with pytest.raises(attnprof.Error, match=r"only as key padding"):
+        attnprof.attention(q, k, v, backend="flash", attn_mask=holed)
     del group
     # Paged decode: 2 sequences of 64 keys in pages of 16.
     qd = torch.randn(2, 8, 1, 64, dtype=torch.bfloat16, device="cuda")
@@ -199,3 +203,40 @@ def test_cuda_call_cache_reads_each_calls_tensors_and_stream(backend):
     with pytest.raises(attnprof.Error, match=r"q is bf16 but out is fp16"):
         attnprof.attention(q, k, v, backend=backend, out=out.half())
     assert _core._cache_entries() == entries
+
+
+def test_cuda_flash_varlen_and_softcap_match_torch():
+    """flash's sm90 kernels on a packed batch (forward and autograd) against per-sequence SDPA in float32, and a
+    soft cap against Gemma-2's formula."""
+    if "flash" not in attnprof.explain(batch=1, heads=4, seq=256, head_dim=128, device="cuda",
+                                       seq_lens=[100, 156]).eligible():
+        pytest.skip("flash's sm90 kernels need an sm90 GPU")
+    lens = [100, 1, 300, 55]
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), dtype=torch.int32, device="cuda")
+    total = int(cu[-1])
+    q = torch.randn(total, 8, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    k = torch.randn(total, 2, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    v = torch.randn(total, 2, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    got = attnprof.attention(q, k, v, backend="flash", mask="causal", cu_seqlens_q=cu, cu_seqlens_k=cu,
+                             max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    got.float().square().sum().backward()
+    outs = []
+    for b, n in enumerate(lens):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        qs, ks, vs = (x.detach()[rows].float().transpose(0, 1).requires_grad_() for x in (q, k, v))
+        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        o.square().sum().backward()
+        outs.append((rows, o.transpose(0, 1), qs.grad.transpose(0, 1), ks.grad.transpose(0, 1),
+                     vs.grad.transpose(0, 1)))
+    for rows, o, dq, dk, dv in outs:
+        torch.testing.assert_close(got[rows].float(), o, atol=3e-2, rtol=3e-2)
+        for mine, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+            scale = want.abs().max().clamp(min=1.0)
+            assert (mine[rows].float() - want).abs().max() <= 2e-2 * scale
+    # Soft cap 5 on scores scaled up so that it bends them.
+    qd, kd, vd = (torch.randn(2, 4, 256, 128, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    s = (qd.float() @ kd.float().transpose(-1, -2)) * 0.5
+    s = torch.tanh(s / 5.0) * 5.0
+    want = torch.softmax(s, dim=-1) @ vd.float()
+    got = attnprof.attention(qd, kd, vd, backend="flash", mask="none", scale=0.5, softcap=5.0)
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)

@@ -9,16 +9,10 @@
 // Where it is used: the CPU flash forward (backends/cpu/flash.cpp) lowers a
 // Boolean mask on every call and, when this returns lengths, clamps each
 // sequence's key range to them (Inputs::kv_lens, a paged call's per-sequence
-// lengths, take the same path).
-//
-// The hook for the CUDA fused kernels (the lead's, not wired yet): FusedParams
-// (backends/cuda/fused_params.h) would gain
-//     const std::int32_t* kv_lens;  // device int32 [B] or null: keys of sequence b are 0 .. kv_lens[b] - 1
-// and each kernel would clamp its n_block_max (and mask the last block's
-// columns) per batch index with it, as it now does with kv_seq. The CUDA
-// flash backend (fused_backend.h) then lowers on the host (the mask is read
-// back once per call, B * Skv bytes for a [B, 1, 1, Skv] mask) and passes the
-// lengths; until then it refuses Boolean masks, key-padding ones by name.
+// lengths, take the same path). The CUDA flash (fused_backend.h, through
+// backends/cuda/sequence_lengths.h) lowers a host copy once a call and hands
+// the lengths to its sm90 kernels as FusedParams::kv_lens; any other Boolean
+// mask it refuses by name.
 #pragma once
 
 #include <cstdint>

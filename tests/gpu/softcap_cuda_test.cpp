@@ -1,7 +1,8 @@
-// Soft-capping on CUDA (issue 22 item 3): no CUDA kernel takes a cap yet, so
-// every CUDA backend refuses one by name, in one line, forward and backward,
-// before any device call (eligibility_of reads the backend's traits); auto
-// finds nothing to pick. The CPU backends take it (tests/cpu/softcap_test.cpp).
+// Soft-capping on CUDA (issue 22 item 3): flash's sm90 kernels take a cap
+// (tests/gpu/flash_sequences_test.cpp checks the numbers); every CUDA
+// backend whose traits lack one refuses it by name, in one line, forward and
+// backward, before any device call (eligibility_of reads the traits). The CPU
+// backends take it too (tests/cpu/softcap_test.cpp).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -9,6 +10,7 @@
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
+#include "backends/cuda/fused_kernels.h"
 
 namespace attnprof {
 namespace {
@@ -29,7 +31,7 @@ Problem capped_cuda_problem(Pass pass) {
   return p;
 }
 
-TEST(SoftcapCuda, EveryCudaBackendRefusesItByName) {
+TEST(SoftcapCuda, BackendsWithoutItRefuseItByNameAndFlashTakesIt) {
   for (const Pass pass : {Pass::Forward, Pass::Backward, Pass::Train}) {
     const Problem p = capped_cuda_problem(pass);
     for (const std::string_view name : backend_names()) {
@@ -38,6 +40,11 @@ TEST(SoftcapCuda, EveryCudaBackendRefusesItByName) {
       ASSERT_NE(b, nullptr) << "a CUDA build has every backend on CUDA";
       if (pass != Pass::Forward && !b->has_backward()) continue;  // refused as having no backward first
       const Eligibility el = eligibility_of(*b, p);
+      if (name == "flash") {
+        EXPECT_TRUE(b->traits().softcap);
+        EXPECT_EQ(el.eligible, cuda::flash_sm90_runs_here()) << el.reason;
+      }
+      if (b->traits().softcap) continue;
       EXPECT_FALSE(el.eligible);
       EXPECT_EQ(el.reason, "soft-capping is not built for " + std::string(name) + " on cuda yet (use device=cpu)");
       Problem uncapped = p;
@@ -48,18 +55,19 @@ TEST(SoftcapCuda, EveryCudaBackendRefusesItByName) {
   }
 }
 
-TEST(SoftcapCuda, ExplainAndAutoRefuseInOneLine) {
+TEST(SoftcapCuda, ExplainAndResolveRefuseInOneLine) {
   const Problem p = capped_cuda_problem(Pass::Forward);
   for (const Explanation& e : explain(p)) {
+    if (find_backend(e.backend, Device::Cuda)->traits().softcap) continue;
     EXPECT_FALSE(e.eligible) << e.backend;
     EXPECT_NE(e.reason.find("soft-capping is not built for " + e.backend), std::string::npos) << e.reason;
   }
   try {
-    resolve_backend(p, "flash");
-    ADD_FAILURE() << "flash on CUDA took a soft cap";
+    resolve_backend(p, "efficient");
+    ADD_FAILURE() << "efficient took a soft cap";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_NE(std::string(e.what()).find("soft-capping is not built for flash on cuda yet (use device=cpu)"),
+    EXPECT_NE(std::string(e.what()).find("soft-capping is not built for efficient on cuda yet (use device=cpu)"),
               std::string::npos)
         << e.what();
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();

@@ -37,7 +37,17 @@ const char* flash_story(const FusedParams& shape) {
                                     "its registers to the consumers; wgmma, two consumer warpgroups)"
                                   : "one fused kernel (FlashAttention-2 class: cp.async "
                                     "double-buffered K/V, mma.sync, online softmax)";
-  if (shape.seq_q <= 8 * kFlashDecodeMaxQueries && flash_decode_head_dim(shape.head_dim)) {
+  if (shape.cu_seqlens_q != nullptr) {
+    story += "; a packed batch of " + std::to_string(shape.batch) +
+             " sequences, each against its own keys (tiles past a sequence's end return at once)";
+  }
+  if (shape.kv_lens != nullptr) {
+    story += "; each sequence's keys bounded by its own count (a key-padding mask read as lengths: key tiles past "
+             "it are never visited)";
+  }
+  if (shape.softcap > 0.f) story += "; scores soft-capped (tanh before the mask, its derivative in the backward)";
+  if (!shape.per_sequence() && shape.softcap == 0.f && shape.seq_q <= 8 * kFlashDecodeMaxQueries &&
+      flash_decode_head_dim(shape.head_dim)) {
     story += "; the decode kernel takes at most " + std::to_string(kFlashDecodeMaxQueries) + " queries, this has " +
              std::to_string(shape.seq_q) + ", so it runs as a prefill";
   }

@@ -67,6 +67,8 @@ int choose_splits(int ctas, int slots, int key_tiles) {
 }  // namespace
 
 bool flash_decode_takes(const FusedParams& p) {
+  // Sequences of their own lengths and soft caps run on the sm90 prefill kernels.
+  if (p.per_sequence() || p.total_q > 0 || p.mask == MaskKind::Boolean || p.softcap > 0.f) return false;
   return flash_decode_head_dim(p.head_dim) && (p.page_size > 0 || p.seq_q <= kFlashDecodeMaxQueries);
 }
 

@@ -96,6 +96,26 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
                  std::to_string(row_tiles * p.kv_heads) + ": use fewer queries or a contiguous cache");
     }
   }
+  // Sequences of their own lengths and soft caps: flash's sm90 kernels only.
+  if (p.per_sequence() || p.softcap > 0.f) {
+    const char* what = p.cu_seqlens_q != nullptr ? "a packed batch (seq_lens)"
+                       : p.kv_lens != nullptr    ? "per-sequence key lengths (a key-padding mask, kv_lens)"
+                                                 : "soft-capping";
+    if (!flash) return say(std::string(what) + " is read by flash's sm90 kernels only (use flash)");
+    if (!(flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here())) {
+      return say(std::string(what) +
+                 " is read by flash's sm90 kernels only: an sm90 GPU with sm_90a code in this build, head_dim 64, "
+                 "96, 128, 192 or 256");
+    }
+    if (p.page_size > 0) return say(std::string(what) + " does not combine with a paged KV cache on CUDA");
+    if (p.cu_seqlens_q != nullptr && (p.cu_seqlens_k == nullptr || p.total_q < 1 || p.total_k < 1)) {
+      return say("a packed batch needs both cumulative lengths and its packed rows");
+    }
+    if (p.cu_seqlens_q != nullptr && p.kv_lens != nullptr) {
+      return say("per-sequence key lengths (kv_lens, a key-padding mask) do not combine with a packed batch");
+    }
+    if (p.softcap > 0.f && !std::isfinite(p.softcap)) return say("the soft cap must be a positive finite number");
+  }
   if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % alignof(float) != 0) {
     return say("lse must be a float-aligned device pointer (or null)");
   }

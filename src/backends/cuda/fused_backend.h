@@ -19,6 +19,7 @@
 #include "attnprof/profiler.h"
 #include "backends/cuda/arch_check.h"
 #include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
 
 namespace attnprof::cuda {
@@ -52,13 +53,15 @@ class FusedBackend : public Backend {
       return {false, "bias masks are not supported by our fused kernel: use cudnn, naive or math"};
     }
     // A key-padding mask lowers to per-sequence key lengths
-    // (core/mask_lowering.h), which the CPU flash takes; these kernels do not
-    // yet (the hook FusedParams would gain is described there).
-    if (p.mask == MaskKind::Boolean) {
+    // (core/mask_lowering.h), which flash's sm90 kernels read; whether a mask
+    // is one is known only when the call reads it (lower_mask).
+    if (p.mask == MaskKind::Boolean && !flash_) {
       return {false, std::string(name_) +
-                         " on CUDA takes no boolean mask: a key-padding one ([B, 1, 1, Skv], each row a prefix of "
-                         "Trues) is lowered to per-sequence key lengths on the CPU flash only for now; use naive or "
-                         "math, or flash on the CPU"};
+                         " on CUDA takes no boolean mask (flash reads a key-padding one as per-sequence key "
+                         "lengths); use flash, cudnn, naive or math"};
+    }
+    if (p.varlen() && std::max(p.total_q(), p.total_kv()) > std::int64_t{1} << 30) {
+      return {false, std::string(name_) + " indexes a packed batch's rows in 32 bits: at most 2^30 rows"};
     }
     if (std::string why = arch_unsupported_reason(); !why.empty()) return {false, why};
     // A shape-only question: contiguous strides, and an aligned stand-in
@@ -77,10 +80,25 @@ class FusedBackend : public Backend {
                      p.head_dim);
       shape.block_table = static_cast<const std::int32_t*>(stand_in);
     }
+    if (p.varlen()) {
+      shape.cu_seqlens_q = shape.cu_seqlens_k = static_cast<const std::int32_t*>(stand_in);
+      shape.q_batch_stride = shape.k_batch_stride = shape.v_batch_stride = shape.o_batch_stride = 0;
+    }
+    if (p.mask == MaskKind::Boolean) {  // as use_sequences lowers it
+      shape.kv_lens = static_cast<const std::int32_t*>(stand_in);
+      shape.mask = MaskKind::None;
+    }
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
-    if (p.pass == Pass::Forward) return {true, story_(shape)};
+    if (p.pass == Pass::Forward) return {true, story_(shape) + boolean_story(p)};
     if (const char* why = fused_bwd_head_dim_refusal(static_cast<int>(p.head_dim), flash_)) return {false, why};
-    return {true, std::string(story_(shape)) + "; backward: " + backward_story(p)};
+    return {true, std::string(story_(shape)) + boolean_story(p) + "; backward: " + backward_story(p)};
+  }
+
+  // A Boolean mask on flash: read as key counts if it is a key-padding one.
+  static std::string boolean_story(const Problem& p) {
+    if (p.mask != MaskKind::Boolean) return {};
+    return " (the boolean mask is read back once a call and taken as key counts if it is a key-padding mask, "
+           "[B, 1, 1, Skv] rows of Trues then Falses; any other is refused when the call reads it)";
   }
 
   // What the backward runs for `p`, and why that kernel.
@@ -149,6 +167,12 @@ class FusedBackend : public Backend {
         e.device_activities = forward + 3;
         break;
     }
+    // A boolean mask lowered: read back, and the counts copied in, each call.
+    if (p.mask == MaskKind::Boolean && flash_) {
+      const int calls = p.pass == Pass::Train ? 2 : 1;
+      e.copies = 2 * calls;
+      e.device_activities += 2 * calls;
+    }
     return e;
   }
 
@@ -170,6 +194,11 @@ class FusedBackend : public Backend {
       f.pages_per_seq = static_cast<int>(p.pages_per_seq());
     }
     f.mask = p.mask;
+    f.softcap = static_cast<float>(p.softcap);
+    if (p.varlen()) {
+      f.total_q = static_cast<int>(p.total_q());
+      f.total_k = static_cast<int>(p.total_kv());
+    }
     return f;
   }
 
@@ -181,7 +210,9 @@ class FusedBackend : public Backend {
     return {.backward_recomputes = true,
             .backward_dq_unordered = true,
             .max_kv_splits = flash_ ? kFlashDecodeMaxSplits : 0,
-            .kv_split_keys = flash_ ? kFlashDecodeKeys : 0};
+            .kv_split_keys = flash_ ? kFlashDecodeKeys : 0,
+            .softcap = flash_,
+            .varlen = flash_};
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
@@ -189,7 +220,7 @@ class FusedBackend : public Backend {
   }
 
   void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
-    saved.lse = Tensor::empty({p.batch, p.heads, p.seq, 1}, DType::F32, ctx.allocator);
+    saved.lse = Tensor::empty(lse_dims(p), DType::F32, ctx.allocator);
     run_forward(p, in, out, saved.lse.data_as<float>(), ctx);
   }
 
@@ -202,13 +233,15 @@ class FusedBackend : public Backend {
         fail(ErrorKind::Unsupported, std::string(name_) + " needs a contiguous head_dim; got " + t->describe());
       }
     }
-    if (saved.lse.numel() != p.batch * p.heads * p.seq || saved.lse.dtype() != DType::F32) {
+    if (saved.lse.sizes() != lse_dims(p) || saved.lse.dtype() != DType::F32) {
       fail(ErrorKind::InvalidArgument,
            std::string(name_) + "'s backward needs the FP32 log-sum-exp that its forward_train saves");
     }
     FusedBwdParams b;
     b.fwd = params_for(p);
     fill_forward(b.fwd, in, out, const_cast<float*>(saved.lse.data_as<float>()));
+    std::optional<Storage> key_counts;
+    use_sequences(b.fwd, p, in, ctx, key_counts);
     b.dout = dout.data();
     set_strides(dout, b.do_batch_stride, b.do_head_stride, b.do_row_stride);
     b.dq = grads.dq.data();
@@ -217,6 +250,7 @@ class FusedBackend : public Backend {
     set_strides(grads.dq, b.dq_batch_stride, b.dq_head_stride, b.dq_row_stride);
     set_strides(grads.dk, b.dk_batch_stride, b.dk_head_stride, b.dk_row_stride);
     set_strides(grads.dv, b.dv_batch_stride, b.dv_head_stride, b.dv_row_stride);
+    if (p.varlen()) b.do_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
     b.deterministic = p.deterministic;
     // Workspace in one piece, released (to the stream-ordered cache) when
     // this call returns; each part starts 16-byte aligned (its element
@@ -252,6 +286,8 @@ class FusedBackend : public Backend {
     RecordFunction rf(op_, dtype_name(p.dtype), shape_key_of(p));
     FusedParams f = params_for(p);
     fill_forward(f, in, out, lse, p.kv_cache == KvCache::Paged);
+    std::optional<Storage> key_counts;
+    use_sequences(f, p, in, ctx, key_counts);
     if (p.kv_cache == KvCache::Paged) {
       // The decode kernel reads row b of the table at b * pages_per_seq.
       if (in.block_table.stride(3) != 1 || in.block_table.stride(2) != p.pages_per_seq()) {
@@ -276,6 +312,39 @@ class FusedBackend : public Backend {
       }
     }
     ATTNPROF_CUDA_CHECK(launch_(f, plan, static_cast<cudaStream_t>(ctx.stream)));
+  }
+
+  // The saved log-sum-exp's shape: [B, H, S, 1], or a packed batch's [1, H, total_q, 1].
+  static Dims lse_dims(const Problem& p) {
+    return p.varlen() ? Dims{1, p.heads, p.total_q(), 1} : Dims{p.batch, p.heads, p.seq, 1};
+  }
+
+  // Sequences of their own lengths into f (flash; fused_unsupported_reason
+  // refuses them elsewhere): a packed batch's cumulative lengths (kept on the
+  // device per set of lengths) with its tensors' batch strides 0; a Boolean
+  // mask lowered to key counts, in
+  // `key_counts` (released when the call returns), the kernels then masking
+  // nothing else. A Boolean mask that is not key padding is refused here.
+  void use_sequences(FusedParams& f, const Problem& p, const Inputs& in, RunContext& ctx,
+                     std::optional<Storage>& key_counts) const {
+    if (p.varlen()) {
+      const PackedLengths cu = device_cu_seqlens(p);
+      f.cu_seqlens_q = cu.cu_q;
+      f.cu_seqlens_k = cu.cu_k;
+      f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
+    }
+    if (p.mask != MaskKind::Boolean) return;
+    const auto cuda_stream = static_cast<cudaStream_t>(ctx.stream);
+    const std::optional<std::vector<std::int32_t>> lens = lowered_key_padding(in.mask, cuda_stream);
+    if (!lens) {
+      fail(ErrorKind::Unsupported, std::string(name_) +
+                                       " on CUDA reads a boolean mask only as key padding ([B, 1, 1, Skv], each row "
+                                       "Trues then Falses) and this one is not: use cudnn, naive or math");
+    }
+    key_counts.emplace(ctx.allocator, lens->size() * sizeof(std::int32_t));
+    copy_key_counts(*lens, key_counts->data(), cuda_stream);
+    f.kv_lens = static_cast<const std::int32_t*>(key_counts->data());
+    f.mask = MaskKind::None;
   }
 
   // The tensors of a forward into f (checking their head_dim is contiguous):

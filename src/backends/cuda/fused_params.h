@@ -89,6 +89,24 @@ struct FusedParams {
   // The decode kernel's FP32 workspace when it splits the keys
   // (flash_decode_plan(...).workspace_bytes), else unused.
   float* workspace = nullptr;
+  // Sequences of their own lengths (flash's sm90 kernels only; the others
+  // refuse them, fused_unsupported_reason):
+  //  - a packed batch: q, o [total_q rows], k, v [total_k rows] with batch
+  //    stride 0, sequence b's rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
+  //    (device int32 [batch + 1], from 0; likewise cu_seqlens_k); seq_q and
+  //    seq_k are the longest sequence's; the LSE is [1, H, total_q];
+  //  - a dense batch's key counts: sequence b attends keys 0 .. kv_lens[b] - 1
+  //    (device int32 [batch]; a key-padding mask lowered, core/mask_lowering.h).
+  // The bottom-right alignment is each sequence's own.
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+  int total_q = 0, total_k = 0;
+  const std::int32_t* kv_lens = nullptr;
+  // Soft-capping (Problem::softcap): scaled scores s become tanh(s / softcap)
+  // softcap before the mask; 0: none.
+  float softcap = 0.f;
+
+  bool per_sequence() const { return cu_seqlens_q != nullptr || kv_lens != nullptr; }
 };
 
 // Arguments of the fused backward (kernels/flash_bwd_sm80.cuh): the forward's

@@ -89,6 +89,19 @@ Mirror mirror(const Tensor& like, Allocator& allocator) {
   return m;
 }
 
+}  // namespace
+
+Tensor download_on(const Tensor& t, cudaStream_t stream) {
+  if (!t.defined()) return {};
+  if (t.device() != Device::Cuda) return t;
+  Mirror m = mirror(t, cpu_allocator());
+  if (m.bytes) ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(m.dst, m.src, m.bytes, cudaMemcpyDeviceToHost, stream));
+  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return m.tensor;
+}
+
+namespace {
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   CudaRuntime() {
@@ -154,16 +167,7 @@ class CudaRuntime final : public DeviceRuntime {
 
   // Same sizes and strides on the host (a strided view when the device tensor
   // was one); element access through Tensor::get works either way.
-  Tensor download(const Tensor& t) override {
-    if (!t.defined()) return {};
-    if (t.device() != Device::Cuda) return t;
-    Mirror m = mirror(t, cpu_allocator());
-    if (m.bytes) {
-      ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(m.dst, m.src, m.bytes, cudaMemcpyDeviceToHost, stream_));
-    }
-    synchronize();
-    return m.tensor;
-  }
+  Tensor download(const Tensor& t) override { return download_on(t, stream_); }
 
   void poison(Tensor& t) override {
     if (!t.defined()) return;

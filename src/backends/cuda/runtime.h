@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attnprof/dtype.h"
+#include "attnprof/tensor.h"
 
 namespace attnprof::cuda {
 
@@ -14,5 +15,11 @@ namespace attnprof::cuda {
 // Used for the ceiling GEMM's operands, which must not be zeros (a product of
 // zeros runs faster than real data on some parts).
 void fill_uniform(void* data, std::int64_t n, DType dtype, std::uint64_t seed, cudaStream_t stream);
+
+// A host copy of a CUDA tensor, read on `stream` and waited for: the same
+// sizes and strides over a copy of exactly the elements the view touches (an
+// expanded mask's broadcast dimensions are not materialised). A host tensor
+// is returned as it is.
+Tensor download_on(const Tensor& t, cudaStream_t stream);
 
 }  // namespace attnprof::cuda

@@ -34,6 +34,22 @@ struct BwdArgs {
   int dq_accum_cols;  // head_dim (sm80), padded to 64 (sm90)
   bool deterministic;
 
+  // Sequence b (FwdArgs::sequence), with dO's and the gradients' addresses
+  // of its first rows too when packed; itself when dense. The workspace keeps
+  // its [B, H, rows_pad] rows (rows_pad from the longest sequence).
+  __device__ __forceinline__ BwdArgs sequence(int b) const {
+    BwdArgs s = *this;
+    if (!f.per_sequence()) return s;
+    s.f = f.sequence(b);
+    if (f.cu_seqlens_q != nullptr) {
+      s.dout += s.f.q_row0 * do_row_stride;
+      s.dq += s.f.q_row0 * dq_row_stride;
+      s.dk += s.f.k_row0 * dk_row_stride;
+      s.dv += s.f.k_row0 * dv_row_stride;
+    }
+    return s;
+  }
+
   static BwdArgs from(const FusedBwdParams& p) {
     return BwdArgs{
         .f = FwdArgs::from(p.fwd),

@@ -66,14 +66,16 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const _
     const std::int64_t bh = tile / (a.rows_pad / 64);
     const int row = static_cast<int>(tile % (a.rows_pad / 64)) * 64 + warp * 16 + lane / 4;
     const int col = consumer_column<kPadDim>(wg, nt) + 2 * (lane % 4);
-    if (col >= a.head_dim || row >= f.seq_q) continue;
+    const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
+    const BwdArgs seq = a.sequence(batch);  // the rows' sequence (packed batches)
+    if (col >= a.head_dim || row >= seq.f.seq_q) continue;
     // The slot's floats, where the kernel staged them (e is that slot, in order).
     const float4 v = *reinterpret_cast<const float4*>(a.dq_accum + tile * 64 * kPadDim +
                                                       DqTileLayout<kDqTiles>::offset(wg, warp, nt, lane));
-    const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
-    std::uint16_t* const out = a.dq + batch * a.dq_batch_stride + head * a.dq_head_stride + row * a.dq_row_stride + col;
+    std::uint16_t* const out =
+        seq.dq + batch * seq.dq_batch_stride + head * seq.dq_head_stride + row * seq.dq_row_stride + col;
     *reinterpret_cast<std::uint32_t*>(out) = pack2<Element>(v.x, v.y);
-    if (row + 8 < f.seq_q) *reinterpret_cast<std::uint32_t*>(out + 8 * a.dq_row_stride) = pack2<Element>(v.z, v.w);
+    if (row + 8 < seq.f.seq_q) *reinterpret_cast<std::uint32_t*>(out + 8 * seq.dq_row_stride) = pack2<Element>(v.z, v.w);
   }
 }
 

@@ -46,13 +46,15 @@ __global__ void __launch_bounds__(256) flash_bwd_preprocess_kernel(const __grid_
   const bool live = r < rows;  // every lane reaches the shuffles below
   const int i = static_cast<int>(r % a.rows_pad);
   const std::int64_t bh = r / a.rows_pad;
-  const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
+  const int head = static_cast<int>(bh % f.heads), batch = min(static_cast<int>(bh / f.heads), f.batch - 1);
+  const BwdArgs seq = a.sequence(batch);  // the row's sequence (packed batches, key counts)
+  const FwdArgs& sf = seq.f;
   float sum = 0.f;
-  if (live && i < f.seq_q) {
-    const auto* o =
-        reinterpret_cast<const uint4*>(f.o + batch * f.o_batch_stride + head * f.o_head_stride + i * f.o_row_stride);
-    const auto* d_o = reinterpret_cast<const uint4*>(a.dout + batch * a.do_batch_stride + head * a.do_head_stride +
-                                                     i * a.do_row_stride);
+  if (live && i < sf.seq_q) {
+    const auto* o = reinterpret_cast<const uint4*>(sf.o + batch * sf.o_batch_stride + head * sf.o_head_stride +
+                                                   i * sf.o_row_stride);
+    const auto* d_o = reinterpret_cast<const uint4*>(seq.dout + batch * seq.do_batch_stride +
+                                                     head * seq.do_head_stride + i * seq.do_row_stride);
     for (int c = lane; c < a.head_dim / 8; c += kLanes) sum += dot8<Element>(o[c], d_o[c]);
   }
 #pragma unroll
@@ -60,7 +62,10 @@ __global__ void __launch_bounds__(256) flash_bwd_preprocess_kernel(const __grid_
   if (!live) return;
   if (lane == 0) {
     a.dsum[r] = sum;
-    if (a.lse_log2 != nullptr) a.lse_log2[r] = i < f.seq_q ? lse_log2(f.lse[bh * f.seq_q + i]) : INFINITY;
+    if (a.lse_log2 != nullptr) {
+      a.lse_log2[r] =
+          i < sf.seq_q ? lse_log2(sf.lse[batch * sf.lse_batch_stride + head * sf.lse_head_stride + i]) : INFINITY;
+    }
     if (a.dq_semaphore != nullptr && i % 64 == 0) a.dq_semaphore[r / 64] = 0;
   }
   if (a.dq_accum != nullptr) {

@@ -117,9 +117,11 @@ struct FlashBwdSm90 {
   }
 };
 
-template <class Cfg, MaskMode kMask, Half16 Element, bool kDeterministic>
+// kSoftcap: the scores are soft-capped (FwdArgs::softcap_in): P from
+// tanh(S scale / c) c, and dS times tanh's derivative 1 - tanh^2.
+template <class Cfg, MaskMode kMask, Half16 Element, bool kDeterministic, bool kSoftcap>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    flash_bwd_sm90_kernel(const __grid_constant__ BwdArgs a,
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdArgs args,
                           const __grid_constant__ typename FlashBwdSm90<Cfg, kMask, Element>::Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Kernel = FlashBwdSm90<Cfg, kMask, Element>;
@@ -133,14 +135,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const typename Mainloop::KVPipeline kv_pipe(base + Kernel::kKVPipeOffset);
   const typename Mainloop::QPipeline q_pipe(base + Kernel::kQPipeOffset);
 
-  const FwdArgs& f = a.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int kv_heads = f.heads / f.group;
+  const int kv_heads = args.f.heads / args.f.group;
   constexpr bool kKeyTileFastest = kMask == MaskMode::None && !kDeterministic;  // the grid's order (above)
   const int n_block = kKeyTileFastest ? blockIdx.x : blockIdx.y, n_blocks = kKeyTileFastest ? gridDim.x : gridDim.y;
   const int kv_pair = kKeyTileFastest ? blockIdx.y : blockIdx.x;
   const int kv_head = kv_pair % kv_heads, batch = kv_pair / kv_heads;
   const int n0 = n_block * kBN;
+  // The CTA's sequence (packed batches, key counts; args itself when dense):
+  // its key tiles past the sequence's keys have no query tiles.
+  const BwdArgs a = args.sequence(batch);
+  const FwdArgs& f = a.f;
   const QueryTiles tiles = query_tiles<kMask, kBM, kBN>(f, n0);
   QueryWalk walk{tiles};
   // Unmasked, every key tile of a head starts at query tile 0, and the few of
@@ -200,18 +205,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // P^T = exp2(S^T scale - LSE) while dP^T works.
         sm90::wgmma_wait<1>();
         sm90::fence_operands(s);
+        if constexpr (kSoftcap) softcap_scores(s, f.softcap_in);  // tanh(S^T scale / c), before the mask
         if (tile_needs_mask<kMask, kBM, kBN>(f, m0, n0)) {
           Mainloop::mask(f, s, n0 + key_row0 + lane / 4, m0 + query_col0 + 2 * t);
         }
         const float2* lse = smem.template at<const float2>(smem.lse(st)) + query_col0 / 2;
         const float2* dsum = smem.template at<const float2>(smem.dsum(st)) + query_col0 / 2;
+        // Soft-capped: g = P^T (1 - tanh^2), dS^T's factor beside P^T (a
+        // masked score's tanh is -inf: its P and g are 0).
+        float g[kMT][4];  // unused (and gone) without a cap
 #pragma unroll
         for (int nt = 0; nt < kMT; ++nt) {
           const float2 l = lse[nt * 4 + t];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            s[nt][2 * h] = ex2(fmaf(s[nt][2 * h], f.scale_log2, -l.x));
-            s[nt][2 * h + 1] = ex2(fmaf(s[nt][2 * h + 1], f.scale_log2, -l.y));
+          for (int e = 0; e < 4; ++e) {
+            const float x = s[nt][e];
+            s[nt][e] = ex2(fmaf(x, f.scale_log2, e % 2 == 0 ? -l.x : -l.y));
+            if constexpr (kSoftcap) g[nt][e] = s[nt][e] * fmaxf(fmaf(-x, x, 1.f), 0.f);
           }
         }
         std::uint32_t pt[kMT / 2][4];
@@ -225,9 +235,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int nt = 0; nt < kMT; ++nt) {
           const float2 d = dsum[nt * 4 + t];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            dp[nt][2 * h] = s[nt][2 * h] * (dp[nt][2 * h] - d.x);
-            dp[nt][2 * h + 1] = s[nt][2 * h + 1] * (dp[nt][2 * h + 1] - d.y);
+          for (int e = 0; e < 4; ++e) {
+            dp[nt][e] = (kSoftcap ? g[nt][e] : s[nt][e]) * (dp[nt][e] - (e % 2 == 0 ? d.x : d.y));
           }
         }
         std::uint32_t dst[kMT / 2][4];
@@ -303,11 +312,16 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   using Kernel = FlashBwdSm90<Cfg, kMask, Element>;
   typename Kernel::Params p;
   if (const cudaError_t e = Kernel::Mainloop::to_params(a, p); e != cudaSuccess) return e;
-  const auto kernel = a.deterministic ? flash_bwd_sm90_kernel<Cfg, kMask, Element, true>
-                                      : flash_bwd_sm90_kernel<Cfg, kMask, Element, false>;
+  const bool capped = a.f.softcap_in != 0.f;
+  const auto kernel = a.deterministic ? (capped ? flash_bwd_sm90_kernel<Cfg, kMask, Element, true, true>
+                                                : flash_bwd_sm90_kernel<Cfg, kMask, Element, true, false>)
+                                      : (capped ? flash_bwd_sm90_kernel<Cfg, kMask, Element, false, true>
+                                                : flash_bwd_sm90_kernel<Cfg, kMask, Element, false, false>);
   static const bool budget_holds = [] {
-    for (const auto k :
-         {flash_bwd_sm90_kernel<Cfg, kMask, Element, true>, flash_bwd_sm90_kernel<Cfg, kMask, Element, false>}) {
+    for (const auto k : {flash_bwd_sm90_kernel<Cfg, kMask, Element, true, false>,
+                         flash_bwd_sm90_kernel<Cfg, kMask, Element, false, false>,
+                         flash_bwd_sm90_kernel<Cfg, kMask, Element, true, true>,
+                         flash_bwd_sm90_kernel<Cfg, kMask, Element, false, true>}) {
       cudaFuncAttributes attr{};
       if (cudaFuncGetAttributes(&attr, k) != cudaSuccess || attr.numRegs != Cfg::kLaunchRegs) return false;
     }

@@ -80,10 +80,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (warp == Cfg::kConsumerThreads / 32 && lane == 0) {
       auto cta = Scheduler::first(a);
       do {
-        const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(a, cta.m0);
+        const FwdArgs seq = a.sequence(cta.batch);
+        const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(seq, cta.m0);
         if (tiles.begin < tiles.end) {
           if constexpr (Scheduler::kPersistent) q_pipe.producer_acquire(q_state);  // the last tile's Q is read
-          Mainloop::load(p, smem, cta, tiles, q_pipe, q_state, kv_pipe, kv_state);
+          Mainloop::load(p, seq, smem, cta, tiles, q_pipe, q_state, kv_pipe, kv_state);
           q_state.advance();
         }
       } while (Scheduler::next(a, cta));
@@ -99,17 +100,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   auto cta = Scheduler::first(a);
   do {
-    const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(a, cta.m0);
+    // The tile's sequence (packed batches, key counts; a itself when dense).
+    const FwdArgs seq = a.sequence(cta.batch);
+    const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(seq, cta.m0);
     float acc[1][Cfg::kDTiles][4];
     zero(acc);
     OnlineSoftmax<1> softmax;
     softmax.init();
     if (tiles.begin < tiles.end) {
-      Mainloop::mma(a, smem, cta, tiles, q_pipe, q_state, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
+      Mainloop::mma(seq, smem, cta, tiles, q_pipe, q_state, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
       if constexpr (Scheduler::kPersistent) q_pipe.consumer_release(q_state);
       q_state.advance();
     }
-    EpilogueFwd<Element, kLse>::template store_direct<Cfg::kHeadDim / 8>(a, cta, acc, softmax, warp_row0, lane);
+    EpilogueFwd<Element, kLse>::template store_direct<Cfg::kHeadDim / 8>(seq, cta, acc, softmax, warp_row0, lane);
   } while (Scheduler::next(a, cta));
 #endif
 }

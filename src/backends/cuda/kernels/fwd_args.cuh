@@ -61,9 +61,56 @@ struct FwdArgs {
   int diag_offset;   // query i sees keys j <= i + diag_offset (Causal, Window)
   int window;        // Window: and keys j > i + diag_offset - window
   float* lse;        // [B, H, seq_q] or null (FusedParams::lse); last, so the other fields keep their offsets
+  // Sequence lengths (FusedParams): a packed batch's cumulative lengths
+  // (device int32 [batch + 1], or null: dense), and a dense batch's key
+  // counts (device int32 [batch], or null: seq_k each). seq_q and seq_k are
+  // then the longest sequence's; sequence(b) reads sequence b's.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  const int* kv_lens;
+  std::int64_t lse_batch_stride, lse_head_stride;  // the LSE's layout ([B, H, seq_q], or packed [1, H, total_q])
+  // Soft-capping: scores become tanh(s softcap_in) before the mask, and
+  // scale_log2 is then softcap * log2(e) (tanh(s scale / c) c in log2
+  // units); 0 without a cap.
+  float softcap_in;
+  int q_rows, k_rows, map_batch;  // the tensors' rows per batch and batches (the TMA maps): packed total_q, total_k, 1
+  int q_row0, k_row0;             // sequence(b): its first query and key row in the tensors (0 dense)
+  bool bottom_right;              // diag_offset is seq_k - seq_q (of each sequence) rather than 0
+
+  // Whether sequences differ in length (a packed batch, or key counts).
+  __host__ __device__ __forceinline__ bool per_sequence() const {
+    return cu_seqlens_q != nullptr || kv_lens != nullptr;
+  }
+
+  // Sequence b as a problem of its own: its lengths and mask diagonal, and
+  // (packed) the tensors' addresses of its first rows, so that everything
+  // indexing by batch, head and row reads its rows; itself when dense.
+  __device__ __forceinline__ FwdArgs sequence(int b) const {
+    FwdArgs s = *this;
+    if (!per_sequence()) return s;
+    if (cu_seqlens_q != nullptr) {
+      const int q0 = cu_seqlens_q[b], k0 = cu_seqlens_k[b];
+      s.seq_q = cu_seqlens_q[b + 1] - q0;
+      s.seq_k = cu_seqlens_k[b + 1] - k0;
+      s.q += q0 * q_row_stride;
+      s.o += q0 * o_row_stride;
+      s.k += k0 * k_row_stride;
+      s.v += k0 * v_row_stride;
+      if (lse != nullptr) s.lse += q0;
+      s.q_row0 = q0;
+      s.k_row0 = k0;
+    }
+    if (kv_lens != nullptr) s.seq_k = kv_lens[b];
+    if (bottom_right) s.diag_offset = s.seq_k - s.seq_q;
+    return s;
+  }
+  // The batch coordinate of sequence b in the TMA maps (a packed batch is one).
+  __device__ __forceinline__ int map_batch_of(int b) const { return cu_seqlens_q != nullptr ? 0 : b; }
 
   static FwdArgs from(const FusedParams& p) {
     const bool top_left = p.mask == MaskKind::Causal;
+    const bool packed = p.cu_seqlens_q != nullptr;
+    const float log2e = 1.4426950408889634f;
     return FwdArgs{
         .q = static_cast<const std::uint16_t*>(p.q),
         .k = static_cast<const std::uint16_t*>(p.k),
@@ -86,10 +133,22 @@ struct FwdArgs {
         .group = p.heads / p.kv_heads,
         .seq_q = p.seq_q,
         .seq_k = p.seq_k,
-        .scale_log2 = p.scale * 1.4426950408889634f,
+        .scale_log2 = p.softcap > 0.f ? p.softcap * log2e : p.scale * log2e,
         .diag_offset = top_left ? 0 : p.seq_k - p.seq_q,
         .window = p.window,
         .lse = p.lse,
+        .cu_seqlens_q = p.cu_seqlens_q,
+        .cu_seqlens_k = p.cu_seqlens_k,
+        .kv_lens = p.kv_lens,
+        .lse_batch_stride = packed ? 0 : static_cast<std::int64_t>(p.heads) * p.seq_q,
+        .lse_head_stride = packed ? p.total_q : p.seq_q,
+        .softcap_in = p.softcap > 0.f ? p.scale / p.softcap : 0.f,
+        .q_rows = packed ? p.total_q : p.seq_q,
+        .k_rows = packed ? p.total_k : p.seq_k,
+        .map_batch = packed ? 1 : p.batch,
+        .q_row0 = 0,
+        .k_row0 = 0,
+        .bottom_right = !top_left,
     };
   }
 };
@@ -104,6 +163,7 @@ template <MaskMode kMask, int kBlockM, int kBlockN>
 __device__ __forceinline__ KeyTiles key_tiles(const FwdArgs& a, int m0) {
   int hi = a.seq_k;  // exclusive key bound
   int lo = 0;
+  if (m0 >= a.seq_q) return {0, 0};  // past a shorter sequence's rows (packed batches)
   if constexpr (kMask != MaskMode::None) hi = min(hi, m0 + kBlockM + a.diag_offset);
   if constexpr (kMask == MaskMode::Window) lo = max(0, m0 + a.diag_offset - a.window + 1);
   if (hi <= lo) return {0, 0};
@@ -119,6 +179,7 @@ struct QueryTiles {
 template <MaskMode kMask, int kBlockM, int kBlockN>
 __device__ __forceinline__ QueryTiles query_tiles(const FwdArgs& f, int n0) {
   int lo = 0, hi = f.seq_q;
+  if (n0 >= f.seq_k) return {0, 0};  // past a shorter sequence's keys
   // Row i sees key j when j <= i + off (Causal, Window) and j > i + off - window (Window).
   if constexpr (kMask != MaskMode::None) lo = max(lo, n0 - f.diag_offset);
   if constexpr (kMask == MaskMode::Window) hi = min(hi, n0 + kBlockN - 1 - f.diag_offset + f.window);
@@ -161,6 +222,24 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
         }
       }
     }
+  }
+}
+
+// tanh in one MUFU instruction (relative error 2^-11, as FlashAttention-3's).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Soft-capping's first half, on raw scores before the mask: s = tanh(s
+// softcap_in); the softmax's scale_log2 (softcap log2(e)) makes the rest.
+template <int kRows, int kCols>
+__device__ __forceinline__ void softcap_scores(float (&s)[kRows][kCols], float softcap_in) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) s[r][c] = tanh_approx(s[r][c] * softcap_in);
   }
 }
 

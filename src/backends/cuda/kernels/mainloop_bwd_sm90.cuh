@@ -153,7 +153,7 @@ struct MainloopBwdSm90 {
         {f.q, f.k, f.v, a.dout},
         {f.q_batch_stride, f.q_head_stride, f.q_row_stride, f.k_batch_stride, f.k_head_stride, f.k_row_stride,
          f.v_batch_stride, f.v_head_stride, f.v_row_stride, a.do_batch_stride, a.do_head_stride, a.do_row_stride},
-        {f.seq_q, f.seq_k, f.heads, f.group, f.batch}};
+        {f.q_rows, f.k_rows, f.heads, f.group, f.map_batch}};
     thread_local sm90::MapCache<Params, 4, MapKey> cache;
     if (const Params* hit = cache.find(key)) {
       p = *hit;
@@ -161,13 +161,13 @@ struct MainloopBwdSm90 {
     }
     const int kv_heads = f.heads / f.group;
     for (const cudaError_t e : {
-             sm90::make_map<Element>(p.q, f.q, Cfg::kHeadDim, f.seq_q, f.heads, f.batch, f.q_row_stride,
+             sm90::make_map<Element>(p.q, f.q, Cfg::kHeadDim, f.q_rows, f.heads, f.map_batch, f.q_row_stride,
                                      f.q_head_stride, f.q_batch_stride, kBM),
-             sm90::make_map<Element>(p.dout, a.dout, Cfg::kHeadDim, f.seq_q, f.heads, f.batch, a.do_row_stride,
+             sm90::make_map<Element>(p.dout, a.dout, Cfg::kHeadDim, f.q_rows, f.heads, f.map_batch, a.do_row_stride,
                                      a.do_head_stride, a.do_batch_stride, kBM),
-             sm90::make_map<Element>(p.k, f.k, Cfg::kHeadDim, f.seq_k, kv_heads, f.batch, f.k_row_stride,
+             sm90::make_map<Element>(p.k, f.k, Cfg::kHeadDim, f.k_rows, kv_heads, f.map_batch, f.k_row_stride,
                                      f.k_head_stride, f.k_batch_stride, kBN),
-             sm90::make_map<Element>(p.v, f.v, Cfg::kHeadDim, f.seq_k, kv_heads, f.batch, f.v_row_stride,
+             sm90::make_map<Element>(p.v, f.v, Cfg::kHeadDim, f.k_rows, kv_heads, f.map_batch, f.v_row_stride,
                                      f.v_head_stride, f.v_batch_stride, kBN),
          }) {
       if (e != cudaSuccess) return e;
@@ -198,15 +198,19 @@ struct MainloopBwdSm90 {
   };
 
   // Producer (one thread): K and V of the CTA's key tile, then for every
-  // query head of its group the query tiles of `walk`, in its order.
+  // query head of its group the query tiles of `walk`, in its order. a: the
+  // CTA's sequence (BwdArgs::sequence), whose rows start at the maps' q_row0
+  // and k_row0; rows read past it are masked (keys) or have an LSE of +inf
+  // (queries), as the forward's (mainloop_fwd_sm90_tma_wgmma_ws.cuh).
   __device__ __forceinline__ static void load(const Params& p, const BwdArgs& a, const Smem& smem, int n0, int kv_head,
                                               int batch, QueryWalk walk, const KVPipeline& kv_pipe,
                                               const QPipeline& q_pipe, typename QPipeline::State& q_state) {
     const FwdArgs& f = a.f;
+    const int map_batch = f.map_batch_of(batch);
     const std::uint32_t kv_bar = kv_pipe.producer_expect(typename KVPipeline::State{}, 0, 2 * kKBytes);
     for (int r = 0; r < kRegions; ++r) {
-      sm90::tma_load_4d(smem.k() + r * kBN * 128, &p.k, kv_bar, 64 * r, n0, kv_head, batch);
-      sm90::tma_load_4d(smem.v() + r * kBN * 128, &p.v, kv_bar, 64 * r, n0, kv_head, batch);
+      sm90::tma_load_4d(smem.k() + r * kBN * 128, &p.k, kv_bar, 64 * r, f.k_row0 + n0, kv_head, map_batch);
+      sm90::tma_load_4d(smem.v() + r * kBN * 128, &p.v, kv_bar, 64 * r, f.k_row0 + n0, kv_head, map_batch);
     }
     for (int g = 0; g < f.group; ++g) {
       const int head = kv_head * f.group + g;
@@ -216,13 +220,13 @@ struct MainloopBwdSm90 {
         q_pipe.producer_acquire(q_state, kPartQ);
         const std::uint32_t q_bar = q_pipe.producer_expect(q_state, kPartQ, kQBytes + kRowBytes);
         for (int r = 0; r < kRegions; ++r) {
-          sm90::tma_load_4d(smem.q(st) + r * kBM * 128, &p.q, q_bar, 64 * r, m0, head, batch);
+          sm90::tma_load_4d(smem.q(st) + r * kBM * 128, &p.q, q_bar, 64 * r, f.q_row0 + m0, head, map_batch);
         }
         sm90::bulk_load(smem.lse(st), a.lse_log2 + rows + m0, kRowBytes, q_bar);
         q_pipe.producer_acquire(q_state, kPartDo);
         const std::uint32_t do_bar = q_pipe.producer_expect(q_state, kPartDo, kQBytes + kRowBytes);
         for (int r = 0; r < kRegions; ++r) {
-          sm90::tma_load_4d(smem.dout(st) + r * kBM * 128, &p.dout, do_bar, 64 * r, m0, head, batch);
+          sm90::tma_load_4d(smem.dout(st) + r * kBM * 128, &p.dout, do_bar, 64 * r, f.q_row0 + m0, head, map_batch);
         }
         sm90::bulk_load(smem.dsum(st), a.dsum + rows + m0, kRowBytes, do_bar);
         q_state.advance();

@@ -140,7 +140,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
     const sm90::MapKey key{{a.q, a.k, a.v},
                            {a.q_batch_stride, a.q_head_stride, a.q_row_stride, a.k_batch_stride, a.k_head_stride,
                             a.k_row_stride, a.v_batch_stride, a.v_head_stride, a.v_row_stride},
-                           {a.seq_q, a.seq_k, a.heads, a.group, a.batch}};
+                           {a.q_rows, a.k_rows, a.heads, a.group, a.map_batch}};
     thread_local sm90::MapCache<Params> cache;
     if (const Params* hit = cache.find(key)) {
       p = *hit;
@@ -148,11 +148,11 @@ struct MainloopFwdSm90TmaWgmmaWs {
     }
     const int kv_heads = a.heads / a.group;
     for (const cudaError_t e : {
-             sm90::make_map<Element>(p.q, a.q, Cfg::kHeadDim, a.seq_q, a.heads, a.batch, a.q_row_stride,
+             sm90::make_map<Element>(p.q, a.q, Cfg::kHeadDim, a.q_rows, a.heads, a.map_batch, a.q_row_stride,
                                      a.q_head_stride, a.q_batch_stride, kBM),
-             sm90::make_map<Element>(p.k, a.k, Cfg::kHeadDim, a.seq_k, kv_heads, a.batch, a.k_row_stride,
+             sm90::make_map<Element>(p.k, a.k, Cfg::kHeadDim, a.k_rows, kv_heads, a.map_batch, a.k_row_stride,
                                      a.k_head_stride, a.k_batch_stride, kBN),
-             sm90::make_map<Element>(p.v, a.v, Cfg::kHeadDim, a.seq_k, kv_heads, a.batch, a.v_row_stride,
+             sm90::make_map<Element>(p.v, a.v, Cfg::kHeadDim, a.k_rows, kv_heads, a.map_batch, a.v_row_stride,
                                      a.v_head_stride, a.v_batch_stride, kBN),
          }) {
       if (e != cudaSuccess) return e;
@@ -169,26 +169,32 @@ struct MainloopFwdSm90TmaWgmmaWs {
     __device__ __forceinline__ std::uint32_t v(int stage) const { return k(stage) + kKVBytes; }
   };
 
-  // Producer (one thread): Q of the tile, then its key tiles [tiles.begin, tiles.end) last first.
+  // Producer (one thread): Q of the tile, then its key tiles [tiles.begin,
+  // tiles.end) last first. a: the tile's sequence (FwdArgs::sequence), whose
+  // rows start at q_row0 and k_row0 of the maps. A packed batch's tiles read
+  // past their sequence's rows into the next one's (or TMA's zeros past the
+  // tensor): the mask drops those keys, and those query rows are not stored.
   template <class Tile>
-  __device__ __forceinline__ static void load(const Params& p, const Smem& smem, const Tile& cta, KeyTiles tiles,
-                                              const QPipeline& q_pipe, const typename QPipeline::State& q_state,
-                                              const KVPipeline& kv_pipe, typename KVPipeline::State& kv_state) {
+  __device__ __forceinline__ static void load(const Params& p, const FwdArgs& a, const Smem& smem, const Tile& cta,
+                                              KeyTiles tiles, const QPipeline& q_pipe,
+                                              const typename QPipeline::State& q_state, const KVPipeline& kv_pipe,
+                                              typename KVPipeline::State& kv_state) {
+    const int batch = a.map_batch_of(cta.batch);
     const std::uint32_t q_bar = q_pipe.producer_expect(q_state, 0, kQBytes);
     for (int r = 0; r < kRegions; ++r) {
-      sm90::tma_load_4d(smem.q() + r * kBM * 128, &p.q, q_bar, 64 * r, cta.m0, cta.head, cta.batch);
+      sm90::tma_load_4d(smem.q() + r * kBM * 128, &p.q, q_bar, 64 * r, a.q_row0 + cta.m0, cta.head, batch);
     }
     for (int n_block = tiles.end - 1; n_block >= tiles.begin; --n_block) {
-      const int n0 = n_block * kBN, stage = kv_state.index();
+      const int n0 = a.k_row0 + n_block * kBN, stage = kv_state.index();
       kv_pipe.producer_acquire(kv_state, kPartK);  // both consumers are done with the stage's last K
       const std::uint32_t k_bar = kv_pipe.producer_expect(kv_state, kPartK, kKVBytes);
       for (int r = 0; r < kRegions; ++r) {
-        sm90::tma_load_4d(smem.k(stage) + r * kBN * 128, &p.k, k_bar, 64 * r, n0, cta.kv_head, cta.batch);
+        sm90::tma_load_4d(smem.k(stage) + r * kBN * 128, &p.k, k_bar, 64 * r, n0, cta.kv_head, batch);
       }
       kv_pipe.producer_acquire(kv_state, kPartV);
       const std::uint32_t v_bar = kv_pipe.producer_expect(kv_state, kPartV, kKVBytes);
       for (int r = 0; r < kRegions; ++r) {
-        sm90::tma_load_4d(smem.v(stage) + r * kBN * 128, &p.v, v_bar, 64 * r, n0, cta.kv_head, cta.batch);
+        sm90::tma_load_4d(smem.v(stage) + r * kBN * 128, &p.v, v_bar, 64 * r, n0, cta.kv_head, batch);
       }
       kv_state.advance();
     }
@@ -228,10 +234,12 @@ struct MainloopFwdSm90TmaWgmmaWs {
     sm90::wgmma_commit();
   }
 
-  // The mask on the key tile at n_block, where the tile needs one.
+  // The soft cap (where the problem has one), then the mask on the key tile
+  // at n_block, where the tile needs one.
   template <class Tile>
   __device__ __forceinline__ static void mask(const FwdArgs& a, const Tile& cta, int n_block, float (&s)[1][kNT][4],
                                               int warp_row0, int lane) {
+    if (a.softcap_in != 0.f) softcap_scores(s[0], a.softcap_in);
     const int n0 = n_block * kBN;
     if (tile_needs_mask<kMask, kBM, kBN>(a, cta.m0, n0)) {
       apply_mask<kMask>(s, a, cta.m0 + warp_row0 + lane / 4, n0 + 2 * (lane % 4));

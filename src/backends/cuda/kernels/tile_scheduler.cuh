@@ -43,9 +43,10 @@ struct CtaTile {
   __device__ __forceinline__ std::uint16_t* o(const FwdArgs& a) const {
     return a.o + batch * a.o_batch_stride + head * a.o_head_stride + m0 * a.o_row_stride;
   }
-  // Row m0 of this head's log-sum-exp ([B, H, seq_q], contiguous); a.lse must not be null.
+  // Row m0 of this head's log-sum-exp ([B, H, seq_q], or a packed batch's
+  // [1, H, total_q] at the sequence's rows); a.lse must not be null.
   __device__ __forceinline__ float* lse(const FwdArgs& a) const {
-    return a.lse + (static_cast<std::int64_t>(batch) * a.heads + head) * a.seq_q + m0;
+    return a.lse + batch * a.lse_batch_stride + head * a.lse_head_stride + m0;
   }
 };
 
