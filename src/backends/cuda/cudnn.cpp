@@ -68,8 +68,8 @@
 #include "backends/cuda/cudnn_check.h"
 #include "backends/cuda/cudnn_graph.h"
 #include "backends/cuda/mask_to_bias.h"
+#include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
-#include "core/mask_lowering.h"
 
 namespace attnprof::cuda {
 namespace {
@@ -351,10 +351,9 @@ class Cudnn final : public Backend {
     if (!in.mask.defined() || in.mask.dtype() != DType::Bool || in.mask.device() != Device::Cuda) {
       fail(ErrorKind::InvalidArgument, "cudnn: mask=boolean without a bool CUDA mask tensor (Inputs::mask)");
     }
-    const Tensor host = read_back(in.mask, ctx);
     Problem g = p;
     if (p.softcap == 0) {
-      if (auto lens = key_padding_lengths(host.expand(in.mask.sizes()));
+      if (auto lens = lowered_key_padding(in.mask, static_cast<cudaStream_t>(ctx.stream));
           lens && static_cast<std::int64_t>(lens->size()) == p.batch) {
         g.mask = MaskKind::None;
         Bound padded = t;
@@ -375,34 +374,6 @@ class Cudnn final : public Backend {
     mask_to_bias(in.mask, mask_bias_, ctx.stream);
     t[slot(kBias)] = &mask_bias_;
     return g;
-  }
-
-  // The compact form of a CUDA bool mask (compact_sizes()) on the host: one
-  // copy when it is contiguous in memory, else a compact copy made on the
-  // device first. The copy waits for the stream.
-  static Tensor read_back(const Tensor& mask, RunContext& ctx) {
-    const Dims sizes = compact_sizes(mask);
-    Tensor host = Tensor::empty(sizes, DType::Bool, cpu_allocator());
-    const Tensor compact = mask.as_strided(sizes, mask.strides(), mask.offset());
-    // Contiguous but for the strides of size-1 dimensions, which are never stepped.
-    bool dense = true;
-    std::int64_t expect = 1;
-    for (int d = 3; d >= 0; --d) {
-      const std::int64_t n = sizes[static_cast<std::size_t>(d)];
-      if (n > 1 && compact.stride(d) != expect) dense = false;
-      expect *= n;
-    }
-    Tensor copy;
-    const Tensor* src = &compact;
-    if (!dense) {
-      copy = Tensor::empty(sizes, DType::Bool, ctx.allocator);
-      mask_to_bias(mask, copy, ctx.stream);
-      src = &copy;
-    }
-    const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(host.data(), src->data(), host.nbytes(), cudaMemcpyDeviceToHost, stream));
-    ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return host;
   }
 
   // A packed batch's ragged offsets (each bound packed tensor's sequence
