@@ -55,10 +55,12 @@ class FusedBackend : public Backend {
     // A key-padding mask lowers to per-sequence key lengths
     // (core/mask_lowering.h), which flash's sm90 kernels read; whether a mask
     // is one is known only when the call reads it (lower_mask).
-    if (p.mask == MaskKind::Boolean && !flash_) {
+    // (use_sequences lowers a key-padding mask to key counts, but on the H200
+    // that path gave NaN rows, docs/perf/issue22-2026-12-02.md: refused until fixed.)
+    if (p.mask == MaskKind::Boolean) {
       return {false, std::string(name_) +
-                         " on CUDA takes no boolean mask (flash reads a key-padding one as per-sequence key "
-                         "lengths); use flash, cudnn, naive or math"};
+                         " on CUDA takes no boolean mask yet (its key-padding lowering is the CPU flash's); use "
+                         "cudnn, naive or math, or flash on the CPU"};
     }
     if (p.varlen() && std::max(p.total_q(), p.total_kv()) > std::int64_t{1} << 30) {
       return {false, std::string(name_) + " indexes a packed batch's rows in 32 bits: at most 2^30 rows"};
