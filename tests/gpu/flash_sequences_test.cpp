@@ -29,8 +29,8 @@ using Lens = std::vector<std::int64_t>;
 
 bool sm90_flash() { return testing::has_gpu() && cuda::flash_sm90_runs_here(); }
 
-#define REQUIRE_SM90_FLASH()                                                              \
-  REQUIRE_GPU();                                                                          \
+#define REQUIRE_SM90_FLASH() \
+  REQUIRE_GPU();             \
   if (!sm90_flash()) GTEST_SKIP() << "flash's sm90 kernels need an sm90 GPU with sm_90a code"
 
 struct FlashRun {
@@ -205,7 +205,8 @@ TEST(FlashPackedChecks, DeterministicBackwardIsBitwiseRepeatable) {
 
 // ---- Key padding ---------------------------------------------------------
 
-Problem padded(std::int64_t batch, std::int64_t seq, std::int64_t kv_seq, std::int64_t head_dim, DType dtype, Pass pass) {
+Problem padded(std::int64_t batch, std::int64_t seq, std::int64_t kv_seq, std::int64_t head_dim, DType dtype,
+               Pass pass) {
   Problem p{.batch = batch,
             .heads = 4,
             .kv_heads = 2,
@@ -274,8 +275,8 @@ TEST(FlashSoftcap, AWrongCapIsCaught) {
   Problem uncapped = p;
   uncapped.softcap = 0;
   const FlashRun r = run_flash(uncapped, in, {});
-  const Acceptance a = accept(p.dtype, check_against_reference(p, in, r.out, sample_rows(p, 1 << 20)), std::nullopt,
-                              false);
+  const Acceptance a =
+      accept(p.dtype, check_against_reference(p, in, r.out, sample_rows(p, 1 << 20)), std::nullopt, false);
   EXPECT_FALSE(a.pass) << "an uncapped run passed the capped reference";
 }
 

@@ -42,8 +42,9 @@ const char* flash_story(const FusedParams& shape) {
              " sequences, each against its own keys (tiles past a sequence's end return at once)";
   }
   if (shape.kv_lens != nullptr) {
-    story += "; each sequence's keys bounded by its own count (a key-padding mask read as lengths: key tiles past "
-             "it are never visited)";
+    story +=
+        "; each sequence's keys bounded by its own count (a key-padding mask read as lengths: key tiles past "
+        "it are never visited)";
   }
   if (shape.softcap > 0.f) story += "; scores soft-capped (tanh before the mask, its derivative in the backward)";
   if (!shape.per_sequence() && shape.softcap == 0.f && shape.seq_q <= 8 * kFlashDecodeMaxQueries &&

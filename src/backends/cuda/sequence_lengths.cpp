@@ -44,8 +44,8 @@ std::optional<std::vector<std::int32_t>> lowered_key_padding(const Tensor& mask,
 
 void copy_key_counts(const std::vector<std::int32_t>& lens, void* device_buffer, cudaStream_t stream) {
   // From pageable memory: staged before the call returns, so `lens` may go.
-  ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(device_buffer, lens.data(), lens.size() * sizeof(std::int32_t),
-                                      cudaMemcpyHostToDevice, stream));
+  ATTNPROF_CUDA_CHECK(
+      cudaMemcpyAsync(device_buffer, lens.data(), lens.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
 }
 
 }  // namespace attnprof::cuda

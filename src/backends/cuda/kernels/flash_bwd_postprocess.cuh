@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const _
     std::uint16_t* const out =
         seq.dq + batch * seq.dq_batch_stride + head * seq.dq_head_stride + row * seq.dq_row_stride + col;
     *reinterpret_cast<std::uint32_t*>(out) = pack2<Element>(v.x, v.y);
-    if (row + 8 < seq.f.seq_q) *reinterpret_cast<std::uint32_t*>(out + 8 * seq.dq_row_stride) = pack2<Element>(v.z, v.w);
+    if (row + 8 < seq.f.seq_q)
+      *reinterpret_cast<std::uint32_t*>(out + 8 * seq.dq_row_stride) = pack2<Element>(v.z, v.w);
   }
 }
 
