@@ -32,6 +32,11 @@ struct Inputs {
   // (A Boolean key-padding mask is lowered to the same lengths by flash
   // itself, CPU and CUDA: core/mask_lowering.h.)
   Tensor kv_lens;
+  // FP8 problems (dtype F8E4M3): each of q, k and v's per-tensor descale,
+  // the factor its stored e4m3 values are multiplied by to give the real
+  // ones (FlashAttention-3's q_descale ..., cuDNN's descale_q ...); finite
+  // and positive. Ignored for every other dtype.
+  float q_descale = 1.0f, k_descale = 1.0f, v_descale = 1.0f;
 };
 
 // What a forward keeps for its backward (autograd's saved tensors, beyond
