@@ -108,6 +108,9 @@ struct Traits {
   // Takes a packed (variable-length) batch (Problem::seq_lens); the others are
   // refused by name in eligibility_of(), as for the soft cap.
   bool varlen = false;
+  // Takes FP8 inputs (dtype F8E4M3, with Inputs' descales); the others are
+  // refused by name in eligibility_of(), as for the soft cap.
+  bool fp8 = false;
 };
 
 // Per-call context handed to forward().
@@ -153,9 +156,11 @@ Eligibility no_backward(std::string_view backend);
 Eligibility no_softcap(std::string_view backend, Device device);
 // The reason a backend without packed batches gives for p.varlen().
 Eligibility no_varlen(std::string_view backend, Device device);
+// The reason a backend without FP8 gives for dtype fp8.
+Eligibility no_fp8(std::string_view backend, Device device);
 // b.eligibility(p), with no_backward() for a backward or training pass of a
 // backend that has none, and no_softcap() for a soft cap on a backend whose
-// traits do not take one, and no_varlen() likewise: what explain() and the
+// traits do not take one, and no_varlen() and no_fp8() likewise: what explain() and the
 // runner ask.
 Eligibility eligibility_of(const Backend& b, const Problem& p);
 

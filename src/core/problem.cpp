@@ -631,10 +631,16 @@ Eligibility no_varlen(std::string_view backend, Device device) {
                      std::string(device_name(device)) + " yet" + (device == Device::Cpu ? "" : " (use device=cpu)")};
 }
 
+Eligibility no_fp8(std::string_view backend, Device device) {
+  return {false, "fp8 (e4m3) inputs are not built for " + std::string(backend) + " on " +
+                     std::string(device_name(device)) + " (the composites naive, naive_inplace and math take them)"};
+}
+
 Eligibility eligibility_of(const Backend& b, const Problem& p) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
   if (p.softcap > 0 && !b.traits().softcap) return no_softcap(b.name(), b.device());
   if (p.varlen() && !b.traits().varlen) return no_varlen(b.name(), b.device());
+  if (is_fp8(p.dtype) && !b.traits().fp8) return no_fp8(b.name(), b.device());
   if (p.deterministic && !b.traits().backward_dq_unordered) {
     return {false, std::string(b.name()) +
                        "'s backward sums dQ in a fixed order already: deterministic=true means "
