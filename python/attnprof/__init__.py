@@ -125,8 +125,8 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     missing leading dimensions broadcast), on q's device; a mask name beside
     it is refused (the tensor is the whole mask). A key-padding mask
     ([B, 1, 1, Skv], each row a prefix of Trues) is lowered to per-sequence
-    key lengths on the CPU flash; flash on CUDA takes no boolean mask yet,
-    cudnn takes boolean and float ones. The mask gets no gradient.
+    key lengths by flash (CPU, and CUDA's sm90 kernels); flash refuses any
+    other boolean mask by name, cudnn takes boolean and float ones. The mask gets no gradient.
 
     A paged KV cache, as serving engines call attention: k and v are the
     caches [num_pages, Hkv, page_size, D] (vLLM's layout), block_table int32

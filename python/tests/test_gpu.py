@@ -142,8 +142,8 @@ def test_mismatched_devices_and_nothing_left_allocated():
 
 
 def test_cuda_masks_and_paged_caches():
-    """attn_mask on CUDA: a bias reaches cudnn; flash refuses a boolean mask by name (its key-padding
-    lowering is the CPU's for now). A paged cache from Python on flash and cudnn, equal lengths."""
+    """attn_mask on CUDA: a bias reaches cudnn; flash reads a key-padding mask as key counts and
+    refuses any other boolean mask by name. A paged cache from Python on flash and cudnn, equal lengths."""
     q, k, v = qkv((2, 8, 128, 64))
     bias = torch.randn(2, 1, 128, 128, dtype=torch.bfloat16, device="cuda")
     group = 1
@@ -155,8 +155,13 @@ def test_cuda_masks_and_paged_caches():
             torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
     pad = torch.arange(128, device="cuda")[None, None, None, :] < torch.tensor([128, 50], device="cuda")[:, None, None,
                                                                                                           None]
-    with pytest.raises(attnprof.Error, match=r"takes no boolean mask yet"):
-        attnprof.attention(q, k, v, backend="flash", attn_mask=pad)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=pad)
+    got = attnprof.attention(q, k, v, backend="flash", attn_mask=pad)  # key padding: read as key counts
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    holed = pad.clone()
+    holed[..., 7] = False  # not a prefix of Trues: not key padding
+    with pytest.raises(attnprof.Error, match=r"only as key padding"):
+        attnprof.attention(q, k, v, backend="flash", attn_mask=holed)
     del group
     # Paged decode: 2 sequences of 64 keys in pages of 16.
     qd = torch.randn(2, 8, 1, 64, dtype=torch.bfloat16, device="cuda")

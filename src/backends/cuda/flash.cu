@@ -32,6 +32,13 @@ const char* flash_story(const FusedParams& shape) {
     }
     return story.c_str();
   }
+  if (shape.fp8) {
+    story =
+        "V^T in e4m3 by a pre-pass (e4m3 wgmma reads V K-major), then one fused kernel (FlashAttention-3 class "
+        "on sm90: TMA loads, e4m3 wgmma for Q K^T and P V with P as 256 p in e4m3, FP32 softmax and "
+        "accumulation, bf16 O; Q's and K's descales in the softmax scale, V's in the epilogue): 2 kernels";
+    return story.c_str();
+  }
   story = path == FlashPath::Sm90 ? "one fused kernel (FlashAttention-3 class on sm90: TMA loads from a "
                                     "producer warp, or at head dims 192 and 256 a producer warpgroup that gives "
                                     "its registers to the consumers; wgmma, two consumer warpgroups)"

@@ -116,16 +116,36 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     }
     if (p.softcap > 0.f && !std::isfinite(p.softcap)) return say("the soft cap must be a positive finite number");
   }
+  if (p.fp8) {
+    if (!flash) return say("fp8 (e4m3) inputs are read by flash's sm90 kernel only");
+    if (!flash_sm90_runs_here()) {
+      return say("fp8 (e4m3) needs flash's sm90a kernel: an sm90 GPU (FP8 tensor cores) and sm_90a code in this build");
+    }
+    if (p.head_dim != kFlashFp8HeadDim) {
+      return say("fp8 (e4m3) is built for head_dim " + std::to_string(kFlashFp8HeadDim) + ", not " +
+                 std::to_string(p.head_dim));
+    }
+    if (p.per_sequence() || p.softcap > 0.f || p.page_size > 0) {
+      return say(
+          "fp8 (e4m3) takes a dense batch with a contiguous cache, no soft cap (not packed batches, key "
+          "counts, soft caps or pages)");
+    }
+    if (p.lse != nullptr) return say("fp8 (e4m3) runs the forward only (no log-sum-exp for a backward)");
+    for (const float d : {p.q_descale, p.k_descale, p.v_descale}) {
+      if (!(d > 0.f) || !std::isfinite(d)) return say("the fp8 descales must be positive finite numbers");
+    }
+  }
   if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % alignof(float) != 0) {
     return say("lse must be a float-aligned device pointer (or null)");
   }
   for (const std::int64_t stride :
        {p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.k_batch_stride, p.k_head_stride, p.k_row_stride,
         p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.o_batch_stride, p.o_head_stride, p.o_row_stride}) {
-    if (stride % 8 != 0) {
-      return say(
-          "every batch, head and row stride must be a multiple of 8 elements (16-byte rows); "
-          "make the tensors contiguous");
+    if (stride % (p.fp8 ? 16 : 8) != 0) {
+      return say(p.fp8 ? "every batch, head and row stride must be a multiple of 16 elements (16-byte rows of "
+                         "e4m3); make the tensors contiguous"
+                       : "every batch, head and row stride must be a multiple of 8 elements (16-byte rows); "
+                         "make the tensors contiguous");
     }
   }
   // Tile loads and stores index rows inside one tile with 32-bit offsets.

@@ -34,6 +34,7 @@ bool flash_sm90_runs_here() {
 }
 
 FlashPath flash_path(const FusedParams& p) {
+  if (p.fp8) return FlashPath::Sm90;
   if (flash_decode_takes(p)) return FlashPath::Decode;
   return flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here() ? FlashPath::Sm90 : FlashPath::Sm80;
 }
@@ -57,6 +58,7 @@ cudaError_t launch_flash_checked(const FusedParams& p, const DecodePlan& plan, c
     case FlashPath::Decode:
       return launch_flash_decode_planned(p, plan, stream);
     case FlashPath::Sm90: {
+      if (p.fp8) return launch_flash_sm90_fp8(p, stream);
       const cudaError_t e = kernels::dispatch_fwd<FlashSm90Runner, kFlashSm90HeadDims>(p, stream);
       // Not launched (a register budget setmaxnreg cannot have, run_flash_fwd_sm90):
       // the sm80 kernel runs instead where one is built.

@@ -46,6 +46,9 @@ class FusedBackend : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (p.dtype == DType::F32) return {false, "fp32 is not supported: the fused kernels take fp16 or bf16 (use math)"};
+    if (is_fp8(p.dtype) && p.pass != Pass::Forward) {
+      return {false, std::string(name_) + " runs fp8 (e4m3) inputs forward only (pass=forward)"};
+    }
     if (p.kv_cache == KvCache::Paged && !flash_) {
       return {false, "a paged KV cache is read by flash's decode kernel only (use flash, cudnn, naive or math)"};
     }
@@ -54,13 +57,9 @@ class FusedBackend : public Backend {
     }
     // A key-padding mask lowers to per-sequence key lengths
     // (core/mask_lowering.h), which flash's sm90 kernels read; whether a mask
-    // is one is known only when the call reads it (lower_mask).
-    // (use_sequences lowers a key-padding mask to key counts, but on the H200
-    // that path gave NaN rows, docs/perf/issue22-2026-12-02.md: refused until fixed.)
-    if (p.mask == MaskKind::Boolean) {
-      return {false, std::string(name_) +
-                         " on CUDA takes no boolean mask yet (its key-padding lowering is the CPU flash's); use "
-                         "cudnn, naive or math, or flash on the CPU"};
+    // is one is known only when the call reads it (use_sequences).
+    if (p.mask == MaskKind::Boolean && !flash_) {
+      return {false, std::string(name_) + " takes no boolean mask: use flash (key padding), cudnn, naive or math"};
     }
     if (p.varlen() && std::max(p.total_q(), p.total_kv()) > std::int64_t{1} << 30) {
       return {false, std::string(name_) + " indexes a packed batch's rows in 32 bits: at most 2^30 rows"};
@@ -71,6 +70,7 @@ class FusedBackend : public Backend {
     FusedParams shape = params_for(p);
     void* const stand_in = reinterpret_cast<void*>(std::uintptr_t{256});
     shape.q = shape.k = shape.v = shape.o = stand_in;
+    if (shape.fp8) shape.v_t = stand_in;
     set_contiguous(shape.q_batch_stride, shape.q_head_stride, shape.q_row_stride, p.heads, p.seq, p.head_dim);
     set_contiguous(shape.k_batch_stride, shape.k_head_stride, shape.k_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
     set_contiguous(shape.v_batch_stride, shape.v_head_stride, shape.v_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
@@ -127,14 +127,13 @@ class FusedBackend : public Backend {
            std::string(" (FlashAttention-2 class, mma.sync)") + why;
   }
 
-  // Forward: nothing. Backward: the saved LSE, D and (not deterministic) the
-  // FP32 dQ accumulator; a training step holds the same at its peak.
-  // Forward: flash's split-KV decode keeps its splits' partial results (freed
+  // Forward: FP8's V^T; flash's split-KV decode keeps its splits' partial results (freed
   // when the call returns). Backward: the saved LSE, D and (not deterministic)
   // the FP32 dQ accumulator. A training step peaks at the larger of its
   // forward (with the LSE it saves) and its backward.
   std::size_t workspace_bytes(const Problem& p) const override {
     const auto rows = static_cast<std::size_t>(p.batch * p.heads * p.seq);
+    if (is_fp8(p.dtype)) return fp8_vt_bytes(params_for(p));  // forward only: V^T
     const std::size_t decode =
         flash_ && p.pass != Pass::Backward ? flash_decode_plan(params_for(p)).workspace_bytes : 0;
     if (p.pass == Pass::Forward) return decode;
@@ -154,7 +153,8 @@ class FusedBackend : public Backend {
   // dQ conversion or, deterministic, the dQ kernel: 3. Train: forward + 3.
   Expectation expectation(const Problem& p) const override {
     Expectation e;
-    const int forward = flash_ && flash_decode_plan(params_for(p)).splits > 1 ? 2 : 1;
+    // FP8: the V^T pre-pass and the kernel.
+    const int forward = is_fp8(p.dtype) || (flash_ && flash_decode_plan(params_for(p)).splits > 1) ? 2 : 1;
     switch (p.pass) {
       case Pass::Forward:
         e.cpu_ops = {std::string(op_)};
@@ -190,6 +190,7 @@ class FusedBackend : public Backend {
     f.head_dim = static_cast<int>(p.head_dim);
     f.scale = static_cast<float>(p.softmax_scale());
     f.bf16 = p.dtype == DType::BF16;
+    f.fp8 = is_fp8(p.dtype);
     f.window = static_cast<int>(p.window);
     if (p.kv_cache == KvCache::Paged) {
       f.page_size = static_cast<int>(p.page_size);
@@ -214,7 +215,8 @@ class FusedBackend : public Backend {
             .max_kv_splits = flash_ ? kFlashDecodeMaxSplits : 0,
             .kv_split_keys = flash_ ? kFlashDecodeKeys : 0,
             .softcap = flash_,
-            .varlen = flash_};
+            .varlen = flash_,
+            .fp8 = flash_};
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
@@ -297,6 +299,16 @@ class FusedBackend : public Backend {
              std::string(name_) + " needs a contiguous block table; got " + in.block_table.describe());
       }
       f.block_table = in.block_table.data_as<std::int32_t>();
+    }
+    // FP8: the descales, and V^T's buffer (released to the stream-ordered
+    // cache when this call returns).
+    std::optional<Storage> v_t;
+    if (f.fp8) {
+      f.q_descale = in.q_descale;
+      f.k_descale = in.k_descale;
+      f.v_descale = in.v_descale;
+      v_t.emplace(ctx.allocator, fp8_vt_bytes(f));
+      f.v_t = v_t->data();
     }
     // Checked here for the message; the launch does not check again.
     if (const char* why = fused_unsupported_reason(f, flash_))

@@ -46,6 +46,9 @@ bool flash_sm90_applies(const FusedParams& p);
 // Whether this binary has the sm90a kernels as machine code for the current device.
 bool flash_sm90_runs_here();
 cudaError_t launch_flash_sm90(const FusedParams& p, cudaStream_t stream);
+// FP8 (p.fp8): V^T into p.v_t, then the e4m3 kernel (flash_fp8_launch.cu);
+// flash_path gives Sm90 for every FP8 problem that fused_unsupported_reason accepts.
+cudaError_t launch_flash_sm90_fp8(const FusedParams& p, cudaStream_t stream);
 
 // Flash's split-KV decode (kernels/flash_decode.cuh): whether it takes `p`
 // (a paged cache, or at most kFlashDecodeMaxQueries queries, at a head dim of

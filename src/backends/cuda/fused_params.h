@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 #include "attnprof/mask.h"
@@ -27,6 +28,8 @@ inline constexpr std::array<int, 5> kFlashSm90BwdHeadDims = {64, 96, 128, 192, 2
 // The backward's workspace rows per (batch, head): seq_q rounded up to this,
 // so that the sm90 kernel reads a query tile's LSE and D and adds its dQ rows
 // whole (bulk copies, no bounds checks).
+// flash's FP8 (e4m3) forward: sm90a, one head dim.
+inline constexpr int kFlashFp8HeadDim = 128;
 inline constexpr int kBwdRowPad = 128;
 constexpr std::int64_t bwd_padded_rows(std::int64_t seq_q) {
   return (seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
@@ -105,6 +108,13 @@ struct FusedParams {
   // Soft-capping (Problem::softcap): scaled scores s become tanh(s / softcap)
   // softcap before the mask; 0: none.
   float softcap = 0.f;
+  // FP8 inputs (flash's sm90 forward only, kernels/flash_fwd_sm90_fp8.cuh):
+  // q, k and v hold e4m3 (real value = stored x descale), o is bf16, strides
+  // count bytes; v_t is the [B, Hkv, head_dim, fp8_vt_cols(seq_k)] e4m3
+  // buffer (fp8_vt_bytes) the launch writes V^T into before the kernel reads it.
+  bool fp8 = false;
+  float q_descale = 1.f, k_descale = 1.f, v_descale = 1.f;
+  void* v_t = nullptr;
 
   bool per_sequence() const { return cu_seqlens_q != nullptr || kv_lens != nullptr; }
 };
@@ -113,6 +123,14 @@ struct FusedParams {
 // problem and tensors (fwd.o is the forward's output O, fwd.lse its saved
 // log-sum-exp, both read), the upstream gradient dO, the gradients and the
 // FP32 workspace.
+// V^T's keys a row for an FP8 forward: seq_k rounded up to 16 (TMA's
+// 16-byte strides, and the pre-pass's 16-key permutation groups).
+constexpr std::int64_t fp8_vt_cols(std::int64_t seq_k) { return (seq_k + 15) / 16 * 16; }
+constexpr std::size_t fp8_vt_bytes(const FusedParams& p) {
+  return static_cast<std::size_t>(p.batch) * static_cast<std::size_t>(p.kv_heads) *
+         static_cast<std::size_t>(p.head_dim) * static_cast<std::size_t>(fp8_vt_cols(p.seq_k));
+}
+
 struct FusedBwdParams {
   FusedParams fwd;
   const void* dout = nullptr;  // [B, H, Sq, D], head_dim contiguous

@@ -112,12 +112,16 @@ struct EpilogueBwdSm90 {
 
   // dK (times the softmax scale) and dV of this consumer's keys and columns
   // (its 64 keys whole; wide: the CTA's 64 keys, its half of the head dim);
-  // keys past seq_k and padding columns are not stored.
+  // padding columns are not stored, nor keys past seq_k, except a dense
+  // batch's keys past its sequence's key count (kv_lens, a key-padding mask):
+  // those rows of the tensor are the sequence's too, and get their zeros
+  // (the mask gave them P = 0; a tile past the count has no query tiles).
   template <class Element>
   __device__ __forceinline__ static void store_dkdv(const BwdArgs& a, const float (&dk)[1][Cfg::kDkvTiles][4],
                                                     const float (&dv)[1][Cfg::kDkvTiles][4], int n0, int kv_head,
                                                     int batch, int wg, int warp_in_wg, int lane) {
-    const int row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg, valid = a.f.seq_k - n0;
+    const int rows = a.f.cu_seqlens_q == nullptr ? a.f.k_rows : a.f.seq_k;
+    const int row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg, valid = rows - n0;
     std::uint16_t* const dk_at = a.dk + batch * a.dk_batch_stride + kv_head * a.dk_head_stride + n0 * a.dk_row_stride;
     std::uint16_t* const dv_at = a.dv + batch * a.dv_batch_stride + kv_head * a.dv_head_stride + n0 * a.dv_row_stride;
     if constexpr (!Cfg::kWide) {

@@ -28,9 +28,9 @@ template <Half16 Element, bool kLse>
 struct EpilogueFwd {
   // Rows of one warp: fragment row g of m-tile mt is tile row row0 + 16 mt + g
   // (and + 8); the quad's lane t = 0 writes it. lse: the tile's row 0.
-  template <int kMTiles>
-  __device__ __forceinline__ static void store_lse(float* lse, const OnlineSoftmax<kMTiles>& softmax, float scale_log2,
-                                                   int row0, int rows_valid, int lane) {
+  template <int kMTiles, int... kSoftmax>
+  __device__ __forceinline__ static void store_lse(float* lse, const OnlineSoftmax<kMTiles, kSoftmax...>& softmax,
+                                                   float scale_log2, int row0, int rows_valid, int lane) {
     float l[kMTiles][2];
     softmax.log_sum_exp(l, scale_log2);
 #pragma unroll
@@ -45,10 +45,11 @@ struct EpilogueFwd {
 
   // O and LSE of one warp's rows [row0, row0 + 16 kMTiles) of the tile, from
   // registers: the first kStoreDTiles d-tiles (past them, a padded head dim).
-  template <int kStoreDTiles, class Tile, int kMTiles, int kDTiles>
+  template <int kStoreDTiles, class Tile, int kMTiles, int kDTiles, int... kSoftmax>
   __device__ __forceinline__ static void store_direct(const FwdArgs& a, const Tile& cta,
                                                       const float (&acc)[kMTiles][kDTiles][4],
-                                                      OnlineSoftmax<kMTiles>& softmax, int row0, int lane) {
+                                                      OnlineSoftmax<kMTiles, kSoftmax...>& softmax, int row0,
+                                                      int lane) {
     float inv[kMTiles][2];
     softmax.finish(inv);
     const int rows_valid = a.seq_q - cta.m0;

@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/epilogue_fwd.cuh"
@@ -37,9 +38,11 @@
 
 namespace attnprof::cuda::kernels {
 
-template <class Cfg, MaskMode kMask, Half16 Element, bool kLse, class Scheduler>
+template <class Cfg, MaskMode kMask, InputElement Element, bool kLse, class Scheduler>
 struct FlashFwdSm90 {
   using Mainloop = MainloopFwdSm90TmaWgmmaWs<Cfg, kMask, Element>;
+  // O's element: the input's, or bf16 for e4m3 inputs.
+  using Out = std::conditional_t<kIsFp8<Element>, Bf16, Element>;
   using QPipeline = typename Mainloop::QPipeline;
   using KVPipeline = typename Mainloop::KVPipeline;
   using Params = typename Mainloop::Params;
@@ -52,7 +55,7 @@ struct FlashFwdSm90 {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
 };
 
-template <class Cfg, MaskMode kMask, Half16 Element, bool kLse, class Scheduler>
+template <class Cfg, MaskMode kMask, InputElement Element, bool kLse, class Scheduler>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdArgs a, const __grid_constant__
                           typename FlashFwdSm90<Cfg, kMask, Element, kLse, Scheduler>::Params p) {
@@ -105,25 +108,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(seq, cta.m0);
     float acc[1][Cfg::kDTiles][4];
     zero(acc);
-    OnlineSoftmax<1> softmax;
+    typename Mainloop::Softmax softmax;
     softmax.init();
     if (tiles.begin < tiles.end) {
       Mainloop::mma(seq, smem, cta, tiles, q_pipe, q_state, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
       if constexpr (Scheduler::kPersistent) q_pipe.consumer_release(q_state);
       q_state.advance();
     }
-    EpilogueFwd<Element, kLse>::template store_direct<Cfg::kHeadDim / 8>(seq, cta, acc, softmax, warp_row0, lane);
+    if constexpr (kIsFp8<Element>) scale_acc(acc, p.o_scale);
+    EpilogueFwd<typename Kernel::Out, kLse>::template store_direct<Cfg::kHeadDim / 8>(seq, cta, acc, softmax, warp_row0,
+                                                                                      lane);
   } while (Scheduler::next(a, cta));
 #endif
 }
 
 // kLse: the caller passes FwdArgs::lse (not null) and wants it written.
-template <class Cfg, MaskMode kMask, Half16 Element, bool kLse = false,
+// o_scale: e4m3's Params::o_scale (V's descale); 1 otherwise.
+template <class Cfg, MaskMode kMask, InputElement Element, bool kLse = false,
           class Scheduler = StaticTileScheduler<kMask, Cfg::kBlockM>>
-cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
+cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream, float o_scale = 1.f) {
   using Kernel = FlashFwdSm90<Cfg, kMask, Element, kLse, Scheduler>;
   typename Kernel::Params p;
   if (const cudaError_t e = Kernel::Mainloop::to_params(a, p); e != cudaSuccess) return e;
+  p.o_scale = o_scale;
   const auto kernel = flash_fwd_sm90_kernel<Cfg, kMask, Element, kLse, Scheduler>;
   if constexpr (Cfg::kWgProducer) {
     // setmaxnreg's budget assumes ptxas gave every thread kLaunchRegs; with

@@ -155,6 +155,18 @@ struct FwdArgs {
 
 // Key tiles [begin, end) that rows [m0, m0 + kBlockM) can see; empty when the
 // whole query tile is masked (its rows are then written as zeros).
+// flash's FP8 forward's arguments (flash_fwd_sm90_fp8.cuh): Q's and K's descales in the
+// softmax scale, V^T (p.v_t, fp8_vt_cols keys a row) as V.
+inline FwdArgs fp8_fwd_args(const FusedParams& p) {
+  FwdArgs a = FwdArgs::from(p);
+  a.scale_log2 *= p.q_descale * p.k_descale;
+  a.v = static_cast<const std::uint16_t*>(p.v_t);  // bytes, as q and k are
+  a.v_row_stride = fp8_vt_cols(p.seq_k);
+  a.v_head_stride = static_cast<std::int64_t>(p.head_dim) * a.v_row_stride;
+  a.v_batch_stride = static_cast<std::int64_t>(p.kv_heads) * a.v_head_stride;
+  return a;
+}
+
 struct KeyTiles {
   int begin, end;
 };

@@ -77,6 +77,9 @@ template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
 cudaError_t launch_flash_fwd_sm80(const FwdArgs& a, cudaStream_t stream);
 template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
 cudaError_t launch_efficient_fwd(const FwdArgs& a, cudaStream_t stream);
+// e4m3 inputs (flash_fwd_sm90_fp8.cuh): a.v is V^T, o_scale V's descale.
+template <int kHeadDim, MaskMode kMask>
+cudaError_t launch_flash_fwd_sm90_fp8(const FwdArgs& a, float o_scale, cudaStream_t stream);
 
 // Explicit instantiations of `launcher` at one head dim: every mask and
 // element type, with and without the LSE.

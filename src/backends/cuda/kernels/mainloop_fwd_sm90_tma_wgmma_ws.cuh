@@ -7,6 +7,17 @@
 // Q, K and V sit in the 128-byte-swizzled layout that TMA writes and wgmma
 // reads (wgmma_sm90.cuh). Key tiles run from the last visible one down, as in
 // the sm80 kernel, so a causal tile meets its diagonal first.
+//
+// FP8 (Element E4m3, head dims a multiple of 128): the same roles and
+// pipeline, in e4m3 wgmma (k-steps of 32 keys or columns, 32 bytes as a 16-bit
+// k16 step's). e4m3 has no transposed operand, so V comes as V^T [Hkv, D,
+// keys] that a pre-pass wrote (flash_fwd_sm90_fp8.cuh), its keys permuted
+// within every 16 so that the S accumulators, packed four to a register in
+// their own order, are P V's register A fragment as they stand (no shuffles).
+// P is packed as 256 p (the softmax's kLog2Offset: e4m3's normal range
+// reaches down to 2^-6, p then down to 2^-14), the row sums carry the same
+// 256, so O / sum needs nothing back; V's descale is Params::o_scale, Q's and
+// K's are in FwdArgs::scale_log2.
 #pragma once
 
 #include <cuda.h>
@@ -49,8 +60,11 @@ namespace attnprof::cuda::kernels {
 // never stored). O += P V is issued in column chunks of 128 (and one of 64),
 // so any kPadDim up to 256 fits wgmma's N.
 template <int kHeadDim_, int kBlockN_, int kConsumers_ = 2, int kStages_ = 2, bool kSkipRescale_ = false,
-          bool kWgProducer_ = false, bool kPingpong_ = false, bool kIntraOverlap_ = false>
+          bool kWgProducer_ = false, bool kPingpong_ = false, bool kIntraOverlap_ = false, int kFmaExp2_ = 0>
 struct FlashSm90Cfg {
+  // Of every 8 n-tiles of S, those whose exponentials run on the FMA pipe
+  // (OnlineSoftmax's kFmaExp2): the FP8 kernel's MUFU time matches its tensor time.
+  static constexpr int kFmaExp2 = kFmaExp2_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kPadDim = (kHeadDim + 63) / 64 * 64;
   static constexpr int kBlockN = kBlockN_;
@@ -113,12 +127,23 @@ using FlashSm90DefaultCfg = typename FlashSm90DefaultCfgOf<kHeadDim>::type;
 template <int kHeadDim>
 inline constexpr bool kFlashSm90PersistentDefault = kHeadDim == 64;
 
-template <class Cfg, MaskMode kMask, Half16 Element>
+template <class Cfg, MaskMode kMask, InputElement Element>
 struct MainloopFwdSm90TmaWgmmaWs {
   static constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kPadDim;
-  static constexpr int kNT = Cfg::kNTiles, kDT = Cfg::kDTiles, kRegions = kD / 64;
-  static constexpr int kQBytes = kBM * kD * 2;
-  static constexpr int kKVBytes = kBN * kD * 2;
+  static constexpr bool kFp8 = kIsFp8<Element>;
+  static constexpr int kBytes = sizeof(typename Element::Storage);
+  static constexpr int kRegionCols = 128 / kBytes;  // columns of one 128-byte swizzle region
+  static constexpr int kKStep = 32 / kBytes;        // wgmma's k: 16 (16-bit) or 32 (e4m3)
+  static constexpr int kNT = Cfg::kNTiles, kDT = Cfg::kDTiles, kRegions = kD * kBytes / 128;
+  // P V's k-steps: the key tile in steps of kKStep keys, four registers of P each.
+  static constexpr int kPSteps = kBN / kKStep;
+  static_assert(!kFp8 || (kD % 128 == 0 && kBN == 128 && !Cfg::kSkipRescale),
+                "e4m3: whole 128-byte regions of Q and K, 128-key tiles (one region of V^T's rows)");
+  static constexpr int kQBytes = kBM * kD * kBytes;
+  static constexpr int kKVBytes = kBN * kD * kBytes;  // K, or V (V^T for e4m3: kD rows of kBN keys)
+  // The online softmax: e4m3's P is 2^8 p (kLog2Offset), and Cfg's share of
+  // the exponentials on the FMA pipe.
+  using Softmax = OnlineSoftmax<1, kFp8 ? 8 : 0, Cfg::kFmaExp2>;
   // Q, then K and V of each stage; every region 1024-byte aligned (the swizzle's period).
   static constexpr int kSmemBytes = kQBytes + Cfg::kStages * 2 * kKVBytes;
 
@@ -128,8 +153,11 @@ struct MainloopFwdSm90TmaWgmmaWs {
 
   // Device-side params: TMA descriptors of Q, K and V as 4-d tensors (column,
   // row, head, batch), in boxes of 64 columns (one swizzle region) by a tile's rows.
+  // e4m3: V's map is V^T's; o_scale is what O is multiplied by before the
+  // epilogue (V's descale; 1 for 16-bit elements).
   struct Params {
     CUtensorMap q, k, v;
+    float o_scale = 1.f;
   };
 
   // The descriptors of a tensor set: encoded on its first call and kept (a
@@ -147,13 +175,17 @@ struct MainloopFwdSm90TmaWgmmaWs {
       return cudaSuccess;
     }
     const int kv_heads = a.heads / a.group;
+    // e4m3's V^T: a.v_row_stride keys a row (the pre-pass's padded count, all
+    // written), head_dim rows a head.
     for (const cudaError_t e : {
              sm90::make_map<Element>(p.q, a.q, Cfg::kHeadDim, a.q_rows, a.heads, a.map_batch, a.q_row_stride,
                                      a.q_head_stride, a.q_batch_stride, kBM),
              sm90::make_map<Element>(p.k, a.k, Cfg::kHeadDim, a.k_rows, kv_heads, a.map_batch, a.k_row_stride,
                                      a.k_head_stride, a.k_batch_stride, kBN),
-             sm90::make_map<Element>(p.v, a.v, Cfg::kHeadDim, a.k_rows, kv_heads, a.map_batch, a.v_row_stride,
-                                     a.v_head_stride, a.v_batch_stride, kBN),
+             kFp8 ? sm90::make_map<Element>(p.v, a.v, static_cast<int>(a.v_row_stride), Cfg::kHeadDim, kv_heads,
+                                            a.map_batch, a.v_row_stride, a.v_head_stride, a.v_batch_stride, kD)
+                  : sm90::make_map<Element>(p.v, a.v, Cfg::kHeadDim, a.k_rows, kv_heads, a.map_batch, a.v_row_stride,
+                                            a.v_head_stride, a.v_batch_stride, kBN),
          }) {
       if (e != cudaSuccess) return e;
     }
@@ -182,19 +214,23 @@ struct MainloopFwdSm90TmaWgmmaWs {
     const int batch = a.map_batch_of(cta.batch);
     const std::uint32_t q_bar = q_pipe.producer_expect(q_state, 0, kQBytes);
     for (int r = 0; r < kRegions; ++r) {
-      sm90::tma_load_4d(smem.q() + r * kBM * 128, &p.q, q_bar, 64 * r, a.q_row0 + cta.m0, cta.head, batch);
+      sm90::tma_load_4d(smem.q() + r * kBM * 128, &p.q, q_bar, kRegionCols * r, a.q_row0 + cta.m0, cta.head, batch);
     }
     for (int n_block = tiles.end - 1; n_block >= tiles.begin; --n_block) {
       const int n0 = a.k_row0 + n_block * kBN, stage = kv_state.index();
       kv_pipe.producer_acquire(kv_state, kPartK);  // both consumers are done with the stage's last K
       const std::uint32_t k_bar = kv_pipe.producer_expect(kv_state, kPartK, kKVBytes);
       for (int r = 0; r < kRegions; ++r) {
-        sm90::tma_load_4d(smem.k(stage) + r * kBN * 128, &p.k, k_bar, 64 * r, n0, cta.kv_head, batch);
+        sm90::tma_load_4d(smem.k(stage) + r * kBN * 128, &p.k, k_bar, kRegionCols * r, n0, cta.kv_head, batch);
       }
       kv_pipe.producer_acquire(kv_state, kPartV);
       const std::uint32_t v_bar = kv_pipe.producer_expect(kv_state, kPartV, kKVBytes);
-      for (int r = 0; r < kRegions; ++r) {
-        sm90::tma_load_4d(smem.v(stage) + r * kBN * 128, &p.v, v_bar, 64 * r, n0, cta.kv_head, batch);
+      if constexpr (kFp8) {  // V^T: the tile's 128 keys (one region) of all kD rows
+        sm90::tma_load_4d(smem.v(stage), &p.v, v_bar, n0, 0, cta.kv_head, batch);
+      } else {
+        for (int r = 0; r < kRegions; ++r) {
+          sm90::tma_load_4d(smem.v(stage) + r * kBN * 128, &p.v, v_bar, 64 * r, n0, cta.kv_head, batch);
+        }
       }
       kv_state.advance();
     }
@@ -207,29 +243,44 @@ struct MainloopFwdSm90TmaWgmmaWs {
     sm90::fence_operands(s[0]);
     sm90::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
+    for (int kk = 0; kk < Cfg::kHeadDim / kKStep; ++kk) {
       const std::uint32_t q_at = smem.q() + (kk / 4) * kBM * 128 + wg * 64 * 128 + (kk % 4) * 32;
       const std::uint32_t k_at = smem.k(stage) + (kk / 4) * kBN * 128 + (kk % 4) * 32;
-      sm90::wgmma_ss<Element, kNT>(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
+      if constexpr (kFp8) {
+        sm90::wgmma_ss_e4m3(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
+      } else {
+        sm90::wgmma_ss<Element, kNT>(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
+      }
     }
     sm90::wgmma_commit();
   }
 
-  // O += P V, issued (not waited for): P from registers (16 keys a step), V
-  // of `stage` read MN-major, in O's column chunks.
+  // O += P V, issued (not waited for): P from registers (kKStep keys a
+  // step), in O's column chunks; V of `stage` read MN-major, or e4m3's V^T
+  // K-major (chunk rows 8 kFirst.. at 1024 bytes per 8 rows, the k-step 32
+  // bytes along them).
   __device__ __forceinline__ static void issue_pv(const Smem& smem, int stage, float (&acc)[1][kDT][4],
-                                                  std::uint32_t (&p)[kNT / 2][4]) {
+                                                  std::uint32_t (&p)[kPSteps][4]) {
     sm90::fence_operands(acc[0]);
     sm90::fence_operands(p);
     sm90::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kNT / 2; ++kk) {
-      sm90::for_n_chunks<0, kDT>([&]<int kFirst, int kN>() {
-        // Columns [8 kFirst, 8 (kFirst + kN)): from region kFirst / 8 on, regions kBN * 128 bytes apart.
-        const std::uint32_t v_at = smem.v(stage) + (kFirst / 8) * kBN * 128 + kk * 16 * 128;
-        sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), p[kk],
-                                    sm90::smem_desc(v_at, kBN * 128), true);
-      });
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int chunk = 0; chunk < kDT / 16; ++chunk) {
+          const std::uint32_t v_at = smem.v(stage) + chunk * 16 * 1024 + kk * 32;
+          sm90::wgmma_rs_e4m3(reinterpret_cast<float(&)[16][4]>(acc[0][16 * chunk]), p[kk], sm90::smem_desc(v_at, 0),
+                              true);
+        }
+      } else {
+        sm90::for_n_chunks<0, kDT>([&]<int kFirst, int kN>() {
+          // Columns [8 kFirst, 8 (kFirst + kN)): from region kFirst / 8 on, regions kBN * 128 bytes apart.
+          const std::uint32_t v_at = smem.v(stage) + (kFirst / 8) * kBN * 128 + kk * 16 * 128;
+          sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), p[kk],
+                                      sm90::smem_desc(v_at, kBN * 128), true);
+        });
+      }
     }
     sm90::wgmma_commit();
   }
@@ -246,9 +297,22 @@ struct MainloopFwdSm90TmaWgmmaWs {
     }
   }
 
-  __device__ __forceinline__ static void to_p(std::uint32_t (&p)[kNT / 2][4], const float (&s)[1][kNT][4]) {
+  // P as the RS form's A: 16-bit pairs (pack_p), or e4m3 quads (256 p) in
+  // the accumulators' own order (n-tiles 4kk .. 4kk + 3), which V^T's key
+  // permutation matches.
+  __device__ __forceinline__ static void to_p(std::uint32_t (&p)[kPSteps][4], const float (&s)[1][kNT][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kNT / 2; ++kk) pack_p<Element>(p[kk], s[0], kk);
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      if constexpr (kFp8) {
+        const float(&t)[kNT][4] = s[0];
+        p[kk][0] = pack4_e4m3(t[4 * kk][0], t[4 * kk][1], t[4 * kk + 1][0], t[4 * kk + 1][1]);
+        p[kk][1] = pack4_e4m3(t[4 * kk][2], t[4 * kk][3], t[4 * kk + 1][2], t[4 * kk + 1][3]);
+        p[kk][2] = pack4_e4m3(t[4 * kk + 2][0], t[4 * kk + 2][1], t[4 * kk + 3][0], t[4 * kk + 3][1]);
+        p[kk][3] = pack4_e4m3(t[4 * kk + 2][2], t[4 * kk + 2][3], t[4 * kk + 3][2], t[4 * kk + 3][3]);
+      } else {
+        pack_p<Element>(p[kk], s[0], kk);
+      }
+    }
   }
 
   // S of the key tile in k_state's stage, waited for (in the warpgroup's turn
@@ -267,7 +331,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
   // Waits for every wgmma in flight (the last is P V) and releases V's buffer.
   __device__ __forceinline__ static void pv_retired(const KVPipeline& kv_pipe,
                                                     const typename KVPipeline::State& v_state, float (&acc)[1][kDT][4],
-                                                    std::uint32_t (&p)[kNT / 2][4]) {
+                                                    std::uint32_t (&p)[kPSteps][4]) {
     sm90::wgmma_wait<0>();
     sm90::fence_operands(acc[0]);
     sm90::fence_operands(p);
@@ -277,7 +341,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
   // O += P V of the key tile in v_state's stage, waited for (in the turn).
   __device__ __forceinline__ static void pv_waited(const KVPipeline& kv_pipe, const typename KVPipeline::State& v_state,
                                                    const Smem& smem, float (&acc)[1][kDT][4],
-                                                   std::uint32_t (&p)[kNT / 2][4], int wg) {
+                                                   std::uint32_t (&p)[kPSteps][4], int wg) {
     kv_pipe.consumer_wait(v_state, kPartV);
     if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
     issue_pv(smem, v_state.index(), acc, p);
@@ -291,7 +355,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
   __device__ __forceinline__ static void mma(const FwdArgs& a, const Smem& smem, const Tile& cta, KeyTiles tiles,
                                              const QPipeline& q_pipe, const typename QPipeline::State& q_state,
                                              const KVPipeline& kv_pipe, typename KVPipeline::State& kv_state,
-                                             float (&acc)[1][kDT][4], OnlineSoftmax<1>& softmax, int wg, int warp_row0,
+                                             float (&acc)[1][kDT][4], Softmax& softmax, int wg, int warp_row0,
                                              int lane) {
     q_pipe.consumer_wait(q_state);
     if constexpr (Cfg::kIntraOverlap) {
@@ -306,13 +370,13 @@ struct MainloopFwdSm90TmaWgmmaWs {
   __device__ __forceinline__ static void mma_in_turn(const FwdArgs& a, const Smem& smem, const Tile& cta,
                                                      KeyTiles tiles, const KVPipeline& kv_pipe,
                                                      typename KVPipeline::State& kv_state, float (&acc)[1][kDT][4],
-                                                     OnlineSoftmax<1>& softmax, int wg, int warp_row0, int lane) {
+                                                     Softmax& softmax, int wg, int warp_row0, int lane) {
     for (int n_block = tiles.end - 1; n_block >= tiles.begin; --n_block) {
       float s[1][kNT][4];
       s_waited(kv_pipe, kv_state, smem, s, wg);
       mask(a, cta, n_block, s, warp_row0, lane);
       softmax.template update<Cfg::kSkipRescale>(s, acc, a.scale_log2);
-      std::uint32_t p[kNT / 2][4];
+      std::uint32_t p[kPSteps][4];
       to_p(p, s);
       pv_waited(kv_pipe, kv_state, smem, acc, p, wg);
       kv_state.advance();
@@ -330,10 +394,10 @@ struct MainloopFwdSm90TmaWgmmaWs {
   __device__ __forceinline__ static void mma_overlapped(const FwdArgs& a, const Smem& smem, const Tile& cta,
                                                         KeyTiles tiles, const KVPipeline& kv_pipe,
                                                         typename KVPipeline::State& kv_state, float (&acc)[1][kDT][4],
-                                                        OnlineSoftmax<1>& softmax, int wg, int warp_row0, int lane) {
+                                                        Softmax& softmax, int wg, int warp_row0, int lane) {
     typename KVPipeline::State k_state = kv_state, v_state = kv_state;
     float s[1][kNT][4];
-    std::uint32_t p[kNT / 2][4];
+    std::uint32_t p[kPSteps][4];
     float alpha[1][2];
     int n_block = tiles.end - 1;
     s_waited(kv_pipe, k_state, smem, s, wg);
@@ -345,7 +409,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
       kv_pipe.consumer_wait(k_state, kPartK);
       if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
       issue_s(smem, k_state.index(), s, wg);
-      OnlineSoftmax<1>::rescale(acc, alpha);
+      Softmax::rescale(acc, alpha);
       kv_pipe.consumer_wait(v_state, kPartV);
       issue_pv(smem, v_state.index(), acc, p);
       if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
@@ -359,7 +423,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
       v_state.advance();
       to_p(p, s);
     }
-    OnlineSoftmax<1>::rescale(acc, alpha);
+    Softmax::rescale(acc, alpha);
     pv_waited(kv_pipe, v_state, smem, acc, p, wg);
     v_state.advance();
     kv_state = v_state;

@@ -43,8 +43,29 @@ __device__ __forceinline__ float tree_reduce(float (&v)[kN], Op op) {
   return v[0];
 }
 
-template <int kMTiles>
+// 2^x on the FMA pipe, for the share of a tile's exponentials that the MUFU
+// unit (16 a clock an SM, as many as the FP8 tensor cores' products need)
+// should not take: x = n + f with n = rint(x) (the 1.5 x 2^23 rounding
+// trick), 2^f on [-1/2, 1/2] by a degree-3 minimax polynomial (relative error
+// below 1e-4, under e4m3's 2^-4 and bf16's 2^-8 that P is rounded to), n added
+// to the exponent bits. x below -127 (a masked -inf) gives exactly +0.
+__device__ __forceinline__ float ex2_fma(float x) {
+  x = fmaxf(x, -127.f);
+  const float t = x + 12582912.f;  // 1.5 x 2^23: rint(x) in the low mantissa bits
+  const float f = x - (t - 12582912.f);
+  float p = fmaf(fmaf(fmaf(0.0555041086f, f, 0.2402264923f), f, 0.6931471806f), f, 1.0f);
+  const int n = __float_as_int(t) - 0x4B400000;
+  return __int_as_float(__float_as_int(p) + (n << 23));
+}
+
+// kLog2Offset: p is 2^kLog2Offset times the probability (FP8's P, packed
+// into e4m3, whose normal range starts at 2^-6: FlashAttention-3's
+// max_offset); the row sums carry the same factor, so O / sum is unchanged,
+// and the log-sum-exp takes it back. kFmaExp2: of every 8 n-tiles, the first
+// kFmaExp2 take their exponentials on the FMA pipe (ex2_fma).
+template <int kMTiles, int kLog2Offset = 0, int kFmaExp2 = 0>
 struct OnlineSoftmax {
+  static_assert(kFmaExp2 >= 0 && kFmaExp2 <= 8);
   float row_max[kMTiles][2];
   float row_sum[kMTiles][2];  // this thread's partial sums; reduced over the quad in finish()
 
@@ -94,15 +115,18 @@ struct OnlineSoftmax {
         float mx = fmaxf(row_max[mt][h], tree_reduce(part, [](float x, float y) { return fmaxf(x, y); }));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float base = mx == -INFINITY ? 0.f : mx * scale_log2 - static_cast<float>(kLog2Offset);
         // Old max -inf: alpha = 2^-inf = 0, and o, sum are still 0 anyway.
-        alpha[mt][h] = ex2(row_max[mt][h] * scale_log2 - base);
+        alpha[mt][h] = ex2(row_max[mt][h] * scale_log2 - static_cast<float>(kLog2Offset) - base);
         grew |= mx > row_max[mt][h];
         row_max[mt][h] = mx;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-          const float p0 = ex2(fmaf(s[mt][nt][2 * h], scale_log2, -base));
-          const float p1 = ex2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -base));
+          const bool on_fma = nt % 8 < kFmaExp2;
+          const float x0 = fmaf(s[mt][nt][2 * h], scale_log2, -base);
+          const float x1 = fmaf(s[mt][nt][2 * h + 1], scale_log2, -base);
+          const float p0 = on_fma ? ex2_fma(x0) : ex2(x0);
+          const float p1 = on_fma ? ex2_fma(x1) : ex2(x1);
           s[mt][nt][2 * h] = p0;
           s[mt][nt][2 * h + 1] = p1;
           part[nt] = p0 + p1;
@@ -155,7 +179,9 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = row_sum[mt][h];
-        lse[mt][h] = sum > 0.f ? (row_max[mt][h] * scale_log2 + __log2f(sum)) * 0.6931471805599453f : INFINITY;
+        lse[mt][h] = sum > 0.f ? (row_max[mt][h] * scale_log2 - static_cast<float>(kLog2Offset) + __log2f(sum)) *
+                                     0.6931471805599453f
+                               : INFINITY;
       }
     }
   }

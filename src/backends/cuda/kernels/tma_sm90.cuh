@@ -15,10 +15,11 @@
 
 namespace attnprof::cuda::kernels::sm90 {
 
-// A 4-d TMA descriptor of a [batch, heads, rows, head_dim] tensor of 16-bit
-// elements with the given element strides; boxes of 64 columns x box_rows.
-template <Half16 Element>
-cudaError_t make_map(CUtensorMap& map, const void* data, int head_dim, int rows, int heads, int batch,
+// A 4-d TMA descriptor of a [batch, heads, rows, cols] tensor of Element
+// (16-bit or e4m3) with the given element strides; boxes of one 128-byte
+// swizzle region (64 16-bit columns, 128 e4m3 ones) x box_rows.
+template <InputElement Element>
+cudaError_t make_map(CUtensorMap& map, const void* data, int cols, int rows, int heads, int batch,
                      std::int64_t row_stride, std::int64_t head_stride, std::int64_t batch_stride, int box_rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -31,13 +32,17 @@ cudaError_t make_map(CUtensorMap& map, const void* data, int head_dim, int rows,
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {cuuint64_t(row_stride) * 2, cuuint64_t(head_stride) * 2, cuuint64_t(batch_stride) * 2};
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  constexpr cuuint64_t kBytes = sizeof(typename Element::Storage);
+  const CUtensorMapDataType type = kIsFp8<Element>               ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : std::same_as<Element, Bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(row_stride) * kBytes, cuuint64_t(head_stride) * kBytes,
+                                 cuuint64_t(batch_stride) * kBytes};
+  const cuuint32_t box[4] = {cuuint32_t(128 / kBytes), cuuint32_t(box_rows), 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUresult r =
-      encode(&map, std::same_as<Element, Bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-             const_cast<void*>(data), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      encode(&map, type, 4, const_cast<void*>(data), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

@@ -50,4 +50,15 @@ __device__ __forceinline__ void zero(float (&x)[kA][kB][4]) {
       for (int e = 0; e < 4; ++e) x[i][j][e] = 0.f;
 }
 
+// Accumulator fragments times c.
+template <int kA, int kB>
+__device__ __forceinline__ void scale_acc(float (&x)[kA][kB][4], float c) {
+#pragma unroll
+  for (int i = 0; i < kA; ++i)
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[i][j][e] *= c;
+}
+
 }  // namespace attnprof::cuda::kernels

@@ -1,8 +1,10 @@
 // Warpgroup-level primitives of sm90a: the shared-memory matrix descriptor and
 // the 128-byte-swizzled tile layout it describes, wgmma.mma_async m64nNk16
 // (N = 64, 80, 128; RS: 64, 128) with f32 accumulation and its A operand from shared memory
-// (SS) or from registers (RS); and the SS form with both operands read
-// MN-major (N = 32, 64), which the backward's dQ = dS K takes. (mbarriers: pipeline_sm90.cuh; TMA: tma_sm90.cuh.)
+// (SS) or from registers (RS); the SS form with both operands read
+// MN-major (N = 32, 64), which the backward's dQ = dS K takes; and the e4m3
+// forms m64n128k32 (SS and RS), both operands K-major (FP8 has no transpose). (mbarriers: pipeline_sm90.cuh; TMA:
+// tma_sm90.cuh.)
 //
 // Layout. A tile of 16-bit elements is kept as column regions of 64 elements
 // (128 bytes a row); region r holds columns [64r, 64r + 64) of every row,
@@ -212,6 +214,30 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kNTiles][4], const std::uint
     else
       ATTNPROF_WGMMA_RS(128, f16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66, 67, 68, 69);
   }
+}
+
+// d (+)= A B in e4m3, m64n128k32: A [64 x 32] and B [32 x 128] both K-major
+// in shared memory (a k-step is 32 bytes, as a 16-bit k16 step's).
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[16][4], std::uint64_t a_desc, std::uint64_t b_desc,
+                                              bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " ATTNPROF_REGS_64 ", %64, %65, p, 1, 1;\n}\n"
+      : ATTNPROF_ACC_N128(d)
+      : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+}
+
+// d (+)= A B in e4m3, m64n128k32, A from registers: four registers of four
+// bytes, mma.m16n8k32's 8-bit A fragment (a[0]: row g, columns 4t..4t+3;
+// a[1]: row g + 8; a[2], a[3]: the same rows, columns 16 + 4t..), B K-major.
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[16][4], const std::uint32_t (&a)[4], std::uint64_t b_desc,
+                                              bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " ATTNPROF_REGS_64
+      ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : ATTNPROF_ACC_N128(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
 }
 
 // Registers a warpgroup holds from here on (setmaxnreg: every warp of the
