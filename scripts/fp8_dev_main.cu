@@ -35,7 +35,7 @@ using attnprof::cuda::FusedParams;
   } while (0)
 
 // One forward through a variant: the pre-pass, then the kernel of Cfg.
-template <int kFma>
+template <int kFma, int kBlockN, bool kSkip>
 cudaError_t forward_variant(const FusedParams& p) {
   namespace k = attnprof::cuda::kernels;
   if (const cudaError_t e =
@@ -45,13 +45,20 @@ cudaError_t forward_variant(const FusedParams& p) {
     return e;
   }
   const k::FwdArgs a = k::fp8_fwd_args(p);
-  using Cfg = k::FlashSm90Fp8Cfg<128, kFma>;
+  using Cfg = k::FlashSm90Fp8Cfg<128, kFma, kBlockN, kSkip>;
   return p.mask == MaskKind::Causal ? k::run_flash_fwd_sm90<Cfg, k::MaskMode::Causal, k::E4m3>(a, nullptr, p.v_descale)
                                     : k::run_flash_fwd_sm90<Cfg, k::MaskMode::None, k::E4m3>(a, nullptr, p.v_descale);
 }
 using Forward = cudaError_t (*)(const FusedParams&);
-constexpr Forward kVariants[] = {&forward_variant<0>, &forward_variant<1>, &forward_variant<2>, &forward_variant<3>,
-                                 &forward_variant<4>};
+struct Variant {
+  const char* name;
+  Forward run;
+};
+constexpr Variant kVariants[] = {
+    {"f0n128", &forward_variant<0, 128, false>}, {"f1n128s", &forward_variant<1, 128, true>},
+    {"f0n192", &forward_variant<0, 192, false>}, {"f1n192", &forward_variant<1, 192, false>},
+    {"f1n192s", &forward_variant<1, 192, true>}, {"f2n192s", &forward_variant<2, 192, true>},
+};
 
 struct Shape {
   int b, h, s;
@@ -66,7 +73,7 @@ int main() {
                           {1, 4, 1000, MaskKind::Causal}};
   // FP8_DEV_SMALL=1: the last (ragged) shape only, for compute-sanitizer.
   const bool small = std::getenv("FP8_DEV_SMALL") != nullptr;
-  std::printf("%-22s %4s %10s %10s %9s %9s %9s\n", "shape", "fma", "fwd us", "vt us", "TFLOP/s", "rel_l2", "max_err");
+  std::printf("%-22s %8s %10s %10s %9s %9s %9s\n", "shape", "fma", "fwd us", "vt us", "TFLOP/s", "rel_l2", "max_err");
   for (const Shape& sh : shapes) {
     if (small && &sh != &shapes[std::size(shapes) - 1]) continue;
     const std::size_t n = static_cast<std::size_t>(sh.b) * sh.h * sh.s * kD;
@@ -102,7 +109,7 @@ int main() {
     for (int variant = -1; variant < int(std::size(kVariants)); ++variant) {
       // variant -1: the library's entry (launch_flash_sm90_fp8), else kVariants[variant].
       auto forward = [&] {
-        return variant < 0 ? attnprof::cuda::launch_flash_sm90_fp8(p, nullptr) : kVariants[variant](p);
+        return variant < 0 ? attnprof::cuda::launch_flash_sm90_fp8(p, nullptr) : kVariants[variant].run(p);
       };
       CK(cudaMemset(o, 0xff, n * 2));
       CK(forward());
@@ -168,9 +175,8 @@ int main() {
                     sh.mask == MaskKind::Causal ? "causal" : "full");
       // FP8_DEV_SMALL=1: the last (ragged) shape only, for compute-sanitizer.
       const bool small = std::getenv("FP8_DEV_SMALL") != nullptr;
-      std::printf("%-22s %4s %10.1f %10.1f %9.1f %9.4f %9.4f\n", name,
-                  variant < 0 ? "lib" : std::to_string(variant).c_str(), fwd_us, vt_us, flops / (fwd_us * 1e-6) / 1e12,
-                  std::sqrt(err2 / ref2), max_err);
+      std::printf("%-22s %8s %10.1f %10.1f %9.1f %9.4f %9.4f\n", name, variant < 0 ? "lib" : kVariants[variant].name,
+                  fwd_us, vt_us, flops / (fwd_us * 1e-6) / 1e12, std::sqrt(err2 / ref2), max_err);
     }
     for (void* ptr : {q, k, v, o, vt}) CK(cudaFree(ptr));
   }

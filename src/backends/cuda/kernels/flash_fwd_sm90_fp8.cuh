@@ -23,15 +23,24 @@
 
 namespace attnprof::cuda::kernels {
 
-// The FP8 kernel's tiles: the 16-bit D = 128 default's (128 x 128, producer
-// warpgroup, pingpong, intra-warpgroup overlap) with kFmaExp2 of every 8
-// n-tiles' exponentials on the FMA pipe (docs/perf/fp8-2026-12-02.md).
-template <int kHeadDim, int kFmaExp2 = 2>
-using FlashSm90Fp8Cfg = FlashSm90Cfg<kHeadDim, 128, 2, 2, false, true, true, true, kFmaExp2>;
+// The FP8 kernel's tiles: the 16-bit D = 128 default's (128 query rows,
+// producer warpgroup, pingpong, intra-warpgroup overlap), kBlockN keys a
+// tile, kFmaExp2 of every 8 n-tiles' exponentials on the FMA pipe, and the
+// overlapped loop's rescale skip. Measured (docs/perf/fp8-2026-12-02.md, H200):
+// 192-key tiles (FlashAttention-3 takes 224) are 3-6% faster from 4k keys up
+// and 5% slower at 1k (a ragged last tile); one n-tile of 8 on the FMA pipe
+// gains 2%, two lose 2-4%; the skip is within noise.
+template <int kHeadDim, int kFmaExp2 = 1, int kBlockN = 128, bool kSkipRescale = false>
+using FlashSm90Fp8Cfg = FlashSm90Cfg<kHeadDim, kBlockN, 2, 2, kSkipRescale, true, true, true, kFmaExp2>;
+// Keys from which the 192-key tiles run.
+inline constexpr int kFp8WideTileKeys = 2048;
 
 // The forward on e4m3 Q, K and V^T (fp8_fwd_args, fwd_args.cuh), V's descale o_scale.
 template <int kHeadDim, MaskMode kMask>
 cudaError_t launch_flash_fwd_sm90_fp8(const FwdArgs& a, float o_scale, cudaStream_t stream) {
+  if (a.seq_k >= kFp8WideTileKeys) {
+    return run_flash_fwd_sm90<FlashSm90Fp8Cfg<kHeadDim, 1, 192, true>, kMask, E4m3>(a, stream, o_scale);
+  }
   return run_flash_fwd_sm90<FlashSm90Fp8Cfg<kHeadDim>, kMask, E4m3>(a, stream, o_scale);
 }
 

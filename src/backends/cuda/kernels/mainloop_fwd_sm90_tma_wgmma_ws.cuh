@@ -89,11 +89,12 @@ struct FlashSm90Cfg {
   static constexpr int kConsumerRegs = kConsumerRegsFit < 240 ? kConsumerRegsFit : 240;
   static_assert(!kWgProducer || kConsumerRegs >= kLaunchRegs, "setmaxnreg.inc must not shrink the consumers");
   static constexpr int kStages = kStages_;
-  static constexpr bool kSkipRescale = kSkipRescale_;  // OnlineSoftmax::update's
-  static_assert(!(kSkipRescale && kIntraOverlap), "the overlapped loop rescales O apart from update (no skip)");
+  // OnlineSoftmax::update's skip; the overlapped loop skips its own rescale
+  // likewise (O times alpha, when no row of the warp grew its max).
+  static constexpr bool kSkipRescale = kSkipRescale_;
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kDTiles = kPadDim / 8;
-  static_assert(kNTiles == 8 || kNTiles == 10 || kNTiles == 16, "wgmma N of S: 64, 80 or 128");
+  static_assert(kNTiles == 8 || kNTiles == 10 || kNTiles == 16 || kNTiles == 24, "wgmma N of S: 64, 80, 128 or 192");
   static_assert(kPadDim <= 256, "O's accumulators: 64 rows x at most 256 columns a warpgroup");
   static_assert(!kPingpong || kConsumers == 2, "pingpong takes two consumer warpgroups");
 };
@@ -137,8 +138,11 @@ struct MainloopFwdSm90TmaWgmmaWs {
   static constexpr int kNT = Cfg::kNTiles, kDT = Cfg::kDTiles, kRegions = kD * kBytes / 128;
   // P V's k-steps: the key tile in steps of kKStep keys, four registers of P each.
   static constexpr int kPSteps = kBN / kKStep;
-  static_assert(!kFp8 || (kD % 128 == 0 && kBN == 128 && !Cfg::kSkipRescale),
-                "e4m3: whole 128-byte regions of Q and K, 128-key tiles (one region of V^T's rows)");
+  static_assert(!kFp8 || (kD % 128 == 0 && (kBN == 128 || kBN == 192)),
+                "e4m3: whole 128-byte regions of Q and K; 128-key tiles (one region of V^T's rows) or 192 (one "
+                "region, then 64 keys in the 64-byte swizzle)");
+  static_assert(kFp8 || kNT != 24, "192-key tiles: e4m3 only");
+  static constexpr bool kVtHi = kFp8 && kBN == 192;  // V^T's keys 128..191 in a 64-byte-swizzled region
   static constexpr int kQBytes = kBM * kD * kBytes;
   static constexpr int kKVBytes = kBN * kD * kBytes;  // K, or V (V^T for e4m3: kD rows of kBN keys)
   // The online softmax: e4m3's P is 2^8 p (kLog2Offset), and Cfg's share of
@@ -153,10 +157,11 @@ struct MainloopFwdSm90TmaWgmmaWs {
 
   // Device-side params: TMA descriptors of Q, K and V as 4-d tensors (column,
   // row, head, batch), in boxes of 64 columns (one swizzle region) by a tile's rows.
-  // e4m3: V's map is V^T's; o_scale is what O is multiplied by before the
-  // epilogue (V's descale; 1 for 16-bit elements).
+  // e4m3: V's map is V^T's (v_hi: its 64-key boxes past the first 128 of a
+  // 192-key tile); o_scale is what O is multiplied by before the epilogue
+  // (V's descale; 1 for 16-bit elements).
   struct Params {
-    CUtensorMap q, k, v;
+    CUtensorMap q, k, v, v_hi;
     float o_scale = 1.f;
   };
 
@@ -186,6 +191,9 @@ struct MainloopFwdSm90TmaWgmmaWs {
                                             a.map_batch, a.v_row_stride, a.v_head_stride, a.v_batch_stride, kD)
                   : sm90::make_map<Element>(p.v, a.v, Cfg::kHeadDim, a.k_rows, kv_heads, a.map_batch, a.v_row_stride,
                                             a.v_head_stride, a.v_batch_stride, kBN),
+             kVtHi ? sm90::make_map<Element>(p.v_hi, a.v, static_cast<int>(a.v_row_stride), Cfg::kHeadDim, kv_heads,
+                                             a.map_batch, a.v_row_stride, a.v_head_stride, a.v_batch_stride, kD, 64)
+                   : cudaSuccess,
          }) {
       if (e != cudaSuccess) return e;
     }
@@ -227,6 +235,9 @@ struct MainloopFwdSm90TmaWgmmaWs {
       const std::uint32_t v_bar = kv_pipe.producer_expect(kv_state, kPartV, kKVBytes);
       if constexpr (kFp8) {  // V^T: the tile's 128 keys (one region) of all kD rows
         sm90::tma_load_4d(smem.v(stage), &p.v, v_bar, n0, 0, cta.kv_head, batch);
+        if constexpr (kVtHi) {
+          sm90::tma_load_4d(smem.v(stage) + kD * 128, &p.v_hi, v_bar, n0 + 128, 0, cta.kv_head, batch);
+        }
       } else {
         for (int r = 0; r < kRegions; ++r) {
           sm90::tma_load_4d(smem.v(stage) + r * kBN * 128, &p.v, v_bar, 64 * r, n0, cta.kv_head, batch);
@@ -247,7 +258,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
       const std::uint32_t q_at = smem.q() + (kk / 4) * kBM * 128 + wg * 64 * 128 + (kk % 4) * 32;
       const std::uint32_t k_at = smem.k(stage) + (kk / 4) * kBN * 128 + (kk % 4) * 32;
       if constexpr (kFp8) {
-        sm90::wgmma_ss_e4m3(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
+        sm90::wgmma_ss_e4m3<kNT>(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
       } else {
         sm90::wgmma_ss<Element, kNT>(s[0], sm90::smem_desc(q_at, 0), sm90::smem_desc(k_at, 0), kk > 0);
       }
@@ -269,9 +280,11 @@ struct MainloopFwdSm90TmaWgmmaWs {
       if constexpr (kFp8) {
 #pragma unroll
         for (int chunk = 0; chunk < kDT / 16; ++chunk) {
-          const std::uint32_t v_at = smem.v(stage) + chunk * 16 * 1024 + kk * 32;
-          sm90::wgmma_rs_e4m3(reinterpret_cast<float(&)[16][4]>(acc[0][16 * chunk]), p[kk], sm90::smem_desc(v_at, 0),
-                              true);
+          // Keys 0..127: the 128-byte region (1024 bytes per 8 rows); 128..191: the 64-byte one (512).
+          const std::uint64_t v_desc =
+              kk < 4 ? sm90::smem_desc(smem.v(stage) + chunk * 16 * 1024 + kk * 32, 0)
+                     : sm90::smem_desc_sw64(smem.v(stage) + kD * 128 + chunk * 16 * 512 + (kk - 4) * 32);
+          sm90::wgmma_rs_e4m3(reinterpret_cast<float(&)[16][4]>(acc[0][16 * chunk]), p[kk], v_desc, true);
         }
       } else {
         sm90::for_n_chunks<0, kDT>([&]<int kFirst, int kN>() {
@@ -399,17 +412,21 @@ struct MainloopFwdSm90TmaWgmmaWs {
     float s[1][kNT][4];
     std::uint32_t p[kPSteps][4];
     float alpha[1][2];
+    // Whether O needs its rescale (some row of the warp grew its max): with
+    // kSkipRescale, alpha is exactly 1 otherwise.
+    auto rescale_wanted = [](bool grew) { return !Cfg::kSkipRescale || __any_sync(0xffffffffu, grew); };
     int n_block = tiles.end - 1;
     s_waited(kv_pipe, k_state, smem, s, wg);
     k_state.advance();
     mask(a, cta, n_block, s, warp_row0, lane);
     softmax.scores(s, a.scale_log2, alpha);  // O is still 0: its alpha is moot
+    bool grew = false;
     to_p(p, s);
     for (--n_block; n_block >= tiles.begin; --n_block) {
       kv_pipe.consumer_wait(k_state, kPartK);
       if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
       issue_s(smem, k_state.index(), s, wg);
-      Softmax::rescale(acc, alpha);
+      if (rescale_wanted(grew)) Softmax::rescale(acc, alpha);
       kv_pipe.consumer_wait(v_state, kPartV);
       issue_pv(smem, v_state.index(), acc, p);
       if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
@@ -418,12 +435,12 @@ struct MainloopFwdSm90TmaWgmmaWs {
       kv_pipe.consumer_release(k_state, kPartK);
       k_state.advance();
       mask(a, cta, n_block, s, warp_row0, lane);
-      softmax.scores(s, a.scale_log2, alpha);
+      grew = softmax.scores(s, a.scale_log2, alpha);
       pv_retired(kv_pipe, v_state, acc, p);
       v_state.advance();
       to_p(p, s);
     }
-    Softmax::rescale(acc, alpha);
+    if (rescale_wanted(grew)) Softmax::rescale(acc, alpha);
     pv_waited(kv_pipe, v_state, smem, acc, p, wg);
     v_state.advance();
     kv_state = v_state;

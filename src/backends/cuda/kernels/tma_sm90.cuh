@@ -17,10 +17,12 @@ namespace attnprof::cuda::kernels::sm90 {
 
 // A 4-d TMA descriptor of a [batch, heads, rows, cols] tensor of Element
 // (16-bit or e4m3) with the given element strides; boxes of one 128-byte
-// swizzle region (64 16-bit columns, 128 e4m3 ones) x box_rows.
+// swizzle region (64 16-bit columns, 128 e4m3 ones) x box_rows, or with
+// box_bytes 64, 64-byte rows in the 64-byte swizzle.
 template <InputElement Element>
 cudaError_t make_map(CUtensorMap& map, const void* data, int cols, int rows, int heads, int batch,
-                     std::int64_t row_stride, std::int64_t head_stride, std::int64_t batch_stride, int box_rows) {
+                     std::int64_t row_stride, std::int64_t head_stride, std::int64_t batch_stride, int box_rows,
+                     int box_bytes = 128) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -39,11 +41,12 @@ cudaError_t make_map(CUtensorMap& map, const void* data, int cols, int rows, int
   const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
   const cuuint64_t strides[3] = {cuuint64_t(row_stride) * kBytes, cuuint64_t(head_stride) * kBytes,
                                  cuuint64_t(batch_stride) * kBytes};
-  const cuuint32_t box[4] = {cuuint32_t(128 / kBytes), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(box_bytes / kBytes), cuuint32_t(box_rows), 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUresult r =
       encode(&map, type, 4, const_cast<void*>(data), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+             box_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 

@@ -39,6 +39,17 @@ __device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint
   return d;
 }
 
+// The descriptor of a K-major operand in 64-byte-swizzled rows (TMA's
+// 64-byte swizzle: 16-byte chunk c of row i at c ^ (i / 2 % 4)), 8-row
+// groups 512 bytes apart: the e4m3 V^T's 64 keys past a 128-key region.
+__device__ __forceinline__ std::uint64_t smem_desc_sw64(std::uint32_t addr) {
+  std::uint64_t d = 0;
+  d |= static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<std::uint64_t>(512 >> 4) << 32;  // SBO: 8 rows of 64 bytes
+  d |= static_cast<std::uint64_t>(2) << 62;         // 64-byte swizzle
+  return d;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
@@ -73,9 +84,18 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
   ATTNPROF_ACC_N64(d), ATTNPROF_ACC8(d, 8), ATTNPROF_ACC8(d, 9), ATTNPROF_ACC8(d, 10), ATTNPROF_ACC8(d, 11), \
       ATTNPROF_ACC8(d, 12), ATTNPROF_ACC8(d, 13), ATTNPROF_ACC8(d, 14), ATTNPROF_ACC8(d, 15)
 #define ATTNPROF_ACC_N80(d) ATTNPROF_ACC_N64(d), ATTNPROF_ACC8(d, 8), ATTNPROF_ACC8(d, 9)
+#define ATTNPROF_ACC_N192(d)                                                                                    \
+  ATTNPROF_ACC_N128(d), ATTNPROF_ACC8(d, 16), ATTNPROF_ACC8(d, 17), ATTNPROF_ACC8(d, 18), ATTNPROF_ACC8(d, 19), \
+      ATTNPROF_ACC8(d, 20), ATTNPROF_ACC8(d, 21), ATTNPROF_ACC8(d, 22), ATTNPROF_ACC8(d, 23)
 #define ATTNPROF_REGS_40                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
+#define ATTNPROF_REGS_96                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "  \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "  \
+  "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "  \
+  "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
 #define ATTNPROF_REGS_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define ATTNPROF_REGS_32                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
@@ -216,15 +236,25 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kNTiles][4], const std::uint
   }
 }
 
-// d (+)= A B in e4m3, m64n128k32: A [64 x 32] and B [32 x 128] both K-major
-// in shared memory (a k-step is 32 bytes, as a 16-bit k16 step's).
-__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[16][4], std::uint64_t a_desc, std::uint64_t b_desc,
+// d (+)= A B in e4m3, m64nNk32 (N = 128 or 192): A [64 x 32] and B [32 x N]
+// both K-major in shared memory (a k-step is 32 bytes, as a 16-bit k16 step's).
+template <int kNTiles>
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
                                               bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " ATTNPROF_REGS_64 ", %64, %65, p, 1, 1;\n}\n"
-      : ATTNPROF_ACC_N128(d)
-      : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  static_assert(kNTiles == 16 || kNTiles == 24, "N = 128 or 192");
+  if constexpr (kNTiles == 16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " ATTNPROF_REGS_64 ", %64, %65, p, 1, 1;\n}\n"
+        : ATTNPROF_ACC_N128(d)
+        : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 " ATTNPROF_REGS_96 ", %96, %97, p, 1, 1;\n}\n"
+        : ATTNPROF_ACC_N192(d)
+        : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  }
 }
 
 // d (+)= A B in e4m3, m64n128k32, A from registers: four registers of four
@@ -303,10 +333,12 @@ __device__ __forceinline__ void fence_view_async_shared() {
 #undef ATTNPROF_WGMMA_SS_KM
 #undef ATTNPROF_WGMMA_SS_TT
 #undef ATTNPROF_WGMMA_SS
+#undef ATTNPROF_REGS_96
 #undef ATTNPROF_REGS_64
 #undef ATTNPROF_REGS_40
 #undef ATTNPROF_REGS_32
 #undef ATTNPROF_REGS_16
+#undef ATTNPROF_ACC_N192
 #undef ATTNPROF_ACC_N128
 #undef ATTNPROF_ACC_N80
 #undef ATTNPROF_ACC_N64
