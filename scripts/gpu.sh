@@ -8,13 +8,13 @@
 # judged), a Llama-shaped model trained with our attention against PyTorch's
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize nocupti compare train host bench bench_backward sequences shapes decode
+# sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode
 # train_model model_traces python ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences shapes decode train_model model_traces python ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode train_model model_traces python ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -75,6 +75,10 @@ if has sanitize; then
   # SANITIZE=new: only the kernels issue 12 added or changed (flash sm90 at every head dim, decode); the
   # rest ran clean before and takes minutes.
   for tool in memcheck racecheck; do
+    # The FP8 forward (issue 24): flash's pre-pass and kernel at ragged shapes, both tile widths.
+    for args in "--seq 200 --kv-seq 333 --mask causal-bottom-right" "--seq 130 --kv-seq 2100 --mask none --kv-heads 1"; do
+      sanitize_profile $tool "flash fp8 $args" -- --backend flash --dtype fp8 --heads 2 --head-dim 128 $args
+    done
     if [[ ${SANITIZE:-all} != new ]]; then
       for be in efficient flash; do
         # (flash's forward: below, with the kernels issue 12 changed.)
@@ -235,6 +239,15 @@ if has sequences; then
   echo "sequences_bench rc $?" >>"$OUT/log.txt"
 fi
 
+# Issue 24: the FP8 forward grid, flash against cudnn in FP8 and flash in
+# bf16, with the errors against float64 (bench/fp8_bench.py; fp8_bench.*).
+if has fp8; then
+  log "FP8 forward (issue 24's targets)"
+  PYTHONUNBUFFERED=1 timeout 400 python3 bench/fp8_bench.py --attnprof $B/attnprof --out "$OUT" \
+    >/tmp/bench_fp8.txt 2>>"$OUT/log.txt"
+  echo "fp8_bench rc $?" >>"$OUT/log.txt"
+fi
+
 # Issue 12: every shape class and the decode rows against our cudnn and
 # PyTorch's SDPA in the same run, with ratios and the targets (flash <= 1.00x
 # cudnn, 700 TFLOP/s, 80% of the copy ceiling measured in the run, 5 us host).
@@ -387,6 +400,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/bench_backward.txt ]] && { echo "==== bench --shapes backward --pass backward"
   sed -n '/^Summary/,$p' /tmp/bench_backward.txt; }
 [[ -f /tmp/bench_sequences.txt ]] && { echo "==== packed batches and soft caps"; cat /tmp/bench_sequences.txt; }
+[[ -f /tmp/bench_fp8.txt ]] && { echo "==== FP8 forward"; cat /tmp/bench_fp8.txt; }
 [[ -f /tmp/bench_shapes.txt ]] && { echo "==== bench --shapes classes"; sed -n '/^Summary/,$p' /tmp/bench_shapes.txt; }
 [[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
 [[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }
