@@ -4,8 +4,8 @@
 // against a float64 reference computed from the dequantized inputs (so what
 // is measured is the kernel's arithmetic: P rounded to e4m3 for P V, FP32
 // accumulation), on masks none, causal top-left and bottom-right and the
-// window, kv_seq != seq, grouped-query heads and bshd strides; and the
-// refusals, each in one line.
+// window, kv_seq != seq, grouped-query heads and bshd strides, on both tile
+// widths (128 keys, and 192 from 2048 keys); and the refusals, each in one line.
 //
 // Tolerance: P is rounded to e4m3 (3 mantissa bits: a relative error of at
 // most 2^-4, about 2.5% RMS over a uniform spread), and O = sum p v / sum p
@@ -234,7 +234,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 2, 2, 333, 200, MaskKind::CausalBottomRight},   // fully masked rows
                       Case{1, 4, 1, 300, 517, MaskKind::SlidingWindow, 100},  // MQA, window
                       Case{2, 4, 2, 129, 1000, MaskKind::None, 0, true},      // bshd strides
-                      Case{1, 2, 2, 1024, 1024, MaskKind::Causal, 0, true}));
+                      Case{1, 2, 2, 1024, 1024, MaskKind::Causal, 0, true},
+                      // 192-key tiles (from kFp8WideTileKeys keys): ragged, bottom-right, GQA
+                      Case{1, 2, 1, 130, 2100, MaskKind::None}, Case{1, 4, 2, 300, 2500, MaskKind::CausalBottomRight},
+                      Case{1, 2, 2, 2049, 2049, MaskKind::SlidingWindow, 300}));
 
 // The refusals, one line each: a head dim it is not built for, a descale of
 // zero or not finite, a saved log-sum-exp (a backward), a packed batch.
