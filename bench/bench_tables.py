@@ -6,6 +6,8 @@ flash <= 1.00x cudnn per row and the count of rows that meet it), with what
 the profiler's rules said of our flash (findings_list). Plain formatting: no
 torch, no timing."""
 
+import os
+
 # Issue 12's targets (forward); issue 21's backward one is the same ratio.
 TARGET_FLASH_OVER_CUDNN = 1.00
 TARGET_TFLOPS, TARGET_TFLOPS_ROW = 700.0, (2, 16, 16, 8192, 8192, 128, "none", "contiguous", 0, "bf16")
@@ -17,6 +19,20 @@ def first_line(text, limit=200):
     line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
     line = line.split(" (Triggered internally at")[0]  # where in ATen a warning was raised
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def run_compare(cmd, path, backends, timeout=300):
+    """One `attnprof compare ... --json path` process: its results by backend, or each backend's
+    {"reason": the process's last line} when it gave no JSON (exit 3 is a run with a failed check)."""
+    import json
+    import subprocess
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode not in (0, 3) or not os.path.exists(path):
+        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        why = tail[-1] if tail else f"exit {proc.returncode}"
+        return {b: {"reason": why} for b in backends}
+    with open(path) as f:
+        return {r["backend"]: r for r in json.load(f)["results"]}
 
 
 def did_not_run(m):

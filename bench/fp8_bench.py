@@ -18,7 +18,10 @@ backend that refuses a row gives its one-line reason. Writes
 import argparse
 import json
 import os
-import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_tables import run_compare  # noqa: E402
 
 # (batch, heads, kv_heads, seq, head_dim, mask)
 GRID = [
@@ -41,13 +44,7 @@ def compare(attnprof, row, dtype, backends, out):
            "--kv-heads", str(hkv), "--seq", str(s), "--head-dim", str(d), "--mask", mask, "--warmup", "3",
            "--active", "10", "--check-rows", "32", "--quiet", "--json", path, "--backends", ",".join(backends),
            "--trace-dir", "/tmp/fp8-bench-traces"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode not in (0, 3) or not os.path.exists(path):
-        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        why = tail[-1] if tail else f"exit {proc.returncode}"
-        return {x: {"reason": why} for x in backends}
-    with open(path) as f:
-        return {r["backend"]: r for r in json.load(f)["results"]}
+    return run_compare(cmd, path, backends)
 
 
 def fmt(x, spec=".1f"):

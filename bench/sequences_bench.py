@@ -19,8 +19,10 @@ the table.
 import argparse
 import json
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_tables import run_compare  # noqa: E402
 
 HEADS = 16
 LENS = [round(4096 * (0.1 + 0.9 * i / 7)) for i in range(8)]  # 410 .. 4096
@@ -31,13 +33,7 @@ def compare(attnprof, args, backends, pass_, tag, out):
     cmd = [attnprof, "compare", "--device", "cuda", "--dtype", "bf16", "--warmup", "3", "--active", "10",
            "--check-rows", "32", "--quiet", "--json", path, "--pass", pass_, "--backends", ",".join(backends),
            "--trace-dir", "/tmp/seq-bench-traces"] + args
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode not in (0, 3) or not os.path.exists(path):
-        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        why = tail[-1] if tail else f"exit {proc.returncode}"
-        return {b: {"reason": why} for b in backends}
-    with open(path) as f:
-        return {r["backend"]: r for r in json.load(f)["results"]}
+    return run_compare(cmd, path, backends)
 
 
 def us(rec):

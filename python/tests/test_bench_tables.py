@@ -165,3 +165,18 @@ def test_forward_targets_unchanged(bt):
     table = bt.summary_table([s], CEILING, "forward")
     assert "| target met? |" in table and "| 2x16x8192x128 fp16 | none | contiguous |" in table
     assert "Backward target" not in table
+
+
+def test_run_compare_reads_the_json_or_gives_each_backend_the_last_line(bt, tmp_path):
+    """run_compare: a process that writes its JSON gives the results by backend; one that fails gives
+    every backend asked for the process's last line as its reason."""
+    import sys
+    path = tmp_path / "r.json"
+    body = {"results": [{"backend": "flash", "device_time_us": 12.5}, {"backend": "cudnn", "reason": "refused"}]}
+    write = f"import json; json.dump({body!r}, open({str(path)!r}, 'w'))"
+    got = bt.run_compare([sys.executable, "-c", write], str(path), ["flash", "cudnn"])
+    assert got["flash"]["device_time_us"] == 12.5 and got["cudnn"]["reason"] == "refused"
+    missing = tmp_path / "none.json"
+    fail = "import sys; print('first'); sys.exit('attnprof: error: --dtype fp8 takes no mask bias')"
+    got = bt.run_compare([sys.executable, "-c", fail], str(missing), ["flash", "cudnn"])
+    assert got == {b: {"reason": "attnprof: error: --dtype fp8 takes no mask bias"} for b in ("flash", "cudnn")}

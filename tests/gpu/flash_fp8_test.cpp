@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "attnprof/dtype.h"
+#include "attnprof/problem.h"
 #include "backends/cuda/fused_kernels.h"
 #include "gpu_test.h"
 
@@ -67,20 +68,12 @@ Quantized quantize(const std::vector<float>& real) {
   return q;
 }
 
-bool visible(const Case& c, int i, int j) {
-  const int off = c.seq_k - c.seq_q;
-  switch (c.mask) {
-    case MaskKind::None:
-      return true;
-    case MaskKind::Causal:
-      return j <= i;
-    case MaskKind::CausalBottomRight:
-      return j <= i + off;
-    case MaskKind::SlidingWindow:
-      return j <= i + off && j > i + off - c.window;
-    default:
-      return false;
-  }
+// The structural mask, as Problem::visible says it.
+Problem mask_of(const Case& c) {
+  Problem p{.batch = c.batch, .heads = c.heads, .kv_heads = c.kv_heads, .seq = c.seq_q, .kv_seq = c.seq_k};
+  p.mask = c.mask;
+  p.window = c.window;
+  return p;
 }
 
 struct Result {
@@ -167,6 +160,7 @@ void run_case(const Case& c, std::uint32_t seed, Result& r) {
   for (void* ptr : {dq, dk, dv, dout, dvt}) CUDA_OK(cudaFree(ptr));
 
   const int group = c.heads / c.kv_heads;
+  const Problem mask = mask_of(c);
   double err2 = 0, ref2 = 0;
   std::vector<double> s(c.seq_k), o(kD);
   for (int b = 0; b < c.batch; ++b) {
@@ -176,7 +170,7 @@ void run_case(const Case& c, std::uint32_t seed, Result& r) {
       for (int i = 0; i < c.seq_q; ++i) {
         double mx = -INFINITY;
         for (int j = 0; j < c.seq_k; ++j) {
-          if (!visible(c, i, j)) {
+          if (!mask.visible(i, j)) {
             s[j] = -INFINITY;
             continue;
           }
