@@ -42,6 +42,11 @@
 // where false, in q's dtype: mask_to_bias.cu) and runs as a bias mask.
 //
 // A soft cap is cuDNN's score modifier (cudnn_graph.h, soft_cap()).
+//
+// dtype fp8 is cuDNN's FP8 SDPA graph (cudnn_fp8.h: which problems it
+// takes, its scalars, its e4m3 O and amaxes), forward only, built, cached
+// and run by the same path as the 16-bit graphs; this file only dispatches
+// to it.
 #include <bit>
 #include <cstdint>
 #include <memory>
@@ -58,6 +63,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -66,6 +72,7 @@
 #include <vector>
 
 #include "backends/cuda/cudnn_check.h"
+#include "backends/cuda/cudnn_fp8.h"
 #include "backends/cuda/cudnn_graph.h"
 #include "backends/cuda/mask_to_bias.h"
 #include "backends/cuda/sequence_lengths.h"
@@ -90,7 +97,10 @@ class Cudnn final : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (p.device != Device::Cuda) return {false, "runs on a CUDA device only"};
-    if (!is_16bit(p.dtype)) return {false, "fp32 not supported by cuDNN SDPA (use dtype=bf16 or dtype=fp16)"};
+    if (is_fp8(p.dtype)) return fp8_eligibility(p);
+    if (!is_16bit(p.dtype)) {
+      return {false, "fp32 not supported by cuDNN SDPA (use dtype=bf16, dtype=fp16 or dtype=fp8)"};
+    }
     const bool paged = p.kv_cache == KvCache::Paged;
     if (paged && p.pass != Pass::Forward) return {false, kPagedForwardOnly};
     if (p.varlen()) {
@@ -147,6 +157,7 @@ class Cudnn final : public Backend {
       if (it != cache_.end()) bytes = std::max(bytes, static_cast<std::size_t>(it->second.workspace));
     }
     if (p.pass != Pass::Forward) bytes += p.lse_bytes();
+    if (is_fp8(p.dtype)) return bytes + cudnn_fp8::extra_bytes(p, fp8_bf16_output());
     // A packed batch's offsets and lengths; a boolean mask's bias, counted
     // at the [S, Skv] of a mask broadcast over batch and heads (a mask of
     // its own per batch or head is that many times larger).
@@ -158,6 +169,7 @@ class Cudnn final : public Backend {
   }
 
   Expectation expectation(const Problem& p) const override {
+    if (is_fp8(p.dtype)) return cudnn_fp8::expectation(p, fp8_bf16_output());
     // A boolean mask: the read-back of its compact form (one copy to the
     // host), then the conversion kernel and the SDPA kernel, or the SDPA
     // kernel alone for a key-padding mask; which one, only its contents say.
@@ -188,17 +200,25 @@ class Cudnn final : public Backend {
   bool has_backward() const override { return true; }
   // cuDNN's SDPA backward recomputes P from the forward's stats; its dQ is
   // summed with atomics unless the deterministic algorithm is asked for.
-  // Soft caps and packed batches: eligibility() says which of them cuDNN
-  // builds (no soft cap on a packed batch).
+  // Soft caps, packed batches and FP8: eligibility() says which of them
+  // cuDNN builds (no soft cap on a packed batch; FP8 forward only, dense).
   Traits traits() const override {
-    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .varlen = true};
+    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .varlen = true, .fp8 = true};
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
+    if (is_fp8(p.dtype)) return forward_fp8(p, in, out, ctx);
     run(GraphKind::Forward, p, in, bind(p, in, out), ctx);
+  }
+
+  // The amaxes cuDNN's FP8 graph wrote (cudnn_fp8.h), read on the stream of
+  // the last call.
+  std::optional<Fp8Amax> read_fp8_amax() override {
+    std::lock_guard<std::mutex> lock(fp8_.mutex());
+    return fp8_.read_amax(stream_);
   }
 
   // cuDNN's softmax statistics ("Stats") are, per query row, max + ln(sum of
@@ -214,6 +234,7 @@ class Cudnn final : public Backend {
   // eligibility() then says.
   void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
     if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
+    if (is_fp8(p.dtype)) fail(ErrorKind::Unsupported, std::string("cudnn: ") + cudnn_fp8::kForwardOnly);
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
@@ -228,6 +249,7 @@ class Cudnn final : public Backend {
   void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
                 Gradients& grads, RunContext& ctx) override {
     if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
+    if (is_fp8(p.dtype)) fail(ErrorKind::Unsupported, std::string("cudnn: ") + cudnn_fp8::kForwardOnly);
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kBackwardOp, dtypes, dims);
@@ -271,6 +293,48 @@ class Cudnn final : public Backend {
         break;
     }
     return "cuDNN";
+  }
+
+  // dtype fp8: the refusals by name, then cuDNN's own word on the graph.
+  Eligibility fp8_eligibility(const Problem& p) const {
+    bool bf16_out = false;
+    try {
+      const int sm = sm_version();
+      if (std::string why = cudnn_fp8::refusal(p, sm); !why.empty()) return {false, why};
+      bf16_out = cudnn_fp8::writes_bf16_output(sm);
+      std::lock_guard<std::mutex> lock(mutex_);
+      const Entry& e = entry(p, default_layout(p, GraphKind::Forward), GraphKind::Forward);
+      if (!e.failure.empty()) return {false, "cuDNN FP8 SDPA: " + e.failure};
+    } catch (const Error& err) {
+      return {false, one_line(err.what())};
+    }
+    return {true, cudnn_fp8::how(p, bf16_out)};
+  }
+
+  // Whether the FP8 graph writes its bf16 O itself (cudnn_fp8.h), from the
+  // device's compute capability, read once; e4m3 (Hopper's) without a GPU.
+  bool fp8_bf16_output() const {
+    int known = fp8_bf16_out_.load(std::memory_order_relaxed);
+    if (known == 0) {
+      try {
+        known = cudnn_fp8::writes_bf16_output(sm_version()) ? 2 : 1;
+      } catch (const Error&) {
+        return false;
+      }
+      fp8_bf16_out_.store(known, std::memory_order_relaxed);
+    }
+    return known == 2;
+  }
+
+  // The FP8 graph through run(), its tensors and scalars bound by fp8_, and
+  // the e4m3 O converted into `out` after it where the graph writes one.
+  void forward_fp8(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) {
+    const bool bf16_out = fp8_bf16_output();
+    std::lock_guard<std::mutex> lock(fp8_.mutex());
+    Bound t{};
+    fp8_.bind(p, in, out, bf16_out, t, ctx);
+    run(GraphKind::Forward, p, in, t, ctx);
+    fp8_.finish(in, out, bf16_out, ctx);
   }
 
   static std::vector<GraphKind> kinds_of(Pass pass) {
@@ -707,6 +771,7 @@ class Cudnn final : public Backend {
   }
 
   std::string build(const Problem& p, const Layout& l, GraphKind kind, std::shared_ptr<PlanGraph>& out) const {
+    if (is_fp8(p.dtype)) return cudnn_fp8::build(handle_, p, l, fp8_bf16_output(), out);
     const auto io = p.dtype == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
     auto g = std::make_shared<PlanGraph>();
     g->set_io_data_type(io)
@@ -747,17 +812,7 @@ class Cudnn final : public Backend {
       if (train) output(*g, *stats, kStats, l, fe::DataType_t::FLOAT);  // stats is null otherwise
     }
     out = g;
-    // Each step's refusal is returned in cuDNN's words, on one line: that is
-    // the reason explain prints.
-    if (auto s = g->validate(); s.is_bad()) return one_line("validate: " + s.get_message());
-    if (auto s = g->build_operation_graph(handle_); s.is_bad()) {
-      return one_line("build_operation_graph: " + s.get_message());
-    }
-    if (auto s = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); s.is_bad()) {
-      return one_line("no engine: " + s.get_message());
-    }
-    if (auto s = g->check_support(handle_); s.is_bad()) return one_line("check_support: " + s.get_message());
-    return {};
+    return check_graph(*g, handle_);
   }
 
   // cuDNN's paged SDPA on a forward's attributes: the page tables (the block
@@ -795,6 +850,10 @@ class Cudnn final : public Backend {
   // Per graph kind, the last call the direct path ran; valid until a miss
   // starts over.
   std::array<LastCall, kGraphKinds> last_{};
+  // dtype fp8's scalars, e4m3 O and amaxes (cudnn_fp8.h), and whether its
+  // graph writes O in bf16 (0: not known yet, 1: e4m3, 2: bf16).
+  cudnn_fp8::Fp8State fp8_;
+  mutable std::atomic<int> fp8_bf16_out_{0};
 };
 
 }  // namespace
