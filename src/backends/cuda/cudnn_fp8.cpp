@@ -84,6 +84,13 @@ std::string refusal(const Problem& p, int sm) {
     return "cuDNN " + cudnn_version_string(version) +
            " has no FP8 SDPA forward (9.1 and newer have, 9.10.0 excepted): use dtype=bf16, or a newer cuDNN";
   }
+  // Transformer Engine sets an FP8 graph's left bound from cuDNN 9.21 on
+  // only; before, the FP8 engines are not known to honour it.
+  if (p.mask == MaskKind::SlidingWindow && version < 92100) {
+    return "cuDNN " + cudnn_version_string(version) +
+           "'s FP8 SDPA takes no sliding window (the diagonal band's left bound, from cuDNN 9.21 on): use mask=causal "
+           "or none, dtype=bf16, or a newer cuDNN";
+  }
   if (bottom_right(p.mask) && p.seq != p.kv_seq && sm < 100) {
     return "cuDNN's FP8 SDPA takes the bottom-right diagonal (mask=" + std::string(mask_name(p.mask)) +
            " with kv_seq != seq) on sm100 and newer only; this GPU is sm" + std::to_string(sm) +

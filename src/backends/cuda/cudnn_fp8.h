@@ -34,9 +34,11 @@
 // Masks: none and causal (top-left). The bottom-right diagonal (causal
 // bottom-right and the window) only where seq == kv_seq, where it is the
 // top-left one, except on Blackwell: the frontend takes a bottom-right FP8
-// diagonal on sm100 and newer only. Grouped-query heads and kv_seq != seq as
-// cuDNN takes them (eligibility asks it). Packed batches, soft caps, paged
-// caches, bias and boolean masks and the backward are refused by name.
+// diagonal on sm100 and newer only. The window from cuDNN 9.21 on (where
+// Transformer Engine starts setting an FP8 graph's left bound). Grouped-query
+// heads and kv_seq != seq as cuDNN takes them (eligibility asks it). Packed
+// batches, soft caps, paged caches, bias and boolean masks and the backward
+// are refused by name.
 #pragma once
 
 #include <array>
