@@ -53,8 +53,8 @@ void set_mask(fe::graph::SDPA_fp8_attributes& a, const Problem& p) {
 }
 
 void check_descale(float d, const char* field) {
-  // 1 / descale_v is O's scale on Hopper: it must be finite too.
-  if (!(std::isfinite(d) && d > 0 && std::isfinite(1.0f / d))) {
+  // 1 / (2 descale_v) is O's scale on Hopper: it must be finite too.
+  if (!(std::isfinite(d) && d > 0 && std::isfinite(1.0f / (kOHeadroom * d)))) {
     fail(ErrorKind::InvalidArgument,
          std::string("cudnn: ") + field +
              " must be finite and positive (the real value is the stored e4m3 times it), got " + std::to_string(d),
@@ -148,7 +148,7 @@ std::string how(const Problem& p, bool bf16_out) {
       "cuDNN FP8 SDPA graph: e4m3 Q, K and V with their per-tensor descales, P quantized to e4m3 at scale 448 for P "
       "V, ";
   s += bf16_out ? "O written in bf16 by the graph"
-                : "O written in e4m3 at scale 1/descale_v and converted to bf16 on the device (one more kernel per "
+                : "O written in e4m3 at scale 1/(2 descale_v) and converted to bf16 on the device (one more kernel per "
                   "forward: cuDNN takes a bf16 O from an FP8 graph on Blackwell only)";
   if (bottom_right(p.mask) && p.seq == p.kv_seq) s += ", the bottom-right diagonal as the top-left one (seq == kv_seq)";
   return s +
@@ -198,8 +198,9 @@ void Fp8State::bind(const Problem& p, const Inputs& in, const Tensor& out, bool 
   check_descale(in.k_descale, "k_descale");
   check_descale(in.v_descale, "v_descale");
   if (!scalars_.defined()) allocate(ctx);
-  const std::array<float, kInputs> values{in.q_descale,   in.k_descale, in.v_descale,
-                                          1.0f / kPScale, kPScale,      bf16_out ? 1.0f : 1.0f / in.v_descale};
+  // In the graph's order: descale q, k, v, s; scale s, o.
+  const float scale_o = bf16_out ? 1.0f : 1.0f / (kOHeadroom * in.v_descale);
+  const std::array<float, kInputs> values{in.q_descale, in.k_descale, in.v_descale, 1.0f / kPScale, kPScale, scale_o};
   if (!copied_ || values != written_) {
     // The stream's earlier forwards read the old values before this copy
     // lands; pageable memory is staged before the call returns.
@@ -223,7 +224,7 @@ void Fp8State::bind(const Problem& p, const Inputs& in, const Tensor& out, bool 
 
 void Fp8State::finish(const Inputs& in, Tensor& out, bool bf16_out, RunContext& ctx) {
   ran_ = true;
-  if (!bf16_out) e4m3_to_bf16(o8_, in.v_descale, out, ctx.stream);
+  if (!bf16_out) e4m3_to_bf16(o8_, kOHeadroom * in.v_descale, out, ctx.stream);
 }
 
 std::optional<Fp8Amax> Fp8State::read_amax(void* stream) {

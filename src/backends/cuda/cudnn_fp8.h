@@ -14,11 +14,15 @@
 //    product is descaled by 1/448 and descale_v.
 //  scale_o: 1 where the graph writes O in bf16 (Blackwell, cuDNN 9.13 and
 //    newer: the frontend takes a bf16 O from an FP8 graph nowhere else). On
-//    Hopper O is written in e4m3 at scale_o = 1 / descale_v and turned into
-//    the bf16 output on the device by one more kernel (fp8_output.h, times
-//    descale_v): each row of O is a convex combination of V's rows, so |O| <=
-//    max |V| <= 448 descale_v never saturates, and O costs one more e4m3
-//    rounding (2^-4 of |O| at most).
+//    Hopper O is written in e4m3 at scale_o = 1 / (2 descale_v) and turned
+//    into the bf16 output on the device by one more kernel (fp8_output.h,
+//    times 2 descale_v). Each row of O is a convex combination of V's rows,
+//    |O| <= max |V| <= 448 descale_v, but P's rounding may carry a row's
+//    probabilities past a sum of 1 (by 2^-4 at most), so O lands at 224 and
+//    below, never near e4m3's 448 (where an overflow is NaN unless the
+//    conversion saturates). O costs one more e4m3 rounding (2^-4 of |O| at
+//    most; e4m3's relative precision is the same in every binade above
+//    2^-6).
 // They live in one device buffer (FP32, 16 bytes apart: the frontend's
 // default alignment), bound as [1, 1, 1, 1] views. The descales are copied
 // only when a call's differ from those last written (one 96-byte copy), so a
@@ -57,6 +61,8 @@ namespace attnprof::cuda::cudnn_fp8 {
 
 // P's scale for the P V product: e4m3's largest finite value (P <= 1).
 constexpr float kPScale = 448.0f;
+// O's headroom on Hopper: O is written in e4m3 at 1 / (kOHeadroom descale_v).
+constexpr float kOHeadroom = 2.0f;
 
 // The refusal of a backward or training pass in fp8.
 constexpr const char* kForwardOnly =
