@@ -30,16 +30,17 @@
 // each sequence's query and key counts, int32 [B, 1, 1, 1]. The graph is
 // built for the batch, the maxima and the strides; the offsets and lengths
 // are data, made on the device from the problem's host vectors the first
-// time a length set is seen and kept, keyed by their contents (ints()), so a
-// repeated call finds the same buffers, its cached variant pack and one
-// kernel. Causal (top-left and bottom-right) and the window apply per
-// sequence, through the lengths.
+// time a length set is seen and kept, keyed by their contents
+// (cudnn_inputs.h), so a repeated call finds the same buffers, its cached
+// variant pack and one kernel. Causal (top-left and bottom-right) and the
+// window apply per sequence, through the lengths.
 //
 // A boolean mask is read back once per call (its compact form, B * Skv bytes
 // for a [B, 1, 1, Skv] key-padding mask): a key-padding mask becomes the
 // padding mask (each sequence's key count, every query counted), any other is
 // turned on the device into the additive bias cuDNN reads (0 where true, -inf
-// where false, in q's dtype: mask_to_bias.cu) and runs as a bias mask.
+// where false, in q's dtype: mask_to_bias.cu) and runs as a bias mask
+// (cudnn_inputs.h).
 //
 // A soft cap is cuDNN's score modifier (cudnn_graph.h, soft_cap()).
 //
@@ -64,7 +65,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -74,8 +74,7 @@
 #include "backends/cuda/cudnn_check.h"
 #include "backends/cuda/cudnn_fp8.h"
 #include "backends/cuda/cudnn_graph.h"
-#include "backends/cuda/mask_to_bias.h"
-#include "backends/cuda/sequence_lengths.h"
+#include "backends/cuda/cudnn_inputs.h"
 #include "core/cuda_check.h"
 
 namespace attnprof::cuda {
@@ -372,21 +371,21 @@ class Cudnn final : public Backend {
   // a caller that did would have to keep this backend alive as long as the
   // captured graph.
   //
-  // Before that, a boolean mask is lowered (lower_mask()) and a packed batch
-  // binds its offsets and lengths (bind_ragged()); the graph then runs the
-  // problem as lowered.
+  // Before that, a boolean mask is lowered and a packed batch binds its
+  // offsets and lengths (cudnn_inputs.h); the graph then runs the problem as
+  // lowered.
   void run(GraphKind kind, const Problem& p, const Inputs& in, Bound t, RunContext& ctx) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (ints_.size() > kMaxInts) {
-      // The offsets and lengths of earlier calls go (a call adds at most 11);
-      // no cached call may point at them.
-      for (LastCall& l : last_) l.valid = false;
-      ints_.clear();
+    if (inputs_.trim()) {
+      for (LastCall& l : last_) l.valid = false;  // their offsets and lengths went
     }
     std::optional<Problem> lowered;
-    if (p.mask == MaskKind::Boolean) lowered = lower_mask(kind, p, in, t, ctx);
+    if (p.mask == MaskKind::Boolean) {
+      lowered = inputs_.lower_mask(
+          p, in, t, ctx, [this, kind](const Problem& g, const Layout& l) { return entry(g, l, kind).failure.empty(); });
+    }
     const Problem& g = lowered ? *lowered : p;
-    if (g.varlen()) bind_ragged(g, t, ctx);
+    if (g.varlen()) inputs_.bind_ragged(g, t, ctx);
     LastCall& last = last_[static_cast<std::size_t>(kind)];
     const CallKey key = call_key(g, t);
     if (!last.valid || !(key == last.key)) {
@@ -394,129 +393,6 @@ class Cudnn final : public Backend {
     }
     set_stream(ctx.stream);
     ATTNPROF_CUDNN_CHECK(cudnnBackendExecute(handle_, last.plan, last.pack));
-  }
-
-  // A boolean mask as the graph reads it, on the problem (a copy with the
-  // mask it runs as) and the bound tensors. The mask's compact form is read
-  // back (a copy and a wait per call) and, when it is a key-padding mask
-  // (core/mask_lowering.h), runs as the padding mask: each sequence's key
-  // count, all S queries (mask none); otherwise as the bias it is turned into
-  // (mask bias). No soft cap beside the padding mask (the frontend takes no
-  // score modifier with one), and the bias form whenever cuDNN refuses the
-  // padding one.
-  //
-  // A fully masked row (a sequence of key count 0, or a row of the mask all
-  // false) is every key at -inf. The float64 reference gives such a row zeros
-  // (and zero gradients); cuDNN gives its row what its kernel's guard for an
-  // empty row gives (zeros from 9.25 on for a zero key count; before, NaN,
-  // NVIDIA/cudnn-frontend#943), so tests/gpu/cudnn_ragged_test.cpp holds it
-  // to the reference.
-  Problem lower_mask(GraphKind kind, const Problem& p, const Inputs& in, Bound& t, RunContext& ctx) {
-    if (!in.mask.defined() || in.mask.dtype() != DType::Bool || in.mask.device() != Device::Cuda) {
-      fail(ErrorKind::InvalidArgument, "cudnn: mask=boolean without a bool CUDA mask tensor (Inputs::mask)");
-    }
-    Problem g = p;
-    if (p.softcap == 0) {
-      if (auto lens = lowered_key_padding(in.mask, static_cast<cudaStream_t>(ctx.stream));
-          lens && static_cast<std::int64_t>(lens->size()) == p.batch) {
-        g.mask = MaskKind::None;
-        Bound padded = t;
-        padded[slot(kSeqQ)] = &ints(std::vector<std::int32_t>(lens->size(), static_cast<std::int32_t>(p.seq)), ctx);
-        padded[slot(kSeqKV)] = &ints(*lens, ctx);
-        if (entry(g, layout_of(g, padded), kind).failure.empty()) {
-          t = padded;
-          return g;
-        }
-      }
-    }
-    g.mask = MaskKind::Bias;
-    const Dims sizes = compact_sizes(in.mask);
-    if (!mask_bias_.defined() || mask_bias_.sizes() != sizes || mask_bias_.dtype() != p.dtype) {
-      mask_bias_ = Tensor();
-      mask_bias_ = Tensor::empty(sizes, p.dtype, ctx.allocator);
-    }
-    mask_to_bias(in.mask, mask_bias_, ctx.stream);
-    t[slot(kBias)] = &mask_bias_;
-    return g;
-  }
-
-  // A packed batch's ragged offsets (each bound packed tensor's sequence
-  // starts: cu_seqlens times its row stride, in elements) and the padding
-  // mask's lengths, bound from ints(). Each packed tensor is checked to hold
-  // the batch's rows: [1, heads, total, D].
-  void bind_ragged(const Problem& p, Bound& t, RunContext& ctx) {
-    const std::vector<std::int64_t> cu_q = p.cu_seqlens_q(), cu_k = p.cu_seqlens_k();
-    for (const RaggedPair& r : kRagged) {
-      const Tensor* x = t[slot(r.tensor)];
-      if (x == nullptr) continue;
-      const bool q = query_rows(r.tensor);
-      const std::int64_t heads =
-          r.tensor == kQ || r.tensor == kO || r.tensor == kStats || r.tensor == kDO || r.tensor == kDQ ? p.heads
-                                                                                                       : p.kv_heads;
-      const std::int64_t total = q ? p.total_q() : p.total_kv();
-      const std::int64_t d = r.tensor == kStats ? 1 : p.head_dim;
-      if (x->size(0) != 1 || x->size(1) != heads || x->size(2) != total || x->size(3) != d) {
-        fail(ErrorKind::InvalidArgument, std::string("cudnn: a packed batch's ") + ragged_name(r.tensor) +
-                                             " must be [1, " + std::to_string(heads) + ", " + std::to_string(total) +
-                                             ", " + std::to_string(d) + "] (the batch's rows), got " + x->describe());
-      }
-      const std::vector<std::int64_t>& cu = q ? cu_q : cu_k;
-      std::vector<std::int32_t> offsets(cu.size());
-      for (std::size_t b = 0; b < cu.size(); ++b) {
-        const std::int64_t o = cu[b] * x->stride(2);
-        if (o > std::numeric_limits<std::int32_t>::max()) {
-          fail(ErrorKind::Unsupported, std::string("cudnn: a packed batch's ") + ragged_name(r.tensor) +
-                                           " spans more than 2^31 elements, past cuDNN's int32 ragged offsets");
-        }
-        offsets[b] = static_cast<std::int32_t>(o);
-      }
-      t[slot(r.offset)] = &ints(offsets, ctx);
-    }
-    const auto lengths = [&](auto len) {
-      std::vector<std::int32_t> v(static_cast<std::size_t>(p.batch));
-      for (std::int64_t b = 0; b < p.batch; ++b) v[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(len(b));
-      return v;
-    };
-    t[slot(kSeqQ)] = &ints(lengths([&](std::int64_t b) { return p.seq_len(b); }), ctx);
-    t[slot(kSeqKV)] = &ints(lengths([&](std::int64_t b) { return p.kv_seq_len(b); }), ctx);
-  }
-
-  static const char* ragged_name(Uid uid) {
-    switch (uid) {
-      case kQ:
-        return "q";
-      case kK:
-        return "k";
-      case kV:
-        return "v";
-      case kO:
-        return "output";
-      case kStats:
-        return "saved log-sum-exp";
-      case kDO:
-        return "dout";
-      case kDQ:
-        return "dq";
-      case kDK:
-        return "dk";
-      default:
-        return "dv";
-    }
-  }
-
-  // `values` as int32 [n, 1, 1, 1] on the device, made the first time these
-  // values are asked for (a copy from the host that the stream waits for, as
-  // lengths() does) and kept: offsets and lengths are a problem's data, the
-  // same on every call of a problem, so a repeated call binds the same
-  // buffers and finds its cached variant pack.
-  const Tensor& ints(const std::vector<std::int32_t>& values, RunContext& ctx) {
-    auto it = ints_.find(values);
-    if (it != ints_.end()) return it->second;
-    Tensor t = Tensor::empty({static_cast<std::int64_t>(values.size()), 1, 1, 1}, DType::I32, ctx.allocator);
-    const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(t.data(), values.data(), t.nbytes(), cudaMemcpyHostToDevice, stream));
-    ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return ints_.emplace(values, std::move(t)).first->second;
   }
 
   // The problem eligibility asks cuDNN about: a boolean mask as the bias it
@@ -834,12 +710,8 @@ class Cudnn final : public Backend {
   }
 
   mutable std::mutex mutex_;
-  // The device offsets and lengths by their values (ints()); started over
-  // past kMaxInts buffers.
-  static constexpr std::size_t kMaxInts = 256;
-  std::map<std::vector<std::int32_t>, Tensor> ints_;
-  // A boolean mask's bias (lower_mask()), kept so that calls bind one address.
-  Tensor mask_bias_;
+  // A boolean mask's bias, a packed batch's offsets and lengths (cudnn_inputs.h).
+  CallInputs inputs_;
   mutable std::unordered_map<std::string, Entry> cache_;
   mutable cudnnHandle_t handle_ = nullptr;
   void* stream_ = nullptr;

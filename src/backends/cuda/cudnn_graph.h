@@ -4,8 +4,9 @@
 // batch's ragged layout), a problem's
 // layout and cache key, the frontend graph whose chosen plan may be run
 // directly, a cached graph's entry, a call's key for the direct path, and the
-// masks, tensors and checks every graph shares. Only cudnn.cpp and
-// cudnn_fp8.cpp (the FP8 graph) include it, in builds with the cuDNN frontend.
+// masks, tensors and checks every graph shares. Only cudnn.cpp and its
+// halves (cudnn_fp8.cpp, the FP8 graph; cudnn_inputs.cpp, a call's mask and
+// ragged inputs) include it, in builds with the cuDNN frontend.
 #pragma once
 
 #include <cudnn_frontend.h>
