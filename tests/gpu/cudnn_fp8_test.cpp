@@ -20,7 +20,9 @@
 // largest and of the mean |O| respectively (bf16's rounding, twice over).
 // Twice, because cuDNN rounds the P of its online softmax against a running
 // row maximum, not the final one: roundings of the same size, at other
-// places.
+// places. (A float64 model of that online rounding, 128 keys a block, the row
+// sums from P before or after its rounding, gives 0.6 to 1.0 times the
+// simulation's largest and mean errors on this file's shapes.)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -103,8 +105,24 @@ struct Reference {
   double amax_p = 0, amax_o = 0;
 };
 
+// t's real values (stored e4m3 times `descale`), [B, H, S, D] row-major.
+std::vector<double> dequantized(const Tensor& t, float descale) {
+  std::vector<double> x;
+  x.reserve(static_cast<std::size_t>(t.numel()));
+  testing::for_each_index(t, [&](auto a, auto b, auto c, auto d) {
+    x.push_back(static_cast<double>(t.get(a, b, c, d)) * static_cast<double>(descale));
+  });
+  return x;
+}
+
 Reference reference(const Problem& p, const Inputs& in, bool o_e4m3) {
   Reference r;
+  const std::vector<double> q = dequantized(in.q, in.q_descale), k = dequantized(in.k, in.k_descale),
+                            v = dequantized(in.v, in.v_descale);
+  // Row (b, h, i)'s first element in q (or in k and v, with the key head).
+  const auto row = [&](std::int64_t b, std::int64_t h, std::int64_t heads, std::int64_t seq, std::int64_t i) {
+    return static_cast<std::size_t>(((b * heads + h) * seq + i) * p.head_dim);
+  };
   const Dims sizes{p.batch, p.heads, p.seq, p.head_dim};
   r.o = Tensor::empty(sizes, DType::F32, cpu_allocator());
   r.sim = Tensor::empty(sizes, DType::F32, cpu_allocator());
@@ -121,10 +139,10 @@ Reference reference(const Problem& p, const Inputs& in, bool o_e4m3) {
           auto& sj = s[static_cast<std::size_t>(j)];
           sj = -std::numeric_limits<double>::infinity();
           if (!p.visible(i, j)) continue;
+          const double* qi = &q[row(b, h, p.heads, p.seq, i)];
+          const double* kj = &k[row(b, hk, p.kv_heads, p.kv_seq, j)];
           double dot = 0;
-          for (std::int64_t e = 0; e < d; ++e) {
-            dot += static_cast<double>(in.q.get(b, h, i, e)) * in.q_descale * in.k.get(b, hk, j, e) * in.k_descale;
-          }
+          for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kj[e];
           sj = dot * scale;
           m = std::max(m, sj);
         }
@@ -138,10 +156,10 @@ Reference reference(const Problem& p, const Inputs& in, bool o_e4m3) {
           const double pj = std::exp(sj - m) / l;
           const double pq = round_e4m3(448.0 * pj) / 448.0;
           r.amax_p = std::max(r.amax_p, pj);
+          const double* vj = &v[row(b, hk, p.kv_heads, p.kv_seq, j)];
           for (std::int64_t e = 0; e < d; ++e) {
-            const double vj = static_cast<double>(in.v.get(b, hk, j, e)) * in.v_descale;
-            o[static_cast<std::size_t>(e)] += pj * vj;
-            sim[static_cast<std::size_t>(e)] += pq * vj;
+            o[static_cast<std::size_t>(e)] += pj * vj[e];
+            sim[static_cast<std::size_t>(e)] += pq * vj[e];
           }
         }
         for (std::int64_t e = 0; e < d; ++e) {
