@@ -29,11 +29,13 @@
 // repeated call copies nothing.
 //
 // The amaxes: the graph also writes amax_s, the largest softmax probability,
-// and amax_o, the largest |O| in real units (before scale_o). cuDNN folds
-// each call's into its buffer with a max rather than overwriting it, so the
-// buffer starts at zero and read_amax() reads it back and zeroes it: the
-// amaxes of every FP8 forward since the last read. Never on the timed path:
-// the runner asks after the run (Backend::read_fp8_amax()).
+// and amax_o, the largest |O| in real units (before scale_o). cuDNN's
+// engines may fold each call's into its buffer with a max rather than
+// overwrite it (the frontend's own tests zero the buffers first for that
+// reason), so the buffer starts at zero and read_amax() reads it back and
+// zeroes it: the amaxes of every FP8 forward since the last read, either way.
+// Never on the timed path: the runner asks after the run
+// (Backend::read_fp8_amax()).
 //
 // Masks: none and causal (top-left). The bottom-right diagonal (causal
 // bottom-right and the window) only where seq == kv_seq, where it is the
