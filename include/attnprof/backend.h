@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -113,6 +114,14 @@ struct Traits {
   bool fp8 = false;
 };
 
+// What an FP8 forward measured beside O (cuDNN's FP8 graph writes it), over
+// every FP8 forward since the last read: the largest softmax probability and
+// the largest |O|, in real (descaled) units.
+struct Fp8Amax {
+  float s = 0;
+  float o = 0;
+};
+
 // Per-call context handed to forward().
 struct RunContext {
   Allocator& allocator;
@@ -148,6 +157,12 @@ class Backend {
   // key no query sees, get zero gradients.
   virtual void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
                         Gradients& grads, RunContext& ctx);
+
+  // The amaxes of the FP8 forwards since the last call, then reset; nullopt
+  // from a backend that measures none, or when no FP8 forward ran since. It
+  // reads the device (a copy and a wait): call it after a timed run, never
+  // inside one.
+  virtual std::optional<Fp8Amax> read_fp8_amax() { return std::nullopt; }
 };
 
 // The reason a backend without a backward gives for Backward and Train.

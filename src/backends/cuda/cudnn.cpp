@@ -30,18 +30,24 @@
 // each sequence's query and key counts, int32 [B, 1, 1, 1]. The graph is
 // built for the batch, the maxima and the strides; the offsets and lengths
 // are data, made on the device from the problem's host vectors the first
-// time a length set is seen and kept, keyed by their contents (ints()), so a
-// repeated call finds the same buffers, its cached variant pack and one
-// kernel. Causal (top-left and bottom-right) and the window apply per
-// sequence, through the lengths.
+// time a length set is seen and kept, keyed by their contents
+// (cudnn_inputs.h), so a repeated call finds the same buffers, its cached
+// variant pack and one kernel. Causal (top-left and bottom-right) and the
+// window apply per sequence, through the lengths.
 //
 // A boolean mask is read back once per call (its compact form, B * Skv bytes
 // for a [B, 1, 1, Skv] key-padding mask): a key-padding mask becomes the
 // padding mask (each sequence's key count, every query counted), any other is
 // turned on the device into the additive bias cuDNN reads (0 where true, -inf
-// where false, in q's dtype: mask_to_bias.cu) and runs as a bias mask.
+// where false, in q's dtype: mask_to_bias.cu) and runs as a bias mask
+// (cudnn_inputs.h).
 //
 // A soft cap is cuDNN's score modifier (cudnn_graph.h, soft_cap()).
+//
+// dtype fp8 is cuDNN's FP8 SDPA graph (cudnn_fp8.h: which problems it
+// takes, its scalars, its e4m3 O and amaxes), forward only, built, cached
+// and run by the same path as the 16-bit graphs; this file only dispatches
+// to it.
 #include <bit>
 #include <cstdint>
 #include <memory>
@@ -58,7 +64,7 @@
 
 #include <algorithm>
 #include <array>
-#include <limits>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -66,9 +72,9 @@
 #include <vector>
 
 #include "backends/cuda/cudnn_check.h"
+#include "backends/cuda/cudnn_fp8.h"
 #include "backends/cuda/cudnn_graph.h"
-#include "backends/cuda/mask_to_bias.h"
-#include "backends/cuda/sequence_lengths.h"
+#include "backends/cuda/cudnn_inputs.h"
 #include "core/cuda_check.h"
 
 namespace attnprof::cuda {
@@ -90,7 +96,10 @@ class Cudnn final : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (p.device != Device::Cuda) return {false, "runs on a CUDA device only"};
-    if (!is_16bit(p.dtype)) return {false, "fp32 not supported by cuDNN SDPA (use dtype=bf16 or dtype=fp16)"};
+    if (is_fp8(p.dtype)) return fp8_eligibility(p);
+    if (!is_16bit(p.dtype)) {
+      return {false, "fp32 not supported by cuDNN SDPA (use dtype=bf16, dtype=fp16 or dtype=fp8)"};
+    }
     const bool paged = p.kv_cache == KvCache::Paged;
     if (paged && p.pass != Pass::Forward) return {false, kPagedForwardOnly};
     if (p.varlen()) {
@@ -147,6 +156,7 @@ class Cudnn final : public Backend {
       if (it != cache_.end()) bytes = std::max(bytes, static_cast<std::size_t>(it->second.workspace));
     }
     if (p.pass != Pass::Forward) bytes += p.lse_bytes();
+    if (is_fp8(p.dtype)) return bytes + cudnn_fp8::extra_bytes(p, fp8_bf16_output());
     // A packed batch's offsets and lengths; a boolean mask's bias, counted
     // at the [S, Skv] of a mask broadcast over batch and heads (a mask of
     // its own per batch or head is that many times larger).
@@ -158,6 +168,7 @@ class Cudnn final : public Backend {
   }
 
   Expectation expectation(const Problem& p) const override {
+    if (is_fp8(p.dtype)) return cudnn_fp8::expectation(p, fp8_bf16_output());
     // A boolean mask: the read-back of its compact form (one copy to the
     // host), then the conversion kernel and the SDPA kernel, or the SDPA
     // kernel alone for a key-padding mask; which one, only its contents say.
@@ -188,17 +199,25 @@ class Cudnn final : public Backend {
   bool has_backward() const override { return true; }
   // cuDNN's SDPA backward recomputes P from the forward's stats; its dQ is
   // summed with atomics unless the deterministic algorithm is asked for.
-  // Soft caps and packed batches: eligibility() says which of them cuDNN
-  // builds (no soft cap on a packed batch).
+  // Soft caps, packed batches and FP8: eligibility() says which of them
+  // cuDNN builds (no soft cap on a packed batch; FP8 forward only, dense).
   Traits traits() const override {
-    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .varlen = true};
+    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .varlen = true, .fp8 = true};
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
+    if (is_fp8(p.dtype)) return forward_fp8(p, in, out, ctx);
     run(GraphKind::Forward, p, in, bind(p, in, out), ctx);
+  }
+
+  // The amaxes cuDNN's FP8 graph wrote (cudnn_fp8.h), read on the stream of
+  // the last call.
+  std::optional<Fp8Amax> read_fp8_amax() override {
+    std::lock_guard<std::mutex> lock(fp8_.mutex());
+    return fp8_.read_amax(stream_);
   }
 
   // cuDNN's softmax statistics ("Stats") are, per query row, max + ln(sum of
@@ -214,6 +233,7 @@ class Cudnn final : public Backend {
   // eligibility() then says.
   void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
     if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
+    if (is_fp8(p.dtype)) fail(ErrorKind::Unsupported, std::string("cudnn: ") + cudnn_fp8::kForwardOnly);
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
@@ -228,6 +248,7 @@ class Cudnn final : public Backend {
   void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
                 Gradients& grads, RunContext& ctx) override {
     if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
+    if (is_fp8(p.dtype)) fail(ErrorKind::Unsupported, std::string("cudnn: ") + cudnn_fp8::kForwardOnly);
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kBackwardOp, dtypes, dims);
@@ -273,6 +294,48 @@ class Cudnn final : public Backend {
     return "cuDNN";
   }
 
+  // dtype fp8: the refusals by name, then cuDNN's own word on the graph.
+  Eligibility fp8_eligibility(const Problem& p) const {
+    bool bf16_out = false;
+    try {
+      const int sm = sm_version();
+      if (std::string why = cudnn_fp8::refusal(p, sm); !why.empty()) return {false, why};
+      bf16_out = cudnn_fp8::writes_bf16_output(sm);
+      std::lock_guard<std::mutex> lock(mutex_);
+      const Entry& e = entry(p, default_layout(p, GraphKind::Forward), GraphKind::Forward);
+      if (!e.failure.empty()) return {false, "cuDNN FP8 SDPA: " + e.failure};
+    } catch (const Error& err) {
+      return {false, one_line(err.what())};
+    }
+    return {true, cudnn_fp8::how(p, bf16_out)};
+  }
+
+  // Whether the FP8 graph writes its bf16 O itself (cudnn_fp8.h), from the
+  // device's compute capability, read once; e4m3 (Hopper's) without a GPU.
+  bool fp8_bf16_output() const {
+    int known = fp8_bf16_out_.load(std::memory_order_relaxed);
+    if (known == 0) {
+      try {
+        known = cudnn_fp8::writes_bf16_output(sm_version()) ? 2 : 1;
+      } catch (const Error&) {
+        return false;
+      }
+      fp8_bf16_out_.store(known, std::memory_order_relaxed);
+    }
+    return known == 2;
+  }
+
+  // The FP8 graph through run(), its tensors and scalars bound by fp8_, and
+  // the e4m3 O converted into `out` after it where the graph writes one.
+  void forward_fp8(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) {
+    const bool bf16_out = fp8_bf16_output();
+    std::lock_guard<std::mutex> lock(fp8_.mutex());
+    Bound t{};
+    fp8_.bind(p, in, out, bf16_out, t, ctx);
+    run(GraphKind::Forward, p, in, t, ctx);
+    fp8_.finish(in, out, bf16_out, ctx);
+  }
+
   static std::vector<GraphKind> kinds_of(Pass pass) {
     if (pass == Pass::Forward) return {GraphKind::Forward};
     return {GraphKind::TrainForward, GraphKind::Backward};
@@ -308,21 +371,21 @@ class Cudnn final : public Backend {
   // a caller that did would have to keep this backend alive as long as the
   // captured graph.
   //
-  // Before that, a boolean mask is lowered (lower_mask()) and a packed batch
-  // binds its offsets and lengths (bind_ragged()); the graph then runs the
-  // problem as lowered.
+  // Before that, a boolean mask is lowered and a packed batch binds its
+  // offsets and lengths (cudnn_inputs.h); the graph then runs the problem as
+  // lowered.
   void run(GraphKind kind, const Problem& p, const Inputs& in, Bound t, RunContext& ctx) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (ints_.size() > kMaxInts) {
-      // The offsets and lengths of earlier calls go (a call adds at most 11);
-      // no cached call may point at them.
-      for (LastCall& l : last_) l.valid = false;
-      ints_.clear();
+    if (inputs_.trim()) {
+      for (LastCall& l : last_) l.valid = false;  // their offsets and lengths went
     }
     std::optional<Problem> lowered;
-    if (p.mask == MaskKind::Boolean) lowered = lower_mask(kind, p, in, t, ctx);
+    if (p.mask == MaskKind::Boolean) {
+      lowered = inputs_.lower_mask(
+          p, in, t, ctx, [this, kind](const Problem& g, const Layout& l) { return entry(g, l, kind).failure.empty(); });
+    }
     const Problem& g = lowered ? *lowered : p;
-    if (g.varlen()) bind_ragged(g, t, ctx);
+    if (g.varlen()) inputs_.bind_ragged(g, t, ctx);
     LastCall& last = last_[static_cast<std::size_t>(kind)];
     const CallKey key = call_key(g, t);
     if (!last.valid || !(key == last.key)) {
@@ -330,129 +393,6 @@ class Cudnn final : public Backend {
     }
     set_stream(ctx.stream);
     ATTNPROF_CUDNN_CHECK(cudnnBackendExecute(handle_, last.plan, last.pack));
-  }
-
-  // A boolean mask as the graph reads it, on the problem (a copy with the
-  // mask it runs as) and the bound tensors. The mask's compact form is read
-  // back (a copy and a wait per call) and, when it is a key-padding mask
-  // (core/mask_lowering.h), runs as the padding mask: each sequence's key
-  // count, all S queries (mask none); otherwise as the bias it is turned into
-  // (mask bias). No soft cap beside the padding mask (the frontend takes no
-  // score modifier with one), and the bias form whenever cuDNN refuses the
-  // padding one.
-  //
-  // A fully masked row (a sequence of key count 0, or a row of the mask all
-  // false) is every key at -inf. The float64 reference gives such a row zeros
-  // (and zero gradients); cuDNN gives its row what its kernel's guard for an
-  // empty row gives (zeros from 9.25 on for a zero key count; before, NaN,
-  // NVIDIA/cudnn-frontend#943), so tests/gpu/cudnn_ragged_test.cpp holds it
-  // to the reference.
-  Problem lower_mask(GraphKind kind, const Problem& p, const Inputs& in, Bound& t, RunContext& ctx) {
-    if (!in.mask.defined() || in.mask.dtype() != DType::Bool || in.mask.device() != Device::Cuda) {
-      fail(ErrorKind::InvalidArgument, "cudnn: mask=boolean without a bool CUDA mask tensor (Inputs::mask)");
-    }
-    Problem g = p;
-    if (p.softcap == 0) {
-      if (auto lens = lowered_key_padding(in.mask, static_cast<cudaStream_t>(ctx.stream));
-          lens && static_cast<std::int64_t>(lens->size()) == p.batch) {
-        g.mask = MaskKind::None;
-        Bound padded = t;
-        padded[slot(kSeqQ)] = &ints(std::vector<std::int32_t>(lens->size(), static_cast<std::int32_t>(p.seq)), ctx);
-        padded[slot(kSeqKV)] = &ints(*lens, ctx);
-        if (entry(g, layout_of(g, padded), kind).failure.empty()) {
-          t = padded;
-          return g;
-        }
-      }
-    }
-    g.mask = MaskKind::Bias;
-    const Dims sizes = compact_sizes(in.mask);
-    if (!mask_bias_.defined() || mask_bias_.sizes() != sizes || mask_bias_.dtype() != p.dtype) {
-      mask_bias_ = Tensor();
-      mask_bias_ = Tensor::empty(sizes, p.dtype, ctx.allocator);
-    }
-    mask_to_bias(in.mask, mask_bias_, ctx.stream);
-    t[slot(kBias)] = &mask_bias_;
-    return g;
-  }
-
-  // A packed batch's ragged offsets (each bound packed tensor's sequence
-  // starts: cu_seqlens times its row stride, in elements) and the padding
-  // mask's lengths, bound from ints(). Each packed tensor is checked to hold
-  // the batch's rows: [1, heads, total, D].
-  void bind_ragged(const Problem& p, Bound& t, RunContext& ctx) {
-    const std::vector<std::int64_t> cu_q = p.cu_seqlens_q(), cu_k = p.cu_seqlens_k();
-    for (const RaggedPair& r : kRagged) {
-      const Tensor* x = t[slot(r.tensor)];
-      if (x == nullptr) continue;
-      const bool q = query_rows(r.tensor);
-      const std::int64_t heads =
-          r.tensor == kQ || r.tensor == kO || r.tensor == kStats || r.tensor == kDO || r.tensor == kDQ ? p.heads
-                                                                                                       : p.kv_heads;
-      const std::int64_t total = q ? p.total_q() : p.total_kv();
-      const std::int64_t d = r.tensor == kStats ? 1 : p.head_dim;
-      if (x->size(0) != 1 || x->size(1) != heads || x->size(2) != total || x->size(3) != d) {
-        fail(ErrorKind::InvalidArgument, std::string("cudnn: a packed batch's ") + ragged_name(r.tensor) +
-                                             " must be [1, " + std::to_string(heads) + ", " + std::to_string(total) +
-                                             ", " + std::to_string(d) + "] (the batch's rows), got " + x->describe());
-      }
-      const std::vector<std::int64_t>& cu = q ? cu_q : cu_k;
-      std::vector<std::int32_t> offsets(cu.size());
-      for (std::size_t b = 0; b < cu.size(); ++b) {
-        const std::int64_t o = cu[b] * x->stride(2);
-        if (o > std::numeric_limits<std::int32_t>::max()) {
-          fail(ErrorKind::Unsupported, std::string("cudnn: a packed batch's ") + ragged_name(r.tensor) +
-                                           " spans more than 2^31 elements, past cuDNN's int32 ragged offsets");
-        }
-        offsets[b] = static_cast<std::int32_t>(o);
-      }
-      t[slot(r.offset)] = &ints(offsets, ctx);
-    }
-    const auto lengths = [&](auto len) {
-      std::vector<std::int32_t> v(static_cast<std::size_t>(p.batch));
-      for (std::int64_t b = 0; b < p.batch; ++b) v[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(len(b));
-      return v;
-    };
-    t[slot(kSeqQ)] = &ints(lengths([&](std::int64_t b) { return p.seq_len(b); }), ctx);
-    t[slot(kSeqKV)] = &ints(lengths([&](std::int64_t b) { return p.kv_seq_len(b); }), ctx);
-  }
-
-  static const char* ragged_name(Uid uid) {
-    switch (uid) {
-      case kQ:
-        return "q";
-      case kK:
-        return "k";
-      case kV:
-        return "v";
-      case kO:
-        return "output";
-      case kStats:
-        return "saved log-sum-exp";
-      case kDO:
-        return "dout";
-      case kDQ:
-        return "dq";
-      case kDK:
-        return "dk";
-      default:
-        return "dv";
-    }
-  }
-
-  // `values` as int32 [n, 1, 1, 1] on the device, made the first time these
-  // values are asked for (a copy from the host that the stream waits for, as
-  // lengths() does) and kept: offsets and lengths are a problem's data, the
-  // same on every call of a problem, so a repeated call binds the same
-  // buffers and finds its cached variant pack.
-  const Tensor& ints(const std::vector<std::int32_t>& values, RunContext& ctx) {
-    auto it = ints_.find(values);
-    if (it != ints_.end()) return it->second;
-    Tensor t = Tensor::empty({static_cast<std::int64_t>(values.size()), 1, 1, 1}, DType::I32, ctx.allocator);
-    const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(t.data(), values.data(), t.nbytes(), cudaMemcpyHostToDevice, stream));
-    ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return ints_.emplace(values, std::move(t)).first->second;
   }
 
   // The problem eligibility asks cuDNN about: a boolean mask as the bias it
@@ -707,6 +647,7 @@ class Cudnn final : public Backend {
   }
 
   std::string build(const Problem& p, const Layout& l, GraphKind kind, std::shared_ptr<PlanGraph>& out) const {
+    if (is_fp8(p.dtype)) return cudnn_fp8::build(handle_, p, l, fp8_bf16_output(), out);
     const auto io = p.dtype == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
     auto g = std::make_shared<PlanGraph>();
     g->set_io_data_type(io)
@@ -747,17 +688,7 @@ class Cudnn final : public Backend {
       if (train) output(*g, *stats, kStats, l, fe::DataType_t::FLOAT);  // stats is null otherwise
     }
     out = g;
-    // Each step's refusal is returned in cuDNN's words, on one line: that is
-    // the reason explain prints.
-    if (auto s = g->validate(); s.is_bad()) return one_line("validate: " + s.get_message());
-    if (auto s = g->build_operation_graph(handle_); s.is_bad()) {
-      return one_line("build_operation_graph: " + s.get_message());
-    }
-    if (auto s = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); s.is_bad()) {
-      return one_line("no engine: " + s.get_message());
-    }
-    if (auto s = g->check_support(handle_); s.is_bad()) return one_line("check_support: " + s.get_message());
-    return {};
+    return check_graph(*g, handle_);
   }
 
   // cuDNN's paged SDPA on a forward's attributes: the page tables (the block
@@ -779,12 +710,8 @@ class Cudnn final : public Backend {
   }
 
   mutable std::mutex mutex_;
-  // The device offsets and lengths by their values (ints()); started over
-  // past kMaxInts buffers.
-  static constexpr std::size_t kMaxInts = 256;
-  std::map<std::vector<std::int32_t>, Tensor> ints_;
-  // A boolean mask's bias (lower_mask()), kept so that calls bind one address.
-  Tensor mask_bias_;
+  // A boolean mask's bias, a packed batch's offsets and lengths (cudnn_inputs.h).
+  CallInputs inputs_;
   mutable std::unordered_map<std::string, Entry> cache_;
   mutable cudnnHandle_t handle_ = nullptr;
   void* stream_ = nullptr;
@@ -795,6 +722,10 @@ class Cudnn final : public Backend {
   // Per graph kind, the last call the direct path ran; valid until a miss
   // starts over.
   std::array<LastCall, kGraphKinds> last_{};
+  // dtype fp8's scalars, e4m3 O and amaxes (cudnn_fp8.h), and whether its
+  // graph writes O in bf16 (0: not known yet, 1: e4m3, 2: bf16).
+  cudnn_fp8::Fp8State fp8_;
+  mutable std::atomic<int> fp8_bf16_out_{0};
 };
 
 }  // namespace

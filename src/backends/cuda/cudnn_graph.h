@@ -4,8 +4,9 @@
 // batch's ragged layout), a problem's
 // layout and cache key, the frontend graph whose chosen plan may be run
 // directly, a cached graph's entry, a call's key for the direct path, and the
-// masks and tensors every graph sets alike. Only cudnn.cpp includes it, in
-// builds with the cuDNN frontend.
+// masks, tensors and checks every graph shares. Only cudnn.cpp and its
+// halves (cudnn_fp8.cpp, the FP8 graph; cudnn_inputs.cpp, a call's mask and
+// ragged inputs) include it, in builds with the cuDNN frontend.
 #pragma once
 
 #include <cudnn_frontend.h>
@@ -14,6 +15,7 @@
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -35,7 +37,9 @@ namespace fe = cudnn_frontend;
 // mask) binds the padding mask's lengths, int32 [B, 1, 1, 1]; a packed batch
 // also binds one ragged offset tensor per packed tensor, int32 [B + 1, 1, 1, 1]:
 // where sequence b starts in it, in elements (kRagQ is Q's, and so on in the
-// order of kQ ... kDV).
+// order of kQ ... kDV). An FP8 forward (cudnn_fp8.h) binds its scalars, FP32
+// [1, 1, 1, 1] each: the descales and scales it reads and the amaxes it
+// writes.
 enum Uid : std::int64_t {
   kQ = 1,
   kK,
@@ -60,8 +64,16 @@ enum Uid : std::int64_t {
   kRagDQ,
   kRagDK,
   kRagDV,
+  kDescaleQ,
+  kDescaleK,
+  kDescaleV,
+  kDescaleS,
+  kScaleS,
+  kScaleO,
+  kAmaxS,
+  kAmaxO,
 };
-constexpr std::int64_t kLastUid = kRagDV;
+constexpr std::int64_t kLastUid = kAmaxO;
 constexpr std::size_t kTensors = kLastUid - kQ + 1;
 constexpr std::size_t slot(Uid uid) { return static_cast<std::size_t>(uid - kQ); }
 // A call's tensors by slot(uid); null where its graph has none.
@@ -157,7 +169,8 @@ struct Layout {
 };
 
 // What eligibility assumes before it sees tensors: packed [B, H, S, D], a
-// bias broadcast over batch and heads, as make_inputs() lays them out, and
+// bias broadcast over batch and heads, as make_inputs() lays them out, an
+// FP8 forward's scalars (packed [1, 1, 1, 1]), and
 // the statistics packed [B, H, S, 1] as forward_train() allocates them. A
 // packed batch: Q, K and V [total, H, D] as make_inputs() lays them out, O,
 // dO, the gradients and the statistics contiguous [1, H, total, D] (and
@@ -176,6 +189,11 @@ inline Layout default_layout(const Problem& p, GraphKind kind) {
     l.t[slot(kPageK)] = l.t[slot(kPageV)] = packed(p.batch, 1, p.pages_per_seq(), 1);
   }
   if (p.mask == MaskKind::Bias) l.t[slot(kBias)] = packed(1, 1, p.seq, p.kv_seq);
+  if (is_fp8(p.dtype)) {
+    for (Uid u : {kDescaleQ, kDescaleK, kDescaleV, kDescaleS, kScaleS, kScaleO, kAmaxS, kAmaxO}) {
+      l.t[slot(u)] = packed(1, 1, 1, 1);
+    }
+  }
   if (kind != GraphKind::Forward) l.t[slot(kStats)] = packed(p.batch, p.heads, p.seq, 1);
   if (kind == GraphKind::Backward) {
     l.t[slot(kDO)] = l.t[slot(kDQ)] = qs;
@@ -395,6 +413,20 @@ inline std::string one_line(std::string s) {
   }
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
+}
+
+// A built graph's validation, operation graph, engine heuristics and support
+// check, each step's refusal returned in cuDNN's words, on one line (the
+// reason explain prints); empty when cuDNN takes the graph.
+inline std::string check_graph(fe::graph::Graph& g, cudnnHandle_t handle) {
+  if (auto s = g.validate(); s.is_bad()) return one_line("validate: " + s.get_message());
+  if (auto s = g.build_operation_graph(handle); s.is_bad())
+    return one_line("build_operation_graph: " + s.get_message());
+  if (auto s = g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); s.is_bad()) {
+    return one_line("no engine: " + s.get_message());
+  }
+  if (auto s = g.check_support(handle); s.is_bad()) return one_line("check_support: " + s.get_message());
+  return {};
 }
 
 // cuDNN's SDPA backward takes no page table, and the cache is a decode-time one.

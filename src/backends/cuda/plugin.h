@@ -44,8 +44,9 @@ struct Plugin {
   int (*device_count)(std::string* why);
   std::unique_ptr<Ring> (*make_ring)(const Problem& p, int world, const Inputs& host);
 };
-// Raised whenever Plugin, or a type it passes, changes layout.
-inline constexpr int kPluginAbi = 1;
+// Raised whenever Plugin, or a type it passes, changes layout (2: Backend's
+// read_fp8_amax()).
+inline constexpr int kPluginAbi = 2;
 inline constexpr const char* kPluginEntry = "attnprof_cuda_plugin";
 
 // The CPU side's handle (registry.cpp): the plugin, loaded on the first call.

@@ -155,6 +155,10 @@ class CudaRuntime final : public DeviceRuntime {
     d.v_pages = to_device(host.v_pages);
     d.block_table = to_device(host.block_table);
     d.kv_lens = to_device(host.kv_lens);
+    // FP8 inputs' descales: host scalars, as the backends read them.
+    d.q_descale = host.q_descale;
+    d.k_descale = host.k_descale;
+    d.v_descale = host.v_descale;
     synchronize();  // the host buffers may be freed as soon as we return
     return d;
   }
@@ -174,7 +178,7 @@ class CudaRuntime final : public DeviceRuntime {
     const auto [lo, hi] = extent(t);
     if (hi < lo) return;
     const auto es = static_cast<std::int64_t>(element_size(t.dtype()));
-    // All-ones bytes are a NaN in fp32, fp16 and bf16 alike.
+    // All-ones bytes are a NaN in fp32, fp16, bf16 and e4m3 alike.
     ATTNPROF_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(t.data()) + lo * es, 0xFF,
                                         static_cast<std::size_t>((hi - lo + 1) * es), stream_));
   }
