@@ -44,7 +44,7 @@ struct Fp8TensorQuantization {
 };
 
 struct Fp8Quantized {
-  Inputs in;                                     // e4m3 q, k, v (and pages) with their descales
+  Inputs in;                                   // e4m3 q, k, v (and pages) with their descales
   std::vector<Fp8TensorQuantization> tensors;  // q, k, v
 };
 

@@ -32,8 +32,7 @@ std::vector<Finding> fp8_quantization(const RuleInput& in) {
     f.figures[t.name + "_descale"] = t.descale;
     f.figures[t.name + "_amax"] = t.amax;
   }
-  f.text = "fp8 (e4m3) inputs, descales " + descales +
-           (rec->auto_descale ? " (amax / 448 per tensor)" : " (fixed)");
+  f.text = "fp8 (e4m3) inputs, descales " + descales + (rec->auto_descale ? " (amax / 448 per tensor)" : " (fixed)");
   const auto& e = in.run.error;
   if (e && rec->bf16_error) {
     const double bf16 = rec->bf16_error->rel;
@@ -56,11 +55,12 @@ std::vector<Finding> fp8_saturation(const RuleInput& in) {
   std::vector<Finding> out;
   for (const Fp8TensorQuantization& t : rec->tensors) {
     if (t.saturated == 0) continue;
-    const double share = t.elements > 0 ? 100.0 * static_cast<double>(t.saturated) / static_cast<double>(t.elements) : 0;
+    const double share =
+        t.elements > 0 ? 100.0 * static_cast<double>(t.saturated) / static_cast<double>(t.elements) : 0;
     Finding f = found("fp8 overflow: " + t.name + "'s values reach " + format("%.3g", t.amax) +
-                      format(", past e4m3's 448 x its descale %.3g", t.descale) +
-                      format(" = %.3g", 448.0 * t.descale) + ": " + std::to_string(t.saturated) + " of " +
-                      std::to_string(t.elements) + format(" values (%.2g%%) saturated to +-448 x descale", share) +
+                      format(", past e4m3's 448 x its descale %.3g", t.descale) + format(" = %.3g", 448.0 * t.descale) +
+                      ": " + std::to_string(t.saturated) + " of " + std::to_string(t.elements) +
+                      format(" values (%.2g%%) saturated to +-448 x descale", share) +
                       "; the automatic descale (amax / 448) keeps them in range");
     f.figures = {{"amax", t.amax},
                  {"descale", t.descale},

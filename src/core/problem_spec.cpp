@@ -73,7 +73,7 @@ const std::vector<std::pair<std::string_view, Setter>>& setters() {
       {"dtype",
        [](Problem& p, auto f, auto t) {
          p.dtype = named<DType>(f, t, parse_dtype,
-                                 "fp32, fp16, bf16 or fp8 (or float32, float16, bfloat16, e4m3, float8_e4m3fn)");
+                                "fp32, fp16, bf16 or fp8 (or float32, float16, bfloat16, e4m3, float8_e4m3fn)");
        }},
       {"device",
        [](Problem& p, auto f, auto t) {
@@ -203,8 +203,8 @@ std::optional<double> fp8_descale_from_text(std::string_view text) {
   try {
     v = parse_real(field, text);
   } catch (const Error&) {
-    refuse(field, std::string(field) + " takes auto or a finite positive number (real = e4m3 x descale), got " +
-                      quoted(text));
+    refuse(field,
+           std::string(field) + " takes auto or a finite positive number (real = e4m3 x descale), got " + quoted(text));
   }
   check_fp8_descale(field, v);
   return v;

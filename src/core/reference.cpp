@@ -375,8 +375,7 @@ void check_fp8_descale(std::string_view field, double descale) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%g", descale);
   fail(ErrorKind::InvalidArgument,
-       std::string(field) + " must be a finite positive number (the factor e4m3 values are multiplied by), got " +
-           buf,
+       std::string(field) + " must be a finite positive number (the factor e4m3 values are multiplied by), got " + buf,
        {std::string(field)});
 }
 
@@ -678,8 +677,9 @@ Acceptance accept(DType dtype, const ErrorStats& e, std::optional<double> math_r
   a.tolerance = (dtype == DType::F32 || !math_rel) ? (dtype == DType::F32 ? floor : 2 * floor) : 2 * *math_rel + floor;
   a.pass = e.rel <= a.tolerance;
   if (dtype != DType::F32 && math_rel) {
-    std::snprintf(buf, sizeof buf, is_fp8(dtype) ? "rel %.2e %s 2 x %.2e (math) + %.1e" : "rel %.2e %s 2 x %.2e (math) + %.0e",
-                  e.rel, a.pass ? "<=" : ">", *math_rel, floor);
+    std::snprintf(buf, sizeof buf,
+                  is_fp8(dtype) ? "rel %.2e %s 2 x %.2e (math) + %.1e" : "rel %.2e %s 2 x %.2e (math) + %.0e", e.rel,
+                  a.pass ? "<=" : ">", *math_rel, floor);
   } else {
     std::snprintf(buf, sizeof buf, "rel %.2e %s %.1e", e.rel, a.pass ? "<=" : ">", a.tolerance);
   }

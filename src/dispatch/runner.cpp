@@ -47,7 +47,8 @@ std::string limit_note(Device d) {
 std::size_t input_bytes(const Problem& p) {
   std::size_t masks = 0;
   if (p.mask == MaskKind::Boolean) masks = static_cast<std::size_t>(p.seq * p.kv_seq);
-  if (p.mask == MaskKind::Bias) masks = static_cast<std::size_t>(p.seq * p.kv_seq) * element_size(output_dtype(p.dtype));
+  if (p.mask == MaskKind::Bias)
+    masks = static_cast<std::size_t>(p.seq * p.kv_seq) * element_size(output_dtype(p.dtype));
   // q, k, v, mask, O (and dO, dQ, dK, dV), and a paged cache's copies of K and V.
   std::size_t n = p.q_bytes() + p.o_bytes() + 2 * p.kv_bytes() + masks + p.gradient_bytes() + 2 * p.kv_page_bytes();
   // FP8: the real (bf16) values stay beside their e4m3 copies for the check.
@@ -327,8 +328,8 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
 
     if (options.progress) options.progress(r.backend + ": checking against float64");
     if (p.pass == Pass::Forward) {
-      r.error = check_against_reference(p, r.fp8 ? host_real : host, rt.download(t.out),
-                                        sample_rows(p, options.check_rows));
+      r.error =
+          check_against_reference(p, r.fp8 ? host_real : host, rt.download(t.out), sample_rows(p, options.check_rows));
     } else {
       check_gradients(p, host, host_dout, t, rt, options.check_rows, r);
     }

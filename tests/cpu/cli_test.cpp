@@ -635,10 +635,11 @@ TEST(Cli, Fp8CompareShowsTheErrorBesideBf16s) {
   TempDir dir;
   const fs::path t = dir.path() / "traces";
   const fs::path json = dir.path() / "c.json";
-  const CliRun r = attnprof({"compare", "--device", "cpu", "--dtype", "fp8", "--batch", "1", "--heads", "2", "--seq",
-                             "96", "--threads", "1", "--active", "1", "--warmup", "0", "--json", json.string(),
-                             "--trace-dir", t.string(), "--quiet"},
-                            dir);
+  const CliRun r =
+      attnprof({"compare", "--device", "cpu",         "--dtype",     "fp8",      "--batch",  "1", "--heads",
+                "2",       "--seq",    "96",          "--threads",   "1",        "--active", "1", "--warmup",
+                "0",       "--json",   json.string(), "--trace-dir", t.string(), "--quiet"},
+               dir);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("fp8 (e4m3 inputs with per-tensor descales, bf16 output)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bf16 error"), std::string::npos) << r.out;
@@ -668,10 +669,11 @@ TEST(Cli, Fp8CompareShowsTheErrorBesideBf16s) {
   EXPECT_TRUE(named) << "trace files do not name the fp8 run";
 
   // A fixed descale that saturates: a warning naming the tensor, its amax and the share.
-  const CliRun sat = attnprof({"profile", "--backend", "math", "--device", "cpu", "--dtype", "fp8", "--fp8-descale",
-                               "0.001", "--batch", "1", "--heads", "2", "--seq", "64", "--threads", "1", "--active",
-                               "1", "--warmup", "0", "--trace-dir", t.string(), "--quiet"},
-                              dir);
+  const CliRun sat =
+      attnprof({"profile", "--backend", "math", "--device", "cpu", "--dtype",     "fp8",      "--fp8-descale",
+                "0.001",   "--batch",   "1",    "--heads",  "2",   "--seq",       "64",       "--threads",
+                "1",       "--active",  "1",    "--warmup", "0",   "--trace-dir", t.string(), "--quiet"},
+               dir);
   EXPECT_NE(sat.out.find("fp8 overflow: k's values reach "), std::string::npos) << sat.out << sat.err;
   EXPECT_NE(sat.out.find("saturated to +-448 x descale"), std::string::npos) << sat.out;
   EXPECT_NE(sat.out.find("descales q 0.001, k 0.001, v 0.001 (fixed)"), std::string::npos) << sat.out;
@@ -689,8 +691,8 @@ TEST(Cli, HelpTeachesFp8) {
   TempDir dir;
   const CliRun r = attnprof({"compare", "--help"}, dir);
   ASSERT_EQ(r.code, 0);
-  for (const char* w : {"fp32, fp16, bf16 or fp8", "--fp8-descale X", "amax / 448", "the output is bf16",
-                        "2^-4 / sqrt 3"}) {
+  for (const char* w :
+       {"fp32, fp16, bf16 or fp8", "--fp8-descale X", "amax / 448", "the output is bf16", "2^-4 / sqrt 3"}) {
     EXPECT_NE(r.out.find(w), std::string::npos) << "compare --help lacks " << w;
   }
 }

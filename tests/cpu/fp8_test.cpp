@@ -124,9 +124,8 @@ TEST(Fp8Inputs, AreTheBf16ProblemsRealValuesQuantizedPerTensor) {
   // make_inputs of the FP8 problem is the same quantization of the same draw.
   const Inputs direct = make_inputs(p, 7, cpu_allocator());
   EXPECT_EQ(direct.k_descale, q.in.k_descale);
-  testing::for_each_index(direct.v, [&](auto a, auto b, auto c, auto d) {
-    ASSERT_EQ(direct.v.get(a, b, c, d), q.in.v.get(a, b, c, d));
-  });
+  testing::for_each_index(
+      direct.v, [&](auto a, auto b, auto c, auto d) { ASSERT_EQ(direct.v.get(a, b, c, d), q.in.v.get(a, b, c, d)); });
   EXPECT_EQ(auto_fp8_descale(0.0), 1.0);
 }
 
@@ -214,7 +213,8 @@ struct Case {
 TEST(Fp8Composites, MatchFloat64WithinTheStatedTolerance) {
   const Case cases[] = {
       {"causal", {.batch = 2, .heads = 4, .seq = 96, .head_dim = 64}, MaskKind::Causal},
-      {"grouped-query bottom-right", {.heads = 8, .kv_heads = 2, .seq = 40, .kv_seq = 136, .head_dim = 32},
+      {"grouped-query bottom-right",
+       {.heads = 8, .kv_heads = 2, .seq = 40, .kv_seq = 136, .head_dim = 32},
        MaskKind::CausalBottomRight},
       {"no mask, head dim 128", {.heads = 2, .seq = 64, .kv_seq = 72, .head_dim = 128}, MaskKind::None},
       {"bias", {.heads = 2, .seq = 33, .head_dim = 64}, MaskKind::Bias},
@@ -233,9 +233,8 @@ TEST(Fp8Composites, MatchFloat64WithinTheStatedTolerance) {
     for (auto [from, to, s] : {std::tuple{&q.in.q, &deq.q, q.in.q_descale}, std::tuple{&q.in.k, &deq.k, q.in.k_descale},
                                std::tuple{&q.in.v, &deq.v, q.in.v_descale}}) {
       *to = Tensor::empty(from->sizes(), DType::F32, cpu_allocator());
-      testing::for_each_index(*from, [&](auto a, auto b, auto cc, auto d) {
-        to->set(a, b, cc, d, from->get(a, b, cc, d) * s);
-      });
+      testing::for_each_index(
+          *from, [&](auto a, auto b, auto cc, auto d) { to->set(a, b, cc, d, from->get(a, b, cc, d) * s); });
     }
     std::optional<double> math_rel;
     for (const char* name : {"math", "naive", "naive_inplace"}) {

@@ -298,8 +298,8 @@ double CudaRuntime::measure_gemm(DType dtype) {
     // the dense e4m3 tensor-core rate is twice bf16's from sm89 on (Ada,
     // Hopper), so the measured bf16 ceiling doubled stands for it; before
     // sm89 there are no FP8 tensor cores and bf16's is the ceiling.
-    const bool fp8_cores = properties_.compute_major > 8 ||
-                           (properties_.compute_major == 8 && properties_.compute_minor >= 9);
+    const bool fp8_cores =
+        properties_.compute_major > 8 || (properties_.compute_major == 8 && properties_.compute_minor >= 9);
     return (fp8_cores ? 2.0 : 1.0) * measure_gemm(DType::BF16);
   }
   const std::size_t es = element_size(dtype);
