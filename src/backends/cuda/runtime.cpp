@@ -155,6 +155,10 @@ class CudaRuntime final : public DeviceRuntime {
     d.v_pages = to_device(host.v_pages);
     d.block_table = to_device(host.block_table);
     d.kv_lens = to_device(host.kv_lens);
+    // FP8 inputs' descales travel with their tensors (real = e4m3 x descale).
+    d.q_descale = host.q_descale;
+    d.k_descale = host.k_descale;
+    d.v_descale = host.v_descale;
     synchronize();  // the host buffers may be freed as soon as we return
     return d;
   }
