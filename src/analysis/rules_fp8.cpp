@@ -4,6 +4,7 @@
 #include <string>
 
 #include "analysis/format.h"
+#include "analysis/normalize.h"
 #include "analysis/rule_support.h"
 
 namespace attnprof::analysis {
@@ -73,13 +74,19 @@ std::vector<Finding> fp8_saturation(const RuleInput& in) {
 }
 
 // The composites' FP8 semantics in the trace: e4m3 tensors widened to FP32
-// (dequantize) before FP32 products.
+// (dequantize) before FP32 products. Only dequantizes of fp8 inputs count
+// (aten::dequantize of an int8 model's tensors is another story).
 std::vector<Finding> fp8_dequantize(const RuleInput& in) {
-  const int n = per_forward(in.index, "dequantize", in.steps);
+  const TraceIndex& ix = in.index;
+  std::vector<EventIndex> fp8;
+  for (const EventIndex i : ix.ops_named("dequantize")) {
+    if (first_dtype(ix.dtypes(i)) == "fp8") fp8.push_back(i);
+  }
+  const int n = static_cast<int>(fp8.size()) / in.steps;
   if (n == 0) return {};
-  Finding f = found("dequantizes " + std::to_string(n) + " fp8 tensors to FP32 " + per_call(in.index) +
+  Finding f = found("dequantizes " + std::to_string(n) + " fp8 tensors to FP32 " + per_call(ix) +
                     " (e4m3 x descale), then computes in FP32");
-  cite(f, in.index, in.index.ops_named("dequantize").front());
+  cite(f, ix, fp8.front());
   f.figures = {{"dequantizes_per_forward", n}};
   return {f};
 }
