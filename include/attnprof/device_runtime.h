@@ -26,7 +26,8 @@ class DeviceRuntime {
   // Bytes that can still be allocated (for refusing before allocating).
   virtual std::int64_t available_bytes() const = 0;
   virtual std::vector<std::unique_ptr<Collector>> make_collectors() { return {}; }
-  // Moves inputs made on the CPU to this device (identity on the CPU).
+  // Moves inputs made on the CPU to this device (identity on the CPU), the
+  // FP8 descales with them.
   virtual Inputs upload(const Inputs& host) = 0;
   virtual Tensor upload(const Tensor& host) = 0;  // one more tensor (the backward's dO)
   virtual Tensor download(const Tensor& t) = 0;

@@ -66,7 +66,8 @@ struct HtmlReport {
 // three elementwise steps (scale, mask, softmax), read by the second product,
 // and read and written once more per copy per forward: (8 + 2 x copies) x
 // B x H x S x Skv x element size, FP32 elements where the backend computes
-// in FP32 (Traits::reference_precision). A lower bound on the traffic (caches
+// in FP32 (Traits::reference_precision, and every composite on fp8 inputs;
+// their O is bf16). A lower bound on the traffic (caches
 // and extra passes only add to it), so the intensity drawn is an upper bound.
 double html_bytes_moved(const RunResult& r);
 

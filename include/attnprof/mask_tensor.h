@@ -22,7 +22,7 @@ MaskKind mask_kind_of(std::string_view name, DType dtype);
 // `mask` checked against p (p.mask already mask_kind_of its dtype; its sizes
 // right-aligned and padded with leading 1s to 4-d by the caller) and
 // broadcast to [B, H, S, Skv]: each dimension p's or 1; a Bias in p's dtype
-// (as SDPA wants a float mask in the query's dtype); on `where` (the device
+// (as SDPA wants a float mask in the query's dtype; bf16 for fp8 inputs); on `where` (the device
 // of the tensors it goes with: the caller's q, or the host inputs that the
 // runner uploads). One-line Error(InvalidArgument) naming `name` otherwise.
 Tensor broadcast_mask(const Problem& p, const Tensor& mask, std::string_view name, Device where);
@@ -41,7 +41,7 @@ void attach_mask(const Problem& p, const Tensor& mask, Inputs& in, std::string_v
 Tensor read_mask_file(const std::string& path);
 
 // A CPU mask in the dtype p wants: Bool unchanged; a float copied into p's
-// dtype (contiguous, the file's own shape).
+// output dtype (p's dtype; bf16 for fp8) (contiguous, the file's own shape).
 Tensor convert_mask(const Problem& p, const Tensor& mask);
 
 }  // namespace attnprof

@@ -42,6 +42,8 @@ struct Problem {
   std::int64_t seq = 1024;
   std::int64_t kv_seq = 0;  // 0: same as seq
   std::int64_t head_dim = 64;
+  // Q, K and V's dtype; O (and the gradients) are output_dtype(dtype): the
+  // same, except bf16 for fp8 (e4m3 inputs with Inputs' descales).
   DType dtype = DType::BF16;
   Device device = Device::Cpu;
   MaskKind mask = MaskKind::Causal;
@@ -138,6 +140,8 @@ struct Problem {
   // The least one call of the pass must move through memory, in bytes: each
   // tensor read or written once, no re-reads, no scratch (the roofline's
   // denominator, FLOPs over these bytes its arithmetic intensity).
+  // Q, K and V count in the input dtype (a byte an element for fp8), O and
+  // dO and a bias in the output's (bf16 for fp8).
   //  forward:  Q read, K and V read (kv_rows_read() rows per sequence and K/V
   //            head: with a paged cache the rows, never the last page's
   //            padding), O written; a Boolean mask or a bias read once at its
@@ -161,11 +165,14 @@ struct Problem {
   // The stem of the files a run writes: shape_key(), then the pass when it is
   // not the forward, the soft cap and the paged cache, so that runs of one
   // shape with another pass, cap or cache do not overwrite each other
-  // ("8_16_1024_64_backward", "8_16_1024_64_softcap30"); a packed batch adds
-  // "_varlen", its query rows and a hash of its lengths.
+  // ("8_16_1024_64_backward", "8_16_1024_64_softcap30"), and "_fp8" for FP8
+  // inputs; a packed batch adds "_varlen", its query rows and a hash of its
+  // lengths.
   std::string file_stem() const;
   std::string describe() const;  // "batch 8, heads 16, seq 1024, head_dim 64, bf16, causal on cuda"
   std::size_t q_bytes() const;
+  // O's bytes, in output_dtype(dtype): Q's size, but bf16 for fp8 inputs.
+  std::size_t o_bytes() const;
   std::size_t kv_bytes() const;  // one of K or V
   // A paged cache's copy of one of K or V (the last pages' padding included)
   // plus its share of the block table; 0 for a contiguous cache.

@@ -62,6 +62,11 @@ void set_problem_field(Problem& p, std::string_view field, std::string_view text
 // The fields set_problem_field takes, in Problem's order.
 const std::vector<std::string_view>& problem_fields();
 
+// An FP8 run's descale (RunOptions::fp8_descale) from text: "auto" (unset:
+// each tensor's amax / 448), or one finite positive real for q, k and v.
+// Throws Error(InvalidArgument) naming fp8_descale.
+std::optional<double> fp8_descale_from_text(std::string_view text);
+
 // A backend asked for by name in `field` (backend, backends, expect): one of
 // backend_names(), or "auto" where `auto_ok`. Throws Error(InvalidArgument)
 // listing exactly the names that check takes.

@@ -56,6 +56,20 @@ struct Metrics {
   std::vector<double> device_time_per_rank_us;
 };
 
+// An FP8 run's inputs, and the same backend on the real values they were
+// quantized from: what FP8 costs in error.
+struct Fp8Record {
+  // q, k and v: the descale each was stored with, its largest |real| value,
+  // and how many of its values e4m3 saturated.
+  std::vector<Fp8TensorQuantization> tensors;
+  bool auto_descale = true;  // per tensor amax / 448; false: one fixed descale (--fp8-descale)
+  // The backend's error against float64 on the real (bf16) inputs, from one
+  // more checked forward (not profiled); unset where it takes no bf16, or
+  // that forward failed: bf16_note says which.
+  std::optional<ErrorStats> bf16_error;
+  std::string bf16_note;
+};
+
 struct RunResult {
   std::string backend;
   Problem problem;
@@ -70,6 +84,8 @@ struct RunResult {
   std::optional<ErrorStats> error;
   std::optional<GradientErrors> gradient_errors;
   std::optional<Acceptance> acceptance;
+  // dtype fp8: the quantization and the bf16 error beside this run's.
+  std::optional<Fp8Record> fp8;
   std::vector<Finding> findings;       // filled by the analysis rule table
   std::optional<std::string> failure;  // set when the run threw (message)
   // analyze and diff: the trace file this result was read from (its

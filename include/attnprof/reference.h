@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnprof/backend.h"
@@ -21,6 +22,50 @@ Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, b
 // With p.kv_cache == Paged, also the paged copies of K and V and their block
 // table (Inputs): the physical pages a random (seeded) permutation, so a
 // backend that ignores the table reads the wrong keys.
+// An FP8 problem's inputs are those of fp8_real_problem(p) quantized by
+// quantize_inputs() with automatic descales.
+
+// ---- FP8 inputs ----------------------------------------------------------------
+
+// The problem whose inputs an FP8 problem quantizes: p in bf16 (an FP8 run
+// and a bf16 run of one shape and seed see the same real values), p itself
+// when it is not FP8.
+Problem fp8_real_problem(const Problem& p);
+
+// One tensor's quantization to e4m3: the descale used, the largest |real|
+// value, and how many of its values passed 448 x descale (e4m3's largest)
+// and were saturated to +-448.
+struct Fp8TensorQuantization {
+  std::string name;  // "q", "k" or "v"
+  double descale = 1;
+  double amax = 0;
+  std::int64_t saturated = 0;
+  std::int64_t elements = 0;
+};
+
+struct Fp8Quantized {
+  Inputs in;                                   // e4m3 q, k, v (and pages) with their descales
+  std::vector<Fp8TensorQuantization> tensors;  // q, k, v
+};
+
+// The descale automatic scaling picks for a tensor whose largest |value| is
+// amax: amax / 448, so the largest maps to e4m3's largest finite value; 1 for
+// an all-zero tensor.
+double auto_fp8_descale(double amax);
+
+// `real` (a problem's inputs in a float dtype: make_inputs(fp8_real_problem(p)))
+// quantized for the FP8 problem p: per tensor stored = e4m3(real / descale),
+// rounded to nearest even and saturating, with descale `fixed` for each of q,
+// k and v, or auto_fp8_descale() of each one's amax when unset. The layout is
+// kept (a [B, S, H, D] view stays one); a paged cache's pages are quantized
+// with their tensor's descale; the mask, bias, block table and key counts
+// are shared. Throws Error(InvalidArgument) naming fp8_descale for a fixed
+// descale that is zero, negative or not finite.
+Fp8Quantized quantize_inputs(const Problem& p, const Inputs& real, std::optional<double> fixed, Allocator& allocator);
+
+// Throws Error(InvalidArgument), one line naming `field`, unless `descale`
+// is finite and positive.
+void check_fp8_descale(std::string_view field, double descale);
 
 // Throws Error(InvalidArgument) with one line unless `block_table` is an int32
 // [1, 1, p.batch, p.pages_per_seq()] table whose every entry is a physical page in
@@ -57,6 +102,9 @@ struct ErrorStats {
 // Compares a CPU [B, H, S, D] output (p.q_dims(): packed for a packed batch,
 // each sequence against its own keys) with the float64 reference on the sampled
 // rows. A fully masked row's reference is zeros (the NaN-safe convention).
+// The reference reads `in` as the real values: e4m3 tensors times their
+// descales. An FP8 run is checked against its real (bf16) inputs instead, so
+// that its error includes what quantizing them costs.
 ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Tensor& out, const RowSample& rows);
 
 // ---- Gradients (the backward pass) ----------------------------------------
@@ -86,6 +134,9 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
 
 // DESIGN.md: 16-bit passes at <= 2 * math's error + floor; FP32 far under 1e-4;
 // NaN never, except rows a backend documents (naive on fully masked rows).
+// FP8 (against the real inputs' float64 output) as 16-bit does, with math in
+// FP8 semantics (dequantized inputs, FP32 compute) its yardstick, and the floor
+// tolerance_floor(F8E4M3) explains.
 struct Acceptance {
   bool pass = false;
   double tolerance = 0;

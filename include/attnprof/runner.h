@@ -71,6 +71,13 @@ struct RunOptions {
   // a Bias one, each dimension the problem's or 1 (mask_tensor.h). It goes
   // into the same Inputs slot the generated masks do (attach_mask).
   Tensor mask;
+  // FP8 problems: one descale for each of q, k and v, the real values
+  // divided by it and saturated at +-448; unset, each tensor's amax / 448
+  // (reference.h: quantize_inputs).
+  std::optional<double> fp8_descale;
+  // FP8 problems: the backend's checked bf16 forward on the same real inputs
+  // (RunResult::fp8's bf16 error); auto's timing runs leave it out.
+  bool fp8_bf16_forward = true;
 };
 
 // p10, p50 and p90 of timed samples: the sample at rank round(p (n - 1)) of
@@ -93,7 +100,10 @@ DeviceRuntime& device_runtime(Device d, int threads = 0);
 
 // Profiles `backend` on `p`: fresh inputs, poisoned output, the schedule's
 // steps, the float64 check. Never throws for a backend failure: it lands in
-// RunResult::failure.
+// RunResult::failure. FP8: the inputs are the bf16 problem's quantized
+// (options.fp8_descale), the float64 check reads the real (bf16) values, and
+// one more forward on those (checked, not profiled) gives RunResult::fp8's
+// bf16 error where the backend takes bf16.
 RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& options);
 
 // `compare`'s runs: every backend explain() lists, or those named in `only`,

@@ -38,6 +38,7 @@ __all__ = [
     "diff",
     "explain",
     "profile",
+    "quantize_fp8",
     "torch_ops",
 ]
 
@@ -82,6 +83,43 @@ def _real(name: str, value):
         raise Error(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
 
 
+def _descale(name: str, value):
+    """An FP8 descale as a float: a number, or a 1-element tensor or array (read once, so a CUDA one syncs)."""
+    if value is None:
+        return None
+    if hasattr(value, "shape") and hasattr(value, "item"):
+        size = 1
+        for n in value.shape:
+            size *= int(n)
+        if size != 1:
+            raise Error(f"{name} must be a number or a 1-element tensor, got shape {tuple(value.shape)}")
+        value = value.reshape(()).item() if hasattr(value, "reshape") else value.item()
+    if isinstance(value, bool):
+        raise Error(f"{name} must be a number, got bool {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise Error(f"{name} must be a number or a 1-element tensor, got {type(value).__name__} {value!r}") from None
+
+
+def quantize_fp8(t):
+    """A float torch tensor as float8_e4m3fn with its per-tensor descale, as attnprof's FP8 runs quantize.
+
+    descale = amax / 448 (1 for an all-zero tensor), so the largest |value| is stored as e4m3's
+    largest finite value; stored = t / descale rounded to nearest even. Returns (t8, descale) with
+    t8 * descale the values attention() computes with: attention(q8, k8, v8, q_descale=qs, ...).
+    """
+    import torch
+
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise Error(f"quantize_fp8 takes a floating torch tensor, got {type(t).__name__}")
+    x = t.detach().float()
+    amax = float(x.abs().max()) if x.numel() else 0.0
+    descale = amax / 448.0 if amax > 0 else 1.0
+    # torch's cast turns values past 448 into NaN: the clamp saturates, as the tensor cores do.
+    return (x / descale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), descale
+
+
 def _is_torch(x) -> bool:
     # A torch tensor can only exist once torch is imported: no import here.
     torch = _sys.modules.get("torch")
@@ -114,7 +152,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
               deterministic: bool = False, softcap: float | None = None, attn_mask=None, block_table=None,
               seq_lens=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
-              max_seqlen_k: int | None = None):
+              max_seqlen_k: int | None = None, q_descale=None, k_descale=None, v_descale=None):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
 
     mask names a structural mask ("none", "causal", "causal_bottom_right",
@@ -158,6 +196,13 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     work is queued on torch's current stream. Bad input raises attnprof.Error
     (a ValueError) with the library's message.
 
+    FP8: q, k and v as torch.float8_e4m3fn tensors (e4m3, as FlashAttention-3 and cuDNN take them)
+    with q_descale, k_descale and v_descale (floats or 1-element tensors; None is 1.0): the real
+    values are the stored ones times their tensor's descale, each finite and positive. The output
+    is bfloat16. Forward only; dense calls (no cu_seqlens). quantize_fp8(t) makes (t8, descale)
+    from a float tensor. The composites (naive, naive_inplace, math) compute in FP32 after
+    dequantizing; others say whether they take fp8. A descale with inputs of another dtype is refused.
+
     torch tensors that require grad (with grad enabled) go through
     torch.ops.attnprof.attention_train, whose autograd is attnprof's own
     backward (flash, efficient, cudnn: the backends that keep only the
@@ -182,7 +227,14 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     elif mask.__class__ is not str and not isinstance(mask, str):
         raise Error(f"mask names a structural mask (a string); a mask tensor goes in attn_mask=, got "
                     f"{type(mask).__name__}")
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        q_descale, k_descale, v_descale = (_descale(n, d) for n, d in (("q_descale", q_descale),
+                                                                       ("k_descale", k_descale),
+                                                                       ("v_descale", v_descale)))
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if q_descale is not None or k_descale is not None or v_descale is not None:
+            raise Error("q_descale, k_descale and v_descale go with fp8 inputs in a dense call: packed batches "
+                        "(cu_seqlens) in fp8 are not built for Python calls yet")
         _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
         if attn_mask is not None or block_table is not None or seq_lens is not None:
             raise Error("a packed batch (cu_seqlens_q, cu_seqlens_k) takes structural masks only: no attn_mask, "
@@ -197,13 +249,13 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         if front is None:
             front = _torch_front()
         return front(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
-                     block_table, seq_lens)
+                     block_table, seq_lens, q_descale, k_descale, v_descale)
     _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
     if out is None:
         out = _empty_like(q)
     try:
         _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd, softcap, attn_mask, block_table,
-                        seq_lens)
+                        seq_lens, q_descale, k_descale, v_descale)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None
@@ -310,6 +362,13 @@ def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv
                          seq_lens=_lengths("seq_lens", seq_lens), kv_seq_lens=_lengths("kv_seq_lens", kv_seq_lens))
 
 
+def _fp8_descale_text(value):
+    """fp8_descale as the library parses it (--fp8-descale's text): None, "auto", or a number."""
+    if value is None or isinstance(value, str):
+        return value
+    return repr(_real("fp8_descale", value))
+
+
 def _run_args(seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit):
     """compare's and profile's numbers, checked as _whole does (the library bounds them)."""
     try:
@@ -333,7 +392,7 @@ def compare(*, batch: int | None = None, heads: int | None = None, seq: int = _D
             unprofiled_calls: int = _D["unprofiled_calls"], expect: dict[str, int] | None = None,
             sort_by: str = _D["sort_by"], row_limit: int = _D["row_limit"], pass_: str = _D["pass_"],
             deterministic: bool = False, softcap: float | None = None, seq_lens: list[int] | None = None,
-            kv_seq_lens: list[int] | None = None) -> Report:
+            kv_seq_lens: list[int] | None = None, fp8_descale: float | str | None = None) -> Report:
     """`attnprof compare` as a call: every eligible backend (or `backends`) profiled on one problem.
 
     schedule is (wait, warmup, active, repeat) steps, as --wait/--warmup/--active/--repeat.
@@ -341,13 +400,16 @@ def compare(*, batch: int | None = None, heads: int | None = None, seq: int = _D
     (Gemma-2's tanh(s / c) * c on the scaled scores; None: no cap, and 0 or less is refused).
     seq_lens (kv_seq_lens) is --seq-lens (--kv-seq-lens): a packed batch of these lengths, batch their
     count and seq their maximum; the findings say what share of the padded batch's FLOPs it needs.
+    dtype="fp8" is --dtype fp8 (e4m3 inputs quantized from the bf16 run's, bf16 output; each result's
+    .fp8 holds the descales and the bf16 error beside it), fp8_descale --fp8-descale ("auto" or None:
+    each tensor's amax / 448; a number: that descale for q, k and v).
     """
     p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
                  softcap, seq_lens, kv_seq_lens)
     seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
         seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
     rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
-                        unprofiled_calls, expect, sort_by, row_limit)
+                        unprofiled_calls, expect, sort_by, row_limit, _fp8_descale_text(fp8_descale))
     return Report(rep, "compare")
 
 
@@ -360,17 +422,17 @@ def profile(backend: str = "auto", *, batch: int | None = None, heads: int | Non
             unprofiled_calls: int = _D["unprofiled_calls"], expect: dict[str, int] | None = None,
             sort_by: str = _D["sort_by"], row_limit: int = _D["row_limit"], pass_: str = _D["pass_"],
             deterministic: bool = False, softcap: float | None = None, seq_lens: list[int] | None = None,
-            kv_seq_lens: list[int] | None = None) -> Report:
+            kv_seq_lens: list[int] | None = None, fp8_descale: float | str | None = None) -> Report:
     """`attnprof profile --backend B` as a call: one backend ("auto" picks one); its key-averages table in .table.
 
-    seq_lens and kv_seq_lens make a packed batch, as compare's do.
+    seq_lens and kv_seq_lens make a packed batch, fp8_descale sets an fp8 run's descales, as compare's do.
     """
     p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
                  softcap, seq_lens, kv_seq_lens)
     seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
         seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
     rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
-                        unprofiled_calls, expect, sort_by, row_limit)
+                        unprofiled_calls, expect, sort_by, row_limit, _fp8_descale_text(fp8_descale))
     return Report(rep, "profile")
 
 

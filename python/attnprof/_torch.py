@@ -68,8 +68,13 @@ def _optional(t):
     return None if t is None else _dlpack(t)[0]
 
 
+def _out_dtype(dtype):
+    # FP8 inputs write a bf16 output, as FlashAttention-3's and cuDNN's FP8 forwards do.
+    return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
+
+
 def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=None, attn_mask=None,
-         block_table=None, seq_lens=None):
+         block_table=None, seq_lens=None, q_descale=None, k_descale=None, v_descale=None):
     # The exports written out (no tuple, no map), the stream lookup inlined:
     # this is every eager call's path.
     try:
@@ -80,11 +85,13 @@ def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=No
         raise Error(not_an_array(e)) from None
     index = q.get_device()
     stream = 0 if index < 0 else _raw_stream(index) if _raw_stream is not None else _stream_of(q)
-    if attn_mask is None and block_table is None and seq_lens is None:
+    if attn_mask is None and block_table is None and seq_lens is None and q_descale is None and k_descale is None \
+            and v_descale is None:
         _core.attention(dq, dk, dv, do, backend, mask, window, scale, stream, threads, bshd, softcap)
     else:
         _core.attention(dq, dk, dv, do, backend, mask, window, scale, stream, threads, bshd, softcap,
-                        _optional(attn_mask), _optional(block_table), _optional(seq_lens))
+                        _optional(attn_mask), _optional(block_table), _optional(seq_lens), q_descale, k_descale,
+                        v_descale)
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
@@ -92,21 +99,23 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: st
                   window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
                   softcap: Optional[float] = None, attn_mask: Optional[torch.Tensor] = None,
                   block_table: Optional[torch.Tensor] = None,
-                  seq_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  seq_lens: Optional[torch.Tensor] = None, q_descale: Optional[float] = None,
+                  k_descale: Optional[float] = None, v_descale: Optional[float] = None) -> torch.Tensor:
     """softmax(scale * q k^T + mask) v by an attnprof backend; out has q's shape ([B, H, S, D], or [B, S, H, D] when bshd).
 
-    mask "" with attn_mask: the tensor alone; block_table and seq_lens: k and v are paged caches."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    mask "" with attn_mask: the tensor alone; block_table and seq_lens: k and v are paged caches;
+    float8_e4m3fn inputs take their descales and give a bfloat16 out."""
+    out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     _run(q, k, v, out, backend, mask, window, scale, bshd, softcap=softcap, attn_mask=attn_mask,
-         block_table=block_table, seq_lens=seq_lens)
+         block_table=block_table, seq_lens=seq_lens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return out
 
 
 @_attention_op.register_fake
 def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, softcap=None,
-                    attn_mask=None, block_table=None, seq_lens=None):
-    # Matches the real output: a new contiguous tensor of q's shape, dtype and device.
-    return q.new_empty(q.shape)
+                    attn_mask=None, block_table=None, seq_lens=None, q_descale=None, k_descale=None, v_descale=None):
+    # Matches the real output: a new contiguous tensor of q's shape and device, q's dtype (bf16 for fp8).
+    return q.new_empty(q.shape, dtype=_out_dtype(q.dtype))
 
 
 # ---- Training: a forward that keeps the log-sum-exp, and the backward that reads it.
@@ -188,7 +197,7 @@ def ops():
 
 
 def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
-              block_table, seq_lens):
+              block_table, seq_lens, q_descale=None, k_descale=None, v_descale=None):
     """attnprof.attention on torch tensors, its arguments checked there (positional: a
     repeated call's host time is what a model pays per layer)."""
     if not (isinstance(k, _Tensor) and isinstance(v, _Tensor) and (out is None or isinstance(out, _Tensor))):
@@ -216,13 +225,14 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
             raise Error("out= is not supported under torch.compile: use the returned tensor")
         with _labelled(backend, mask, window, attn_mask):
             return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,
-                                                block_table, seq_lens)
+                                                block_table, seq_lens, q_descale, k_descale, v_descale)
     if needs_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     try:
-        _run(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap, attn_mask, block_table, seq_lens)
+        _run(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap, attn_mask, block_table, seq_lens,
+             q_descale, k_descale, v_descale)
     except TypeError as e:
         del out
         from . import not_an_array

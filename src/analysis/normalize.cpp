@@ -33,13 +33,14 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 7> kOpAliase
 }};
 
 // Lower-cased spellings (c10 type names, Python names, ours) to ours.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 24> kDtypeAliases{{
-    {"bfloat16", "bf16"}, {"bf16", "bf16"},      {"half", "fp16"},     {"float16", "fp16"},
-    {"fp16", "fp16"},     {"float", "fp32"},     {"float32", "fp32"},  {"fp32", "fp32"},
-    {"double", "fp64"},   {"float64", "fp64"},   {"fp64", "fp64"},     {"bool", "bool"},
-    {"long", "int64"},    {"long int", "int64"}, {"int64_t", "int64"}, {"int64", "int64"},
-    {"int", "int32"},     {"int32_t", "int32"},  {"int32", "int32"},   {"unsigned char", "uint8"},
-    {"uint8_t", "uint8"}, {"byte", "uint8"},     {"scalar", "scalar"}, {"tensorlist", "tensorlist"},
+constexpr std::array<std::pair<std::string_view, std::string_view>, 26> kDtypeAliases{{
+    {"float8_e4m3fn", "fp8"}, {"fp8", "fp8"},  // e4m3fn: torch's Float8_e4m3fn, ours
+    {"bfloat16", "bf16"},     {"bf16", "bf16"},      {"half", "fp16"},     {"float16", "fp16"},
+    {"fp16", "fp16"},         {"float", "fp32"},     {"float32", "fp32"},  {"fp32", "fp32"},
+    {"double", "fp64"},       {"float64", "fp64"},   {"fp64", "fp64"},     {"bool", "bool"},
+    {"long", "int64"},        {"long int", "int64"}, {"int64_t", "int64"}, {"int64", "int64"},
+    {"int", "int32"},         {"int32_t", "int32"},  {"int32", "int32"},   {"unsigned char", "uint8"},
+    {"uint8_t", "uint8"},     {"byte", "uint8"},     {"scalar", "scalar"}, {"tensorlist", "tensorlist"},
 }};
 
 }  // namespace

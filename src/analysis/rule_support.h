@@ -122,4 +122,10 @@ std::vector<Finding> split_kv(const RuleInput& in);
 // A packed batch's FLOPs against the padded batch's (rules_varlen.cpp).
 std::vector<Finding> packed_batch(const RuleInput& in);
 
+// FP8 runs (rules_fp8.cpp): the descales and the error beside bf16's, e4m3
+// saturation, and the composites' dequantize.
+std::vector<Finding> fp8_quantization(const RuleInput& in);
+std::vector<Finding> fp8_saturation(const RuleInput& in);
+std::vector<Finding> fp8_dequantize(const RuleInput& in);
+
 }  // namespace attnprof::analysis

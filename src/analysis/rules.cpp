@@ -679,6 +679,9 @@ constexpr Rule kRules[] = {
     // Warnings inside attention; information outside it, in a trace from elsewhere.
     {"hidden-copy", Severity::Info, hidden_copy},
     {"masked-fill-in-place", Severity::Info, masked_fill_in_place},
+    {"fp8-quantization", Severity::Info, fp8_quantization},
+    {"fp8-saturation", Severity::Warning, fp8_saturation},
+    {"fp8-dequantize", Severity::Info, fp8_dequantize},
     {"upcast-fp32", Severity::Info, upcast_fp32},
     {"fp32-gemm", Severity::Warning, fp32_gemm},
     {"gemm-cuda-cores", Severity::Warning, gemm_cuda_cores},

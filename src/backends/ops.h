@@ -78,6 +78,10 @@ inline constexpr OpSpec gather_pages{"index_select", {}, {1, 0}};
 // and are left out).
 inline constexpr OpSpec tanh{"tanh", {}, {1, 0}};
 inline constexpr OpSpec tanh_backward{"tanh_backward", {}, {1, 0}};
+// FP8 inputs widened for the FP32 computation: e4m3 times the tensor's
+// descale into FP32 in one pass (what x.to(torch.float32) * descale makes in
+// two; aten's name for the quantized-to-float conversion).
+inline constexpr OpSpec dequantize{"dequantize", {}, {1, 0}};
 }  // namespace op
 
 class Ops {
@@ -121,6 +125,9 @@ class Ops {
   // masked row of _safe_softmax) gives a zero row; a NaN one stays NaN.
   virtual Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) = 0;
 
+  // An e4m3 tensor's real values, x * descale, into a fresh contiguous FP32
+  // tensor (x any strides).
+  virtual Tensor dequantize(const Tensor& x, float descale, RunContext& ctx) = 0;
   // dtype conversion into a fresh tensor, or into dst (same shape, any strides).
   virtual Tensor to(const Tensor& x, DType dtype, RunContext& ctx) = 0;
   virtual void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) = 0;

@@ -61,6 +61,7 @@ constexpr FieldFlag kFieldFlags[] = {
     {"seed", "--seed"},
     {"check_rows", "--check-rows"},
     {"unprofiled_calls", "--unprofiled-calls"},
+    {"fp8_descale", "--fp8-descale"},
     {"top", "--top"},
 };
 
@@ -98,7 +99,20 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
   --seq N              query sequence length             (default 1024)
   --kv-seq N           key/value sequence length         (default: --seq)
   --head-dim N         head dimension, up to 256          (default 64)
-  --dtype T            fp32, fp16 or bf16                 (default bf16)
+  --dtype T            fp32, fp16, bf16 or fp8            (default bf16)
+                       fp8: q, k and v stored in e4m3 (OCP's e4m3fn, largest
+                       448) with a per-tensor descale each, real = e4m3 x
+                       descale (FlashAttention-3's q_descale ..., cuDNN's
+                       descale_q ...); the output is bf16; forward only. The
+                       real inputs are the bf16 run's of the same shape and
+                       seed, quantized per tensor (--fp8-descale); the float64
+                       reference reads the real values, so the error includes
+                       quantization's, and each backend's error on the bf16
+                       inputs is shown beside it. Tolerance: 2 x math's error
+                       (math in FP8 semantics: dequantized, computed in FP32)
+                       + 3.6e-2, one e4m3 rounding's largest RMS (2^-4 / sqrt 3).
+                       naive, naive_inplace and math take it; others say
+                       whether they do
   --mask M             none, causal (top-left, PyTorch's is_causal),
                        causal-bottom-right (FlashAttention's), sliding-window,
                        boolean (a random 90%-kept mask), bias (random additive)
@@ -142,6 +156,11 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
                                                           (default forward)
   --deterministic      backward: accumulate dQ in a fixed order instead of
                        with atomics (fused backwards)
+  --fp8-descale X      with --dtype fp8: auto (each tensor's amax / 448, its
+                       largest value stored as e4m3's 448) or one descale X > 0
+                       for q, k and v; values past 448 x X saturate to +-448,
+                       and a warning says which tensor, its amax and the share
+                       saturated                          (default auto)
 )";
 
 const char* kRunHelp = R"(Run (profile and compare):
@@ -555,6 +574,11 @@ Options parse(int argc, char** argv) {
       {"--check-rows", [&](auto& f, auto& v) { o.check_rows = to_small_int(f, v, 1, 1 << 24); }},
       {"--unprofiled-calls", [&](auto& f, auto& v) { o.unprofiled_calls = to_small_int(f, v, 0, 10000); }},
       {"--gpus", [&](auto& f, auto& v) { o.gpus = to_small_int(f, v, 1, 64); }},
+      {"--fp8-descale",
+       [&](auto&, auto& v) {
+         o.fp8_descale = fp8_descale_from_text(v);
+         o.fp8_descale_given = true;
+       }},
       {"--json",
        [&](auto&, auto& v) {
          if (v.empty()) bad("--json needs a path");
@@ -608,6 +632,7 @@ Options parse(int argc, char** argv) {
     bad("--mask-file and --mask are exclusive: the file is the whole mask (fold a causal part into it)");
   }
   if (o.mask_file && o.gpus) bad("--mask-file is for one device (--gpus shards structural masks only)");
+  if (o.fp8_descale_given && !is_fp8(p.dtype)) bad("--fp8-descale applies to --dtype fp8 only");
   if (o.command == "profile" && o.backend.empty()) bad("profile needs --backend B (one of " + backend_list() + ")");
   if (o.command != "profile" && !o.backend.empty()) bad("--backend is for profile; compare takes --backends A,B");
   if (o.command == "explain" && o.html_path) bad("--html is for compare and profile");

@@ -29,6 +29,8 @@ struct Options {
   std::uint64_t seed = RunOptions{}.seed;
   std::int64_t check_rows = RunOptions{}.check_rows;
   int unprofiled_calls = RunOptions{}.unprofiled_calls;
+  std::optional<double> fp8_descale;  // --fp8-descale: unset is auto
+  bool fp8_descale_given = false;
   int gpus = 0;  // --gpus N: ring attention over N GPUs (0: not given)
   bool bshd = false;
   std::optional<std::string> json_path;

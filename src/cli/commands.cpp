@@ -53,6 +53,7 @@ RunOptions run_options(const Options& o, Progress& progress) {
   r.unprofiled_calls = o.unprofiled_calls;
   r.progress = [&progress](std::string_view m) { progress(m); };
   r.mask = o.mask;
+  r.fp8_descale = o.fp8_descale;
   return r;
 }
 
@@ -103,7 +104,10 @@ int run_compare(const Options& o) {
   if (!rep.collector_note.empty()) std::printf("\nnote: %s", rep.collector_note.c_str());
   std::printf(
       "\nerror: relative to a float64 reference on sampled rows; a 16-bit backend passes at <= 2 x math's error "
-      "+ a floor. Traces, tables and summaries: %s/%s_<backend>.{json,txt,summary.json}\n",
+      "+ a floor%s. Traces, tables and summaries: %s/%s_<backend>.{json,txt,summary.json}\n",
+      is_fp8(p.dtype) ? " (fp8: against the real bf16 inputs' reference, math in FP8 semantics, floor 3.6e-2; "
+                        "bf16 error: the same backend on those inputs in bf16)"
+                      : "",
       o.trace_dir.c_str(), p.file_stem().c_str());
   if (o.html_path) std::printf("HTML report: %s\n", o.html_path->c_str());
   rep.require_any_ran();  // the table and JSON said what happened to each backend

@@ -26,10 +26,12 @@ Tensor broadcast_mask(const Problem& p, const Tensor& mask, std::string_view nam
   if (kind != p.mask)
     fail(ErrorKind::InvalidArgument, n + " is " + std::string(dtype_name(mask.dtype())) +
                                          " but the problem's mask is " + std::string(mask_name(p.mask)));
-  if (kind == MaskKind::Bias && mask.dtype() != p.dtype) {
-    fail(ErrorKind::InvalidArgument, n + " is " + std::string(dtype_name(mask.dtype())) + " but q is " +
-                                         std::string(dtype_name(p.dtype)) +
-                                         ": a float mask takes the query's dtype (as SDPA's does)");
+  // FP8 inputs take a bias in their output's dtype (bf16): e4m3 holds no -inf.
+  if (kind == MaskKind::Bias && mask.dtype() != output_dtype(p.dtype)) {
+    fail(ErrorKind::InvalidArgument,
+         n + " is " + std::string(dtype_name(mask.dtype())) + " but q is " + std::string(dtype_name(p.dtype)) +
+             (is_fp8(p.dtype) ? ": a float mask with fp8 inputs is bf16 (the output's dtype)"
+                              : ": a float mask takes the query's dtype (as SDPA's does)"));
   }
   if (mask.device() != where) {
     fail(ErrorKind::InvalidArgument, n + " is on " + device_name(mask.device()) + " but q is on " + device_name(where) +
@@ -61,14 +63,15 @@ void attach_mask(const Problem& p, const Tensor& mask, Inputs& in, std::string_v
 }
 
 Tensor convert_mask(const Problem& p, const Tensor& mask) {
-  if (mask.dtype() == DType::Bool || mask.dtype() == p.dtype) return mask;
-  Tensor out = Tensor::empty(mask.sizes(), p.dtype, cpu_allocator());
+  const DType want = output_dtype(p.dtype);  // bf16 for fp8 inputs
+  if (mask.dtype() == DType::Bool || mask.dtype() == want) return mask;
+  Tensor out = Tensor::empty(mask.sizes(), want, cpu_allocator());
   const Dims& s = mask.sizes();
   std::int64_t n = 0;
   for (std::int64_t a = 0; a < s[0]; ++a)
     for (std::int64_t b = 0; b < s[1]; ++b)
       for (std::int64_t c = 0; c < s[2]; ++c)
-        for (std::int64_t d = 0; d < s[3]; ++d) store_from_float(out.data(), p.dtype, n++, mask.get(a, b, c, d));
+        for (std::int64_t d = 0; d < s[3]; ++d) store_from_float(out.data(), want, n++, mask.get(a, b, c, d));
   return out;
 }
 

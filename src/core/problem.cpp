@@ -238,7 +238,13 @@ void Problem::validate() const {
                std::to_string(kMaxScores) + ") this tool sizes in 64-bit byte counts",
            {"batch", "heads", "seq", "kv_seq"});
   }
-  if (dtype == DType::Bool) refuse("dtype must be fp32, fp16 or bf16", {"dtype"});
+  if (dtype == DType::Bool || dtype == DType::I32) refuse("dtype must be fp32, fp16, bf16 or fp8", {"dtype"});
+  // FP8 (e4m3 inputs with descales, bf16 output) is an inference format
+  // here, as FlashAttention-3's and cuDNN's FP8 forwards are: no backward.
+  if (is_fp8(dtype) && pass != Pass::Forward) {
+    refuse("dtype fp8 is forward only (e4m3 inputs, bf16 output): use pass=forward, or dtype bf16 to train",
+           {"pass", "dtype"});
+  }
   if (mask == MaskKind::SlidingWindow && window <= 0) {
     refuse("mask=sliding-window needs window=N (N >= 1 keys)", {"window"});
   }
@@ -257,16 +263,20 @@ void Problem::validate() const {
     refuse("softcap must be a finite positive number (0: no cap), got " + format_real(softcap), {"softcap"});
   }
   // The inputs are uniform in [-1, 1), so |q . k| reaches head_dim at most and
-  // a score |scale| x head_dim. Past the dtype's largest finite value the
-  // unfused backends' scores become inf and softmax gives NaN (inf - inf); the
-  // fused ones and the float64 reference soon follow. Refused before any work.
-  if (const double reach = std::abs(softmax_scale()) * static_cast<double>(head_dim); reach > max_finite(dtype)) {
+  // a score |scale| x head_dim. Past the scores' dtype's largest finite value
+  // the unfused backends' scores become inf and softmax gives NaN (inf - inf);
+  // the fused ones and the float64 reference soon follow. Refused before any
+  // work. FP8's real inputs are the same (the descales carry the range, not
+  // e4m3's 448), and every FP8 path holds its scores in FP32: the composites
+  // after dequantizing, the fused kernels in their accumulators.
+  const DType scores = is_fp8(dtype) ? DType::F32 : dtype;
+  if (const double reach = std::abs(softmax_scale()) * static_cast<double>(head_dim); reach > max_finite(scores)) {
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   "scale %g makes the scores overflow: |scale| x head_dim reaches %.3g, past the largest finite %s "
                   "(%.5g), so softmax would give NaN everywhere; use |scale| <= %.3g",
-                  softmax_scale(), reach, std::string(dtype_name(dtype)).c_str(), max_finite(dtype),
-                  max_finite(dtype) / static_cast<double>(head_dim));
+                  softmax_scale(), reach, std::string(dtype_name(scores)).c_str(), max_finite(scores),
+                  max_finite(scores) / static_cast<double>(head_dim));
     refuse(buf, {"scale", "head_dim"});
   }
 }
@@ -428,18 +438,20 @@ std::size_t Problem::lse_bytes() const { return bytes_of({heads, total_q()}, siz
 std::int64_t Problem::kv_rows_read() const { return over_sequences(*this, kv_rows_read_of); }
 
 std::size_t Problem::io_bytes() const {
+  // Q, K and V in the input dtype (one byte for fp8); O, dO and a bias in
+  // the output's (bf16 for fp8).
   const std::size_t es = element_size(dtype);
   const std::size_t mask_bytes = mask == MaskKind::Boolean ? bytes_of({seq, kv_seq}, element_size(DType::Bool))
-                                 : mask == MaskKind::Bias  ? bytes_of({seq, kv_seq}, es)
+                                 : mask == MaskKind::Bias  ? bytes_of({seq, kv_seq}, element_size(output_dtype(dtype)))
                                                            : 0;
   // A paged cache's block table is read too; its pages' padding is not.
   const std::size_t table = kv_cache == KvCache::Paged ? bytes_of({batch, pages_per_seq()}, 4) : 0;
-  const std::size_t q = q_bytes(), kv = kv_bytes();
+  const std::size_t q = q_bytes(), kv = kv_bytes(), o = o_bytes();
   const std::size_t kv_read = bytes_of({varlen() ? 1 : batch, kv_heads, kv_rows_read(), head_dim}, es);
   const std::size_t forward = sum({q, kv_read, kv_read, mask_bytes, table,  // Q, K, V (mask, table) in
-                                   q});                                     // O out
+                                   o});                                     // O out
   const std::size_t backward =
-      sum({q, q, q, kv_read, kv_read, lse_bytes(), mask_bytes,  // Q, O, dO, K, V, LSE (mask) in
+      sum({q, o, o, kv_read, kv_read, lse_bytes(), mask_bytes,  // Q, O, dO, K, V, LSE (mask) in
            q, kv, kv});                                         // dQ, dK, dV out
   switch (pass) {
     case Pass::Backward:
@@ -491,6 +503,8 @@ std::string Problem::file_stem() const {
     s += "_paged";
     s += std::to_string(page_size);
   }
+  // An FP8 run beside the bf16 one of its shape, whose error it is read against.
+  if (is_fp8(dtype)) s += "_fp8";
   if (varlen()) {
     // Two packed batches of one count and maximum differ in their lengths:
     // a hash of them keeps their files apart.
@@ -544,7 +558,9 @@ std::string Problem::describe() const {
     os << ", seq " << seq;
     if (kv_seq != seq) os << " (kv " << kv_seq << ")";
   }
-  os << ", head_dim " << head_dim << ", " << dtype_name(dtype) << ", " << mask_name(mask);
+  os << ", head_dim " << head_dim << ", " << dtype_name(dtype);
+  if (is_fp8(dtype)) os << " (e4m3 inputs with per-tensor descales, " << dtype_name(output_dtype(dtype)) << " output)";
+  os << ", " << mask_name(mask);
   if (mask == MaskKind::SlidingWindow) os << " " << window;
   if (softcap > 0) os << ", soft cap " << format_real(softcap);
   os << " on " << device_name(device);
@@ -558,6 +574,10 @@ std::string Problem::describe() const {
 }
 
 std::size_t Problem::q_bytes() const { return bytes_of({heads, total_q(), head_dim}, element_size(dtype)); }
+
+std::size_t Problem::o_bytes() const {
+  return bytes_of({heads, total_q(), head_dim}, element_size(output_dtype(dtype)));
+}
 
 std::size_t Problem::kv_bytes() const { return bytes_of({kv_heads, total_kv(), head_dim}, element_size(dtype)); }
 

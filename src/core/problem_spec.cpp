@@ -9,6 +9,7 @@
 
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
+#include "attnprof/reference.h"
 
 namespace attnprof {
 namespace {
@@ -71,7 +72,8 @@ const std::vector<std::pair<std::string_view, Setter>>& setters() {
       {"head_dim", [](Problem& p, auto f, auto t) { p.head_dim = parse_integer(f, t); }},
       {"dtype",
        [](Problem& p, auto f, auto t) {
-         p.dtype = named<DType>(f, t, parse_dtype, "fp32, fp16 or bf16 (or float32, float16, bfloat16)");
+         p.dtype = named<DType>(f, t, parse_dtype,
+                                "fp32, fp16, bf16 or fp8 (or float32, float16, bfloat16, e4m3, float8_e4m3fn)");
        }},
       {"device",
        [](Problem& p, auto f, auto t) {
@@ -192,6 +194,20 @@ const std::vector<std::string_view>& problem_fields() {
     return v;
   }();
   return names;
+}
+
+std::optional<double> fp8_descale_from_text(std::string_view text) {
+  constexpr std::string_view field = "fp8_descale";
+  if (text == "auto") return std::nullopt;
+  double v = 0;
+  try {
+    v = parse_real(field, text);
+  } catch (const Error&) {
+    refuse(field,
+           std::string(field) + " takes auto or a finite positive number (real = e4m3 x descale), got " + quoted(text));
+  }
+  check_fp8_descale(field, v);
+  return v;
 }
 
 std::string backend_choices(bool with_auto) {

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "attnprof/error.h"
@@ -43,8 +45,12 @@ Tensor random_tensor(const Dims& bhsd, DType dtype, Rng& rng, Allocator& allocat
   return bshd ? t.transpose(1, 2) : t;
 }
 
-// K and V of one (batch, kv head) widened to double: sampled rows come
-// sorted, so consecutive rows share them.
+// What a tensor's stored values are multiplied by to give the real ones: an
+// e4m3 tensor's descale, 1 for every other dtype.
+double real_factor(const Tensor& t, float descale) { return t.dtype() == DType::F8E4M3 ? descale : 1.0; }
+
+// K and V of one (batch, kv head) widened to double (real values: e4m3 ones
+// times their descales): sampled rows come sorted, so consecutive rows share them.
 struct KvHead {
   std::int64_t b = -1, hk = -1, D = 0;
   std::vector<double> k, v;  // [Skv, D]
@@ -57,10 +63,11 @@ struct KvHead {
     D = p.head_dim;
     k.resize(static_cast<std::size_t>(p.kv_seq * D));
     v.resize(k.size());
+    const double kf = real_factor(in.k, in.k_descale), vf = real_factor(in.v, in.v_descale);
     for (std::int64_t j = 0; j < p.kv_seq; ++j) {
       for (std::int64_t d = 0; d < D; ++d) {
-        k[static_cast<std::size_t>(j * D + d)] = in.k.get(tb, hk, j, d);
-        v[static_cast<std::size_t>(j * D + d)] = in.v.get(tb, hk, j, d);
+        k[static_cast<std::size_t>(j * D + d)] = kf * in.k.get(tb, hk, j, d);
+        v[static_cast<std::size_t>(j * D + d)] = vf * in.v.get(tb, hk, j, d);
       }
     }
   }
@@ -85,7 +92,8 @@ struct RowSoftmax {
     keep.resize(static_cast<std::size_t>(Skv));
     dcap.assign(static_cast<std::size_t>(Skv), 1.0);
     const double cap = p.softcap;
-    for (std::int64_t d = 0; d < D; ++d) q[static_cast<std::size_t>(d)] = in.q.get(b, h, i, d);
+    const double qf = real_factor(in.q, in.q_descale);
+    for (std::int64_t d = 0; d < D; ++d) q[static_cast<std::size_t>(d)] = qf * in.q.get(b, h, i, d);
     const double scale = p.softmax_scale();
     double mx = -std::numeric_limits<double>::infinity();
     bool any = false;
@@ -319,9 +327,85 @@ void make_pages(const Problem& p, Rng& rng, Allocator& allocator, Inputs& in) {
   in.v_pages = paged(in.v);
 }
 
+// A fresh tensor of `dtype` laid out as `like`: its strides, over storage of
+// their span (offset 0). make_inputs' tensors, contiguous or [B, S, H, D]
+// storage viewed as [B, H, S, D], span exactly their elements.
+Tensor empty_with_layout(const Tensor& like, DType dtype, Allocator& allocator) {
+  std::int64_t span = like.numel() > 0 ? 1 : 0;
+  for (int d = 0; d < 4 && span > 0; ++d) span += (like.size(d) - 1) * like.stride(d);
+  return Tensor::empty({1, 1, 1, span}, dtype, allocator).as_strided(like.sizes(), like.strides(), 0);
+}
+
+// `real` into the e4m3 tensor `stored` (same sizes): stored = e4m3(real /
+// descale), and what that cost.
+Fp8TensorQuantization quantize_tensor(std::string name, const Tensor& real, std::optional<double> fixed,
+                                      Tensor& stored) {
+  Fp8TensorQuantization t{.name = std::move(name), .elements = real.numel()};
+  const Dims& n = real.sizes();
+  const auto each = [&](auto f) {
+    for (std::int64_t a = 0; a < n[0]; ++a)
+      for (std::int64_t b = 0; b < n[1]; ++b)
+        for (std::int64_t c = 0; c < n[2]; ++c)
+          for (std::int64_t d = 0; d < n[3]; ++d) f(a, b, c, d);
+  };
+  each([&](auto a, auto b, auto c, auto d) { t.amax = std::max(t.amax, std::abs(double{real.get(a, b, c, d)})); });
+  t.descale = fixed ? *fixed : auto_fp8_descale(t.amax);
+  const double limit = max_finite(DType::F8E4M3);
+  auto* out = static_cast<std::uint8_t*>(stored.data());
+  each([&](auto a, auto b, auto c, auto d) {
+    const double x = real.get(a, b, c, d) / t.descale;
+    t.saturated += std::abs(x) > limit;
+    out[stored.index(a, b, c, d)] = float_to_e4m3(static_cast<float>(x));
+  });
+  return t;
+}
+
 }  // namespace
 
+Problem fp8_real_problem(const Problem& p) {
+  Problem r = p;
+  if (is_fp8(p.dtype)) r.dtype = DType::BF16;
+  return r;
+}
+
+double auto_fp8_descale(double amax) { return amax > 0 ? amax / max_finite(DType::F8E4M3) : 1.0; }
+
+void check_fp8_descale(std::string_view field, double descale) {
+  if (std::isfinite(descale) && descale > 0) return;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", descale);
+  fail(ErrorKind::InvalidArgument,
+       std::string(field) + " must be a finite positive number (the factor e4m3 values are multiplied by), got " + buf,
+       {std::string(field)});
+}
+
+Fp8Quantized quantize_inputs(const Problem& p, const Inputs& real, std::optional<double> fixed, Allocator& allocator) {
+  if (fixed) check_fp8_descale("fp8_descale", *fixed);
+  Fp8Quantized r;
+  r.in = real;  // the mask, bias, block table and key counts as they are
+  const auto quantize = [&](const char* name, const Tensor& x, Tensor& into, float& descale) {
+    into = empty_with_layout(x, DType::F8E4M3, allocator);
+    r.tensors.push_back(quantize_tensor(name, x, fixed, into));
+    descale = static_cast<float>(r.tensors.back().descale);
+  };
+  quantize("q", real.q, r.in.q, r.in.q_descale);
+  quantize("k", real.k, r.in.k, r.in.k_descale);
+  quantize("v", real.v, r.in.v, r.in.v_descale);
+  if (p.kv_cache == KvCache::Paged) {
+    // The pages hold K's and V's values (and zero padding): their tensor's descale.
+    for (auto [pages, into, descale] : {std::tuple{&real.k_pages, &r.in.k_pages, r.in.k_descale},
+                                        std::tuple{&real.v_pages, &r.in.v_pages, r.in.v_descale}}) {
+      *into = empty_with_layout(*pages, DType::F8E4M3, allocator);
+      (void)quantize_tensor("pages", *pages, descale, *into);
+    }
+  }
+  return r;
+}
+
 Inputs make_inputs(const Problem& p, std::uint64_t seed, Allocator& allocator, bool bshd) {
+  if (is_fp8(p.dtype)) {
+    return quantize_inputs(p, make_inputs(fp8_real_problem(p), seed, allocator, bshd), std::nullopt, allocator).in;
+  }
   Rng rng{seed * 0x2545f4914f6cdd1dull + 1};
   Inputs in;
   // A packed batch is laid out as FlashAttention's varlen functions take it,
@@ -454,7 +538,7 @@ ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Ten
 
 Tensor make_dout(const Problem& p, std::uint64_t seed, Allocator& allocator) {
   Rng rng{seed * 0x9e3779b97f4a7c15ull + 7};
-  return random_tensor(p.q_dims(), p.dtype, rng, allocator, false);
+  return random_tensor(p.q_dims(), output_dtype(p.dtype), rng, allocator, false);
 }
 
 RowSample sample_kv_rows(const Problem& p, std::int64_t max_rows) {
@@ -564,6 +648,15 @@ double tolerance_floor(DType dtype) {
       return 1e-3;
     case DType::BF16:
       return 5e-3;
+    case DType::F8E4M3:
+      // e4m3 keeps 3 mantissa bits: its unit roundoff (half the relative
+      // step at the top of a binade) is 2^-4. Rounding errors spread
+      // uniformly over +-u have an RMS of u / sqrt(3), the most one rounding
+      // of every element can add to a relative (RMS) error: 3.6e-2. The
+      // floor allows a backend one such rounding beyond what math pays for
+      // the inputs (P quantized to e4m3 for P V, as FlashAttention-3
+      // and cuDNN's FP8 graphs do), and the bf16 output's 2^-8 is inside it.
+      return 0x1p-4 / std::sqrt(3.0);
     default:
       return 0;
   }
@@ -584,7 +677,9 @@ Acceptance accept(DType dtype, const ErrorStats& e, std::optional<double> math_r
   a.tolerance = (dtype == DType::F32 || !math_rel) ? (dtype == DType::F32 ? floor : 2 * floor) : 2 * *math_rel + floor;
   a.pass = e.rel <= a.tolerance;
   if (dtype != DType::F32 && math_rel) {
-    std::snprintf(buf, sizeof buf, "rel %.2e %s 2 x %.2e (math) + %.0e", e.rel, a.pass ? "<=" : ">", *math_rel, floor);
+    std::snprintf(buf, sizeof buf,
+                  is_fp8(dtype) ? "rel %.2e %s 2 x %.2e (math) + %.1e" : "rel %.2e %s 2 x %.2e (math) + %.0e", e.rel,
+                  a.pass ? "<=" : ">", *math_rel, floor);
   } else {
     std::snprintf(buf, sizeof buf, "rel %.2e %s %.1e", e.rel, a.pass ? "<=" : ">", a.tolerance);
   }

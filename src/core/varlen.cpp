@@ -29,6 +29,9 @@ Inputs sequence_inputs(const Problem& p, const Inputs& in, std::int64_t b) {
   s.q = sequence_q_rows(p, in.q, b);
   s.k = sequence_kv_rows(p, in.k, b);
   s.v = sequence_kv_rows(p, in.v, b);
+  s.q_descale = in.q_descale;
+  s.k_descale = in.k_descale;
+  s.v_descale = in.v_descale;
   return s;
 }
 

@@ -261,6 +261,7 @@ AutoChoice choose_auto(const Problem& p) {
   RunOptions opt;
   opt.schedule = {.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
   opt.check_rows = 64;
+  opt.fp8_bf16_forward = false;  // timing only
   for (const Explanation& e : explain(p)) {
     if (!e.eligible) continue;
     Backend* b = find_backend(e.backend, p.device);

@@ -13,6 +13,7 @@
 #include "analysis/metrics.h"
 #include "attnprof/error.h"
 #include "attnprof/mask_tensor.h"
+#include "attnprof/reference.h"
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cuda/plugin.h"
 
@@ -46,9 +47,16 @@ std::string limit_note(Device d) {
 std::size_t input_bytes(const Problem& p) {
   std::size_t masks = 0;
   if (p.mask == MaskKind::Boolean) masks = static_cast<std::size_t>(p.seq * p.kv_seq);
-  if (p.mask == MaskKind::Bias) masks = static_cast<std::size_t>(p.seq * p.kv_seq) * element_size(p.dtype);
+  if (p.mask == MaskKind::Bias)
+    masks = static_cast<std::size_t>(p.seq * p.kv_seq) * element_size(output_dtype(p.dtype));
   // q, k, v, mask, O (and dO, dQ, dK, dV), and a paged cache's copies of K and V.
-  return 2 * p.q_bytes() + 2 * p.kv_bytes() + masks + p.gradient_bytes() + 2 * p.kv_page_bytes();
+  std::size_t n = p.q_bytes() + p.o_bytes() + 2 * p.kv_bytes() + masks + p.gradient_bytes() + 2 * p.kv_page_bytes();
+  // FP8: the real (bf16) values stay beside their e4m3 copies for the check.
+  if (is_fp8(p.dtype)) {
+    const Problem real = fp8_real_problem(p);
+    n += real.q_bytes() + 2 * real.kv_bytes() + 2 * real.kv_page_bytes();
+  }
+  return n;
 }
 
 // What one call of the pass reads and writes: the inputs and O always; for
@@ -184,6 +192,41 @@ void check_gradients(const Problem& p, const Inputs& host, const Tensor& host_do
   r.error = *worst;
 }
 
+// An FP8 run's yardstick: the same backend's forward on the real (bf16)
+// inputs the FP8 ones were quantized from, checked against float64 the same
+// way but not profiled, so the table can show what FP8 adds to its error.
+// Where the backend takes no bf16, or the forward cannot run, the record
+// says why instead.
+void check_bf16_forward(Backend& backend, const Problem& p, const Inputs& host_real, DeviceRuntime& rt,
+                        const RunOptions& options, Fp8Record& record) {
+  const Problem real = fp8_real_problem(p);
+  const std::string name(backend.name());
+  if (const Eligibility e = eligibility_of(backend, real); !e.eligible) {
+    record.bf16_note = name + " takes no bf16 inputs here: " + e.reason;
+    return;
+  }
+  const double need = static_cast<double>(input_bytes(real) + backend.workspace_bytes(real));
+  if (need > 0.9 * static_cast<double>(rt.available_bytes())) {
+    record.bf16_note = "the bf16 forward was skipped: it needs about " + gib(need) + " on " + device_name(p.device);
+    return;
+  }
+  try {
+    if (options.progress) options.progress(name + ": the bf16 forward on the same real inputs, for its error");
+    Inputs in = rt.upload(host_real);
+    Tensor out = Tensor::empty(real.q_dims(), real.dtype, rt.allocator());
+    rt.poison(out);
+    RunContext ctx{rt.allocator(), rt.stream(), options.threads};
+    backend.forward(real, in, out, ctx);
+    rt.synchronize();
+    record.bf16_error =
+        check_against_reference(real, host_real, rt.download(out), sample_rows(real, options.check_rows));
+  } catch (const Error& e) {
+    record.bf16_note = std::string("the bf16 forward failed: ") + e.what();
+  } catch (const std::bad_alloc&) {
+    record.bf16_note = "the bf16 forward ran out of host memory";
+  }
+}
+
 }  // namespace
 
 // The device's matrix-product ceiling: measured once, unless
@@ -233,14 +276,29 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
                                        ": use a smaller batch, heads or seq");
     }
     if (options.progress) options.progress(r.backend + ": preparing inputs (" + p.describe() + ")");
-    Inputs host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);
-    if (options.mask.defined()) attach_mask(p, options.mask, host, "the mask file");
+    // FP8: the real values a bf16 run of this shape and seed draws (what the
+    // float64 check reads), and their e4m3 copies (what the backend reads).
+    Inputs host, host_real;
+    if (is_fp8(p.dtype)) {
+      const Problem real = fp8_real_problem(p);
+      host_real = make_inputs(real, options.seed, cpu_allocator(), options.bshd_inputs);
+      if (options.mask.defined()) attach_mask(real, options.mask, host_real, "the mask file");
+      Fp8Quantized q = quantize_inputs(p, host_real, options.fp8_descale, cpu_allocator());
+      host = std::move(q.in);
+      r.fp8.emplace();
+      r.fp8->tensors = std::move(q.tensors);
+      r.fp8->auto_descale = !options.fp8_descale;
+    } else {
+      host = make_inputs(p, options.seed, cpu_allocator(), options.bshd_inputs);
+      if (options.mask.defined()) attach_mask(p, options.mask, host, "the mask file");
+    }
     PassTensors t;
     t.in = rt.upload(host);
     // p.q_dims() and p.kv_dims(): [B, H, S, D] and [B, Hkv, Skv, D], or a
-    // packed batch's [1, H, total_q, D] and [1, Hkv, total_kv, D].
+    // packed batch's [1, H, total_q, D] and [1, Hkv, total_kv, D]; O and the
+    // gradients in the output's dtype (bf16 for fp8 inputs).
     const auto empty = [&](const Dims& dims) {
-      Tensor x = Tensor::empty(dims, p.dtype, rt.allocator());
+      Tensor x = Tensor::empty(dims, output_dtype(p.dtype), rt.allocator());
       rt.poison(x);
       return x;
     };
@@ -270,7 +328,8 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
 
     if (options.progress) options.progress(r.backend + ": checking against float64");
     if (p.pass == Pass::Forward) {
-      r.error = check_against_reference(p, host, rt.download(t.out), sample_rows(p, options.check_rows));
+      r.error =
+          check_against_reference(p, r.fp8 ? host_real : host, rt.download(t.out), sample_rows(p, options.check_rows));
     } else {
       check_gradients(p, host, host_dout, t, rt, options.check_rows, r);
     }
@@ -294,6 +353,10 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       r.metrics.host_time_unprofiled_us = unprofiled->p50;
       r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;
       r.metrics.host_time_unprofiled_p90_us = unprofiled->p90;
+    }
+    if (r.fp8 && options.fp8_bf16_forward) {
+      t = {};  // the FP8 run's tensors go before the bf16 forward's are made
+      check_bf16_forward(backend, p, host_real, rt, options, *r.fp8);
     }
   } catch (const Error& e) {
     r.failure = e.what();

@@ -18,6 +18,9 @@ constexpr auto kFloat = static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float)
 constexpr auto kBfloat = static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat);
 constexpr auto kInt = static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int);
 constexpr auto kBool = static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bool);
+// DLPack 1.1's kDLFloat8_e4m3fn (torch.float8_e4m3fn exports it), which this
+// nanobind's dtype_code does not name.
+constexpr std::uint8_t kFloat8E4m3fn = 10;
 
 // A DLPack producer can claim any shape: sizes past what an int64 offset can
 // address are refused before any arithmetic on them, and so is an empty
@@ -83,9 +86,10 @@ DType dtype_of(const char* name, const Array& a) {
     if (t.bits == 16) return DType::F16;
   }
   if (t.lanes == 1 && t.bits == 16 && t.code == kBfloat) return DType::BF16;
+  if (t.lanes == 1 && t.bits == 8 && t.code == kFloat8E4m3fn) return DType::F8E4M3;
   fail(ErrorKind::InvalidArgument, std::string(name) + " has a dtype attnprof does not take (DLPack code " +
                                        std::to_string(t.code) + ", " + std::to_string(t.bits) +
-                                       " bits): use float32, float16 or bfloat16");
+                                       " bits): use float32, float16, bfloat16 or float8_e4m3fn");
 }
 
 std::string dims_of(const Array& a) {

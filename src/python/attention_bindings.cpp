@@ -31,10 +31,12 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
                       const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                       std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap,
                       const std::optional<In>& attn_mask, const std::optional<In>& block_table,
-                      const std::optional<In>& seq_lens) {
+                      const std::optional<In>& seq_lens, std::optional<double> q_descale,
+                      std::optional<double> k_descale, std::optional<double> v_descale) {
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
                           Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens)});
+  set_descales(c, q_descale, k_descale, v_descale);  // per call: not part of the cached preparation
   run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
   return std::string(c.backend->name());
 }
@@ -155,7 +157,10 @@ void bind_attention(nb::module_& m) {
         nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
         nb::arg("softcap").none() = nb::none(), nb::arg("attn_mask").noconvert().none() = nb::none(),
         nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
-        "softmax(scale * q k^T + mask) v into `out`, no copies; returns the backend that ran");
+        nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(),
+        nb::arg("v_descale").none() = nb::none(),
+        "softmax(scale * q k^T + mask) v into `out`, no copies (fp8 inputs: real = e4m3 x descale, out bf16); "
+        "returns the backend that ran");
 
   m.def("attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"),

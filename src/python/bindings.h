@@ -115,6 +115,11 @@ struct Call {
   Gradients gradients(const Array& dq, const Array& dk, const Array& dv, bool bshd) const;
 };
 
+// FP8 inputs' per-tensor descales (real = e4m3 x descale) onto a prepared
+// call: each given one finite and positive, 1 where not given; refused for
+// inputs of another dtype.
+void set_descales(Call& c, std::optional<double> q, std::optional<double> k, std::optional<double> v);
+
 // The last step of every prepare: the backend (for the pass's use) and the
 // context on the caller's stream.
 Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, std::uintptr_t stream, int threads);

@@ -3,6 +3,7 @@
 // both.
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -15,6 +16,7 @@
 #include "attnprof/error.h"
 #include "attnprof/mask_tensor.h"
 #include "attnprof/problem_spec.h"
+#include "attnprof/reference.h"
 #include "python/bindings.h"
 
 namespace attnprof::python {
@@ -154,13 +156,35 @@ Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, s
               RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
 }
 
+void set_descales(Call& c, std::optional<double> q, std::optional<double> k, std::optional<double> v) {
+  const std::pair<const char*, std::optional<double>> given[] = {{"q_descale", q}, {"k_descale", k}, {"v_descale", v}};
+  float* slots[] = {&c.in.q_descale, &c.in.k_descale, &c.in.v_descale};
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& [name, d] = given[i];
+    if (!d) {
+      *slots[i] = 1.0f;
+      continue;
+    }
+    if (!is_fp8(c.p.dtype)) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " applies to fp8 (float8_e4m3fn) inputs only; q is " +
+                                           std::string(dtype_name(c.p.dtype)));
+    }
+    check_fp8_descale(name, *d);
+    const float f = static_cast<float>(*d);
+    if (!(std::isfinite(f) && f > 0)) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " is beyond float32's range (the kernels take a float)");
+    }
+    *slots[i] = f;
+  }
+}
+
 Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& a, const Extras& x) {
   check_threads(a.threads);
   const Device device = device_of("q", q);
   const DType dtype = dtype_of("q", q);
   require_like_q("k", k, q, device, dtype);
   require_like_q("v", v, q, device, dtype);
-  require_like_q("out", out, q, device, dtype);
+  require_like_q("out", out, q, device, output_dtype(dtype));  // bf16 for fp8 inputs
   const bool paged = x.block_table || x.seq_lens;
   if (paged && x.attn_mask) {
     fail(ErrorKind::InvalidArgument,
@@ -171,7 +195,7 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
   }
   Inputs in;
   in.q = view_of("q", q, a.bshd, device, dtype);
-  Tensor o = view_of("out", out, a.bshd, device, dtype);
+  Tensor o = view_of("out", out, a.bshd, device, output_dtype(dtype));
   require_writable_layout("out", o);
   for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
 
@@ -390,9 +414,9 @@ Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array&
   in.v = view_on(v, e.views[2], dtype, device);
   if (x.attn_mask) {
     (e.p.mask == MaskKind::Boolean ? in.mask : in.bias) =
-        view_on(*x.attn_mask, e.mask, e.p.mask == MaskKind::Boolean ? DType::Bool : dtype, device);
+        view_on(*x.attn_mask, e.mask, e.p.mask == MaskKind::Boolean ? DType::Bool : output_dtype(dtype), device);
   }
-  Tensor o = view_on(out, e.views[3], dtype, device);
+  Tensor o = view_on(out, e.views[3], output_dtype(dtype), device);
   DeviceRuntime& rt = runtime_for(device, a.threads);
   return Call{std::move(e.p), std::move(in), std::move(o), e.backend,
               RunContext{rt.allocator(), reinterpret_cast<void*>(a.stream), a.threads}};

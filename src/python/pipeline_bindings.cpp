@@ -83,8 +83,15 @@ auto interruptible(Work&& work) {
 PipelineOptions make_options(const std::optional<std::string>& trace_dir, const std::optional<std::string>& json_path,
                              std::uint64_t seed, int threads, bool bshd, std::int64_t check_rows,
                              std::tuple<int, int, int, int> schedule, int unprofiled_calls,
-                             const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
+                             const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit,
+                             const Problem& p, const std::optional<std::string>& fp8_descale) {
   PipelineOptions o;
+  if (fp8_descale) {
+    if (!is_fp8(p.dtype)) {
+      fail(ErrorKind::InvalidArgument, "fp8_descale applies to dtype fp8 only", {"fp8_descale"});
+    }
+    o.run.fp8_descale = fp8_descale_from_text(*fp8_descale);
+  }
   o.run.seed = seed;
   o.run.threads = threads;
   o.run.bshd_inputs = bshd;
@@ -153,30 +160,33 @@ void bind_pipeline(nb::module_& m) {
       [](const Problem& p, const std::vector<std::string>& only, const std::optional<std::string>& trace_dir,
          const std::optional<std::string>& json_path, std::uint64_t seed, int threads, bool bshd,
          std::int64_t check_rows, std::tuple<int, int, int, int> schedule, int unprofiled_calls,
-         const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
+         const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit,
+         const std::optional<std::string>& fp8_descale) {
         for (const auto& b : only) check_backend_name("backends", b, /*auto_ok=*/false);
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
-                                               unprofiled_calls, expect, sort_by, row_limit);
+                                               unprofiled_calls, expect, sort_by, row_limit, p, fp8_descale);
         return after_runtime_use([&] { return interruptible([&] { return compare(p, o, only); }); });
       },
       nb::arg("problem"), nb::arg("backends"), nb::arg("trace_dir").none(), nb::arg("json_path").none(),
       nb::arg("seed"), nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"),
-      nb::arg("unprofiled_calls"), nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"));
+      nb::arg("unprofiled_calls"), nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"),
+      nb::arg("fp8_descale").none() = nb::none());
 
   m.def(
       "profile",
       [](const Problem& p, const std::string& backend, const std::optional<std::string>& trace_dir,
          const std::optional<std::string>& json_path, std::uint64_t seed, int threads, bool bshd,
          std::int64_t check_rows, std::tuple<int, int, int, int> schedule, int unprofiled_calls,
-         const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit) {
+         const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit,
+         const std::optional<std::string>& fp8_descale) {
         check_backend_name("backend", backend, /*auto_ok=*/true);
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
-                                               unprofiled_calls, expect, sort_by, row_limit);
+                                               unprofiled_calls, expect, sort_by, row_limit, p, fp8_descale);
         return after_runtime_use([&] { return interruptible([&] { return profile(p, backend, o); }); });
       },
       nb::arg("problem"), nb::arg("backend"), nb::arg("trace_dir").none(), nb::arg("json_path").none(), nb::arg("seed"),
       nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"), nb::arg("unprofiled_calls"),
-      nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"));
+      nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"), nb::arg("fp8_descale").none() = nb::none());
 
   // explain: (the --json document, the table, the device's description).
   m.def(

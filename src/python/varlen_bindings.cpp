@@ -108,6 +108,11 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   const Array q = array_of(q_in), k = array_of(k_in), v = array_of(v_in), out = array_of(out_in);
   const Device device = device_of("q", q);
   const DType dtype = dtype_of("q", q);
+  if (is_fp8(dtype)) {
+    fail(ErrorKind::Unsupported,
+         "fp8 (float8_e4m3fn) inputs take a dense call here: packed batches (cu_seqlens) in fp8 are not built for "
+         "Python calls yet");
+  }
   require_like_q("k", k, q, device, dtype);
   require_like_q("v", v, q, device, dtype);
   require_like_q("out", out, q, device, dtype);

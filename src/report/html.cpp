@@ -305,11 +305,14 @@ std::string read_file(const std::filesystem::path& p) {
 
 double html_bytes_moved(const RunResult& r) {
   const Problem& p = r.problem;
-  double bytes = 2.0 * static_cast<double>(p.q_bytes()) + 2.0 * static_cast<double>(p.kv_bytes());
+  double bytes =
+      static_cast<double>(p.q_bytes()) + static_cast<double>(p.o_bytes()) + 2.0 * static_cast<double>(p.kv_bytes());
   if (r.metrics.ops_per_forward >= 3) {  // a decomposed forward: the scores go through memory
     const double elements = static_cast<double>(p.batch) * static_cast<double>(p.heads) * static_cast<double>(p.seq) *
                             static_cast<double>(p.kv_seq);
-    const double element = r.traits.reference_precision ? 4.0 : static_cast<double>(element_size(p.dtype));
+    // FP8's composites compute in FP32 after dequantizing.
+    const double element =
+        r.traits.reference_precision || is_fp8(p.dtype) ? 4.0 : static_cast<double>(element_size(p.dtype));
     bytes += (8.0 + 2.0 * r.metrics.copies_per_forward) * elements * element;
   }
   return bytes;

@@ -39,6 +39,9 @@ std::string compare_table(const std::vector<RunResult>& results) {
                                      "CPU/call",     "peak mem",
                                      "TFLOP/s",      "% ceiling",
                                      "rel error",    "occupancy"};
+  // FP8: each backend's error on the same real inputs in bf16, beside its FP8 one.
+  const bool fp8 = !results.empty() && is_fp8(results.front().problem.dtype);
+  if (fp8) header.insert(header.begin() + 9, "bf16 error");
   // --gpus: each GPU's busy time, a column only when a run was sharded.
   const bool per_rank = std::any_of(results.begin(), results.end(),
                                     [](const RunResult& r) { return !r.metrics.device_time_per_rank_us.empty(); });
@@ -48,6 +51,7 @@ std::string compare_table(const std::vector<RunResult>& results) {
     Row row;
     if (!r.eligibility.eligible || r.failure) {
       row.cells = {r.backend, "-", "-", "-", "-", "-", "-", "-", "-", "-"};
+      if (fp8) row.cells.push_back("-");
       if (per_rank) row.cells.push_back("-");
       row.findings = {r.failure ? "failed: " + *r.failure : r.eligibility.reason};
       rows.push_back(row);
@@ -67,6 +71,10 @@ std::string compare_table(const std::vector<RunResult>& results) {
                  opt_num("%.1f%%", m.ceiling_pct),
                  err,
                  opt_num("%.0f%%", m.occupancy_pct)};
+    if (fp8) {
+      const auto& bf16 = r.fp8 ? r.fp8->bf16_error : std::nullopt;
+      row.cells.insert(row.cells.begin() + 9, bf16 ? format("%.2e", bf16->rel) + (bf16->nan_rows ? " NaN" : "") : "-");
+    }
     if (per_rank) {
       std::string ranks;
       for (double us : m.device_time_per_rank_us) ranks += (ranks.empty() ? "" : " / ") + time_str(us);
@@ -129,7 +137,9 @@ std::string profile_summary(const RunResult& r) {
                     (m.tflops ? format(", %.3g TFLOP/s", *m.tflops) : std::string()) + "\n";
   if (r.error && r.acceptance) {
     out += std::string("error vs float64") + (r.gradient_errors ? " (the worst of dQ, dK and dV)" : "") + ": " +
-           (r.acceptance->pass ? "ok" : "OVER TOLERANCE") + " (" + r.acceptance->why + ")\n";
+           (r.acceptance->pass ? "ok" : "OVER TOLERANCE") + " (" + r.acceptance->why + ")";
+    if (r.fp8 && r.fp8->bf16_error) out += format(" (bf16 on the same real inputs: %.2e)", r.fp8->bf16_error->rel);
+    out += "\n";
   }
   for (const auto& f : r.findings) out += "- " + f.text + "\n";
   return out;
@@ -249,6 +259,25 @@ nlohmann::json result_json(const RunResult& r) {
         {"dq", grad(r.gradient_errors->dq)}, {"dk", grad(r.gradient_errors->dk)}, {"dv", grad(r.gradient_errors->dv)}};
   } else {
     j["gradient_errors"] = nullptr;
+  }
+  // FP8: the inputs' quantization, and the same backend's error on the real (bf16) inputs.
+  if (r.fp8) {
+    json tensors = json::array();
+    for (const auto& t : r.fp8->tensors) {
+      tensors.push_back({{"name", t.name},
+                         {"descale", t.descale},
+                         {"amax", t.amax},
+                         {"saturated", t.saturated},
+                         {"elements", t.elements}});
+    }
+    const auto& b = r.fp8->bf16_error;
+    j["fp8"] = {{"auto_descale", r.fp8->auto_descale},
+                {"tensors", std::move(tensors)},
+                {"bf16_rel_error", b ? json(b->rel) : json(nullptr)},
+                {"bf16_max_abs_error", b ? json(b->max_abs) : json(nullptr)},
+                {"bf16_note", r.fp8->bf16_note.empty() ? json(nullptr) : json(r.fp8->bf16_note)}};
+  } else {
+    j["fp8"] = nullptr;
   }
   j["findings"] = json::array();
   for (const auto& f : r.findings) j["findings"].push_back(finding_json(f));

@@ -62,6 +62,7 @@ TEST(Normalize, PyTorchDtypeNames) {
     EXPECT_EQ(normalize_dtype(s), "bf16") << s;
   }
   for (const char* s : {"c10::Half", "Half", "fp16", "float16"}) EXPECT_EQ(normalize_dtype(s), "fp16") << s;
+  for (const char* s : {"c10::Float8_e4m3fn", "Float8_e4m3fn", "fp8"}) EXPECT_EQ(normalize_dtype(s), "fp8") << s;
   for (const char* s : {"float", "Float", "fp32", "float32"}) EXPECT_EQ(normalize_dtype(s), "fp32") << s;
   EXPECT_EQ(normalize_dtype("double"), "fp64");
   EXPECT_EQ(normalize_dtype("long int"), "int64");

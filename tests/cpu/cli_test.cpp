@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -156,7 +157,19 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"kv_heads_more", p({"--kv-heads", "16", "--heads", "8"}), "--kv-heads"},
         BadArgs{"unknown_backend", {"profile", "--backend", "turbo", "--device", "cpu"}, "turbo"},
         BadArgs{"unknown_backends", {"compare", "--backends", "naive,turbo", "--device", "cpu"}, "turbo"},
-        BadArgs{"unknown_dtype", p({"--dtype", "fp8"}), "fp8"},
+        BadArgs{"unknown_dtype", p({"--dtype", "fp4"}), "fp4"},
+        // issue 24: FP8's bad input, one line each, nothing written.
+        BadArgs{"fp8_descale_zero", p({"--dtype", "fp8", "--fp8-descale", "0"}),
+                "--fp8-descale must be a finite positive number"},
+        BadArgs{"fp8_descale_negative", p({"--dtype", "fp8", "--fp8-descale", "-0.5"}),
+                "--fp8-descale must be a finite positive number"},
+        BadArgs{"fp8_descale_nan", p({"--dtype", "fp8", "--fp8-descale", "nan"}), "--fp8-descale takes auto or"},
+        BadArgs{"fp8_descale_inf", p({"--dtype", "fp8", "--fp8-descale", "inf"}), "--fp8-descale takes auto or"},
+        BadArgs{"fp8_descale_text", p({"--dtype", "fp8", "--fp8-descale", "big"}), "--fp8-descale takes auto or"},
+        BadArgs{"fp8_descale_without_fp8", p({"--fp8-descale", "0.01"}), "--fp8-descale applies to --dtype fp8"},
+        BadArgs{"fp8_backward", p({"--dtype", "fp8", "--pass", "backward"}),
+                "--dtype fp8 is forward only (e4m3 inputs, bf16 output): use --pass forward"},
+        BadArgs{"fp8_train", p({"--dtype", "e4m3", "--pass", "train"}), "--dtype fp8 is forward only"},
         BadArgs{"unknown_mask", p({"--mask", "diagonal"}), "diagonal"},
         BadArgs{"unknown_device", p({"--device", "tpu"}), "tpu"},
         BadArgs{"unknown_layout", p({"--layout", "sbhd"}), "sbhd"},
@@ -613,6 +626,75 @@ TEST(Cli, PackedBatchRunsAndSaysWhatThePaddingWouldCost) {
   bool named = false;
   for (const auto& name : listing(t)) named |= name.find("_varlen344_") != std::string::npos;
   EXPECT_TRUE(named) << "trace files do not name the packed batch";
+}
+
+// issue 24: an FP8 compare end to end: e4m3 inputs, the composites within
+// the FP8 tolerance, the bf16 error beside each, the descales in the
+// findings, files of their own, and the JSON's fp8 record.
+TEST(Cli, Fp8CompareShowsTheErrorBesideBf16s) {
+  TempDir dir;
+  const fs::path t = dir.path() / "traces";
+  const fs::path json = dir.path() / "c.json";
+  const CliRun r =
+      attnprof({"compare", "--device", "cpu",         "--dtype",     "fp8",      "--batch",  "1", "--heads",
+                "2",       "--seq",    "96",          "--threads",   "1",        "--active", "1", "--warmup",
+                "0",       "--json",   json.string(), "--trace-dir", t.string(), "--quiet"},
+               dir);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("fp8 (e4m3 inputs with per-tensor descales, bf16 output)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bf16 error"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(amax / 448 per tensor): error "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp8 (e4m3) inputs are not built for flash on cpu"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(slurp(json));
+  EXPECT_EQ(j["problem"]["dtype"], "fp8");
+  int ran = 0;
+  for (const auto& res : j["results"]) {
+    const std::string b = res["backend"];
+    if (b != "naive" && b != "naive_inplace" && b != "math") {
+      EXPECT_TRUE(res["fp8"].is_null()) << b;
+      continue;
+    }
+    ++ran;
+    EXPECT_EQ(res["accepted"], true) << b;
+    ASSERT_TRUE(res["fp8"].is_object()) << b;
+    EXPECT_EQ(res["fp8"]["tensors"].size(), 3u);
+    EXPECT_EQ(res["fp8"]["auto_descale"], true);
+    EXPECT_LT(res["fp8"]["bf16_rel_error"].get<double>(), res["rel_error"].get<double>()) << b;
+    EXPECT_NEAR(res["fp8"]["tensors"][1]["descale"].get<double>(), res["fp8"]["tensors"][1]["amax"].get<double>() / 448,
+                1e-12);
+  }
+  EXPECT_EQ(ran, 3);
+  bool named = false;
+  for (const auto& name : listing(t)) named |= name.find("1_2_96_64_fp8_math") != std::string::npos;
+  EXPECT_TRUE(named) << "trace files do not name the fp8 run";
+
+  // A fixed descale that saturates: a warning naming the tensor, its amax and the share.
+  const CliRun sat =
+      attnprof({"profile", "--backend", "math", "--device", "cpu", "--dtype",     "fp8",      "--fp8-descale",
+                "0.001",   "--batch",   "1",    "--heads",  "2",   "--seq",       "64",       "--threads",
+                "1",       "--active",  "1",    "--warmup", "0",   "--trace-dir", t.string(), "--quiet"},
+               dir);
+  EXPECT_NE(sat.out.find("fp8 overflow: k's values reach "), std::string::npos) << sat.out << sat.err;
+  EXPECT_NE(sat.out.find("saturated to +-448 x descale"), std::string::npos) << sat.out;
+  EXPECT_NE(sat.out.find("descales q 0.001, k 0.001, v 0.001 (fixed)"), std::string::npos) << sat.out;
+
+  // A backend that takes no fp8: one line, exit 2 is for flags; this is the problem's.
+  const CliRun flash = attnprof({"profile", "--backend", "flash", "--device", "cpu", "--dtype", "fp8", "--seq", "64",
+                                 "--trace-dir", t.string(), "--quiet"},
+                                dir);
+  EXPECT_NE(flash.code, 0);
+  EXPECT_NE(flash.err.find("fp8 (e4m3) inputs are not built for flash on cpu"), std::string::npos) << flash.err;
+  EXPECT_EQ(std::count(flash.err.begin(), flash.err.end(), '\n'), 1) << flash.err;
+}
+
+TEST(Cli, HelpTeachesFp8) {
+  TempDir dir;
+  const CliRun r = attnprof({"compare", "--help"}, dir);
+  ASSERT_EQ(r.code, 0);
+  for (const char* w :
+       {"fp32, fp16, bf16 or fp8", "--fp8-descale X", "amax / 448", "the output is bf16", "2^-4 / sqrt 3"}) {
+    EXPECT_NE(r.out.find(w), std::string::npos) << "compare --help lacks " << w;
+  }
 }
 
 TEST(Cli, HelpTeachesSeqLens) {

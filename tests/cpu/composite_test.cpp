@@ -26,7 +26,7 @@ using OpNames = std::vector<std::string>;
 
 constexpr MaskKind kMasks[] = {MaskKind::None,          MaskKind::Causal,  MaskKind::CausalBottomRight,
                                MaskKind::SlidingWindow, MaskKind::Boolean, MaskKind::Bias};
-constexpr DType kDtypes[] = {DType::F32, DType::F16, DType::BF16};
+constexpr DType kDtypes[] = {DType::F32, DType::F16, DType::BF16, DType::F8E4M3};
 const char* const kNames[] = {"naive", "naive_inplace", "math"};
 
 Problem problem(Device d, DType dt, MaskKind mask) {
@@ -134,6 +134,37 @@ TEST(Composite, SequencesPerMask) {
             (OpNames{"to", "to", "to", "mul", "mul", "matmul", "add_", "_safe_softmax", "matmul", "to"}));
   EXPECT_EQ(cuda_expectation("math", problem(Device::Cuda, DType::BF16, MaskKind::SlidingWindow)).device_activities,
             17);
+}
+
+// FP8 semantics: q, k and v dequantized to FP32, the FP32 problem's ops
+// (math without its upcasts), and O cast to bf16; one kernel each on a GPU.
+TEST(Composite, Fp8DequantizesThenRunsTheFp32Path) {
+  const auto ops = [](const char* name, MaskKind mask, DType dt) {
+    return cuda_expectation(name, problem(Device::Cuda, dt, mask)).cpu_ops;
+  };
+  const OpNames dequantize{"dequantize", "dequantize", "dequantize"};
+  for (const char* name : kNames) {
+    for (MaskKind mask : kMasks) {
+      OpNames want = dequantize;
+      const OpNames fp32 = ops(name, mask, DType::F32);
+      want.insert(want.end(), fp32.begin(), fp32.end());
+      want.push_back("to");
+      EXPECT_EQ(ops(name, mask, DType::F8E4M3), want) << name << " " << mask_name(mask);
+    }
+  }
+  const Problem pg = problem(Device::Cuda, DType::F8E4M3, MaskKind::Causal);
+  EXPECT_EQ(cuda_expectation("naive", pg).device_activities, 6 + 4);
+  EXPECT_EQ(cuda_expectation("math", pg).device_activities,
+            cuda_expectation("math", problem(Device::Cuda, DType::F32, MaskKind::Causal)).device_activities + 4);
+  for (Device d : {Device::Cpu, Device::Cuda}) {
+    for (const std::string name : kNames) {
+      const Problem p = problem(d, DType::F8E4M3, MaskKind::Causal);
+      EXPECT_TRUE(planned(name, d)->traits().fp8) << name;
+      const Eligibility e = eligibility_of(*planned(name, d), p);
+      EXPECT_TRUE(e.eligible) << name << ": " << e.reason;
+      EXPECT_NE(e.reason.find("FP8 semantics"), std::string::npos) << e.reason;
+    }
+  }
 }
 
 // The structural mask is naive's registered buffer: built in the plan's warmup

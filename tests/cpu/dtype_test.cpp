@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -204,8 +205,111 @@ TEST(DType, LoadAndStoreThroughFloat) {
   EXPECT_EQ(parse_dtype("bf16"), DType::BF16);
   EXPECT_EQ(parse_dtype("float16"), DType::F16);
   EXPECT_EQ(parse_dtype("fp32"), DType::F32);
-  EXPECT_FALSE(parse_dtype("fp8").has_value());
+  for (const char* fp8 : {"fp8", "e4m3", "float8_e4m3fn"}) EXPECT_EQ(parse_dtype(fp8), DType::F8E4M3) << fp8;
+  EXPECT_FALSE(parse_dtype("fp4").has_value());
+  EXPECT_FALSE(parse_dtype("float8_e5m2").has_value());
   EXPECT_FALSE(parse_dtype("bool").has_value());
+  std::uint8_t b[2] = {};
+  store_from_float(b, DType::F8E4M3, 1, 1.0f + 0x1p-4f);  // a tie: to the even 1.0
+  EXPECT_EQ(b[1], 0x38);
+  EXPECT_EQ(load_as_float(b, DType::F8E4M3, 1), 1.0f);
+}
+
+// ---- e4m3 (OCP e4m3fn) -------------------------------------------------------
+
+// Every finite e4m3 value and its bits, from the format's definition written
+// out plainly: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0
+// subnormal (m x 2^-9); S.1111.111 the NaNs; no infinities.
+struct E4m3Value {
+  std::uint8_t bits;
+  double value;
+};
+
+std::vector<E4m3Value> finite_e4m3() {
+  std::vector<E4m3Value> out;
+  for (int b = 0; b < 256; ++b) {
+    const int e = (b >> 3) & 0xf, m = b & 7;
+    if (e == 15 && m == 7) continue;
+    const double mag = e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
+    out.push_back({static_cast<std::uint8_t>(b), (b & 0x80) ? -mag : mag});
+  }
+  return out;
+}
+
+// The nearest finite e4m3 value by search over the magnitudes, ties to the
+// even mantissa, past 448 the largest (saturation), then x's sign: what
+// float_to_e4m3 must give.
+std::uint8_t nearest_e4m3(const std::vector<E4m3Value>& all, double x) {
+  const std::uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const double a = std::abs(x);
+  if (a > 448.0) return sign | 0x7e;
+  const E4m3Value* best = nullptr;
+  for (const E4m3Value& v : all) {
+    if (v.bits & 0x80) continue;
+    const double d = std::abs(a - v.value);
+    if (best == nullptr || d < std::abs(a - best->value) || (d == std::abs(a - best->value) && (v.bits & 1) == 0)) {
+      best = &v;
+    }
+  }
+  return sign | best->bits;
+}
+
+TEST(E4m3, EveryValueRoundTripsAndTheNaNsStayNaN) {
+  for (int b = 0; b < 256; ++b) {
+    const auto bits = static_cast<std::uint8_t>(b);
+    const float f = e4m3_to_float(bits);
+    if ((b & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(f)) << b;
+      EXPECT_EQ(float_to_e4m3(f) & 0x7f, 0x7f) << b;
+      continue;
+    }
+    EXPECT_EQ(float_to_e4m3(f), bits) << b << " = " << f;
+  }
+  for (const E4m3Value& v : finite_e4m3()) EXPECT_EQ(double{e4m3_to_float(v.bits)}, v.value) << int{v.bits};
+  EXPECT_EQ(e4m3_to_float(0x7e), 448.0f);
+  EXPECT_EQ(e4m3_to_float(0x01), 0x1p-9f);
+  EXPECT_EQ(max_finite(DType::F8E4M3), 448.0);
+  EXPECT_EQ(element_size(DType::F8E4M3), 1u);
+  EXPECT_EQ(output_dtype(DType::F8E4M3), DType::BF16);
+  EXPECT_EQ(output_dtype(DType::F16), DType::F16);
+}
+
+// Round to nearest even against the search, at every value, every midpoint
+// between neighbours and the floats either side of it, and points between;
+// past 448 saturating (as cvt.rn.satfinite does), infinities included.
+TEST(E4m3, RoundsToNearestEvenAndSaturatesAsTheSearchSays) {
+  const std::vector<E4m3Value> all = finite_e4m3();
+  std::vector<double> mags;
+  for (const E4m3Value& v : all) {
+    if (!(v.bits & 0x80)) mags.push_back(v.value);
+  }
+  std::sort(mags.begin(), mags.end());
+  mags.push_back(480.0);  // where the next value would be: everything up to it and past
+  std::vector<float> xs;
+  for (std::size_t i = 0; i + 1 < mags.size(); ++i) {
+    const float lo = static_cast<float>(mags[i]), hi = static_cast<float>(mags[i + 1]);
+    const float mid = static_cast<float>((mags[i] + mags[i + 1]) / 2);  // exact in FP32
+    for (const float x : {lo, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f), std::nextafter(lo, 1e9f)})
+      xs.push_back(x);
+    for (int k = 1; k < 16; ++k) xs.push_back(lo + (hi - lo) * static_cast<float>(k) / 16.0f);
+  }
+  for (const float x : {0x1p-12f, 0x1p-10f, std::nextafter(0x1p-10f, 1.0f), 1e-30f, 500.0f, 1e6f, 3e38f}) {
+    xs.push_back(x);
+  }
+  std::size_t checked = 0;
+  for (const float m : xs) {
+    for (const float x : {m, -m}) {
+      ASSERT_EQ(float_to_e4m3(x), nearest_e4m3(all, x)) << x;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 5000u);
+  EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::infinity()), 0x7e);
+  EXPECT_EQ(float_to_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_EQ(float_to_e4m3(464.0f), 0x7e) << "the midpoint past 448 saturates too";
+  EXPECT_EQ(float_to_e4m3(-0.0f), 0x80);
+  EXPECT_EQ(float_to_e4m3(0x1p-10f), 0x00) << "half the smallest subnormal: a tie, to even zero";
+  EXPECT_EQ(float_to_e4m3(0x1p-10f * 3), 0x02) << "1.5 x 2^-9: a tie, to the even 2 x 2^-9";
 }
 
 }  // namespace

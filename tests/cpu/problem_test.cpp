@@ -367,7 +367,12 @@ TEST(ProblemSpec, OneSpellingOfEachNameForEveryFrontEnd) {
   EXPECT_EQ(parse_layout("bshd"), Layout::Bshd);
   EXPECT_FALSE(parse_layout("sbhd"));
   expect_refused_field("device", "tpu", "unknown device 'tpu'");
-  expect_refused_field("dtype", "fp8", "unknown dtype 'fp8'");
+  expect_refused_field("dtype", "fp4", "unknown dtype 'fp4'");
+  for (const char* fp8 : {"fp8", "e4m3", "float8_e4m3fn"}) {
+    Problem f;
+    set_problem_field(f, "dtype", fp8);
+    EXPECT_EQ(f.dtype, DType::F8E4M3) << fp8;
+  }
   expect_refused_field("mask", "diagonal", "unknown mask 'diagonal'");
   expect_refused_field("pass", "sideways", "use forward, backward or train");
   expect_refused_field("kv_cache", "blocks", "contiguous, paged");

@@ -28,7 +28,7 @@ inline Tensor run_forward_once(Backend& b, const Problem& p, const Inputs& host)
   if (p.kv_cache == KvCache::Paged) {
     EXPECT_TRUE(in.k_pages.defined() && in.v_pages.defined() && in.block_table.defined()) << "pages not uploaded";
   }
-  Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, p.dtype, rt.allocator());
+  Tensor out = Tensor::empty({p.batch, p.heads, p.seq, p.head_dim}, output_dtype(p.dtype), rt.allocator());
   rt.poison(out);
   RunContext ctx{rt.allocator(), rt.stream(), 0};
   b.forward(p, in, out, ctx);

@@ -58,8 +58,32 @@ void zero_rows(Ops& ops, const Tensor& like, Tensor& dst, RunContext& ctx) {
 
 }  // namespace
 
+void CompositeBackend::run_fp8(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
+                               MaskCache& mask, Saved* saved) const {
+  // Problem::validate() refuses it first; this guards callers that skip it.
+  if (saved != nullptr) fail(ErrorKind::Unsupported, std::string(name()) + ": dtype fp8 is forward only");
+  const Problem p32 = fp32_twin(p);
+  Inputs in32 = in;
+  in32.q = ops.dequantize(in.q, in.q_descale, ctx);
+  if (p.kv_cache == KvCache::Paged) {
+    in32.k_pages = ops.dequantize(in.k_pages, in.k_descale, ctx);
+    in32.v_pages = ops.dequantize(in.v_pages, in.v_descale, ctx);
+  } else {
+    in32.k = ops.dequantize(in.k, in.k_descale, ctx);
+    in32.v = ops.dequantize(in.v, in.v_descale, ctx);
+  }
+  in32.q_descale = in32.k_descale = in32.v_descale = 1.0f;
+  Tensor out32 = Tensor::empty(out.sizes(), DType::F32, ctx.allocator);
+  run_forward(ops, p32, in32, out32, ctx, mask, nullptr);
+  ops.to_into(out32, out, ctx);
+}
+
 void CompositeBackend::run_forward(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx,
                                    MaskCache& mask, Saved* saved) const {
+  if (is_fp8(p.dtype)) {
+    run_fp8(ops, p, in, out, ctx, mask, saved);
+    return;
+  }
   mask.use_for(p);
   if (p.varlen()) {
     if (saved != nullptr) saved->sequences.reserve(static_cast<std::size_t>(p.batch));
@@ -198,6 +222,24 @@ std::size_t CompositeBackend::packed_workspace_bytes(const Problem& p) const {
 std::string CompositeBackend::packed_story(const Problem& p) {
   if (!p.varlen()) return {};
   return ", " + std::to_string(p.batch) + " packed sequences run one by one (the ops once per sequence)";
+}
+
+Problem CompositeBackend::fp32_twin(const Problem& p) {
+  Problem t = p;
+  t.dtype = DType::F32;
+  return t;
+}
+
+std::size_t CompositeBackend::fp8_workspace_bytes(const Problem& p) const {
+  const Problem t = fp32_twin(p);
+  const std::size_t kv = p.kv_cache == KvCache::Paged ? 2 * t.kv_page_bytes() : 2 * t.kv_bytes();
+  return workspace_bytes(t) + t.q_bytes() + kv + t.o_bytes();
+}
+
+std::string CompositeBackend::fp8_story(const Problem& p) {
+  if (!is_fp8(p.dtype)) return {};
+  return ", FP8 semantics: q, k and v dequantized to FP32 (e4m3 x descale), computed as fp32, O cast to " +
+         std::string(dtype_name(output_dtype(p.dtype)));
 }
 
 std::string CompositeBackend::backward_story(const Problem& p, DType saved) {

@@ -119,6 +119,17 @@ class CompositeBackend : public Backend {
   // What a packed batch adds to the eligibility's story (empty when dense).
   static std::string packed_story(const Problem& p);
 
+  // ---- FP8 semantics (dtype fp8) ----
+  // p in FP32: the problem an FP8 forward computes once its inputs are dequantized.
+  static Problem fp32_twin(const Problem& p);
+  // An FP8 problem's workspace: its FP32 twin's, the FP32 copies of Q, K and
+  // V (of the pages, with a paged cache) and the FP32 output before its cast.
+  std::size_t fp8_workspace_bytes(const Problem& p) const;
+  // What FP8 inputs add to the eligibility's story (empty for other dtypes).
+  static std::string fp8_story(const Problem& p);
+  // The dtype the products run in: p's, FP32 for fp8 inputs.
+  static DType compute_dtype(const Problem& p) { return is_fp8(p.dtype) ? DType::F32 : p.dtype; }
+
  private:
   struct Planned {
     Expectation expectation;
@@ -126,9 +137,16 @@ class CompositeBackend : public Backend {
   };
   Planned plan(const Problem& p) const;
   // run(), after a paged cache's K and V are gathered into contiguous
-  // [B, Hkv, Skv, D] tensors (gather_pages, one per tensor and call).
+  // [B, Hkv, Skv, D] tensors (gather_pages, one per tensor and call). FP8
+  // inputs go through run_fp8() first.
   void run_forward(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
                    Saved* saved) const;
+  // FP8 semantics, the composites' reference of what quantization costs: q,
+  // k and v (a paged cache's pages in place of the logical K and V) each
+  // dequantized to FP32 (dequantize: e4m3 x descale), the forward run exactly
+  // as p's FP32 twin runs it, and O cast to bf16 into `out` (to).
+  void run_fp8(Ops& ops, const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx, MaskCache& mask,
+               Saved* saved) const;
   // run_backward(), or its loop over a packed batch's sequences.
   void run_backward_packed(Ops& ops, const Problem& p, const Inputs& in, const Tensor& dout, const Saved& saved,
                            Gradients& grads, RunContext& ctx, MaskCache& mask) const;

@@ -12,6 +12,8 @@
 //  - the FP32 result is cast back to the input dtype.
 // Causal bf16: to, to, to, mul, ones, tril, where, mul, matmul, add_,
 // _safe_softmax, matmul, to; on a GPU 16 device activities (_safe_softmax is 4).
+// FP8 inputs (CompositeBackend::run_fp8): dequantize q, k and v, the FP32
+// path as above without its upcasts, then to (the bf16 output).
 //
 // The backward runs in FP32 from the saved FP32 probabilities (what the math
 // path's autograd keeps of its _safe_softmax), as autograd would:
@@ -57,11 +59,12 @@ class Math final : public CompositeBackend {
     std::string what = is_16bit(p.dtype) ? "upcasts to FP32, " : "";
     what += "FP32 products (" + ops().describe_gemm(DType::F32) + ")";
     if (structural(p.mask)) what += ", mask rebuilt every call";
-    return {true, what + ", NaN-safe softmax" + softcap_story(p) + paged_story(p) + packed_story(p) +
+    return {true, what + ", NaN-safe softmax" + fp8_story(p) + softcap_story(p) + paged_story(p) + packed_story(p) +
                       backward_story(p, DType::F32)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
+    if (is_fp8(p.dtype)) return fp8_workspace_bytes(p);
     if (p.varlen()) return packed_workspace_bytes(p);
     const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
     const std::size_t scores = score_elements(p) * 4;
@@ -86,7 +89,8 @@ class Math final : public CompositeBackend {
 
   Traits traits() const override {
     const bool cpu = ops().device() == Device::Cpu;  // soft caps and packed batches: the CPU's
-    return {.reference_precision = true, .softcap = cpu, .varlen = cpu};
+    // FP8 on both devices: dequantize, then the FP32 path (the FP8 tolerance's yardstick).
+    return {.reference_precision = true, .softcap = cpu, .varlen = cpu, .fp8 = true};
   }
 
  protected:

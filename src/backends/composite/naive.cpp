@@ -11,7 +11,9 @@
 //  - naive_inplace: attn.masked_fill_(~mask, -inf) drops the clone, and with it
 //    the copy and one score buffer: 5 device activities.
 // A bias is added with add (naive) or add_ (naive_inplace). The structural
-// mask is built once per problem, like a registered buffer.
+// mask is built once per problem, like a registered buffer. FP8 inputs are
+// dequantized to FP32 first and the products run in FP32, O cast to bf16 at
+// the end (CompositeBackend::run_fp8).
 //
 // The backward is autograd's on the same ops, in the input dtype, from the
 // saved probabilities (the softmax's output, the one tensor kept):
@@ -47,11 +49,13 @@ class Naive final : public CompositeBackend {
   Eligibility eligibility(const Problem& p) const override {
     if (std::string why = wrong_device(p); !why.empty()) return {false, why};
     if (std::string why = paged_refusal(p); !why.empty()) return {false, why};
-    return {true, ops().describe_gemm(p.dtype) + ", " + mask_story(p.mask) + ", over materialised [S, Skv] scores" +
-                      softcap_story(p) + paged_story(p) + packed_story(p) + backward_story(p, p.dtype)};
+    return {true, ops().describe_gemm(compute_dtype(p)) + ", " + mask_story(p.mask) +
+                      ", over materialised [S, Skv] scores" + fp8_story(p) + softcap_story(p) + paged_story(p) +
+                      packed_story(p) + backward_story(p, p.dtype)};
   }
 
   std::size_t workspace_bytes(const Problem& p) const override {
+    if (is_fp8(p.dtype)) return fp8_workspace_bytes(p);
     if (p.varlen()) return packed_workspace_bytes(p);
     const std::size_t scores = score_elements(p) * element_size(p.dtype);
     const auto mask = static_cast<std::size_t>(p.seq * p.kv_seq);  // the cached bool mask
@@ -74,7 +78,7 @@ class Naive final : public CompositeBackend {
   Traits traits() const override {
     // Soft caps and packed batches: the CPU's (the CUDA ops are untested there).
     const bool cpu = ops().device() == Device::Cpu;
-    return {.nan_on_fully_masked = true, .memory_baseline = !inplace_, .softcap = cpu, .varlen = cpu};
+    return {.nan_on_fully_masked = true, .memory_baseline = !inplace_, .softcap = cpu, .varlen = cpu, .fp8 = true};
   }
 
  protected:

@@ -52,18 +52,19 @@ PlanOps::Args PlanOps::args(const Problem& p) {
   r.in.v = Tensor::empty(p.kv_dims(), p.dtype, a);
   const Dims full{p.batch, p.heads, p.seq, p.kv_seq};
   if (p.mask == MaskKind::Boolean) r.in.mask = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, a).expand(full);
-  if (p.mask == MaskKind::Bias) r.in.bias = Tensor::empty({1, 1, p.seq, p.kv_seq}, p.dtype, a).expand(full);
+  const DType out = output_dtype(p.dtype);  // O, dO, the gradients and a bias: bf16 for fp8 inputs
+  if (p.mask == MaskKind::Bias) r.in.bias = Tensor::empty({1, 1, p.seq, p.kv_seq}, out, a).expand(full);
   if (p.kv_cache == KvCache::Paged) {
     const Dims pages{p.batch * p.pages_per_seq(), p.kv_heads, p.page_size, p.head_dim};
     r.in.k_pages = Tensor::empty(pages, p.dtype, a);
     r.in.v_pages = Tensor::empty(pages, p.dtype, a);
     r.in.block_table = Tensor::empty({1, 1, p.batch, p.pages_per_seq()}, DType::I32, a);
   }
-  r.out = Tensor::empty(p.q_dims(), p.dtype, a);
+  r.out = Tensor::empty(p.q_dims(), out, a);
   if (p.pass != Pass::Forward) {
-    r.dout = Tensor::empty(r.out.sizes(), p.dtype, a);
-    r.grads = {Tensor::empty(r.in.q.sizes(), p.dtype, a), Tensor::empty(r.in.k.sizes(), p.dtype, a),
-               Tensor::empty(r.in.v.sizes(), p.dtype, a)};
+    r.dout = Tensor::empty(r.out.sizes(), out, a);
+    r.grads = {Tensor::empty(r.in.q.sizes(), out, a), Tensor::empty(r.in.k.sizes(), out, a),
+               Tensor::empty(r.in.v.sizes(), out, a)};
   }
   return r;
 }
@@ -166,6 +167,11 @@ Tensor PlanOps::tanh(const Tensor& x, RunContext& ctx) {
 Tensor PlanOps::tanh_backward(const Tensor& grad, const Tensor&, RunContext& ctx) {
   record(op::tanh_backward);
   return like(grad, grad.dtype(), ctx.allocator);
+}
+
+Tensor PlanOps::dequantize(const Tensor& x, float, RunContext& ctx) {
+  record(op::dequantize);
+  return like(x, DType::F32, ctx.allocator);
 }
 
 Tensor PlanOps::to(const Tensor& x, DType dtype, RunContext& ctx) {

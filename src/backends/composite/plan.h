@@ -62,6 +62,7 @@ class PlanOps final : public Ops {
   Tensor softmax(const Tensor& x, RunContext& ctx) override;
   Tensor safe_softmax(const Tensor& x, RunContext& ctx) override;
   Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) override;
+  Tensor dequantize(const Tensor& x, float descale, RunContext& ctx) override;
   Tensor to(const Tensor& x, DType dtype, RunContext& ctx) override;
   void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) override;
   Tensor ones(const Dims& sizes, RunContext& ctx) override;

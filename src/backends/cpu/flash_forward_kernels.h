@@ -71,6 +71,7 @@ inline void widen_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int6
     }
     case DType::Bool:
     case DType::I32:
+    case DType::F8E4M3:  // never a flash input (no_fp8): the scalar loop below
       break;
   }
   for (; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c);

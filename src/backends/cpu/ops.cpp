@@ -357,6 +357,15 @@ class CpuOps final : public Ops {
                     });
   }
 
+  Tensor dequantize(const Tensor& x, float descale, RunContext& ctx) override {
+    RecordFunction rf(op::dequantize.name, dtypes_string({&x}) + ", Scalar", dims_string(x) + ", []");
+    if (x.dtype() != DType::F8E4M3) fail(ErrorKind::Internal, "dequantize takes e4m3 tensors, got " + x.describe());
+    // e4m3 widens exactly; the product is FP32's one rounding.
+    return map_rows(x, DType::F32, ctx.allocator, [descale](float* r, std::int64_t n, auto...) {
+      for (std::int64_t j = 0; j < n; ++j) r[j] *= descale;
+    });
+  }
+
   Tensor to(const Tensor& x, DType t, RunContext& ctx) override {
     RecordFunction rf(op::to.name, dtypes_string({&x}), dims_string(x));
     return map_rows(x, t, ctx.allocator, [](auto...) {});

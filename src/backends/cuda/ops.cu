@@ -2,6 +2,7 @@
 // CUDA backends: one plain memory-bound kernel each, as PyTorch launches them,
 // so the kernel counts and the memory traffic of the naive and math backends
 // are the reference's.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -109,6 +110,18 @@ __global__ void convert_kernel(const Ti* src, Dims ss, To* dst, Dims ds, Dims n,
        e += std::int64_t{gridDim.x} * blockDim.x) {
     const dev::Index4 idx(e, n);
     dev::store(dst, idx.at(ds), dev::load(src, idx.at(ss)) * s);
+  }
+}
+
+// e4m3 (the OCP "fn" format, what torch.float8_e4m3fn holds) to FP32 times
+// the tensor's descale: the hardware conversion widens exactly, the product
+// is FP32's one rounding, as the CPU's dequantize makes it.
+__global__ void dequantize_kernel(const __nv_fp8_e4m3* src, Dims ss, float* dst, Dims n, std::int64_t total,
+                                  float descale) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    const dev::Index4 idx(e, n);
+    dst[e] = static_cast<float>(src[idx.at(ss)]) * descale;
   }
 }
 
@@ -326,6 +339,18 @@ Tensor to(const Tensor& x, DType dtype, RunContext& ctx) {
 void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) {
   OpRange range(op::to.name, {&src});
   convert(src, dst, ctx);
+}
+
+Tensor dequantize(const Tensor& x, float descale, RunContext& ctx) {
+  OpRange range(op::dequantize.name, {&x}, /*scalar=*/true);
+  detail::require_cuda(x, "dequantize");
+  if (x.dtype() != DType::F8E4M3) fail(ErrorKind::Internal, "dequantize takes e4m3 tensors, got " + x.describe());
+  Tensor y = Tensor::empty(x.sizes(), DType::F32, ctx.allocator);
+  const std::int64_t n = x.numel();
+  dequantize_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(x.data_as<__nv_fp8_e4m3>(), x.strides(),
+                                                                  y.data_as<float>(), x.sizes(), n, descale);
+  check_launch();
+  return y;
 }
 
 Tensor contiguous(const Tensor& x, RunContext& ctx) {

@@ -80,6 +80,9 @@ Tensor to(const Tensor& x, DType dtype, RunContext& ctx);
 // Converts src into dst of the same shape, any strides on both ("to" + "copy_"
 // in PyTorch; one kernel here).
 void to_into(const Tensor& src, Tensor& dst, RunContext& ctx);
+// An e4m3 tensor's real values, x * descale, into a fresh contiguous FP32
+// tensor ("dequantize", one kernel); x any strides.
+Tensor dequantize(const Tensor& x, float descale, RunContext& ctx);
 // A contiguous copy of a strided tensor in the same dtype ("contiguous").
 Tensor contiguous(const Tensor& x, RunContext& ctx);
 

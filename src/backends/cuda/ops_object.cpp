@@ -48,6 +48,9 @@ class CudaOps final : public Ops {
   Tensor softmax_backward(const Tensor& grad, const Tensor& probs, RunContext& ctx) override {
     return ops::softmax_backward(grad, probs, ctx);
   }
+  Tensor dequantize(const Tensor& x, float descale, RunContext& ctx) override {
+    return ops::dequantize(x, descale, ctx);
+  }
   Tensor to(const Tensor& x, DType dtype, RunContext& ctx) override { return ops::to(x, dtype, ctx); }
   void to_into(const Tensor& src, Tensor& dst, RunContext& ctx) override { ops::to_into(src, dst, ctx); }
   Tensor ones(const Dims& sizes, RunContext& ctx) override { return ops::ones(sizes, ctx); }
