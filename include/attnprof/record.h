@@ -68,6 +68,9 @@ struct Fp8Record {
   // that forward failed: bf16_note says which.
   std::optional<ErrorStats> bf16_error;
   std::string bf16_note;
+  // The amaxes the backend's FP8 forwards measured (cudnn's graph: the
+  // largest probability and |O|), where it measures them.
+  std::optional<Fp8Amax> measured_amax;
 };
 
 struct RunResult {

@@ -354,6 +354,9 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       r.metrics.host_time_unprofiled_p10_us = unprofiled->p10;
       r.metrics.host_time_unprofiled_p90_us = unprofiled->p90;
     }
+    // What the backend's own FP8 graph measured (cudnn's amax outputs), read
+    // once the timed calls are done.
+    if (r.fp8) r.fp8->measured_amax = backend.read_fp8_amax();
     if (r.fp8 && options.fp8_bf16_forward) {
       t = {};  // the FP8 run's tensors go before the bf16 forward's are made
       check_bf16_forward(backend, p, host_real, rt, options, *r.fp8);

@@ -275,7 +275,9 @@ nlohmann::json result_json(const RunResult& r) {
                 {"tensors", std::move(tensors)},
                 {"bf16_rel_error", b ? json(b->rel) : json(nullptr)},
                 {"bf16_max_abs_error", b ? json(b->max_abs) : json(nullptr)},
-                {"bf16_note", r.fp8->bf16_note.empty() ? json(nullptr) : json(r.fp8->bf16_note)}};
+                {"bf16_note", r.fp8->bf16_note.empty() ? json(nullptr) : json(r.fp8->bf16_note)},
+                {"amax_s", r.fp8->measured_amax ? json(r.fp8->measured_amax->s) : json(nullptr)},
+                {"amax_o", r.fp8->measured_amax ? json(r.fp8->measured_amax->o) : json(nullptr)}};
   } else {
     j["fp8"] = nullptr;
   }

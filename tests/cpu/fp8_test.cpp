@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "analysis/findings.h"
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
 #include "attnprof/reference.h"
@@ -297,6 +298,28 @@ TEST(Fp8Runs, CarryTheDescalesAndTheBf16ErrorBesideTheirOwn) {
   EXPECT_TRUE(r.acceptance->pass) << r.acceptance->why;
   // The bf16 forward is checked, not profiled: the trace holds the fp8 steps only.
   EXPECT_EQ(r.metrics.steps, 1);
+}
+
+// The amaxes a backend's own FP8 graph measured (cudnn's, read_fp8_amax)
+// reach the finding and the JSON; a backend that measures none adds nothing.
+TEST(Fp8Runs, TheGraphsMeasuredAmaxesAreReported) {
+  const Problem p = fp8({.heads = 2, .kv_heads = 1, .seq = 64});
+  RunResult r = run_backend(cpu("naive_inplace"), p, quick());
+  ASSERT_FALSE(r.failure) << *r.failure;
+  ASSERT_TRUE(r.fp8);
+  EXPECT_FALSE(r.fp8->measured_amax) << "the composites measure no amax";
+  auto quantization = [](const RunResult& run) {
+    const std::vector<Finding> all = analysis::findings(run, {}, {});
+    const Finding* f = testing::by_rule(all, "fp8-quantization");
+    return f ? std::optional<Finding>(*f) : std::nullopt;
+  };
+  ASSERT_TRUE(quantization(r));
+  EXPECT_EQ(quantization(r)->text.find("amax(P)"), std::string::npos);
+  r.fp8->measured_amax = Fp8Amax{.s = 0.75f, .o = 2.5f};
+  const std::optional<Finding> f = quantization(r);
+  ASSERT_TRUE(f);
+  EXPECT_NE(f->text.find("measured amax(P) 0.75, amax(O) 2.5"), std::string::npos) << f->text;
+  EXPECT_DOUBLE_EQ(f->figures.at("amax_o"), 2.5);
 }
 
 TEST(Fp8Runs, FindingsSayTheDescalesTheErrorAndTheOverflow) {
