@@ -46,8 +46,8 @@ std::vector<Finding> fp8_quantization(const RuleInput& in) {
     f.text += "; no bf16 error beside it: " + rec->bf16_note;
   }
   if (rec->measured_amax) {
-    f.text +=
-        format("; its FP8 graph measured amax(P) %.3g, amax(O) %.3g", rec->measured_amax->s, rec->measured_amax->o);
+    f.text += format("; its FP8 graph measured amax(P) %.3g", rec->measured_amax->s) +
+              format(", amax(O) %.3g", rec->measured_amax->o);
     f.figures["amax_s"] = rec->measured_amax->s;
     f.figures["amax_o"] = rec->measured_amax->o;
   }
