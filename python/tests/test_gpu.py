@@ -241,3 +241,24 @@ def test_cuda_flash_varlen_and_softcap_match_torch():
     want = torch.softmax(s, dim=-1) @ vd.float()
     got = attnprof.attention(qd, kd, vd, backend="flash", mask="none", scale=0.5, softcap=5.0)
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn"])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_cuda_fp8_matches_sdpa_on_the_dequantized_inputs(backend, mask):
+    """float8_e4m3fn q, k, v with their descales on flash's and cudnn's FP8 kernels: bf16 out, within
+    e4m3's P rounding (relative L2 under 0.05) of SDPA in float32 on the dequantized values."""
+    torch = pytest.importorskip("torch")
+    if backend not in attnprof.explain(batch=2, heads=4, seq=512, head_dim=128, device="cuda", dtype="fp8",
+                                       mask=mask).eligible():
+        pytest.skip(f"{backend} takes no fp8 here (needs an sm90 GPU)")
+    real = [torch.randn(2, 4, 512, 128, device="cuda") * s for s in (1.5, 1.5, 1.0)]
+    (q8, qs), (k8, ks), (v8, vs) = (attnprof.quantize_fp8(t) for t in real)
+    got = attnprof.attention(q8, k8, v8, backend=backend, mask=mask, q_descale=qs, k_descale=ks, v_descale=vs)
+    assert got.dtype == torch.bfloat16
+    want = torch.nn.functional.scaled_dot_product_attention(q8.float() * qs, k8.float() * ks, v8.float() * vs,
+                                                            is_causal=mask == "causal")
+    rel = float((got.float() - want).norm() / want.norm())
+    assert rel < 0.05, rel
+    with pytest.raises(attnprof.Error, match="descale"):
+        attnprof.attention(q8, k8, v8, backend=backend, mask=mask, q_descale=0.0, k_descale=ks, v_descale=vs)
