@@ -114,9 +114,9 @@ struct Traits {
   bool fp8 = false;
 };
 
-// What an FP8 forward measured beside O (cuDNN's FP8 graph writes it), over
-// every FP8 forward since the last read: the largest softmax probability and
-// the largest |O|, in real (descaled) units.
+// What an FP8 forward measured beside O (cuDNN's FP8 graph writes it), for
+// the last FP8 forward since the last read: the largest softmax probability
+// and the largest |O|, in real (descaled) units.
 struct Fp8Amax {
   float s = 0;
   float o = 0;

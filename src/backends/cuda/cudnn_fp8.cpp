@@ -175,7 +175,7 @@ void Fp8State::allocate(RunContext& ctx) {
   for (std::size_t i = 0; i < kSlots; ++i) {
     views_[i] = scalars_.as_strided({1, 1, 1, 1}, {1, 1, 1, 1}, static_cast<std::int64_t>(i * kStride));
   }
-  // cuDNN may fold each forward's amaxes into theirs with a max: they start at 0.
+  // The amaxes start at 0 (cuDNN 9.19 overwrites them; another engine might fold with a max).
   ATTNPROF_CUDA_CHECK(cudaMemsetAsync(scalars_.data(), 0, scalars_.nbytes(), static_cast<cudaStream_t>(ctx.stream)));
   copied_ = false;
 }

@@ -29,11 +29,11 @@
 // repeated call copies nothing.
 //
 // The amaxes: the graph also writes amax_s, the largest softmax probability,
-// and amax_o, the largest |O| in real units (before scale_o). cuDNN's
-// engines may fold each call's into its buffer with a max rather than
-// overwrite it (the frontend's own tests zero the buffers first for that
-// reason), so the buffer starts at zero and read_amax() reads it back and
-// zeroes it: the amaxes of every FP8 forward since the last read, either way.
+// and amax_o, the largest |O| in real units (before scale_o). cuDNN 9.19's
+// Hopper engine overwrites them each call (the H200, 2026-12-02: two calls
+// read back the second's amax_o, 1.20 after 4.84), so read_amax() gives the
+// last FP8 forward's amaxes; the buffer starts at zero and is zeroed after a
+// read all the same (the frontend's own tests zero it first).
 // Never on the timed path: the runner asks after the run
 // (Backend::read_fp8_amax()).
 //
@@ -109,8 +109,8 @@ class Fp8State {
             RunContext& ctx);
   // After the graph ran: the e4m3 O into `out`, where the graph wrote one.
   void finish(const Inputs& in, Tensor& out, bool bf16_out, RunContext& ctx);
-  // The amaxes of the FP8 forwards since the last read, then zeroed (a copy
-  // and a wait on `stream`); nullopt when none ran.
+  // The last FP8 forward's amaxes, then zeroed (a copy and a wait on
+  // `stream`); nullopt when none ran since the last read.
   std::optional<Fp8Amax> read_amax(void* stream);
 
  private:
