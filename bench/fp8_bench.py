@@ -14,6 +14,7 @@ backend that refuses a row gives its one-line reason. Writes
 <out>/fp8_bench.{json,md} and prints the table.
 
   python3 bench/fp8_bench.py --attnprof build/attnprof --out runs/x
+  python3 bench/fp8_bench.py --from-json runs/x/fp8_bench.json --out runs/x   # the table again
 """
 import argparse
 import json
@@ -51,51 +52,71 @@ def fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--attnprof", required=True, help="the attnprof binary")
-    ap.add_argument("--out", required=True, help="folder for the JSON files and the table")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    rows, lines = [], []
+def measure(attnprof, out):
+    """Every row of the grid: flash and cudnn in FP8, flash in bf16 (one compare process each)."""
+    rows = []
+    for row in GRID:
+        fp8 = compare(attnprof, row, "fp8", ["flash", "cudnn"], out)
+        bf16 = compare(attnprof, row, "bf16", ["flash"], out)
+        b, h, hkv, s, d, mask = row
+        rows.append({"shape": f"{b}x{h}x{s}x{d}" + (f" ({hkv} KV heads)" if hkv != h else ""), "mask": mask,
+                     "flash_fp8": fp8.get("flash", {}), "cudnn_fp8": fp8.get("cudnn", {}),
+                     "flash_bf16": bf16.get("flash", {})})
+    return rows
+
+
+def ratio(a, b):
+    return a["device_time_us"] / b["device_time_us"] if a.get("device_time_us") and b.get("device_time_us") else None
+
+
+def render(rows):
+    """The table and the targets' verdicts from measure()'s rows."""
+    def cell(r, key="tflops", spec=".1f"):
+        if r.get("device_time_us"):
+            return fmt(r.get(key), spec)
+        return "refused: " + r["reason"][:60] if r.get("reason") else "-"
+
     head = ("| shape | mask | flash fp8 TFLOP/s | cudnn fp8 TFLOP/s | flash / cudnn (<= 1.00) | flash bf16 TFLOP/s |"
             " fp8 / bf16 time | flash fp8 error | flash bf16 error | cudnn fp8 error | descales q, k, v |")
-    lines += [head, "|" + " --- |" * (head.count("|") - 1)]
-    def why(r):
-        return r["reason"][:60] if "reason" in r else None
-
-    for row in GRID:
-        fp8 = compare(args.attnprof, row, "fp8", ["flash", "cudnn"], args.out)
-        bf16 = compare(args.attnprof, row, "bf16", ["flash"], args.out)
-        f, c, fb = fp8.get("flash", {}), fp8.get("cudnn", {}), bf16.get("flash", {})
-        ratio = f["device_time_us"] / c["device_time_us"] if f.get("device_time_us") and c.get("device_time_us") else None
-        speed = f["device_time_us"] / fb["device_time_us"] if f.get("device_time_us") and fb.get("device_time_us") else None
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for r in rows:
+        f, c, fb = r["flash_fp8"], r["cudnn_fp8"], r["flash_bf16"]
         quant = (f.get("fp8") or {}).get("tensors") or []
         descales = ", ".join(f"{t.get('descale', 0):.3g}" for t in quant) or "-"
-        b, h, hkv, s, d, mask = row
-        shape = f"{b}x{h}x{s}x{d}" + (f" ({hkv} KV heads)" if hkv != h else "")
-        rec = {"shape": shape, "mask": mask, "flash_fp8": f, "cudnn_fp8": c, "flash_bf16": fb,
-               "flash_over_cudnn": ratio, "fp8_over_bf16_time": speed}
-        rows.append(rec)
-        lines.append(
-            f"| {shape} | {mask} | {fmt(f.get('tflops')) if not why(f) else why(f)} |"
-            f" {fmt(c.get('tflops')) if not why(c) else why(c)} | {fmt(ratio, '.3f')} | {fmt(fb.get('tflops'))} |"
-            f" {fmt(speed, '.3f')} | {fmt(f.get('rel_error'), '.2e')} | {fmt(fb.get('rel_error'), '.2e')} |"
-            f" {fmt(c.get('rel_error'), '.2e')} | {descales} |")
-    first = rows[0]["flash_fp8"].get("tflops")
-    ratios = [r["flash_over_cudnn"] for r in rows if r["flash_over_cudnn"] is not None]
+        lines.append(f"| {r['shape']} | {r['mask']} | {cell(f)} | {cell(c)} | {fmt(ratio(f, c), '.3f')} | {cell(fb)} |"
+                     f" {fmt(ratio(f, fb), '.3f')} | {cell(f, 'rel_error', '.2e')} | {cell(fb, 'rel_error', '.2e')} |"
+                     f" {cell(c, 'rel_error', '.2e')} | {descales} |")
+    first = rows[0]["flash_fp8"].get("tflops") if rows else None
+    ratios = [x for x in (ratio(r["flash_fp8"], r["cudnn_fp8"]) for r in rows) if x is not None]
     lines.append("")
     lines.append(f"- flash FP8 at 2x16x8192x128 non-causal: {fmt(first)} TFLOP/s against the {TARGET_TFLOPS:.0f} "
                  f"target: {'met' if first and first >= TARGET_TFLOPS else 'missed'}")
     if ratios:
         lines.append(f"- flash FP8 / cudnn FP8 time: {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} rows; "
-                     f"at most 1.00 on {sum(r <= 1.0 for r in ratios)} of them: "
-                     f"{'met' if all(r <= 1.0 for r in ratios) else 'missed'}")
-    table = "\n".join(lines)
+                     f"at most 1.00 on {sum(x <= 1.0 for x in ratios)} of them: "
+                     f"{'met' if all(x <= 1.0 for x in ratios) else 'missed'}")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--attnprof", help="the attnprof binary (to measure)")
+    ap.add_argument("--out", required=True, help="folder for the JSON files and the table")
+    ap.add_argument("--from-json", help="render an earlier run's fp8_bench.json instead of measuring")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.from_json:
+        with open(args.from_json) as fh:
+            rows = json.load(fh)
+    elif args.attnprof:
+        rows = measure(args.attnprof, args.out)
+        with open(os.path.join(args.out, "fp8_bench.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
+    else:
+        ap.error("give --attnprof (measure) or --from-json (render)")
+    table = render(rows)
     with open(os.path.join(args.out, "fp8_bench.md"), "w") as fh:
         fh.write(table + "\n")
-    with open(os.path.join(args.out, "fp8_bench.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
     print(table)
 
 
