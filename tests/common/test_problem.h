@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
 
 #include "attnprof/dtype.h"
+#include "attnprof/error.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
 
@@ -56,6 +58,16 @@ inline Tensor nan_tensor(const Problem& p, std::int64_t heads, std::int64_t seq)
   for_each_index(t,
                  [&](auto a, auto b, auto c, auto d) { t.set(a, b, c, d, std::numeric_limits<float>::quiet_NaN()); });
   return t;
+}
+
+// validate()'s one line for p, or "" when it accepts.
+inline std::string refusal(const Problem& p) {
+  try {
+    p.validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
 }
 
 }  // namespace attnprof::testing

@@ -39,14 +39,7 @@ Backend& cpu(const std::string& name) {
   return *b;
 }
 
-std::string refusal(const Problem& p) {
-  try {
-    p.validate();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return {};
-}
+using testing::refusal;
 
 TEST(Fp8Problem, IsForwardOnlyWithABf16Output) {
   Problem p = fp8({.heads = 2, .seq = 64});

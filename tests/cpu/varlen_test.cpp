@@ -43,15 +43,7 @@ Problem packed(const Lens& q, const Lens& kv, MaskKind mask, DType dtype = DType
   return p;
 }
 
-// validate()'s one line, or "" when it accepts.
-std::string refusal(const Problem& p) {
-  try {
-    p.validate();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return {};
-}
+using testing::refusal;
 
 TEST(VarlenProblem, CountsEachSequenceAtItsOwnLengthsByHand) {
   // Sequence 0: 3 queries, 4 keys; sequence 1: empty; sequence 2: 5 and 5.
