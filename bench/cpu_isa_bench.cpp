@@ -6,12 +6,15 @@
 //
 //   cpu_isa_bench --isa LEVEL --batch B --heads H --seq S --head-dim D
 //                 --dtype fp32|bf16 --mask causal|none [--pass forward|backward]
-//                 [--threads N] [--repeats R]
+//                 [--threads N] [--repeats R] [--ftz]
+//     --ftz: denormals flushed to zero (MXCSR FTZ and DAZ) on every thread
+//            first, to tell whether denormal operands cost the row time
 //   cpu_isa_bench --levels     each level and what this CPU lacks for it
 //   cpu_isa_bench --ceilings   the fp32 and bf16 ceilings (TFLOP/s) and their sources
 //
 // The backward is timed alone: one forward_train, then the median of R backwards.
 #include <omp.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -48,7 +51,7 @@ double median_seconds(int repeats, Fn&& fn) {
 [[noreturn]] void usage(const char* argv0, int code) {
   std::fprintf(stderr,
                "usage: %s --isa LEVEL --batch B --heads H --seq S --head-dim D --dtype fp32|bf16 --mask causal|none "
-               "[--pass forward|backward] [--threads N] [--repeats R] | --levels | --ceilings\n",
+               "[--pass forward|backward] [--threads N] [--repeats R] [--ftz] | --levels | --ceilings\n",
                argv0);
   std::exit(code);
 }
@@ -66,7 +69,7 @@ int main(int argc, char** argv) {
   p.mask = MaskKind::Causal;
   std::string isa = "auto";
   int threads = 2, repeats = 5;
-  bool levels = false, ceilings = false;
+  bool levels = false, ceilings = false, ftz = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> std::string {
@@ -77,6 +80,8 @@ int main(int argc, char** argv) {
       levels = true;
     } else if (a == "--ceilings") {
       ceilings = true;
+    } else if (a == "--ftz") {
+      ftz = true;
     } else if (a == "--isa") {
       isa = value();
     } else if (a == "--batch") {
@@ -121,6 +126,10 @@ int main(int argc, char** argv) {
   p.normalize();
   p.validate();
   cpu::runtime(threads);  // OpenMP and OpenBLAS threads
+  if (ftz) {
+#pragma omp parallel num_threads(threads)
+    _mm_setcsr(_mm_getcsr() | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6), kept by the pool's threads
+  }
   auto flash = cpu::make_flash();
   const Eligibility el = flash->eligibility(p);
   if (!el.eligible) {

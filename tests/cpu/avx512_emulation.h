@@ -153,6 +153,25 @@ inline __m256bh _mm512_cvtneps_pbh(__m512 a) {
   for (int i = 0; i < 16; ++i) r.h[i] = attnprof::float_to_bf16(a.f[i]);
   return r;
 }
+// VCVTNE2PS2BF16: 32 values rounded to nearest even, b's in the low 16 words, a's in the high.
+inline __m512bh _mm512_cvtne2ps_pbh(__m512 a, __m512 b) {
+  __m512bh r;
+  for (int i = 0; i < 16; ++i) {
+    r.h[i] = attnprof::float_to_bf16(b.f[i]);
+    r.h[16 + i] = attnprof::float_to_bf16(a.f[i]);
+  }
+  return r;
+}
+// VPERMW: word i of the result is word idx[i] mod 32 of a.
+inline __m512i _mm512_permutexvar_epi16(__m512i idx, __m512i a) {
+  std::uint16_t iw[32], aw[32], rw[32];
+  std::memcpy(iw, &idx, sizeof iw);
+  std::memcpy(aw, &a, sizeof aw);
+  for (int i = 0; i < 32; ++i) rw[i] = aw[iw[i] & 31];
+  __m512i r;
+  std::memcpy(&r, rw, sizeof r);
+  return r;
+}
 // VDPBF16PS: each FP32 lane adds the products of its pair of bf16 values,
 // the even (low) element first.
 inline __m512 _mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {

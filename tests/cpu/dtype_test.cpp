@@ -312,5 +312,39 @@ TEST(E4m3, RoundsToNearestEvenAndSaturatesAsTheSearchSays) {
   EXPECT_EQ(float_to_e4m3(0x1p-10f * 3), 0x02) << "1.5 x 2^-9: a tie, to the even 2 x 2^-9";
 }
 
+// The row conversions (load_run_as_float, store_run_from_float) give what the
+// element functions give, for every dtype, unit and strided, on values that
+// round (ties), saturate, overflow, and NaN.
+TEST(DtypeRuns, MatchTheElementConversionsForEveryDtypeAndStride) {
+  std::vector<float> values = {0.0f,    -0.0f, 1.0f,  -2.5f, 1.00390625f, 1.01171875f, 65504.0f, 70000.0f,
+                               3.0e38f, kInf,  -kInf, kNaN,  1e-8f,       -1e-40f,     448.0f,   500.0f};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 100.0f);
+  while (values.size() < 67) values.push_back(normal(rng));  // an odd count: the vector loops' tails
+  const auto n = static_cast<std::int64_t>(values.size());
+  for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3}) {
+    for (const std::int64_t inc : {std::int64_t{1}, std::int64_t{3}}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " inc " + std::to_string(inc));
+      const std::size_t bytes = static_cast<std::size_t>(n * inc + 5) * element_size(t);
+      std::vector<unsigned char> run(bytes, 0xa5), each(bytes, 0xa5);
+      store_run_from_float(run.data(), t, 5, n, inc, values.data());
+      for (std::int64_t c = 0; c < n; ++c)
+        store_from_float(each.data(), t, 5 + c * inc, values[static_cast<std::size_t>(c)]);
+      EXPECT_EQ(run, each) << "the stored bytes (and the untouched ones between strided elements)";
+      std::vector<float> loaded(static_cast<std::size_t>(n), -7.0f);
+      load_run_as_float(run.data(), t, 5, n, inc, loaded.data());
+      for (std::int64_t c = 0; c < n; ++c) {
+        const float want = load_as_float(each.data(), t, 5 + c * inc);
+        const float got = loaded[static_cast<std::size_t>(c)];
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << c;
+        } else {
+          EXPECT_EQ(bits(got), bits(want)) << c;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnprof

@@ -133,13 +133,11 @@ void require_shapes(const Problem& p, const Inputs& in, const char* who) {
 // Baseline (the drivers' row reads: the backward's rowsum(dO * O)); the
 // kernels widen with their own vectors (flash_forward_kernels.h).
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst) {
-  const std::int64_t base = t.index(b, h, i, 0);
-  const std::int64_t inc = t.stride(3);
-  if (t.dtype() == DType::F32 && inc == 1) {
-    std::memcpy(dst, t.data_as<const float>() + base, static_cast<std::size_t>(n) * 4);
-    return;
-  }
-  for (std::int64_t c = 0; c < n; ++c) dst[c] = load_as_float(t.data(), t.dtype(), base + c * inc);
+  load_run_as_float(t.data(), t.dtype(), t.index(b, h, i, 0), n, t.stride(3), dst);
+}
+
+void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, const float* src) {
+  store_run_from_float(t.data(), t.dtype(), t.index(b, h, i, 0), n, t.stride(3), src);
 }
 
 // Per key row the visible query columns are one interval.

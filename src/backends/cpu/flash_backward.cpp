@@ -40,17 +40,6 @@ namespace {
 
 std::int64_t blocks(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
 
-// Row i of t[b, h] (n elements) from FP32, rounded once to t's dtype.
-void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, const float* src) {
-  const std::int64_t base = t.index(b, h, i, 0);
-  const std::int64_t inc = t.stride(3);
-  if (t.dtype() == DType::F32 && inc == 1) {
-    std::copy(src, src + n, t.data_as<float>() + base);
-    return;
-  }
-  for (std::int64_t c = 0; c < n; ++c) store_from_float(t.data(), t.dtype(), base + c * inc, src[c]);
-}
-
 void require(bool ok, const std::string& what) {
   if (!ok) fail(ErrorKind::InvalidArgument, "flash backward: " + what);
 }

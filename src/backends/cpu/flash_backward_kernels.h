@@ -106,18 +106,6 @@ inline BwdLayout bwd_layout_for(std::int64_t head_dim) {
 
 inline std::int64_t blocks(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
 
-// Row i of t[b, h] (n elements) from FP32, rounded once to t's dtype.
-inline void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n,
-                      const float* src) {
-  const std::int64_t base = t.index(b, h, i, 0);
-  const std::int64_t inc = t.stride(3);
-  if (t.dtype() == DType::F32 && inc == 1) {
-    std::copy(src, src + n, t.data_as<float>() + base);
-    return;
-  }
-  for (std::int64_t c = 0; c < n; ++c) store_from_float(t.data(), t.dtype(), base + c * inc, src[c]);
-}
-
 // Query rows i0..i0+nq of head h: Q and dO row-major (zero past D) and
 // transposed (zero past nq up to qcols), Q^T pre-scaled; the LSE in base 2,
 // +inf on a fully masked row and on padding so that P = 2^(S - LSE) is 0

@@ -43,18 +43,22 @@ inline __m512bh as_bh(__m512i v) {
   return r;
 }
 
-inline __m256i bits_of(__m256bh h) {
-  __m256i r;
+inline __m512i bits_of(__m512bh h) {
+  __m512i r;
   std::memcpy(&r, &h, sizeof r);
   return r;
 }
 
 // Sixteen FP32 lanes of a and b rounded to bf16 (to nearest even) and
-// paired, a in the low half of each 32-bit lane.
+// paired, a in the low half of each 32-bit lane: one VCVTNE2PS2BF16 (a's 16
+// values in the low 16 words, b's in the high) and one word permute that
+// interleaves them (word 2i from a_i, word 2i + 1 from b_i).
 inline __m512i pair_bf16(__m512 a, __m512 b) {
-  const __m512i lo = _mm512_cvtepu16_epi32(bits_of(_mm512_cvtneps_pbh(a)));
-  const __m512i hi = _mm512_cvtepu16_epi32(bits_of(_mm512_cvtneps_pbh(b)));
-  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+  alignas(64) static constexpr std::uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                                21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                                11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_loadu_si512(kInterleave);
+  return _mm512_permutexvar_epi16(idx, bits_of(_mm512_cvtne2ps_pbh(b, a)));
 }
 
 // The bf16 path takes bf16 inputs with an even head_dim (pairs).
@@ -108,17 +112,46 @@ inline void fill_caches(const ForwardJob& job, std::int64_t b, std::int64_t hk, 
   const bool amx = amx_path(p);
   auto* kc = reinterpret_cast<std::uint16_t*>(scratch + L.kc);
   auto* vc = reinterpret_cast<std::uint16_t*>(scratch + L.vc);
-  float* row = scratch + L.s;  // a row buffer until the items use it
-  std::fill(kc, kc + keys * D, std::uint16_t{0});
-  std::fill(vc, vc + keys * dpad, std::uint16_t{0});
-  for (std::int64_t j = 0; j < s.kv_seq; ++j) {
-    load_kv_row(job, job.in.k, job.in.k_pages, s, hk, j, row);
-    for (std::int64_t d = 0; d < D; ++d) kc[j * D + d] = float_to_bf16(row[d]);
-    load_kv_row(job, job.in.v, job.in.v_pages, s, hk, j, row);
+  std::fill(kc + s.kv_seq * D, kc + keys * D, std::uint16_t{0});
+  if (amx) {
+    for (std::int64_t d = 0; d < D; ++d) std::fill(vc + d * keys + s.kv_seq, vc + (d + 1) * keys, std::uint16_t{0});
+  } else {
+    std::fill(vc + s.kv_seq / 2 * 2 * dpad, vc + keys * dpad, std::uint16_t{0});
+  }
+  // The inputs are bf16 already: their 16-bit values are copied as they are,
+  // 16 keys at a time, so that V^T's writes are 16 adjacent keys per dim
+  // (a key's V row scattered over D rows of V^T, one value each, cost 4-9 ns
+  // a value on the Xeon: docs/perf/cpu-flash.md).
+  const auto row_of = [&](const KvRow& r) { return r.t.data_as<const std::uint16_t>() + r.t.index(r.b, hk, r.row, 0); };
+  constexpr std::int64_t kChunk = 16;
+  for (std::int64_t j0 = 0; j0 < s.kv_seq; j0 += kChunk) {
+    const std::int64_t nj = std::min(kChunk, s.kv_seq - j0);
+    const std::uint16_t* v_rows[kChunk];
+    std::int64_t v_inc = 1;
+    for (std::int64_t jj = 0; jj < nj; ++jj) {
+      const KvRow kr = kv_row(job, job.in.k, job.in.k_pages, s, j0 + jj);
+      const std::uint16_t* k_src = row_of(kr);
+      const std::int64_t k_inc = kr.t.stride(3);
+      std::uint16_t* k_dst = kc + (j0 + jj) * D;
+      if (k_inc == 1) {
+        std::copy(k_src, k_src + D, k_dst);
+      } else {
+        for (std::int64_t d = 0; d < D; ++d) k_dst[d] = k_src[d * k_inc];
+      }
+      const KvRow vr = kv_row(job, job.in.v, job.in.v_pages, s, j0 + jj);
+      v_rows[jj] = row_of(vr);
+      v_inc = vr.t.stride(3);
+    }
     if (amx) {
-      for (std::int64_t d = 0; d < D; ++d) vc[d * keys + j] = float_to_bf16(row[d]);  // V^T
+      for (std::int64_t d = 0; d < D; ++d)  // V^T
+        for (std::int64_t jj = 0; jj < nj; ++jj) vc[d * keys + j0 + jj] = v_rows[jj][d * v_inc];
     } else {
-      for (std::int64_t d = 0; d < D; ++d) vc[(j / 2 * dpad + d) * 2 + j % 2] = float_to_bf16(row[d]);  // pairs
+      for (std::int64_t jj = 0; jj < nj; ++jj) {  // pairs; those past D (dpad > D) stay zero
+        const std::int64_t j = j0 + jj;
+        for (std::int64_t d = 0; d < D; ++d) vc[(j / 2 * dpad + d) * 2 + j % 2] = v_rows[jj][d * v_inc];
+        if (D < dpad && j % 2 == 0)
+          std::fill(vc + (j / 2 * dpad + D) * 2, vc + (j / 2 + 1) * dpad * 2, std::uint16_t{0});
+      }
     }
   }
   tag[0] = b;
@@ -393,10 +426,14 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
       // O^T = diag(alpha) O^T + V^T P^T: A = 16 rows of V^T by 32 keys, B = 16 key pairs of P^T by 16 queries.
       const std::int64_t pairs = round_up(n, 32) / 2;
       pack_p_pairs(st, n, pairs, qcols, pp);
-      for (std::int64_t d = 0; d < D; ++d)
-        for (std::int64_t c = 0; c < qcols; c += 16)
-          _mm512_storeu_ps(o + d * kBlockQ + c,
-                           _mm512_mul_ps(_mm512_loadu_ps(o + d * kBlockQ + c), _mm512_loadu_ps(alpha + c)));
+      // O^T's columns rescaled where their row's max moved (alpha < 1); on
+      // long rows the max settles after a few blocks and most strips skip.
+      for (std::int64_t c = 0; c < qcols; c += 16) {
+        const __m512 a = _mm512_loadu_ps(alpha + c);
+        if (_mm512_cmp_ps_mask(a, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) == 0xffff) continue;
+        for (std::int64_t d = 0; d < D; ++d)
+          _mm512_storeu_ps(o + d * kBlockQ + c, _mm512_mul_ps(_mm512_loadu_ps(o + d * kBlockQ + c), a));
+      }
       for (std::int64_t d = 0; d < D; d += 32)
         for (std::int64_t c = 0; c < qcols; c += 32)
           amx_block<2, true>(vc + d * keys_cached + j0, keys_cached * 2, 64, pp + c, kBlockQ * 4, 16 * kBlockQ * 4,

@@ -90,21 +90,27 @@ inline void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st) 
   }
 }
 
-// Key j's K or V row of sequence b, kv head hk, widened to FP32: from the
-// logical tensor, or with a paged cache from page block_table[b][j / page] at
-// row j % page (the pages are read where they lie, never gathered).
+// Where key j's K or V row of sequence s lies: row s.k0 + j of batch s.tb
+// in the logical tensor, or with a paged cache row j % page of page
+// block_table[b][j / page] (the pages are read where they lie, never gathered).
+struct KvRow {
+  const Tensor& t;
+  std::int64_t b, row;
+};
+inline KvRow kv_row(const ForwardJob& job, const Tensor& logical, const Tensor& pages, const Sequence& s,
+                    std::int64_t j) {
+  if (job.p.kv_cache != KvCache::Paged) return {logical, s.tb, s.k0 + j};
+  const Tensor& table = job.in.block_table;  // a paged cache is never packed: s.tb is the batch
+  const std::int64_t page = job.p.page_size;
+  const std::int64_t phys = table.data_as<const std::int32_t>()[s.tb * table.stride(2) + (j / page) * table.stride(3)];
+  return {pages, phys, j % page};
+}
+
+// That row of kv head hk widened to FP32.
 inline void load_kv_row(const ForwardJob& job, const Tensor& logical, const Tensor& pages, const Sequence& s,
                         std::int64_t hk, std::int64_t j, float* dst) {
-  const std::int64_t D = job.p.head_dim;
-  if (job.p.kv_cache != KvCache::Paged) {
-    widen_row(logical, s.tb, hk, s.k0 + j, D, dst);
-    return;
-  }
-  const std::int64_t b = s.tb;  // a paged cache is never packed
-  const Tensor& table = job.in.block_table;
-  const std::int64_t page = job.p.page_size;
-  const std::int64_t phys = table.data_as<const std::int32_t>()[b * table.stride(2) + (j / page) * table.stride(3)];
-  widen_row(pages, phys, hk, j % page, D, dst);
+  const KvRow r = kv_row(job, logical, pages, s, j);
+  widen_row(r.t, r.b, hk, r.row, job.p.head_dim, dst);
 }
 
 // Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
@@ -133,6 +139,8 @@ inline void store_rows(const ForwardJob& job, const Sequence& s, std::int64_t h,
     for (std::int64_t i = 0; i < nq; ++i)
       lse[i] = l[i] > 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
   }
+  constexpr std::int64_t kMaxRow = 256;  // the largest head dim a Problem takes
+  float row[kMaxRow];                    // a 16-bit row, normalised, before store_row rounds it
   for (std::int64_t i = 0; i < nq; ++i) {
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     const float* src = o + i * ldo_row;
@@ -140,6 +148,9 @@ inline void store_rows(const ForwardJob& job, const Sequence& s, std::int64_t h,
     if (out.dtype() == DType::F32 && inc == 1) {
       float* dst = out.data_as<float>() + base;
       for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d * ldo_col] * inv;
+    } else if (D <= kMaxRow) {
+      for (std::int64_t d = 0; d < D; ++d) row[d] = src[d * ldo_col] * inv;
+      store_row(out, s.tb, h, s.q0 + i0 + i, D, row);
     } else {
       for (std::int64_t d = 0; d < D; ++d)
         store_from_float(out.data(), out.dtype(), base + d * inc, src[d * ldo_col] * inv);

@@ -85,8 +85,11 @@ std::int64_t lse_rows(const Problem& p);
 void require_shapes(const Problem& p, const Inputs& in, const char* who);
 
 // Row i of t[b, h] (n elements) widened to FP32 (baseline code: the drivers'
-// reads; the kernels have their own, flash_forward_kernels.h).
+// reads; the kernels have their own, flash_forward_kernels.h), and rounded
+// once from FP32 into t's dtype (the drivers' and the kernels' stores: these
+// are baseline code too, so no level's instructions leak into a shared symbol).
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst);
+void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, const float* src);
 
 // -inf where the band hides key j0 + j from query i0 + c, in S^T (row length
 // kBlockQ), on a block that straddles a bound.

@@ -28,23 +28,11 @@ void for_each_row(const Tensor& t, F&& f) {
 }
 
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, float* dst) {
-  const std::int64_t C = t.size(3), cs = t.stride(3), base = t.index(b, h, i, 0);
-  const void* data = t.data();
-  if (t.dtype() == DType::F32 && cs == 1) {
-    std::memcpy(dst, static_cast<const float*>(data) + base, static_cast<std::size_t>(C) * sizeof(float));
-    return;
-  }
-  for (std::int64_t j = 0; j < C; ++j) dst[j] = load_as_float(data, t.dtype(), base + j * cs);
+  load_run_as_float(t.data(), t.dtype(), t.index(b, h, i, 0), t.size(3), t.stride(3), dst);
 }
 
 void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, const float* src) {
-  const std::int64_t C = t.size(3), cs = t.stride(3), base = t.index(b, h, i, 0);
-  void* data = t.data();
-  if (t.dtype() == DType::F32 && cs == 1) {
-    std::memcpy(static_cast<float*>(data) + base, src, static_cast<std::size_t>(C) * sizeof(float));
-    return;
-  }
-  for (std::int64_t j = 0; j < C; ++j) store_from_float(data, t.dtype(), base + j * cs, src[j]);
+  store_run_from_float(t.data(), t.dtype(), t.index(b, h, i, 0), t.size(3), t.stride(3), src);
 }
 
 // The row loop every elementwise op shares: each row of `src` widened to
