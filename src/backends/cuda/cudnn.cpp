@@ -76,6 +76,7 @@
 #include "backends/cuda/cudnn_fp8.h"
 #include "backends/cuda/cudnn_graph.h"
 #include "backends/cuda/cudnn_inputs.h"
+#include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
 
 namespace attnprof::cuda {
@@ -585,13 +586,8 @@ class Cudnn final : public Backend {
   // padding mask's per-sequence counts. Once per graph, so the copy waits for
   // its host buffer rather than keep one.
   static Tensor lengths(std::int64_t batch, std::int64_t length, RunContext& ctx) {
-    Tensor t = Tensor::empty({batch, 1, 1, 1}, DType::I32, ctx.allocator);
-    const std::vector<std::int32_t> host(static_cast<std::size_t>(batch), static_cast<std::int32_t>(length));
-    const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    ATTNPROF_CUDA_CHECK(
-        cudaMemcpyAsync(t.data(), host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
-    ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return t;
+    return device_ints(std::vector<std::int32_t>(static_cast<std::size_t>(batch), static_cast<std::int32_t>(length)),
+                       ctx.allocator, static_cast<cudaStream_t>(ctx.stream));
   }
 
   int sm_version() const {

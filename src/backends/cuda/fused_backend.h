@@ -341,14 +341,14 @@ class FusedBackend : public Backend {
   // nothing else. A Boolean mask that is not key padding is refused here.
   void use_sequences(FusedParams& f, const Problem& p, const Inputs& in, RunContext& ctx,
                      std::optional<Storage>& key_counts) const {
+    const auto cuda_stream = static_cast<cudaStream_t>(ctx.stream);
     if (p.varlen()) {
-      const PackedLengths cu = device_cu_seqlens(p);
+      const PackedLengths cu = device_cu_seqlens(p, cuda_stream);
       f.cu_seqlens_q = cu.cu_q;
       f.cu_seqlens_k = cu.cu_k;
       f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
     }
     if (p.mask != MaskKind::Boolean) return;
-    const auto cuda_stream = static_cast<cudaStream_t>(ctx.stream);
     const std::optional<std::vector<std::int32_t>> lens = lowered_key_padding(in.mask, cuda_stream);
     if (!lens) {
       fail(ErrorKind::Unsupported, std::string(name_) +
