@@ -46,9 +46,8 @@ class FusedBackend : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (p.dtype == DType::F32) return {false, "fp32 is not supported: the fused kernels take fp16 or bf16 (use math)"};
-    if (is_fp8(p.dtype) && p.pass != Pass::Forward) {
-      return {false, std::string(name_) + " runs fp8 (e4m3) inputs forward only (pass=forward)"};
-    }
+    // dtype fp8 with a backward or training pass is Problem::validate()'s
+    // refusal, the one every front end gives before asking a backend.
     if (p.kv_cache == KvCache::Paged && !flash_) {
       return {false, "a paged KV cache is read by flash's decode kernel only (use flash, cudnn, naive or math)"};
     }
