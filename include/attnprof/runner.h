@@ -91,6 +91,8 @@ Spread spread_of(std::vector<double> samples);
 // The device's ceilings the metrics are held against, each measured once per
 // runtime unless the environment gives a known one (ATTNPROF_CEILING_TFLOPS,
 // ATTNPROF_COPY_GBS: measuring under a sanitizer or a debugger takes minutes).
+// ATTNPROF_CEILING_TFLOPS is the 16-bit (fp16, bf16) ceiling, which every
+// dtype but fp8 is held to; fp8's is twice it (e4m3's dense tensor-core rate).
 double ceiling_tflops(DeviceRuntime& rt, DType dtype);  // the matrix product's, TFLOP/s
 double copy_ceiling_gbs(DeviceRuntime& rt);             // a device-to-device copy's, read + written, GB/s
 

@@ -201,7 +201,10 @@ Environment (GPU runs):
                        keep CUPTI loaded after the profiled steps; by default
                        it detaches, so later calls pay nothing for it
   ATTNPROF_CEILING_TFLOPS=X
-                       the matrix-product ceiling, instead of measuring it
+                       the 16-bit (fp16, bf16) matrix-product ceiling in
+                       TFLOP/s, instead of measuring it; --dtype fp8 is held
+                       to twice it (e4m3's tensor-core rate), every other
+                       dtype to X
   ATTNPROF_COPY_GBS=X  the copy ceiling in GB/s (bytes read plus bytes
                        written), instead of timing a large device-to-device
                        copy. Both ceilings are measured once per process, on

@@ -126,6 +126,17 @@ class ScopedEnv {
   const char* name_;
 };
 
+// ATTNPROF_CEILING_TFLOPS is the 16-bit ceiling; fp8 is held to twice it
+// (e4m3's tensor-core rate), every other dtype to the figure itself.
+TEST(MatmulCeiling, TheEnvironmentGivesThe16BitCeilingAndFp8Twice) {
+  const ScopedEnv matmul("ATTNPROF_CEILING_TFLOPS", "774");
+  DeviceRuntime& rt = device_runtime(Device::Cpu);
+  EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::BF16), 774);
+  EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::F16), 774);
+  EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::F32), 774);
+  EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::F8E4M3), 2 * 774);
+}
+
 TEST(CopyCeiling, TheCpuRuntimeMeasuresAPositiveFigureOnce) {
   DeviceRuntime& rt = device_runtime(Device::Cpu);
   const double gbs = rt.copy_bandwidth_gbs();

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -23,11 +22,14 @@
 #include "attnprof/runner.h"
 #include "backends/cpu/cpu_backends.h"
 #include "common/test_problem.h"
+#include "common/varlen_cases.h"
 
 namespace attnprof {
 namespace {
 
-using Lens = std::vector<std::int64_t>;
+using testing::expect_accurate;
+using testing::length_sets;
+using testing::Lens;
 
 Problem packed(const Lens& q, const Lens& kv, MaskKind mask, DType dtype = DType::F32, std::int64_t heads = 2,
                std::int64_t kv_heads = 2, std::int64_t head_dim = 32, std::int64_t window = 0) {
@@ -185,30 +187,6 @@ TEST(VarlenProblem, ParsedFromTextWithTheBatchItsCount) {
   }
 }
 
-// Packed batches with an empty sequence, a one-row one, keys longer and
-// shorter than queries; random others from a fixed seed.
-std::vector<std::pair<Lens, Lens>> length_sets() {
-  std::vector<std::pair<Lens, Lens>> sets = {
-      {{1, 0, 70, 5}, {1, 0, 70, 5}},  // equal lengths, an empty and a one-row sequence
-      {{33, 1, 130}, {80, 7, 129}},    // more keys than queries, and fewer
-      {{64, 0, 3}, {64, 20, 0}},       // keys without queries, queries without keys
-      {{200}, {150}},                  // one sequence: the dense problem
-      {{17, 65, 128, 2, 90}, {17, 65, 128, 2, 90}},
-  };
-  std::mt19937 rng(22);
-  for (int s = 0; s < 2; ++s) {
-    Lens q, kv;
-    const int n = 2 + static_cast<int>(rng() % 4);
-    for (int b = 0; b < n; ++b) {
-      q.push_back(static_cast<std::int64_t>(rng() % 150));
-      kv.push_back(static_cast<std::int64_t>(rng() % 150) + 1);
-    }
-    q[0] += 1;  // never all empty
-    sets.emplace_back(q, kv);
-  }
-  return sets;
-}
-
 struct Config {
   const char* name;
   MaskKind mask;
@@ -229,17 +207,6 @@ Tensor nan_like(const Dims& d, DType dtype) {
   testing::for_each_index(
       t, [&](auto a, auto b, auto c, auto e) { t.set(a, b, c, e, std::numeric_limits<float>::quiet_NaN()); });
   return t;
-}
-
-void expect_accurate(const Problem& p, const ErrorStats& e, bool nan_ok, const std::string& what) {
-  if (!nan_ok) EXPECT_EQ(e.nan_rows, 0) << what;
-  EXPECT_GT(e.rows_checked, 0) << what;
-  if (p.dtype == DType::F32) {
-    EXPECT_LT(e.rel, 1e-5) << what;
-  } else {
-    const Acceptance a = accept(p.dtype, e, std::nullopt, nan_ok);
-    EXPECT_TRUE(a.pass) << what << ": " << a.why;
-  }
 }
 
 class VarlenBackends : public ::testing::TestWithParam<Config> {};
@@ -270,19 +237,19 @@ TEST_P(VarlenBackends, MatchFloat64ForwardAndBackward) {
       // and through P^T dO it reaches every dV row of that sequence.
       const bool nan_ok = b->traits().nan_on_fully_masked;
       const bool dv_nan = nan_ok && p.fully_masked_rows() > 0;
-      expect_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)), nan_ok, what + " out");
+      expect_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)), what + " out", nan_ok);
       const GradientErrors e =
           check_gradients_against_reference(p, in, dout, g, sample_rows(p, 1 << 20), sample_kv_rows(p, 1 << 20));
-      expect_accurate(p, e.dq, nan_ok, what + " dQ");
-      expect_accurate(p, e.dk, false, what + " dK");
-      if (!dv_nan) expect_accurate(p, e.dv, nan_ok, what + " dV");
+      expect_accurate(p, e.dq, what + " dQ", nan_ok);
+      expect_accurate(p, e.dk, what + " dK");
+      if (!dv_nan) expect_accurate(p, e.dv, what + " dV", nan_ok);
       // The inference forward writes what the training forward does.
       Tensor again = nan_like(p.q_dims(), p.dtype);
       Problem fwd = p;
       fwd.pass = Pass::Forward;
       b->forward(fwd, in, again, ctx);
-      expect_accurate(fwd, check_against_reference(fwd, in, again, sample_rows(fwd, 1 << 20)), nan_ok,
-                      what + " forward");
+      expect_accurate(fwd, check_against_reference(fwd, in, again, sample_rows(fwd, 1 << 20)), what + " forward",
+                      nan_ok);
     }
   }
 }

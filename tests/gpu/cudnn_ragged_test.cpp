@@ -1,13 +1,13 @@
 // cudnn on what real models feed it (issue 22): packed (variable-length)
 // batches on cuDNN's ragged layout, forward and one training step, on the
-// length sets of tests/cpu/varlen_test.cpp (empty, one-row and unequal
-// sequences), masks none, causal, bottom-right and the window, grouped-query
-// heads, bf16 and fp16, every output poisoned with NaN before the call and
-// checked against the float64 reference; boolean masks (a key-padding one,
-// which becomes cuDNN's padding mask, and an arbitrary one, which becomes its
-// bias), forward and backward, a fully masked row held to the reference's
-// zeros; soft caps; the refusals, each in one line; and the runner's train
-// pass on a packed batch (the layouts it allocates).
+// length sets of tests/cpu/varlen_test.cpp (tests/common/varlen_cases.h: empty,
+// one-row and unequal sequences), masks none, causal, bottom-right and the
+// window, grouped-query heads, bf16 and fp16, every output poisoned with NaN
+// before the call and checked against the float64 reference; boolean masks (a
+// key-padding one, which becomes cuDNN's padding mask, and an arbitrary one,
+// which becomes its bias), forward and backward, a fully masked row held to the
+// reference's zeros; soft caps; the refusals, each in one line; and the
+// runner's train pass on a packed batch (the layouts it allocates).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -25,12 +25,18 @@
 #include "attnprof/runner.h"
 #include "backends/cuda/cuda_backends.h"
 #include "common/test_problem.h"
+#include "common/varlen_cases.h"
 #include "gpu_test.h"
 
 namespace attnprof {
 namespace {
 
-using Lens = std::vector<std::int64_t>;
+using testing::expect_accurate;
+// The CPU's length sets (tests/common/varlen_cases.h): an empty and a one-row
+// sequence, more keys than queries and fewer, keys without queries and
+// queries without keys, one sequence alone, and two random sets.
+using testing::length_sets;
+using testing::Lens;
 
 Problem packed(const Lens& q, const Lens& kv, MaskKind mask, DType dtype, std::int64_t heads, std::int64_t kv_heads,
                std::int64_t head_dim, std::int64_t window = 0) {
@@ -41,31 +47,6 @@ Problem packed(const Lens& q, const Lens& kv, MaskKind mask, DType dtype, std::i
   p.normalize();
   p.validate();
   return p;
-}
-
-// The length sets of tests/cpu/varlen_test.cpp: an empty and a one-row
-// sequence, more keys than queries and fewer, keys without queries and
-// queries without keys, one sequence alone, and two random sets.
-std::vector<std::pair<Lens, Lens>> length_sets() {
-  std::vector<std::pair<Lens, Lens>> sets = {
-      {{1, 0, 70, 5}, {1, 0, 70, 5}},
-      {{33, 1, 130}, {80, 7, 129}},
-      {{64, 0, 3}, {64, 20, 0}},
-      {{200}, {150}},
-      {{17, 65, 128, 2, 90}, {17, 65, 128, 2, 90}},
-  };
-  std::mt19937 rng(22);
-  for (int s = 0; s < 2; ++s) {
-    Lens q, kv;
-    const int n = 2 + static_cast<int>(rng() % 4);
-    for (int b = 0; b < n; ++b) {
-      q.push_back(static_cast<std::int64_t>(rng() % 150));
-      kv.push_back(static_cast<std::int64_t>(rng() % 150) + 1);
-    }
-    q[0] += 1;
-    sets.emplace_back(q, kv);
-  }
-  return sets;
 }
 
 bool has_empty_sequence(const Problem& p) {
@@ -83,13 +64,6 @@ Tensor poisoned(const Dims& dims, DType dtype, bool rows_major) {
                         : Tensor::empty(dims, dtype, rt.allocator());
   rt.poison(t);
   return t;
-}
-
-void expect_accurate(const Problem& p, const ErrorStats& e, const std::string& what) {
-  EXPECT_EQ(e.nan_rows, 0) << what;
-  EXPECT_GT(e.rows_checked, 0) << what;
-  const Acceptance a = accept(p.dtype, e, std::nullopt, /*nan_allowed_on_masked_rows=*/false);
-  EXPECT_TRUE(a.pass) << what << ": " << a.why << ", max abs " << e.max_abs;
 }
 
 // The forward into `rows_major` outputs, then a training step (forward_train

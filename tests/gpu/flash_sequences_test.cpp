@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,12 +19,14 @@
 #include "attnprof/varlen.h"
 #include "backends/cuda/cuda_backends.h"
 #include "backends/cuda/fused_kernels.h"
+#include "common/varlen_cases.h"
 #include "gpu_test.h"
 
 namespace attnprof {
 namespace {
 
-using Lens = std::vector<std::int64_t>;
+using testing::expect_accurate;
+using testing::Lens;
 
 bool sm90_flash() { return testing::has_gpu() && cuda::flash_sm90_runs_here(); }
 
@@ -66,13 +67,6 @@ FlashRun run_flash(const Problem& p, const Inputs& host, const Tensor& host_dout
   return {rt.download(out), {rt.download(g.dq), rt.download(g.dk), rt.download(g.dv)}};
 }
 
-void expect_accurate(const Problem& p, const ErrorStats& e, const std::string& what) {
-  EXPECT_EQ(e.nan_rows, 0) << what;
-  EXPECT_GT(e.rows_checked, 0) << what;
-  const Acceptance a = accept(p.dtype, e, std::nullopt, false);
-  EXPECT_TRUE(a.pass) << what << ": " << a.why;
-}
-
 // The float64 check of a run: O, and with a backward dQ, dK and dV.
 void expect_matches_reference(const Problem& p, std::uint64_t seed) {
   const std::string what = p.describe();
@@ -93,28 +87,12 @@ void expect_matches_reference(const Problem& p, std::uint64_t seed) {
 
 // ---- Packed batches ------------------------------------------------------
 
-// Empty and one-row sequences, keys longer and shorter than queries, lengths
-// across tile edges (64, 128), and random ones.
-std::vector<std::pair<Lens, Lens>> length_sets() {
-  std::vector<std::pair<Lens, Lens>> sets = {
-      {{1, 0, 70, 5}, {1, 0, 70, 5}},
-      {{33, 1, 130}, {80, 7, 129}},
-      {{64, 0, 3}, {64, 20, 0}},
-      {{300}, {257}},
-      {{127, 128, 129, 255, 2}, {127, 128, 129, 255, 2}},
-  };
-  std::mt19937 rng(2212);
-  for (int s = 0; s < 2; ++s) {
-    Lens q, kv;
-    const int n = 2 + static_cast<int>(rng() % 5);
-    for (int b = 0; b < n; ++b) {
-      q.push_back(static_cast<std::int64_t>(rng() % 400));
-      kv.push_back(static_cast<std::int64_t>(rng() % 400) + 1);
-    }
-    q[0] += 1;
-    sets.emplace_back(q, kv);
-  }
-  return sets;
+// The shared sets (tests/common/varlen_cases.h), then one sequence and
+// lengths across the kernels' tile edges (64, 128), and random sets of up to
+// 6 sequences of up to 400 rows.
+std::vector<testing::LengthSet> length_sets() {
+  return testing::length_sets({{{300}, {257}}, {{127, 128, 129, 255, 2}, {127, 128, 129, 255, 2}}},
+                              {.seed = 2212, .more_sequences = 5, .max_len = 400});
 }
 
 struct Config {

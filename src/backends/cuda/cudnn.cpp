@@ -42,7 +42,8 @@
 // where false, in q's dtype: mask_to_bias.cu) and runs as a bias mask
 // (cudnn_inputs.h).
 //
-// A soft cap is cuDNN's score modifier (cudnn_graph.h, soft_cap()).
+// The 16-bit graphs are built in cudnn_graph.cpp (build_sdpa()); a soft cap
+// is cuDNN's score modifier there (soft_cap()).
 //
 // dtype fp8 is cuDNN's FP8 SDPA graph (cudnn_fp8.h: which problems it
 // takes, its scalars, its e4m3 O and amaxes), forward only, built, cached
@@ -75,6 +76,7 @@
 #include "backends/cuda/cudnn_fp8.h"
 #include "backends/cuda/cudnn_graph.h"
 #include "backends/cuda/cudnn_inputs.h"
+#include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
 
 namespace attnprof::cuda {
@@ -584,13 +586,8 @@ class Cudnn final : public Backend {
   // padding mask's per-sequence counts. Once per graph, so the copy waits for
   // its host buffer rather than keep one.
   static Tensor lengths(std::int64_t batch, std::int64_t length, RunContext& ctx) {
-    Tensor t = Tensor::empty({batch, 1, 1, 1}, DType::I32, ctx.allocator);
-    const std::vector<std::int32_t> host(static_cast<std::size_t>(batch), static_cast<std::int32_t>(length));
-    const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    ATTNPROF_CUDA_CHECK(
-        cudaMemcpyAsync(t.data(), host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
-    ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return t;
+    return device_ints(std::vector<std::int32_t>(static_cast<std::size_t>(batch), static_cast<std::int32_t>(length)),
+                       ctx.allocator, static_cast<cudaStream_t>(ctx.stream));
   }
 
   int sm_version() const {
@@ -608,105 +605,9 @@ class Cudnn final : public Backend {
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     if (handle_ == nullptr) ATTNPROF_CUDNN_CHECK(cudnnCreate(&handle_));
     Entry e;
-    e.failure = build(p, l, kind, e.graph);
+    e.failure = is_fp8(p.dtype) ? cudnn_fp8::build(handle_, p, l, fp8_bf16_output(), e.graph)
+                                : build_sdpa(handle_, p, l, kind, e.graph);
     return cache_.emplace(key, std::move(e)).first->second;
-  }
-
-  // A graph input from the layout, with its ragged offset when the layout
-  // has one for it.
-  static std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
-                                                             const Layout& l, fe::DataType_t type) {
-    auto t = add_tensor(g, name, uid, l[uid], type);
-    ragged(g, *t, uid, l);
-    return t;
-  }
-
-  // Sets a graph output's uid, dims, strides, type and ragged offset from the layout.
-  static void output(fe::graph::Graph& g, fe::graph::Tensor_attributes& t, Uid uid, const Layout& l,
-                     fe::DataType_t type) {
-    t.set_output(true).set_uid(uid).set_dim(l[uid].dims).set_stride(l[uid].strides).set_data_type(type);
-    ragged(g, t, uid, l);
-  }
-
-  static void ragged(fe::graph::Graph& g, fe::graph::Tensor_attributes& t, Uid uid, const Layout& l) {
-    for (const RaggedPair& r : kRagged) {
-      if (r.tensor == uid && l.has(r.offset)) {
-        t.set_ragged_offset(add_tensor(g, "ragged_offset", r.offset, l[r.offset], fe::DataType_t::INT32));
-      }
-    }
-  }
-
-  // The padding mask with the call's per-sequence lengths (a packed batch's,
-  // a key-padding mask's), on a forward's or a backward's attributes.
-  template <class Attributes>
-  static void padding(fe::graph::Graph& g, Attributes& options, const Layout& l) {
-    if (!l.padding()) return;
-    auto seq_q = add_tensor(g, "seq_len_q", kSeqQ, l[kSeqQ], fe::DataType_t::INT32);
-    auto seq_kv = add_tensor(g, "seq_len_kv", kSeqKV, l[kSeqKV], fe::DataType_t::INT32);
-    options.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
-  }
-
-  std::string build(const Problem& p, const Layout& l, GraphKind kind, std::shared_ptr<PlanGraph>& out) const {
-    if (is_fp8(p.dtype)) return cudnn_fp8::build(handle_, p, l, fp8_bf16_output(), out);
-    const auto io = p.dtype == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
-    auto g = std::make_shared<PlanGraph>();
-    g->set_io_data_type(io)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto q = input(*g, "Q", kQ, l, io);
-    auto k = input(*g, "K", kK, l, io);
-    auto v = input(*g, "V", kV, l, io);
-    std::shared_ptr<fe::graph::Tensor_attributes> bias;
-    if (p.mask == MaskKind::Bias) bias = add_tensor(*g, "Bias", kBias, l[kBias], io);
-    const auto scale = static_cast<float>(p.softmax_scale());
-    if (kind == GraphKind::Backward) {
-      auto o = input(*g, "O", kO, l, io);
-      auto d_o = input(*g, "dO", kDO, l, io);
-      auto stats = input(*g, "Stats", kStats, l, fe::DataType_t::FLOAT);
-      // The frontend's deterministic algorithm sums dQ in a fixed order
-      // instead of with atomics: what --deterministic asks for.
-      auto options = fe::graph::SDPA_backward_attributes()
-                         .set_name("sdpa_backward")
-                         .set_attn_scale(scale)
-                         .set_deterministic_algorithm(p.deterministic);
-      set_mask(options, p, bias);
-      padding(*g, options, l);
-      if (p.softcap > 0) soft_cap(options, p);
-      auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
-      output(*g, *dq, kDQ, l, io);
-      output(*g, *dk, kDK, l, io);
-      output(*g, *dv, kDV, l, io);
-    } else {
-      const bool train = kind == GraphKind::TrainForward;
-      auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(train).set_attn_scale(scale);
-      set_mask(options, p, bias);
-      padding(*g, options, l);
-      if (p.softcap > 0) soft_cap(options, p);
-      if (p.kv_cache == KvCache::Paged) paged(*g, options, p, l);
-      auto [o, stats] = g->sdpa(q, k, v, options);
-      output(*g, *o, kO, l, io);
-      if (train) output(*g, *stats, kStats, l, fe::DataType_t::FLOAT);  // stats is null otherwise
-    }
-    out = g;
-    return check_graph(*g, handle_);
-  }
-
-  // cuDNN's paged SDPA on a forward's attributes: the page tables (the block
-  // table for K and for V), the keys each sequence holds (the problem's, not
-  // the pages' padded count), and the padding mask paging requires, its
-  // lengths int32 [B, 1, 1, 1].
-  static void paged(fe::graph::Graph& g, fe::graph::SDPA_attributes& options, const Problem& p, const Layout& l) {
-    const TensorDesc counts{{p.batch, 1, 1, 1}, {1, 1, 1, 1}};
-    auto seq_q = add_tensor(g, "seq_len_q", kSeqQ, counts, fe::DataType_t::INT32);
-    auto seq_kv = add_tensor(g, "seq_len_kv", kSeqKV, counts, fe::DataType_t::INT32);
-    auto table_k = add_tensor(g, "page_table_k", kPageK, l[kPageK], fe::DataType_t::INT32);
-    auto table_v = add_tensor(g, "page_table_v", kPageV, l[kPageV], fe::DataType_t::INT32);
-    options.set_padding_mask(true)
-        .set_seq_len_q(seq_q)
-        .set_seq_len_kv(seq_kv)
-        .set_paged_attention_k_table(table_k)
-        .set_paged_attention_v_table(table_v)
-        .set_paged_attention_max_seq_len_kv(static_cast<int>(p.kv_seq));
   }
 
   mutable std::mutex mutex_;

@@ -43,7 +43,7 @@ void set_mask(fe::graph::SDPA_fp8_attributes& a, const Problem& p) {
       a.set_diagonal_alignment(align).set_diagonal_band_right_bound(0);
       break;
     case MaskKind::SlidingWindow:
-      // Keeps i + off - window < j <= i + off, as cudnn_graph.h's set_mask().
+      // Keeps i + off - window < j <= i + off, as cudnn_graph.cpp's set_mask().
       a.set_diagonal_alignment(align).set_diagonal_band_right_bound(0).set_diagonal_band_left_bound(
           static_cast<int>(p.window));
       break;

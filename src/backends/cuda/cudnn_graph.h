@@ -1,12 +1,13 @@
 // The vocabulary of the cudnn backend's graphs (cudnn.cpp): the tensors'
 // uids and the three graph kinds, the descriptors cuDNN sees ([B, H, S, D]
 // with strides; a paged cache's page containers and page table; a packed
-// batch's ragged layout), a problem's
-// layout and cache key, the frontend graph whose chosen plan may be run
-// directly, a cached graph's entry, a call's key for the direct path, and the
-// masks, tensors and checks every graph shares. Only cudnn.cpp and its
-// halves (cudnn_fp8.cpp, the FP8 graph; cudnn_inputs.cpp, a call's mask and
-// ragged inputs) include it, in builds with the cuDNN frontend.
+// batch's ragged layout), a problem's layout and cache key, the frontend
+// graph whose chosen plan may be run directly, a cached graph's entry, a
+// call's key for the direct path, the tensors and checks every graph shares,
+// and the 16-bit graphs' builder (build_sdpa()). Only cudnn.cpp and its
+// halves (cudnn_graph.cpp, the 16-bit graphs; cudnn_fp8.cpp, the FP8 graph;
+// cudnn_inputs.cpp, a call's mask and ragged inputs) include it, in builds
+// with the cuDNN frontend.
 #pragma once
 
 #include <cudnn_frontend.h>
@@ -19,7 +20,6 @@
 #include <memory>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -340,72 +340,6 @@ struct LastCall {
   bool valid = false;
 };
 
-// The masks the forward and backward attributes spell alike. With a soft
-// cap the structural masks are the score modifier's instead (soft_cap()):
-// the frontend takes no diagonal band beside a score modifier.
-template <class Attributes>
-void set_mask(Attributes& a, const Problem& p, const std::shared_ptr<fe::graph::Tensor_attributes>& bias) {
-  if (p.mask == MaskKind::Bias) a.set_bias(bias);
-  if (p.softcap > 0) return;
-  switch (p.mask) {
-    case MaskKind::Causal:
-      a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-      break;
-    case MaskKind::CausalBottomRight:
-      a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
-      break;
-    case MaskKind::SlidingWindow:
-      // Keeps i + off - window < j <= i + off: cuDNN's left bound counts the
-      // same `window` keys back from the bottom-right diagonal.
-      a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
-          .set_diagonal_band_right_bound(0)
-          .set_diagonal_band_left_bound(static_cast<int>(p.window));
-      break;
-    default:
-      break;
-  }
-}
-
-// Soft-capping as cuDNN's score modifier, on the scaled scores s before the
-// bias (the order Problem::softcap gives): c tanh(s / c) through the
-// frontend's Softcap (divide, tanh, multiply), then the structural mask the
-// attributes cannot carry beside it, as the frontend's own subgraph for it.
-// The backward graph applies the same forward to recompute P and Softcap's
-// backward (dS (1 - tanh^2(s / c))) before the attention scale, so both of
-// its modifiers share one Softcap, which keeps s / c between them.
-template <class Attributes>
-void soft_cap(Attributes& a, const Problem& p) {
-  using fe::graph::attn::score_modifiers::Softcap;
-  auto cap = std::make_shared<Softcap>();
-  const auto value = static_cast<float>(p.softcap);
-  const std::int64_t s_q = p.seq, s_kv = p.kv_seq, window = p.window;
-  const MaskKind mask = p.mask;
-  a.set_score_mod([cap, value, s_q, s_kv, window, mask](std::shared_ptr<fe::graph::Graph> g,
-                                                        std::shared_ptr<fe::graph::Tensor_attributes> s) {
-    s = cap->forward(g, s, std::make_shared<fe::graph::Tensor_attributes>(value));
-    namespace sm = fe::graph::attn::score_modifiers;
-    switch (mask) {
-      case MaskKind::Causal:
-        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::TOP_LEFT, std::nullopt, 0, s_q, s_kv, nullptr,
-                                       nullptr);
-      case MaskKind::CausalBottomRight:
-        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::BOTTOM_RIGHT, std::nullopt, 0, s_q, s_kv, nullptr,
-                                       nullptr);
-      case MaskKind::SlidingWindow:
-        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::BOTTOM_RIGHT, window, 0, s_q, s_kv, nullptr,
-                                       nullptr);
-      default:
-        return s;
-    }
-  });
-  if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_backward_attributes>) {
-    a.set_score_mod_bprop(
-        [cap, value](std::shared_ptr<fe::graph::Graph> g, std::shared_ptr<fe::graph::Tensor_attributes> ds) {
-          return cap->backward(g, ds, std::make_shared<fe::graph::Tensor_attributes>(value));
-        });
-  }
-}
-
 // cuDNN's messages may run over several lines; a reason or an error is one.
 inline std::string one_line(std::string s) {
   for (char& c : s) {
@@ -448,5 +382,12 @@ inline std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph
       fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d.dims).set_stride(d.strides).set_data_type(
           type));
 }
+
+// The 16-bit (fp16, bf16) SDPA graph of `kind` for p and layout l
+// (cudnn_graph.cpp; dtype fp8's is cudnn_fp8.h's), built up to
+// check_support(): empty when cuDNN takes it, else its refusal in its own
+// words, on one line.
+std::string build_sdpa(cudnnHandle_t handle, const Problem& p, const Layout& l, GraphKind kind,
+                       std::shared_ptr<PlanGraph>& out);
 
 }  // namespace attnprof::cuda::cudnn_graph

@@ -116,13 +116,7 @@ bool CallInputs::trim() {
 }
 
 const Tensor& CallInputs::ints(const std::vector<std::int32_t>& values, RunContext& ctx) {
-  auto it = ints_.find(values);
-  if (it != ints_.end()) return it->second;
-  Tensor t = Tensor::empty({static_cast<std::int64_t>(values.size()), 1, 1, 1}, DType::I32, ctx.allocator);
-  const auto stream = static_cast<cudaStream_t>(ctx.stream);
-  ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(t.data(), values.data(), t.nbytes(), cudaMemcpyHostToDevice, stream));
-  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return ints_.emplace(values, std::move(t)).first->second;
+  return ints_.get(values, ctx.allocator, static_cast<cudaStream_t>(ctx.stream));
 }
 
 }  // namespace attnprof::cuda::cudnn_graph

@@ -10,13 +10,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <vector>
 
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
 #include "backends/cuda/cudnn_graph.h"
+#include "backends/cuda/sequence_lengths.h"
 
 namespace attnprof::cuda::cudnn_graph {
 
@@ -55,15 +55,15 @@ class CallInputs {
   bool trim();
 
  private:
-  // `values` as int32 [n, 1, 1, 1] on the device, made the first time these
-  // values are asked for (a copy from the host that the stream waits for, as
-  // cudnn.cpp's lengths() does) and kept.
+  // `values` as int32 [n, 1, 1, 1] on the device, made from the call's
+  // allocator the first time these values are asked for and kept.
   const Tensor& ints(const std::vector<std::int32_t>& values, RunContext& ctx);
 
-  // The device offsets and lengths by their values; started over past
-  // kMaxInts buffers.
+  // The device offsets and lengths by their values (sequence_lengths.h says
+  // how their lifetime differs from flash's); started over past kMaxInts
+  // buffers.
   static constexpr std::size_t kMaxInts = 256;
-  std::map<std::vector<std::int32_t>, Tensor> ints_;
+  KeptInts ints_;
   // A boolean mask's bias (lower_mask()), kept so that calls bind one address.
   Tensor mask_bias_;
 };

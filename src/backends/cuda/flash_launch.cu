@@ -138,14 +138,14 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % alignof(float) != 0) {
     return say("lse must be a float-aligned device pointer (or null)");
   }
+  // Tiles are loaded in 16-byte rows: 16 e4m3 elements, or 8 of a 16-bit dtype.
+  const std::int64_t per_16_bytes = p.fp8 ? 16 : 8;
   for (const std::int64_t stride :
        {p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.k_batch_stride, p.k_head_stride, p.k_row_stride,
         p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.o_batch_stride, p.o_head_stride, p.o_row_stride}) {
-    if (stride % (p.fp8 ? 16 : 8) != 0) {
-      return say(p.fp8 ? "every batch, head and row stride must be a multiple of 16 elements (16-byte rows of "
-                         "e4m3); make the tensors contiguous"
-                       : "every batch, head and row stride must be a multiple of 8 elements (16-byte rows); "
-                         "make the tensors contiguous");
+    if (stride % per_16_bytes != 0) {
+      return say("every batch, head and row stride must be a multiple of " + std::to_string(per_16_bytes) +
+                 " elements (16-byte rows" + (p.fp8 ? " of e4m3" : "") + "); make the tensors contiguous");
     }
   }
   // Tile loads and stores index rows inside one tile with 32-bit offsets.

@@ -46,9 +46,8 @@ class FusedBackend : public Backend {
 
   Eligibility eligibility(const Problem& p) const override {
     if (p.dtype == DType::F32) return {false, "fp32 is not supported: the fused kernels take fp16 or bf16 (use math)"};
-    if (is_fp8(p.dtype) && p.pass != Pass::Forward) {
-      return {false, std::string(name_) + " runs fp8 (e4m3) inputs forward only (pass=forward)"};
-    }
+    // dtype fp8 with a backward or training pass is Problem::validate()'s
+    // refusal, the one every front end gives before asking a backend.
     if (p.kv_cache == KvCache::Paged && !flash_) {
       return {false, "a paged KV cache is read by flash's decode kernel only (use flash, cudnn, naive or math)"};
     }
@@ -341,14 +340,14 @@ class FusedBackend : public Backend {
   // nothing else. A Boolean mask that is not key padding is refused here.
   void use_sequences(FusedParams& f, const Problem& p, const Inputs& in, RunContext& ctx,
                      std::optional<Storage>& key_counts) const {
+    const auto cuda_stream = static_cast<cudaStream_t>(ctx.stream);
     if (p.varlen()) {
-      const PackedLengths cu = device_cu_seqlens(p);
+      const PackedLengths cu = device_cu_seqlens(p, cuda_stream);
       f.cu_seqlens_q = cu.cu_q;
       f.cu_seqlens_k = cu.cu_k;
       f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
     }
     if (p.mask != MaskKind::Boolean) return;
-    const auto cuda_stream = static_cast<cudaStream_t>(ctx.stream);
     const std::optional<std::vector<std::int32_t>> lens = lowered_key_padding(in.mask, cuda_stream);
     if (!lens) {
       fail(ErrorKind::Unsupported, std::string(name_) +

@@ -3,39 +3,64 @@
 
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <utility>
 
+#include "backends/cuda/caching_allocator.h"
 #include "backends/cuda/runtime.h"
 #include "core/cuda_check.h"
 #include "core/mask_lowering.h"
 
 namespace attnprof::cuda {
 
-PackedLengths device_cu_seqlens(const Problem& p) {
-  using Key = std::tuple<int, std::vector<std::int64_t>, std::vector<std::int64_t>>;
+Tensor device_ints(const std::vector<std::int32_t>& values, Allocator& allocator, cudaStream_t stream) {
+  Tensor t = Tensor::empty({static_cast<std::int64_t>(values.size()), 1, 1, 1}, DType::I32, allocator);
+  ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(t.data(), values.data(), t.nbytes(), cudaMemcpyHostToDevice, stream));
+  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return t;
+}
+
+const Tensor* KeptInts::find(const std::vector<std::int32_t>& values) const {
+  const auto it = kept_.find(values);
+  return it == kept_.end() ? nullptr : &it->second;
+}
+
+const Tensor& KeptInts::get(const std::vector<std::int32_t>& values, Allocator& allocator, cudaStream_t stream) {
+  if (const Tensor* t = find(values)) return *t;
+  return kept_.emplace(values, device_ints(values, allocator, stream)).first->second;
+}
+
+PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream) {
+  // Per device, made on its first packed batch and never destroyed (a kernel
+  // may read a set until the process ends): the memory (an allocator of its
+  // own, which no run's profile counts) and the sets, each
+  // [cu_q (batch + 1), cu_k (batch + 1)].
+  struct PerDevice {
+    explicit PerDevice(int device) : memory(device) {}
+    CachingAllocator memory;
+    KeptInts sets;
+  };
   static std::mutex mutex;
-  static std::map<Key, std::int32_t*> kept;  // [cu_q (batch + 1), cu_k (batch + 1)] a set
+  static auto& devices = *new std::map<int, PerDevice>;
   int device = 0;
   ATTNPROF_CUDA_CHECK(cudaGetDevice(&device));
-  Key key{device, p.seq_lens, p.kv_seq_lens};
-  std::lock_guard lock(mutex);
   const std::size_t n = p.seq_lens.size() + 1;
-  if (const auto it = kept.find(key); it != kept.end()) return {it->second, it->second + n};
-  if (kept.size() >= kKeptLengthSets) {
-    ATTNPROF_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel reads the old sets any more
-    for (auto& [k, ptr] : kept) ATTNPROF_CUDA_CHECK(cudaFree(ptr));
-    kept.clear();
-  }
   std::vector<std::int32_t> host;
   host.reserve(2 * n);
   for (const std::int64_t c : p.cu_seqlens_q()) host.push_back(static_cast<std::int32_t>(c));
   for (const std::int64_t c : p.cu_seqlens_k()) host.push_back(static_cast<std::int32_t>(c));
-  std::int32_t* buffer = nullptr;
-  ATTNPROF_CUDA_CHECK(cudaMalloc(&buffer, host.size() * sizeof(std::int32_t)));
-  ATTNPROF_CUDA_CHECK(cudaMemcpy(buffer, host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-  kept.emplace(std::move(key), buffer);
-  return {buffer, buffer + n};
+  std::lock_guard lock(mutex);
+  PerDevice& d = devices.try_emplace(device, device).first->second;
+  const Tensor* set = d.sets.find(host);
+  if (set == nullptr) {
+    if (d.sets.size() >= kKeptLengthSets) {
+      ATTNPROF_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel reads the old sets any more
+      d.sets.clear();
+      d.memory.release_cached();
+    }
+    set = &d.sets.get(host, d.memory, stream);
+  }
+  const auto* cu = static_cast<const std::int32_t*>(set->data());
+  return {cu, cu + n};
 }
 
 std::optional<std::vector<std::int32_t>> lowered_key_padding(const Tensor& mask, cudaStream_t stream) {

@@ -1,12 +1,16 @@
 // The device-side sequence lengths that flash's sm90 kernels read
 // (FusedParams::cu_seqlens_q/k and kv_lens): a packed batch's cumulative
 // lengths, and a dense batch's per-sequence key counts, from a caller's
-// kv_lens or from a key-padding mask lowered on the host.
+// kv_lens or from a key-padding mask lowered on the host; and the int32
+// buffers kept on the device by value that flash's lengths and cudnn's
+// ragged offsets and lengths (cudnn_inputs.h) are both kept in.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -15,18 +19,52 @@
 
 namespace attnprof::cuda {
 
+// `values` as int32 [n, 1, 1, 1] on the device, from `allocator`: copied on
+// `stream` and waited for, so that `values` may go at once and a kernel on
+// any stream may read the copy.
+Tensor device_ints(const std::vector<std::int32_t>& values, Allocator& allocator, cudaStream_t stream);
+
+// int32 sets kept on the device by their values: data a kernel or a graph
+// reads that is the same on every call of a problem (a packed batch's
+// cumulative lengths, cuDNN's ragged offsets and lengths). The first ask for
+// a set copies it (device_ints()); later asks find the same buffer, so
+// repeated calls bind the same addresses.
+//
+// The copy and the cache only: its two owners keep lifetimes of their own,
+// which differ. flash's cumulative lengths (device_cu_seqlens()) are
+// process-wide, one cache per device that every flash call on it shares (the
+// fused backends keep no per-call state), in memory of their own that no
+// run's allocator counts, and go only after a device synchronise, since
+// kernels queued on any stream may still read them. cudnn's (cudnn_inputs.h)
+// belong to one backend, come from its calls' allocator (counted in its
+// workspace_bytes()) and go at the start of a call, before anything is bound,
+// together with the variant packs cached on their addresses.
+class KeptInts {
+ public:
+  // The kept copy of `values`; null when there is none.
+  const Tensor* find(const std::vector<std::int32_t>& values) const;
+  // The kept copy of `values`, made from `allocator` on `stream` the first
+  // time they are asked for.
+  const Tensor& get(const std::vector<std::int32_t>& values, Allocator& allocator, cudaStream_t stream);
+  std::size_t size() const { return kept_.size(); }
+  void clear() { kept_.clear(); }
+
+ private:
+  std::map<std::vector<std::int32_t>, Tensor> kept_;
+};
+
 struct PackedLengths {
   const std::int32_t* cu_q = nullptr;  // [batch + 1], from 0
   const std::int32_t* cu_k = nullptr;
 };
 
 // Device copies of a packed problem's cumulative lengths on the current
-// device: made on the first call with these lengths (one synchronous copy)
-// and kept, so that a training loop over the same batch shapes copies
-// nothing per call. At most kKeptLengthSets sets are kept; past that the
-// device is synchronised and the cache starts again.
-inline constexpr int kKeptLengthSets = 256;
-PackedLengths device_cu_seqlens(const Problem& p);
+// device: made on the first call with these lengths (one copy on `stream`,
+// waited for) and kept (KeptInts), so that a training loop over the same
+// batch shapes copies nothing per call. At most kKeptLengthSets sets are
+// kept; past that the device is synchronised and the cache starts again.
+inline constexpr std::size_t kKeptLengthSets = 256;
+PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream);
 
 // A CUDA Boolean mask lowered to per-sequence key counts
 // (core/mask_lowering.h's key_padding_lengths on a host copy, read on
