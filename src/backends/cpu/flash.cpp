@@ -393,14 +393,14 @@ class FlashCpu final : public Backend {
 
     // Items run head by head; within a head the later query blocks, which
     // see more keys under causal masks, are handed out first (dynamic
-    // schedule), so the last items to finish are the short ones. bf16 inputs,
-    // when every head has the same work (no per-sequence lengths) and there
-    // are four heads a thread or more: a thread takes a head whole, since the
-    // bf16 kernels repack a head's K and V once per thread that works on it
+    // schedule), so the last items to finish are the short ones. Where the
+    // kernels repack a head's K and V once per thread that works on it (the
+    // bf16 ones), every head has the same work (no per-sequence lengths) and
+    // there are four heads a thread or more, a thread takes a head whole
     // (2x8x1024x64 causal on AMX: 14.4 -> 10.2 ms, docs/perf/cpu-flash.md);
-    // FP32 reads K and V in place and keeps the finer schedule.
+    // the FP32 kernels read K and V in place and keep the finer schedule.
     const bool equal_heads = !p.varlen() && lens.empty();
-    const bool whole_heads = p.dtype == DType::BF16 && equal_heads && heads >= 4 * threads;
+    const bool whole_heads = kernels.forward_repacks_heads(p) && equal_heads && heads >= 4 * threads;
     const std::int64_t chunk = whole_heads ? q_blocks : 1;
 #pragma omp parallel num_threads(threads)
     {

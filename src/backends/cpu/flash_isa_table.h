@@ -48,12 +48,14 @@ inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, 
 inline const char* forward_products(const Problem& p) {
   return bf16_path(p) ? forward_products_bf16(p) : forward_products_fp32(p);
 }
+inline bool forward_repacks_heads(const Problem& p) { return bf16_path(p); }
 #else
 inline std::int64_t forward_scratch(const Problem& p) { return forward_scratch_fp32(p); }
 inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
   attend_block_fp32(job, b, h, i0, scratch);
 }
 inline const char* forward_products(const Problem& p) { return forward_products_fp32(p); }
+inline bool forward_repacks_heads(const Problem&) { return false; }
 #endif
 
 }  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS
@@ -63,7 +65,9 @@ namespace attnprof::cpu::flash {
 const Kernels ATTNPROF_ISA_TABLE {
   .isa = ATTNPROF_ISA_LEVEL, .lanes = ATTNPROF_ISA_NS::kLanes,
   .forward_scratch_floats = &ATTNPROF_ISA_NS::forward_scratch, .attend_block = &ATTNPROF_ISA_NS::attend_block,
-  .forward_products = &ATTNPROF_ISA_NS::forward_products, .backward_key_rows = &ATTNPROF_ISA_NS::key_block_rows,
+  .forward_products = &ATTNPROF_ISA_NS::forward_products,
+  .forward_repacks_heads = &ATTNPROF_ISA_NS::forward_repacks_heads,
+  .backward_key_rows = &ATTNPROF_ISA_NS::key_block_rows,
   .backward_scratch_floats = &ATTNPROF_ISA_NS::backward_scratch_floats, .key_block = &ATTNPROF_ISA_NS::key_block_fp32,
 #if ATTNPROF_FLASH_AVX512
   .backward_products = "FP32 FMA products on 16 lanes (AVX-512)",

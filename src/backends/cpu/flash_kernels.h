@@ -61,6 +61,9 @@ struct Kernels {
   void (*attend_block)(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch);
   // The products the forward uses for p: a static sentence for the story.
   const char* (*forward_products)(const Problem& p);
+  // Whether the forward repacks each head's K and V into the thread's scratch
+  // for p (the bf16 kernels' caches): the driver then hands a thread whole heads.
+  bool (*forward_repacks_heads)(const Problem& p);
   // The backward: keys per item, per-thread scratch in floats, one item
   // (sequence b, kv head hk, key block kb).
   std::int64_t (*backward_key_rows)(std::int64_t head_dim);
