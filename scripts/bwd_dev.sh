@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The backward's development loop on the GPU machine, in one call: its GPU
-# tests, compute-sanitizer on ragged shapes, and flash's backward next to our
+# tests, compute-sanitizer on ragged shapes, flash's backward next to our
 # cudnn backend's on issue 21's rows (attnprof compare --pass backward, GPU
-# time from CUPTI), as a short table. Takes a build dir (default build/gpu),
+# time from CUPTI), as a short table, and (det) flash's --deterministic
+# backward against its default one. Takes a build dir (default build/gpu),
 # which may be one built elsewhere and carried (its binaries and
 # libattnprof_cuda.so). Known ceilings, so compare does not measure them.
-#   scripts/bwd_dev.sh [BUILD_DIR] [tests] [sanitize] [bench]
+#   scripts/bwd_dev.sh [BUILD_DIR] [tests] [sanitize] [bench] [det]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build/gpu}; shift || true
@@ -24,6 +25,8 @@ if [[ " $steps " == *" sanitize "* ]]; then
       "--seq 190 --kv-seq 77 --mask causal --head-dim 64 --heads 3 --kv-heads 1 --deterministic" \
       "--seq 150 --kv-seq 201 --mask causal-bottom-right --head-dim 256 --heads 2 --kv-heads 1" \
       "--seq 170 --mask sliding-window --window 40 --head-dim 192 --heads 2 --deterministic" \
+      "--seq 150 --kv-seq 201 --mask causal-bottom-right --head-dim 192 --heads 4 --kv-heads 2" \
+      "--seq 190 --kv-seq 250 --mask none --head-dim 192 --heads 2 --kv-heads 1" \
       "--seq 210 --kv-seq 333 --mask none --head-dim 64 --heads 3 --kv-heads 1"; do
       ATTNPROF_NO_CUPTI=1 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $B/attnprof profile --device cuda \
         --backend flash --pass backward --batch 1 $args --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san \
@@ -67,5 +70,26 @@ hd96_2x24x4096x96 2 24 24 4096 96 causal bf16
 fp16_4x16x2048x128 4 16 16 2048 128 causal fp16
 hd256_2x16x4096x256 2 16 16 4096 256 causal bf16
 hd192_2x16x4096x192 2 16 16 4096 192 causal bf16
+ROWS
+fi
+if [[ " $steps " == *" det "* ]]; then
+  printf '%-34s %-8s %12s %14s %7s\n' row mask "default ms" "determin. ms" ratio
+  while read -r label b h s d mask; do
+    for det in "" --deterministic; do
+      timeout 120 $B/attnprof compare --device cuda --pass backward --backends flash --batch $b --heads $h --seq $s \
+        --head-dim $d --mask $mask --check-rows 8 $det --json /tmp/det$det.json --trace-dir /tmp/det --quiet \
+        >/tmp/det.txt 2>&1 || echo "$label $det: compare rc $? $(tail -1 /tmp/det.txt)"
+    done
+    python3 - "$label" "$mask" <<'PY'
+import json, sys
+t = [json.load(open(f))["results"][0]["device_time_us"] for f in ("/tmp/det.json", "/tmp/det--deterministic.json")]
+print(f"{sys.argv[1]:<34} {sys.argv[2]:<8} {t[0] / 1e3:12.3f} {t[1] / 1e3:14.3f} {t[1] / t[0]:7.2f}")
+PY
+  done <<'ROWS'
+grid_2x16x8192x128 2 16 8192 128 causal
+grid_2x16x8192x128 2 16 8192 128 none
+grid_4x16x4096x64 4 16 4096 64 causal
+hd192_2x16x4096x192 2 16 4096 192 causal
+hd256_2x16x4096x256 2 16 4096 256 causal
 ROWS
 fi

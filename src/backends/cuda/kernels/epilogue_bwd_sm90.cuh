@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backends/cuda/kernels/bwd_args.cuh"
 #include "backends/cuda/kernels/epilogue_bwd_sm80.cuh"
@@ -39,12 +40,9 @@ struct DqTileLayout {
 
 // The first column of consumer wg's n-tile nt of dQ (and, wide, of dK and
 // dV) at padded head dim kPadDim: the consumer's half of the columns, in
-// order; at 192, the 64-column region wg then the 32 columns 128 + 32 wg, so
-// that both consumers' chunks (64 and 32 columns) are the same instructions,
-// a region or 64 bytes into one (mainloop_bwd_sm90.cuh).
+// order (at 192 whole 32-column regions: mainloop_bwd_sm90.cuh).
 template <int kPadDim>
 __host__ __device__ constexpr int consumer_column(int wg, int nt) {
-  if constexpr (kPadDim == 192) return nt < 8 ? 64 * wg + 8 * nt : 128 + 32 * wg + 8 * (nt - 8);
   return wg * (kPadDim / 2) + 8 * nt;
 }
 
@@ -84,15 +82,22 @@ struct EpilogueBwdSm90 {
   template <int kNTiles>
   __device__ __forceinline__ static void reduce_dq(const BwdArgs& a, const float (&dq)[kNTiles][4], std::int64_t bh,
                                                    int m0, int nt0, int wg, int warp_in_wg, int lane) {
-    float* const dst = a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim;
-    const float scale = a.scale;
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      asm volatile(
-          "red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + Layout::offset(wg, warp_in_wg, nt0 + nt, lane)),
-          "f"(dq[nt][0] * scale), "f"(dq[nt][1] * scale), "f"(dq[nt][2] * scale), "f"(dq[nt][3] * scale)
-          : "memory");
-    }
+    // One base address a chunk, the n-tiles at immediate offsets from it
+    // (Layout: 512 bytes apart): with an address kept per n-tile, ptxas held
+    // them across the query loop and, at head dim 192, ran out of registers
+    // for the in-flight accumulators (every wgmma serialized, dK spilled).
+    const float* const dst =
+        a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim + Layout::offset(wg, warp_in_wg, nt0, lane);
+    constexpr int kStepBytes = (Layout::offset(0, 0, 1, 0) - Layout::offset(0, 0, 0, 0)) * 4;
+    [&]<int... kNt>(std::integer_sequence<int, kNt...>) {
+      (red_add_v4<kNt * kStepBytes>(dst, dq[kNt], a.scale), ...);
+    }(std::make_integer_sequence<int, kNTiles>{});
+  }
+  template <int kOffsetBytes>
+  __device__ __forceinline__ static void red_add_v4(const float* dst, const float (&x)[4], float scale) {
+    asm volatile("red.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(x[0] * scale), "f"(x[1] * scale),
+                 "f"(x[2] * scale), "f"(x[3] * scale), "n"(kOffsetBytes)
+                 : "memory");
   }
   // Deterministic and wide: around a tile's reduce_dq calls, every consumer
   // thread waits until the leader has seen the tile's turn, and the leader

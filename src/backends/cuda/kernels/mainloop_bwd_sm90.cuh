@@ -59,6 +59,14 @@ namespace attnprof::cuda::kernels {
 //
 // dQ = dS K is split between the consumers by columns in both: each takes
 // half of the padded head dim.
+//
+// Q, K, V and dO sit in column regions of 64 elements (128-byte swizzled
+// rows) except at head dim 192: there in regions of 32 (64-byte rows), so
+// that a consumer's 96 columns of dK, dV and dQ are whole regions and each
+// product is one wgmma of N = 96. (With 64-column regions the second
+// consumer's columns start inside a region, each product went as N = 64 plus
+// N = 32, and with those accumulators in flight ptxas ran out of registers:
+// every wgmma serialized, dK spilled and reloaded each query tile.)
 template <int kHeadDim_, int kBlockM_, int kStages_ = 3>
 struct FlashBwdSm90Cfg {
   static constexpr int kHeadDim = kHeadDim_;
@@ -81,11 +89,15 @@ struct FlashBwdSm90Cfg {
   static constexpr int kScoreCols = kWide ? kBlockM / 2 : kBlockM;  // a consumer's queries of S^T
   static constexpr int kMTiles = kScoreCols / 8;                    // n-tiles of S^T
   static constexpr int kDTiles = kPadDim / 8;
+  static constexpr int kRegionCols = kPadDim == 192 ? 32 : 64;
+  static constexpr int kRowBytes = 2 * kRegionCols;  // a region's swizzled row
   static constexpr int kDkvCols = kWide ? kPadDim / 2 : kPadDim;  // a consumer's columns of dK and dV
   static constexpr int kDkvTiles = kDkvCols / 8;
   static constexpr int kDqCols = kPadDim / 2;  // a consumer's columns of dQ
   static constexpr int kDqTiles = kDqCols / 8;
-  // Wide: dQ's n-tiles a chunk (computed and added one after the other).
+  // Wide: dQ's n-tiles a chunk (computed and added one after the other, so
+  // that dK, dV and a chunk fit the registers; at 192 a chunk of 96 columns
+  // spilled 576 bytes and serialized the wgmmas, 64 + 32 spills nothing).
   static constexpr int kDqChunkTiles = kWide ? 8 : kDqTiles;
   static_assert(kScoreCols == 32 || kScoreCols == 64 || kScoreCols == 128, "S^T's wgmma N: 32, 64 or 128 queries");
   static_assert(kDqCols % 32 == 0, "dQ's columns in 32-column chunks");
@@ -111,7 +123,9 @@ struct QueryWalk {
 template <class Cfg, MaskMode kMask, Half16 Element>
 struct MainloopBwdSm90 {
   static constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kPadDim;
-  static constexpr int kMT = Cfg::kMTiles, kDT = Cfg::kDTiles, kRegions = kD / 64;
+  static constexpr int kMT = Cfg::kMTiles, kDT = Cfg::kDTiles;
+  static constexpr int kRC = Cfg::kRegionCols, kRB = Cfg::kRowBytes, kRegions = kD / kRC;
+  static constexpr int kStepsPerRegion = kRC / 16;  // K-major k-steps of 16 elements (32 bytes) a row
   static constexpr int kQBytes = kBM * kD * 2;  // a Q or dO tile
   static constexpr int kKBytes = kBN * kD * 2;  // K or V
   static constexpr int kDsBytes = kBN * kBM * 2;
@@ -162,13 +176,13 @@ struct MainloopBwdSm90 {
     const int kv_heads = f.heads / f.group;
     for (const cudaError_t e : {
              sm90::make_map<Element>(p.q, f.q, Cfg::kHeadDim, f.q_rows, f.heads, f.map_batch, f.q_row_stride,
-                                     f.q_head_stride, f.q_batch_stride, kBM),
+                                     f.q_head_stride, f.q_batch_stride, kBM, kRB),
              sm90::make_map<Element>(p.dout, a.dout, Cfg::kHeadDim, f.q_rows, f.heads, f.map_batch, a.do_row_stride,
-                                     a.do_head_stride, a.do_batch_stride, kBM),
+                                     a.do_head_stride, a.do_batch_stride, kBM, kRB),
              sm90::make_map<Element>(p.k, f.k, Cfg::kHeadDim, f.k_rows, kv_heads, f.map_batch, f.k_row_stride,
-                                     f.k_head_stride, f.k_batch_stride, kBN),
+                                     f.k_head_stride, f.k_batch_stride, kBN, kRB),
              sm90::make_map<Element>(p.v, f.v, Cfg::kHeadDim, f.k_rows, kv_heads, f.map_batch, f.v_row_stride,
-                                     f.v_head_stride, f.v_batch_stride, kBN),
+                                     f.v_head_stride, f.v_batch_stride, kBN, kRB),
          }) {
       if (e != cudaSuccess) return e;
     }
@@ -209,8 +223,8 @@ struct MainloopBwdSm90 {
     const int map_batch = f.map_batch_of(batch);
     const std::uint32_t kv_bar = kv_pipe.producer_expect(typename KVPipeline::State{}, 0, 2 * kKBytes);
     for (int r = 0; r < kRegions; ++r) {
-      sm90::tma_load_4d(smem.k() + r * kBN * 128, &p.k, kv_bar, 64 * r, f.k_row0 + n0, kv_head, map_batch);
-      sm90::tma_load_4d(smem.v() + r * kBN * 128, &p.v, kv_bar, 64 * r, f.k_row0 + n0, kv_head, map_batch);
+      sm90::tma_load_4d(smem.k() + r * kBN * kRB, &p.k, kv_bar, kRC * r, f.k_row0 + n0, kv_head, map_batch);
+      sm90::tma_load_4d(smem.v() + r * kBN * kRB, &p.v, kv_bar, kRC * r, f.k_row0 + n0, kv_head, map_batch);
     }
     for (int g = 0; g < f.group; ++g) {
       const int head = kv_head * f.group + g;
@@ -220,13 +234,14 @@ struct MainloopBwdSm90 {
         q_pipe.producer_acquire(q_state, kPartQ);
         const std::uint32_t q_bar = q_pipe.producer_expect(q_state, kPartQ, kQBytes + kRowBytes);
         for (int r = 0; r < kRegions; ++r) {
-          sm90::tma_load_4d(smem.q(st) + r * kBM * 128, &p.q, q_bar, 64 * r, f.q_row0 + m0, head, map_batch);
+          sm90::tma_load_4d(smem.q(st) + r * kBM * kRB, &p.q, q_bar, kRC * r, f.q_row0 + m0, head, map_batch);
         }
         sm90::bulk_load(smem.lse(st), a.lse_log2 + rows + m0, kRowBytes, q_bar);
         q_pipe.producer_acquire(q_state, kPartDo);
         const std::uint32_t do_bar = q_pipe.producer_expect(q_state, kPartDo, kQBytes + kRowBytes);
         for (int r = 0; r < kRegions; ++r) {
-          sm90::tma_load_4d(smem.dout(st) + r * kBM * 128, &p.dout, do_bar, 64 * r, f.q_row0 + m0, head, map_batch);
+          sm90::tma_load_4d(smem.dout(st) + r * kBM * kRB, &p.dout, do_bar, kRC * r, f.q_row0 + m0, head,
+                            map_batch);
         }
         sm90::bulk_load(smem.dsum(st), a.dsum + rows + m0, kRowBytes, do_bar);
         q_state.advance();
@@ -240,15 +255,15 @@ struct MainloopBwdSm90 {
   // k-steps (not the padding).
   __device__ __forceinline__ static void issue_transposed_scores(std::uint32_t keys, std::uint32_t rows,
                                                                  float (&x)[kMT][4], int wg) {
-    const std::uint32_t key_rows = Cfg::kWide ? 0 : wg * 64 * 128, query_rows = Cfg::kWide ? wg * kMT * 8 * 128 : 0;
+    const std::uint32_t key_rows = Cfg::kWide ? 0 : wg * 64 * kRB, query_rows = Cfg::kWide ? wg * kMT * 8 * kRB : 0;
     zero(x);
     sm90::fence_operands(x);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
-      const std::uint32_t a_at = keys + (kk / 4) * kBN * 128 + key_rows + (kk % 4) * 32;
-      const std::uint32_t b_at = rows + (kk / 4) * kBM * 128 + query_rows + (kk % 4) * 32;
-      sm90::wgmma_ss<Element, kMT>(x, sm90::smem_desc(a_at, 0), sm90::smem_desc(b_at, 0), kk > 0);
+      const std::uint32_t a_at = keys + (kk / kStepsPerRegion) * kBN * kRB + key_rows + (kk % kStepsPerRegion) * 32;
+      const std::uint32_t b_at = rows + (kk / kStepsPerRegion) * kBM * kRB + query_rows + (kk % kStepsPerRegion) * 32;
+      sm90::wgmma_ss<Element, kMT>(x, sm90::smem_desc_rows<kRB>(a_at, 0), sm90::smem_desc_rows<kRB>(b_at, 0), kk > 0);
     }
     sm90::wgmma_commit();
   }
@@ -263,19 +278,19 @@ struct MainloopBwdSm90 {
 #pragma unroll
     for (int kk = 0; kk < kMT / 2; ++kk) {
       sm90::for_n_chunks<0, kDT>([&]<int kFirst, int kN>() {
-        const std::uint32_t y_at = rows + (kFirst / 8) * kBM * 128 + kk * 16 * 128;
+        const std::uint32_t y_at = rows + column_at(8 * kFirst, kBM * kRB) + kk * 16 * kRB;
         sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), x[kk],
-                                    sm90::smem_desc(y_at, kBM * 128), true);
+                                    sm90::smem_desc_rows<kRB>(y_at, kBM * kRB), true);
       });
     }
     sm90::wgmma_commit();
   }
 
-  // The byte offset of column `col` in an MN-major operand of 64-column
+  // The byte offset of column `col` in an MN-major operand of kRC-column
   // regions `region_bytes` apart (a chunk's descriptor starts at a region or,
-  // 32 columns wide, 64 bytes into one: sm90::wgmma_ss_tt).
+  // 32 columns wide, 64 bytes into a 64-column one: sm90::wgmma_ss_tt).
   __device__ __forceinline__ static std::uint32_t column_at(int col, int region_bytes) {
-    return (col / 64) * region_bytes + (col % 64) * 2;
+    return (col / kRC) * region_bytes + (col % kRC) * 2;
   }
 
   // Wide: acc (this warpgroup's kDkvCols columns, consumer_column's order)
@@ -292,10 +307,10 @@ struct MainloopBwdSm90 {
     for (int kk = 0; kk < kBM / 16; ++kk) {
       sm90::for_tile_chunks<0, Cfg::kDkvTiles, 16>([&]<int kFirst, int kN>() {
         const std::uint32_t y_at =
-            rows + column_at(consumer_column<Cfg::kPadDim>(wg, kFirst), kBM * 128) + kk * 16 * 128;
+            rows + column_at(consumer_column<Cfg::kPadDim>(wg, kFirst), kBM * kRB) + kk * 16 * kRB;
         sm90::wgmma_ss_km<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]),
                                        sm90::smem_desc(x + (kk / 4) * kBN * 128 + (kk % 4) * 32, 0),
-                                       sm90::smem_desc(y_at, kBM * 128), true);
+                                       sm90::smem_desc_rows<kRB>(y_at, kBM * kRB), true);
       });
     }
     sm90::wgmma_commit();
@@ -308,14 +323,14 @@ struct MainloopBwdSm90 {
   // dV and only a chunk of dQ are in flight.
   template <int kNTiles>
   __device__ __forceinline__ static void issue_dq(const Smem& smem, int buf, float (&dq)[kNTiles][4], int wg, int nt0) {
-    const std::uint32_t k = smem.k() + column_at(consumer_column<Cfg::kPadDim>(wg, nt0), kBN * 128);
+    const std::uint32_t k = smem.k() + column_at(consumer_column<Cfg::kPadDim>(wg, nt0), kBN * kRB);
     zero(dq);
     sm90::fence_operands(dq);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       sm90::wgmma_ss_tt<Element, kNTiles>(dq, sm90::smem_desc(smem.ds(buf) + kk * 16 * 128, kBN * 128),
-                                          sm90::smem_desc(k + kk * 16 * 128, kBN * 128), kk > 0);
+                                          sm90::smem_desc_rows<kRB>(k + kk * 16 * kRB, kBN * kRB), kk > 0);
     }
     sm90::wgmma_commit();
   }

@@ -2,7 +2,7 @@
 // the 128-byte-swizzled tile layout it describes, wgmma.mma_async m64nNk16
 // (N = 64, 80, 128; RS: 64, 128) with f32 accumulation and its A operand from shared memory
 // (SS) or from registers (RS); the SS form with both operands read
-// MN-major (N = 32, 64), which the backward's dQ = dS K takes; and the e4m3
+// MN-major (N = 32, 64, 96, 128), which the backward's dQ = dS K takes; and the e4m3
 // forms m64n128k32 (SS and RS), both operands K-major (FP8 has no transpose). (mbarriers: pipeline_sm90.cuh; TMA:
 // tma_sm90.cuh.)
 //
@@ -39,15 +39,26 @@ __device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint
   return d;
 }
 
-// The descriptor of a K-major operand in 64-byte-swizzled rows (TMA's
-// 64-byte swizzle: 16-byte chunk c of row i at c ^ (i / 2 % 4)), 8-row
-// groups 512 bytes apart: the e4m3 V^T's 64 keys past a 128-key region.
-__device__ __forceinline__ std::uint64_t smem_desc_sw64(std::uint32_t addr) {
+// The descriptor of an operand in 64-byte-swizzled rows (TMA's 64-byte
+// swizzle: 16-byte chunk c of row i at c ^ (i / 2 % 4); regions of 32
+// columns), 8-row groups 512 bytes apart, regions LBO bytes apart when read
+// MN-major: the e4m3 V^T's 64 keys past a 128-key region (K-major), the
+// backward's tiles at head dim 192 (mainloop_bwd_sm90.cuh).
+__device__ __forceinline__ std::uint64_t smem_desc_sw64(std::uint32_t addr, std::uint32_t lbo_bytes = 0) {
   std::uint64_t d = 0;
   d |= static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<std::uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
   d |= static_cast<std::uint64_t>(512 >> 4) << 32;  // SBO: 8 rows of 64 bytes
   d |= static_cast<std::uint64_t>(2) << 62;         // 64-byte swizzle
   return d;
+}
+
+// The descriptor of a tile whose swizzled rows are kRowBytes (128 or 64) long.
+template <int kRowBytes>
+__device__ __forceinline__ std::uint64_t smem_desc_rows(std::uint32_t addr, std::uint32_t lbo_bytes) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "128- or 64-byte swizzled rows");
+  if constexpr (kRowBytes == 128) return smem_desc(addr, lbo_bytes);
+  return smem_desc_sw64(addr, lbo_bytes);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -84,12 +95,17 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
   ATTNPROF_ACC_N64(d), ATTNPROF_ACC8(d, 8), ATTNPROF_ACC8(d, 9), ATTNPROF_ACC8(d, 10), ATTNPROF_ACC8(d, 11), \
       ATTNPROF_ACC8(d, 12), ATTNPROF_ACC8(d, 13), ATTNPROF_ACC8(d, 14), ATTNPROF_ACC8(d, 15)
 #define ATTNPROF_ACC_N80(d) ATTNPROF_ACC_N64(d), ATTNPROF_ACC8(d, 8), ATTNPROF_ACC8(d, 9)
+#define ATTNPROF_ACC_N96(d) ATTNPROF_ACC_N80(d), ATTNPROF_ACC8(d, 10), ATTNPROF_ACC8(d, 11)
 #define ATTNPROF_ACC_N192(d)                                                                                    \
   ATTNPROF_ACC_N128(d), ATTNPROF_ACC8(d, 16), ATTNPROF_ACC8(d, 17), ATTNPROF_ACC8(d, 18), ATTNPROF_ACC8(d, 19), \
       ATTNPROF_ACC8(d, 20), ATTNPROF_ACC8(d, 21), ATTNPROF_ACC8(d, 22), ATTNPROF_ACC8(d, 23)
 #define ATTNPROF_REGS_40                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
+#define ATTNPROF_REGS_48                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "  \
+  "%40, %41, %42, %43, %44, %45, %46, %47}"
 #define ATTNPROF_REGS_96                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "  \
@@ -166,8 +182,8 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kNTiles][4], std::uint64_t a
   }
 }
 
-// d (+)= A B with A [64 x 16] and B [16 x N] both stored MN-major (N = 32
-// or 64): A's rows (M) and B's columns (N) run along the 128-byte rows of
+// d (+)= A B with A [64 x 16] and B [16 x N] both stored MN-major (N = 32,
+// 64, 96 or 128): A's rows (M) and B's columns (N) run along the swizzled rows of
 // their tiles, the reduction steps down them (a tile written as the transpose
 // of the operand). B may start at 64 bytes into its rows (columns 32-63 of a
 // region): the swizzle applies to the address wgmma forms, as for the
@@ -175,7 +191,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kNTiles][4], std::uint64_t a
 template <Half16 Element, int kNTiles>
 __device__ __forceinline__ void wgmma_ss_tt(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
                                             bool accumulate) {
-  static_assert(kNTiles == 4 || kNTiles == 8 || kNTiles == 16, "N = 32, 64 or 128");
+  static_assert(kNTiles == 4 || kNTiles == 8 || kNTiles == 12 || kNTiles == 16, "N = 32, 64, 96 or 128");
   if constexpr (kNTiles == 4) {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS_TT(32, bf16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
@@ -186,6 +202,11 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[kNTiles][4], std::uint64_
       ATTNPROF_WGMMA_SS_TT(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
     else
       ATTNPROF_WGMMA_SS_TT(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+  } else if constexpr (kNTiles == 12) {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS_TT(96, bf16, ATTNPROF_REGS_48, ATTNPROF_ACC_N96, 48, 49, 50);
+    else
+      ATTNPROF_WGMMA_SS_TT(96, f16, ATTNPROF_REGS_48, ATTNPROF_ACC_N96, 48, 49, 50);
   } else {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS_TT(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
@@ -196,11 +217,11 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[kNTiles][4], std::uint64_
 
 // d (+)= A B with A [64 x 16] K-major (as wgmma_ss's) and B [16 x N] stored
 // MN-major (as wgmma_ss_tt's B): P^T or dS^T from shared memory against dO or
-// Q (N = 32, 64 or 128; B may start 64 bytes into its rows, as there).
+// Q (N = 32, 64, 96 or 128; B may start 64 bytes into its rows, as there).
 template <Half16 Element, int kNTiles>
 __device__ __forceinline__ void wgmma_ss_km(float (&d)[kNTiles][4], std::uint64_t a_desc, std::uint64_t b_desc,
                                             bool accumulate) {
-  static_assert(kNTiles == 4 || kNTiles == 8 || kNTiles == 16, "N = 32, 64 or 128");
+  static_assert(kNTiles == 4 || kNTiles == 8 || kNTiles == 12 || kNTiles == 16, "N = 32, 64, 96 or 128");
   if constexpr (kNTiles == 4) {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS_KM(32, bf16, ATTNPROF_REGS_16, ATTNPROF_ACC_N32, 16, 17, 18);
@@ -211,6 +232,11 @@ __device__ __forceinline__ void wgmma_ss_km(float (&d)[kNTiles][4], std::uint64_
       ATTNPROF_WGMMA_SS_KM(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
     else
       ATTNPROF_WGMMA_SS_KM(64, f16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34);
+  } else if constexpr (kNTiles == 12) {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_SS_KM(96, bf16, ATTNPROF_REGS_48, ATTNPROF_ACC_N96, 48, 49, 50);
+    else
+      ATTNPROF_WGMMA_SS_KM(96, f16, ATTNPROF_REGS_48, ATTNPROF_ACC_N96, 48, 49, 50);
   } else {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_SS_KM(128, bf16, ATTNPROF_REGS_64, ATTNPROF_ACC_N128, 64, 65, 66);
@@ -302,12 +328,13 @@ __device__ __forceinline__ void for_n_chunks(F&& f) {
 }
 
 // f(chunk's first n-tile, its n-tiles) over n-tiles [kFirst, kTiles) in
-// chunks of at most kMax, each 16, 8 or 4 n-tiles (wgmma's N of 128, 64, 32).
+// chunks of at most kMax, each 16, 12, 8 or 4 n-tiles (wgmma's N of 128, 96,
+// 64, 32).
 template <int kFirst, int kTiles, int kMax, class F>
 __device__ __forceinline__ void for_tile_chunks(F&& f) {
   if constexpr (kFirst < kTiles) {
     constexpr int kLeft = kTiles - kFirst < kMax ? kTiles - kFirst : kMax;
-    constexpr int kN = kLeft >= 16 ? 16 : kLeft >= 8 ? 8 : 4;
+    constexpr int kN = kLeft >= 16 ? 16 : kLeft >= 12 ? 12 : kLeft >= 8 ? 8 : 4;
     static_assert(kLeft >= 4, "whole 32-column chunks");
     f.template operator()<kFirst, kN>();
     for_tile_chunks<kFirst + kN, kTiles, kMax>(f);
