@@ -89,9 +89,8 @@ struct EpilogueBwdSm90 {
     const float* const dst =
         a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim + Layout::offset(wg, warp_in_wg, nt0, lane);
     constexpr int kStepBytes = (Layout::offset(0, 0, 1, 0) - Layout::offset(0, 0, 0, 0)) * 4;
-    [&]<int... kNt>(std::integer_sequence<int, kNt...>) {
-      (red_add_v4<kNt * kStepBytes>(dst, dq[kNt], a.scale), ...);
-    }(std::make_integer_sequence<int, kNTiles>{});
+    [&]<int... kNt>(std::integer_sequence<int, kNt...>) { (red_add_v4<kNt * kStepBytes>(dst, dq[kNt], a.scale), ...); }
+    (std::make_integer_sequence<int, kNTiles>{});
   }
   template <int kOffsetBytes>
   __device__ __forceinline__ static void red_add_v4(const float* dst, const float (&x)[4], float scale) {

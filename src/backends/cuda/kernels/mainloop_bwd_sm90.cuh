@@ -90,7 +90,7 @@ struct FlashBwdSm90Cfg {
   static constexpr int kMTiles = kScoreCols / 8;                    // n-tiles of S^T
   static constexpr int kDTiles = kPadDim / 8;
   static constexpr int kRegionCols = kPadDim == 192 ? 32 : 64;
-  static constexpr int kRowBytes = 2 * kRegionCols;  // a region's swizzled row
+  static constexpr int kRowBytes = 2 * kRegionCols;               // a region's swizzled row
   static constexpr int kDkvCols = kWide ? kPadDim / 2 : kPadDim;  // a consumer's columns of dK and dV
   static constexpr int kDkvTiles = kDkvCols / 8;
   static constexpr int kDqCols = kPadDim / 2;  // a consumer's columns of dQ
@@ -126,8 +126,8 @@ struct MainloopBwdSm90 {
   static constexpr int kMT = Cfg::kMTiles, kDT = Cfg::kDTiles;
   static constexpr int kRC = Cfg::kRegionCols, kRB = Cfg::kRowBytes, kRegions = kD / kRC;
   static constexpr int kStepsPerRegion = kRC / 16;  // K-major k-steps of 16 elements (32 bytes) a row
-  static constexpr int kQBytes = kBM * kD * 2;  // a Q or dO tile
-  static constexpr int kKBytes = kBN * kD * 2;  // K or V
+  static constexpr int kQBytes = kBM * kD * 2;      // a Q or dO tile
+  static constexpr int kKBytes = kBN * kD * 2;      // K or V
   static constexpr int kDsBytes = kBN * kBM * 2;
   static constexpr int kRowBytes = kBM * 4;                       // a tile's LSE or D
   static constexpr int kDqBytes = Cfg::kWide ? 0 : kBM * kD * 4;  // the staged FP32 dQ tile
@@ -240,8 +240,7 @@ struct MainloopBwdSm90 {
         q_pipe.producer_acquire(q_state, kPartDo);
         const std::uint32_t do_bar = q_pipe.producer_expect(q_state, kPartDo, kQBytes + kRowBytes);
         for (int r = 0; r < kRegions; ++r) {
-          sm90::tma_load_4d(smem.dout(st) + r * kBM * kRB, &p.dout, do_bar, kRC * r, f.q_row0 + m0, head,
-                            map_batch);
+          sm90::tma_load_4d(smem.dout(st) + r * kBM * kRB, &p.dout, do_bar, kRC * r, f.q_row0 + m0, head, map_batch);
         }
         sm90::bulk_load(smem.dsum(st), a.dsum + rows + m0, kRowBytes, do_bar);
         q_state.advance();
