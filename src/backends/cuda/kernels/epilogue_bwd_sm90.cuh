@@ -66,12 +66,14 @@ struct EpilogueBwdSm90 {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
   }
 
-  // This thread's dQ fragments (times the softmax scale) into the staged tile.
-  __device__ __forceinline__ static void stage_dq(float* tile, const float (&dq)[Cfg::kDqTiles][4], float scale, int wg,
-                                                  int warp_in_wg, int lane) {
+  // This thread's dQ fragments of n-tiles [nt0, nt0 + kNTiles) (times the
+  // softmax scale) into the staged tile.
+  template <int kNTiles>
+  __device__ __forceinline__ static void stage_dq(float* tile, const float (&dq)[kNTiles][4], float scale, int wg,
+                                                  int warp_in_wg, int lane, int nt0 = 0) {
 #pragma unroll
-    for (int nt = 0; nt < Cfg::kDqTiles; ++nt) {
-      *reinterpret_cast<float4*>(tile + Layout::offset(wg, warp_in_wg, nt, lane)) =
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      *reinterpret_cast<float4*>(tile + Layout::offset(wg, warp_in_wg, nt0 + nt, lane)) =
           make_float4(dq[nt][0] * scale, dq[nt][1] * scale, dq[nt][2] * scale, dq[nt][3] * scale);
     }
   }

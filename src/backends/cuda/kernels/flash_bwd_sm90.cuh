@@ -64,15 +64,17 @@ struct FlashBwdSm90 {
   static constexpr int kSmemBytes = kQPipeOffset + Mainloop::QPipeline::kBarrierBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
   // Named barriers of the two consumers: both halves of dS^T are in shared
-  // memory; (wide, deterministic) the tile's dQ turn is seen, then passed.
-  // Between the consumers and the dQ writer (not wide), per staging buffer:
+  // memory; (wide, dQ not staged, deterministic) the tile's dQ turn is seen,
+  // then passed. Between the consumers and the dQ writer (dQ staged), per
+  // staging buffer:
   // the staged dQ tile is whole (kDqFull + b); its buffer is free again
   // (kDqEmpty + b).
   static constexpr int kDsReady = 1, kDqReady = 2, kDqFull = 3, kDqEmpty = 5;
   static constexpr int kDqBuffers = Mainloop::kDqBuffers;
+  static constexpr bool kDqStaged = Mainloop::kDqStaged;
   static constexpr int kDqHandshake = Cfg::kConsumerThreads + 32;
 
-  // The dQ writer (not wide): the producer warpgroup's second warp. For each
+  // The dQ writer (dQ staged): the producer warpgroup's second warp. For each
   // query tile the consumers walk, once they have staged its dQ (in buffer
   // t % kDqBuffers), one bulk reduce-add of it into the accumulator by its
   // first lane, and the buffer handed back as soon as the copy has read it.
@@ -169,7 +171,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int role = warp - Cfg::kConsumerThreads / 32;
     if (tiles.begin < tiles.end) {
       if (role == 0 && lane == 0) Mainloop::load(p, a, smem, n0, kv_head, batch, walk, kv_pipe, q_pipe, q_state);
-      if constexpr (!Cfg::kWide) {
+      if constexpr (Kernel::kDqStaged) {
         if (role == 1) Kernel::template write_dq<kDeterministic>(a, smem, walk, kv_head, batch, n_block, lane);
       }
     }
@@ -184,7 +186,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int key_row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg;
   const int query_col0 = Cfg::kWide ? wg * Cfg::kScoreCols : 0;
   const int t = lane % 4;
-  const bool leader = tid == 0;  // wide, deterministic: waits for the dQ turns and passes them on
+  const bool leader = tid == 0;  // wide, dQ not staged, deterministic: waits for the dQ turns and passes them on
   float dk[1][Cfg::kDkvTiles][4], dv[1][Cfg::kDkvTiles][4];
   zero(dk);
   zero(dv);
@@ -248,7 +250,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kWide) {
           // P^T and dS^T to shared memory, this warpgroup's queries; once
           // both halves are there, dV += P^T dO and dK += dS^T Q (its
-          // columns), then dQ = dS K a chunk at a time, each added into the
+          // columns), then dQ = dS K a chunk at a time, each staged for the
+          // writer (as below) or, with no room to stage it, added into the
           // accumulator from registers before the next is issued.
           Mainloop::store_transposed(smem, smem.pt(buf), pt, key_row0, query_col0, lane);
           Mainloop::store_transposed(smem, smem.ds(buf), dst, key_row0, query_col0, lane);
@@ -256,19 +259,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
           Mainloop::issue_accumulate_ss(smem.pt(buf), smem.dout(st), dv, wg);
           Mainloop::issue_accumulate_ss(smem.ds(buf), smem.q(st), dk, wg);
-          if constexpr (kDeterministic) Epilogue::take_dq_turn(a, bh, m0, turn(), leader, Kernel::kDqReady);
+          constexpr bool kTurns = kDeterministic && !Kernel::kDqStaged;
+          if constexpr (kTurns) Epilogue::take_dq_turn(a, bh, m0, turn(), leader, Kernel::kDqReady);
           sm90::for_tile_chunks<0, Cfg::kDqTiles, Cfg::kDqChunkTiles>([&]<int kFirst, int kN>() {
             float dq[kN][4];
             Mainloop::issue_dq(smem, buf, dq, wg, kFirst);
             sm90::wgmma_wait<0>();
             sm90::fence_operands(dq);
-            Epilogue::reduce_dq(a, dq, bh, m0, kFirst, wg, warp_in_wg, lane);
+            if constexpr (Kernel::kDqStaged) {
+              if constexpr (kFirst == 0) sm90::named_barrier_sync(Kernel::kDqEmpty, Kernel::kDqHandshake);
+              Epilogue::stage_dq(smem.template at<float>(smem.dq(0)), dq, a.scale, wg, warp_in_wg, lane, kFirst);
+            } else {
+              Epilogue::reduce_dq(a, dq, bh, m0, kFirst, wg, warp_in_wg, lane);
+            }
           });
           sm90::fence_operands(dv[0]);
           sm90::fence_operands(dk[0]);
           q_pipe.consumer_release(q_state, Mainloop::kPartQ);
           q_pipe.consumer_release(q_state, Mainloop::kPartDo);
-          if constexpr (kDeterministic) Epilogue::pass_dq_turn(a, bh, m0, leader, Kernel::kDqReady);
+          if constexpr (Kernel::kDqStaged) {
+            sm90::fence_view_async_shared();
+            sm90::named_barrier_arrive(Kernel::kDqFull, Kernel::kDqHandshake);
+          }
+          if constexpr (kTurns) Epilogue::pass_dq_turn(a, bh, m0, leader, Kernel::kDqReady);
         } else {
           // dS^T to shared memory for dQ (both consumers read both halves),
           // then dV += P^T dO and dK += dS^T Q from registers, then dQ = dS K.
@@ -345,6 +358,9 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
 
 template <int kHeadDim, MaskMode kMask, Half16 Element>
 cudaError_t launch_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
+  if constexpr (kHeadDim == 192) {
+    if (a.deterministic) return run_flash_bwd_sm90<FlashBwdSm90DetCfg192, kMask, Element>(a, stream);
+  }
   return run_flash_bwd_sm90<FlashBwdSm90DefaultCfg<kHeadDim>, kMask, Element>(a, stream);
 }
 

@@ -90,7 +90,7 @@ struct FlashBwdSm90Cfg {
   static constexpr int kMTiles = kScoreCols / 8;                    // n-tiles of S^T
   static constexpr int kDTiles = kPadDim / 8;
   static constexpr int kRegionCols = kPadDim == 192 ? 32 : 64;
-  static constexpr int kRowBytes = 2 * kRegionCols;               // a region's swizzled row
+  static constexpr int kTileRowBytes = 2 * kRegionCols;           // a region's swizzled row
   static constexpr int kDkvCols = kWide ? kPadDim / 2 : kPadDim;  // a consumer's columns of dK and dV
   static constexpr int kDkvTiles = kDkvCols / 8;
   static constexpr int kDqCols = kPadDim / 2;  // a consumer's columns of dQ
@@ -107,6 +107,12 @@ struct FlashBwdSm90Cfg {
 // three at 192, in shared memory).
 template <int kHeadDim>
 using FlashBwdSm90DefaultCfg = FlashBwdSm90Cfg<kHeadDim, 64, kHeadDim == 256 ? 2 : 3>;
+// Deterministic at 192: two stages leave room to stage dQ, so the writer
+// warp takes the tile's turn and the bulk reduce-add off the consumers' path
+// (with three stages and dQ added from registers, every consumer thread
+// waited for the turn and fenced its adds each query tile: 1.67x the default
+// backward's time, docs/perf/issue21-2026-12-03.md).
+using FlashBwdSm90DetCfg192 = FlashBwdSm90Cfg<192, 64, 2>;
 
 // The order a CTA walks its query tiles [begin, end): from begin + shift
 // round to begin (`at`: the k-th tile walked).
@@ -124,28 +130,36 @@ template <class Cfg, MaskMode kMask, Half16 Element>
 struct MainloopBwdSm90 {
   static constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kPadDim;
   static constexpr int kMT = Cfg::kMTiles, kDT = Cfg::kDTiles;
-  static constexpr int kRC = Cfg::kRegionCols, kRB = Cfg::kRowBytes, kRegions = kD / kRC;
+  static constexpr int kRC = Cfg::kRegionCols, kRB = Cfg::kTileRowBytes, kRegions = kD / kRC;
   static constexpr int kStepsPerRegion = kRC / 16;  // K-major k-steps of 16 elements (32 bytes) a row
   static constexpr int kQBytes = kBM * kD * 2;      // a Q or dO tile
   static constexpr int kKBytes = kBN * kD * 2;      // K or V
   static constexpr int kDsBytes = kBN * kBM * 2;
   static constexpr int kRowBytes = kBM * 4;                       // a tile's LSE or D
-  static constexpr int kDqBytes = Cfg::kWide ? 0 : kBM * kD * 4;  // the staged FP32 dQ tile
+  static constexpr int kDqBytes = kBM * kD * 4;                   // a staged FP32 dQ tile
   static constexpr int kPtBytes = Cfg::kWide ? 2 * kDsBytes : 0;  // P^T twice (wide)
   // K, V, the Q and dO stages, dS^T twice (a consumer may write the next
   // while the other still reads this one), P^T twice (wide), the staged dQ
-  // tile(s) (not wide), the LSE and D stages; the swizzled buffers 1024-byte
-  // aligned (sizes are multiples of 1024).
+  // tile(s) where they fit, the LSE and D stages; the swizzled buffers
+  // 1024-byte aligned (sizes are multiples of 1024).
   static constexpr int kKOff = 0, kVOff = kKBytes, kQOff = 2 * kKBytes;
   static constexpr int kDoOff = kQOff + Cfg::kStages * kQBytes;
   static constexpr int kDsOff = kDoOff + Cfg::kStages * kQBytes;
   static constexpr int kPtOff = kDsOff + 2 * kDsBytes;
   static constexpr int kDqOff = kPtOff + kPtBytes;
-  // Two staged dQ tiles where they fit beside the rest (head dim 64), so the
-  // consumers may run two tiles ahead of the dQ writer (flash_bwd_sm90.cuh);
-  // 2 KiB kept for the barriers and the alignment slack.
-  static constexpr int kDqBuffers =
-      !Cfg::kWide && kDqOff + 2 * kDqBytes + 2 * Cfg::kStages * kRowBytes + 2048 <= 227 * 1024 ? 2 : 1;
+  // dQ is staged for the writer warp's bulk reduce-add (flash_bwd_sm90.cuh)
+  // where a tile fits beside the rest: always up to head dim 128, wide only
+  // at 192 with two stages (the deterministic runs'); otherwise the
+  // consumers add it from registers. Two tiles where they fit (head dim 64),
+  // so the consumers may run two tiles ahead of the writer. The barriers and
+  // the alignment slack (flash_bwd_sm90.cuh) take at most 1280 bytes, and 2
+  // KiB are kept for them when the second tile is weighed.
+  static constexpr int kTailBytes = 2 * Cfg::kStages * kRowBytes;  // LSE and D
+  static constexpr bool kDqStaged = kDqOff + kDqBytes + kTailBytes + 1280 <= 227 * 1024;
+  static_assert(kDqStaged || Cfg::kWide, "up to head dim 128 dQ is always staged");
+  static constexpr int kDqBuffers = !kDqStaged                                                               ? 0
+                                    : !Cfg::kWide && kDqOff + 2 * kDqBytes + kTailBytes + 2048 <= 227 * 1024 ? 2
+                                                                                                             : 1;
   static constexpr int kLseOff = kDqOff + kDqBuffers * kDqBytes;
   static constexpr int kDsumOff = kLseOff + Cfg::kStages * kRowBytes;
   static constexpr int kSmemBytes = kDsumOff + Cfg::kStages * kRowBytes;
