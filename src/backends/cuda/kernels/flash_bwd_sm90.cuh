@@ -27,7 +27,10 @@
 // holds a head or two whole, whose Q, dO and dQ accumulator stay in L2 (in
 // key-tile order across all 32 heads of 2 x 16 x 8192 x 128 a wave streamed
 // every head's, 7.7 GB from DRAM against cuDNN's 0.75, and L2 hits 73% against
-// 97%: Nsight Compute, docs/perf/issue21-2026-12-02b.md). Deterministic
+// 97%: Nsight Compute, docs/perf/issue21-2026-12-02b.md). So do the wide
+// head dims under a mask: a head's Q, dO and dQ accumulator are 8 MB at 256,
+// and in key-tile order the kernel was L2-bound (L2 throughput 87%, hits 69%,
+// DRAM 44% against cuDNN's 92% and 8%: docs/perf/issue21-2026-12-03.md). Deterministic
 // runs keep the first order: with a head's key tiles all at once, each would
 // wait on every lower one at every query tile. The ordered dQ relies on the
 // order: a key tile waits only on lower ones of its head, which started
@@ -72,6 +75,11 @@ struct FlashBwdSm90 {
   static constexpr int kDsReady = 1, kDqReady = 2, kDqFull = 3, kDqEmpty = 5;
   static constexpr int kDqBuffers = Mainloop::kDqBuffers;
   static constexpr bool kDqStaged = Mainloop::kDqStaged;
+  // The grid's order (above): the key tile fastest unmasked and at the wide
+  // head dims, not deterministic.
+  __host__ __device__ static constexpr bool key_tile_fastest(bool deterministic) {
+    return (kMask == MaskMode::None || Cfg::kWide) && !deterministic;
+  }
   static constexpr int kDqHandshake = Cfg::kConsumerThreads + 32;
 
   // The dQ writer (dQ staged): the producer warpgroup's second warp. For each
@@ -139,7 +147,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_heads = args.f.heads / args.f.group;
-  constexpr bool kKeyTileFastest = kMask == MaskMode::None && !kDeterministic;  // the grid's order (above)
+  constexpr bool kKeyTileFastest = Kernel::key_tile_fastest(kDeterministic);
   const int n_block = kKeyTileFastest ? blockIdx.x : blockIdx.y, n_blocks = kKeyTileFastest ? gridDim.x : gridDim.y;
   const int kv_pair = kKeyTileFastest ? blockIdx.y : blockIdx.x;
   const int kv_head = kv_pair % kv_heads, batch = kv_pair / kv_heads;
@@ -346,7 +354,7 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   const FwdArgs& f = a.f;
   const int n_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const unsigned pairs = static_cast<unsigned>(f.heads / f.group) * f.batch;
-  const bool key_tile_fastest = kMask == MaskMode::None && !a.deterministic;
+  const bool key_tile_fastest = Kernel::key_tile_fastest(a.deterministic);
   if ((key_tile_fastest ? pairs : static_cast<unsigned>(n_tiles)) > 65535) {
     return cudaErrorInvalidConfiguration;  // the grid's y
   }
