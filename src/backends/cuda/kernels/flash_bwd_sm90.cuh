@@ -366,9 +366,6 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
 
 template <int kHeadDim, MaskMode kMask, Half16 Element>
 cudaError_t launch_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
-  if constexpr (kHeadDim == 192) {
-    if (a.deterministic) return run_flash_bwd_sm90<FlashBwdSm90DetCfg192, kMask, Element>(a, stream);
-  }
   return run_flash_bwd_sm90<FlashBwdSm90DefaultCfg<kHeadDim>, kMask, Element>(a, stream);
 }
 

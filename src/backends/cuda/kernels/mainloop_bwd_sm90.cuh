@@ -103,16 +103,15 @@ struct FlashBwdSm90Cfg {
   static_assert(kDqCols % 32 == 0, "dQ's columns in 32-column chunks");
 };
 
-// The tile each head dim runs with (the wide ones fit two stages at 256,
-// three at 192, in shared memory).
+// The tile each head dim runs with: three stages up to 128; two at 256 (all
+// that fits); at 192 two stages, which leave room to stage dQ (MainloopBwdSm90::
+// kDqStaged): the writer warp's bulk reduce-add (and, deterministic, the
+// tile's turn) then leave the consumers' path. Measured on the H200
+// (docs/perf/issue21-2026-12-03.md): 1.57 -> 1.36 ms against three stages
+// with dQ added from registers, and deterministic 1.67 -> 1.29x the default.
+// At 256 one stage would be the price of staging: 2.01 -> 2.44 ms.
 template <int kHeadDim>
-using FlashBwdSm90DefaultCfg = FlashBwdSm90Cfg<kHeadDim, 64, kHeadDim == 256 ? 2 : 3>;
-// Deterministic at 192: two stages leave room to stage dQ, so the writer
-// warp takes the tile's turn and the bulk reduce-add off the consumers' path
-// (with three stages and dQ added from registers, every consumer thread
-// waited for the turn and fenced its adds each query tile: 1.67x the default
-// backward's time, docs/perf/issue21-2026-12-03.md).
-using FlashBwdSm90DetCfg192 = FlashBwdSm90Cfg<192, 64, 2>;
+using FlashBwdSm90DefaultCfg = FlashBwdSm90Cfg<kHeadDim, 64, kHeadDim >= 192 ? 2 : 3>;
 
 // The order a CTA walks its query tiles [begin, end): from begin + shift
 // round to begin (`at`: the k-th tile walked).
