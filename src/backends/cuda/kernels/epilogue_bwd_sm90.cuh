@@ -1,8 +1,8 @@
 // What leaves the sm90a backward's registers (flash_bwd_sm90.cuh): each query
 // tile's dQ share, staged in shared memory and added into the FP32
 // accumulator by one bulk reduce-add (TMA) per tile, which the kernel's dQ
-// writer warp issues (FlashBwdSm90::write_dq; head dims past 128, with
-// no room to stage: by 16-byte vector reductions from registers), in
+// writer warp issues (FlashBwdSm90::write_dq; at head dim 256, with no
+// room to stage: by 16-byte vector reductions from registers), in
 // whatever order the key tiles finish or (deterministic) in key-tile order,
 // each key tile waiting on a semaphore for the one before; and dK and dV once
 // per key tile (epilogue_bwd_sm80.cuh's store_rows). The accumulators have
