@@ -54,7 +54,7 @@ namespace attnprof::cuda::kernels {
 // its P^T and dS^T to shared memory, and accumulates dK and dV over half of
 // the head dim from both halves there (wgmma SS), as FlashAttention-3 does at
 // these head dims. At 256: dK and dV 64 f32 each, dQ 64, S^T and dP^T 16.
-// At 192 dQ is staged as below it (two stages of Q and dO leave room); at
+// At 192 dQ is staged, as up to 128 (two stages of Q and dO leave room); at
 // 256 there is none (K, V and two stages fill shared memory), and it is
 // added from registers by vector reductions.
 //
