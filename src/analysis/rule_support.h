@@ -110,6 +110,22 @@ inline EventIndex heaviest_kernel(const TraceIndex& ix) {
 
 namespace attnprof::analysis {
 
+// The training story (rules_training.cpp): what the forward saves, what the
+// backward recomputes, its time over the forward's, its kernels.
+std::vector<Finding> saved_for_backward(const RuleInput& in);
+std::vector<Finding> backward_recompute(const RuleInput& in);
+std::vector<Finding> backward_over_forward(const RuleInput& in);
+std::vector<Finding> backward_kernels(const RuleInput& in);
+
+// The GPU's rules (rules_launch.cpp): a trace's attention problems, one fused
+// kernel, low occupancy, cuLaunchKernelEx, CPU-bound and launch-bound calls.
+std::vector<Finding> attention_problems(const RuleInput& in);
+std::vector<Finding> one_fused_kernel(const RuleInput& in);
+std::vector<Finding> low_occupancy(const RuleInput& in);
+std::vector<Finding> launch_kernel_ex(const RuleInput& in);
+std::vector<Finding> cpu_bound(const RuleInput& in);
+std::vector<Finding> launch_bound(const RuleInput& in);
+
 // The context-parallel rules (rules_parallel.cpp), listed in the table.
 std::vector<Finding> comm_overlap(const RuleInput& in);
 std::vector<Finding> rank_wait(const RuleInput& in);
