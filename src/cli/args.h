@@ -71,6 +71,7 @@ Options parse(int argc, char** argv);
 // args.cpp's.
 std::string flag_message(const Error& e);
 
+// The --help text (help.cpp).
 std::string usage();  // top-level --help
 std::string command_help(const std::string& command);
 
