@@ -148,18 +148,17 @@ struct MainloopBwdSm90 {
   static constexpr int kPtOff = kDsOff + 2 * kDsBytes;
   static constexpr int kDqOff = kPtOff + kPtBytes;
   // dQ is staged for the writer warp's bulk reduce-add (flash_bwd_sm90.cuh)
-  // where a tile fits beside the rest: always up to head dim 128, wide only
-  // at 192 with two stages (the deterministic runs'); otherwise the
-  // consumers add it from registers. Two tiles where they fit (head dim 64),
-  // so the consumers may run two tiles ahead of the writer. The barriers and
-  // the alignment slack (flash_bwd_sm90.cuh) take at most 1280 bytes, and 2
-  // KiB are kept for them when the second tile is weighed.
+  // where a tile fits beside the rest: always up to head dim 128, and at 192
+  // (two stages); at 256 the consumers add it from registers. Two tiles
+  // where they fit (head dim 64), so the consumers may run two tiles ahead of
+  // the writer. The barriers and the alignment slack (flash_bwd_sm90.cuh)
+  // take at most 1280 bytes, and 2 KiB are kept for them when the second
+  // tile is weighed.
   static constexpr int kTailBytes = 2 * Cfg::kStages * kRowBytes;  // LSE and D
   static constexpr bool kDqStaged = kDqOff + kDqBytes + kTailBytes + 1280 <= 227 * 1024;
   static_assert(kDqStaged || Cfg::kWide, "up to head dim 128 dQ is always staged");
-  static constexpr int kDqBuffers = !kDqStaged                                                               ? 0
-                                    : !Cfg::kWide && kDqOff + 2 * kDqBytes + kTailBytes + 2048 <= 227 * 1024 ? 2
-                                                                                                             : 1;
+  static constexpr bool kTwoDqTiles = !Cfg::kWide && kDqOff + 2 * kDqBytes + kTailBytes + 2048 <= 227 * 1024;
+  static constexpr int kDqBuffers = kDqStaged ? (kTwoDqTiles ? 2 : 1) : 0;
   static constexpr int kLseOff = kDqOff + kDqBuffers * kDqBytes;
   static constexpr int kDsumOff = kLseOff + Cfg::kStages * kRowBytes;
   static constexpr int kSmemBytes = kDsumOff + Cfg::kStages * kRowBytes;
