@@ -16,7 +16,7 @@ export LD_LIBRARY_PATH=$PWD/$B:${CUDNN_DIR:+$CUDNN_DIR:}$PWD/.deps/usr/lib/x86_6
 export ATTNPROF_CEILING_TFLOPS=774 ATTNPROF_COPY_GBS=4200
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
 if [[ " $steps " == *" tests "* ]]; then
-  timeout 200 $B/tests/attnprof_gpu_tests --gtest_filter='*FusedBackward*:*Occupancy*' --gtest_brief=1 2>&1 | tail -n 15
+  timeout 200 $B/tests/attnprof_gpu_tests --gtest_filter='*FusedBackward*:*Occupancy*:*FlashBwdSm90Order*' --gtest_brief=1 2>&1 | tail -n 15
 fi
 if [[ " $steps " == *" sanitize "* ]]; then
   for tool in memcheck racecheck; do
@@ -27,7 +27,8 @@ if [[ " $steps " == *" sanitize "* ]]; then
       "--seq 170 --mask sliding-window --window 40 --head-dim 192 --heads 2 --deterministic" \
       "--seq 150 --kv-seq 201 --mask causal-bottom-right --head-dim 192 --heads 4 --kv-heads 2" \
       "--seq 190 --kv-seq 250 --mask none --head-dim 192 --heads 2 --kv-heads 1" \
-      "--seq 210 --kv-seq 333 --mask none --head-dim 64 --heads 3 --kv-heads 1"; do
+      "--seq 210 --kv-seq 333 --mask none --head-dim 64 --heads 3 --kv-heads 1" \
+      "--seq 330 --kv-seq 700 --mask none --head-dim 128 --heads 3 --kv-heads 1 --deterministic"; do
       ATTNPROF_NO_CUPTI=1 timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $B/attnprof profile --device cuda \
         --backend flash --pass backward --batch 1 $args --warmup 0 --active 1 --unprofiled-calls 0 --trace-dir /tmp/san \
         --quiet >/tmp/san.txt 2>&1
@@ -74,9 +75,10 @@ ROWS
 fi
 if [[ " $steps " == *" det "* ]]; then
   printf '%-34s %-8s %12s %14s %7s\n' row mask "default ms" "determin. ms" ratio
-  while read -r label b h s d mask; do
+  while read -r label b h hkv s d mask; do
     for det in "" --deterministic; do
-      timeout 120 $B/attnprof compare --device cuda --pass backward --backends flash --batch $b --heads $h --seq $s \
+      timeout 120 $B/attnprof compare --device cuda --pass backward --backends flash --batch $b --heads $h \
+        --kv-heads $hkv --seq $s \
         --head-dim $d --mask $mask --check-rows 8 $det --json /tmp/det$det.json --trace-dir /tmp/det --quiet \
         >/tmp/det.txt 2>&1 || echo "$label $det: compare rc $? $(tail -1 /tmp/det.txt)"
     done
@@ -86,10 +88,16 @@ t = [json.load(open(f))["results"][0]["device_time_us"] for f in ("/tmp/det.json
 print(f"{sys.argv[1]:<34} {sys.argv[2]:<8} {t[0] / 1e3:12.3f} {t[1] / 1e3:14.3f} {t[1] / t[0]:7.2f}")
 PY
   done <<'ROWS'
-grid_2x16x8192x128 2 16 8192 128 causal
-grid_2x16x8192x128 2 16 8192 128 none
-grid_4x16x4096x64 4 16 4096 64 causal
-hd192_2x16x4096x192 2 16 4096 192 causal
-hd256_2x16x4096x256 2 16 4096 256 causal
+grid_8x16x1024x64 8 16 16 1024 64 causal
+grid_4x16x4096x64 4 16 16 4096 64 causal
+grid_2x16x8192x128 2 16 16 8192 128 causal
+grid_2x16x8192x128 2 16 16 8192 128 none
+grid_1x16x16384x128 1 16 16 16384 128 causal
+gqa_2x32/8x4096x128 2 32 8 4096 128 causal
+hd64_2x16x8192x64 2 16 16 8192 64 none
+hd96_2x24x4096x96 2 24 24 4096 96 causal
+hd256_2x16x4096x256 2 16 16 4096 256 causal
+hd192_2x16x4096x192 2 16 16 4096 192 causal
+none_1x8x32768x64_past_the_SMs 1 8 8 32768 64 none
 ROWS
 fi

@@ -266,11 +266,23 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 // Deterministic mode: two runs on the same inputs give identical bits (dQ
-// without atomics; dK and dV never use them).
+// without atomics; dK and dV never use them). Each of the sm90 kernel's
+// orders (flash_bwd_sm90.cuh): masked; unmasked with rotated walks, on more
+// CTAs than the GPU holds at once (a head's key tiles split across waves);
+// unmasked with more key tiles than multiprocessors.
 TEST(FusedBackwardChecks, DeterministicIsBitwiseRepeatable) {
   REQUIRE_GPU();
-  for (const MaskKind mask : {MaskKind::Causal, MaskKind::None}) {
-    const Problem p = problem_of({"flash", DType::BF16, 64, mask, 320, 320, 4, 2, 0, false, true, "deterministic"});
+  for (const Case& c : std::vector<Case>{
+           {"flash", DType::BF16, 64, MaskKind::Causal, 320, 320, 4, 2, 0, false, true, "causal"},
+           {"flash", DType::BF16, 64, MaskKind::None, 320, 320, 4, 2, 0, false, true, "none"},
+           {"flash", DType::BF16, 64, MaskKind::None, 1100, 1000, 48, 24, 0, true, true, "none_waves"},
+           {"flash", DType::BF16, 192, MaskKind::None, 700, 900, 40, 40, 0, false, true, "none_waves_d192"},
+           {"flash", DType::BF16, 64, MaskKind::None, 64, 17500, 1, 1, 0, false, true, "none_past_the_sms"},
+           {"flash", DType::BF16, 128, MaskKind::CausalBottomRight, 900, 1300, 6, 3, 0, false, true, "bottom_right"},
+       }) {
+    const MaskKind mask = c.mask;
+    SCOPED_TRACE(c.label);
+    const Problem p = problem_of(c);
     auto flash = make("flash");
     const Inputs host = make_inputs(p, 9, cpu_allocator());
     const Tensor dout = make_dout(p, 9, cpu_allocator());

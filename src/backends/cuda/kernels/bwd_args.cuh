@@ -33,6 +33,7 @@ struct BwdArgs {
   int rows_pad;       // bwd_padded_rows(seq_q)
   int dq_accum_cols;  // head_dim (sm80), padded to 64 (sm90)
   bool deterministic;
+  bool key_tile_fastest = false;  // sm90: the grid's order, set at launch (FlashBwdSm90::key_tile_fastest)
 
   // Sequence b (FwdArgs::sequence), with dO's and the gradients' addresses
   // of its first rows too when packed; itself when dense. The workspace keeps

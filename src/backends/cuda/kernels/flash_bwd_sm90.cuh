@@ -30,11 +30,25 @@
 // 97%: Nsight Compute, docs/perf/issue21-2026-12-02b.md). So do the wide
 // head dims under a mask: a head's Q, dO and dQ accumulator are 8 MB at 256,
 // and in key-tile order the kernel was L2-bound (L2 throughput 87%, hits 69%,
-// DRAM 44% against cuDNN's 92% and 8%: docs/perf/issue21-2026-12-03.md). Deterministic
-// runs keep the first order: with a head's key tiles all at once, each would
-// wait on every lower one at every query tile. The ordered dQ relies on the
-// order: a key tile waits only on lower ones of its head, which started
-// before it.
+// DRAM 44% against cuDNN's 92% and 8%: docs/perf/issue21-2026-12-03.md).
+//
+// Deterministic runs add each query tile's dQ in a fixed order of its key
+// tiles (FlashBwdSm90::dq_turn), in which a key tile waits only on ones
+// launched before it (CTAs start in grid order; a wait on one not yet
+// resident could hang):
+// - under a mask, key-tile order, and each query tile's key tiles add from
+//   the lowest up. Key tile n waits on n - 1, whose walk starts lower: a
+//   staircase of waits across the key tiles running at once, paid once a
+//   wave. FlashAttention-3's order (launched from the last key tile down,
+//   adding from the highest: no staircase) measured 1.3-1.8x slower here
+//   (docs/perf/issue21-2026-12-03b.md);
+// - unmasked, the key tile fastest with rotated walks (as without
+//   determinism; key-tile order streamed every head's Q, dO and dQ from
+//   DRAM, as above), and the order rotated with them: key tile n waits on
+//   n + 1, which reached the tile a step or two before it. A head's key
+//   tiles then wait on each other in a cycle, safe only when all of them
+//   can be resident at once: at most one a multiprocessor (else key-tile
+//   order, which has no cycle).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -75,10 +89,36 @@ struct FlashBwdSm90 {
   static constexpr int kDsReady = 1, kDqReady = 2, kDqFull = 3, kDqEmpty = 5;
   static constexpr int kDqBuffers = Mainloop::kDqBuffers;
   static constexpr bool kDqStaged = Mainloop::kDqStaged;
-  // The grid's order (above): the key tile fastest unmasked and at the wide
-  // head dims, not deterministic.
-  __host__ __device__ static constexpr bool key_tile_fastest(bool deterministic) {
-    return (kMask == MaskMode::None || Cfg::kWide) && !deterministic;
+  // The grid's order (above), decided at launch (BwdArgs::key_tile_fastest):
+  // the key tile fastest unmasked and at the wide head dims; deterministic,
+  // unmasked only, and only when a head's key tiles fit one a
+  // multiprocessor.
+  static bool key_tile_fastest(bool deterministic, int key_tiles, int multiprocessors) {
+    if (!deterministic) return kMask == MaskMode::None || Cfg::kWide;
+    return kMask == MaskMode::None && key_tiles <= multiprocessors;
+  }
+  // Where key tile n_block's walk over its query tiles starts: unmasked in
+  // key-tile order, each key tile of a head at its own share of the query
+  // tiles, so that the few running at once do not reduce-add into the same
+  // dQ tile together (under a mask the first tiles differ already).
+  __device__ static int walk_shift(const FwdArgs& f, const QueryWalk& walk, int n_block, bool fastest) {
+    if (kMask != MaskMode::None || !fastest) return 0;
+    const int key_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    return static_cast<int>(static_cast<std::int64_t>(n_block) * walk.count() / key_tiles);
+  }
+  // Deterministic: key tile n_block's turn among the key tiles that add into
+  // the query tile at m0 (the header's orders). Rotated walks: key tile n
+  // reaches the tile's index j at step j - shift(n) (mod the walk's length c),
+  // so the first there is the last n with shift(n) = n c / nb <= j, then the
+  // ones below it, then down from the top.
+  __device__ static int dq_turn(const FwdArgs& f, const QueryWalk& walk, int m0, int n_block, bool fastest) {
+    const KeyTiles kt = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(f, m0);
+    if (kMask == MaskMode::None && fastest) {
+      const int nb = kt.end, c = walk.count(), j = m0 / Cfg::kBlockM - walk.tiles.begin;
+      const int first = static_cast<int>(((j + 1) * static_cast<std::int64_t>(nb) - 1) / c);
+      return first >= n_block ? first - n_block : first - n_block + nb;
+    }
+    return n_block - kt.begin;
   }
   static constexpr int kDqHandshake = Cfg::kConsumerThreads + 32;
 
@@ -86,8 +126,8 @@ struct FlashBwdSm90 {
   // query tile the consumers walk, once they have staged its dQ (in buffer
   // t % kDqBuffers), one bulk reduce-add of it into the accumulator by its
   // first lane, and the buffer handed back as soon as the copy has read it.
-  // Deterministic: the tile's turn waited for first (turn = n_block - the
-  // tile's first visible key tile) and passed on once the adds have landed,
+  // Deterministic: the tile's turn (dq_turn) waited for first and passed on
+  // once the adds have landed,
   // both off the consumers' path: they stall only when the writer is
   // kDqBuffers tiles behind.
   template <bool kDeterministic>
@@ -106,7 +146,7 @@ struct FlashBwdSm90 {
       sm90::named_barrier_sync(kDqFull + b, kDqHandshake);
       if (lane == 0) {
         if constexpr (kDeterministic) {
-          Epilogue::wait_turn(sem, n_block - key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(f, m0).begin);
+          Epilogue::wait_turn(sem, dq_turn(f, walk, m0, n_block, a.key_tile_fastest));
         }
         sm90::bulk_reduce_add_f32(a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim, smem.dq(b), Epilogue::kDqBytes);
         sm90::bulk_commit();
@@ -147,9 +187,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_heads = args.f.heads / args.f.group;
-  constexpr bool kKeyTileFastest = Kernel::key_tile_fastest(kDeterministic);
-  const int n_block = kKeyTileFastest ? blockIdx.x : blockIdx.y, n_blocks = kKeyTileFastest ? gridDim.x : gridDim.y;
-  const int kv_pair = kKeyTileFastest ? blockIdx.y : blockIdx.x;
+  const bool fastest = args.key_tile_fastest;  // the grid's order (the header)
+  const int n_block = fastest ? blockIdx.x : blockIdx.y;
+  const int kv_pair = fastest ? blockIdx.y : blockIdx.x;
   const int kv_head = kv_pair % kv_heads, batch = kv_pair / kv_heads;
   const int n0 = n_block * kBN;
   // The CTA's sequence (packed batches, key counts; args itself when dense):
@@ -158,14 +198,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const FwdArgs& f = a.f;
   const QueryTiles tiles = query_tiles<kMask, kBM, kBN>(f, n0);
   QueryWalk walk{tiles};
-  // Unmasked, every key tile of a head starts at query tile 0, and the few of
-  // them running at once would reduce-add into the same dQ tile together:
-  // each starts its walk at its own share of the query tiles instead (under a
-  // mask the first tiles differ already). Deterministic runs keep key-tile
-  // order, which the ordered dQ waits on.
-  if constexpr (kMask == MaskMode::None && !kDeterministic) {
-    walk.shift = static_cast<int>(static_cast<std::int64_t>(n_block) * walk.count() / n_blocks);
-  }
+  walk.shift = Kernel::walk_shift(f, walk, n_block, fastest);
   if (tid == 0) {
     kv_pipe.init(Cfg::kConsumerThreads);
     q_pipe.init(Cfg::kConsumerThreads);
@@ -254,7 +287,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(dst[kk], dp, kk);
 
         // Deterministic: this key tile's turn among those that add into the query tile.
-        const auto turn = [&] { return n_block - key_tiles<kMask, kBM, kBN>(f, m0).begin; };
+        const auto turn = [&] { return Kernel::dq_turn(f, walk, m0, n_block, fastest); };
         if constexpr (Cfg::kWide) {
           // P^T and dS^T to shared memory, this warpgroup's queries; once
           // both halves are there, dV += P^T dO and dK += dS^T Q (its
@@ -354,12 +387,22 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   const FwdArgs& f = a.f;
   const int n_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const unsigned pairs = static_cast<unsigned>(f.heads / f.group) * f.batch;
-  const bool key_tile_fastest = Kernel::key_tile_fastest(a.deterministic);
-  if ((key_tile_fastest ? pairs : static_cast<unsigned>(n_tiles)) > 65535) {
+  int multiprocessors = 0;
+  if (a.deterministic && kMask == MaskMode::None) {
+    int device = 0;
+    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    if (const cudaError_t e = fixed_device_attribute(multiprocessors, cudaDevAttrMultiProcessorCount, device);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  BwdArgs ordered = a;
+  ordered.key_tile_fastest = Kernel::key_tile_fastest(a.deterministic, n_tiles, multiprocessors);
+  if ((ordered.key_tile_fastest ? pairs : static_cast<unsigned>(n_tiles)) > 65535) {
     return cudaErrorInvalidConfiguration;  // the grid's y
   }
-  const dim3 grid = key_tile_fastest ? dim3(n_tiles, pairs) : dim3(pairs, n_tiles);
-  kernel<<<grid, Cfg::kThreads, Kernel::kSmemBytes, stream>>>(a, p);
+  const dim3 grid = ordered.key_tile_fastest ? dim3(n_tiles, pairs) : dim3(pairs, n_tiles);
+  kernel<<<grid, Cfg::kThreads, Kernel::kSmemBytes, stream>>>(ordered, p);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   return launch_bwd_convert_dq_tiled<Element, Cfg::kPadDim>(a, stream);
 }
