@@ -133,6 +133,55 @@ TEST_P(FlashIsa, BackwardMatchesFloat64) {
   }
 }
 
+// The bf16 backward's products (VDPBF16PS, P and dS rounded to bf16: the
+// levels with bf16 products) against float64 at the 16-bit acceptance rule,
+// as the forward's bf16 cases: ragged query and key blocks (odd key counts
+// too), kv_seq != seq, grouped-query heads, causal and none, head dims 64
+// and 128, and soft caps that bite (scale 1: scores near +-8).
+TEST_P(FlashIsa, Bf16BackwardProductsMatchFloat64) {
+  const auto& k = cpu::flash::kernels_of(GetParam());
+  if (!k.bf16_gemm) GTEST_SKIP() << cpu::isa_name(GetParam()) << " has no bf16 products (avx512bf16 and amx do)";
+  struct Bf16Case {
+    const char* name;
+    Shape shape;
+    MaskKind mask;
+    double softcap = 0;
+  };
+  const std::vector<Bf16Case> bf16_cases = {
+      {"gqa_causal_hdim64", {.heads = 4, .kv_heads = 2, .seq = 200, .head_dim = 64}, MaskKind::Causal},
+      {"gqa_none_hdim128", {.heads = 6, .kv_heads = 2, .seq = 130, .kv_seq = 301, .head_dim = 128}, MaskKind::None},
+      {"causal_kv_longer_hdim128",
+       {.batch = 2, .heads = 2, .seq = 150, .kv_seq = 270, .head_dim = 128},
+       MaskKind::Causal},
+      {"none_kv_shorter_hdim64", {.heads = 2, .seq = 190, .kv_seq = 77, .head_dim = 64}, MaskKind::None},
+      {"capped_gqa_none_hdim64",
+       {.heads = 4, .kv_heads = 2, .seq = 70, .kv_seq = 151, .head_dim = 64, .scale = 1.0},
+       MaskKind::None,
+       2.0},
+      {"capped_causal_hdim128",
+       {.heads = 2, .seq = 100, .kv_seq = 109, .head_dim = 128, .scale = 1.0},
+       MaskKind::Causal,
+       30.0},
+  };
+  const ForceIsa force(std::string(cpu::isa_name(GetParam())));
+  auto flash = cpu::make_flash();
+  for (const Bf16Case& c : bf16_cases) {
+    Problem p = testing::to_problem(c.shape, DType::BF16, c.mask);
+    p.softcap = c.softcap;
+    p.pass = Pass::Backward;
+    p.validate();
+    const Eligibility el = flash->eligibility(p);
+    ASSERT_TRUE(el.eligible) << c.name << ": " << el.reason;
+    EXPECT_NE(el.reason.find("backward bf16 dot products (VDPBF16PS)"), std::string::npos) << el.reason;
+    const GradientErrors e = testing::flash_backward_errors(*flash, p, 13);
+    const std::string what = std::string(cpu::isa_name(GetParam())) + " bf16 products " + c.name;
+    testing::expect_flash_accurate(p, e.dq, what + " dQ");
+    testing::expect_flash_accurate(p, e.dk, what + " dK");
+    testing::expect_flash_accurate(p, e.dv, what + " dV");
+    std::printf("%s: rel dQ %.2e dK %.2e dV %.2e\n", what.c_str(), e.dq.rel, e.dk.rel, e.dv.rel);
+  }
+}
+
 // The vector exp2 of the softmax against std::exp2 over the exponents it
 // takes (<= 0), down to where it flushes to 0.
 TEST_P(FlashIsa, VectorExp2MatchesStdExp2) {

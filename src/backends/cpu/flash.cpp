@@ -263,9 +263,9 @@ class FlashCpu final : public Backend {
     p.normalize();
     const Kernels& k = kernels_for_run(isa.isa);
     std::string s = "flash cpu kernel: " + isa.why + ": ";
-    if (p.pass == Pass::Backward) return s + "backward " + k.backward_products;
+    if (p.pass == Pass::Backward) return s + "backward " + k.backward_products(p);
     s += k.forward_products(p);
-    if (p.pass == Pass::Train) s += std::string("; backward ") + k.backward_products;
+    if (p.pass == Pass::Train) s += std::string("; backward ") + k.backward_products(p);
     return s;
   }
 

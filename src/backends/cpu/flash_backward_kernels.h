@@ -1,7 +1,9 @@
 // The CPU flash backward's work item (see flash_backward.cpp for the
 // algorithm and the driver), written once over flash_simd.h's vectors and
 // compiled per instruction-set level inside ATTNPROF_ISA_NS
-// (src/backends/cpu/isa/). FP32 products at every level.
+// (src/backends/cpu/isa/). FP32 products at every level; bf16 inputs at the
+// avx512bf16 and amx levels take flash_backward_bf16_kernels.h's products,
+// which share this file's tiles, softmax step, masking and dQ add.
 #pragma once
 
 #include <algorithm>
@@ -106,10 +108,25 @@ inline BwdLayout bwd_layout_for(std::int64_t head_dim) {
 
 inline std::int64_t blocks(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
 
-// Query rows i0..i0+nq of head h: Q and dO row-major (zero past D) and
-// transposed (zero past nq up to qcols), Q^T pre-scaled; the LSE in base 2,
-// +inf on a fully masked row and on padding so that P = 2^(S - LSE) is 0
+// Query rows i0..i0+nq of head h, per row: the LSE in base 2, +inf on a
+// fully masked row and on padding up to qcols so that P = 2^(S - LSE) is 0
 // there; D = rowsum(dO * O), 0 on padding.
+inline void pack_row_stats(const BackwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                           std::int64_t qcols, float* scratch) {
+  const BwdLayout L = bwd_layout_for(job.p.head_dim);
+  const std::int64_t row0 = (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
+  float* lse2 = scratch + L.lse2;
+  float* delta = scratch + L.delta;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < qcols; ++i) {
+    const float lse = i < nq ? job.lse[row0 + i] : kNegInf;
+    lse2[i] = lse == kNegInf ? kInf : lse * kLog2e;
+    delta[i] = i < nq ? job.delta[row0 + i] : 0.0f;
+  }
+}
+
+// Query rows i0..i0+nq of head h: Q and dO row-major (zero past D) and
+// transposed (zero past nq up to qcols), Q^T pre-scaled; and the rows' stats.
 inline void pack_queries(const BackwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
                          std::int64_t qcols, float* scratch) {
   const BwdLayout L = bwd_layout_for(job.p.head_dim);
@@ -134,15 +151,7 @@ inline void pack_queries(const BackwardJob& job, const Sequence& s, std::int64_t
     std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
     std::fill(d_ot + d * kBlockQ + nq, d_ot + d * kBlockQ + qcols, 0.0f);
   }
-  const std::int64_t row0 = (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
-  float* lse2 = scratch + L.lse2;
-  float* delta = scratch + L.delta;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  for (std::int64_t i = 0; i < qcols; ++i) {
-    const float lse = i < nq ? job.lse[row0 + i] : kNegInf;
-    lse2[i] = lse == kNegInf ? kInf : lse * kLog2e;
-    delta[i] = i < nq ? job.delta[row0 + i] : 0.0f;
-  }
+  pack_row_stats(job, s, h, i0, nq, qcols, scratch);
 }
 
 // S^T (base-2 logits, masked) turned into P^T = 2^(S^T - LSE) in place, and
@@ -178,6 +187,64 @@ inline void probabilities_and_ds(const BackwardJob& job, std::int64_t n, std::in
     }
   }
 }
+// The step between the two pairs of products, capped or not (one branch a block).
+inline void softmax_grads(const BackwardJob& job, std::int64_t n, std::int64_t qcols, float* scratch) {
+  if (job.cap2 > 0) {
+    probabilities_and_ds<true>(job, n, qcols, scratch);
+  } else {
+    probabilities_and_ds<false>(job, n, qcols, scratch);
+  }
+}
+
+// The keys of one work item: j0..j0+n of its sequence, and the queries that
+// can see any of them, [i_begin, i_end) (a key none sees keeps zero gradients).
+struct KeySpan {
+  std::int64_t j0 = 0, n = 0, i_begin = 0, i_end = 0;
+};
+
+inline KeySpan key_span(const Sequence& s, std::int64_t kb, std::int64_t block_k) {
+  const Band& band = s.band;
+  KeySpan k;
+  k.j0 = kb * block_k;
+  k.n = std::min(block_k, s.kv_seq - k.j0);
+  k.i_begin = band.has_hi ? std::max<std::int64_t>(0, k.j0 - band.hi) : 0;
+  k.i_end = band.has_lo ? std::min(s.seq, k.j0 + k.n - band.lo) : s.seq;
+  return k;
+}
+
+// S^T of query rows i0..i0+nq (head h) against the span's keys, scaled:
+// soft-capped, then masked by the band where the block straddles a bound
+// and by a mask or bias tensor.
+inline void mask_scores(const BackwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                        std::int64_t qcols, const KeySpan& keys, float* st) {
+  const Problem& p = job.p;
+  const Band& band = s.band;
+  const std::int64_t j0 = keys.j0, n = keys.n;
+  const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < i0 + nq - 1 + band.lo);
+  if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st);
+  if (straddles) mask_band(band, i0, j0, n, qcols, st);
+  if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st);
+}
+
+// The item's dQ^T contribution for (query block qb, head h) added to the
+// shared FP32 tile under its lock (flash_backward.cpp says why).
+inline void add_dq(const BackwardJob& job, const Sequence& s, std::int64_t qb, std::int64_t h, const float* dqt) {
+  const std::int64_t D = job.p.head_dim;
+  const std::int64_t tile = (s.qb0 + qb) * job.p.heads + h;
+  float* acc = job.dq_acc + tile * D * kBlockQ;
+  const std::lock_guard<std::mutex> hold(job.dq_locks[static_cast<std::size_t>(tile)]);
+  for (std::int64_t x = 0; x < D * kBlockQ; x += kLanes) store(acc + x, add(load(acc + x), load(dqt + x)));
+}
+
+// dK and dV of the span's keys (rows dpad floats apart), rounded once.
+inline void store_key_grads(const BackwardJob& job, const Sequence& s, std::int64_t hk, const KeySpan& keys,
+                            const float* dk, const float* dv) {
+  const std::int64_t D = job.p.head_dim, dpad = dpad_of(D);
+  for (std::int64_t j = 0; j < keys.n; ++j) {
+    store_row(job.grads.dk, s.tb, hk, s.k0 + keys.j0 + j, D, dk + j * dpad);
+    store_row(job.grads.dv, s.tb, hk, s.k0 + keys.j0 + j, D, dv + j * dpad);
+  }
+}
 
 // One (sequence, kv head, key block): dK and dV of keys j0..j0+n, and the
 // contributions of those keys to dQ; nothing past a short sequence's keys.
@@ -185,12 +252,11 @@ inline void key_block_fp32(const BackwardJob& job, std::int64_t b, std::int64_t 
   const Problem& p = job.p;
   const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
   const BwdLayout L = bwd_layout_for(job.p.head_dim);
-  const Band& band = s.band;
   const std::int64_t D = p.head_dim, dpad = dpad_of(D);
   const std::int64_t block_k = L.block_k;
-  const std::int64_t j0 = kb * block_k;
-  if (j0 >= s.kv_seq) return;
-  const std::int64_t n = std::min(block_k, s.kv_seq - j0);
+  if (kb * block_k >= s.kv_seq) return;
+  const KeySpan keys = key_span(s, kb, block_k);
+  const std::int64_t n = keys.n;
   float* k = scratch + L.k;
   float* kt = scratch + L.kt;
   float* v = scratch + L.v;
@@ -199,50 +265,33 @@ inline void key_block_fp32(const BackwardJob& job, std::int64_t b, std::int64_t 
   std::fill(dk, dk + n * dpad, 0.0f);
   std::fill(dv, dv + n * dpad, 0.0f);
 
-  // The queries that can see any of these keys; a key none sees keeps zeros.
-  const std::int64_t i_begin = band.has_hi ? std::max<std::int64_t>(0, j0 - band.hi) : 0;
-  const std::int64_t i_end = band.has_lo ? std::min(s.seq, j0 + n - band.lo) : s.seq;
-  if (i_begin < i_end) {
+  if (keys.i_begin < keys.i_end) {
     for (std::int64_t j = 0; j < n; ++j) {
-      widen_row(job.in.k, s.tb, hk, s.k0 + j0 + j, D, k + j * D);
-      widen_row(job.in.v, s.tb, hk, s.k0 + j0 + j, D, v + j * D);
+      widen_row(job.in.k, s.tb, hk, s.k0 + keys.j0 + j, D, k + j * D);
+      widen_row(job.in.v, s.tb, hk, s.k0 + keys.j0 + j, D, v + j * D);
       for (std::int64_t d = 0; d < D; ++d) kt[d * block_k + j] = k[j * D + d];
     }
   }
   float* pt = scratch + L.pt;
   float* dst = scratch + L.dst;
   float* dqt = scratch + L.dqt;
-  for (std::int64_t qb = i_begin / kBlockQ; i_begin < i_end && qb <= (i_end - 1) / kBlockQ; ++qb) {
+  for (std::int64_t qb = keys.i_begin / kBlockQ; keys.i_begin < keys.i_end && qb <= (keys.i_end - 1) / kBlockQ; ++qb) {
     const std::int64_t i0 = qb * kBlockQ;
     const std::int64_t nq = std::min(kBlockQ, s.seq - i0);
     const std::int64_t qcols = round_up(nq, 16);
-    const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < i0 + nq - 1 + band.lo);
     for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
       pack_queries(job, s, h, i0, nq, qcols, scratch);
       gemm<false>(k, D, scratch + L.qt, kBlockQ, n, qcols, D, pt, kBlockQ);  // S^T = K Q^T
-      if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, pt);
-      if (straddles) mask_band(band, i0, j0, n, qcols, pt);
-      if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, pt);
+      mask_scores(job, s, h, i0, nq, qcols, keys, pt);
       gemm<false>(v, D, scratch + L.doutt, kBlockQ, n, qcols, D, dst, kBlockQ);  // dP^T = V dO^T
-      if (job.cap2 > 0) {
-        probabilities_and_ds<true>(job, n, qcols, scratch);
-      } else {
-        probabilities_and_ds<false>(job, n, qcols, scratch);
-      }
+      softmax_grads(job, n, qcols, scratch);
       gemm<true>(pt, kBlockQ, scratch + L.dout, dpad, n, dpad, nq, dv, dpad);  // dV += P^T dO
       gemm<true>(dst, kBlockQ, scratch + L.q, dpad, n, dpad, nq, dk, dpad);    // dK += dS^T Q
       gemm<false>(kt, block_k, dst, kBlockQ, D, qcols, n, dqt, kBlockQ);       // dQ^T part = K^T dS^T
-
-      const std::int64_t tile = (s.qb0 + qb) * p.heads + h;
-      float* acc = job.dq_acc + tile * D * kBlockQ;
-      const std::lock_guard<std::mutex> hold(job.dq_locks[static_cast<std::size_t>(tile)]);
-      for (std::int64_t x = 0; x < D * kBlockQ; x += kLanes) store(acc + x, add(load(acc + x), load(dqt + x)));
+      add_dq(job, s, qb, h, dqt);
     }
   }
-  for (std::int64_t j = 0; j < n; ++j) {
-    store_row(job.grads.dk, s.tb, hk, s.k0 + j0 + j, D, dk + j * dpad);
-    store_row(job.grads.dv, s.tb, hk, s.k0 + j0 + j, D, dv + j * dpad);
-  }
+  store_key_grads(job, s, hk, keys, dk, dv);
 }
 
 inline std::int64_t backward_scratch_floats(std::int64_t head_dim) { return bwd_layout_for(head_dim).total; }

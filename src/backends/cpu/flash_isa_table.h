@@ -3,7 +3,8 @@
 // level's table (flash_kernels.h). A unit defines ATTNPROF_ISA_NS (its
 // namespace), ATTNPROF_ISA_TABLE (the table's name), ATTNPROF_ISA_LEVEL (a
 // CpuIsa) and ATTNPROF_ISA_BF16 (1: the bf16 products of
-// flash_bf16_kernels.h, where the flags allow), then includes this once.
+// flash_bf16_kernels.h and flash_backward_bf16_kernels.h, where the flags
+// allow), then includes this once.
 #pragma once
 
 #include "backends/cpu/flash_backward_kernels.h"
@@ -12,6 +13,7 @@
 // x86-64, compiles this unit as plain arrays and without them).
 #if ATTNPROF_ISA_BF16 && (defined(__AVX512BF16__) || defined(ATTNPROF_FLASH_EMULATE))
 #define ATTNPROF_FLASH_BF16 1
+#include "backends/cpu/flash_backward_bf16_kernels.h"
 #include "backends/cpu/flash_bf16_kernels.h"
 #endif
 
@@ -24,6 +26,16 @@ inline const char* forward_products_fp32(const Problem&) {
   return "FP32 FMA products on 8 lanes (AVX2), 16-bit inputs widened";
 #else
   return "FP32 products on 8-float arrays (baseline x86-64, SSE2), 16-bit inputs widened";
+#endif
+}
+
+inline const char* backward_products_fp32() {
+#if ATTNPROF_FLASH_AVX512
+  return "FP32 FMA products on 16 lanes (AVX-512)";
+#elif ATTNPROF_FLASH_AVX2
+  return "FP32 FMA products on 8 lanes (AVX2)";
+#else
+  return "FP32 products on 8-float arrays (baseline x86-64, SSE2)";
 #endif
 }
 
@@ -49,6 +61,17 @@ inline const char* forward_products(const Problem& p) {
   return bf16_path(p) ? forward_products_bf16(p) : forward_products_fp32(p);
 }
 inline bool forward_repacks_heads(const Problem& p) { return bf16_path(p); }
+inline std::int64_t backward_scratch(std::int64_t head_dim) { return backward_scratch_bf16(head_dim); }
+inline void key_block(const BackwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t kb, float* scratch) {
+  if (bf16_backward(job)) {
+    key_block_bf16(job, b, hk, kb, scratch);
+  } else {
+    key_block_fp32(job, b, hk, kb, scratch);
+  }
+}
+inline const char* backward_products(const Problem& p) {
+  return bf16_path(p) ? backward_products_bf16() : backward_products_fp32();
+}
 #else
 inline std::int64_t forward_scratch(const Problem& p) { return forward_scratch_fp32(p); }
 inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
@@ -56,6 +79,11 @@ inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, 
 }
 inline const char* forward_products(const Problem& p) { return forward_products_fp32(p); }
 inline bool forward_repacks_heads(const Problem&) { return false; }
+inline std::int64_t backward_scratch(std::int64_t head_dim) { return backward_scratch_floats(head_dim); }
+inline void key_block(const BackwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t kb, float* scratch) {
+  key_block_fp32(job, b, hk, kb, scratch);
+}
+inline const char* backward_products(const Problem&) { return backward_products_fp32(); }
 #endif
 
 }  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS
@@ -67,15 +95,8 @@ const Kernels ATTNPROF_ISA_TABLE {
   .forward_scratch_floats = &ATTNPROF_ISA_NS::forward_scratch, .attend_block = &ATTNPROF_ISA_NS::attend_block,
   .forward_products = &ATTNPROF_ISA_NS::forward_products,
   .forward_repacks_heads = &ATTNPROF_ISA_NS::forward_repacks_heads,
-  .backward_key_rows = &ATTNPROF_ISA_NS::key_block_rows,
-  .backward_scratch_floats = &ATTNPROF_ISA_NS::backward_scratch_floats, .key_block = &ATTNPROF_ISA_NS::key_block_fp32,
-#if ATTNPROF_FLASH_AVX512
-  .backward_products = "FP32 FMA products on 16 lanes (AVX-512)",
-#elif ATTNPROF_FLASH_AVX2
-  .backward_products = "FP32 FMA products on 8 lanes (AVX2)",
-#else
-  .backward_products = "FP32 products on 8-float arrays (baseline x86-64, SSE2)",
-#endif
+  .backward_key_rows = &ATTNPROF_ISA_NS::key_block_rows, .backward_scratch_floats = &ATTNPROF_ISA_NS::backward_scratch,
+  .key_block = &ATTNPROF_ISA_NS::key_block, .backward_products = &ATTNPROF_ISA_NS::backward_products,
   .vector_tanh = &ATTNPROF_ISA_NS::vector_tanh, .vector_exp2 = &ATTNPROF_ISA_NS::vector_exp2,
 #if ATTNPROF_FLASH_BF16
   .bf16_gemm = &ATTNPROF_ISA_NS::bf16_gemm,

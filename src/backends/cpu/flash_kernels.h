@@ -69,7 +69,8 @@ struct Kernels {
   std::int64_t (*backward_key_rows)(std::int64_t head_dim);
   std::int64_t (*backward_scratch_floats)(std::int64_t head_dim);
   void (*key_block)(const BackwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t kb, float* scratch);
-  const char* backward_products;
+  // The products the backward uses for p: a static sentence for the story.
+  const char* (*backward_products)(const Problem& p);
   // C[m x n] = A[m x k] B[k x n] with bf16 A (row-major) and B (k/2 rows of
   // n pairs, VNNI order: B[2p][c], B[2p + 1][c] side by side), FP32 C; m and
   // n multiples of 16, k of 32. Null below avx512bf16. The bf16 ceiling's
