@@ -290,29 +290,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const auto turn = [&] { return Kernel::dq_turn(f, walk, m0, n_block, fastest); };
         if constexpr (Cfg::kWide) {
           // P^T and dS^T to shared memory, this warpgroup's queries; once
-          // both halves are there, dV += P^T dO and dK += dS^T Q (its
-          // columns), then dQ = dS K a chunk at a time, each staged for the
-          // writer (as below) or, with no room to stage it, added into the
-          // accumulator from registers before the next is issued.
+          // both halves are there, dQ = dS K a chunk at a time, each staged
+          // for the writer (as below) or, with no room to stage it, added
+          // into the accumulator from registers before the next is issued;
+          // the first chunk goes before dV += P^T dO and dK += dS^T Q (its
+          // columns), so that its adds overlap their products.
           Mainloop::store_transposed(smem, smem.pt(buf), pt, key_row0, query_col0, lane);
           Mainloop::store_transposed(smem, smem.ds(buf), dst, key_row0, query_col0, lane);
           sm90::fence_view_async_shared();
           sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
-          Mainloop::issue_accumulate_ss(smem.pt(buf), smem.dout(st), dv, wg);
-          Mainloop::issue_accumulate_ss(smem.ds(buf), smem.q(st), dk, wg);
-          constexpr bool kTurns = kDeterministic && !Kernel::kDqStaged;
-          if constexpr (kTurns) Epilogue::take_dq_turn(a, bh, m0, turn(), leader, Kernel::kDqReady);
-          sm90::for_tile_chunks<0, Cfg::kDqTiles, Cfg::kDqChunkTiles>([&]<int kFirst, int kN>() {
-            float dq[kN][4];
-            Mainloop::issue_dq(smem, buf, dq, wg, kFirst);
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(dq);
+          constexpr int kChunk = Cfg::kDqChunkTiles;
+          const auto add_dq = [&]<int kFirst, int kN>(const float(&dq)[kN][4]) {
             if constexpr (Kernel::kDqStaged) {
               if constexpr (kFirst == 0) sm90::named_barrier_sync(Kernel::kDqEmpty, Kernel::kDqHandshake);
               Epilogue::stage_dq(smem.template at<float>(smem.dq(0)), dq, a.scale, wg, warp_in_wg, lane, kFirst);
             } else {
               Epilogue::reduce_dq(a, dq, bh, m0, kFirst, wg, warp_in_wg, lane);
             }
+          };
+          float dq0[kChunk][4];
+          Mainloop::issue_dq(smem, buf, dq0, wg, 0);
+          Mainloop::issue_accumulate_ss(smem.pt(buf), smem.dout(st), dv, wg);
+          Mainloop::issue_accumulate_ss(smem.ds(buf), smem.q(st), dk, wg);
+          constexpr bool kTurns = kDeterministic && !Kernel::kDqStaged;
+          if constexpr (kTurns) Epilogue::take_dq_turn(a, bh, m0, turn(), leader, Kernel::kDqReady);
+          sm90::wgmma_wait<2>();  // the first chunk, dV's and dK's still in flight
+          sm90::fence_operands(dq0);
+          add_dq.template operator()<0, kChunk>(dq0);
+          sm90::for_tile_chunks<kChunk, Cfg::kDqTiles, kChunk>([&]<int kFirst, int kN>() {
+            float dq[kN][4];
+            Mainloop::issue_dq(smem, buf, dq, wg, kFirst);
+            sm90::wgmma_wait<0>();
+            sm90::fence_operands(dq);
+            add_dq.template operator()<kFirst, kN>(dq);
           });
           sm90::fence_operands(dv[0]);
           sm90::fence_operands(dk[0]);
