@@ -1,4 +1,5 @@
-// What analyze and diff print and write (attnprof/report.h).
+// What analyze and diff print and write as text and JSON (attnprof/report.h);
+// their pages are analyze_html.cpp's.
 #include <algorithm>
 #include <sstream>
 
@@ -13,6 +14,7 @@ namespace {
 using analysis::bytes_str;
 using analysis::format;
 using nlohmann::json;
+using report::optional_json;
 
 std::string time_str(double us) {
   if (us >= 1e6) return format("%.2f s", us / 1e6);
@@ -93,7 +95,7 @@ json kernel_row_json(const KernelRow& k) {
           {"count", k.count},
           {"total_us", k.total_us},
           {"pct", k.pct},
-          {"occupancy_pct", k.occupancy_pct ? json(*k.occupancy_pct) : json(nullptr)},
+          {"occupancy_pct", optional_json(k.occupancy_pct)},
           {"gemm", k.gemm.empty() ? json(nullptr) : json(k.gemm)},
           {"driver_launch", k.driver_launch}};
 }
@@ -102,8 +104,6 @@ json op_row_json(const OpRow& o) {
   return {{"name", o.name},       {"calls", o.calls},     {"kernels", o.kernels},    {"memcpys", o.memcpys},
           {"memsets", o.memsets}, {"host_us", o.host_us}, {"device_us", o.device_us}};
 }
-
-json opt_json(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
 json attention_json(const AttentionSummary& a) {
   json calls = json::array();
@@ -122,21 +122,21 @@ json attention_json(const AttentionSummary& a) {
                      {"head_dim", c.problem ? json(c.problem->head_dim) : json(nullptr)},
                      {"dtype", c.dtype},
                      {"mask", c.mask},
-                     {"scale", opt_json(c.scale)},
+                     {"scale", optional_json(c.scale)},
                      {"kernels", c.kernels},
                      {"gpu_us", c.gpu_us},
                      {"cpu_us", c.cpu_us},
-                     {"flops", opt_json(c.flops)},
-                     {"tflops", opt_json(c.tflops)},
-                     {"ceiling_pct", opt_json(c.ceiling_pct)},
-                     {"share_pct", opt_json(c.share_pct)}});
+                     {"flops", optional_json(c.flops)},
+                     {"tflops", optional_json(c.tflops)},
+                     {"ceiling_pct", optional_json(c.ceiling_pct)},
+                     {"share_pct", optional_json(c.share_pct)}});
   }
   return {{"calls", std::move(calls)},
           {"forward_us", a.forward_us},
           {"backward_us", a.backward_us},
           {"total_us", a.total_us},
-          {"forward_pct", opt_json(a.forward_pct)},
-          {"backward_pct", opt_json(a.backward_pct)},
+          {"forward_pct", optional_json(a.forward_pct)},
+          {"backward_pct", optional_json(a.backward_pct)},
           {"missing_shapes", a.missing_shapes.empty() ? json(nullptr) : json(a.missing_shapes)}};
 }
 
@@ -171,35 +171,6 @@ std::string attention_text(const StepAnalysis& s, bool gpu) {
      << " (" << opt("%.1f%%", a.backward_pct) << ")\n";
   if (!a.missing_shapes.empty()) os << "  " << a.missing_shapes << "\n";
   return os.str();
-}
-
-json replay_json(const TraceReplay& r) {
-  json problems = json::array();
-  for (const auto& p : r.problems) {
-    json runs = json::array();
-    for (const auto& x : p.runs) {
-      runs.push_back({{"backend", x.backend},
-                      {"ran", x.ran},
-                      {"us", opt_json(x.us)},
-                      {"ratio", opt_json(x.ratio)},
-                      {"tflops", opt_json(x.tflops)},
-                      {"note", x.note.empty() ? json(nullptr) : json(x.note)}});
-    }
-    problems.push_back({{"label", p.label},
-                        {"problem", p.problem ? json::parse(problem_json(*p.problem)) : json(nullptr)},
-                        {"ran", p.ran},
-                        {"calls", p.calls},
-                        {"trace_us", p.trace_us},
-                        {"flops", opt_json(p.flops)},
-                        {"runs", std::move(runs)},
-                        {"fastest", p.fastest.empty() ? json(nullptr) : json(p.fastest)},
-                        {"skipped", p.skipped.empty() ? json(nullptr) : json(p.skipped)}});
-  }
-  return {{"trace_device", r.trace_device},
-          {"device", r.device.empty() ? json(nullptr) : json(r.device)},
-          {"device_description", r.device_description},
-          {"note", r.note.empty() ? json(nullptr) : json(r.note)},
-          {"problems", std::move(problems)}};
 }
 
 // analyze --replay: per distinct problem, what ran in the trace and each backend's time against it.
@@ -250,8 +221,8 @@ json step_json(const StepAnalysis& s) {
   j["memcpy_bytes"] = s.memcpy_bytes;
   j["step_us"] = s.step_us;
   j["device_busy_us"] = s.device_busy_us;
-  j["gpu_idle_pct"] = s.gpu_idle_pct ? json(*s.gpu_idle_pct) : json(nullptr);
-  j["host_us_per_launch"] = s.host_us_per_launch ? json(*s.host_us_per_launch) : json(nullptr);
+  j["gpu_idle_pct"] = optional_json(s.gpu_idle_pct);
+  j["host_us_per_launch"] = optional_json(s.host_us_per_launch);
   j["tensor_core_gemms"] = s.tensor_core_gemms;
   j["cuda_core_gemms"] = s.cuda_core_gemms;
   j["ops"] = json::array();
@@ -277,7 +248,7 @@ json diff_row_json(const DiffRow& r) {
           {"time_a_us", r.time_a_us},
           {"time_b_us", r.time_b_us},
           {"delta_us", r.delta_us()},
-          {"ratio", r.ratio() ? json(*r.ratio()) : json(nullptr)},
+          {"ratio", optional_json(r.ratio())},
           {"change", r.change}};
 }
 
@@ -295,6 +266,35 @@ json totals_json(const DiffTotals& t) {
 std::string ratio_str(const DiffRow& r) { return r.ratio() ? format("%.2fx", *r.ratio()) : "new"; }
 
 }  // namespace
+
+json report::replay_json(const TraceReplay& r) {
+  json problems = json::array();
+  for (const auto& p : r.problems) {
+    json runs = json::array();
+    for (const auto& x : p.runs) {
+      runs.push_back({{"backend", x.backend},
+                      {"ran", x.ran},
+                      {"us", optional_json(x.us)},
+                      {"ratio", optional_json(x.ratio)},
+                      {"tflops", optional_json(x.tflops)},
+                      {"note", x.note.empty() ? json(nullptr) : json(x.note)}});
+    }
+    problems.push_back({{"label", p.label},
+                        {"problem", p.problem ? report::problem_json(*p.problem) : json(nullptr)},
+                        {"ran", p.ran},
+                        {"calls", p.calls},
+                        {"trace_us", p.trace_us},
+                        {"flops", optional_json(p.flops)},
+                        {"runs", std::move(runs)},
+                        {"fastest", p.fastest.empty() ? json(nullptr) : json(p.fastest)},
+                        {"skipped", p.skipped.empty() ? json(nullptr) : json(p.skipped)}});
+  }
+  return {{"trace_device", r.trace_device},
+          {"device", r.device.empty() ? json(nullptr) : json(r.device)},
+          {"device_description", r.device_description},
+          {"note", r.note.empty() ? json(nullptr) : json(r.note)},
+          {"problems", std::move(problems)}};
+}
 
 std::string analysis_text(const TraceAnalysis& a, int top) {
   std::ostringstream os;
@@ -393,7 +393,7 @@ nlohmann::json report::analysis_json(const std::vector<TraceAnalysis>& analyses)
                       {"events", a.events},
                       {"events_outside_steps", a.events_outside_steps},
                       {"steps", std::move(steps)},
-                      {"replay", a.replay ? replay_json(*a.replay) : json(nullptr)}});
+                      {"replay", a.replay ? report::replay_json(*a.replay) : json(nullptr)}});
   }
   return {{"traces", std::move(traces)}};
 }
@@ -502,130 +502,5 @@ std::string analysis_json(const std::vector<TraceAnalysis>& analyses) {
 }
 
 std::string diff_json(const TraceDiff& d) { return report::diff_json(d).dump(2) + "\n"; }
-
-namespace {
-
-// One run per step, labelled by its trace (when several) and step.
-void add_steps(HtmlReport& h, const std::vector<StepAnalysis>& steps, const std::string& prefix) {
-  for (const StepAnalysis& s : steps) {
-    h.runs.push_back({.label = prefix.empty() ? s.label : prefix + " " + s.label, .result = &s.result});
-  }
-}
-
-// What the page draws under a step, from what the trace holds: its attention
-// calls (each on the roofline where its FLOPs and bytes are known), the
-// trace's replay (under its first step), its top kernels' durations, its
-// memory over time.
-std::string step_extra(const StepAnalysis& s, const TraceAnalysis& a, bool first) {
-  const bool gpu = a.gpu;
-  json calls = json::array();
-  for (const auto& c : s.attention.calls) {
-    std::vector<std::string> kernels;
-    for (const auto& k : c.kernels) {
-      const std::string n = analysis::short_kernel_name(k);
-      if (std::find(kernels.begin(), kernels.end(), n) == kernels.end()) kernels.push_back(n);
-    }
-    json call = {{"op", c.op},
-                 {"backend", c.backend},
-                 {"pass", c.backward ? "backward" : "forward"},
-                 {"shape", c.shape},
-                 {"mask", c.mask},
-                 {"dtype", c.dtype},
-                 {"us", gpu ? c.gpu_us : c.cpu_us},
-                 {"tflops", opt_json(c.tflops)},
-                 {"share_pct", opt_json(c.share_pct)},
-                 {"flops", opt_json(c.flops)},
-                 {"kernels", kernels},
-                 {"refused", c.refused}};
-    // The least traffic the call must move (Problem::io_bytes): its intensity is an upper bound.
-    if (c.problem && c.refused.empty() && c.flops) {
-      const double bytes = static_cast<double>(c.problem->io_bytes());
-      if (bytes > 0) {
-        call["bytes"] = bytes;
-        call["intensity"] = *c.flops / bytes;
-      }
-    }
-    calls.push_back(std::move(call));
-  }
-  json j;
-  j["attention"] = {{"calls", std::move(calls)},
-                    {"forward_pct", opt_json(s.attention.forward_pct)},
-                    {"backward_pct", opt_json(s.attention.backward_pct)},
-                    {"missing_shapes", s.attention.missing_shapes},
-                    {"time", gpu ? "GPU time" : "host time"}};
-  j["bandwidth_tbs"] =
-      a.device && a.device->memory_bandwidth_gbs > 0 ? json(a.device->memory_bandwidth_gbs / 1e3) : json(nullptr);
-  if (first && a.replay) j["replay"] = replay_json(*a.replay);
-  // The top kernels, each launch's duration.
-  const auto& acts = s.result.trace.activities;
-  json kernels = json::array();
-  for (std::size_t k = 0; k < s.kernels_by_time.size() && k < 8; ++k) {
-    const KernelRow& row = s.kernels_by_time[k];
-    json us = json::array();
-    for (const Activity& x : acts) {
-      if (x.type == ActivityType::Kernel && x.name == row.name && us.size() < 5000) {
-        us.push_back(static_cast<double>(x.dur_ns) / 1e3);
-      }
-    }
-    kernels.push_back({{"name", row.name}, {"short", analysis::short_kernel_name(row.name)}, {"us", std::move(us)}});
-  }
-  j["kernels"] = std::move(kernels);
-  // Memory: the allocator's total after each event ([memory] instant events' "Total Allocated").
-  json t = json::array(), total = json::array();
-  std::size_t n = 0;
-  for (const Activity& x : acts) n += x.type == ActivityType::Allocation && x.allocation.has_value();
-  const std::size_t stride = n > 4000 ? n / 4000 + 1 : 1;
-  std::size_t i = 0;
-  for (const Activity& x : acts) {
-    if (x.type != ActivityType::Allocation || !x.allocation) continue;
-    if (i++ % stride != 0) continue;
-    t.push_back(static_cast<double>(x.start_ns - s.result.trace.base_ns) / 1e3);
-    total.push_back(static_cast<double>(x.allocation->total_allocated));
-  }
-  j["memory"] = {{"t", std::move(t)}, {"total", std::move(total)}};
-  return j.dump();
-}
-
-}  // namespace
-
-HtmlReport analysis_html(const std::vector<TraceAnalysis>& analyses) {
-  HtmlReport h;
-  h.title = "attnprof analyze";
-  h.from_traces = true;
-  for (const TraceAnalysis& a : analyses) {
-    h.subtitle += (h.subtitle.empty() ? "" : ", ") + a.path;
-    if (a.device && h.device.empty()) h.device = a.device->name;
-    const std::size_t from = h.runs.size();
-    add_steps(h, a.steps, analyses.size() > 1 ? a.path : std::string());
-    for (std::size_t i = from; i < h.runs.size(); ++i)
-      h.runs[i].extra_json = step_extra(a.steps[i - from], a, i == from);
-    if (a.replay && !a.replay->note.empty()) h.notes.push_back("replay: " + a.replay->note);
-  }
-  return h;
-}
-
-HtmlReport diff_html(const TraceDiff& d) {
-  HtmlReport h;
-  h.title = "attnprof diff";
-  h.from_traces = true;
-  h.subtitle = d.a_label + " against " + d.b_label;
-  h.diff_a = d.a_label;
-  h.diff_b = d.b_label;
-  const auto rows = [&h](const char* kind, const std::vector<DiffRow>& all) {
-    for (const DiffRow& r : all) {
-      std::string note = r.change;
-      if (const auto ratio = r.ratio()) note += analysis::format(", %.2fx", *ratio);
-      h.diff.push_back({.kind = kind, .name = r.name, .a = r.time_a_us, .b = r.time_b_us, .unit = "us", .note = note});
-    }
-  };
-  rows("kernel", d.kernels);
-  rows("op", d.ops);
-  for (const auto& [side, findings] : {std::pair{"only in A", &d.only_a}, std::pair{"only in B", &d.only_b}}) {
-    for (const Finding& f : *findings) h.diff.push_back({.kind = "finding", .name = f.text, .unit = "", .note = side});
-  }
-  add_steps(h, d.a_steps, "A");
-  add_steps(h, d.b_steps, "B");
-  return h;
-}
 
 }  // namespace attnprof

@@ -30,6 +30,7 @@ using json = nlohmann::json;
 using analysis::EventIndex;
 using analysis::kNone;
 using analysis::TraceIndex;
+using report::optional_json;
 
 // A page stays quick to open with this many timeline bars per run; the rest
 // are counted in a note.
@@ -274,7 +275,7 @@ json report_json(const HtmlReport& rep) {
       bandwidth_from = "the peak DRAM bandwidth of " + r.trace.device->name + " (memory clock x bus width)";
     }
   }
-  j["ceiling_tflops"] = ceiling ? json(*ceiling) : json(nullptr);
+  j["ceiling_tflops"] = optional_json(ceiling);
   j["ceiling_from"] = ceiling_from;
   j["bandwidth_tbs"] = bandwidth_gbs ? json(*bandwidth_gbs / 1e3) : json(nullptr);
   j["bandwidth_from"] = bandwidth_from;
@@ -282,8 +283,8 @@ json report_json(const HtmlReport& rep) {
   for (const HtmlDiffRow& d : rep.diff) {
     j["diff"].push_back({{"kind", d.kind},
                          {"name", d.name},
-                         {"a", d.a ? json(*d.a) : json(nullptr)},
-                         {"b", d.b ? json(*d.b) : json(nullptr)},
+                         {"a", optional_json(d.a)},
+                         {"b", optional_json(d.b)},
                          {"unit", d.unit},
                          {"note", d.note}});
   }

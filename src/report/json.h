@@ -26,6 +26,12 @@ nlohmann::json device_json(const std::string& description, const std::optional<D
 // analyze's and diff's --json (attnprof::analysis_json and diff_json are their text).
 nlohmann::json analysis_json(const std::vector<TraceAnalysis>& analyses);
 nlohmann::json diff_json(const TraceDiff& d);
+// analyze's trace replay, in its --json and under its page's first step.
+nlohmann::json replay_json(const TraceReplay& r);
+// A figure that may be missing: the number, or null.
+inline nlohmann::json optional_json(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
 
 // Writes JSON to a temporary file beside `path`, then renames it into place.
 void write_json_file(const nlohmann::json& j, const std::string& path);

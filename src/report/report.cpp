@@ -212,41 +212,40 @@ nlohmann::json finding_json(const Finding& f) {
 
 nlohmann::json result_json(const RunResult& r) {
   using nlohmann::json;
-  auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
   const bool ran = r.eligibility.eligible && !r.failure && r.metrics.steps > 0;
   json j;
   j["backend"] = r.backend;
   j["eligible"] = r.eligibility.eligible;
   j["reason"] = r.failure ? *r.failure : r.eligibility.reason;
   j["failed"] = r.failure.has_value();
-  j["kernels_per_forward"] = ran ? opt(r.metrics.kernels_per_forward) : json(nullptr);
+  j["kernels_per_forward"] = ran ? optional_json(r.metrics.kernels_per_forward) : json(nullptr);
   j["ops_per_forward"] = ran ? json(r.metrics.ops_per_forward) : json(nullptr);
   j["copies_per_forward"] = ran ? json(r.metrics.copies_per_forward) : json(nullptr);
   j["memsets_per_forward"] =
       ran && r.problem.device == Device::Cuda ? json(r.metrics.memsets_per_forward) : json(nullptr);
-  j["device_time_us"] = ran ? opt(r.metrics.device_time_us) : json(nullptr);
+  j["device_time_us"] = ran ? optional_json(r.metrics.device_time_us) : json(nullptr);
   j["host_time_us"] = ran ? json(r.metrics.host_time_us) : json(nullptr);
-  j["host_time_unprofiled_us"] = ran ? opt(r.metrics.host_time_unprofiled_us) : json(nullptr);
-  j["host_time_unprofiled_p10_us"] = ran ? opt(r.metrics.host_time_unprofiled_p10_us) : json(nullptr);
-  j["host_time_unprofiled_p90_us"] = ran ? opt(r.metrics.host_time_unprofiled_p90_us) : json(nullptr);
+  j["host_time_unprofiled_us"] = ran ? optional_json(r.metrics.host_time_unprofiled_us) : json(nullptr);
+  j["host_time_unprofiled_p10_us"] = ran ? optional_json(r.metrics.host_time_unprofiled_p10_us) : json(nullptr);
+  j["host_time_unprofiled_p90_us"] = ran ? optional_json(r.metrics.host_time_unprofiled_p90_us) : json(nullptr);
   j["peak_bytes"] = ran ? json(r.metrics.peak_bytes) : json(nullptr);
   j["allocated_bytes_per_forward"] = ran ? json(r.metrics.allocated_bytes_per_forward) : json(nullptr);
-  j["tflops"] = ran ? opt(r.metrics.tflops) : json(nullptr);
-  j["ceiling_pct"] = ran ? opt(r.metrics.ceiling_pct) : json(nullptr);
+  j["tflops"] = ran ? optional_json(r.metrics.tflops) : json(nullptr);
+  j["ceiling_pct"] = ran ? optional_json(r.metrics.ceiling_pct) : json(nullptr);
   // The memory side: the problem's minimum bytes (problem.io_bytes) over the
   // device time, against the measured copy ceiling; and the two ceilings read against.
-  j["gbs"] = ran ? opt(r.metrics.gbs) : json(nullptr);
-  j["copy_ceiling_pct"] = ran ? opt(r.metrics.copy_ceiling_pct) : json(nullptr);
-  j["ceiling_tflops"] = ran ? opt(r.metrics.ceiling_tflops) : json(nullptr);
-  j["copy_ceiling_gbs"] = ran ? opt(r.metrics.copy_ceiling_gbs) : json(nullptr);
+  j["gbs"] = ran ? optional_json(r.metrics.gbs) : json(nullptr);
+  j["copy_ceiling_pct"] = ran ? optional_json(r.metrics.copy_ceiling_pct) : json(nullptr);
+  j["ceiling_tflops"] = ran ? optional_json(r.metrics.ceiling_tflops) : json(nullptr);
+  j["copy_ceiling_gbs"] = ran ? optional_json(r.metrics.copy_ceiling_gbs) : json(nullptr);
   j["max_abs_error"] = r.error ? json(r.error->max_abs) : json(nullptr);
   j["rel_error"] = r.error ? json(r.error->rel) : json(nullptr);
   j["nan_count"] = r.error ? json(r.error->nan_count) : json(nullptr);
   j["accepted"] = r.acceptance ? json(r.acceptance->pass) : json(nullptr);
   j["tolerance"] = r.acceptance ? json(r.acceptance->tolerance) : json(nullptr);
-  j["occupancy_pct"] = ran ? opt(r.metrics.occupancy_pct) : json(nullptr);
-  j["saved_bytes"] = ran ? opt(r.metrics.saved_bytes) : json(nullptr);
-  j["forward_device_time_us"] = ran ? opt(r.metrics.forward_device_time_us) : json(nullptr);
+  j["occupancy_pct"] = ran ? optional_json(r.metrics.occupancy_pct) : json(nullptr);
+  j["saved_bytes"] = ran ? optional_json(r.metrics.saved_bytes) : json(nullptr);
+  j["forward_device_time_us"] = ran ? optional_json(r.metrics.forward_device_time_us) : json(nullptr);
   // --gpus: the GPUs the run was sharded over and each one's busy time.
   j["world_size"] = r.metrics.world_size;
   j["device_time_per_rank_us"] =
