@@ -97,10 +97,10 @@ struct FlashBwdSm90 {
     if (!deterministic) return kMask == MaskMode::None || Cfg::kWide;
     return kMask == MaskMode::None && key_tiles <= multiprocessors;
   }
-  // Where key tile n_block's walk over its query tiles starts: unmasked in
-  // key-tile order, each key tile of a head at its own share of the query
-  // tiles, so that the few running at once do not reduce-add into the same
-  // dQ tile together (under a mask the first tiles differ already).
+  // Where key tile n_block's walk over its query tiles starts. Unmasked with
+  // the key tile fastest, a head's key tiles run together: each starts at its
+  // own share of the query tiles, so that they do not reduce-add into the
+  // same dQ tile together (under a mask the first tiles differ already).
   __device__ static int walk_shift(const FwdArgs& f, const QueryWalk& walk, int n_block, bool fastest) {
     if (kMask != MaskMode::None || !fastest) return 0;
     const int key_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
@@ -127,9 +127,8 @@ struct FlashBwdSm90 {
   // t % kDqBuffers), one bulk reduce-add of it into the accumulator by its
   // first lane, and the buffer handed back as soon as the copy has read it.
   // Deterministic: the tile's turn (dq_turn) waited for first and passed on
-  // once the adds have landed,
-  // both off the consumers' path: they stall only when the writer is
-  // kDqBuffers tiles behind.
+  // once the adds have landed, both off the consumers' path: they stall only
+  // when the writer is kDqBuffers tiles behind.
   template <bool kDeterministic>
   __device__ static void write_dq(const BwdArgs& a, const typename Mainloop::Smem& smem, const QueryWalk& walk,
                                   int kv_head, int batch, int n_block, int lane) {
