@@ -14,7 +14,7 @@ namespace attnprof {
 using ReadChunk = std::function<std::size_t(char* buf, std::size_t cap)>;
 
 // Reads the whole document a chunk at a time into a Trace. Throws
-// trace_reading::Unreadable (trace_splitter.h) with the reason when it is not a
+// trace_reading::Unreadable (trace_unreadable.h) with the reason when it is not a
 // readable trace; the caller names the source.
 Trace read_trace_stream(const ReadChunk& read, const TraceReadOptions& o);
 
