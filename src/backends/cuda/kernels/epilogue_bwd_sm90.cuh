@@ -56,11 +56,14 @@ struct EpilogueBwdSm90 {
   __device__ __forceinline__ static int* semaphore(const BwdArgs& a, std::int64_t bh, int m0) {
     return a.dq_semaphore + bh * (a.rows_pad / 64) + m0 / 64;
   }
-  __device__ __forceinline__ static void wait_turn(const int* sem, int turn) {
+  __device__ __forceinline__ static bool has_turn(const int* sem, int turn) {
     int seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(sem) : "memory");
-    } while (seen != turn);
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(sem) : "memory");
+    return seen == turn;
+  }
+  __device__ __forceinline__ static void wait_turn(const int* sem, int turn) {
+    while (!has_turn(sem, turn)) {
+    }
   }
   __device__ __forceinline__ static void pass_turn(int* sem) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");

@@ -128,13 +128,25 @@ struct FlashBwdSm90 {
   // first lane, and the buffer handed back as soon as the copy has read it.
   // Deterministic: the tile's turn (dq_turn) waited for first and passed on
   // once the adds have landed, both off the consumers' path: they stall only
-  // when the writer is kDqBuffers tiles behind.
+  // when the writer is kDqBuffers tiles behind. A tile's turn is passed
+  // after the next tile's adds are issued when that tile's turn is already
+  // there, so that one tile's adds land while the next one's go out (a
+  // writer that waited for each tile's adds to land before the next took a
+  // round trip to L2 a tile); when it is not there yet, the turn in hand is
+  // passed first (nothing held while waiting on another CTA: no new waits).
   template <bool kDeterministic>
   __device__ static void write_dq(const BwdArgs& a, const typename Mainloop::Smem& smem, const QueryWalk& walk,
                                   int kv_head, int batch, int n_block, int lane) {
     using Epilogue = EpilogueBwdSm90<Cfg>;
     const FwdArgs& f = a.f;
     const int tiles = f.group * walk.count();
+    int* held = nullptr;  // deterministic: the semaphore of the tile whose adds are out, its turn not yet passed
+    const auto pass_held = [&]<int kInFlight>() {
+      sm90::bulk_wait<kInFlight>();
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      Epilogue::pass_turn(held);
+      held = nullptr;
+    };
 #pragma unroll
     for (int b = 0; b < kDqBuffers; ++b) sm90::named_barrier_arrive(kDqEmpty + b, kDqHandshake);  // free at first
     for (int t = 0; t < tiles; ++t) {
@@ -145,24 +157,28 @@ struct FlashBwdSm90 {
       sm90::named_barrier_sync(kDqFull + b, kDqHandshake);
       if (lane == 0) {
         if constexpr (kDeterministic) {
-          Epilogue::wait_turn(sem, dq_turn(f, walk, m0, n_block, a.key_tile_fastest));
+          const int turn = dq_turn(f, walk, m0, n_block, a.key_tile_fastest);
+          if (!Epilogue::has_turn(sem, turn)) {
+            if (held != nullptr) pass_held.template operator()<0>();
+            Epilogue::wait_turn(sem, turn);
+          }
         }
         sm90::bulk_reduce_add_f32(a.dq_accum + (bh * a.rows_pad + m0) * Cfg::kPadDim, smem.dq(b), Epilogue::kDqBytes);
         sm90::bulk_commit();
+        if constexpr (kDeterministic) {
+          if (held != nullptr) pass_held.template operator()<1>();  // the tile before this one has landed
+          held = sem;
+        }
         sm90::bulk_wait_read<0>();
       }
       __syncwarp();
       // No arrival the consumers would not wait for: none after a buffer's last tile.
       if (t + kDqBuffers < tiles) sm90::named_barrier_arrive(kDqEmpty + b, kDqHandshake);
-      if constexpr (kDeterministic) {
-        if (lane == 0) {
-          sm90::bulk_wait<0>();
-          asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          Epilogue::pass_turn(sem);
-        }
-      }
     }
-    if (lane == 0) sm90::bulk_wait<0>();  // the last reduce-add has landed
+    if (lane == 0) {
+      if (held != nullptr) pass_held.template operator()<0>();
+      sm90::bulk_wait<0>();  // the last reduce-add has landed
+    }
   }
 };
 
@@ -232,135 +248,174 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   zero(dv);
   if (tiles.begin < tiles.end) {
     kv_pipe.consumer_wait(typename Mainloop::KVPipeline::State{});
-    int buf = 0;
-    for (int g = 0; g < f.group; ++g) {
-      const int head = kv_head * f.group + g;
-      const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + head;
-      for (int k = 0; k < walk.count(); ++k) {
-        const int m0 = walk.at(k) * kBM, st = q_state.index();
-        float s[kMT][4], dp[kMT][4];
-        q_pipe.consumer_wait(q_state, Mainloop::kPartQ);
-        Mainloop::issue_transposed_scores(smem.k(), smem.q(st), s, wg);
-        q_pipe.consumer_wait(q_state, Mainloop::kPartDo);
-        Mainloop::issue_transposed_scores(smem.v(), smem.dout(st), dp, wg);
-
-        // P^T = exp2(S^T scale - LSE) while dP^T works.
-        sm90::wgmma_wait<1>();
-        sm90::fence_operands(s);
-        if constexpr (kSoftcap) softcap_scores(s, f.softcap_in);  // tanh(S^T scale / c), before the mask
-        if (tile_needs_mask<kMask, kBM, kBN>(f, m0, n0)) {
-          Mainloop::mask(f, s, n0 + key_row0 + lane / 4, m0 + query_col0 + 2 * t);
-        }
-        const float2* lse = smem.template at<const float2>(smem.lse(st)) + query_col0 / 2;
-        const float2* dsum = smem.template at<const float2>(smem.dsum(st)) + query_col0 / 2;
-        // Soft-capped: g = P^T (1 - tanh^2), dS^T's factor beside P^T (a
-        // masked score's tanh is -inf: its P and g are 0).
-        float g[kMT][4];  // unused (and gone) without a cap
-#pragma unroll
-        for (int nt = 0; nt < kMT; ++nt) {
-          const float2 l = lse[nt * 4 + t];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float x = s[nt][e];
-            s[nt][e] = ex2(fmaf(x, f.scale_log2, e % 2 == 0 ? -l.x : -l.y));
-            if constexpr (kSoftcap) g[nt][e] = s[nt][e] * fmaxf(fmaf(-x, x, 1.f), 0.f);
-          }
-        }
-        std::uint32_t pt[kMT / 2][4];
-#pragma unroll
-        for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(pt[kk], s, kk);
-
-        // dS^T = P^T (dP^T - D).
-        sm90::wgmma_wait<0>();
-        sm90::fence_operands(dp);
-#pragma unroll
-        for (int nt = 0; nt < kMT; ++nt) {
-          const float2 d = dsum[nt * 4 + t];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            dp[nt][e] = (kSoftcap ? g[nt][e] : s[nt][e]) * (dp[nt][e] - (e % 2 == 0 ? d.x : d.y));
-          }
-        }
-        std::uint32_t dst[kMT / 2][4];
-#pragma unroll
-        for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(dst[kk], dp, kk);
-
-        // Deterministic: this key tile's turn among those that add into the query tile.
-        const auto turn = [&] { return Kernel::dq_turn(f, walk, m0, n_block, fastest); };
-        if constexpr (Cfg::kWide) {
-          // P^T and dS^T to shared memory, this warpgroup's queries; once
-          // both halves are there, dQ = dS K a chunk at a time, each staged
-          // for the writer (as below) or, with no room to stage it, added
-          // into the accumulator from registers before the next is issued;
-          // the first chunk goes before dV += P^T dO and dK += dS^T Q (its
-          // columns), so that its adds overlap their products.
-          Mainloop::store_transposed(smem, smem.pt(buf), pt, key_row0, query_col0, lane);
-          Mainloop::store_transposed(smem, smem.ds(buf), dst, key_row0, query_col0, lane);
-          sm90::fence_view_async_shared();
-          sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
-          constexpr int kChunk = Cfg::kDqChunkTiles;
-          const auto add_dq = [&]<int kFirst, int kN>(const float(&dq)[kN][4]) {
-            if constexpr (Kernel::kDqStaged) {
-              if constexpr (kFirst == 0) sm90::named_barrier_sync(Kernel::kDqEmpty, Kernel::kDqHandshake);
-              Epilogue::stage_dq(smem.template at<float>(smem.dq(0)), dq, a.scale, wg, warp_in_wg, lane, kFirst);
-            } else {
-              Epilogue::reduce_dq(a, dq, bh, m0, kFirst, wg, warp_in_wg, lane);
-            }
-          };
-          float dq0[kChunk][4];
-          Mainloop::issue_dq(smem, buf, dq0, wg, 0);
-          Mainloop::issue_accumulate_ss(smem.pt(buf), smem.dout(st), dv, wg);
-          Mainloop::issue_accumulate_ss(smem.ds(buf), smem.q(st), dk, wg);
-          constexpr bool kTurns = kDeterministic && !Kernel::kDqStaged;
-          if constexpr (kTurns) Epilogue::take_dq_turn(a, bh, m0, turn(), leader, Kernel::kDqReady);
-          sm90::wgmma_wait<2>();  // the first chunk, dV's and dK's still in flight
-          sm90::fence_operands(dq0);
-          add_dq.template operator()<0, kChunk>(dq0);
-          sm90::for_tile_chunks<kChunk, Cfg::kDqTiles, kChunk>([&]<int kFirst, int kN>() {
-            float dq[kN][4];
-            Mainloop::issue_dq(smem, buf, dq, wg, kFirst);
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(dq);
-            add_dq.template operator()<kFirst, kN>(dq);
-          });
-          sm90::fence_operands(dv[0]);
-          sm90::fence_operands(dk[0]);
-          q_pipe.consumer_release(q_state, Mainloop::kPartQ);
-          q_pipe.consumer_release(q_state, Mainloop::kPartDo);
-          if constexpr (Kernel::kDqStaged) {
-            sm90::fence_view_async_shared();
-            sm90::named_barrier_arrive(Kernel::kDqFull, Kernel::kDqHandshake);
-          }
-          if constexpr (kTurns) Epilogue::pass_dq_turn(a, bh, m0, leader, Kernel::kDqReady);
-        } else {
-          // dS^T to shared memory for dQ (both consumers read both halves),
-          // then dV += P^T dO and dK += dS^T Q from registers, then dQ = dS K.
-          Mainloop::store_transposed(smem, smem.ds(buf), dst, key_row0, 0, lane);
-          sm90::fence_view_async_shared();
-          Mainloop::issue_accumulate(smem.dout(st), dv, pt);
-          Mainloop::issue_accumulate(smem.q(st), dk, dst);
-          sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
-          float dq[Cfg::kDqTiles][4];
-          Mainloop::issue_dq(smem, buf, dq, wg, 0);
-          sm90::wgmma_wait<0>();
-          sm90::fence_operands(dv[0]);
-          sm90::fence_operands(dk[0]);
-          sm90::fence_operands(dq);
-          sm90::fence_operands(pt);
-          sm90::fence_operands(dst);
-          q_pipe.consumer_release(q_state, Mainloop::kPartQ);
-          q_pipe.consumer_release(q_state, Mainloop::kPartDo);
-          // dQ: staged once the writer has the buffer free again, then
-          // handed to it for the bulk reduce-add.
-          const int dq_buf = Kernel::kDqBuffers == 2 ? buf : 0;  // buf: the tile's index mod 2
-          sm90::named_barrier_sync(Kernel::kDqEmpty + dq_buf, Kernel::kDqHandshake);
-          Epilogue::stage_dq(smem.template at<float>(smem.dq(dq_buf)), dq, a.scale, wg, warp_in_wg, lane);
-          sm90::fence_view_async_shared();
-          sm90::named_barrier_arrive(Kernel::kDqFull + dq_buf, Kernel::kDqHandshake);
-        }
-        q_state.advance();
-        buf ^= 1;
+    using QState = typename Mainloop::QPipeline::State;
+    // The walk's t-th tile, over the group's heads: its query tile's first row.
+    const auto tile_m0 = [&](int t) { return walk.at(t % walk.count()) * kBM; };
+    // P^T and dS^T of the tile in hand, packed as the A fragments of the
+    // products that take them.
+    std::uint32_t pt[kMT / 2][4], dst[kMT / 2][4];
+    // S^T = K Q^T and dP^T = V dO^T of the tile in stage qs, issued.
+    const auto issue_scores = [&](const QState& qs, float(&s)[kMT][4], float(&dp)[kMT][4]) {
+      q_pipe.consumer_wait(qs, Mainloop::kPartQ);
+      Mainloop::issue_transposed_scores(smem.k(), smem.q(qs.index()), s, wg);
+      q_pipe.consumer_wait(qs, Mainloop::kPartDo);
+      Mainloop::issue_transposed_scores(smem.v(), smem.dout(qs.index()), dp, wg);
+    };
+    // Then P^T and dS^T from them (the tile at m0): the only products in
+    // flight are these two.
+    const auto finish_scores = [&](const QState& qs, int m0, float(&s)[kMT][4], float(&dp)[kMT][4]) {
+      const int st = qs.index();
+      // P^T = exp2(S^T scale - LSE) while dP^T works.
+      sm90::wgmma_wait<1>();
+      sm90::fence_operands(s);
+      if constexpr (kSoftcap) softcap_scores(s, f.softcap_in);  // tanh(S^T scale / c), before the mask
+      if (tile_needs_mask<kMask, kBM, kBN>(f, m0, n0)) {
+        Mainloop::mask(f, s, n0 + key_row0 + lane / 4, m0 + query_col0 + 2 * t);
       }
+      const float2* lse = smem.template at<const float2>(smem.lse(st)) + query_col0 / 2;
+      const float2* dsum = smem.template at<const float2>(smem.dsum(st)) + query_col0 / 2;
+      // Soft-capped: g = P^T (1 - tanh^2), dS^T's factor beside P^T (a
+      // masked score's tanh is -inf: its P and g are 0).
+      float g[kMT][4];  // unused (and gone) without a cap
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt) {
+        const float2 l = lse[nt * 4 + t];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = s[nt][e];
+          s[nt][e] = ex2(fmaf(x, f.scale_log2, e % 2 == 0 ? -l.x : -l.y));
+          if constexpr (kSoftcap) g[nt][e] = s[nt][e] * fmaxf(fmaf(-x, x, 1.f), 0.f);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(pt[kk], s, kk);
+
+      // dS^T = P^T (dP^T - D).
+      sm90::wgmma_wait<0>();
+      sm90::fence_operands(dp);
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt) {
+        const float2 d = dsum[nt * 4 + t];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dp[nt][e] = (kSoftcap ? g[nt][e] : s[nt][e]) * (dp[nt][e] - (e % 2 == 0 ? d.x : d.y));
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kMT / 2; ++kk) pack_p<Element>(dst[kk], dp, kk);
+    };
+    // Scores ahead (Cfg::kScoresAhead): the next tile's S^T and dP^T are
+    // issued right behind this tile's dQ, so that they run while dQ is
+    // staged and the stage handed back, and the next P^T and dS^T are
+    // made before the loop turns (no product in flight across it: ptxas
+    // serializes every wgmma when one is).
+    constexpr bool kAhead = Cfg::kScoresAhead;
+    int buf = 0;
+    const int n_tiles = f.group * walk.count();
+    // The walk's t-th tile; kNext: the next tile's scores issued ahead
+    // (not from the last: no stage to wait for).
+    const auto step = [&]<bool kNext>(int t) {
+      const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + kv_head * f.group + t / walk.count();
+      const int m0 = tile_m0(t), st = q_state.index();
+      if constexpr (!kAhead) {
+        float s[kMT][4], dp[kMT][4];
+        issue_scores(q_state, s, dp);
+        finish_scores(q_state, m0, s, dp);
+      }
+
+      // Deterministic: this key tile's turn among those that add into the query tile.
+      const auto turn = [&] { return Kernel::dq_turn(f, walk, m0, n_block, fastest); };
+      if constexpr (Cfg::kWide) {
+        // P^T and dS^T to shared memory, this warpgroup's queries; once
+        // both halves are there, dQ = dS K a chunk at a time, each staged
+        // for the writer (as below) or, with no room to stage it, added
+        // into the accumulator from registers before the next is issued;
+        // the first chunk goes before dV += P^T dO and dK += dS^T Q (its
+        // columns), so that its adds overlap their products.
+        Mainloop::store_transposed(smem, smem.pt(buf), pt, key_row0, query_col0, lane);
+        Mainloop::store_transposed(smem, smem.ds(buf), dst, key_row0, query_col0, lane);
+        sm90::fence_view_async_shared();
+        sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
+        constexpr int kChunk = Cfg::kDqChunkTiles;
+        const auto add_dq = [&]<int kFirst, int kN>(const float(&dq)[kN][4]) {
+          if constexpr (Kernel::kDqStaged) {
+            if constexpr (kFirst == 0) sm90::named_barrier_sync(Kernel::kDqEmpty, Kernel::kDqHandshake);
+            Epilogue::stage_dq(smem.template at<float>(smem.dq(0)), dq, a.scale, wg, warp_in_wg, lane, kFirst);
+          } else {
+            Epilogue::reduce_dq(a, dq, bh, m0, kFirst, wg, warp_in_wg, lane);
+          }
+        };
+        float dq0[kChunk][4];
+        Mainloop::issue_dq(smem, buf, dq0, wg, 0);
+        Mainloop::issue_accumulate_ss(smem.pt(buf), smem.dout(st), dv, wg);
+        Mainloop::issue_accumulate_ss(smem.ds(buf), smem.q(st), dk, wg);
+        constexpr bool kTurns = kDeterministic && !Kernel::kDqStaged;
+        if constexpr (kTurns) Epilogue::take_dq_turn(a, bh, m0, turn(), leader, Kernel::kDqReady);
+        sm90::wgmma_wait<2>();  // the first chunk, dV's and dK's still in flight
+        sm90::fence_operands(dq0);
+        add_dq.template operator()<0, kChunk>(dq0);
+        sm90::for_tile_chunks<kChunk, Cfg::kDqTiles, kChunk>([&]<int kFirst, int kN>() {
+          float dq[kN][4];
+          Mainloop::issue_dq(smem, buf, dq, wg, kFirst);
+          sm90::wgmma_wait<0>();
+          sm90::fence_operands(dq);
+          add_dq.template operator()<kFirst, kN>(dq);
+        });
+        sm90::fence_operands(dv[0]);
+        sm90::fence_operands(dk[0]);
+        q_pipe.consumer_release(q_state, Mainloop::kPartQ);
+        q_pipe.consumer_release(q_state, Mainloop::kPartDo);
+        if constexpr (Kernel::kDqStaged) {
+          sm90::fence_view_async_shared();
+          sm90::named_barrier_arrive(Kernel::kDqFull, Kernel::kDqHandshake);
+        }
+        if constexpr (kTurns) Epilogue::pass_dq_turn(a, bh, m0, leader, Kernel::kDqReady);
+      } else {
+        // dS^T to shared memory for dQ (both consumers read both halves),
+        // then dV += P^T dO and dK += dS^T Q from registers, then dQ = dS K.
+        Mainloop::store_transposed(smem, smem.ds(buf), dst, key_row0, 0, lane);
+        sm90::fence_view_async_shared();
+        Mainloop::issue_accumulate(smem.dout(st), dv, pt);
+        Mainloop::issue_accumulate(smem.q(st), dk, dst);
+        sm90::named_barrier_sync(Kernel::kDsReady, Cfg::kConsumerThreads);
+        float dq[Cfg::kDqTiles][4];
+        Mainloop::issue_dq(smem, buf, dq, wg, 0);
+        float s[kMT][4], dp[kMT][4];  // ahead: the next tile's
+        QState next = q_state;
+        next.advance();
+        if constexpr (kNext) {
+          issue_scores(next, s, dp);
+          sm90::wgmma_wait<2>();  // dV, dK and dQ; the next S^T and dP^T in flight
+        } else {
+          sm90::wgmma_wait<0>();
+        }
+        sm90::fence_operands(dv[0]);
+        sm90::fence_operands(dk[0]);
+        sm90::fence_operands(dq);
+        sm90::fence_operands(pt);
+        sm90::fence_operands(dst);
+        q_pipe.consumer_release(q_state, Mainloop::kPartQ);
+        q_pipe.consumer_release(q_state, Mainloop::kPartDo);
+        // dQ: staged once the writer has the buffer free again, then
+        // handed to it for the bulk reduce-add.
+        const int dq_buf = Kernel::kDqBuffers == 2 ? buf : 0;  // buf: the tile's index mod 2
+        sm90::named_barrier_sync(Kernel::kDqEmpty + dq_buf, Kernel::kDqHandshake);
+        Epilogue::stage_dq(smem.template at<float>(smem.dq(dq_buf)), dq, a.scale, wg, warp_in_wg, lane);
+        sm90::fence_view_async_shared();
+        sm90::named_barrier_arrive(Kernel::kDqFull + dq_buf, Kernel::kDqHandshake);
+        if constexpr (kNext) finish_scores(next, tile_m0(t + 1), s, dp);
+      }
+      q_state.advance();
+      buf ^= 1;
+    };
+    if constexpr (kAhead) {
+      float s[kMT][4], dp[kMT][4];
+      issue_scores(q_state, s, dp);
+      finish_scores(q_state, tile_m0(0), s, dp);
+      for (int t = 0; t + 1 < n_tiles; ++t) step.template operator()<true>(t);
+      step.template operator()<false>(n_tiles - 1);
+    } else {
+      for (int t = 0; t < n_tiles; ++t) step.template operator()<false>(t);
     }
   }
   Epilogue::template store_dkdv<Element>(a, dk, dv, n0, kv_head, batch, wg, warp_in_wg, lane);

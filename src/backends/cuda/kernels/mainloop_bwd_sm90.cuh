@@ -100,6 +100,10 @@ struct FlashBwdSm90Cfg {
   // that dK, dV and a chunk fit the registers; at 192 a chunk of 96 columns
   // spilled 576 bytes and serialized the wgmmas, 64 + 32 spills nothing).
   static constexpr int kDqChunkTiles = kWide ? 8 : kDqTiles;
+  // The next query tile's S^T and dP^T issued behind this one's dQ (the
+  // kernel's loop): where their 64 f32 a thread fit beside dK, dV, dQ, P^T
+  // and dS^T (head dim 64: 176 of 240 registers).
+  static constexpr bool kScoresAhead = kPadDim == 64;
   static_assert(kScoreCols == 32 || kScoreCols == 64 || kScoreCols == 128, "S^T's wgmma N: 32, 64 or 128 queries");
   static_assert(kDqCols % 32 == 0, "dQ's columns in 32-column chunks");
 };
