@@ -71,6 +71,8 @@ hd96_2x24x4096x96 2 24 24 4096 96 causal bf16
 fp16_4x16x2048x128 4 16 16 2048 128 causal fp16
 hd256_2x16x4096x256 2 16 16 4096 256 causal bf16
 hd192_2x16x4096x192 2 16 16 4096 192 causal bf16
+heads128_8x16x4096x128 8 16 16 4096 128 causal bf16
+llama_4x16/4x2048x128 4 16 4 2048 128 causal bf16
 ROWS
 fi
 if [[ " $steps " == *" det "* ]]; then

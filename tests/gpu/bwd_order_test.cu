@@ -145,4 +145,60 @@ TEST(FlashBwdSm90Order, DeterministicTurnsAreCompleteOrderedAndLaunchSafe) {
   check_every_case<kern::FlashBwdSm90DefaultCfg<192>>(sms);  // 64-key tiles (wide)
 }
 
+// The key-tile-slowest grid in chunks of pairs (FlashBwdSm90::chunked_cta):
+// every (key tile, pair) once, a pair's key tiles launched in order
+// (deterministic: key tile n waits on n - 1, which must have started first),
+// and chunks of consecutive pairs whose widths differ by one at most.
+// Host-side: the function is the kernel's own.
+TEST(FlashBwdSm90Order, ChunkedGridLaunchesEveryKeyTileOnceInOrder) {
+  using Kernel = kern::FlashBwdSm90<kern::FlashBwdSm90DefaultCfg<128>, MaskMode::Causal, kern::Bf16>;
+  for (const int n_tiles : {1, 5, 32}) {
+    for (const int pairs : {1, 7, 128}) {
+      for (const int chunks : {1, 2, 3, 14, pairs}) {
+        if (chunks > pairs) continue;
+        const std::string what = std::to_string(n_tiles) + " key tiles, " + std::to_string(pairs) + " pairs, " +
+                                 std::to_string(chunks) + " chunks";
+        std::vector<int> last(pairs, -1);
+        int prev_pair = -1, pairs_started = 0;
+        for (int id = 0; id < n_tiles * pairs; ++id) {
+          int n_block = -1, pair = -1;
+          Kernel::chunked_cta(id, n_tiles, pairs, chunks, n_block, pair);
+          ASSERT_TRUE(pair >= 0 && pair < pairs && n_block >= 0 && n_block < n_tiles)
+              << what << ": CTA " << id << " -> key tile " << n_block << " of pair " << pair;
+          ASSERT_EQ(n_block, last[pair] + 1) << what << ": CTA " << id << " of pair " << pair << " out of order";
+          if (n_block == 0) {
+            ASSERT_EQ(pair, prev_pair + 1) << what << ": pairs start in order, chunk after chunk";
+            prev_pair = pair;
+            ++pairs_started;
+          }
+          last[pair] = n_block;
+        }
+        EXPECT_EQ(pairs_started, pairs) << what;
+        for (int p = 0; p < pairs; ++p) EXPECT_EQ(last[p], n_tiles - 1) << what << ": pair " << p;
+      }
+    }
+  }
+}
+
+// How many chunks (FlashBwdSm90::chunks): one to the pairs; each chunk
+// (pairs / chunks pairs, or one more) at least two waves of CTAs, and no
+// more chunks than that allows; one when deterministic.
+TEST(FlashBwdSm90Order, ChunksHoldAtLeastTwoWaves) {
+  using Kernel = kern::FlashBwdSm90<kern::FlashBwdSm90DefaultCfg<128>, MaskMode::Causal, kern::Bf16>;
+  for (const int sms : {108, 132}) {
+    for (const int n_tiles : {1, 8, 32, 64, 300}) {
+      for (const int pairs : {1, 16, 32, 128, 4096}) {
+        const std::string what = std::to_string(n_tiles) + " key tiles, " + std::to_string(pairs) + " pairs";
+        const int chunks = Kernel::chunks(false, n_tiles, pairs, sms);
+        ASSERT_TRUE(chunks >= 1 && chunks <= pairs) << what << ": " << chunks;
+        if (chunks > 1) {
+          EXPECT_GE(pairs / chunks * n_tiles, 2 * sms) << what;
+          EXPECT_LT(pairs / (chunks + 1) * n_tiles, 2 * sms) << what << ": one more chunk would still fit";
+        }
+        EXPECT_EQ(Kernel::chunks(true, n_tiles, pairs, sms), 1) << what;
+      }
+    }
+  }
+}
+
 }  // namespace

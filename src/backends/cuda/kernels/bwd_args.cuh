@@ -34,6 +34,7 @@ struct BwdArgs {
   int dq_accum_cols;  // head_dim (sm80), padded to 64 (sm90)
   bool deterministic;
   bool key_tile_fastest = false;  // sm90: the grid's order, set at launch (FlashBwdSm90::key_tile_fastest)
+  int chunks = 1;                 // sm90, key tile slowest: chunks of (kv head, batch) pairs (FlashBwdSm90::chunks)
 
   // Sequence b (FwdArgs::sequence), with dO's and the gradients' addresses
   // of its first rows too when packed; itself when dense. The workspace keeps

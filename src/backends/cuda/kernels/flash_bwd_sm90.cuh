@@ -19,10 +19,15 @@
 //   pipeline_sm90.cuh        the mbarrier stages between them
 //   epilogue_bwd_sm90.cuh    dQ staged (the writer warp here reduce-adds it), the wide
 //                            path's dQ reductions and turns; dK and dV out
-// The grid is static. Under a mask, (kv head, batch) fastest and the key tile
-// slowest, so that CTAs start in key-tile order across all heads: the low key
-// tiles, which every later query sees, are the heaviest, and start first
-// (longest first: the last wave holds the light ones). Unmasked, every CTA
+// The grid is static. Under a mask, the key tile slowest and (kv head,
+// batch) fastest, so that CTAs start in key-tile order: the low key tiles,
+// which every later query sees, are the heaviest, and start first (longest
+// first: the last wave holds the light ones). Not across all heads at once,
+// though: in chunks of heads, each at least two waves of CTAs
+// (FlashBwdSm90::chunks). In key-tile order across 128 heads (8 x 16 x
+// 4096 x 128) a wave held key tile n of every head and streamed every
+// head's Q, dO and dQ accumulator from DRAM: 4.14 ms, 2.76 in chunks of 4
+// heads (docs/perf/issue21-2026-12-03c.md). Unmasked, every CTA
 // has the same work, and the key tile goes fastest instead: a wave then
 // holds a head or two whole, whose Q, dO and dQ accumulator stay in L2 (in
 // key-tile order across all 32 heads of 2 x 16 x 8192 x 128 a wave streamed
@@ -96,6 +101,46 @@ struct FlashBwdSm90 {
   static bool key_tile_fastest(bool deterministic, int key_tiles, int multiprocessors) {
     if (!deterministic) return kMask == MaskMode::None || Cfg::kWide;
     return kMask == MaskMode::None && key_tiles <= multiprocessors;
+  }
+  // Key tile slowest: the grid's (kv head, batch) pairs in `chunks` chunks
+  // of consecutive pairs, as even as they divide (the first pairs % chunks
+  // take one more), each chunk in key-tile order (the pair fastest): CTA
+  // `id` of the 1-D grid is key tile n_block of pair `pair`. Within a pair,
+  // key tiles start in order (deterministic: key tile n waits only on n - 1).
+  __host__ __device__ static void chunked_cta(int id, int n_tiles, int pairs, int chunks, int& n_block, int& pair) {
+    const int narrow = pairs / chunks, wide = pairs % chunks;  // wide: the chunks of narrow + 1 pairs, first
+    const int wide_ctas = wide * (narrow + 1) * n_tiles;
+    int width, first, r;
+    if (id < wide_ctas) {
+      width = narrow + 1;
+      const int c = id / (width * n_tiles);
+      first = c * width;
+      r = id - c * width * n_tiles;
+    } else {
+      width = narrow;
+      const int c = (id - wide_ctas) / (width * n_tiles);
+      first = wide * (narrow + 1) + c * width;
+      r = id - wide_ctas - c * width * n_tiles;
+    }
+    n_block = r / width;
+    pair = first + r % width;
+  }
+  // How many chunks: each of at least two waves of CTAs (2 x the
+  // multiprocessors), so that the resident CTAs share a few heads' Q, dO and
+  // dQ accumulator in L2, while the heavy key tiles of every chunk start
+  // early enough: a chunk's first key tiles walk the most query tiles, and
+  // the last chunk's start no earlier than its own CTAs from the end. A grid
+  // of less than four waves is one chunk. Measured on the H200
+  // (docs/perf/issue21-2026-12-03c.md): chunks of 128-512 CTAs gained 2-33%
+  // over key-tile order; a last chunk of 64 (two pairs of 32 key tiles) or
+  // chunks of 64 (the 2-wave grid of 4 x 16 / 4 heads x 2048) lost to that
+  // tail. Deterministic: one chunk, key-tile order (in chunks a wave holds
+  // more key tiles of a head, and key tile n waits on n - 1: 2.63 -> 4.28 ms
+  // at 2 x 16 x 8192 x 128 causal).
+  static int chunks(bool deterministic, int n_tiles, int pairs, int multiprocessors) {
+    if (deterministic) return 1;
+    const int width = (2 * multiprocessors + n_tiles - 1) / n_tiles;  // a chunk's fewest pairs
+    return pairs / width > 1 ? pairs / width : 1;
   }
   // Where key tile n_block's walk over its query tiles starts. Unmasked with
   // the key tile fastest, a head's key tiles run together: each starts at its
@@ -203,8 +248,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_heads = args.f.heads / args.f.group;
   const bool fastest = args.key_tile_fastest;  // the grid's order (the header)
-  const int n_block = fastest ? blockIdx.x : blockIdx.y;
-  const int kv_pair = fastest ? blockIdx.y : blockIdx.x;
+  int n_block = blockIdx.x, kv_pair = blockIdx.y;
+  if (!fastest) {
+    Kernel::chunked_cta(blockIdx.x, (args.f.seq_k + kBN - 1) / kBN, kv_heads * args.f.batch, args.chunks, n_block,
+                        kv_pair);
+  }
   const int kv_head = kv_pair % kv_heads, batch = kv_pair / kv_heads;
   const int n0 = n_block * kBN;
   // The CTA's sequence (packed batches, key counts; args itself when dense):
@@ -450,22 +498,19 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   if (const cudaError_t e = launch_bwd_preprocess<Element>(a, stream); e != cudaSuccess) return e;
   const FwdArgs& f = a.f;
   const int n_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const unsigned pairs = static_cast<unsigned>(f.heads / f.group) * f.batch;
-  int multiprocessors = 0;
-  if (a.deterministic && kMask == MaskMode::None) {
-    int device = 0;
-    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    if (const cudaError_t e = fixed_device_attribute(multiprocessors, cudaDevAttrMultiProcessorCount, device);
-        e != cudaSuccess) {
-      return e;
-    }
+  const int pairs = f.heads / f.group * f.batch;
+  int device = 0, multiprocessors = 0;
+  for (const cudaError_t e :
+       {cudaGetDevice(&device), fixed_device_attribute(multiprocessors, cudaDevAttrMultiProcessorCount, device)}) {
+    if (e != cudaSuccess) return e;
   }
   BwdArgs ordered = a;
   ordered.key_tile_fastest = Kernel::key_tile_fastest(a.deterministic, n_tiles, multiprocessors);
-  if ((ordered.key_tile_fastest ? pairs : static_cast<unsigned>(n_tiles)) > 65535) {
-    return cudaErrorInvalidConfiguration;  // the grid's y
+  ordered.chunks = Kernel::chunks(a.deterministic, n_tiles, pairs, multiprocessors);
+  if (ordered.key_tile_fastest ? pairs > 65535 : static_cast<std::int64_t>(n_tiles) * pairs > 0x7fffffff) {
+    return cudaErrorInvalidConfiguration;  // the grid's y, or x
   }
-  const dim3 grid = ordered.key_tile_fastest ? dim3(n_tiles, pairs) : dim3(pairs, n_tiles);
+  const dim3 grid = ordered.key_tile_fastest ? dim3(n_tiles, pairs) : dim3(n_tiles * pairs);
   kernel<<<grid, Cfg::kThreads, Kernel::kSmemBytes, stream>>>(ordered, p);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   return launch_bwd_convert_dq_tiled<Element, Cfg::kPadDim>(a, stream);
