@@ -1,6 +1,6 @@
-// flash's sm90 kernels on what real models pass (issue 22): packed
-// (variable-length) batches, a key-padding mask read as per-sequence key
-// counts, and soft-capped scores. Forward and training step on fresh random
+// flash's sm90 kernels (and, at head dim 32, its sm80 kernels) on what real
+// models pass (issue 22): packed (variable-length) batches, a key-padding
+// mask read as per-sequence key counts, and soft-capped scores. Forward and training step on fresh random
 // inputs, outputs and gradients NaN-poisoned before the call, against the
 // float64 reference; the deterministic dQ on packed batches bitwise
 // repeatable; and what these kernels do not take refused in one line.
@@ -134,8 +134,9 @@ Problem packed(const Config& c, const Lens& q, const Lens& kv, Pass pass) {
 class FlashPacked : public ::testing::TestWithParam<Config> {};
 
 TEST_P(FlashPacked, MatchesFloat64ForwardAndBackward) {
-  REQUIRE_SM90_FLASH();
-  std::uint64_t seed = 40;
+  REQUIRE_GPU();
+  if (GetParam().head_dim != 32 && !sm90_flash()) GTEST_SKIP() << "flash's sm90 kernels need an sm90 GPU";
+  std::uint64_t seed = GetParam().head_dim == 32 ? 140 : 40;
   for (const auto& [q, kv] : length_sets()) {
     expect_matches_reference(packed(GetParam(), q, kv, Pass::Train), ++seed);
     expect_matches_reference(packed(GetParam(), q, kv, Pass::Forward), ++seed);
@@ -143,6 +144,19 @@ TEST_P(FlashPacked, MatchesFloat64ForwardAndBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, FlashPacked, ::testing::ValuesIn(kPacked),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// flash's sm80 kernels (FlashAttention-2 class, Ampere's path) on packed
+// batches: head dim 32, which only they are built for, runs them on any GPU.
+const Config kPackedSm80[] = {
+    {"causal_gqa_d32_bf16", MaskKind::Causal, 8, 2, 32, 0, DType::BF16},
+    {"none_d32_fp16", MaskKind::None, 4, 4, 32, 0, DType::F16},
+    {"bottom_right_mqa_d32_bf16", MaskKind::CausalBottomRight, 4, 1, 32, 0, DType::BF16},
+    {"window_gqa_d32_fp16", MaskKind::SlidingWindow, 4, 2, 32, 48, DType::F16},
+    {"causal_d32_deterministic", MaskKind::Causal, 4, 2, 32, 0, DType::BF16, true},
+};
+
+INSTANTIATE_TEST_SUITE_P(Sm80, FlashPacked, ::testing::ValuesIn(kPackedSm80),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // A sequence of a packed batch gives what the same sequence gives alone:
@@ -212,7 +226,7 @@ Problem padded(std::int64_t batch, std::int64_t seq, std::int64_t kv_seq, std::i
 TEST(FlashKeyPadding, LoweredMaskMatchesFloat64) {
   REQUIRE_SM90_FLASH();
   std::uint64_t seed = 70;
-  for (const std::int64_t d : {64, 128, 256}) {
+  for (const std::int64_t d : {32, 64, 128, 256}) {  // 32: the sm80 kernels
     for (const DType t : {DType::BF16, DType::F16}) {
       for (const Pass pass : {Pass::Forward, Pass::Train}) {
         const Problem p = padded(3, 150, 300, d, t, pass);

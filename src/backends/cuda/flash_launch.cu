@@ -96,13 +96,14 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
                  std::to_string(row_tiles * p.kv_heads) + ": use fewer queries or a contiguous cache");
     }
   }
-  // Sequences of their own lengths and soft caps: flash's sm90 kernels only.
+  // Sequences of their own lengths: flash's kernels (sm90 and sm80); soft
+  // caps: flash's sm90 kernels only.
   if (p.per_sequence() || p.softcap > 0.f) {
-    const char* what = p.cu_seqlens_q != nullptr ? "a packed batch (seq_lens)"
-                       : p.kv_lens != nullptr    ? "per-sequence key lengths (a key-padding mask, kv_lens)"
-                                                 : "soft-capping";
-    if (!flash) return say(std::string(what) + " is read by flash's sm90 kernels only (use flash)");
-    if (!(flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here())) {
+    const char* what = p.softcap > 0.f           ? "soft-capping"
+                       : p.cu_seqlens_q != nullptr ? "a packed batch (seq_lens)"
+                                                   : "per-sequence key lengths (a key-padding mask, kv_lens)";
+    if (!flash) return say(std::string(what) + " is read by flash's kernels only (use flash)");
+    if (p.softcap > 0.f && !(flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here())) {
       return say(std::string(what) +
                  " is read by flash's sm90 kernels only: an sm90 GPU with sm_90a code in this build, head_dim 64, "
                  "96, 128, 192 or 256");

@@ -62,8 +62,8 @@ cudaError_t launch_flash_checked(const FusedParams& p, const DecodePlan& plan, c
       const cudaError_t e = kernels::dispatch_fwd<FlashSm90Runner, kFlashSm90HeadDims>(p, stream);
       // Not launched (a register budget setmaxnreg cannot have, run_flash_fwd_sm90):
       // the sm80 kernel runs instead where one is built.
-      // (Not for what the sm80 kernel does not read: per-sequence lengths, soft caps.)
-      if (e == cudaErrorNotSupported && fused_head_dim_built(p.head_dim) && !p.per_sequence() && !(p.softcap > 0.f)) {
+      // (Not for what the sm80 kernel does not read: soft caps.)
+      if (e == cudaErrorNotSupported && fused_head_dim_built(p.head_dim) && !(p.softcap > 0.f)) {
         return launch_flash_sm80_checked(p, stream);
       }
       return e;

@@ -41,9 +41,7 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path) 
     return reason.c_str();
   };
   if (const char* why = fused_bwd_head_dim_refusal(p.fwd.head_dim, path == BwdPath::Sm90)) return why;
-  if ((p.fwd.per_sequence() || p.fwd.softcap > 0.f) && path != BwdPath::Sm90) {
-    return say("per-sequence lengths and soft caps are read by flash's sm90 backward only");
-  }
+  if (p.fwd.softcap > 0.f && path != BwdPath::Sm90) return say("soft caps are read by flash's sm90 backward only");
   if (p.fwd.lse == nullptr) return say("the backward needs the forward's saved log-sum-exp");
   if (!p.dout || !p.dq || !p.dk || !p.dv || !p.dsum) return say("dout, dq, dk, dv and the workspace must be set");
   const FusedBwdWorkspace need = fused_bwd_workspace(p.fwd.batch, p.fwd.heads, p.fwd.seq_q, p.fwd.head_dim,
@@ -78,9 +76,8 @@ cudaError_t launch_fused_bwd(const FusedBwdParams& p, BwdPath path, cudaStream_t
         // Not launched (the register split, run_flash_bwd_sm90): sm80's kernels
         // take the same workspace (the sm90 one is a superset) where they are
         // built for the head dim.
-        // (Not for what the sm80 kernels do not read: per-sequence lengths, soft caps.)
-        if (e != cudaErrorNotSupported || !fused_bwd_head_dim_built(p.fwd.head_dim) || p.fwd.per_sequence() ||
-            p.fwd.softcap > 0.f) {
+        // (Not for what the sm80 kernels do not read: soft caps.)
+        if (e != cudaErrorNotSupported || !fused_bwd_head_dim_built(p.fwd.head_dim) || p.fwd.softcap > 0.f) {
           return e;
         }
       }

@@ -92,7 +92,7 @@ struct FusedParams {
   // The decode kernel's FP32 workspace when it splits the keys
   // (flash_decode_plan(...).workspace_bytes), else unused.
   float* workspace = nullptr;
-  // Sequences of their own lengths (flash's sm90 kernels only; the others
+  // Sequences of their own lengths (flash's kernels, sm90 and sm80; the others
   // refuse them, fused_unsupported_reason):
   //  - a packed batch: q, o [total_q rows], k, v [total_k rows] with batch
   //    stride 0, sequence b's rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1

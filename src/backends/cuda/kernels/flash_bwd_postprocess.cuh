@@ -16,7 +16,8 @@
 
 namespace attnprof::cuda::kernels {
 
-// The dQ accumulator ([B, H, rows_pad, D] f32) into dQ, rows < seq_q.
+// The dQ accumulator ([B, H, rows_pad, D] f32) into dQ, rows < seq_q (each
+// sequence's own, packed batches).
 template <Half16 Element>
 __global__ void __launch_bounds__(256) flash_bwd_convert_dq_kernel(const __grid_constant__ BwdArgs a) {
   const FwdArgs& f = a.f;
@@ -29,12 +30,14 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_kernel(const __grid_
     const int i = static_cast<int>(r % f.seq_q);
     const std::int64_t bh = r / f.seq_q;
     const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
+    const BwdArgs seq = a.sequence(batch);  // the row's sequence (packed batches)
+    if (i >= seq.f.seq_q) continue;
     const auto* acc = reinterpret_cast<const float4*>(a.dq_accum + (bh * a.rows_pad + i) * a.head_dim + 8 * c);
     const float4 lo = acc[0], hi = acc[1];
     const uint4 out{pack2<Element>(lo.x, lo.y), pack2<Element>(lo.z, lo.w), pack2<Element>(hi.x, hi.y),
                     pack2<Element>(hi.z, hi.w)};
-    *reinterpret_cast<uint4*>(a.dq + batch * a.dq_batch_stride + head * a.dq_head_stride + i * a.dq_row_stride +
-                              8 * c) = out;
+    *reinterpret_cast<uint4*>(seq.dq + batch * seq.dq_batch_stride + head * seq.dq_head_stride +
+                              i * seq.dq_row_stride + 8 * c) = out;
   }
 }
 

@@ -87,16 +87,19 @@ struct BwdCfg {
 
 // dK and dV of one key tile (and dQ by atomics unless kDeterministic).
 template <class Cfg, MaskMode kMask, Half16 Element, bool kDeterministic>
-__global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const __grid_constant__ BwdArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const __grid_constant__ BwdArgs args) {
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
   constexpr int kNT = kBN / 8, kDT = Cfg::kDTiles;
   using QTile = typename Cfg::QTile;
   using KTile = typename Cfg::KTile;
   using PTile = typename Cfg::PTile;
   extern __shared__ __align__(128) unsigned char smem[];
-  const FwdArgs& f = a.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n0 = blockIdx.x * kBN, kv_head = blockIdx.y, batch = blockIdx.z;
+  // The CTA's sequence (packed batches, key counts; args itself when dense):
+  // its key tiles past the sequence's keys have no query tiles.
+  const BwdArgs a = args.sequence(batch);
+  const FwdArgs& f = a.f;
   std::uint16_t* const p_s = reinterpret_cast<std::uint16_t*>(smem + Cfg::kPOff);
   std::uint16_t* const ds_s = reinterpret_cast<std::uint16_t*>(smem + Cfg::kDsOff);
 
@@ -145,24 +148,29 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const __g
   }
   cp_async_wait<0>();  // K and V, when no query tile was visited
 
+  // Keys past seq_k are not stored, except a dense batch's past its
+  // sequence's key count (kv_lens): those rows are the sequence's too, and
+  // get their zeros (as epilogue_bwd_sm90.cuh's store_dkdv).
+  const int rows = f.cu_seqlens_q == nullptr ? f.k_rows : f.seq_k;
   store_rows<Element>(a.dk + batch * a.dk_batch_stride + kv_head * a.dk_head_stride + n0 * a.dk_row_stride,
-                      a.dk_row_stride, dk, a.scale, warp * 16, f.seq_k - n0, lane);
+                      a.dk_row_stride, dk, a.scale, warp * 16, rows - n0, lane);
   store_rows<Element>(a.dv + batch * a.dv_batch_stride + kv_head * a.dv_head_stride + n0 * a.dv_row_stride,
-                      a.dv_row_stride, dv, 1.f, warp * 16, f.seq_k - n0, lane);
+                      a.dv_row_stride, dv, 1.f, warp * 16, rows - n0, lane);
 }
 
 // Deterministic dQ of one query tile: its visible key tiles in one fixed
 // order (first to last), recomputing P and dS; dQ written once, no atomics.
 template <class Cfg, MaskMode kMask, Half16 Element>
-__global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const __grid_constant__ BwdArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const __grid_constant__ BwdArgs args) {
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
   constexpr int kNT = kBN / 8, kDT = Cfg::kDTiles;
   using KTile = typename Cfg::KTile;
   using PTile = typename Cfg::PTile;
   extern __shared__ __align__(128) unsigned char smem[];
-  const FwdArgs& f = a.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int m0 = blockIdx.x * kBM, head = blockIdx.y, batch = blockIdx.z;
+  const BwdArgs a = args.sequence(batch);  // its query tiles past the sequence's rows have no key tiles
+  const FwdArgs& f = a.f;
   const int kv_head = head / f.group;
   std::uint16_t* const ds_s = reinterpret_cast<std::uint16_t*>(smem + Cfg::kDsOff);
 

@@ -82,7 +82,7 @@ using FlashDefaultCfg = FlashCfg<kHeadDim, flash_block_m(kHeadDim), flash_block_
 
 template <class Cfg, MaskMode kMask, Half16 Element, bool kLse>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    flash_fwd_sm80_kernel(const __grid_constant__ FwdArgs a) {
+    flash_fwd_sm80_kernel(const __grid_constant__ FwdArgs args) {
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kD = Cfg::kHeadDim, kT = Cfg::kThreads;
   using QTile = typename Cfg::QTile;
   using KVTile = typename Cfg::KVTile;
@@ -94,7 +94,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   std::uint16_t* const o_smem = reinterpret_cast<std::uint16_t*>(smem_raw);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const auto cta = StaticTileScheduler<kMask, kBM>::first(a);
+  const auto cta = StaticTileScheduler<kMask, kBM>::first(args);
+  // The tile's sequence (packed batches, key counts; args itself when dense):
+  // its rows, lengths and mask diagonal; a tile past its rows has no key tiles.
+  const FwdArgs a = args.sequence(cta.batch);
   const int m0 = cta.m0;
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
 

@@ -34,7 +34,8 @@ __device__ __forceinline__ void load_query_tile(const BwdArgs& a, unsigned char*
   if (tid < Cfg::kBlockM) {
     const int row = m0 + tid;
     const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + head;
-    reinterpret_cast<float*>(smem + Cfg::kLseOff)[tid] = row < f.seq_q ? lse_log2(f.lse[bh * f.seq_q + row]) : INFINITY;
+    const float* lse = f.lse + batch * f.lse_batch_stride + head * f.lse_head_stride;  // packed: [1, H, total_q]
+    reinterpret_cast<float*>(smem + Cfg::kLseOff)[tid] = row < f.seq_q ? lse_log2(lse[row]) : INFINITY;
     reinterpret_cast<float*>(smem + Cfg::kDOff)[tid] = row < f.seq_q ? a.dsum[bh * a.rows_pad + row] : 0.f;
   }
 }
