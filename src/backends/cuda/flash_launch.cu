@@ -99,7 +99,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   // Sequences of their own lengths: flash's kernels (sm90 and sm80); soft
   // caps: flash's sm90 kernels only.
   if (p.per_sequence() || p.softcap > 0.f) {
-    const char* what = p.softcap > 0.f           ? "soft-capping"
+    const char* what = p.softcap > 0.f             ? "soft-capping"
                        : p.cu_seqlens_q != nullptr ? "a packed batch (seq_lens)"
                                                    : "per-sequence key lengths (a key-padding mask, kv_lens)";
     if (!flash) return say(std::string(what) + " is read by flash's kernels only (use flash)");

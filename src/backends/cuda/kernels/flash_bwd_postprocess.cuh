@@ -36,8 +36,8 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_kernel(const __grid_
     const float4 lo = acc[0], hi = acc[1];
     const uint4 out{pack2<Element>(lo.x, lo.y), pack2<Element>(lo.z, lo.w), pack2<Element>(hi.x, hi.y),
                     pack2<Element>(hi.z, hi.w)};
-    *reinterpret_cast<uint4*>(seq.dq + batch * seq.dq_batch_stride + head * seq.dq_head_stride +
-                              i * seq.dq_row_stride + 8 * c) = out;
+    *reinterpret_cast<uint4*>(seq.dq + batch * seq.dq_batch_stride + head * seq.dq_head_stride + i * seq.dq_row_stride +
+                              8 * c) = out;
   }
 }
 
