@@ -19,41 +19,7 @@
 //   pipeline_sm90.cuh        the mbarrier stages between them
 //   epilogue_bwd_sm90.cuh    dQ staged (the writer warp here reduce-adds it), the wide
 //                            path's dQ reductions and turns; dK and dV out
-// The grid is static. Under a mask, the key tile slowest and (kv head,
-// batch) fastest, so that CTAs start in key-tile order: the low key tiles,
-// which every later query sees, are the heaviest, and start first (longest
-// first: the last wave holds the light ones). Not across all heads at once,
-// though: in chunks of heads, each at least two waves of CTAs
-// (FlashBwdSm90::chunks). In key-tile order across 128 heads (8 x 16 x
-// 4096 x 128) a wave held key tile n of every head and streamed every
-// head's Q, dO and dQ accumulator from DRAM: 4.14 ms, 2.76 in chunks of 4
-// heads (docs/perf/issue21-2026-12-03c.md). Unmasked, every CTA
-// has the same work, and the key tile goes fastest instead: a wave then
-// holds a head or two whole, whose Q, dO and dQ accumulator stay in L2 (in
-// key-tile order across all 32 heads of 2 x 16 x 8192 x 128 a wave streamed
-// every head's, 7.7 GB from DRAM against cuDNN's 0.75, and L2 hits 73% against
-// 97%: Nsight Compute, docs/perf/issue21-2026-12-02b.md). So do the wide
-// head dims under a mask: a head's Q, dO and dQ accumulator are 8 MB at 256,
-// and in key-tile order the kernel was L2-bound (L2 throughput 87%, hits 69%,
-// DRAM 44% against cuDNN's 92% and 8%: docs/perf/issue21-2026-12-03.md).
-//
-// Deterministic runs add each query tile's dQ in a fixed order of its key
-// tiles (FlashBwdSm90::dq_turn), in which a key tile waits only on ones
-// launched before it (CTAs start in grid order; a wait on one not yet
-// resident could hang):
-// - under a mask, key-tile order, and each query tile's key tiles add from
-//   the lowest up. Key tile n waits on n - 1, whose walk starts lower: a
-//   staircase of waits across the key tiles running at once, paid once a
-//   wave. FlashAttention-3's order (launched from the last key tile down,
-//   adding from the highest: no staircase) measured 1.3-1.8x slower here
-//   (docs/perf/issue21-2026-12-03b.md);
-// - unmasked, the key tile fastest with rotated walks (as without
-//   determinism; key-tile order streamed every head's Q, dO and dQ from
-//   DRAM, as above), and the order rotated with them: key tile n waits on
-//   n + 1, which reached the tile a step or two before it. A head's key
-//   tiles then wait on each other in a cycle, safe only when all of them
-//   can be resident at once: at most one a multiprocessor (else key-tile
-//   order, which has no cycle).
+//   bwd_order_sm90.cuh       the grid's order and (deterministic) the dQ turns
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,6 +28,7 @@
 
 #include "backends/cuda/kernels/bwd_args.cuh"
 #include "backends/cuda/kernels/bwd_launch.cuh"
+#include "backends/cuda/kernels/bwd_order_sm90.cuh"
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/epilogue_bwd_sm90.cuh"
 #include "backends/cuda/kernels/flash_bwd_postprocess.cuh"
@@ -76,7 +43,8 @@
 namespace attnprof::cuda::kernels {
 
 template <class Cfg, MaskMode kMask, Half16 Element>
-struct FlashBwdSm90 {
+struct FlashBwdSm90 : BwdOrderSm90<Cfg, kMask> {
+  using Order = BwdOrderSm90<Cfg, kMask>;
   using Mainloop = MainloopBwdSm90<Cfg, kMask, Element>;
   using Epilogue = EpilogueBwdSm90<Cfg>;
   using Params = typename Mainloop::Params;
@@ -94,77 +62,6 @@ struct FlashBwdSm90 {
   static constexpr int kDsReady = 1, kDqReady = 2, kDqFull = 3, kDqEmpty = 5;
   static constexpr int kDqBuffers = Mainloop::kDqBuffers;
   static constexpr bool kDqStaged = Mainloop::kDqStaged;
-  // The grid's order (above), decided at launch (BwdArgs::key_tile_fastest):
-  // the key tile fastest unmasked and at the wide head dims; deterministic,
-  // unmasked only, and only when a head's key tiles fit one a
-  // multiprocessor.
-  static bool key_tile_fastest(bool deterministic, int key_tiles, int multiprocessors) {
-    if (!deterministic) return kMask == MaskMode::None || Cfg::kWide;
-    return kMask == MaskMode::None && key_tiles <= multiprocessors;
-  }
-  // Key tile slowest: the grid's (kv head, batch) pairs in `chunks` chunks
-  // of consecutive pairs, as even as they divide (the first pairs % chunks
-  // take one more), each chunk in key-tile order (the pair fastest): CTA
-  // `id` of the 1-D grid is key tile n_block of pair `pair`. Within a pair,
-  // key tiles start in order (deterministic: key tile n waits only on n - 1).
-  __host__ __device__ static void chunked_cta(int id, int n_tiles, int pairs, int chunks, int& n_block, int& pair) {
-    const int narrow = pairs / chunks, wide = pairs % chunks;  // wide: the chunks of narrow + 1 pairs, first
-    const int wide_ctas = wide * (narrow + 1) * n_tiles;
-    int width, first, r;
-    if (id < wide_ctas) {
-      width = narrow + 1;
-      const int c = id / (width * n_tiles);
-      first = c * width;
-      r = id - c * width * n_tiles;
-    } else {
-      width = narrow;
-      const int c = (id - wide_ctas) / (width * n_tiles);
-      first = wide * (narrow + 1) + c * width;
-      r = id - wide_ctas - c * width * n_tiles;
-    }
-    n_block = r / width;
-    pair = first + r % width;
-  }
-  // How many chunks: each of at least two waves of CTAs (2 x the
-  // multiprocessors), so that the resident CTAs share a few heads' Q, dO and
-  // dQ accumulator in L2, while the heavy key tiles of every chunk start
-  // early enough: a chunk's first key tiles walk the most query tiles, and
-  // the last chunk's start no earlier than its own CTAs from the end. A grid
-  // of less than four waves is one chunk. Measured on the H200
-  // (docs/perf/issue21-2026-12-03c.md): chunks of 128-512 CTAs gained 2-33%
-  // over key-tile order; a last chunk of 64 (two pairs of 32 key tiles) or
-  // chunks of 64 (the 2-wave grid of 4 x 16 / 4 heads x 2048) lost to that
-  // tail. Deterministic: one chunk, key-tile order (in chunks a wave holds
-  // more key tiles of a head, and key tile n waits on n - 1: 2.63 -> 4.28 ms
-  // at 2 x 16 x 8192 x 128 causal).
-  static int chunks(bool deterministic, int n_tiles, int pairs, int multiprocessors) {
-    if (deterministic) return 1;
-    const int width = (2 * multiprocessors + n_tiles - 1) / n_tiles;  // a chunk's fewest pairs
-    return pairs / width > 1 ? pairs / width : 1;
-  }
-  // Where key tile n_block's walk over its query tiles starts. Unmasked with
-  // the key tile fastest, a head's key tiles run together: each starts at its
-  // own share of the query tiles, so that they do not reduce-add into the
-  // same dQ tile together (under a mask the first tiles differ already).
-  __device__ static int walk_shift(const FwdArgs& f, const QueryWalk& walk, int n_block, bool fastest) {
-    if (kMask != MaskMode::None || !fastest) return 0;
-    const int key_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-    return static_cast<int>(static_cast<std::int64_t>(n_block) * walk.count() / key_tiles);
-  }
-  // Deterministic: key tile n_block's turn among the key tiles that add into
-  // the query tile at m0 (the header's orders). Rotated walks: key tile n
-  // reaches the tile's index j at step j - shift(n) (mod the walk's length c),
-  // so the first there is the last n with shift(n) = n c / nb <= j, then the
-  // ones below it, then down from the top.
-  __device__ static int dq_turn(const FwdArgs& f, const QueryWalk& walk, int m0, int n_block, bool fastest) {
-    const KeyTiles kt = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(f, m0);
-    if (kMask == MaskMode::None && fastest) {
-      const int nb = kt.end, c = walk.count(), j = m0 / Cfg::kBlockM - walk.tiles.begin;
-      const int first = static_cast<int>(((j + 1) * static_cast<std::int64_t>(nb) - 1) / c);
-      return first >= n_block ? first - n_block : first - n_block + nb;
-    }
-    return n_block - kt.begin;
-  }
   static constexpr int kDqHandshake = Cfg::kConsumerThreads + 32;
 
   // The dQ writer (dQ staged): the producer warpgroup's second warp. For each
@@ -202,7 +99,7 @@ struct FlashBwdSm90 {
       sm90::named_barrier_sync(kDqFull + b, kDqHandshake);
       if (lane == 0) {
         if constexpr (kDeterministic) {
-          const int turn = dq_turn(f, walk, m0, n_block, a.key_tile_fastest);
+          const int turn = Order::dq_turn(f, walk, m0, n_block, a.key_tile_fastest);
           if (!Epilogue::has_turn(sem, turn)) {
             if (held != nullptr) pass_held.template operator()<0>();
             Epilogue::wait_turn(sem, turn);
