@@ -8,9 +8,11 @@ does), the median host time of:
           this process, on these very tensors); on CUDA also `attnprof profile --backend B
           --unprofiled-calls` when --attnprof gives the command
   torch:  torch.nn.functional.scaled_dot_product_attention (for scale)
-so the difference is what the Python layer adds. Checks that the output is the one
-passed in (no copy) and matches PyTorch's. Then, for each backend at the first shape,
-where the added time goes (the pieces' medians, each timed alone):
+so the difference is what the Python layer adds, through attnprof._torch_call (the torch
+extension's fast path, where it is built) and through the DLPack path (_torch._use_fast(False)).
+Checks that the output is the one passed in (no copy) and matches PyTorch's. Then, for each
+backend at the first shape, where the DLPack path's added time goes (the pieces' medians, each
+timed alone):
   the DLPack exports, the stream lookup, torch.compiler.is_compiling(), nanobind's
   argument conversion, the call's preparation (views, problem, plan; a cache hit after
   the first call), the backend call and its return, and the Python front end (the rest),
@@ -118,16 +120,26 @@ def breakdown(q, k, v, o, backend, threads, device, calls, rounds):
         "the Python front end (whole - stage 2 on fresh capsules - stream lookup)",
         "the timer's own floor (an empty lambda; in every row above but the C++ ones)",
     ]
+    fast = _torch._fast is not None
+    _torch._use_fast(False)
     _core._use_cache(False)
     try:
         off = pieces()
     finally:
         _core._use_cache(True)
-    on = pieces()
-    print(f"\nWhere the time goes: {backend}, {'x'.join(map(str, q.shape))} {str(q.dtype).replace('torch.', '')} "
-          f"on {device}\n\n| piece | cache off: every call prepared, us | cache on, us |\n|---|---|---|")
+    try:
+        on = pieces()
+    finally:
+        _torch._use_fast(fast)
+    print(f"\nWhere the DLPack path's time goes: {backend}, {'x'.join(map(str, q.shape))} "
+          f"{str(q.dtype).replace('torch.', '')} on {device}\n\n"
+          "| piece | cache off: every call prepared, us | cache on, us |\n|---|---|---|")
     for name, a, b in zip(names, off, on):
         print(f"| {name} | {a:.2f} | {b:.2f} |", flush=True)
+    if fast:
+        whole = t(lambda: attnprof.attention(q, k, v, backend=backend, mask="causal", out=o, threads=threads))
+        print(f"| the whole call through {_torch.fast_path} (cache on) | | {whole:.2f} |")
+        print(f"| **added by it** (against the C++ call above) | | **{whole - on[1]:.2f}** |", flush=True)
 
 
 def cpu_model():
@@ -158,11 +170,12 @@ def main():
         dtype, threads = torch.float32, 1
         torch.set_num_threads(1)
     print(f"torch {torch.__version__}, Python {platform.python_version()}, {where}; each time the least of "
-          f"{a.rounds} medians of {a.calls} calls")
+          f"{a.rounds} medians of {a.calls} calls; torch tensors take {_torch.fast_path}")
     cli = a.device == "cuda" and a.attnprof
-    print("| shape | backend | C++ call us (p10-p90) | Python call us (p10-p90) | added us |"
-          + (" CLI's C++ call us |" if cli else "") + " torch SDPA us | no copy | max diff vs torch |")
-    print("|---|---|---|---|---|" + ("---|" if cli else "") + "---|---|---|")
+    fast = _torch._fast is not None
+    print("| shape | backend | C++ call us (p10-p90) | Python call us (p10-p90) | added us | DLPack path us | "
+          "added us |" + (" CLI's C++ call us |" if cli else "") + " torch SDPA us | no copy | max diff vs torch |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if cli else "") + "---|---|---|")
     first = []
     for (b, h, s, d) in shapes:
         q, k, v = (torch.randn(b, h, s, d, device=a.device, dtype=dtype) for _ in range(3))
@@ -172,13 +185,21 @@ def main():
             got = attnprof.attention(q, k, v, backend=backend, mask="causal", out=o, threads=threads)
             no_copy = got.data_ptr() == o.data_ptr()
             diff = (got.float() - ref.float()).abs().max().item()
-            py = median_us(lambda: attnprof.attention(q, k, v, backend=backend, mask="causal", out=o,
-                                                      threads=threads), a.device, a.calls, a.rounds)
+            def call():
+                return attnprof.attention(q, k, v, backend=backend, mask="causal", out=o, threads=threads)
+
+            py = median_us(call, a.device, a.calls, a.rounds)
+            _torch._use_fast(False)
+            try:
+                dl = median_us(call, a.device, a.calls, a.rounds)
+            finally:
+                _torch._use_fast(fast)
             cpp = cpp_us(q, k, v, o, backend, threads, a.calls, a.rounds)
             sdpa = median_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
                              a.device, a.calls, a.rounds)
             row = (f"| {b}x{h}x{s}x{d} | {backend} | {cpp[0]:.1f} ({cpp[1]:.1f}-{cpp[2]:.1f}) | "
-                   f"{py[0]:.1f} ({py[1]:.1f}-{py[2]:.1f}) | {py[0] - cpp[0]:+.1f} |")
+                   f"{py[0]:.1f} ({py[1]:.1f}-{py[2]:.1f}) | {py[0] - cpp[0]:+.1f} | {dl[0]:.1f} | "
+                   f"{dl[0] - cpp[0]:+.1f} |")
             if cli:
                 row += f" {cli_us(a.attnprof, backend, b, h, s, d)[0]:.1f} |"
             print(row + f" {sdpa[0]:.1f} | {no_copy} | {diff:.2e} |", flush=True)

@@ -286,6 +286,10 @@ python_module() {
   python_module_rc=0
   cmake -S . -B $B -DATTNPROF_PYTHON=ON >>"$OUT/log.txt" 2>&1 && cmake --build $B --target _core >>/tmp/build.txt 2>&1 ||
     { python_module_rc=1; grep -E 'error|Error' -A3 /tmp/build.txt | head -30; log "python module build failed"; }
+  # The torch extension's fast path, where this machine's torch let CMake make its target.
+  if grep -q '_torch_call' $B/build.ninja 2>/dev/null; then
+    cmake --build $B --target _torch_call >>/tmp/build.txt 2>&1 || log "attnprof._torch_call build failed (the DLPack path then)"
+  fi
   # Which C++ runtime the module carries or needs (one per process: see python/CMakeLists.txt).
   { $(grep -m1 CMAKE_CXX_COMPILER: $B/CMakeCache.txt | cut -d= -f2) -dumpspecs | grep -n -i 'static' | head -5
     ldd $B/python/attnprof/_core*.so | grep -E 'stdc|gcc_s'

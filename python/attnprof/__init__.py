@@ -180,12 +180,14 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     cu_seqlens_k the int32 cumulative lengths (batch + 1 entries from 0, on
     q's device), max_seqlen_q/_k at least every length (None: the longest).
     The mask applies per sequence (causal, causal-bottom-right and the window
-    at each sequence's own diagonal); layout is ignored. The CPU backends take
-    it, forward and autograd backward; others refuse it by name.
+    at each sequence's own diagonal); layout is ignored. flash, naive,
+    naive_inplace and math take it on both devices and cudnn on CUDA, forward
+    and autograd backward; efficient refuses it by name.
 
     softcap=c soft-caps the scaled scores before the mask, s -> tanh(s / c) * c
-    (Gemma-2's logits): the CPU backends take it, others refuse it by name;
-    None is no cap, 0 or less is refused.
+    (Gemma-2's logits): flash (on CUDA its sm90 kernels), naive, naive_inplace,
+    math and cudnn (dense batches) take it, others refuse it by name; None is
+    no cap, 0 or less is refused.
 
     q is [B, H, S, D], k and v [B, Hkv, Skv, D] (layout="bshd": [B, S, H, D]
     and [B, Skv, Hkv, D]); any batch, head and sequence strides (views such

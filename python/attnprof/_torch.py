@@ -54,6 +54,29 @@ def _labelled(backend, mask, window, attn_mask):
 _to_dlpack = torch.utils.dlpack.to_dlpack
 
 
+def _load_fast():
+    """attnprof._torch_call.attention, the fast path for torch tensors (src/python/torch_call.cpp),
+    where it was built against this very torch; else None. With the reason, for fast_path."""
+    try:
+        from . import _torch_call
+    except ImportError as e:
+        return None, f"the DLPack path (attnprof._torch_call is not importable: {e})"
+    if _torch_call.TORCH_VERSION != torch.__version__:
+        return None, (f"the DLPack path (attnprof._torch_call was built against torch {_torch_call.TORCH_VERSION}, "
+                      f"this is {torch.__version__}: rebuild attnprof)")
+    return _torch_call.attention, f"attnprof._torch_call (built against torch {_torch_call.TORCH_VERSION})"
+
+
+_fast_attention, fast_path = _load_fast()
+_fast = _fast_attention  # None: every call takes the DLPack path (_use_fast)
+
+
+def _use_fast(on: bool):
+    """Off: every call takes the DLPack path, as before the extension (bench/python_overhead.py compares)."""
+    global _fast
+    _fast = _fast_attention if on else None
+
+
 def _dlpack(*tensors):
     try:
         return tuple(map(_to_dlpack, tensors))
@@ -200,6 +223,14 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
               block_table, seq_lens, q_descale=None, k_descale=None, v_descale=None):
     """attnprof.attention on torch tensors, its arguments checked there (positional: a
     repeated call's host time is what a model pays per layer)."""
+    if _fast is not None and attn_mask is None and block_table is None and seq_lens is None \
+            and q_descale is None and k_descale is None and v_descale is None and not _is_compiling() \
+            and (out is not None or not _profiling()):
+        # The fast path reads the tensors in C++; it gives None for what it does not take
+        # (autograd, another type or device), which the general path below answers for.
+        done = _fast(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
+        if done is not None:
+            return done
     if not (isinstance(k, _Tensor) and isinstance(v, _Tensor) and (out is None or isinstance(out, _Tensor))):
         _refuse_mixed(k=k, v=v, out=out)
     extras = attn_mask is not None or block_table is not None or seq_lens is not None

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -16,6 +18,7 @@
 
 #include "attnprof/error.h"
 #include "python/bindings.h"
+#include "python/forward_entry.h"
 
 namespace attnprof::python {
 namespace {
@@ -39,6 +42,48 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
   set_descales(c, q_descale, k_descale, v_descale);  // per call: not part of the cached preparation
   run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
   return std::string(c.backend->name());
+}
+
+// attention() for the torch extension's fast path (python/forward_entry.h):
+// the same preparation (through the call cache) and run, on arrays the
+// extension read from the tensors themselves.
+Array entry_array(const AttnprofArray& a) {
+  return {a.data,      static_cast<std::size_t>(a.ndim),    a.shape, a.strides, a.device_type,
+          a.device_id, nb::dlpack::dtype{a.code, a.bits, 1}};
+}
+
+int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const AttnprofArray* v, const AttnprofArray* out,
+                  const AttnprofForwardArgs* a, char* error, std::size_t error_len) {
+  const auto failed = [&](int code, const char* what) {
+    if (error_len > 0) {
+      std::strncpy(error, what, error_len - 1);
+      error[error_len - 1] = '\0';
+    }
+    return code;
+  };
+  try {
+    const std::string backend(a->backend), mask(a->mask);
+    const CallArgs args{backend,
+                        mask,
+                        a->has_window ? std::optional<std::int64_t>(a->window) : std::nullopt,
+                        a->has_scale ? std::optional<double>(a->scale) : std::nullopt,
+                        a->stream,
+                        a->threads,
+                        a->bshd != 0,
+                        Pass::Forward,
+                        false,
+                        a->has_softcap ? std::optional<double>(a->softcap) : std::nullopt};
+    Call c = prepare_cached(entry_array(*q), entry_array(*k), entry_array(*v), entry_array(*out), args);
+    set_descales(c, std::nullopt, std::nullopt, std::nullopt);
+    run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+    return 0;
+  } catch (const Error& e) {
+    return failed(1, e.what());
+  } catch (const std::exception& e) {
+    return failed(2, e.what());
+  } catch (...) {
+    return failed(2, "attnprof: an unknown C++ exception");
+  }
 }
 
 // The forward of a training step: `out` as attention() writes it, and the
@@ -190,6 +235,15 @@ void bind_attention(nb::module_& m) {
   m.def("_time_prepare", &time_prepare, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
         nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("stream"), nb::arg("threads"),
         nb::arg("calls"), "the host time (us) of each of `calls` preparations of one call (a cache hit)");
+
+  // The torch extension's way in (python/forward_entry.h; attnprof._torch_call).
+  m.def(
+      "_forward_entry",
+      [] {
+        const AttnprofForward f = &forward_entry;
+        return nb::capsule(reinterpret_cast<void*>(f), kAttnprofForwardCapsule);
+      },
+      "a capsule holding the C entry of attention()'s forward, for attnprof._torch_call");
 
   // The call cache (call.cpp), for the tests.
   m.def("_cache_entries", &cache_entries, "prepared calls the call cache holds");

@@ -20,6 +20,7 @@
 #include "backends/cuda/cuda_backends.h"
 #include "backends/cuda/fused_kernels.h"
 #include "common/varlen_cases.h"
+#include "cuda_forward.h"
 #include "gpu_test.h"
 
 namespace attnprof {
@@ -34,37 +35,10 @@ bool sm90_flash() { return testing::has_gpu() && cuda::flash_sm90_runs_here(); }
   REQUIRE_GPU();             \
   if (!sm90_flash()) GTEST_SKIP() << "flash's sm90 kernels need an sm90 GPU with sm_90a code"
 
-struct FlashRun {
-  Tensor out;
-  Gradients grads;
-};
+using FlashRun = testing::CudaRun;
 
-// forward_train then backward (pass Train), or forward only, on device copies
-// of `host` with NaN-poisoned outputs; results on the host.
 FlashRun run_flash(const Problem& p, const Inputs& host, const Tensor& host_dout) {
-  DeviceRuntime& rt = cuda::runtime();
-  Backend& b = *find_backend("flash", Device::Cuda);
-  const Inputs in = rt.upload(host);
-  Allocator& alloc = rt.allocator();
-  RunContext ctx{alloc, rt.stream(), 0};
-  Tensor out = Tensor::empty(p.q_dims(), p.dtype, alloc);
-  rt.poison(out);
-  if (p.pass == Pass::Forward) {
-    b.forward(p, in, out, ctx);
-    rt.synchronize();
-    return {rt.download(out), {}};
-  }
-  Saved saved;
-  b.forward_train(p, in, out, saved, ctx);
-  Gradients g{Tensor::empty(p.q_dims(), p.dtype, alloc), Tensor::empty(p.kv_dims(), p.dtype, alloc),
-              Tensor::empty(p.kv_dims(), p.dtype, alloc)};
-  rt.poison(g.dq);
-  rt.poison(g.dk);
-  rt.poison(g.dv);
-  const Tensor dout = rt.upload(host_dout);
-  b.backward(p, in, out, dout, saved, g, ctx);
-  rt.synchronize();
-  return {rt.download(out), {rt.download(g.dq), rt.download(g.dk), rt.download(g.dv)}};
+  return testing::run_once(*find_backend("flash", Device::Cuda), p, host, host_dout);
 }
 
 // The float64 check of a run: O, and with a backward dQ, dK and dV.

@@ -88,9 +88,9 @@ class Math final : public CompositeBackend {
   }
 
   Traits traits() const override {
-    const bool cpu = ops().device() == Device::Cpu;  // soft caps and packed batches: the CPU's
-    // FP8 on both devices: dequantize, then the FP32 path (the FP8 tolerance's yardstick).
-    return {.reference_precision = true, .softcap = cpu, .varlen = cpu, .fp8 = true};
+    // Soft caps, packed batches, and FP8 (dequantize, then the FP32 path: the
+    // FP8 tolerance's yardstick) on every device.
+    return {.reference_precision = true, .softcap = true, .varlen = true, .fp8 = true};
   }
 
  protected:

@@ -32,13 +32,30 @@ struct RowIndex {
   }
 };
 
-template <class T, int N>
-__global__ void mul_kernel(const T* x, T* y, std::int64_t packs, float s) {
+// The elementwise maps of contiguous tensors, in FP32 as PyTorch's kernels
+// compute 16-bit elements: x * s (mul); tanh; and tanh's backward, grad *
+// (1 - t^2) from tanh's output t (the second operand, read beside x).
+struct Scale {
+  float s;
+  __device__ float operator()(float x, float) const { return x * s; }
+};
+struct Tanh {
+  __device__ float operator()(float x, float) const { return tanhf(x); }
+};
+struct TanhBackward {
+  __device__ float operator()(float grad, float t) const { return grad * (1.f - t * t); }
+};
+
+// y = f(x, x2) over `packs` packs of N elements (x2 is read only when given).
+template <class T, int N, class F>
+__global__ void map_kernel(const T* x, const T* x2, T* y, std::int64_t packs, F f) {
   for (std::int64_t p = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; p < packs;
        p += std::int64_t{gridDim.x} * blockDim.x) {
     Pack<T, N> v = reinterpret_cast<const Pack<T, N>*>(x)[p];
+    Pack<T, N> w{};
+    if (x2 != nullptr) w = reinterpret_cast<const Pack<T, N>*>(x2)[p];
 #pragma unroll
-    for (int t = 0; t < N; ++t) dev::store(v.v, t, dev::load(v.v, t) * s);
+    for (int t = 0; t < N; ++t) dev::store(v.v, t, f(dev::load(v.v, t), dev::load(w.v, t)));
     reinterpret_cast<Pack<T, N>*>(y)[p] = v;
   }
 }
@@ -270,29 +287,55 @@ void convert(const Tensor& src, Tensor& dst, RunContext& ctx, float s = 1.f) {
   check_launch();
 }
 
+// f over contiguous x (and x2, of x's sizes and dtype) into a fresh y, in
+// 16-byte packs where every pointer allows them.
+template <class F>
+Tensor map(const Tensor& x, const Tensor* x2, F f, RunContext& ctx) {
+  Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
+  ATTNPROF_DISPATCH_FLOAT(x.dtype(), T, [&] {
+    constexpr int w = static_cast<int>(16 / sizeof(T));
+    const T* second = x2 != nullptr ? x2->data_as<T>() : nullptr;
+    const bool packed = x.numel() % w == 0 && pack_width<T>(x, w) == w && pack_width<T>(y, w) == w &&
+                        (x2 == nullptr || pack_width<T>(*x2, w) == w);
+    if (packed) {
+      map_kernel<T, w><<<grid_for(x.numel() / w), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), second, y.data_as<T>(),
+                                                                                 x.numel() / w, f);
+    } else {
+      map_kernel<T, 1>
+          <<<grid_for(x.numel()), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), second, y.data_as<T>(), x.numel(), f);
+    }
+  });
+  check_launch();
+  return y;
+}
+
 }  // namespace
 
 Tensor mul(const Tensor& x, float s, RunContext& ctx) {
   OpRange range(op::mul.name, {&x}, /*scalar=*/true);
   detail::require_cuda(x, "mul");
-  Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
   if (!x.is_contiguous()) {  // e.g. FP32 Q in a [B, S, H, D] layout
+    Tensor y = Tensor::empty(x.sizes(), x.dtype(), ctx.allocator);
     convert(x, y, ctx, s);
     return y;
   }
-  ATTNPROF_DISPATCH_FLOAT(x.dtype(), T, [&] {
-    constexpr int w = static_cast<int>(16 / sizeof(T));
-    const bool packed = x.numel() % w == 0 && pack_width<T>(x, w) == w && pack_width<T>(y, w) == w;
-    if (packed) {
-      mul_kernel<T, w>
-          <<<grid_for(x.numel() / w), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), y.data_as<T>(), x.numel() / w, s);
-    } else {
-      mul_kernel<T, 1>
-          <<<grid_for(x.numel()), kThreads, 0, stream_of(ctx)>>>(x.data_as<T>(), y.data_as<T>(), x.numel(), s);
-    }
-  });
-  check_launch();
-  return y;
+  return map(x, nullptr, Scale{s}, ctx);
+}
+
+Tensor tanh(const Tensor& x, RunContext& ctx) {
+  OpRange range(op::tanh.name, {&x});
+  require_contiguous(x, "tanh");
+  return map(x, nullptr, Tanh{}, ctx);
+}
+
+Tensor tanh_backward(const Tensor& grad, const Tensor& t, RunContext& ctx) {
+  OpRange range(op::tanh_backward.name, {&grad, &t});
+  require_contiguous(grad, "tanh_backward");
+  require_contiguous(t, "tanh_backward");
+  if (t.sizes() != grad.sizes() || t.dtype() != grad.dtype()) {
+    fail(ErrorKind::Internal, "tanh_backward: " + grad.describe() + " vs " + t.describe());
+  }
+  return map(grad, &t, TanhBackward{}, ctx);
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& keep, float value, RunContext& ctx) {

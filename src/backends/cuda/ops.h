@@ -66,6 +66,11 @@ void matmul_tn(Blas& blas, const Tensor& a, const Tensor& b, Tensor& out, RunCon
 
 // x * s, out of place ("mul").
 Tensor mul(const Tensor& x, float s, RunContext& ctx);
+// Soft-capping's pieces (Ops::tanh, Ops::tanh_backward), out of place on
+// contiguous tensors: tanh(x) ("tanh"), and grad * (1 - t^2) from tanh's
+// output t of grad's sizes and dtype ("tanh_backward"), each one kernel.
+Tensor tanh(const Tensor& x, RunContext& ctx);
+Tensor tanh_backward(const Tensor& grad, const Tensor& t, RunContext& ctx);
 // Out of place ("masked_fill"): a device-to-device copy of x ("copy_"), then the
 // fill on the copy ("masked_fill_"). The copy is the hidden one the reference
 // trace showed. `keep` is a bool tensor broadcastable to x, true = attend; the

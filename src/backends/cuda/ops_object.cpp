@@ -60,6 +60,10 @@ class CudaOps final : public Ops {
     return ops::where(cond, if_true, if_false, ctx);
   }
   Tensor structural_mask(const Problem& p, RunContext& ctx) override { return ops::structural_mask(p, ctx); }
+  Tensor tanh(const Tensor& x, RunContext& ctx) override { return ops::tanh(x, ctx); }
+  Tensor tanh_backward(const Tensor& grad, const Tensor& t, RunContext& ctx) override {
+    return ops::tanh_backward(grad, t, ctx);
+  }
   Tensor gather_pages(const Tensor& pages, const Tensor& block_table, std::int64_t kv_seq, RunContext& ctx) override {
     return ops::gather_pages(pages, block_table, kv_seq, ctx);
   }

@@ -1,0 +1,113 @@
+"""attnprof._torch_call, torch tensors' fast path into attention() (src/python/torch_call.cpp, issue 22 item 6): it
+is built wherever the build's Python imports torch, and taken for the torch it was built against. Through it a call
+gives the DLPack path's output bit for bit, allocates `out` as that path does, refuses bad input in the same words,
+and hands what it does not read (autograd, numpy, mask tensors) to the general path."""
+
+import numpy as np
+import pytest
+import torch
+
+import attnprof
+from attnprof import _torch
+
+from test_errors import CASES
+
+torch.manual_seed(0)
+
+
+@pytest.fixture
+def dlpack_path():
+    """Runs the block with the fast path off; restored after."""
+    def run(fn):
+        _torch._use_fast(False)
+        try:
+            return fn()
+        finally:
+            _torch._use_fast(True)
+    return run
+
+
+def test_the_fast_path_is_built_and_taken():
+    assert _torch.fast_path.startswith("attnprof._torch_call"), _torch.fast_path
+    assert _torch._fast is not None
+
+
+def test_a_build_for_another_torch_is_not_taken(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    fast, why = _torch._load_fast()
+    assert fast is None
+    assert "built against torch" in why and "0.0.1" in why and "rebuild" in why
+
+
+CALLS = {
+    "flash causal": dict(backend="flash", mask="causal"),
+    "naive none, scale": dict(backend="naive", mask="none", scale=0.3),
+    "math window": dict(backend="math", mask="sliding_window", window=5),
+    "flash bottom-right, grouped heads": dict(backend="flash", mask="causal_bottom_right", kv_heads=2),
+    "flash soft cap": dict(backend="flash", mask="causal", softcap=2.0),
+    "bshd": dict(backend="flash", mask="causal", layout="bshd"),
+    "bf16": dict(backend="flash", mask="none", dtype=torch.bfloat16),
+    "threads": dict(backend="flash", mask="causal", threads=1),
+    "auto": dict(backend="auto", mask="causal"),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_outputs_equal_the_dlpack_paths_bit_for_bit(name, dlpack_path):
+    kw = dict(CALLS[name])
+    dtype = kw.pop("dtype", torch.float32)
+    kv_heads = kw.pop("kv_heads", 4)
+    bshd = kw.get("layout") == "bshd"
+    shape = (2, 4, 37, 16) if not bshd else (2, 37, 4, 16)
+    kv_shape = (2, kv_heads, 45, 16) if not bshd else (2, 45, kv_heads, 16)
+    q = torch.randn(shape, dtype=dtype)
+    k, v = torch.randn(kv_shape, dtype=dtype), torch.randn(kv_shape, dtype=dtype)
+    got = attnprof.attention(q, k, v, **kw)  # out allocated by the fast path
+    want = dlpack_path(lambda: attnprof.attention(q, k, v, **kw))
+    assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
+    assert torch.equal(got, want), name
+    out = torch.full_like(q, float("nan"))
+    assert attnprof.attention(q, k, v, out=out, **kw) is out  # written in place, no copy
+    assert torch.equal(out, want), name
+
+
+def test_strided_views_are_read_where_they_are(dlpack_path):
+    base = torch.randn(2, 30, 4, 32)
+    q, k, v = (base[..., i * 8:(i + 1) * 8].transpose(1, 2) for i in range(3))  # head_dim contiguous, others strided
+    out = torch.empty(2, 4, 30, 8).transpose(0, 1).contiguous().transpose(0, 1)  # a permuted output
+    got = attnprof.attention(q, k, v, backend="flash", out=out)
+    assert got is out
+    want = dlpack_path(lambda: attnprof.attention(q, k, v, backend="flash"))
+    assert torch.equal(out, want)
+
+
+# numpy's cases as torch tensors (torch.from_numpy keeps the strides); not the mask tensors' (the general
+# path's) nor negative strides (torch has none: a flip copies).
+@pytest.mark.parametrize("case", [c for c in CASES if "attn_mask" not in c and c != "negative strides"])
+def test_bad_input_is_refused_in_the_same_words(case, dlpack_path):
+    make, kwargs, message = CASES[case]
+    q, k, v = (torch.from_numpy(x) for x in make())
+    with pytest.raises(attnprof.Error) as fast:
+        attnprof.attention(q, k, v, **kwargs)
+    with pytest.raises(attnprof.Error) as general:
+        dlpack_path(lambda: attnprof.attention(q, k, v, **kwargs))
+    assert str(fast.value) == str(general.value)
+    assert "\n" not in str(fast.value)
+
+
+def test_what_it_does_not_read_takes_the_general_path():
+    q, k, v = (torch.randn(1, 2, 24, 16, requires_grad=True) for _ in range(3))
+    out = attnprof.attention(q, k, v, backend="flash")
+    assert out.grad_fn is not None  # autograd: attnprof's backward
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    with torch.no_grad():
+        assert attnprof.attention(q, k, v, backend="flash").grad_fn is None  # under no_grad: the fast path
+    mask = torch.ones(24, 24, dtype=torch.bool).tril()
+    a = attnprof.attention(q.detach(), k.detach(), v.detach(), backend="naive", attn_mask=mask)
+    b = attnprof.attention(q.detach(), k.detach(), v.detach(), backend="naive", mask="causal")
+    assert torch.allclose(a, b)
+    with pytest.raises(attnprof.Error, match="q is a torch tensor but k is ndarray"):
+        attnprof.attention(q.detach(), k.detach().numpy(), v.detach(), backend="flash")
+    with pytest.raises(attnprof.Error):
+        attnprof.attention(q.detach().double(), k.detach().double(), v.detach().double(), backend="flash")

@@ -1,0 +1,192 @@
+// attnprof._torch_call: attention()'s fast path for torch tensors, a torch
+// C++ extension built against the torch the build's Python imports.
+//
+// The general path hands q, k, v and out to attnprof._core as DLPack
+// capsules (torch.utils.dlpack.to_dlpack), finds the current CUDA stream in
+// Python and converts twelve arguments through nanobind: on the H200's host,
+// 2.8 us of the 6.1 us a call added over the C++ call
+// (docs/perf/python-call-2026-12-02.md). Here the tensors' pointers, shapes,
+// strides, devices and dtypes are read from the at::Tensor itself, the stream
+// from c10, and the call goes to _core's own forward through the C entry it
+// hands out (python/forward_entry.h), so both paths prepare, cache and run
+// the call alike and refuse bad input with the same message.
+//
+// attention(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
+// returns out (allocated as attention() allocates it when None), or None when
+// the call is not one this path takes (a tensor that needs autograd, a
+// device, dtype or layout it does not read, an argument of another type):
+// python/attnprof/_torch.py then takes the general path, which answers for it.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <Python.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#ifdef ATTNPROF_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "python/forward_entry.h"
+
+namespace {
+
+AttnprofForward forward = nullptr;  // _core's, from its capsule
+PyObject* error_type = nullptr;     // attnprof._core.Error
+
+// A tensor's description for _core, or false where this path does not read
+// it (the general path then answers for it).
+bool describe(const at::Tensor& t, AttnprofArray& a) {
+  if (t.layout() != at::kStrided || t.is_conj() || t.is_neg()) return false;
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      a.code = 2, a.bits = 32;  // DLPack's kDLFloat
+      break;
+    case at::kHalf:
+      a.code = 2, a.bits = 16;
+      break;
+    case at::kBFloat16:
+      a.code = 4, a.bits = 16;  // kDLBfloat
+      break;
+    case at::kFloat8_e4m3fn:
+      a.code = 10, a.bits = 8;  // kDLFloat8_e4m3fn
+      break;
+    default:
+      return false;
+  }
+  const c10::Device d = t.device();
+  if (d.is_cpu()) {
+    a.device_type = 1, a.device_id = 0;
+  } else if (d.is_cuda()) {
+    a.device_type = 2, a.device_id = d.index();
+  } else {
+    return false;
+  }
+  a.data = t.data_ptr();
+  a.ndim = static_cast<std::int32_t>(t.dim());
+  a.shape = t.sizes().data();
+  a.strides = t.strides().data();
+  return true;
+}
+
+// An optional int or float argument (None: absent); false for another type.
+bool optional_long(PyObject* o, std::int64_t& v, std::uint8_t& has) {
+  has = o != Py_None;
+  if (!has) return true;
+  if (!PyLong_CheckExact(o)) return false;
+  v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+bool optional_double(PyObject* o, double& v, std::uint8_t& has) {
+  has = o != Py_None;
+  if (!has) return true;
+  if (!PyFloat_CheckExact(o)) return false;
+  v = PyFloat_AS_DOUBLE(o);
+  return true;
+}
+
+const char* utf8(PyObject* o) { return PyUnicode_CheckExact(o) ? PyUnicode_AsUTF8(o) : nullptr; }
+
+PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 11) {
+    PyErr_SetString(PyExc_TypeError, "attnprof._torch_call.attention takes 11 arguments");
+    return nullptr;
+  }
+  PyObject* const objs[4] = {args[0], args[1], args[2], args[3]};  // q, k, v, out (or None)
+  const bool given_out = objs[3] != Py_None;
+  for (int i = 0; i < (given_out ? 4 : 3); ++i) {
+    if (!THPVariable_Check(objs[i])) Py_RETURN_NONE;
+  }
+  const at::Tensor& q = THPVariable_Unpack(objs[0]);
+  const at::Tensor& k = THPVariable_Unpack(objs[1]);
+  const at::Tensor& v = THPVariable_Unpack(objs[2]);
+  // Autograd, and an out that needs grad (which the general path refuses), are the general path's.
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) Py_RETURN_NONE;
+  if (given_out && THPVariable_Unpack(objs[3]).requires_grad()) Py_RETURN_NONE;
+
+  AttnprofForwardArgs a{};
+  a.backend = utf8(args[4]);
+  a.mask = utf8(args[5]);
+  const int threads = PyLong_CheckExact(args[9]) ? static_cast<int>(PyLong_AsLong(args[9])) : -1;
+  if (a.backend == nullptr || a.mask == nullptr || !optional_long(args[6], a.window, a.has_window) ||
+      !optional_double(args[7], a.scale, a.has_scale) || !PyBool_Check(args[8]) ||
+      !optional_double(args[10], a.softcap, a.has_softcap) || threads < 0 || PyErr_Occurred()) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  a.bshd = args[8] == Py_True;
+  a.threads = threads;
+
+  std::array<AttnprofArray, 4> arrays{};
+  for (int i = 0; i < 3; ++i) {
+    if (!describe(THPVariable_Unpack(objs[i]), arrays[static_cast<std::size_t>(i)])) Py_RETURN_NONE;
+  }
+  // attention()'s out when none is given: q's shape, contiguous, bf16 for fp8 inputs.
+  at::Tensor made;
+  if (!given_out) {
+    made = at::empty(q.sizes(),
+                     q.options().dtype(q.scalar_type() == at::kFloat8_e4m3fn ? at::kBFloat16 : q.scalar_type()));
+  }
+  const at::Tensor& out = given_out ? THPVariable_Unpack(objs[3]) : made;
+  if (!describe(out, arrays[3])) Py_RETURN_NONE;
+  if (q.is_cuda()) {
+#ifdef ATTNPROF_TORCH_CUDA
+    a.stream = reinterpret_cast<std::uintptr_t>(c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+#else
+    Py_RETURN_NONE;  // a torch without CUDA has no CUDA tensors; kept for completeness
+#endif
+  }
+  char error[2048];
+  const int rc = forward(&arrays[0], &arrays[1], &arrays[2], &arrays[3], &a, error, sizeof error);
+  if (rc != 0) {
+    PyErr_SetString(rc == 1 ? error_type : PyExc_RuntimeError, error);
+    return nullptr;
+  }
+  if (given_out) return Py_NewRef(objs[3]);
+  return THPVariable_Wrap(std::move(made));
+}
+
+PyMethodDef methods[] = {
+    {"attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&attention)), METH_FASTCALL,
+     "attention(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap): attnprof.attention's forward "
+     "on torch tensors, out returned; None when the call is the general path's"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT,
+                          "_torch_call",
+                          "attnprof.attention's fast path for torch tensors (a torch C++ extension)",
+                          -1,
+                          methods,
+                          nullptr,
+                          nullptr,
+                          nullptr,
+                          nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__torch_call() {
+  PyObject* core = PyImport_ImportModule("attnprof._core");
+  if (core == nullptr) return nullptr;
+  error_type = PyObject_GetAttrString(core, "Error");
+  PyObject* capsule = error_type ? PyObject_CallMethod(core, "_forward_entry", nullptr) : nullptr;
+  Py_DECREF(core);
+  if (capsule == nullptr) return nullptr;
+  forward = reinterpret_cast<AttnprofForward>(PyCapsule_GetPointer(capsule, kAttnprofForwardCapsule));
+  Py_DECREF(capsule);
+  if (forward == nullptr) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  if (PyModule_AddStringConstant(m, "TORCH_VERSION", ATTNPROF_TORCH_VERSION) != 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}
