@@ -131,13 +131,14 @@ def _is_torch(x) -> bool:
 # call by one isinstance and calls the torch path with no import statement.
 _torch_tensor = None
 _torch_attention = None
+_torch_module = None  # attnprof._torch: its fast path (_fast) and the checks it needs
 
 
 def _torch_front():
-    global _torch_tensor, _torch_attention
+    global _torch_tensor, _torch_attention, _torch_module
     from . import _torch
 
-    _torch_tensor, _torch_attention = _torch.torch.Tensor, _torch.attention
+    _torch_tensor, _torch_attention, _torch_module = _torch.torch.Tensor, _torch.attention, _torch
     return _torch_attention
 
 
@@ -250,6 +251,15 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         front = _torch_attention
         if front is None:
             front = _torch_front()
+        t = _torch_module
+        if t._fast is not None and attn_mask is None and block_table is None and seq_lens is None \
+                and q_descale is None and k_descale is None and v_descale is None and not t._is_compiling() \
+                and (out is not None or not t._profiling()):
+            # The fast path (attnprof._torch_call) reads the tensors in C++; None for what it does not
+            # take (autograd, another type or device), which the general path answers for.
+            done = t._fast(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
+            if done is not None:
+                return done
         return front(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
                      block_table, seq_lens, q_descale, k_descale, v_descale)
     _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)

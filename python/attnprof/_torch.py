@@ -222,15 +222,8 @@ def ops():
 def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
               block_table, seq_lens, q_descale=None, k_descale=None, v_descale=None):
     """attnprof.attention on torch tensors, its arguments checked there (positional: a
-    repeated call's host time is what a model pays per layer)."""
-    if _fast is not None and attn_mask is None and block_table is None and seq_lens is None \
-            and q_descale is None and k_descale is None and v_descale is None and not _is_compiling() \
-            and (out is not None or not _profiling()):
-        # The fast path reads the tensors in C++; it gives None for what it does not take
-        # (autograd, another type or device), which the general path below answers for.
-        done = _fast(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
-        if done is not None:
-            return done
+    repeated call's host time is what a model pays per layer): the general path, which
+    attention() takes where the fast path (_fast, tried there first) does not."""
     if not (isinstance(k, _Tensor) and isinstance(v, _Tensor) and (out is None or isinstance(out, _Tensor))):
         _refuse_mixed(k=k, v=v, out=out)
     extras = attn_mask is not None or block_table is not None or seq_lens is not None
