@@ -1,4 +1,4 @@
-// What the packed-batch (variable-length) tests share, on the CPU
+// What the packed-batch (variable-length) and soft-cap tests share, on the CPU
 // (tests/cpu/varlen_test.cpp) and on the GPU (tests/gpu/flash_sequences_test.cpp,
 // tests/gpu/cudnn_ragged_test.cpp): the length sets they run, so that a case
 // added here reaches every backend, and the float64 check of one output or
@@ -17,6 +17,7 @@
 #include "attnprof/dtype.h"
 #include "attnprof/problem.h"
 #include "attnprof/reference.h"
+#include "attnprof/varlen.h"
 
 namespace attnprof::testing {
 
@@ -66,6 +67,36 @@ inline std::vector<LengthSet> length_sets() {
                      {.seed = 22, .more_sequences = 4, .max_len = 150});
 }
 
+// A packed-batch suite's configuration (one per test instance): the mask,
+// heads, head dim, window and dtype its length sets run at; deterministic
+// orders the backward's dQ.
+struct PackedConfig {
+  const char* name;
+  MaskKind mask;
+  std::int64_t heads, kv_heads, head_dim, window;
+  DType dtype;
+  bool deterministic = false;
+};
+
+// c's packed problem on the lengths q and kv (varlen_problem), on `device`,
+// for `pass`: normalized and validated (deterministic only with a backward:
+// the forward has nothing to order).
+inline Problem packed_problem(const PackedConfig& c, const Lens& q, const Lens& kv, Device device, Pass pass) {
+  Problem base{.heads = c.heads,
+               .kv_heads = c.kv_heads,
+               .head_dim = c.head_dim,
+               .dtype = c.dtype,
+               .device = device,
+               .mask = c.mask,
+               .window = c.window};
+  base.pass = pass;
+  base.deterministic = c.deterministic && pass != Pass::Forward;
+  Problem p = varlen_problem(base, q, kv);
+  p.normalize();
+  p.validate();
+  return p;
+}
+
 // One output's (or gradient's) float64 check: no NaN row unless `nan_ok`
 // (a backend documented to give NaN on fully masked rows), some rows
 // checked, and fp32 within 1e-5 relative, the 16-bit dtypes within accept()'s
@@ -79,6 +110,25 @@ inline void expect_accurate(const Problem& p, const ErrorStats& e, const std::st
     const Acceptance a = accept(p.dtype, e, std::nullopt, nan_ok);
     EXPECT_TRUE(a.pass) << what << ": " << a.why << ", max abs " << e.max_abs;
   }
+}
+
+// The acceptance against a yardstick the test measured itself (the soft-cap
+// suites: math's error on the same problem, or the backend's own without the
+// cap where that is larger): no NaN row, FP32 under f32_limit, 16-bit dtypes
+// accept()'s rule of 2 x yardstick + floor. *why says which.
+inline bool tolerated(const Problem& p, const ErrorStats& e, double yardstick, std::string* why,
+                      double f32_limit = 1e-4) {
+  if (e.nan_rows != 0) {
+    *why = std::to_string(e.nan_rows) + " rows with NaN";
+    return false;
+  }
+  if (p.dtype == DType::F32) {
+    *why = "rel " + std::to_string(e.rel);
+    return e.rel < f32_limit;
+  }
+  const Acceptance a = accept(p.dtype, e, yardstick, false);
+  *why = a.why;
+  return a.pass;
 }
 
 }  // namespace attnprof::testing

@@ -21,6 +21,7 @@
 #include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/flash_kernels.h"
 #include "common/test_problem.h"
+#include "common/varlen_cases.h"
 
 namespace attnprof {
 namespace {
@@ -140,19 +141,7 @@ Problem capped_problem(const Case& c, Pass pass) {
 // scale 1 (scores near +-8) they miss the math rule with no cap at all
 // (rel 9e-3 against math's 1.7e-3 here), and the cap's three bf16 ops, as
 // PyTorch's eager Gemma-2 runs them, add to that.
-bool tolerated(const Problem& p, const ErrorStats& s, double math_rel, std::string* why) {
-  if (s.nan_rows != 0) {
-    *why = std::to_string(s.nan_rows) + " rows with NaN";
-    return false;
-  }
-  if (p.dtype == DType::F32) {
-    *why = "rel " + std::to_string(s.rel);
-    return s.rel < 1e-4;
-  }
-  const Acceptance a = accept(p.dtype, s, math_rel, false);
-  *why = a.why;
-  return a.pass;
-}
+using testing::tolerated;
 
 // One backend's forward, or training step, on `in`; outputs start NaN so a
 // row left unwritten fails.

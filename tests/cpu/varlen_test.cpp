@@ -187,12 +187,7 @@ TEST(VarlenProblem, ParsedFromTextWithTheBatchItsCount) {
   }
 }
 
-struct Config {
-  const char* name;
-  MaskKind mask;
-  std::int64_t heads, kv_heads, head_dim, window;
-  DType dtype;
-};
+using Config = testing::PackedConfig;
 
 const Config kConfigs[] = {
     {"none_f32", MaskKind::None, 2, 2, 32, 0, DType::F32},

@@ -37,12 +37,7 @@ Backend& cuda_backend(const char* name) {
 
 // ---- Packed batches ------------------------------------------------------
 
-struct PackedConfig {
-  const char* name;
-  MaskKind mask;
-  std::int64_t heads, kv_heads, head_dim, window;
-  DType dtype;
-};
+using testing::PackedConfig;
 
 const PackedConfig kPacked[] = {
     {"none_f32", MaskKind::None, 2, 2, 32, 0, DType::F32},
@@ -61,17 +56,7 @@ TEST_P(CompositePackedCuda, MatchesFloat64ForwardAndBackward) {
   const PackedConfig& c = GetParam();
   std::uint64_t seed = 220;
   for (const auto& [q, kv] : testing::length_sets()) {
-    Problem base{.heads = c.heads,
-                 .kv_heads = c.kv_heads,
-                 .head_dim = c.head_dim,
-                 .dtype = c.dtype,
-                 .device = Device::Cuda,
-                 .mask = c.mask,
-                 .window = c.window};
-    base.pass = Pass::Train;
-    Problem p = varlen_problem(base, q, kv);
-    p.normalize();
-    p.validate();
+    const Problem p = testing::packed_problem(c, q, kv, Device::Cuda, Pass::Train);
     ++seed;
     const Inputs in = make_inputs(p, seed, cpu_allocator());
     const Tensor dout = make_dout(p, seed, cpu_allocator());
@@ -134,22 +119,12 @@ Problem capped(const CapConfig& c, double cap, Pass pass) {
   return p;
 }
 
-// FP32 within 1e-5; 16-bit within the acceptance rule against a yardstick:
-// the larger of math's error on the same capped problem and the backend's
-// own without the cap (naive computes the scores, and the cap's three ops,
-// in the input dtype, as PyTorch's eager Gemma-2 runs them).
+// FP32 within 1e-5; 16-bit within the acceptance rule against the yardstick
+// (testing::tolerated): the larger of math's error on the same capped problem
+// and the backend's own without the cap (naive computes the scores, and the
+// cap's three ops, in the input dtype, as PyTorch's eager Gemma-2 runs them).
 bool tolerated(const Problem& p, const ErrorStats& e, double yardstick, std::string* why) {
-  if (e.nan_rows != 0) {
-    *why = std::to_string(e.nan_rows) + " rows with NaN";
-    return false;
-  }
-  if (p.dtype == DType::F32) {
-    *why = "rel " + std::to_string(e.rel);
-    return e.rel < 1e-5;
-  }
-  const Acceptance a = accept(p.dtype, e, yardstick, false);
-  *why = a.why;
-  return a.pass;
+  return testing::tolerated(p, e, yardstick, why, 1e-5);
 }
 
 class CompositeSoftcapCuda : public ::testing::TestWithParam<CapConfig> {};

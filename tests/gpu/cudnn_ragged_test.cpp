@@ -104,12 +104,7 @@ void check_forward_and_step(Backend& b, const Problem& p, const Inputs& host, bo
   expect_accurate(train, e.dv, what + " dV");
 }
 
-struct Config {
-  const char* name;
-  MaskKind mask;
-  std::int64_t heads, kv_heads, head_dim, window;
-  DType dtype;
-};
+using Config = testing::PackedConfig;
 
 const Config kConfigs[] = {
     {"none_bf16", MaskKind::None, 2, 2, 128, 0, DType::BF16},

@@ -69,13 +69,7 @@ std::vector<testing::LengthSet> length_sets() {
                               {.seed = 2212, .more_sequences = 5, .max_len = 400});
 }
 
-struct Config {
-  const char* name;
-  MaskKind mask;
-  std::int64_t heads, kv_heads, head_dim, window;
-  DType dtype;
-  bool deterministic = false;
-};
+using Config = testing::PackedConfig;
 
 const Config kPacked[] = {
     {"none_d64_bf16", MaskKind::None, 4, 4, 64, 0, DType::BF16},
@@ -90,19 +84,7 @@ const Config kPacked[] = {
 };
 
 Problem packed(const Config& c, const Lens& q, const Lens& kv, Pass pass) {
-  Problem base{.heads = c.heads,
-               .kv_heads = c.kv_heads,
-               .head_dim = c.head_dim,
-               .dtype = c.dtype,
-               .device = Device::Cuda,
-               .mask = c.mask,
-               .window = c.window};
-  base.pass = pass;
-  base.deterministic = c.deterministic && pass != Pass::Forward;  // the forward has nothing to order
-  Problem p = varlen_problem(base, q, kv);
-  p.normalize();
-  p.validate();
-  return p;
+  return testing::packed_problem(c, q, kv, Device::Cuda, pass);
 }
 
 class FlashPacked : public ::testing::TestWithParam<Config> {};

@@ -62,6 +62,12 @@ inline void require_cuda(const Tensor& t, const char* what) {
   if (t.device() != Device::Cuda) fail(ErrorKind::Internal, std::string(what) + " must be a CUDA tensor");
 }
 
+inline void require_contiguous(const Tensor& t, const char* op) {
+  require_cuda(t, op);
+  if (!t.is_contiguous())
+    fail(ErrorKind::Internal, std::string(op) + " expects a contiguous tensor, got " + t.describe());
+}
+
 // Grid for `work` items at 256 threads a block; kernels loop grid-stride, so
 // the grid is capped rather than the work.
 constexpr int kThreads = 256;
