@@ -43,13 +43,14 @@
 // (cudnn_inputs.h).
 //
 // The 16-bit graphs are built in cudnn_graph.cpp (build_sdpa()); a soft cap
-// is cuDNN's score modifier there (soft_cap()).
+// is cuDNN's score modifier there (soft_cap()). cudnn_run.cpp holds the run
+// path's pieces this class calls: the tensors by slot, the call key, the
+// direct plan and its variant packs, and the eligibility helpers.
 //
 // dtype fp8 is cuDNN's FP8 SDPA graph (cudnn_fp8.h: which problems it
 // takes, its scalars, its e4m3 O and amaxes), forward only, built, cached
 // and run by the same path as the 16-bit graphs; this file only dispatches
 // to it.
-#include <bit>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -265,37 +266,6 @@ class Cudnn final : public Backend {
   }
 
  private:
-  static void require(fe::error_t status, const char* step) {
-    if (status.is_bad()) {
-      fail(ErrorKind::Device, one_line(std::string("cuDNN frontend ") + step + ": " + status.get_message()));
-    }
-  }
-
-  // The range's inputs: Q, K and V, or with a paged cache what cuDNN reads
-  // instead of K and V (the pages and the block table).
-  static void describe(const Problem& p, const Inputs& in, std::string& dtypes, std::string& dims) {
-    const std::array<const Tensor*, 4> paged{&in.q, &in.k_pages, &in.v_pages, &in.block_table};
-    const std::array<const Tensor*, 4> contiguous{&in.q, &in.k, &in.v, nullptr};
-    for (const Tensor* t : p.kv_cache == KvCache::Paged ? paged : contiguous) {
-      if (t == nullptr) continue;
-      if (!dtypes.empty()) dtypes += ", ", dims += ", ";
-      dtypes += dtype_name(t->dtype());
-      dims += t->dims_string();
-    }
-  }
-
-  static std::string_view graph_name(GraphKind kind) {
-    switch (kind) {
-      case GraphKind::TrainForward:
-        return "cuDNN SDPA forward with stats";
-      case GraphKind::Backward:
-        return "cuDNN SDPA backward";
-      case GraphKind::Forward:
-        break;
-    }
-    return "cuDNN";
-  }
-
   // dtype fp8: the refusals by name, then cuDNN's own word on the graph.
   Eligibility fp8_eligibility(const Problem& p) const {
     bool bf16_out = false;
@@ -338,31 +308,6 @@ class Cudnn final : public Backend {
     fp8_.finish(in, out, bf16_out, ctx);
   }
 
-  static std::vector<GraphKind> kinds_of(Pass pass) {
-    if (pass == Pass::Forward) return {GraphKind::Forward};
-    return {GraphKind::TrainForward, GraphKind::Backward};
-  }
-
-  // The inputs and O by slot; the bias only for a bias mask. A paged cache
-  // binds its pages as K and V, and its block table as both page tables.
-  static Bound bind(const Problem& p, const Inputs& in, const Tensor& out) {
-    Bound t{};
-    t[slot(kQ)] = &in.q;
-    t[slot(kK)] = &in.k;
-    t[slot(kV)] = &in.v;
-    t[slot(kO)] = &out;
-    if (p.mask == MaskKind::Bias) t[slot(kBias)] = &in.bias;
-    if (p.kv_cache == KvCache::Paged) {
-      if (!in.k_pages.defined() || !in.v_pages.defined() || !in.block_table.defined()) {
-        fail(ErrorKind::InvalidArgument, "cudnn: kv_cache=paged without the pages and block table");
-      }
-      t[slot(kK)] = &in.k_pages;
-      t[slot(kV)] = &in.v_pages;
-      t[slot(kPageK)] = t[slot(kPageV)] = &in.block_table;
-    }
-    return t;
-  }
-
   // The runner calls a pass repeatedly with the same tensors, so the steady
   // state is: compare this call's key with the last call's of the same graph
   // kind, set the stream if it changed, cudnnBackendExecute. Everything else
@@ -389,56 +334,12 @@ class Cudnn final : public Backend {
     const Problem& g = lowered ? *lowered : p;
     if (g.varlen()) inputs_.bind_ragged(g, t, ctx);
     LastCall& last = last_[static_cast<std::size_t>(kind)];
-    const CallKey key = call_key(g, t);
+    const CallKey key = call_key(g, t, workspace_.defined() ? workspace_.data() : nullptr);
     if (!last.valid || !(key == last.key)) {
       if (!prepare(kind, g, t, ctx, key, last)) return;  // run by the frontend's execute()
     }
     set_stream(ctx.stream);
     ATTNPROF_CUDNN_CHECK(cudnnBackendExecute(handle_, last.plan, last.pack));
-  }
-
-  // The problem eligibility asks cuDNN about: a boolean mask as the bias it
-  // becomes in general.
-  static Problem as_bias(const Problem& p) {
-    Problem g = p;
-    if (g.mask == MaskKind::Boolean) g.mask = MaskKind::Bias;
-    return g;
-  }
-
-  // cuDNN before 9.25 writes NaN into the rows of a packed batch's sequence
-  // with no keys (NVIDIA/cudnn-frontend#943, whose tests skip zero-length
-  // sequences below 9.25); refused by name there, with what to change.
-  static std::string zero_length_refusal(const Problem& p) {
-    const auto version = static_cast<long>(cudnnGetVersion());
-    if (version >= 92500) return {};
-    for (std::int64_t b = 0; b < p.batch; ++b) {
-      if (p.seq_len(b) > 0 && p.kv_seq_len(b) > 0) continue;
-      return "cuDNN " + std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) +
-             " gives NaN for a packed batch's zero-length sequences (sequence " + std::to_string(b) + " has " +
-             std::to_string(p.seq_len(b)) + " queries and " + std::to_string(p.kv_seq_len(b)) +
-             " keys; cuDNN 9.25 and newer take them): leave empty sequences out of seq_lens, or use device=cpu";
-    }
-    return {};
-  }
-
-  // Cheap: copies ints and pointers, allocates nothing.
-  CallKey call_key(const Problem& p, const Bound& t) const {
-    CallKey k;
-    for (std::size_t i = 0; i < kTensors; ++i) {
-      if (t[i] == nullptr) continue;
-      k.shape[2 * i] = t[i]->sizes();
-      k.shape[2 * i + 1] = t[i]->strides();
-      k.ptr[i] = t[i]->data();
-    }
-    k.ptr[kTensors] = workspace_.defined() ? workspace_.data() : nullptr;
-    k.window = p.window;
-    k.kv_seq = p.kv_seq;
-    k.scale_bits = std::bit_cast<std::uint32_t>(static_cast<float>(p.softmax_scale()));
-    k.softcap_bits = std::bit_cast<std::uint64_t>(p.softcap);
-    k.dtype = p.dtype;
-    k.mask = p.mask;
-    k.deterministic = p.deterministic;
-    return k;
   }
 
   void set_stream(void* stream) {
@@ -457,8 +358,8 @@ class Cudnn final : public Backend {
     Entry& e = entry(p, layout_of(p, t), kind);
     if (!e.failure.empty()) fail(ErrorKind::Unsupported, "cuDNN: " + e.failure);
     if (!e.plans_built) {
-      require(e.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
-      require(e.graph->get_workspace_size(e.workspace), "get_workspace_size");
+      require_ok(e.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
+      require_ok(e.graph->get_workspace_size(e.workspace), "get_workspace_size");
       e.plan = direct_plan(e, p.mask);
       e.plans_built = true;
     }
@@ -482,7 +383,7 @@ class Cudnn final : public Backend {
       for (std::size_t i = 0; i < kTensors; ++i) {
         if (user[i] != nullptr) e.pack[kQ + static_cast<std::int64_t>(i)] = user[i];
       }
-      require(e.graph->execute(handle_, e.pack, workspace), "execute");
+      require_ok(e.graph->execute(handle_, e.pack, workspace), "execute");
       return false;
     }
     // What execute() does once per call for a thread with no CUDA context
@@ -515,79 +416,6 @@ class Cudnn final : public Backend {
     last.pack = it->second;
     last.valid = true;
     return true;
-  }
-
-  // The chosen plan's descriptor when execute() would do nothing for this graph
-  // but build a variant pack from the user's pointers, the frontend's
-  // pass-by-value scalars and pointers into its part of the workspace, and run
-  // the plan: no workspace the frontend fills (alibi slopes, accumulators it
-  // zeroes), no pointers it derives from others (slices), no frontend-run
-  // engine. Otherwise null, and execute() runs it.
-  static cudnnBackendDescriptor_t direct_plan(Entry& e, MaskKind mask) {
-    PlanGraph& g = *e.graph;
-    if (!g.varpack_prep_state->prepared.load(std::memory_order_acquire)) {
-      require(g.prepare_variant_pack_template(), "prepare_variant_pack_template");
-    }
-    const auto& t = g.varpack_template;
-    const fe::ExecutionPlan* plan = g.chosen_plan();
-    if (plan == nullptr) return nullptr;
-    e.frontend_workspace = g.frontend_workspace();
-    if (e.frontend_workspace + plan->getWorkspaceSize() > e.workspace) return nullptr;
-    if (e.frontend_workspace > 0 && !g.workspace_only_pointed_into()) return nullptr;
-    if (!t.replacement_slots.empty() || !t.backend_slots.empty()) return nullptr;
-    for (int slot : t.user_slots) {
-      const std::int64_t uid = t.all_uids[static_cast<std::size_t>(slot)];
-      if (uid < kQ || uid > kLastUid || (uid == kBias && mask != MaskKind::Bias)) return nullptr;
-    }
-    return plan->get_raw_desc();
-  }
-
-  // A finalized variant pack as the frontend's execute() builds it: its
-  // template's uids and pass-by-value pointers (scalars owned by the graph),
-  // with the user's slots and the frontend's workspace tensors filled, the
-  // engine's workspace after the frontend's, and the alignment it checks per
-  // call checked once here.
-  static cudnnBackendDescriptor_t make_pack(const Entry& e, const std::array<void*, kTensors>& user, void* workspace) {
-    const auto& t = e.graph->varpack_template;
-    std::vector<void*> ptrs = t.template_ptrs;
-    for (int slot : t.user_slots) {
-      const auto s = static_cast<std::size_t>(slot);
-      ptrs[s] = user[static_cast<std::size_t>(t.all_uids[s] - kQ)];
-    }
-    char* base = static_cast<char*>(workspace);
-    for (const auto& [slot, offset] : t.workspace_slots) ptrs[static_cast<std::size_t>(slot)] = base + offset;
-    void* engine_workspace = base == nullptr ? nullptr : base + e.frontend_workspace;
-    for (const auto& [slot, alignment] : t.aligned_slots) {
-      const auto s = static_cast<std::size_t>(slot);
-      if (reinterpret_cast<std::uintptr_t>(ptrs[s]) % static_cast<std::uintptr_t>(alignment) != 0) {
-        fail(ErrorKind::Device, "cuDNN: tensor uid " + std::to_string(t.all_uids[s]) + " is not aligned to " +
-                                    std::to_string(alignment) + " bytes");
-      }
-    }
-    cudnnBackendDescriptor_t pack = nullptr;
-    ATTNPROF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
-    try {
-      const auto n = static_cast<std::int64_t>(ptrs.size());
-      ATTNPROF_CUDNN_CHECK(
-          cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &engine_workspace));
-      ATTNPROF_CUDNN_CHECK(
-          cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data()));
-      ATTNPROF_CUDNN_CHECK(
-          cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, t.all_uids.data()));
-      ATTNPROF_CUDNN_CHECK(cudnnBackendFinalize(pack));
-    } catch (...) {
-      cudnnBackendDestroyDescriptor(pack);  // already failing; its status adds nothing
-      throw;
-    }
-    return pack;
-  }
-
-  // `length` in each of `batch` int32s [batch, 1, 1, 1] on the device: a
-  // padding mask's per-sequence counts. Once per graph, so the copy waits for
-  // its host buffer rather than keep one.
-  static Tensor lengths(std::int64_t batch, std::int64_t length, RunContext& ctx) {
-    return device_ints(std::vector<std::int32_t>(static_cast<std::size_t>(batch), static_cast<std::int32_t>(length)),
-                       ctx.allocator, static_cast<cudaStream_t>(ctx.stream));
   }
 
   int sm_version() const {

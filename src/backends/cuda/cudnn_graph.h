@@ -19,10 +19,12 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
 
+#include "attnprof/backend.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
 
@@ -389,5 +391,48 @@ inline std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph
 // words, on one line.
 std::string build_sdpa(cudnnHandle_t handle, const Problem& p, const Layout& l, GraphKind kind,
                        std::shared_ptr<PlanGraph>& out);
+
+// ---- cudnn_run.cpp: the run path ----
+
+// The range's inputs: Q, K and V, or with a paged cache what cuDNN reads
+// instead of K and V (the pages and the block table).
+void describe(const Problem& p, const Inputs& in, std::string& dtypes, std::string& dims);
+// A graph kind's name in a refusal ("cuDNN SDPA backward: ...").
+std::string_view graph_name(GraphKind kind);
+// The graphs a pass runs: the forward's, or a training step's two.
+std::vector<GraphKind> kinds_of(Pass pass);
+// The problem eligibility asks cuDNN about: a boolean mask as the bias it
+// becomes in general.
+Problem as_bias(const Problem& p);
+// cuDNN before 9.25 writes NaN into the rows of a packed batch's sequence
+// with no keys (NVIDIA/cudnn-frontend#943, whose tests skip zero-length
+// sequences below 9.25); refused by name there, with what to change.
+std::string zero_length_refusal(const Problem& p);
+// `length` in each of `batch` int32s [batch, 1, 1, 1] on the device: a
+// padding mask's per-sequence counts. Once per graph, so the copy waits for
+// its host buffer rather than keep one.
+Tensor lengths(std::int64_t batch, std::int64_t length, RunContext& ctx);
+
+// A frontend call's status, refused as a device error in one line.
+void require_ok(fe::error_t status, const char* step);
+// The inputs and O by slot; the bias only for a bias mask. A paged cache
+// binds its pages as K and V, and its block table as both page tables.
+Bound bind(const Problem& p, const Inputs& in, const Tensor& out);
+// The call's key for the direct path (`workspace` the backend's, or null).
+// Cheap: copies ints and pointers, allocates nothing.
+CallKey call_key(const Problem& p, const Bound& t, void* workspace);
+// The chosen plan's descriptor when execute() would do nothing for this graph
+// but build a variant pack from the user's pointers, the frontend's
+// pass-by-value scalars and pointers into its part of the workspace, and run
+// the plan: no workspace the frontend fills (alibi slopes, accumulators it
+// zeroes), no pointers it derives from others (slices), no frontend-run
+// engine. Otherwise null, and execute() runs it.
+cudnnBackendDescriptor_t direct_plan(Entry& e, MaskKind mask);
+// A finalized variant pack as the frontend's execute() builds it: its
+// template's uids and pass-by-value pointers (scalars owned by the graph),
+// with the user's slots and the frontend's workspace tensors filled, the
+// engine's workspace after the frontend's, and the alignment it checks per
+// call checked once here.
+cudnnBackendDescriptor_t make_pack(const Entry& e, const std::array<void*, kTensors>& user, void* workspace);
 
 }  // namespace attnprof::cuda::cudnn_graph
