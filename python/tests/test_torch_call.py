@@ -112,6 +112,15 @@ def test_what_it_does_not_read_takes_the_general_path():
     a = attnprof.attention(q.detach(), k.detach(), v.detach(), backend="naive", attn_mask=mask)
     b = attnprof.attention(q.detach(), k.detach(), v.detach(), backend="naive", mask="causal")
     assert torch.allclose(a, b)
+    class Sub(torch.Tensor):  # a subclass may mean something else by its data: the general path's
+        pass
+
+    qs, ks, vs = (x.detach().as_subclass(Sub) for x in (q, k, v))
+    plain = attnprof.attention(q.detach(), k.detach(), v.detach(), backend="flash")
+    assert torch.equal(attnprof.attention(qs, ks, vs, backend="flash"), plain)
+    meta = torch.empty(1, 2, 24, 16, device="meta")
+    with pytest.raises(attnprof.Error):  # no storage to read: the general path refuses it in its words
+        attnprof.attention(meta, meta, meta, backend="flash")
     with pytest.raises(attnprof.Error, match="q is a torch tensor but k is ndarray"):
         attnprof.attention(q.detach(), k.detach().numpy(), v.detach(), backend="flash")
     with pytest.raises(attnprof.Error):

@@ -95,16 +95,9 @@ bool optional_double(PyObject* o, double& v, std::uint8_t& has) {
 
 const char* utf8(PyObject* o) { return PyUnicode_CheckExact(o) ? PyUnicode_AsUTF8(o) : nullptr; }
 
-PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 11) {
-    PyErr_SetString(PyExc_TypeError, "attnprof._torch_call.attention takes 11 arguments");
-    return nullptr;
-  }
-  PyObject* const objs[4] = {args[0], args[1], args[2], args[3]};  // q, k, v, out (or None)
-  const bool given_out = objs[3] != Py_None;
-  for (int i = 0; i < (given_out ? 4 : 3); ++i) {
-    if (!THPVariable_Check(objs[i])) Py_RETURN_NONE;
-  }
+// The call itself, once q, k, v (and out) are plain tensors; C++ exceptions
+// are attention()'s to catch.
+PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args) {
   const at::Tensor& q = THPVariable_Unpack(objs[0]);
   const at::Tensor& k = THPVariable_Unpack(objs[1]);
   const at::Tensor& v = THPVariable_Unpack(objs[2]);
@@ -154,6 +147,27 @@ PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return THPVariable_Wrap(std::move(made));
 }
 
+PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 11) {
+    PyErr_SetString(PyExc_TypeError, "attnprof._torch_call.attention takes 11 arguments");
+    return nullptr;
+  }
+  PyObject* const objs[4] = {args[0], args[1], args[2], args[3]};  // q, k, v, out (or None)
+  const bool given_out = objs[3] != Py_None;
+  // torch.Tensor or Parameter exactly: a subclass (FakeTensor, DTensor, one
+  // with __torch_function__) may mean something else by its data.
+  for (int i = 0; i < (given_out ? 4 : 3); ++i) {
+    if (!THPVariable_CheckExact(objs[i])) Py_RETURN_NONE;
+  }
+  try {
+    return run(objs, given_out, args);
+  } catch (const std::exception&) {
+    // A tensor whose data cannot be read here (no storage), or an
+    // allocation that failed: the general path raises torch's own error.
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+}
 PyMethodDef methods[] = {
     {"attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&attention)), METH_FASTCALL,
      "attention(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap): attnprof.attention's forward "
