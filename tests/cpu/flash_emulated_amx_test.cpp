@@ -20,5 +20,21 @@ TEST(FlashEmulated, AmxForward) { run_emulated_forward(cpu::flash::kKernelsEmula
 TEST(FlashEmulated, AmxBf16Gemm) { run_emulated_bf16_gemm(cpu::flash::kKernelsEmulatedAmx); }
 TEST(FlashEmulated, AmxBackward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAmx, "amx"); }
 
+// What the amx level says it runs: tiles for bf16 at head dims the tiles
+// take, both passes; the FP32 products (not VDPBF16PS) for the others, and why.
+TEST(FlashEmulated, AmxProductsPerHeadDim) {
+  const cpu::flash::Kernels& k = cpu::flash::kKernelsEmulatedAmx;
+  const Problem tiled = testing::to_problem({.heads = 1, .seq = 64, .head_dim = 64}, DType::BF16, MaskKind::None);
+  EXPECT_NE(k.forward_products(tiled).find("AMX tile products"), std::string::npos) << k.forward_products(tiled);
+  EXPECT_NE(k.backward_products(tiled).find("AMX tile products"), std::string::npos) << k.backward_products(tiled);
+  const Problem odd = testing::to_problem({.heads = 1, .seq = 64, .head_dim = 40}, DType::BF16, MaskKind::None);
+  for (const std::string& s : {k.forward_products(odd), k.backward_products(odd)}) {
+    EXPECT_NE(s.find("FP32 FMA products"), std::string::npos) << s;
+    EXPECT_NE(s.find("AMX tiles take head_dim a multiple of 32"), std::string::npos) << s;
+  }
+  const Problem fp32 = testing::to_problem({.heads = 1, .seq = 64, .head_dim = 64}, DType::F32, MaskKind::None);
+  EXPECT_EQ(k.forward_products(fp32).find("AMX"), std::string::npos) << k.forward_products(fp32);
+}
+
 }  // namespace
 }  // namespace attnprof

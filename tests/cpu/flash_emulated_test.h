@@ -46,6 +46,11 @@ const std::vector<EmulatedCase>& emulated_cases() {
        DType::BF16,
        MaskKind::CausalBottomRight},
       {"hdim_odd_pairs_bf16", {.heads = 1, .seq = 40, .kv_seq = 77, .head_dim = 40}, DType::BF16, MaskKind::Causal},
+      // 64-key backward items (past head_dim 128): tails of 19 keys, a lone tile row.
+      {"gqa_none_hdim192_bf16",
+       {.heads = 2, .kv_heads = 1, .seq = 45, .kv_seq = 147, .head_dim = 192},
+       DType::BF16,
+       MaskKind::None},
       {"hdim5_bf16", {.heads = 1, .seq = 33, .kv_seq = 47, .head_dim = 5}, DType::BF16, MaskKind::Causal},
   };
   return c;

@@ -133,8 +133,8 @@ TEST_P(FlashIsa, BackwardMatchesFloat64) {
   }
 }
 
-// The bf16 backward's products (VDPBF16PS, P and dS rounded to bf16: the
-// levels with bf16 products) against float64 at the 16-bit acceptance rule,
+// The bf16 backward's products (VDPBF16PS, or AMX tiles at the amx level; P
+// and dS rounded to bf16: the levels with bf16 products) against float64 at the 16-bit acceptance rule,
 // as the forward's bf16 cases: ragged query and key blocks (odd key counts
 // too), kv_seq != seq, grouped-query heads, causal and none, head dims 64
 // and 128, and soft caps that bite (scale 1: scores near +-8).
@@ -172,7 +172,9 @@ TEST_P(FlashIsa, Bf16BackwardProductsMatchFloat64) {
     p.validate();
     const Eligibility el = flash->eligibility(p);
     ASSERT_TRUE(el.eligible) << c.name << ": " << el.reason;
-    EXPECT_NE(el.reason.find("backward bf16 dot products (VDPBF16PS)"), std::string::npos) << el.reason;
+    const char* products = GetParam() == CpuIsa::Amx ? "backward bf16 AMX tile products (TDPBF16PS)"
+                                                     : "backward bf16 dot products (VDPBF16PS)";
+    EXPECT_NE(el.reason.find(products), std::string::npos) << el.reason;
     const GradientErrors e = testing::flash_backward_errors(*flash, p, 13);
     const std::string what = std::string(cpu::isa_name(GetParam())) + " bf16 products " + c.name;
     testing::expect_flash_accurate(p, e.dq, what + " dQ");

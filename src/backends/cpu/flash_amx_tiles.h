@@ -2,7 +2,8 @@
 // which includes this inside its ISA namespace once <immintrin.h> or the
 // tests' stand-ins are in): the tile configuration every kernel loads and
 // amx_block, a 2 x 2 (or 1 x 2) block of 16 x 16 FP32 tiles over bf16 A and
-// B in pairs. Only where the level has AMX (ATTNPROF_FLASH_AMX).
+// B in pairs, and amx_gemm, a whole product of them. Only where the level
+// has AMX (ATTNPROF_FLASH_AMX).
 #pragma once
 
 #include <cstdint>
@@ -90,6 +91,26 @@ inline void amx_block(const void* a, std::int64_t lda, std::int64_t a_step, cons
   if constexpr (kRowTiles == 2) {
     _tile_stored(2, cb + 16 * ldc, ldc);
     _tile_stored(3, cb + 16 * ldc + 64, ldc);
+  }
+}
+
+// C[rows x cols] (+)= A[rows x 2 pairs] B[pairs x cols], every product of
+// the bf16 kernels on tiles: A bf16 rows lda elements apart (pairs along the
+// depth), B pairs in VNNI order, rows ldb pairs apart, C FP32 rows ldc apart.
+// rows a multiple of 16, cols of 32, pairs of 16: the callers pad A's depth
+// and B's pairs with zeros (rows of A past theirs may hold anything; so do
+// the C rows they give). Column strips outermost, row tiles two at a time.
+template <bool kLoadC>
+inline void amx_gemm(const std::uint16_t* a, std::int64_t lda, const std::uint32_t* b, std::int64_t ldb,
+                     std::int64_t rows, std::int64_t cols, std::int64_t pairs, float* c, std::int64_t ldc) {
+  for (std::int64_t col = 0; col < cols; col += 32) {
+    std::int64_t r = 0;
+    for (; r + 32 <= rows; r += 32)
+      amx_block<2, kLoadC>(a + r * lda, lda * 2, 64, b + col, ldb * 4, 16 * ldb * 4, pairs / 16, c + r * ldc + col,
+                           ldc * 4);
+    if (r < rows)
+      amx_block<1, kLoadC>(a + r * lda, lda * 2, 64, b + col, ldb * 4, 16 * ldb * 4, pairs / 16, c + r * ldc + col,
+                           ldc * 4);
   }
 }
 

@@ -1,9 +1,11 @@
 // The CPU flash backward on bf16 products, for bf16 inputs: AVX512-BF16's
-// VDPBF16PS (bf16 pairs multiplied and summed into FP32 lanes) for all five
-// products of a work item, with FP32 accumulation, as the GPU kernels do.
-// Compiled in the avx512bf16 and amx translation units only
-// (flash_isa_table.h, ATTNPROF_ISA_BF16); the amx level runs the same
-// VDPBF16PS code (the AMX tiles are the forward's).
+// VDPBF16PS (bf16 pairs multiplied and summed into FP32 lanes) or, at the
+// amx level, AMX-BF16 tiles (TDPBF16PS, flash_amx_tiles.h's amx_gemm) for
+// all five products of a work item, with FP32 accumulation, as the GPU
+// kernels do. Compiled in the avx512bf16 and amx translation units only
+// (flash_isa_table.h, ATTNPROF_ISA_BF16). Both take the same operands: a
+// tile's A is 16 rows of 32 bf16 along the depth, its B 16 pairs in VNNI
+// order, so the tiles need only zeros to whole tiles (key_block_bf16).
 //
 // The work item, its FP32 softmax step (P and dS), masking and dQ add are
 // flash_backward_kernels.h's; only the operands and products differ. Q, K,
@@ -128,6 +130,19 @@ inline void dot_gemm(const std::uint16_t* a, std::int64_t lda, const std::uint32
   if (col < cols) dot_strip<1, kAccumulate>(a, lda, b + col, ldb, rows, pairs, c + col, ldc);
 }
 
+// One of the item's products on the level's instructions: AMX tiles (rows
+// rounded up to 16, pairs to 16: the operands' padding is key_block_bf16's)
+// or VDPBF16PS register tiles.
+template <bool kAccumulate>
+inline void bf16_product([[maybe_unused]] bool amx, const std::uint16_t* a, std::int64_t lda, const std::uint32_t* b,
+                         std::int64_t ldb, std::int64_t rows, std::int64_t cols, std::int64_t pairs, float* c,
+                         std::int64_t ldc) {
+#if ATTNPROF_FLASH_AMX
+  if (amx) return amx_gemm<kAccumulate>(a, lda, b, ldb, round_up(rows, 16), cols, round_up(pairs, 16), c, ldc);
+#endif
+  dot_gemm<kAccumulate>(a, lda, b, ldb, rows, cols, pairs, c, ldc);
+}
+
 // ---- Packing ---------------------------------------------------------------
 
 // Row i of bf16 tensor t[b, h] (n values) copied as stored into dst.
@@ -142,10 +157,10 @@ inline void copy_bf16_row(const Tensor& t, std::int64_t b, std::int64_t h, std::
   }
 }
 
-// The item's K and V rows, and K^T with a zero key after an odd count (the
-// last pair of keys of dQ^T's depth).
+// The item's K and V rows, and K^T with zero keys after its count up to
+// `kt_keys` (the last pair of keys of dQ^T's depth; AMX: its last tile).
 inline void pack_keys(const BackwardJob& job, const Sequence& s, std::int64_t hk, const KeySpan& keys,
-                      const BwdBf16Layout& L, float* scratch) {
+                      std::int64_t kt_keys, const BwdBf16Layout& L, float* scratch) {
   const std::int64_t D = job.p.head_dim, block_k = L.f.block_k;
   auto* k = reinterpret_cast<std::uint16_t*>(scratch + L.k2);
   auto* v = reinterpret_cast<std::uint16_t*>(scratch + L.v2);
@@ -155,8 +170,8 @@ inline void pack_keys(const BackwardJob& job, const Sequence& s, std::int64_t hk
     copy_bf16_row(job.in.v, s.tb, hk, s.k0 + keys.j0 + j, D, v + j * D);
     for (std::int64_t d = 0; d < D; ++d) kt[d * block_k + j] = k[j * D + d];
   }
-  if (keys.n % 2 != 0)
-    for (std::int64_t d = 0; d < D; ++d) kt[d * block_k + keys.n] = 0;
+  for (std::int64_t d = 0; d < D; ++d)
+    std::fill(kt + d * block_k + keys.n, kt + d * block_k + kt_keys, std::uint16_t{0});
 }
 
 // Query rows i0..i0+nq of bf16 tensor t (Q or dO) for head h, zero past nq
@@ -223,12 +238,16 @@ inline void key_block_bf16(const BackwardJob& job, std::int64_t b, std::int64_t 
   const std::int64_t block_k = L.f.block_k;
   if (kb * block_k >= s.kv_seq) return;
   const KeySpan keys = key_span(s, kb, block_k);
-  const std::int64_t n = keys.n, key_pairs = (n + 1) / 2;
+  // AMX: dQ^T's depth (the keys) in whole tiles of 16 pairs, zero past the
+  // item's keys in K^T and dS^T's pairs (the other products' padding rows
+  // only give rows of S^T, dP^T, dV and dK that are never read).
+  const bool amx = amx_path(p);
+  const std::int64_t n = keys.n, key_pairs = amx ? round_up(n, 32) / 2 : (n + 1) / 2;
   float* dk = scratch + L.f.dk;
   float* dv = scratch + L.f.dv;
   std::fill(dk, dk + n * dpad, 0.0f);
   std::fill(dv, dv + n * dpad, 0.0f);
-  if (keys.i_begin < keys.i_end) pack_keys(job, s, hk, keys, L, scratch);
+  if (keys.i_begin < keys.i_end) pack_keys(job, s, hk, keys, 2 * key_pairs, L, scratch);
 
   const auto* k2 = reinterpret_cast<const std::uint16_t*>(scratch + L.k2);
   const auto* v2 = reinterpret_cast<const std::uint16_t*>(scratch + L.v2);
@@ -244,6 +263,9 @@ inline void key_block_bf16(const BackwardJob& job, std::int64_t b, std::int64_t 
   float* pt = scratch + L.f.pt;
   float* dst = scratch + L.f.dst;
   float* dqt = scratch + L.f.dqt;
+#if ATTNPROF_FLASH_AMX
+  if (amx && keys.i_begin < keys.i_end) load_tile_config();
+#endif
   for (std::int64_t qb = keys.i_begin / kBlockQ; keys.i_begin < keys.i_end && qb <= (keys.i_end - 1) / kBlockQ; ++qb) {
     const std::int64_t i0 = qb * kBlockQ;
     const std::int64_t nq = std::min(kBlockQ, s.seq - i0);
@@ -252,24 +274,30 @@ inline void key_block_bf16(const BackwardJob& job, std::int64_t b, std::int64_t 
       pack_row_stats(job, s, h, i0, nq, qcols, scratch);
       pack_query_pairs(job, job.in.q, s, h, i0, nq, qcols, qt2, qp, rows);
       pack_query_pairs(job, job.dout, s, h, i0, nq, qcols, dot2, dop, rows);
-      dot_gemm<false>(k2, D, qt2, kBlockQ, n, qcols, D / 2, pt, kBlockQ);  // S^T = K Q^T
+      bf16_product<false>(amx, k2, D, qt2, kBlockQ, n, qcols, D / 2, pt, kBlockQ);  // S^T = K Q^T
       scale_block(job.q_scale, n, qcols, pt);
       mask_scores(job, s, h, i0, nq, qcols, keys, pt);
-      dot_gemm<false>(v2, D, dot2, kBlockQ, n, qcols, D / 2, dst, kBlockQ);  // dP^T = V dO^T
+      bf16_product<false>(amx, v2, D, dot2, kBlockQ, n, qcols, D / 2, dst, kBlockQ);  // dP^T = V dO^T
       softmax_grads(job, n, qcols, scratch);
       round_rows_bf16(pt, n, qcols, pb);
       round_rows_bf16(dst, n, qcols, dsb);
       pack_p_pairs(dst, n, key_pairs, qcols, dsp);
-      dot_gemm<true>(pb, kBlockQ, dop, dpad, n, dpad, qcols / 2, dv, dpad);            // dV += P^T dO
-      dot_gemm<true>(dsb, kBlockQ, qp, dpad, n, dpad, qcols / 2, dk, dpad);            // dK += dS^T Q
-      dot_gemm<false>(kt2, block_k, dsp, kBlockQ, D, qcols, key_pairs, dqt, kBlockQ);  // dQ^T part = K^T dS^T
+      bf16_product<true>(amx, pb, kBlockQ, dop, dpad, n, dpad, qcols / 2, dv, dpad);            // dV += P^T dO
+      bf16_product<true>(amx, dsb, kBlockQ, qp, dpad, n, dpad, qcols / 2, dk, dpad);            // dK += dS^T Q
+      bf16_product<false>(amx, kt2, block_k, dsp, kBlockQ, D, qcols, key_pairs, dqt, kBlockQ);  // dQ^T = K^T dS^T
       add_dq(job, s, qb, h, dqt);
     }
   }
+#if ATTNPROF_FLASH_AMX
+  if (amx && keys.i_begin < keys.i_end) _tile_release();
+#endif
   store_key_grads(job, s, hk, keys, dk, dv);
 }
 
-inline const char* backward_products_bf16() {
+inline const char* backward_products_bf16(const Problem& p) {
+  if (amx_path(p))
+    return "bf16 AMX tile products (TDPBF16PS) for all five products, FP32 accumulation and softmax, P and dS "
+           "rounded to bf16 for dV, dK and dQ";
   return "bf16 dot products (VDPBF16PS) on 16 lanes for all five products, FP32 accumulation and softmax, P and dS "
          "rounded to bf16 for dV, dK and dQ";
 }

@@ -62,12 +62,18 @@ inline __m512i pair_bf16(__m512 a, __m512 b) {
   return _mm512_permutexvar_epi16(idx, bits_of(_mm512_cvtne2ps_pbh(b, a)));
 }
 
-// The bf16 path takes bf16 inputs with an even head_dim (pairs).
-inline bool bf16_path(const Problem& p) { return p.dtype == DType::BF16 && p.head_dim % 2 == 0; }
+// The bf16 path takes bf16 inputs with an even head_dim (pairs) on
+// VDPBF16PS; at the amx level only those whose head_dim is a multiple of 32,
+// on tiles. There the others take the FP32 products on widened inputs: on the
+// Xeon with AMX that was measured (docs/perf/cpu-flash.md, 2026-12-04) the
+// VDPBF16PS kernels took 1.5x the FP32 kernels' time, forward (846 against
+// 552 ms at head_dim 128) and backward (45.0 against 29.2 ms).
 #if ATTNPROF_FLASH_AMX
-inline bool amx_path(const Problem& p) { return bf16_path(p) && p.head_dim % 32 == 0; }
+inline bool amx_path(const Problem& p) { return p.dtype == DType::BF16 && p.head_dim % 32 == 0; }
+inline bool bf16_path(const Problem& p) { return amx_path(p); }
 #else
 inline bool amx_path(const Problem&) { return false; }
+inline bool bf16_path(const Problem& p) { return p.dtype == DType::BF16 && p.head_dim % 2 == 0; }
 #endif
 
 // Keys the per-head caches hold room for: the longest sequence's, rounded up
@@ -321,16 +327,7 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
     if (amx) {
 #if ATTNPROF_FLASH_AMX
       // S^T tiles: A = 16 K rows by 32 dims, B = 16 pairs of Qt by 16 queries.
-      const std::int64_t key_tiles = (n + 15) / 16;
-      for (std::int64_t c = 0; c < qcols; c += 32) {
-        std::int64_t kt = 0;
-        for (; kt + 2 <= key_tiles; kt += 2)
-          amx_block<2, false>(k_rows + kt * 16 * D, D * 2, 64, qt2 + c, kBlockQ * 4, 16 * kBlockQ * 4, D / 32,
-                              st + kt * 16 * kBlockQ + c, kBlockQ * 4);
-        if (kt < key_tiles)
-          amx_block<1, false>(k_rows + kt * 16 * D, D * 2, 64, qt2 + c, kBlockQ * 4, 16 * kBlockQ * 4, D / 32,
-                              st + kt * 16 * kBlockQ + c, kBlockQ * 4);
-      }
+      amx_gemm<false>(k_rows, D, qt2, kBlockQ, round_up(n, 16), qcols, D / 2, st, kBlockQ);
       const __m512 sc = _mm512_set1_ps(job.q_scale);
       for (std::int64_t j = 0; j < n; ++j)
         for (std::int64_t c = 0; c < qcols; c += 16)
@@ -355,10 +352,7 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
         for (std::int64_t d = 0; d < D; ++d)
           _mm512_storeu_ps(o + d * kBlockQ + c, _mm512_mul_ps(_mm512_loadu_ps(o + d * kBlockQ + c), a));
       }
-      for (std::int64_t d = 0; d < D; d += 32)
-        for (std::int64_t c = 0; c < qcols; c += 32)
-          amx_block<2, true>(vc + d * keys_cached + j0, keys_cached * 2, 64, pp + c, kBlockQ * 4, 16 * kBlockQ * 4,
-                             pairs / 16, o + d * kBlockQ + c, kBlockQ * 4);
+      amx_gemm<true>(vc + j0, keys_cached, pp, kBlockQ, D, qcols, pairs, o, kBlockQ);
 #endif
     } else {
       const std::int64_t pairs = (n + 1) / 2;
@@ -380,12 +374,7 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
 inline const char* forward_products_bf16(const Problem& p) {
   if (amx_path(p))
     return "bf16 AMX tile products (TDPBF16PS) for Q K^T and P V, FP32 softmax, P rounded to bf16 for P V";
-#if ATTNPROF_FLASH_AMX
-  return "bf16 dot products (VDPBF16PS) on 16 lanes for Q K^T and P V (AMX tiles take head_dim a multiple of 32), "
-         "FP32 softmax, P rounded to bf16 for P V";
-#else
   return "bf16 dot products (VDPBF16PS) on 16 lanes for Q K^T and P V, FP32 softmax, P rounded to bf16 for P V";
-#endif
 }
 
 // The bf16 ceiling's product (flash_kernels.h's Kernels::bf16_gemm): AMX tiles
@@ -395,9 +384,7 @@ inline void bf16_gemm(const std::uint16_t* a, const std::uint32_t* b, float* c, 
                       std::int64_t k) {
 #if ATTNPROF_FLASH_AMX
   load_tile_config();
-  for (std::int64_t j = 0; j < n; j += 32)
-    for (std::int64_t i = 0; i < m; i += 32)
-      amx_block<2, false>(a + i * k, k * 2, 64, b + j, n * 4, 16 * n * 4, k / 32, c + i * n + j, n * 4);
+  amx_gemm<false>(a, k, b, n, m, n, k / 2, c, n);
   _tile_release();
 #else
   for (std::int64_t j = 0; j < n; j += 32)
