@@ -5,10 +5,12 @@
 //   each (a missing turn hangs the kernel, a repeated one races);
 // - in key-tile order, no key tile waits on one launched after it (a wait
 //   on a CTA that is not resident could hang);
-// - with rotated walks, the key tile with turn t + 1 reaches the query tile
-//   no earlier in its own walk than the one with turn t (else it would wait
-//   each time), and a head's key tiles fit one a multiprocessor
-//   (FlashBwdSm90::key_tile_fastest), since their waits form a cycle.
+// - with the key tile fastest (rotated walks unmasked, adds from the highest
+//   key tile down under a mask at head dim 256), the key tile with turn t + 1 reaches the
+//   query tile no earlier in its own walk than the one with turn t (else it
+//   would wait each time), and a head's key tiles fit one a multiprocessor
+//   (FlashBwdSm90::key_tile_fastest), since they wait on ones launched
+//   after them.
 // Masks (top-left and bottom-right causal, windows, none), more query tiles
 // than key tiles and fewer, and every tile shape the kernel uses.
 #include <cuda_runtime.h>
@@ -111,6 +113,9 @@ template <class Cfg>
 void check_every_case(int multiprocessors) {
   const std::vector<Case> cases = {
       {"causal 1000", MaskMode::Causal, 1000, 1000, 0, false},
+      {"causal 8192", MaskMode::Causal, 8192, 8192, 0, false},
+      {"causal 20000 (more key tiles than multiprocessors)", MaskMode::Causal, 20000, 20000, 0, false},
+      {"window 700 of 20000", MaskMode::Window, 20000, 20000, 700, false},
       {"causal 700 over 1900 bottom-right", MaskMode::Causal, 700, 1900, 0, true},
       {"causal 1900 over 700 top-left", MaskMode::Causal, 1900, 700, 0, false},
       {"window 300 of 2000", MaskMode::Window, 2000, 2000, 300, false},
@@ -143,6 +148,7 @@ TEST(FlashBwdSm90Order, DeterministicTurnsAreCompleteOrderedAndLaunchSafe) {
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   check_every_case<kern::FlashBwdSm90DefaultCfg<64>>(sms);   // 128-key tiles
   check_every_case<kern::FlashBwdSm90DefaultCfg<192>>(sms);  // 64-key tiles (wide)
+  check_every_case<kern::FlashBwdSm90DefaultCfg<256>>(sms);  // wide, the consumers' own turns
 }
 
 // The key-tile-slowest grid in chunks of pairs (FlashBwdSm90::chunked_cta):

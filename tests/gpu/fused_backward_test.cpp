@@ -267,9 +267,11 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 
 // Deterministic mode: two runs on the same inputs give identical bits (dQ
 // without atomics; dK and dV never use them). Each of the sm90 kernel's
-// orders (flash_bwd_sm90.cuh): masked; unmasked with rotated walks, on more
-// CTAs than the GPU holds at once (a head's key tiles split across waves);
-// unmasked with more key tiles than multiprocessors.
+// orders (bwd_order_sm90.cuh), on more CTAs than the GPU holds at once (a
+// head's key tiles split across waves) where it matters: masked in key-tile
+// order (causal, bottom-right, grouped-query window); masked adding from the
+// highest key tile down (head dim 256); unmasked with rotated walks; masked
+// and unmasked with more key tiles than multiprocessors (key-tile order).
 TEST(FusedBackwardChecks, DeterministicIsBitwiseRepeatable) {
   REQUIRE_GPU();
   for (const Case& c : std::vector<Case>{
@@ -279,6 +281,10 @@ TEST(FusedBackwardChecks, DeterministicIsBitwiseRepeatable) {
            {"flash", DType::BF16, 192, MaskKind::None, 700, 900, 40, 40, 0, false, true, "none_waves_d192"},
            {"flash", DType::BF16, 64, MaskKind::None, 64, 17500, 1, 1, 0, false, true, "none_past_the_sms"},
            {"flash", DType::BF16, 128, MaskKind::CausalBottomRight, 900, 1300, 6, 3, 0, false, true, "bottom_right"},
+           {"flash", DType::BF16, 256, MaskKind::Causal, 1000, 1000, 40, 20, 0, false, true, "causal_waves_d256"},
+           {"flash", DType::BF16, 96, MaskKind::SlidingWindow, 2000, 2000, 16, 4, 300, true, true, "window_waves_d96"},
+           {"flash", DType::BF16, 256, MaskKind::CausalBottomRight, 64, 8500, 1, 1, 0, false, true,
+            "causal_past_the_sms_d256"},
        }) {
     const MaskKind mask = c.mask;
     SCOPED_TRACE(c.label);

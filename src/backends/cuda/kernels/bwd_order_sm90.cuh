@@ -22,22 +22,32 @@
 // DRAM 44% against cuDNN's 92% and 8%: docs/perf/issue21-2026-12-03.md).
 //
 // Deterministic runs add each query tile's dQ in a fixed order of its key
-// tiles (BwdOrderSm90::dq_turn), in which a key tile waits only on ones
-// launched before it (CTAs start in grid order; a wait on one not yet
-// resident could hang):
-// - under a mask, key-tile order, and each query tile's key tiles add from
-//   the lowest up. Key tile n waits on n - 1, whose walk starts lower: a
-//   staircase of waits across the key tiles running at once, paid once a
-//   wave. FlashAttention-3's order (launched from the last key tile down,
-//   adding from the highest: no staircase) measured 1.3-1.8x slower here
-//   (docs/perf/issue21-2026-12-03b.md);
-// - unmasked, the key tile fastest with rotated walks (as without
-//   determinism; key-tile order streamed every head's Q, dO and dQ from
-//   DRAM, as above), and the order rotated with them: key tile n waits on
-//   n + 1, which reached the tile a step or two before it. A head's key
-//   tiles then wait on each other in a cycle, safe only when all of them
-//   can be resident at once: at most one a multiprocessor (else key-tile
-//   order, which has no cycle).
+// tiles (BwdOrderSm90::dq_turn). Where a head's key tiles fit one a
+// multiprocessor, unmasked, or under a mask where the consumers take the
+// turns themselves (head dim 256: kConsumerTurns), the key tile goes fastest
+// (a wave holds heads whole, as the default's order there) and each key tile
+// waits on the one above it, n + 1, which reaches the tile no later in its
+// own walk:
+// - unmasked, with the walks rotated as without determinism (key tile n
+//   waits on n + 1, which reached the tile a step or two before it);
+// - under a mask, each query tile's key tiles add from the highest down:
+//   the higher a key tile, the lower its walk starts from the tile
+//   (FlashAttention-3's order for causal masks, launched here from key
+//   tile 0 up: the heavy tiles first).
+// Key tile n + 1 is launched after n, so these waits are safe only when all
+// of a head's key tiles can be resident at once: at most one a
+// multiprocessor. Elsewhere, key-tile order (the key tile slowest, one
+// chunk), each query tile's key tiles adding from the lowest up: key tile n
+// waits on n - 1, launched before it (a staircase of waits across the key
+// tiles running at once, paid once a wave).
+// Measured on the H200 (docs/perf/issue21-2026-12-04.md): under a mask the
+// highest-first order took 1.50x the default at head dim 256 against 1.75x in
+// key-tile order, but where the dQ writer warp takes the turns (head dims up
+// to 192) it lost to key-tile order on every masked row: 1.10-1.38x against
+// 1.02-1.30x with the writer passing each turn as its adds land, worse (up
+// to 2.6x) with the writer's one-tile-late pass (write_dq), which chains a
+// head's key tiles to the top one's pace in that order. Launched from the
+// last key tile down it lost 30-80% (docs/perf/issue21-2026-12-03b.md).
 #pragma once
 
 #include <cstdint>
@@ -49,13 +59,16 @@ namespace attnprof::cuda::kernels {
 
 template <class Cfg, MaskMode kMask>
 struct BwdOrderSm90 {
+  // The consumers take the dQ turns themselves, on their own path: no room
+  // to stage dQ for the writer warp (head dim 256).
+  static constexpr bool kConsumerTurns = !MainloopBwdSm90<Cfg, kMask, Bf16>::kDqStaged;
   // The grid's order (the header), decided at launch (BwdArgs::key_tile_fastest):
   // the key tile fastest unmasked and at the wide head dims; deterministic,
-  // unmasked only, and only when a head's key tiles fit one a
-  // multiprocessor.
+  // unmasked or with the consumers' own turns, and only when a head's key
+  // tiles fit one a multiprocessor.
   static bool key_tile_fastest(bool deterministic, int key_tiles, int multiprocessors) {
     if (!deterministic) return kMask == MaskMode::None || Cfg::kWide;
-    return kMask == MaskMode::None && key_tiles <= multiprocessors;
+    return (kMask == MaskMode::None || kConsumerTurns) && key_tiles <= multiprocessors;
   }
   // Key tile slowest: the grid's (kv head, batch) pairs in `chunks` chunks
   // of consecutive pairs, as even as they divide (the first pairs % chunks
@@ -113,12 +126,11 @@ struct BwdOrderSm90 {
   // ones below it, then down from the top.
   __device__ static int dq_turn(const FwdArgs& f, const QueryWalk& walk, int m0, int n_block, bool fastest) {
     const KeyTiles kt = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(f, m0);
-    if (kMask == MaskMode::None && fastest) {
-      const int nb = kt.end, c = walk.count(), j = m0 / Cfg::kBlockM - walk.tiles.begin;
-      const int first = static_cast<int>(((j + 1) * static_cast<std::int64_t>(nb) - 1) / c);
-      return first >= n_block ? first - n_block : first - n_block + nb;
-    }
-    return n_block - kt.begin;
+    if (!fastest) return n_block - kt.begin;
+    if constexpr (kMask != MaskMode::None) return kt.end - 1 - n_block;
+    const int nb = kt.end, c = walk.count(), j = m0 / Cfg::kBlockM - walk.tiles.begin;
+    const int first = static_cast<int>(((j + 1) * static_cast<std::int64_t>(nb) - 1) / c);
+    return first >= n_block ? first - n_block : first - n_block + nb;
   }
 };
 
