@@ -9,23 +9,17 @@
 
 #include <simdjson.h>
 
-#include <algorithm>
 #include <array>
-#include <cerrno>
-#include <charconv>
-#include <cmath>
-#include <cstring>
-#include <functional>
-#include <limits>
+#include <cstdint>
 #include <map>
-#include <new>
 #include <optional>
 #include <string>
-#include <system_error>
-#include <unordered_map>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "analysis/format.h"
+#include "analysis/trace_fields.h"
 #include "analysis/trace_splitter.h"
 #include "analysis/trace_stream.h"
 #include "attnprof/error.h"
@@ -38,6 +32,7 @@ namespace {
 namespace od = simdjson::ondemand;
 namespace sc = schema;
 using namespace trace_reading;
+using namespace trace_fields;
 
 // Bounds that keep every sum and difference the rules make inside an int64.
 constexpr std::int64_t kMaxBaseNs = 4'000'000'000'000'000'000;
@@ -45,66 +40,7 @@ constexpr std::int64_t kMaxTimeNs = 4'000'000'000'000'000'000;  // ts, and base 
 constexpr std::int64_t kMaxDurNs = 1'000'000'000'000'000'000;
 constexpr std::int64_t kMaxBytes = std::int64_t{1} << 50;
 
-// ---- Stage 2: events into Activities ---------------------------------------------
-
-std::string json_error(simdjson::error_code e) {
-  if (e == simdjson::UTF8_ERROR) return "not valid UTF-8";
-  if (e == simdjson::DEPTH_ERROR) return "nested too deeply";
-  if (e == simdjson::NUMBER_ERROR) return "a number out of range";
-  return std::string("malformed JSON (") + simdjson::error_message(e) + ")";
-}
-
-// Microseconds as the trace writes them ("1234.567") to nanoseconds, exactly
-// when the text is plain decimal, through a double otherwise.
-std::optional<std::int64_t> us_to_ns(std::string_view t) {
-  while (!t.empty() && (t.back() == ' ' || t.back() == '\n' || t.back() == '\r' || t.back() == '\t'))
-    t.remove_suffix(1);
-  bool neg = false;
-  std::size_t i = 0;
-  if (i < t.size() && t[i] == '-') {
-    neg = true;
-    ++i;
-  }
-  std::int64_t whole = 0;
-  std::size_t digits = 0;
-  while (i < t.size() && t[i] >= '0' && t[i] <= '9' && digits < 15) {
-    whole = whole * 10 + (t[i] - '0');
-    ++i;
-    ++digits;
-  }
-  if (digits > 0 && (i == t.size() || t[i] == '.')) {
-    std::int64_t frac = 0;
-    int fd = 0;
-    bool round_up = false;
-    if (i < t.size()) {
-      ++i;
-      while (i < t.size() && t[i] >= '0' && t[i] <= '9') {
-        if (fd < 3) {
-          frac = frac * 10 + (t[i] - '0');
-          ++fd;
-        } else if (fd == 3) {
-          round_up = t[i] >= '5';
-          ++fd;
-        }
-        ++i;
-      }
-    }
-    if (i == t.size()) {
-      for (int k = std::min(fd, 3); k < 3; ++k) frac *= 10;
-      const std::int64_t ns = whole * 1000 + frac + (round_up ? 1 : 0);
-      return neg ? -ns : ns;
-    }
-  }
-  // Exponents, or more digits than an int64 of nanoseconds holds.
-  char buf[64];
-  if (t.size() >= sizeof buf) return std::nullopt;
-  std::memcpy(buf, t.data(), t.size());
-  buf[t.size()] = 0;
-  char* end = nullptr;
-  const double v = std::strtod(buf, &end);
-  if (end != buf + t.size() || !std::isfinite(v) || std::abs(v) > 9.0e15) return std::nullopt;
-  return static_cast<std::int64_t>(std::llround(v * 1000.0));
-}
+// ---- Stage 2: events into Activities (their values: trace_fields.h) ----------------
 
 class EventReader final : public Splitter::Sink {
  public:
@@ -128,7 +64,8 @@ class EventReader final : public Splitter::Sink {
     const std::size_t len = text.size();
     text.reserve(len + simdjson::SIMDJSON_PADDING);
     od::document doc;
-    const std::string what = "\"" + std::string(key) + "\": ";
+    std::string what = "\"";  // built in steps: GCC 12 warns (-Wrestrict) on "\"" + std::string(key) here
+    what.append(key).append("\": ");
     if (auto e = parser_.iterate(simdjson::padded_string_view(text.data(), len, text.capacity())).get(doc)) {
       refuse(what + json_error(e));
     }
@@ -144,7 +81,7 @@ class EventReader final : public Splitter::Sink {
       if (doc.get_string().get(s) != simdjson::SUCCESS) refuse(what + "not a string");
       (key == sc::kTraceName ? trace_.name : trace_.collector_note) = std::string(s);
     } else if (key == sc::kDeviceProperties) {
-      read_devices(doc, what);
+      read_devices(doc, what, devices_);
     }
   }
 
@@ -191,150 +128,6 @@ class EventReader final : public Splitter::Sink {
   [[noreturn]] void bad(simdjson::error_code e) const { refuse(prefix() + json_error(e)); }
   [[noreturn]] void bad_field(std::string_view field, const std::string& why) const {
     refuse(prefix() + "\"" + std::string(field) + "\" " + why);
-  }
-
-  // Whole numbers, accepting integral doubles ("device": 0.0, 1e3); none for
-  // a wrong type, a fraction or a number out of range.
-  template <class V>
-  static std::optional<std::int64_t> integer(V& v) {
-    od::number_type t;
-    if (v.get_number_type().get(t)) return std::nullopt;
-    if (t == od::number_type::signed_integer) {
-      std::int64_t x;
-      if (v.get_int64().get(x)) return std::nullopt;
-      return x;
-    }
-    if (t == od::number_type::unsigned_integer) {
-      std::uint64_t x;
-      if (v.get_uint64().get(x)) return std::nullopt;
-      return static_cast<std::int64_t>(x);  // correlation ids wrap as Kineto's do
-    }
-    double d;
-    if (v.get_double().get(d) || !std::isfinite(d) || std::abs(d) > 9.0e18 || d != std::trunc(d)) return std::nullopt;
-    return static_cast<std::int64_t>(d);
-  }
-
-  static std::optional<double> number(od::value v) {
-    double d;
-    if (v.get_double().get(d) || !std::isfinite(d)) return std::nullopt;
-    return d;
-  }
-
-  // A process or thread id: a number, or a label whose trailing digits are
-  // the id ("stream 7", as older PyTorch wrote GPU lanes).
-  static std::int64_t lane_id(od::value v) {
-    od::json_type t;
-    if (v.type().get(t)) return 0;
-    if (t == od::json_type::number) return integer(v).value_or(0);
-    std::string_view s;
-    if (t != od::json_type::string || v.get_string().get(s)) return 0;
-    std::size_t k = s.size();
-    while (k > 0 && s[k - 1] >= '0' && s[k - 1] <= '9') --k;
-    std::int64_t id = 0;
-    if (k < s.size() && s.size() - k < 18) {
-      std::from_chars(s.data() + k, s.data() + s.size(), id);
-      return id;
-    }
-    return static_cast<std::int64_t>(std::hash<std::string_view>{}(s)&0x7fffffff);
-  }
-
-  static int small(std::optional<std::int64_t> v) {
-    if (!v) return 0;
-    return static_cast<int>(std::clamp<std::int64_t>(*v, -(1 << 30), 1 << 30));
-  }
-
-  static bool dim3(od::value v, std::array<int, 3>& out) {
-    od::array arr;
-    if (v.get_array().get(arr)) return false;
-    std::size_t k = 0;
-    for (auto el : arr) {
-      od::value x;
-      if (el.get(x)) return false;
-      const auto n = integer(x);
-      if (!n || k >= 3) return false;
-      out[k++] = small(n);
-    }
-    return k == 3;
-  }
-
-  // "Input type": ["c10::BFloat16", "", "Scalar"] -> "c10::BFloat16, , Scalar".
-  static std::string string_list(od::value v) {
-    od::array arr;
-    std::string out;
-    if (v.get_array().get(arr)) return out;
-    bool first = true;
-    for (auto el : arr) {
-      std::string_view s;
-      if (!first) out += ", ";
-      first = false;
-      if (el.get_string().get(s) == simdjson::SUCCESS) out += s;
-    }
-    return out;
-  }
-
-  // "Concrete Inputs": ["", "0.", "True"], each entry kept (non-strings as "").
-  static std::vector<std::string> strings(od::value v) {
-    od::array arr;
-    std::vector<std::string> out;
-    if (v.get_array().get(arr)) return out;
-    for (auto el : arr) {
-      std::string_view s;
-      out.emplace_back(el.get_string().get(s) == simdjson::SUCCESS ? s : std::string_view());
-    }
-    return out;
-  }
-
-  // "Input Dims": [[8, 16], [], [[1, 2], [3]]] -> "[8, 16], [], [[1, 2], [3]]".
-  static void dims_text(od::value v, std::string& out, int depth) {
-    od::json_type t;
-    if (v.type().get(t) || depth > 8) return;
-    if (t == od::json_type::array) {
-      od::array arr;
-      if (v.get_array().get(arr)) return;
-      out += '[';
-      bool first = true;
-      for (auto el : arr) {
-        od::value x;
-        if (el.get(x)) return;
-        if (!first) out += ", ";
-        first = false;
-        dims_text(x, out, depth + 1);
-      }
-      out += ']';
-    } else if (t == od::json_type::number) {
-      out += std::to_string(integer(v).value_or(0));
-    }
-  }
-
-  static std::string dims_list(od::value v) {
-    std::string out;
-    dims_text(v, out, 0);
-    if (out.size() >= 2 && out.front() == '[') out = out.substr(1, out.size() - 2);
-    return out;
-  }
-
-  static std::optional<ActivityType> type_of(std::string_view cat) {
-    std::string c(cat);
-    std::transform(c.begin(), c.end(), c.begin(), [](unsigned char x) { return std::tolower(x); });
-    static const std::unordered_map<std::string, ActivityType> kCats = {
-        {"cpu_op", ActivityType::CpuOp},
-        {"operator", ActivityType::CpuOp},
-        {"user_annotation", ActivityType::UserAnnotation},
-        {"gpu_user_annotation", ActivityType::GpuUserAnnotation},
-        {"kernel", ActivityType::Kernel},
-        {"gpu_memcpy", ActivityType::Memcpy},
-        {"memcpy", ActivityType::Memcpy},
-        {"gpu_memset", ActivityType::Memset},
-        {"memset", ActivityType::Memset},
-        {"cuda_runtime", ActivityType::CudaRuntime},
-        {"runtime", ActivityType::CudaRuntime},
-        {"cuda_driver", ActivityType::CudaDriver},
-        {"driver", ActivityType::CudaDriver},
-        {"cuda_sync", ActivityType::CudaSync},
-    };
-    const auto it = kCats.find(c);
-    if (it == kCats.end()) return std::nullopt;
-    return it->second;
   }
 
   void read_event(od::object& obj) {
@@ -391,7 +184,7 @@ class EventReader final : public Splitter::Sink {
     const bool instant = ph == sc::ph::kInstant || ph == "I";
     std::optional<ActivityType> type;
     if (complete) {
-      type = type_of(cat);
+      type = activity_type(cat);
     } else if (instant && a.name == sc::kMemoryName) {
       type = ActivityType::Allocation;
     }
@@ -548,63 +341,6 @@ class EventReader final : public Splitter::Sink {
   static std::string_view keep(std::string_view s, std::string& store) {
     store.assign(s);
     return store;
-  }
-
-  void read_devices(od::document& doc, const std::string& what) {
-    od::array arr;
-    if (doc.get_array().get(arr)) refuse(what + "not an array");
-    for (auto el : arr) {
-      od::object o;
-      if (el.get_object().get(o)) refuse(what + "an entry is not an object");
-      DeviceProperties d;
-      namespace k = sc::device;
-      for (auto field : o) {
-        std::string_view key;
-        od::value v;
-        if (field.unescaped_key().get(key) || field.value().get(v)) refuse(what + "malformed");
-        if (key == k::kName) {
-          std::string_view s;
-          if (v.get_string().get(s) == simdjson::SUCCESS) d.name = std::string(s);
-          continue;
-        }
-        const auto n = integer(v);
-        if (!n) continue;  // of another type: ignored, as in args
-        static constexpr std::string_view kRead[] = {k::kId,
-                                                     k::kTotalGlobalMem,
-                                                     k::kComputeMajor,
-                                                     k::kComputeMinor,
-                                                     k::kMaxThreadsPerBlock,
-                                                     k::kMaxThreadsPerMultiprocessor,
-                                                     k::kRegsPerBlock,
-                                                     k::kWarpSize,
-                                                     k::kSharedMemPerBlock,
-                                                     k::kNumSms,
-                                                     k::kRegsPerMultiprocessor,
-                                                     k::kSharedMemPerBlockOptin,
-                                                     k::kSharedMemPerMultiprocessor,
-                                                     k::kMaxBlocksPerMultiprocessor,
-                                                     k::kL2CacheSize};
-        if (*n < 0 && std::find(std::begin(kRead), std::end(kRead), key) != std::end(kRead)) {
-          refuse(what + "\"" + std::string(key) + "\" is negative");
-        }
-        if (key == k::kId) d.id = small(n);
-        if (key == k::kTotalGlobalMem) d.total_global_mem = *n;
-        if (key == k::kComputeMajor) d.compute_major = small(n);
-        if (key == k::kComputeMinor) d.compute_minor = small(n);
-        if (key == k::kMaxThreadsPerBlock) d.max_threads_per_block = small(n);
-        if (key == k::kMaxThreadsPerMultiprocessor) d.max_threads_per_sm = small(n);
-        if (key == k::kRegsPerBlock) d.regs_per_block = small(n);
-        if (key == k::kWarpSize) d.warp_size = small(n);
-        if (key == k::kSharedMemPerBlock) d.shared_mem_per_block = *n;
-        if (key == k::kNumSms) d.num_sms = small(n);
-        if (key == k::kRegsPerMultiprocessor) d.regs_per_sm = small(n);
-        if (key == k::kSharedMemPerBlockOptin) d.shared_mem_per_block_optin = *n;
-        if (key == k::kSharedMemPerMultiprocessor) d.shared_mem_per_sm = *n;
-        if (key == k::kMaxBlocksPerMultiprocessor) d.max_blocks_per_sm = small(n);
-        if (key == k::kL2CacheSize) d.l2_cache_bytes = *n;
-      }
-      devices_.try_emplace(d.id, d);
-    }
   }
 
   Trace& trace_;
