@@ -21,6 +21,7 @@
 #include "attnprof/key_averages.h"
 #include "attnprof/trace_io.h"
 #include "report/html_page.h"
+#include "report/html_page_panels.h"
 #include "report/json.h"
 
 namespace attnprof {
@@ -337,6 +338,7 @@ std::string html_report(const HtmlReport& report, std::string_view plotly_js) {
       "JavaScript; the data is in the report-data element of this file.</noscript>\n<main id=\"report\"></main>\n"
       "<script>\n";
   page += html_page::kScript;
+  page += html_page::kScriptPanels;
   page += "</script>\n</body>\n</html>\n";
   return page;
 }
