@@ -1,13 +1,14 @@
 // The HTML report's style and scripts (report/html.cpp puts them around the
-// data). The page script is one function in two parts, kScript here (state,
-// helpers, the header, the summary table, the bars across runs) and
-// kScriptPanels (html_page_panels.h: the roofline, the diff, each run's
-// panels, the end of the drawing), written one after the other. The page script reads the embedded JSON (id "report-data") and
-// builds every element with textContent, never innerHTML, so no name in a
-// trace can inject markup; it draws with Plotly.js only (no WebGL, no
-// network). When it is done it sets <body data-report-status> to "ok", or to
-// "error" with the messages in data-report-errors: the browser test reads
-// those. Opened with #selftest, it also clicks every cited event once.
+// data). The page script is one function in two parts, written one after
+// the other: kScript here (its state, helpers, the header, the summary
+// table, the bars across runs) and kScriptPanels (html_page_panels.h: the
+// roofline, the diff, each run's panels, the end of the drawing). It reads
+// the embedded JSON (id "report-data") and builds every element with
+// textContent, never innerHTML, so no name in a trace can inject markup; it
+// draws with Plotly.js only (no WebGL, no network). When it is done it sets
+// <body data-report-status> to "ok", or to "error" with the messages in
+// data-report-errors: the browser test reads those. Opened with #selftest,
+// it also clicks every cited event once.
 #pragma once
 
 namespace attnprof::html_page {
