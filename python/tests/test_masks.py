@@ -112,7 +112,7 @@ def test_mask_errors_are_one_line():
         ({"attn_mask": torch.ones(3, 1, 1, 8, dtype=torch.bool)}, r"attn_mask \[3, 1, 1, 8\] does not broadcast"),
         ({"attn_mask": torch.ones(8, 7, dtype=torch.bool)}, r"dimension 3 is 7, want 8 or 1"),
         ({"attn_mask": torch.ones(1, 1, 1, 1, 8, dtype=torch.bool)}, r"has 5 dimensions"),
-        ({"attn_mask": torch.ones(8, 8, dtype=torch.int64)}, r"attn_mask has DLPack dtype code 0, 64 bits"),
+        ({"attn_mask": torch.ones(8, 8, dtype=torch.int64)}, r"attn_mask is int64: a mask is bool"),
         ({"attn_mask": torch.zeros(8, 8, dtype=torch.float64)}, r"64-bit float: a float mask takes q's dtype"),
         ({"attn_mask": torch.zeros(8, 8, dtype=torch.bfloat16)}, r"attn_mask is bf16 but q is fp32"),
         ({"attn_mask": torch.ones(8, 8, dtype=torch.bool), "mask": "causal"}, r"are exclusive"),

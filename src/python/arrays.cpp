@@ -87,9 +87,27 @@ DType dtype_of(const char* name, const Array& a) {
   }
   if (t.lanes == 1 && t.bits == 16 && t.code == kBfloat) return DType::BF16;
   if (t.lanes == 1 && t.bits == 8 && t.code == kFloat8E4m3fn) return DType::F8E4M3;
-  fail(ErrorKind::InvalidArgument, std::string(name) + " has a dtype attnprof does not take (DLPack code " +
-                                       std::to_string(t.code) + ", " + std::to_string(t.bits) +
-                                       " bits): use float32, float16, bfloat16 or float8_e4m3fn");
+  fail(ErrorKind::InvalidArgument, std::string(name) + " is " + dtype_text(a) +
+                                       ", a dtype attnprof does not take: use float32, float16, bfloat16 or "
+                                       "float8_e4m3fn");
+}
+
+std::string dtype_text(const Array& a) {
+  const nb::dlpack::dtype t = a.dtype;
+  const std::string bits = std::to_string(t.bits);
+  std::string name;
+  if (t.code == kBool) {
+    name = "bool";
+  } else if (t.code == kFloat8E4m3fn && t.bits == 8) {
+    name = "float8_e4m3fn";
+  } else if (t.code == kInt || t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) || t.code == kFloat ||
+             t.code == kBfloat || t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Complex)) {
+    static constexpr const char* kStems[] = {"int", "uint", "float", "", "bfloat", "complex"};
+    name = kStems[t.code] + bits;
+  } else {
+    name = "DLPack dtype code " + std::to_string(t.code) + " of " + bits + " bits";
+  }
+  return t.lanes == 1 ? name : name + " x " + std::to_string(t.lanes) + " lanes";
 }
 
 std::string dims_of(const Array& a) {
@@ -172,9 +190,8 @@ Tensor mask_view(const Array& a, Device device) {
                                            "-bit float: a float mask takes q's dtype (float32, float16 or bfloat16)");
     }
   } else {
-    fail(ErrorKind::InvalidArgument, "attn_mask has DLPack dtype code " + std::to_string(t.code) + ", " +
-                                         std::to_string(t.bits) +
-                                         " bits: a mask is bool (True attends) or an additive float in q's dtype");
+    fail(ErrorKind::InvalidArgument,
+         "attn_mask is " + dtype_text(a) + ": a mask is bool (True attends) or an additive float in q's dtype");
   }
   Dims sizes{1, 1, 1, 1}, strides{0, 0, 0, 0};
   const std::size_t lead = 4 - a.ndim;
@@ -192,8 +209,7 @@ Tensor mask_view(const Array& a, Device device) {
 Tensor index_view(const char* name, const Array& a, std::size_t ndim, Device device) {
   const nb::dlpack::dtype t = a.dtype;
   if (t.lanes != 1 || t.bits != 32 || t.code != kInt) {
-    fail(ErrorKind::InvalidArgument, std::string(name) + " must be int32 (DLPack code " + std::to_string(t.code) +
-                                         ", " + std::to_string(t.bits) + " bits given)");
+    fail(ErrorKind::InvalidArgument, std::string(name) + " must be int32, not " + dtype_text(a));
   }
   if (a.ndim != ndim) {
     fail(ErrorKind::InvalidArgument, std::string(name) + " must be " + std::to_string(ndim) + "-d, " +

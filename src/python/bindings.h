@@ -59,6 +59,9 @@ std::string where_name(const Array& a);
 Device device_of(const char* name, const Array& a);
 DType dtype_of(const char* name, const Array& a);
 std::string dims_of(const Array& a);  // "[2, 16, 64]"
+// The array's dtype as torch and NumPy name it ("int64", "float64", "bool",
+// "float8_e4m3fn"), other codes by number, for messages.
+std::string dtype_text(const Array& a);
 // `name` on `device` with `dtype`, else refused naming q's ("q is fp32 but v is fp16").
 void require_like_q(const char* name, const Array& a, const Array& q, Device device, DType dtype);
 // A borrowed [B, H, S, D] view of a caller's 4-d array; `bshd` reads it as

@@ -75,10 +75,8 @@ namespace {
 std::vector<std::int64_t> lengths_of(const char* name, const Array& cu, Device device, std::int64_t total) {
   const nb::dlpack::dtype t = cu.dtype;
   if (t.lanes != 1 || t.bits != 32 || t.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int)) {
-    fail(ErrorKind::InvalidArgument, std::string(name) +
-                                         " must be int32 (torch.int32), as flash_attn_varlen_func "
-                                         "takes it; got DLPack code " +
-                                         std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits");
+    fail(ErrorKind::InvalidArgument,
+         std::string(name) + " must be int32 (torch.int32), as flash_attn_varlen_func takes it, not " + dtype_text(cu));
   }
   if (device_of(name, cu) != device) {
     fail(ErrorKind::InvalidArgument, std::string(name) + " is on " + where_name(cu) + " but q is on " +
