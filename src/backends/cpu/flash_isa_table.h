@@ -7,8 +7,6 @@
 // allow), then includes this once.
 #pragma once
 
-#include <string>
-
 #include "backends/cpu/flash_backward_kernels.h"
 #include "backends/cpu/flash_forward_kernels.h"
 // The bf16 products need the level's flags (a build without them, or off
@@ -60,16 +58,17 @@ inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, 
   }
 }
 // At the amx level, bf16 inputs the tiles do not take run the FP32 products
-// (flash_bf16_kernels.h's bf16_path says why).
-inline const char* bf16_widened_note([[maybe_unused]] const Problem& p) {
-#if ATTNPROF_FLASH_AMX
-  if (p.dtype == DType::BF16) return " (AMX tiles take head_dim a multiple of 32)";
-#endif
-  return "";
-}
-inline std::string forward_products(const Problem& p) {
+// (flash_bf16_kernels.h's bf16_path says why). Static sentences: a kernel
+// unit defines nothing outside its namespace (no std::string code compiled
+// with its flags; tests/linkage/isa_symbols.cmake).
+inline const char* forward_products(const Problem& p) {
   if (bf16_path(p)) return forward_products_bf16(p);
-  return std::string(forward_products_fp32(p)) + bf16_widened_note(p);
+#if ATTNPROF_FLASH_AMX
+  if (p.dtype == DType::BF16) {
+    return "FP32 FMA products on 16 lanes (AVX-512), 16-bit inputs widened (AMX tiles take head_dim a multiple of 32)";
+  }
+#endif
+  return forward_products_fp32(p);
 }
 inline bool forward_repacks_heads(const Problem& p) { return bf16_path(p); }
 inline std::int64_t backward_scratch(std::int64_t head_dim) { return backward_scratch_bf16(head_dim); }
@@ -80,22 +79,26 @@ inline void key_block(const BackwardJob& job, std::int64_t b, std::int64_t hk, s
     key_block_fp32(job, b, hk, kb, scratch);
   }
 }
-inline std::string backward_products(const Problem& p) {
+inline const char* backward_products(const Problem& p) {
   if (bf16_path(p)) return backward_products_bf16(p);
-  return std::string(backward_products_fp32()) + bf16_widened_note(p);
+#if ATTNPROF_FLASH_AMX
+  if (p.dtype == DType::BF16)
+    return "FP32 FMA products on 16 lanes (AVX-512; AMX tiles take head_dim a multiple of 32)";
+#endif
+  return backward_products_fp32();
 }
 #else
 inline std::int64_t forward_scratch(const Problem& p) { return forward_scratch_fp32(p); }
 inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
   attend_block_fp32(job, b, h, i0, scratch);
 }
-inline std::string forward_products(const Problem& p) { return forward_products_fp32(p); }
+inline const char* forward_products(const Problem& p) { return forward_products_fp32(p); }
 inline bool forward_repacks_heads(const Problem&) { return false; }
 inline std::int64_t backward_scratch(std::int64_t head_dim) { return backward_scratch_floats(head_dim); }
 inline void key_block(const BackwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t kb, float* scratch) {
   key_block_fp32(job, b, hk, kb, scratch);
 }
-inline std::string backward_products(const Problem&) { return backward_products_fp32(); }
+inline const char* backward_products(const Problem&) { return backward_products_fp32(); }
 #endif
 
 }  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS

@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <mutex>
-#include <string>
 #include <vector>
 
 #include "backends/cpu/cpu_isa.h"
@@ -60,8 +59,8 @@ struct Kernels {
   std::int64_t (*forward_scratch_floats)(const Problem& p);
   // One forward work item: query rows [i0, i0 + kBlockQ) of (sequence b, head h).
   void (*attend_block)(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch);
-  // The products the forward uses for p: a sentence for the story.
-  std::string (*forward_products)(const Problem& p);
+  // The products the forward uses for p: a static sentence for the story.
+  const char* (*forward_products)(const Problem& p);
   // Whether the forward repacks each head's K and V into the thread's scratch
   // for p (the bf16 kernels' caches): the driver then hands a thread whole heads.
   bool (*forward_repacks_heads)(const Problem& p);
@@ -70,8 +69,8 @@ struct Kernels {
   std::int64_t (*backward_key_rows)(std::int64_t head_dim);
   std::int64_t (*backward_scratch_floats)(std::int64_t head_dim);
   void (*key_block)(const BackwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t kb, float* scratch);
-  // The products the backward uses for p: a sentence for the story.
-  std::string (*backward_products)(const Problem& p);
+  // The products the backward uses for p: a static sentence for the story.
+  const char* (*backward_products)(const Problem& p);
   // C[m x n] = A[m x k] B[k x n] with bf16 A (row-major) and B (k/2 rows of
   // n pairs, VNNI order: B[2p][c], B[2p + 1][c] side by side), FP32 C; m and
   // n multiples of 16, k of 32. Null below avx512bf16. The bf16 ceiling's
