@@ -1,107 +1,36 @@
 // The attnprof executable: every bad input is refused with one line on stderr
-// that starts with "attnprof:" and names the problem, nothing half-written is
-// left behind, and the good paths write what DESIGN.md says.
+// that starts with "attnprof:" and names the problem, and nothing half-written
+// is left behind. What the commands write on the good paths:
+// cli_commands_test.cpp.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/cli_run.h"
 #include "common/temp_dir.h"
-
-#ifndef ATTNPROF_CLI_PATH
-#error "ATTNPROF_CLI_PATH must name the attnprof executable"
-#endif
 
 namespace attnprof {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CliRun;
+using testing::expect_refused;
+using testing::listing;
 using testing::slurp;
+using testing::with;
 
 struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("attnprof_cli") {}
 };
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      q += "'\\''";
-    } else {
-      q += c;
-    }
-  }
-  return q + "'";
-}
-
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-  double seconds = 0;
-  std::vector<std::string> err_lines() const {
-    std::vector<std::string> lines;
-    std::istringstream is(err);
-    for (std::string l; std::getline(is, l);) lines.push_back(l);
-    return lines;
-  }
-};
-
-// Runs attnprof with `args` in `cwd`, stdout and stderr captured to files.
 CliRun attnprof(const std::vector<std::string>& args, const TempDir& io, const fs::path& cwd = {}) {
-  std::string cmd;
-  if (!cwd.empty()) cmd += "cd " + quote(cwd.string()) + " && ";
-  cmd += quote(ATTNPROF_CLI_PATH);
-  for (const auto& a : args) cmd += " " + quote(a);
-  const fs::path out = io.path() / ".stdout", err = io.path() / ".stderr";
-  cmd += " >" + quote(out.string()) + " 2>" + quote(err.string()) + " </dev/null";
-  CliRun r;
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = std::system(cmd.c_str());
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  fs::remove(out);
-  fs::remove(err);
-  return r;
-}
-
-// A one-line refusal: non-zero exit, one stderr line "attnprof: ..." naming `needle`.
-void expect_refused(const CliRun& r, const std::string& needle, int code = -1) {
-  EXPECT_NE(r.code, 0) << "stderr: " << r.err;
-  if (code >= 0) EXPECT_EQ(r.code, code) << "stderr: " << r.err;
-  EXPECT_NE(r.code, 128 + SIGSEGV);
-  EXPECT_NE(r.code, 128 + SIGABRT);
-  const auto lines = r.err_lines();
-  ASSERT_EQ(lines.size(), 1u) << "stderr must be exactly one line, got:\n" << r.err;
-  EXPECT_EQ(lines[0].rfind("attnprof: ", 0), 0u) << lines[0];
-  EXPECT_NE(lines[0].find(needle), std::string::npos) << "'" << lines[0] << "' does not name " << needle;
-  EXPECT_EQ(lines[0].find("internal error"), std::string::npos) << lines[0];
-  EXPECT_EQ(r.err.back(), '\n');
-}
-
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
-  base.insert(base.end(), more.begin(), more.end());
-  return base;
-}
-
-// Files in a directory (hidden ones included); empty if it does not exist.
-std::set<std::string> listing(const fs::path& dir) {
-  std::set<std::string> names;
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return names;
-  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-  return names;
+  return testing::run_cli(args, io.path(), cwd);
 }
 
 const std::vector<std::string> kProfile = {"profile", "--backend", "naive", "--device", "cpu", "--quiet"};
@@ -443,306 +372,6 @@ TEST(Cli, FailedOutputWriteLeavesNoTemporaryFiles) {
   for (const auto& name : listing(t)) {
     EXPECT_EQ(name.find(".tmp"), std::string::npos) << "temporary left behind: " << name;
     EXPECT_EQ(name.find("probe"), std::string::npos) << "probe left behind: " << name;
-  }
-}
-
-TEST(Cli, Help) {
-  TempDir dir;
-  const CliRun top = attnprof({"--help"}, dir);
-  EXPECT_EQ(top.code, 0);
-  EXPECT_TRUE(top.err.empty()) << top.err;
-  for (const char* w : {"Usage", "compare", "profile", "explain", "naive_inplace", "cudnn"}) {
-    EXPECT_NE(top.out.find(w), std::string::npos) << w;
-  }
-  const CliRun none = attnprof({}, dir);
-  EXPECT_EQ(none.code, 0);
-  EXPECT_EQ(none.out, top.out);
-
-  const CliRun cmp = attnprof({"compare", "--help"}, dir);
-  EXPECT_EQ(cmp.code, 0);
-  EXPECT_TRUE(cmp.err.empty()) << cmp.err;
-  for (const char* w : {"--mask", "none", "causal", "causal-bottom-right", "sliding-window", "boolean", "bias",
-                        "--json", "--trace-dir", "--kv-heads", "--window", "--sort"}) {
-    EXPECT_NE(cmp.out.find(w), std::string::npos) << "compare --help lacks " << w;
-  }
-  EXPECT_EQ(cmp.out.find("%%"), std::string::npos);
-  const CliRun prof = attnprof({"profile", "--help"}, dir);
-  EXPECT_EQ(prof.code, 0);
-  EXPECT_NE(prof.out.find("--backend"), std::string::npos);
-}
-
-TEST(Cli, ExplainListsAllSixBackends) {
-  TempDir dir;
-  const CliRun r = attnprof({"explain", "--device", "cpu", "--batch", "1", "--heads", "2", "--seq", "128", "--threads",
-                             "1", "--json", dir.str("explain.json")},
-                            dir);
-  ASSERT_EQ(r.code, 0) << r.err;
-  auto line_of = [&](const std::string& backend) {
-    std::istringstream is(r.out);
-    for (std::string l; std::getline(is, l);) {
-      if (l.rfind(backend + " ", 0) == 0) return l;
-    }
-    return std::string();
-  };
-  for (const char* b : {"naive", "naive_inplace", "math", "flash"}) {
-    const std::string l = line_of(b);
-    ASSERT_FALSE(l.empty()) << b << " missing:\n" << r.out;
-    EXPECT_NE(l.find("eligible"), std::string::npos) << l;
-    EXPECT_EQ(l.find("not eligible"), std::string::npos) << l;
-  }
-  for (const char* b : {"efficient", "cudnn"}) {
-    const std::string l = line_of(b);
-    ASSERT_FALSE(l.empty()) << b << " missing:\n" << r.out;
-    EXPECT_NE(l.find("not eligible on CPU"), std::string::npos) << l;
-  }
-  EXPECT_NE(r.out.find("picks"), std::string::npos) << r.out;
-  const auto j = nlohmann::json::parse(slurp(dir.path() / "explain.json"));
-  ASSERT_EQ(j["results"].size(), 6u);
-  EXPECT_EQ(j["problem"]["seq"], 128);
-  EXPECT_TRUE(j["auto"].is_object());
-}
-
-TEST(Cli, ProfileWritesTraceTableAndSummary) {
-  TempDir dir;
-  const fs::path t = dir.path() / "traces";
-  const CliRun r = attnprof({"profile", "--backend", "naive", "--device", "cpu", "--batch", "1", "--heads", "2",
-                             "--seq", "128", "--trace-dir", t.string(), "--quiet"},
-                            dir);
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(r.err.empty()) << r.err;
-  EXPECT_EQ(listing(t),
-            (std::set<std::string>{"1_2_128_64_naive.json", "1_2_128_64_naive.txt", "1_2_128_64_naive.summary.json"}));
-  const auto trace = nlohmann::json::parse(slurp(t / "1_2_128_64_naive.json"));
-  ASSERT_TRUE(trace.contains("traceEvents"));
-  std::set<std::string> names;
-  for (const auto& e : trace["traceEvents"]) {
-    if (e.contains("name") && e["name"].is_string()) names.insert(e["name"].get<std::string>());
-  }
-  for (const char* n : {"matmul", "mul", "masked_fill", "copy_", "softmax"}) {
-    EXPECT_TRUE(names.count(n)) << n << " missing from the Chrome trace";
-  }
-  const std::string table = slurp(t / "1_2_128_64_naive.txt");
-  EXPECT_NE(table.find("Self CPU"), std::string::npos) << table;
-  EXPECT_NE(table.find("masked_fill"), std::string::npos) << table;
-  EXPECT_NE(r.out.find("Self CPU"), std::string::npos) << "the table is printed too";
-  const auto summary = nlohmann::json::parse(slurp(t / "1_2_128_64_naive.summary.json"));
-  EXPECT_EQ(summary["backend"], "naive");
-  EXPECT_EQ(summary["problem"]["seq"], 128);
-  EXPECT_EQ(summary["problem"]["batch"], 1);
-  EXPECT_TRUE(summary["kernels_per_forward"].is_null());
-  EXPECT_DOUBLE_EQ(summary["copies_per_forward"].get<double>(), 1.0);
-  EXPECT_TRUE(summary["rel_error"].is_number());
-}
-
-// issue 22 item 3: a soft-capped run says so in its header and JSON, and its
-// files do not overwrite an uncapped run's.
-TEST(Cli, SoftcapRunIsNamedInTheHeaderTheFilesAndTheJson) {
-  TempDir dir;
-  const fs::path t = dir.path() / "traces";
-  const CliRun r = attnprof({"profile", "--backend", "flash", "--device", "cpu", "--batch", "1", "--heads", "2",
-                             "--seq", "128", "--softcap", "30", "--threads", "1", "--trace-dir", t.string()},
-                            dir);
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("soft cap 30"), std::string::npos) << r.out;
-  EXPECT_EQ(listing(t), (std::set<std::string>{"1_2_128_64_softcap30_flash.json", "1_2_128_64_softcap30_flash.txt",
-                                               "1_2_128_64_softcap30_flash.summary.json"}));
-  const auto summary = nlohmann::json::parse(slurp(t / "1_2_128_64_softcap30_flash.summary.json"));
-  EXPECT_DOUBLE_EQ(summary["problem"]["softcap"].get<double>(), 30.0);
-  EXPECT_LT(summary["rel_error"].get<double>(), 0.02) << "checked against the capped float64 reference";
-}
-
-TEST(Cli, ExplainWithSoftcapKeepsTheCpuBackends) {
-  TempDir dir;
-  const CliRun r =
-      attnprof({"explain", "--device", "cpu", "--batch", "1", "--heads", "2", "--seq", "128", "--softcap", "50"}, dir);
-  ASSERT_EQ(r.code, 0) << r.err;
-  std::istringstream is(r.out);
-  int eligible = 0;
-  for (std::string l; std::getline(is, l);) {
-    for (const char* b : {"naive ", "naive_inplace ", "math ", "flash "}) {
-      if (l.rfind(b, 0) == 0 && l.find("not eligible") == std::string::npos) ++eligible;
-    }
-  }
-  EXPECT_EQ(eligible, 4) << r.out;
-  EXPECT_NE(r.out.find("soft cap 50"), std::string::npos) << r.out;
-}
-
-// issue 22 item 2: a packed batch runs on the CPU backends, checked against
-// float64, its files named apart, the padded batch's FLOPs in the header,
-// the findings and the JSON; the CUDA backends are refused on the CPU.
-TEST(Cli, PackedBatchRunsAndSaysWhatThePaddingWouldCost) {
-  TempDir dir;
-  const fs::path t = dir.path() / "traces";
-  const fs::path json = dir.path() / "c.json";
-  const CliRun r = attnprof({"compare",
-                             "--device",
-                             "cpu",
-                             "--seq-lens",
-                             "128,0,16,200",
-                             "--kv-seq-lens",
-                             "128,5,40,200",
-                             "--mask",
-                             "causal-bottom-right",
-                             "--heads",
-                             "4",
-                             "--kv-heads",
-                             "2",
-                             "--threads",
-                             "1",
-                             "--active",
-                             "1",
-                             "--warmup",
-                             "0",
-                             "--backends",
-                             "flash,math,naive",
-                             "--json",
-                             json.string(),
-                             "--trace-dir",
-                             t.string(),
-                             "--quiet"},
-                            dir);
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("packed batch of 4 sequences, seq lens 128,0,16,200"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("of the padded batch's FLOPs"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("packed batch: 4 sequences, "), std::string::npos) << r.out;
-  const auto j = nlohmann::json::parse(slurp(json));
-  EXPECT_EQ(j["problem"]["batch"], 4);
-  EXPECT_EQ(j["problem"]["seq"], 200);
-  EXPECT_EQ(j["problem"]["seq_lens"], nlohmann::json::array({128, 0, 16, 200}));
-  EXPECT_EQ(j["problem"]["kv_seq_lens"], nlohmann::json::array({128, 5, 40, 200}));
-  EXPECT_LT(j["problem"]["flops"].get<double>(), j["problem"]["padded_flops"].get<double>());
-  int ran = 0;
-  for (const auto& res : j["results"]) {
-    const std::string b = res["backend"];
-    if (b == "efficient" || b == "cudnn" || b == "naive_inplace") continue;
-    ++ran;
-    ASSERT_TRUE(res["rel_error"].is_number()) << b;
-    EXPECT_LT(res["rel_error"].get<double>(), 0.02) << b;
-    bool finding = false;
-    for (const auto& f : res["findings"]) finding |= f["rule"] == "packed-batch";
-    EXPECT_TRUE(finding) << b;
-  }
-  EXPECT_EQ(ran, 3);
-  bool named = false;
-  for (const auto& name : listing(t)) named |= name.find("_varlen344_") != std::string::npos;
-  EXPECT_TRUE(named) << "trace files do not name the packed batch";
-}
-
-// issue 24: an FP8 compare end to end: e4m3 inputs, the composites within
-// the FP8 tolerance, the bf16 error beside each, the descales in the
-// findings, files of their own, and the JSON's fp8 record.
-TEST(Cli, Fp8CompareShowsTheErrorBesideBf16s) {
-  TempDir dir;
-  const fs::path t = dir.path() / "traces";
-  const fs::path json = dir.path() / "c.json";
-  const CliRun r =
-      attnprof({"compare", "--device", "cpu",         "--dtype",     "fp8",      "--batch",  "1", "--heads",
-                "2",       "--seq",    "96",          "--threads",   "1",        "--active", "1", "--warmup",
-                "0",       "--json",   json.string(), "--trace-dir", t.string(), "--quiet"},
-               dir);
-  ASSERT_EQ(r.code, 0) << r.err << r.out;
-  EXPECT_NE(r.out.find("fp8 (e4m3 inputs with per-tensor descales, bf16 output)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("bf16 error"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("(amax / 448 per tensor): error "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("fp8 (e4m3) inputs are not built for flash on cpu"), std::string::npos) << r.out;
-  const auto j = nlohmann::json::parse(slurp(json));
-  EXPECT_EQ(j["problem"]["dtype"], "fp8");
-  int ran = 0;
-  for (const auto& res : j["results"]) {
-    const std::string b = res["backend"];
-    if (b != "naive" && b != "naive_inplace" && b != "math") {
-      EXPECT_TRUE(res["fp8"].is_null()) << b;
-      continue;
-    }
-    ++ran;
-    EXPECT_EQ(res["accepted"], true) << b;
-    ASSERT_TRUE(res["fp8"].is_object()) << b;
-    EXPECT_EQ(res["fp8"]["tensors"].size(), 3u);
-    EXPECT_EQ(res["fp8"]["auto_descale"], true);
-    EXPECT_LT(res["fp8"]["bf16_rel_error"].get<double>(), res["rel_error"].get<double>()) << b;
-    EXPECT_NEAR(res["fp8"]["tensors"][1]["descale"].get<double>(), res["fp8"]["tensors"][1]["amax"].get<double>() / 448,
-                1e-12);
-  }
-  EXPECT_EQ(ran, 3);
-  bool named = false;
-  for (const auto& name : listing(t)) named |= name.find("1_2_96_64_fp8_math") != std::string::npos;
-  EXPECT_TRUE(named) << "trace files do not name the fp8 run";
-
-  // A fixed descale that saturates: a warning naming the tensor, its amax and the share.
-  const CliRun sat =
-      attnprof({"profile", "--backend", "math", "--device", "cpu", "--dtype",     "fp8",      "--fp8-descale",
-                "0.001",   "--batch",   "1",    "--heads",  "2",   "--seq",       "64",       "--threads",
-                "1",       "--active",  "1",    "--warmup", "0",   "--trace-dir", t.string(), "--quiet"},
-               dir);
-  EXPECT_NE(sat.out.find("fp8 overflow: k's values reach "), std::string::npos) << sat.out << sat.err;
-  EXPECT_NE(sat.out.find("saturated to +-448 x descale"), std::string::npos) << sat.out;
-  EXPECT_NE(sat.out.find("descales q 0.001, k 0.001, v 0.001 (fixed)"), std::string::npos) << sat.out;
-
-  // A backend that takes no fp8: one line, exit 2 is for flags; this is the problem's.
-  const CliRun flash = attnprof({"profile", "--backend", "flash", "--device", "cpu", "--dtype", "fp8", "--seq", "64",
-                                 "--trace-dir", t.string(), "--quiet"},
-                                dir);
-  EXPECT_NE(flash.code, 0);
-  EXPECT_NE(flash.err.find("fp8 (e4m3) inputs are not built for flash on cpu"), std::string::npos) << flash.err;
-  EXPECT_EQ(std::count(flash.err.begin(), flash.err.end(), '\n'), 1) << flash.err;
-}
-
-TEST(Cli, HelpTeachesFp8) {
-  TempDir dir;
-  const CliRun r = attnprof({"compare", "--help"}, dir);
-  ASSERT_EQ(r.code, 0);
-  for (const char* w :
-       {"fp32, fp16, bf16 or fp8", "--fp8-descale X", "amax / 448", "the output is bf16", "2^-4 / sqrt 3"}) {
-    EXPECT_NE(r.out.find(w), std::string::npos) << "compare --help lacks " << w;
-  }
-}
-
-TEST(Cli, HelpTeachesSeqLens) {
-  TempDir dir;
-  const CliRun r = attnprof({"compare", "--help"}, dir);
-  ASSERT_EQ(r.code, 0);
-  EXPECT_NE(r.out.find("--seq-lens L,L,..."), std::string::npos);
-  EXPECT_NE(r.out.find("--kv-seq-lens"), std::string::npos);
-  EXPECT_NE(r.out.find("padded batch's FLOPs"), std::string::npos);
-}
-
-TEST(Cli, CompareJsonHasAllSixBackends) {
-  TempDir dir;
-  const fs::path json = dir.path() / "out" / "compare.json";
-  const CliRun r = attnprof({"compare", "--device", "cpu", "--batch", "1", "--heads", "2", "--seq", "256", "--threads",
-                             "1", "--json", json.string(), "--trace-dir", dir.str("t"), "--quiet"},
-                            dir);
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = nlohmann::json::parse(slurp(json));
-  ASSERT_TRUE(j["device"].is_object());
-  EXPECT_EQ(j["device"]["type"], "cpu");
-  EXPECT_EQ(j["problem"]["seq"], 256);
-  EXPECT_EQ(j["problem"]["heads"], 2);
-  ASSERT_TRUE(j["results"].is_array());
-  ASSERT_EQ(j["results"].size(), 6u);
-  std::set<std::string> backends;
-  for (const auto& res : j["results"]) {
-    const std::string b = res["backend"];
-    backends.insert(b);
-    for (const char* f : {"eligible", "reason", "kernels_per_forward", "ops_per_forward", "copies_per_forward",
-                          "device_time_us", "host_time_us", "peak_bytes", "tflops", "ceiling_pct", "max_abs_error",
-                          "rel_error", "nan_count", "occupancy_pct", "findings"}) {
-      EXPECT_TRUE(res.contains(f)) << b << " lacks " << f;
-    }
-    const bool cpu = b != "efficient" && b != "cudnn";
-    EXPECT_EQ(res["eligible"], cpu) << b;
-    EXPECT_EQ(res["rel_error"].is_number(), cpu) << b;
-    EXPECT_TRUE(res["kernels_per_forward"].is_null()) << b;
-    EXPECT_TRUE(res["findings"].is_array()) << b;
-  }
-  EXPECT_EQ(backends, (std::set<std::string>{"naive", "naive_inplace", "math", "efficient", "flash", "cudnn"}));
-  // One trace set per backend that ran.
-  for (const char* b : {"naive", "naive_inplace", "math", "flash"}) {
-    EXPECT_TRUE(fs::exists(dir.path() / "t" / ("1_2_256_64_" + std::string(b) + ".json"))) << b;
-  }
-  EXPECT_FALSE(fs::exists(dir.path() / "t" / "1_2_256_64_cudnn.json"));
-  for (const char* b : {"naive", "naive_inplace", "math", "efficient", "flash", "cudnn"}) {
-    EXPECT_NE(r.out.find(b), std::string::npos) << b << " missing from the printed table";
   }
 }
 

@@ -5,14 +5,11 @@
 // K and V. A corrupted table is refused with one line, and so are the flags
 // the CLI does not take.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -26,6 +23,8 @@
 #include "backends/composite/composite.h"
 #include "backends/composite/composite_backend.h"
 #include "backends/composite/plan.h"
+#include "common/cli_run.h"
+#include "common/temp_dir.h"
 #include "common/test_problem.h"
 #include "parallel/sharding.h"
 #include "report/json.h"
@@ -376,42 +375,17 @@ TEST(PagedRing, GpusRefuseAPagedCache) {
 
 // ---- the CLI ------------------------------------------------------------
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using testing::CliRun;
 
 CliRun attnprof(const std::vector<std::string>& args) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("attnprof_paged_" + std::to_string(::getpid()) + "_" + std::to_string(std::rand()));
-  std::filesystem::create_directories(dir);
-  std::string cmd = std::string("'") + ATTNPROF_CLI_PATH + "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " >'" + (dir / "out").string() + "' 2>'" + (dir / "err").string() + "' </dev/null";
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(dir / "out");
-  r.err = slurp(dir / "err");
-  std::filesystem::remove_all(dir);
-  return r;
+  const testing::TempDir io("attnprof_paged");
+  return testing::run_cli(args, io.path());
 }
 
 void expect_refused(const std::vector<std::string>& extra, const std::string& needle) {
   std::vector<std::string> args = {"explain", "--device", "cpu", "--seq", "64", "--batch", "1", "--heads", "2"};
   args.insert(args.end(), extra.begin(), extra.end());
-  const CliRun r = attnprof(args);
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_EQ(r.err.rfind("attnprof: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+  testing::expect_refused(attnprof(args), needle, 2);
 }
 
 TEST(PagedCli, RefusesBadPageFlags) {
