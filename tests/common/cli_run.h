@@ -73,6 +73,11 @@ inline CliRun run_cli(const std::vector<std::string>& args, const std::filesyste
   return r;
 }
 
+// run_cli capturing through the test's temporary directory.
+inline CliRun attnprof(const std::vector<std::string>& args, const TempDir& io, const std::filesystem::path& cwd = {}) {
+  return run_cli(args, io.path(), cwd);
+}
+
 // A one-line refusal: non-zero exit (`code` when given), one stderr line
 // "attnprof: ..." naming `needle`, no crash and no internal error.
 inline void expect_refused(const CliRun& r, const std::string& needle, int code = -1) {

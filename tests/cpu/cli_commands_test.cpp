@@ -19,18 +19,12 @@ namespace attnprof {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::attnprof;
 using testing::CliRun;
 using testing::listing;
 using testing::slurp;
+using testing::TempDir;
 using testing::with;
-
-struct TempDir : testing::TempDir {
-  TempDir() : testing::TempDir("attnprof_cli") {}
-};
-
-CliRun attnprof(const std::vector<std::string>& args, const TempDir& io, const fs::path& cwd = {}) {
-  return testing::run_cli(args, io.path(), cwd);
-}
 
 TEST(Cli, Help) {
   TempDir dir;
