@@ -14,7 +14,10 @@ host: the same call 26 ms in the first seconds, 11 ms a minute later), so
 the cores are kept busy for --warmup-seconds before the first row, and each
 row is measured in --rounds rounds (ours at every level, then PyTorch, in
 turn): each figure is the lowest of its rounds' medians, the round the
-machine disturbed least, for both sides alike.
+machine disturbed least, for both sides alike. "per round" gives the range
+of ours / PyTorch within each round (the two measured a few seconds apart):
+when the host drifts between rounds, that range says how far the ratio of
+the lowest figures can be trusted.
 
   python3 bench/cpu_isa_vs_torch.py --bench BUILD/bench/cpu_isa_bench [--threads 2] [--repeats 5]
       [--rounds 3] [--warmup-seconds 20]
@@ -146,15 +149,17 @@ def main() -> int:
           f"round median of each\n")
 
     rows = ROWS if not a.rows else [ROWS[int(i)] for i in a.rows.split(",")]
-    print("| shape | dtype | level | our flash | PyTorch SDPA | ours / PyTorch | target | met |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| shape | dtype | level | our flash | PyTorch SDPA | ours / PyTorch | per round | target | met |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     stories: dict[str, str] = {}
     for row in rows:
         levels = [lv for lv in LEVELS[row.dtype] if not (lv == "scalar" and flops(row) > SCALAR_MAX_FLOP)]
         best: dict[str, float | None] = {}
         notes: dict[str, str] = {}
+        paired: dict[str, list[float]] = {}  # ours / PyTorch within each round: drift between rounds cancels
         ref = float("inf")
         for _ in range(rounds):
+            this_round: dict[str, float] = {}
             for level in levels:
                 if level not in runnable:
                     best[level], notes[level] = None, "skipped: this CPU lacks it"
@@ -165,18 +170,24 @@ def main() -> int:
                     continue
                 prev = best.get(level)
                 best[level] = ms if prev is None else min(prev, ms)
+                this_round[level] = ms
                 notes[level] = story
                 stories[f"{level} {row.dtype}{' backward' if row.backward else ''}"] = story
-            ref = min(ref, torch_ms(row, a.threads, a.repeats))
+            ref_round = torch_ms(row, a.threads, a.repeats)
+            ref = min(ref, ref_round)
+            for level, ms in this_round.items():
+                paired.setdefault(level, []).append(ms / ref_round)
         results = [(level, best.get(level), notes.get(level, "")) for level in levels]
         target = 1.00 if row.backward else 0.80
         for level, ms, story in results:
             if ms is None:
-                print(f"| {row.label()} | {row.dtype} | {level} | {story} | {ref:.1f} ms | - | {target:.2f} | - |")
+                print(f"| {row.label()} | {row.dtype} | {level} | {story} | {ref:.1f} ms | - | - | {target:.2f} | - |")
                 continue
             ratio = ms / ref
             met = "yes" if ratio <= target else "no"
-            print(f"| {row.label()} | {row.dtype} | {level} | {ms:.1f} ms | {ref:.1f} ms | {ratio:.2f} | "
+            pr = paired.get(level, [])
+            per_round = f"{min(pr):.2f}-{max(pr):.2f}" if len(pr) > 1 else "-"
+            print(f"| {row.label()} | {row.dtype} | {level} | {ms:.1f} ms | {ref:.1f} ms | {ratio:.2f} | {per_round} | "
                   f"{target:.2f} | {met} |", flush=True)
     print("\nkernels (each level's own story):")
     for key, story in stories.items():
