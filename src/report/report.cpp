@@ -8,22 +8,13 @@
 #include "attnprof/error.h"
 #include "attnprof/trace_io.h"
 #include "report/json.h"
+#include "report/text_table.h"
 
 namespace attnprof {
 using analysis::bytes_str;
 using analysis::format;
 
-namespace {
-
-std::string opt_num(const char* f, const std::optional<double>& v) { return v ? format(f, *v) : "-"; }
-
-std::string time_str(double us) {
-  if (us >= 1e6) return format("%.2f s", us / 1e6);
-  if (us >= 1e3) return format("%.3f ms", us / 1e3);
-  return format("%.1f us", us);
-}
-
-}  // namespace
+using report_text::time_str;
 
 std::string compare_table(const std::vector<RunResult>& results) {
   const bool gpu = !results.empty() && results.front().problem.device == Device::Cuda;
@@ -62,15 +53,15 @@ std::string compare_table(const std::vector<RunResult>& results) {
     if (r.error && r.error->nan_rows) err += " NaN";
     if (r.acceptance) err += r.acceptance->pass ? " ok" : " FAIL";
     row.cells = {r.backend,
-                 gpu ? opt_num("%.0f", m.kernels_per_forward) : format("%.0f", m.ops_per_forward),
+                 gpu ? report_text::opt("%.0f", m.kernels_per_forward) : format("%.0f", m.ops_per_forward),
                  format("%.0f", m.copies_per_forward),
                  m.device_time_us ? time_str(*m.device_time_us) : "-",
                  time_str(m.host_time_unprofiled_us.value_or(m.host_time_us)),
                  bytes_str(static_cast<double>(m.peak_bytes)),
-                 opt_num(m.tflops && *m.tflops < 1 ? "%.3f" : "%.1f", m.tflops),
-                 opt_num("%.1f%%", m.ceiling_pct),
+                 report_text::opt(m.tflops && *m.tflops < 1 ? "%.3f" : "%.1f", m.tflops),
+                 report_text::opt("%.1f%%", m.ceiling_pct),
                  err,
-                 opt_num("%.0f%%", m.occupancy_pct)};
+                 report_text::opt("%.0f%%", m.occupancy_pct)};
     if (fp8) {
       const auto& bf16 = r.fp8 ? r.fp8->bf16_error : std::nullopt;
       row.cells.insert(row.cells.begin() + 9, bf16 ? format("%.2e", bf16->rel) + (bf16->nan_rows ? " NaN" : "") : "-");
