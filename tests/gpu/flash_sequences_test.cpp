@@ -6,6 +6,7 @@
 // repeatable; and what these kernels do not take refused in one line.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -41,13 +42,12 @@ FlashRun run_flash(const Problem& p, const Inputs& host, const Tensor& host_dout
   return testing::run_once(*find_backend("flash", Device::Cuda), p, host, host_dout);
 }
 
-// The float64 check of a run: O, and with a backward dQ, dK and dV.
-void expect_matches_reference(const Problem& p, std::uint64_t seed) {
+// The float64 check of a run on `in`: O, and with a backward dQ, dK and dV.
+void expect_run_matches_reference(const Problem& p, const Inputs& in, std::uint64_t seed) {
   const std::string what = p.describe();
   Backend& b = *find_backend("flash", Device::Cuda);
   const Eligibility el = eligibility_of(b, p);
   ASSERT_TRUE(el.eligible) << what << ": " << el.reason;
-  const Inputs in = make_inputs(p, seed, cpu_allocator());
   const Tensor dout = make_dout(p, seed, cpu_allocator());
   const FlashRun r = run_flash(p, in, dout);
   expect_accurate(p, check_against_reference(p, in, r.out, sample_rows(p, 1 << 20)), what + " out");
@@ -57,6 +57,11 @@ void expect_matches_reference(const Problem& p, std::uint64_t seed) {
   expect_accurate(p, e.dq, what + " dQ");
   expect_accurate(p, e.dk, what + " dK");
   expect_accurate(p, e.dv, what + " dV");
+}
+
+// The same on fresh random inputs.
+void expect_matches_reference(const Problem& p, std::uint64_t seed) {
+  expect_run_matches_reference(p, make_inputs(p, seed, cpu_allocator()), seed);
 }
 
 // ---- Packed batches ------------------------------------------------------
@@ -248,6 +253,54 @@ TEST(FlashSoftcap, MatchesFloat64ForwardAndBackward) {
           expect_matches_reference(p, ++seed);
         }
       }
+    }
+  }
+}
+
+// bf16's capped forward takes its exponentials against a fixed base while
+// cap log2 e <= 80 (OnlineSoftmax::scores_fixed_base), a running max past it.
+// Both sides of that bound, on rows at the ends of the range it relies on:
+// keys of positive entries and query rows alternately of positive and of
+// negative ones, so that each row's scores all sit near +cap or all near
+// -cap (every p near 2^-72 at a cap of 50); V times 2^12; rows that see no
+// key (bottom-right, more queries than keys). Forward and gradients against
+// float64.
+TEST(FlashSoftcap, SaturatedRowsMatchFloat64OnEitherSideOfTheFixedBase) {
+  REQUIRE_SM90_FLASH();
+  std::uint64_t seed = 300;
+  for (const double cap : {50.0, 55.0, 60.0}) {  // cap log2 e: 72.1, 79.3 (fixed base), 86.6 (running max)
+    for (const MaskKind mask : {MaskKind::None, MaskKind::CausalBottomRight}) {
+      Problem p{.batch = 1,
+                .heads = 4,
+                .kv_heads = 2,
+                .seq = 230,
+                .kv_seq = 200,
+                .head_dim = 128,
+                .dtype = DType::BF16,
+                .device = Device::Cuda,
+                .mask = mask};
+      p.scale = 4.0;  // |scores| of a few hundred: tanh at 0.99 and past
+      p.softcap = cap;
+      p.pass = Pass::Train;
+      p.normalize();
+      p.validate();
+      Inputs in = make_inputs(p, ++seed, cpu_allocator());
+      for (std::int64_t h = 0; h < p.heads; ++h) {
+        for (std::int64_t r = 0; r < p.seq; ++r) {
+          for (std::int64_t c = 0; c < p.head_dim; ++c) {
+            in.q.set(0, h, r, c, (r % 2 == 0 ? 1.f : -1.f) * std::fabs(in.q.get(0, h, r, c)));
+          }
+        }
+      }
+      for (std::int64_t h = 0; h < p.kv_heads; ++h) {
+        for (std::int64_t r = 0; r < p.kv_seq; ++r) {
+          for (std::int64_t c = 0; c < p.head_dim; ++c) {
+            in.k.set(0, h, r, c, std::fabs(in.k.get(0, h, r, c)));
+            in.v.set(0, h, r, c, 4096.f * in.v.get(0, h, r, c));
+          }
+        }
+      }
+      expect_run_matches_reference(p, in, seed);
     }
   }
 }

@@ -144,15 +144,23 @@ cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream, float o_sc
   return launch_fwd<Scheduler>(kernel, Cfg::kThreads, Kernel::kSmemBytes, a, stream, p);
 }
 
+// The head dim's default kernel, or (bf16, a cap within the fixed base's
+// bound) its soft-capped kernel.
 template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
 cudaError_t launch_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
+  const auto run = [&]<class Cfg>() {
+    if constexpr (kFlashSm90PersistentDefault<kHeadDim>) {
+      return run_flash_fwd_sm90<Cfg, kMask, Element, kLse, PersistentTileScheduler<kMask, Cfg::kBlockM, kHeadDim>>(
+          a, stream);
+    } else {
+      return run_flash_fwd_sm90<Cfg, kMask, Element, kLse>(a, stream);
+    }
+  };
   using Cfg = FlashSm90DefaultCfg<kHeadDim>;
-  if constexpr (kFlashSm90PersistentDefault<kHeadDim>) {
-    return run_flash_fwd_sm90<Cfg, kMask, Element, kLse, PersistentTileScheduler<kMask, Cfg::kBlockM, kHeadDim>>(
-        a, stream);
-  } else {
-    return run_flash_fwd_sm90<Cfg, kMask, Element, kLse>(a, stream);
+  if constexpr (std::same_as<Element, Bf16>) {
+    if (softcap_on_fixed_base(a)) return run.template operator()<FlashSm90CappedCfg<Cfg>>();
   }
+  return run.template operator()<Cfg>();
 }
 
 }  // namespace attnprof::cuda::kernels

@@ -12,6 +12,7 @@
 
 #include "attnprof/mask.h"
 #include "backends/cuda/fused_params.h"
+#include "backends/cuda/kernels/utils.cuh"
 
 namespace attnprof::cuda::kernels {
 
@@ -235,13 +236,6 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
       }
     }
   }
-}
-
-// tanh in one MUFU instruction (relative error 2^-11, as FlashAttention-3's).
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Soft-capping's first half, on raw scores before the mask: s = tanh(s

@@ -60,8 +60,13 @@ namespace attnprof::cuda::kernels {
 // never stored). O += P V is issued in column chunks of 128 (and one of 64),
 // so any kPadDim up to 256 fits wgmma's N.
 template <int kHeadDim_, int kBlockN_, int kConsumers_ = 2, int kStages_ = 2, bool kSkipRescale_ = false,
-          bool kWgProducer_ = false, bool kPingpong_ = false, bool kIntraOverlap_ = false, int kFmaExp2_ = 0>
+          bool kWgProducer_ = false, bool kPingpong_ = false, bool kIntraOverlap_ = false, int kFmaExp2_ = 0,
+          bool kCapFixedBase_ = false>
 struct FlashSm90Cfg {
+  // Soft-capped bf16: the exponentials against a fixed base
+  // (OnlineSoftmax::scores_fixed_base), no row max or rescale of O; a kernel
+  // of its own (FlashSm90CappedCfg), launched where softcap_on_fixed_base.
+  static constexpr bool kCapFixedBase = kCapFixedBase_;
   // Of every 8 n-tiles of S, those whose exponentials run on the FMA pipe
   // (OnlineSoftmax's kFmaExp2): the FP8 kernel's MUFU time matches its tensor time.
   static constexpr int kFmaExp2 = kFmaExp2_;
@@ -120,6 +125,18 @@ struct FlashSm90DefaultCfgOf<256> {
 template <int kHeadDim>
 using FlashSm90DefaultCfg = typename FlashSm90DefaultCfgOf<kHeadDim>::type;
 
+// Cfg's soft-capped kernel: its tiles and roles, the fixed base, and kFmaExp2
+// of every 8 n-tiles' exponentials on the FMA pipe.
+template <class Cfg, int kFmaExp2 = Cfg::kFmaExp2>
+using FlashSm90CappedCfg = FlashSm90Cfg<Cfg::kHeadDim, Cfg::kBlockN, Cfg::kConsumers, Cfg::kStages, Cfg::kSkipRescale,
+                                        Cfg::kWgProducer, Cfg::kPingpong, Cfg::kIntraOverlap, kFmaExp2, true>;
+
+// Whether a soft-capped problem takes the fixed-base kernel: a cap whose
+// c log2 e (a capped problem's scale_log2) is within the bound.
+inline bool softcap_on_fixed_base(const FwdArgs& a) {
+  return a.softcap_in != 0.f && a.scale_log2 <= kCapFixedBaseMaxLog2;
+}
+
 // Whether the default takes the persistent tile scheduler (tile_scheduler.cuh):
 // at D = 64, where tiles are short, it gains 3-18% (run 12: 218 -> 258
 // TFLOP/s at 8x16x1024 causal, 372 -> 388 at 4x16x4096 causal, 430 -> 444 at
@@ -142,6 +159,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
                 "e4m3: whole 128-byte regions of Q and K; 128-key tiles (one region of V^T's rows) or 192 (one "
                 "region, then 64 keys in the 64-byte swizzle)");
   static_assert(kFp8 || kNT != 24, "192-key tiles: e4m3 only");
+  static_assert(!Cfg::kCapFixedBase || std::same_as<Element, Bf16>, "the fixed base wants bf16's P (fp32's range)");
   static constexpr bool kVtHi = kFp8 && kBN == 192;  // V^T's keys 128..191 in a 64-byte-swizzled region
   static constexpr int kQBytes = kBM * kD * kBytes;
   static constexpr int kKVBytes = kBN * kD * kBytes;  // K, or V (V^T for e4m3: kD rows of kBN keys)
@@ -371,11 +389,41 @@ struct MainloopFwdSm90TmaWgmmaWs {
                                              float (&acc)[1][kDT][4], Softmax& softmax, int wg, int warp_row0,
                                              int lane) {
     q_pipe.consumer_wait(q_state);
+    if constexpr (Cfg::kCapFixedBase) softmax.fix_base();
     if constexpr (Cfg::kIntraOverlap) {
       mma_overlapped(a, smem, cta, tiles, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
     } else {
       mma_in_turn(a, smem, cta, tiles, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
     }
+  }
+
+  // One key tile's softmax: the soft cap and the mask (mask()), then the
+  // online softmax's exponentials, or (Cfg::kCapFixedBase) those against the
+  // fixed base, each score's tanh beside its exponential where the tile
+  // needs no mask. Returns whether some row's max grew (never with the fixed
+  // base: O needs no rescale).
+  template <class Tile>
+  __device__ __forceinline__ static bool softmax_tile(const FwdArgs& a, const Tile& cta, int n_block,
+                                                      float (&s)[1][kNT][4], int warp_row0, int lane, Softmax& softmax,
+                                                      float (&alpha)[1][2]) {
+    if constexpr (Cfg::kCapFixedBase) {
+      if (tile_needs_mask<kMask, kBM, kBN>(a, cta.m0, n_block * kBN)) {
+        mask(a, cta, n_block, s, warp_row0, lane);
+        softmax.template scores_fixed_base<false>(s, a.softcap_in, a.scale_log2);
+      } else {
+        softmax.template scores_fixed_base<true>(s, a.softcap_in, a.scale_log2);
+      }
+      return false;
+    } else {
+      mask(a, cta, n_block, s, warp_row0, lane);
+      return softmax.scores(s, a.scale_log2, alpha);
+    }
+  }
+
+  // Whether O takes the alpha of a tile whose maxima grew as `grew` says:
+  // with kSkipRescale, alpha is exactly 1 for a warp none of whose rows grew.
+  __device__ __forceinline__ static bool rescale_wanted(bool grew) {
+    return !Cfg::kCapFixedBase && (!Cfg::kSkipRescale || __any_sync(0xffffffffu, grew));
   }
 
   // One key tile after another: S, its softmax, then its P V, each waited for.
@@ -386,9 +434,10 @@ struct MainloopFwdSm90TmaWgmmaWs {
                                                      Softmax& softmax, int wg, int warp_row0, int lane) {
     for (int n_block = tiles.end - 1; n_block >= tiles.begin; --n_block) {
       float s[1][kNT][4];
+      float alpha[1][2];
       s_waited(kv_pipe, kv_state, smem, s, wg);
-      mask(a, cta, n_block, s, warp_row0, lane);
-      softmax.template update<Cfg::kSkipRescale>(s, acc, a.scale_log2);
+      const bool grew = softmax_tile(a, cta, n_block, s, warp_row0, lane, softmax, alpha);
+      if (rescale_wanted(grew)) Softmax::rescale(acc, alpha);
       std::uint32_t p[kPSteps][4];
       to_p(p, s);
       pv_waited(kv_pipe, kv_state, smem, acc, p, wg);
@@ -412,14 +461,10 @@ struct MainloopFwdSm90TmaWgmmaWs {
     float s[1][kNT][4];
     std::uint32_t p[kPSteps][4];
     float alpha[1][2];
-    // Whether O needs its rescale (some row of the warp grew its max): with
-    // kSkipRescale, alpha is exactly 1 otherwise.
-    auto rescale_wanted = [](bool grew) { return !Cfg::kSkipRescale || __any_sync(0xffffffffu, grew); };
     int n_block = tiles.end - 1;
     s_waited(kv_pipe, k_state, smem, s, wg);
     k_state.advance();
-    mask(a, cta, n_block, s, warp_row0, lane);
-    softmax.scores(s, a.scale_log2, alpha);  // O is still 0: its alpha is moot
+    softmax_tile(a, cta, n_block, s, warp_row0, lane, softmax, alpha);  // O is still 0: its alpha is moot
     bool grew = false;
     to_p(p, s);
     for (--n_block; n_block >= tiles.begin; --n_block) {
@@ -434,8 +479,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
       sm90::fence_operands(s[0]);
       kv_pipe.consumer_release(k_state, kPartK);
       k_state.advance();
-      mask(a, cta, n_block, s, warp_row0, lane);
-      grew = softmax.scores(s, a.scale_log2, alpha);
+      grew = softmax_tile(a, cta, n_block, s, warp_row0, lane, softmax, alpha);
       pv_retired(kv_pipe, v_state, acc, p);
       v_state.advance();
       to_p(p, s);

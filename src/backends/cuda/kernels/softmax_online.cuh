@@ -58,6 +58,9 @@ __device__ __forceinline__ float ex2_fma(float x) {
   return __int_as_float(__float_as_int(p) + (n << 23));
 }
 
+// The largest cap c log2 e whose scores take OnlineSoftmax::scores_fixed_base.
+inline constexpr float kCapFixedBaseMaxLog2 = 80.f;
+
 // kLog2Offset: p is 2^kLog2Offset times the probability (FP8's P, packed
 // into e4m3, whose normal range starts at 2^-6: FlashAttention-3's
 // max_offset); the row sums carry the same factor, so O / sum is unchanged,
@@ -136,6 +139,45 @@ struct OnlineSoftmax {
       }
     }
     return grew;
+  }
+
+  // Soft-capped scores against a fixed base instead of the running max. A
+  // capped score is c tanh(.), within (-c, c), so p = 2^(t scale_log2) (t the
+  // tanh, scale_log2 = c log2 e = C) lies within [2^-C, 2^C] whatever the
+  // row holds: while C <= kCapFixedBaseMaxLog2, neither P (bf16, fp32's
+  // exponent range) nor the row sums and O can leave fp32's range for any
+  // |V| within [2^-40, 2^24] (a row's largest p is at least 2^-C), and
+  // nothing needs a row max, a reduction before the exponentials or a
+  // rescale of O: each score's tanh and exponential issue back to back.
+  // fp16's P (at most 2^16) does not take this. kTanh: s holds raw scores
+  // (times softcap_in, then tanh here); otherwise s holds tanh already (a
+  // masked tile: tanh, the mask, then this). kFmaShare: as kFmaExp2.
+  __device__ __forceinline__ void fix_base() {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) row_max[mt][0] = row_max[mt][1] = 0.f;  // log_sum_exp's base
+  }
+  template <bool kTanh, int kFmaShare = kFmaExp2, int kNTiles>
+  __device__ __forceinline__ void scores_fixed_base(float (&s)[kMTiles][kNTiles][4], float softcap_in,
+                                                    float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float part[kNTiles];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          float p[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float t = kTanh ? tanh_approx(s[mt][nt][2 * h + e] * softcap_in) : s[mt][nt][2 * h + e];
+            p[e] = nt % 8 < kFmaShare ? ex2_fma(t * scale_log2) : ex2(t * scale_log2);
+            s[mt][nt][2 * h + e] = p[e];
+          }
+          part[nt] = p[0] + p[1];
+        }
+        row_sum[mt][h] += tree_reduce(part, [](float x, float y) { return x + y; });
+      }
+    }
   }
 
   // The second half: O times the alpha that scores() gave.

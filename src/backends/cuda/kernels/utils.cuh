@@ -32,6 +32,13 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// tanh in one MUFU instruction (relative error 2^-11, as FlashAttention-3's).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Accumulator fragments to zero: one tile's n-tiles, or several tiles'.
 template <int kN>
 __device__ __forceinline__ void zero(float (&x)[kN][4]) {
