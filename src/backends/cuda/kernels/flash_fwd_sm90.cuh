@@ -144,6 +144,13 @@ cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream, float o_sc
   return launch_fwd<Scheduler>(kernel, Cfg::kThreads, Kernel::kSmemBytes, a, stream, p);
 }
 
+// The soft-capped kernel's share of exponentials on the FMA pipe (of every
+// 8 n-tiles). Measured on the H200 (docs/perf/issue22-2026-12-04.md), cap
+// 30 or 50, 2 x 16 heads: one in 8 takes 1-2% off at head dim 128 (4k and
+// 8k); none gains at 64 (4k causal), and at 256 each share loses 1-3%.
+template <int kHeadDim>
+inline constexpr int kCapFmaExp2 = kHeadDim == 128 ? 1 : 0;
+
 // The head dim's default kernel, or (bf16, a cap within the fixed base's
 // bound) its soft-capped kernel.
 template <int kHeadDim, MaskMode kMask, Half16 Element, bool kLse>
@@ -158,7 +165,7 @@ cudaError_t launch_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   };
   using Cfg = FlashSm90DefaultCfg<kHeadDim>;
   if constexpr (std::same_as<Element, Bf16>) {
-    if (softcap_on_fixed_base(a)) return run.template operator()<FlashSm90CappedCfg<Cfg>>();
+    if (softcap_on_fixed_base(a)) return run.template operator()<FlashSm90CappedCfg<Cfg, kCapFmaExp2<kHeadDim>>>();
   }
   return run.template operator()<Cfg>();
 }
