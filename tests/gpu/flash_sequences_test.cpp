@@ -305,6 +305,37 @@ TEST(FlashSoftcap, SaturatedRowsMatchFloat64OnEitherSideOfTheFixedBase) {
   }
 }
 
+// A causal row that sees one key is that key's V: bit for bit against the
+// running max (no cap, or one past the fixed base's bound), within one bf16
+// rounding against the fixed base (OnlineSoftmax::scores_fixed_base: P V
+// reads p rounded to bf16, the row sum adds p), at every head dim.
+TEST(FlashSoftcap, ARowOfOneKeyIsItsValue) {
+  REQUIRE_SM90_FLASH();
+  for (const std::int64_t d : {64, 128, 256}) {
+    for (const double cap : {0.0, 30.0, 60.0}) {
+      Problem p{.batch = 1, .heads = 2, .seq = 200, .head_dim = d, .device = Device::Cuda, .mask = MaskKind::Causal};
+      p.softcap = cap;
+      p.pass = Pass::Forward;
+      p.normalize();
+      p.validate();
+      const Inputs in = make_inputs(p, 40 + static_cast<std::uint64_t>(d), cpu_allocator());
+      const FlashRun r = run_flash(p, in, {});
+      const bool fixed_base = cap == 30.0;
+      int differ = 0, beyond = 0;
+      for (std::int64_t h = 0; h < p.heads; ++h) {
+        for (std::int64_t c = 0; c < d; ++c) {
+          const float got = r.out.get(0, h, 0, c), want = in.v.get(0, h, 0, c);
+          differ += got != want;
+          beyond += !(std::fabs(got - want) <= std::ldexp(std::fabs(want), -7));  // one bf16 ulp at most
+        }
+      }
+      EXPECT_EQ(beyond, 0) << p.describe() << ": row 0 is more than a bf16 rounding off V's key 0 in " << beyond
+                           << " values";
+      if (!fixed_base) EXPECT_EQ(differ, 0) << p.describe() << ": row 0 differs from V's key 0 in " << differ;
+    }
+  }
+}
+
 // The cap is really applied: without it the same inputs are far off.
 TEST(FlashSoftcap, AWrongCapIsCaught) {
   REQUIRE_SM90_FLASH();

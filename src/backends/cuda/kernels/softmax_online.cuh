@@ -152,6 +152,14 @@ struct OnlineSoftmax {
   // fp16's P (at most 2^16) does not take this. kTanh: s holds raw scores
   // (times softcap_in, then tanh here); otherwise s holds tanh already (a
   // masked tile: tanh, the mask, then this). kFmaShare: as kFmaExp2.
+  // The cost: P V reads p rounded to bf16 while the row sums add p, so a
+  // row's weights are off by that rounding (up to 2^-9), as against the
+  // running max all but the row's largest p (which is 1, exact) are. A row
+  // of one key is its V within one bf16 rounding rather than exactly (H200:
+  // 6e-4 to 2.2e-3 relative error against float64 on causal rows, 4e-5 with
+  // the running max). Truncating p before the sums makes it exact but costs
+  // one instruction a score on the softmax's path: 5-9% on the H200
+  // (docs/perf/issue22-2026-12-04.md).
   __device__ __forceinline__ void fix_base() {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) row_max[mt][0] = row_max[mt][1] = 0.f;  // log_sum_exp's base
