@@ -19,12 +19,20 @@ of ours / PyTorch within each round (the two measured a few seconds apart):
 when the host drifts between rounds, that range says how far the ratio of
 the lowest figures can be trusted.
 
+--torch-isa avx2 holds both sides to AVX2, for issue 25's AVX2-only row on a
+machine that has more: PyTorch's own kernels (ATEN_CPU_CAPABILITY), MKL's
+(MKL_ENABLE_INSTRUCTIONS) and oneDNN's (ONEDNN_MAX_CPU_ISA) are capped at AVX2
+before torch is imported, and ours run at the scalar and avx2 levels only.
+The cores, caches and memory stay this machine's, so it stands in for an
+AVX2-only machine's instructions, not for its speed.
+
   python3 bench/cpu_isa_vs_torch.py --bench BUILD/bench/cpu_isa_bench [--threads 2] [--repeats 5]
-      [--rounds 3] [--warmup-seconds 20]
+      [--rounds 3] [--warmup-seconds 20] [--torch-isa avx2]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -134,7 +142,15 @@ def main() -> int:
     ap.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per row; each figure is the lowest round median")
     ap.add_argument("--warmup-seconds", type=float, default=20.0, help="busy seconds before the first row")
+    ap.add_argument("--torch-isa", choices=("best", "avx2"), default="best",
+                    help="avx2: both sides held to AVX2 (see above); best: each side at its best")
     a = ap.parse_args()
+    levels_cap = None
+    if a.torch_isa == "avx2":
+        if "torch" in sys.modules:
+            sys.exit("cpu_isa_vs_torch: --torch-isa must be set before torch is imported")
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
+        levels_cap = {"scalar", "avx2"}
 
     levels_out = subprocess.run([a.bench, "--levels"], capture_output=True, text=True, check=True).stdout
     runnable = {ln.split()[0] for ln in levels_out.splitlines() if ln.endswith(" ok")}
@@ -143,7 +159,12 @@ def main() -> int:
 
     rounds = max(1, a.rounds)
     warm = warm_up(a.bench, a.warmup_seconds, a.threads) if a.warmup_seconds > 0 else 0
-    print(f"torch {torch.__version__}, threads {a.threads}, CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+    capped = ""
+    if levels_cap:
+        held = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+        capped = " (held to AVX2: " + ", ".join(f"{k}={os.environ[k]}" for k in held) + ")"
+    print(f"torch {torch.__version__}, threads {a.threads}, CPU capability {torch.backends.cpu.get_cpu_capability()}"
+          f"{capped}; "
           f"{a.warmup_seconds:g} s of warm-up ({warm} rounds of both at 2x8x1024x64), then per row {rounds} rounds "
           f"of (ours at each level, PyTorch), each a median of {a.repeats} after one warmup call; the lowest "
           f"round median of each\n")
@@ -153,7 +174,8 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     stories: dict[str, str] = {}
     for row in rows:
-        levels = [lv for lv in LEVELS[row.dtype] if not (lv == "scalar" and flops(row) > SCALAR_MAX_FLOP)]
+        levels = [lv for lv in LEVELS[row.dtype] if not (lv == "scalar" and flops(row) > SCALAR_MAX_FLOP)
+                  and (levels_cap is None or lv in levels_cap)]
         best: dict[str, float | None] = {}
         notes: dict[str, str] = {}
         paired: dict[str, list[float]] = {}  # ours / PyTorch within each round: drift between rounds cancels
