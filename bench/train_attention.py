@@ -2,7 +2,8 @@
 PyTorch's SDPA, each in the signature of transformers' attention registry, so
 that transformers' LlamaForCausalLM and our own model (bench/llama_model.py)
 call them alike. Both take unpadded causal batches only and refuse anything
-else in one line (Refused).
+else in one line (Refused). attention_op names the ops whose time is
+attention's in a profiled step (train_step's _attention_share).
 """
 from __future__ import annotations
 
@@ -78,3 +79,12 @@ def sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scali
         key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
     out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+# The ops of either side in a torch.profiler trace.
+ATTNPROF_OPS = ("attnprof::attention_train", "attnprof::attention_backward", "attnprof::attention")
+SDPA_OP_PREFIXES = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_")
+
+
+def attention_op(name: str) -> bool:
+    return name in ATTNPROF_OPS or name.startswith(SDPA_OP_PREFIXES)

@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_model import DecoderLM  # noqa: E402  (our own Llama-shaped model, for --model own)
-from train_attention import Refused, make_attnprof_attention, sdpa_attention  # noqa: E402
+from train_attention import Refused, attention_op, make_attnprof_attention, sdpa_attention  # noqa: E402
 
 # The GPU run's shape (a Llama-like 4-layer slice), and a tiny one for the CPU.
 GPU_DEFAULTS = dict(layers=4, hidden=2048, heads=16, kv_heads=4, head_dim=128, intermediate=5632, vocab=32000,
@@ -65,9 +65,6 @@ CPU_DEFAULTS = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, inter
                     batch=2, dtype="fp32", steps=3, warmup=1)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-# Ops whose time is attention's in the profiled step (see _attention_share).
-ATTNPROF_OPS = ("attnprof::attention_train", "attnprof::attention_backward", "attnprof::attention")
-SDPA_OP_PREFIXES = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_")
 
 
 def progress(msg: str) -> None:
@@ -258,17 +255,13 @@ def agreement(sides, ids) -> dict:
     }
 
 
-def _attention_op(name: str) -> bool:
-    return name in ATTNPROF_OPS or name.startswith(SDPA_OP_PREFIXES)
-
-
 def _attention_share(trace_path: str, device) -> dict:
     """Attention's share of a profiled step, read from its Chrome trace (see the module's docstring)."""
     with open(trace_path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     ext = lambda e: (e.get("args") or {}).get("External id")
     cpu_ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
-    attn = [e for e in cpu_ops if e.get("cat") == "cpu_op" and _attention_op(e["name"])]
+    attn = [e for e in cpu_ops if e.get("cat") == "cpu_op" and attention_op(e["name"])]
 
     def inside(e, outer):
         return (e["pid"], e["tid"]) == (outer["pid"], outer["tid"]) and \
