@@ -331,7 +331,10 @@ TEST(FlashSoftcap, ARowOfOneKeyIsItsValue) {
       }
       EXPECT_EQ(beyond, 0) << p.describe() << ": row 0 is more than a bf16 rounding off V's key 0 in " << beyond
                            << " values";
-      if (!fixed_base) EXPECT_EQ(differ, 0) << p.describe() << ": row 0 differs from V's key 0 in " << differ;
+      // EXPERIMENT (exp/pv-row-sums): the fixed base's row sums come from the tensor cores, as P V reads P:
+      // exact there too.
+      (void)fixed_base;
+      EXPECT_EQ(differ, 0) << p.describe() << ": row 0 differs from V's key 0 in " << differ;
     }
   }
 }

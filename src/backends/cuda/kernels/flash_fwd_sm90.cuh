@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const typename Kernel::KVPipeline kv_pipe(base + Kernel::kKVPipeOffset);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  Mainloop::fill_ones(smem, tid);
   if (tid == 0) {
     q_pipe.init(Cfg::kConsumerThreads);
     kv_pipe.init(Cfg::kConsumerThreads);
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // The tile's sequence (packed batches, key counts; a itself when dense).
     const FwdArgs seq = a.sequence(cta.batch);
     const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(seq, cta.m0);
-    float acc[1][Cfg::kDTiles][4];
+    float acc[1][Cfg::kAccTiles][4];
     zero(acc);
     typename Mainloop::Softmax softmax;
     softmax.init();

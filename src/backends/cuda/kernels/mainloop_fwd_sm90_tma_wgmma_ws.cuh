@@ -99,6 +99,9 @@ struct FlashSm90Cfg {
   static constexpr bool kSkipRescale = kSkipRescale_;
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kDTiles = kPadDim / 8;
+  // O's accumulator n-tiles, then (kCapFixedBase) one of the row sums of P:
+  // P V with a tile of ones in place of V (MainloopFwdSm90TmaWgmmaWs::issue_pv).
+  static constexpr int kAccTiles = kDTiles + (kCapFixedBase ? 1 : 0);
   static_assert(kNTiles == 8 || kNTiles == 10 || kNTiles == 16 || kNTiles == 24, "wgmma N of S: 64, 80, 128 or 192");
   static_assert(kPadDim <= 256, "O's accumulators: 64 rows x at most 256 columns a warpgroup");
   static_assert(!kPingpong || kConsumers == 2, "pingpong takes two consumer warpgroups");
@@ -153,6 +156,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
   static constexpr int kRegionCols = 128 / kBytes;  // columns of one 128-byte swizzle region
   static constexpr int kKStep = 32 / kBytes;        // wgmma's k: 16 (16-bit) or 32 (e4m3)
   static constexpr int kNT = Cfg::kNTiles, kDT = Cfg::kDTiles, kRegions = kD * kBytes / 128;
+  static constexpr int kAccT = Cfg::kAccTiles;
   // P V's k-steps: the key tile in steps of kKStep keys, four registers of P each.
   static constexpr int kPSteps = kBN / kKStep;
   static_assert(!kFp8 || (kD % 128 == 0 && (kBN == 128 || kBN == 192)),
@@ -167,7 +171,9 @@ struct MainloopFwdSm90TmaWgmmaWs {
   // the exponentials on the FMA pipe.
   using Softmax = OnlineSoftmax<1, kFp8 ? 8 : 0, Cfg::kFmaExp2>;
   // Q, then K and V of each stage; every region 1024-byte aligned (the swizzle's period).
-  static constexpr int kSmemBytes = kQBytes + Cfg::kStages * 2 * kKVBytes;
+  // The capped kernel's tile of ones (the row sums' B operand), past the stages.
+  static constexpr int kOnesBytes = Cfg::kCapFixedBase ? 1024 : 0;
+  static constexpr int kSmemBytes = kQBytes + Cfg::kStages * 2 * kKVBytes + kOnesBytes;
 
   using QPipeline = sm90::PipelineTmaAsync<1>;
   using KVPipeline = sm90::PipelineTmaAsync<Cfg::kStages, 2>;  // parts: K, then V
@@ -225,7 +231,19 @@ struct MainloopFwdSm90TmaWgmmaWs {
     __device__ __forceinline__ std::uint32_t q() const { return base; }
     __device__ __forceinline__ std::uint32_t k(int stage) const { return base + kQBytes + stage * 2 * kKVBytes; }
     __device__ __forceinline__ std::uint32_t v(int stage) const { return k(stage) + kKVBytes; }
+    __device__ __forceinline__ std::uint32_t ones() const { return k(Cfg::kStages); }
   };
+
+  // The capped kernel's tile of ones, written by threads 0..255 before the
+  // kernel's first barrier and fenced for wgmma's reads.
+  __device__ __forceinline__ static void fill_ones(const Smem& smem, int tid) {
+    if constexpr (Cfg::kCapFixedBase) {
+      if (tid < kOnesBytes / 4) {
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem.ones() + 4 * tid), "r"(0x3F803F80u) : "memory");
+        sm90::fence_view_async_shared();
+      }
+    }
+  }
 
   // Producer (one thread): Q of the tile, then its key tiles [tiles.begin,
   // tiles.end) last first. a: the tile's sequence (FwdArgs::sequence), whose
@@ -288,7 +306,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
   // step), in O's column chunks; V of `stage` read MN-major, or e4m3's V^T
   // K-major (chunk rows 8 kFirst.. at 1024 bytes per 8 rows, the k-step 32
   // bytes along them).
-  __device__ __forceinline__ static void issue_pv(const Smem& smem, int stage, float (&acc)[1][kDT][4],
+  __device__ __forceinline__ static void issue_pv(const Smem& smem, int stage, float (&acc)[1][kAccT][4],
                                                   std::uint32_t (&p)[kPSteps][4]) {
     sm90::fence_operands(acc[0]);
     sm90::fence_operands(p);
@@ -311,6 +329,10 @@ struct MainloopFwdSm90TmaWgmmaWs {
           sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), p[kk],
                                       sm90::smem_desc(v_at, kBN * 128), true);
         });
+        if constexpr (Cfg::kCapFixedBase) {  // the row sums: P times ones
+          sm90::wgmma_rs<Element, 1>(reinterpret_cast<float(&)[1][4]>(acc[0][kDT]), p[kk],
+                                     sm90::smem_desc_plain(smem.ones()), true);
+        }
       }
     }
     sm90::wgmma_commit();
@@ -361,8 +383,8 @@ struct MainloopFwdSm90TmaWgmmaWs {
 
   // Waits for every wgmma in flight (the last is P V) and releases V's buffer.
   __device__ __forceinline__ static void pv_retired(const KVPipeline& kv_pipe,
-                                                    const typename KVPipeline::State& v_state, float (&acc)[1][kDT][4],
-                                                    std::uint32_t (&p)[kPSteps][4]) {
+                                                    const typename KVPipeline::State& v_state,
+                                                    float (&acc)[1][kAccT][4], std::uint32_t (&p)[kPSteps][4]) {
     sm90::wgmma_wait<0>();
     sm90::fence_operands(acc[0]);
     sm90::fence_operands(p);
@@ -371,7 +393,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
 
   // O += P V of the key tile in v_state's stage, waited for (in the turn).
   __device__ __forceinline__ static void pv_waited(const KVPipeline& kv_pipe, const typename KVPipeline::State& v_state,
-                                                   const Smem& smem, float (&acc)[1][kDT][4],
+                                                   const Smem& smem, float (&acc)[1][kAccT][4],
                                                    std::uint32_t (&p)[kPSteps][4], int wg) {
     kv_pipe.consumer_wait(v_state, kPartV);
     if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
@@ -386,7 +408,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
   __device__ __forceinline__ static void mma(const FwdArgs& a, const Smem& smem, const Tile& cta, KeyTiles tiles,
                                              const QPipeline& q_pipe, const typename QPipeline::State& q_state,
                                              const KVPipeline& kv_pipe, typename KVPipeline::State& kv_state,
-                                             float (&acc)[1][kDT][4], Softmax& softmax, int wg, int warp_row0,
+                                             float (&acc)[1][kAccT][4], Softmax& softmax, int wg, int warp_row0,
                                              int lane) {
     q_pipe.consumer_wait(q_state);
     if constexpr (Cfg::kCapFixedBase) softmax.fix_base();
@@ -394,6 +416,13 @@ struct MainloopFwdSm90TmaWgmmaWs {
       mma_overlapped(a, smem, cta, tiles, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
     } else {
       mma_in_turn(a, smem, cta, tiles, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
+    }
+    if constexpr (Cfg::kCapFixedBase) {
+      // Every column of P times ones is the row's sum, as P V read P. A
+      // quarter each, so that finish()'s sum over the quad gives it whole
+      // (x/4 + x/4 + (x/4 + x/4): exact).
+      softmax.row_sum[0][0] = 0.25f * acc[0][kDT][0];
+      softmax.row_sum[0][1] = 0.25f * acc[0][kDT][2];
     }
   }
 
@@ -430,7 +459,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
   template <class Tile>
   __device__ __forceinline__ static void mma_in_turn(const FwdArgs& a, const Smem& smem, const Tile& cta,
                                                      KeyTiles tiles, const KVPipeline& kv_pipe,
-                                                     typename KVPipeline::State& kv_state, float (&acc)[1][kDT][4],
+                                                     typename KVPipeline::State& kv_state, float (&acc)[1][kAccT][4],
                                                      Softmax& softmax, int wg, int warp_row0, int lane) {
     for (int n_block = tiles.end - 1; n_block >= tiles.begin; --n_block) {
       float s[1][kNT][4];
@@ -455,7 +484,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
   template <class Tile>
   __device__ __forceinline__ static void mma_overlapped(const FwdArgs& a, const Smem& smem, const Tile& cta,
                                                         KeyTiles tiles, const KVPipeline& kv_pipe,
-                                                        typename KVPipeline::State& kv_state, float (&acc)[1][kDT][4],
+                                                        typename KVPipeline::State& kv_state, float (&acc)[1][kAccT][4],
                                                         Softmax& softmax, int wg, int warp_row0, int lane) {
     typename KVPipeline::State k_state = kv_state, v_state = kv_state;
     float s[1][kNT][4];

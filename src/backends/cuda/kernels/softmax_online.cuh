@@ -152,6 +152,9 @@ struct OnlineSoftmax {
   // fp16's P (at most 2^16) does not take this. kTanh: s holds raw scores
   // (times softcap_in, then tanh here); otherwise s holds tanh already (a
   // masked tile: tanh, the mask, then this). kFmaShare: as kFmaExp2.
+  // EXPERIMENT (branch exp/pv-row-sums): the row sums come from the tensor
+  // cores (P times a tile of ones, beside P V), so they add p as P V reads
+  // it and nothing is summed here. What follows is the price main pays:
   // The cost: P V reads p rounded to bf16 while the row sums add p, so a
   // row's weights are off by that rounding (up to 2^-9), as against the
   // running max all but the row's largest p (which is 1, exact) are. A row
@@ -171,19 +174,14 @@ struct OnlineSoftmax {
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float part[kNTiles];
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-          float p[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float t = kTanh ? tanh_approx(s[mt][nt][2 * h + e] * softcap_in) : s[mt][nt][2 * h + e];
-            p[e] = nt % 8 < kFmaShare ? ex2_fma(t * scale_log2) : ex2(t * scale_log2);
-            s[mt][nt][2 * h + e] = p[e];
+            s[mt][nt][2 * h + e] = nt % 8 < kFmaShare ? ex2_fma(t * scale_log2) : ex2(t * scale_log2);
           }
-          part[nt] = p[0] + p[1];
         }
-        row_sum[mt][h] += tree_reduce(part, [](float x, float y) { return x + y; });
       }
     }
   }

@@ -53,6 +53,17 @@ __device__ __forceinline__ std::uint64_t smem_desc_sw64(std::uint32_t addr, std:
   return d;
 }
 
+// The descriptor of an operand without swizzle, core matrices 128 bytes
+// apart either way: a small constant tile (every byte read lies within 512
+// bytes of addr), such as the forward's tile of ones.
+__device__ __forceinline__ std::uint64_t smem_desc_plain(std::uint32_t addr) {
+  std::uint64_t d = 0;
+  d |= static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<std::uint64_t>(128 >> 4) << 16;  // LBO
+  d |= static_cast<std::uint64_t>(128 >> 4) << 32;  // SBO
+  return d;                                         // layout type 0: no swizzle
+}
+
 // The descriptor of a tile whose swizzled rows are kRowBytes (128 or 64) long.
 template <int kRowBytes>
 __device__ __forceinline__ std::uint64_t smem_desc_rows(std::uint32_t addr, std::uint32_t lbo_bytes) {
@@ -87,6 +98,7 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&r)[kN][4]) {
 }
 
 #define ATTNPROF_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define ATTNPROF_ACC_N8(d) ATTNPROF_ACC8(d, 0)
 #define ATTNPROF_ACC_N32(d) ATTNPROF_ACC8(d, 0), ATTNPROF_ACC8(d, 1), ATTNPROF_ACC8(d, 2), ATTNPROF_ACC8(d, 3)
 #define ATTNPROF_ACC_N64(d)                                                                                \
   ATTNPROF_ACC8(d, 0), ATTNPROF_ACC8(d, 1), ATTNPROF_ACC8(d, 2), ATTNPROF_ACC8(d, 3), ATTNPROF_ACC8(d, 4), \
@@ -248,8 +260,13 @@ __device__ __forceinline__ void wgmma_ss_km(float (&d)[kNTiles][4], std::uint64_
 template <Half16 Element, int kNTiles>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kNTiles][4], const std::uint32_t (&a)[4], std::uint64_t b_desc,
                                          bool accumulate) {
-  static_assert(kNTiles == 8 || kNTiles == 16, "N = 64 or 128");
-  if constexpr (kNTiles == 8) {
+  static_assert(kNTiles == 1 || kNTiles == 8 || kNTiles == 16, "N = 8, 64 or 128");
+  if constexpr (kNTiles == 1) {
+    if constexpr (std::same_as<Element, Bf16>)
+      ATTNPROF_WGMMA_RS(8, bf16, "{%0, %1, %2, %3}", ATTNPROF_ACC_N8, 4, 5, 6, 7, 8, 9);
+    else
+      ATTNPROF_WGMMA_RS(8, f16, "{%0, %1, %2, %3}", ATTNPROF_ACC_N8, 4, 5, 6, 7, 8, 9);
+  } else if constexpr (kNTiles == 8) {
     if constexpr (std::same_as<Element, Bf16>)
       ATTNPROF_WGMMA_RS(64, bf16, ATTNPROF_REGS_32, ATTNPROF_ACC_N64, 32, 33, 34, 35, 36, 37);
     else
@@ -370,6 +387,7 @@ __device__ __forceinline__ void fence_view_async_shared() {
 #undef ATTNPROF_ACC_N80
 #undef ATTNPROF_ACC_N64
 #undef ATTNPROF_ACC_N32
+#undef ATTNPROF_ACC_N8
 #undef ATTNPROF_ACC8
 
 }  // namespace attnprof::cuda::kernels::sm90
