@@ -88,8 +88,9 @@ struct Case {
   MaskKind mask;
   int window = 0;
   bool bf16 = true;
-  bool bshd = false;  // [B, S, H, D] storage: head and row strides swapped
-  float scale = 0.f;  // 0: 1/sqrt(head_dim)
+  bool bshd = false;    // [B, S, H, D] storage: head and row strides swapped
+  float scale = 0.f;    // 0: 1/sqrt(head_dim)
+  float softcap = 0.f;  // scores c tanh(s / c); 0: none (flash's sm90 kernels only)
 };
 
 struct Strides {
@@ -265,6 +266,7 @@ void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out, bo
       .mask = c.mask,
       .window = c.window,
       .bf16 = c.bf16,
+      .softcap = c.softcap,
   };
   const char* reason = attnprof::cuda::fused_unsupported_reason(p, flash);
   ASSERT_EQ(reason, nullptr) << reason;
@@ -288,7 +290,7 @@ void run_case(const Case& c, Kernel kernel, std::uint32_t seed, Outcome* out, bo
           const std::int64_t krow = b * sk.batch + hk_ * sk.head + j * sk.row;
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += from_bits(hq[qrow + d], c.bf16) * from_bits(hk[krow + d], c.bf16);
-          score[j] = dot * scale;
+          score[j] = c.softcap > 0 ? c.softcap * std::tanh(dot * scale / c.softcap) : dot * scale;
           mx = std::max(mx, score[j]);
         }
         std::fill(acc.begin(), acc.end(), 0.0);
@@ -373,7 +375,9 @@ TEST_P(FusedSm90Choices, MatchesFloat64Reference) {
 
 // The same cases with an lse buffer: O as above, and every row's log-sum-exp
 // within f32 rounding of float64's (scores, exponentials and the log are f32
-// on the device).
+// on the device). The soft-capped bf16 kernel's is the log of the sums O is
+// divided by, of p as P V reads it (rounded to bf16, at most 2^-9 off): within
+// 2^-9 of float64's.
 void expect_lse_matches_float64(const KernelCase& kc) {
   Outcome o;
   run_case(kc.c, kc.kernel, 4321u + kc.c.seq_q, &o, /*with_lse=*/true);
@@ -383,7 +387,7 @@ void expect_lse_matches_float64(const KernelCase& kc) {
   EXPECT_LT(o.rel_error, kc.c.bf16 ? 1e-2 : 3e-3);
   EXPECT_EQ(o.lse_nan, 0) << "NaN (or unwritten) log-sum-exp entries";
   EXPECT_EQ(o.lse_masked_wrong, 0) << "fully masked rows must have lse +inf (" << o.masked_rows << " such rows)";
-  EXPECT_LT(o.lse_max_err, 1e-4);
+  EXPECT_LT(o.lse_max_err, kc.c.softcap > 0 && kc.c.bf16 ? 0x1p-9 : 1e-4);
   std::printf("  %-10s %-34s lse max err %.2e  masked rows %lld\n", kernel_name(kc.kernel), kc.c.name, o.lse_max_err,
               static_cast<long long>(o.masked_rows));
 }
@@ -445,11 +449,18 @@ std::vector<KernelCase> all_cases() {
       {"decode_mqa_d256_q3_k300_none", 1, 4, 1, 3, 300, 256, kNone},
       {"decode_window100_d64_q8_k500", 1, 4, 2, 8, 500, 64, kWin, 100},
       {"decode_fp16_bshd_d128_q4_k777", 2, 4, 4, 4, 777, 128, kBR, 0, false, true},
+      // Soft-capped: bf16 on the fixed base (its row sums from the tensor cores), fp16 and a cap past the
+      // fixed base's bound on the running max.
+      {"softcap30_gqa_d64_causal_q200_k333", 1, 4, 2, 200, 333, 64, kCausal, 0, true, false, 0.f, 30.f},
+      {"softcap50_d128_none_q333_k200", 2, 4, 4, 333, 200, 128, kNone, 0, true, false, 0.f, 50.f},
+      {"softcap30_d256_bottomright_q333_k200", 1, 2, 2, 333, 200, 256, kBR, 0, true, false, 0.f, 30.f},
+      {"softcap60_d128_window40_333", 1, 4, 4, 333, 333, 128, kWin, 40, true, false, 0.f, 60.f},
+      {"fp16_softcap30_d96_causal_333", 1, 4, 4, 333, 333, 96, kCausal, 0, false, false, 0.f, 30.f},
   };
   std::vector<KernelCase> out;
   for (Kernel k : {Kernel::Flash, Kernel::FlashSm80, Kernel::Efficient})
     for (const Case& c : cases) {
-      if (c.head_dim == 192 && k != Kernel::Flash) continue;  // no sm80 kernel at 192
+      if ((c.head_dim == 192 || c.softcap > 0) && k != Kernel::Flash) continue;  // sm90 only
       out.push_back({c, k});
     }
   return out;

@@ -31,7 +31,7 @@ namespace attnprof::cuda::kernels {
 // and 5% slower at 1k (a ragged last tile); one n-tile of 8 on the FMA pipe
 // gains 2%, two lose 2-4%; the skip is within noise.
 template <int kHeadDim, int kFmaExp2 = 1, int kBlockN = 128, bool kSkipRescale = false>
-using FlashSm90Fp8Cfg = FlashSm90Cfg<kHeadDim, kBlockN, 2, 2, kSkipRescale, true, true, true, kFmaExp2>;
+using FlashSm90Fp8Cfg = FlashSm90Cfg<kHeadDim, kBlockN, 2, 2, kSkipRescale, true, true, true, kFmaExp2, false, true>;
 // Keys from which the 192-key tiles run.
 inline constexpr int kFp8WideTileKeys = 2048;
 

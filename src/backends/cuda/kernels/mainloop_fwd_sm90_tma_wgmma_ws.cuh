@@ -61,12 +61,17 @@ namespace attnprof::cuda::kernels {
 // so any kPadDim up to 256 fits wgmma's N.
 template <int kHeadDim_, int kBlockN_, int kConsumers_ = 2, int kStages_ = 2, bool kSkipRescale_ = false,
           bool kWgProducer_ = false, bool kPingpong_ = false, bool kIntraOverlap_ = false, int kFmaExp2_ = 0,
-          bool kCapFixedBase_ = false>
+          bool kCapFixedBase_ = false, bool kTensorRowSums_ = false>
 struct FlashSm90Cfg {
   // Soft-capped bf16: the exponentials against a fixed base
   // (OnlineSoftmax::scores_fixed_base), no row max or rescale of O; a kernel
   // of its own (FlashSm90CappedCfg), launched where softcap_on_fixed_base.
   static constexpr bool kCapFixedBase = kCapFixedBase_;
+  // The row sums of P from the tensor cores: P V with a tile of ones in
+  // place of V (MainloopFwdSm90TmaWgmmaWs::issue_pv), one more accumulator
+  // n-tile, which O's rescale takes with the rest; the softmax sums nothing.
+  // The fixed base always takes them.
+  static constexpr bool kTensorRowSums = kTensorRowSums_ || kCapFixedBase;
   // Of every 8 n-tiles of S, those whose exponentials run on the FMA pipe
   // (OnlineSoftmax's kFmaExp2): the FP8 kernel's MUFU time matches its tensor time.
   static constexpr int kFmaExp2 = kFmaExp2_;
@@ -99,9 +104,8 @@ struct FlashSm90Cfg {
   static constexpr bool kSkipRescale = kSkipRescale_;
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kDTiles = kPadDim / 8;
-  // O's accumulator n-tiles, then (kCapFixedBase) one of the row sums of P:
-  // P V with a tile of ones in place of V (MainloopFwdSm90TmaWgmmaWs::issue_pv).
-  static constexpr int kAccTiles = kDTiles + (kCapFixedBase ? 1 : 0);
+  // O's accumulator n-tiles, then (kTensorRowSums) one of the row sums of P.
+  static constexpr int kAccTiles = kDTiles + (kTensorRowSums ? 1 : 0);
   static_assert(kNTiles == 8 || kNTiles == 10 || kNTiles == 16 || kNTiles == 24, "wgmma N of S: 64, 80, 128 or 192");
   static_assert(kPadDim <= 256, "O's accumulators: 64 rows x at most 256 columns a warpgroup");
   static_assert(!kPingpong || kConsumers == 2, "pingpong takes two consumer warpgroups");
@@ -157,6 +161,12 @@ struct MainloopFwdSm90TmaWgmmaWs {
   static constexpr int kKStep = 32 / kBytes;        // wgmma's k: 16 (16-bit) or 32 (e4m3)
   static constexpr int kNT = Cfg::kNTiles, kDT = Cfg::kDTiles, kRegions = kD * kBytes / 128;
   static constexpr int kAccT = Cfg::kAccTiles;
+  // e4m3's wgmma adds its products to the accumulator with about 14 bits
+  // kept: a row sum of thousands of keys in one accumulator loses the small
+  // p outright (H200, 2 x 16 x 8192 keys: 0.15 relative error in O). So the
+  // e4m3 ones-products start afresh each key tile and the softmax adds each
+  // tile's sum into its fp32 row sums (two adds a thread a tile).
+  static constexpr bool kFoldSums = Cfg::kTensorRowSums && kFp8;
   // P V's k-steps: the key tile in steps of kKStep keys, four registers of P each.
   static constexpr int kPSteps = kBN / kKStep;
   static_assert(!kFp8 || (kD % 128 == 0 && (kBN == 128 || kBN == 192)),
@@ -171,8 +181,8 @@ struct MainloopFwdSm90TmaWgmmaWs {
   // the exponentials on the FMA pipe.
   using Softmax = OnlineSoftmax<1, kFp8 ? 8 : 0, Cfg::kFmaExp2>;
   // Q, then K and V of each stage; every region 1024-byte aligned (the swizzle's period).
-  // The capped kernel's tile of ones (the row sums' B operand), past the stages.
-  static constexpr int kOnesBytes = Cfg::kCapFixedBase ? 1024 : 0;
+  // The tile of ones (the tensor cores' row sums' B operand), past the stages.
+  static constexpr int kOnesBytes = Cfg::kTensorRowSums ? 1024 : 0;
   static constexpr int kSmemBytes = kQBytes + Cfg::kStages * 2 * kKVBytes + kOnesBytes;
 
   using QPipeline = sm90::PipelineTmaAsync<1>;
@@ -234,12 +244,13 @@ struct MainloopFwdSm90TmaWgmmaWs {
     __device__ __forceinline__ std::uint32_t ones() const { return k(Cfg::kStages); }
   };
 
-  // The capped kernel's tile of ones, written by threads 0..255 before the
-  // kernel's first barrier and fenced for wgmma's reads.
+  // The tile of ones (Cfg::kTensorRowSums), written by threads 0..255 before
+  // the kernel's first barrier and fenced for wgmma's reads.
   __device__ __forceinline__ static void fill_ones(const Smem& smem, int tid) {
-    if constexpr (Cfg::kCapFixedBase) {
+    if constexpr (Cfg::kTensorRowSums) {
+      constexpr std::uint32_t kOnes = kFp8 ? 0x38383838u : std::same_as<Element, Bf16> ? 0x3F803F80u : 0x3C003C00u;
       if (tid < kOnesBytes / 4) {
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem.ones() + 4 * tid), "r"(0x3F803F80u) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem.ones() + 4 * tid), "r"(kOnes) : "memory");
         sm90::fence_view_async_shared();
       }
     }
@@ -322,6 +333,10 @@ struct MainloopFwdSm90TmaWgmmaWs {
                      : sm90::smem_desc_sw64(smem.v(stage) + kD * 128 + chunk * 16 * 512 + (kk - 4) * 32);
           sm90::wgmma_rs_e4m3(reinterpret_cast<float(&)[16][4]>(acc[0][16 * chunk]), p[kk], v_desc, true);
         }
+        if constexpr (Cfg::kTensorRowSums) {  // the row sums: P times ones
+          sm90::wgmma_rs_e4m3(reinterpret_cast<float(&)[1][4]>(acc[0][kDT]), p[kk], sm90::smem_desc_plain(smem.ones()),
+                              !kFoldSums || kk != 0);
+        }
       } else {
         sm90::for_n_chunks<0, kDT>([&]<int kFirst, int kN>() {
           // Columns [8 kFirst, 8 (kFirst + kN)): from region kFirst / 8 on, regions kBN * 128 bytes apart.
@@ -329,7 +344,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
           sm90::wgmma_rs<Element, kN>(reinterpret_cast<float(&)[kN][4]>(acc[0][kFirst]), p[kk],
                                       sm90::smem_desc(v_at, kBN * 128), true);
         });
-        if constexpr (Cfg::kCapFixedBase) {  // the row sums: P times ones
+        if constexpr (Cfg::kTensorRowSums) {  // the row sums: P times ones
           sm90::wgmma_rs<Element, 1>(reinterpret_cast<float(&)[1][4]>(acc[0][kDT]), p[kk],
                                      sm90::smem_desc_plain(smem.ones()), true);
         }
@@ -381,25 +396,41 @@ struct MainloopFwdSm90TmaWgmmaWs {
     kv_pipe.consumer_release(k_state, kPartK);
   }
 
-  // Waits for every wgmma in flight (the last is P V) and releases V's buffer.
+  // Waits for every wgmma in flight (the last is P V) and releases V's
+  // buffer; kFoldSums: the tile's row sums join the softmax's.
   __device__ __forceinline__ static void pv_retired(const KVPipeline& kv_pipe,
                                                     const typename KVPipeline::State& v_state,
-                                                    float (&acc)[1][kAccT][4], std::uint32_t (&p)[kPSteps][4]) {
+                                                    float (&acc)[1][kAccT][4], std::uint32_t (&p)[kPSteps][4],
+                                                    Softmax& softmax) {
     sm90::wgmma_wait<0>();
     sm90::fence_operands(acc[0]);
     sm90::fence_operands(p);
     kv_pipe.consumer_release(v_state, kPartV);
+    if constexpr (kFoldSums) {  // a quarter each: see mma()
+      softmax.row_sum[0][0] += 0.25f * acc[0][kDT][0];
+      softmax.row_sum[0][1] += 0.25f * acc[0][kDT][2];
+    }
+  }
+
+  // O (and kFoldSums: the row sums so far) times alpha, before the next P V.
+  __device__ __forceinline__ static void rescale(float (&acc)[1][kAccT][4], const float (&alpha)[1][2],
+                                                 Softmax& softmax) {
+    Softmax::rescale(acc, alpha);
+    if constexpr (kFoldSums) {
+      softmax.row_sum[0][0] *= alpha[0][0];
+      softmax.row_sum[0][1] *= alpha[0][1];
+    }
   }
 
   // O += P V of the key tile in v_state's stage, waited for (in the turn).
   __device__ __forceinline__ static void pv_waited(const KVPipeline& kv_pipe, const typename KVPipeline::State& v_state,
                                                    const Smem& smem, float (&acc)[1][kAccT][4],
-                                                   std::uint32_t (&p)[kPSteps][4], int wg) {
+                                                   std::uint32_t (&p)[kPSteps][4], Softmax& softmax, int wg) {
     kv_pipe.consumer_wait(v_state, kPartV);
     if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
     issue_pv(smem, v_state.index(), acc, p);
     if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
-    pv_retired(kv_pipe, v_state, acc, p);
+    pv_retired(kv_pipe, v_state, acc, p, softmax);
   }
 
   // Consumer warpgroup wg: its 64 rows of the tile against every key tile,
@@ -417,7 +448,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
     } else {
       mma_in_turn(a, smem, cta, tiles, kv_pipe, kv_state, acc, softmax, wg, warp_row0, lane);
     }
-    if constexpr (Cfg::kCapFixedBase) {
+    if constexpr (Cfg::kTensorRowSums && !kFoldSums) {
       // Every column of P times ones is the row's sum, as P V read P. A
       // quarter each, so that finish()'s sum over the quad gives it whole
       // (x/4 + x/4 + (x/4 + x/4): exact).
@@ -445,7 +476,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
       return false;
     } else {
       mask(a, cta, n_block, s, warp_row0, lane);
-      return softmax.scores(s, a.scale_log2, alpha);
+      return softmax.template scores<!Cfg::kTensorRowSums>(s, a.scale_log2, alpha);
     }
   }
 
@@ -466,10 +497,10 @@ struct MainloopFwdSm90TmaWgmmaWs {
       float alpha[1][2];
       s_waited(kv_pipe, kv_state, smem, s, wg);
       const bool grew = softmax_tile(a, cta, n_block, s, warp_row0, lane, softmax, alpha);
-      if (rescale_wanted(grew)) Softmax::rescale(acc, alpha);
+      if (rescale_wanted(grew)) rescale(acc, alpha, softmax);
       std::uint32_t p[kPSteps][4];
       to_p(p, s);
-      pv_waited(kv_pipe, kv_state, smem, acc, p, wg);
+      pv_waited(kv_pipe, kv_state, smem, acc, p, softmax, wg);
       kv_state.advance();
     }
   }
@@ -500,7 +531,7 @@ struct MainloopFwdSm90TmaWgmmaWs {
       kv_pipe.consumer_wait(k_state, kPartK);
       if constexpr (Cfg::kPingpong) sm90::take_turn(wg);
       issue_s(smem, k_state.index(), s, wg);
-      if (rescale_wanted(grew)) Softmax::rescale(acc, alpha);
+      if (rescale_wanted(grew)) rescale(acc, alpha, softmax);
       kv_pipe.consumer_wait(v_state, kPartV);
       issue_pv(smem, v_state.index(), acc, p);
       if constexpr (Cfg::kPingpong) sm90::pass_turn(wg);
@@ -509,12 +540,12 @@ struct MainloopFwdSm90TmaWgmmaWs {
       kv_pipe.consumer_release(k_state, kPartK);
       k_state.advance();
       grew = softmax_tile(a, cta, n_block, s, warp_row0, lane, softmax, alpha);
-      pv_retired(kv_pipe, v_state, acc, p);
+      pv_retired(kv_pipe, v_state, acc, p, softmax);
       v_state.advance();
       to_p(p, s);
     }
-    if (rescale_wanted(grew)) Softmax::rescale(acc, alpha);
-    pv_waited(kv_pipe, v_state, smem, acc, p, wg);
+    if (rescale_wanted(grew)) rescale(acc, alpha, softmax);
+    pv_waited(kv_pipe, v_state, smem, acc, p, softmax, wg);
     v_state.advance();
     kv_state = v_state;
   }

@@ -104,7 +104,8 @@ struct OnlineSoftmax {
   // tile's scores arrive): the new row maxima, s exponentiated, the row sums
   // carried over, and alpha, the factor O must be multiplied by before this
   // tile's P V is added. Returns whether any row's max grew (this thread's rows).
-  template <int kNTiles>
+  // !kSum: the caller takes the row sums elsewhere (the tensor cores), with O.
+  template <bool kSum = true, int kNTiles>
   __device__ __forceinline__ bool scores(float (&s)[kMTiles][kNTiles][4], float scale_log2,
                                          float (&alpha)[kMTiles][2]) {
     bool grew = false;
@@ -132,10 +133,12 @@ struct OnlineSoftmax {
           const float p1 = on_fma ? ex2_fma(x1) : ex2(x1);
           s[mt][nt][2 * h] = p0;
           s[mt][nt][2 * h + 1] = p1;
-          part[nt] = p0 + p1;
+          if constexpr (kSum) part[nt] = p0 + p1;
         }
-        const float sum = tree_reduce(part, [](float x, float y) { return x + y; });
-        row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
+        if constexpr (kSum) {
+          const float sum = tree_reduce(part, [](float x, float y) { return x + y; });
+          row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
+        }
       }
     }
     return grew;
@@ -152,16 +155,11 @@ struct OnlineSoftmax {
   // fp16's P (at most 2^16) does not take this. kTanh: s holds raw scores
   // (times softcap_in, then tanh here); otherwise s holds tanh already (a
   // masked tile: tanh, the mask, then this). kFmaShare: as kFmaExp2.
-  // EXPERIMENT (branch exp/pv-row-sums): the row sums come from the tensor
-  // cores (P times a tile of ones, beside P V), so they add p as P V reads
-  // it and nothing is summed here. What follows is the price main pays:
-  // The cost: P V reads p rounded to bf16 while the row sums add p, so a
-  // row's weights are off by that rounding (up to 2^-9), as against the
-  // running max all but the row's largest p (which is 1, exact) are. A row
-  // of one key is its V within one bf16 rounding rather than exactly (H200:
-  // 6e-4 to 2.2e-3 relative error against float64 on causal rows, 4e-5 with
-  // the running max). Truncating p before the sums makes it exact but costs
-  // one instruction a score on the softmax's path: 5-9% on the H200
+  // The row sums are not added here: the tensor cores take them beside P V
+  // (P times a tile of ones, MainloopFwdSm90TmaWgmmaWs::issue_pv), so they
+  // add p exactly as P V reads it, rounded to bf16, and a row of one key is
+  // exactly its V. Summing p here instead (one FADD a score on the softmax's
+  // path) cost 2-10% on the H200 and put a row's weights off by P's rounding
   // (docs/perf/issue22-2026-12-04.md).
   __device__ __forceinline__ void fix_base() {
 #pragma unroll

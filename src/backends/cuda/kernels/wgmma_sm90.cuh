@@ -300,17 +300,28 @@ __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[kNTiles][4], std::uint6
   }
 }
 
-// d (+)= A B in e4m3, m64n128k32, A from registers: four registers of four
-// bytes, mma.m16n8k32's 8-bit A fragment (a[0]: row g, columns 4t..4t+3;
-// a[1]: row g + 8; a[2], a[3]: the same rows, columns 16 + 4t..), B K-major.
-__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[16][4], const std::uint32_t (&a)[4], std::uint64_t b_desc,
+// d (+)= A B in e4m3, m64nNk32 (N = 8 or 128), A from registers: four
+// registers of four bytes, mma.m16n8k32's 8-bit A fragment (a[0]: row g,
+// columns 4t..4t+3; a[1]: row g + 8; a[2], a[3]: the same rows, columns
+// 16 + 4t..), B K-major.
+template <int kNTiles>
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[kNTiles][4], const std::uint32_t (&a)[4], std::uint64_t b_desc,
                                               bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " ATTNPROF_REGS_64
-      ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : ATTNPROF_ACC_N128(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  static_assert(kNTiles == 1 || kNTiles == 16, "N = 8 or 128");
+  if constexpr (kNTiles == 1) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+        : ATTNPROF_ACC_N8(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " ATTNPROF_REGS_64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : ATTNPROF_ACC_N128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  }
 }
 
 // Registers a warpgroup holds from here on (setmaxnreg: every warp of the
