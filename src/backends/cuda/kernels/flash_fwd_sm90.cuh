@@ -147,10 +147,11 @@ cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream, float o_sc
 
 // The soft-capped kernel's share of exponentials on the FMA pipe (of every
 // 8 n-tiles). Measured on the H200 (docs/perf/issue22-2026-12-04.md), cap
-// 30 or 50, 2 x 16 heads: one in 8 takes 1-2% off at head dim 128 (4k and
-// 8k); none gains at 64 (4k causal), and at 256 each share loses 1-3%.
+// 30, 2 x 16 heads: with the row sums on the tensor cores (no FADD a score
+// left), none is best: at head dim 128, 1 in 8 costs 1% (4k) to 3% (8k)
+// non-causal, 2 or 3 in 8 cost 2-4%; at 64, 1 in 8 is within noise.
 template <int kHeadDim>
-inline constexpr int kCapFmaExp2 = kHeadDim == 128 ? 1 : 0;
+inline constexpr int kCapFmaExp2 = 0;
 
 // The head dim's default kernel, or (bf16, a cap within the fixed base's
 // bound) its soft-capped kernel.
