@@ -156,6 +156,29 @@ TEST(FlashPackedChecks, DeterministicBackwardIsBitwiseRepeatable) {
   EXPECT_EQ(std::memcmp(a.grads.dq.data(), b.grads.dq.data(), a.grads.dq.nbytes()), 0);
 }
 
+// The backward's workspace rows past a short sequence's last query tile are
+// neither zeroed nor read: a dense backward of the same workspace size (the
+// caching allocator hands its block back) leaves sums of its own there, and
+// the packed backward after it still matches float64, on sm90 (128) and sm80 (32).
+TEST(FlashPackedChecks, BackwardAfterADenseOneReadsNoStaleWorkspace) {
+  REQUIRE_GPU();
+  for (const std::int64_t d : {32, 128}) {
+    if (d != 32 && !sm90_flash()) continue;
+    for (const bool deterministic : {false, true}) {
+      const Config c{"stale", MaskKind::Causal, 4, 2, d, 0, DType::BF16, deterministic};
+      const Problem p = packed(c, {700, 3, 130}, {700, 3, 130}, Pass::Train);
+      Problem dense = p;
+      dense.seq_lens.clear();
+      dense.kv_seq_lens.clear();
+      dense.seq = dense.kv_seq = 700;
+      ASSERT_EQ(dense.batch, 3);
+      const Tensor dense_dout = make_dout(dense, 3, cpu_allocator());
+      run_flash(dense, make_inputs(dense, 3, cpu_allocator()), dense_dout);
+      expect_matches_reference(p, 4 + d);
+    }
+  }
+}
+
 // ---- Key padding ---------------------------------------------------------
 
 // A [B, 1, 1, Skv] key-padding mask, broadcast to [B, H, S, Skv].

@@ -13,26 +13,25 @@
 #include "backends/cuda/kernels/bwd_args.cuh"
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/epilogue_bwd_sm90.cuh"
+#include "backends/cuda/kernels/flash_bwd_preprocess.cuh"
 
 namespace attnprof::cuda::kernels {
 
 // The dQ accumulator ([B, H, rows_pad, D] f32) into dQ, rows < seq_q (each
-// sequence's own, packed batches).
+// sequence's own, packed batches): x blocks of 256 (row, 16-byte chunk)
+// slots of one (batch, head), y the (batch, head) pairs (bwd_rows_grid).
 template <Half16 Element>
 __global__ void __launch_bounds__(256) flash_bwd_convert_dq_kernel(const __grid_constant__ BwdArgs a) {
   const FwdArgs& f = a.f;
   const int chunks = a.head_dim / 8;
-  const std::int64_t n = static_cast<std::int64_t>(f.batch) * f.heads * f.seq_q * chunks;
-  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
-       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(e % chunks);
-    const std::int64_t r = e / chunks;
-    const int i = static_cast<int>(r % f.seq_q);
-    const std::int64_t bh = r / f.seq_q;
-    const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
+  const int e = static_cast<int>(blockIdx.x) * 256 + static_cast<int>(threadIdx.x);
+  const int i = e / chunks, c = e % chunks;
+  for (int bh = blockIdx.y; bh < f.batch * f.heads; bh += gridDim.y) {
+    const int head = bh % f.heads, batch = bh / f.heads;
     const BwdArgs seq = a.sequence(batch);  // the row's sequence (packed batches)
     if (i >= seq.f.seq_q) continue;
-    const auto* acc = reinterpret_cast<const float4*>(a.dq_accum + (bh * a.rows_pad + i) * a.head_dim + 8 * c);
+    const auto* acc = reinterpret_cast<const float4*>(
+        a.dq_accum + (static_cast<std::int64_t>(bh) * a.rows_pad + i) * a.head_dim + 8 * c);
     const float4 lo = acc[0], hi = acc[1];
     const uint4 out{pack2<Element>(lo.x, lo.y), pack2<Element>(lo.z, lo.w), pack2<Element>(hi.x, hi.y),
                     pack2<Element>(hi.z, hi.w)};
@@ -43,38 +42,34 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_kernel(const __grid_
 
 template <Half16 Element>
 cudaError_t launch_bwd_convert_dq(const BwdArgs& a, cudaStream_t stream) {
-  const std::int64_t n = static_cast<std::int64_t>(a.f.batch) * a.f.heads * a.f.seq_q * (a.head_dim / 8);
-  const std::int64_t blocks = (n + 255) / 256;
-  flash_bwd_convert_dq_kernel<Element>
-      <<<static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16), 256, 0, stream>>>(a);
+  const std::int64_t slots = static_cast<std::int64_t>(a.f.seq_q) * (a.head_dim / 8);
+  flash_bwd_convert_dq_kernel<Element><<<bwd_rows_grid(a, (slots + 255) / 256), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
 // sm90's tiled accumulator into dQ: one thread a fragment slot (a lane's four
-// floats of one n-tile: rows g and g + 8, columns 2t and 2t + 1).
+// floats of one n-tile: rows g and g + 8, columns 2t and 2t + 1); x blocks of
+// 256 slots of one (batch, head)'s 64-row tiles, y the (batch, head) pairs.
 template <Half16 Element, int kPadDim>
 __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const __grid_constant__ BwdArgs a) {
   constexpr int kDqCols = kPadDim / 2, kDqTiles = kDqCols / 8, kSlots = 64 * kPadDim / 4;  // float4s a tile
+  constexpr int kBlocksPerTile = kSlots / 256;
+  static_assert(kSlots % 256 == 0, "whole blocks a tile");
   const FwdArgs& f = a.f;
-  const std::int64_t n = static_cast<std::int64_t>(f.batch) * f.heads * (a.rows_pad / 64) * kSlots;
-  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
-       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t tile = e / kSlots;
-    int q = static_cast<int>(e % kSlots);
-    const int lane = q % 32;
-    q /= 32;
-    const int nt = q % kDqTiles;
-    q /= kDqTiles;
-    const int warp = q % 4, wg = q / 4;
-    const std::int64_t bh = tile / (a.rows_pad / 64);
-    const int row = static_cast<int>(tile % (a.rows_pad / 64)) * 64 + warp * 16 + lane / 4;
-    const int col = consumer_column<kPadDim>(wg, nt) + 2 * (lane % 4);
-    const int head = static_cast<int>(bh % f.heads), batch = static_cast<int>(bh / f.heads);
+  const int tile = static_cast<int>(blockIdx.x) / kBlocksPerTile;  // within the (batch, head)
+  // The slot (e, in the order the kernel staged them) and its place in the tile.
+  const int e = static_cast<int>(blockIdx.x) % kBlocksPerTile * 256 + static_cast<int>(threadIdx.x);
+  const int lane = e % 32, nt = e / 32 % kDqTiles, warp = e / 32 / kDqTiles % 4, wg = e / 32 / kDqTiles / 4;
+  const int row = tile * 64 + warp * 16 + lane / 4;
+  const int col = consumer_column<kPadDim>(wg, nt) + 2 * (lane % 4);
+  if (col >= a.head_dim) return;
+  for (int bh = blockIdx.y; bh < f.batch * f.heads; bh += gridDim.y) {
+    const int head = bh % f.heads, batch = bh / f.heads;
     const BwdArgs seq = a.sequence(batch);  // the rows' sequence (packed batches)
-    if (col >= a.head_dim || row >= seq.f.seq_q) continue;
-    // The slot's floats, where the kernel staged them (e is that slot, in order).
-    const float4 v = *reinterpret_cast<const float4*>(a.dq_accum + tile * 64 * kPadDim +
-                                                      DqTileLayout<kDqTiles>::offset(wg, warp, nt, lane));
+    if (row >= seq.f.seq_q) continue;
+    const std::int64_t at = (static_cast<std::int64_t>(bh) * a.rows_pad + tile * 64) * kPadDim;
+    const float4 v =
+        *reinterpret_cast<const float4*>(a.dq_accum + at + DqTileLayout<kDqTiles>::offset(wg, warp, nt, lane));
     std::uint16_t* const out =
         seq.dq + batch * seq.dq_batch_stride + head * seq.dq_head_stride + row * seq.dq_row_stride + col;
     *reinterpret_cast<std::uint32_t*>(out) = pack2<Element>(v.x, v.y);
@@ -85,10 +80,8 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const _
 
 template <Half16 Element, int kPadDim>
 cudaError_t launch_bwd_convert_dq_tiled(const BwdArgs& a, cudaStream_t stream) {
-  const std::int64_t n = static_cast<std::int64_t>(a.f.batch) * a.f.heads * a.rows_pad * kPadDim / 4;
-  const std::int64_t blocks = (n + 255) / 256;
   flash_bwd_convert_dq_tiled_kernel<Element, kPadDim>
-      <<<static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16), 256, 0, stream>>>(a);
+      <<<bwd_rows_grid(a, static_cast<std::int64_t>(a.rows_pad / 64) * (64 * kPadDim / 4 / 256)), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
