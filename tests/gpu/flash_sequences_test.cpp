@@ -404,6 +404,20 @@ TEST(FlashSequencesChecks, ExplainNamesWhatRuns) {
   const Eligibility ec = eligibility_of(*find_backend("flash", Device::Cuda), capped);
   ASSERT_TRUE(ec.eligible) << ec.reason;
   EXPECT_NE(ec.reason.find("soft-capped"), std::string::npos) << ec.reason;
+  // Which softmax the capped forward takes: the fixed base (bf16, c log2 e <= 80), else the running max.
+  EXPECT_NE(ec.reason.find("against the fixed base c log2 e = 7.2 "), std::string::npos) << ec.reason;
+  capped.softcap = 60;  // c log2 e = 86.6
+  const std::string past = eligibility_of(*find_backend("flash", Device::Cuda), capped).reason;
+  EXPECT_NE(
+      past.find("against the running max, as without a cap (c log2 e = 86.6 is past the fixed base's bound of 80)"),
+      std::string::npos)
+      << past;
+  capped.softcap = 5;
+  capped.dtype = DType::F16;
+  const std::string fp16 = eligibility_of(*find_backend("flash", Device::Cuda), capped).reason;
+  EXPECT_NE(fp16.find("against the running max, as without a cap (fp16's P cannot hold the fixed base's range)"),
+            std::string::npos)
+      << fp16;
 }
 
 }  // namespace

@@ -2,11 +2,13 @@
 // our FlashAttention-3 class kernel on sm90a (head_dim 64, 96, 128, 192, 256)
 // and our FlashAttention-2 class kernel elsewhere (sm80 path; runs on sm90
 // too). flash_path (fused_kernels.h) says which.
+#include <cstdio>
 #include <memory>
 #include <string>
 
 #include "backends/cuda/cuda_backends.h"
 #include "backends/cuda/fused_backend.h"
+#include "backends/cuda/kernels/flash_fwd_sm90_cfg.cuh"
 
 namespace attnprof::cuda {
 namespace {
@@ -53,7 +55,24 @@ const char* flash_story(const FusedParams& shape) {
         "; each sequence's keys bounded by its own count (a key-padding mask read as lengths: key tiles past "
         "it are never visited)";
   }
-  if (shape.softcap > 0.f) story += "; scores soft-capped (tanh before the mask, its derivative in the backward)";
+  if (shape.softcap > 0.f) {
+    story += "; scores soft-capped (tanh before the mask, its derivative in the backward)";
+    if (path == FlashPath::Sm90) {
+      // Which softmax the capped forward takes (launch_flash_fwd_sm90).
+      const kernels::FwdArgs a = kernels::FwdArgs::from(shape);
+      char base[48];
+      std::snprintf(base, sizeof base, "%.1f", a.scale_log2);
+      story += shape.bf16 && kernels::softcap_on_fixed_base(a)
+                   ? std::string("; the forward's exponentials against the fixed base c log2 e = ") + base +
+                         " (a capped score stays below it: no row max, no rescale of O, the row sums from the "
+                         "tensor cores)"
+                   : std::string("; the forward's exponentials against the running max, as without a cap (") +
+                         (shape.bf16 ? std::string("c log2 e = ") + base + " is past the fixed base's bound of " +
+                                           std::to_string(static_cast<int>(kernels::kCapFixedBaseMaxLog2))
+                                     : std::string("fp16's P cannot hold the fixed base's range")) +
+                         ")";
+    }
+  }
   if (!shape.per_sequence() && shape.softcap == 0.f && shape.seq_q <= 8 * kFlashDecodeMaxQueries &&
       flash_decode_head_dim(shape.head_dim)) {
     story += "; the decode kernel takes at most " + std::to_string(kFlashDecodeMaxQueries) + " queries, this has " +
