@@ -337,7 +337,7 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
       qk_block_bf16(k_rows, D, n, qt2, qcols, D / 2, job.q_scale, st);
     }
     mask_block(job, s, h, i0, nq, qcols, j0, n, st);
-    online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
+    online_softmax<true>(st, kBlockQ, n, qcols, m, l, alpha);
 
     if (amx) {
 #if ATTNPROF_FLASH_AMX

@@ -150,6 +150,8 @@ inline void pv_block(const float* pt, std::int64_t ldp, const float* v, std::int
 // (base-2 logits, masked entries -inf), the new running max m, the factor
 // alpha = 2^(m_old - m_new) that rescales the accumulator and the sum l, and
 // P = 2^(S - m_new) written over S^T. qcols is a multiple of kLanes.
+// kBf16P: P is rounded to bf16 for P V (exp2's shorter polynomial).
+template <bool kBf16P = false>
 inline void online_softmax(float* st, std::int64_t lds, std::int64_t n, std::int64_t qcols, float* m, float* l,
                            float* alpha) {
   for (std::int64_t c = 0; c < qcols; c += kLanes) {
@@ -168,15 +170,15 @@ inline void online_softmax(float* st, std::int64_t lds, std::int64_t n, std::int
     Vf sum0 = zeros();
     Vf sum1 = zeros();
     for (j = 0; j + 2 <= n; j += 2) {
-      const Vf p0 = exp2(sub(load(st + j * lds + c), shift));
-      const Vf p1 = exp2(sub(load(st + (j + 1) * lds + c), shift));
+      const Vf p0 = exp2<kBf16P>(sub(load(st + j * lds + c), shift));
+      const Vf p1 = exp2<kBf16P>(sub(load(st + (j + 1) * lds + c), shift));
       store(st + j * lds + c, p0);
       store(st + (j + 1) * lds + c, p1);
       sum0 = add(sum0, p0);
       sum1 = add(sum1, p1);
     }
     if (j < n) {
-      const Vf p0 = exp2(sub(load(st + j * lds + c), shift));
+      const Vf p0 = exp2<kBf16P>(sub(load(st + j * lds + c), shift));
       store(st + j * lds + c, p0);
       sum0 = add(sum0, p0);
     }

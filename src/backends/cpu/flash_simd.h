@@ -58,17 +58,30 @@ inline Vf finite_or_zero(Vf x) {
   const __mmask16 is_neg_inf = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
   return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~is_neg_inf), x.v)};
 }
-// The AVX2 version's algorithm (see there), 16 lanes.
+// The AVX2 version's algorithm (see there), 16 lanes. kBf16P: P is rounded
+// to bf16 for P V (8 bits), so the Cephes polynomial's 2e-7 is not needed: a
+// degree-3 minimax one (relative error below 1e-4, the GPU kernels' ex2_fma)
+// takes 3 of its 6 FMAs (the AMX forward at head dim 128: 8% faster on a
+// Xeon, docs/perf/cpu-flash.md). (VSCALEFPS in place of the exponent bits was
+// 1-2% slower there on the FP32 rows.)
+template <bool kBf16P = false>
 inline Vf exp2(Vf x) {
   const __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-127.0f));
   const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(xc, n);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  __m512 p;
+  if constexpr (kBf16P) {
+    p = _mm512_set1_ps(0.0555041086f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402264923f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471806f));
+  } else {
+    p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  }
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return {_mm512_mul_ps(p, _mm512_castsi512_ps(bits))};
@@ -127,6 +140,7 @@ inline Vf finite_or_zero(Vf x) {
 // 2e-7: x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f polynomial, 2^n
 // built in the exponent bits. Inputs below -127 (and -inf) give exactly 0,
 // because n = -127 produces a zero bit pattern.
+template <bool kBf16P = false>  // (8 lanes: P stays FP32; the one polynomial)
 inline Vf exp2(Vf x) {
   const __m256 xc = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
   const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -218,6 +232,7 @@ inline Vf max(Vf a, Vf b) {
 inline Vf finite_or_zero(Vf x) {
   return lanes([&](int i) { return x.v[i] == kNegInf ? 0.0f : x.v[i]; });
 }
+template <bool kBf16P = false>
 inline Vf exp2(Vf x) {
   return lanes([&](int i) { return std::exp2(x.v[i]); });
 }
