@@ -61,7 +61,7 @@ inline Vf finite_or_zero(Vf x) {
 // The AVX2 version's algorithm (see there), 16 lanes. kBf16P: P is rounded
 // to bf16 for P V (8 bits), so the Cephes polynomial's 2e-7 is not needed: a
 // degree-3 minimax one (relative error below 1e-4, the GPU kernels' ex2_fma)
-// takes 3 of its 6 FMAs (the AMX forward at head dim 128: 8% faster on a
+// takes 3 of its 6 FMAs (the AMX forward at head dim 128: 7% faster on a
 // Xeon, docs/perf/cpu-flash.md). (VSCALEFPS in place of the exponent bits was
 // 1-2% slower there on the FP32 rows.)
 template <bool kBf16P = false>
