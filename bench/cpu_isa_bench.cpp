@@ -6,7 +6,14 @@
 //
 //   cpu_isa_bench --isa LEVEL --batch B --heads H --seq S --head-dim D
 //                 --dtype fp32|bf16 --mask causal|none [--pass forward|backward]
-//                 [--threads N] [--repeats R] [--ftz]
+//                 [--threads N] [--repeats R] [--warmup-ms M] [--ftz]
+//     --warmup-ms: untimed calls until M ms have passed (at least one; 500
+//            by default). A fresh process on the Xeon VMs runs its first
+//            ~100 ms at a third of the speed whatever it does: the 1k row's
+//            first three calls 20-27 ms, then 7.4-9 ms, and a 300 ms sleep
+//            before the first call removes the slow calls
+//            (docs/perf/cpu-flash.md, "A fresh process's first 100 ms").
+//            PyTorch, timed in a long-lived Python process, never pays it.
 //     --ftz: denormals flushed to zero (MXCSR FTZ and DAZ) on every thread
 //            first, to tell whether denormal operands cost the row time
 //   cpu_isa_bench --levels     each level and what this CPU lacks for it
@@ -36,8 +43,12 @@ using namespace attnprof;
 double seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 template <class Fn>
-double median_seconds(int repeats, Fn&& fn) {
-  fn();  // warmup: page faults, thread pools, the kernels' repacked K and V
+double median_seconds(int repeats, double warmup_seconds, Fn&& fn) {
+  // Warm-up: page faults, thread pools, the kernels' repacked K and V, and
+  // the process's slow first ~100 ms (--warmup-ms).
+  const double warm_until = seconds() + warmup_seconds;
+  do fn();
+  while (seconds() < warm_until);
   std::vector<double> t;
   for (int r = 0; r < repeats; ++r) {
     const double start = seconds();
@@ -51,7 +62,7 @@ double median_seconds(int repeats, Fn&& fn) {
 [[noreturn]] void usage(const char* argv0, int code) {
   std::fprintf(stderr,
                "usage: %s --isa LEVEL --batch B --heads H --seq S --head-dim D --dtype fp32|bf16 --mask causal|none "
-               "[--pass forward|backward] [--threads N] [--repeats R] [--ftz] | --levels | --ceilings\n",
+               "[--pass forward|backward] [--threads N] [--repeats R] [--warmup-ms M] [--ftz] | --levels | --ceilings\n",
                argv0);
   std::exit(code);
 }
@@ -69,6 +80,7 @@ int main(int argc, char** argv) {
   p.mask = MaskKind::Causal;
   std::string isa = "auto";
   int threads = 2, repeats = 5;
+  double warmup_seconds = 0.5;
   bool levels = false, ceilings = false, ftz = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -103,6 +115,8 @@ int main(int argc, char** argv) {
       threads = std::stoi(value());
     } else if (a == "--repeats") {
       repeats = std::max(1, std::stoi(value()));
+    } else if (a == "--warmup-ms") {
+      warmup_seconds = std::max(0, std::stoi(value())) * 1e-3;
     } else {
       usage(argv[0], a == "--help" ? 0 : 2);
     }
@@ -143,14 +157,14 @@ int main(int argc, char** argv) {
   double t = 0;
   try {
     if (p.pass == Pass::Forward) {
-      t = median_seconds(repeats, [&] { flash->forward(p, in, out, ctx); });
+      t = median_seconds(repeats, warmup_seconds, [&] { flash->forward(p, in, out, ctx); });
     } else {
       const Tensor dout = make_dout(p, 0x5eed, alloc);
       Saved saved;
       flash->forward_train(p, in, out, saved, ctx);
       Gradients g{Tensor::empty(p.q_dims(), p.dtype, alloc), Tensor::empty(p.kv_dims(), p.dtype, alloc),
                   Tensor::empty(p.kv_dims(), p.dtype, alloc)};
-      t = median_seconds(repeats, [&] { flash->backward(p, in, out, dout, saved, g, ctx); });
+      t = median_seconds(repeats, warmup_seconds, [&] { flash->backward(p, in, out, dout, saved, g, ctx); });
     }
   } catch (const Error& e) {
     std::printf("refused %s\n", e.what());

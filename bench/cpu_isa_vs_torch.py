@@ -4,7 +4,9 @@
 For every row of issue 25's table, in the same process order each time: our
 flash at each level this CPU runs (bench/cpu_isa_bench, one process per level,
 ATTNPROF_CPU_ISA forced), then PyTorch's scaled_dot_product_attention on the
-CPU with torch.set_num_threads(threads); medians of --repeats after one warmup.
+CPU with torch.set_num_threads(threads); medians of --repeats after warm-up
+(ours: untimed calls for cpu_isa_bench's --warmup-ms, 500 ms, past a fresh
+process's slow first ~100 ms; PyTorch: one call in this long-lived process).
 One backward row: our flash backward against autograd through PyTorch's CPU
 SDPA (the backward alone, retain_graph). Prints a markdown table with the
 machine's ISA, ratios against PyTorch and the 0.80x / 1.00x targets.

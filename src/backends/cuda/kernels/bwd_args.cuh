@@ -88,4 +88,20 @@ struct BwdArgs {
 // NaN) as +inf, so that P = 2^(s - inf) = 0 throughout.
 __device__ __forceinline__ float lse_log2(float lse) { return isfinite(lse) ? lse * 1.4426950408889634f : INFINITY; }
 
+// The workspace rows of a sequence of seq_q query rows that the backward
+// reads: its query tiles, whole (rows past them, in a packed batch's shorter
+// sequences, are never read: no D, LSE or accumulator to write there).
+__device__ __forceinline__ int bwd_rows_read(int seq_q, int rows_pad) {
+  return min((seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad, rows_pad);
+}
+
+// The preprocess's and the dQ conversion's grid: x the row blocks of one
+// (batch, head)'s padded rows, y the (batch, head) pairs, strided past
+// 65535. A block whose rows start past its sequence's rows_read does
+// nothing, so a packed batch costs its own rows, not batch x its longest.
+inline dim3 bwd_rows_grid(const BwdArgs& a, std::int64_t x_blocks) {
+  const int bh = a.f.batch * a.f.heads;
+  return dim3(static_cast<unsigned>(x_blocks), static_cast<unsigned>(bh < 65535 ? bh : 65535));
+}
+
 }  // namespace attnprof::cuda::kernels

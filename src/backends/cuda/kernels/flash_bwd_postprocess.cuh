@@ -14,7 +14,6 @@
 #include "backends/cuda/kernels/bwd_args.cuh"
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/epilogue_bwd_sm90.cuh"
-#include "backends/cuda/kernels/flash_bwd_preprocess.cuh"
 
 namespace attnprof::cuda::kernels {
 

@@ -31,22 +31,6 @@ __device__ __forceinline__ float dot8(const uint4& x, const uint4& y) {
   return sum;
 }
 
-// The workspace rows of a sequence of seq_q query rows that the backward
-// reads: its query tiles, whole (rows past them, in a packed batch's shorter
-// sequences, are never read: no D, LSE or accumulator to write there).
-__device__ __forceinline__ int bwd_rows_read(int seq_q, int rows_pad) {
-  return min((seq_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad, rows_pad);
-}
-
-// The preprocess's and the dQ conversion's grid: x the row blocks of one
-// (batch, head)'s padded rows, y the (batch, head) pairs, strided past
-// 65535. A block whose rows start past its sequence's rows_read does
-// nothing, so a packed batch costs its own rows, not batch x its longest.
-inline dim3 bwd_rows_grid(const BwdArgs& a, std::int64_t x_blocks) {
-  const int bh = a.f.batch * a.f.heads;
-  return dim3(static_cast<unsigned>(x_blocks), static_cast<unsigned>(bh < 65535 ? bh : 65535));
-}
-
 // kLanes lanes a row (head_dim / 8 rounded up to a power of two, at most a
 // warp: 8 at head dim 64, 32 at 256), each with its 16-byte chunks of O and
 // dO (head_dim is a multiple of 8 and rows are 16-byte aligned:
