@@ -60,10 +60,11 @@ double median_seconds(int repeats, double warmup_seconds, Fn&& fn) {
 }
 
 [[noreturn]] void usage(const char* argv0, int code) {
-  std::fprintf(stderr,
-               "usage: %s --isa LEVEL --batch B --heads H --seq S --head-dim D --dtype fp32|bf16 --mask causal|none "
-               "[--pass forward|backward] [--threads N] [--repeats R] [--warmup-ms M] [--ftz] | --levels | --ceilings\n",
-               argv0);
+  std::fprintf(
+      stderr,
+      "usage: %s --isa LEVEL --batch B --heads H --seq S --head-dim D --dtype fp32|bf16 --mask causal|none "
+      "[--pass forward|backward] [--threads N] [--repeats R] [--warmup-ms M] [--ftz] | --levels | --ceilings\n",
+      argv0);
   std::exit(code);
 }
 
