@@ -141,6 +141,11 @@ inline __m512 _mm512_castsi512_ps(__m512i a) {
   std::memcpy(r.f, a.u, 64);
   return r;
 }
+inline __m512i _mm512_castps_si512(__m512 a) {
+  __m512i r;
+  std::memcpy(r.u, a.f, 64);
+  return r;
+}
 inline __m512i _mm512_cvtepu16_epi32(__m256i a) {
   return attnprof::emulation::map16<__m512i>([&](__m512i& r, int i) { r.u[i] = a.h[i]; });
 }

@@ -191,6 +191,18 @@ inline void pack_p_pairs(const float* st, std::int64_t n, std::int64_t pairs, st
   }
 }
 
+// online_softmax's sink for P V's operand: P^T rows paired as they are made,
+// pp[t][i] = (P^T[2t][i], P^T[2t+1][i]), an odd last row with a zero.
+struct PPairs {
+  std::uint32_t* pp;
+  void operator()(std::int64_t j, std::int64_t c, Vf p0, Vf p1) const {
+    _mm512_storeu_si512(pp + j / 2 * kBlockQ + c, pair_bf16(p0.v, p1.v));
+  }
+  void tail(std::int64_t j, std::int64_t c, Vf p0) const {
+    _mm512_storeu_si512(pp + j / 2 * kBlockQ + c, pair_bf16(p0.v, _mm512_setzero_ps()));
+  }
+};
+
 // ---- VDPBF16PS: S^T = K Qt and O += P V, register tiles as the FP32 ones ----
 
 // st[r][0..32) = scale * sum_p K[r] pair p . qt2[p][0..32) for r < MR.
@@ -312,6 +324,9 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
   std::fill(m, m + kBlockQ, kNegInf);
   std::fill(l, l + kBlockQ, 0.0f);
 
+  // The scores' scale rides in the softmax's exponent (no pass over S^T)
+  // unless a soft cap or a bias must see them scaled first.
+  const bool fold_scale = job.cap2 <= 0 && p.mask != MaskKind::Bias;
   KeyRange keys = visible_keys(s, i0, nq);
   keys.begin &= ~std::int64_t{1};  // blocks start on a pair of keys (the extra key is masked as outside the band)
   if (keys.begin < keys.end) {
@@ -328,22 +343,26 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
 #if ATTNPROF_FLASH_AMX
       // S^T tiles: A = 16 K rows by 32 dims, B = 16 pairs of Qt by 16 queries.
       amx_gemm<false>(k_rows, D, qt2, kBlockQ, round_up(n, 16), qcols, D / 2, st, kBlockQ);
-      const __m512 sc = _mm512_set1_ps(job.q_scale);
-      for (std::int64_t j = 0; j < n; ++j)
-        for (std::int64_t c = 0; c < qcols; c += 16)
-          _mm512_storeu_ps(st + j * kBlockQ + c, _mm512_mul_ps(_mm512_loadu_ps(st + j * kBlockQ + c), sc));
+      if (!fold_scale) {
+        const __m512 sc = _mm512_set1_ps(job.q_scale);
+        for (std::int64_t j = 0; j < n; ++j)
+          for (std::int64_t c = 0; c < qcols; c += 16)
+            _mm512_storeu_ps(st + j * kBlockQ + c, _mm512_mul_ps(_mm512_loadu_ps(st + j * kBlockQ + c), sc));
+      }
 #endif
     } else {
-      qk_block_bf16(k_rows, D, n, qt2, qcols, D / 2, job.q_scale, st);
+      qk_block_bf16(k_rows, D, n, qt2, qcols, D / 2, fold_scale ? 1.0f : job.q_scale, st);
     }
     mask_block(job, s, h, i0, nq, qcols, j0, n, st);
-    online_softmax<true>(st, kBlockQ, n, qcols, m, l, alpha);
+    // P^T's pairs straight from the softmax: the AMX product reads pairs
+    // up to a multiple of 32 keys, zero past n.
+    const std::int64_t pairs = amx ? round_up(n, 32) / 2 : (n + 1) / 2;
+    online_softmax<true>(st, kBlockQ, n, qcols, m, l, alpha, fold_scale ? job.q_scale : 1.0f, PPairs{pp});
+    for (std::int64_t t = (n + 1) / 2; t < pairs; ++t) std::fill(pp + t * kBlockQ, pp + t * kBlockQ + qcols, 0u);
 
     if (amx) {
 #if ATTNPROF_FLASH_AMX
       // O^T = diag(alpha) O^T + V^T P^T: A = 16 rows of V^T by 32 keys, B = 16 key pairs of P^T by 16 queries.
-      const std::int64_t pairs = round_up(n, 32) / 2;
-      pack_p_pairs(st, n, pairs, qcols, pp);
       // O^T's columns rescaled where their row's max moved (alpha < 1); on
       // long rows the max settles after a few blocks and most strips skip.
       for (std::int64_t c = 0; c < qcols; c += 16) {
@@ -355,8 +374,6 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
       amx_gemm<true>(vc + j0, keys_cached, pp, kBlockQ, D, qcols, pairs, o, kBlockQ);
 #endif
     } else {
-      const std::int64_t pairs = (n + 1) / 2;
-      pack_p_pairs(st, n, pairs, qcols, pp);
       const auto* vp = reinterpret_cast<const std::uint32_t*>(vc) + j0 / 2 * dpad;
       pv_block_bf16(pp, vp, dpad, pairs, nq, dpad, alpha, o, dpad);
     }

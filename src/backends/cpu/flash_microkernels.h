@@ -146,14 +146,31 @@ inline void pv_block(const float* pt, std::int64_t ldp, const float* v, std::int
   if (c < dpad) pv_strip<1>(pt, ldp, v + c, ldv, n, rows, alpha, o + c, ldo);
 }
 
+// P written over S^T in place: online_softmax's default sink.
+struct PInPlace {
+  float* st;
+  std::int64_t lds;
+  void operator()(std::int64_t j, std::int64_t c, Vf p0, Vf p1) const {
+    store(st + j * lds + c, p0);
+    store(st + (j + 1) * lds + c, p1);
+  }
+  void tail(std::int64_t j, std::int64_t c, Vf p0) const { store(st + j * lds + c, p0); }
+};
+
 // The online-softmax step on one key block: for each query column of S^T
-// (base-2 logits, masked entries -inf), the new running max m, the factor
-// alpha = 2^(m_old - m_new) that rescales the accumulator and the sum l, and
-// P = 2^(S - m_new) written over S^T. qcols is a multiple of kLanes.
+// (base-2 logits once multiplied by `scale`, masked entries -inf), the new
+// running max m, the factor alpha = 2^(m_old - m_new) that rescales the
+// accumulator and the sum l, and P = 2^(scale S - m_new), handed to
+// sink(j, c, P[j], P[j + 1]) a pair of key rows at a time and sink.tail(j,
+// c, P[j]) for an odd last one (PInPlace: over S^T). qcols is a multiple of
+// kLanes. The scale rides in the exponent's FMA and the max (scale > 0), so
+// a caller whose scores need no other scaled step passes it here instead of
+// a pass over S^T; with scale 1 P is what s - m_new gives, bit for bit.
 // kBf16P: P is rounded to bf16 for P V (exp2's shorter polynomial).
-template <bool kBf16P = false>
-inline void online_softmax(float* st, std::int64_t lds, std::int64_t n, std::int64_t qcols, float* m, float* l,
-                           float* alpha) {
+template <bool kBf16P = false, class Sink>
+inline void online_softmax(const float* st, std::int64_t lds, std::int64_t n, std::int64_t qcols, float* m, float* l,
+                           float* alpha, float scale, const Sink& sink) {
+  const Vf sc = splat(scale);
   for (std::int64_t c = 0; c < qcols; c += kLanes) {
     const Vf m_old = load(m + c);
     Vf block_max0 = splat(kNegInf);
@@ -164,28 +181,35 @@ inline void online_softmax(float* st, std::int64_t lds, std::int64_t n, std::int
       block_max1 = max(block_max1, load(st + (j + 1) * lds + c));
     }
     if (j < n) block_max0 = max(block_max0, load(st + j * lds + c));
-    const Vf m_new = max(m_old, max(block_max0, block_max1));
+    const Vf m_new = max(m_old, mul(sc, max(block_max0, block_max1)));
     const Vf shift = finite_or_zero(m_new);
+    const Vf neg_shift = sub(zeros(), shift);
     const Vf a = exp2(sub(m_old, shift));
     Vf sum0 = zeros();
     Vf sum1 = zeros();
     for (j = 0; j + 2 <= n; j += 2) {
-      const Vf p0 = exp2<kBf16P>(sub(load(st + j * lds + c), shift));
-      const Vf p1 = exp2<kBf16P>(sub(load(st + (j + 1) * lds + c), shift));
-      store(st + j * lds + c, p0);
-      store(st + (j + 1) * lds + c, p1);
+      const Vf p0 = exp2<kBf16P>(fma(load(st + j * lds + c), sc, neg_shift));
+      const Vf p1 = exp2<kBf16P>(fma(load(st + (j + 1) * lds + c), sc, neg_shift));
+      sink(j, c, p0, p1);
       sum0 = add(sum0, p0);
       sum1 = add(sum1, p1);
     }
     if (j < n) {
-      const Vf p0 = exp2<kBf16P>(sub(load(st + j * lds + c), shift));
-      store(st + j * lds + c, p0);
+      const Vf p0 = exp2<kBf16P>(fma(load(st + j * lds + c), sc, neg_shift));
+      sink.tail(j, c, p0);
       sum0 = add(sum0, p0);
     }
     store(m + c, m_new);
     store(alpha + c, a);
     store(l + c, fma(load(l + c), a, add(sum0, sum1)));
   }
+}
+
+// The step on scores already scaled, P over S^T.
+template <bool kBf16P = false>
+inline void online_softmax(float* st, std::int64_t lds, std::int64_t n, std::int64_t qcols, float* m, float* l,
+                           float* alpha) {
+  online_softmax<kBf16P>(st, lds, n, qcols, m, l, alpha, 1.0f, PInPlace{st, lds});
 }
 
 }  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS

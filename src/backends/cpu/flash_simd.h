@@ -66,9 +66,14 @@ inline Vf finite_or_zero(Vf x) {
 // 1-2% slower there on the FP32 rows.)
 template <bool kBf16P = false>
 inline Vf exp2(Vf x) {
+  // n = round(x) by the shifter 1.5 * 2^23 + 127: x + shifter is an integer
+  // float whose low mantissa bits hold n + 127, the exponent of 2^n once
+  // shifted left 23 (x within [-127, 128)): one add where VRNDSCALEPS and
+  // VCVTPS2DQ take three port-0 uops.
+  const __m512 shifter = _mm512_set1_ps(12583039.0f);
   const __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-127.0f));
-  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(xc, n);
+  const __m512 t = _mm512_add_ps(xc, shifter);
+  const __m512 f = _mm512_sub_ps(xc, _mm512_sub_ps(t, shifter));
   __m512 p;
   if constexpr (kBf16P) {
     p = _mm512_set1_ps(0.0555041086f);
@@ -83,7 +88,7 @@ inline Vf exp2(Vf x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
   }
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512i bits = _mm512_slli_epi32(_mm512_castps_si512(t), 23);
   return {_mm512_mul_ps(p, _mm512_castsi512_ps(bits))};
 }
 inline Vf tanh(Vf x) {
@@ -142,9 +147,10 @@ inline Vf finite_or_zero(Vf x) {
 // because n = -127 produces a zero bit pattern.
 template <bool kBf16P = false>  // (8 lanes: P stays FP32; the one polynomial)
 inline Vf exp2(Vf x) {
+  const __m256 shifter = _mm256_set1_ps(12583039.0f);  // round(x) + 127 in t's low bits (the AVX-512 exp2's trick)
   const __m256 xc = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
-  const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(xc, n);
+  const __m256 t = _mm256_add_ps(xc, shifter);
+  const __m256 f = _mm256_sub_ps(xc, _mm256_sub_ps(t, shifter));
   __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
@@ -152,7 +158,7 @@ inline Vf exp2(Vf x) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i bits = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
   return {_mm256_mul_ps(p, _mm256_castsi256_ps(bits))};
 }
 
