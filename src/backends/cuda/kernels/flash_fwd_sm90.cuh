@@ -146,12 +146,14 @@ cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream, float o_sc
 }
 
 // The soft-capped kernel's share of exponentials on the FMA pipe (of every
-// 8 n-tiles). Measured on the H200 (docs/perf/issue22-2026-12-04.md), cap
-// 30, 2 x 16 heads: with the row sums on the tensor cores (no FADD a score
-// left), none is best: at head dim 128, 1 in 8 costs 1% (4k) to 3% (8k)
-// non-causal, 2 or 3 in 8 cost 2-4%; at 64, 1 in 8 is within noise.
-template <int kHeadDim>
-inline constexpr int kCapFmaExp2 = 0;
+// 8 n-tiles). Measured on the H200 (docs/perf/issue22-2026-12-04.md and
+// -04c.md), cap 30, 2 x 16 x 4096: with the row sums on the tensor cores
+// (no FADD a score left), none is best but at head dim 128 causal, where one
+// in 8 is 1.2% faster (279.4 -> 276.2 us, three rounds interleaved) and
+// costs the non-causal kernel 1.2% (451 -> 456); 2 or 3 in 8 cost 2-4%; at
+// 64, 1 in 8 is within noise. (Window masks keep none: not measured.)
+template <int kHeadDim, MaskMode kMask>
+inline constexpr int kCapFmaExp2 = kHeadDim == 128 && kMask == MaskMode::Causal ? 1 : 0;
 
 // The head dim's default kernel, or (bf16, a cap within the fixed base's
 // bound) its soft-capped kernel.
@@ -167,7 +169,8 @@ cudaError_t launch_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   };
   using Cfg = FlashSm90DefaultCfg<kHeadDim>;
   if constexpr (std::same_as<Element, Bf16>) {
-    if (softcap_on_fixed_base(a)) return run.template operator()<FlashSm90CappedCfg<Cfg, kCapFmaExp2<kHeadDim>>>();
+    if (softcap_on_fixed_base(a))
+      return run.template operator()<FlashSm90CappedCfg<Cfg, kCapFmaExp2<kHeadDim, kMask>>>();
   }
   return run.template operator()<Cfg>();
 }
