@@ -141,6 +141,14 @@ inline __m512 _mm512_castsi512_ps(__m512i a) {
   std::memcpy(r.f, a.u, 64);
   return r;
 }
+inline __m512i _mm512_permutex2var_epi32(__m512i a, __m512i idx, __m512i b) {
+  __m512i r;
+  for (int i = 0; i < 16; ++i) {
+    const std::uint32_t sel = idx.u[i] & 31u;
+    r.u[i] = sel < 16 ? a.u[sel] : b.u[sel - 16];
+  }
+  return r;
+}
 inline __m512i _mm512_castps_si512(__m512 a) {
   __m512i r;
   std::memcpy(r.u, a.f, 64);

@@ -125,6 +125,16 @@ inline void pack_q(const ForwardJob& job, const Sequence& s, std::int64_t h, std
   for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
 }
 
+// The block's rows' log-sum-exp (natural log, -inf on a fully masked row),
+// where the job saves it.
+inline void store_lse(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                      const float* m, const float* l) {
+  if (!job.lse) return;
+  float* lse = job.lse + (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
+  for (std::int64_t i = 0; i < nq; ++i)
+    lse[i] = l[i] > 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
+}
+
 // out rows = O / l, zeros where l == 0 (every key masked: never NaN); and for
 // a training forward each row's natural-log LSE, ln(l) + m ln 2 (m is the
 // base-2 running max), -inf where l == 0. O is row i at o + i * ldo_row, or
@@ -134,11 +144,7 @@ inline void store_rows(const ForwardJob& job, const Sequence& s, std::int64_t h,
   const Tensor& out = job.out;
   const std::int64_t D = job.p.head_dim;
   const std::int64_t inc = out.stride(3);
-  if (job.lse) {
-    float* lse = job.lse + (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
-    for (std::int64_t i = 0; i < nq; ++i)
-      lse[i] = l[i] > 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
-  }
+  store_lse(job, s, h, i0, nq, m, l);
   constexpr std::int64_t kMaxRow = 256;  // the largest head dim a Problem takes
   float row[kMaxRow];                    // a 16-bit row, normalised, before store_row rounds it
   for (std::int64_t i = 0; i < nq; ++i) {
