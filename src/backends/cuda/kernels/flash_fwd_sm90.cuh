@@ -146,14 +146,24 @@ cudaError_t run_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream, float o_sc
 }
 
 // The soft-capped kernel's share of exponentials on the FMA pipe (of every
-// 8 n-tiles). Measured on the H200 (docs/perf/issue22-2026-12-04.md and
-// -04c.md), cap 30, 2 x 16 x 4096: with the row sums on the tensor cores
-// (no FADD a score left), none is best but at head dim 128 causal, where one
-// in 8 is 1.2% faster (279.4 -> 276.2 us, three rounds interleaved) and
-// costs the non-causal kernel 1.2% (451 -> 456); 2 or 3 in 8 cost 2-4%; at
-// 64, 1 in 8 is within noise. (Window masks keep none: not measured.)
+// 8 n-tiles) and its pingpong. Measured on the H200, cap 30, 2 x 16 x 4096,
+// each choice against the others in one run (docs/perf/issue22-2026-12-04.md
+// and -04c.md). With the row sums on the tensor cores (no FADD a score
+// left):
+// - head dim 128: none on the FMA pipe but under a causal mask, where one in
+//   8 is 1.2% faster (279.4 -> 276.2 us) and costs the non-causal kernel
+//   1.2% (451 -> 456); 2 or 3 in 8 cost 2-4%; without pingpong +0.3% (none)
+//   to +2.7% (causal);
+// - head dim 64, where two MUFU operations a score outweigh the tensor
+//   cores' work: the consumers' softmaxes at once (no pingpong) and one in 8
+//   on the FMA pipe, 2.4% (causal, 227.3 -> 221.8 us) and 3.9% (non-causal,
+//   399 -> 384) faster than pingpong with none; two in 8 lose 3% causal.
+// (Under a window mask neither choice was measured: it takes the non-causal
+// choice at 128 and the above at 64.)
 template <int kHeadDim, MaskMode kMask>
-inline constexpr int kCapFmaExp2 = kHeadDim == 128 && kMask == MaskMode::Causal ? 1 : 0;
+inline constexpr int kCapFmaExp2 = kHeadDim == 64 || (kHeadDim == 128 && kMask == MaskMode::Causal) ? 1 : 0;
+template <int kHeadDim>
+inline constexpr bool kCapPingpong = kHeadDim != 64 && FlashSm90DefaultCfg<kHeadDim>::kPingpong;
 
 // The head dim's default kernel, or (bf16, a cap within the fixed base's
 // bound) its soft-capped kernel.
@@ -170,7 +180,7 @@ cudaError_t launch_flash_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   using Cfg = FlashSm90DefaultCfg<kHeadDim>;
   if constexpr (std::same_as<Element, Bf16>) {
     if (softcap_on_fixed_base(a))
-      return run.template operator()<FlashSm90CappedCfg<Cfg, kCapFmaExp2<kHeadDim, kMask>>>();
+      return run.template operator()<FlashSm90CappedCfg<Cfg, kCapFmaExp2<kHeadDim, kMask>, kCapPingpong<kHeadDim>>>();
   }
   return run.template operator()<Cfg>();
 }

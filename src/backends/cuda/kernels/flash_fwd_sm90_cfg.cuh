@@ -105,11 +105,12 @@ struct FlashSm90DefaultCfgOf<256> {
 template <int kHeadDim>
 using FlashSm90DefaultCfg = typename FlashSm90DefaultCfgOf<kHeadDim>::type;
 
-// Cfg's soft-capped kernel: its tiles and roles, the fixed base, and kFmaExp2
-// of every 8 n-tiles' exponentials on the FMA pipe.
-template <class Cfg, int kFmaExp2 = Cfg::kFmaExp2>
+// Cfg's soft-capped kernel: its tiles and roles, the fixed base, kFmaExp2
+// of every 8 n-tiles' exponentials on the FMA pipe, and whether its
+// consumers take turns (kPingpong).
+template <class Cfg, int kFmaExp2 = Cfg::kFmaExp2, bool kPingpong = Cfg::kPingpong>
 using FlashSm90CappedCfg = FlashSm90Cfg<Cfg::kHeadDim, Cfg::kBlockN, Cfg::kConsumers, Cfg::kStages, Cfg::kSkipRescale,
-                                        Cfg::kWgProducer, Cfg::kPingpong, Cfg::kIntraOverlap, kFmaExp2, true>;
+                                        Cfg::kWgProducer, kPingpong, Cfg::kIntraOverlap, kFmaExp2, true>;
 
 // Whether a soft-capped problem takes the fixed-base kernel: a cap whose
 // c log2 e (a capped problem's scale_log2) is within the bound.
