@@ -16,11 +16,10 @@
 //    header, so every query block of the head (and of its grouped-query
 //    group) reads them packed;
 //  - P^T in pairs of keys, pp[t][i] = (P^T[2t][i], P^T[2t+1][i]).
-// The AMX tile configuration and block product are flash_amx_tiles.h.
+// The AMX tile configuration, block product and epilogue are flash_amx_tiles.h.
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -301,72 +300,6 @@ inline void pv_block_bf16(const std::uint32_t* pp, const std::uint32_t* vp, std:
 #include "backends/cpu/flash_amx_tiles.h"
 
 namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
-
-// The 16 x 16 transpose of 32-bit words, v[r] lane c <-> v[c] lane r: four
-// butterfly stages of VPERMT2D, stage b swapping the off-diagonal b x b
-// blocks of each pair of rows (r, r + b).
-inline void transpose16(__m512i (&v)[16]) {
-  struct Stage {
-    std::int32_t lo[16], hi[16];
-  };
-  static constexpr auto kStages = [] {
-    std::array<Stage, 4> st{};
-    for (int s = 0; s < 4; ++s) {
-      const int b = 8 >> s;
-      for (int c = 0; c < 16; ++c) {
-        st[s].lo[c] = (c & b) ? 16 + c - b : c;  // row r keeps its lanes without b, takes row r + b's
-        st[s].hi[c] = (c & b) ? 16 + c : c + b;  // row r + b the other way round
-      }
-    }
-    return st;
-  }();
-  for (int s = 0; s < 4; ++s) {
-    const int b = 8 >> s;
-    const __m512i lo = _mm512_loadu_si512(kStages[s].lo), hi = _mm512_loadu_si512(kStages[s].hi);
-    for (int r = 0; r < 16; ++r) {
-      if (r & b) continue;
-      const __m512i x = v[r], y = v[r + b];
-      v[r] = _mm512_permutex2var_epi32(x, lo, y);
-      v[r + b] = _mm512_permutex2var_epi32(x, hi, y);
-    }
-  }
-}
-
-// O^T [D][kBlockQ] (the AMX product's layout) normalised into the block's
-// output rows. A bf16 output with unit-stride rows (every AMX problem's, but
-// a strided view) takes 16 queries by 32 dims at a time: rows 2p and 2p + 1
-// of O^T, contiguous over the queries, scaled and paired to bf16 are the
-// 32-bit words at dims (2p, 2p + 1) of the 16 output rows; transposed in
-// registers they are 16 row pieces of 64 bytes. store_rows, gathering each
-// query's column of O^T and rounding element by element, took 2.5% of the
-// head dim 128 forward's time (a scatter of the words, 2.35%).
-inline void store_rows_amx(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
-                           const float* ot, const float* m, const float* l) {
-  const Tensor& out = job.out;
-  const std::int64_t D = job.p.head_dim, ld = out.stride(2);
-  if (out.dtype() != DType::BF16 || out.stride(3) != 1 || D % 32 != 0) {
-    store_rows(job, s, h, i0, nq, ot, 1, kBlockQ, m, l);
-    return;
-  }
-  store_lse(job, s, h, i0, nq, m, l);
-  alignas(64) float inv[kBlockQ] = {};
-  for (std::int64_t i = 0; i < nq; ++i) inv[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-  auto* first = out.data_as<std::uint16_t>() + out.index(s.tb, h, s.q0 + i0, 0);
-  for (std::int64_t c = 0; c < nq; c += 16) {
-    const __m512 sc = _mm512_loadu_ps(inv + c);
-    const std::int64_t rows = std::min<std::int64_t>(16, nq - c);
-    for (std::int64_t d = 0; d < D; d += 32) {
-      __m512i w[16];
-      for (int k = 0; k < 16; ++k) {
-        const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(ot + (d + 2 * k) * kBlockQ + c), sc);
-        const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(ot + (d + 2 * k + 1) * kBlockQ + c), sc);
-        w[k] = pair_bf16(lo, hi);
-      }
-      transpose16(w);
-      for (std::int64_t i = 0; i < rows; ++i) _mm512_storeu_si512(first + (c + i) * ld + d, w[i]);
-    }
-  }
-}
 
 // One work item on bf16 products (see the top of this file).
 inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
