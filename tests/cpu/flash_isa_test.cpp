@@ -80,6 +80,12 @@ const std::vector<Case>& cases() {
        DType::BF16,
        MaskKind::SlidingWindow},
       {"hdim_odd_bf16", {.heads = 1, .seq = 40, .kv_seq = 77, .head_dim = 40}, DType::BF16, MaskKind::Causal},
+      // A negative scale (legal: finite, non-zero) turns the scores' max into their min: the bf16 kernels,
+      // which take the scale in the softmax's exponent where they can, must scale first here.
+      {"negative_scale_bf16",
+       {.heads = 2, .seq = 150, .kv_seq = 190, .head_dim = 64, .scale = -0.3},
+       DType::BF16,
+       MaskKind::Causal},
       {"causal_f16", {.heads = 2, .seq = 100, .head_dim = 64}, DType::F16, MaskKind::Causal},
   };
   return c;

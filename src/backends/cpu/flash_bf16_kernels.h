@@ -328,8 +328,9 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
   std::fill(l, l + kBlockQ, 0.0f);
 
   // The scores' scale rides in the softmax's exponent (no pass over S^T)
-  // unless a soft cap or a bias must see them scaled first.
-  const bool fold_scale = job.cap2 <= 0 && p.mask != MaskKind::Bias;
+  // unless a soft cap or a bias must see them scaled first, or the scale is
+  // negative (legal; the max of the scaled scores is then their min's).
+  const bool fold_scale = job.q_scale > 0 && job.cap2 <= 0 && p.mask != MaskKind::Bias;
   KeyRange keys = visible_keys(s, i0, nq);
   keys.begin &= ~std::int64_t{1};  // blocks start on a pair of keys (the extra key is masked as outside the band)
   if (keys.begin < keys.end) {

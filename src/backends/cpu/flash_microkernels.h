@@ -163,7 +163,7 @@ struct PInPlace {
 // accumulator and the sum l, and P = 2^(scale S - m_new), handed to
 // sink(j, c, P[j], P[j + 1]) a pair of key rows at a time and sink.tail(j,
 // c, P[j]) for an odd last one (PInPlace: over S^T). qcols is a multiple of
-// kLanes. The scale rides in the exponent's FMA and the max (scale > 0), so
+// kLanes. The scale rides in the exponent's FMA and the max (scale > 0 only), so
 // a caller whose scores need no other scaled step passes it here instead of
 // a pass over S^T; with scale 1 P is what s - m_new gives, bit for bit.
 // kBf16P: P is rounded to bf16 for P V (exp2's shorter polynomial).
