@@ -35,8 +35,8 @@ using __mmask16 = std::uint16_t;
 
 constexpr int _CMP_EQ_OQ = 0x00;
 constexpr int _CMP_LT_OQ = 0x11;
-constexpr int _MM_FROUND_TO_NEAREST_INT = 0x00;
-constexpr int _MM_FROUND_NO_EXC = 0x08;
+constexpr int _CMP_GE_OQ = 0x1d;
+constexpr int _MM_FROUND_TO_NEG_INF = 0x01;
 
 namespace attnprof::emulation {
 template <class T, class F>
@@ -105,7 +105,10 @@ inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) {
 inline __mmask16 _mm512_cmp_ps_mask(__m512 a, __m512 b, int pred) {
   __mmask16 k = 0;
   for (int i = 0; i < 16; ++i) {
-    const bool t = pred == _CMP_EQ_OQ ? a.f[i] == b.f[i] : pred == _CMP_LT_OQ ? a.f[i] < b.f[i] : throw 0;
+    const bool t = pred == _CMP_EQ_OQ   ? a.f[i] == b.f[i]
+                   : pred == _CMP_LT_OQ ? a.f[i] < b.f[i]
+                   : pred == _CMP_GE_OQ ? a.f[i] >= b.f[i]
+                                        : throw 0;
     if (t) k = static_cast<__mmask16>(k | (1u << i));
   }
   return k;
@@ -116,19 +119,21 @@ inline __m512 _mm512_maskz_mov_ps(__mmask16 k, __m512 a) {
 inline __m512 _mm512_mask_blend_ps(__mmask16 k, __m512 a, __m512 b) {
   return attnprof::emulation::map16<__m512>([&](__m512& r, int i) { r.f[i] = (k >> i) & 1 ? b.f[i] : a.f[i]; });
 }
-inline __m512 _mm512_roundscale_ps(__m512 a, int) {
-  return attnprof::emulation::map16<__m512>([&](__m512& r, int i) { r.f[i] = std::nearbyint(a.f[i]); });
+// VREDUCEPS with no fraction bits kept, rounding down (the only form used):
+// x - floor(x), 0 for infinities.
+inline __m512 _mm512_reduce_ps(__m512 a, int imm) {
+  if (imm != _MM_FROUND_TO_NEG_INF) throw 0;
+  return attnprof::emulation::map16<__m512>(
+      [&](__m512& r, int i) { r.f[i] = std::isinf(a.f[i]) ? 0.0f : a.f[i] - std::floor(a.f[i]); });
 }
-inline __m512i _mm512_cvtps_epi32(__m512 a) {
-  return attnprof::emulation::map16<__m512i>([&](__m512i& r, int i) {
-    r.u[i] = static_cast<std::uint32_t>(static_cast<std::int32_t>(std::nearbyint(a.f[i])));
+// VSCALEFPS zero-masked: a * 2^floor(b) where k's bit is set, else 0.
+inline __m512 _mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b) {
+  return attnprof::emulation::map16<__m512>([&](__m512& r, int i) {
+    r.f[i] = (k >> i) & 1 ? std::ldexp(a.f[i], static_cast<int>(std::floor(b.f[i]))) : 0.0f;
   });
 }
 inline __m512i _mm512_set1_epi32(std::int32_t x) {
   return attnprof::emulation::map16<__m512i>([&](__m512i& r, int i) { r.u[i] = static_cast<std::uint32_t>(x); });
-}
-inline __m512i _mm512_add_epi32(__m512i a, __m512i b) {
-  return attnprof::emulation::map16<__m512i>([&](__m512i& r, int i) { r.u[i] = a.u[i] + b.u[i]; });
 }
 inline __m512i _mm512_or_si512(__m512i a, __m512i b) {
   return attnprof::emulation::map16<__m512i>([&](__m512i& r, int i) { r.u[i] = a.u[i] | b.u[i]; });
@@ -147,11 +152,6 @@ inline __m512i _mm512_permutex2var_epi32(__m512i a, __m512i idx, __m512i b) {
     const std::uint32_t sel = idx.u[i] & 31u;
     r.u[i] = sel < 16 ? a.u[sel] : b.u[sel - 16];
   }
-  return r;
-}
-inline __m512i _mm512_castps_si512(__m512 a) {
-  __m512i r;
-  std::memcpy(r.u, a.f, 64);
   return r;
 }
 inline __m512i _mm512_cvtepu16_epi32(__m256i a) {

@@ -191,17 +191,27 @@ TEST_P(FlashIsa, Bf16BackwardProductsMatchFloat64) {
 }
 
 // The vector exp2 of the softmax against std::exp2 over the exponents it
-// takes (<= 0), down to where it flushes to 0.
+// takes (<= 0); below -127 at most the smallest normal float, and exactly 0
+// from -150 down (a masked score); 1 within rounding just below 0.
 TEST_P(FlashIsa, VectorExp2MatchesStdExp2) {
   std::vector<float> xs;
   for (float x = 0.0f; x > -126.0f; x -= 0.173f) xs.push_back(x);
-  xs.push_back(-std::numeric_limits<float>::infinity());
-  while (xs.size() % 16 != 0) xs.push_back(-0.5f);
+  for (const float x : {-1e-30f, -1e-9f, -5.96e-8f, -0.999999f, -1.0f, -1.000001f}) xs.push_back(x);
+  const std::size_t flushed = xs.size();
+  for (const float x : {-127.0f, -127.5f, -149.0f, -300.0f, -1e30f, -std::numeric_limits<float>::infinity()})
+    xs.push_back(x);
+  while (xs.size() % 16 != 0) xs.push_back(-std::numeric_limits<float>::infinity());
   std::vector<float> got(xs.size(), std::numeric_limits<float>::quiet_NaN());
   cpu::flash::kernels_of(GetParam()).vector_exp2(xs.data(), got.data(), static_cast<std::int64_t>(xs.size()));
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const double want = std::exp2(static_cast<double>(xs[i]));
-    EXPECT_LE(std::abs(got[i] - want), 1e-6 * want + 1e-38) << "exp2(" << xs[i] << ") = " << got[i];
+    if (i >= flushed) {
+      EXPECT_LE(got[i], std::numeric_limits<float>::min()) << "exp2(" << xs[i] << ")";
+      EXPECT_GE(got[i], 0.0f) << "exp2(" << xs[i] << ")";
+      if (xs[i] <= -150.0f) EXPECT_EQ(got[i], 0.0f) << "exp2(" << xs[i] << ")";
+    } else {
+      EXPECT_LE(std::abs(got[i] - want), 1e-6 * want + 1e-38) << "exp2(" << xs[i] << ") = " << got[i];
+    }
   }
 }
 

@@ -173,15 +173,15 @@ inline void online_softmax(const float* st, std::int64_t lds, std::int64_t n, st
   const Vf sc = splat(scale);
   for (std::int64_t c = 0; c < qcols; c += kLanes) {
     const Vf m_old = load(m + c);
-    Vf block_max0 = splat(kNegInf);
-    Vf block_max1 = splat(kNegInf);  // two chains hide the max latency
+    // Four chains: VMAXPS's 4-cycle latency, not its ports, bounded two.
+    Vf block_max[4] = {splat(kNegInf), splat(kNegInf), splat(kNegInf), splat(kNegInf)};
     std::int64_t j = 0;
-    for (; j + 2 <= n; j += 2) {
-      block_max0 = max(block_max0, load(st + j * lds + c));
-      block_max1 = max(block_max1, load(st + (j + 1) * lds + c));
-    }
-    if (j < n) block_max0 = max(block_max0, load(st + j * lds + c));
-    const Vf m_new = max(m_old, mul(sc, max(block_max0, block_max1)));
+    for (; j + 4 <= n; j += 4)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) block_max[u] = max(block_max[u], load(st + (j + u) * lds + c));
+    for (; j < n; ++j) block_max[0] = max(block_max[0], load(st + j * lds + c));
+    const Vf tile_max = max(max(block_max[0], block_max[1]), max(block_max[2], block_max[3]));
+    const Vf m_new = max(m_old, mul(sc, tile_max));
     const Vf shift = finite_or_zero(m_new);
     const Vf neg_shift = sub(zeros(), shift);
     const Vf a = exp2(sub(m_old, shift));

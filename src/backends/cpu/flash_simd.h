@@ -58,38 +58,34 @@ inline Vf finite_or_zero(Vf x) {
   const __mmask16 is_neg_inf = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
   return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~is_neg_inf), x.v)};
 }
-// The AVX2 version's algorithm (see there), 16 lanes. kBf16P: P is rounded
-// to bf16 for P V (8 bits), so the Cephes polynomial's 2e-7 is not needed: a
-// degree-3 minimax one (relative error below 1e-4, the GPU kernels' ex2_fma)
-// takes 3 of its 6 FMAs (the AMX forward at head dim 128: 7% faster on a
-// Xeon, docs/perf/cpu-flash.md). (VSCALEFPS in place of the exponent bits was
-// 1-2% slower there on the FP32 rows.)
+// 2^x for x <= 0, 16 lanes, in eight vector operations: f = x - floor(x) in
+// [0, 1) by VREDUCEPS, 2^f by a degree-5 minimax polynomial (relative error
+// 1.5e-7 in FP32 arithmetic), and 2^f 2^floor(x) by VSCALEFPS. Lanes below
+// -126 (and -inf, NaN) are exactly 0 by the scale's zero mask: VSCALEFPS
+// would produce them as subnormals or underflow through a microcode assist
+// (about 70x slower a vector on a Xeon without FTZ, docs/perf/cpu-flash.md).
+// The AVX2 version's shifter, polynomial, shift and multiply take twelve.
+// kBf16P: P is rounded to bf16 for P V (8 bits), so a degree-3 polynomial
+// (relative error below 1e-4, as the GPU kernels' ex2_fma) does.
 template <bool kBf16P = false>
 inline Vf exp2(Vf x) {
-  // n = round(x) by the shifter 1.5 * 2^23 + 127: x + shifter is an integer
-  // float whose low mantissa bits hold n + 127, the exponent of 2^n once
-  // shifted left 23 (x within [-127, 128)): one add where VRNDSCALEPS and
-  // VCVTPS2DQ take three port-0 uops.
-  const __m512 shifter = _mm512_set1_ps(12583039.0f);
-  const __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-127.0f));
-  const __m512 t = _mm512_add_ps(xc, shifter);
-  const __m512 f = _mm512_sub_ps(xc, _mm512_sub_ps(t, shifter));
+  const __mmask16 normal = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  const __m512 f = _mm512_reduce_ps(x.v, _MM_FROUND_TO_NEG_INF);
   __m512 p;
   if constexpr (kBf16P) {
-    p = _mm512_set1_ps(0.0555041086f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402264923f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471806f));
+    p = _mm512_set1_ps(0.07802802424f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2260710361f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6958271705f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999262621f));
   } else {
-    p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_set1_ps(1.8776139694e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.9893848737e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5826135024e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4015374839e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9315304410e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.9999992640e-1f));
   }
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_castps_si512(t), 23);
-  return {_mm512_mul_ps(p, _mm512_castsi512_ps(bits))};
+  return {_mm512_maskz_scalef_ps(normal, p, x.v)};
 }
 inline Vf tanh(Vf x) {
   const __m512 sign = _mm512_and_ps(x.v, _mm512_set1_ps(-0.0f));
