@@ -122,6 +122,48 @@ TEST_P(FlashIsa, ForwardMatchesFloat64) {
   }
 }
 
+// Heads whose K and V take more than 2 MiB in FP32, where the FP32 kernels take
+// 128 query rows an item (forward_rows_fp32) and run each key block on the
+// query columns that see it: ragged last items, every mask kind that
+// straddles a 128-row item differently from a 64-row one, a soft cap, and
+// fp16 rows widened on the way in. Sampled rows, the last ones among them.
+TEST_P(FlashIsa, LongSequenceForwardMatchesFloat64) {
+  const ForceIsa force(std::string(cpu::isa_name(GetParam())));
+  auto flash = cpu::make_flash();
+  struct LongCase {
+    Case c;
+    double softcap;
+  };
+  const std::vector<LongCase> long_cases = {
+      {{"causal_4100_fp32", {.heads = 1, .seq = 4100, .head_dim = 64}, DType::F32, MaskKind::Causal}, 0.0},
+      {{"bottom_right_capped_fp32",
+        {.heads = 2, .kv_heads = 1, .seq = 2050, .kv_seq = 4400, .head_dim = 64},
+        DType::F32,
+        MaskKind::CausalBottomRight},
+       20.0},
+      {{"window_hdim128_fp32",
+        {.heads = 1, .seq = 2200, .head_dim = 128, .window = 300},
+        DType::F32,
+        MaskKind::SlidingWindow},
+       0.0},
+      {{"none_f16", {.heads = 1, .seq = 1100, .kv_seq = 4200, .head_dim = 64}, DType::F16, MaskKind::None}, 0.0},
+  };
+  for (const LongCase& lc : long_cases) {
+    const Case& c = lc.c;
+    Problem p = testing::to_problem(c.shape, c.dtype, c.mask);
+    p.softcap = lc.softcap;
+    p.validate();
+    ASSERT_TRUE(flash->eligibility(p).eligible) << c.name;
+    EXPECT_EQ(cpu::flash::kernels_of(GetParam()).forward_block_rows(p), 128) << c.name;
+    const Inputs in = make_inputs(p, 17, cpu_allocator());
+    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    flash->forward(p, in, out, ctx);
+    testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 160)),
+                                   std::string(cpu::isa_name(GetParam())) + " " + c.name);
+  }
+}
+
 TEST_P(FlashIsa, BackwardMatchesFloat64) {
   const ForceIsa force(std::string(cpu::isa_name(GetParam())));
   auto flash = cpu::make_flash();

@@ -1,5 +1,6 @@
 // flash on the CPU: FlashAttention's tiled online softmax. Each work item is
-// one (batch, head, block of kBlockQ query rows); it walks the visible key
+// one (batch, head, block of query rows: kBlockQ, or twice that where the
+// kernels' forward_block_rows says); it walks the visible key
 // blocks, keeps a running max and sum per query row and rescales its FP32
 // accumulator, so nothing [S, Skv]-sized ever exists. Work items run on OpenMP
 // threads, each with its own scratch; blocks past the causal or window bounds
@@ -141,12 +142,13 @@ void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, 
 }
 
 // Per key row the visible query columns are one interval.
-void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st) {
+void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st,
+               std::int64_t lds) {
   for (std::int64_t j = 0; j < n; ++j) {
     const std::int64_t key = j0 + j;
     const std::int64_t first = band.has_hi ? std::clamp(key - band.hi - i0, std::int64_t{0}, qcols) : 0;
     const std::int64_t end = band.has_lo ? std::clamp(key - band.lo - i0 + 1, first, qcols) : qcols;
-    float* row = st + j * kBlockQ;
+    float* row = st + j * lds;
     std::fill(row, row + first, kNegInf);
     std::fill(row + end, row + qcols, kNegInf);
   }
@@ -155,7 +157,7 @@ void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t 
 // Masks and biases are read row by row through the tensor's strides, so
 // [1, 1, S, Skv] and stride-0 expanded views both work.
 void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq,
-                 std::int64_t j0, std::int64_t n, float* st) {
+                 std::int64_t j0, std::int64_t n, float* st, std::int64_t lds) {
   const bool boolean = p.mask == MaskKind::Boolean;
   const Tensor& t = boolean ? in.mask : in.bias;
   const std::int64_t tb = t.size(0) == 1 ? 0 : b;
@@ -166,13 +168,13 @@ void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_
     if (boolean) {
       const auto* keep = t.data_as<const std::uint8_t>() + base;
       for (std::int64_t j = 0; j < n; ++j)
-        if (!keep[j * inc]) st[j * kBlockQ + c] = kNegInf;
+        if (!keep[j * inc]) st[j * lds + c] = kNegInf;
     } else if (t.dtype() == DType::F32) {
       const float* bias = t.data_as<const float>() + base;
-      for (std::int64_t j = 0; j < n; ++j) st[j * kBlockQ + c] += kLog2e * bias[j * inc];
+      for (std::int64_t j = 0; j < n; ++j) st[j * lds + c] += kLog2e * bias[j * inc];
     } else {
       for (std::int64_t j = 0; j < n; ++j)
-        st[j * kBlockQ + c] += kLog2e * load_as_float(t.data(), t.dtype(), base + j * inc);
+        st[j * lds + c] += kLog2e * load_as_float(t.data(), t.dtype(), base + j * inc);
     }
   }
 }
@@ -381,7 +383,8 @@ class FlashCpu final : public Backend {
 
     // A packed batch's items run over its longest sequence's query blocks;
     // those past a shorter one's end return at once.
-    const std::int64_t q_blocks = (p.seq + kBlockQ - 1) / kBlockQ;
+    const std::int64_t rows = kernels.forward_block_rows(p);
+    const std::int64_t q_blocks = (p.seq + rows - 1) / rows;
     const std::int64_t heads = p.batch * p.heads;
     const std::int64_t items = heads * q_blocks;
     const int threads =
@@ -410,7 +413,7 @@ class FlashCpu final : public Backend {
       for (std::int64_t item = 0; item < items; ++item) {
         const std::int64_t bh = item / q_blocks;
         const std::int64_t qb = q_blocks - 1 - item % q_blocks;
-        kernels.attend_block(job, bh / p.heads, bh % p.heads, qb * kBlockQ, mine);
+        kernels.attend_block(job, bh / p.heads, bh % p.heads, qb * rows, mine);
       }
     }
   }

@@ -357,7 +357,7 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
     } else {
       qk_block_bf16(k_rows, D, n, qt2, qcols, D / 2, fold_scale ? 1.0f : job.q_scale, st);
     }
-    mask_block(job, s, h, i0, nq, qcols, j0, n, st);
+    mask_block(job, s, h, i0, nq, qcols, j0, n, st, kBlockQ);
     // P^T's pairs straight from the softmax: the AMX product reads pairs
     // up to a multiple of 32 keys, zero past n.
     const std::int64_t pairs = amx ? round_up(n, 32) / 2 : (n + 1) / 2;

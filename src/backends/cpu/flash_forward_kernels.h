@@ -15,10 +15,19 @@
 
 namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
 
-// 128 keys: a block's S^T (128 x 64 floats, 32 KiB) and the K and V rows it
-// reads stay in the 512 KiB L2 next to the accumulator, while the per-block
-// softmax bookkeeping is amortised over twice as many keys as with 64.
-constexpr std::int64_t kBlockK = 128;
+// 64 keys a block: S^T (64 keys by up to 128 query columns, 32 KiB) stays in
+// L1 beside the operands while the products write it and the softmax reads it.
+constexpr std::int64_t kBlockK = 64;
+
+// Query rows a work item: 128 where a head's K and V in FP32 take more than
+// 2 MiB (past 4096 keys at head dim 64, 2048 at 128), more than a core's L2
+// (2 MiB on the Xeons measured) keeps, so every item reads them from L3:
+// twice the rows an item halve that traffic (8k keys causal: 3% faster).
+// kBlockQ (64) up to there, where the smaller item's shorter diagonal wins
+// (4096 keys at 64: 1% slower with 128; docs/perf/cpu-flash.md).
+inline std::int64_t forward_rows_fp32(const Problem& p) {
+  return p.kv_seq * p.head_dim * 2 * 4 > (std::int64_t{2} << 20) ? 2 * kBlockQ : kBlockQ;
+}
 
 inline std::int64_t dpad_of(std::int64_t head_dim) { return round_up(head_dim, kLanes); }
 
@@ -27,20 +36,20 @@ struct Layout {
   std::int64_t qt = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, alpha = 0, total = 0;
 };
 
-inline Layout layout_for(std::int64_t head_dim) {
+inline Layout layout_for(std::int64_t head_dim, std::int64_t rows) {
   const std::int64_t dpad = dpad_of(head_dim);
   Layout L;
   ScratchLayout scratch;
   const auto take = [&scratch](std::int64_t floats) { return scratch.take(floats); };
   take(kScratchHeaderFloats);
-  L.qt = take(head_dim * kBlockQ);
+  L.qt = take(head_dim * rows);
   L.k = take(kBlockK * head_dim);
   L.v = take(kBlockK * dpad);
-  L.s = take(kBlockK * kBlockQ);
-  L.o = take(kBlockQ * dpad);
-  L.m = take(kBlockQ);
-  L.l = take(kBlockQ);
-  L.alpha = take(kBlockQ);
+  L.s = take(kBlockK * rows);
+  L.o = take(rows * dpad);
+  L.m = take(rows);
+  L.l = take(rows);
+  L.alpha = take(rows);
   L.total = scratch.total;
   return L;
 }
@@ -77,15 +86,15 @@ inline void widen_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int6
   for (; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c);
 }
 
-// Soft-capping on a block of S^T (n key rows by qcols query columns, row
-// length kBlockQ), applied after the scale and before the mask: with the
+// Soft-capping on a block of S^T (n key rows by qcols query columns, rows lds
+// floats apart), applied after the scale and before the mask: with the
 // logits base 2, s2 = log2(e) s, the cap c becomes cap2 = log2(e) c and
 // s2 <- cap2 tanh(s2 / cap2). qcols is a multiple of kLanes. Callers branch
 // on cap2 > 0 once per block, so an uncapped run never comes here.
-inline void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st) {
+inline void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st, std::int64_t lds) {
   const Vf cap = splat(cap2), inv = splat(1.0f / cap2);
   for (std::int64_t j = 0; j < n; ++j) {
-    float* row = st + j * kBlockQ;
+    float* row = st + j * lds;
     for (std::int64_t c = 0; c < qcols; c += kLanes) store(row + c, mul(cap, tanh(mul(load(row + c), inv))));
   }
 }
@@ -113,16 +122,16 @@ inline void load_kv_row(const ForwardJob& job, const Tensor& logical, const Tens
   widen_row(r.t, r.b, hk, r.row, job.p.head_dim, dst);
 }
 
-// Query rows i0..i0+nq transposed into qt[d][i] and pre-scaled; columns up to
-// qcols are zero so padded lanes compute harmless values.
+// Query rows i0..i0+nq transposed into qt[d][i] (rows ldq floats apart) and
+// pre-scaled; columns up to qcols are zero so padded lanes compute harmless values.
 inline void pack_q(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
-                   std::int64_t qcols, float* qt, float* row) {
+                   std::int64_t qcols, float* qt, std::int64_t ldq, float* row) {
   const std::int64_t D = job.p.head_dim;
   for (std::int64_t i = 0; i < nq; ++i) {
     widen_row(job.in.q, s.tb, h, s.q0 + i0 + i, D, row);
-    for (std::int64_t d = 0; d < D; ++d) qt[d * kBlockQ + i] = row[d] * job.q_scale;
+    for (std::int64_t d = 0; d < D; ++d) qt[d * ldq + i] = row[d] * job.q_scale;
   }
-  for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * kBlockQ + nq, qt + d * kBlockQ + qcols, 0.0f);
+  for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * ldq + nq, qt + d * ldq + qcols, 0.0f);
 }
 
 // The block's rows' log-sum-exp (natural log, -inf on a fully masked row),
@@ -175,32 +184,52 @@ inline KeyRange visible_keys(const Sequence& s, std::int64_t i0, std::int64_t nq
           .end = band.has_hi ? std::min(s.kv_seq, last + band.hi + 1) : s.kv_seq};
 }
 
-// Soft cap, band and tensor masks on one block of S^T (n keys from j0).
-inline void mask_block(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
-                       std::int64_t qcols, std::int64_t j0, std::int64_t n, float* st) {
-  const Problem& p = job.p;
-  const Band& band = s.band;
-  if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st);
-  const std::int64_t last = i0 + nq - 1;
-  const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
-  if (straddles) mask_band(band, i0, j0, n, qcols, st);
-  if ((p.mask == MaskKind::Boolean && !job.mask_lowered) || p.mask == MaskKind::Bias)
-    mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st);
+// The query columns [begin, end) of rows [i0, i0 + nq) that can see any key
+// of [j0, j0 + n), begin rounded down and end up to whole S^T tiles (kQkCols;
+// end at most qcols): the block's products, softmax and P V run on these
+// alone, and the rows outside keep O, m and l as they are (their P is 0 and
+// their alpha 1). Where an item has more rows than a key block, the
+// diagonal's blocks are seen by only part of them.
+struct ColRange {
+  std::int64_t begin = 0, end = 0;
+};
+inline ColRange visible_cols(const Band& band, std::int64_t i0, std::int64_t nq, std::int64_t qcols, std::int64_t j0,
+                             std::int64_t n) {
+  const std::int64_t first = band.has_hi ? std::clamp(j0 - band.hi - i0, std::int64_t{0}, nq) : 0;
+  const std::int64_t last = band.has_lo ? std::clamp(j0 + n - band.lo - i0, first, nq) : nq;
+  return {.begin = first / kQkCols * kQkCols, .end = std::min(qcols, round_up(last, kQkCols))};
 }
 
-inline std::int64_t forward_scratch_fp32(const Problem& p) { return layout_for(p.head_dim).total; }
+// Soft cap, band and tensor masks on one block of S^T (n keys from j0, rows
+// lds floats apart).
+inline void mask_block(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
+                       std::int64_t qcols, std::int64_t j0, std::int64_t n, float* st, std::int64_t lds) {
+  const Problem& p = job.p;
+  const Band& band = s.band;
+  if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st, lds);
+  const std::int64_t last = i0 + nq - 1;
+  const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
+  if (straddles) mask_band(band, i0, j0, n, qcols, st, lds);
+  if ((p.mask == MaskKind::Boolean && !job.mask_lowered) || p.mask == MaskKind::Bias)
+    mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st, lds);
+}
 
-// One work item in FP32: query rows [i0, i0 + nq) of (sequence b, head h)
+// Sized for the larger item whatever the rows, so a run's workspace does not
+// depend on its sequence length.
+inline std::int64_t forward_scratch_fp32(const Problem& p) { return layout_for(p.head_dim, 2 * kBlockQ).total; }
+
+// One work item in FP32: query rows [i0, i0 + kRows) of (sequence b, head h)
 // against every visible key of the sequence; nothing past a short sequence's end.
-inline void attend_block_fp32(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
+template <std::int64_t kRows>
+inline void attend_rows_fp32(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
   const Problem& p = job.p;
   const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
   if (i0 >= s.seq) return;
-  const Layout L = layout_for(p.head_dim);
+  const Layout L = layout_for(p.head_dim, kRows);
   const std::int64_t D = p.head_dim;
   const std::int64_t dpad = dpad_of(D);
   const std::int64_t hk = h / p.group();
-  const std::int64_t nq = std::min(kBlockQ, s.seq - i0);
+  const std::int64_t nq = std::min(kRows, s.seq - i0);
   const std::int64_t qcols = round_up(nq, kQkCols);
   float* qt = scratch + L.qt;
   float* st = scratch + L.s;
@@ -214,17 +243,20 @@ inline void attend_block_fp32(const ForwardJob& job, std::int64_t b, std::int64_
   const bool v_in_place = job.v_unit && job.in.v.dtype() == DType::F32 && D % kLanes == 0;
 
   std::fill(o, o + nq * dpad, 0.0f);
-  std::fill(m, m + kBlockQ, kNegInf);
-  std::fill(l, l + kBlockQ, 0.0f);
+  std::fill(m, m + kRows, kNegInf);
+  std::fill(l, l + kRows, 0.0f);
 
   // The keys any row of this block can see; rows outside it stay all-masked.
   const KeyRange keys = visible_keys(s, i0, nq);
-  if (keys.begin < keys.end) pack_q(job, s, h, i0, nq, qcols, qt, st);
+  if (keys.begin < keys.end) pack_q(job, s, h, i0, nq, qcols, qt, kRows, st);
 
   const Tensor& K = job.in.k;
   const Tensor& V = job.in.v;
   for (std::int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const std::int64_t n = std::min(kBlockK, keys.end - j0);
+    const ColRange cols = visible_cols(s.band, i0, nq, qcols, j0, n);
+    const std::int64_t c0 = cols.begin, ncols = cols.end - c0, nrows = std::min(nq, cols.end) - c0;
+    if (ncols <= 0) continue;
 
     const float* k_rows = scratch + L.k;
     std::int64_t ldk = D;
@@ -237,10 +269,10 @@ inline void attend_block_fp32(const ForwardJob& job, std::int64_t b, std::int64_
     Prefetch v_next;
     if (v_in_place)
       v_next = {.rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0), .ld = V.stride(2), .floats = D};
-    qk_block(k_rows, ldk, n, qt, kBlockQ, qcols, D, st, kBlockQ, v_next);
-    mask_block(job, s, h, i0, nq, qcols, j0, n, st);
+    qk_block(k_rows, ldk, n, qt + c0, kRows, ncols, D, st + c0, kRows, v_next);
+    mask_block(job, s, h, i0 + c0, nrows, ncols, j0, n, st + c0, kRows);
 
-    online_softmax(st, kBlockQ, n, qcols, m, l, alpha);
+    online_softmax(st + c0, kRows, n, ncols, m + c0, l + c0, alpha + c0);
 
     const float* v_rows = scratch + L.v;
     std::int64_t ldv = dpad;
@@ -254,9 +286,17 @@ inline void attend_block_fp32(const ForwardJob& job, std::int64_t b, std::int64_
         std::fill(row + D, row + dpad, 0.0f);
       }
     }
-    pv_block(st, kBlockQ, v_rows, ldv, n, nq, dpad, alpha, o, dpad);
+    pv_block(st + c0, kRows, v_rows, ldv, n, nrows, dpad, alpha + c0, o + c0 * dpad, dpad);
   }
   store_rows(job, s, h, i0, nq, o, dpad, 1, m, l);
+}
+
+inline void attend_block_fp32(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
+  if (forward_rows_fp32(job.p) == 2 * kBlockQ) {
+    attend_rows_fp32<2 * kBlockQ>(job, b, h, i0, scratch);
+  } else {
+    attend_rows_fp32<kBlockQ>(job, b, h, i0, scratch);
+  }
 }
 
 }  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS

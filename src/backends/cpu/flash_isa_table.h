@@ -50,6 +50,7 @@ inline void vector_exp2(const float* x, float* y, std::int64_t n) {
 inline std::int64_t forward_scratch(const Problem& p) {
   return bf16_path(p) ? forward_scratch_bf16(p) : forward_scratch_fp32(p);
 }
+inline std::int64_t forward_block_rows(const Problem& p) { return bf16_path(p) ? kBlockQ : forward_rows_fp32(p); }
 inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
   if (bf16_path(job.p)) {
     attend_block_bf16(job, b, h, i0, scratch);
@@ -89,6 +90,7 @@ inline const char* backward_products(const Problem& p) {
 }
 #else
 inline std::int64_t forward_scratch(const Problem& p) { return forward_scratch_fp32(p); }
+inline std::int64_t forward_block_rows(const Problem& p) { return forward_rows_fp32(p); }
 inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
   attend_block_fp32(job, b, h, i0, scratch);
 }
@@ -107,7 +109,8 @@ namespace attnprof::cpu::flash {
 
 const Kernels ATTNPROF_ISA_TABLE {
   .isa = ATTNPROF_ISA_LEVEL, .lanes = ATTNPROF_ISA_NS::kLanes,
-  .forward_scratch_floats = &ATTNPROF_ISA_NS::forward_scratch, .attend_block = &ATTNPROF_ISA_NS::attend_block,
+  .forward_scratch_floats = &ATTNPROF_ISA_NS::forward_scratch,
+  .forward_block_rows = &ATTNPROF_ISA_NS::forward_block_rows, .attend_block = &ATTNPROF_ISA_NS::attend_block,
   .forward_products = &ATTNPROF_ISA_NS::forward_products,
   .forward_repacks_heads = &ATTNPROF_ISA_NS::forward_repacks_heads,
   .backward_key_rows = &ATTNPROF_ISA_NS::key_block_rows, .backward_scratch_floats = &ATTNPROF_ISA_NS::backward_scratch,

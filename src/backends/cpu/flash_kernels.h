@@ -57,7 +57,10 @@ struct Kernels {
   int lanes;  // FP32 lanes per vector
   // Per-thread forward scratch for p, in floats (the header included).
   std::int64_t (*forward_scratch_floats)(const Problem& p);
-  // One forward work item: query rows [i0, i0 + kBlockQ) of (sequence b, head h).
+  // Query rows a forward work item takes for p (kBlockQ or twice that).
+  std::int64_t (*forward_block_rows)(const Problem& p);
+  // One forward work item: query rows [i0, i0 + forward_block_rows(p)) of
+  // (sequence b, head h).
   void (*attend_block)(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch);
   // The products the forward uses for p: a static sentence for the story.
   const char* (*forward_products)(const Problem& p);

@@ -91,14 +91,16 @@ void require_shapes(const Problem& p, const Inputs& in, const char* who);
 void load_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst);
 void store_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, const float* src);
 
-// -inf where the band hides key j0 + j from query i0 + c, in S^T (row length
-// kBlockQ), on a block that straddles a bound.
-void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st);
+// -inf where the band hides key j0 + j from query i0 + c, in S^T (rows lds
+// floats apart), on a block that straddles a bound.
+void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t n, std::int64_t qcols, float* st,
+               std::int64_t lds);
 
 // Boolean masks (false hides) and additive biases (times log2(e): the logits
-// are base 2) applied to S^T of query rows i0..i0+nq and keys j0..j0+n.
+// are base 2) applied to S^T of query rows i0..i0+nq and keys j0..j0+n
+// (rows lds floats apart).
 void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq,
-                 std::int64_t j0, std::int64_t n, float* st);
+                 std::int64_t j0, std::int64_t n, float* st, std::int64_t lds);
 
 }  // namespace attnprof::cpu::flash
 
