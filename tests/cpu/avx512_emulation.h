@@ -36,6 +36,7 @@ using __mmask16 = std::uint16_t;
 constexpr int _CMP_EQ_OQ = 0x00;
 constexpr int _CMP_LT_OQ = 0x11;
 constexpr int _CMP_GE_OQ = 0x1d;
+constexpr int _CMP_GT_OQ = 0x1e;
 constexpr int _MM_FROUND_TO_NEG_INF = 0x01;
 
 namespace attnprof::emulation {
@@ -108,6 +109,7 @@ inline __mmask16 _mm512_cmp_ps_mask(__m512 a, __m512 b, int pred) {
     const bool t = pred == _CMP_EQ_OQ   ? a.f[i] == b.f[i]
                    : pred == _CMP_LT_OQ ? a.f[i] < b.f[i]
                    : pred == _CMP_GE_OQ ? a.f[i] >= b.f[i]
+                   : pred == _CMP_GT_OQ ? a.f[i] > b.f[i]
                                         : throw 0;
     if (t) k = static_cast<__mmask16>(k | (1u << i));
   }

@@ -164,6 +164,40 @@ TEST_P(FlashIsa, LongSequenceForwardMatchesFloat64) {
   }
 }
 
+// Keys whose scores grow along the sequence (K row j scaled by 1 + j / 40),
+// so a row's running max passes its shift by more than kMaxLead again and
+// again and the accumulator is rescaled on many blocks, where random inputs
+// move it on the first blocks only. fp32 and bf16, forward with its LSE.
+TEST_P(FlashIsa, ForwardWithARisingMaxMatchesFloat64) {
+  const ForceIsa force(std::string(cpu::isa_name(GetParam())));
+  auto flash = cpu::make_flash();
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    Problem p = testing::to_problem(Shape{.heads = 2, .seq = 70, .kv_seq = 1000, .head_dim = 64}, dtype,
+                                    MaskKind::CausalBottomRight);
+    p.validate();
+    const Inputs in = make_inputs(p, 23, cpu_allocator());
+    const Tensor& k = in.k;
+    for (std::int64_t h = 0; h < p.kv_heads; ++h)
+      for (std::int64_t j = 0; j < p.kv_seq; ++j)
+        for (std::int64_t d = 0; d < p.head_dim; ++d) {
+          const std::int64_t at = k.index(0, h, j, d);
+          const float grow = 1.0f + static_cast<float>(j) / 40.0f;
+          if (dtype == DType::F32) {
+            k.data_as<float>()[at] *= grow;
+          } else {
+            auto* x = k.data_as<std::uint16_t>() + at;
+            *x = float_to_bf16(bf16_to_float(*x) * grow);
+          }
+        }
+    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    flash->forward(p, in, out, ctx);
+    testing::expect_flash_accurate(
+        p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
+        std::string(cpu::isa_name(GetParam())) + " rising max " + std::string(dtype_name(dtype)));
+  }
+}
+
 TEST_P(FlashIsa, BackwardMatchesFloat64) {
   const ForceIsa force(std::string(cpu::isa_name(GetParam())));
   auto flash = cpu::make_flash();
@@ -245,6 +279,8 @@ TEST_P(FlashIsa, VectorExp2MatchesStdExp2) {
   while (xs.size() % 16 != 0) xs.push_back(-std::numeric_limits<float>::infinity());
   std::vector<float> got(xs.size(), std::numeric_limits<float>::quiet_NaN());
   cpu::flash::kernels_of(GetParam()).vector_exp2(xs.data(), got.data(), static_cast<std::int64_t>(xs.size()));
+  // Exactly 1 at 0: the softmax's rescale factor where the max did not move.
+  EXPECT_EQ(got[0], 1.0f);
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const double want = std::exp2(static_cast<double>(xs[i]));
     if (i >= flushed) {

@@ -157,10 +157,18 @@ struct PInPlace {
   void tail(std::int64_t j, std::int64_t c, Vf p0) const { store(st + j * lds + c, p0); }
 };
 
+// How far a block's max may pass the running shift before the shift moves
+// to it (base-2 logits): P = 2^(s - m) is then at most 2^8, well inside
+// FP32's and bf16's range, and m is at most 8 below the true max (the
+// log-sum-exp and the normalisation use the m the sums were taken against,
+// so nothing else changes). FlashAttention-4 skips its rescales the same way.
+constexpr float kMaxLead = 8.0f;
+
 // The online-softmax step on one key block: for each query column of S^T
 // (base-2 logits once multiplied by `scale`, masked entries -inf), the new
-// running max m, the factor alpha = 2^(m_old - m_new) that rescales the
-// accumulator and the sum l, and P = 2^(scale S - m_new), handed to
+// running shift m (kMaxLead says when it moves), the factor alpha = 2^(m_old
+// - m_new) that rescales the accumulator and the sum l, and P = 2^(scale S -
+// m_new), handed to
 // sink(j, c, P[j], P[j + 1]) a pair of key rows at a time and sink.tail(j,
 // c, P[j]) for an odd last one (PInPlace: over S^T). qcols is a multiple of
 // kLanes. The scale rides in the exponent's FMA and the max (scale > 0 only), so
@@ -181,7 +189,12 @@ inline void online_softmax(const float* st, std::int64_t lds, std::int64_t n, st
       for (int u = 0; u < 4; ++u) block_max[u] = max(block_max[u], load(st + (j + u) * lds + c));
     for (; j < n; ++j) block_max[0] = max(block_max[0], load(st + j * lds + c));
     const Vf tile_max = max(max(block_max[0], block_max[1]), max(block_max[2], block_max[3]));
-    const Vf m_new = max(m_old, mul(sc, tile_max));
+    // The shift moves only where the block's max passes it by more than
+    // kMaxLead, and then to that max: P stays at most 2^kMaxLead, and alpha
+    // is exactly 1 on every other block, so the accumulator's rescale can be
+    // skipped there (the AMX kernel's O^T in memory).
+    const Vf block = mul(sc, tile_max);
+    const Vf m_new = select_greater(block, add(m_old, splat(kMaxLead)), block, m_old);
     const Vf shift = finite_or_zero(m_new);
     const Vf neg_shift = sub(zeros(), shift);
     const Vf a = exp2(sub(m_old, shift));

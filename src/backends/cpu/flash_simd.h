@@ -54,13 +54,18 @@ inline Vf add(Vf a, Vf b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline Vf sub(Vf a, Vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline Vf mul(Vf a, Vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline Vf max(Vf a, Vf b) { return {_mm512_max_ps(a.v, b.v)}; }
+// a > b ? x : y, lane by lane (false where either is NaN).
+inline Vf select_greater(Vf a, Vf b, Vf x, Vf y) {
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ), y.v, x.v)};
+}
 inline Vf finite_or_zero(Vf x) {
   const __mmask16 is_neg_inf = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
   return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~is_neg_inf), x.v)};
 }
 // 2^x for x <= 0, 16 lanes, in eight vector operations: f = x - floor(x) in
-// [0, 1) by VREDUCEPS, 2^f by a degree-5 minimax polynomial (relative error
-// 1.5e-7 in FP32 arithmetic), and 2^f 2^floor(x) by VSCALEFPS. Lanes below
+// [0, 1) by VREDUCEPS, 2^f by a degree-5 minimax polynomial whose constant
+// term is 1 (relative error 1.6e-7 in FP32 arithmetic; 2^0 is exactly 1, so
+// an unmoved max rescales by exactly 1), and 2^f 2^floor(x) by VSCALEFPS. Lanes below
 // -126 (and -inf, NaN) are exactly 0 by the scale's zero mask: VSCALEFPS
 // would produce them as subnormals or underflow through a microcode assist
 // (about 70x slower a vector on a Xeon without FTZ, docs/perf/cpu-flash.md).
@@ -73,18 +78,17 @@ inline Vf exp2(Vf x) {
   const __m512 f = _mm512_reduce_ps(x.v, _MM_FROUND_TO_NEG_INF);
   __m512 p;
   if constexpr (kBf16P) {
-    p = _mm512_set1_ps(0.07802802424f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2260710361f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6958271705f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999262621f));
+    p = _mm512_set1_ps(7.7064635399e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.2764859349e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9511550446e-1f));
   } else {
-    p = _mm512_set1_ps(1.8776139694e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.9893848737e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5826135024e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4015374839e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9315304410e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.9999992640e-1f));
+    p = _mm512_set1_ps(1.8671294531e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.0170316321e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5799912188e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4016445039e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9315131179e-1f));
   }
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return {_mm512_maskz_scalef_ps(normal, p, x.v)};
 }
 inline Vf tanh(Vf x) {
@@ -130,6 +134,9 @@ inline Vf add(Vf a, Vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vf sub(Vf a, Vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline Vf mul(Vf a, Vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline Vf max(Vf a, Vf b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline Vf select_greater(Vf a, Vf b, Vf x, Vf y) {
+  return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ))};
+}
 // x where x > -inf, else 0: the running max used as the exponent's shift, so a
 // row that has seen only masked keys computes exp2(-inf - 0) = 0, never NaN.
 inline Vf finite_or_zero(Vf x) {
@@ -230,6 +237,9 @@ inline Vf mul(Vf a, Vf b) {
 }
 inline Vf max(Vf a, Vf b) {
   return lanes([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; });
+}
+inline Vf select_greater(Vf a, Vf b, Vf x, Vf y) {
+  return lanes([&](int i) { return a.v[i] > b.v[i] ? x.v[i] : y.v[i]; });
 }
 inline Vf finite_or_zero(Vf x) {
   return lanes([&](int i) { return x.v[i] == kNegInf ? 0.0f : x.v[i]; });
