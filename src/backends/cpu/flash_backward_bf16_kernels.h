@@ -111,10 +111,10 @@ template <int NV, bool kAccumulate>
 inline void dot_strip(const std::uint16_t* a, std::int64_t lda, const std::uint32_t* b, std::int64_t ldb,
                       std::int64_t rows, std::int64_t pairs, float* c, std::int64_t ldc) {
   std::int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows)
-    dot_tile<kTileRows, NV, kAccumulate>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc);
+  for (; r + kBf16TileRows <= rows; r += kBf16TileRows)
+    dot_tile<kBf16TileRows, NV, kAccumulate>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc);
   if (r == rows) return;
-  with_tail_rows(rows - r, [&](auto mr) {
+  with_tail_rows<kBf16TileRows - 1>(rows - r, [&](auto mr) {
     dot_tile<decltype(mr)::value, NV, kAccumulate>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc);
   });
 }

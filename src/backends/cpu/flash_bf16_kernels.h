@@ -238,11 +238,11 @@ inline void qk_tile_bf16(const std::uint16_t* k, std::int64_t ldk, const std::ui
 inline void qk_block_bf16(const std::uint16_t* k, std::int64_t ldk, std::int64_t n, const std::uint32_t* qt2,
                           std::int64_t qcols, std::int64_t pairs, float scale, float* st) {
   std::int64_t j = 0;
-  for (; j + kTileRows <= n; j += kTileRows)
+  for (; j + kBf16TileRows <= n; j += kBf16TileRows)
     for (std::int64_t c = 0; c < qcols; c += 32)
-      qk_tile_bf16<kTileRows>(k + j * ldk, ldk, qt2 + c, pairs, scale, st + j * kBlockQ + c);
+      qk_tile_bf16<kBf16TileRows>(k + j * ldk, ldk, qt2 + c, pairs, scale, st + j * kBlockQ + c);
   if (j == n) return;
-  with_tail_rows(n - j, [&](auto mr) {
+  with_tail_rows<kBf16TileRows - 1>(n - j, [&](auto mr) {
     for (std::int64_t c = 0; c < qcols; c += 32)
       qk_tile_bf16<decltype(mr)::value>(k + j * ldk, ldk, qt2 + c, pairs, scale, st + j * kBlockQ + c);
   });
@@ -280,10 +280,10 @@ template <int NV>
 inline void pv_strip_bf16(const std::uint32_t* pp, const std::uint32_t* vp, std::int64_t ldv, std::int64_t pairs,
                           std::int64_t rows, const float* alpha, float* o, std::int64_t ldo) {
   std::int64_t i = 0;
-  for (; i + kTileRows <= rows; i += kTileRows)
-    pv_tile_bf16<kTileRows, NV>(pp + i, vp, ldv, pairs, alpha + i, o + i * ldo, ldo);
+  for (; i + kBf16TileRows <= rows; i += kBf16TileRows)
+    pv_tile_bf16<kBf16TileRows, NV>(pp + i, vp, ldv, pairs, alpha + i, o + i * ldo, ldo);
   if (i == rows) return;
-  with_tail_rows(rows - i, [&](auto mr) {
+  with_tail_rows<kBf16TileRows - 1>(rows - i, [&](auto mr) {
     pv_tile_bf16<decltype(mr)::value, NV>(pp + i, vp, ldv, pairs, alpha + i, o + i * ldo, ldo);
   });
 }

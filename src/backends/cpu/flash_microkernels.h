@@ -11,7 +11,7 @@
 // softmax runs down the columns of S^T, kLanes query rows per vector; and
 // O += P V broadcasts P^T[j][i] (any layout broadcasts alike) against vector
 // rows of V, again read in place. Each tile keeps kTileRows x 2 accumulators
-// in registers (6 x 2 ymm with AVX2, 12 x 2 zmm with AVX-512): 2 vector loads
+// in registers (6 x 2 ymm with AVX2, 8 x 2 zmm with AVX-512): 2 vector loads
 // and kTileRows broadcasts per 2 kTileRows FMAs.
 #pragma once
 

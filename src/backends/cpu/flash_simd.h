@@ -37,8 +37,14 @@ namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
 #if ATTNPROF_FLASH_AVX512
 
 constexpr int kLanes = 16;
-// Register tiles of 12 rows: 12 x 2 accumulators + 2 operands + 1 broadcast <= 32 zmm.
-constexpr int kTileRows = 12;
+// The FP32 FMA tiles: 8 rows, 8 x 2 accumulators (two FMA ports of 4-cycle
+// latency need 8 in flight), so the forward's 64-key blocks and 128-row
+// items, and the backward's 64-row blocks, split without a tail (on a Xeon
+// 1-2% faster than 12 rows with a 4- or 8-row tail, docs/perf/cpu-flash.md).
+constexpr int kTileRows = 8;
+// The bf16 dot-product tiles (VDPBF16PS) keep 12 rows, 12 x 2 accumulators
+// + 2 operands + 1 broadcast <= 32 zmm: 8 rows were 2-3% slower there.
+constexpr int kBf16TileRows = 12;
 
 struct Vf {
   __m512 v;
