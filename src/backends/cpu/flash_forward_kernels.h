@@ -33,7 +33,7 @@ inline std::int64_t dpad_of(std::int64_t head_dim) { return round_up(head_dim, k
 
 // Per-thread scratch, in floats; every region starts on a 64-byte boundary.
 struct Layout {
-  std::int64_t qt = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, alpha = 0, total = 0;
+  std::int64_t qt = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, alpha = 0, colmax = 0, total = 0;
 };
 
 inline Layout layout_for(std::int64_t head_dim, std::int64_t rows) {
@@ -50,6 +50,7 @@ inline Layout layout_for(std::int64_t head_dim, std::int64_t rows) {
   L.m = take(rows);
   L.l = take(rows);
   L.alpha = take(rows);
+  L.colmax = take(rows);
   L.total = scratch.total;
   return L;
 }
@@ -200,18 +201,22 @@ inline ColRange visible_cols(const Band& band, std::int64_t i0, std::int64_t nq,
   return {.begin = first / kQkCols * kQkCols, .end = std::min(qcols, round_up(last, kQkCols))};
 }
 
+// Whether the block of rows [i0, i0 + nq) and keys [j0, j0 + n) straddles a
+// bound of the band.
+inline bool straddles_band(const Band& band, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t n) {
+  return (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < i0 + nq - 1 + band.lo);
+}
+inline bool has_mask_tensor(const ForwardJob& job) {
+  return (job.p.mask == MaskKind::Boolean && !job.mask_lowered) || job.p.mask == MaskKind::Bias;
+}
+
 // Soft cap, band and tensor masks on one block of S^T (n keys from j0, rows
 // lds floats apart).
 inline void mask_block(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
                        std::int64_t qcols, std::int64_t j0, std::int64_t n, float* st, std::int64_t lds) {
-  const Problem& p = job.p;
-  const Band& band = s.band;
   if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st, lds);
-  const std::int64_t last = i0 + nq - 1;
-  const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < last + band.lo);
-  if (straddles) mask_band(band, i0, j0, n, qcols, st, lds);
-  if ((p.mask == MaskKind::Boolean && !job.mask_lowered) || p.mask == MaskKind::Bias)
-    mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st, lds);
+  if (straddles_band(s.band, i0, nq, j0, n)) mask_band(s.band, i0, j0, n, qcols, st, lds);
+  if (has_mask_tensor(job)) mask_tensor(job.p, job.in, s.tb, h, i0, nq, j0, n, st, lds);
 }
 
 // Sized for the larger item whatever the rows, so a run's workspace does not
@@ -269,10 +274,13 @@ inline void attend_rows_fp32(const ForwardJob& job, std::int64_t b, std::int64_t
     Prefetch v_next;
     if (v_in_place)
       v_next = {.rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0), .ld = V.stride(2), .floats = D};
-    qk_block(k_rows, ldk, n, qt + c0, kRows, ncols, D, st + c0, kRows, v_next);
-    mask_block(job, s, h, i0 + c0, nrows, ncols, j0, n, st + c0, kRows);
+    // A block no mask or cap touches takes its max from the products' registers.
+    const bool masked = job.cap2 > 0 || straddles_band(s.band, i0 + c0, nrows, j0, n) || has_mask_tensor(job);
+    float* colmax = masked ? nullptr : scratch + L.colmax;
+    qk_block(k_rows, ldk, n, qt + c0, kRows, ncols, D, st + c0, kRows, v_next, colmax);
+    if (masked) mask_block(job, s, h, i0 + c0, nrows, ncols, j0, n, st + c0, kRows);
 
-    online_softmax(st + c0, kRows, n, ncols, m + c0, l + c0, alpha + c0);
+    online_softmax(st + c0, kRows, n, ncols, m + c0, l + c0, alpha + c0, colmax);
 
     const float* v_rows = scratch + L.v;
     std::int64_t ldv = dpad;

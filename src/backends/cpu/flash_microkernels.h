@@ -36,10 +36,11 @@ inline void with_tail_rows(std::int64_t rows, Fn&& fn) {
   }
 }
 
-// st[r][0..2 kLanes) = sum_d k[r][d] * qt[d][0..2 kLanes) for r < MR (one tile of S^T).
+// st[r][0..2 kLanes) = sum_d k[r][d] * qt[d][0..2 kLanes) for r < MR (one tile of S^T);
+// with colmax, colmax[0..2 kLanes) also takes the tile's column maxima.
 template <int MR>
 inline void qk_tile(const float* k, std::int64_t ldk, const float* qt, std::int64_t ldq, std::int64_t depth, float* st,
-                    std::int64_t lds) {
+                    std::int64_t lds, float* colmax) {
   Vf acc[MR][2];
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = zeros();
@@ -58,6 +59,17 @@ inline void qk_tile(const float* k, std::int64_t ldk, const float* qt, std::int6
     store(st + r * lds, acc[r][0]);
     store(st + r * lds + kLanes, acc[r][1]);
   }
+  if (!colmax) return;
+    // A tree over the tile's rows, from the registers the products left.
+#pragma GCC unroll 12
+  for (int step = 1; step < MR; step *= 2)
+#pragma GCC unroll 12
+    for (int r = 0; r + step < MR; r += 2 * step) {
+      acc[r][0] = max(acc[r][0], acc[r + step][0]);
+      acc[r][1] = max(acc[r][1], acc[r + step][1]);
+    }
+  store(colmax, max(load(colmax), acc[0][0]));
+  store(colmax + kLanes, max(load(colmax + kLanes), acc[0][1]));
 }
 
 // Rows the next pass will read (V during S^T = K Qt), fetched into L2 a few
@@ -77,21 +89,26 @@ struct Prefetch {
 // Query columns per S^T tile: forward blocks round their columns up to it.
 constexpr std::int64_t kQkCols = 2 * kLanes;
 
-// S^T[0..n)[0..qcols) = K[0..n) Qt, qcols a multiple of kQkCols.
+// S^T[0..n)[0..qcols) = K[0..n) Qt, qcols a multiple of kQkCols; with
+// colmax, colmax[0..qcols) = S^T's column maxima (online_softmax's block max,
+// taken from the registers instead of a pass over S^T).
 inline void qk_block(const float* k, std::int64_t ldk, std::int64_t n, const float* qt, std::int64_t ldq,
-                     std::int64_t qcols, std::int64_t depth, float* st, std::int64_t lds, const Prefetch& next = {}) {
+                     std::int64_t qcols, std::int64_t depth, float* st, std::int64_t lds, const Prefetch& next = {},
+                     float* colmax = nullptr) {
+  if (colmax) std::fill(colmax, colmax + qcols, kNegInf);
+  const auto col = [colmax](std::int64_t c) { return colmax ? colmax + c : nullptr; };
   std::int64_t j = 0;
   for (; j + kTileRows <= n; j += kTileRows) {
     next.rows_at(j, kTileRows);
     for (std::int64_t c = 0; c < qcols; c += kQkCols)
-      qk_tile<kTileRows>(k + j * ldk, ldk, qt + c, ldq, depth, st + j * lds + c, lds);
+      qk_tile<kTileRows>(k + j * ldk, ldk, qt + c, ldq, depth, st + j * lds + c, lds, col(c));
   }
   next.rows_at(j, n - j);
   if (j == n) return;
   const float* kj = k + j * ldk;
   with_tail_rows(n - j, [&](auto mr) {
     for (std::int64_t c = 0; c < qcols; c += kQkCols)
-      qk_tile<decltype(mr)::value>(kj, ldk, qt + c, ldq, depth, st + j * lds + c, lds);
+      qk_tile<decltype(mr)::value>(kj, ldk, qt + c, ldq, depth, st + j * lds + c, lds, col(c));
   });
 }
 
@@ -177,18 +194,23 @@ constexpr float kMaxLead = 8.0f;
 // kBf16P: P is rounded to bf16 for P V (exp2's shorter polynomial).
 template <bool kBf16P = false, class Sink>
 inline void online_softmax(const float* st, std::int64_t lds, std::int64_t n, std::int64_t qcols, float* m, float* l,
-                           float* alpha, float scale, const Sink& sink) {
+                           float* alpha, float scale, const Sink& sink, const float* colmax = nullptr) {
   const Vf sc = splat(scale);
   for (std::int64_t c = 0; c < qcols; c += kLanes) {
     const Vf m_old = load(m + c);
-    // Four chains: VMAXPS's 4-cycle latency, not its ports, bounded two.
-    Vf block_max[4] = {splat(kNegInf), splat(kNegInf), splat(kNegInf), splat(kNegInf)};
-    std::int64_t j = 0;
-    for (; j + 4 <= n; j += 4)
+    Vf tile_max;
+    if (colmax) {
+      tile_max = load(colmax + c);
+    } else {
+      // Four chains: VMAXPS's 4-cycle latency, not its ports, bounded two.
+      Vf block_max[4] = {splat(kNegInf), splat(kNegInf), splat(kNegInf), splat(kNegInf)};
+      std::int64_t j = 0;
+      for (; j + 4 <= n; j += 4)
 #pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) block_max[u] = max(block_max[u], load(st + (j + u) * lds + c));
-    for (; j < n; ++j) block_max[0] = max(block_max[0], load(st + j * lds + c));
-    const Vf tile_max = max(max(block_max[0], block_max[1]), max(block_max[2], block_max[3]));
+        for (int u = 0; u < 4; ++u) block_max[u] = max(block_max[u], load(st + (j + u) * lds + c));
+      for (; j < n; ++j) block_max[0] = max(block_max[0], load(st + j * lds + c));
+      tile_max = max(max(block_max[0], block_max[1]), max(block_max[2], block_max[3]));
+    }
     // The shift moves only where the block's max passes it by more than
     // kMaxLead, and then to that max: P stays at most 2^kMaxLead, and alpha
     // is exactly 1 on every other block, so the accumulator's rescale can be
@@ -200,7 +222,8 @@ inline void online_softmax(const float* st, std::int64_t lds, std::int64_t n, st
     const Vf a = exp2(sub(m_old, shift));
     Vf sum0 = zeros();
     Vf sum1 = zeros();
-    for (j = 0; j + 2 <= n; j += 2) {
+    std::int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
       const Vf p0 = exp2<kBf16P>(fma(load(st + j * lds + c), sc, neg_shift));
       const Vf p1 = exp2<kBf16P>(fma(load(st + (j + 1) * lds + c), sc, neg_shift));
       sink(j, c, p0, p1);
@@ -218,11 +241,12 @@ inline void online_softmax(const float* st, std::int64_t lds, std::int64_t n, st
   }
 }
 
-// The step on scores already scaled, P over S^T.
+// The step on scores already scaled, P over S^T; colmax: the block's column
+// maxima where the caller has them (qk_block's).
 template <bool kBf16P = false>
 inline void online_softmax(float* st, std::int64_t lds, std::int64_t n, std::int64_t qcols, float* m, float* l,
-                           float* alpha) {
-  online_softmax<kBf16P>(st, lds, n, qcols, m, l, alpha, 1.0f, PInPlace{st, lds});
+                           float* alpha, const float* colmax = nullptr) {
+  online_softmax<kBf16P>(st, lds, n, qcols, m, l, alpha, 1.0f, PInPlace{st, lds}, colmax);
 }
 
 }  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS
