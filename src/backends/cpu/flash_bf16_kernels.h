@@ -95,8 +95,8 @@ inline Bf16Layout bf16_layout_for(const Problem& p) {
   L.kc = take(keys * D / 2);
   L.vc = take(keys * dpad / 2);  // V pairs [keys / 2][dpad] or V^T [D][keys], uint16 each
   L.qt2 = take(D / 2 * kBlockQ);
-  L.s = take(kBlockK * kBlockQ);
-  L.pp = take(kBlockK / 2 * kBlockQ);
+  L.s = take(kBf16BlockK * kBlockQ);
+  L.pp = take(kBf16BlockK / 2 * kBlockQ);
   L.o = take(kBlockQ * dpad);  // O [kBlockQ][dpad], or O^T [D][kBlockQ] for AMX
   L.m = take(kBlockQ);
   L.l = take(kBlockQ);
@@ -340,8 +340,8 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
 #if ATTNPROF_FLASH_AMX
   if (amx && keys.begin < keys.end) load_tile_config();
 #endif
-  for (std::int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
-    const std::int64_t n = std::min(kBlockK, keys.end - j0);
+  for (std::int64_t j0 = keys.begin; j0 < keys.end; j0 += kBf16BlockK) {
+    const std::int64_t n = std::min(kBf16BlockK, keys.end - j0);
     const std::uint16_t* k_rows = kc + j0 * D;
     if (amx) {
 #if ATTNPROF_FLASH_AMX

@@ -18,6 +18,10 @@ namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
 // 64 keys a block: S^T (64 keys by up to 128 query columns, 32 KiB) stays in
 // L1 beside the operands while the products write it and the softmax reads it.
 constexpr std::int64_t kBlockK = 64;
+// The bf16 kernels' key blocks: 128 keys, half the tile products' O
+// (O^T on AMX) loads and stores a key of 64 (AMX 1k 0.92, head dim 128 0.98
+// of 64's time).
+constexpr std::int64_t kBf16BlockK = 128;
 
 // Query rows a work item: 128 where a head's K and V in FP32 take more than
 // 2 MiB (past 4096 keys at head dim 64, 2048 at 128), more than a core's L2

@@ -185,9 +185,9 @@ constexpr float kMaxLead = 8.0f;
 
 // The online-softmax step on one key block: for each query column of S^T
 // (base-2 logits once multiplied by `scale`, masked entries -inf), the new
-// running shift m (kMaxLead says when it moves), the factor alpha = 2^(m_old
-// - m_new) that rescales the accumulator and the sum l, and P = 2^(scale S -
-// m_new), handed to
+// running shift m (kMaxLead says when it moves), the factor
+// alpha = 2^(m_old - m_new) that rescales the accumulator and the sum l, and
+// P = 2^(scale S - m_new), handed to
 // sink(j, c, P[j], P[j + 1]) a pair of key rows at a time and sink.tail(j,
 // c, P[j]) for an odd last one (PInPlace: over S^T). qcols is a multiple of
 // kLanes. The scale rides in the exponent's FMA and the max (scale > 0 only), so

@@ -71,10 +71,10 @@ inline Vf finite_or_zero(Vf x) {
 // 2^x for x <= 0, 16 lanes, in eight vector operations: f = x - floor(x) in
 // [0, 1) by VREDUCEPS, 2^f by a degree-5 minimax polynomial whose constant
 // term is 1 (relative error 1.6e-7 in FP32 arithmetic; 2^0 is exactly 1, so
-// an unmoved max rescales by exactly 1), and 2^f 2^floor(x) by VSCALEFPS. Lanes below
-// -126 (and -inf, NaN) are exactly 0 by the scale's zero mask: VSCALEFPS
-// would produce them as subnormals or underflow through a microcode assist
-// (about 70x slower a vector on a Xeon without FTZ, docs/perf/cpu-flash.md).
+// an unmoved max rescales by exactly 1), and 2^f 2^floor(x) by VSCALEFPS.
+// Lanes below -126 (and -inf, NaN) are exactly 0 by the scale's zero mask:
+// VSCALEFPS would produce them as subnormals or underflow through a microcode
+// assist (about 65x slower a vector on a Xeon without FTZ, docs/perf/cpu-flash.md).
 // The AVX2 version's shifter, polynomial, shift and multiply take twelve.
 // kBf16P: P is rounded to bf16 for P V (8 bits), so a degree-3 polynomial
 // (relative error below 1e-4, as the GPU kernels' ex2_fma) does.
