@@ -51,13 +51,17 @@ void for_each_index(const Tensor& t, F&& f) {
         for (std::int64_t d = 0; d < t.size(3); ++d) f(a, b, c, d);
 }
 
-// A host [batch, heads, seq, head_dim] tensor of p's dtype filled with NaN:
-// an output that a kernel leaves unwritten fails its check.
-inline Tensor nan_tensor(const Problem& p, std::int64_t heads, std::int64_t seq) {
-  Tensor t = Tensor::empty({p.batch, heads, seq, p.head_dim}, p.dtype, cpu_allocator());
+// A host tensor of these dims and dtype filled with NaN: an output that a
+// kernel leaves unwritten fails its check.
+inline Tensor nan_tensor(const Dims& dims, DType dtype) {
+  Tensor t = Tensor::empty(dims, dtype, cpu_allocator());
   for_each_index(t,
                  [&](auto a, auto b, auto c, auto d) { t.set(a, b, c, d, std::numeric_limits<float>::quiet_NaN()); });
   return t;
+}
+// p's [batch, heads, seq, head_dim] in p's dtype, NaN.
+inline Tensor nan_tensor(const Problem& p, std::int64_t heads, std::int64_t seq) {
+  return nan_tensor({p.batch, heads, seq, p.head_dim}, p.dtype);
 }
 
 // validate()'s one line for p, or "" when it accepts.

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -161,6 +162,38 @@ TEST_P(FlashIsa, LongSequenceForwardMatchesFloat64) {
     flash->forward(p, in, out, ctx);
     testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 160)),
                                    std::string(cpu::isa_name(GetParam())) + " " + c.name);
+  }
+}
+
+// A packed batch whose longest sequence takes the 128-row items (every
+// sequence then does, the short and empty ones included), and a paged cache
+// of 4400 keys read through its block table, against float64.
+TEST_P(FlashIsa, LongPackedAndPagedForwardMatchFloat64) {
+  const ForceIsa force(std::string(cpu::isa_name(GetParam())));
+  auto flash = cpu::make_flash();
+  Problem base;
+  base.heads = 2;
+  base.kv_heads = 1;
+  base.head_dim = 64;
+  base.dtype = DType::F32;
+  base.mask = MaskKind::Causal;
+  Problem packed = varlen_problem(base, {4200, 130, 0, 2100}, {4200, 130, 7, 2100});
+  packed.normalize();
+  Problem paged = testing::to_problem(Shape{.heads = 2, .seq = 300, .kv_seq = 4400, .head_dim = 64}, DType::F32,
+                                      MaskKind::CausalBottomRight);
+  paged.kv_cache = KvCache::Paged;
+  paged.page_size = 64;
+  const auto& kernels = cpu::flash::kernels_of(GetParam());
+  for (Problem& p : {std::ref(packed), std::ref(paged)}) {
+    p.validate();
+    const std::string what = std::string(cpu::isa_name(GetParam())) + (p.varlen() ? " packed" : " paged");
+    ASSERT_TRUE(flash->eligibility(p).eligible) << what;
+    EXPECT_EQ(kernels.forward_block_rows(p), 128) << what;
+    const Inputs in = make_inputs(p, 29, cpu_allocator());
+    Tensor out = testing::nan_tensor(p.q_dims(), p.dtype);
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    flash->forward(p, in, out, ctx);
+    testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 200)), what);
   }
 }
 

@@ -196,13 +196,7 @@ const Config kConfigs[] = {
     {"window_gqa_f16", MaskKind::SlidingWindow, 4, 2, 32, 24, DType::F16},
 };
 
-// Query-shaped and key-shaped host tensors of NaN: a row left unwritten fails.
-Tensor nan_like(const Dims& d, DType dtype) {
-  Tensor t = Tensor::empty(d, dtype, cpu_allocator());
-  testing::for_each_index(
-      t, [&](auto a, auto b, auto c, auto e) { t.set(a, b, c, e, std::numeric_limits<float>::quiet_NaN()); });
-  return t;
-}
+using testing::nan_tensor;
 
 class VarlenBackends : public ::testing::TestWithParam<Config> {};
 
@@ -222,8 +216,8 @@ TEST_P(VarlenBackends, MatchFloat64ForwardAndBackward) {
       std::string what = std::string(name) + " " + p.describe();
       const Inputs in = make_inputs(p, 3, cpu_allocator());
       const Tensor dout = make_dout(p, 3, cpu_allocator());
-      Tensor out = nan_like(p.q_dims(), p.dtype);
-      Gradients g{nan_like(p.q_dims(), p.dtype), nan_like(p.kv_dims(), p.dtype), nan_like(p.kv_dims(), p.dtype)};
+      Tensor out = nan_tensor(p.q_dims(), p.dtype);
+      Gradients g{nan_tensor(p.q_dims(), p.dtype), nan_tensor(p.kv_dims(), p.dtype), nan_tensor(p.kv_dims(), p.dtype)};
       RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
       Saved saved;
       b->forward_train(p, in, out, saved, ctx);
@@ -239,7 +233,7 @@ TEST_P(VarlenBackends, MatchFloat64ForwardAndBackward) {
       expect_accurate(p, e.dk, what + " dK");
       if (!dv_nan) expect_accurate(p, e.dv, what + " dV", nan_ok);
       // The inference forward writes what the training forward does.
-      Tensor again = nan_like(p.q_dims(), p.dtype);
+      Tensor again = nan_tensor(p.q_dims(), p.dtype);
       Problem fwd = p;
       fwd.pass = Pass::Forward;
       b->forward(fwd, in, again, ctx);
@@ -282,8 +276,8 @@ TEST(VarlenBackends, PackedCallIsPerSequenceDenseCallsBitForBit) {
     const Inputs in = make_inputs(p, 11, cpu_allocator());
     const Tensor dout = make_dout(p, 11, cpu_allocator());
     RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
-    Tensor out = nan_like(p.q_dims(), p.dtype);
-    Gradients g{nan_like(p.q_dims(), p.dtype), nan_like(p.kv_dims(), p.dtype), nan_like(p.kv_dims(), p.dtype)};
+    Tensor out = nan_tensor(p.q_dims(), p.dtype);
+    Gradients g{nan_tensor(p.q_dims(), p.dtype), nan_tensor(p.kv_dims(), p.dtype), nan_tensor(p.kv_dims(), p.dtype)};
     Saved saved;
     b.forward_train(p, in, out, saved, ctx);
     b.backward(p, in, out, dout, saved, g, ctx);
@@ -327,8 +321,8 @@ TEST(VarlenBackends, EmptySequencesGiveZerosNotNan) {
     const Inputs in = make_inputs(p, 2, cpu_allocator());
     const Tensor dout = make_dout(p, 2, cpu_allocator());
     RunContext ctx{.allocator = cpu_allocator(), .threads = 1};
-    Tensor out = nan_like(p.q_dims(), p.dtype);
-    Gradients g{nan_like(p.q_dims(), p.dtype), nan_like(p.kv_dims(), p.dtype), nan_like(p.kv_dims(), p.dtype)};
+    Tensor out = nan_tensor(p.q_dims(), p.dtype);
+    Gradients g{nan_tensor(p.q_dims(), p.dtype), nan_tensor(p.kv_dims(), p.dtype), nan_tensor(p.kv_dims(), p.dtype)};
     Saved saved;
     b.forward_train(p, in, out, saved, ctx);
     b.backward(p, in, out, dout, saved, g, ctx);
