@@ -92,6 +92,15 @@ const std::vector<Case>& cases() {
   return c;
 }
 
+// p's forward on flash into a NaN-poisoned output, 2 threads, checked against
+// float64 on up to `rows` sampled rows.
+ErrorStats flash_forward_errors(Backend& flash, const Problem& p, const Inputs& in, std::int64_t rows) {
+  Tensor out = testing::nan_tensor(p.q_dims(), p.dtype);
+  RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+  flash.forward(p, in, out, ctx);
+  return check_against_reference(p, in, out, sample_rows(p, rows));
+}
+
 class FlashIsa : public ::testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override {
@@ -115,10 +124,7 @@ TEST_P(FlashIsa, ForwardMatchesFloat64) {
               std::string::npos)
         << el.reason;
     const Inputs in = make_inputs(p, 11, cpu_allocator());
-    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
-    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
-    flash->forward(p, in, out, ctx);
-    testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
+    testing::expect_flash_accurate(p, flash_forward_errors(*flash, p, in, 1 << 20),
                                    std::string(cpu::isa_name(GetParam())) + " " + c.name);
   }
 }
@@ -157,10 +163,7 @@ TEST_P(FlashIsa, LongSequenceForwardMatchesFloat64) {
     ASSERT_TRUE(flash->eligibility(p).eligible) << c.name;
     EXPECT_EQ(cpu::flash::kernels_of(GetParam()).forward_block_rows(p), 128) << c.name;
     const Inputs in = make_inputs(p, 17, cpu_allocator());
-    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
-    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
-    flash->forward(p, in, out, ctx);
-    testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 160)),
+    testing::expect_flash_accurate(p, flash_forward_errors(*flash, p, in, 160),
                                    std::string(cpu::isa_name(GetParam())) + " " + c.name);
   }
 }
@@ -190,10 +193,7 @@ TEST_P(FlashIsa, LongPackedAndPagedForwardMatchFloat64) {
     ASSERT_TRUE(flash->eligibility(p).eligible) << what;
     EXPECT_EQ(kernels.forward_block_rows(p), 128) << what;
     const Inputs in = make_inputs(p, 29, cpu_allocator());
-    Tensor out = testing::nan_tensor(p.q_dims(), p.dtype);
-    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
-    flash->forward(p, in, out, ctx);
-    testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 200)), what);
+    testing::expect_flash_accurate(p, flash_forward_errors(*flash, p, in, 200), what);
   }
 }
 
@@ -222,11 +222,8 @@ TEST_P(FlashIsa, ForwardWithARisingMaxMatchesFloat64) {
             *x = float_to_bf16(bf16_to_float(*x) * grow);
           }
         }
-    Tensor out = testing::nan_tensor(p, p.heads, p.seq);
-    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
-    flash->forward(p, in, out, ctx);
     testing::expect_flash_accurate(
-        p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
+        p, flash_forward_errors(*flash, p, in, 1 << 20),
         std::string(cpu::isa_name(GetParam())) + " rising max " + std::string(dtype_name(dtype)));
   }
 }

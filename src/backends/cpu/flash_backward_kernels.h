@@ -220,9 +220,8 @@ inline void mask_scores(const BackwardJob& job, const Sequence& s, std::int64_t 
   const Problem& p = job.p;
   const Band& band = s.band;
   const std::int64_t j0 = keys.j0, n = keys.n;
-  const bool straddles = (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < i0 + nq - 1 + band.lo);
   if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st, kBlockQ);
-  if (straddles) mask_band(band, i0, j0, n, qcols, st, kBlockQ);
+  if (straddles_band(band, i0, nq, j0, n)) mask_band(band, i0, j0, n, qcols, st, kBlockQ);
   if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias)
     mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st, kBlockQ);
 }
