@@ -40,9 +40,11 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
   --window N           keys each query sees with --mask sliding-window
   --kv-cache C         contiguous, or paged: K and V in pages of --page-size
                        keys, read through a (shuffled) block table, as a
-                       decode server keeps them; forward only, on the CPU
-                       (naive, naive_inplace, math gather the pages, flash
-                       reads them in place)           (default contiguous)
+                       decode server keeps them; forward only. flash reads
+                       the pages in place (CPU and CUDA), cudnn through its
+                       paged graph, naive, naive_inplace and math gather
+                       them; efficient refuses it by name
+                                                      (default contiguous)
   --page-size N        keys per page with --kv-cache paged, a power of two
                        (16, 64 ...); a sequence's last page is padded
   --mask-file PATH     a .npy mask instead of --mask: bool (True attends) or
@@ -55,8 +57,10 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
                        --seq their maximum. The mask applies per sequence (causal
                        and the window at each one's own diagonal). The table and
                        the findings say what share of the padded batch's FLOPs
-                       it needs. On the CPU (flash, naive, naive_inplace, math),
-                       refused by name elsewhere; structural masks only
+                       it needs. flash (CPU and CUDA), cudnn (its ragged
+                       layout) and naive, naive_inplace, math (a sequence at
+                       a time) take it; efficient refuses it by name;
+                       structural masks only
   --kv-seq-lens L,...  each sequence's key/value length with --seq-lens
                        (default: the same as --seq-lens); with
                        --mask causal-bottom-right each sequence's diagonal
@@ -64,9 +68,11 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
   --scale X            softmax scale                      (default 1/sqrt(head_dim))
   --softcap C          soft-cap the scaled scores before the mask, as
                        Gemma-2 does: s -> tanh(s / C) * C, so no score
-                       passes +-C; C > 0 (30 and 50 are Gemma-2's); on the
-                       CPU backends (naive, naive_inplace, math, flash),
-                       refused by name elsewhere      (default: no cap)
+                       passes +-C; C > 0 (30 and 50 are Gemma-2's). flash
+                       (the CPU's kernels, CUDA's sm90 ones), cudnn (its
+                       score modifier, not on a packed batch) and naive,
+                       naive_inplace, math take it; others refuse it by name
+                                                      (default: no cap)
   --device D           cpu or cuda                        (default: cuda when a GPU is present)
   --layout L           bhsd or bshd: lay Q, K, V out as [batch, seq, heads, dim]
                        and pass strided views             (default bhsd)

@@ -99,6 +99,9 @@ std::vector<KernelCase> all_cases() {
       {"softcap30_d256_bottomright_q333_k200", 1, 2, 2, 333, 200, 256, kBR, 0, true, false, 0.f, 30.f},
       {"softcap60_d128_window40_333", 1, 4, 4, 333, 333, 128, kWin, 40, true, false, 0.f, 60.f},
       {"fp16_softcap30_d96_causal_333", 1, 4, 4, 333, 333, 96, kCausal, 0, false, false, 0.f, 30.f},
+      // A cap of 4 at the default scale: scores up to about the cap's size, not far inside it.
+      {"softcap4_d64_none_q333_k300", 1, 4, 2, 333, 300, 64, kNone, 0, true, false, 0.f, 4.f},
+      {"softcap4_d128_causal_333", 1, 4, 4, 333, 333, 128, kCausal, 0, true, false, 0.f, 4.f},
   };
   std::vector<KernelCase> out;
   for (const Launcher& k : kLaunchers)

@@ -47,54 +47,75 @@ cudaError_t launch_bwd_convert_dq(const BwdArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// sm90's tiled accumulator into dQ, a block a 16-row slab of a 64-row tile
-// (warp w's rows of both consumers' column halves): the slab's fragments read
-// in their staged order (16 bytes a thread, contiguous), laid out row-major
-// in shared memory, then written 8 columns (16 bytes) a thread along dQ's
-// rows. (Written straight from the fragments, each warp store covered eight
+// sm90's tiled accumulator into dQ, a block kSlabs 16-row slabs of a 64-row
+// tile (slab w: warp w's rows of both consumers' column halves): the slabs'
+// fragments read in their staged order (16 bytes a thread, contiguous, all
+// of a thread's loads issued before any is used), laid out row-major in
+// shared memory, then written 8 columns (16 bytes) a thread along dQ's rows.
+// (Written straight from the fragments, each warp store covered eight
 // 16-byte pieces of eight rows: 95 us where cuDNN's took 59 on issue 22's
-// packed batch.) x: the slabs of one (batch, head)'s tiles; y: the (batch,
-// head) pairs (bwd_rows_grid).
+// packed batch. A block of one slab, 4 KiB read at head dim 64, kept too
+// few bytes in flight: 2.85 TB/s, 17.7 us on 8 x 16 x 1024 x 64, where the
+// whole tile a block reads at 4.2 TB/s on the long rows;
+// docs/perf/issue21-2026-12-04b.md.) x: the blocks of one (batch, head)'s
+// tiles; y: the (batch, head) pairs (bwd_rows_grid).
+template <int kPadDim>
+inline constexpr int kConvertSlabs = kPadDim <= 128 ? 4 : 2;  // shared memory under 48 KiB
+
 template <Half16 Element, int kPadDim>
 __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const __grid_constant__ BwdArgs a) {
   constexpr int kDqCols = kPadDim / 2, kDqTiles = kDqCols / 8;
-  constexpr int kSlabSlots = 2 * kDqTiles * 32;  // float4s: two consumers' fragments of one warp
-  constexpr int kStride = kPadDim + 8;           // floats a row (+8: a float2 store's rows on distinct banks)
-  __shared__ float slab[16 * kStride];
+  constexpr int kSlabs = kConvertSlabs<kPadDim>;
+  constexpr int kSlabSlots = 2 * kDqTiles * 32;      // float4s: two consumers' fragments of one warp
+  constexpr int kLoads = kSlabs * kSlabSlots / 256;  // a thread's
+  constexpr int kStride = kPadDim + 8;               // floats a row (+8: a float2 store's rows on distinct banks)
+  static_assert(kSlabs * kSlabSlots % 256 == 0, "whole loads a thread");
+  __shared__ float rows_of[kSlabs * 16 * kStride];
   const FwdArgs& f = a.f;
-  const int tile = static_cast<int>(blockIdx.x) / 4, warp = static_cast<int>(blockIdx.x) % 4;
-  const int row0 = tile * 64 + warp * 16;  // the slab's first row in its (batch, head)
+  constexpr int kBlocksPerTile = 4 / kSlabs;
+  const int tile = static_cast<int>(blockIdx.x) / kBlocksPerTile;
+  const int warp0 = static_cast<int>(blockIdx.x) % kBlocksPerTile * kSlabs;
+  const int row0 = tile * 64 + warp0 * 16;  // the block's first row in its (batch, head)
   for (int bh = blockIdx.y; bh < f.batch * f.heads; bh += gridDim.y) {
     const int head = bh % f.heads, batch = bh / f.heads;
     const BwdArgs seq = a.sequence(batch);  // the rows' sequence (packed batches)
     if (row0 >= seq.f.seq_q) continue;      // the whole block
     const float* tile_at = a.dq_accum + (static_cast<std::int64_t>(bh) * a.rows_pad + tile * 64) * kPadDim;
-    for (int s = threadIdx.x; s < kSlabSlots; s += 256) {
-      const int wg = s / (kDqTiles * 32), nt = s / 32 % kDqTiles, lane = s % 32;
-      const float4 v = *reinterpret_cast<const float4*>(tile_at + DqTileLayout<kDqTiles>::offset(wg, warp, nt, lane));
-      float* at = slab + (lane / 4) * kStride + consumer_column<kPadDim>(wg, nt) + 2 * (lane % 4);
-      *reinterpret_cast<float2*>(at) = make_float2(v.x, v.y);
-      *reinterpret_cast<float2*>(at + 8 * kStride) = make_float2(v.z, v.w);
+    float4 v[kLoads];
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int s = static_cast<int>(threadIdx.x) + 256 * i, slab = s / kSlabSlots, r = s % kSlabSlots;
+      const int wg = r / (kDqTiles * 32), nt = r / 32 % kDqTiles, lane = r % 32;
+      v[i] = *reinterpret_cast<const float4*>(tile_at + DqTileLayout<kDqTiles>::offset(wg, warp0 + slab, nt, lane));
+    }
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int s = static_cast<int>(threadIdx.x) + 256 * i, slab = s / kSlabSlots, r = s % kSlabSlots;
+      const int wg = r / (kDqTiles * 32), nt = r / 32 % kDqTiles, lane = r % 32;
+      float* at = rows_of + (slab * 16 + lane / 4) * kStride + consumer_column<kPadDim>(wg, nt) + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(at) = make_float2(v[i].x, v[i].y);
+      *reinterpret_cast<float2*>(at + 8 * kStride) = make_float2(v[i].z, v[i].w);
     }
     __syncthreads();
-    const int rows = min(16, seq.f.seq_q - row0), chunks = a.head_dim / 8;
+    const int rows = min(16 * kSlabs, seq.f.seq_q - row0), chunks = a.head_dim / 8;
     for (int e = threadIdx.x; e < rows * chunks; e += 256) {
       const int r = e / chunks, c = e % chunks;
-      const float4 lo = *reinterpret_cast<const float4*>(slab + r * kStride + 8 * c);
-      const float4 hi = *reinterpret_cast<const float4*>(slab + r * kStride + 8 * c + 4);
+      const float4 lo = *reinterpret_cast<const float4*>(rows_of + r * kStride + 8 * c);
+      const float4 hi = *reinterpret_cast<const float4*>(rows_of + r * kStride + 8 * c + 4);
       *reinterpret_cast<uint4*>(seq.dq + batch * seq.dq_batch_stride + head * seq.dq_head_stride +
                                 (row0 + r) * seq.dq_row_stride + 8 * c) =
           uint4{pack2<Element>(lo.x, lo.y), pack2<Element>(lo.z, lo.w), pack2<Element>(hi.x, hi.y),
                 pack2<Element>(hi.z, hi.w)};
     }
-    __syncthreads();  // the slab is read before the next (batch, head) writes it
+    __syncthreads();  // the rows are read before the next (batch, head) writes them
   }
 }
 
 template <Half16 Element, int kPadDim>
 cudaError_t launch_bwd_convert_dq_tiled(const BwdArgs& a, cudaStream_t stream) {
+  constexpr int kBlocksPerTile = 4 / kConvertSlabs<kPadDim>;
   flash_bwd_convert_dq_tiled_kernel<Element, kPadDim>
-      <<<bwd_rows_grid(a, static_cast<std::int64_t>(a.rows_pad / 64) * 4), 256, 0, stream>>>(a);
+      <<<bwd_rows_grid(a, static_cast<std::int64_t>(a.rows_pad / 64) * kBlocksPerTile), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
