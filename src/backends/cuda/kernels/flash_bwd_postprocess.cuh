@@ -14,6 +14,7 @@
 #include "backends/cuda/kernels/bwd_args.cuh"
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/epilogue_bwd_sm90.cuh"
+#include "backends/cuda/kernels/fwd_launch.cuh"
 
 namespace attnprof::cuda::kernels {
 
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const _
   constexpr int kStride = kPadDim + 8;               // floats a row (+8: a float2 store's rows on distinct banks)
   static_assert(kSlabs * kSlabSlots % 256 == 0, "whole loads a thread");
   __shared__ float rows_of[kSlabs * 16 * kStride];
+  wait_prior_grid();  // launched after the backward's kernel (launch_after_prior): its adds have all landed
   const FwdArgs& f = a.f;
   constexpr int kBlocksPerTile = 4 / kSlabs;
   const int tile = static_cast<int>(blockIdx.x) / kBlocksPerTile;
@@ -114,9 +116,9 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const _
 template <Half16 Element, int kPadDim>
 cudaError_t launch_bwd_convert_dq_tiled(const BwdArgs& a, cudaStream_t stream) {
   constexpr int kBlocksPerTile = 4 / kConvertSlabs<kPadDim>;
-  flash_bwd_convert_dq_tiled_kernel<Element, kPadDim>
-      <<<bwd_rows_grid(a, static_cast<std::int64_t>(a.rows_pad / 64) * kBlocksPerTile), 256, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_after_prior(flash_bwd_convert_dq_tiled_kernel<Element, kPadDim>,
+                            bwd_rows_grid(a, static_cast<std::int64_t>(a.rows_pad / 64) * kBlocksPerTile), 256, 0,
+                            stream, a);
 }
 
 }  // namespace attnprof::cuda::kernels

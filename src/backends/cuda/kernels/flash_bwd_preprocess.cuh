@@ -13,6 +13,7 @@
 
 #include "backends/cuda/kernels/bwd_args.cuh"
 #include "backends/cuda/kernels/element.cuh"
+#include "backends/cuda/kernels/utils.cuh"
 
 namespace attnprof::cuda::kernels {
 
@@ -41,6 +42,7 @@ template <Half16 Element, int kLanes>
 __global__ void __launch_bounds__(256) flash_bwd_preprocess_kernel(const __grid_constant__ BwdArgs a) {
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "a power-of-two share of a warp");
   constexpr int kRows = 256 / kLanes;  // rows a block
+  allow_dependents();                  // the sm90 backward's kernel may start its setup (it waits for these rows)
   const FwdArgs& f = a.f;
   const int row0 = static_cast<int>(blockIdx.x) * kRows;
   const int i = row0 + static_cast<int>(threadIdx.x) / kLanes;  // the row within its (batch, head)

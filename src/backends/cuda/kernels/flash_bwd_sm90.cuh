@@ -82,6 +82,7 @@ struct FlashBwdSm90 : BwdOrderSm90<Cfg, kMask> {
     using Epilogue = EpilogueBwdSm90<Cfg>;
     const FwdArgs& f = a.f;
     const int tiles = f.group * walk.count();
+    wait_prior_grid();    // the accumulator and semaphores are the preprocess's (launch_after_prior)
     int* held = nullptr;  // deterministic: the semaphore of the tile whose adds are out, its turn not yet passed
     const auto pass_held = [&]<int kInFlight>() {
       sm90::bulk_wait<kInFlight>();
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  wait_prior_grid();  // (head dim 256) the accumulator and semaphores they add to and take turns on
   const int wg = warp / 4, warp_in_wg = warp % 4;
   // This warp's first row of the key tile, and the warpgroup's first query
   // of S^T in the query tile (wide: both warpgroups share the keys and split
@@ -408,8 +410,13 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidConfiguration;  // the grid's y, or x
   }
   const dim3 grid = ordered.key_tile_fastest ? dim3(n_tiles, pairs) : dim3(n_tiles * pairs);
-  kernel<<<grid, Cfg::kThreads, Kernel::kSmemBytes, stream>>>(ordered, p);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  // Launched to start while the preprocess finishes (which lets it): the
+  // CTAs' setup and K and V's loads overlap its last blocks; each role waits
+  // (wait_prior_grid) before what it needs of the preprocess.
+  if (const cudaError_t e = launch_after_prior(kernel, grid, Cfg::kThreads, Kernel::kSmemBytes, stream, ordered, p);
+      e != cudaSuccess) {
+    return e;
+  }
   return launch_bwd_convert_dq_tiled<Element, Cfg::kPadDim>(a, stream);
 }
 

@@ -47,6 +47,27 @@ cudaError_t opt_in_shared_memory(Kernel* kernel, int bytes) {
   return opt_in_shared_memory(kernel, bytes, device);
 }
 
+// Launches `kernel` on `stream` so that it may start while the kernel before
+// it finishes (programmatic dependent launch; the kernel waits with
+// wait_prior_grid, utils.cuh): its blocks' start, shared-memory setup and
+// the loads that need nothing of the kernel before overlap that kernel's
+// last blocks. Args are converted to the kernel's parameter types.
+template <class... Params, class... Args>
+cudaError_t launch_after_prior(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+                               Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<std::size_t>(smem_bytes);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 // The grid comes from the kernel's tile scheduler; `extra` are the kernel's
 // arguments after FwdArgs (the sm90 kernel's TMA descriptors). Kernels of more
 // than 48 KiB of dynamic shared memory opt in first (once). One cudaGetDevice

@@ -243,6 +243,7 @@ struct MainloopBwdSm90 {
       sm90::tma_load_4d(smem.k() + r * kBN * kRB, &p.k, kv_bar, kRC * r, f.k_row0 + n0, kv_head, map_batch);
       sm90::tma_load_4d(smem.v() + r * kBN * kRB, &p.v, kv_bar, kRC * r, f.k_row0 + n0, kv_head, map_batch);
     }
+    wait_prior_grid();  // the LSE and D rows come from the preprocess (launch_after_prior)
     for (int g = 0; g < f.group; ++g) {
       const int head = kv_head * f.group + g;
       const std::int64_t rows = (static_cast<std::int64_t>(batch) * f.heads + head) * a.rows_pad;

@@ -25,6 +25,23 @@ __device__ __forceinline__ void pack_p(std::uint32_t (&a)[4], const float (&s)[k
   a[3] = pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
+// Programmatic dependent launch (sm90): a kernel launched with
+// launch_after_prior (fwd_launch.cuh) may start while the kernel before it on
+// the stream finishes; it must wait_prior_grid() before it reads what that
+// kernel writes (or writes what it reads), and the kernel before may let it
+// start early with allow_dependents(). Both are no-ops below sm90 and for a
+// kernel launched the ordinary way.
+__device__ __forceinline__ void wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // 2^x in one MUFU instruction; ex2(-inf) = +0, which masked scores rely on.
 __device__ __forceinline__ float ex2(float x) {
   float y;
