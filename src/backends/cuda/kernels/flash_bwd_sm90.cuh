@@ -181,7 +181,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  wait_prior_grid();  // (head dim 256) the accumulator and semaphores they add to and take turns on
+  // The consumers touch what the preprocess wrote only at head dim 256 (the
+  // accumulator's adds, the turns), but all wait: they wait for Q anyway.
+  wait_prior_grid();
   const int wg = warp / 4, warp_in_wg = warp % 4;
   // This warp's first row of the key tile, and the warpgroup's first query
   // of S^T in the query tile (wide: both warpgroups share the keys and split

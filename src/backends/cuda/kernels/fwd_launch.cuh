@@ -4,6 +4,8 @@
 // in one translation unit per kernel and head dim
 // (src/backends/cuda/<kernel>_hdim<D>.cu, ATTNPROF_FWD_INSTANTIATE), so a
 // dispatching file sees declarations only and the kernels compile in parallel.
+// The launch helpers here (opt_in_shared_memory, launch_after_prior) serve the
+// backwards' kernels too.
 #pragma once
 
 #include <cuda_runtime.h>
