@@ -431,14 +431,20 @@ Eligibility no_backward(std::string_view backend) {
   return {false, std::string(backend) + " has no backward pass: use pass=forward, or a backend with one"};
 }
 
+// The backends that take soft caps and packed batches on `device` (their
+// traits), named in the refusals of those that do not.
+static std::string takers(Device device) {
+  return device == Device::Cpu ? "flash, naive, naive_inplace and math" : "flash, cudnn, naive, naive_inplace and math";
+}
+
 Eligibility no_softcap(std::string_view backend, Device device) {
   return {false, "soft-capping is not built for " + std::string(backend) + " on " + std::string(device_name(device)) +
-                     " yet" + (device == Device::Cpu ? "" : " (use device=cpu)")};
+                     " yet (" + takers(device) + " take it)"};
 }
 
 Eligibility no_varlen(std::string_view backend, Device device) {
   return {false, "packed batches (seq_lens, varlen) are not built for " + std::string(backend) + " on " +
-                     std::string(device_name(device)) + " yet" + (device == Device::Cpu ? "" : " (use device=cpu)")};
+                     std::string(device_name(device)) + " yet (" + takers(device) + " take them)"};
 }
 
 Eligibility no_fp8(std::string_view backend, Device device) {

@@ -426,10 +426,13 @@ TEST(Softcap, BackendsWithoutItAreRefusedByName) {
   p.softcap = 30;
   const Eligibility el = eligibility_of(cuda, p);
   EXPECT_FALSE(el.eligible);
-  EXPECT_EQ(el.reason, "soft-capping is not built for efficient on cuda yet (use device=cpu)");
+  EXPECT_EQ(
+      el.reason,
+      "soft-capping is not built for efficient on cuda yet (flash, cudnn, naive, naive_inplace and math take it)");
   p.device = Device::Cpu;
   const Undeclared cpu(Device::Cpu);
-  EXPECT_EQ(eligibility_of(cpu, p).reason, "soft-capping is not built for efficient on cpu yet");
+  EXPECT_EQ(eligibility_of(cpu, p).reason,
+            "soft-capping is not built for efficient on cpu yet (flash, naive, naive_inplace and math take it)");
 }
 
 TEST(Softcap, ExplainKeepsEveryCpuBackendAndSaysSo) {

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -379,11 +380,31 @@ class Dense final : public Backend {
   void forward(const Problem&, const Inputs&, Tensor&, RunContext&) override {}
 };
 
+// The refusals name the CPU backends that take packed batches and soft caps
+// (no_varlen, no_softcap): exactly those whose traits say so.
+TEST(VarlenEligibility, RefusalsNameTheCpuBackendsThatTakeIt) {
+  std::vector<std::string> varlen, softcap;
+  for (const std::string_view name : backend_names()) {
+    const Backend* b = find_backend(name, Device::Cpu);
+    if (b == nullptr) continue;
+    if (b->traits().varlen) varlen.emplace_back(name);
+    if (b->traits().softcap) softcap.emplace_back(name);
+  }
+  const std::vector<std::string> named = {"flash", "math", "naive", "naive_inplace"};  // sorted
+  std::sort(varlen.begin(), varlen.end());
+  std::sort(softcap.begin(), softcap.end());
+  EXPECT_EQ(varlen, named);
+  EXPECT_EQ(softcap, named);
+  const std::string why = no_varlen("x", Device::Cpu).reason;
+  EXPECT_NE(why.find("(flash, naive, naive_inplace and math take them)"), std::string::npos) << why;
+}
+
 TEST(VarlenEligibility, BackendsWithoutItAreRefusedByName) {
   Dense d;
   const Eligibility e = eligibility_of(d, packed({3, 4}, {}, MaskKind::Causal));
   EXPECT_FALSE(e.eligible);
   EXPECT_NE(e.reason.find("not built for dense_only on cuda yet"), std::string::npos) << e.reason;
+  EXPECT_NE(e.reason.find("(flash, cudnn, naive, naive_inplace and math take them)"), std::string::npos) << e.reason;
   EXPECT_EQ(e.reason.find('\n'), std::string::npos);
   EXPECT_TRUE(eligibility_of(d, packed({3, 4}, {}, MaskKind::Causal).sequence(1)).eligible);
 }

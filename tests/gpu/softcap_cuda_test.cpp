@@ -5,7 +5,9 @@
 // backends take it too (tests/cpu/softcap_test.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
@@ -46,13 +48,33 @@ TEST(SoftcapCuda, BackendsWithoutItRefuseItByNameAndFlashTakesIt) {
       }
       if (b->traits().softcap) continue;
       EXPECT_FALSE(el.eligible);
-      EXPECT_EQ(el.reason, "soft-capping is not built for " + std::string(name) + " on cuda yet (use device=cpu)");
+      EXPECT_EQ(el.reason, "soft-capping is not built for " + std::string(name) +
+                               " on cuda yet (flash, cudnn, naive, naive_inplace and math take it)");
       Problem uncapped = p;
       uncapped.softcap = 0;
       EXPECT_EQ(eligibility_of(*b, uncapped).reason.find("soft-capping"), std::string::npos)
           << "without a cap the backend answers for itself";
     }
   }
+}
+
+// The refusals (no_softcap, no_varlen) name the CUDA backends that take soft
+// caps and packed batches: exactly those whose traits say so.
+TEST(SoftcapCuda, RefusalsNameTheCudaBackendsThatTakeIt) {
+  std::vector<std::string> softcap, varlen;
+  for (const std::string_view name : backend_names()) {
+    const Backend* b = find_backend(name, Device::Cuda);
+    ASSERT_NE(b, nullptr) << "a CUDA build has every backend on CUDA";
+    if (b->traits().softcap) softcap.emplace_back(name);
+    if (b->traits().varlen) varlen.emplace_back(name);
+  }
+  std::sort(softcap.begin(), softcap.end());
+  std::sort(varlen.begin(), varlen.end());
+  const std::vector<std::string> named = {"cudnn", "flash", "math", "naive", "naive_inplace"};  // sorted
+  EXPECT_EQ(softcap, named);
+  EXPECT_EQ(varlen, named);
+  const std::string why = no_softcap("x", Device::Cuda).reason;
+  EXPECT_NE(why.find("(flash, cudnn, naive, naive_inplace and math take it)"), std::string::npos) << why;
 }
 
 TEST(SoftcapCuda, ExplainAndResolveRefuseInOneLine) {
@@ -67,7 +89,8 @@ TEST(SoftcapCuda, ExplainAndResolveRefuseInOneLine) {
     ADD_FAILURE() << "efficient took a soft cap";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_NE(std::string(e.what()).find("soft-capping is not built for efficient on cuda yet (use device=cpu)"),
+    EXPECT_NE(std::string(e.what()).find("soft-capping is not built for efficient on cuda yet (flash, cudnn, naive, "
+                                         "naive_inplace and math take it)"),
               std::string::npos)
         << e.what();
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
