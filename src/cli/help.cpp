@@ -31,8 +31,11 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
                        inputs is shown beside it. Tolerance: 2 x math's error
                        (math in FP8 semantics: dequantized, computed in FP32)
                        + 3.6e-2, one e4m3 rounding's largest RMS (2^-4 / sqrt 3).
-                       naive, naive_inplace and math take it; others say
-                       whether they do
+                       naive, naive_inplace and math take it (FP8 semantics),
+                       flash on the CPU (the stored values in its bf16
+                       products, the descales as scales, P in bf16), and on
+                       CUDA flash (sm90, head dim 128) and cudnn; efficient
+                       says it does not
   --mask M             none, causal (top-left, PyTorch's is_causal),
                        causal-bottom-right (FlashAttention's), sliding-window,
                        boolean (a random 90%-kept mask), bias (random additive)
@@ -128,9 +131,10 @@ Environment (GPU runs):
                        it detaches, so later calls pay nothing for it
   ATTNPROF_CEILING_TFLOPS=X
                        the 16-bit (fp16, bf16) matrix-product ceiling in
-                       TFLOP/s, instead of measuring it; --dtype fp8 is held
-                       to twice it (e4m3's tensor-core rate), every other
-                       dtype to X
+                       TFLOP/s, instead of measuring it; --dtype fp8 on CUDA is
+                       held to twice it (e4m3's tensor-core rate), every other
+                       dtype (and fp8 on the CPU, which has no e4m3 product)
+                       to X
   ATTNPROF_COPY_GBS=X  the copy ceiling in GB/s (bytes read plus bytes
                        written), instead of timing a large device-to-device
                        copy. Both ceilings are measured once per process, on

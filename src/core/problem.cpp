@@ -431,8 +431,8 @@ Eligibility no_backward(std::string_view backend) {
   return {false, std::string(backend) + " has no backward pass: use pass=forward, or a backend with one"};
 }
 
-// The backends that take soft caps and packed batches on `device` (their
-// traits), named in the refusals of those that do not.
+// The backends that take soft caps, packed batches and fp8 inputs on
+// `device` (their traits), named in the refusals of those that do not.
 static std::string takers(Device device) {
   return device == Device::Cpu ? "flash, naive, naive_inplace and math" : "flash, cudnn, naive, naive_inplace and math";
 }
@@ -449,7 +449,7 @@ Eligibility no_varlen(std::string_view backend, Device device) {
 
 Eligibility no_fp8(std::string_view backend, Device device) {
   return {false, "fp8 (e4m3) inputs are not built for " + std::string(backend) + " on " +
-                     std::string(device_name(device)) + " (the composites naive, naive_inplace and math take them)"};
+                     std::string(device_name(device)) + " (" + takers(device) + " take them)"};
 }
 
 Eligibility eligibility_of(const Backend& b, const Problem& p) {

@@ -232,12 +232,13 @@ void check_bf16_forward(Backend& backend, const Problem& p, const Inputs& host_r
 // The device's matrix-product ceiling: measured once, unless
 // ATTNPROF_CEILING_TFLOPS gives a known one (measuring it under a sanitizer
 // or a debugger would take minutes). The variable is the 16-bit (fp16, bf16)
-// ceiling; fp8's is twice it, the dense e4m3 tensor-core rate, as the CUDA
-// runtime derives its own from bf16's.
+// ceiling; fp8's on CUDA is twice it, the dense e4m3 tensor-core rate, as the
+// CUDA runtime derives its own from bf16's. A CPU multiplies e4m3 values as
+// bf16 ones (no CPU has an e4m3 product), so there fp8's is bf16's.
 double ceiling_tflops(DeviceRuntime& rt, DType dtype) {
   if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
     const double v = std::atof(known);
-    if (v > 0) return is_fp8(dtype) ? 2 * v : v;
+    if (v > 0) return is_fp8(dtype) && rt.device() == Device::Cuda ? 2 * v : v;
   }
   return rt.ceiling_tflops(dtype);
 }

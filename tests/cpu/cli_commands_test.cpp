@@ -208,9 +208,9 @@ TEST(Cli, PackedBatchRunsAndSaysWhatThePaddingWouldCost) {
   EXPECT_TRUE(named) << "trace files do not name the packed batch";
 }
 
-// issue 24: an FP8 compare end to end: e4m3 inputs, the composites within
-// the FP8 tolerance, the bf16 error beside each, the descales in the
-// findings, files of their own, and the JSON's fp8 record.
+// issue 24: an FP8 compare end to end: e4m3 inputs, the composites and
+// flash within the FP8 tolerance, the bf16 error beside each, the descales
+// in the findings, files of their own, and the JSON's fp8 record.
 TEST(Cli, Fp8CompareShowsTheErrorBesideBf16s) {
   TempDir dir;
   const fs::path t = dir.path() / "traces";
@@ -224,13 +224,12 @@ TEST(Cli, Fp8CompareShowsTheErrorBesideBf16s) {
   EXPECT_NE(r.out.find("fp8 (e4m3 inputs with per-tensor descales, bf16 output)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bf16 error"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(amax / 448 per tensor): error "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("fp8 (e4m3) inputs are not built for flash on cpu"), std::string::npos) << r.out;
   const auto j = nlohmann::json::parse(slurp(json));
   EXPECT_EQ(j["problem"]["dtype"], "fp8");
   int ran = 0;
   for (const auto& res : j["results"]) {
     const std::string b = res["backend"];
-    if (b != "naive" && b != "naive_inplace" && b != "math") {
+    if (b != "naive" && b != "naive_inplace" && b != "math" && b != "flash") {
       EXPECT_TRUE(res["fp8"].is_null()) << b;
       continue;
     }
@@ -243,7 +242,7 @@ TEST(Cli, Fp8CompareShowsTheErrorBesideBf16s) {
     EXPECT_NEAR(res["fp8"]["tensors"][1]["descale"].get<double>(), res["fp8"]["tensors"][1]["amax"].get<double>() / 448,
                 1e-12);
   }
-  EXPECT_EQ(ran, 3);
+  EXPECT_EQ(ran, 4);
   bool named = false;
   for (const auto& name : listing(t)) named |= name.find("1_2_96_64_fp8_math") != std::string::npos;
   EXPECT_TRUE(named) << "trace files do not name the fp8 run";
@@ -258,13 +257,18 @@ TEST(Cli, Fp8CompareShowsTheErrorBesideBf16s) {
   EXPECT_NE(sat.out.find("saturated to +-448 x descale"), std::string::npos) << sat.out;
   EXPECT_NE(sat.out.find("descales q 0.001, k 0.001, v 0.001 (fixed)"), std::string::npos) << sat.out;
 
-  // A backend that takes no fp8: one line, exit 2 is for flags; this is the problem's.
-  const CliRun flash = attnprof({"profile", "--backend", "flash", "--device", "cpu", "--dtype", "fp8", "--seq", "64",
-                                 "--trace-dir", t.string(), "--quiet"},
+  // explain says how flash takes e4m3; a backward of fp8 is refused in one line.
+  const CliRun flash = attnprof({"explain", "--device", "cpu", "--dtype", "fp8", "--seq", "64"}, dir);
+  EXPECT_EQ(flash.code, 0) << flash.err;
+  EXPECT_NE(flash.out.find("e4m3 inputs read as they are stored (q's and k's descales in the scale, v's on O)"),
+            std::string::npos)
+      << flash.out;
+  const CliRun train = attnprof({"profile", "--backend", "flash", "--device", "cpu", "--dtype", "fp8", "--seq", "64",
+                                 "--pass", "train", "--trace-dir", t.string(), "--quiet"},
                                 dir);
-  EXPECT_NE(flash.code, 0);
-  EXPECT_NE(flash.err.find("fp8 (e4m3) inputs are not built for flash on cpu"), std::string::npos) << flash.err;
-  EXPECT_EQ(std::count(flash.err.begin(), flash.err.end(), '\n'), 1) << flash.err;
+  EXPECT_NE(train.code, 0);
+  EXPECT_NE(train.err.find("dtype fp8 is forward only"), std::string::npos) << train.err;
+  EXPECT_EQ(std::count(train.err.begin(), train.err.end(), '\n'), 1) << train.err;
 }
 
 TEST(Cli, HelpTeachesFp8) {

@@ -7,6 +7,7 @@
 // (the library, the backend's eligibility and the command), never by SIGILL.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attnprof/backend.h"
@@ -194,6 +196,100 @@ TEST_P(FlashIsa, LongPackedAndPagedForwardMatchFloat64) {
     EXPECT_EQ(kernels.forward_block_rows(p), 128) << what;
     const Inputs in = make_inputs(p, 29, cpu_allocator());
     testing::expect_flash_accurate(p, flash_forward_errors(*flash, p, in, 200), what);
+  }
+}
+
+// t (e4m3) times its descale, as bf16: exact for a descale that is a power of two.
+Tensor dequantized_bf16(const Tensor& t, float descale) {
+  Tensor r = Tensor::empty(t.sizes(), DType::BF16, cpu_allocator());
+  testing::for_each_index(t, [&](auto a, auto b, auto c, auto d) { r.set(a, b, c, d, t.get(a, b, c, d) * descale); });
+  return r;
+}
+
+// FP8 (e4m3 inputs, bf16 output). The kernels multiply the stored values
+// (bf16 products take them exactly: every e4m3 value is a bf16 value; the
+// FP32 ones widen them) with q's and k's descales in the scores' scale and
+// v's on O. Against float64 of the dequantized inputs the error is then
+// bf16's (P rounded for P V), judged by the bf16 rule; and with descales that
+// are powers of two the output is, bit for bit, the bf16 forward's on the
+// dequantized inputs (every scaling exact), so a descale missed, applied
+// twice or in the wrong place shows. Every mask kind, a soft cap, grouped
+// heads, the tiles' head dims and the others, a paged cache and a packed batch.
+TEST_P(FlashIsa, Fp8ForwardMatchesFloat64AndTheBf16Forward) {
+  const ForceIsa force(std::string(cpu::isa_name(GetParam())));
+  auto flash = cpu::make_flash();
+  const auto& kernels = cpu::flash::kernels_of(GetParam());
+  struct Fp8Case {
+    Case c;
+    double softcap = 0;
+    std::int64_t page = 0;                  // a paged cache of pages of this many keys
+    std::vector<std::int64_t> packed = {};  // a packed batch of these lengths
+  };
+  const std::vector<Fp8Case> fp8_cases = {
+      {{"causal", {.batch = 2, .heads = 2, .seq = 200, .head_dim = 64}, DType::F8E4M3, MaskKind::Causal}},
+      {{"none_hdim128", {.heads = 2, .seq = 160, .kv_seq = 300, .head_dim = 128}, DType::F8E4M3, MaskKind::None}},
+      {{"gqa_window_capped",
+        {.heads = 4, .kv_heads = 2, .seq = 170, .head_dim = 64, .window = 50},
+        DType::F8E4M3,
+        MaskKind::SlidingWindow},
+       30.0},
+      {{"hdim40", {.heads = 1, .seq = 40, .kv_seq = 77, .head_dim = 40}, DType::F8E4M3, MaskKind::Causal}},
+      {{"hdim_odd", {.heads = 1, .seq = 33, .kv_seq = 47, .head_dim = 5}, DType::F8E4M3, MaskKind::Causal}},
+      {{"paged_bottom_right",
+        {.heads = 2, .seq = 100, .kv_seq = 700, .head_dim = 64},
+        DType::F8E4M3,
+        MaskKind::CausalBottomRight},
+       0.0,
+       64},
+      {{"packed", {.heads = 2, .head_dim = 64}, DType::F8E4M3, MaskKind::Causal}, 0.0, 0, {300, 17, 0, 129}},
+  };
+  for (const Fp8Case& fc : fp8_cases) {
+    const std::string what = std::string(cpu::isa_name(GetParam())) + " fp8 " + fc.c.name;
+    Problem p = testing::to_problem(fc.c.shape, fc.c.dtype, fc.c.mask);
+    p.softcap = fc.softcap;
+    if (fc.page > 0) {
+      p.kv_cache = KvCache::Paged;
+      p.page_size = fc.page;
+    }
+    if (!fc.packed.empty()) p = varlen_problem(p, fc.packed);
+    p.normalize();
+    p.validate();
+    const Eligibility el = flash->eligibility(p);
+    ASSERT_TRUE(el.eligible) << what << ": " << el.reason;
+    EXPECT_NE(el.reason.find("e4m3 inputs read as they are stored"), std::string::npos) << what << ": " << el.reason;
+    const char* products = kernels.forward_repacks_heads(p) ? "e4m3 inputs as bf16 (exact)" : "and e4m3 inputs widened";
+    EXPECT_NE(el.reason.find(products), std::string::npos) << what << ": " << el.reason;
+
+    Inputs in = make_inputs(p, 31, cpu_allocator());
+    ASSERT_EQ(in.q.dtype(), DType::F8E4M3) << what;
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    Tensor out = testing::nan_tensor(p.q_dims(), DType::BF16);
+    flash->forward(p, in, out, ctx);
+    const ErrorStats e = check_against_reference(p, in, out, sample_rows(p, 1 << 20));
+    EXPECT_EQ(e.nan_rows, 0) << what;
+    const Acceptance a = accept(DType::BF16, e, std::nullopt, false);
+    EXPECT_TRUE(a.pass) << what << ": " << a.why;
+
+    // Powers of two: the same stored values, scaled exactly.
+    in.q_descale = 0x1p-7f, in.k_descale = 0x1p-6f, in.v_descale = 0x1p-8f;
+    Problem twin_p = p;
+    twin_p.dtype = DType::BF16;
+    Inputs twin = in;
+    twin.q = dequantized_bf16(in.q, in.q_descale);
+    for (auto [from, to, s] :
+         {std::tuple{&in.k, &twin.k, in.k_descale}, std::tuple{&in.v, &twin.v, in.v_descale},
+          std::tuple{&in.k_pages, &twin.k_pages, in.k_descale}, std::tuple{&in.v_pages, &twin.v_pages, in.v_descale}}) {
+      if (from->defined()) *to = dequantized_bf16(*from, s);
+    }
+    Tensor out8 = testing::nan_tensor(p.q_dims(), DType::BF16), out16 = testing::nan_tensor(p.q_dims(), DType::BF16);
+    flash->forward(p, in, out8, ctx);
+    flash->forward(twin_p, twin, out16, ctx);
+    std::int64_t differ = 0;
+    testing::for_each_index(out8, [&](auto i0, auto i1, auto i2, auto i3) {
+      differ += std::bit_cast<std::uint32_t>(out8.get(i0, i1, i2, i3)) !=
+                std::bit_cast<std::uint32_t>(out16.get(i0, i1, i2, i3));
+    });
+    EXPECT_EQ(differ, 0) << what << ": of " << out8.numel() << " outputs";
   }
 }
 

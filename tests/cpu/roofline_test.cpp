@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -126,15 +127,45 @@ class ScopedEnv {
   const char* name_;
 };
 
-// ATTNPROF_CEILING_TFLOPS is the 16-bit ceiling; fp8 is held to twice it
-// (e4m3's tensor-core rate), every other dtype to the figure itself.
-TEST(MatmulCeiling, TheEnvironmentGivesThe16BitCeilingAndFp8Twice) {
+// A runtime that is only a device (ceiling_tflops reads nothing else of it
+// when the environment gives the figure): CUDA's, in a build without it.
+class DeviceOnly final : public DeviceRuntime {
+ public:
+  explicit DeviceOnly(Device d) : device_(d) {}
+  Device device() const override { return device_; }
+  Allocator& allocator() override { return cpu_allocator(); }
+  std::int64_t available_bytes() const override { return 0; }
+  Inputs upload(const Inputs& host) override { return host; }
+  Tensor upload(const Tensor& host) override { return host; }
+  Tensor download(const Tensor& t) override { return t; }
+  void poison(Tensor&) override {}
+  double ceiling_tflops(DType) override { throw std::logic_error("measured: the environment was not read"); }
+  double copy_bandwidth_gbs() override { return 0; }
+  std::string description() const override { return "device only"; }
+
+ private:
+  Device device_;
+};
+
+// ATTNPROF_CEILING_TFLOPS is the 16-bit ceiling; fp8 on CUDA is held to twice
+// it (e4m3's tensor-core rate), every other dtype, and fp8 on the CPU (which
+// multiplies e4m3 values as bf16 ones), to the figure itself.
+TEST(MatmulCeiling, TheEnvironmentGivesThe16BitCeilingAndFp8TwiceOnCuda) {
   const ScopedEnv matmul("ATTNPROF_CEILING_TFLOPS", "774");
   DeviceRuntime& rt = device_runtime(Device::Cpu);
   EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::BF16), 774);
   EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::F16), 774);
   EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::F32), 774);
-  EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::F8E4M3), 2 * 774);
+  EXPECT_DOUBLE_EQ(ceiling_tflops(rt, DType::F8E4M3), 774);
+  DeviceOnly cuda(Device::Cuda);
+  EXPECT_DOUBLE_EQ(ceiling_tflops(cuda, DType::BF16), 774);
+  EXPECT_DOUBLE_EQ(ceiling_tflops(cuda, DType::F8E4M3), 2 * 774);
+}
+
+// Measured, the CPU's fp8 ceiling is its bf16 one (the same products).
+TEST(MatmulCeiling, TheCpusFp8CeilingIsItsBf16One) {
+  DeviceRuntime& rt = device_runtime(Device::Cpu);
+  EXPECT_EQ(rt.ceiling_tflops(DType::F8E4M3), rt.ceiling_tflops(DType::BF16));
 }
 
 TEST(CopyCeiling, TheCpuRuntimeMeasuresAPositiveFigureOnce) {

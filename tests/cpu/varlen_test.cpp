@@ -383,18 +383,19 @@ class Dense final : public Backend {
 // The refusals name the CPU backends that take packed batches and soft caps
 // (no_varlen, no_softcap): exactly those whose traits say so.
 TEST(VarlenEligibility, RefusalsNameTheCpuBackendsThatTakeIt) {
-  std::vector<std::string> varlen, softcap;
+  std::vector<std::string> varlen, softcap, fp8;
   for (const std::string_view name : backend_names()) {
     const Backend* b = find_backend(name, Device::Cpu);
     if (b == nullptr) continue;
     if (b->traits().varlen) varlen.emplace_back(name);
     if (b->traits().softcap) softcap.emplace_back(name);
+    if (b->traits().fp8) fp8.emplace_back(name);
   }
   const std::vector<std::string> named = {"flash", "math", "naive", "naive_inplace"};  // sorted
-  std::sort(varlen.begin(), varlen.end());
-  std::sort(softcap.begin(), softcap.end());
+  for (auto* list : {&varlen, &softcap, &fp8}) std::sort(list->begin(), list->end());
   EXPECT_EQ(varlen, named);
   EXPECT_EQ(softcap, named);
+  EXPECT_EQ(fp8, named) << "no_fp8 names the same list";
   const std::string why = no_varlen("x", Device::Cpu).reason;
   EXPECT_NE(why.find("(flash, naive, naive_inplace and math take them)"), std::string::npos) << why;
 }

@@ -58,23 +58,29 @@ TEST(SoftcapCuda, BackendsWithoutItRefuseItByNameAndFlashTakesIt) {
   }
 }
 
-// The refusals (no_softcap, no_varlen) name the CUDA backends that take soft
-// caps and packed batches: exactly those whose traits say so.
+// The refusals (no_softcap, no_varlen, no_fp8) name the CUDA backends that
+// take soft caps, packed batches and fp8 inputs: exactly those whose traits say so.
 TEST(SoftcapCuda, RefusalsNameTheCudaBackendsThatTakeIt) {
-  std::vector<std::string> softcap, varlen;
+  std::vector<std::string> softcap, varlen, fp8;
   for (const std::string_view name : backend_names()) {
     const Backend* b = find_backend(name, Device::Cuda);
     ASSERT_NE(b, nullptr) << "a CUDA build has every backend on CUDA";
     if (b->traits().softcap) softcap.emplace_back(name);
     if (b->traits().varlen) varlen.emplace_back(name);
+    if (b->traits().fp8) fp8.emplace_back(name);
   }
-  std::sort(softcap.begin(), softcap.end());
-  std::sort(varlen.begin(), varlen.end());
+  for (auto* list : {&softcap, &varlen, &fp8}) std::sort(list->begin(), list->end());
   const std::vector<std::string> named = {"cudnn", "flash", "math", "naive", "naive_inplace"};  // sorted
   EXPECT_EQ(softcap, named);
   EXPECT_EQ(varlen, named);
+  EXPECT_EQ(fp8, named);
   const std::string why = no_softcap("x", Device::Cuda).reason;
   EXPECT_NE(why.find("(flash, cudnn, naive, naive_inplace and math take it)"), std::string::npos) << why;
+  const std::string why8 = no_fp8("efficient", Device::Cuda).reason;
+  EXPECT_NE(why8.find("fp8 (e4m3) inputs are not built for efficient on cuda (flash, cudnn, naive, naive_inplace and "
+                      "math take them)"),
+            std::string::npos)
+      << why8;
 }
 
 TEST(SoftcapCuda, ExplainAndResolveRefuseInOneLine) {

@@ -248,8 +248,12 @@ class FlashCpu final : public Backend {
           p.mask == MaskKind::Boolean
               ? ", a key-padding mask lowered to per-sequence key lengths (others read per element)"
               : "";
+      const std::string fp8 = is_fp8(p.dtype)
+                                  ? ", e4m3 inputs read as they are stored (q's and k's descales in the scale, "
+                                    "v's on O)"
+                                  : "";
       return {.eligible = true,
-              .reason = "tiled online softmax, " + threads + cap + paged + lowered + packed(p) +
+              .reason = "tiled online softmax, " + threads + cap + paged + lowered + packed(p) + fp8 +
                         ", never materialises [S, Skv]; " + kernel};
     }
     return {.eligible = true,
@@ -300,7 +304,13 @@ class FlashCpu final : public Backend {
   // adds each key block's dQ under a lock in the order the threads get there.
   Traits traits() const override {
     return {
-        .backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .kv_lens = true, .varlen = true};
+        .backward_recomputes = true,
+        .backward_dq_unordered = true,
+        .softcap = true,
+        .kv_lens = true,
+        .varlen = true,
+        .fp8 = true,
+    };
   }
 
   void forward(const Problem& problem, const Inputs& in, Tensor& out, RunContext& ctx) override {
@@ -369,11 +379,16 @@ class FlashCpu final : public Backend {
     const std::int64_t D = p.head_dim;
     // A paged cache's rows are copied out of their pages (load_kv_row).
     const bool paged = p.kv_cache == KvCache::Paged;
+    // FP8: the kernels multiply the stored e4m3 values (flash_bf16_kernels.h);
+    // q's and k's descales join the scores' scale and v's multiplies O.
+    const bool fp8 = is_fp8(p.dtype);
+    const double qk_descale = fp8 ? double{in.q_descale} * double{in.k_descale} : 1.0;
     const ForwardJob job{.p = p,
                          .in = in,
                          .out = out,
-                         .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e),
+                         .q_scale = static_cast<float>(p.softmax_scale() * std::numbers::log2e * qk_descale),
                          .cap2 = static_cast<float>(p.softcap * std::numbers::log2e),
+                         .o_scale = fp8 ? in.v_descale : 1.0f,
                          .k_unit = !paged && (in.k.stride(3) == 1 || D == 1),
                          .v_unit = !paged && (in.v.stride(3) == 1 || D == 1),
                          .lse = lse,

@@ -67,14 +67,32 @@ inline __m512i pair_bf16(__m512 a, __m512 b) {
 // on tiles. There the others take the FP32 products on widened inputs: on the
 // Xeon with AMX that was measured (docs/perf/cpu-flash.md, 2026-12-04) the
 // VDPBF16PS kernels took 1.5x the FP32 kernels' time, forward (846 against
-// 552 ms at head_dim 128) and backward (45.0 against 29.2 ms).
+// 552 ms at head_dim 128) and backward (45.0 against 29.2 ms). e4m3 inputs
+// take it as bf16 ones do: every e4m3 value is a bf16 value (e4m3_bits), so
+// the products multiply the stored values exactly and the descales are the
+// job's scales (ForwardJob::q_scale, o_scale).
+inline bool bf16_inputs(const Problem& p) { return p.dtype == DType::BF16 || p.dtype == DType::F8E4M3; }
 #if ATTNPROF_FLASH_AMX
-inline bool amx_path(const Problem& p) { return p.dtype == DType::BF16 && p.head_dim % 32 == 0; }
+inline bool amx_path(const Problem& p) { return bf16_inputs(p) && p.head_dim % 32 == 0; }
 inline bool bf16_path(const Problem& p) { return amx_path(p); }
 #else
 inline bool amx_path(const Problem&) { return false; }
-inline bool bf16_path(const Problem& p) { return p.dtype == DType::BF16 && p.head_dim % 2 == 0; }
+inline bool bf16_path(const Problem& p) { return bf16_inputs(p) && p.head_dim % 2 == 0; }
 #endif
+
+// Row `row` of t[b, h] as bf16 bits: a bf16 row where it lies (its elements
+// `inc` apart), an e4m3 row converted into `staging` (n values, 1 apart).
+struct Bf16Row {
+  const std::uint16_t* at;
+  std::int64_t inc;
+};
+inline Bf16Row bf16_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t row, std::int64_t n,
+                        std::uint16_t* staging) {
+  const std::int64_t first = t.index(b, h, row, 0);
+  if (t.dtype() != DType::F8E4M3) return {t.data_as<const std::uint16_t>() + first, t.stride(3)};
+  e4m3_row(t.data_as<const std::uint8_t>() + first, t.stride(3), n, staging);
+  return {staging, 1};
+}
 
 // Keys the per-head caches hold room for: the longest sequence's, rounded up
 // to pairs of tiles, plus one tile pair of zeros that a block starting at an
@@ -125,37 +143,35 @@ inline void fill_caches(const ForwardJob& job, std::int64_t b, std::int64_t hk, 
   } else {
     std::fill(vc + s.kv_seq / 2 * 2 * dpad, vc + keys * dpad, std::uint16_t{0});
   }
-  // The inputs are bf16 already: their 16-bit values are copied as they are,
-  // 16 keys at a time, so that V^T's writes are 16 adjacent keys per dim
-  // (a key's V row scattered over D rows of V^T, one value each, cost 4-9 ns
-  // a value on the Xeon: docs/perf/cpu-flash.md).
-  const auto row_of = [&](const KvRow& r) { return r.t.data_as<const std::uint16_t>() + r.t.index(r.b, hk, r.row, 0); };
+  // The inputs' bf16 values are copied as they are (e4m3 rows converted
+  // first), 16 keys at a time, so that V^T's writes are 16 adjacent keys per
+  // dim (a key's V row scattered over D rows of V^T, one value each, cost
+  // 4-9 ns a value on the Xeon: docs/perf/cpu-flash.md).
   constexpr std::int64_t kChunk = 16;
+  constexpr std::int64_t kMaxDim = 256;                   // the largest head dim a Problem takes
+  alignas(64) std::uint16_t staged[kChunk + 1][kMaxDim];  // e4m3 rows as bf16: 16 of V, then one of K
   for (std::int64_t j0 = 0; j0 < s.kv_seq; j0 += kChunk) {
     const std::int64_t nj = std::min(kChunk, s.kv_seq - j0);
-    const std::uint16_t* v_rows[kChunk];
-    std::int64_t v_inc = 1;
+    Bf16Row v_rows[kChunk];
     for (std::int64_t jj = 0; jj < nj; ++jj) {
       const KvRow kr = kv_row(job, job.in.k, job.in.k_pages, s, j0 + jj);
-      const std::uint16_t* k_src = row_of(kr);
-      const std::int64_t k_inc = kr.t.stride(3);
+      const Bf16Row k_src = bf16_row(kr.t, kr.b, hk, kr.row, D, staged[kChunk]);
       std::uint16_t* k_dst = kc + (j0 + jj) * D;
-      if (k_inc == 1) {
-        std::copy(k_src, k_src + D, k_dst);
+      if (k_src.inc == 1) {
+        std::copy(k_src.at, k_src.at + D, k_dst);
       } else {
-        for (std::int64_t d = 0; d < D; ++d) k_dst[d] = k_src[d * k_inc];
+        for (std::int64_t d = 0; d < D; ++d) k_dst[d] = k_src.at[d * k_src.inc];
       }
       const KvRow vr = kv_row(job, job.in.v, job.in.v_pages, s, j0 + jj);
-      v_rows[jj] = row_of(vr);
-      v_inc = vr.t.stride(3);
+      v_rows[jj] = bf16_row(vr.t, vr.b, hk, vr.row, D, staged[jj]);
     }
     if (amx) {
       for (std::int64_t d = 0; d < D; ++d)  // V^T
-        for (std::int64_t jj = 0; jj < nj; ++jj) vc[d * keys + j0 + jj] = v_rows[jj][d * v_inc];
+        for (std::int64_t jj = 0; jj < nj; ++jj) vc[d * keys + j0 + jj] = v_rows[jj].at[d * v_rows[jj].inc];
     } else {
       for (std::int64_t jj = 0; jj < nj; ++jj) {  // pairs; those past D (dpad > D) stay zero
         const std::int64_t j = j0 + jj;
-        for (std::int64_t d = 0; d < D; ++d) vc[(j / 2 * dpad + d) * 2 + j % 2] = v_rows[jj][d * v_inc];
+        for (std::int64_t d = 0; d < D; ++d) vc[(j / 2 * dpad + d) * 2 + j % 2] = v_rows[jj].at[d * v_rows[jj].inc];
         if (D < dpad && j % 2 == 0)
           std::fill(vc + (j / 2 * dpad + D) * 2, vc + (j / 2 + 1) * dpad * 2, std::uint16_t{0});
       }
@@ -166,17 +182,17 @@ inline void fill_caches(const ForwardJob& job, std::int64_t b, std::int64_t hk, 
   std::memcpy(scratch, tag, sizeof tag);
 }
 
-// Query rows i0..i0+nq as pairs, qt2[p][i]; zero columns up to qcols. Q is
-// bf16 (bf16_path): its 16-bit values are paired as they are, not widened and
-// rounded back.
+// Query rows i0..i0+nq as pairs, qt2[p][i]; zero columns up to qcols. Q's
+// bf16 values (bf16_path; e4m3 rows converted first) are paired as they are,
+// not widened and rounded back.
 inline void pack_q_pairs(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
                          std::int64_t qcols, std::uint32_t* qt2) {
-  const Tensor& q = job.in.q;
-  const std::int64_t D = job.p.head_dim, inc = q.stride(3);
+  const std::int64_t D = job.p.head_dim;
+  alignas(64) std::uint16_t staged[256];  // an e4m3 row as bf16 (head dims up to 256)
   for (std::int64_t i = 0; i < nq; ++i) {
-    const auto* src = q.data_as<const std::uint16_t>() + q.index(s.tb, h, s.q0 + i0 + i, 0);
+    const Bf16Row src = bf16_row(job.in.q, s.tb, h, s.q0 + i0 + i, D, staged);
     for (std::int64_t p = 0; p < D / 2; ++p)
-      qt2[p * kBlockQ + i] = src[2 * p * inc] | (std::uint32_t{src[(2 * p + 1) * inc]} << 16);
+      qt2[p * kBlockQ + i] = src.at[2 * p * src.inc] | (std::uint32_t{src.at[(2 * p + 1) * src.inc]} << 16);
   }
   for (std::int64_t p = 0; p < D / 2; ++p) std::fill(qt2 + p * kBlockQ + nq, qt2 + p * kBlockQ + qcols, 0u);
 }
@@ -393,6 +409,13 @@ inline void attend_block_bf16(const ForwardJob& job, std::int64_t b, std::int64_
 }
 
 inline const char* forward_products_bf16(const Problem& p) {
+  if (p.dtype == DType::F8E4M3) {
+    if (amx_path(p))
+      return "e4m3 inputs as bf16 (exact), bf16 AMX tile products (TDPBF16PS) for Q K^T and P V, FP32 softmax, P "
+             "rounded to bf16 for P V";
+    return "e4m3 inputs as bf16 (exact), bf16 dot products (VDPBF16PS) on 16 lanes for Q K^T and P V, FP32 softmax, "
+           "P rounded to bf16 for P V";
+  }
   if (amx_path(p))
     return "bf16 AMX tile products (TDPBF16PS) for Q K^T and P V, FP32 softmax, P rounded to bf16 for P V";
   return "bf16 dot products (VDPBF16PS) on 16 lanes for Q K^T and P V, FP32 softmax, P rounded to bf16 for P V";

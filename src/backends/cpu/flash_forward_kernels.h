@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -59,11 +60,47 @@ inline Layout layout_for(std::int64_t head_dim, std::int64_t rows) {
   return L;
 }
 
+// An e4m3 byte as FP32 bits, branch-free (selects by masks, which GCC
+// if-converts where a ternary stays a branch) so that a loop over a row
+// vectorizes with the level's flags: a normal's bits moved into place with the
+// exponent rebiased by 120, a subnormal m x 2^-9, the NaNs NaN. Every value is
+// exact and a bf16 (its low 16 bits are zero). A byte at a time through
+// e4m3_to_float's branches made the FP8 forward 35% slower than bf16's.
+inline std::uint32_t e4m3_bits(std::uint32_t b) {
+  const std::uint32_t mag = b & 0x7fu;
+  const std::uint32_t normal = (mag << 20) + (120u << 23);
+  const std::uint32_t sub = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(mag)) * 0x1p-9f);
+  const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(mag < 8);
+  const std::uint32_t is_nan = 0u - static_cast<std::uint32_t>(mag == 0x7f);
+  const std::uint32_t f = (sub & is_sub) | (normal & ~is_sub);
+  return (0x7fc00000u & is_nan) | (f & ~is_nan) | ((b & 0x80u) << 24);
+}
+
+// n e4m3 values, `inc` apart, as FP32 or as bf16 bits.
+inline void e4m3_row(const std::uint8_t* src, std::int64_t inc, std::int64_t n, float* dst) {
+  if (inc == 1) {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = std::bit_cast<float>(e4m3_bits(src[c]));
+  } else {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = std::bit_cast<float>(e4m3_bits(src[c * inc]));
+  }
+}
+inline void e4m3_row(const std::uint8_t* src, std::int64_t inc, std::int64_t n, std::uint16_t* dst) {
+  if (inc == 1) {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = static_cast<std::uint16_t>(e4m3_bits(src[c]) >> 16);
+  } else {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = static_cast<std::uint16_t>(e4m3_bits(src[c * inc]) >> 16);
+  }
+}
+
 // Row i of t[b, h] (n elements) widened to FP32; vector loads when unit-stride.
 inline void widen_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t n, float* dst) {
   const std::int64_t base = t.index(b, h, i, 0);
   const std::int64_t inc = t.stride(3);
   const void* data = t.data();
+  if (t.dtype() == DType::F8E4M3) {  // e4m3 as it is stored (the descales are the job's scales)
+    e4m3_row(static_cast<const std::uint8_t*>(data) + base, inc, n, dst);
+    return;
+  }
   if (inc != 1 && n > 1) {
     for (std::int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c * inc);
     return;
@@ -85,7 +122,7 @@ inline void widen_row(const Tensor& t, std::int64_t b, std::int64_t h, std::int6
     }
     case DType::Bool:
     case DType::I32:
-    case DType::F8E4M3:  // never a flash input (no_fp8): the scalar loop below
+    case DType::F8E4M3:  // above
       break;
   }
   for (; c < n; ++c) dst[c] = load_as_float(data, t.dtype(), base + c);
@@ -162,7 +199,7 @@ inline void store_rows(const ForwardJob& job, const Sequence& s, std::int64_t h,
   constexpr std::int64_t kMaxRow = 256;  // the largest head dim a Problem takes
   float row[kMaxRow];                    // a 16-bit row, normalised, before store_row rounds it
   for (std::int64_t i = 0; i < nq; ++i) {
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const float inv = l[i] > 0.0f ? job.o_scale / l[i] : 0.0f;
     const float* src = o + i * ldo_row;
     const std::int64_t base = out.index(s.tb, h, s.q0 + i0 + i, 0);
     if (out.dtype() == DType::F32 && inc == 1) {

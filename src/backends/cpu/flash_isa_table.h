@@ -21,11 +21,11 @@ namespace attnprof::cpu::flash::ATTNPROF_ISA_NS {
 
 inline const char* forward_products_fp32(const Problem&) {
 #if ATTNPROF_FLASH_AVX512
-  return "FP32 FMA products on 16 lanes (AVX-512), 16-bit inputs widened";
+  return "FP32 FMA products on 16 lanes (AVX-512), 16-bit and e4m3 inputs widened";
 #elif ATTNPROF_FLASH_AVX2
-  return "FP32 FMA products on 8 lanes (AVX2), 16-bit inputs widened";
+  return "FP32 FMA products on 8 lanes (AVX2), 16-bit and e4m3 inputs widened";
 #else
-  return "FP32 products on 8-float arrays (baseline x86-64, SSE2), 16-bit inputs widened";
+  return "FP32 products on 8-float arrays (baseline x86-64, SSE2), 16-bit and e4m3 inputs widened";
 #endif
 }
 
@@ -65,8 +65,9 @@ inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, 
 inline const char* forward_products(const Problem& p) {
   if (bf16_path(p)) return forward_products_bf16(p);
 #if ATTNPROF_FLASH_AMX
-  if (p.dtype == DType::BF16) {
-    return "FP32 FMA products on 16 lanes (AVX-512), 16-bit inputs widened (AMX tiles take head_dim a multiple of 32)";
+  if (bf16_inputs(p)) {
+    return "FP32 FMA products on 16 lanes (AVX-512), 16-bit and e4m3 inputs widened (AMX tiles take head_dim a "
+           "multiple of 32)";
   }
 #endif
   return forward_products_fp32(p);

@@ -20,8 +20,9 @@ struct ForwardJob {
   const Problem& p;
   const Inputs& in;
   const Tensor& out;
-  float q_scale;  // softmax scale * log2(e): the exponentials are base 2
+  float q_scale;  // softmax scale * log2(e) (the exponentials are base 2), times q's and k's descales for fp8
   float cap2;     // soft cap * log2(e) (the logits are base 2); 0: no cap
+  float o_scale;  // what O is multiplied by as it is stored: v's descale for fp8, else 1
   bool k_unit;    // K rows are unit-stride in the logical tensor (not paged)
   bool v_unit;    // likewise V
   float* lse;     // forward_train: each row's log-sum-exp, contiguous lse_dims(p); null otherwise
