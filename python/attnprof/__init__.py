@@ -202,9 +202,11 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     FP8: q, k and v as torch.float8_e4m3fn tensors (e4m3, as FlashAttention-3 and cuDNN take them)
     with q_descale, k_descale and v_descale (floats or 1-element tensors; None is 1.0): the real
     values are the stored ones times their tensor's descale, each finite and positive. The output
-    is bfloat16. Forward only; dense calls (no cu_seqlens). quantize_fp8(t) makes (t8, descale)
+    is bfloat16. Forward only; dense, paged and packed calls. quantize_fp8(t) makes (t8, descale)
     from a float tensor. The composites (naive, naive_inplace, math) compute in FP32 after
-    dequantizing; others say whether they take fp8. A descale with inputs of another dtype is refused.
+    dequantizing; flash on the CPU multiplies the stored values in its bf16 products (the descales
+    as scales); on CUDA flash (sm90, head dim 128, dense) and cudnn take it; others say whether they
+    do. A descale with inputs of another dtype is refused.
 
     torch tensors that require grad (with grad enabled) go through
     torch.ops.attnprof.attention_train, whose autograd is attnprof's own
@@ -235,16 +237,13 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
                                                                        ("k_descale", k_descale),
                                                                        ("v_descale", v_descale)))
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
-        if q_descale is not None or k_descale is not None or v_descale is not None:
-            raise Error("q_descale, k_descale and v_descale go with fp8 inputs in a dense call: packed batches "
-                        "(cu_seqlens) in fp8 are not built for Python calls yet")
         _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
         if attn_mask is not None or block_table is not None or seq_lens is not None:
             raise Error("a packed batch (cu_seqlens_q, cu_seqlens_k) takes structural masks only: no attn_mask, "
                         "block_table or seq_lens")
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend,
-                                 mask or "causal",
-                                 window, scale, out, threads, deterministic, softcap)
+                                 mask or "causal", window, scale, out, threads, deterministic, softcap,
+                                 (q_descale, k_descale, v_descale))
     if max_seqlen_q is not None or max_seqlen_k is not None:
         raise Error("max_seqlen_q and max_seqlen_k go with cu_seqlens_q and cu_seqlens_k (a packed batch)")
     if _torch_tensor is not None and isinstance(q, _torch_tensor) or _is_torch(q):
@@ -278,8 +277,9 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
 
 
 def _attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, out, threads, deterministic,
-                      softcap):
-    """attention() on a packed batch: both cumulative lengths, the maxima checked as whole numbers."""
+                      softcap, descales):
+    """attention() on a packed batch: both cumulative lengths, the maxima checked as whole numbers;
+    descales: fp8's (q_descale, k_descale, v_descale), each None or checked by _descale."""
     if cu_q is None or cu_k is None:
         raise Error("a packed batch needs both cu_seqlens_q and cu_seqlens_k")
     max_q = _whole("max_seqlen_q", max_q, _INT64, optional=True)
@@ -289,12 +289,13 @@ def _attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend, mask, window, 
 
         return _torch.attention_varlen(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
                                        max_seqlen_k=max_k, backend=backend, mask=mask, window=window, scale=scale,
-                                       out=out, threads=threads, deterministic=deterministic, softcap=softcap)
+                                       out=out, threads=threads, deterministic=deterministic, softcap=softcap,
+                                       descales=descales)
     if out is None:
         out = _empty_like(q)
     try:
         _core.attention_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, 0, threads,
-                               softcap)
+                               softcap, *descales)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None

@@ -153,7 +153,7 @@ def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = 
               deterministic: bool = False, softcap: Optional[float] = None,
               attn_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     views = _dlpack(q, k, v, out)
     _, lse = _core.attention_train(*views, backend, mask, window, scale, _stream_of(q), 0, bshd, deterministic,
                                    softcap, _optional(attn_mask))
@@ -277,27 +277,30 @@ def _refuse_mixed(**tensors):
 # ---- Packed (variable-length) batches: flash_attn_varlen_func's arguments.
 # q [total_q, H, D], k and v [total_k, Hkv, D], int32 cu_seqlens on q's device.
 
-def _varlen_run(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, threads=0, softcap=None):
+def _varlen_run(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, threads=0, softcap=None,
+                q_descale=None, k_descale=None, v_descale=None):
     _core.attention_varlen(*_dlpack(q, k, v, out, cu_q, cu_k), max_q, max_k, backend, mask, window, scale,
-                           _stream_of(q), threads, softcap)
+                           _stream_of(q), threads, softcap, q_descale, k_descale, v_descale)
 
 
 @torch.library.custom_op("attnprof::attention_varlen", mutates_args=(), device_types=("cpu", "cuda"))
 def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
                backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
-               scale: Optional[float] = None, softcap: Optional[float] = None) -> torch.Tensor:
-    """Attention over a packed batch; out has q's shape [total_q, H, D]."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+               scale: Optional[float] = None, softcap: Optional[float] = None, q_descale: Optional[float] = None,
+               k_descale: Optional[float] = None, v_descale: Optional[float] = None) -> torch.Tensor:
+    """Attention over a packed batch; out has q's shape [total_q, H, D] (bf16 for float8_e4m3fn inputs,
+    which take their descales)."""
+    out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     _varlen_run(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window, scale,
-                softcap=softcap)
+                softcap=softcap, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return out
 
 
 @_varlen_op.register_fake
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, backend="auto",
-                 mask="causal", window=None, scale=None, softcap=None):
-    return q.new_empty(q.shape)
+                 mask="causal", window=None, scale=None, softcap=None, q_descale=None, k_descale=None, v_descale=None):
+    return q.new_empty(q.shape, dtype=_out_dtype(q.dtype))
 
 
 @torch.library.custom_op("attnprof::attention_varlen_train", mutates_args=(), device_types=("cpu", "cuda"))
@@ -307,7 +310,7 @@ def _varlen_train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      window: Optional[int] = None, scale: Optional[float] = None, deterministic: bool = False,
                      softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed training forward: (out, the FP32 [H, total_q] log-sum-exp the backward reads)."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     _, lse = _core.attention_varlen_train(*_dlpack(q, k, v, out, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
                                           max_seqlen_k, backend, mask, window, scale, _stream_of(q), 0, deterministic,
                                           softcap)
@@ -361,7 +364,7 @@ torch.library.register_autograd("attnprof::attention_varlen", _no_backward, setu
 
 
 def attention_varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window,
-                     scale, out, threads, deterministic=False, softcap=None):
+                     scale, out, threads, deterministic=False, softcap=None, descales=(None, None, None)):
     for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + (
             (("out", out),) if out is not None else ()):
         if not isinstance(t, torch.Tensor):
@@ -376,14 +379,14 @@ def attention_varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
         return torch.ops.attnprof.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                   backend, mask, window, scale, softcap)
+                                                   backend, mask, window, scale, softcap, *descales)
     if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     try:
         _varlen_run(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window,
-                    scale, threads, softcap)
+                    scale, threads, softcap, *descales)
     except TypeError as e:
         del out
         from . import not_an_array

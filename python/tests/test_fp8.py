@@ -89,6 +89,38 @@ def test_flash_takes_fp8_on_the_cpu(shape, kv_shape, causal):
     torch.testing.assert_close(a, attnprof.attention(*deq, backend="flash", mask=mask), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("backend", ["flash", "math"])
+def test_packed_fp8_batches_are_their_sequences(backend):
+    # Three sequences (one empty) packed as flash_attn_varlen_func takes them, quantized per packed
+    # tensor: each sequence's rows are the dense fp8 call's on that sequence with the same descales,
+    # and within the stated tolerance of float64 on the real inputs.
+    lens, heads, kv_heads, dim = [37, 0, 70], 4, 2, 64
+    total = sum(lens)
+    q, k, v = ((torch.rand(total, h, dim) * 2 - 1).to(torch.bfloat16) for h in (heads, kv_heads, kv_heads))
+    (q8, qs), (k8, ks), (v8, vs) = (attnprof.quantize_fp8(x) for x in (q, k, v))
+    cu = torch.tensor([0, 37, 37, 107], dtype=torch.int32)
+    out = attnprof.attention(q8, k8, v8, backend=backend, cu_seqlens_q=cu, cu_seqlens_k=cu, q_descale=qs,
+                             k_descale=ks, v_descale=vs)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    for s, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        if a == b:
+            continue
+        one = lambda x: x[a:b].transpose(0, 1).unsqueeze(0)  # [1, H, len, D]
+        dense = attnprof.attention(one(q8), one(k8), one(v8), backend=backend, q_descale=qs, k_descale=ks,
+                                   v_descale=vs)
+        torch.testing.assert_close(one(out), dense, atol=0, rtol=0, msg=f"sequence {s}")
+        err = rel(one(out), reference(one(q), one(k), one(v)))
+        assert 5e-3 < err <= 2 * 3e-2 + FLOOR, f"sequence {s}: {err}"
+    # A descale doubled is O doubled (before bf16's rounding).
+    twice = attnprof.attention(q8, k8, v8, backend=backend, cu_seqlens_q=cu, cu_seqlens_k=cu, q_descale=qs,
+                               k_descale=ks, v_descale=2 * vs)
+    torch.testing.assert_close(twice.float(), 2 * out.float(), atol=0, rtol=2.0**-7)
+    with pytest.raises(attnprof.Error, match=r"q_descale applies to fp8 \(float8_e4m3fn\) inputs only"):
+        attnprof.attention(q, k, v, backend=backend, cu_seqlens_q=cu, cu_seqlens_k=cu, q_descale=qs)
+    with pytest.raises(attnprof.Error, match=r"dtype fp8 is forward only"):
+        attnprof.attention(q8.requires_grad_(), k8, v8, backend=backend, cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
 def test_descales_are_read_floats_or_one_element_tensors():
     q, k, v = real_inputs()
     (q8, qs), (k8, ks), (v8, vs) = (attnprof.quantize_fp8(x) for x in (q, k, v))

@@ -106,19 +106,14 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   const Array q = array_of(q_in), k = array_of(k_in), v = array_of(v_in), out = array_of(out_in);
   const Device device = device_of("q", q);
   const DType dtype = dtype_of("q", q);
-  if (is_fp8(dtype)) {
-    fail(ErrorKind::Unsupported,
-         "fp8 (float8_e4m3fn) inputs take a dense call here: packed batches (cu_seqlens) in fp8 are not built for "
-         "Python calls yet");
-  }
   require_like_q("k", k, q, device, dtype);
   require_like_q("v", v, q, device, dtype);
-  require_like_q("out", out, q, device, dtype);
+  require_like_q("out", out, q, device, output_dtype(dtype));  // bf16 for fp8 inputs
   Inputs in;
   in.q = packed_view_of("q", q, device, dtype);
   in.k = packed_view_of("k", k, device, dtype);
   in.v = packed_view_of("v", v, device, dtype);
-  Tensor o = packed_view_of("out", out, device, dtype);
+  Tensor o = packed_view_of("out", out, device, output_dtype(dtype));
   require_writable_layout("out", o);
   require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
   for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
@@ -164,9 +159,11 @@ std::string attention_varlen(const In& q, const In& k, const In& v, const Out& o
                              std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k,
                              const std::string& backend, const std::string& mask, std::optional<std::int64_t> window,
                              std::optional<double> scale, std::uintptr_t stream, int threads,
-                             std::optional<double> softcap) {
+                             std::optional<double> softcap, std::optional<double> q_descale,
+                             std::optional<double> k_descale, std::optional<double> v_descale) {
   Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
                           {backend, mask, window, scale, stream, threads, false, Pass::Forward, false, softcap});
+  set_descales(c, q_descale, k_descale, v_descale);
   run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
   return std::string(c.backend->name());
 }
@@ -222,8 +219,9 @@ void bind_varlen(nb::module_& m) {
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
         nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
         nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
-        nb::arg("threads"), nb::arg("softcap").none() = nb::none(),
-        "attention over a packed batch into `out`; returns the backend that ran");
+        nb::arg("threads"), nb::arg("softcap").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        "attention over a packed batch into `out` (fp8: q, k and v's descales, out bf16); returns the backend that ran");
   m.def("attention_varlen_train", &attention_varlen_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
         nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
