@@ -215,13 +215,14 @@ std::string attention_varlen_backward(const In& dout, const In& q, const In& k, 
 // Packed batches: q [total_q, H, D], k and v [total_k, Hkv, D], int32
 // cumulative lengths (flash_attn_varlen_func's arguments).
 void bind_varlen(nb::module_& m) {
-  m.def("attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
-        nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
-        nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
-        nb::arg("threads"), nb::arg("softcap").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
-        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
-        "attention over a packed batch into `out` (fp8: q, k and v's descales, out bf16); returns the backend that ran");
+  m.def(
+      "attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+      nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
+      nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
+      nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
+      nb::arg("threads"), nb::arg("softcap").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+      nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+      "attention over a packed batch into `out` (fp8: q, k and v's descales, out bf16); returns the backend that ran");
   m.def("attention_varlen_train", &attention_varlen_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
         nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
