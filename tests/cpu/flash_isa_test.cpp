@@ -324,6 +324,96 @@ TEST_P(FlashIsa, ForwardWithARisingMaxMatchesFloat64) {
   }
 }
 
+// Decoding (flash_tiles.h's decodes(): at most 4 queries a sequence): one
+// item per (sequence, KV head), its query heads' rows together, against
+// float64 at every level: every dtype (fp8 with its descales), one to four
+// queries, grouped heads from 1 to 16 a KV head (64 rows, the most), every
+// structural mask, rows every key of which is masked (zeros), head dims that
+// are no whole vector, a soft cap, a paged cache; and its log-sum-exp, which
+// a backward over the same problem reads. A fifth query takes the tiled items.
+TEST_P(FlashIsa, DecodeMatchesFloat64) {
+  const ForceIsa force(std::string(cpu::isa_name(GetParam())));
+  auto flash = cpu::make_flash();
+  struct DecodeCase {
+    Case c;
+    double softcap = 0;
+    std::int64_t page = 0;
+  };
+  const std::vector<DecodeCase> decode_cases = {
+      {{"gqa_bf16",
+        {.batch = 2, .heads = 8, .kv_heads = 2, .seq = 1, .kv_seq = 300, .head_dim = 128},
+        DType::BF16,
+        MaskKind::None}},
+      {{"causal_3_fp32", {.heads = 4, .seq = 3, .kv_seq = 200, .head_dim = 64}, DType::F32, MaskKind::Causal}},
+      {{"mqa_bottom_right_f16",
+        {.heads = 8, .kv_heads = 1, .seq = 4, .kv_seq = 190, .head_dim = 64},
+        DType::F16,
+        MaskKind::CausalBottomRight}},
+      {{"window_hdim72_bf16",
+        {.heads = 4, .kv_heads = 2, .seq = 2, .kv_seq = 500, .head_dim = 72, .window = 50},
+        DType::BF16,
+        MaskKind::SlidingWindow}},
+      {{"fp8", {.heads = 8, .kv_heads = 2, .seq = 1, .kv_seq = 257, .head_dim = 128}, DType::F8E4M3, MaskKind::None}},
+      {{"capped_hdim5_fp32", {.heads = 2, .seq = 1, .kv_seq = 130, .head_dim = 5}, DType::F32, MaskKind::None}, 20.0},
+      {{"64_rows_bf16",
+        {.heads = 32, .kv_heads = 2, .seq = 4, .kv_seq = 99, .head_dim = 64},
+        DType::BF16,
+        MaskKind::CausalBottomRight}},
+      {{"fully_masked_rows_fp32",
+        {.heads = 2, .seq = 4, .kv_seq = 2, .head_dim = 32},
+        DType::F32,
+        MaskKind::CausalBottomRight}},
+      {{"paged_bf16",
+        {.batch = 3, .heads = 4, .kv_heads = 2, .seq = 1, .kv_seq = 333, .head_dim = 64},
+        DType::BF16,
+        MaskKind::CausalBottomRight},
+       0.0,
+       16},
+  };
+  for (const DecodeCase& dc : decode_cases) {
+    const std::string what = std::string(cpu::isa_name(GetParam())) + " decode " + dc.c.name;
+    Problem p = testing::to_problem(dc.c.shape, dc.c.dtype, dc.c.mask);
+    p.softcap = dc.softcap;
+    if (dc.page > 0) {
+      p.kv_cache = KvCache::Paged;
+      p.page_size = dc.page;
+    }
+    p.normalize();
+    p.validate();
+    ASSERT_TRUE(cpu::flash::decodes(p)) << what;
+    const Eligibility el = flash->eligibility(p);
+    ASSERT_TRUE(el.eligible) << what << ": " << el.reason;
+    EXPECT_NE(el.reason.find("decode: each KV head's keys and values read once"), std::string::npos) << el.reason;
+    const Inputs in = make_inputs(p, 41, cpu_allocator());
+    Tensor out = testing::nan_tensor(p.q_dims(), output_dtype(p.dtype));
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    flash->forward(p, in, out, ctx);
+    const ErrorStats e = check_against_reference(p, in, out, sample_rows(p, 1 << 20));
+    if (is_fp8(p.dtype)) {
+      EXPECT_EQ(e.nan_rows, 0) << what;
+      const Acceptance a = accept(DType::BF16, e, std::nullopt, false);  // the stored values, FP32 products
+      EXPECT_TRUE(a.pass) << what << ": " << a.why;
+    } else {
+      testing::expect_flash_accurate(p, e, what);
+    }
+    if (dc.c.dtype == DType::F32 || dc.c.dtype == DType::BF16) {
+      if (dc.page > 0) continue;  // a paged cache is inference only
+      Problem b = p;
+      b.pass = Pass::Backward;
+      b.validate();
+      const GradientErrors g = testing::flash_backward_errors(*flash, b, 7);
+      testing::expect_flash_accurate(b, g.dq, what + " dQ");
+      testing::expect_flash_accurate(b, g.dk, what + " dK");
+      testing::expect_flash_accurate(b, g.dv, what + " dV");
+    }
+  }
+  Problem five =
+      testing::to_problem({.heads = 4, .seq = 5, .kv_seq = 100, .head_dim = 64}, DType::BF16, MaskKind::Causal);
+  five.normalize();
+  EXPECT_FALSE(cpu::flash::decodes(five));
+  EXPECT_EQ(flash->eligibility(five).reason.find("decode:"), std::string::npos);
+}
+
 TEST_P(FlashIsa, BackwardMatchesFloat64) {
   const ForceIsa force(std::string(cpu::isa_name(GetParam())));
   auto flash = cpu::make_flash();

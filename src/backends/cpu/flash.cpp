@@ -107,6 +107,12 @@ std::vector<Sequence> sequences_of(const Problem& p) {
   return seqs;
 }
 
+bool decodes(const Problem& p) {
+  const bool structural = p.mask == MaskKind::None || p.mask == MaskKind::Causal ||
+                          p.mask == MaskKind::CausalBottomRight || p.mask == MaskKind::SlidingWindow;
+  return structural && !p.varlen() && p.seq <= kDecodeQueries && p.group() * p.seq <= kDecodeRows;
+}
+
 std::int64_t total_q_blocks(const Problem& p) {
   std::int64_t n = 0;
   for (std::int64_t b = 0; b < p.batch; ++b) n += (p.seq_len(b) + kBlockQ - 1) / kBlockQ;
@@ -395,6 +401,22 @@ class FlashCpu final : public Backend {
                          .seqs = seqs,
                          .lse_rows = lse_rows(p),
                          .mask_lowered = lowered.has_value()};
+
+    // Decoding: one item per (sequence, KV head), its query heads together
+    // (flash_decode_kernels.h).
+    if (decodes(p)) {
+      const std::int64_t items = p.batch * p.kv_heads;
+      const int threads = static_cast<int>(std::min<std::int64_t>(resolve_threads(ctx.threads), items));
+      const std::int64_t per_thread = kernels.forward_scratch_floats(p);
+      Tensor scratch = Tensor::empty({threads, 1, 1, per_thread}, DType::F32, ctx.allocator);
+      float* scratch_base = scratch.data_as<float>();
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+      for (std::int64_t item = 0; item < items; ++item) {
+        float* mine = scratch_base + static_cast<std::int64_t>(omp_get_thread_num()) * per_thread;
+        kernels.attend_decode(job, item / p.kv_heads, item % p.kv_heads, mine);
+      }
+      return;
+    }
 
     // A packed batch's items run over its longest sequence's query blocks;
     // those past a shorter one's end return at once.

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "backends/cpu/flash_backward_kernels.h"
+#include "backends/cpu/flash_decode_kernels.h"
 #include "backends/cpu/flash_forward_kernels.h"
 // The bf16 products need the level's flags (a build without them, or off
 // x86-64, compiles this unit as plain arrays and without them).
@@ -48,6 +49,7 @@ inline void vector_exp2(const float* x, float* y, std::int64_t n) {
 
 #if ATTNPROF_FLASH_BF16
 inline std::int64_t forward_scratch(const Problem& p) {
+  if (decodes(p)) return decode_scratch_floats(p);
   return bf16_path(p) ? forward_scratch_bf16(p) : forward_scratch_fp32(p);
 }
 inline std::int64_t forward_block_rows(const Problem& p) { return bf16_path(p) ? kBlockQ : forward_rows_fp32(p); }
@@ -63,6 +65,7 @@ inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, 
 // unit defines nothing outside its namespace (no std::string code compiled
 // with its flags; tests/linkage/isa_symbols.cmake).
 inline const char* forward_products(const Problem& p) {
+  if (decodes(p)) return decode_products();
   if (bf16_path(p)) return forward_products_bf16(p);
 #if ATTNPROF_FLASH_AMX
   if (bf16_inputs(p)) {
@@ -90,12 +93,16 @@ inline const char* backward_products(const Problem& p) {
   return backward_products_fp32();
 }
 #else
-inline std::int64_t forward_scratch(const Problem& p) { return forward_scratch_fp32(p); }
+inline std::int64_t forward_scratch(const Problem& p) {
+  return decodes(p) ? decode_scratch_floats(p) : forward_scratch_fp32(p);
+}
 inline std::int64_t forward_block_rows(const Problem& p) { return forward_rows_fp32(p); }
 inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
   attend_block_fp32(job, b, h, i0, scratch);
 }
-inline const char* forward_products(const Problem& p) { return forward_products_fp32(p); }
+inline const char* forward_products(const Problem& p) {
+  return decodes(p) ? decode_products() : forward_products_fp32(p);
+}
 inline bool forward_repacks_heads(const Problem&) { return false; }
 inline std::int64_t backward_scratch(std::int64_t head_dim) { return backward_scratch_floats(head_dim); }
 inline void key_block(const BackwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t kb, float* scratch) {
@@ -112,7 +119,7 @@ const Kernels ATTNPROF_ISA_TABLE {
   .isa = ATTNPROF_ISA_LEVEL, .lanes = ATTNPROF_ISA_NS::kLanes,
   .forward_scratch_floats = &ATTNPROF_ISA_NS::forward_scratch,
   .forward_block_rows = &ATTNPROF_ISA_NS::forward_block_rows, .attend_block = &ATTNPROF_ISA_NS::attend_block,
-  .forward_products = &ATTNPROF_ISA_NS::forward_products,
+  .attend_decode = &ATTNPROF_ISA_NS::attend_decode, .forward_products = &ATTNPROF_ISA_NS::forward_products,
   .forward_repacks_heads = &ATTNPROF_ISA_NS::forward_repacks_heads,
   .backward_key_rows = &ATTNPROF_ISA_NS::key_block_rows, .backward_scratch_floats = &ATTNPROF_ISA_NS::backward_scratch,
   .key_block = &ATTNPROF_ISA_NS::key_block, .backward_products = &ATTNPROF_ISA_NS::backward_products,

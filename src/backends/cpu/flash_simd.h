@@ -64,6 +64,19 @@ inline Vf max(Vf a, Vf b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline Vf select_greater(Vf a, Vf b, Vf x, Vf y) {
   return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ), y.v, x.v)};
 }
+// The sum of the lanes (the decode kernel's dot products); the tests'
+// stand-ins of the intrinsics have no reduction, so there it goes by memory.
+inline float hsum(Vf a) {
+#if defined(ATTNPROF_FLASH_EMULATE)
+  alignas(64) float t[kLanes];
+  _mm512_storeu_ps(t, a.v);
+  float s = 0.0f;
+  for (const float x : t) s += x;
+  return s;
+#else
+  return _mm512_reduce_add_ps(a.v);
+#endif
+}
 inline Vf finite_or_zero(Vf x) {
   const __mmask16 is_neg_inf = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
   return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~is_neg_inf), x.v)};
@@ -140,6 +153,12 @@ inline Vf add(Vf a, Vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vf sub(Vf a, Vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline Vf mul(Vf a, Vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline Vf max(Vf a, Vf b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline float hsum(Vf a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 inline Vf select_greater(Vf a, Vf b, Vf x, Vf y) {
   return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ))};
 }
@@ -243,6 +262,11 @@ inline Vf mul(Vf a, Vf b) {
 }
 inline Vf max(Vf a, Vf b) {
   return lanes([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; });
+}
+inline float hsum(Vf a) {
+  float s = 0.0f;
+  for (const float x : a.v) s += x;
+  return s;
 }
 inline Vf select_greater(Vf a, Vf b, Vf x, Vf y) {
   return lanes([&](int i) { return a.v[i] > b.v[i] ? x.v[i] : y.v[i]; });

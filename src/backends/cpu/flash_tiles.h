@@ -60,6 +60,16 @@ Band band_of(const Problem& p);
 // (the bottom-right diagonal at kv_seq - seq).
 Band band_of(const Problem& p, std::int64_t seq, std::int64_t kv_seq);
 
+// Decoding: a dense problem of at most kDecodeQueries queries a sequence, its
+// query heads of one KV head together at most kDecodeRows rows, under a
+// structural mask (or none). Such a forward runs one item per (sequence, KV
+// head) that reads each key and value row once for all those rows
+// (flash_decode_kernels.h), where the tiled kernels would pad the few rows to
+// a vector's lanes or a tile's rows, and repack K and V per query head.
+constexpr std::int64_t kDecodeQueries = 4;
+constexpr std::int64_t kDecodeRows = 64;
+bool decodes(const Problem& p);
+
 // One sequence of a problem as the kernels walk it: batch b of a dense
 // problem, or sequence b of a packed one (Problem::seq_lens), whose rows lie
 // at an offset in the packed tensors. Each item's row and key indices are
