@@ -199,6 +199,17 @@ TEST_P(FlashIsa, LongPackedAndPagedForwardMatchFloat64) {
   }
 }
 
+// c's problem with a soft cap (0: none) and a paged cache of pages of `page` keys (0: contiguous).
+Problem capped_or_paged(const Case& c, double softcap, std::int64_t page) {
+  Problem p = testing::to_problem(c.shape, c.dtype, c.mask);
+  p.softcap = softcap;
+  if (page > 0) {
+    p.kv_cache = KvCache::Paged;
+    p.page_size = page;
+  }
+  return p;
+}
+
 // t (e4m3) times its descale, as bf16: exact for a descale that is a power of two.
 Tensor dequantized_bf16(const Tensor& t, float descale) {
   Tensor r = Tensor::empty(t.sizes(), DType::BF16, cpu_allocator());
@@ -245,12 +256,7 @@ TEST_P(FlashIsa, Fp8ForwardMatchesFloat64AndTheBf16Forward) {
   };
   for (const Fp8Case& fc : fp8_cases) {
     const std::string what = std::string(cpu::isa_name(GetParam())) + " fp8 " + fc.c.name;
-    Problem p = testing::to_problem(fc.c.shape, fc.c.dtype, fc.c.mask);
-    p.softcap = fc.softcap;
-    if (fc.page > 0) {
-      p.kv_cache = KvCache::Paged;
-      p.page_size = fc.page;
-    }
+    Problem p = capped_or_paged(fc.c, fc.softcap, fc.page);
     if (!fc.packed.empty()) p = varlen_problem(p, fc.packed);
     p.normalize();
     p.validate();
@@ -372,12 +378,7 @@ TEST_P(FlashIsa, DecodeMatchesFloat64) {
   };
   for (const DecodeCase& dc : decode_cases) {
     const std::string what = std::string(cpu::isa_name(GetParam())) + " decode " + dc.c.name;
-    Problem p = testing::to_problem(dc.c.shape, dc.c.dtype, dc.c.mask);
-    p.softcap = dc.softcap;
-    if (dc.page > 0) {
-      p.kv_cache = KvCache::Paged;
-      p.page_size = dc.page;
-    }
+    Problem p = capped_or_paged(dc.c, dc.softcap, dc.page);
     p.normalize();
     p.validate();
     ASSERT_TRUE(cpu::flash::decodes(p)) << what;

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "backends/cpu/flash_forward_kernels.h"
 
@@ -138,35 +139,25 @@ inline void attend_decode(const ForwardJob& job, std::int64_t b, std::int64_t hk
         std::fill(row + D, row + dpad, 0.0f);
       }
   }
-  // FP32 unit-stride rows that are whole vectors are read where they lie.
-  const Tensor& K = job.in.k;
-  const Tensor& V = job.in.v;
-  const bool k_in_place = job.k_unit && K.dtype() == DType::F32 && D == dpad;
-  const bool v_in_place = job.v_unit && V.dtype() == DType::F32 && D == dpad;
+  // Key rows [j0, j0 + n) of K or V and their stride: where they lie (FP32
+  // unit-stride rows that are whole vectors), else widened into buf.
+  const auto block_of = [&](const Tensor& t, const Tensor& pages, bool unit, float* buf, std::int64_t j0,
+                            std::int64_t n) -> std::pair<const float*, std::int64_t> {
+    if (unit && t.dtype() == DType::F32 && D == dpad)
+      return {t.data_as<const float>() + t.index(s.tb, hk, s.k0 + j0, 0), t.stride(2)};
+    decode_rows(job, t, pages, s, hk, j0, n, buf);
+    return {buf, dpad};
+  };
   for (std::int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const std::int64_t n = std::min(kBlockK, keys.end - j0);
-    const float* k_rows = scratch + L.k;
-    std::int64_t ldk = dpad;
-    if (k_in_place) {
-      k_rows = K.data_as<const float>() + K.index(s.tb, hk, s.k0 + j0, 0);
-      ldk = K.stride(2);
-    } else {
-      decode_rows(job, K, job.in.k_pages, s, hk, j0, n, scratch + L.k);
-    }
+    const auto [k_rows, ldk] = block_of(job.in.k, job.in.k_pages, job.k_unit, scratch + L.k, j0, n);
     decode_dots(q, rows, dpad, k_rows, ldk, n, st, lds);
     for (std::int64_t j = 0; j < n; ++j) std::fill(st + j * lds + rows, st + (j + 1) * lds, 0.0f);
     if (job.cap2 > 0) soft_cap(job.cap2, n, lds, st, lds);
     if (straddles_band(s.band, 0, nq, j0, n)) decode_mask_band(s.band, nq, rows, j0, n, st, lds);
     online_softmax(st, lds, n, lds, m, l, alpha);
 
-    const float* v_rows = scratch + L.v;
-    std::int64_t ldv = dpad;
-    if (v_in_place) {
-      v_rows = V.data_as<const float>() + V.index(s.tb, hk, s.k0 + j0, 0);
-      ldv = V.stride(2);
-    } else {
-      decode_rows(job, V, job.in.v_pages, s, hk, j0, n, scratch + L.v);
-    }
+    const auto [v_rows, ldv] = block_of(job.in.v, job.in.v_pages, job.v_unit, scratch + L.v, j0, n);
     pv_block(st, lds, v_rows, ldv, n, rows, dpad, alpha, o, dpad);
   }
   for (std::int64_t hh = 0; hh < g; ++hh)
