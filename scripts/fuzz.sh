@@ -47,7 +47,8 @@ PY
 # One job: the machine is shared. 200 kB holds the largest inflated fixture.
 set +e
 "$build/trace_fuzz" "$corpus" "$seeds" -max_total_time="$seconds" -max_len=200000 -timeout=10 \
-  -rss_limit_mb=2048 -malloc_limit_mb=2048 -artifact_prefix="$artifacts/" -print_final_stats=1 "$@"
+  -rss_limit_mb=2048 -malloc_limit_mb=2048 -dict=tests/fuzz/trace.dict -artifact_prefix="$artifacts/" \
+  -print_final_stats=1 "$@"
 rc=$?
 set -e
 if ((rc != 0)); then

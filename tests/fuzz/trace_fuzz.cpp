@@ -7,21 +7,28 @@
 // and no temporary file is left behind. attnprof::Error is the expected
 // answer to a bad trace and must be one line; anything else (a sanitizer
 // report, another exception, a hang, a blow-up in memory) is a bug.
+// The reader's text also goes through in chunks of a few bytes (as a large
+// file or a pipe gives it, 1 MiB at a time): the events read, or the reason
+// for refusing, must not depend on where the chunks end.
 // Reproduce a finding with `build/fuzz/trace_fuzz CRASH_FILE`, or run
 // `attnprof analyze CRASH_FILE`: the input is a plain trace file.
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "analysis/trace_stream.h"
+#include "analysis/trace_unreadable.h"
 #include "attnprof/analyze.h"
 #include "attnprof/error.h"
 #include "attnprof/html.h"
@@ -49,6 +56,45 @@ std::optional<int> step_of(const attnprof::StepAnalysis& s) {
   const auto [p, ec] = std::from_chars(l.data(), l.data() + l.size(), n);
   if (ec != std::errc() || p != l.data() + l.size()) return std::nullopt;
   return n;
+}
+
+// What the reader makes of `text` fed in chunks of `sizes` (cycled): the
+// events' names and times, or the reason it refused.
+std::string read_in_chunks(std::string_view text, const std::vector<std::size_t>& sizes,
+                           const attnprof::TraceReadOptions& o) {
+  std::size_t pos = 0, k = 0;
+  try {
+    const attnprof::Trace t = attnprof::read_trace_stream(
+        [&](char* buf, std::size_t cap) {
+          const std::size_t n = std::min({cap, sizes[k++ % sizes.size()], text.size() - pos});
+          std::memcpy(buf, text.data() + pos, n);
+          pos += n;
+          return n;
+        },
+        o);
+    std::string out = "read " + std::to_string(t.activities.size()) + " events, base " + std::to_string(t.base_ns);
+    for (const auto& a : t.activities) out += "\n" + a.name + " " + std::to_string(a.start_ns);
+    return out;
+  } catch (const attnprof::trace_reading::Unreadable& u) {
+    return "refused: " + u.why;
+  }
+}
+
+void same_in_chunks(const std::uint8_t* data, std::size_t size, const attnprof::TraceReadOptions& o) {
+  if (size >= 2 && data[0] == 0x1f && data[1] == 0x8b) return;  // gzip: zlib hands on what it inflates
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  // Chunk sizes from the input's length, so that a finding replays the same.
+  std::vector<std::size_t> sizes;
+  for (std::size_t x = size * 2654435761u + 1, i = 0; i < 16;
+       ++i, x = x * 6364136223846793005u + 1442695040888963407u) {
+    sizes.push_back(1 + (x >> 33) % (i % 4 == 0 ? 4 : 97));
+  }
+  const std::string whole = read_in_chunks(text, {size + 1}, o), pieces = read_in_chunks(text, sizes, o);
+  if (whole != pieces) {
+    std::fprintf(stderr, "the reader depends on where its chunks end:\nwhole:  %.2000s\nchunks: %.2000s\n",
+                 whole.c_str(), pieces.c_str());
+    std::abort();
+  }
 }
 
 void run(const std::string& path) {
@@ -81,6 +127,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     done += static_cast<std::size_t>(n);
   }
   const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  same_in_chunks(data, size, fuzz_options().read);
   try {
     run(path);
   } catch (const attnprof::Error& e) {
