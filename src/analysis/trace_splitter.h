@@ -187,6 +187,7 @@ class Splitter {
           state_ = State::Key;
           key_.clear();
           kstart_ = i + 1;
+          key_at_ = offset_ + i + 1;
           return i + 1;
         }
         if (c == '}' && !after_comma_) return close_top(i);
@@ -203,13 +204,13 @@ class Splitter {
         while (j < n && p[j] != '"' && p[j] != '\\') ++j;
         if (j == n) return n;  // feed() keeps the partial key
         key_.append(p + kstart_, j - kstart_);
-        if (key_.size() > 4096) refuse("a key longer than 4096 bytes " + where(i));
+        if (key_.size() > 4096) refuse("a key longer than 4096 bytes " + byte_at(key_at_));
         if (p[j] == '\\') {
           key_escape_ = key_escape_pending_ = true;  // an escaped key is none of the keys we read
           kstart_ = j + 1;
           return j + 1;
         }
-        check_key(i);
+        check_key();
         state_ = State::Colon;
         after_comma_ = false;
         return j + 1;
@@ -342,7 +343,7 @@ class Splitter {
 
   // A top-level key: UTF-8 with no control characters (its escapes were
   // checked as they were read).
-  void check_key(std::size_t i) const {
+  void check_key() const {
     ValueChecker k;
     std::string quoted = "\"";
     for (const char ch : key_) quoted += (ch == '"' || ch == '\\') ? ' ' : ch;
@@ -351,7 +352,7 @@ class Splitter {
       k.feed(quoted.data(), quoted.size(), 0);
       k.finish(0);
     } catch (const Unreadable&) {
-      refuse("not JSON: a key that is not valid UTF-8 or holds a control character " + where(i));
+      refuse("not JSON: a key that is not valid UTF-8 or holds a control character " + byte_at(key_at_));
     }
   }
 
@@ -370,6 +371,9 @@ class Splitter {
   int depth_ = 0, level_ = 0, bom_ = 0;
   std::size_t vstart_ = 0, kstart_ = 0;
   std::uint64_t offset_ = 0, events_ = 0;
+  // Where the key being read starts: a refusal names it there, not at the
+  // chunk (or escape) its reading resumed from, which depends on the reads.
+  std::uint64_t key_at_ = 0;
   std::string key_, text_;
   ValueChecker checker_;
 };
