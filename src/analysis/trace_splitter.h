@@ -45,7 +45,7 @@ class Splitter {
 
   void finish() {
     // A number at the very end of the input ends there.
-    if (state_ == State::Value && !in_string_ && kind_ == Kind::Scalar && depth_ == level_) complete();
+    if (state_ == State::Value && !in_string_ && kind_ == Kind::Scalar && depth_ == level_) complete(offset_);
     if (state_ == State::Start) refuse("empty file: no JSON in it");
     if (state_ == State::Done) {
       if (!saw_events_) refuse("not a Chrome trace: no \"traceEvents\" array");
@@ -143,9 +143,11 @@ class Splitter {
     }
   }
 
-  void complete() {
+  // The value ends before document offset `end`, where a refusal names it
+  // (not the start of the chunk that holds its end).
+  void complete(std::uint64_t end) {
     state_ = resume_;
-    checked([&] { checker_.finish(offset_); });
+    checked([&] { checker_.finish(end); });
     if (target_ == Target::Event) {
       if (++events_ > o_.max_events) refuse("more than " + std::to_string(o_.max_events) + " events");
       sink_.event(text_, events_ - 1);
@@ -298,7 +300,7 @@ class Splitter {
       in_string_ = false;
       if (kind_ == Kind::String && depth_ == level_) {
         if (capture_) keep(p, vstart_, j + 1);
-        complete();
+        complete(offset_ + j + 1);
       }
       return j + 1;
     }
@@ -316,26 +318,26 @@ class Splitter {
       case ']':
         if (depth_ == level_) {  // a scalar ends at its container's close
           if (capture_) keep(p, vstart_, i);
-          complete();
+          complete(offset_ + i);
           return i;  // the container's state reads the close
         }
         --depth_;
         if (depth_ == level_) {
           if (capture_) keep(p, vstart_, i + 1);
-          complete();
+          complete(offset_ + i + 1);
         }
         return i + 1;
       case ',':
         if (depth_ == level_) {
           if (capture_) keep(p, vstart_, i);
-          complete();
+          complete(offset_ + i);
           return i;
         }
         return i + 1;
       default:
         if (space(c) && depth_ == level_) {
           if (capture_) keep(p, vstart_, i);
-          complete();
+          complete(offset_ + i);
         }
         return i + 1;
     }
