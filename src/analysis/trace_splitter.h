@@ -89,17 +89,19 @@ class Splitter {
 
   void keep(const char* p, std::size_t from, std::size_t to) {
     // Every value is checked whole: simdjson's On-Demand parse of an event
-    // skips the fields we do not read without checking them.
-    checked([&] { checker_.feed(p + from, to - from, offset_ + from); });
+    // skips the fields we do not read without checking them. Only the bytes
+    // up to the size limit are checked, so that a value both too large and
+    // malformed is refused for the same fault wherever the chunks end.
+    const std::size_t room =
+        target_ == Target::Skip ? to - from : std::min(to - from, o_.max_event_bytes - text_.size());
+    checked([&] { checker_.feed(p + from, room, offset_ + from); });
     if (target_ == Target::Skip) return;  // not kept
 
-    if (to > from) {
-      if (text_.size() + (to - from) > o_.max_event_bytes) {
-        refuse((target_ == Target::Event ? "event " + std::to_string(events_) : "\"" + key_ + "\"") +
-               " is larger than " + size_str(o_.max_event_bytes));
-      }
-      text_.append(p + from, to - from);
+    if (room < to - from) {
+      refuse((target_ == Target::Event ? "event " + std::to_string(events_) : "\"" + key_ + "\"") + " is larger than " +
+             size_str(o_.max_event_bytes));
     }
+    text_.append(p + from, room);
   }
 
   // The checker's refusal, named by the event it is in.
@@ -311,6 +313,9 @@ class Splitter {
         return i + 1;
       case '{':
       case '[':
+        // The checker reads the value's bytes before this one first: a
+        // fault there is the one named, as when a chunk ended before it.
+        if ((kind_ == Kind::Scalar || depth_ >= o_.max_depth) && capture_) keep(p, vstart_, i);
         if (kind_ == Kind::Scalar) unexpected(p, i, "',' after a value");
         deeper(p, i);
         return i + 1;
