@@ -2,15 +2,21 @@
 // every file of tests/fixtures/fuzz/ is a trace that once crashed, hung or
 // blew up the reader, analyze or diff, kept minimised. Each must now be
 // analysed, rendered and diffed as the fuzz target does, or refused with one
-// attnprof::Error of one line.
+// attnprof::Error of one line; and read the same, or refused for the same
+// fault at the same byte, when its text comes a few bytes at a time.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "analysis/trace_stream.h"
+#include "analysis/trace_unreadable.h"
 #include "attnprof/analyze.h"
 #include "attnprof/error.h"
 #include "attnprof/html.h"
@@ -51,6 +57,39 @@ TEST(FuzzRegressions, EveryReproducerIsAnalysedOrRefusedInOneLine) {
       EXPECT_FALSE(what.empty());
       EXPECT_EQ(what.find('\n'), std::string::npos) << what;
     }
+  }
+}
+
+// The reader's account of `text` fed `chunk` bytes at a time.
+std::string read_in_chunks(const std::string& text, std::size_t chunk) {
+  std::size_t pos = 0;
+  try {
+    const Trace t = read_trace_stream(
+        [&](char* buf, std::size_t cap) {
+          const std::size_t n = std::min({cap, chunk, text.size() - pos});
+          std::memcpy(buf, text.data() + pos, n);
+          pos += n;
+          return n;
+        },
+        TraceReadOptions{});
+    std::string out = std::to_string(t.activities.size()) + " events";
+    for (const auto& a : t.activities) out += ", " + a.name + " at " + std::to_string(a.start_ns);
+    return out;
+  } catch (const trace_reading::Unreadable& u) {
+    return "refused: " + u.why;
+  }
+}
+
+TEST(FuzzRegressions, ReadTheSameWhereverTheChunksEnd) {
+  for (const fs::path& f : regressions()) {
+    SCOPED_TRACE(f.filename().string());
+    std::ifstream in(f, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    if (text.size() >= 2 && text[0] == '\x1f' && text[1] == '\x8b') continue;  // gzip: zlib's chunks
+    const std::string whole = read_in_chunks(text, text.size() + 1);
+    for (std::size_t chunk : {1, 2, 3, 7, 64}) EXPECT_EQ(read_in_chunks(text, chunk), whole) << chunk << "-byte chunks";
   }
 }
 
