@@ -45,7 +45,7 @@ class Splitter {
 
   void finish() {
     // A number at the very end of the input ends there.
-    if (state_ == State::Value && !in_string_ && kind_ == Kind::Scalar && depth_ == level_) complete();
+    if (state_ == State::Value && !in_string_ && kind_ == Kind::Scalar && depth_ == level_) complete(offset_);
     if (state_ == State::Start) refuse("empty file: no JSON in it");
     if (state_ == State::Done) {
       if (!saw_events_) refuse("not a Chrome trace: no \"traceEvents\" array");
@@ -89,17 +89,19 @@ class Splitter {
 
   void keep(const char* p, std::size_t from, std::size_t to) {
     // Every value is checked whole: simdjson's On-Demand parse of an event
-    // skips the fields we do not read without checking them.
-    checked([&] { checker_.feed(p + from, to - from, offset_ + from); });
+    // skips the fields we do not read without checking them. Only the bytes
+    // up to the size limit are checked, so that a value both too large and
+    // malformed is refused for the same fault wherever the chunks end.
+    const std::size_t room =
+        target_ == Target::Skip ? to - from : std::min(to - from, o_.max_event_bytes - text_.size());
+    checked([&] { checker_.feed(p + from, room, offset_ + from); });
     if (target_ == Target::Skip) return;  // not kept
 
-    if (to > from) {
-      if (text_.size() + (to - from) > o_.max_event_bytes) {
-        refuse((target_ == Target::Event ? "event " + std::to_string(events_) : "\"" + key_ + "\"") +
-               " is larger than " + size_str(o_.max_event_bytes));
-      }
-      text_.append(p + from, to - from);
+    if (room < to - from) {
+      refuse((target_ == Target::Event ? "event " + std::to_string(events_) : "\"" + key_ + "\"") + " is larger than " +
+             size_str(o_.max_event_bytes));
     }
+    text_.append(p + from, room);
   }
 
   // The checker's refusal, named by the event it is in.
@@ -143,9 +145,11 @@ class Splitter {
     }
   }
 
-  void complete() {
+  // The value ends before document offset `end`, where a refusal names it
+  // (not the start of the chunk that holds its end).
+  void complete(std::uint64_t end) {
     state_ = resume_;
-    checked([&] { checker_.finish(offset_); });
+    checked([&] { checker_.finish(end); });
     if (target_ == Target::Event) {
       if (++events_ > o_.max_events) refuse("more than " + std::to_string(o_.max_events) + " events");
       sink_.event(text_, events_ - 1);
@@ -187,6 +191,7 @@ class Splitter {
           state_ = State::Key;
           key_.clear();
           kstart_ = i + 1;
+          key_at_ = offset_ + i + 1;
           return i + 1;
         }
         if (c == '}' && !after_comma_) return close_top(i);
@@ -203,13 +208,13 @@ class Splitter {
         while (j < n && p[j] != '"' && p[j] != '\\') ++j;
         if (j == n) return n;  // feed() keeps the partial key
         key_.append(p + kstart_, j - kstart_);
-        if (key_.size() > 4096) refuse("a key longer than 4096 bytes " + where(i));
+        if (key_.size() > 4096) refuse("a key longer than 4096 bytes " + byte_at(key_at_));
         if (p[j] == '\\') {
           key_escape_ = key_escape_pending_ = true;  // an escaped key is none of the keys we read
           kstart_ = j + 1;
           return j + 1;
         }
-        check_key(i);
+        check_key();
         state_ = State::Colon;
         after_comma_ = false;
         return j + 1;
@@ -297,7 +302,7 @@ class Splitter {
       in_string_ = false;
       if (kind_ == Kind::String && depth_ == level_) {
         if (capture_) keep(p, vstart_, j + 1);
-        complete();
+        complete(offset_ + j + 1);
       }
       return j + 1;
     }
@@ -308,6 +313,9 @@ class Splitter {
         return i + 1;
       case '{':
       case '[':
+        // The checker reads the value's bytes before this one first: a
+        // fault there is the one named, as when a chunk ended before it.
+        if ((kind_ == Kind::Scalar || depth_ >= o_.max_depth) && capture_) keep(p, vstart_, i);
         if (kind_ == Kind::Scalar) unexpected(p, i, "',' after a value");
         deeper(p, i);
         return i + 1;
@@ -315,26 +323,26 @@ class Splitter {
       case ']':
         if (depth_ == level_) {  // a scalar ends at its container's close
           if (capture_) keep(p, vstart_, i);
-          complete();
+          complete(offset_ + i);
           return i;  // the container's state reads the close
         }
         --depth_;
         if (depth_ == level_) {
           if (capture_) keep(p, vstart_, i + 1);
-          complete();
+          complete(offset_ + i + 1);
         }
         return i + 1;
       case ',':
         if (depth_ == level_) {
           if (capture_) keep(p, vstart_, i);
-          complete();
+          complete(offset_ + i);
           return i;
         }
         return i + 1;
       default:
         if (space(c) && depth_ == level_) {
           if (capture_) keep(p, vstart_, i);
-          complete();
+          complete(offset_ + i);
         }
         return i + 1;
     }
@@ -342,7 +350,7 @@ class Splitter {
 
   // A top-level key: UTF-8 with no control characters (its escapes were
   // checked as they were read).
-  void check_key(std::size_t i) const {
+  void check_key() const {
     ValueChecker k;
     std::string quoted = "\"";
     for (const char ch : key_) quoted += (ch == '"' || ch == '\\') ? ' ' : ch;
@@ -351,7 +359,7 @@ class Splitter {
       k.feed(quoted.data(), quoted.size(), 0);
       k.finish(0);
     } catch (const Unreadable&) {
-      refuse("not JSON: a key that is not valid UTF-8 or holds a control character " + where(i));
+      refuse("not JSON: a key that is not valid UTF-8 or holds a control character " + byte_at(key_at_));
     }
   }
 
@@ -370,6 +378,9 @@ class Splitter {
   int depth_ = 0, level_ = 0, bom_ = 0;
   std::size_t vstart_ = 0, kstart_ = 0;
   std::uint64_t offset_ = 0, events_ = 0;
+  // Where the key being read starts: a refusal names it there, not at the
+  // chunk (or escape) its reading resumed from, which depends on the reads.
+  std::uint64_t key_at_ = 0;
   std::string key_, text_;
   ValueChecker checker_;
 };

@@ -41,7 +41,9 @@ constexpr std::array<ArchRow, 9> kArchs{{
     {12, 0, {1536, 32, 65536, 102400, 1024, 128}},
 }};
 
-int round_up(std::int64_t x, int unit) { return static_cast<int>((x + unit - 1) / unit * unit); }
+// In 64 bits: a trace's registers per thread times its warp size (1 << 30 at
+// most) can pass 2^31, and an int would wrap, to 0 at 2^32 (a division by zero).
+std::int64_t round_up(std::int64_t x, int unit) { return (x + unit - 1) / unit * unit; }
 
 }  // namespace
 
@@ -65,9 +67,14 @@ std::optional<Occupancy> theoretical_occupancy(const KernelInfo& k, const Device
   const int warp = d.warp_size > 0 ? d.warp_size : 32;
   if (max_threads <= 0 || max_blocks <= 0 || regs_per_sm <= 0 || shared_per_sm <= 0) return std::nullopt;
 
-  const std::int64_t threads = static_cast<std::int64_t>(k.block[0]) * k.block[1] * k.block[2];
-  if (threads <= 0 || k.block[0] <= 0 || k.block[1] <= 0 || k.block[2] <= 0) return std::nullopt;
+  if (k.block[0] <= 0 || k.block[1] <= 0 || k.block[2] <= 0) return std::nullopt;
+  // A trace's dimensions reach 2^30 each, and three of them pass an int64:
+  // the count saturates at 2^62, a block no launch takes.
+  constexpr std::int64_t kManyThreads = std::int64_t{1} << 62;
+  const std::int64_t xy = static_cast<std::int64_t>(k.block[0]) * k.block[1];
+  const std::int64_t threads = xy > kManyThreads / k.block[2] ? kManyThreads : xy * k.block[2];
   const int max_warps = max_threads / warp;
+  if (max_warps <= 0) return std::nullopt;  // a warp wider than the SM's threads: a corrupt deviceProperties
   const std::int64_t warps_per_block = (threads + warp - 1) / warp;
   const int max_threads_per_block = d.max_threads_per_block > 0 ? d.max_threads_per_block : 1024;
 
@@ -87,7 +94,7 @@ std::optional<Occupancy> theoretical_occupancy(const KernelInfo& k, const Device
   };
   limit(max_warps / warps_per_block, OccupancyLimit::Warps);
   if (k.registers_per_thread > 0) {
-    const int regs_per_warp =
+    const std::int64_t regs_per_warp =
         round_up(static_cast<std::int64_t>(k.registers_per_thread) * warp, kRegisterAllocationUnit);
     const std::int64_t warps_per_partition = regs_per_sm / kSubPartitions / regs_per_warp;
     limit(warps_per_partition * kSubPartitions / warps_per_block, OccupancyLimit::Registers);
