@@ -8,13 +8,13 @@
 # judged), a Llama-shaped model trained with our attention against PyTorch's
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode
+# sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa
 # train_model model_traces python ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode train_model model_traces python ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model model_traces python ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -266,6 +266,15 @@ if has decode; then
   echo "bench --shapes decode rc $?" >>"$OUT/log.txt"
 fi
 
+if has gqa; then
+  # Issue 52's grouped- and multi-query backward rows, flash's group split
+  # against forced ones (GQA_SPLITS) and our cudnn, in one run.
+  log "grouped-query backward against cuDNN"
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/gqa_backward.py --attnprof $B/attnprof --out "$OUT" \
+    --splits "${GQA_SPLITS:-1}" >/tmp/bench_gqa.txt 2>>"$OUT/log.txt"
+  echo "bench gqa_backward rc $?" >>"$OUT/log.txt"
+fi
+
 # The Python module attnprof._core in $B/python, built once for the phases
 # that import the package (train_model, python). nanobind comes as a carried
 # wheel where it is not installed (.whl, see the device README).
@@ -407,6 +416,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/bench_fp8.txt ]] && { echo "==== FP8 forward"; cat /tmp/bench_fp8.txt; }
 [[ -f /tmp/bench_shapes.txt ]] && { echo "==== bench --shapes classes"; sed -n '/^Summary/,$p' /tmp/bench_shapes.txt; }
 [[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
+[[ -f /tmp/bench_gqa.txt ]] && { echo "==== grouped-query backward (bench/gqa_backward.py)"; cat /tmp/bench_gqa.txt; }
 [[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }
 [[ -f $OUT/model_traces.txt ]] && { echo "==== model traces (analyze, --replay)"; tail -n 60 "$OUT/model_traces.txt"; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }

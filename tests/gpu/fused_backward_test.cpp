@@ -131,6 +131,13 @@ std::vector<Case> cases() {
                      "flash_bf16_d" + std::to_string(d) + "_deterministic_" + s.label});
     }
   }
+  // Grouped-query heads on enough key tiles and heads that each CTA keeps its
+  // whole group (flash_sm90_bwd_group_split gives 1; the small shapes above
+  // split theirs), plain and ordered.
+  for (const bool deterministic : {false, true}) {
+    out.push_back({"flash", DType::BF16, 64, MaskKind::Causal, 200, 200, 136, 68, 0, false, deterministic,
+                   std::string("flash_bf16_d64_causal_gqa_unsplit") + (deterministic ? "_deterministic" : "")});
+  }
   // The sm90 kernel's other tiles in ordered dQ, and fp16 at head dim 96.
   for (const Shape& s : {shapes[3], shapes[4], shapes[6]}) {
     out.push_back({"flash", DType::F16, 64, s.mask, s.seq, s.kv_seq, s.heads, s.kv_heads, s.window, s.bshd, true,
@@ -328,6 +335,51 @@ TEST(FusedBackwardChecks, EligibilityNamesWhatTheBackwardCannotDo) {
     p.pass = Pass::Train;
     EXPECT_EQ(b->expectation(p).device_activities, 4);
   }
+}
+
+// flash's sm90 backward splits a grouped-query group among CTAs where one
+// CTA a (key tile, kv head, batch) would not fill the GPU twice over: the
+// fewest parts (a divisor of the group) that do; whole groups where the grid
+// is full or the batch is packed. A split costs one more kernel (the partial
+// dK and dV summed) and its FP32 partials in the workspace, and the runner
+// counts what the expectation declares.
+TEST(FusedBackwardChecks, GroupSplitFillsTheGpuAndDeclaresItsKernel) {
+  REQUIRE_GPU();
+  if (!cuda::flash_sm90_runs_here()) GTEST_SKIP() << "flash's sm90 backward only (not an sm90 GPU)";
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  const auto split_of = [](std::int64_t b, std::int64_t h, std::int64_t hkv, std::int64_t s, std::int64_t d) {
+    return cuda::flash_sm90_bwd_group_split(
+        {.batch = b, .heads = h, .kv_heads = hkv, .seq_q = s, .seq_k = s, .head_dim = d, .sm90 = true}, false);
+  };
+  // Multi-query, 2 x 16 / 1 x 4096 x 96: 32 key tiles of 128 x 2 = 64 CTAs.
+  const int mqa = split_of(2, 16, 1, 4096, 96);
+  EXPECT_GT(mqa, 1);
+  EXPECT_EQ(16 % mqa, 0);
+  EXPECT_GE(64 * mqa, 2 * sms);
+  EXPECT_LT(64 * (mqa / 2), 2 * sms) << "the fewest parts that fill the GPU twice";
+  EXPECT_EQ(split_of(8, 32, 8, 1024, 128), 1) << "8 key tiles x 64 pairs fill it already";
+  EXPECT_EQ(split_of(2, 16, 16, 128, 64), 1) << "no group to split";
+  EXPECT_EQ(cuda::flash_sm90_bwd_group_split(
+                {.batch = 2, .heads = 16, .kv_heads = 1, .seq_q = 4096, .seq_k = 4096, .head_dim = 96, .sm90 = true},
+                /*packed=*/true),
+            1);
+
+  Problem p = testing::to_problem({.batch = 2, .heads = 4, .seq = 256}, DType::BF16, MaskKind::Causal, Device::Cuda);
+  p.kv_heads = 1;
+  p.pass = Pass::Backward;
+  p.validate();
+  auto flash = make("flash");
+  ASSERT_GT(split_of(2, 4, 1, 256, 64), 1);
+  EXPECT_EQ(flash->expectation(p).device_activities, 4);
+  RunOptions o;
+  o.schedule = Schedule{.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
+  const RunResult r = run_backend(*flash, p, o);
+  ASSERT_FALSE(r.failure) << *r.failure;
+  ASSERT_TRUE(r.acceptance);
+  EXPECT_TRUE(r.acceptance->pass) << r.acceptance->why;
+  if (r.metrics.kernels_per_forward) EXPECT_EQ(*r.metrics.kernels_per_forward, 4);
 }
 
 // Through the runner: --pass backward and train on flash, its own accuracy

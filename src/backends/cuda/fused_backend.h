@@ -141,19 +141,31 @@ class FusedBackend : public Backend {
     return std::max(backward, decode + rows * sizeof(float));
   }
 
-  FusedBwdWorkspace backward_workspace(const Problem& p) const {
-    return fused_bwd_workspace(p.batch, p.heads, p.seq, p.head_dim, p.deterministic,
-                               fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90);
+  // The backward's shape, with the sm90 kernel's group split (flash_sm90_bwd_group_split).
+  FusedBwdShape backward_shape(const Problem& p) const {
+    FusedBwdShape s{.batch = p.batch,
+                    .heads = p.heads,
+                    .kv_heads = p.kv_heads,
+                    .seq_q = p.seq,
+                    .seq_k = p.kv_seq,
+                    .head_dim = p.head_dim,
+                    .deterministic = p.deterministic,
+                    .sm90 = fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90};
+    s.group_split = flash_sm90_bwd_group_split(s, p.varlen());
+    return s;
   }
+  FusedBwdWorkspace backward_workspace(const Problem& p) const { return fused_bwd_workspace(backward_shape(p)); }
 
   // Forward: one kernel, or flash's decode kernel and, when it splits the
   // keys, its combine kernel. Backward: preprocess (D, and the dQ accumulator
   // zeroed in the same kernel: no memset), dK/dV (with atomic dQ), then the
-  // dQ conversion or, deterministic, the dQ kernel: 3. Train: forward + 3.
+  // dQ conversion or, deterministic, the dQ kernel: 3; 4 where sm90's group
+  // is split (the partial dK and dV summed). Train: forward + backward.
   Expectation expectation(const Problem& p) const override {
     Expectation e;
     // FP8: the V^T pre-pass and the kernel.
     const int forward = is_fp8(p.dtype) || (flash_ && flash_decode_plan(params_for(p)).splits > 1) ? 2 : 1;
+    const int backward = p.pass == Pass::Forward ? 0 : 3 + (backward_shape(p).group_split > 1 ? 1 : 0);
     switch (p.pass) {
       case Pass::Forward:
         e.cpu_ops = {std::string(op_)};
@@ -161,11 +173,11 @@ class FusedBackend : public Backend {
         break;
       case Pass::Backward:
         e.cpu_ops = {bwd_op_};
-        e.device_activities = 3;
+        e.device_activities = backward;
         break;
       case Pass::Train:
         e.cpu_ops = {std::string(op_), bwd_op_};
-        e.device_activities = forward + 3;
+        e.device_activities = forward + backward;
         break;
     }
     // A boolean mask lowered: read back, and the counts copied in, each call.
@@ -259,7 +271,8 @@ class FusedBackend : public Backend {
     // this call returns; each part starts 16-byte aligned (its element
     // count is a multiple of 4).
     const BwdPath path = fused_bwd_path(b.fwd.head_dim, flash_);
-    const FusedBwdWorkspace w = backward_workspace(p);
+    const FusedBwdShape shape = backward_shape(p);
+    const FusedBwdWorkspace w = fused_bwd_workspace(shape);
     Storage workspace(ctx.allocator, static_cast<std::size_t>(w.total()) * sizeof(float));
     float* at = static_cast<float*>(workspace.data());
     auto take = [&at](std::int64_t n) {
@@ -272,6 +285,8 @@ class FusedBackend : public Backend {
     b.dq_accum = take(w.dq_accum);
     b.dq_semaphore = reinterpret_cast<int*>(take(w.dq_semaphore));
     b.dq_accum_cols = w.dq_accum_cols;
+    b.group_split = shape.group_split;
+    b.dkv_partial = take(w.dkv_partial);
     if (const char* why = fused_bwd_unsupported_reason(b, path))
       fail(ErrorKind::Unsupported, std::string(name_) + ": " + why);
     ATTNPROF_CUDA_CHECK(launch_fused_bwd(b, path, static_cast<cudaStream_t>(ctx.stream)));

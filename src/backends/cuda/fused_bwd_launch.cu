@@ -4,8 +4,10 @@
 // (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu and
 // flash_bwd_sm90_hdim*.cu (kernels/bwd_launch.cuh).
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
+#include "backends/cuda/device_attributes.h"
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/bwd_launch.cuh"
 #include "backends/cuda/kernels/static_switch.cuh"
@@ -33,6 +35,31 @@ BwdPath fused_bwd_path(int head_dim, bool flash) {
   return flash && flash_sm90_bwd_head_dim(head_dim) && flash_sm90_runs_here() ? BwdPath::Sm90 : BwdPath::Sm80;
 }
 
+int flash_sm90_bwd_group_split(const FusedBwdShape& s, bool packed) {
+  const std::int64_t group = s.kv_heads > 0 ? s.heads / s.kv_heads : 1;
+  if (!s.sm90 || packed || group <= 1) return 1;
+  static const int forced = [] {
+    const char* v = std::getenv("ATTNPROF_BWD_GROUP_SPLIT");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  if (forced > 0) return group % forced == 0 ? forced : 1;
+  static const int multiprocessors = [] {
+    int device = 0, n = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+                   fixed_device_attribute(n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess
+               ? n
+               : 132;
+  }();
+  const std::int64_t block_n = flash_sm90_bwd_block_n(static_cast<int>(s.head_dim));
+  const std::int64_t ctas = (s.seq_k + block_n - 1) / block_n * s.kv_heads * s.batch;
+  int split = 1;
+  while (ctas * split < 2 * multiprocessors && split < group) {
+    do ++split;
+    while (group % split != 0);
+  }
+  return split;
+}
+
 const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path) {
   if (const char* why = fused_unsupported_reason(p.fwd, /*flash=*/true)) return why;
   thread_local std::string reason;
@@ -44,10 +71,23 @@ const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path) 
   if (p.fwd.softcap > 0.f && path != BwdPath::Sm90) return say("soft caps are read by flash's sm90 backward only");
   if (p.fwd.lse == nullptr) return say("the backward needs the forward's saved log-sum-exp");
   if (!p.dout || !p.dq || !p.dk || !p.dv || !p.dsum) return say("dout, dq, dk, dv and the workspace must be set");
-  const FusedBwdWorkspace need = fused_bwd_workspace(p.fwd.batch, p.fwd.heads, p.fwd.seq_q, p.fwd.head_dim,
-                                                     p.deterministic, path == BwdPath::Sm90);
+  const bool sm90 = path == BwdPath::Sm90;
+  const int group = p.fwd.kv_heads > 0 ? p.fwd.heads / p.fwd.kv_heads : 0;
+  if (p.group_split < 1 || (p.group_split > 1 && (!sm90 || group % p.group_split != 0 || p.fwd.cu_seqlens_q))) {
+    return say("group_split must divide the grouped-query group, and split only sm90's dense backward");
+  }
+  const FusedBwdWorkspace need = fused_bwd_workspace({.batch = p.fwd.batch,
+                                                      .heads = p.fwd.heads,
+                                                      .kv_heads = p.fwd.kv_heads,
+                                                      .seq_q = p.fwd.seq_q,
+                                                      .seq_k = p.fwd.seq_k,
+                                                      .head_dim = p.fwd.head_dim,
+                                                      .deterministic = p.deterministic,
+                                                      .sm90 = sm90,
+                                                      .group_split = p.group_split});
   if ((need.dq_accum > 0 && !p.dq_accum) || (need.lse_log2 > 0 && !p.lse_log2) ||
-      (need.dq_semaphore > 0 && !p.dq_semaphore) || (need.dq_accum > 0 && p.dq_accum_cols != need.dq_accum_cols)) {
+      (need.dq_semaphore > 0 && !p.dq_semaphore) || (need.dkv_partial > 0 && !p.dkv_partial) ||
+      (need.dq_accum > 0 && p.dq_accum_cols != need.dq_accum_cols)) {
     return say("the workspace this path needs (fused_bwd_workspace) must be set");
   }
   if (!aligned16(p.dout) || !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv)) {

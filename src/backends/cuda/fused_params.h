@@ -152,29 +152,50 @@ struct FusedBwdParams {
   float* dq_accum = nullptr;
   int* dq_semaphore = nullptr;
   int dq_accum_cols = 0;  // FusedBwdWorkspace::dq_accum_cols
+  // sm90: how many CTAs share each key tile's grouped-query group, each
+  // walking group / group_split of its query heads (flash_sm90_bwd_group_split);
+  // above 1 each writes its FP32 dK and dV partial sums, [2][group_split][B,
+  // Hkv, Sk, padded head dim] (dK's, then dV's), summed in order into dK and dV
+  // by a last kernel.
+  int group_split = 1;
+  float* dkv_partial = nullptr;
   // Bitwise repeatable dQ: on sm80 a second kernel per query tile loops over
   // the key tiles in a fixed order (dq_accum unused); on sm90 the key tiles
   // add into the accumulator in key order, each waiting on its semaphore.
   bool deterministic = false;
 };
 
+// The sm90 backward's key tile (kernels/mainloop_bwd_sm90.cuh's
+// FlashBwdSm90Cfg::kBlockN, which asserts it): 128 keys up to head dim 128,
+// 64 past it.
+constexpr int flash_sm90_bwd_block_n(int head_dim) { return (head_dim + 63) / 64 * 64 > 128 ? 64 : 128; }
+
+// What sizes a backward's workspace.
+struct FusedBwdShape {
+  std::int64_t batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
+  bool deterministic = false;
+  bool sm90 = false;
+  int group_split = 1;  // FusedBwdParams::group_split (sm90)
+};
+
 // The workspace a backward needs, in 4-byte elements per part (0: not
 // needed), and the dQ accumulator's columns (the sm90 kernel's padded head dim).
 struct FusedBwdWorkspace {
-  std::int64_t dsum = 0, lse_log2 = 0, dq_accum = 0, dq_semaphore = 0;
+  std::int64_t dsum = 0, lse_log2 = 0, dq_accum = 0, dq_semaphore = 0, dkv_partial = 0;
   int dq_accum_cols = 0;
-  std::int64_t total() const { return dsum + lse_log2 + dq_accum + dq_semaphore; }
+  std::int64_t total() const { return dsum + lse_log2 + dq_accum + dq_semaphore + dkv_partial; }
 };
-constexpr FusedBwdWorkspace fused_bwd_workspace(std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
-                                                std::int64_t head_dim, bool deterministic, bool sm90) {
-  const std::int64_t rows = batch * heads * bwd_padded_rows(seq_q);
+constexpr FusedBwdWorkspace fused_bwd_workspace(const FusedBwdShape& s) {
+  const std::int64_t rows = s.batch * s.heads * bwd_padded_rows(s.seq_q);
+  const std::int64_t pad_dim = (s.head_dim + 63) / 64 * 64;
   FusedBwdWorkspace w;
   w.dsum = rows;
-  w.dq_accum_cols = static_cast<int>(sm90 ? (head_dim + 63) / 64 * 64 : head_dim);
-  if (sm90) w.lse_log2 = rows;
-  if (sm90 || !deterministic) w.dq_accum = rows * w.dq_accum_cols;
+  w.dq_accum_cols = static_cast<int>(s.sm90 ? pad_dim : s.head_dim);
+  if (s.sm90) w.lse_log2 = rows;
+  if (s.sm90 || !s.deterministic) w.dq_accum = rows * w.dq_accum_cols;
   // Rounded up to a multiple of 4 elements: the parts after it stay 16-byte aligned.
-  if (sm90 && deterministic) w.dq_semaphore = (rows / 64 + 3) / 4 * 4;
+  if (s.sm90 && s.deterministic) w.dq_semaphore = (rows / 64 + 3) / 4 * 4;
+  if (s.sm90 && s.group_split > 1) w.dkv_partial = 2 * s.group_split * s.batch * s.kv_heads * s.seq_k * pad_dim;
   return w;
 }
 

@@ -35,6 +35,19 @@ struct BwdArgs {
   bool deterministic;
   bool key_tile_fastest = false;  // sm90: the grid's order, set at launch (FlashBwdSm90::key_tile_fastest)
   int chunks = 1;                 // sm90, key tile slowest: chunks of (kv head, batch) pairs (FlashBwdSm90::chunks)
+  // sm90: the CTAs each key tile's group of query heads is split among, and
+  // (above 1) their FP32 partial dK and dV (FusedBwdParams::group_split).
+  int group_split = 1;
+  float* dkv_partial = nullptr;
+
+  // The query heads that part `part` of kv head `kv_head`'s group walks.
+  struct Heads {
+    int first, count;
+  };
+  __device__ __forceinline__ Heads heads_of(int kv_head, int part) const {
+    const int n = f.group / group_split;
+    return {kv_head * f.group + part * n, n};
+  }
 
   // Sequence b (FwdArgs::sequence), with dO's and the gradients' addresses
   // of its first rows too when packed; itself when dense. The workspace keeps
@@ -80,6 +93,8 @@ struct BwdArgs {
         .rows_pad = static_cast<int>(bwd_padded_rows(p.fwd.seq_q)),
         .dq_accum_cols = p.dq_accum_cols,
         .deterministic = p.deterministic,
+        .group_split = p.group_split,
+        .dkv_partial = p.dkv_partial,
     };
   }
 };

@@ -125,29 +125,70 @@ struct EpilogueBwdSm90 {
   // batch's keys past its sequence's key count (kv_lens, a key-padding mask):
   // those rows of the tensor are the sequence's too, and get their zeros
   // (the mask gave them P = 0; a tile past the count has no query tiles).
-  template <class Element>
+  // Where the group is split (BwdArgs::group_split), this part's FP32 sums
+  // instead, into its slice of dkv_partial (every padded column), which
+  // launch_bwd_sum_dkv adds up (the scale applied there).
+  template <Half16 Element>
   __device__ __forceinline__ static void store_dkdv(const BwdArgs& a, const float (&dk)[1][Cfg::kDkvTiles][4],
                                                     const float (&dv)[1][Cfg::kDkvTiles][4], int n0, int kv_head,
-                                                    int batch, int wg, int warp_in_wg, int lane) {
+                                                    int batch, int part, int wg, int warp_in_wg, int lane) {
     const int rows = a.f.cu_seqlens_q == nullptr ? a.f.k_rows : a.f.seq_k;
     const int row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg, valid = rows - n0;
+    // A run of kN n-tiles at column col of both, through `store`.
+    // kStored: the n-tiles stored unwide (the head dim's, or every padded one).
+    const auto each_run = [&]<int kStored>(auto&& store) {
+      if constexpr (!Cfg::kWide) {
+        using Stored = const float(&)[kStored][4];
+        store.template operator()<kStored>(0, reinterpret_cast<Stored>(dk[0]), reinterpret_cast<Stored>(dv[0]));
+      } else {
+        // The consumer's columns in runs of contiguous n-tiles (consumer_column).
+        sm90::for_tile_chunks<0, Cfg::kDkvTiles, 8>([&]<int kFirst, int kN>() {
+          using Run = const float(&)[kN][4];
+          store.template operator()<kN>(consumer_column<Cfg::kPadDim>(wg, kFirst), reinterpret_cast<Run>(dk[0][kFirst]),
+                                        reinterpret_cast<Run>(dv[0][kFirst]));
+        });
+      }
+    };
+    if (a.group_split > 1) {
+      const int kv_heads = a.f.heads / a.f.group;
+      // Dense only (packed batches are not split): k_rows is the keys of every sequence's rows.
+      const std::int64_t slice = static_cast<std::int64_t>(a.f.batch) * kv_heads * a.f.k_rows * Cfg::kPadDim;
+      float* const dk_at = a.dkv_partial + part * slice +
+                           ((static_cast<std::int64_t>(batch) * kv_heads + kv_head) * a.f.k_rows + n0) * Cfg::kPadDim;
+      float* const dv_at = dk_at + a.group_split * slice;
+      each_run.template operator()<Cfg::kDkvTiles>([&]<int kN>(int col, const float(&k)[kN][4], const float(&v)[kN][4]) {
+        store_rows_f32(dk_at + col, Cfg::kPadDim, k, row0, valid, lane);
+        store_rows_f32(dv_at + col, Cfg::kPadDim, v, row0, valid, lane);
+      });
+      return;
+    }
     std::uint16_t* const dk_at = a.dk + batch * a.dk_batch_stride + kv_head * a.dk_head_stride + n0 * a.dk_row_stride;
     std::uint16_t* const dv_at = a.dv + batch * a.dv_batch_stride + kv_head * a.dv_head_stride + n0 * a.dv_row_stride;
-    if constexpr (!Cfg::kWide) {
-      using Stored = const float(&)[1][Cfg::kHeadDim / 8][4];
-      store_rows<Element>(dk_at, a.dk_row_stride, reinterpret_cast<Stored>(dk), a.scale, row0, valid, lane);
-      store_rows<Element>(dv_at, a.dv_row_stride, reinterpret_cast<Stored>(dv), 1.f, row0, valid, lane);
-    } else {
-      // The consumer's columns in runs of contiguous n-tiles (consumer_column).
-      sm90::for_tile_chunks<0, Cfg::kDkvTiles, 8>([&]<int kFirst, int kN>() {
-        using Run = const float(&)[1][kN][4];
-        const int col = consumer_column<Cfg::kPadDim>(wg, kFirst);
-        store_rows<Element>(dk_at + col, a.dk_row_stride, reinterpret_cast<Run>(dk[0][kFirst]), a.scale, row0, valid,
-                            lane);
-        store_rows<Element>(dv_at + col, a.dv_row_stride, reinterpret_cast<Run>(dv[0][kFirst]), 1.f, row0, valid, lane);
-      });
+    each_run.template operator()<Cfg::kHeadDim / 8>([&]<int kN>(int col, const float(&k)[kN][4], const float(&v)[kN][4]) {
+      using Run = const float(&)[1][kN][4];
+      store_rows<Element>(dk_at + col, a.dk_row_stride, reinterpret_cast<Run>(k), a.scale, row0, valid, lane);
+      store_rows<Element>(dv_at + col, a.dv_row_stride, reinterpret_cast<Run>(v), 1.f, row0, valid, lane);
+    });
+  }
+
+  // A warp's 16 rows of kN n-tiles (rows row0 + lane / 4 and 8 below) as
+  // FP32, rows at or past `valid` skipped.
+  template <int kN>
+  __device__ __forceinline__ static void store_rows_f32(float* base, int row_stride, const float (&acc)[kN][4],
+                                                        int row0, int valid, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + g + 8 * h;
+      if (row >= valid) continue;
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt) {
+        *reinterpret_cast<float2*>(base + static_cast<std::int64_t>(row) * row_stride + nt * 8 + 2 * t) =
+            make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
+      }
     }
   }
+
 };
 
 }  // namespace attnprof::cuda::kernels

@@ -121,4 +121,51 @@ cudaError_t launch_bwd_convert_dq_tiled(const BwdArgs& a, cudaStream_t stream) {
                             stream, a);
 }
 
+// The group's partial dK and dV (BwdArgs::group_split > 1; the kernel's
+// store_dkdv) summed in part order (the same bits every run) into dK (times
+// scale) and dV in the element type, 4 columns a thread: y 0 dK, 1 dV.
+template <Half16 Element, int kPadDim>
+__global__ void __launch_bounds__(256) flash_bwd_sum_dkv_kernel(const __grid_constant__ BwdArgs a) {
+  wait_prior_grid();  // the partials are the backward kernel's, which the dQ conversion waited for
+  const FwdArgs& f = a.f;
+  const int kv_heads = f.heads / f.group, chunks = a.head_dim / 4;
+  const std::int64_t slice = static_cast<std::int64_t>(f.batch) * kv_heads * f.k_rows * kPadDim;
+  const bool is_v = blockIdx.y == 1;
+  const float* const parts = a.dkv_partial + (is_v ? a.group_split * slice : 0);
+  const float scale = is_v ? 1.f : a.scale;
+  std::uint16_t* const out = is_v ? a.dv : a.dk;
+  const std::int64_t batch_stride = is_v ? a.dv_batch_stride : a.dk_batch_stride;
+  const std::int64_t head_stride = is_v ? a.dv_head_stride : a.dk_head_stride;
+  const std::int64_t row_stride = is_v ? a.dv_row_stride : a.dk_row_stride;
+  const std::int64_t total = static_cast<std::int64_t>(f.batch) * kv_heads * f.k_rows * chunks;
+  for (std::int64_t e = blockIdx.x * 256LL + threadIdx.x; e < total; e += static_cast<std::int64_t>(gridDim.x) * 256) {
+    const int c = static_cast<int>(e % chunks);
+    const std::int64_t r = e / chunks;  // (batch, kv head, row)
+    const int row = static_cast<int>(r % f.k_rows);
+    const std::int64_t bh = r / f.k_rows;
+    const int kv_head = static_cast<int>(bh % kv_heads), batch = static_cast<int>(bh / kv_heads);
+    const float* at = parts + r * kPadDim + 4 * c;
+    float4 sum = *reinterpret_cast<const float4*>(at);
+    for (int s = 1; s < a.group_split; ++s) {
+      const float4 x = *reinterpret_cast<const float4*>(at + s * slice);
+      sum.x += x.x;
+      sum.y += x.y;
+      sum.z += x.z;
+      sum.w += x.w;
+    }
+    *reinterpret_cast<uint2*>(out + batch * batch_stride + kv_head * head_stride + row * row_stride + 4 * c) =
+        uint2{pack2<Element>(sum.x * scale, sum.y * scale), pack2<Element>(sum.z * scale, sum.w * scale)};
+  }
+}
+
+template <Half16 Element, int kPadDim>
+cudaError_t launch_bwd_sum_dkv(const BwdArgs& a, cudaStream_t stream) {
+  const std::int64_t total =
+      static_cast<std::int64_t>(a.f.batch) * (a.f.heads / a.f.group) * a.f.k_rows * (a.head_dim / 4);
+  const std::int64_t blocks = (total + 255) / 256;
+  return launch_after_prior(flash_bwd_sum_dkv_kernel<Element, kPadDim>,
+                            dim3(static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), 2), 256, 0, stream,
+                            a);
+}
+
 }  // namespace attnprof::cuda::kernels

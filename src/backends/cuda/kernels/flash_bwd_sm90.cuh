@@ -78,10 +78,10 @@ struct FlashBwdSm90 : BwdOrderSm90<Cfg, kMask> {
   // passed first (nothing held while waiting on another CTA: no new waits).
   template <bool kDeterministic>
   __device__ static void write_dq(const BwdArgs& a, const typename Mainloop::Smem& smem, const QueryWalk& walk,
-                                  int kv_head, int batch, int n_block, int lane) {
+                                  BwdArgs::Heads heads, int batch, int n_block, int lane) {
     using Epilogue = EpilogueBwdSm90<Cfg>;
     const FwdArgs& f = a.f;
-    const int tiles = f.group * walk.count();
+    const int tiles = heads.count * walk.count();
     wait_prior_grid();    // the accumulator and semaphores are the preprocess's (launch_after_prior)
     int* held = nullptr;  // deterministic: the semaphore of the tile whose adds are out, its turn not yet passed
     const auto pass_held = [&]<int kInFlight>() {
@@ -95,7 +95,7 @@ struct FlashBwdSm90 : BwdOrderSm90<Cfg, kMask> {
     for (int t = 0; t < tiles; ++t) {
       const int b = kDqBuffers == 2 ? t % 2 : 0;
       const int m0 = walk.at(t % walk.count()) * Cfg::kBlockM;
-      const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + kv_head * f.group + t / walk.count();
+      const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + heads.first + t / walk.count();
       int* const sem = Epilogue::semaphore(a, bh, m0);
       sm90::named_barrier_sync(kDqFull + b, kDqHandshake);
       if (lane == 0) {
@@ -146,12 +146,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_heads = args.f.heads / args.f.group;
   const bool fastest = args.key_tile_fastest;  // the grid's order (the header)
-  int n_block = blockIdx.x, kv_pair = blockIdx.y;
+  // The grid's pairs are (kv head, batch) pairs times the group's parts
+  // (BwdArgs::group_split), the parts of one pair adjacent.
+  int n_block = blockIdx.x, pair = blockIdx.y;
   if (!fastest) {
-    Kernel::chunked_cta(blockIdx.x, (args.f.seq_k + kBN - 1) / kBN, kv_heads * args.f.batch, args.chunks, n_block,
-                        kv_pair);
+    Kernel::chunked_cta(blockIdx.x, (args.f.seq_k + kBN - 1) / kBN, kv_heads * args.f.batch * args.group_split,
+                        args.chunks, n_block, pair);
   }
+  const int part = pair % args.group_split, kv_pair = pair / args.group_split;
   const int kv_head = kv_pair % kv_heads, batch = kv_pair / kv_heads;
+  const BwdArgs::Heads heads = args.heads_of(kv_head, part);
   const int n0 = n_block * kBN;
   // The CTA's sequence (packed batches, key counts; args itself when dense):
   // its key tiles past the sequence's keys have no query tiles.
@@ -172,9 +176,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
     const int role = warp - Cfg::kConsumerThreads / 32;
     if (tiles.begin < tiles.end) {
-      if (role == 0 && lane == 0) Mainloop::load(p, a, smem, n0, kv_head, batch, walk, kv_pipe, q_pipe, q_state);
+      if (role == 0 && lane == 0) {
+        Mainloop::load(p, a, smem, n0, kv_head, heads, batch, walk, kv_pipe, q_pipe, q_state);
+      }
       if constexpr (Kernel::kDqStaged) {
-        if (role == 1) Kernel::template write_dq<kDeterministic>(a, smem, walk, kv_head, batch, n_block, lane);
+        if (role == 1) Kernel::template write_dq<kDeterministic>(a, smem, walk, heads, batch, n_block, lane);
       }
     }
     return;
@@ -260,11 +266,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // serializes every wgmma when one is).
     constexpr bool kAhead = Cfg::kScoresAhead;
     int buf = 0;
-    const int n_tiles = f.group * walk.count();
+    const int n_tiles = heads.count * walk.count();
     // The walk's t-th tile; kNext: the next tile's scores issued ahead
     // (not from the last: no stage to wait for).
     const auto step = [&]<bool kNext>(int t) {
-      const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + kv_head * f.group + t / walk.count();
+      const std::int64_t bh = static_cast<std::int64_t>(batch) * f.heads + heads.first + t / walk.count();
       const int m0 = tile_m0(t), st = q_state.index();
       if constexpr (!kAhead) {
         float s[kMT][4], dp[kMT][4];
@@ -367,7 +373,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int t = 0; t < n_tiles; ++t) step.template operator()<false>(t);
     }
   }
-  Epilogue::template store_dkdv<Element>(a, dk, dv, n0, kv_head, batch, wg, warp_in_wg, lane);
+  Epilogue::template store_dkdv<Element>(a, dk, dv, n0, kv_head, batch, part, wg, warp_in_wg, lane);
 #endif
 }
 
@@ -399,7 +405,7 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   if (const cudaError_t e = launch_bwd_preprocess<Element>(a, stream); e != cudaSuccess) return e;
   const FwdArgs& f = a.f;
   const int n_tiles = (f.seq_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int pairs = f.heads / f.group * f.batch;
+  const int pairs = f.heads / f.group * f.batch * a.group_split;
   int device = 0, multiprocessors = 0;
   for (const cudaError_t e :
        {cudaGetDevice(&device), fixed_device_attribute(multiprocessors, cudaDevAttrMultiProcessorCount, device)}) {
@@ -419,7 +425,8 @@ cudaError_t run_flash_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
       e != cudaSuccess) {
     return e;
   }
-  return launch_bwd_convert_dq_tiled<Element, Cfg::kPadDim>(a, stream);
+  if (const cudaError_t e = launch_bwd_convert_dq_tiled<Element, Cfg::kPadDim>(a, stream); e != cudaSuccess) return e;
+  return a.group_split > 1 ? launch_bwd_sum_dkv<Element, Cfg::kPadDim>(a, stream) : cudaSuccess;
 }
 
 template <int kHeadDim, MaskMode kMask, Half16 Element>

@@ -106,6 +106,7 @@ struct FlashBwdSm90Cfg {
   static constexpr bool kScoresAhead = kPadDim == 64;
   static_assert(kScoreCols == 32 || kScoreCols == 64 || kScoreCols == 128, "S^T's wgmma N: 32, 64 or 128 queries");
   static_assert(kDqCols % 32 == 0, "dQ's columns in 32-column chunks");
+  static_assert(kBlockN == flash_sm90_bwd_block_n(kHeadDim), "the host's group split reads this tile");
 };
 
 // The tile each head dim runs with: three stages up to 128; two at 256 (all
@@ -229,12 +230,13 @@ struct MainloopBwdSm90 {
   };
 
   // Producer (one thread): K and V of the CTA's key tile, then for every
-  // query head of its group the query tiles of `walk`, in its order. a: the
+  // query head of `heads` (its group, or its part of it) the query tiles of
+  // `walk`, in its order. a: the
   // CTA's sequence (BwdArgs::sequence), whose rows start at the maps' q_row0
   // and k_row0; rows read past it are masked (keys) or have an LSE of +inf
   // (queries), as the forward's (mainloop_fwd_sm90_tma_wgmma_ws.cuh).
   __device__ __forceinline__ static void load(const Params& p, const BwdArgs& a, const Smem& smem, int n0, int kv_head,
-                                              int batch, QueryWalk walk, const KVPipeline& kv_pipe,
+                                              BwdArgs::Heads heads, int batch, QueryWalk walk, const KVPipeline& kv_pipe,
                                               const QPipeline& q_pipe, typename QPipeline::State& q_state) {
     const FwdArgs& f = a.f;
     const int map_batch = f.map_batch_of(batch);
@@ -244,8 +246,8 @@ struct MainloopBwdSm90 {
       sm90::tma_load_4d(smem.v() + r * kBN * kRB, &p.v, kv_bar, kRC * r, f.k_row0 + n0, kv_head, map_batch);
     }
     wait_prior_grid();  // the LSE and D rows come from the preprocess (launch_after_prior)
-    for (int g = 0; g < f.group; ++g) {
-      const int head = kv_head * f.group + g;
+    for (int g = 0; g < heads.count; ++g) {
+      const int head = heads.first + g;
       const std::int64_t rows = (static_cast<std::int64_t>(batch) * f.heads + head) * a.rows_pad;
       for (int k = 0; k < walk.count(); ++k) {
         const int m0 = walk.at(k) * kBM, st = q_state.index();
