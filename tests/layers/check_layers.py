@@ -4,75 +4,71 @@ above its own (or of a sibling it may not see), when a public header includes a
 third-party header, and when a front end (the CLI, the Python module) includes
 anything but the public API.
 
-The layers, lowest first, and what each may include besides itself. This table
-is the architecture; the top CMakeLists.txt links the libraries the same way.
-A new public header or source folder must be placed here, or the check fails.
+The layers, what each may include besides itself, its source folders and its
+public headers are the table in docs/architecture.md (between the layers:begin
+and layers:end markers): the architecture as written is the architecture as
+checked. A new public header or source folder must be placed there, or the
+check fails.
 """
 import argparse
 import pathlib
 import re
 import sys
 
-# layer -> layers it may include (its own always allowed).
-ALLOWED = {
-    "core": set(),
-    "profiler": {"core"},
-    "cupti": {"core", "profiler"},
-    # The run record: what a run or a trace step leaves (trace, metrics,
-    # findings). Below analysis, which reads it, and dispatch, which fills it.
-    "record": {"core", "profiler"},
-    # Backends implement the core's Backend and the profiler's DeviceRuntime;
-    # they never see the record, the analysis or anything above.
-    "backends": {"core", "profiler", "cupti"},
-    # Analysis reads records and traces; it sees no backend, no dispatch, no report.
-    "analysis": {"core", "profiler", "record"},
-    # Zigzag sharding and the log-sum-exp merge: the ring's arithmetic, read
-    # by its driver (parallel) and by the ring itself.
-    "sharding": {"core"},
-    # The GPU half's ring attention over NCCL, built into the CUDA plugin.
-    "ring": {"core", "profiler", "cupti", "backends", "sharding"},
-    # The CUDA plugin's entry point: the one file that assembles the GPU half
-    # (the CUDA backends, the collectors, the ring) into libattnprof_cuda.so.
-    "plugin": {"core", "profiler", "cupti", "backends", "ring"},
-    "dispatch": {"core", "profiler", "cupti", "record", "backends", "analysis"},
-    "parallel": {"core", "profiler", "cupti", "record", "backends", "analysis", "dispatch", "sharding"},
-    "report": {"core", "profiler", "cupti", "record", "backends", "analysis", "dispatch", "sharding", "parallel"},
-    # Front ends: the public API only (checked separately below).
-    "cli": set(),
-    "python": set(),
-}
+TABLE_DOC = pathlib.Path("docs") / "architecture.md"
+BEGIN, END = "<!-- layers:begin", "<!-- layers:end -->"
+PUBLIC_API_ONLY = "public API only"
+CODE = re.compile(r"`([^`]+)`")
 
-# Public headers (include/attnprof/) by layer.
-PUBLIC = {
-    "core": ["error.h", "dtype.h", "tensor.h", "mask.h", "problem.h", "problem_spec.h", "reference.h", "backend.h",
-             "mask_tensor.h", "varlen.h"],
-    "profiler": ["activity.h", "profiler.h", "key_averages.h", "trace_io.h", "device_runtime.h", "occupancy.h"],
-    "record": ["findings.h", "record.h"],
-    "analysis": ["trace_reader.h", "analyze.h"],
-    "dispatch": ["runner.h"],
-    "parallel": ["parallel.h"],
-    "report": ["report.h", "html.h", "replay.h"],
-}
 
-# Source folders (under src/) by layer, the most specific prefix first.
-FOLDERS = [
-    ("profiler/cupti/", "cupti"),
-    ("backends/cuda/plugin.cpp", "plugin"),
-    ("parallel/cuda/", "ring"),
-    ("parallel/merge.", "sharding"),
-    ("parallel/sharding.", "sharding"),
-    ("core/", "core"),
-    ("profiler/", "profiler"),
-    ("record/", "record"),
-    ("backends/", "backends"),
-    ("analysis/", "analysis"),
-    ("dispatch/", "dispatch"),
-    ("parallel/", "parallel"),
-    ("report/", "report"),
-    ("cli/", "cli"),
-    ("python/", "python"),
-]
-FRONT_ENDS = {"cli", "python"}
+class TableError(Exception):
+    pass
+
+
+def read_table(text, where):
+    """The layer table of the architecture page: ALLOWED (layer -> layers it may
+    include), PUBLIC (layer -> public headers), FOLDERS ((prefix, layer), longest
+    prefix first) and FRONT_ENDS (the layers that may include the public API only)."""
+    if BEGIN not in text or END not in text:
+        raise TableError(f"{where}: no layer table (the {BEGIN} ... {END} markers)")
+    rows = [line.strip() for line in text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines()[1:]]
+    rows = [r for r in rows if r.startswith("|")]
+    if len(rows) < 3 or [c.strip() for c in rows[0].strip("|").split("|")][:4] != [
+            "layer", "may include", "sources", "public headers"]:
+        raise TableError(f"{where}: the layer table's header must start | layer | may include | sources | public headers |")
+    allowed, public, folders, front_ends = {}, {}, [], set()
+    for row in rows[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) < 4 or not cells[0]:
+            raise TableError(f"{where}: a layer row needs a layer, what it may include, sources and headers: {row}")
+        layer, may, sources, headers = cells[:4]
+        if layer in allowed:
+            raise TableError(f"{where}: the layer {layer} has two rows")
+        if may == PUBLIC_API_ONLY:
+            allowed[layer] = set()
+            front_ends.add(layer)
+        else:
+            allowed[layer] = set() if may == "-" else {m.strip() for m in may.split(",")}
+        folders += [(prefix, layer) for prefix in CODE.findall(sources)]
+        if CODE.findall(headers):
+            public[layer] = CODE.findall(headers)
+    for layer, may in allowed.items():
+        if may - allowed.keys():
+            raise TableError(f"{where}: {layer} may include {', '.join(sorted(may - allowed.keys()))}, "
+                             "which is no layer of the table")
+    folders.sort(key=lambda f: len(f[0]), reverse=True)
+    return allowed, public, folders, front_ends
+
+
+ALLOWED, PUBLIC, FOLDERS, FRONT_ENDS = {}, {}, [], set()
+
+
+def load_table(root):
+    global ALLOWED, PUBLIC, FOLDERS, FRONT_ENDS
+    path = root / TABLE_DOC
+    ALLOWED, PUBLIC, FOLDERS, FRONT_ENDS = read_table(path.read_text(encoding="utf-8"), path)
+
+
 SOURCE_SUFFIXES = {".h", ".hpp", ".cuh", ".cpp", ".cu"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 STD_HEADER = re.compile(r"^[a-z_0-9]+$")  # <vector>, <cstdint>: no directory, no suffix
@@ -82,7 +78,7 @@ def public_layer(name, errors, where):
     for layer, headers in PUBLIC.items():
         if name in headers:
             return layer
-    errors.append(f"{where}: attnprof/{name} is in no layer: add it to PUBLIC in {pathlib.Path(__file__).name}")
+    errors.append(f"{where}: attnprof/{name} is in no layer: add it to the table in {TABLE_DOC}")
     return None
 
 
@@ -106,7 +102,7 @@ def check(root):
         rel = p.relative_to(src).as_posix()
         layer = folder_layer(rel)
         if layer is None:
-            errors.append(f"{p.relative_to(root)}: src/{rel.split('/')[0]}/ is in no layer: add it to FOLDERS")
+            errors.append(f"{p.relative_to(root)}: src/{rel.split('/')[0]}/ is in no layer: add it to the table in {TABLE_DOC}")
             continue
         files.append((p, layer, False))
 
@@ -173,11 +169,42 @@ def self_test():
     return not missed and not wrong
 
 
+def table_self_test():
+    """The table reader on tables with one fault each: each must be refused."""
+    good = ("<!-- layers:begin -->\n| layer | may include | sources | public headers | owns |\n| --- | --- | --- | --- | --- |\n"
+            "| core | - | `core/` | `error.h` | x |\n| cli | public API only | `cli/` | | x |\n<!-- layers:end -->\n")
+    bad = {
+        "no markers": good.replace("<!-- layers:begin -->", ""),
+        "a wrong header": good.replace("| may include |", "| uses |"),
+        "an unknown layer": good.replace("| core | - |", "| core | profiler |"),
+        "two rows of one layer": good.replace("| cli | public API only |", "| core | - |"),
+    }
+    ok = True
+    allowed, public, folders, front_ends = read_table(good, "good")
+    if allowed != {"core": set(), "cli": set()} or public != {"core": ["error.h"]} or front_ends != {"cli"} \
+            or sorted(folders) != [("cli/", "cli"), ("core/", "core")]:
+        print(f"self-test: the table was misread: {allowed} {public} {folders} {front_ends}")
+        ok = False
+    for what, text in bad.items():
+        try:
+            read_table(text, what)
+            print(f"self-test: a table with {what} was read")
+            ok = False
+        except TableError:
+            pass
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[2])
     args = ap.parse_args()
-    if not self_test():
+    try:
+        load_table(args.root)
+    except (OSError, TableError) as e:
+        print(f"layering: {e}")
+        return 1
+    if not self_test() or not table_self_test():
         return 1
     errors = check(args.root)
     for e in errors:
