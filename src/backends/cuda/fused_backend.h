@@ -102,6 +102,15 @@ class FusedBackend : public Backend {
            "[B, 1, 1, Skv] rows of Trues then Falses; any other is refused when the call reads it)";
   }
 
+  // The sm90 backward's group split, where it splits (flash_sm90_bwd_group_split).
+  std::string group_split_story(const Problem& p) const {
+    const int split = backward_shape(p).group_split;
+    if (split <= 1) return {};
+    return "; each key tile's " + std::to_string(p.group()) + " query heads split among " + std::to_string(split) +
+           " CTAs (too few key tiles and kv heads to fill the GPU twice), their FP32 dK and dV summed in order by a "
+           "fourth kernel";
+  }
+
   // What the backward runs for `p`, and why that kernel.
   std::string backward_story(const Problem& p) const {
     if (fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90) {
@@ -111,7 +120,7 @@ class FusedBackend : public Backend {
              "two consumer warpgroups, K and V resident), dQ summed in FP32 " +
              (p.deterministic ? "in key-tile order (deterministic: each key tile waits its turn)"
                               : "by vector reductions as key tiles finish") +
-             ", then the dQ conversion";
+             ", then the dQ conversion" + group_split_story(p);
     }
     std::string why;
     if (flash_ && !flash_sm90_bwd_head_dim(static_cast<int>(p.head_dim))) {
