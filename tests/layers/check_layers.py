@@ -49,7 +49,7 @@ PUBLIC = {
     "profiler": ["activity.h", "profiler.h", "key_averages.h", "trace_io.h", "device_runtime.h", "occupancy.h"],
     "record": ["findings.h", "record.h"],
     "analysis": ["trace_reader.h", "analyze.h"],
-    "dispatch": ["runner.h"],
+    "dispatch": ["runner.h", "thread_counts.h"],
     "parallel": ["parallel.h"],
     "report": ["report.h", "html.h", "replay.h"],
 }
