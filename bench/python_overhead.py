@@ -66,8 +66,9 @@ def median_us(fn, device, calls, rounds):
 
 def cpp_us(q, k, v, o, backend, threads, calls, rounds):
     """The C++ call, timed as median_us times the Python call: the least median of `rounds`."""
-    return min((spread(_core._time_forward(q, k, v, o, backend, "causal", None, None, _torch._stream_of(q), threads,
-                                           False, None, calls)) for _ in range(rounds)), key=lambda r: r[0])
+    return min((spread(_core._time_forward(q, k, v, o, backend=backend, mask="causal", stream=_torch._stream_of(q),
+                                           threads=threads, calls=calls)) for _ in range(rounds)),
+               key=lambda r: r[0])
 
 
 def cli_us(exe, backend, b, h, s, d):
@@ -87,8 +88,8 @@ def breakdown(q, k, v, o, backend, threads, device, calls, rounds):
     stream = _torch._stream_of(q)
 
     def until(stage):
-        return lambda: _core._attention_until(stage, dl(q), dl(k), dl(v), dl(o), backend, "causal", None, None,
-                                              stream, threads, False)
+        return lambda: _core._attention_until(stage, dl(q), dl(k), dl(v), dl(o), backend=backend, mask="causal",
+                                              stream=stream, threads=threads)
 
     def t(fn):
         return median_us(fn, device, calls, rounds)[0]
@@ -99,7 +100,8 @@ def breakdown(q, k, v, o, backend, threads, device, calls, rounds):
         exports = t(lambda: (dl(q), dl(k), dl(v), dl(o)))
         stream_us = t(lambda: _torch._stream_of(q))
         stage = [t(until(i)) for i in range(3)]
-        prepare = min(spread(_core._time_prepare(q, k, v, o, backend, "causal", stream, threads, calls))[0]
+        prepare = min(spread(_core._time_prepare(q, k, v, o, backend=backend, mask="causal", stream=stream,
+                                                 threads=threads, calls=calls))[0]
                       for _ in range(rounds))
         return [
             whole, cpp, whole - cpp, exports, stream_us, t(torch.compiler.is_compiling), stage[0] - exports,

@@ -8,6 +8,7 @@
 // crosses this header.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -106,6 +107,11 @@ std::string profile_summary(const RunResult& r);
 // The problem as the --json documents write it.
 std::string problem_json(const Problem& p);
 
+// The rows per table analysis_text and diff_text show: 1 to kMaxTop, the
+// one limit every front end takes. check_top throws Error(InvalidArgument)
+// naming "top" for any other, before any work.
+inline constexpr int kMaxTop = 100000;
+void check_top(std::int64_t top);
 // What analyze prints: per trace, the at-a-glance table of its steps with
 // their findings, then each step's top-level ops and top `top` kernels.
 std::string analysis_text(const TraceAnalysis& a, int top = 10);

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import sys as _sys
 
-from . import _core
+from . import _args, _core
+from ._args import ArgumentTypeError
 from ._core import Error
 from ._records import Explanation, Finding, Record, Report, Result
 from ._analyze import Analysis, Diff, analyze, diff
 
 __all__ = [
     "Analysis",
+    "ArgumentTypeError",
     "Diff",
     "Error",
     "Explanation",
@@ -53,34 +55,8 @@ def cuda_built() -> bool:
     return _core.cuda_built()
 
 
-_INT32 = (-(2**31), 2**31 - 1)
-_INT64 = (-(2**63), 2**63 - 1)
-
-
-def _whole(name: str, value, bounds=_INT32, optional: bool = False):
-    """A whole number the C++ side can hold, or attnprof.Error naming the argument.
-
-    The library bounds what it means (threads from 0 to 4096, ...); this only
-    keeps a wrong type or a number past 64 bits from reaching the bindings,
-    which would raise a TypeError about the whole call.
-    """
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise Error(f"{name} must be a whole number, got {type(value).__name__} {value!r}")
-    v = value.__index__()
-    if not bounds[0] <= v <= bounds[1]:
-        raise Error(f"{name} is out of range: {v}")
-    return v
-
-
-def _real(name: str, value):
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise Error(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
+_INT32, _INT64 = _args.INT32, _args.INT64
+_whole, _real = _args.whole, _args.real
 
 
 def _descale(name: str, value):
@@ -94,12 +70,7 @@ def _descale(name: str, value):
         if size != 1:
             raise Error(f"{name} must be a number or a 1-element tensor, got shape {tuple(value.shape)}")
         value = value.reshape(()).item() if hasattr(value, "reshape") else value.item()
-    if isinstance(value, bool):
-        raise Error(f"{name} must be a number, got bool {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise Error(f"{name} must be a number or a 1-element tensor, got {type(value).__name__} {value!r}") from None
+    return _real(name, value)
 
 
 def quantize_fp8(t):
@@ -188,7 +159,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     softcap=c soft-caps the scaled scores before the mask, s -> tanh(s / c) * c
     (Gemma-2's logits): flash (on CUDA its sm90 kernels), naive, naive_inplace,
     math and cudnn (dense batches) take it, others refuse it by name; None is
-    no cap, 0 or less is refused.
+    no cap; c lies from 2^-60 to 2^60 (the kernels hold c and 1/c as floats).
 
     q is [B, H, S, D], k and v [B, Hkv, Skv, D] (layout="bshd": [B, S, H, D]
     and [B, Skv, Hkv, D]); any batch, head and sequence strides (views such
@@ -197,7 +168,11 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     read q, k, v where they are and write into `out`, allocated here with
     the input's own framework (torch.empty, numpy.empty) unless given. CUDA
     work is queued on torch's current stream. Bad input raises attnprof.Error
-    (a ValueError) with the library's message.
+    (a ValueError) with the library's message, one line naming the argument;
+    an argument of the wrong type (a bool for a number, None for a name)
+    raises attnprof.ArgumentTypeError, an attnprof.Error that is also a
+    TypeError. threads sets the CPU's thread count for the call only: the
+    process's (torch.get_num_threads()) is as it was when it returns.
 
     FP8: q, k and v as torch.float8_e4m3fn tensors (e4m3, as FlashAttention-3 and cuDNN take them)
     with q_descale, k_descale and v_descale (floats or 1-element tensors; None is 1.0): the real
@@ -218,20 +193,24 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     # (bench/python_overhead.py times it piece by piece).
     bshd = _LAYOUTS.get(layout) if layout.__class__ is str else None
     if bshd is None:
-        bshd = _is_bshd(layout)
+        bshd = _is_bshd(_args.text("layout", layout))
+    if backend.__class__ is not str:
+        backend = _args.text("backend", backend)
     if threads.__class__ is not int or not _INT32[0] <= threads <= _INT32[1]:
         threads = _whole("threads", threads)
     if window is not None:
         window = _whole("window", window, _INT64)
-    if scale is not None:
+    if scale is not None and scale.__class__ is not float:
         scale = _real("scale", scale)
-    if softcap is not None:
+    if softcap is not None and softcap.__class__ is not float:
         softcap = _real("softcap", softcap)
+    if deterministic is not False and deterministic is not True:
+        deterministic = _args.flag("deterministic", deterministic)
     if mask is None:
         mask = ""
     elif mask.__class__ is not str and not isinstance(mask, str):
-        raise Error(f"mask names a structural mask (a string); a mask tensor goes in attn_mask=, got "
-                    f"{type(mask).__name__}")
+        raise ArgumentTypeError(f"mask names a structural mask (a string); a mask tensor goes in attn_mask=, got "
+                                f"{type(mask).__name__}")
     if q_descale is not None or k_descale is not None or v_descale is not None:
         q_descale, k_descale, v_descale = (_descale(n, d) for n, d in (("q_descale", q_descale),
                                                                        ("k_descale", k_descale),
@@ -265,8 +244,9 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     if out is None:
         out = _empty_like(q)
     try:
-        _core.attention(q, k, v, out, backend, mask, window, scale, 0, threads, bshd, softcap, attn_mask, block_table,
-                        seq_lens, q_descale, k_descale, v_descale)
+        _core.attention(q, k, v, out, backend=backend, mask=mask, window=window, scale=scale, threads=threads,
+                        bshd=bshd, softcap=softcap, attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens,
+                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None
@@ -294,8 +274,9 @@ def _attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend, mask, window, 
     if out is None:
         out = _empty_like(q)
     try:
-        _core.attention_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, 0, threads,
-                               softcap, *descales)
+        _core.attention_varlen(q, k, v, out, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, backend=backend,
+                               mask=mask, window=window, scale=scale, threads=threads, softcap=softcap,
+                               q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None
@@ -348,52 +329,48 @@ def torch_ops():
 _D = _core.defaults()
 
 
-def _lengths(name: str, lens):
-    """A packed batch's lengths as the library's text ("512,1024,7"), each a whole number; None: dense."""
-    if lens is None:
-        return None
-    try:
-        items = list(lens)
-    except TypeError:
-        raise Error(f"{name} must be a list of whole numbers, got {type(lens).__name__} {lens!r}") from None
-    if not items:
-        raise Error(f"{name} is empty: give one length per sequence")
-    return ",".join(str(_whole(f"{name}[{i}]", n, _INT64)) for i, n in enumerate(items))
-
-
 def _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
              softcap=None, seq_lens=None, kv_seq_lens=None):
-    batch, heads = (_whole(n, v, _INT64, optional=True) for n, v in (("batch", batch), ("heads", heads)))
-    seq, head_dim = (_whole(n, v, _INT64) for n, v in (("seq", seq), ("head_dim", head_dim)))
-    kv_heads = _whole("kv_heads", kv_heads, _INT64, optional=True)
-    kv_seq = _whole("kv_seq", kv_seq, _INT64, optional=True)
-    window = _whole("window", window, _INT64, optional=True)
-    scale = _real("scale", scale)
-    return _core.Problem(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, kv_seq=kv_seq, head_dim=head_dim,
-                         dtype=dtype, device=device, mask=mask, window=window, scale=scale, pass_=pass_,
-                         deterministic=deterministic, softcap=_real("softcap", softcap),
-                         seq_lens=_lengths("seq_lens", seq_lens), kv_seq_lens=_lengths("kv_seq_lens", kv_seq_lens))
+    """The library's Problem from typed values: every number and list as itself, each checked once by the library."""
+    w = _args.whole
+    return _core.Problem(batch=w("batch", batch, _INT64, optional=True), heads=w("heads", heads, _INT64, optional=True),
+                         kv_heads=w("kv_heads", kv_heads, _INT64, optional=True), seq=w("seq", seq, _INT64),
+                         kv_seq=w("kv_seq", kv_seq, _INT64, optional=True), head_dim=w("head_dim", head_dim, _INT64),
+                         dtype=_args.text("dtype", dtype), device=_args.text("device", device),
+                         mask=_args.text("mask", mask), window=w("window", window, _INT64, optional=True),
+                         scale=_real("scale", scale), pass_=_args.text("pass_", pass_),
+                         deterministic=_args.flag("deterministic", deterministic), softcap=_real("softcap", softcap),
+                         seq_lens=_args.lengths("seq_lens", seq_lens),
+                         kv_seq_lens=_args.lengths("kv_seq_lens", kv_seq_lens))
 
 
-def _fp8_descale_text(value):
-    """fp8_descale as the library parses it (--fp8-descale's text): None, "auto", or a number."""
-    if value is None or isinstance(value, str):
-        return value
-    return repr(_real("fp8_descale", value))
+def _fp8_descale(value):
+    """fp8_descale as a number, or None for "auto" (each tensor's amax / 448)."""
+    if value is None or isinstance(value, str) and value == "auto":
+        return None
+    if isinstance(value, str):
+        raise Error(f"fp8_descale takes 'auto' or a number, got {value!r}")
+    return _real("fp8_descale", value)
 
 
-def _run_args(seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit):
-    """compare's and profile's numbers, checked as _whole does (the library bounds them)."""
+def _run_args(backends, trace_dir, json_path, seed, threads, bshd, check_rows, schedule, unprofiled_calls, expect,
+              sort_by, row_limit, fp8_descale):
+    """compare's and profile's run options as keywords, each of its type (the library bounds them)."""
     try:
         schedule = tuple(schedule)
     except TypeError:
-        raise Error(f"schedule must be (wait, warmup, active, repeat), got {schedule!r}") from None
+        raise ArgumentTypeError(f"schedule must be (wait, warmup, active, repeat), got {schedule!r}") from None
     if len(schedule) != 4:
         raise Error(f"schedule must be (wait, warmup, active, repeat), got {schedule!r}")
     schedule = tuple(_whole(f"schedule.{n}", v) for n, v in zip(("wait", "warmup", "active", "repeat"), schedule))
-    expect = {str(k): _whole(f"expect[{k!r}]", v) for k, v in dict(expect or {}).items()}
-    return (_whole("seed", seed, (0, 2**64 - 1)), _whole("threads", threads), _whole("check_rows", check_rows, _INT64),
-            schedule, _whole("unprofiled_calls", unprofiled_calls), expect, _whole("row_limit", row_limit))
+    expect = {_args.text("expect", k): _whole(f"expect[{k!r}]", v) for k, v in dict(expect or {}).items()}
+    return dict(backends=_args.names("backends", backends), trace_dir=_args.path("trace_dir", trace_dir),
+                json_path=_args.path("json_path", json_path), seed=_whole("seed", seed, _args.UINT64),
+                threads=_whole("threads", threads), bshd=_args.flag("bshd", bshd),
+                check_rows=_whole("check_rows", check_rows, _INT64), schedule=schedule,
+                unprofiled_calls=_whole("unprofiled_calls", unprofiled_calls), expect=expect,
+                sort_by=_args.text("sort_by", sort_by), row_limit=_whole("row_limit", row_limit),
+                fp8_descale=_fp8_descale(fp8_descale))
 
 
 def compare(*, batch: int | None = None, heads: int | None = None, seq: int = _D["seq"],
@@ -419,10 +396,8 @@ def compare(*, batch: int | None = None, heads: int | None = None, seq: int = _D
     """
     p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
                  softcap, seq_lens, kv_seq_lens)
-    seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
-        seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
-    rep = _core.compare(p, list(backends or []), trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
-                        unprofiled_calls, expect, sort_by, row_limit, _fp8_descale_text(fp8_descale))
+    rep = _core.compare(p, **_run_args(backends, trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
+                                       unprofiled_calls, expect, sort_by, row_limit, fp8_descale))
     return Report(rep, "compare")
 
 
@@ -442,10 +417,10 @@ def profile(backend: str = "auto", *, batch: int | None = None, heads: int | Non
     """
     p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
                  softcap, seq_lens, kv_seq_lens)
-    seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit = _run_args(
-        seed, threads, check_rows, schedule, unprofiled_calls, expect, row_limit)
-    rep = _core.profile(p, backend, trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
-                        unprofiled_calls, expect, sort_by, row_limit, _fp8_descale_text(fp8_descale))
+    args = _run_args(None, trace_dir, json_path, seed, threads, bshd, check_rows, schedule, unprofiled_calls, expect,
+                     sort_by, row_limit, fp8_descale)
+    del args["backends"]
+    rep = _core.profile(p, backend=_args.text("backend", backend), **args)
     return Report(rep, "profile")
 
 
@@ -461,4 +436,4 @@ def explain(*, batch: int | None = None, heads: int | None = None, seq: int = _D
     """
     p = _problem(batch, heads, seq, head_dim, dtype, device, mask, window, scale, kv_heads, kv_seq, pass_, deterministic,
                  softcap, seq_lens, kv_seq_lens)
-    return Explanation(*_core.explain(p, _whole("threads", threads)))
+    return Explanation(*_core.explain(p, threads=_whole("threads", threads)))

@@ -17,7 +17,7 @@ import json as _json
 import os as _os
 import tempfile as _tempfile
 
-from . import _core
+from . import _args, _core
 from ._records import Finding, Record
 
 
@@ -62,11 +62,10 @@ class Diff(Record):
 
 
 def _step(name: str, step):
-    if step is None:
-        return None
-    if isinstance(step, bool) or not hasattr(step, "__index__") or not 0 <= step.__index__() < 2**30:
+    step = _args.whole(name, step, optional=True)
+    if step is not None and not 0 <= step < 2**30:
         raise _core.Error(f"{name} must be a whole number of a ProfilerStep#N, got {step!r}")
-    return step.__index__()
+    return step
 
 
 class _TracePath:
@@ -106,17 +105,20 @@ class _TracePath:
 
 
 def analyze(trace, *more, step: int | None = None, replay: bool = False, device: str | None = None,
-            backends: list[str] | None = None, top: int = 10, ceiling_tflops: float | None = None) -> Analysis:
+            backends: str | list[str] | None = None, top: int = 10, ceiling_tflops: float | None = None) -> Analysis:
     """`attnprof analyze TRACE [TRACE...]` as a call. Each trace is a path (Chrome JSON, gzipped or
     not) or a torch.profiler.profile that has stopped. replay=True runs each distinct attention problem
-    through attnprof's backends here (device= where, backends= which), as --replay does.
+    through attnprof's backends here (device= where, backends= which: one name or a list), as --replay does.
+    top is the rows per table, 1 to 100000.
     ceiling_tflops= is --ceiling-tflops: the trace's device's matmul ceiling, for each attention
     call's share of it (default: ATTNPROF_CEILING_TFLOPS, else none)."""
     paths = [_TracePath(t, "trace") for t in (trace, *more)]
     try:
-        json_text, text = _core.analyze([p.path for p in paths], _step("step", step), bool(replay), device,
-                                        list(backends or []), int(top),
-                                        None if ceiling_tflops is None else float(ceiling_tflops))
+        json_text, text = _core.analyze([p.path for p in paths], step=_step("step", step),
+                                        replay=_args.flag("replay", replay),
+                                        device=_args.text("device", device, optional=True),
+                                        backends=_args.names("backends", backends), top=_args.whole("top", top),
+                                        ceiling_tflops=_args.real("ceiling_tflops", ceiling_tflops))
     finally:
         for p in paths:
             p.close()
@@ -127,5 +129,6 @@ def diff(a, b, *, a_step: int | None = None, b_step: int | None = None, top: int
     """`attnprof diff A B` as a call: a and b are paths or stopped torch.profiler.profile objects
     (the same path twice with two steps compares two steps of one trace)."""
     with _TracePath(a, "a") as pa, _TracePath(b, "b") as pb:
-        json_text, text = _core.diff(pa.path, _step("a_step", a_step), pb.path, _step("b_step", b_step), int(top))
+        json_text, text = _core.diff(pa.path, pb.path, a_step=_step("a_step", a_step), b_step=_step("b_step", b_step),
+                                     top=_args.whole("top", top))
     return Diff(json_text, text)

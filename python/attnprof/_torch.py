@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.utils.dlpack
 
-from . import _core
+from . import _args, _core
 from ._core import Error
 
 
@@ -91,6 +91,17 @@ def _optional(t):
     return None if t is None else _dlpack(t)[0]
 
 
+def _numbers(window, scale, softcap):
+    """An op's numbers through attnprof's one path: torch's schema passes a bool on as an int or a float."""
+    return (_args.whole("window", window, _args.INT64, optional=True), _args.real("scale", scale),
+            _args.real("softcap", softcap))
+
+
+def _descales(q_descale, k_descale, v_descale):
+    return tuple(_args.real(n, d) for n, d in (("q_descale", q_descale), ("k_descale", k_descale),
+                                                 ("v_descale", v_descale)))
+
+
 def _out_dtype(dtype):
     # FP8 inputs write a bf16 output, as FlashAttention-3's and cuDNN's FP8 forwards do.
     return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
@@ -110,11 +121,13 @@ def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=No
     stream = 0 if index < 0 else _raw_stream(index) if _raw_stream is not None else _stream_of(q)
     if attn_mask is None and block_table is None and seq_lens is None and q_descale is None and k_descale is None \
             and v_descale is None:
-        _core.attention(dq, dk, dv, do, backend, mask, window, scale, stream, threads, bshd, softcap)
+        _core.attention(dq, dk, dv, do, backend=backend, mask=mask, window=window, scale=scale, stream=stream,
+                        threads=threads, bshd=bshd, softcap=softcap)
     else:
-        _core.attention(dq, dk, dv, do, backend, mask, window, scale, stream, threads, bshd, softcap,
-                        _optional(attn_mask), _optional(block_table), _optional(seq_lens), q_descale, k_descale,
-                        v_descale)
+        _core.attention(dq, dk, dv, do, backend=backend, mask=mask, window=window, scale=scale, stream=stream,
+                        threads=threads, bshd=bshd, softcap=softcap, attn_mask=_optional(attn_mask),
+                        block_table=_optional(block_table), seq_lens=_optional(seq_lens), q_descale=q_descale,
+                        k_descale=k_descale, v_descale=v_descale)
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
@@ -128,6 +141,8 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: st
 
     mask "" with attn_mask: the tensor alone; block_table and seq_lens: k and v are paged caches;
     float8_e4m3fn inputs take their descales and give a bfloat16 out."""
+    window, scale, softcap = _numbers(window, scale, softcap)
+    q_descale, k_descale, v_descale = _descales(q_descale, k_descale, v_descale)
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     _run(q, k, v, out, backend, mask, window, scale, bshd, softcap=softcap, attn_mask=attn_mask,
          block_table=block_table, seq_lens=seq_lens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
@@ -153,10 +168,12 @@ def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = 
               deterministic: bool = False, softcap: Optional[float] = None,
               attn_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
+    window, scale, softcap = _numbers(window, scale, softcap)
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     views = _dlpack(q, k, v, out)
-    _, lse = _core.attention_train(*views, backend, mask, window, scale, _stream_of(q), 0, bshd, deterministic,
-                                   softcap, _optional(attn_mask))
+    _, lse = _core.attention_train(*views, backend=backend, mask=mask, window=window, scale=scale,
+                                   stream=_stream_of(q), bshd=bshd, deterministic=deterministic, softcap=softcap,
+                                   attn_mask=_optional(attn_mask))
     return out, torch.from_dlpack(lse)
 
 
@@ -173,9 +190,11 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  deterministic: bool = False, softcap: Optional[float] = None,
                  attn_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of attention_train's call for the upstream gradient dout."""
+    window, scale, softcap = _numbers(window, scale, softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv), backend, mask, window, scale,
-                             _stream_of(q), 0, bshd, deterministic, softcap, _optional(attn_mask))
+    _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv), backend=backend, mask=mask, window=window,
+                             scale=scale, stream=_stream_of(q), bshd=bshd, deterministic=deterministic,
+                             softcap=softcap, attn_mask=_optional(attn_mask))
     return dq, dk, dv
 
 
@@ -279,8 +298,10 @@ def _refuse_mixed(**tensors):
 
 def _varlen_run(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, threads=0, softcap=None,
                 q_descale=None, k_descale=None, v_descale=None):
-    _core.attention_varlen(*_dlpack(q, k, v, out, cu_q, cu_k), max_q, max_k, backend, mask, window, scale,
-                           _stream_of(q), threads, softcap, q_descale, k_descale, v_descale)
+    _core.attention_varlen(*_dlpack(q, k, v, out, cu_q, cu_k), max_seqlen_q=max_q, max_seqlen_k=max_k,
+                           backend=backend, mask=mask, window=window, scale=scale, stream=_stream_of(q),
+                           threads=threads, softcap=softcap, q_descale=q_descale, k_descale=k_descale,
+                           v_descale=v_descale)
 
 
 @torch.library.custom_op("attnprof::attention_varlen", mutates_args=(), device_types=("cpu", "cuda"))
@@ -291,6 +312,8 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
                k_descale: Optional[float] = None, v_descale: Optional[float] = None) -> torch.Tensor:
     """Attention over a packed batch; out has q's shape [total_q, H, D] (bf16 for float8_e4m3fn inputs,
     which take their descales)."""
+    window, scale, softcap = _numbers(window, scale, softcap)
+    q_descale, k_descale, v_descale = _descales(q_descale, k_descale, v_descale)
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     _varlen_run(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window, scale,
                 softcap=softcap, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
@@ -310,10 +333,12 @@ def _varlen_train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      window: Optional[int] = None, scale: Optional[float] = None, deterministic: bool = False,
                      softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed training forward: (out, the FP32 [H, total_q] log-sum-exp the backward reads)."""
+    window, scale, softcap = _numbers(window, scale, softcap)
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    _, lse = _core.attention_varlen_train(*_dlpack(q, k, v, out, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
-                                          max_seqlen_k, backend, mask, window, scale, _stream_of(q), 0, deterministic,
-                                          softcap)
+    _, lse = _core.attention_varlen_train(*_dlpack(q, k, v, out, cu_seqlens_q, cu_seqlens_k),
+                                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, backend=backend,
+                                          mask=mask, window=window, scale=scale, stream=_stream_of(q),
+                                          deterministic=deterministic, softcap=softcap)
     return out, torch.from_dlpack(lse)
 
 
@@ -331,10 +356,12 @@ def _varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                         scale: Optional[float] = None, deterministic: bool = False,
                         softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of attention_varlen_train's call for the upstream gradient dout."""
+    window, scale, softcap = _numbers(window, scale, softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _core.attention_varlen_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k),
-                                    max_seqlen_q, max_seqlen_k, backend, mask, window, scale, _stream_of(q), 0,
-                                    deterministic, softcap)
+                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, backend=backend, mask=mask,
+                                    window=window, scale=scale, stream=_stream_of(q), deterministic=deterministic,
+                                    softcap=softcap)
     return dq, dk, dv
 
 

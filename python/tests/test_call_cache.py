@@ -184,7 +184,7 @@ def test_a_hit_takes_the_plan_of_its_key_not_of_the_last_call():
     for _ in range(3):
         for backend in ("flash", "naive", "math"):
             out = np.empty_like(q)
-            assert _core.attention(q, k, v, out, backend, "causal", None, None, 0, 0, False) == backend
+            assert _core.attention(q, k, v, out, backend=backend, mask="causal") == backend
 
 
 def test_no_stale_pointers_different_tensors_of_one_shape():

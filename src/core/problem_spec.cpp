@@ -6,10 +6,12 @@
 #include <functional>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
 #include "attnprof/reference.h"
+#include "core/problem_detail.h"
 
 namespace attnprof {
 namespace {
@@ -26,12 +28,6 @@ std::string quoted(std::string_view text) {
   return s;
 }
 
-std::int64_t positive(std::string_view field, std::string_view text) {
-  const std::int64_t v = parse_integer(field, text);
-  if (v <= 0) refuse(field, std::string(field) + " must be positive, got " + std::to_string(v));
-  return v;
-}
-
 // A name field: parsed by `parse`, refused with the accepted spellings.
 template <class T, class Parse>
 T named(std::string_view field, std::string_view text, Parse parse, std::string_view choices) {
@@ -39,82 +35,72 @@ T named(std::string_view field, std::string_view text, Parse parse, std::string_
   refuse(field, "unknown " + std::string(field) + " " + quoted(text) + ": use " + std::string(choices));
 }
 
-// "512,1024,7": a packed batch's lengths, each a whole number from 0.
+// A size given: 0 would read as "not given" (the default), so it is refused
+// here, where the value is known to have been given, as negatives are.
+std::optional<std::int64_t> size(std::string_view field, std::optional<std::int64_t> v) {
+  if (v && *v <= 0) refuse(field, std::string(field) + " must be positive, got " + std::to_string(*v));
+  return v;
+}
+
+template <class T>
+void set(T& field, const std::optional<T>& v) {
+  if (v) field = *v;
+}
+
+// A packed batch's lengths given: at least one. Each length's range is validate()'s.
+void set_lengths(std::vector<std::int64_t>& lens, std::int64_t& longest, std::string_view field,
+                 const std::optional<std::vector<std::int64_t>>& given) {
+  if (!given) return;
+  if (given->empty()) refuse(field, std::string(field) + " is empty: give one length per sequence");
+  lens = *given;
+  longest = *std::max_element(lens.begin(), lens.end());
+}
+
+// "512,1024,7": a packed batch's lengths, each a whole number (its range is validate()'s).
 std::vector<std::int64_t> lengths(std::string_view field, std::string_view text) {
   std::vector<std::int64_t> out;
   for (std::size_t start = 0;;) {
     const std::size_t comma = text.find(',', start);
     const std::string_view piece = text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
-    out.push_back(parse_integer(field, piece, 0, std::int64_t{1} << 22));
+    out.push_back(parse_integer(field, piece));
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }
   return out;
 }
 
-std::int64_t longest(const std::vector<std::int64_t>& v) { return *std::max_element(v.begin(), v.end()); }
-
-using Setter = std::function<void(Problem&, std::string_view field, std::string_view text)>;
-
-Setter size(std::int64_t Problem::*member) {
-  return [member](Problem& p, std::string_view f, std::string_view t) { p.*member = positive(f, t); };
+bool boolean(std::string_view field, std::string_view text) {
+  if (text != "true" && text != "false")
+    refuse(field, std::string(field) + " takes true or false, got " + quoted(text));
+  return text == "true";
 }
+
+// Each field read from text into its type, then applied as a typed value is.
+using Setter = std::function<void(Problem&, std::string_view field, std::string_view text)>;
 
 // In Problem's order; problem_fields() lists the names.
 const std::vector<std::pair<std::string_view, Setter>>& setters() {
+  using P = Problem&;
+  using F = std::string_view;
   static const std::vector<std::pair<std::string_view, Setter>> table = {
-      {"batch", size(&Problem::batch)},
-      {"heads", size(&Problem::heads)},
-      {"kv_heads", size(&Problem::kv_heads)},
-      {"seq", size(&Problem::seq)},
-      {"kv_seq", size(&Problem::kv_seq)},
-      // 0 and negatives reach validate(), which names the supported range.
-      {"head_dim", [](Problem& p, auto f, auto t) { p.head_dim = parse_integer(f, t); }},
-      {"dtype",
-       [](Problem& p, auto f, auto t) {
-         p.dtype = named<DType>(f, t, parse_dtype,
-                                "fp32, fp16, bf16 or fp8 (or float32, float16, bfloat16, e4m3, float8_e4m3fn)");
-       }},
-      {"device",
-       [](Problem& p, auto f, auto t) {
-         p.device = named<Device>(f, t, parse_device, "cpu or cuda (cuda is also spelled cuda:0 or gpu)");
-       }},
-      {"mask", [](Problem& p, auto f, auto t) { p.mask = named<MaskKind>(f, t, parse_mask, mask_choices()); }},
-      {"window", size(&Problem::window)},
-      {"scale", [](Problem& p, auto f, auto t) { p.scale = parse_real(f, t); }},
-      // 0 is the Problem's "no cap", not a value to give: leaving it out is.
-      {"softcap",
-       [](Problem& p, auto f, auto t) {
-         const double c = parse_real(f, t);
-         if (!(c > 0)) {
-           refuse(f, std::string(f) +
-                         " must be positive (scores become tanh(s / c) * c; leave it out for no cap), got " +
-                         quoted(t));
-         }
-         p.softcap = c;
-       }},
-      {"pass",
-       [](Problem& p, auto f, auto t) { p.pass = named<Pass>(f, t, parse_pass, "forward, backward or train"); }},
-      {"deterministic",
-       [](Problem& p, auto f, auto t) {
-         if (t != "true" && t != "false") refuse(f, std::string(f) + " takes true or false, got " + quoted(t));
-         p.deterministic = t == "true";
-       }},
-      {"kv_cache",
-       [](Problem& p, auto f, auto t) { p.kv_cache = named<KvCache>(f, t, parse_kv_cache, kv_cache_choices()); }},
-      {"page_size", size(&Problem::page_size)},
-      // A packed batch: seq (and kv_seq) become the longest length, as
-      // max_seqlen_q (_k); a seq given after them is the maximum itself.
-      {"seq_lens",
-       [](Problem& p, auto f, auto t) {
-         p.seq_lens = lengths(f, t);
-         p.seq = longest(p.seq_lens);
-       }},
-      {"kv_seq_lens",
-       [](Problem& p, auto f, auto t) {
-         p.kv_seq_lens = lengths(f, t);
-         p.kv_seq = longest(p.kv_seq_lens);
-       }},
+      {"batch", [](P p, F f, F t) { apply_problem_args(p, {.batch = parse_integer(f, t)}); }},
+      {"heads", [](P p, F f, F t) { apply_problem_args(p, {.heads = parse_integer(f, t)}); }},
+      {"kv_heads", [](P p, F f, F t) { apply_problem_args(p, {.kv_heads = parse_integer(f, t)}); }},
+      {"seq", [](P p, F f, F t) { apply_problem_args(p, {.seq = parse_integer(f, t)}); }},
+      {"kv_seq", [](P p, F f, F t) { apply_problem_args(p, {.kv_seq = parse_integer(f, t)}); }},
+      {"head_dim", [](P p, F f, F t) { apply_problem_args(p, {.head_dim = parse_integer(f, t)}); }},
+      {"dtype", [](P p, F, F t) { apply_problem_args(p, {.dtype = dtype_from_text(t)}); }},
+      {"device", [](P p, F, F t) { apply_problem_args(p, {.device = device_from_text(t)}); }},
+      {"mask", [](P p, F, F t) { apply_problem_args(p, {.mask = mask_from_text(t)}); }},
+      {"window", [](P p, F f, F t) { apply_problem_args(p, {.window = parse_integer(f, t)}); }},
+      {"scale", [](P p, F f, F t) { apply_problem_args(p, {.scale = parse_real(f, t)}); }},
+      {"softcap", [](P p, F f, F t) { apply_problem_args(p, {.softcap = parse_real(f, t)}); }},
+      {"pass", [](P p, F, F t) { apply_problem_args(p, {.pass = pass_from_text(t)}); }},
+      {"deterministic", [](P p, F f, F t) { apply_problem_args(p, {.deterministic = boolean(f, t)}); }},
+      {"kv_cache", [](P p, F, F t) { apply_problem_args(p, {.kv_cache = kv_cache_from_text(t)}); }},
+      {"page_size", [](P p, F f, F t) { apply_problem_args(p, {.page_size = parse_integer(f, t)}); }},
+      {"seq_lens", [](P p, F f, F t) { apply_problem_args(p, {.seq_lens = lengths(f, t)}); }},
+      {"kv_seq_lens", [](P p, F f, F t) { apply_problem_args(p, {.kv_seq_lens = lengths(f, t)}); }},
   };
   return table;
 }
@@ -131,6 +117,61 @@ std::optional<Layout> parse_layout(std::string_view name) {
 
 Layout layout_from_text(std::string_view text) {
   return named<Layout>("layout", text, parse_layout, "bhsd ([B, H, S, D]) or bshd ([B, S, H, D])");
+}
+
+DType dtype_from_text(std::string_view text) {
+  return named<DType>("dtype", text, parse_dtype,
+                      "fp32, fp16, bf16 or fp8 (or float32, float16, bfloat16, e4m3, float8_e4m3fn)");
+}
+
+Device device_from_text(std::string_view text) {
+  return named<Device>("device", text, parse_device, "cpu or cuda (cuda is also spelled cuda:0 or gpu)");
+}
+
+MaskKind mask_from_text(std::string_view text) { return named<MaskKind>("mask", text, parse_mask, mask_choices()); }
+
+Pass pass_from_text(std::string_view text) {
+  return named<Pass>("pass", text, parse_pass, "forward, backward or train");
+}
+
+KvCache kv_cache_from_text(std::string_view text) {
+  return named<KvCache>("kv_cache", text, parse_kv_cache, kv_cache_choices());
+}
+
+void apply_problem_args(Problem& p, const ProblemArgs& a) {
+  set(p.batch, size("batch", a.batch));
+  set(p.heads, size("heads", a.heads));
+  set(p.kv_heads, size("kv_heads", a.kv_heads));
+  set(p.seq, size("seq", a.seq));
+  set(p.kv_seq, size("kv_seq", a.kv_seq));
+  set(p.head_dim, a.head_dim);  // 0 and negatives reach validate(), which names the supported range
+  set(p.dtype, a.dtype);
+  set(p.device, a.device);
+  set(p.mask, a.mask);
+  set(p.window, size("window", a.window));
+  if (a.scale) p.scale = *a.scale;
+  // 0 is the Problem's "no cap", not a value to give: leaving it out is.
+  // A NaN goes on to validate(), which names the cap's range.
+  if (a.softcap && *a.softcap <= 0) {
+    refuse("softcap", "softcap must be positive (scores become tanh(s / c) * c; leave it out for no cap), got " +
+                          problem_detail::format_real(*a.softcap));
+  }
+  set(p.softcap, a.softcap);
+  set(p.pass, a.pass);
+  set(p.deterministic, a.deterministic);
+  set(p.kv_cache, a.kv_cache);
+  set(p.page_size, size("page_size", a.page_size));
+  set_lengths(p.seq_lens, p.seq, "seq_lens", a.seq_lens);
+  set_lengths(p.kv_seq_lens, p.kv_seq, "kv_seq_lens", a.kv_seq_lens);
+}
+
+Problem problem_from_args(const ProblemArgs& a) {
+  Problem p;
+  p.batch = 0;  // the device's, unless given
+  p.heads = 0;
+  apply_problem_args(p, a);
+  fill_device_defaults(p).normalize().validate();
+  return p;
 }
 
 std::optional<Device> parse_device(std::string_view name) {

@@ -2,10 +2,8 @@
 // makes of them, written once for the dense, paged and packed calls.
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cstdint>
 #include <string>
-#include <system_error>
 
 #include "attnprof/error.h"
 #include "attnprof/problem_spec.h"
@@ -270,16 +268,8 @@ void check_threads(int threads) {
   }
 }
 
-// 0 or less, NaN and inf are refused by the parser.
-void set_softcap(Problem& p, std::optional<double> softcap) {
-  if (!softcap) return;
-  char buf[64];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, *softcap);
-  set_problem_field(p, "softcap", std::string_view(buf, ec == std::errc() ? static_cast<std::size_t>(end - buf) : 0));
-}
-
 void set_mask(Problem& p, const std::string& mask) {
-  set_problem_field(p, "mask", mask);
+  p.mask = mask_from_text(mask);
   if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) {
     fail(ErrorKind::InvalidArgument,
          "mask '" + mask + "' names a mask tensor: pass the tensor as attn_mask=", {"mask"});

@@ -36,6 +36,7 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
                       const std::optional<In>& attn_mask, const std::optional<In>& block_table,
                       const std::optional<In>& seq_lens, std::optional<double> q_descale,
                       std::optional<double> k_descale, std::optional<double> v_descale) {
+  const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
                           Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens)});
@@ -62,6 +63,7 @@ int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const Attnprof
     return code;
   };
   try {
+    const ThreadCountsKept kept;
     const std::string backend(a->backend), mask(a->mask);
     const CallArgs args{backend,
                         mask,
@@ -95,6 +97,7 @@ std::tuple<std::string, nb::ndarray<float>> attention_train(
     const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
     std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
     bool deterministic, std::optional<double> softcap, const std::optional<In>& attn_mask) {
+  const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
                           Extras{optional_array(attn_mask), {}, {}});
@@ -113,6 +116,7 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
                                const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                                std::uintptr_t stream, int threads, bool bshd, bool deterministic,
                                std::optional<double> softcap, const std::optional<In>& attn_mask) {
+  const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
                           Extras{optional_array(attn_mask), {}, {}});
@@ -143,6 +147,7 @@ std::string attention_until(int stage, const In& q, const In& k, const In& v, co
                             std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
                             std::optional<double> softcap, const std::optional<In>& attn_mask,
                             const std::optional<In>& block_table, const std::optional<In>& seq_lens) {
+  const ThreadCountsKept kept;
   if (stage <= 0) return {};
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
@@ -160,6 +165,7 @@ std::vector<double> time_forward(const In& q, const In& k, const In& v, const Ou
                                  const std::string& mask, std::optional<std::int64_t> window,
                                  std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
                                  std::optional<double> softcap, int calls) {
+  const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap});
   std::vector<double> us(static_cast<std::size_t>(std::max(calls, 0)));
@@ -181,6 +187,7 @@ std::vector<double> time_forward(const In& q, const In& k, const In& v, const Ou
 // `calls` times back to back, each timed alone (us).
 std::vector<double> time_prepare(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
                                  const std::string& mask, std::uintptr_t stream, int threads, int calls) {
+  const ThreadCountsKept kept;
   const Array aq = array_of(q), ak = array_of(k), av = array_of(v), ao = array_of(out);
   const CallArgs args{backend, mask,  std::nullopt,  std::nullopt, stream,
                       threads, false, Pass::Forward, false,        std::nullopt};
@@ -197,44 +204,50 @@ std::vector<double> time_prepare(const In& q, const In& k, const In& v, const Ou
 }  // namespace
 
 void bind_attention(nb::module_& m) {
+  // After the arrays every argument is a keyword (python/attnprof passes them by name). mask "" is causal, or
+  // with attn_mask the tensor alone.
   m.def("attention", &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
-        nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
-        nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
-        nb::arg("softcap").none() = nb::none(), nb::arg("attn_mask").noconvert().none() = nb::none(),
-        nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
-        nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(),
-        nb::arg("v_descale").none() = nb::none(),
+        nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
+        nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
+        nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("softcap").none() = nb::none(),
+        nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("block_table").noconvert().none() = nb::none(),
+        nb::arg("seq_lens").noconvert().none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
         "softmax(scale * q k^T + mask) v into `out`, no copies (fp8 inputs: real = e4m3 x descale, out bf16); "
         "returns the backend that ran");
 
   m.def("attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"),
-        nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
-        nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
-        nb::arg("attn_mask").noconvert().none() = nb::none(),
+        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto",
+        nb::arg("mask") = "", nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+        nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("deterministic") = false,
+        nb::arg("softcap").none() = nb::none(), nb::arg("attn_mask").noconvert().none() = nb::none(),
         "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
   m.def("attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
         nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
-        nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::arg("backend"),
-        nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"),
-        nb::arg("bshd"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
+        nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::kw_only(),
+        nb::arg("backend") = "auto", nb::arg("mask") = "", nb::arg("window").none() = nb::none(),
+        nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("bshd") = false,
+        nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
         nb::arg("attn_mask").noconvert().none() = nb::none(),
         "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
   m.def("_attention_until", &attention_until, nb::arg("stage"), nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"),
-        nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"),
-        nb::arg("softcap").none() = nb::none(), nb::arg("attn_mask").noconvert().none() = nb::none(),
-        nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
+        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto",
+        nb::arg("mask") = "", nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+        nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("softcap").none() = nb::none(),
+        nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("block_table").noconvert().none() = nb::none(),
+        nb::arg("seq_lens").noconvert().none() = nb::none(),
         "attention() up to a stage: 0 the arguments converted, 1 the call prepared, 2 run (bench/python_overhead.py)");
   m.def("_time_forward", &time_forward, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
-        nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
-        nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("bshd"), nb::arg("softcap").none(),
-        nb::arg("calls"), "the host time (us) of each of `calls` back-to-back C++ forwards of one prepared call");
+        nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
+        nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
+        nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("softcap").none() = nb::none(), nb::arg("calls"),
+        "the host time (us) of each of `calls` back-to-back C++ forwards of one prepared call");
 
   m.def("_time_prepare", &time_prepare, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
-        nb::arg("out").noconvert(), nb::arg("backend"), nb::arg("mask"), nb::arg("stream"), nb::arg("threads"),
-        nb::arg("calls"), "the host time (us) of each of `calls` preparations of one call (a cache hit)");
+        nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
+        nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("calls"),
+        "the host time (us) of each of `calls` preparations of one call (a cache hit)");
 
   // The torch extension's way in (python/forward_entry.h; attnprof._torch_call).
   m.def(

@@ -21,6 +21,7 @@
 #include "attnprof/problem.h"
 #include "attnprof/runner.h"
 #include "attnprof/tensor.h"
+#include "attnprof/thread_counts.h"
 
 namespace attnprof::python {
 
@@ -81,8 +82,6 @@ void require_writable_layout(const char* name, const Tensor& out);
 void require_same(const char* what, const char* a_name, std::int64_t a, const char* b_name, std::int64_t b);
 // As the pipeline bounds them (check_before_work).
 void check_threads(int threads);
-// A soft cap from Python through the parser, as the CLI's text; None leaves no cap.
-void set_softcap(Problem& p, std::optional<double> softcap);
 // attention()'s mask names: the structural ones (a mask tensor comes as attn_mask).
 void set_mask(Problem& p, const std::string& mask);
 // A float32 log-sum-exp the library allocated, as an array Python owns
@@ -176,6 +175,27 @@ void use_cache(bool on);
 // count it runs with, whichever that is.
 DeviceRuntime& runtime_for(Device device, int threads);
 void runtime_touched();
+
+// Held for the whole of every call into the library that may set the CPU's
+// thread counts (runtime_for, device_runtime): they are read when it starts
+// and put back when it ends, returning or throwing, where the call changed
+// them, so that no call leaves the process's counts changed (torch reads
+// OpenMP's as torch.get_num_threads()). runtime_for is then told
+// (runtime_touched), so that the next call sets its own count again.
+class ThreadCountsKept {
+ public:
+  ThreadCountsKept() : before_(cpu_thread_counts()) {}
+  ~ThreadCountsKept() {
+    if (cpu_thread_counts() == before_) return;
+    set_cpu_thread_counts(before_);
+    runtime_touched();
+  }
+  ThreadCountsKept(const ThreadCountsKept&) = delete;
+  ThreadCountsKept& operator=(const ThreadCountsKept&) = delete;
+
+ private:
+  CpuThreadCounts before_;
+};
 
 // `work` (a call of the library that may set the CPU's thread counts), then
 // runtime_touched(), whether it returns or throws.

@@ -229,11 +229,9 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
   } else {
     set_mask(p, a.mask.empty() ? std::string("causal") : a.mask);
   }
-  if (a.window) set_problem_field(p, "window", std::to_string(*a.window));
-  p.scale = a.scale;
-  p.pass = a.pass;
-  p.deterministic = a.deterministic;
-  set_softcap(p, a.softcap);
+  apply_problem_args(
+      p,
+      {.window = a.window, .scale = a.scale, .softcap = a.softcap, .pass = a.pass, .deterministic = a.deterministic});
   p.normalize().validate();
   if (mask_tensor.defined()) attach_mask(p, mask_tensor, in, "attn_mask");
   return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);

@@ -13,50 +13,44 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attnprof/error.h"
 #include "attnprof/problem_spec.h"
+#include "attnprof/reference.h"
 #include "attnprof/report.h"
 #include "python/bindings.h"
 
 namespace attnprof::python {
 namespace {
 
-// A problem from Python's keywords, through the library's one parser: None
-// leaves a field at its default (batch and heads: the device's).
+// A problem from Python's keywords as typed values (None: the default;
+// batch and heads the device's): the names read as the CLI reads them, every
+// number and list as itself, each checked once by the library.
 Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64_t> heads,
                      std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
                      std::int64_t head_dim, const std::string& dtype, const std::string& device,
                      const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                      const std::string& pass, bool deterministic, std::optional<double> softcap,
-                     const std::optional<std::string>& seq_lens = std::nullopt,
-                     const std::optional<std::string>& kv_seq_lens = std::nullopt) {
-  Problem p;
-  p.batch = 0;
-  p.heads = 0;
-  const auto set = [&p](std::string_view field, std::optional<std::int64_t> v) {
-    if (v) set_problem_field(p, field, std::to_string(*v));
-  };
-  set("batch", batch);
-  set("heads", heads);
-  set("kv_heads", kv_heads);
-  set("seq", seq);
-  set("kv_seq", kv_seq);
-  p.head_dim = head_dim;  // validate() names its range
-  set_problem_field(p, "dtype", dtype);
-  set_problem_field(p, "device", device);
-  set_problem_field(p, "mask", mask);
-  set("window", window);
-  p.scale = scale;
-  set_problem_field(p, "pass", pass);
-  p.deterministic = deterministic;
-  set_softcap(p, softcap);
-  // A packed batch's lengths ("512,1024,7"), as --seq-lens: seq becomes their maximum.
-  if (seq_lens) set_problem_field(p, "seq_lens", *seq_lens);
-  if (kv_seq_lens) set_problem_field(p, "kv_seq_lens", *kv_seq_lens);
-  fill_device_defaults(p).normalize().validate();
-  return p;
+                     std::optional<std::vector<std::int64_t>> seq_lens,
+                     std::optional<std::vector<std::int64_t>> kv_seq_lens) {
+  return problem_from_args({.batch = batch,
+                            .heads = heads,
+                            .kv_heads = kv_heads,
+                            .seq = seq,
+                            .kv_seq = kv_seq,
+                            .head_dim = head_dim,
+                            .dtype = dtype_from_text(dtype),
+                            .device = device_from_text(device),
+                            .mask = mask_from_text(mask),
+                            .window = window,
+                            .scale = scale,
+                            .softcap = softcap,
+                            .pass = pass_from_text(pass),
+                            .deterministic = deterministic,
+                            .seq_lens = std::move(seq_lens),
+                            .kv_seq_lens = std::move(kv_seq_lens)});
 }
 
 // Ctrl-C during a long call: Python's handler only sets a flag while the
@@ -84,13 +78,14 @@ PipelineOptions make_options(const std::optional<std::string>& trace_dir, const 
                              std::uint64_t seed, int threads, bool bshd, std::int64_t check_rows,
                              std::tuple<int, int, int, int> schedule, int unprofiled_calls,
                              const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit,
-                             const Problem& p, const std::optional<std::string>& fp8_descale) {
+                             const Problem& p, std::optional<double> fp8_descale) {
   PipelineOptions o;
   if (fp8_descale) {
     if (!is_fp8(p.dtype)) {
       fail(ErrorKind::InvalidArgument, "fp8_descale applies to dtype fp8 only", {"fp8_descale"});
     }
-    o.run.fp8_descale = fp8_descale_from_text(*fp8_descale);
+    check_fp8_descale("fp8_descale", *fp8_descale);
+    o.run.fp8_descale = fp8_descale;
   }
   o.run.seed = seed;
   o.run.threads = threads;
@@ -119,14 +114,16 @@ void bind_pipeline(nb::module_& m) {
              std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
              std::int64_t head_dim, const std::string& dtype, const std::string& device, const std::string& mask,
              std::optional<std::int64_t> window, std::optional<double> scale, const std::string& pass,
-             bool deterministic, std::optional<double> softcap, const std::optional<std::string>& seq_lens,
-             const std::optional<std::string>& kv_seq_lens) {
-            new (self) Problem(make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window,
-                                            scale, pass, deterministic, softcap, seq_lens, kv_seq_lens));
+             bool deterministic, std::optional<double> softcap, std::optional<std::vector<std::int64_t>> seq_lens,
+             std::optional<std::vector<std::int64_t>> kv_seq_lens) {
+            new (self)
+                Problem(make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window, scale,
+                                     pass, deterministic, softcap, std::move(seq_lens), std::move(kv_seq_lens)));
           },
-          nb::arg("batch").none(), nb::arg("heads").none(), nb::arg("kv_heads").none(), nb::arg("seq"),
-          nb::arg("kv_seq").none(), nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"),
-          nb::arg("window").none(), nb::arg("scale").none(), nb::arg("pass_") = "forward",
+          nb::kw_only(), nb::arg("batch").none() = nb::none(), nb::arg("heads").none() = nb::none(),
+          nb::arg("kv_heads").none() = nb::none(), nb::arg("seq"), nb::arg("kv_seq").none() = nb::none(),
+          nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"),
+          nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("pass_") = "forward",
           nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
           nb::arg("seq_lens").none() = nb::none(), nb::arg("kv_seq_lens").none() = nb::none())
       .def("describe", &Problem::describe)
@@ -161,13 +158,14 @@ void bind_pipeline(nb::module_& m) {
          const std::optional<std::string>& json_path, std::uint64_t seed, int threads, bool bshd,
          std::int64_t check_rows, std::tuple<int, int, int, int> schedule, int unprofiled_calls,
          const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit,
-         const std::optional<std::string>& fp8_descale) {
+         std::optional<double> fp8_descale) {
+        const ThreadCountsKept kept;
         for (const auto& b : only) check_backend_name("backends", b, /*auto_ok=*/false);
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
                                                unprofiled_calls, expect, sort_by, row_limit, p, fp8_descale);
         return after_runtime_use([&] { return interruptible([&] { return compare(p, o, only); }); });
       },
-      nb::arg("problem"), nb::arg("backends"), nb::arg("trace_dir").none(), nb::arg("json_path").none(),
+      nb::arg("problem"), nb::kw_only(), nb::arg("backends"), nb::arg("trace_dir").none(), nb::arg("json_path").none(),
       nb::arg("seed"), nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"),
       nb::arg("unprofiled_calls"), nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"),
       nb::arg("fp8_descale").none() = nb::none());
@@ -178,26 +176,38 @@ void bind_pipeline(nb::module_& m) {
          const std::optional<std::string>& json_path, std::uint64_t seed, int threads, bool bshd,
          std::int64_t check_rows, std::tuple<int, int, int, int> schedule, int unprofiled_calls,
          const std::map<std::string, int>& expect, const std::string& sort_by, int row_limit,
-         const std::optional<std::string>& fp8_descale) {
+         std::optional<double> fp8_descale) {
+        const ThreadCountsKept kept;
         check_backend_name("backend", backend, /*auto_ok=*/true);
         const PipelineOptions o = make_options(trace_dir, json_path, seed, threads, bshd, check_rows, schedule,
                                                unprofiled_calls, expect, sort_by, row_limit, p, fp8_descale);
         return after_runtime_use([&] { return interruptible([&] { return profile(p, backend, o); }); });
       },
-      nb::arg("problem"), nb::arg("backend"), nb::arg("trace_dir").none(), nb::arg("json_path").none(), nb::arg("seed"),
-      nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"), nb::arg("unprofiled_calls"),
-      nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"), nb::arg("fp8_descale").none() = nb::none());
+      nb::arg("problem"), nb::kw_only(), nb::arg("backend"), nb::arg("trace_dir").none(), nb::arg("json_path").none(),
+      nb::arg("seed"), nb::arg("threads"), nb::arg("bshd"), nb::arg("check_rows"), nb::arg("schedule"),
+      nb::arg("unprofiled_calls"), nb::arg("expect"), nb::arg("sort_by"), nb::arg("row_limit"),
+      nb::arg("fp8_descale").none() = nb::none());
 
   // explain: (the --json document, the table, the device's description).
   m.def(
       "explain",
       [](const Problem& p, int threads) {
         check_threads(threads);
+        const ThreadCountsKept kept;
         nb::gil_scoped_release unlocked;
         const ExplainReport e = after_runtime_use([&] { return explain_report(p, threads); });
         return std::make_tuple(e.json(), e.table(), e.device_description, e.auto_refusal);
       },
-      nb::arg("problem"), nb::arg("threads"));
+      nb::arg("problem"), nb::kw_only(), nb::arg("threads"));
+  // What a call checks of its backend and thread count, for a caller that
+  // takes them now and calls later (integrations.transformers.register).
+  m.def(
+      "check_call_args",
+      [](const std::string& backend, int threads) {
+        check_backend_name("backend", backend, /*auto_ok=*/true);
+        check_threads(threads);
+      },
+      nb::kw_only(), nb::arg("backend"), nb::arg("threads"));
 
   m.def("backend_names", [] {
     std::vector<std::string> out;
@@ -232,9 +242,9 @@ void bind_pipeline(nb::module_& m) {
   m.def(
       "allocated_bytes",
       [](const std::string& device) {
-        Problem p;
-        set_problem_field(p, "device", device);
-        return after_runtime_use([&] { return device_runtime(p.device).allocator().stats().allocated; });
+        const Device d = device_from_text(device);
+        const ThreadCountsKept kept;
+        return after_runtime_use([&] { return device_runtime(d).allocator().stats().allocated; });
       },
       nb::arg("device"));
 }

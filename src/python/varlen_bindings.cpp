@@ -146,11 +146,9 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
     if (*given > 0) *field = *given;
   }
   set_mask(p, a.mask);
-  if (a.window) set_problem_field(p, "window", std::to_string(*a.window));
-  p.scale = a.scale;
-  p.pass = a.pass;
-  p.deterministic = a.deterministic;
-  set_softcap(p, a.softcap);
+  apply_problem_args(
+      p,
+      {.window = a.window, .scale = a.scale, .softcap = a.softcap, .pass = a.pass, .deterministic = a.deterministic});
   p.normalize().validate();
   return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);
 }
@@ -161,6 +159,7 @@ std::string attention_varlen(const In& q, const In& k, const In& v, const Out& o
                              std::optional<double> scale, std::uintptr_t stream, int threads,
                              std::optional<double> softcap, std::optional<double> q_descale,
                              std::optional<double> k_descale, std::optional<double> v_descale) {
+  const ThreadCountsKept kept;
   Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
                           {backend, mask, window, scale, stream, threads, false, Pass::Forward, false, softcap});
   set_descales(c, q_descale, k_descale, v_descale);
@@ -175,6 +174,7 @@ std::tuple<std::string, nb::ndarray<float>> attention_varlen_train(
     std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k, const std::string& backend,
     const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream,
     int threads, bool deterministic, std::optional<double> softcap) {
+  const ThreadCountsKept kept;
   Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
                           {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
   Saved saved;
@@ -191,6 +191,7 @@ std::string attention_varlen_backward(const In& dout, const In& q, const In& k, 
                                       const std::string& mask, std::optional<std::int64_t> window,
                                       std::optional<double> scale, std::uintptr_t stream, int threads,
                                       bool deterministic, std::optional<double> softcap) {
+  const ThreadCountsKept kept;
   Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
                           {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
   c.p.pass = Pass::Backward;
@@ -215,27 +216,32 @@ std::string attention_varlen_backward(const In& dout, const In& q, const In& k, 
 // Packed batches: q [total_q, H, D], k and v [total_k, Hkv, D], int32
 // cumulative lengths (flash_attn_varlen_func's arguments).
 void bind_varlen(nb::module_& m) {
+  // After the arrays every argument is a keyword (python/attnprof passes them by name).
   m.def(
       "attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
       nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
-      nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
-      nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
-      nb::arg("threads"), nb::arg("softcap").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+      nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(), nb::arg("max_seqlen_q").none() = nb::none(),
+      nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("backend") = "auto", nb::arg("mask") = "causal",
+      nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
+      nb::arg("threads") = 0, nb::arg("softcap").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
       nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
       "attention over a packed batch into `out` (fp8: q, k and v's descales, out bf16); returns the backend that ran");
   m.def("attention_varlen_train", &attention_varlen_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
-        nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(), nb::arg("max_seqlen_k").none(),
-        nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(), nb::arg("scale").none(), nb::arg("stream"),
-        nb::arg("threads"), nb::arg("deterministic"), nb::arg("softcap").none() = nb::none(),
+        nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(), nb::arg("max_seqlen_q").none() = nb::none(),
+        nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("backend") = "auto", nb::arg("mask") = "causal",
+        nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
+        nb::arg("threads") = 0, nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
         "the packed training forward into `out`; returns (backend, the saved [H, total_q] log-sum-exp)");
   m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
         nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
         nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
-        nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::arg("max_seqlen_q").none(),
-        nb::arg("max_seqlen_k").none(), nb::arg("backend"), nb::arg("mask"), nb::arg("window").none(),
-        nb::arg("scale").none(), nb::arg("stream"), nb::arg("threads"), nb::arg("deterministic"),
-        nb::arg("softcap").none() = nb::none(), "dQ, dK, dV of a packed batch; returns the backend that ran");
+        nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(),
+        nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
+        nb::arg("backend") = "auto", nb::arg("mask") = "causal", nb::arg("window").none() = nb::none(),
+        nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+        nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
+        "dQ, dK, dV of a packed batch; returns the backend that ran");
 }
 
 }  // namespace attnprof::python

@@ -5,6 +5,7 @@
 
 #include "analysis/format.h"
 #include "analysis/kernel_names.h"
+#include "attnprof/error.h"
 #include "attnprof/report.h"
 #include "report/json.h"
 #include "report/text_table.h"
@@ -235,6 +236,13 @@ json report::replay_json(const TraceReplay& r) {
           {"device_description", r.device_description},
           {"note", r.note.empty() ? json(nullptr) : json(r.note)},
           {"problems", std::move(problems)}};
+}
+
+void check_top(std::int64_t top) {
+  if (top < 1 || top > kMaxTop) {
+    fail(ErrorKind::InvalidArgument,
+         "top must be from 1 to " + std::to_string(kMaxTop) + " rows, got " + std::to_string(top), {"top"});
+  }
 }
 
 std::string analysis_text(const TraceAnalysis& a, int top) {

@@ -129,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "auto is not a backend to list in --backends"},
         // issue 22 item 2: a packed batch's lengths, one line naming the flag.
         BadArgs{"seq_lens_text", p({"--seq-lens", "64,abc"}), "--seq-lens expects a whole number"},
-        BadArgs{"seq_lens_negative", p({"--seq-lens", "64,-3"}), "--seq-lens must be between 0"},
+        BadArgs{"seq_lens_negative", p({"--seq-lens", "64,-3"}), "--seq-lens[1] is -3: lengths are 0 or more"},
         BadArgs{"seq_lens_empty_entry", p({"--seq-lens", "64,,8"}), "--seq-lens expects a whole number"},
         BadArgs{"seq_lens_trailing_comma", p({"--seq-lens", "64,"}), "--seq-lens expects a whole number"},
         BadArgs{"seq_lens_all_zero", p({"--seq-lens", "0,0", "--kv-seq-lens", "4,4", "--seq", "8"}),

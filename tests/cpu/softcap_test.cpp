@@ -378,7 +378,8 @@ TEST(Softcap, ValidateRefusesWhatCodeCanHold) {
       ADD_FAILURE() << "softcap " << bad << " passed validate()";
     } catch (const Error& e) {
       EXPECT_EQ(e.fields(), std::vector<std::string>{"softcap"});
-      EXPECT_NE(std::string(e.what()).find("softcap must be a finite positive number"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("softcap must be a finite number from 2^-60 to 2^60"), std::string::npos)
+          << e.what();
     }
   }
 }

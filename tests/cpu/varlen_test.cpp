@@ -134,8 +134,9 @@ TEST(VarlenProblem, RefusesInOneLineNamingTheField) {
   Problem negative = packed({3, 4}, {}, MaskKind::Causal);
   negative.seq_lens[0] = -1;
   EXPECT_NE(refusal(negative).find("seq_lens[0] is -1"), std::string::npos) << refusal(negative);
+  // All 0 leaves seq, their longest, 0 too: the lengths are named, not seq (issue 49 item 14).
   Problem empty = packed({0, 0}, {2, 2}, MaskKind::None);
-  EXPECT_NE(refusal(empty).find("seq must be positive"), std::string::npos) << refusal(empty);
+  EXPECT_NE(refusal(empty).find("seq_lens are all 0"), std::string::npos) << refusal(empty);
   empty.seq = 4;  // a max_seqlen given with no queries
   EXPECT_NE(refusal(empty).find("seq_lens are all 0"), std::string::npos) << refusal(empty);
   EXPECT_NE(refusal(packed({2, 2}, {}, MaskKind::Boolean)).find("structural masks only"), std::string::npos);
@@ -182,10 +183,16 @@ TEST(VarlenProblem, ParsedFromTextWithTheBatchItsCount) {
   EXPECT_EQ(p.seq, 9);
   EXPECT_EQ(p.kv_seq, 9);
   EXPECT_EQ(refusal(p), "");
-  for (const char* bad : {"", "1,,2", "3,-1", "a", "1,2,"}) {
+  for (const char* bad : {"", "1,,2", "a", "1,2,", "1.5"}) {
     Problem q;
     EXPECT_THROW(set_problem_field(q, "seq_lens", bad), Error) << bad;
   }
+  // A whole number out of range is read, and refused once, by validate(), naming its entry.
+  Problem negative;
+  negative.batch = negative.heads = 0;
+  set_problem_field(negative, "seq_lens", "3,-1");
+  fill_device_defaults(negative).normalize();
+  EXPECT_NE(refusal(negative).find("seq_lens[1] is -1"), std::string::npos) << refusal(negative);
 }
 
 using Config = testing::PackedConfig;

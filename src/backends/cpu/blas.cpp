@@ -7,6 +7,7 @@ extern "C" {
 void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc);
 void openblas_set_num_threads(int threads);
+int openblas_get_num_threads(void);
 char* openblas_get_config(void);
 }
 
@@ -41,6 +42,8 @@ void sbgemm(int m, int n, int k, const std::uint16_t* a, const std::uint16_t* b,
 }
 
 void blas_set_threads(int threads) { openblas_set_num_threads(threads); }
+
+int blas_threads() { return openblas_get_num_threads(); }
 
 const char* blas_config() { return openblas_get_config(); }
 

@@ -21,6 +21,7 @@ void sgemm_tn(int m, int n, int k, float alpha, const float* a, int lda, const f
 bool has_sbgemm();
 void sbgemm(int m, int n, int k, const std::uint16_t* a, const std::uint16_t* b, float* c);
 void blas_set_threads(int threads);
+int blas_threads();  // the count OpenBLAS runs with now
 const char* blas_config();
 
 }  // namespace attnprof::cpu

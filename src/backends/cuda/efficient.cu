@@ -7,10 +7,13 @@
 namespace attnprof::cuda {
 
 std::unique_ptr<Backend> make_efficient() {
-  return std::make_unique<FusedBackend>(
-      "efficient", "_efficient_attention_forward", false,
-      [](const FusedParams& p, const DecodePlan&, cudaStream_t stream) { return launch_efficient_checked(p, stream); },
-      [](const FusedParams&) { return "one fused kernel (64x64 register-resident tiles, mma.sync)"; });
+  return std::make_unique<FusedBackend>(FusedBackend::Spec{
+      .name = "efficient",
+      .op = "_efficient_attention_forward",
+      .kernel = FusedBackend::Kernel::Efficient,
+      .launch = [](const FusedParams& p, const DecodePlan&,
+                   cudaStream_t stream) { return launch_efficient_checked(p, stream); },
+      .story = [](const FusedParams&) { return "one fused kernel (64x64 register-resident tiles, mma.sync)"; }});
 }
 
 }  // namespace attnprof::cuda

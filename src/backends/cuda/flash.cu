@@ -84,7 +84,11 @@ const char* flash_story(const FusedParams& shape) {
 }  // namespace
 
 std::unique_ptr<Backend> make_flash() {
-  return std::make_unique<FusedBackend>("flash", "_flash_attention_forward", true, &launch_flash_checked, &flash_story);
+  return std::make_unique<FusedBackend>(FusedBackend::Spec{.name = "flash",
+                                                           .op = "_flash_attention_forward",
+                                                           .kernel = FusedBackend::Kernel::Flash,
+                                                           .launch = &launch_flash_checked,
+                                                           .story = &flash_story});
 }
 
 }  // namespace attnprof::cuda

@@ -38,8 +38,24 @@ class FusedBackend : public Backend {
   // What eligibility says will run for a problem of this shape.
   using Story = const char* (*)(const FusedParams& shape);
 
-  FusedBackend(std::string_view name, std::string_view op, bool flash, Launch launch, Story story)
-      : name_(name), op_(op), bwd_op_(backward_op(op)), flash_(flash), launch_(launch), story_(story) {}
+  // Which kernel the backend drives: its eligibility, backward path, plans
+  // and traits follow from it.
+  enum class Kernel : std::uint8_t { Efficient, Flash };
+  struct Spec {
+    std::string_view name;  // the backend's
+    std::string_view op;    // the forward's RecordFunction (the backward's is derived from it)
+    Kernel kernel;
+    Launch launch;
+    Story story;
+  };
+
+  explicit FusedBackend(const Spec& s)
+      : name_(s.name),
+        op_(s.op),
+        bwd_op_(backward_op(s.op)),
+        flash_(s.kernel == Kernel::Flash),
+        launch_(s.launch),
+        story_(s.story) {}
 
   std::string_view name() const override { return name_; }
   Device device() const override { return Device::Cuda; }
