@@ -2,6 +2,7 @@
 // the check of a packed batch's cumulative lengths: every refusal of a problem
 // before anything is sized from it, each one line (ErrorKind::InvalidArgument
 // with the fields to change). The geometry and sizes are problem.cpp's.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -52,6 +53,13 @@ std::optional<std::int64_t> product(std::initializer_list<std::int64_t> sizes) {
 }  // namespace
 
 void Problem::validate() const {
+  // A packed batch sets seq and kv_seq to its longest lengths: lengths all 0
+  // are the field to blame, not a seq of 0 the user never gave.
+  for (const auto& [lens, field] : {std::pair{&seq_lens, "seq_lens"}, std::pair{&kv_seq_lens, "kv_seq_lens"}}) {
+    if (!lens->empty() && std::all_of(lens->begin(), lens->end(), [](std::int64_t n) { return n == 0; })) {
+      refuse(std::string(field) + " are all 0: the packed batch has no rows", {field});
+    }
+  }
   require_positive(batch, "batch");
   require_positive(heads, "heads");
   require_positive(kv_heads, "kv_heads");
