@@ -24,7 +24,6 @@ namespace attnprof {
 // How Q, K and V lie in memory: [B, H, S, D], or [B, S, H, D] read through
 // strided views of the same tensors.
 enum class Layout : std::uint8_t { Bhsd, Bshd };
-std::string_view layout_name(Layout l);
 std::optional<Layout> parse_layout(std::string_view name);
 // parse_layout, or Error(InvalidArgument) naming the field "layout".
 Layout layout_from_text(std::string_view text);

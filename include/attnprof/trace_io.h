@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,12 @@ void write_chrome_trace(const Trace& trace, const std::filesystem::path& path);
 // block devices, sockets, a FIFO no one reads, a loop of links, and any
 // failed write (no space left on device, the file-size limit).
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents, std::string_view what);
+// The same write with the contents produced in pieces: `produce` hands each
+// piece, in order, to the writer it is given, so a document of millions of
+// events is never whole in memory. An exception from `produce` leaves no file.
+using WritePiece = std::function<void(std::string_view)>;
+void write_file_atomically(const std::filesystem::path& path, const std::function<void(const WritePiece&)>& produce,
+                           std::string_view what);
 
 // Checks, before any work, that outputs can be written: a directory that can
 // be created and written into, or a file path as write_file_atomically takes

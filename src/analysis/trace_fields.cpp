@@ -84,7 +84,8 @@ std::optional<double> number(od::value v) {
 std::int64_t lane_id(od::value v) {
   od::json_type t;
   if (v.type().get(t)) return 0;
-  if (t == od::json_type::number) return integer(v).value_or(0);
+  // A lane is a label: an unsigned id past 2^63 keeps its bits, as distinct lanes must stay apart.
+  if (t == od::json_type::number) return static_cast<std::int64_t>(id(v).value_or(0));
   std::string_view s;
   if (t != od::json_type::string || v.get_string().get(s)) return 0;
   std::size_t k = s.size();
@@ -99,7 +100,7 @@ std::int64_t lane_id(od::value v) {
 
 int small(std::optional<std::int64_t> v) {
   if (!v) return 0;
-  return static_cast<int>(std::clamp<std::int64_t>(*v, -(1 << 30), 1 << 30));
+  return static_cast<int>(std::clamp<std::int64_t>(*v, -kMaxSmall, kMaxSmall));
 }
 
 bool dim3(od::value v, std::array<int, 3>& out) {
@@ -109,7 +110,7 @@ bool dim3(od::value v, std::array<int, 3>& out) {
   for (auto el : arr) {
     od::value x;
     if (el.get(x)) return false;
-    const auto n = integer(x);
+    const auto n = integer_within(x, -kMaxSmall, kMaxSmall);
     if (!n || k >= 3) return false;
     out[k++] = small(n);
   }
@@ -142,7 +143,7 @@ std::vector<std::string> strings(od::value v) {
 }
 
 // dims_list's text of one value, nested arrays to depth 8.
-static void dims_text(od::value v, std::string& out, int depth) {
+static void dims_text(od::value v, std::string& out, int depth, const std::string& what) {
   od::json_type t;
   if (v.type().get(t) || depth > 8) return;
   if (t == od::json_type::array) {
@@ -155,17 +156,24 @@ static void dims_text(od::value v, std::string& out, int depth) {
       if (el.get(x)) return;
       if (!first) out += ", ";
       first = false;
-      dims_text(x, out, depth + 1);
+      dims_text(x, out, depth + 1, what);
     }
     out += ']';
   } else if (t == od::json_type::number) {
-    out += std::to_string(integer(v).value_or(0));
+    const std::string_view raw = v.raw_json_token();
+    const std::string shown(raw.substr(0, std::min<std::size_t>(raw.find_last_not_of(" \t\r\n") + 1, 32)));
+    const std::optional<std::int64_t> n = integer(v);
+    od::number_type nt;
+    const bool whole = n || (!v.get_number_type().get(nt) && nt == od::number_type::unsigned_integer);
+    if (!whole) refuse(what + "has " + shown + " where a whole number (a tensor's size) belongs");
+    if (!n || *n < 0 || *n > kMaxDim) refuse(what + "has " + shown + ", out of range (a size is from 0 to 2^50)");
+    out += std::to_string(*n);
   }
 }
 
-std::string dims_list(od::value v) {
+std::string dims_list(od::value v, const std::string& what) {
   std::string out;
-  dims_text(v, out, 0);
+  dims_text(v, out, 0, what);
   if (out.size() >= 2 && out.front() == '[') out = out.substr(1, out.size() - 2);
   return out;
 }
@@ -228,9 +236,14 @@ void read_devices(od::document& doc, const std::string& what, std::map<int, Devi
                                                    k::kSharedMemPerMultiprocessor,
                                                    k::kMaxBlocksPerMultiprocessor,
                                                    k::kL2CacheSize};
-      if (*n < 0 && std::find(std::begin(kRead), std::end(kRead), key) != std::end(kRead)) {
-        refuse(what + "\"" + std::string(key) + "\" is negative");
-      }
+      const bool read = std::find(std::begin(kRead), std::end(kRead), key) != std::end(kRead);
+      if (*n < 0 && read) refuse(what + "\"" + std::string(key) + "\" is negative");
+      // Figures kept in an int: past kMaxSmall they would be clamped, so refused.
+      const bool wide = key == k::kTotalGlobalMem || key == k::kSharedMemPerBlock ||
+                        key == k::kSharedMemPerBlockOptin || key == k::kSharedMemPerMultiprocessor ||
+                        key == k::kL2CacheSize;
+      if (*n > kMaxSmall && read && !wide)
+        refuse(what + "\"" + std::string(key) + "\" is out of range (more than 2^30)");
       if (key == k::kId) d.id = small(n);
       if (key == k::kTotalGlobalMem) d.total_global_mem = *n;
       if (key == k::kComputeMajor) d.compute_major = small(n);

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -138,8 +139,9 @@ class EventReader final : public Splitter::Sink {
     Activity a;
     // args can come before cat in the text: keep what they say, apply once the type is known.
     struct Args {
-      std::optional<std::int64_t> external_id, correlation, device, stream, context, cbid, registers, shared, bytes;
-      std::optional<std::int64_t> mem_bytes, total_alloc, total_reserved, addr, device_type, device_id;
+      std::optional<std::uint64_t> external_id, correlation, addr;
+      std::optional<std::int64_t> device, stream, context, cbid, registers, shared, bytes;
+      std::optional<std::int64_t> mem_bytes, total_alloc, total_reserved, device_type, device_id;
       std::optional<double> queued_us;
       std::array<int, 3> grid{1, 1, 1}, block{1, 1, 1};
       bool has_grid = false, has_block = false;
@@ -201,8 +203,8 @@ class EventReader final : public Splitter::Sink {
     a.pid = pid;
     a.tid = tid;
     (void)has_args;
-    a.external_id = static_cast<std::uint64_t>(args.external_id.value_or(0));
-    a.correlation = static_cast<std::uint64_t>(args.correlation.value_or(0));
+    a.external_id = args.external_id.value_or(0);
+    a.correlation = args.correlation.value_or(0);
     a.cbid = static_cast<std::uint32_t>(args.cbid.value_or(0));
     a.context = args.context.value_or(-1);
     a.input_dtypes = std::move(args.input_type);
@@ -239,7 +241,7 @@ class EventReader final : public Splitter::Sink {
       case ActivityType::Allocation: {
         AllocationInfo m;
         m.bytes = args.mem_bytes.value_or(0);
-        m.addr = static_cast<std::uint64_t>(args.addr.value_or(0));
+        m.addr = args.addr.value_or(0);
         m.total_allocated = args.total_alloc.value_or(0);
         m.total_reserved = args.total_reserved.value_or(0);
         m.device_type = small(args.device_type);
@@ -263,9 +265,14 @@ class EventReader final : public Splitter::Sink {
       if (*v > kMaxBytes) bad_field(field, "is out of range (more than 2^50)");
     };
     namespace k = sc::args;
+    // Read into an int: past 2^30 a figure would be clamped, so it is refused.
+    const auto small_size = [&](std::string_view field, const std::optional<std::int64_t>& v) {
+      size(field, v);
+      if (v && *v > kMaxSmall) bad_field(field, "is out of range (more than 2^30)");
+    };
     if (type == ActivityType::Kernel) {
-      size(k::kRegistersPerThread, args.registers);
-      size(k::kSharedMemory, args.shared);
+      small_size(k::kRegistersPerThread, args.registers);
+      small_size(k::kSharedMemory, args.shared);
       for (int i = 0; i < 3; ++i) {
         if (args.grid[i] < 0) bad_field(k::kGrid, "has a negative dimension");
         if (args.block[i] < 0) bad_field(k::kBlock, "has a negative dimension");
@@ -291,17 +298,17 @@ class EventReader final : public Splitter::Sink {
       od::value v;
       if (auto e = field.value().get(v)) bad(e);
       if (key == k::kExternalId) {
-        args.external_id = integer(v);
+        args.external_id = id(v);
       } else if (key == k::kCorrelation) {
-        args.correlation = integer(v);
+        args.correlation = id(v);
       } else if (key == k::kDevice) {
-        args.device = integer(v);
+        args.device = integer_within(v, -kMaxSmall, kMaxSmall);
       } else if (key == k::kStream) {
         args.stream = integer(v);
       } else if (key == k::kContext) {
         args.context = integer(v);
       } else if (key == k::kCbid) {
-        args.cbid = integer(v);
+        args.cbid = integer_within(v, 0, std::numeric_limits<std::uint32_t>::max());
       } else if (key == k::kRegistersPerThread) {
         args.registers = integer(v);
       } else if (key == k::kSharedMemory) {
@@ -317,7 +324,7 @@ class EventReader final : public Splitter::Sink {
       } else if (key == k::kInputType) {
         args.input_type = string_list(v);
       } else if (key == k::kInputDims) {
-        args.input_dims = dims_list(v);
+        args.input_dims = dims_list(v, prefix() + "\"" + std::string(key) + "\" ");
       } else if (key == k::kConcreteInputs) {
         args.concrete = strings(v);
       } else if (key == k::kMemBytes) {
@@ -327,11 +334,11 @@ class EventReader final : public Splitter::Sink {
       } else if (key == k::kTotalReserved) {
         args.total_reserved = integer(v);
       } else if (key == k::kAddr) {
-        args.addr = integer(v);
+        args.addr = id(v);
       } else if (key == k::kDeviceType) {
-        args.device_type = integer(v);
+        args.device_type = integer_within(v, -kMaxSmall, kMaxSmall);
       } else if (key == k::kDeviceId) {
-        args.device_id = integer(v);
+        args.device_id = integer_within(v, -kMaxSmall, kMaxSmall);
       }
     }
   }

@@ -1,6 +1,7 @@
 #include "cli/args.h"
 
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -18,6 +19,20 @@ namespace {
 // The CLI's own integer flags, read by the library's one number parser.
 int to_small_int(const std::string& flag, const std::string& v, int lo, int hi) {
   return static_cast<int>(parse_integer(flag, v, lo, hi));
+}
+
+std::string format_bound(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// The CLI's own real flags: the library's number parser, then a bound the
+// refusal states, so a positive number past it is not told it must be positive.
+double to_real_within(const std::string& flag, const std::string& v, double hi, const char* unit) {
+  const double x = parse_real(flag, v);
+  if (!(x > 0) || x > hi) bad(flag + " must be above 0 and at most " + format_bound(hi) + " " + unit + ", got " + v);
+  return x;
 }
 
 // The flag of each field the library names in its messages: the Problem's
@@ -162,18 +177,10 @@ Options parse_trace_command(Options o, int argc, char** argv) {
         o.backends.push_back(b);
       }
     } else if (arg == "--ceiling-tflops") {
-      char* end = nullptr;
-      const double c = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != 0 || !(c > 0) || c > 1e6) {
-        bad("--ceiling-tflops must be a positive number of TFLOP/s (the trace's device's dense matmul rate)");
-      }
-      o.ceiling_tflops = c;
+      // The trace's device's dense matmul rate.
+      o.ceiling_tflops = to_real_within(arg, value, 1e6, "TFLOP/s");
     } else if (!diff && arg == "--replay-max-gflop") {
-      char* end = nullptr;
-      const double g = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != 0 || !(g > 0) || g > 1e9)
-        bad("--replay-max-gflop must be a positive number of GFLOP");
-      o.replay_max_gflop = g;
+      o.replay_max_gflop = to_real_within(arg, value, 1e9, "GFLOP");
     } else {
       bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
     }
@@ -244,9 +251,9 @@ void load_mask_file(Options& o) {
   Problem& p = o.problem;
   p.mask = mask_kind_of("--mask-file " + *o.mask_file, m.dtype());
   p.validate();
-  o.mask = convert_mask(p, m);
+  o.run.mask = convert_mask(p, m);
   // Read on the CPU; the runner uploads it with the inputs.
-  (void)broadcast_mask(p, o.mask, "--mask-file " + *o.mask_file, Device::Cpu);
+  (void)broadcast_mask(p, o.run.mask, "--mask-file " + *o.mask_file, Device::Cpu);
 }
 
 Options parse(int argc, char** argv) {
@@ -279,7 +286,7 @@ Options parse(int argc, char** argv) {
     };
   }
   const std::map<std::string, Setter> run_flags = {
-      {"--layout", [&](auto&, auto& v) { o.bshd = layout_from_text(v) == Layout::Bshd; }},
+      {"--layout", [&](auto&, auto& v) { o.run.bshd_inputs = layout_from_text(v) == Layout::Bshd; }},
       {"--mask-file",
        [&](auto&, auto& v) {
          if (v.empty()) bad("--mask-file needs a path to a .npy file");
@@ -298,25 +305,25 @@ Options parse(int argc, char** argv) {
            o.backends.push_back(b);
          }
        }},
-      {"--wait", [&](auto& f, auto& v) { o.schedule.wait = to_small_int(f, v, 0, 1000); }},
-      {"--warmup", [&](auto& f, auto& v) { o.schedule.warmup = to_small_int(f, v, 0, 1000); }},
-      {"--active", [&](auto& f, auto& v) { o.schedule.active = to_small_int(f, v, 1, 1000); }},
-      {"--repeat", [&](auto& f, auto& v) { o.schedule.repeat = to_small_int(f, v, 1, 100); }},
+      {"--wait", [&](auto& f, auto& v) { o.run.schedule.wait = to_small_int(f, v, 0, 1000); }},
+      {"--warmup", [&](auto& f, auto& v) { o.run.schedule.warmup = to_small_int(f, v, 0, 1000); }},
+      {"--active", [&](auto& f, auto& v) { o.run.schedule.active = to_small_int(f, v, 1, 1000); }},
+      {"--repeat", [&](auto& f, auto& v) { o.run.schedule.repeat = to_small_int(f, v, 1, 100); }},
       {"--trace-dir",
        [&](auto&, auto& v) {
          if (v.empty()) bad("--trace-dir needs a directory");
          o.trace_dir = v;
        }},
-      {"--sort", [&](auto&, auto& v) { o.sort = v; }},
-      {"--row-limit", [&](auto& f, auto& v) { o.row_limit = to_small_int(f, v, 1, 100000); }},
-      {"--threads", [&](auto& f, auto& v) { o.threads = to_small_int(f, v, 1, 4096); }},
-      {"--seed", [&](auto& f, auto& v) { o.seed = static_cast<std::uint64_t>(parse_integer(f, v, 0)); }},
-      {"--check-rows", [&](auto& f, auto& v) { o.check_rows = to_small_int(f, v, 1, 1 << 24); }},
-      {"--unprofiled-calls", [&](auto& f, auto& v) { o.unprofiled_calls = to_small_int(f, v, 0, 10000); }},
+      {"--sort", [&](auto&, auto& v) { o.table.sort_by = v; }},
+      {"--row-limit", [&](auto& f, auto& v) { o.table.row_limit = to_small_int(f, v, 1, 100000); }},
+      {"--threads", [&](auto& f, auto& v) { o.run.threads = to_small_int(f, v, 1, 4096); }},
+      {"--seed", [&](auto& f, auto& v) { o.run.seed = static_cast<std::uint64_t>(parse_integer(f, v, 0)); }},
+      {"--check-rows", [&](auto& f, auto& v) { o.run.check_rows = to_small_int(f, v, 1, 1 << 24); }},
+      {"--unprofiled-calls", [&](auto& f, auto& v) { o.run.unprofiled_calls = to_small_int(f, v, 0, 10000); }},
       {"--gpus", [&](auto& f, auto& v) { o.gpus = to_small_int(f, v, 1, 64); }},
       {"--fp8-descale",
        [&](auto&, auto& v) {
-         o.fp8_descale = fp8_descale_from_text(v);
+         o.run.fp8_descale = fp8_descale_from_text(v);
          o.fp8_descale_given = true;
        }},
       {"--json",

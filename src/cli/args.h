@@ -7,6 +7,7 @@
 
 #include "attnprof/error.h"
 #include "attnprof/findings.h"
+#include "attnprof/key_averages.h"
 #include "attnprof/problem.h"
 #include "attnprof/profiler.h"
 #include "attnprof/runner.h"
@@ -20,19 +21,16 @@ struct Options {
   bool shape_given = false;           // any of batch/heads/seq/head_dim/dtype/mask set
   std::string backend;                // profile
   std::vector<std::string> backends;  // compare --backends
-  Schedule schedule;
+  // The library's option structs themselves, defaults and all: --wait,
+  // --warmup, --active, --repeat, --seed, --threads, --layout (bshd_inputs),
+  // --check-rows, --unprofiled-calls, --fp8-descale and --mask-file's tensor
+  // (mask) land in `run`; --sort and --row-limit in `table`. The commands add
+  // only the progress line.
+  RunOptions run;
+  TableOptions table;
   std::string trace_dir = "traces";
-  std::string sort = "cpu_time_total";
-  int row_limit = 20;
-  // The library's defaults (RunOptions), not copies of them.
-  int threads = RunOptions{}.threads;
-  std::uint64_t seed = RunOptions{}.seed;
-  std::int64_t check_rows = RunOptions{}.check_rows;
-  int unprofiled_calls = RunOptions{}.unprofiled_calls;
-  std::optional<double> fp8_descale;  // --fp8-descale: unset is auto
   bool fp8_descale_given = false;
   int gpus = 0;  // --gpus N: ring attention over N GPUs (0: not given)
-  bool bshd = false;
   std::optional<std::string> json_path;
   std::optional<std::string> html_path;  // compare, profile
   Guesses guesses;
@@ -46,9 +44,8 @@ struct Options {
   int top = 10;     // rows of the per-op and per-kernel tables
   int max_gib = 4;  // --max-gib: the most JSON a trace may inflate to
   // --mask-file PATH: a .npy boolean or float mask in place of the generated
-  // one; read once the problem is known (load_mask_file), into `mask`.
+  // one; read once the problem is known (load_mask_file), into run.mask.
   std::optional<std::string> mask_file;
-  Tensor mask;
   // analyze --replay: the trace's attention problems run here; --device
   // (device_given, problem.device) picks where, --backends which.
   bool replay = false;

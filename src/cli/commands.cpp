@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <string>
+#include <string_view>
 
 #include "attnprof/error.h"
 #include "attnprof/replay.h"
@@ -15,16 +18,26 @@
 namespace attnprof::cli {
 namespace {
 
-// Progress on stderr once a run has taken more than a moment.
+// Progress on stderr once a run has taken more than a moment. On a terminal
+// one line rewritten in place; elsewhere (a log, a pipe) a line each. A
+// message that only moves a counter ("naive: step 812/100100") is a repeat of
+// the last one's phase: on a terminal it is shown at most 10 times a second,
+// elsewhere at most once in 2 seconds, so a 100,000-step run logs a handful
+// of lines, not one per step; a new phase waits a quarter second at most.
 class Progress {
  public:
-  explicit Progress(bool quiet) : quiet_(quiet), tty_(::isatty(2)), start_(std::chrono::steady_clock::now()) {}
+  explicit Progress(bool quiet) : quiet_(quiet), tty_(::isatty(2)), start_(Clock::now()) {}
   ~Progress() { clear(); }
 
   void operator()(std::string_view msg) {
     if (quiet_) return;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const auto now = Clock::now();
+    const double s = seconds(now - start_);
     if (s < 0.5) return;
+    const std::string_view phase = phase_of(msg);
+    const bool repeat = phase == last_phase_;
+    const double since = shown_any_ ? seconds(now - last_shown_) : 1e9;
+    if (since < (repeat ? (tty_ ? 0.1 : 2.0) : (tty_ ? 0.0 : 0.25))) return;
     if (tty_) {
       std::fprintf(stderr, "\r\033[K[%5.1fs] %.*s", s, static_cast<int>(msg.size()), msg.data());
       shown_ = true;
@@ -32,6 +45,9 @@ class Progress {
       std::fprintf(stderr, "[%5.1fs] %.*s\n", s, static_cast<int>(msg.size()), msg.data());
     }
     std::fflush(stderr);
+    last_phase_.assign(phase);
+    last_shown_ = now;
+    shown_any_ = true;
   }
   void clear() {
     if (shown_) std::fprintf(stderr, "\r\033[K");
@@ -39,28 +55,30 @@ class Progress {
   }
 
  private:
-  bool quiet_, tty_, shown_ = false;
-  std::chrono::steady_clock::time_point start_;
+  using Clock = std::chrono::steady_clock;
+  static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  // The message without its trailing counter ("naive: step 3/10" -> "naive: step ").
+  static std::string_view phase_of(std::string_view msg) {
+    std::size_t n = msg.size();
+    while (n > 0 && (std::isdigit(static_cast<unsigned char>(msg[n - 1])) || msg[n - 1] == '/')) --n;
+    return msg.substr(0, n);
+  }
+
+  bool quiet_, tty_, shown_ = false, shown_any_ = false;
+  Clock::time_point start_, last_shown_;
+  std::string last_phase_;
 };
 
 RunOptions run_options(const Options& o, Progress& progress) {
-  RunOptions r;
-  r.schedule = o.schedule;
-  r.seed = o.seed;
-  r.threads = o.threads;
-  r.bshd_inputs = o.bshd;
-  r.check_rows = o.check_rows;
-  r.unprofiled_calls = o.unprofiled_calls;
+  RunOptions r = o.run;
   r.progress = [&progress](std::string_view m) { progress(m); };
-  r.mask = o.mask;
-  r.fp8_descale = o.fp8_descale;
   return r;
 }
 
 PipelineOptions pipeline_options(const Options& o, Progress& progress) {
   return {.run = run_options(o, progress),
           .guesses = o.guesses,
-          .table = {.sort_by = o.sort, .row_limit = o.row_limit},
+          .table = o.table,
           .trace_dir = o.trace_dir,
           .json_path = o.json_path ? std::optional<std::filesystem::path>(*o.json_path) : std::nullopt,
           .html_path = o.html_path ? std::optional<std::filesystem::path>(*o.html_path) : std::nullopt,
@@ -116,7 +134,7 @@ int run_compare(const Options& o) {
 
 int run_explain(const Options& o) {
   if (o.json_path) check_output_file(*o.json_path, "--json");
-  const ExplainReport e = explain_report(o.problem, o.threads);
+  const ExplainReport e = explain_report(o.problem, o.run.threads);
   if (!e.auto_refusal.empty()) std::printf("auto: %s\n", e.auto_refusal.c_str());
   print_header("explain", o.problem, e.device_description);
   std::printf("%s", e.table().c_str());
@@ -168,7 +186,7 @@ int run_analyze(const Options& o) {
     if (o.device_given) r.device = o.problem.device;
     r.backends = o.backends;
     r.cpu_max_gflop = o.replay_max_gflop;
-    r.run.threads = o.threads;
+    r.run.threads = o.run.threads;
     r.run.progress = [&progress](std::string_view m) { progress(m); };
     for (auto& a : all) replay_attention(a, r);
     progress.clear();

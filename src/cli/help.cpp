@@ -99,7 +99,7 @@ const char* kRunHelp = R"(Run (profile and compare):
   --trace-dir DIR      where traces and tables go         (default ./traces)
   --sort KEY           table order: cpu_time_total, self_cpu_time_total,
                        cuda_time_total, self_cuda_time_total, count
-  --row-limit N        table rows                         (default 20)
+  --row-limit N        table rows                         (default: all)
   --threads N          CPU threads                        (default: all cores)
   --seed N             input seed (inputs are random, never zeros)
   --check-rows N       query rows checked against the float64 reference

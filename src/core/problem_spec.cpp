@@ -107,8 +107,6 @@ const std::vector<std::pair<std::string_view, Setter>>& setters() {
 
 }  // namespace
 
-std::string_view layout_name(Layout l) { return l == Layout::Bshd ? "bshd" : "bhsd"; }
-
 std::optional<Layout> parse_layout(std::string_view name) {
   if (name == "bhsd") return Layout::Bhsd;
   if (name == "bshd") return Layout::Bshd;

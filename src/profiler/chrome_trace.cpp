@@ -1,6 +1,7 @@
 // Chrome trace writer: one pass over the Trace records, field names from
 // trace_schema.h, escaping and commas left to nlohmann::json.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -234,7 +235,7 @@ json metadata_event(const char* name, std::int64_t pid, std::int64_t tid, const 
 
 // Process and thread names so that viewers label the lanes: the host process
 // first, then one process per GPU with one lane per stream.
-void append_metadata(const std::set<Lane>& lanes, json& events) {
+void emit_metadata(const std::set<Lane>& lanes, const std::function<void(const json&)>& emit) {
   namespace m = sc::meta;
   std::map<std::int64_t, bool> processes;  // pid -> is a device
   for (const Lane& lane : lanes) processes.emplace(lane.pid, lane.device);
@@ -242,19 +243,19 @@ void append_metadata(const std::set<Lane>& lanes, json& events) {
     const std::string name = device ? m::kDeviceProcessPrefix + std::to_string(pid) : m::kHostProcessName;
     // Host first; devices after it in device order.
     const std::int64_t sort_index = device ? 1000000 + pid : 0;
-    events.push_back(metadata_event(m::kProcessName, pid, 0, m::kNameArg, name));
-    events.push_back(metadata_event(m::kProcessSortIndex, pid, 0, m::kSortIndexArg, sort_index));
+    emit(metadata_event(m::kProcessName, pid, 0, m::kNameArg, name));
+    emit(metadata_event(m::kProcessSortIndex, pid, 0, m::kSortIndexArg, sort_index));
   }
   for (const Lane& lane : lanes) {
     const std::string name = (lane.device ? m::kStreamPrefix : m::kThreadPrefix) + std::to_string(lane.tid);
-    events.push_back(metadata_event(m::kThreadName, lane.pid, lane.tid, m::kNameArg, name));
-    events.push_back(metadata_event(m::kThreadSortIndex, lane.pid, lane.tid, m::kSortIndexArg, lane.tid));
+    emit(metadata_event(m::kThreadName, lane.pid, lane.tid, m::kNameArg, name));
+    emit(metadata_event(m::kThreadSortIndex, lane.pid, lane.tid, m::kSortIndexArg, lane.tid));
   }
 }
 
 // An arrow from each launch API call to the device activity it started, only
 // where both ends were recorded.
-void append_flows(const Trace& trace, std::int64_t base, json& events) {
+void emit_flows(const Trace& trace, std::int64_t base, const std::function<void(const json&)>& emit) {
   std::unordered_map<std::uint64_t, const Activity*> launches;
   for (const Activity& a : trace.activities) {
     if (is_launch(a.type) && a.correlation != 0) launches.emplace(a.correlation, &a);
@@ -266,49 +267,77 @@ void append_flows(const Trace& trace, std::int64_t base, json& events) {
     if (it == launches.end()) continue;
     const Activity& launch = *it->second;
     if (started.insert(a.correlation).second) {
-      events.push_back(flow_event(false, a.correlation, lane_of(launch), to_us(launch.start_ns - base)));
+      emit(flow_event(false, a.correlation, lane_of(launch), to_us(launch.start_ns - base)));
     }
-    events.push_back(flow_event(true, a.correlation, lane_of(a), to_us(a.start_ns - base)));
+    emit(flow_event(true, a.correlation, lane_of(a), to_us(a.start_ns - base)));
   }
 }
 
-// The document as a JSON value.
-json chrome_trace_value(const Trace& trace) {
+// Replace, not throw, on invalid UTF-8: a kernel name must not lose the trace.
+std::string dump(const json& j) { return j.dump(1, ' ', false, json::error_handler_t::replace); }
+
+// The document, handed to `write` in pieces: the top-level keys as one JSON
+// value with "traceEvents" empty, and each event dumped alone into its
+// place. Holding the whole document as one value took about 2 KiB an event,
+// which a long schedule's millions of events cannot afford; the pieces
+// concatenate to exactly the text that value's dump (indent 1) wrote.
+void stream_document(const Trace& trace, const WritePiece& write) {
   const std::int64_t base = effective_base(trace);
-
-  json events = json::array();
-  std::set<Lane> lanes;
-  for (const Activity& a : trace.activities) lanes.insert(lane_of(a));
-  append_metadata(lanes, events);
-  for (const Activity& a : trace.activities) {
-    events.push_back(a.type == ActivityType::Allocation ? memory_event(a, base)
-                                                        : complete_event(a, base, trace.device));
-  }
-  append_flows(trace, base, events);
-
   json doc{
       {sc::kSchemaVersionKey, sc::kSchemaVersion},
       {sc::kDeviceProperties, json::array()},
       {sc::kDisplayTimeUnit, sc::kDisplayTimeUnitMs},
       {sc::kBaseTimeNanoseconds, base},
-      {sc::kTraceEvents, std::move(events)},
+      {sc::kTraceEvents, json::array()},
       {sc::kTraceName, trace.name},
       {sc::kDistributedInfo, {{sc::kRank, 0}, {sc::kWorldSize, trace.world_size}}},
   };
   if (trace.device) doc[sc::kDeviceProperties].push_back(device_properties_json(*trace.device));
   if (!trace.collector_note.empty()) doc[sc::kCollectorNote] = trace.collector_note;
-  return doc;
+  const std::string outer = dump(doc);
+  // The key at the top level's indent (one space): a string value holding
+  // the same words has its quotes escaped, so it cannot match.
+  const std::string key = std::string("\n \"") + sc::kTraceEvents + "\": ";
+  const std::size_t at = outer.find(key + "[]");
+  if (at == std::string::npos) fail(ErrorKind::Internal, "chrome trace: no traceEvents key in the document");
+  const std::size_t open = at + key.size();  // the '[' of "[]"
+  write(std::string_view(outer).substr(0, open));
+
+  // An event inside the array sits two spaces in (the array's own indent, 1,
+  // plus one step): its dump alone starts at 0, so every line moves over by 2.
+  bool first = true;
+  std::string text;
+  const auto emit = [&](const json& event) {
+    text = first ? "[\n  " : ",\n  ";
+    first = false;
+    for (const char c : dump(event)) {
+      text += c;
+      if (c == '\n') text += "  ";
+    }
+    write(text);
+  };
+  std::set<Lane> lanes;
+  for (const Activity& a : trace.activities) lanes.insert(lane_of(a));
+  emit_metadata(lanes, emit);
+  for (const Activity& a : trace.activities) {
+    emit(a.type == ActivityType::Allocation ? memory_event(a, base) : complete_event(a, base, trace.device));
+  }
+  emit_flows(trace, base, emit);
+  write(first ? std::string_view("[]") : std::string_view("\n ]"));
+  write(std::string_view(outer).substr(open + 2));
 }
 
 }  // namespace
 
 std::string chrome_trace_json(const Trace& trace) {
-  // Replace, not throw, on invalid UTF-8: a kernel name must not lose the trace.
-  return chrome_trace_value(trace).dump(1, ' ', false, json::error_handler_t::replace);
+  std::string out;
+  stream_document(trace, [&out](std::string_view piece) { out.append(piece); });
+  return out;
 }
 
 void write_chrome_trace(const Trace& trace, const std::filesystem::path& path) {
-  write_file_atomically(path, chrome_trace_json(trace), "trace");
+  write_file_atomically(
+      path, [&trace](const WritePiece& write) { stream_document(trace, write); }, "trace");
 }
 
 }  // namespace attnprof

@@ -286,7 +286,48 @@ std::string unwritable_dir(const fs::path& dir) {
 
 }  // namespace
 
+namespace {
+
+// Pieces of a document gathered into writes of about a megabyte; the first
+// failed write's errno is kept and the rest skipped.
+class BufferedWrite {
+ public:
+  explicit BufferedWrite(int fd) : fd_(fd) { buffer_.reserve(kChunk); }
+  void operator()(std::string_view piece) {
+    if (err_) return;
+    if (buffer_.size() + piece.size() > kChunk) flush();
+    if (piece.size() >= kChunk) {
+      if (!err_) err_ = write_all(fd_, piece);
+      return;
+    }
+    buffer_.append(piece);
+  }
+  // The errno of the first failed write, 0 when every write went through.
+  int finish() {
+    flush();
+    return err_;
+  }
+
+ private:
+  static constexpr std::size_t kChunk = std::size_t{1} << 20;
+  void flush() {
+    if (!err_ && !buffer_.empty()) err_ = write_all(fd_, buffer_);
+    buffer_.clear();
+  }
+  int fd_;
+  int err_ = 0;
+  std::string buffer_;
+};
+
+}  // namespace
+
 void write_file_atomically(const fs::path& path, std::string_view contents, std::string_view what) {
+  write_file_atomically(
+      path, [contents](const WritePiece& write) { write(contents); }, what);
+}
+
+void write_file_atomically(const fs::path& path, const std::function<void(const WritePiece&)>& produce,
+                           std::string_view what) {
   const auto fail_io = [&](const std::string& reason) {
     fail(ErrorKind::Io, "cannot write " + std::string(what) + " to " + path.string() + ": " + reason);
   };
@@ -296,7 +337,9 @@ void write_file_atomically(const fs::path& path, std::string_view contents, std:
 
   if (t.mode == Target::Descriptor) {
     std::fflush(stdout);  // what was printed before comes before it
-    if (const int err = write_all(t.fd, contents)) fail_io(errno_text(err));
+    BufferedWrite out(t.fd);
+    produce(std::ref(out));
+    if (const int err = out.finish()) fail_io(errno_text(err));
     return;
   }
   if (t.mode == Target::Device) {
@@ -305,7 +348,15 @@ void write_file_atomically(const fs::path& path, std::string_view contents, std:
     const int fd = ::open(dev.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (t.fifo ? 0 : O_APPEND));
     if (fd < 0) fail_io(errno_text(errno));
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    int err = write_all(fd, contents);
+    BufferedWrite out(fd);
+    int err = 0;
+    try {
+      produce(std::ref(out));
+      err = out.finish();
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
     if (::close(fd) != 0 && err == 0 && errno != EINTR) err = errno;
     if (err) fail_io(errno_text(err));
     return;
@@ -325,7 +376,15 @@ void write_file_atomically(const fs::path& path, std::string_view contents, std:
   const int fd = ::open(tmp.path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) fail_io(errno == EACCES ? "cannot create a file there (permission denied)" : errno_text(errno));
   if (t.exists) (void)::fchmod(fd, t.perm);  // a replaced file keeps its permissions
-  int err = write_all(fd, contents);
+  BufferedWrite out(fd);
+  int err = 0;
+  try {
+    produce(std::ref(out));
+    err = out.finish();
+  } catch (...) {
+    ::close(fd);  // the temporary goes with tmp
+    throw;
+  }
   if (::close(fd) != 0 && err == 0 && errno != EINTR) err = errno;
   if (err) fail_io(errno_text(err));
   if (::rename(tmp.path().c_str(), final_path.c_str()) != 0) fail_io(errno_text(errno));

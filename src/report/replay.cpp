@@ -113,7 +113,7 @@ void replay_attention(TraceAnalysis& a, const ReplayOptions& o) {
     }
   } else if (const std::string why = device_missing(trace_device, threads); !why.empty()) {
     rep.note = "the trace ran on " + rep.trace_device + ", which this machine lacks (" + why +
-               "): not replayed; --device cpu replays it on the CPU";
+               "): not replayed; device=cpu replays it on the CPU";
     here = false;
   }
   if (rep.problems.empty() && rep.note.empty()) rep.note = "no attention calls in the trace: nothing to replay";
@@ -154,7 +154,7 @@ void replay_attention(TraceAnalysis& a, const ReplayOptions& o) {
     const double gflop = p.flops() / 1e9;
     if (device == Device::Cpu && gflop > o.cpu_max_gflop) {
       rp.skipped = format("not replayed: %.3g GFLOP a call", gflop) +
-                   format(", above the CPU replay's cap of %g GFLOP (--replay-max-gflop)", o.cpu_max_gflop);
+                   format(", above the CPU replay's cap of %g GFLOP (cpu_max_gflop)", o.cpu_max_gflop);
       continue;
     }
     const std::string prefix = "replay " + std::to_string(index) + "/" + std::to_string(todo) + " (" + rp.label + ")";
@@ -193,7 +193,7 @@ void replay_attention(TraceAnalysis& a, const ReplayOptions& o) {
       }
       rp.runs.push_back(std::move(r));
     }
-    if (rp.runs.empty()) rp.skipped = "no backend named by --backends";
+    if (rp.runs.empty()) rp.skipped = "no backend named in backends";
   }
   a.replay = std::move(rep);
 }

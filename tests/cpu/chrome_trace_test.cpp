@@ -289,6 +289,26 @@ TEST(ChromeTrace, WritesACompleteFileAndNoTemporary) {
   EXPECT_TRUE(json::parse(std::ifstream(out))["traceEvents"].empty());
 }
 
+// The document is written in pieces, each event dumped alone (a long
+// schedule's millions of events never whole in memory as one JSON value):
+// the text is exactly what dumping the document as one value writes, for a
+// trace with a device, flows and metadata, one with a collector note, and an
+// empty one; and the file holds the same text.
+TEST(ChromeTrace, StreamedTextIsTheDumpOfTheWholeDocument) {
+  Trace noted = attention_trace();
+  noted.collector_note = "CUPTI unavailable: \"traceEvents\": [] in a note";
+  for (const Trace& t : {attention_trace(), noted, Trace{}}) {
+    const std::string text = chrome_trace_json(t);
+    EXPECT_EQ(text, json::parse(text).dump(1, ' ', false, json::error_handler_t::replace));
+    TempDir dir;
+    write_chrome_trace(t, dir.path() / "t.json");
+    std::ifstream in(dir.path() / "t.json");
+    std::stringstream written;
+    written << in.rdbuf();
+    EXPECT_EQ(written.str(), text);
+  }
+}
+
 // Holistic Trace Analysis finds the rank with the pattern "rank":\s+(\d+)
 // on the raw file, line by line, stopping at the first match: the written
 // file must carry distributedInfo's rank that way, before any event.

@@ -2,7 +2,11 @@
 // that teaches, explain's backends and reasons, profile's trace, table and
 // summary, the soft-capped, packed and FP8 runs, compare's JSON. The
 // refusals are cli_test.cpp's.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -25,6 +29,64 @@ using testing::listing;
 using testing::slurp;
 using testing::TempDir;
 using testing::with;
+
+// issue 49 item 9: a long run's progress, written to a file (not a
+// terminal), is a few lines a second at most, not a line per step.
+TEST(Cli, ProgressToALogIsAFewLinesNotOnePerStep) {
+  TempDir dir;
+  const CliRun r = attnprof({"profile", "--backend",   "flash",     "--device", "cpu", "--batch",
+                             "1",       "--heads",     "2",         "--seq",    "128", "--head-dim",
+                             "64",      "--active",    "1000",      "--repeat", "4",   "--unprofiled-calls",
+                             "0",       "--trace-dir", dir.str("t")},
+                            dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::size_t steps = 0;
+  for (const std::string& line : r.err_lines()) steps += line.find(": step ") != std::string::npos;
+  // One line in 2 seconds within the stepping phase (plus its first).
+  EXPECT_LE(steps, 2 + static_cast<std::size_t>(r.seconds / 2)) << r.seconds << " s:\n" << r.err;
+}
+
+// The peak resident memory, in KiB, of attnprof run with `args` (output
+// discarded): wait4's figure for that one child.
+long peak_rss_kib(const std::vector<std::string>& args) {
+  std::vector<std::string> all = {ATTNPROF_CLI_PATH};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  struct rusage usage {};
+  if (pid < 0 || ::wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  return usage.ru_maxrss;
+}
+
+// issue 49 item 9: a long schedule's memory is its trace's records (a few
+// KB a step), not a buffer a step. glibc's aligned_alloc could not reuse a
+// block a step freed for the next request of the same size, so compare's
+// heap grew by flash's 231 KB workspace every step at 1x2x128x64 (about 20
+// GB over --active 1000 --repeat 100).
+TEST(Cli, ALongScheduleGrowsByItsRecordsNotABufferAStep) {
+  TempDir dir;
+  const auto run = [&](const std::string& repeat) {
+    return peak_rss_kib({"compare", "--backends", "flash",       "--device",  "cpu",  "--batch",
+                         "1",       "--heads",    "2",           "--seq",     "128",  "--head-dim",
+                         "64",      "--active",   "1000",        "--repeat",  repeat, "--unprofiled-calls",
+                         "0",       "--quiet",    "--trace-dir", dir.str("t")});
+  };
+  const long short_run = run("1"), long_run = run("4");
+  ASSERT_GT(short_run, 0);
+  ASSERT_GT(long_run, 0);
+  EXPECT_LT(static_cast<double>(long_run - short_run) / 3003, 20.0)
+      << "KiB a step: " << short_run << " KiB over 1001 steps, " << long_run << " KiB over 4004";
+}
 
 TEST(Cli, Help) {
   TempDir dir;

@@ -134,6 +134,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"seq_lens_trailing_comma", p({"--seq-lens", "64,"}), "--seq-lens expects a whole number"},
         BadArgs{"seq_lens_all_zero", p({"--seq-lens", "0,0", "--kv-seq-lens", "4,4", "--seq", "8"}),
                 "--seq-lens are all 0"},
+        // issue 49 item 14: lengths all 0 blame --seq-lens, not the --seq never given.
+        BadArgs{"seq_lens_all_zero_alone", p({"--seq-lens", "0,0,0"}), "--seq-lens are all 0"},
+        BadArgs{"kv_seq_lens_all_zero", p({"--seq-lens", "4,4", "--kv-seq-lens", "0,0"}), "--kv-seq-lens are all 0"},
         BadArgs{"seq_lens_count_vs_batch", p({"--seq-lens", "64,8", "--batch", "3"}),
                 "--seq-lens has 2 lengths but --batch is 3"},
         BadArgs{"kv_seq_lens_count", p({"--seq-lens", "64,8", "--kv-seq-lens", "64"}),

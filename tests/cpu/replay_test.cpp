@@ -136,7 +136,7 @@ TEST(Replay, CudaTraceWithoutTheDeviceSaysSoAndRunsOnlyWhenAsked) {
     return;
   }
   EXPECT_TRUE(a.replay->device.empty());
-  EXPECT_NE(a.replay->note.find("--device cpu"), std::string::npos) << a.replay->note;
+  EXPECT_NE(a.replay->note.find("device=cpu"), std::string::npos) << a.replay->note;
   ASSERT_EQ(a.replay->problems.size(), 2u) << "the flash forward and its backward";
   EXPECT_EQ(a.replay->problems[0].label, "forward 2x4x256x64 causal bf16");
   EXPECT_EQ(a.replay->problems[1].label, "backward 2x4x256x64 causal bf16");
@@ -273,6 +273,23 @@ TEST(Replay, TheCommandRefusesBadFlagsInOneLine) {
     EXPECT_EQ(r.err.rfind("attnprof: ", 0), 0u) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+}
+
+// issue 49 item 14: a positive number past a real flag's bound is told the
+// bound, not that it must be positive.
+TEST(Replay, ARealFlagPastItsBoundSaysTheBound) {
+  testing::TempDir io;
+  const Cli gflop = cli("analyze " + fixture("cpu_math") + " --replay --replay-max-gflop 1000000000000", io);
+  EXPECT_EQ(gflop.code, 2) << gflop.err;
+  EXPECT_NE(gflop.err.find("--replay-max-gflop must be above 0 and at most 1e+09 GFLOP, got 1000000000000"),
+            std::string::npos)
+      << gflop.err;
+  const Cli tflops = cli("analyze " + fixture("cpu_math") + " --ceiling-tflops 2e6", io);
+  EXPECT_EQ(tflops.code, 2) << tflops.err;
+  EXPECT_NE(tflops.err.find("--ceiling-tflops must be above 0 and at most 1e+06 TFLOP/s, got 2e6"), std::string::npos)
+      << tflops.err;
+  const Cli text = cli("analyze " + fixture("cpu_math") + " --ceiling-tflops 0x10", io);
+  EXPECT_NE(text.err.find("--ceiling-tflops expects a decimal number"), std::string::npos) << text.err;
 }
 
 // Every attention call's (tflops, ceiling_pct) in an analyze JSON, wherever it sits.

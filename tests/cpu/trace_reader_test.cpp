@@ -306,6 +306,43 @@ TEST(TraceReader, WrongTypesInArgsAreIgnoredNotFatal) {
   EXPECT_EQ(t.activities[0].stream, 7);  // from tid
 }
 
+// issue 49 item 15: every integer read from a trace is type- and
+// range-checked. "Input Dims" hold tensor sizes: a fraction or a size past
+// 2^50 (2^63 once read as -2^63) is refused with the event's index; an arg of
+// the wrong type or out of range is no value (as other args' are), never a
+// wrapped or clamped one.
+TEST(TraceReader, InputDimsAndIntegerArgsAreTypeAndRangeChecked) {
+  const auto op = [](const std::string& dims) {
+    return one_event(R"("ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+                        "args": {"Input Dims": )" +
+                     dims + "}");
+  };
+  expect_unreadable(op("[[9223372036854775808, 2]]"), R"(event 0: "Input Dims" has 9223372036854775808, out of range)");
+  expect_unreadable(op("[[1.5, 2]]"), R"(event 0: "Input Dims" has 1.5 where a whole number)");
+  expect_unreadable(op("[[2], [[8, 1e300]]]"), R"("Input Dims" has 1e300)");
+  expect_unreadable(op("[[-1, 2]]"), "out of range");
+  EXPECT_EQ(parse_chrome_trace(op("[[8, 16], [], [[1, 2], [3]], [2.0]]")).activities.at(0).input_dims,
+            "[8, 16], [], [[1, 2], [3]], [2]");
+
+  const Trace t = parse_chrome_trace(one_event(
+      R"("ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2,
+         "args": {"stream": 9223372036854775808, "device": 1099511627776, "correlation": 18446744073709551615,
+                  "block": [4294967296, 1, 1], "context": 1.5})"));
+  ASSERT_EQ(t.activities.size(), 1u);
+  EXPECT_EQ(t.activities[0].stream, 7);                           // from tid: 2^63 is no stream id
+  EXPECT_EQ(t.activities[0].device, 0);                           // from pid: 2^40 is no device
+  EXPECT_EQ(t.activities[0].correlation, 18446744073709551615u);  // ids keep all 64 bits
+  EXPECT_FALSE(t.activities[0].kernel.has_value());               // a block past 2^30 is no block
+  EXPECT_EQ(t.activities[0].context, -1);
+  const Trace runtime = parse_chrome_trace(one_event(
+      R"("ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1, "dur": 2,
+         "args": {"cbid": 4294967507})"));
+  EXPECT_EQ(runtime.activities.at(0).cbid, 0u);  // not 211, the low 32 bits
+  expect_unreadable(one_event(R"("ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2,
+                                 "args": {"block": [128, 1, 1], "registers per thread": 2147483648})"),
+                    R"("registers per thread" is out of range (more than 2^30))");
+}
+
 TEST(TraceReader, RefusesBadFiles) {
   const auto expect_file = [](const fs::path& p, const std::string& needle, TraceReadOptions o = {}) {
     try {
