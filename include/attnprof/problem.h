@@ -19,6 +19,9 @@ std::string_view mask_name(MaskKind m);
 std::optional<MaskKind> parse_mask(std::string_view name);
 // The accepted spellings, for --help and error messages.
 std::string_view mask_choices();
+// The same with each mask's gloss, for --help: "none, causal (top-left,
+// PyTorch's is_causal), ...".
+std::string_view mask_help();
 
 // Which pass a run times. Backward is timed with the forward's saved tensors
 // already in place; Train is one step, the forward then the backward.

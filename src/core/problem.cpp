@@ -15,6 +15,7 @@
 
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
+#include "core/mask_geometry.h"
 #include "core/problem_detail.h"
 
 namespace attnprof {
@@ -23,18 +24,37 @@ namespace {
 using problem_detail::format_real;
 using problem_detail::sum_of;
 
+// The mask table: the one source of the masks' names, the choices errors
+// and --help list, and each one's gloss in the help.
 struct MaskSpelling {
   MaskKind kind;
   std::string_view name;
+  std::string_view gloss;  // what --help says after the name, if anything
 };
 constexpr MaskSpelling kMasks[] = {
-    {MaskKind::None, "none"},
-    {MaskKind::Causal, "causal"},
-    {MaskKind::CausalBottomRight, "causal-bottom-right"},
-    {MaskKind::SlidingWindow, "sliding-window"},
-    {MaskKind::Boolean, "boolean"},
-    {MaskKind::Bias, "bias"},
+    {.kind = MaskKind::None, .name = "none", .gloss = ""},
+    {.kind = MaskKind::Causal, .name = "causal", .gloss = "top-left, PyTorch's is_causal"},
+    {.kind = MaskKind::CausalBottomRight, .name = "causal-bottom-right", .gloss = "FlashAttention's"},
+    {.kind = MaskKind::SlidingWindow, .name = "sliding-window", .gloss = ""},
+    {.kind = MaskKind::Boolean, .name = "boolean", .gloss = "a random 90%-kept mask"},
+    {.kind = MaskKind::Bias, .name = "bias", .gloss = "random additive"},
 };
+
+// The table's names joined by ", ", each with its gloss in parentheses when
+// `glossed`.
+std::string mask_list(bool glossed) {
+  std::string s;
+  for (const auto& m : kMasks) {
+    if (!s.empty()) s += ", ";
+    s += m.name;
+    if (glossed && !m.gloss.empty()) {
+      s += " (";
+      s += m.gloss;
+      s += ')';
+    }
+  }
+  return s;
+}
 
 // Bytes of a tensor of these sizes, saturating at SIZE_MAX (validate() keeps
 // every problem's tensors far below it).
@@ -54,75 +74,50 @@ std::size_t sum(std::initializer_list<std::size_t> parts) {
   return n;
 }
 
-// One sequence's mask geometry: a dense problem's, or one sequence of a packed batch.
+// One sequence's lengths under the problem's mask: a dense problem's, or one
+// sequence of a packed batch (mask_geometry.h's band at its own diagonal).
 struct Geometry {
   MaskKind mask;
-  std::int64_t window, seq, kv_seq;
+  geometry::Band<std::int64_t> band;
+  std::int64_t seq, kv_seq;
 };
 
-Geometry geometry(const Problem& p, std::int64_t b) { return {p.mask, p.window, p.seq_len(b), p.kv_seq_len(b)}; }
-
-bool structural_only(MaskKind m) { return m != MaskKind::None && m != MaskKind::Boolean && m != MaskKind::Bias; }
-
-// First and last visible key of query row i (inclusive), before clamping.
-std::pair<std::int64_t, std::int64_t> key_range(const Geometry& g, std::int64_t i) {
-  const std::int64_t offset = g.kv_seq - g.seq;  // the bottom-right diagonal
-  switch (g.mask) {
-    case MaskKind::Causal:
-      return {0, i};
-    case MaskKind::CausalBottomRight:
-      return {0, i + offset};
-    case MaskKind::SlidingWindow: {
-      const std::int64_t hi = i + offset;
-      return {hi - g.window + 1, hi};
-    }
-    default:
-      return {0, g.kv_seq - 1};
-  }
+Geometry geometry_of(const Problem& p, std::int64_t b) {
+  const std::int64_t seq = p.seq_len(b), kv_seq = p.kv_seq_len(b);
+  return {.mask = p.mask, .band = geometry::band_of(p.mask, p.window, seq, kv_seq), .seq = seq, .kv_seq = kv_seq};
 }
 
+// The counts walk the band row by row where it has a bound; None and the
+// tensor masks count every pair (what a tensor hides is not known here).
 std::int64_t visible_pairs_of(const Geometry& g) {
-  if (!structural_only(g.mask)) return g.seq * g.kv_seq;
+  if (!geometry::banded(g.mask)) return g.seq * g.kv_seq;
   std::int64_t total = 0;
-  for (std::int64_t i = 0; i < g.seq; ++i) {
-    const auto [lo, hi] = key_range(g, i);
-    const std::int64_t a = std::max<std::int64_t>(lo, 0), b = std::min(hi, g.kv_seq - 1);
-    if (b >= a) total += b - a + 1;
-  }
+  for (std::int64_t i = 0; i < g.seq; ++i) total += geometry::keys_of_row(g.band, i, g.kv_seq).size();
   return total;
 }
 
 std::int64_t fully_masked_rows_of(const Geometry& g) {
-  if (!structural_only(g.mask)) return 0;
+  if (!geometry::banded(g.mask)) return 0;
   std::int64_t rows = 0;
-  for (std::int64_t i = 0; i < g.seq; ++i) {
-    const auto [lo, hi] = key_range(g, i);
-    if (std::min(hi, g.kv_seq - 1) < std::max<std::int64_t>(lo, 0)) ++rows;
-  }
+  for (std::int64_t i = 0; i < g.seq; ++i) rows += geometry::keys_of_row(g.band, i, g.kv_seq).empty();
   return rows;
 }
 
 std::int64_t kv_rows_read_of(const Geometry& g) {
-  if (!structural_only(g.mask)) return g.kv_seq;
+  if (!geometry::banded(g.mask)) return g.kv_seq;
   // Each row's keys are one range, and the ranges of consecutive rows move
-  // by at most one key: their union is one range too.
-  std::int64_t first = g.kv_seq, last = -1;
-  for (std::int64_t i = 0; i < g.seq; ++i) {
-    const auto [lo, hi] = key_range(g, i);
-    const std::int64_t a = std::max<std::int64_t>(lo, 0), b = std::min(hi, g.kv_seq - 1);
-    if (b < a) continue;
-    first = std::min(first, a);
-    last = std::max(last, b);
-  }
-  return last >= first ? last - first + 1 : 0;
+  // by at most one key: their union is one range too, from the first row's
+  // first key to the last row's last.
+  if (g.seq == 0) return 0;
+  return geometry::keys_of_rows(g.band, std::int64_t{0}, g.seq, g.kv_seq).size();
 }
 
 // A count over a packed batch's sequences, or the dense problem's one.
 template <class Of>
 std::int64_t over_sequences(const Problem& p, Of of) {
-  if (!p.varlen()) return of(geometry(p, 0));
+  if (!p.varlen()) return of(geometry_of(p, 0));
   std::int64_t total = 0;
-  for (std::int64_t b = 0; b < p.batch; ++b) total += of(geometry(p, b));
+  for (std::int64_t b = 0; b < p.batch; ++b) total += of(geometry_of(p, b));
   return total;
 }
 
@@ -159,7 +154,15 @@ std::optional<KvCache> parse_kv_cache(std::string_view name) {
 
 std::string_view kv_cache_choices() { return "contiguous, paged"; }
 
-std::string_view mask_choices() { return "none, causal, causal-bottom-right, sliding-window, boolean, bias"; }
+std::string_view mask_choices() {
+  static const std::string choices = mask_list(/*glossed=*/false);
+  return choices;
+}
+
+std::string_view mask_help() {
+  static const std::string help = mask_list(/*glossed=*/true);
+  return help;
+}
 
 Problem& Problem::normalize() {
   if (kv_heads == 0) kv_heads = heads;
@@ -171,8 +174,7 @@ Problem& Problem::normalize() {
 double Problem::softmax_scale() const { return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
 
 bool Problem::visible(std::int64_t i, std::int64_t j) const {
-  const auto [lo, hi] = key_range(geometry(*this, 0), i);
-  return j >= lo && j <= hi;
+  return geometry::visible(geometry_of(*this, 0).band, i, j);
 }
 
 std::int64_t Problem::visible_pairs() const { return over_sequences(*this, visible_pairs_of); }

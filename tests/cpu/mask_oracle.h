@@ -16,7 +16,8 @@ inline bool expected_visible(const Problem& p, std::int64_t i, std::int64_t j) {
     case MaskKind::CausalBottomRight:
       return j <= i + off;
     case MaskKind::SlidingWindow:
-      return j <= i + off && j > i + off - p.window;
+      // j > i + off - window, arranged so that no window up to INT64_MAX overflows.
+      return j <= i + off && j - i - off > -p.window;
     default:
       return true;
   }

@@ -37,15 +37,12 @@
 
 #include "backends/composite/composite.h"
 #include "backends/composite/composite_backend.h"
+#include "core/mask_geometry.h"
 
 namespace attnprof::composite {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-bool structural(MaskKind m) {
-  return m == MaskKind::Causal || m == MaskKind::CausalBottomRight || m == MaskKind::SlidingWindow;
-}
 
 class Math final : public CompositeBackend {
  public:
@@ -58,7 +55,7 @@ class Math final : public CompositeBackend {
     if (std::string why = paged_refusal(p); !why.empty()) return {false, why};
     std::string what = is_16bit(p.dtype) ? "upcasts to FP32, " : "";
     what += "FP32 products (" + ops().describe_gemm(DType::F32) + ")";
-    if (structural(p.mask)) what += ", mask rebuilt every call";
+    if (geometry::banded(p.mask)) what += ", mask rebuilt every call";
     return {true, what + ", NaN-safe softmax" + fp8_story(p) + softcap_story(p) + paged_story(p) + packed_story(p) +
                       backward_story(p, DType::F32)};
   }
@@ -106,7 +103,7 @@ class Math final : public CompositeBackend {
     const float root = static_cast<float>(std::sqrt(p.softmax_scale()));
     Tensor q = ops.mul(q32, root, ctx);
     q32 = Tensor();
-    if (structural(p.mask)) mask = rebuilt_mask(ops, p, ctx);
+    if (geometry::banded(p.mask)) mask = rebuilt_mask(ops, p, ctx);
     if (p.mask == MaskKind::Bias) mask = in.bias;
     Tensor attn;
     {
@@ -160,13 +157,13 @@ class Math final : public CompositeBackend {
   }
 
  private:
-  // The FP32 additive form of a structural mask, rebuilt every call as the
-  // math path builds is_causal's: ones, tril (at the bottom-right diagonal for
-  // the aligned kinds), triu for a window's lower edge, where.
+  // The FP32 additive form of a banded mask, rebuilt every call as the math
+  // path builds is_causal's: ones, tril at the band's upper bound (the
+  // top-left or bottom-right diagonal), triu at a window's lower bound, where.
   static Tensor rebuilt_mask(Ops& ops, const Problem& p, RunContext& ctx) {
-    const std::int64_t off = p.mask == MaskKind::Causal ? 0 : p.diagonal_offset();
-    Tensor keep = ops.tril(ops.ones({1, 1, p.seq, p.kv_seq}, ctx), off, ctx);
-    if (p.mask == MaskKind::SlidingWindow) keep = ops.triu(keep, off - p.window + 1, ctx);
+    const auto band = geometry::band_of(p.mask, p.window, p.seq, p.kv_seq);
+    Tensor keep = ops.tril(ops.ones({1, 1, p.seq, p.kv_seq}, ctx), band.hi, ctx);
+    if (band.has_lo) keep = ops.triu(keep, band.lo(), ctx);
     return ops.where(keep, 0.f, kNegInf, ctx);
   }
 };

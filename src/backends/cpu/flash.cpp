@@ -65,24 +65,7 @@ int resolve_threads(int requested) { return requested > 0 ? requested : omp_get_
 Band band_of(const Problem& p) { return band_of(p, p.seq, p.kv_seq); }
 
 Band band_of(const Problem& p, std::int64_t seq, std::int64_t kv_seq) {
-  const std::int64_t offset = kv_seq - seq;  // the bottom-right diagonal
-  Band band;
-  switch (p.mask) {
-    case MaskKind::Causal:
-      band.has_hi = true;
-      break;
-    case MaskKind::CausalBottomRight:
-      band = {.has_hi = true, .hi = offset};
-      break;
-    case MaskKind::SlidingWindow:
-      band = {.has_lo = true, .has_hi = true, .lo = offset - p.window + 1, .hi = offset};
-      break;
-    case MaskKind::None:
-    case MaskKind::Boolean:
-    case MaskKind::Bias:
-      break;
-  }
-  return band;
+  return geometry::band_of(p.mask, p.window, seq, kv_seq);
 }
 
 std::vector<Sequence> sequences_of(const Problem& p) {
@@ -108,9 +91,7 @@ std::vector<Sequence> sequences_of(const Problem& p) {
 }
 
 bool decodes(const Problem& p) {
-  const bool structural = p.mask == MaskKind::None || p.mask == MaskKind::Causal ||
-                          p.mask == MaskKind::CausalBottomRight || p.mask == MaskKind::SlidingWindow;
-  return structural && !p.varlen() && p.seq <= kDecodeQueries && p.group() * p.seq <= kDecodeRows;
+  return geometry::structural(p.mask) && !p.varlen() && p.seq <= kDecodeQueries && p.group() * p.seq <= kDecodeRows;
 }
 
 std::int64_t total_q_blocks(const Problem& p) {
@@ -153,7 +134,7 @@ void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t 
   for (std::int64_t j = 0; j < n; ++j) {
     const std::int64_t key = j0 + j;
     const std::int64_t first = band.has_hi ? std::clamp(key - band.hi - i0, std::int64_t{0}, qcols) : 0;
-    const std::int64_t end = band.has_lo ? std::clamp(key - band.lo - i0 + 1, first, qcols) : qcols;
+    const std::int64_t end = band.has_lo ? std::clamp(key - band.lo() - i0 + 1, first, qcols) : qcols;
     float* row = st + j * lds;
     std::fill(row, row + first, kNegInf);
     std::fill(row + end, row + qcols, kNegInf);

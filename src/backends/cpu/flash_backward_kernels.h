@@ -203,12 +203,12 @@ struct KeySpan {
 };
 
 inline KeySpan key_span(const Sequence& s, std::int64_t kb, std::int64_t block_k) {
-  const Band& band = s.band;
   KeySpan k;
   k.j0 = kb * block_k;
   k.n = std::min(block_k, s.kv_seq - k.j0);
-  k.i_begin = band.has_hi ? std::max<std::int64_t>(0, k.j0 - band.hi) : 0;
-  k.i_end = band.has_lo ? std::min(s.seq, k.j0 + k.n - band.lo) : s.seq;
+  const auto rows = geometry::rows_of_keys(s.band, k.j0, k.j0 + k.n, s.seq);
+  k.i_begin = rows.begin;
+  k.i_end = rows.end;
   return k;
 }
 

@@ -88,7 +88,7 @@ inline void decode_mask_band(const Band& band, std::int64_t nq, std::int64_t row
     const std::int64_t i = r % nq;
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t key = j0 + j;
-      if ((band.has_hi && key > i + band.hi) || (band.has_lo && key < i + band.lo)) st[j * lds + r] = kNegInf;
+      if (!geometry::visible(band, i, key)) st[j * lds + r] = kNegInf;
     }
   }
 }

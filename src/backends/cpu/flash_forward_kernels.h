@@ -220,10 +220,8 @@ struct KeyRange {
   std::int64_t begin = 0, end = 0;
 };
 inline KeyRange visible_keys(const Sequence& s, std::int64_t i0, std::int64_t nq) {
-  const Band& band = s.band;
-  const std::int64_t last = i0 + nq - 1;
-  return {.begin = band.has_lo ? std::max<std::int64_t>(0, i0 + band.lo) : 0,
-          .end = band.has_hi ? std::min(s.kv_seq, last + band.hi + 1) : s.kv_seq};
+  const auto keys = geometry::keys_of_rows(s.band, i0, i0 + nq, s.kv_seq);
+  return {.begin = keys.begin, .end = keys.end};
 }
 
 // The query columns [begin, end) of rows [i0, i0 + nq) that can see any key
@@ -238,14 +236,14 @@ struct ColRange {
 inline ColRange visible_cols(const Band& band, std::int64_t i0, std::int64_t nq, std::int64_t qcols, std::int64_t j0,
                              std::int64_t n) {
   const std::int64_t first = band.has_hi ? std::clamp(j0 - band.hi - i0, std::int64_t{0}, nq) : 0;
-  const std::int64_t last = band.has_lo ? std::clamp(j0 + n - band.lo - i0, first, nq) : nq;
+  const std::int64_t last = band.has_lo ? std::clamp(j0 + n - band.lo() - i0, first, nq) : nq;
   return {.begin = first / kQkCols * kQkCols, .end = std::min(qcols, round_up(last, kQkCols))};
 }
 
 // Whether the block of rows [i0, i0 + nq) and keys [j0, j0 + n) straddles a
 // bound of the band.
 inline bool straddles_band(const Band& band, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t n) {
-  return (band.has_hi && j0 + n - 1 > i0 + band.hi) || (band.has_lo && j0 < i0 + nq - 1 + band.lo);
+  return geometry::block_cut_by_band(band, i0, i0 + nq, j0, j0 + n);
 }
 inline bool has_mask_tensor(const ForwardJob& job) {
   return (job.p.mask == MaskKind::Boolean && !job.mask_lowered) || job.p.mask == MaskKind::Bias;

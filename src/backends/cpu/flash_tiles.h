@@ -13,6 +13,7 @@
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
+#include "core/mask_geometry.h"
 
 namespace attnprof::cpu::flash {
 
@@ -50,11 +51,9 @@ std::vector<std::int32_t> kv_lengths(const Problem& p, const Tensor& kv_lens);
 void require_mask_tensor(const Problem& p, const Inputs& in);
 
 // The structural mask as a band around the diagonal: key j is visible from
-// query i when (no lower bound or j >= i + lo) and (no upper bound or j <= i + hi).
-struct Band {
-  bool has_lo = false, has_hi = false;
-  std::int64_t lo = 0, hi = 0;
-};
+// query i when (no lower bound or j >= i + lo) and (no upper bound or j <= i + hi)
+// (core/mask_geometry.h, whose window is clamped to the keys).
+using Band = geometry::Band<std::int64_t>;
 Band band_of(const Problem& p);
 // The band of one sequence of seq queries and kv_seq keys under p's mask
 // (the bottom-right diagonal at kv_seq - seq).

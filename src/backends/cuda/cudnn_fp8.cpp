@@ -27,29 +27,16 @@ constexpr std::array<Uid, 8> kScalarUids{kDescaleQ, kDescaleK, kDescaleV, kDesca
 
 std::string cudnn_version_string(long v) { return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100); }
 
-// The masks whose diagonal is the bottom-right one (offset kv_seq - seq).
-bool bottom_right(MaskKind m) { return m == MaskKind::CausalBottomRight || m == MaskKind::SlidingWindow; }
-
-// The structural mask on the FP8 attributes. Where seq == kv_seq the
-// bottom-right diagonal is the top-left one, which is how it is spelled
-// here: Hopper's FP8 graph takes only that one (refusal()).
+// The structural mask on the FP8 attributes: the 16-bit graphs' band
+// (diagonal_band()), except that where seq == kv_seq the bottom-right
+// diagonal is the top-left one, which is how it is spelled here: Hopper's
+// FP8 graph takes only that one (refusal()).
 void set_mask(fe::graph::SDPA_fp8_attributes& a, const Problem& p) {
-  const auto align = p.seq == p.kv_seq ? fe::DiagonalAlignment_t::TOP_LEFT : fe::DiagonalAlignment_t::BOTTOM_RIGHT;
-  switch (p.mask) {
-    case MaskKind::Causal:
-      a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-      break;
-    case MaskKind::CausalBottomRight:
-      a.set_diagonal_alignment(align).set_diagonal_band_right_bound(0);
-      break;
-    case MaskKind::SlidingWindow:
-      // Keeps i + off - window < j <= i + off, as cudnn_graph.cpp's set_mask().
-      a.set_diagonal_alignment(align).set_diagonal_band_right_bound(0).set_diagonal_band_left_bound(
-          static_cast<int>(p.window));
-      break;
-    default:
-      break;
-  }
+  auto band = diagonal_band(p);
+  if (!band) return;
+  if (p.seq == p.kv_seq) band->alignment = fe::DiagonalAlignment_t::TOP_LEFT;
+  a.set_diagonal_alignment(band->alignment).set_diagonal_band_right_bound(0);
+  if (band->left) a.set_diagonal_band_left_bound(static_cast<int>(*band->left));
 }
 
 void check_descale(float d, const char* field) {
@@ -91,7 +78,7 @@ std::string refusal(const Problem& p, int sm) {
            "'s FP8 SDPA takes no sliding window (the diagonal band's left bound, from cuDNN 9.21 on): use mask=causal "
            "or none, dtype=bf16, or a newer cuDNN";
   }
-  if (bottom_right(p.mask) && p.seq != p.kv_seq && sm < 100) {
+  if (geometry::bottom_right(p.mask) && p.seq != p.kv_seq && sm < 100) {
     return "cuDNN's FP8 SDPA takes the bottom-right diagonal (mask=" + std::string(mask_name(p.mask)) +
            " with kv_seq != seq) on sm100 and newer only; this GPU is sm" + std::to_string(sm) +
            ": use mask=causal or none, seq == kv_seq, or dtype=bf16";
@@ -150,7 +137,8 @@ std::string how(const Problem& p, bool bf16_out) {
   s += bf16_out ? "O written in bf16 by the graph"
                 : "O written in e4m3 at scale 1/(2 descale_v) and converted to bf16 on the device (one more kernel per "
                   "forward: cuDNN takes a bf16 O from an FP8 graph on Blackwell only)";
-  if (bottom_right(p.mask) && p.seq == p.kv_seq) s += ", the bottom-right diagonal as the top-left one (seq == kv_seq)";
+  if (geometry::bottom_right(p.mask) && p.seq == p.kv_seq)
+    s += ", the bottom-right diagonal as the top-left one (seq == kv_seq)";
   return s +
          ", amax_s and amax_o kept (read after the run), one generated kernel, plan built once per problem and "
          "cached";

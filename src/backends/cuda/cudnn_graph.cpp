@@ -23,22 +23,9 @@ template <class Attributes>
 void set_mask(Attributes& a, const Problem& p, const std::shared_ptr<fe::graph::Tensor_attributes>& bias) {
   if (p.mask == MaskKind::Bias) a.set_bias(bias);
   if (p.softcap > 0) return;
-  switch (p.mask) {
-    case MaskKind::Causal:
-      a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-      break;
-    case MaskKind::CausalBottomRight:
-      a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
-      break;
-    case MaskKind::SlidingWindow:
-      // Keeps i + off - window < j <= i + off: cuDNN's left bound counts the
-      // same `window` keys back from the bottom-right diagonal.
-      a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
-          .set_diagonal_band_right_bound(0)
-          .set_diagonal_band_left_bound(static_cast<int>(p.window));
-      break;
-    default:
-      break;
+  if (const auto band = diagonal_band(p)) {
+    a.set_diagonal_alignment(band->alignment).set_diagonal_band_right_bound(0);
+    if (band->left) a.set_diagonal_band_left_bound(static_cast<int>(*band->left));
   }
 }
 
@@ -54,25 +41,14 @@ void soft_cap(Attributes& a, const Problem& p) {
   using fe::graph::attn::score_modifiers::Softcap;
   auto cap = std::make_shared<Softcap>();
   const auto value = static_cast<float>(p.softcap);
-  const std::int64_t s_q = p.seq, s_kv = p.kv_seq, window = p.window;
-  const MaskKind mask = p.mask;
-  a.set_score_mod([cap, value, s_q, s_kv, window, mask](std::shared_ptr<fe::graph::Graph> g,
-                                                        std::shared_ptr<fe::graph::Tensor_attributes> s) {
+  const std::int64_t s_q = p.seq, s_kv = p.kv_seq;
+  const std::optional<DiagonalBand> band = diagonal_band(p);
+  a.set_score_mod([cap, value, s_q, s_kv, band](std::shared_ptr<fe::graph::Graph> g,
+                                                std::shared_ptr<fe::graph::Tensor_attributes> s) {
     s = cap->forward(g, s, std::make_shared<fe::graph::Tensor_attributes>(value));
-    namespace sm = fe::graph::attn::score_modifiers;
-    switch (mask) {
-      case MaskKind::Causal:
-        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::TOP_LEFT, std::nullopt, 0, s_q, s_kv, nullptr,
-                                       nullptr);
-      case MaskKind::CausalBottomRight:
-        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::BOTTOM_RIGHT, std::nullopt, 0, s_q, s_kv, nullptr,
-                                       nullptr);
-      case MaskKind::SlidingWindow:
-        return sm::sliding_window_mask(g, s, fe::DiagonalAlignment_t::BOTTOM_RIGHT, window, 0, s_q, s_kv, nullptr,
-                                       nullptr);
-      default:
-        return s;
-    }
+    if (!band) return s;
+    return fe::graph::attn::score_modifiers::sliding_window_mask(g, s, band->alignment, band->left, 0, s_q, s_kv,
+                                                                 nullptr, nullptr);
   });
   if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_backward_attributes>) {
     a.set_score_mod_bprop(

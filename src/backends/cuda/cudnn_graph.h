@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -27,6 +28,7 @@
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
+#include "core/mask_geometry.h"
 
 namespace attnprof::cuda::cudnn_graph {
 
@@ -383,6 +385,24 @@ inline std::shared_ptr<fe::graph::Tensor_attributes> add_tensor(fe::graph::Graph
   return g.tensor(
       fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d.dims).set_stride(d.strides).set_data_type(
           type));
+}
+
+// A banded mask (core/mask_geometry.h) in the frontend's terms, the one
+// mapping the attributes and the soft cap's score modifier share: the
+// diagonal it hangs from (top-left for causal, else bottom-right), the right
+// bound 0 (the diagonal itself), and a window's left bound, its keys counted
+// back from the diagonal, clamped to the keys (cuDNN takes an int; a longer
+// window hides nothing more). None and the tensor masks have none.
+struct DiagonalBand {
+  fe::DiagonalAlignment_t alignment;
+  std::optional<std::int64_t> left;  // keeps i + off - left < j
+};
+inline std::optional<DiagonalBand> diagonal_band(const Problem& p) {
+  if (!geometry::banded(p.mask)) return std::nullopt;
+  const auto band = geometry::band_of(p.mask, p.window, p.seq, p.kv_seq);
+  return DiagonalBand{.alignment = geometry::top_left(p.mask) ? fe::DiagonalAlignment_t::TOP_LEFT
+                                                              : fe::DiagonalAlignment_t::BOTTOM_RIGHT,
+                      .left = band.has_lo ? std::optional<std::int64_t>(band.width) : std::nullopt};
 }
 
 // The 16-bit (fp16, bf16) SDPA graph of `kind` for p and layout l

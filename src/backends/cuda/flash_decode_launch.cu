@@ -11,6 +11,7 @@
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/flash_decode.cuh"
 #include "backends/cuda/kernels/static_switch.cuh"
+#include "core/mask_geometry.h"
 
 namespace attnprof::cuda {
 namespace kernels {
@@ -85,11 +86,9 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   const std::int64_t ctas = static_cast<std::int64_t>(p.batch) * p.kv_heads * plan.row_blocks;
   // The keys some query sees (a causal or windowed row sees fewer than seq_k):
   // splitting past them would only add empty ranges for the combine to read.
-  const kernels::MaskMode mask = kernels::mask_mode(p.mask);
-  const int diag = kernels::FwdArgs::from(p).diag_offset;
-  const int hi = mask == kernels::MaskMode::None ? p.seq_k : std::clamp(p.seq_q + diag, 0, p.seq_k);
-  const int lo = mask == kernels::MaskMode::Window ? std::clamp(diag - p.window + 1, 0, p.seq_k) : 0;
-  const int key_tiles = std::max(0, hi - lo + kFlashDecodeKeys - 1) / kFlashDecodeKeys;
+  const geometry::Span<int> keys =
+      geometry::keys_of_rows(geometry::band_of(p.mask, p.window, p.seq_q, p.seq_k), 0, p.seq_q, p.seq_k);
+  const int key_tiles = (keys.size() + kFlashDecodeKeys - 1) / kFlashDecodeKeys;
   plan.splits = ctas >= (std::int64_t{1} << 30) || f.sms == 0
                     ? 1
                     : choose_splits(static_cast<int>(ctas), std::max(1, f.sms * per_sm), key_tiles);

@@ -21,6 +21,7 @@
 #include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
+#include "core/mask_geometry.h"
 
 namespace attnprof::cuda {
 
@@ -227,7 +228,9 @@ class FusedBackend : public Backend {
     f.scale = static_cast<float>(p.softmax_scale());
     f.bf16 = p.dtype == DType::BF16;
     f.fp8 = is_fp8(p.dtype);
-    f.window = static_cast<int>(p.window);
+    // At most the longest sequence's keys: the same band for every window in
+    // 1..INT64_MAX, and int32 arithmetic in the kernels (mask_geometry.h).
+    f.window = geometry::clamp_window(p.window, f.seq_k);
     if (p.kv_cache == KvCache::Paged) {
       f.page_size = static_cast<int>(p.page_size);
       f.pages_per_seq = static_cast<int>(p.pages_per_seq());

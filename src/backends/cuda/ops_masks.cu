@@ -9,6 +9,7 @@
 
 #include "backends/cuda/ops.h"
 #include "backends/cuda/ops_common.h"
+#include "core/mask_geometry.h"
 
 namespace attnprof::cuda::ops {
 namespace {
@@ -109,22 +110,10 @@ Tensor where(const Tensor& cond, float if_true, float if_false, RunContext& ctx)
 
 Tensor structural_mask(const Problem& p, RunContext& ctx) {
   OpRange range(op::structural_mask.name, {});
-  const std::int64_t off = p.diagonal_offset();
-  // Bounds of j - i for each mask (problem.h); None keeps every key.
-  std::int64_t lo = -p.seq, hi = p.kv_seq;
-  switch (p.mask) {
-    case MaskKind::Causal:
-      hi = 0;
-      break;
-    case MaskKind::CausalBottomRight:
-      hi = off;
-      break;
-    case MaskKind::SlidingWindow:
-      lo = off - p.window + 1, hi = off;
-      break;
-    default:
-      break;
-  }
+  // Bounds of j - i (core/mask_geometry.h's band); a missing bound is one no
+  // pair of the [seq, kv_seq] mask reaches, so None keeps every key.
+  const auto band = geometry::band_of(p.mask, p.window, p.seq, p.kv_seq);
+  const std::int64_t lo = band.has_lo ? band.lo() : -p.seq, hi = band.has_hi ? band.hi : p.kv_seq;
   Tensor m = Tensor::empty({1, 1, p.seq, p.kv_seq}, DType::Bool, ctx.allocator);
   structural_mask_kernel<<<grid_for(m.numel()), kThreads, 0, stream_of(ctx)>>>(m.data_as<std::uint8_t>(), p.kv_seq,
                                                                                m.numel(), lo, hi);

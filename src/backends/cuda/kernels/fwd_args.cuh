@@ -13,6 +13,7 @@
 #include "attnprof/mask.h"
 #include "backends/cuda/fused_params.h"
 #include "backends/cuda/kernels/utils.cuh"
+#include "core/mask_geometry.h"
 
 namespace attnprof::cuda::kernels {
 
@@ -102,14 +103,14 @@ struct FwdArgs {
       s.k_row0 = k0;
     }
     if (kv_lens != nullptr) s.seq_k = kv_lens[b];
-    if (bottom_right) s.diag_offset = s.seq_k - s.seq_q;
+    if (bottom_right) s.diag_offset = geometry::bottom_right_offset(s.seq_q, s.seq_k);
     return s;
   }
   // The batch coordinate of sequence b in the TMA maps (a packed batch is one).
   __device__ __forceinline__ int map_batch_of(int b) const { return cu_seqlens_q != nullptr ? 0 : b; }
 
   static FwdArgs from(const FusedParams& p) {
-    const bool top_left = p.mask == MaskKind::Causal;
+    const bool top_left = geometry::top_left(p.mask);
     const bool packed = p.cu_seqlens_q != nullptr;
     const float log2e = 1.4426950408889634f;
     return FwdArgs{
@@ -135,8 +136,8 @@ struct FwdArgs {
         .seq_q = p.seq_q,
         .seq_k = p.seq_k,
         .scale_log2 = p.softcap > 0.f ? p.softcap * log2e : p.scale * log2e,
-        .diag_offset = top_left ? 0 : p.seq_k - p.seq_q,
-        .window = p.window,
+        .diag_offset = geometry::diagonal_offset(p.mask, p.seq_q, p.seq_k),
+        .window = p.window,  // clamped to the keys (params_for): int arithmetic below cannot overflow
         .lse = p.lse,
         .cu_seqlens_q = p.cu_seqlens_q,
         .cu_seqlens_k = p.cu_seqlens_k,
@@ -172,15 +173,23 @@ struct KeyTiles {
   int begin, end;
 };
 
+// The band (core/mask_geometry.h) of a sequence's arguments under a mask
+// mode fixed at compile time: which bounds it has folds away, leaving the
+// arithmetic on diag_offset and window that the kernels spelled out before
+// (on sm80 the same PTX instructions as the hand-written form, at most
+// reordered in the tile range's prologue).
+template <MaskMode kMask>
+__host__ __device__ __forceinline__ geometry::Band<int> band_of(const FwdArgs& a) {
+  return {
+      .has_lo = kMask == MaskMode::Window, .has_hi = kMask != MaskMode::None, .hi = a.diag_offset, .width = a.window};
+}
+
 template <MaskMode kMask, int kBlockM, int kBlockN>
 __device__ __forceinline__ KeyTiles key_tiles(const FwdArgs& a, int m0) {
-  int hi = a.seq_k;  // exclusive key bound
-  int lo = 0;
   if (m0 >= a.seq_q) return {0, 0};  // past a shorter sequence's rows (packed batches)
-  if constexpr (kMask != MaskMode::None) hi = min(hi, m0 + kBlockM + a.diag_offset);
-  if constexpr (kMask == MaskMode::Window) lo = max(0, m0 + a.diag_offset - a.window + 1);
-  if (hi <= lo) return {0, 0};
-  return {lo / kBlockN, (hi + kBlockN - 1) / kBlockN};
+  const geometry::Span<int> keys = geometry::keys_of_rows(band_of<kMask>(a), m0, m0 + kBlockM, a.seq_k);
+  if (keys.empty()) return {0, 0};
+  return {keys.begin / kBlockN, (keys.end + kBlockN - 1) / kBlockN};
 }
 
 // The backward's view from a key tile: query tiles [begin, end) of kBlockM
@@ -191,13 +200,10 @@ struct QueryTiles {
 
 template <MaskMode kMask, int kBlockM, int kBlockN>
 __device__ __forceinline__ QueryTiles query_tiles(const FwdArgs& f, int n0) {
-  int lo = 0, hi = f.seq_q;
   if (n0 >= f.seq_k) return {0, 0};  // past a shorter sequence's keys
-  // Row i sees key j when j <= i + off (Causal, Window) and j > i + off - window (Window).
-  if constexpr (kMask != MaskMode::None) lo = max(lo, n0 - f.diag_offset);
-  if constexpr (kMask == MaskMode::Window) hi = min(hi, n0 + kBlockN - 1 - f.diag_offset + f.window);
-  if (hi <= lo) return {0, 0};
-  return {lo / kBlockM, (hi + kBlockM - 1) / kBlockM};
+  const geometry::Span<int> rows = geometry::rows_of_keys(band_of<kMask>(f), n0, n0 + kBlockN, f.seq_q);
+  if (rows.empty()) return {0, 0};
+  return {rows.begin / kBlockM, (rows.end + kBlockM - 1) / kBlockM};
 }
 
 // True when some (row, key) pair of this tile is masked: the key tail past
@@ -206,8 +212,7 @@ __device__ __forceinline__ QueryTiles query_tiles(const FwdArgs& f, int n0) {
 template <MaskMode kMask, int kBlockM, int kBlockN>
 __device__ __forceinline__ bool tile_needs_mask(const FwdArgs& a, int m0, int n0) {
   bool need = n0 + kBlockN > a.seq_k;
-  if constexpr (kMask != MaskMode::None) need |= n0 + kBlockN - 1 > m0 + a.diag_offset;
-  if constexpr (kMask == MaskMode::Window) need |= n0 <= m0 + kBlockM - 1 + a.diag_offset - a.window;
+  need |= geometry::block_cut_by_band(band_of<kMask>(a), m0, m0 + kBlockM, n0, n0 + kBlockN);
   return need;
 }
 
@@ -222,10 +227,12 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + mt * 16 + 8 * h;
+      // The row's band, kept open below (no clamp at key 0: col0 >= 0).
+      const geometry::Band<int> band = band_of<kMask>(a);
       int hi = a.seq_k - col0;  // visible: lo < col - col0 < hi
-      if constexpr (kMask != MaskMode::None) hi = min(hi, row + a.diag_offset + 1 - col0);
+      if (band.has_hi) hi = min(hi, row + band.hi + 1 - col0);
       int lo = -1;
-      if constexpr (kMask == MaskMode::Window) lo = row + a.diag_offset - a.window - col0;
+      if (band.has_lo) lo = row + band.hi - band.width - col0;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
