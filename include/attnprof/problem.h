@@ -116,8 +116,6 @@ struct Problem {
 
   double softmax_scale() const;
   std::int64_t group() const { return heads / kv_heads; }
-  // Key column offset of the bottom-right alignment.
-  std::int64_t diagonal_offset() const { return kv_seq - seq; }
 
   // Structural masks only (None, causal, sliding window); Boolean and Bias
   // read their tensors.

@@ -11,7 +11,33 @@ namespace {
 
 std::string backend_list() { return backend_choices(/*with_auto=*/true); }
 
-const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
+// `text` wrapped at 79 columns, each line after the first indented to the
+// help's second column (23).
+std::string wrapped(std::string_view text) {
+  constexpr std::size_t kIndent = 23, kWidth = 79;
+  std::string out, line;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find(' ', at);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view word = text.substr(at, end - at);
+    if (!line.empty() && kIndent + line.size() + 1 + word.size() > kWidth) {
+      out += line + "\n" + std::string(kIndent, ' ');
+      line.clear();
+    }
+    if (!line.empty()) line += ' ';
+    line += word;
+    at = end + 1;
+  }
+  return out + line + "\n";
+}
+
+// --mask's entry, from the mask table (mask_help()): its names and glosses.
+std::string mask_entry() {
+  return "  --mask M             " + wrapped(mask_help()) + std::string(58, ' ') + "(default causal)\n";
+}
+
+const char* kProblemHelpHead = R"(Problem (shared by profile, compare, explain):
   --batch N            batch size                        (GPU default 8, CPU default 2)
   --heads N            query heads                       (GPU 16, CPU 8)
   --kv-heads N         key/value heads; fewer than --heads is grouped-query
@@ -36,11 +62,10 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
                        products, the descales as scales, P in bf16), and on
                        CUDA flash (sm90, head dim 128) and cudnn; efficient
                        says it does not
-  --mask M             none, causal (top-left, PyTorch's is_causal),
-                       causal-bottom-right (FlashAttention's), sliding-window,
-                       boolean (a random 90%-kept mask), bias (random additive)
-                                                          (default causal)
-  --window N           keys each query sees with --mask sliding-window
+)";
+
+// After --mask (whose entry mask_entry() writes from the mask table).
+const char* kProblemHelpTail = R"(  --window N           keys each query sees with --mask sliding-window
   --kv-cache C         contiguous, or paged: K and V in pages of --page-size
                        keys, read through a (shuffled) block table, as a
                        decode server keeps them; forward only. flash reads
@@ -91,6 +116,8 @@ const char* kProblemHelp = R"(Problem (shared by profile, compare, explain):
                        and a warning says which tensor, its amax and the share
                        saturated                          (default auto)
 )";
+
+std::string problem_help() { return kProblemHelpHead + mask_entry() + kProblemHelpTail; }
 
 const char* kRunHelp = R"(Run (profile and compare):
   --wait N --warmup N --active N --repeat N
@@ -180,7 +207,7 @@ std::string command_help(const std::string& command) {
         "\n"
         "  --json PATH          also write the result as JSON\n"
         "  --html FILE          also write the HTML report (timeline, roofline, findings)\n\n" +
-        kProblemHelp + "\n" + kRunHelp;
+        problem_help() + "\n" + kRunHelp;
   } else if (command == "compare") {
     h = std::string(
             "attnprof compare [options]\n\n"
@@ -193,14 +220,14 @@ std::string command_help(const std::string& command) {
             "  --json PATH          also write the results as JSON\n"
             "  --html FILE          also write the HTML report: one self-contained page with each\n"
             "                       backend's timeline, bars, a roofline, the findings and tables\n\n") +
-        kProblemHelp + "\n" + kRunHelp;
+        problem_help() + "\n" + kRunHelp;
   } else if (command == "explain") {
     h = std::string(
             "attnprof explain [options]\n\n"
             "Says, for every backend, whether it can run this problem on this device and why,\n"
             "and what auto picks (the fastest eligible backend, measured once and cached).\n\n"
             "  --json PATH          also write the answer as JSON\n\n") +
-        kProblemHelp;
+        problem_help();
   } else if (command == "analyze") {
     h = R"(attnprof analyze TRACE [TRACE...] [--step N] [--top N] [--json PATH] [--html FILE] [--replay]
 
