@@ -45,7 +45,7 @@ ALLOWED = {
 # Public headers (include/attnprof/) by layer.
 PUBLIC = {
     "core": ["error.h", "dtype.h", "tensor.h", "mask.h", "problem.h", "problem_spec.h", "reference.h", "backend.h",
-             "mask_tensor.h", "varlen.h"],
+             "aliasing.h", "limits.h", "mask_tensor.h", "varlen.h"],
     "profiler": ["activity.h", "profiler.h", "key_averages.h", "trace_io.h", "device_runtime.h", "occupancy.h"],
     "record": ["findings.h", "record.h"],
     "analysis": ["trace_reader.h", "analyze.h"],
