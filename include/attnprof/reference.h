@@ -90,12 +90,19 @@ struct RowSample {
 };
 RowSample sample_rows(const Problem& p, std::int64_t max_rows);
 
+// Where the inputs hold NaN or inf, the reference's output may too (NaN
+// propagates as in PyTorch's SDPA); an output element the same there is
+// expected, not an error. rel is NaN, never a small number, whenever the
+// output has a non-finite element the reference lacks on a row it defines
+// (not a fully masked one), or a finite one where the reference has NaN/inf.
 struct ErrorStats {
   double max_abs = 0;
-  double rel = 0;                          // ||out - ref|| / ||ref|| over checked finite rows
-  std::int64_t nan_count = 0;              // non-finite output elements among the checked rows
-  std::int64_t nan_rows = 0;               // checked rows with any non-finite element
+  double rel = 0;                          // ||out - ref|| / ||ref|| over checked finite rows; NaN as above
+  std::int64_t nan_count = 0;              // non-finite output elements the reference lacks, among the checked rows
+  std::int64_t nan_rows = 0;               // checked rows with any such element
   std::int64_t nan_rows_fully_masked = 0;  // of those, rows whose every key is masked
+  std::int64_t nonfinite_expected = 0;     // output elements NaN or inf where the reference is the same
+  std::int64_t nonfinite_hidden = 0;       // finite output elements where the reference is NaN or inf
   std::int64_t rows_checked = 0;
 };
 

@@ -79,12 +79,19 @@ def quantize_fp8(t):
     descale = amax / 448 (1 for an all-zero tensor), so the largest |value| is stored as e4m3's
     largest finite value; stored = t / descale rounded to nearest even. Returns (t8, descale) with
     t8 * descale the values attention() computes with: attention(q8, k8, v8, q_descale=qs, ...).
+    A tensor holding NaN or inf is refused: e4m3 has no infinity, and an inf amax would make the
+    descale inf and every stored value 0 (a NaN, the descale NaN).
     """
     import torch
 
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
         raise Error(f"quantize_fp8 takes a floating torch tensor, got {type(t).__name__}")
     x = t.detach().float()
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = x[~finite]
+        raise Error(f"quantize_fp8: t holds {bad.numel()} non-finite value(s) (first {float(bad[0])}): "
+                    "quantize finite values (e4m3 has no infinity and the descale would not be finite)")
     amax = float(x.abs().max()) if x.numel() else 0.0
     descale = amax / 448.0 if amax > 0 else 1.0
     # torch's cast turns values past 448 into NaN: the clamp saturates, as the tensor cores do.

@@ -44,6 +44,13 @@ def test_quantize_fp8_is_amax_over_448_rounded_to_nearest():
         attnprof.quantize_fp8(np.zeros(3))
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_quantize_fp8_refuses_non_finite_values_in_one_line(bad):
+    with pytest.raises(attnprof.Error, match=r"quantize_fp8: t holds 1 non-finite value") as e:
+        attnprof.quantize_fp8(torch.tensor([1.0, bad]))
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("backend", ["naive", "naive_inplace", "math"])
 @pytest.mark.parametrize("shape,kv_shape,causal", [((1, 4, 64, 64), None, True), ((2, 8, 48, 32), (2, 2, 80, 32), False)])
 def test_fp8_tensors_within_the_stated_tolerance(backend, shape, kv_shape, causal):

@@ -52,7 +52,11 @@ struct KvHead {
 
 // One query row's softmax in float64: the probabilities over the keys (0 on
 // masked ones) and its output. Returns false for a fully masked row, whose
-// probabilities and output are zeros (the NaN-safe convention).
+// probabilities and output are zeros (the NaN-safe convention): every key
+// hidden by the mask, or every visible score -inf (a bias of -inf is a mask
+// too, as PyTorch's _safe_softmax reads it). A NaN score (a NaN or an inf in
+// q, k or the bias) makes the row's output NaN, as PyTorch's SDPA gives it:
+// the max skips it, the sum does not.
 // With a soft cap c the scaled score s is c tanh(s / c) before the mask, and
 // dcap holds its derivative 1 - tanh^2(s / c) for the gradient reference.
 struct RowSoftmax {
@@ -71,12 +75,15 @@ struct RowSoftmax {
     for (std::int64_t d = 0; d < D; ++d) q[static_cast<std::size_t>(d)] = qf * in.q.get(b, h, i, d);
     const double scale = p.softmax_scale();
     double mx = -std::numeric_limits<double>::infinity();
-    bool any = false;
+    bool any = false, nan = false;
     for (std::int64_t j = 0; j < Skv; ++j) {
       bool vis = true;
       if (p.mask == MaskKind::Boolean) {
         vis = in.mask.get(b, h, i, j) != 0.0f;
-      } else if (p.mask != MaskKind::Bias) {
+      } else if (p.mask == MaskKind::Bias) {
+        // A bias of -inf hides the key as a mask does, its score's NaN or inf too.
+        vis = in.bias.get(b, h, i, j) != -std::numeric_limits<float>::infinity();
+      } else {
         vis = p.visible(i, j);
       }
       keep[static_cast<std::size_t>(j)] = vis;
@@ -93,9 +100,13 @@ struct RowSoftmax {
       if (p.mask == MaskKind::Bias) s += in.bias.get(b, h, i, j);
       prob[static_cast<std::size_t>(j)] = s;
       mx = std::max(mx, s);
+      nan = nan || std::isnan(s);
       any = true;
     }
-    if (!any) return false;
+    if (!any || (mx == -std::numeric_limits<double>::infinity() && !nan)) {
+      std::fill(prob.begin(), prob.end(), 0.0);
+      return false;
+    }
     double sum = 0;
     for (std::int64_t j = 0; j < Skv; ++j) {
       double& w = prob[static_cast<std::size_t>(j)];
@@ -113,7 +124,14 @@ struct RowSoftmax {
   }
 };
 
+// Whether a and b are the same non-finite value (both NaN, or one infinity).
+bool same_nonfinite(double a, double b) { return (std::isnan(a) && std::isnan(b)) || (std::isinf(a) && a == b); }
+
 // Accumulates one checked row of `got` (read through `at`) against `ref`.
+// Where the reference itself is NaN or inf (non-finite inputs), the output
+// must be the same there; a non-finite output where the reference is finite
+// on a row it defines, or a finite one where it is not, makes the relative
+// error NaN: such an output is never reported as close (ErrorStats::rel).
 class ErrorAccumulator {
  public:
   template <class At>
@@ -122,6 +140,17 @@ class ErrorAccumulator {
     double row_err2 = 0, row_ref2 = 0, row_max = 0;
     for (std::size_t d = 0; d < ref.size(); ++d) {
       const double o = at(static_cast<std::int64_t>(d));
+      if (!std::isfinite(ref[d])) {
+        if (same_nonfinite(o, ref[d])) {
+          ++e_.nonfinite_expected;
+        } else if (std::isfinite(o)) {
+          ++e_.nonfinite_hidden;
+        } else {
+          ++e_.nan_count;
+          row_nan = true;
+        }
+        continue;
+      }
       if (!std::isfinite(o)) {
         ++e_.nan_count;
         row_nan = true;
@@ -143,7 +172,10 @@ class ErrorAccumulator {
     e_.max_abs = std::max(e_.max_abs, row_max);
   }
   ErrorStats done() {
-    e_.rel = ref2_ > 0 ? std::sqrt(err2_ / ref2_) : std::sqrt(err2_);
+    const bool unexplained = e_.nan_rows > e_.nan_rows_fully_masked || e_.nonfinite_hidden > 0;
+    e_.rel = unexplained ? std::numeric_limits<double>::quiet_NaN()
+             : ref2_ > 0 ? std::sqrt(err2_ / ref2_)
+                         : std::sqrt(err2_);
     return e_;
   }
 
@@ -430,6 +462,12 @@ double tolerance_floor(DType dtype) {
 Acceptance accept(DType dtype, const ErrorStats& e, std::optional<double> math_rel, bool nan_allowed_on_masked_rows) {
   Acceptance a;
   char buf[160];
+  if (e.nonfinite_hidden > 0) {
+    std::snprintf(buf, sizeof buf, "finite output in %lld checked elements where the reference is NaN or inf",
+                  static_cast<long long>(e.nonfinite_hidden));
+    a.why = buf;
+    return a;
+  }
   if (e.nan_rows > 0) {
     const bool documented = nan_allowed_on_masked_rows && e.nan_rows == e.nan_rows_fully_masked;
     if (!documented) {

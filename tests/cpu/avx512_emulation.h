@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "attnprof/dtype.h"
@@ -35,6 +36,7 @@ using __mmask16 = std::uint16_t;
 
 constexpr int _CMP_EQ_OQ = 0x00;
 constexpr int _CMP_LT_OQ = 0x11;
+constexpr int _CMP_NLT_UQ = 0x15;
 constexpr int _CMP_GE_OQ = 0x1d;
 constexpr int _CMP_GT_OQ = 0x1e;
 constexpr int _MM_FROUND_TO_NEG_INF = 0x01;
@@ -106,11 +108,12 @@ inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) {
 inline __mmask16 _mm512_cmp_ps_mask(__m512 a, __m512 b, int pred) {
   __mmask16 k = 0;
   for (int i = 0; i < 16; ++i) {
-    const bool t = pred == _CMP_EQ_OQ   ? a.f[i] == b.f[i]
-                   : pred == _CMP_LT_OQ ? a.f[i] < b.f[i]
-                   : pred == _CMP_GE_OQ ? a.f[i] >= b.f[i]
-                   : pred == _CMP_GT_OQ ? a.f[i] > b.f[i]
-                                        : throw 0;
+    const bool t = pred == _CMP_EQ_OQ    ? a.f[i] == b.f[i]
+                   : pred == _CMP_LT_OQ  ? a.f[i] < b.f[i]
+                   : pred == _CMP_GE_OQ  ? a.f[i] >= b.f[i]
+                   : pred == _CMP_NLT_UQ ? !(a.f[i] < b.f[i])
+                   : pred == _CMP_GT_OQ  ? a.f[i] > b.f[i]
+                                         : throw 0;
     if (t) k = static_cast<__mmask16>(k | (1u << i));
   }
   return k;
@@ -128,10 +131,17 @@ inline __m512 _mm512_reduce_ps(__m512 a, int imm) {
   return attnprof::emulation::map16<__m512>(
       [&](__m512& r, int i) { r.f[i] = std::isinf(a.f[i]) ? 0.0f : a.f[i] - std::floor(a.f[i]); });
 }
-// VSCALEFPS zero-masked: a * 2^floor(b) where k's bit is set, else 0.
+// VSCALEFPS zero-masked: a * 2^floor(b) where k's bit is set, else 0; NaN
+// where a or b is NaN.
 inline __m512 _mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b) {
   return attnprof::emulation::map16<__m512>([&](__m512& r, int i) {
-    r.f[i] = (k >> i) & 1 ? std::ldexp(a.f[i], static_cast<int>(std::floor(b.f[i]))) : 0.0f;
+    if (!((k >> i) & 1)) {
+      r.f[i] = 0.0f;
+    } else if (std::isnan(a.f[i]) || std::isnan(b.f[i])) {
+      r.f[i] = std::numeric_limits<float>::quiet_NaN();
+    } else {
+      r.f[i] = std::ldexp(a.f[i], static_cast<int>(std::floor(b.f[i])));
+    }
   });
 }
 inline __m512i _mm512_set1_epi32(std::int32_t x) {

@@ -17,6 +17,7 @@ namespace attnprof {
 namespace {
 
 TEST(FlashEmulated, AmxForward) { run_emulated_forward(cpu::flash::kKernelsEmulatedAmx, "amx"); }
+TEST(FlashEmulated, AmxNanAndInfPassThrough) { run_emulated_nan(cpu::flash::kKernelsEmulatedAmx, "amx"); }
 TEST(FlashEmulated, AmxBf16Gemm) { run_emulated_bf16_gemm(cpu::flash::kKernelsEmulatedAmx); }
 TEST(FlashEmulated, AmxBackward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAmx, "amx"); }
 

@@ -17,6 +17,9 @@ namespace attnprof {
 namespace {
 
 TEST(FlashEmulated, Avx512Bf16Forward) { run_emulated_forward(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16"); }
+TEST(FlashEmulated, Avx512Bf16NanAndInfPassThrough) {
+  run_emulated_nan(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16");
+}
 TEST(FlashEmulated, Avx512Bf16Bf16Gemm) { run_emulated_bf16_gemm(cpu::flash::kKernelsEmulatedAvx512Bf16); }
 TEST(FlashEmulated, Avx512Bf16Backward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16"); }
 

@@ -19,6 +19,7 @@
 #include "backends/cpu/flash_kernels.h"
 #include "common/test_problem.h"
 #include "cpu/flash_accuracy.h"
+#include "cpu/nan_cases.h"
 
 namespace attnprof {
 namespace {
@@ -78,6 +79,14 @@ void run_emulated_forward(const cpu::flash::Kernels& k, const std::string& level
     testing::expect_flash_accurate(p, check_against_reference(p, in, out, sample_rows(p, 1 << 20)),
                                    level + " (emulated) " + c.name + ": " + k.forward_products(p));
   }
+}
+
+// NaN and inf in q, k, an FP8 k and a bias reach the output as in the
+// float64 reference (nan_cases.h), through the level's exp2, tanh and stores.
+void run_emulated_nan(const cpu::flash::Kernels& k, const std::string& level) {
+  const UseKernels use(k);
+  auto flash = cpu::make_flash();
+  testing::expect_nan_passes_through(*flash, level + " (emulated)");
 }
 
 void run_emulated_backward(const cpu::flash::Kernels& k, const std::string& level) {

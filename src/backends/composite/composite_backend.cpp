@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "attnprof/aliasing.h"
 #include "attnprof/error.h"
 #include "attnprof/varlen.h"
 #include "backends/composite/plan.h"
@@ -132,6 +133,7 @@ std::string CompositeBackend::softcap_story(const Problem& p) {
 }
 
 void CompositeBackend::forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) {
+  require_output_apart(in, out, name());
   saved = {};
   run_forward(*ops_, p, in, out, ctx, mask_, &saved);
 }

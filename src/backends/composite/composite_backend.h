@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "attnprof/aliasing.h"
 #include "attnprof/backend.h"
 #include "backends/ops.h"
 
@@ -70,6 +71,7 @@ class CompositeBackend : public Backend {
   std::size_t planned_workspace_bytes(const Problem& p) const;
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
+    require_output_apart(in, out, name());
     run_forward(*ops_, p, in, out, ctx, mask_, nullptr);
   }
 

@@ -99,9 +99,12 @@ class Math final : public CompositeBackend {
     Tensor q32 = upcast ? ops.to(in.q, DType::F32, ctx) : in.q;
     Tensor k32 = upcast ? ops.to(in.k, DType::F32, ctx) : in.k;
     const Tensor v32 = upcast ? ops.to(in.v, DType::F32, ctx) : in.v;
-    // Half the scale on each operand keeps q.k in range before the product.
-    const float root = static_cast<float>(std::sqrt(p.softmax_scale()));
-    Tensor q = ops.mul(q32, root, ctx);
+    // Half the scale on each operand keeps q.k in range before the product;
+    // a negative scale's sign goes on q (the root of its magnitude on both),
+    // where PyTorch's sqrt of the scale itself would make every score NaN.
+    const double scale = p.softmax_scale();
+    const float root = static_cast<float>(std::sqrt(std::abs(scale)));
+    Tensor q = ops.mul(q32, std::signbit(scale) ? -root : root, ctx);
     q32 = Tensor();
     if (geometry::banded(p.mask)) mask = rebuilt_mask(ops, p, ctx);
     if (p.mask == MaskKind::Bias) mask = in.bias;

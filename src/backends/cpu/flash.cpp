@@ -19,11 +19,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numbers>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "attnprof/aliasing.h"
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "attnprof/reference.h"
@@ -141,6 +143,12 @@ void mask_band(const Band& band, std::int64_t i0, std::int64_t j0, std::int64_t 
   }
 }
 
+// A base-2 score plus a bias; a bias of -inf hides the key as a mask does,
+// so a NaN or inf score there stays hidden (as in the float64 reference).
+inline float biased(float s2, float bias) {
+  return bias == -std::numeric_limits<float>::infinity() ? kNegInf : s2 + kLog2e * bias;
+}
+
 // Masks and biases are read row by row through the tensor's strides, so
 // [1, 1, S, Skv] and stride-0 expanded views both work.
 void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t nq,
@@ -158,10 +166,10 @@ void mask_tensor(const Problem& p, const Inputs& in, std::int64_t b, std::int64_
         if (!keep[j * inc]) st[j * lds + c] = kNegInf;
     } else if (t.dtype() == DType::F32) {
       const float* bias = t.data_as<const float>() + base;
-      for (std::int64_t j = 0; j < n; ++j) st[j * lds + c] += kLog2e * bias[j * inc];
+      for (std::int64_t j = 0; j < n; ++j) st[j * lds + c] = biased(st[j * lds + c], bias[j * inc]);
     } else {
       for (std::int64_t j = 0; j < n; ++j)
-        st[j * lds + c] += kLog2e * load_as_float(t.data(), t.dtype(), base + j * inc);
+        st[j * lds + c] = biased(st[j * lds + c], load_as_float(t.data(), t.dtype(), base + j * inc));
     }
   }
 }
@@ -326,6 +334,7 @@ class FlashCpu final : public Backend {
     RecordFunction rf("flash_attention", dtypes_string({&in.q, &in.k, &in.v}),
                       dims_string(in.q) + ", " + dims_string(in.k) + ", " + dims_string(in.v));
     require_mask_tensor(p, in);
+    require_output_apart(in, out, "flash");
     if (p.kv_cache == KvCache::Paged && (!in.k_pages.defined() || !in.v_pages.defined() || !in.block_table.defined())) {
       fail(ErrorKind::InvalidArgument,
            "flash: kv_cache=paged without the pages and block table (make_inputs makes them)");

@@ -169,7 +169,7 @@ inline void store_rows_amx(const ForwardJob& job, const Sequence& s, std::int64_
   }
   store_lse(job, s, h, i0, nq, m, l);
   alignas(64) float inv[kBlockQ] = {};
-  for (std::int64_t i = 0; i < nq; ++i) inv[i] = l[i] > 0.0f ? job.o_scale / l[i] : 0.0f;
+  for (std::int64_t i = 0; i < nq; ++i) inv[i] = l[i] != 0.0f ? job.o_scale / l[i] : 0.0f;  // NaN stays NaN
   auto* first = out.data_as<std::uint16_t>() + out.index(s.tb, h, s.q0 + i0, 0);
   for (std::int64_t c = 0; c < nq; c += 16) {
     const __m512 sc = _mm512_loadu_ps(inv + c);

@@ -176,17 +176,19 @@ inline void pack_q(const ForwardJob& job, const Sequence& s, std::int64_t h, std
   for (std::int64_t d = 0; d < D; ++d) std::fill(qt + d * ldq + nq, qt + d * ldq + qcols, 0.0f);
 }
 
-// The block's rows' log-sum-exp (natural log, -inf on a fully masked row),
-// where the job saves it.
+// The block's rows' log-sum-exp (natural log, -inf on a fully masked row,
+// NaN on a row whose sum took a NaN), where the job saves it.
 inline void store_lse(const ForwardJob& job, const Sequence& s, std::int64_t h, std::int64_t i0, std::int64_t nq,
                       const float* m, const float* l) {
   if (!job.lse) return;
   float* lse = job.lse + (s.tb * job.p.heads + h) * job.lse_rows + s.q0 + i0;
   for (std::int64_t i = 0; i < nq; ++i)
-    lse[i] = l[i] > 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
+    lse[i] = l[i] != 0.0f ? std::log(l[i]) + m[i] * std::numbers::ln2_v<float> : kNegInf;
 }
 
-// out rows = O / l, zeros where l == 0 (every key masked: never NaN); and for
+// out rows = O / l, zeros where l == 0 (every key masked: never NaN), NaN
+// where l is NaN (a NaN score or input reached the row, as it reaches the
+// float64 reference's: the test is l != 0, which NaN passes); and for
 // a training forward each row's natural-log LSE, ln(l) + m ln 2 (m is the
 // base-2 running max), -inf where l == 0. O is row i at o + i * ldo_row, or
 // (transposed, the AMX kernel's O^T) column i at o + i with rows ldo_col apart.
@@ -199,7 +201,7 @@ inline void store_rows(const ForwardJob& job, const Sequence& s, std::int64_t h,
   constexpr std::int64_t kMaxRow = 256;  // the largest head dim a Problem takes
   float row[kMaxRow];                    // a 16-bit row, normalised, before store_row rounds it
   for (std::int64_t i = 0; i < nq; ++i) {
-    const float inv = l[i] > 0.0f ? job.o_scale / l[i] : 0.0f;
+    const float inv = l[i] != 0.0f ? job.o_scale / l[i] : 0.0f;
     const float* src = o + i * ldo_row;
     const std::int64_t base = out.index(s.tb, h, s.q0 + i0 + i, 0);
     if (out.dtype() == DType::F32 && inc == 1) {

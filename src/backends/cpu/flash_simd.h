@@ -85,15 +85,18 @@ inline Vf finite_or_zero(Vf x) {
 // [0, 1) by VREDUCEPS, 2^f by a degree-5 minimax polynomial whose constant
 // term is 1 (relative error 1.6e-7 in FP32 arithmetic; 2^0 is exactly 1, so
 // an unmoved max rescales by exactly 1), and 2^f 2^floor(x) by VSCALEFPS.
-// Lanes below -126 (and -inf, NaN) are exactly 0 by the scale's zero mask:
+// Lanes below -126 (and -inf) are exactly 0 by the scale's zero mask:
 // VSCALEFPS would produce them as subnormals or underflow through a microcode
 // assist (about 65x slower a vector on a Xeon without FTZ, docs/perf/cpu-flash.md).
+// A NaN lane stays NaN (the mask's compare is unordered-true, and VSCALEFPS
+// of a NaN is NaN): a NaN score must reach the row's sum, as it reaches the
+// float64 reference's, not drop out as a zero probability.
 // The AVX2 version's shifter, polynomial, shift and multiply take twelve.
 // kBf16P: P is rounded to bf16 for P V (8 bits), so a degree-3 polynomial
 // (relative error below 1e-4, as the GPU kernels' ex2_fma) does.
 template <bool kBf16P = false>
 inline Vf exp2(Vf x) {
-  const __mmask16 normal = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  const __mmask16 normal = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);  // x >= -126 or NaN
   const __m512 f = _mm512_reduce_ps(x.v, _MM_FROUND_TO_NEG_INF);
   __m512 p;
   if constexpr (kBf16P) {
@@ -172,11 +175,13 @@ inline Vf finite_or_zero(Vf x) {
 // 2^x for x <= 0 (softmax exponents after the max shift), relative error about
 // 2e-7: x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f polynomial, 2^n
 // built in the exponent bits. Inputs below -127 (and -inf) give exactly 0,
-// because n = -127 produces a zero bit pattern.
+// because n = -127 produces a zero bit pattern. A NaN gives NaN: VMAXPS
+// returns its second operand when either is NaN, so the clamp takes x second
+// and a NaN passes through it (and through the polynomial) at no cost.
 template <bool kBf16P = false>  // (8 lanes: P stays FP32; the one polynomial)
 inline Vf exp2(Vf x) {
   const __m256 shifter = _mm256_set1_ps(12583039.0f);  // round(x) + 127 in t's low bits (the AVX-512 exp2's trick)
-  const __m256 xc = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
+  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-127.0f), x.v);
   const __m256 t = _mm256_add_ps(xc, shifter);
   const __m256 f = _mm256_sub_ps(xc, _mm256_sub_ps(t, shifter));
   __m256 p = _mm256_set1_ps(1.535336188319500e-4f);

@@ -16,6 +16,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// x + m for a score x and an additive mask m (add and add_ take only those):
+// -inf where m is -inf, whatever x is, so a masked key's NaN or inf score
+// stays hidden, as the float64 reference and the fused kernels hide it
+// (IEEE's NaN + -inf would put the NaN in every row the mask hides it from).
+inline float masked_add(float x, float m) { return m == kNegInf ? kNegInf : x + m; }
+
 std::int64_t rows_of(const Tensor& t) { return t.size(0) * t.size(1) * t.size(2); }
 
 // Applies f(row index r, b, h, i) over every row of a [B, H, R, C] tensor, in parallel.
@@ -267,7 +273,7 @@ class CpuOps final : public Ops {
     const Tensor y = broadcast_to(y_in, x, "add");
     return map_rows(x, x.dtype(), ctx.allocator,
                     [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
-                      for (std::int64_t j = 0; j < n; ++j) r[j] += y.get(b, h, i, j);
+                      for (std::int64_t j = 0; j < n; ++j) r[j] = masked_add(r[j], y.get(b, h, i, j));
                     });
   }
 
@@ -275,7 +281,7 @@ class CpuOps final : public Ops {
     RecordFunction rf(op::add_.name, dtypes_string({&x, &y_in}), dims_string(x) + ", " + dims_string(y_in));
     const Tensor y = broadcast_to(y_in, x, "add_");
     update_rows(x, [&](float* r, std::int64_t n, std::int64_t b, std::int64_t h, std::int64_t i) {
-      for (std::int64_t j = 0; j < n; ++j) r[j] += y.get(b, h, i, j);
+      for (std::int64_t j = 0; j < n; ++j) r[j] = masked_add(r[j], y.get(b, h, i, j));
     });
   }
 
@@ -296,8 +302,12 @@ class CpuOps final : public Ops {
     RecordFunction rf(op::safe_softmax.name, dtypes_string({&x}), dims_string(x));
     return map_rows(x, x.dtype(), ctx.allocator, [](float* r, std::int64_t n, auto...) {
       float mx = kNegInf;
-      for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, r[j]);
-      if (mx == kNegInf) {  // every key masked: zeros, not NaN
+      bool nan = false;  // the max skips a NaN; the row is all -inf only without one
+      for (std::int64_t j = 0; j < n; ++j) {
+        mx = std::max(mx, r[j]);
+        nan = nan || std::isnan(r[j]);
+      }
+      if (mx == kNegInf && !nan) {  // every key masked: zeros, not NaN (a NaN row stays NaN, as PyTorch's)
         for (std::int64_t j = 0; j < n; ++j) r[j] = 0;
         return;
       }

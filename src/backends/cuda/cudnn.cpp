@@ -55,6 +55,7 @@
 #include <memory>
 #include <string>
 
+#include "attnprof/aliasing.h"
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "backends/cuda/cuda_backends.h"
@@ -209,6 +210,7 @@ class Cudnn final : public Backend {
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
+    require_output_apart(in, out, "cudnn");
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
@@ -237,6 +239,7 @@ class Cudnn final : public Backend {
   void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
     if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
     if (is_fp8(p.dtype)) fail(ErrorKind::Unsupported, std::string("cudnn: ") + cudnn_fp8::kForwardOnly);
+    require_output_apart(in, out, "cudnn");
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
@@ -252,6 +255,7 @@ class Cudnn final : public Backend {
                 Gradients& grads, RunContext& ctx) override {
     if (p.kv_cache == KvCache::Paged) fail(ErrorKind::Unsupported, std::string("cudnn: ") + kPagedForwardOnly);
     if (is_fp8(p.dtype)) fail(ErrorKind::Unsupported, std::string("cudnn: ") + cudnn_fp8::kForwardOnly);
+    require_output_apart(in, out, "cudnn");
     std::string dtypes, dims;
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kBackwardOp, dtypes, dims);

@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include "attnprof/aliasing.h"
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "backends/cuda/arch_check.h"
@@ -329,6 +330,7 @@ class FusedBackend : public Backend {
   }
 
   void run_forward(const Problem& p, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
+    require_output_apart(in, out, name());
     RecordFunction rf(op_, dtype_name(p.dtype), shape_key_of(p));
     FusedParams f = params_for(p);
     fill_forward(f, in, out, lse, p.kv_cache == KvCache::Paged);

@@ -267,17 +267,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
       o.z += f * v.z;
       o.w += f * v.w;
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    // sum != 0: a NaN sum (a NaN score, or one from a NaN or inf input) gives NaN,
+    // as the float64 reference does; only a row that saw no key gives zeros.
+    const float inv = sum != 0.f ? 1.f / sum : 0.f;
     // Natural-log LSE of the scaled scores; -inf where no key was seen (a split's
     // "nothing here"), which the one-split path turns into +inf (a fully masked row).
-    const float lse = sum > 0.f ? (base + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
+    const float lse = sum != 0.f ? (base + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
     const int qi = row / a.group, head = kv_head * a.group + row % a.group;
     const std::int64_t row_id = (static_cast<std::int64_t>(batch) * a.heads + head) * a.seq_q + qi;
     if (d.num_splits == 1) {
       std::uint16_t* const dst = a.o + batch * a.o_batch_stride + head * a.o_head_stride + qi * a.o_row_stride + col;
       *reinterpret_cast<uint2*>(dst) =
           make_uint2(pack2<Element>(o.x * inv, o.y * inv), pack2<Element>(o.z * inv, o.w * inv));
-      if (a.lse != nullptr && col == 0) a.lse[row_id] = sum > 0.f ? lse : INFINITY;
+      if (a.lse != nullptr && col == 0) a.lse[row_id] = sum != 0.f ? lse : INFINITY;
     } else {
       const std::int64_t rows_all = static_cast<std::int64_t>(a.batch) * a.heads * a.seq_q;
       *reinterpret_cast<float4*>(d.o_partial + (split * rows_all + row_id) * kD + col) =
@@ -325,7 +327,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_
       o[e + 1] += w * v.y;
     }
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const float inv = sum != 0.f ? 1.f / sum : 0.f;  // a split's NaN LSE makes its weight, and the row, NaN
   const int qi = static_cast<int>(row_id % a.seq_q);
   const std::int64_t bh = row_id / a.seq_q;
   const int head = static_cast<int>(bh % a.heads), batch = static_cast<int>(bh / a.heads);
@@ -334,7 +336,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_
   for (int e = 0; e < kPerLane; e += 2) {
     *reinterpret_cast<std::uint32_t*>(dst + e) = pack2<Element>(o[e] * inv, o[e + 1] * inv);
   }
-  if (a.lse != nullptr && lane == 0) a.lse[row_id] = sum > 0.f ? base + __logf(sum) : INFINITY;
+  if (a.lse != nullptr && lane == 0) a.lse[row_id] = sum != 0.f ? base + __logf(sum) : INFINITY;
 }
 
 // Launches the split kernel (grid: num_splits, Hkv * row_blocks, batch) and,

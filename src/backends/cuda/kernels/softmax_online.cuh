@@ -7,6 +7,10 @@
 // one FMA and one MUFU per element. Requires scale > 0 (so max(s) gives max(s*scale)).
 // A row that has seen only masked keys keeps max = -inf; its exponent base is
 // taken as 0, so its p are 0, its sum stays 0 and it is written as zeros.
+// NaN passes through as in the float64 reference: the max (fmaxf) skips a
+// NaN score, but its exponential is NaN, so the row's sum is NaN, and the
+// epilogue's tests are sum != 0 (not sum > 0), so a NaN sum gives a NaN row
+// and a NaN log-sum-exp where a zero sum gives zeros. No cost in the loop.
 // Fragment layout: mma.m16n8k16's C (mma_sm80.cuh), which wgmma's
 // accumulators share (wgmma_sm90.cuh), so both architectures use this.
 #pragma once
@@ -48,10 +52,12 @@ __device__ __forceinline__ float tree_reduce(float (&v)[kN], Op op) {
 // should not take: x = n + f with n = rint(x) (the 1.5 x 2^23 rounding
 // trick), 2^f on [-1/2, 1/2] by a degree-3 minimax polynomial (relative error
 // below 1e-4, under e4m3's 2^-4 and bf16's 2^-8 that P is rounded to), n added
-// to the exponent bits. x below -127 (a masked -inf) gives exactly +0.
+// to the exponent bits. x below -127 (a masked -inf) gives exactly +0; a
+// NaN gives NaN, as ex2 does (the clamp is max.NaN, one FMNMX as fmaxf, which
+// would drop the NaN and make a NaN score's p 0 and hide it).
 __device__ __forceinline__ float ex2_fma(float x) {
-  x = fmaxf(x, -127.f);
-  const float t = x + 12582912.f;  // 1.5 x 2^23: rint(x) in the low mantissa bits
+  asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));  // max(x, -127), NaN if x is
+  const float t = x + 12582912.f;                      // 1.5 x 2^23: rint(x) in the low mantissa bits
   const float f = x - (t - 12582912.f);
   float p = fmaf(fmaf(fmaf(0.0555041086f, f, 0.2402264923f), f, 0.6931471806f), f, 1.0f);
   const int n = __float_as_int(t) - 0x4B400000;
@@ -210,7 +216,7 @@ struct OnlineSoftmax {
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         row_sum[mt][h] = sum;
-        inv[mt][h] = sum > 0.f ? 1.f / sum : 0.f;
+        inv[mt][h] = sum != 0.f ? 1.f / sum : 0.f;
       }
     }
   }
@@ -225,9 +231,9 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = row_sum[mt][h];
-        lse[mt][h] = sum > 0.f ? (row_max[mt][h] * scale_log2 - static_cast<float>(kLog2Offset) + __log2f(sum)) *
-                                     0.6931471805599453f
-                               : INFINITY;
+        lse[mt][h] = sum != 0.f ? (row_max[mt][h] * scale_log2 - static_cast<float>(kLog2Offset) + __log2f(sum)) *
+                                      0.6931471805599453f
+                                : INFINITY;
       }
     }
   }

@@ -1,0 +1,52 @@
+// The range of soft caps and scales on which every backend's kernels are
+// correct (against the float64 reference, within each backend's tolerance),
+// for Problem validation to refuse anything outside, by field name.
+//
+// Why these bounds. The kernels hold the cap, the scale and their products
+// in FP32 (and the GPUs flush subnormals to zero):
+//  - CPU flash: cap2 = cap log2(e) and 1 / cap2, the scores' q_scale =
+//    scale log2(e) (times FP8 descales);
+//  - the CUDA fused kernels (efficient, flash sm80/sm90): scale_log2 =
+//    cap log2(e) or scale log2(e), and softcap_in = scale / cap;
+//  - cuDNN: the cap as an FP32 pointwise operand, s / cap and cap tanh;
+//  - the composites (naive, naive_inplace, math): mul by 1 / cap, tanh, mul by
+//    cap, in the scores' dtype (FP32 for math, the input dtype for naive).
+// With 2^-60 <= cap <= 2^60 and 2^-60 <= |scale| <= 2^60 every one of those
+// is a normal FP32 value with margin (scale / cap within 2^+-120, 1 / cap2
+// at least 2^-61), so nothing overflows to inf (the old 3.4e38 cap: cap2 =
+// inf, then inf * 0 = NaN) and nothing underflows to 0 (the old 1e-300 cap
+// became cap2 = 0, read as "no cap"). A score s / cap that overflows for a
+// tiny cap gives tanh = +-1, the right limit; one that flushes to zero for a
+// huge cap is a capped logit under 2^-126 cap <= 2^-66 in magnitude, whose
+// loss changes no probability in FP32. (FP8's descales multiply the CPU
+// flash's q_scale too: they are checked finite and positive on their own.)
+// fp16 keeps less: naive's scores are fp16, whose smallest subnormal is
+// 2^-24, so s / cap for a cap past 2^10 loses the low bits of every score
+// (cap 2^60 flushes them all to 0: uniform attention). fp16 caps stop at 2^10.
+// The scale's existing bound, |scale| x head_dim within the scores' dtype
+// (Problem::validate), still applies on top of these.
+#pragma once
+
+#include "attnprof/dtype.h"
+
+namespace attnprof::limits {
+
+inline constexpr double kSoftcapMin = 0x1p-60;  // about 8.7e-19
+inline constexpr double kSoftcapMax = 0x1p60;   // about 1.15e18
+inline constexpr double kSoftcapMaxF16 = 0x1p10;
+inline constexpr double kScaleAbsMin = 0x1p-60;
+inline constexpr double kScaleAbsMax = 0x1p60;
+
+// The largest soft cap every backend computes correctly for inputs of `dtype`.
+constexpr double softcap_max(DType dtype) { return dtype == DType::F16 ? kSoftcapMaxF16 : kSoftcapMax; }
+
+// Whether a soft cap (0: none) or a scale is inside the range above.
+constexpr bool softcap_in_range(double softcap, DType dtype) {
+  return softcap == 0 || (softcap >= kSoftcapMin && softcap <= softcap_max(dtype));
+}
+constexpr bool scale_in_range(double scale) {
+  const double a = scale < 0 ? -scale : scale;
+  return a >= kScaleAbsMin && a <= kScaleAbsMax;
+}
+
+}  // namespace attnprof::limits
