@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attnprof/error.h"
+#include "attnprof/limits.h"
 #include "attnprof/problem.h"
 #include "core/problem_detail.h"
 
@@ -31,15 +32,6 @@ constexpr std::int64_t kMaxHeadDim = 256;
 // dozen FP32 buffers of them (and the float64 reference's) stay exact in 64
 // bits below this. The other limits alone allow 2^64 of them.
 constexpr std::int64_t kMaxScores = std::int64_t{1} << 56;
-// range: see numerics. The kernels hold the soft cap c (and some of them
-// 1/c) in FP32: both must be normal floats, or the cap is lost on the way (a
-// c whose float is 0 or subnormal left the scores uncapped; from 3.4e38 c or
-// 1/c is inf or subnormal, and the output wrong or all zeros). [2^-60, 2^60]
-// keeps both far inside float's normal range.
-constexpr double kMinSoftcap = 0x1p-60;
-constexpr double kMaxSoftcap = 0x1p60;
-// The smallest normal float (FLT_MIN).
-constexpr double kMinScale = 0x1p-126;
 
 [[noreturn]] void refuse(const std::string& message, std::vector<std::string> fields) {
   fail(ErrorKind::InvalidArgument, message, std::move(fields));
@@ -120,17 +112,18 @@ void Problem::validate() const {
   }
   validate_kv_cache();
   if (scale && (!std::isfinite(*scale) || *scale == 0.0)) refuse("scale must be a finite, non-zero number", {"scale"});
-  // The kernels take the scale as a float: one below float's normals
-  // flushes to 0 (or loses its digits) on the way. The largest is bounded
-  // below by the scores' overflow.
-  if (scale && std::abs(*scale) < kMinScale) {
-    refuse("scale " + format_real(*scale) + " is below the smallest normal float, " + format_real(kMinScale) +
-               ": the kernels take the scale as a float",
+  // The range every backend computes correctly (attnprof/limits.h says why).
+  if (scale && !limits::scale_in_range(*scale)) {
+    refuse("scale must lie between 2^-60 and 2^60 in magnitude (the kernels hold it and its products in FP32), "
+           "got " + format_real(*scale),
            {"scale"});
   }
   // 0 is no cap; anything else, from Python, the CLI or code, lies in the range.
-  if (softcap != 0 && !(softcap >= kMinSoftcap && softcap <= kMaxSoftcap)) {
-    refuse("softcap must be a finite number from 2^-60 to 2^60 (0: no cap), got " + format_real(softcap), {"softcap"});
+  if (!limits::softcap_in_range(softcap, dtype)) {
+    refuse("softcap must be a finite number from 2^-60 to " +
+               std::string(limits::softcap_max(dtype) == limits::kSoftcapMax ? "2^60" : "2^10 for fp16") +
+               " (0: no cap), got " + format_real(softcap),
+           {"softcap"});
   }
   // The inputs are uniform in [-1, 1), so |q . k| reaches head_dim at most and
   // a score |scale| x head_dim. Past the scores' dtype's largest finite value
