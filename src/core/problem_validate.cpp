@@ -112,12 +112,6 @@ void Problem::validate() const {
   }
   validate_kv_cache();
   if (scale && (!std::isfinite(*scale) || *scale == 0.0)) refuse("scale must be a finite, non-zero number", {"scale"});
-  // The range every backend computes correctly (attnprof/limits.h says why).
-  if (scale && !limits::scale_in_range(*scale)) {
-    refuse("scale must lie between 2^-60 and 2^60 in magnitude (the kernels hold it and its products in FP32), "
-           "got " + format_real(*scale),
-           {"scale"});
-  }
   // 0 is no cap; anything else, from Python, the CLI or code, lies in the range.
   if (!limits::softcap_in_range(softcap, dtype)) {
     refuse("softcap must be a finite number from 2^-60 to " +
@@ -141,6 +135,15 @@ void Problem::validate() const {
                   softmax_scale(), reach, std::string(dtype_name(scores)).c_str(), max_finite(scores),
                   max_finite(scores) / static_cast<double>(head_dim));
     refuse(buf, {"scale", "head_dim"});
+  }
+  // Then the range every backend computes correctly (attnprof/limits.h says
+  // why); a scale past the scores' reach is named as that overflow above.
+  if (scale && !limits::scale_in_range(*scale)) {
+    refuse(
+        "scale must lie between 2^-60 and 2^60 in magnitude (the kernels hold it and its products in FP32), "
+        "got " +
+            format_real(*scale),
+        {"scale"});
   }
 }
 

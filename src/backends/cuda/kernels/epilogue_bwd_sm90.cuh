@@ -156,19 +156,21 @@ struct EpilogueBwdSm90 {
       float* const dk_at = a.dkv_partial + part * slice +
                            ((static_cast<std::int64_t>(batch) * kv_heads + kv_head) * a.f.k_rows + n0) * Cfg::kPadDim;
       float* const dv_at = dk_at + a.group_split * slice;
-      each_run.template operator()<Cfg::kDkvTiles>([&]<int kN>(int col, const float(&k)[kN][4], const float(&v)[kN][4]) {
-        store_rows_f32(dk_at + col, Cfg::kPadDim, k, row0, valid, lane);
-        store_rows_f32(dv_at + col, Cfg::kPadDim, v, row0, valid, lane);
-      });
+      each_run.template operator()<Cfg::kDkvTiles>(
+          [&]<int kN>(int col, const float(&k)[kN][4], const float(&v)[kN][4]) {
+            store_rows_f32(dk_at + col, Cfg::kPadDim, k, row0, valid, lane);
+            store_rows_f32(dv_at + col, Cfg::kPadDim, v, row0, valid, lane);
+          });
       return;
     }
     std::uint16_t* const dk_at = a.dk + batch * a.dk_batch_stride + kv_head * a.dk_head_stride + n0 * a.dk_row_stride;
     std::uint16_t* const dv_at = a.dv + batch * a.dv_batch_stride + kv_head * a.dv_head_stride + n0 * a.dv_row_stride;
-    each_run.template operator()<Cfg::kHeadDim / 8>([&]<int kN>(int col, const float(&k)[kN][4], const float(&v)[kN][4]) {
-      using Run = const float(&)[1][kN][4];
-      store_rows<Element>(dk_at + col, a.dk_row_stride, reinterpret_cast<Run>(k), a.scale, row0, valid, lane);
-      store_rows<Element>(dv_at + col, a.dv_row_stride, reinterpret_cast<Run>(v), 1.f, row0, valid, lane);
-    });
+    each_run.template operator()<Cfg::kHeadDim / 8>(
+        [&]<int kN>(int col, const float(&k)[kN][4], const float(&v)[kN][4]) {
+          using Run = const float(&)[1][kN][4];
+          store_rows<Element>(dk_at + col, a.dk_row_stride, reinterpret_cast<Run>(k), a.scale, row0, valid, lane);
+          store_rows<Element>(dv_at + col, a.dv_row_stride, reinterpret_cast<Run>(v), 1.f, row0, valid, lane);
+        });
   }
 
   // A warp's 16 rows of kN n-tiles (rows row0 + lane / 4 and 8 below) as
@@ -188,7 +190,6 @@ struct EpilogueBwdSm90 {
       }
     }
   }
-
 };
 
 }  // namespace attnprof::cuda::kernels

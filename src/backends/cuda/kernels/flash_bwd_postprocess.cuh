@@ -164,8 +164,7 @@ cudaError_t launch_bwd_sum_dkv(const BwdArgs& a, cudaStream_t stream) {
       static_cast<std::int64_t>(a.f.batch) * (a.f.heads / a.f.group) * a.f.k_rows * (a.head_dim / 4);
   const std::int64_t blocks = (total + 255) / 256;
   return launch_after_prior(flash_bwd_sum_dkv_kernel<Element, kPadDim>,
-                            dim3(static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), 2), 256, 0, stream,
-                            a);
+                            dim3(static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), 2), 256, 0, stream, a);
 }
 
 }  // namespace attnprof::cuda::kernels

@@ -236,8 +236,9 @@ struct MainloopBwdSm90 {
   // and k_row0; rows read past it are masked (keys) or have an LSE of +inf
   // (queries), as the forward's (mainloop_fwd_sm90_tma_wgmma_ws.cuh).
   __device__ __forceinline__ static void load(const Params& p, const BwdArgs& a, const Smem& smem, int n0, int kv_head,
-                                              BwdArgs::Heads heads, int batch, QueryWalk walk, const KVPipeline& kv_pipe,
-                                              const QPipeline& q_pipe, typename QPipeline::State& q_state) {
+                                              BwdArgs::Heads heads, int batch, QueryWalk walk,
+                                              const KVPipeline& kv_pipe, const QPipeline& q_pipe,
+                                              typename QPipeline::State& q_state) {
     const FwdArgs& f = a.f;
     const int map_batch = f.map_batch_of(batch);
     const std::uint32_t kv_bar = kv_pipe.producer_expect(typename KVPipeline::State{}, 0, 2 * kKBytes);
