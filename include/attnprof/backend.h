@@ -176,7 +176,8 @@ Eligibility no_fp8(std::string_view backend, Device device);
 // b.eligibility(p), with no_backward() for a backward or training pass of a
 // backend that has none, and no_softcap() for a soft cap on a backend whose
 // traits do not take one, and no_varlen() and no_fp8() likewise: what explain() and the
-// runner ask.
+// runner ask. A reason says why the backend cannot take `p`, never which
+// backends can: explain() appends those.
 Eligibility eligibility_of(const Backend& b, const Problem& p);
 
 // Every backend name in display order: naive, naive_inplace, math, efficient, flash, cudnn.

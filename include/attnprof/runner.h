@@ -32,7 +32,8 @@ struct Explanation {
 };
 
 // Every backend name, with whether it can take `p` and why (GPU-only backends
-// on the CPU answer "not eligible on CPU: ...").
+// on the CPU answer "not eligible on CPU: ..."); each refusal ends with the
+// backends that can ("; eligible here: flash, math", or "none").
 std::vector<Explanation> explain(const Problem& p);
 
 // `auto`: the fastest eligible backend for `p`, measured once per problem and

@@ -209,6 +209,13 @@ def test_paged_bad_input_is_one_line_and_leaves_nothing():
             attnprof.attention(q, kc, vc, **kwargs)
         assert "\n" not in str(info.value), str(info.value)
         assert _core.allocated_bytes("cpu") == before
+    # A cache of the wrong rank is refused in the cache's own layout, not q's.
+    for name, bad in (("k_cache", {"k": kc[0]}), ("v_cache", {"v": vc.unsqueeze(0)})):
+        caches = {"k": kc, "v": vc} | bad
+        with pytest.raises(attnprof.Error, match=name + r" must be 4-d, \[num_pages, kv_heads, page_size, head_dim\]; "
+                           r"got [35]-d") as info:
+            attnprof.attention(q, caches["k"], caches["v"], block_table=table, seq_lens=lens, mask="none")
+        assert "\n" not in str(info.value), str(info.value)
     with pytest.raises(attnprof.Error, match=r"page_size 12 must be a power of two"):
         attnprof.attention(q, kc[:, :, :12], vc[:, :, :12], block_table=table, seq_lens=torch.tensor(
             [12, 12], dtype=torch.int32), mask="none")

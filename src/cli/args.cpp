@@ -10,6 +10,7 @@
 #include "attnprof/error.h"
 #include "attnprof/mask_tensor.h"
 #include "attnprof/problem_spec.h"
+#include "attnprof/report.h"
 
 namespace attnprof::cli {
 namespace {
@@ -158,7 +159,7 @@ Options parse_trace_command(Options o, int argc, char** argv) {
         o.trace_steps.emplace_back(step);
       }
     } else if (arg == "--top") {
-      o.top = to_small_int(arg, value, 1, 100000);
+      o.top = to_small_int(arg, value, 1, kMaxTop);
     } else if (arg == "--json") {
       if (value.empty()) bad("--json needs a path");
       o.json_path = value;

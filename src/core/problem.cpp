@@ -433,25 +433,22 @@ Eligibility no_backward(std::string_view backend) {
   return {false, std::string(backend) + " has no backward pass: use pass=forward, or a backend with one"};
 }
 
-// The backends that take soft caps, packed batches and fp8 inputs on
-// `device` (their traits), named in the refusals of those that do not.
-static std::string takers(Device device) {
-  return device == Device::Cpu ? "flash, naive, naive_inplace and math" : "flash, cudnn, naive, naive_inplace and math";
-}
-
+// These say only why the backend cannot take the problem: explain() (the
+// registry) appends the backends that can, asked the same way, so no list of
+// names is kept here to drift from the backends' traits.
 Eligibility no_softcap(std::string_view backend, Device device) {
-  return {false, "soft-capping is not built for " + std::string(backend) + " on " + std::string(device_name(device)) +
-                     " yet (" + takers(device) + " take it)"};
+  return {false,
+          "soft-capping is not built for " + std::string(backend) + " on " + std::string(device_name(device)) + " yet"};
 }
 
 Eligibility no_varlen(std::string_view backend, Device device) {
   return {false, "packed batches (seq_lens, varlen) are not built for " + std::string(backend) + " on " +
-                     std::string(device_name(device)) + " yet (" + takers(device) + " take them)"};
+                     std::string(device_name(device)) + " yet"};
 }
 
 Eligibility no_fp8(std::string_view backend, Device device) {
-  return {false, "fp8 (e4m3) inputs are not built for " + std::string(backend) + " on " +
-                     std::string(device_name(device)) + " (" + takers(device) + " take them)"};
+  return {false,
+          "fp8 (e4m3) inputs are not built for " + std::string(backend) + " on " + std::string(device_name(device))};
 }
 
 Eligibility eligibility_of(const Backend& b, const Problem& p) {
@@ -461,8 +458,8 @@ Eligibility eligibility_of(const Backend& b, const Problem& p) {
   if (is_fp8(p.dtype) && !b.traits().fp8) return no_fp8(b.name(), b.device());
   if (p.deterministic && !b.traits().backward_dq_unordered) {
     return {false, std::string(b.name()) +
-                       "'s backward sums dQ in a fixed order already: deterministic=true means "
-                       "nothing here (it applies to flash, efficient and cudnn, and to flash on the CPU)"};
+                       "'s backward sums dQ in a fixed order already: deterministic=true applies only to a "
+                       "backward that sums dQ in the order its blocks finish"};
   }
   return b.eligibility(p);
 }

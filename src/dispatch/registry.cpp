@@ -230,6 +230,16 @@ std::vector<Explanation> explain(const Problem& p) {
     }
     out.push_back(std::move(e));
   }
+  // A backend's reason says only why it cannot take `p`; the backends that
+  // can are named here, once, from the same answers, so no refusal keeps a
+  // list of its siblings that drifts from what they take.
+  std::string takers;
+  for (const Explanation& e : out) {
+    if (e.eligible) takers += (takers.empty() ? "" : ", ") + e.backend;
+  }
+  for (Explanation& e : out) {
+    if (!e.eligible) e.reason += "; eligible here: " + (takers.empty() ? std::string("none") : takers);
+  }
   return out;
 }
 

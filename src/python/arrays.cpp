@@ -147,6 +147,15 @@ Tensor view_of(const char* name, const Array& a, bool bshd, Device device, DType
   return t;
 }
 
+Tensor cache_view_of(const char* name, const Array& a, Device device, DType dtype) {
+  if (a.ndim != 4) {
+    fail(ErrorKind::InvalidArgument, std::string(name) +
+                                         " must be 4-d, [num_pages, kv_heads, page_size, head_dim]; got " +
+                                         std::to_string(a.ndim) + "-d " + dims_of(a));
+  }
+  return view_of(name, a, false, device, dtype);
+}
+
 Tensor packed_view_of(const char* name, const Array& a, Device device, DType dtype) {
   if (a.ndim != 3) {
     fail(ErrorKind::InvalidArgument, std::string(name) +

@@ -68,6 +68,9 @@ void require_like_q(const char* name, const Array& a, const Array& q, Device dev
 // A borrowed [B, H, S, D] view of a caller's 4-d array; `bshd` reads it as
 // [B, S, H, D] (the view swaps the two middle dimensions; nothing moves).
 Tensor view_of(const char* name, const Array& a, bool bshd, Device device, DType dtype);
+// A borrowed view of a paged KV cache, [num_pages, Hkv, page_size, D] (vLLM's
+// layout, whatever q's), its rank refused in those terms.
+Tensor cache_view_of(const char* name, const Array& a, Device device, DType dtype);
 // A borrowed [1, H, total, D] view of a caller's packed [total, H, D] array.
 Tensor packed_view_of(const char* name, const Array& a, Device device, DType dtype);
 // attn_mask as a borrowed view right-aligned to 4-d, on q's device; its

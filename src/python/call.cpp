@@ -34,10 +34,22 @@ struct PlanKey {
   auto operator<=>(const PlanKey&) const = default;
 };
 
-std::string keeps_probabilities(std::string_view backend) {
+// The backends on `device` whose traits have `trait`, in display order: the
+// refusals below name them from the traits, never from a list kept by hand.
+std::string takers(Device device, bool Traits::*trait) {
+  std::string names;
+  for (const std::string_view n : backend_names()) {
+    const Backend* b = find_backend(n, device);
+    if (b && b->traits().*trait) names += (names.empty() ? "" : ", ") + std::string(n);
+  }
+  return names.empty() ? "none" : names;
+}
+
+std::string keeps_probabilities(std::string_view backend, Device device) {
   return std::string(backend) +
          " keeps the [S, Skv] probabilities for its backward; autograd through attnprof takes a backend that keeps "
-         "only the log-sum-exp (flash, efficient, cudnn)";
+         "only the log-sum-exp (on " +
+         std::string(device_name(device)) + ": " + takers(device, &Traits::backward_recomputes) + ")";
 }
 
 // `auto` under autograd: its measured pick where that recomputes, else the
@@ -52,7 +64,7 @@ std::string auto_for(const Problem& p, Use use, bool kv_lens) {
       if (e.eligible && takes(e.backend)) return e.backend;
     }
     fail(ErrorKind::Unsupported, "auto: no eligible backend takes per-sequence kv lengths (unequal seq_lens) for " +
-                                     p.describe() + "; flash on the CPU does");
+                                     p.describe() + "; on the CPU these do: " + takers(Device::Cpu, &Traits::kv_lens));
   }
   const std::string picked = choose_auto(p).backend;
   if (use == Use::Inference) return picked;
@@ -83,12 +95,14 @@ Backend& resolve(const Problem& p, const std::string& requested, Use use, bool k
   Backend* b = after_runtime_use(
       [&] { return &resolve_backend(p, requested == "auto" ? auto_for(p, use, kv_lens) : requested); });
   if (use == Use::Autograd && !b->traits().backward_recomputes) {
-    fail(ErrorKind::Unsupported, keeps_probabilities(std::string(b->name())));
+    fail(ErrorKind::Unsupported, keeps_probabilities(b->name(), p.device));
   }
   if (kv_lens && !b->traits().kv_lens) {
-    fail(ErrorKind::Unsupported, std::string(b->name()) + " on " + device_name(p.device) +
-                                     " takes one kv length for every sequence, and seq_lens differ: flash on the "
-                                     "CPU takes per-sequence lengths (or pad the shorter sequences' pages)");
+    fail(ErrorKind::Unsupported,
+         std::string(b->name()) + " on " + device_name(p.device) +
+             " takes one kv length for every sequence, and seq_lens differ: on the CPU these take "
+             "per-sequence lengths: " +
+             takers(Device::Cpu, &Traits::kv_lens) + " (or pad the shorter sequences' pages)");
   }
   std::lock_guard lock(mu);
   plans.emplace(std::move(key), b);

@@ -30,8 +30,8 @@ void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const
   if (!x.block_table || !x.seq_lens) {
     fail(ErrorKind::InvalidArgument, "a paged KV cache takes block_table= and seq_lens= together");
   }
-  in.k_pages = view_of("k_cache", k, false, p.device, dtype);
-  in.v_pages = view_of("v_cache", v, false, p.device, dtype);
+  in.k_pages = cache_view_of("k_cache", k, p.device, dtype);
+  in.v_pages = cache_view_of("v_cache", v, p.device, dtype);
   for (int i = 0; i < 4; ++i)
     require_same("a dimension of k_cache and v_cache", "k_cache", in.k_pages.size(i), "v_cache", in.v_pages.size(i));
   in.block_table = index_view("block_table", *x.block_table, 2, p.device);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -427,6 +428,35 @@ TEST(ReportFindings, NanInNaiveOnBottomRightCausalWithShortKv) {
   const std::string table = compare_table(all);
   EXPECT_NE(table.find("NaN"), std::string::npos) << table;
   EXPECT_GT(report::result_json(naive)["nan_count"].get<std::int64_t>(), 0);
+}
+
+// A refusal says only why; explain() names the backends that can take the
+// problem, once, from the same answers. deterministic=true on a training
+// pass: only flash's backward sums dQ in the order its blocks finish.
+TEST(Explain, RefusalsEndWithTheBackendsThatCanAndNameNoOther) {
+  Problem p = cpu_problem(64, 64, MaskKind::Causal);
+  p.pass = Pass::Train;
+  p.deterministic = true;
+  p.validate();
+  const std::vector<Explanation> rows = explain(p);
+  std::vector<std::string> can;
+  for (const Explanation& e : rows) {
+    if (e.eligible) can.push_back(e.backend);
+  }
+  EXPECT_EQ(can, std::vector<std::string>{"flash"});
+  const std::string tail = "; eligible here: flash";
+  for (const Explanation& e : rows) {
+    if (e.eligible) continue;
+    ASSERT_GT(e.reason.size(), tail.size()) << e.reason;
+    EXPECT_EQ(e.reason.substr(e.reason.size() - tail.size()), tail) << e.reason;
+    EXPECT_EQ(e.reason.find('\n'), std::string::npos) << e.reason;
+    const std::string why = e.reason.substr(0, e.reason.size() - tail.size());
+    for (std::string_view n : backend_names()) {
+      if (n == e.backend) continue;
+      EXPECT_FALSE(std::regex_search(why, std::regex("\\b" + std::string(n) + "\\b")))
+          << e.backend << "'s reason names " << n << ": " << why;
+    }
+  }
 }
 
 }  // namespace

@@ -99,10 +99,6 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   return plan;
 }
 
-cudaError_t launch_flash_decode(const FusedParams& p, cudaStream_t stream) {
-  return launch_flash_decode_planned(p, flash_decode_plan(p), stream);
-}
-
 cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream) {
   if (!plan.applies) return cudaErrorInvalidValue;
   const bool paged = p.page_size > 0;

@@ -69,7 +69,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     return say("q, k, v and o must be 16-byte aligned");
   }
   if (p.page_size > 0) {
-    if (!flash) return say("a paged KV cache is read by flash's decode kernel only");
+    if (!flash) return say("the efficient kernel reads no paged KV cache");
     if (p.block_table == nullptr) return say("a paged KV cache needs its block table");
     if (!flash_decode_head_dim(p.head_dim)) {
       std::string built;
@@ -102,7 +102,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     const char* what = p.softcap > 0.f             ? "soft-capping"
                        : p.cu_seqlens_q != nullptr ? "a packed batch (seq_lens)"
                                                    : "per-sequence key lengths (a key-padding mask, kv_lens)";
-    if (!flash) return say(std::string(what) + " is read by flash's kernels only (use flash)");
+    if (!flash) return say("the efficient kernel reads no " + std::string(what));
     if (p.softcap > 0.f && !(flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here())) {
       return say(std::string(what) +
                  " is read by flash's sm90 kernels only: an sm90 GPU with sm_90a code in this build, head_dim 64, "
@@ -118,7 +118,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     if (p.softcap > 0.f && !std::isfinite(p.softcap)) return say("the soft cap must be a positive finite number");
   }
   if (p.fp8) {
-    if (!flash) return say("fp8 (e4m3) inputs are read by flash's sm90 kernel only");
+    if (!flash) return say("the efficient kernel takes no fp8 (e4m3) inputs");
     if (!flash_sm90_runs_here()) {
       return say("fp8 (e4m3) needs flash's sm90a kernel: an sm90 GPU (FP8 tensor cores) and sm_90a code in this build");
     }

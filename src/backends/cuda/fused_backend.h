@@ -63,20 +63,20 @@ class FusedBackend : public Backend {
   Device device() const override { return Device::Cuda; }
 
   Eligibility eligibility(const Problem& p) const override {
-    if (p.dtype == DType::F32) return {false, "fp32 is not supported: the fused kernels take fp16 or bf16 (use math)"};
+    if (p.dtype == DType::F32) return {false, "fp32 is not supported: the fused kernels take fp16 or bf16"};
     // dtype fp8 with a backward or training pass is Problem::validate()'s
     // refusal, the one every front end gives before asking a backend.
     if (p.kv_cache == KvCache::Paged && !flash_) {
-      return {false, "a paged KV cache is read by flash's decode kernel only (use flash, cudnn, naive or math)"};
+      return {false, std::string(name_) + " reads no paged KV cache"};
     }
     if (p.mask == MaskKind::Bias) {
-      return {false, "bias masks are not supported by our fused kernel: use cudnn, naive or math"};
+      return {false, "bias masks are not supported by our fused kernels"};
     }
     // A key-padding mask lowers to per-sequence key lengths
     // (core/mask_lowering.h), which flash's sm90 kernels read; whether a mask
     // is one is known only when the call reads it (use_sequences).
     if (p.mask == MaskKind::Boolean && !flash_) {
-      return {false, std::string(name_) + " takes no boolean mask: use flash (key padding), cudnn, naive or math"};
+      return {false, std::string(name_) + " takes no boolean mask"};
     }
     if (p.varlen() && std::max(p.total_q(), p.total_kv()) > std::int64_t{1} << 30) {
       return {false, std::string(name_) + " indexes a packed batch's rows in 32 bits: at most 2^30 rows"};
@@ -397,7 +397,7 @@ class FusedBackend : public Backend {
     if (!lens) {
       fail(ErrorKind::Unsupported, std::string(name_) +
                                        " on CUDA reads a boolean mask only as key padding ([B, 1, 1, Skv], each row "
-                                       "Trues then Falses) and this one is not: use cudnn, naive or math");
+                                       "Trues then Falses) and this one is not");
     }
     key_counts.emplace(ctx.allocator, lens->size() * sizeof(std::int32_t));
     copy_key_counts(*lens, key_counts->data(), cuda_stream);

@@ -26,8 +26,7 @@ const char* fused_bwd_head_dim_refusal(int head_dim, bool flash) {
   for (const int d : kFusedBwdHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
   reason = "the fused backward is built for head_dim " + built + ", not " + std::to_string(head_dim) +
            " (dK and dV of 16 keys a warp outgrow the registers)" +
-           (flash && flash_sm90_bwd_head_dim(head_dim) ? "; flash's sm90 backward takes it on an sm90 GPU" : "") +
-           ": use math";
+           (flash && flash_sm90_bwd_head_dim(head_dim) ? "; flash's sm90 backward takes it on an sm90 GPU" : "");
   return reason.c_str();
 }
 

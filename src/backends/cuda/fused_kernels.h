@@ -64,10 +64,6 @@ struct DecodePlan {
 DecodePlan flash_decode_plan(const FusedParams& p);
 // The plan's `applies` alone, without device facts (cheap; on every call).
 bool flash_decode_takes(const FusedParams& p);
-// Enqueues the split kernel and, with more than one split, the combine
-// kernel; without p.workspace, one split. cudaErrorInvalidValue when the
-// plan does not apply.
-cudaError_t launch_flash_decode(const FusedParams& p, cudaStream_t stream);
 
 // The fused backward's two kernels: the FlashAttention-2 class sm80 one
 // (kernels/flash_bwd_sm80.cuh; efficient's, and flash's off sm90) and flash's
@@ -99,7 +95,10 @@ cudaError_t launch_fused_bwd(const FusedBwdParams& p, BwdPath path, cudaStream_t
 // already accepted (FusedBackend checks first, for its message): no second
 // check. launch_flash_checked's `plan` is flash_decode_plan(p) where
 // flash_decode_takes(p) (read on the decode path only), so that the plan made
-// for the workspace is not made again.
+// for the workspace is not made again. launch_flash_decode_planned enqueues
+// the split kernel and, with more than one split, the combine kernel
+// (without p.workspace, one split); cudaErrorInvalidValue when the plan does
+// not apply.
 cudaError_t launch_flash_checked(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream);
 cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream);
 cudaError_t launch_flash_sm80_checked(const FusedParams& p, cudaStream_t stream);
