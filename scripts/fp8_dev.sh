@@ -14,7 +14,7 @@ for step in "$@"; do
   case "$step" in
     build)
       mkdir -p "$OUT_DIR"
-      for f in src/backends/cuda/flash_fp8_launch.cu src/backends/cuda/flash_fwd_sm90_fp8_hdim128.cu scripts/fp8_dev_main.cu; do
+      for f in src/backends/cuda/launch/flash_fp8_launch.cu src/backends/cuda/instantiations/flash_fwd_sm90_fp8_hdim128.cu scripts/fp8_dev_main.cu; do
         nvcc "${flags[@]}" -c "$f" -o "$OUT_DIR/$(basename "$f").o"
       done
       nvcc -o "$OUT_DIR/fp8_dev_main" "$OUT_DIR"/*.o -lcuda

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "attnprof/dtype.h"
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/flash_fwd_sm90_fp8.cuh"
 #include "backends/cuda/kernels/transpose_v_fp8.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 
 using attnprof::MaskKind;
 using attnprof::cuda::FusedParams;

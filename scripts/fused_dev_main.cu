@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/efficient_fwd.cuh"
 #include "backends/cuda/kernels/flash_decode.cuh"
 #include "backends/cuda/kernels/flash_fwd_sm80.cuh"
 #include "backends/cuda/kernels/flash_fwd_sm90.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 
 using attnprof::MaskKind;
 using attnprof::cuda::FusedParams;

@@ -55,7 +55,7 @@ _to_dlpack = torch.utils.dlpack.to_dlpack
 
 
 def _load_fast():
-    """attnprof._torch_call.attention, the fast path for torch tensors (src/python/torch_call.cpp),
+    """attnprof._torch_call.attention, the fast path for torch tensors (src/bindings/torch_call.cpp),
     where it was built against this very torch; else None. With the reason, for fast_path."""
     try:
         from . import _torch_call

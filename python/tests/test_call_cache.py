@@ -1,4 +1,4 @@
-"""The call cache (src/python/call.cpp, issue 22 item 6): a repeated call with arrays of the same layouts and the
+"""The call cache (src/bindings/call.cpp, issue 22 item 6): a repeated call with arrays of the same layouts and the
 same arguments reuses the problem and the plan, and makes only views of the new pointers. Every field of the key
 gives a fresh entry and the right answer; bad input after a cached good call is still refused in the library's
 words, and nothing refused is cached; a hit reads the arrays it is given, never the ones it was cached with."""

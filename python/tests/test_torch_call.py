@@ -1,4 +1,4 @@
-"""attnprof._torch_call, torch tensors' fast path into attention() (src/python/torch_call.cpp, issue 22 item 6): it
+"""attnprof._torch_call, torch tensors' fast path into attention() (src/bindings/torch_call.cpp, issue 22 item 6): it
 is built wherever the build's Python imports torch, and taken for the torch it was built against. Through it a call
 gives the DLPack path's output bit for bit, allocates `out` as that path does, refuses bad input in the same words,
 and hands what it does not read (autograd, numpy, mask tensors) to the general path."""

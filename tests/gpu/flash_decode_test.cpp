@@ -13,7 +13,7 @@
 #include "attnprof/problem.h"
 #include "attnprof/runner.h"
 #include "backends/cuda/fused_backend.h"
-#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/launch/fused_kernels.h"
 #include "common/test_problem.h"
 #include "gpu_test.h"
 

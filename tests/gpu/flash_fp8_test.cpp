@@ -26,7 +26,7 @@
 
 #include "attnprof/dtype.h"
 #include "attnprof/problem.h"
-#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/launch/fused_kernels.h"
 #include "gpu_test.h"
 
 namespace attnprof {

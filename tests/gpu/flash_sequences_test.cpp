@@ -19,7 +19,7 @@
 #include "attnprof/runner.h"
 #include "attnprof/varlen.h"
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/launch/fused_kernels.h"
 #include "common/varlen_cases.h"
 #include "cuda_forward.h"
 #include "gpu_test.h"

@@ -19,7 +19,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/launch/fused_kernels.h"
 #include "common/test_problem.h"
 #include "gpu_test.h"
 

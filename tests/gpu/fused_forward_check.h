@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/launch/fused_kernels.h"
 
 namespace attnprof::testing::fused {
 

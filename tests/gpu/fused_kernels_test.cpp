@@ -2,7 +2,7 @@
 // path the device takes, flash's sm80 path on its own, efficient) against
 // float64 (fused_forward_check.h), with and without the log-sum-exp; and the
 // launchers' refusals and path choices.
-#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/launch/fused_kernels.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

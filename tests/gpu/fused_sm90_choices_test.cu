@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/flash_fwd_sm90.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 #include "fused_forward_check.h"
 
 namespace {

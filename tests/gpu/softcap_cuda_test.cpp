@@ -13,7 +13,7 @@
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
 #include "attnprof/runner.h"
-#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/launch/fused_kernels.h"
 
 namespace attnprof {
 namespace {

@@ -12,7 +12,7 @@ set -uo pipefail
 nvcc=$1 src=$2
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-units=$(ls "$src"/src/backends/cuda/flash_fwd_sm90_*.cu "$src"/src/backends/cuda/flash_bwd_sm90_*.cu)
+units=$(ls "$src"/src/backends/cuda/instantiations/flash_fwd_sm90_*.cu "$src"/src/backends/cuda/instantiations/flash_bwd_sm90_*.cu)
 compile() {  # one unit: ptxas's messages into $out/<name>.txt
   local name
   name=$(basename "$1" .cu)

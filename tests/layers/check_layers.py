@@ -140,7 +140,7 @@ def self_test():
     import tempfile
 
     breaks = {
-        "src/analysis/rules.cpp": '#include "attnprof/runner.h"\n',  # analysis reaching up into dispatch
+        "src/analysis/rules.cpp": '#include "attnprof/runner.h"\n',  # analysis reaching up into the runner
         "src/analysis/limits.cpp": '#include "backends/cuda/fused_params.h"\n',  # into a backend
         "src/backends/cpu/flash.cpp": '#include "analysis/metrics.h"\n',  # a backend into analysis
         "src/cli/commands.cpp": '#include "report/json.h"\n',  # a front end into internals
@@ -148,7 +148,7 @@ def self_test():
         "include/attnprof/record.h": '#include "attnprof/report.h"\n',  # a public header reaching up
     }
     fine = {
-        "src/dispatch/runner.cpp": '#include "analysis/metrics.h"\n#include "backends/cpu/cpu_backends.h"\n',
+        "src/runner/runner.cpp": '#include "analysis/metrics.h"\n#include "backends/cpu/cpu_backends.h"\n',
         "src/cli/main.cpp": '#include "attnprof/report.h"\n#include "cli/args.h"\n#include <vector>\n',
         "include/attnprof/runner.h": '#include "attnprof/record.h"\n#include <string>\n',
     }

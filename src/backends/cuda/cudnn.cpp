@@ -74,10 +74,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/cuda/cudnn_check.h"
-#include "backends/cuda/cudnn_fp8.h"
-#include "backends/cuda/cudnn_graph.h"
-#include "backends/cuda/cudnn_inputs.h"
+#include "backends/cuda/cudnn/cudnn_check.h"
+#include "backends/cuda/cudnn/cudnn_fp8.h"
+#include "backends/cuda/cudnn/cudnn_graph.h"
+#include "backends/cuda/cudnn/cudnn_inputs.h"
 #include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
 

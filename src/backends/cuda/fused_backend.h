@@ -19,7 +19,7 @@
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "backends/cuda/arch_check.h"
-#include "backends/cuda/fused_kernels.h"
+#include "backends/cuda/launch/fused_kernels.h"
 #include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
 #include "core/mask_geometry.h"

@@ -13,12 +13,12 @@
 namespace attnprof::cuda {
 
 // The head dims every fused kernel is instantiated for (one translation unit
-// per kernel and head dim: src/backends/cuda/*_hdim*.cu), and those that
+// per kernel and head dim: src/backends/cuda/instantiations/*_hdim*.cu), and those that
 // flash's sm90a kernel takes (192 on sm90 only: no sm80 kernel is built for it). Dispatch, the eligibility checks and
 // the tests read these lists; adding a head dim means adding its instance files.
 inline constexpr std::array<int, 5> kFusedHeadDims = {32, 64, 96, 128, 256};
 inline constexpr std::array<int, 5> kFlashSm90HeadDims = {64, 96, 128, 192, 256};
-// The head dims the fused backward is built for (src/backends/cuda/fused_bwd_hdim*.cu).
+// The head dims the fused backward is built for (src/backends/cuda/instantiations/flash_bwd_sm80_hdim*.cu).
 // 256 is left out: dK and dV of a warp's 16 keys alone would be 256 f32 a thread.
 inline constexpr std::array<int, 4> kFusedBwdHeadDims = {32, 64, 96, 128};
 // The head dims of flash's sm90a backward (kernels/flash_bwd_sm90.cuh,

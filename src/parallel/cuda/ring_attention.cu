@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "attnprof/error.h"
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/element.cuh"
 #include "backends/cuda/kernels/static_switch.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 #include "core/cuda_check.h"
 #include "parallel/cuda/nccl_check.h"
 #include "parallel/cuda/ring_attention.h"

@@ -2,7 +2,7 @@
 // kernels of one backward, flash_bwd_sm80.cuh) and launch_flash_bwd_sm90
 // (flash_bwd_sm90.cuh) are explicitly instantiated, for every mask and
 // element type, in one translation unit per head dim
-// (src/backends/cuda/fused_bwd_hdim<D>.cu and flash_bwd_sm90_hdim<D>.cu,
+// (src/backends/cuda/instantiations/flash_bwd_sm80_hdim<D>.cu and flash_bwd_sm90_hdim<D>.cu,
 // ATTNPROF_BWD_INSTANTIATE), so that the dispatching file
 // (fused_bwd_launch.cu) sees these declarations only.
 #pragma once

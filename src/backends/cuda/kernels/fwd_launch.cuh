@@ -2,7 +2,7 @@
 // launchers that dispatch calls. A launcher's definition lives in its kernel's
 // header; each is explicitly instantiated, for every mask and element type,
 // in one translation unit per kernel and head dim
-// (src/backends/cuda/<kernel>_hdim<D>.cu, ATTNPROF_FWD_INSTANTIATE), so a
+// (src/backends/cuda/instantiations/<kernel>_hdim<D>.cu, ATTNPROF_FWD_INSTANTIATE), so a
 // dispatching file sees declarations only and the kernels compile in parallel.
 // The launch helpers here (opt_in_shared_memory, launch_after_prior) serve the
 // backwards' kernels too.

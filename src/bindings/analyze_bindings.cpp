@@ -17,7 +17,7 @@
 #include "attnprof/replay.h"
 #include "attnprof/report.h"
 #include "attnprof/trace_io.h"
-#include "python/bindings.h"
+#include "bindings/bindings.h"
 
 namespace nb = nanobind;
 

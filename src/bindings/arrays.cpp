@@ -7,7 +7,7 @@
 
 #include "attnprof/error.h"
 #include "attnprof/problem_spec.h"
-#include "python/bindings.h"
+#include "bindings/bindings.h"
 
 namespace attnprof::python {
 namespace {

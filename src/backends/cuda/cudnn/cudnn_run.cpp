@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "attnprof/error.h"
-#include "backends/cuda/cudnn_check.h"
-#include "backends/cuda/cudnn_graph.h"
+#include "backends/cuda/cudnn/cudnn_check.h"
+#include "backends/cuda/cudnn/cudnn_graph.h"
 #include "backends/cuda/sequence_lengths.h"
 
 namespace attnprof::cuda::cudnn_graph {

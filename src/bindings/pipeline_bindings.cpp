@@ -20,7 +20,7 @@
 #include "attnprof/problem_spec.h"
 #include "attnprof/reference.h"
 #include "attnprof/report.h"
-#include "python/bindings.h"
+#include "bindings/bindings.h"
 
 namespace attnprof::python {
 namespace {

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "attnprof/error.h"
-#include "python/bindings.h"
-#include "python/forward_entry.h"
+#include "bindings/bindings.h"
+#include "bindings/forward_entry.h"
 
 namespace attnprof::python {
 namespace {
@@ -45,7 +45,7 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
   return std::string(c.backend->name());
 }
 
-// attention() for the torch extension's fast path (python/forward_entry.h):
+// attention() for the torch extension's fast path (bindings/forward_entry.h):
 // the same preparation (through the call cache) and run, on arrays the
 // extension read from the tensors themselves.
 Array entry_array(const AttnprofArray& a) {
@@ -249,7 +249,7 @@ void bind_attention(nb::module_& m) {
         nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("calls"),
         "the host time (us) of each of `calls` preparations of one call (a cache hit)");
 
-  // The torch extension's way in (python/forward_entry.h; attnprof._torch_call).
+  // The torch extension's way in (bindings/forward_entry.h; attnprof._torch_call).
   m.def(
       "_forward_entry",
       [] {

@@ -57,7 +57,7 @@
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
-#include "backends/cuda/cudnn_graph.h"
+#include "backends/cuda/cudnn/cudnn_graph.h"
 
 namespace attnprof::cuda::cudnn_fp8 {
 

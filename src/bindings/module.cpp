@@ -2,9 +2,9 @@
 // DLPack views (nb::ndarray, never converted or copied) and become borrowed
 // Tensors; problems, backends, eligibility, the pipeline and its tables are
 // the library's own calls. attnprof/__init__.py shapes what comes back.
-// Each part of the module is a file of its own (python/bindings.h lists them).
+// Each part of the module is a file of its own (bindings/bindings.h lists them).
 #include "attnprof/error.h"
-#include "python/bindings.h"
+#include "bindings/bindings.h"
 
 NB_MODULE(_core, m) {
   using namespace attnprof;

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "backends/cuda/ops.h"
-#include "backends/cuda/ops_common.h"
+#include "backends/cuda/ops/ops.h"
+#include "backends/cuda/ops/ops_common.h"
 #include "core/mask_geometry.h"
 
 namespace attnprof::cuda::ops {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_backends.h"
-#include "backends/cuda/ops.h"
+#include "backends/cuda/ops/ops.h"
 
 namespace attnprof::cuda {
 namespace {

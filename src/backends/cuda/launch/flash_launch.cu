@@ -6,9 +6,9 @@
 #include <string>
 
 #include "backends/cuda/device_attributes.h"
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/fwd_dispatch.cuh"
 #include "backends/cuda/kernels/fwd_launch.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 
 namespace attnprof::cuda {
 namespace {

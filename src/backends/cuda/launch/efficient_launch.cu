@@ -1,8 +1,8 @@
 // Host entry of the memory-efficient fused forward; its kernels are
 // instantiated in efficient_fwd_hdim*.cu, one file per head dim.
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/fwd_dispatch.cuh"
 #include "backends/cuda/kernels/fwd_launch.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 
 namespace attnprof::cuda {
 namespace {

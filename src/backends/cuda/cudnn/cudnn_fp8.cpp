@@ -2,7 +2,7 @@
 // binds. Built only with the cuDNN frontend (cudnn.cpp's other half).
 #ifdef ATTNPROF_WITH_CUDNN
 
-#include "backends/cuda/cudnn_fp8.h"
+#include "backends/cuda/cudnn/cudnn_fp8.h"
 
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "attnprof/error.h"
-#include "backends/cuda/fp8_output.h"
+#include "backends/cuda/ops/fp8_output.h"
 #include "core/cuda_check.h"
 
 namespace attnprof::cuda::cudnn_fp8 {

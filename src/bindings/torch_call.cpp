@@ -8,7 +8,7 @@
 // (docs/perf/python-call-2026-12-02.md). Here the tensors' pointers, shapes,
 // strides, devices and dtypes are read from the at::Tensor itself, the stream
 // from c10, and the call goes to _core's own forward through the C entry it
-// hands out (python/forward_entry.h), so both paths prepare, cache and run
+// hands out (bindings/forward_entry.h), so both paths prepare, cache and run
 // the call alike and refuse bad input with the same message.
 //
 // attention(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
@@ -30,7 +30,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include "python/forward_entry.h"
+#include "bindings/forward_entry.h"
 
 namespace {
 

@@ -1,16 +1,16 @@
 // Host entry of the fused backwards (kernels/flash_bwd_sm80.cuh, shared by
 // efficient and flash; kernels/flash_bwd_sm90.cuh, flash's on sm90): which
 // one runs, their eligibility check and the dispatch of the runtime choices
-// (element type, head_dim, mask) to the instances in fused_bwd_hdim*.cu and
+// (element type, head_dim, mask) to the instances in flash_bwd_sm80_hdim*.cu and
 // flash_bwd_sm90_hdim*.cu (kernels/bwd_launch.cuh).
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "backends/cuda/device_attributes.h"
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/bwd_launch.cuh"
 #include "backends/cuda/kernels/static_switch.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 
 namespace attnprof::cuda {
 namespace {

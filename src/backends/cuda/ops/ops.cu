@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/ops.h"
-#include "backends/cuda/ops_common.h"
+#include "backends/cuda/ops/ops.h"
+#include "backends/cuda/ops/ops_common.h"
 
 namespace attnprof::cuda::ops {
 namespace {

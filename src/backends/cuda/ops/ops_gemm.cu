@@ -20,8 +20,8 @@
 #include <array>
 #include <vector>
 
-#include "backends/cuda/ops.h"
-#include "backends/cuda/ops_common.h"
+#include "backends/cuda/ops/ops.h"
+#include "backends/cuda/ops/ops_common.h"
 
 namespace attnprof::cuda::ops {
 namespace {

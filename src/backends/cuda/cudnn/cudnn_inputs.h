@@ -15,7 +15,7 @@
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
-#include "backends/cuda/cudnn_graph.h"
+#include "backends/cuda/cudnn/cudnn_graph.h"
 #include "backends/cuda/sequence_lengths.h"
 
 namespace attnprof::cuda::cudnn_graph {

@@ -1,8 +1,7 @@
 // The CUDA plugin's entry point: the one table of what libattnprof_cuda.so
 // gives the CPU side (plugin.h).
-#include "backends/cuda/plugin.h"
-
 #include "backends/cuda/cuda_backends.h"
+#include "backends/cuda/plugin.h"
 #ifdef ATTNPROF_WITH_NCCL
 #include "parallel/cuda/ring_attention.h"
 #endif

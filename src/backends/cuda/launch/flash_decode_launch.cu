@@ -8,9 +8,9 @@
 #include <cstdint>
 
 #include "backends/cuda/device_attributes.h"
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/flash_decode.cuh"
 #include "backends/cuda/kernels/static_switch.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 #include "core/mask_geometry.h"
 
 namespace attnprof::cuda {

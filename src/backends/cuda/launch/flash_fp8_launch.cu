@@ -1,10 +1,10 @@
 // Host entry of flash's FP8 (e4m3) forward on sm90a: V^T by the pre-pass
 // (kernels/transpose_v_fp8.cuh), then the kernel (kernels/flash_fwd_sm90_fp8.cuh,
 // instantiated in flash_fwd_sm90_fp8_hdim*.cu).
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/fwd_args.cuh"
 #include "backends/cuda/kernels/fwd_launch.cuh"
 #include "backends/cuda/kernels/transpose_v_fp8.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 
 namespace attnprof::cuda {
 

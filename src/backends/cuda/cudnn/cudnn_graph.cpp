@@ -5,7 +5,7 @@
 // graph is cudnn_fp8.cpp's. Built only with the cuDNN frontend.
 #ifdef ATTNPROF_WITH_CUDNN
 
-#include "backends/cuda/cudnn_graph.h"
+#include "backends/cuda/cudnn/cudnn_graph.h"
 
 #include <cstdint>
 #include <memory>

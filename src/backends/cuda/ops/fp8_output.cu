@@ -11,8 +11,8 @@
 #include <cstdint>
 
 #include "attnprof/error.h"
-#include "backends/cuda/fp8_output.h"
-#include "backends/cuda/ops_common.h"
+#include "backends/cuda/ops/fp8_output.h"
+#include "backends/cuda/ops/ops_common.h"
 
 namespace attnprof::cuda {
 namespace {

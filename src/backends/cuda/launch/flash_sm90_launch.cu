@@ -1,9 +1,9 @@
 // Host entry of the flash forward's sm90a path (FlashAttention-3 class,
 // kernels/flash_fwd_sm90.cuh); its kernels are instantiated in
 // flash_fwd_sm90_hdim*.cu, one file per head dim of kFlashSm90HeadDims.
-#include "backends/cuda/fused_kernels.h"
 #include "backends/cuda/kernels/fwd_dispatch.cuh"
 #include "backends/cuda/kernels/fwd_launch.cuh"
+#include "backends/cuda/launch/fused_kernels.h"
 
 namespace attnprof::cuda {
 namespace {

@@ -12,8 +12,8 @@
 #include <type_traits>
 
 #include "attnprof/error.h"
-#include "backends/cuda/mask_to_bias.h"
-#include "backends/cuda/ops_common.h"
+#include "backends/cuda/ops/mask_to_bias.h"
+#include "backends/cuda/ops/ops_common.h"
 
 namespace attnprof::cuda {
 namespace {

@@ -2,7 +2,7 @@
 // lengths bound, for cudnn.cpp's run(). Built only with the cuDNN frontend.
 #ifdef ATTNPROF_WITH_CUDNN
 
-#include "backends/cuda/cudnn_inputs.h"
+#include "backends/cuda/cudnn/cudnn_inputs.h"
 
 #include <cuda_runtime.h>
 
@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "attnprof/error.h"
-#include "backends/cuda/mask_to_bias.h"
+#include "backends/cuda/ops/mask_to_bias.h"
 #include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
 
