@@ -319,6 +319,22 @@ class BufferedWrite {
   std::string buffer_;
 };
 
+// produce's text into fd through a BufferedWrite, then fd closed (also when
+// produce throws): 0, or the errno of the first write or close that failed.
+int write_then_close(int fd, const std::function<void(const WritePiece&)>& produce) {
+  BufferedWrite out(fd);
+  int err = 0;
+  try {
+    produce(std::ref(out));
+    err = out.finish();
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0 && err == 0 && errno != EINTR) err = errno;
+  return err;
+}
+
 }  // namespace
 
 void write_file_atomically(const fs::path& path, std::string_view contents, std::string_view what) {
@@ -348,17 +364,7 @@ void write_file_atomically(const fs::path& path, const std::function<void(const 
     const int fd = ::open(dev.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (t.fifo ? 0 : O_APPEND));
     if (fd < 0) fail_io(errno_text(errno));
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    BufferedWrite out(fd);
-    int err = 0;
-    try {
-      produce(std::ref(out));
-      err = out.finish();
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
-    if (::close(fd) != 0 && err == 0 && errno != EINTR) err = errno;
-    if (err) fail_io(errno_text(err));
+    if (const int err = write_then_close(fd, produce)) fail_io(errno_text(err));
     return;
   }
 
@@ -376,17 +382,8 @@ void write_file_atomically(const fs::path& path, const std::function<void(const 
   const int fd = ::open(tmp.path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) fail_io(errno == EACCES ? "cannot create a file there (permission denied)" : errno_text(errno));
   if (t.exists) (void)::fchmod(fd, t.perm);  // a replaced file keeps its permissions
-  BufferedWrite out(fd);
-  int err = 0;
-  try {
-    produce(std::ref(out));
-    err = out.finish();
-  } catch (...) {
-    ::close(fd);  // the temporary goes with tmp
-    throw;
-  }
-  if (::close(fd) != 0 && err == 0 && errno != EINTR) err = errno;
-  if (err) fail_io(errno_text(err));
+  // (On a throw the temporary goes with tmp.)
+  if (const int err = write_then_close(fd, produce)) fail_io(errno_text(err));
   if (::rename(tmp.path().c_str(), final_path.c_str()) != 0) fail_io(errno_text(errno));
   tmp.renamed();
 }
