@@ -166,7 +166,8 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     softcap=c soft-caps the scaled scores before the mask, s -> tanh(s / c) * c
     (Gemma-2's logits): flash (on CUDA its sm90 kernels), naive, naive_inplace,
     math and cudnn (dense batches) take it, others refuse it by name; None is
-    no cap; c lies from 2^-60 to 2^60 (the kernels hold c and 1/c as floats).
+    no cap; c lies from 2^-60 to 2^60, to 2^10 for fp16 (the kernels hold c
+    and 1/c as floats; attnprof/limits.h).
 
     q is [B, H, S, D], k and v [B, Hkv, Skv, D] (layout="bshd": [B, S, H, D]
     and [B, Skv, Hkv, D]); any batch, head and sequence strides (views such

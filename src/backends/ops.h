@@ -1,7 +1,7 @@
 // The op interface the composite backends (naive, naive_inplace, math) are
 // written in, once for every device, as PyTorch's math path is written over
 // ATen ops. One implementation per device (cpu/ops.cpp over OpenBLAS,
-// cuda/ops_object.cpp over cuBLAS and our kernels) and a shape-only recording
+// cuda/ops/ops_object.cpp over cuBLAS and our kernels) and a shape-only recording
 // one (composite/plan.h) from which each backend's expectation derives.
 //
 // Conventions every implementation keeps:

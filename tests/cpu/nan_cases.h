@@ -76,6 +76,15 @@ inline const std::vector<NanCase>& nan_cases() {
        }},
       {"fp8_k_nan_byte_causal", two_blocks, DType::F8E4M3, MaskKind::Causal, 0, true,
        [](Inputs& in) { in.k.data_as<std::uint8_t>()[in.k.index(0, 0, 20, 4)] = 0x7f; }},
+      // A NaN key among the first 8 of a tile: on CUDA's FP8 forward (head dim
+      // 128) those columns take their exponentials on the FMA pipe (ex2_fma).
+      {"fp8_k_nan_byte_fma_columns_d128",
+       {.heads = 2, .seq = 100, .head_dim = 128},
+       DType::F8E4M3,
+       MaskKind::None,
+       0,
+       true,
+       [](Inputs& in) { in.k.data_as<std::uint8_t>()[in.k.index(0, 1, 3, 9)] = 0x7f; }},
       // Decoding (flash's per-KV-head items): one query a sequence, grouped heads.
       {"decode_k_nan_gqa_bf16",
        {.heads = 4, .kv_heads = 2, .seq = 1, .kv_seq = 150, .head_dim = 64},

@@ -1,6 +1,6 @@
 // Factories of the CUDA backends, their ops and the CUDA runtime (one file per
 // fused backend in this folder). Only compiled into the CUDA plugin; its entry
-// point (plugin.cpp) is the one caller, the CPU side reaches them through it.
+// point (src/plugin/cuda_plugin.cpp) is the one caller, the CPU side reaches them through it.
 #pragma once
 
 #include <memory>

@@ -57,5 +57,5 @@ const Plugin& plugin();
 
 }  // namespace attnprof::cuda
 
-// The plugin's entry point (plugin.cpp), looked up by name (kPluginEntry).
+// The plugin's entry point (src/plugin/cuda_plugin.cpp), looked up by name (kPluginEntry).
 extern "C" const attnprof::cuda::Plugin* attnprof_cuda_plugin();

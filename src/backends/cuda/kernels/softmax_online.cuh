@@ -51,17 +51,20 @@ __device__ __forceinline__ float tree_reduce(float (&v)[kN], Op op) {
 // unit (16 a clock an SM, as many as the FP8 tensor cores' products need)
 // should not take: x = n + f with n = rint(x) (the 1.5 x 2^23 rounding
 // trick), 2^f on [-1/2, 1/2] by a degree-3 minimax polynomial (relative error
-// below 1e-4, under e4m3's 2^-4 and bf16's 2^-8 that P is rounded to), n added
-// to the exponent bits. x below -127 (a masked -inf) gives exactly +0; a
-// NaN gives NaN, as ex2 does (the clamp is max.NaN, one FMNMX as fmaxf, which
-// would drop the NaN and make a NaN score's p 0 and hide it).
+// below 1e-4, under e4m3's 2^-4 and bf16's 2^-8 that P is rounded to), times
+// 2^n made from n's exponent bits. x below -127 (a masked -inf) gives exactly
+// +0 (2^n's bits are 0 there); a NaN gives NaN, as ex2 does: the clamp is
+// max.NaN (one FMNMX, as fmaxf, which would drop the NaN and make a NaN
+// score's p 0), and p times 2^n keeps it, where adding n to p's bits as
+// integers wrapped a NaN into FLT_MAX. (The multiply takes the place of
+// that integer add: no instruction more.)
 __device__ __forceinline__ float ex2_fma(float x) {
   asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));  // max(x, -127), NaN if x is
   const float t = x + 12582912.f;                      // 1.5 x 2^23: rint(x) in the low mantissa bits
   const float f = x - (t - 12582912.f);
-  float p = fmaf(fmaf(fmaf(0.0555041086f, f, 0.2402264923f), f, 0.6931471806f), f, 1.0f);
-  const int n = __float_as_int(t) - 0x4B400000;
-  return __int_as_float(__float_as_int(p) + (n << 23));
+  const float p = fmaf(fmaf(fmaf(0.0555041086f, f, 0.2402264923f), f, 0.6931471806f), f, 1.0f);
+  const int biased = __float_as_int(t) - (0x4B400000 - 127);  // n + 127: 2^n's exponent field, 0 at n = -127
+  return p * __int_as_float(biased << 23);
 }
 
 // The largest cap c log2 e whose scores take OnlineSoftmax::scores_fixed_base.
