@@ -9,12 +9,12 @@
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa
-# train_model model_traces python ring (default: all). Results land in $OUT (8 files at most).
+# train_model model_traces python wheel ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model model_traces python ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model model_traces python wheel ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -365,6 +365,40 @@ if has python; then
   echo "pytest rc $?" >>"$OUT/pytest.txt"
   PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 300 python3 bench/python_overhead.py --device cuda --attnprof $B/attnprof \
     >"$OUT/python_overhead.md" 2>&1
+fi
+
+if has wheel; then
+  # Issue 50: `pip install .` where a CUDA toolkit is found builds a CUDA
+  # wheel. Built here as a user would (no network: scikit-build-core and
+  # nanobind from the carried .whl/, --no-build-isolation; sm90a only, for
+  # time), installed into a fresh virtual environment (torch from the
+  # system's site), then both of docs/install.md's checks: the console
+  # script's explain names the plugin it loaded, and the package runs flash
+  # on CUDA tensors against PyTorch's SDPA.
+  log "CUDA wheel in a fresh venv"
+  {
+    rm -rf /tmp/whv /tmp/wheels && python3 -m venv --system-site-packages /tmp/whv &&
+      /tmp/whv/bin/pip install -q --no-index --find-links .whl scikit-build-core nanobind &&
+      timeout 420 /tmp/whv/bin/pip wheel . -q --no-deps --no-build-isolation -w /tmp/wheels -C build-dir=/tmp/wheel-build \
+        -C cmake.define.ATTNPROF_CUDA_ARCHITECTURES=90a ${CUDNN_DIR:+-C cmake.define.CUDNN_LIBRARY=$CUDNN_DIR/libcudnn.so.9} \
+        ${NCCL_DIR:+-C cmake.define.ATTNPROF_NCCL_LIBRARY=$NCCL_DIR/libnccl.so.2} \
+        $([[ -d .deps/usr ]] && echo "-C cmake.define.CMAKE_PREFIX_PATH=$PWD/.deps/usr") >/tmp/wheel.txt 2>&1 &&
+      /tmp/whv/bin/pip install -q --no-deps --no-index /tmp/wheels/attnprof-*.whl
+    echo "wheel build+install rc $? ($(ls /tmp/wheels 2>/dev/null))"
+    tail -n 5 /tmp/wheel.txt
+    cd /tmp && /tmp/whv/bin/attnprof explain --device cuda --seq 256 2>&1 | tail -n 3
+    /tmp/whv/bin/python - <<'PY'
+import attnprof, torch
+print("module:", attnprof.__file__)
+print("cuda_build:", attnprof.explain(seq=256, device="cuda").cuda_build)
+q, k, v = (torch.randn(2, 8, 512, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+out = attnprof.attention(q, k, v, backend="flash", mask="causal")
+ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+print("flash from the wheel vs SDPA fp32: max abs err %.3g" % (out.float() - ref).abs().max().item())
+PY
+    cd - >/dev/null
+  } >"$OUT/wheel.txt" 2>&1
+  tail -n 8 "$OUT/wheel.txt"
 fi
 
 if has ring; then
