@@ -136,10 +136,11 @@ def attnprof_mask(batch_size: int | None = None, q_length: int | None = None, kv
 def runs(mask: torch.Tensor, what: str) -> torch.Tensor:
     """Each row's run of Trues of a boolean [B, L] as int32 [B, 2] (begin, end) rows, with torch ops on the
     mask's device: (first True, first True + count); (0, 0) for a row with none. A row with padding between
-    real tokens is refused in one line on the CPU and in the checking mode (read on the host there)."""
+    real tokens is refused in one line on the CPU and in the checking mode (read on the host there), except
+    while torch.compile traces the call (a branch on the values would break its graph)."""
     count = mask.sum(-1, dtype=torch.int32)
     first = mask.to(torch.uint8).argmax(-1).to(torch.int32)
-    if mask.device.type == "cpu" or checking():
+    if (mask.device.type == "cpu" or checking()) and not torch.compiler.is_compiling():
         last = mask.shape[-1] - 1 - mask.flip(-1).to(torch.uint8).argmax(-1).to(torch.int32)
         holes = (count > 0) & (last - first + 1 != count)
         if bool(holes.any()):
