@@ -9,12 +9,12 @@
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa
-# train_model model_traces python wheel ring (default: all). Results land in $OUT (8 files at most).
+# train_model hf model_traces python wheel ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model model_traces python wheel ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model hf model_traces python wheel ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -327,6 +327,25 @@ if has train_model; then
   fi
 fi
 
+if has hf; then
+  # Issues 50 and 51: transformers models through the registration's structure
+  # path (bench/hf_structure.py): a Llama-shaped training step padded (30% to
+  # 100% of 2048), unpadded and packed against SDPA, a Gemma-2-shaped one (soft
+  # cap 50, window 512, head dim 256) against eager, and generate() tokens/s on 8
+  # left-padded prompts of 1024 (dynamic and static caches) against SDPA.
+  log "transformers structure: padded, packed, Gemma-2, generate()"
+  if python_module && python3 -c 'import transformers' 2>/dev/null; then
+    PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout 400 python3 bench/hf_structure.py \
+      --out "$OUT" >/tmp/hf.txt 2>/tmp/hf.err
+    rc=$?
+    cat /tmp/hf.err >>"$OUT/log.txt"
+    ((rc != 0)) && grep -v '^\[hf_structure' /tmp/hf.err | tail -n 5 >>/tmp/hf.txt
+    echo "hf_structure rc $rc" >>/tmp/hf.txt
+  else
+    echo "hf_structure not run: the Python module did not build or transformers is missing" >/tmp/hf.txt
+  fi
+fi
+
 if has model_traces; then
   # Issue 23: torch.profiler traces of a Llama-shaped LlamaForCausalLM (random
   # weights; scripts/record_model_traces.py: SDPA's pick, SDPA held to flash,
@@ -452,6 +471,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
 [[ -f /tmp/bench_gqa.txt ]] && { echo "==== grouped-query backward (bench/gqa_backward.py)"; cat /tmp/bench_gqa.txt; }
 [[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }
+[[ -f /tmp/hf.txt ]] && { echo "==== transformers structure (bench/hf_structure.py)"; cat /tmp/hf.txt; }
 [[ -f $OUT/model_traces.txt ]] && { echo "==== model traces (analyze, --replay)"; tail -n 60 "$OUT/model_traces.txt"; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
