@@ -374,6 +374,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
   Epilogue::template store_dkdv<Element>(a, dk, dv, n0, kv_head, batch, part, wg, warp_in_wg, lane);
+  Epilogue::zero_dkdv_rows_outside(args, a, n0, kv_head, batch, part, tid);  // a dense batch's key rows
 #endif
 }
 
