@@ -67,10 +67,4 @@ std::optional<std::vector<std::int32_t>> lowered_key_padding(const Tensor& mask,
   return key_padding_lengths(download_on(mask, stream));
 }
 
-void copy_key_counts(const std::vector<std::int32_t>& lens, void* device_buffer, cudaStream_t stream) {
-  // From pageable memory: staged before the call returns, so `lens` may go.
-  ATTNPROF_CUDA_CHECK(
-      cudaMemcpyAsync(device_buffer, lens.data(), lens.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
-}
-
 }  // namespace attnprof::cuda
