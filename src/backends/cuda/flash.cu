@@ -50,10 +50,10 @@ const char* flash_story(const FusedParams& shape) {
     story += "; a packed batch of " + std::to_string(shape.batch) +
              " sequences, each against its own keys (tiles past a sequence's end return at once)";
   }
-  if (shape.kv_lens != nullptr) {
+  if (shape.kv_rows != nullptr) {
     story +=
-        "; each sequence's keys bounded by its own count (a key-padding mask read as lengths: key tiles past "
-        "it are never visited)";
+        "; each sequence's keys bounded by its own rows (a key-padding mask read as rows: key tiles outside "
+        "them are never visited)";
   }
   if (shape.softcap > 0.f) {
     story += "; scores soft-capped (tanh before the mask, its derivative in the backward)";

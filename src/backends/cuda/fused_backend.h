@@ -72,7 +72,7 @@ class FusedBackend : public Backend {
     if (p.mask == MaskKind::Bias) {
       return {false, "bias masks are not supported by our fused kernels"};
     }
-    // A key-padding mask lowers to per-sequence key lengths
+    // A key-padding mask lowers to per-sequence key rows
     // (core/mask_lowering.h), which flash's sm90 kernels read; whether a mask
     // is one is known only when the call reads it (use_sequences).
     if (p.mask == MaskKind::Boolean && !flash_) {
@@ -104,7 +104,7 @@ class FusedBackend : public Backend {
       shape.q_batch_stride = shape.k_batch_stride = shape.v_batch_stride = shape.o_batch_stride = 0;
     }
     if (p.mask == MaskKind::Boolean) {  // as use_sequences lowers it
-      shape.kv_lens = static_cast<const std::int32_t*>(stand_in);
+      shape.kv_rows = static_cast<const std::int32_t*>(stand_in);
       shape.mask = MaskKind::None;
     }
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
@@ -116,8 +116,8 @@ class FusedBackend : public Backend {
   // A Boolean mask on flash: read as key counts if it is a key-padding one.
   static std::string boolean_story(const Problem& p) {
     if (p.mask != MaskKind::Boolean) return {};
-    return " (the boolean mask is read back once a call and taken as key counts if it is a key-padding mask, "
-           "[B, 1, 1, Skv] rows of Trues then Falses; any other is refused when the call reads it)";
+    return " (the boolean mask is read back once a call and taken as key rows if it is a key-padding mask, "
+           "[B, 1, 1, Skv] rows of one run of Trues; any other is refused when the call reads it)";
   }
 
   // The sm90 backward's group split, where it splits (flash_sm90_bwd_group_split).
@@ -285,7 +285,7 @@ class FusedBackend : public Backend {
     b.fwd = params_for(p);
     fill_forward(b.fwd, in, out, const_cast<float*>(saved.lse.data_as<float>()));
     std::optional<Storage> key_counts;
-    use_sequences(b.fwd, p, in, ctx, key_counts);
+    use_sequences(b.fwd, p, in, ctx, key_counts, /*backward=*/true);
     b.dout = dout.data();
     set_strides(dout, b.do_batch_stride, b.do_head_stride, b.do_row_stride);
     b.dq = grads.dq.data();
@@ -380,11 +380,11 @@ class FusedBackend : public Backend {
   // Sequences of their own lengths into f (flash; fused_unsupported_reason
   // refuses them elsewhere): a packed batch's cumulative lengths (kept on the
   // device per set of lengths) with its tensors' batch strides 0; a Boolean
-  // mask lowered to key counts, in
+  // mask lowered to key rows, in
   // `key_counts` (released when the call returns), the kernels then masking
   // nothing else. A Boolean mask that is not key padding is refused here.
   void use_sequences(FusedParams& f, const Problem& p, const Inputs& in, RunContext& ctx,
-                     std::optional<Storage>& key_counts) const {
+                     std::optional<Storage>& key_counts, bool backward = false) const {
     const auto cuda_stream = static_cast<cudaStream_t>(ctx.stream);
     if (p.varlen()) {
       const PackedLengths cu = device_cu_seqlens(p, cuda_stream);
@@ -393,15 +393,23 @@ class FusedBackend : public Backend {
       f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
     }
     if (p.mask != MaskKind::Boolean) return;
-    const std::optional<std::vector<std::int32_t>> lens = lowered_key_padding(in.mask, cuda_stream);
-    if (!lens) {
+    const std::optional<std::vector<RowSpan>> rows = lowered_key_padding(in.mask, cuda_stream);
+    if (!rows) {
       fail(ErrorKind::Unsupported, std::string(name_) +
                                        " on CUDA reads a boolean mask only as key padding ([B, 1, 1, Skv], each row "
                                        "Trues then Falses) and this one is not");
     }
-    key_counts.emplace(ctx.allocator, lens->size() * sizeof(std::int32_t));
-    copy_key_counts(*lens, key_counts->data(), cuda_stream);
-    f.kv_lens = static_cast<const std::int32_t*>(key_counts->data());
+    // The backward stores dK and dV from each sequence's first key row on
+    // (BwdArgs::sequence offsets them only when packed): rows before a
+    // left-padded sequence's first key would go unwritten.
+    if (backward && std::any_of(rows->begin(), rows->end(), [](const RowSpan& r) { return r.begin > 0; })) {
+      fail(ErrorKind::Unsupported, std::string(name_) +
+                                       "'s CUDA backward takes a key-padding mask of right padding only (each row "
+                                       "Trues then Falses); this one has left padding");
+    }
+    key_counts.emplace(ctx.allocator, rows->size() * sizeof(RowSpan));
+    copy_key_rows(*rows, key_counts->data(), cuda_stream);
+    f.kv_rows = static_cast<const std::int32_t*>(key_counts->data());
     f.mask = MaskKind::None;
   }
 

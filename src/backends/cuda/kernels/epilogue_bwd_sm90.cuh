@@ -122,7 +122,7 @@ struct EpilogueBwdSm90 {
   // dK (times the softmax scale) and dV of this consumer's keys and columns
   // (its 64 keys whole; wide: the CTA's 64 keys, its half of the head dim);
   // padding columns are not stored, nor keys past seq_k, except a dense
-  // batch's keys past its sequence's key count (kv_lens, a key-padding mask):
+  // batch's keys past its sequence's key rows (kv_rows, a key-padding mask):
   // those rows of the tensor are the sequence's too, and get their zeros
   // (the mask gave them P = 0; a tile past the count has no query tiles).
   // Where the group is split (BwdArgs::group_split), this part's FP32 sums

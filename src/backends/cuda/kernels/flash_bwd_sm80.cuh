@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const __g
   cp_async_wait<0>();  // K and V, when no query tile was visited
 
   // Keys past seq_k are not stored, except a dense batch's past its
-  // sequence's key count (kv_lens): those rows are the sequence's too, and
+  // sequence's key rows (kv_rows): those rows are the sequence's too, and
   // get their zeros (as epilogue_bwd_sm90.cuh's store_dkdv).
   const int rows = f.cu_seqlens_q == nullptr ? f.k_rows : f.seq_k;
   store_rows<Element>(a.dk + batch * a.dk_batch_stride + kv_head * a.dk_head_stride + n0 * a.dk_row_stride,

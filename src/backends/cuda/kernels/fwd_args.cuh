@@ -65,11 +65,12 @@ struct FwdArgs {
   float* lse;        // [B, H, seq_q] or null (FusedParams::lse); last, so the other fields keep their offsets
   // Sequence lengths (FusedParams): a packed batch's cumulative lengths
   // (device int32 [batch + 1], or null: dense), and a dense batch's key
-  // counts (device int32 [batch], or null: seq_k each). seq_q and seq_k are
-  // then the longest sequence's; sequence(b) reads sequence b's.
+  // rows (device int32 [batch, 2], pairs (begin, end), or null: 0 .. seq_k
+  // each). seq_q and seq_k are then the longest sequence's; sequence(b)
+  // reads sequence b's.
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
-  const int* kv_lens;
+  const int* kv_rows;
   std::int64_t lse_batch_stride, lse_head_stride;  // the LSE's layout ([B, H, seq_q], or packed [1, H, total_q])
   // Soft-capping: scores become tanh(s softcap_in) before the mask, and
   // scale_log2 is then softcap * log2(e) (tanh(s scale / c) c in log2
@@ -81,12 +82,13 @@ struct FwdArgs {
 
   // Whether sequences differ in length (a packed batch, or key counts).
   __host__ __device__ __forceinline__ bool per_sequence() const {
-    return cu_seqlens_q != nullptr || kv_lens != nullptr;
+    return cu_seqlens_q != nullptr || kv_rows != nullptr;
   }
 
   // Sequence b as a problem of its own: its lengths and mask diagonal, and
-  // (packed) the tensors' addresses of its first rows, so that everything
-  // indexing by batch, head and row reads its rows; itself when dense.
+  // (packed, or a dense batch's key rows) the tensors' addresses of its first
+  // rows, so that everything indexing by batch, head and row reads its rows;
+  // itself when dense.
   __device__ __forceinline__ FwdArgs sequence(int b) const {
     FwdArgs s = *this;
     if (!per_sequence()) return s;
@@ -102,7 +104,13 @@ struct FwdArgs {
       s.q_row0 = q0;
       s.k_row0 = k0;
     }
-    if (kv_lens != nullptr) s.seq_k = kv_lens[b];
+    if (kv_rows != nullptr) {  // dense: its keys are rows k0 .. k1 - 1 of batch b
+      const int k0 = kv_rows[2 * b];
+      s.seq_k = kv_rows[2 * b + 1] - k0;
+      s.k += k0 * k_row_stride;
+      s.v += k0 * v_row_stride;
+      s.k_row0 = k0;
+    }
     if (bottom_right) s.diag_offset = geometry::bottom_right_offset(s.seq_q, s.seq_k);
     return s;
   }
@@ -141,7 +149,7 @@ struct FwdArgs {
         .lse = p.lse,
         .cu_seqlens_q = p.cu_seqlens_q,
         .cu_seqlens_k = p.cu_seqlens_k,
-        .kv_lens = p.kv_lens,
+        .kv_rows = p.kv_rows,
         .lse_batch_stride = packed ? 0 : static_cast<std::int64_t>(p.heads) * p.seq_q,
         .lse_head_stride = packed ? p.total_q : p.seq_q,
         .softcap_in = p.softcap > 0.f ? p.scale / p.softcap : 0.f,

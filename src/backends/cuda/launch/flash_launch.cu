@@ -101,7 +101,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (p.per_sequence() || p.softcap > 0.f) {
     const char* what = p.softcap > 0.f             ? "soft-capping"
                        : p.cu_seqlens_q != nullptr ? "a packed batch (seq_lens)"
-                                                   : "per-sequence key lengths (a key-padding mask, kv_lens)";
+                                                   : "per-sequence key rows (a key-padding mask, kv_rows)";
     if (!flash) return say("the efficient kernel reads no " + std::string(what));
     if (p.softcap > 0.f && !(flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here())) {
       return say(std::string(what) +
@@ -112,8 +112,8 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     if (p.cu_seqlens_q != nullptr && (p.cu_seqlens_k == nullptr || p.total_q < 1 || p.total_k < 1)) {
       return say("a packed batch needs both cumulative lengths and its packed rows");
     }
-    if (p.cu_seqlens_q != nullptr && p.kv_lens != nullptr) {
-      return say("per-sequence key lengths (kv_lens, a key-padding mask) do not combine with a packed batch");
+    if (p.cu_seqlens_q != nullptr && p.kv_rows != nullptr) {
+      return say("per-sequence key rows (kv_rows, a key-padding mask) do not combine with a packed batch");
     }
     if (p.softcap > 0.f && !std::isfinite(p.softcap)) return say("the soft cap must be a positive finite number");
   }
