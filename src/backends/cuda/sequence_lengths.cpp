@@ -63,8 +63,8 @@ PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream) {
   return {cu, cu + n};
 }
 
-std::optional<std::vector<std::int32_t>> lowered_key_padding(const Tensor& mask, cudaStream_t stream) {
-  return key_padding_lengths(download_on(mask, stream));
+std::optional<std::vector<RowSpan>> lowered_key_padding(const Tensor& mask, cudaStream_t stream) {
+  return key_padding_rows(download_on(mask, stream));
 }
 
 }  // namespace attnprof::cuda

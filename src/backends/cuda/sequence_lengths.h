@@ -16,6 +16,7 @@
 
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
+#include "core/mask_lowering.h"
 
 namespace attnprof::cuda {
 
@@ -66,11 +67,11 @@ struct PackedLengths {
 inline constexpr std::size_t kKeptLengthSets = 256;
 PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream);
 
-// A CUDA Boolean mask lowered to per-sequence key counts
-// (core/mask_lowering.h's key_padding_lengths on a host copy, read on
+// A CUDA Boolean mask lowered to per-sequence key rows
+// (core/mask_lowering.h's key_padding_rows on a host copy, read on
 // `stream` and waited for: B * Skv bytes for a [B, 1, 1, Skv] mask);
 // nullopt when it is not a key-padding mask. cudnn's only (its padding-mask
 // graph, cudnn_inputs.cpp); flash reads no mask tensor, and takes rows.
-std::optional<std::vector<std::int32_t>> lowered_key_padding(const Tensor& mask, cudaStream_t stream);
+std::optional<std::vector<RowSpan>> lowered_key_padding(const Tensor& mask, cudaStream_t stream);
 
 }  // namespace attnprof::cuda
