@@ -138,6 +138,17 @@ if has sanitize; then
     echo "$tool log-sum-exp tests -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.txt | tr '\n' ' ')" |
       tee -a "$OUT/sanitizer.txt"
   done
+  # A dense batch's per-sequence rows (q_rows, kv_rows), forward and backward
+  # on sm90 (64, 256: the wide backward) and sm80 (32): both-side padding
+  # with the group split, an empty sequence, rows out of range (clamped on the
+  # device: nothing read or written outside a tensor), the zero rows' tiles.
+  for tool in memcheck racecheck; do
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/attnprof_gpu_tests --gtest_brief=1 \
+      --gtest_filter='*FlashRows.*/both_window_mqa_d64:*FlashRows.*/empty_and_out_of_range_causal_d32:*FlashRows.*/empty_and_out_of_range_causal_d256' \
+      >/tmp/san.txt 2>&1
+    echo "$tool per-sequence rows tests -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.txt | tr '\n' ' ')" |
+      tee -a "$OUT/sanitizer.txt"
+  done
 fi
 
 if has nocupti; then

@@ -24,15 +24,17 @@ struct Inputs {
   // the logical [B, Hkv, Skv, D] tensors (what the float64 reference reads);
   // a paged backend reads only these. Undefined for a contiguous cache.
   Tensor k_pages, v_pages, block_table;
-  // Per-sequence key counts, int32 [1, 1, 1, B] on the problem's device, or
-  // undefined: sequence b attends keys 0 .. kv_lens[b] - 1 only (of kv_seq,
-  // the longest), as a key-padding mask would say; the structural masks'
-  // bottom-right alignment is then each sequence's own (offset kv_lens[b] -
-  // seq). A paged call with unequal seq_lens sets it; only a backend whose
-  // Traits::kv_lens is true reads it, and the others are refused by name.
-  // (A Boolean key-padding mask is lowered to the same lengths by flash
-  // itself, CPU and CUDA: core/mask_lowering.h.)
-  Tensor kv_lens;
+  // Per-sequence key rows, int32 [1, 1, B, 2] on the problem's device, or
+  // undefined (every row): sequence b's keys are rows kv_rows[b][0] ..
+  // kv_rows[b][1] - 1 of K and V (of kv_seq, the longest), as a key-padding
+  // mask would say (right padding (0, len), left padding (pad, kv_seq)); the
+  // structural masks' band is then each sequence's own, in its own key
+  // coordinates (j - kv_rows[b][0]). A paged call with unequal seq_lens sets
+  // it to (0, seq_lens[b]); only a backend whose Traits::rows is true reads
+  // it, and the others are refused by name. (A Boolean key-padding mask is
+  // lowered to the same rows by flash itself, CPU and CUDA:
+  // core/mask_lowering.h.)
+  Tensor kv_rows;
   // FP8 problems (dtype F8E4M3): each of q, k and v's per-tensor descale,
   // the factor its stored e4m3 values are multiplied by to give the real
   // ones (FlashAttention-3's q_descale ..., cuDNN's descale_q ...); finite
@@ -104,8 +106,8 @@ struct Traits {
   // Takes a soft cap (Problem::softcap): the others are refused by name in
   // eligibility_of(), before their own eligibility is asked.
   bool softcap = false;
-  // Reads Inputs::kv_lens (per-sequence key counts).
-  bool kv_lens = false;
+  // Reads Inputs::kv_rows (each sequence's key rows).
+  bool rows = false;
   // Takes a packed (variable-length) batch (Problem::seq_lens); the others are
   // refused by name in eligibility_of(), as for the soft cap.
   bool varlen = false;

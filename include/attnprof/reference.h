@@ -73,13 +73,14 @@ void check_fp8_descale(std::string_view field, double descale);
 void check_block_table(const Problem& p, const Tensor& block_table, std::int64_t num_pages);
 // A caller's block table (Python's block_table=), checked for what the
 // backends read of it: int32 [1, 1, p.batch, at least p.pages_per_seq()] on
-// the CPU, and for each sequence b the entries of its first
-// ceil(kv_lens[b] / page_size) pages (every sequence p.kv_seq keys when
-// kv_lens is null) physical pages in [0, num_pages). Pages may be shared
-// (a prefix cache's) and the columns past a sequence's pages are not read,
+// the CPU, and for each sequence b the entries of the pages that hold its
+// keys kv_rows[2 b] .. kv_rows[2 b + 1] - 1 (pairs (begin, end), as
+// Inputs::kv_rows holds them; every sequence keys 0 .. p.kv_seq - 1 when
+// kv_rows is null) physical pages in [0, num_pages). Pages may be shared
+// (a prefix cache's) and the columns outside a sequence's pages are not read,
 // so neither is checked. One-line Error(InvalidArgument) otherwise.
 void check_block_table_reads(const Problem& p, const Tensor& block_table, std::int64_t num_pages,
-                             const std::int32_t* kv_lens);
+                             const std::int32_t* kv_rows);
 
 // Which (batch, head, query row) triples to check: all of them for small
 // problems, an even sample of at most `max_rows` otherwise.

@@ -141,8 +141,8 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     to [B, H, S, Skv] (always that order, whatever the layout; size-1 and
     missing leading dimensions broadcast), on q's device; a mask name beside
     it is refused (the tensor is the whole mask). A key-padding mask
-    ([B, 1, 1, Skv], each row a prefix of Trues) is lowered to per-sequence
-    key lengths by flash (CPU, and CUDA's sm90 kernels); flash refuses any
+    ([B, 1, 1, Skv], each row one run of Trues: right or left padding) is
+    lowered to per-sequence key rows by flash (CPU, and CUDA's kernels); flash refuses any
     other boolean mask by name, cudnn takes boolean and float ones. The mask gets no gradient.
 
     A paged KV cache, as serving engines call attention: k and v are the

@@ -100,8 +100,8 @@ nb::ndarray<float> owned_lse(const Tensor& lse, Device device, std::size_t ndim,
 enum class Use : std::uint8_t { Inference, Autograd };
 
 // The backend that runs p, resolved and checked for eligibility once per
-// (problem, requested name, use, per-sequence kv lengths).
-Backend& resolve(const Problem& p, const std::string& requested, Use use, bool kv_lens);
+// (problem, requested name, use, per-sequence rows: Inputs::kv_rows).
+Backend& resolve(const Problem& p, const std::string& requested, Use use, bool rows);
 
 // One call on the caller's arrays: their borrowed views, the problem they
 // make, the backend that runs it and the context on the caller's stream.

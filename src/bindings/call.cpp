@@ -30,7 +30,7 @@ struct PlanKey {
   Problem problem;
   std::string backend;
   Use use;
-  bool kv_lens;  // per-sequence key lengths (a paged call's unequal seq_lens)
+  bool rows;  // per-sequence rows (Inputs::kv_rows: a paged call's unequal seq_lens)
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -54,17 +54,17 @@ std::string keeps_probabilities(std::string_view backend, Device device) {
 
 // `auto` under autograd: its measured pick where that recomputes, else the
 // first eligible backend that does (explain()'s order).
-std::string auto_for(const Problem& p, Use use, bool kv_lens) {
+std::string auto_for(const Problem& p, Use use, bool rows) {
   const auto takes = [&](const std::string& name) {
     const Backend* b = find_backend(name, p.device);
-    return b && (!kv_lens || b->traits().kv_lens);
+    return b && (!rows || b->traits().rows);
   };
-  if (kv_lens) {  // the measured pick may not read them: the first eligible one that does
+  if (rows) {  // the measured pick may not read them: the first eligible one that does
     for (const auto& e : explain(p)) {
       if (e.eligible && takes(e.backend)) return e.backend;
     }
     fail(ErrorKind::Unsupported, "auto: no eligible backend takes per-sequence kv lengths (unequal seq_lens) for " +
-                                     p.describe() + "; on the CPU these do: " + takers(Device::Cpu, &Traits::kv_lens));
+                                     p.describe() + "; on the CPU these do: " + takers(Device::Cpu, &Traits::rows));
   }
   const std::string picked = choose_auto(p).backend;
   if (use == Use::Inference) return picked;
@@ -82,27 +82,27 @@ std::string auto_for(const Problem& p, Use use, bool kv_lens) {
 
 }  // namespace
 
-Backend& resolve(const Problem& p, const std::string& requested, Use use, bool kv_lens) {
+Backend& resolve(const Problem& p, const std::string& requested, Use use, bool rows) {
   static std::mutex mu;
   static std::map<PlanKey, Backend*> plans;
-  PlanKey key{p, requested, use, kv_lens};
+  PlanKey key{p, requested, use, rows};
   {
     std::lock_guard lock(mu);
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
   }
   check_backend_name("backend", requested, /*auto_ok=*/true);
   // auto measures the eligible backends, each run setting the CPU's thread counts.
-  Backend* b = after_runtime_use(
-      [&] { return &resolve_backend(p, requested == "auto" ? auto_for(p, use, kv_lens) : requested); });
+  Backend* b =
+      after_runtime_use([&] { return &resolve_backend(p, requested == "auto" ? auto_for(p, use, rows) : requested); });
   if (use == Use::Autograd && !b->traits().backward_recomputes) {
     fail(ErrorKind::Unsupported, keeps_probabilities(b->name(), p.device));
   }
-  if (kv_lens && !b->traits().kv_lens) {
+  if (rows && !b->traits().rows) {
     fail(ErrorKind::Unsupported,
          std::string(b->name()) + " on " + device_name(p.device) +
              " takes one kv length for every sequence, and seq_lens differ: on the CPU these take "
              "per-sequence lengths: " +
-             takers(Device::Cpu, &Traits::kv_lens) + " (or pad the shorter sequences' pages)");
+             takers(Device::Cpu, &Traits::rows) + " (or pad the shorter sequences' pages)");
   }
   std::lock_guard lock(mu);
   plans.emplace(std::move(key), b);
@@ -164,7 +164,7 @@ DeviceRuntime& runtime_for(Device device, int threads) {
 void runtime_touched() { runtime_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, std::uintptr_t stream, int threads) {
-  Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd, in.kv_lens.defined());
+  Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd, in.kv_rows.defined());
   DeviceRuntime& rt = runtime_for(p.device, threads);
   return Call{std::move(p), std::move(in), std::move(out), &b,
               RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};

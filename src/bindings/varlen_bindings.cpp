@@ -24,7 +24,7 @@ namespace attnprof::python {
 // q [B, H, S, D] (bshd: [B, S, H, D]), k and v the caches [num_pages, Hkv,
 // page_size, D] (vLLM's layout, whatever the layout of q), block_table int32
 // [B, pages_per_seq], seq_lens int32 [B] each sequence's keys. kv_seq is the
-// longest; with unequal lengths in.kv_lens holds them. A CUDA table and
+// longest; with unequal lengths in.kv_rows holds them, (0, seq_lens[b]). A CUDA table and
 // lengths are read back to check them (a synchronisation).
 void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype) {
   if (!x.block_table || !x.seq_lens) {
@@ -64,8 +64,19 @@ void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const
   if (longest == 0) fail(ErrorKind::InvalidArgument, "seq_lens are all 0: no sequence has a key to attend");
   p.kv_seq = longest;
   p.validate_kv_cache();
-  check_block_table_reads(p, host_table, in.k_pages.size(0), equal ? nullptr : per_seq.data());
-  if (!equal) in.kv_lens = lens;
+  if (equal) {
+    check_block_table_reads(p, host_table, in.k_pages.size(0), nullptr);
+    return;
+  }
+  // Sequence b's keys are rows 0 .. seq_lens[b] - 1 of its pages.
+  Tensor rows = Tensor::empty({1, 1, p.batch, 2}, DType::I32, cpu_allocator());
+  auto* pairs = rows.data_as<std::int32_t>();
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    pairs[2 * b] = 0;
+    pairs[2 * b + 1] = per_seq[static_cast<std::size_t>(b)];
+  }
+  check_block_table_reads(p, host_table, in.k_pages.size(0), pairs);
+  in.kv_rows = rt ? rt->upload(rows) : rows;
 }
 
 namespace {

@@ -102,7 +102,7 @@ void require_output_apart(const Inputs& in, const Tensor& out, std::string_view 
       {"k_pages", &in.k_pages},
       {"v_pages", &in.v_pages},
       {"block_table", &in.block_table},
-      {"kv_lens", &in.kv_lens},
+      {"kv_rows", &in.kv_rows},
   };
   for (const auto& [name, t] : inputs) {
     if (overlaps(out, *t)) {

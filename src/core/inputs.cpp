@@ -220,7 +220,7 @@ void check_block_table(const Problem& p, const Tensor& block_table, std::int64_t
 }
 
 void check_block_table_reads(const Problem& p, const Tensor& block_table, std::int64_t num_pages,
-                             const std::int32_t* kv_lens) {
+                             const std::int32_t* kv_rows) {
   const std::int64_t pages = p.pages_per_seq();
   if (!block_table.defined() || block_table.dtype() != DType::I32 || block_table.device() != Device::Cpu ||
       block_table.size(0) != 1 || block_table.size(1) != 1 || block_table.size(2) != p.batch ||
@@ -231,9 +231,10 @@ void check_block_table_reads(const Problem& p, const Tensor& block_table, std::i
   }
   const auto* ids = block_table.data_as<const std::int32_t>();
   for (std::int64_t b = 0; b < p.batch; ++b) {
-    const std::int64_t keys = kv_lens ? kv_lens[b] : p.kv_seq;
-    const std::int64_t used = (keys + p.page_size - 1) / p.page_size;
-    for (std::int64_t l = 0; l < used; ++l) {
+    const std::int64_t begin = kv_rows ? kv_rows[2 * b] : 0;
+    const std::int64_t end = kv_rows ? kv_rows[2 * b + 1] : p.kv_seq;
+    const std::int64_t used = (end + p.page_size - 1) / p.page_size;
+    for (std::int64_t l = begin < end ? begin / p.page_size : used; l < used; ++l) {
       const std::int64_t page = ids[b * block_table.stride(2) + l * block_table.stride(3)];
       if (page < 0 || page >= num_pages) {
         fail(ErrorKind::InvalidArgument, "block table [" + std::to_string(b) + "][" + std::to_string(l) +

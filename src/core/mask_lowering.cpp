@@ -4,7 +4,7 @@
 
 namespace attnprof {
 
-std::optional<std::vector<std::int32_t>> key_padding_lengths(const Tensor& mask) {
+std::optional<std::vector<RowSpan>> key_padding_rows(const Tensor& mask) {
   if (!mask.defined() || mask.dtype() != DType::Bool || mask.device() != Device::Cpu) return std::nullopt;
   const std::int64_t B = mask.size(0), H = mask.size(1), S = mask.size(2), Skv = mask.size(3);
   if (Skv > std::numeric_limits<std::int32_t>::max()) return std::nullopt;
@@ -13,26 +13,29 @@ std::optional<std::vector<std::int32_t>> key_padding_lengths(const Tensor& mask)
   // A broadcast dimension (stride 0) holds one distinct row: visit it once.
   const std::int64_t hs = mask.stride(1) == 0 ? 1 : H;
   const std::int64_t is = mask.stride(2) == 0 ? 1 : S;
-  std::vector<std::int32_t> lengths(static_cast<std::size_t>(B));
+  std::vector<RowSpan> rows(static_cast<std::size_t>(B));
   for (std::int64_t b = 0; b < B; ++b) {
     const std::uint8_t* first = bits + mask.index(b, 0, 0, 0);
-    std::int64_t len = 0;
-    while (len < Skv && first[len * inc]) ++len;
-    for (std::int64_t j = len; j < Skv; ++j) {
-      if (first[j * inc]) return std::nullopt;  // a True after a False: not a prefix
+    std::int64_t begin = 0;
+    while (begin < Skv && !first[begin * inc]) ++begin;
+    std::int64_t end = begin;
+    while (end < Skv && first[end * inc]) ++end;
+    for (std::int64_t j = end; j < Skv; ++j) {
+      if (first[j * inc]) return std::nullopt;  // a second run of Trues: not one run
     }
+    if (begin == end) begin = end = 0;  // no key: the empty run at 0
     for (std::int64_t h = 0; h < hs; ++h) {
       for (std::int64_t i = 0; i < is; ++i) {
         if (h == 0 && i == 0) continue;
         const std::uint8_t* row = bits + mask.index(b, h, i, 0);
         for (std::int64_t j = 0; j < Skv; ++j) {
-          if ((row[j * inc] != 0) != (j < len)) return std::nullopt;
+          if ((row[j * inc] != 0) != (j >= begin && j < end)) return std::nullopt;
         }
       }
     }
-    lengths[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(len);
+    rows[static_cast<std::size_t>(b)] = {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
   }
-  return lengths;
+  return rows;
 }
 
 }  // namespace attnprof

@@ -1,6 +1,6 @@
 // Caller mask tensors (mask_tensor.h): the key-padding lowering to
-// per-sequence key lengths (core/mask_lowering.h), the CPU flash that takes
-// it and Inputs::kv_lens, the broadcast checks every front end shares, and the
+// per-sequence key rows (core/mask_lowering.h), the CPU flash that takes
+// it and Inputs::kv_rows, the broadcast checks every front end shares, and the
 // .npy reader behind --mask-file, fed good and hostile files.
 #include "attnprof/mask_tensor.h"
 
@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,47 +43,78 @@ Backend& cpu_backend(const std::string& name) {
   return *b;
 }
 
-// A [B, 1, 1, Skv] key-padding mask: sequence b keeps its first lens[b] keys.
-Tensor key_padding(const std::vector<std::int64_t>& lens, std::int64_t kv_seq) {
+// A [B, 1, 1, Skv] key-padding mask: sequence b keeps its first lens[b] keys,
+// after its first pads[b] (left padding) when pads is given.
+Tensor key_padding(const std::vector<std::int64_t>& lens, std::int64_t kv_seq,
+                   const std::vector<std::int64_t>& pads = {}) {
   const auto B = static_cast<std::int64_t>(lens.size());
   Tensor m = Tensor::empty({B, 1, 1, kv_seq}, DType::Bool, cpu_allocator());
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t j = 0; j < kv_seq; ++j) m.data_as<std::uint8_t>()[b * kv_seq + j] = j < lens[b];
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t pad = pads.empty() ? 0 : pads[static_cast<std::size_t>(b)];
+    for (std::int64_t j = 0; j < kv_seq; ++j) m.data_as<std::uint8_t>()[b * kv_seq + j] = j >= pad && j < pad + lens[b];
+  }
   return m;
+}
+
+// Rows as flat (begin, end) pairs, for comparing.
+std::vector<std::int32_t> flat(const std::optional<std::vector<RowSpan>>& rows) {
+  std::vector<std::int32_t> v;
+  if (rows) {
+    for (const RowSpan& r : *rows) v.insert(v.end(), {r.begin, r.end});
+  }
+  return v;
+}
+
+// Inputs::kv_rows of (begin, end) pairs.
+Tensor kv_rows_of(const std::vector<std::int32_t>& pairs) {
+  const auto B = static_cast<std::int64_t>(pairs.size() / 2);
+  Tensor t = Tensor::empty({1, 1, B, 2}, DType::I32, cpu_allocator());
+  std::memcpy(t.data(), pairs.data(), sizeof(std::int32_t) * pairs.size());
+  return t;
 }
 
 // ---- The lowering --------------------------------------------------------
 
-TEST(KeyPaddingLowering, PrefixRowsGiveTheirLengthsThroughAnyBroadcast) {
+TEST(KeyPaddingLowering, PrefixRowsGiveTheirRowsThroughAnyBroadcast) {
   const Tensor m = key_padding({5, 0, 9, 3}, 9);
-  const auto lens = key_padding_lengths(m.expand({4, 3, 7, 9}));
+  const auto lens = key_padding_rows(m.expand({4, 3, 7, 9}));
   ASSERT_TRUE(lens.has_value());
-  EXPECT_EQ(*lens, (std::vector<std::int32_t>{5, 0, 9, 3}));
+  EXPECT_EQ(flat(lens), (std::vector<std::int32_t>{0, 5, 0, 0, 0, 9, 0, 3}));
   // A materialised copy (every row stored, no stride 0) says the same.
   Tensor full = Tensor::empty({4, 3, 7, 9}, DType::Bool, cpu_allocator());
   testing::for_each_index(full, [&](auto b, auto h, auto i, auto j) {
     full.data_as<std::uint8_t>()[full.index(b, h, i, j)] = m.data_as<std::uint8_t>()[b * 9 + j];
   });
-  EXPECT_EQ(key_padding_lengths(full), lens);
+  EXPECT_EQ(flat(key_padding_rows(full)), flat(lens));
+}
+
+TEST(KeyPaddingLowering, LeftAndBothSidePaddingGiveTheirRows) {
+  // Left padding (generate()), both sides, none, and a sequence of no key.
+  const Tensor m = key_padding({5, 3, 9, 0}, 9, {4, 2, 0, 6});
+  EXPECT_EQ(flat(key_padding_rows(m.expand({4, 2, 3, 9}))), (std::vector<std::int32_t>{4, 9, 2, 5, 0, 9, 0, 0}));
 }
 
 TEST(KeyPaddingLowering, OtherMasksAreNotLowered) {
   // A hole after a False: not a prefix.
   Tensor holed = key_padding({4}, 8);
   holed.data_as<std::uint8_t>()[6] = 1;
-  EXPECT_FALSE(key_padding_lengths(holed).has_value());
+  EXPECT_FALSE(key_padding_rows(holed).has_value());
+  // Two runs of Trues, the first not at key 0.
+  Tensor two_runs = key_padding({3}, 9, {1});
+  two_runs.data_as<std::uint8_t>()[7] = 1;
+  EXPECT_FALSE(key_padding_rows(two_runs).has_value());
   // Causal: rows differ within a sequence.
   Tensor causal = Tensor::empty({1, 1, 6, 6}, DType::Bool, cpu_allocator());
   for (int i = 0; i < 6; ++i)
     for (int j = 0; j < 6; ++j) causal.data_as<std::uint8_t>()[i * 6 + j] = j <= i;
-  EXPECT_FALSE(key_padding_lengths(causal.expand({2, 2, 6, 6})).has_value());
+  EXPECT_FALSE(key_padding_rows(causal.expand({2, 2, 6, 6})).has_value());
   // Padding that differs between heads of one sequence.
   Tensor per_head = Tensor::empty({1, 2, 1, 4}, DType::Bool, cpu_allocator());
   const std::uint8_t bits[] = {1, 1, 0, 0, 1, 0, 0, 0};
   std::memcpy(per_head.data(), bits, sizeof bits);
-  EXPECT_FALSE(key_padding_lengths(per_head).has_value());
+  EXPECT_FALSE(key_padding_rows(per_head).has_value());
   // A float mask is a bias, never lowered.
-  EXPECT_FALSE(key_padding_lengths(Tensor::empty({1, 1, 1, 4}, DType::F32, cpu_allocator())).has_value());
+  EXPECT_FALSE(key_padding_rows(Tensor::empty({1, 1, 1, 4}, DType::F32, cpu_allocator())).has_value());
 }
 
 // ---- CPU flash on a caller's mask ------------------------------------------
@@ -109,6 +141,19 @@ TEST(CallerMask, FlashLowersAKeyPaddingMaskAndMatchesFloat64) {
   for (std::int64_t d = 0; d < p.head_dim; ++d) EXPECT_EQ(out.get(0, 1, 5, d), 0.0f);  // no key: zeros, not NaN
 }
 
+TEST(CallerMask, FlashLowersALeftPaddedMaskAndMatchesFloat64) {
+  // Left padding (generate()'s) and both sides, across key blocks.
+  const Problem p = boolean_problem(3, 70, 300);
+  Inputs in = make_inputs(p, 12, cpu_allocator());
+  attach_mask(p, key_padding({170, 1, 150}, 300, {130, 299, 7}), in, "attn_mask");
+  Tensor out = testing::nan_tensor(p, p.heads, p.seq);
+  RunContext ctx{cpu_allocator(), nullptr, 2};
+  cpu_backend("flash").forward(p, in, out, ctx);
+  const ErrorStats e = check_against_reference(p, in, out, sample_rows(p, 1 << 20));
+  EXPECT_EQ(e.nan_rows, 0);
+  EXPECT_LT(e.rel, 1e-5);
+}
+
 TEST(CallerMask, EveryCpuBackendReadsTheSameGeneralMask) {
   // Not key padding (a checkerboard with the diagonal kept): read per element.
   const Problem p = boolean_problem(2, 48, 64);
@@ -116,7 +161,7 @@ TEST(CallerMask, EveryCpuBackendReadsTheSameGeneralMask) {
   testing::for_each_index(m, [&](auto b, auto, auto i, auto j) {
     m.data_as<std::uint8_t>()[m.index(b, 0, i, j)] = ((i + j + b) % 3 != 0) || i == j;
   });
-  ASSERT_FALSE(key_padding_lengths(m.expand({2, 4, 48, 64})).has_value());
+  ASSERT_FALSE(key_padding_rows(m.expand({2, 4, 48, 64})).has_value());
   Inputs in = make_inputs(p, 3, cpu_allocator());
   attach_mask(p, m, in, "attn_mask");
   for (const char* name : {"flash", "naive", "math"}) {
@@ -151,7 +196,7 @@ TEST(CallerMask, FlashBackwardReadsAKeyPaddingMask) {
   for (std::int64_t d = 0; d < p.head_dim; ++d) EXPECT_EQ(g.dk.get(2, 1, 100, d), 0.0f);
 }
 
-// Inputs::kv_lens on a paged cache: each sequence against float64 on its own
+// Inputs::kv_rows on a paged cache: each sequence against float64 on its own
 // keys (a problem of kv_seq = its length, the logical K and V sliced).
 TEST(PerSequenceLengths, FlashReadsEachSequencesOwnKeysAndAlignment) {
   for (const MaskKind mask : {MaskKind::None, MaskKind::CausalBottomRight, MaskKind::SlidingWindow}) {
@@ -163,12 +208,11 @@ TEST(PerSequenceLengths, FlashReadsEachSequencesOwnKeysAndAlignment) {
     p.validate();
     Inputs in = make_inputs(p, 9, cpu_allocator());
     const std::vector<std::int32_t> lens{200, 17, 130};
-    in.kv_lens = Tensor::empty({1, 1, 1, 3}, DType::I32, cpu_allocator());
-    std::memcpy(in.kv_lens.data(), lens.data(), sizeof(std::int32_t) * lens.size());
+    in.kv_rows = kv_rows_of({0, 200, 0, 17, 0, 130});
     Tensor out = testing::nan_tensor(p, p.heads, p.seq);
     RunContext ctx{cpu_allocator(), nullptr, 2};
     Backend& flash = cpu_backend("flash");
-    ASSERT_TRUE(flash.traits().kv_lens);
+    ASSERT_TRUE(flash.traits().rows);
     flash.forward(p, in, out, ctx);
     for (std::int64_t b = 0; b < 3; ++b) {
       Problem one = p;
@@ -197,16 +241,14 @@ TEST(PerSequenceLengths, AreCheckedAndPagesPastThemAreNotRead) {
   p.page_size = 16;
   p.validate();
   Inputs in = make_inputs(p, 1, cpu_allocator());
-  in.kv_lens = Tensor::empty({1, 1, 1, 2}, DType::I32, cpu_allocator());
-  auto* lens = in.kv_lens.data_as<std::int32_t>();
-  lens[0] = 64;
-  lens[1] = 16;
+  in.kv_rows = kv_rows_of({0, 64, 0, 16});
+  std::int32_t* lens = in.kv_rows.data_as<std::int32_t>() + 1;  // lens[2 b]: sequence b's end
   // Sequence 1 reads one page: garbage in its other entries is never read.
   in.block_table.data_as<std::int32_t>()[4 + 3] = -7;
   Tensor out = testing::nan_tensor(p, p.heads, p.seq);
   RunContext ctx{cpu_allocator(), nullptr, 1};
   EXPECT_NO_THROW(cpu_backend("flash").forward(p, in, out, ctx));
-  lens[1] = 64;  // now it reads that entry
+  lens[2] = 64;  // now it reads that entry
   try {
     cpu_backend("flash").forward(p, in, out, ctx);
     ADD_FAILURE() << "a block table entry of -7 was read";
@@ -214,8 +256,13 @@ TEST(PerSequenceLengths, AreCheckedAndPagesPastThemAreNotRead) {
     EXPECT_NE(std::string(e.what()).find("block table [1][3] = -7 is not a physical page"), std::string::npos)
         << e.what();
   }
-  lens[1] = 65;  // more keys than kv_seq
-  EXPECT_THROW(cpu_backend("flash").forward(p, in, out, ctx), Error);
+  lens[2] = 65;  // more keys than kv_seq
+  try {
+    cpu_backend("flash").forward(p, in, out, ctx);
+    ADD_FAILURE() << "kv_rows past kv_seq were taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "kv_rows[1] = (0, 65) is outside 0 .. 64");
+  }
 }
 
 // ---- broadcast checks --------------------------------------------------------

@@ -1,6 +1,6 @@
 // flash's sm90 kernels (and, at head dim 32, its sm80 kernels) on what real
-// models pass (issue 22): packed (variable-length) batches, a key-padding
-// mask read as per-sequence key counts, and soft-capped scores. Forward and training step on fresh random
+// models pass (issue 22): packed (variable-length) batches and soft-capped
+// scores (a dense batch's per-sequence rows: flash_rows_test.cpp). Forward and training step on fresh random
 // inputs, outputs and gradients NaN-poisoned before the call, against the
 // float64 reference; the deterministic dQ on packed batches bitwise
 // repeatable; and what these kernels do not take refused in one line.
@@ -181,15 +181,6 @@ TEST(FlashPackedChecks, BackwardAfterADenseOneReadsNoStaleWorkspace) {
 
 // ---- Key padding ---------------------------------------------------------
 
-// A [B, 1, 1, Skv] key-padding mask, broadcast to [B, H, S, Skv].
-Tensor key_padding(const Lens& lens, std::int64_t heads, std::int64_t seq, std::int64_t kv_seq) {
-  const auto B = static_cast<std::int64_t>(lens.size());
-  Tensor m = Tensor::empty({B, 1, 1, kv_seq}, DType::Bool, cpu_allocator());
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t j = 0; j < kv_seq; ++j) m.data_as<std::uint8_t>()[b * kv_seq + j] = j < lens[b];
-  return m.expand({B, heads, seq, kv_seq});
-}
-
 Problem padded(std::int64_t batch, std::int64_t seq, std::int64_t kv_seq, std::int64_t head_dim, DType dtype,
                Pass pass) {
   Problem p{.batch = batch,
@@ -207,46 +198,8 @@ Problem padded(std::int64_t batch, std::int64_t seq, std::int64_t kv_seq, std::i
   return p;
 }
 
-TEST(FlashKeyPadding, LoweredMaskMatchesFloat64) {
-  REQUIRE_SM90_FLASH();
-  std::uint64_t seed = 70;
-  for (const std::int64_t d : {32, 64, 128, 256}) {  // 32: the sm80 kernels
-    for (const DType t : {DType::BF16, DType::F16}) {
-      for (const Pass pass : {Pass::Forward, Pass::Train}) {
-        const Problem p = padded(3, 150, 300, d, t, pass);
-        Inputs in = make_inputs(p, ++seed, cpu_allocator());
-        in.mask = key_padding({300, 17, 129}, p.heads, p.seq, p.kv_seq);
-        const Tensor dout = make_dout(p, seed, cpu_allocator());
-        const FlashRun r = run_flash(p, in, dout);
-        const std::string what = p.describe();
-        expect_accurate(p, check_against_reference(p, in, r.out, sample_rows(p, 1 << 20)), what + " out");
-        if (pass == Pass::Forward) continue;
-        const GradientErrors e = check_gradients_against_reference(p, in, dout, r.grads, sample_rows(p, 1 << 20),
-                                                                   sample_kv_rows(p, 1 << 20));
-        expect_accurate(p, e.dq, what + " dQ");
-        expect_accurate(p, e.dk, what + " dK");
-        expect_accurate(p, e.dv, what + " dV");
-      }
-    }
-  }
-}
-
-TEST(FlashKeyPadding, OtherBooleanMasksAreRefusedInOneLine) {
-  REQUIRE_SM90_FLASH();
-  const Problem p = padded(2, 64, 64, 64, DType::BF16, Pass::Forward);
-  Inputs in = make_inputs(p, 3, cpu_allocator());
-  Tensor holed = Tensor::empty({2, 1, 1, 64}, DType::Bool, cpu_allocator());
-  for (int j = 0; j < 128; ++j) holed.data_as<std::uint8_t>()[j] = j % 3 != 1;  // a hole in every row
-  in.mask = holed.expand({2, p.heads, p.seq, p.kv_seq});
-  try {
-    run_flash(p, in, {});
-    ADD_FAILURE() << "flash on CUDA read a mask that is not key padding";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_NE(std::string(e.what()).find("only as key padding"), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
-  }
-}
+// Key padding on CUDA is given as per-sequence rows (Inputs::kv_rows,
+// q_rows), never as a mask tensor read back: flash_rows_test.cpp.
 
 // ---- Soft-capping --------------------------------------------------------
 

@@ -186,21 +186,22 @@ std::string check_problem(const Problem& p) {
   return {};
 }
 
-std::vector<std::int32_t> kv_lengths(const Problem& p, const Tensor& kv_lens) {
-  if (kv_lens.dtype() != DType::I32 || kv_lens.device() != Device::Cpu || kv_lens.sizes() != Dims{1, 1, 1, p.batch}) {
-    fail(ErrorKind::InvalidArgument, "flash: per-sequence key lengths must be int32 [1, 1, 1, " +
-                                         std::to_string(p.batch) + "] on the CPU; got " + kv_lens.describe());
+std::vector<RowSpan> kv_row_spans(const Problem& p, const Tensor& kv_rows) {
+  if (kv_rows.dtype() != DType::I32 || kv_rows.device() != Device::Cpu || kv_rows.sizes() != Dims{1, 1, p.batch, 2}) {
+    fail(ErrorKind::InvalidArgument, "flash: kv_rows must be int32 [1, 1, " + std::to_string(p.batch) +
+                                         ", 2] on the CPU; got " + kv_rows.describe());
   }
-  std::vector<std::int32_t> lens(static_cast<std::size_t>(p.batch));
+  std::vector<RowSpan> rows(static_cast<std::size_t>(p.batch));
+  const auto* at = kv_rows.data_as<const std::int32_t>();
   for (std::int64_t b = 0; b < p.batch; ++b) {
-    const auto len = static_cast<std::int64_t>(kv_lens.data_as<const std::int32_t>()[b * kv_lens.stride(3)]);
-    if (len < 0 || len > p.kv_seq) {
-      fail(ErrorKind::InvalidArgument, "flash: sequence " + std::to_string(b) + " has " + std::to_string(len) +
-                                           " keys, outside 0 .. kv_seq = " + std::to_string(p.kv_seq));
+    const std::int64_t begin = at[b * kv_rows.stride(2)], end = at[b * kv_rows.stride(2) + kv_rows.stride(3)];
+    if (begin < 0 || begin > end || end > p.kv_seq) {
+      fail(ErrorKind::InvalidArgument, "kv_rows[" + std::to_string(b) + "] = (" + std::to_string(begin) + ", " +
+                                           std::to_string(end) + ") is outside 0 .. " + std::to_string(p.kv_seq));
     }
-    lens[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(len);
+    rows[static_cast<std::size_t>(b)] = {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
   }
-  return lens;
+  return rows;
 }
 
 void require_mask_tensor(const Problem& p, const Inputs& in) {
@@ -241,7 +242,7 @@ class FlashCpu final : public Backend {
           p.kv_cache == KvCache::Paged ? ", K and V read from their pages through the block table" : "";
       const std::string lowered =
           p.mask == MaskKind::Boolean
-              ? ", a key-padding mask lowered to per-sequence key lengths (others read per element)"
+              ? ", a key-padding mask lowered to per-sequence key rows (others read per element)"
               : "";
       const std::string fp8 = is_fp8(p.dtype)
                                   ? ", e4m3 inputs read as they are stored (q's and k's descales in the scale, "
@@ -302,7 +303,7 @@ class FlashCpu final : public Backend {
         .backward_recomputes = true,
         .backward_dq_unordered = true,
         .softcap = true,
-        .kv_lens = true,
+        .rows = true,
         .varlen = true,
         .fp8 = true,
     };
@@ -339,32 +340,39 @@ class FlashCpu final : public Backend {
       fail(ErrorKind::InvalidArgument,
            "flash: kv_cache=paged without the pages and block table (make_inputs makes them)");
     }
-    // Per-sequence lengths: the caller's (kv_lens), and a key-padding mask's,
-    // the shorter of the two.
-    std::vector<std::int32_t> lens;
-    if (in.kv_lens.defined()) lens = kv_lengths(p, in.kv_lens);
+    // Per-sequence key rows: the caller's (kv_rows), and a key-padding mask's,
+    // the rows both keep.
+    std::vector<RowSpan> kv_rows;
+    if (in.kv_rows.defined()) kv_rows = kv_row_spans(p, in.kv_rows);
     if (p.varlen()) require_shapes(p, in, "flash");
     // The pages each sequence reads (a prefix cache's tables share pages,
-    // and past its pages a row is not read).
-    if (p.kv_cache == KvCache::Paged)
-      check_block_table_reads(p, in.block_table, in.k_pages.size(0), lens.empty() ? nullptr : lens.data());
-    const std::optional<std::vector<std::int32_t>> lowered =
-        p.mask == MaskKind::Boolean ? key_padding_lengths(in.mask) : std::nullopt;
-    if (lowered && lens.empty()) {
-      lens = *lowered;
+    // and outside its pages a row is not read).
+    if (p.kv_cache == KvCache::Paged) {
+      std::vector<std::int32_t> pairs;
+      for (const RowSpan& r : kv_rows) pairs.insert(pairs.end(), {r.begin, r.end});
+      check_block_table_reads(p, in.block_table, in.k_pages.size(0), kv_rows.empty() ? nullptr : pairs.data());
+    }
+    const std::optional<std::vector<RowSpan>> lowered =
+        p.mask == MaskKind::Boolean ? key_padding_rows(in.mask) : std::nullopt;
+    if (lowered && kv_rows.empty()) {
+      kv_rows = *lowered;
     } else if (lowered) {
-      for (std::size_t b = 0; b < lens.size(); ++b) lens[b] = std::min(lens[b], (*lowered)[b]);
+      for (std::size_t b = 0; b < kv_rows.size(); ++b) {
+        kv_rows[b].begin = std::max(kv_rows[b].begin, (*lowered)[b].begin);
+        kv_rows[b].end = std::max(kv_rows[b].begin, std::min(kv_rows[b].end, (*lowered)[b].end));
+      }
     }
-    if (!lens.empty() && p.varlen()) {
+    if (!kv_rows.empty() && p.varlen()) {
       fail(ErrorKind::InvalidArgument,
-           "flash: per-sequence key lengths (kv_lens, a key-padding mask) do not combine with a packed batch");
+           "flash: per-sequence key rows (kv_rows, a key-padding mask) do not combine with a packed batch");
     }
-    // Each sequence's keys and band from those lengths: the bottom-right
+    // Each sequence's keys and band from those rows: the bottom-right
     // alignment (CausalBottomRight, SlidingWindow) is then the sequence's own.
     std::vector<Sequence> seqs = sequences_of(p);
-    for (std::size_t b = 0; b < lens.size(); ++b) {
-      seqs[b].kv_seq = lens[b];
-      seqs[b].band = band_of(p, seqs[b].seq, lens[b]);
+    for (std::size_t b = 0; b < kv_rows.size(); ++b) {
+      seqs[b].k0 = kv_rows[b].begin;
+      seqs[b].kv_seq = kv_rows[b].size();
+      seqs[b].band = band_of(p, seqs[b].seq, seqs[b].kv_seq);
     }
 
     // The kernels of the level cpu_isa.h picks: never one this CPU lacks.
@@ -429,7 +437,7 @@ class FlashCpu final : public Backend {
     // there are four heads a thread or more, a thread takes a head whole
     // (2x8x1024x64 causal on AMX: 14.4 -> 10.2 ms, docs/perf/cpu-flash.md);
     // the FP32 kernels read K and V in place and keep the finer schedule.
-    const bool equal_heads = !p.varlen() && lens.empty();
+    const bool equal_heads = !p.varlen() && kv_rows.empty();
     const bool whole_heads = kernels.forward_repacks_heads(p) && equal_heads && heads >= 4 * threads;
     const std::int64_t chunk = whole_heads ? q_blocks : 1;
 #pragma omp parallel num_threads(threads)

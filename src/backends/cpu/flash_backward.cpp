@@ -63,8 +63,8 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
                     dims_string(in.q) + ", " + dims_string(in.k) + ", " + dims_string(in.v));
   require_mask_tensor(p, in);
   // A key-padding mask is read as the tensor it is here (the forward's
-  // lowering only skips work); caller-given lengths are a forward's.
-  require(!in.kv_lens.defined(), "per-sequence key lengths (kv_lens) are taken by the forward only");
+  // lowering only skips work); caller-given rows are a forward's.
+  require(!in.kv_rows.defined(), "per-sequence key rows (kv_rows) are taken by the forward only");
   require(lse.defined() && lse.dtype() == DType::F32 && lse.is_contiguous() && lse.sizes() == lse_dims(p),
           "the saved log-sum-exp must be FP32 " + dims_string(lse_dims(p)) + " from flash's forward_train");
   require(grads.dq.defined() && grads.dk.defined() && grads.dv.defined(), "dQ, dK and dV must be allocated");

@@ -223,7 +223,7 @@ inline void mask_scores(const BackwardJob& job, const Sequence& s, std::int64_t 
   if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st, kBlockQ);
   if (straddles_band(band, i0, nq, j0, n)) mask_band(band, i0, j0, n, qcols, st, kBlockQ);
   if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias)
-    mask_tensor(p, job.in, s.tb, h, i0, nq, j0, n, st, kBlockQ);
+    mask_tensor(p, job.in, s.tb, h, s.q0 + i0, nq, s.k0 + j0, n, st, kBlockQ);
 }
 
 // The item's dQ^T contribution for (query block qb, head h) added to the

@@ -142,8 +142,9 @@ inline void soft_cap(float cap2, std::int64_t n, std::int64_t qcols, float* st, 
 }
 
 // Where key j's K or V row of sequence s lies: row s.k0 + j of batch s.tb
-// in the logical tensor, or with a paged cache row j % page of page
-// block_table[b][j / page] (the pages are read where they lie, never gathered).
+// in the logical tensor, or with a paged cache row r % page of page
+// block_table[b][r / page], r = s.k0 + j (the pages are read where they lie,
+// never gathered).
 struct KvRow {
   const Tensor& t;
   std::int64_t b, row;
@@ -153,8 +154,10 @@ inline KvRow kv_row(const ForwardJob& job, const Tensor& logical, const Tensor& 
   if (job.p.kv_cache != KvCache::Paged) return {logical, s.tb, s.k0 + j};
   const Tensor& table = job.in.block_table;  // a paged cache is never packed: s.tb is the batch
   const std::int64_t page = job.p.page_size;
-  const std::int64_t phys = table.data_as<const std::int32_t>()[s.tb * table.stride(2) + (j / page) * table.stride(3)];
-  return {pages, phys, j % page};
+  const std::int64_t row = s.k0 + j;  // the sequence's keys start at its first row (kv_rows)
+  const std::int64_t phys =
+      table.data_as<const std::int32_t>()[s.tb * table.stride(2) + (row / page) * table.stride(3)];
+  return {pages, phys, row % page};
 }
 
 // That row of kv head hk widened to FP32.
@@ -257,7 +260,7 @@ inline void mask_block(const ForwardJob& job, const Sequence& s, std::int64_t h,
                        std::int64_t qcols, std::int64_t j0, std::int64_t n, float* st, std::int64_t lds) {
   if (job.cap2 > 0) soft_cap(job.cap2, n, qcols, st, lds);
   if (straddles_band(s.band, i0, nq, j0, n)) mask_band(s.band, i0, j0, n, qcols, st, lds);
-  if (has_mask_tensor(job)) mask_tensor(job.p, job.in, s.tb, h, i0, nq, j0, n, st, lds);
+  if (has_mask_tensor(job)) mask_tensor(job.p, job.in, s.tb, h, s.q0 + i0, nq, s.k0 + j0, n, st, lds);
 }
 
 // Sized for the larger item whatever the rows, so a run's workspace does not

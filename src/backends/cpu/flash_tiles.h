@@ -14,6 +14,7 @@
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
 #include "core/mask_geometry.h"
+#include "core/mask_lowering.h"
 
 namespace attnprof::cpu::flash {
 
@@ -44,9 +45,9 @@ int resolve_threads(int requested);
 // Why the CPU flash backend cannot run `p` (wrong device, invalid problem), or
 // empty when it can.
 std::string check_problem(const Problem& p);
-// Inputs::kv_lens checked (int32 [1, 1, 1, B] on the CPU, each 0 .. kv_seq)
-// and read out.
-std::vector<std::int32_t> kv_lengths(const Problem& p, const Tensor& kv_lens);
+// Inputs::kv_rows checked (int32 [1, 1, B, 2] on the CPU, each entry
+// 0 <= begin <= end <= kv_seq) and read out.
+std::vector<RowSpan> kv_row_spans(const Problem& p, const Tensor& kv_rows);
 // Throws when a Boolean or Bias problem comes without its tensor.
 void require_mask_tensor(const Problem& p, const Inputs& in);
 

@@ -50,10 +50,18 @@ const char* flash_story(const FusedParams& shape) {
     story += "; a packed batch of " + std::to_string(shape.batch) +
              " sequences, each against its own keys (tiles past a sequence's end return at once)";
   }
-  if (shape.kv_lens != nullptr) {
+  // A dense batch's rows are the call's (Inputs), not the problem's: said
+  // whole when the shape has them, and as what a call may give otherwise.
+  if (shape.dense_rows()) {
     story +=
-        "; each sequence's keys bounded by its own count (a key-padding mask read as lengths: key tiles past "
-        "it are never visited)";
+        "; each sequence of its own rows (q_rows, kv_rows: read on the device in stream order, clamped there into "
+        "the tensors): its query and key tiles only, from its first rows, the mask's band in its own coordinates; "
+        "padded tiles are never computed, and the tiles that hold rows outside a sequence write their zeros (O, "
+        "LSE +inf; dQ, dK and dV in the backward) in the same kernels, no memset";
+  } else if (shape.cu_seqlens_q == nullptr && !shape.fp8) {
+    story +=
+        "; a call's per-sequence rows (q_rows, kv_rows: padding) are read on the device, and only each "
+        "sequence's tiles computed (zeros outside its rows)";
   }
   if (shape.softcap > 0.f) {
     story += "; scores soft-capped (tanh before the mask, its derivative in the backward)";

@@ -72,11 +72,13 @@ class FusedBackend : public Backend {
     if (p.mask == MaskKind::Bias) {
       return {false, "bias masks are not supported by our fused kernels"};
     }
-    // A key-padding mask lowers to per-sequence key lengths
-    // (core/mask_lowering.h), which flash's sm90 kernels read; whether a mask
-    // is one is known only when the call reads it (use_sequences).
-    if (p.mask == MaskKind::Boolean && !flash_) {
-      return {false, std::string(name_) + " takes no boolean mask"};
+    // A mask tensor is never read back on the host (no copy, no
+    // synchronisation): key padding comes as rows (Inputs::q_rows, kv_rows),
+    // which the Python call lowers a key-padding attn_mask to on the device.
+    if (p.mask == MaskKind::Boolean) {
+      return {false, std::string(name_) +
+                         " on CUDA reads no boolean mask tensor: give key padding as per-sequence rows (kv_rows, "
+                         "q_rows; in Python attention(mask=..., attn_mask=key_padding) lowers it)"};
     }
     if (p.varlen() && std::max(p.total_q(), p.total_kv()) > std::int64_t{1} << 30) {
       return {false, std::string(name_) + " indexes a packed batch's rows in 32 bits: at most 2^30 rows"};
@@ -103,21 +105,10 @@ class FusedBackend : public Backend {
       shape.cu_seqlens_q = shape.cu_seqlens_k = static_cast<const std::int32_t*>(stand_in);
       shape.q_batch_stride = shape.k_batch_stride = shape.v_batch_stride = shape.o_batch_stride = 0;
     }
-    if (p.mask == MaskKind::Boolean) {  // as use_sequences lowers it
-      shape.kv_lens = static_cast<const std::int32_t*>(stand_in);
-      shape.mask = MaskKind::None;
-    }
     if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
-    if (p.pass == Pass::Forward) return {true, story_(shape) + boolean_story(p)};
+    if (p.pass == Pass::Forward) return {true, story_(shape)};
     if (const char* why = fused_bwd_head_dim_refusal(static_cast<int>(p.head_dim), flash_)) return {false, why};
-    return {true, std::string(story_(shape)) + boolean_story(p) + "; backward: " + backward_story(p)};
-  }
-
-  // A Boolean mask on flash: read as key counts if it is a key-padding one.
-  static std::string boolean_story(const Problem& p) {
-    if (p.mask != MaskKind::Boolean) return {};
-    return " (the boolean mask is read back once a call and taken as key counts if it is a key-padding mask, "
-           "[B, 1, 1, Skv] rows of Trues then Falses; any other is refused when the call reads it)";
+    return {true, std::string(story_(shape)) + "; backward: " + backward_story(p)};
   }
 
   // The sm90 backward's group split, where it splits (flash_sm90_bwd_group_split).
@@ -207,12 +198,6 @@ class FusedBackend : public Backend {
         e.device_activities = forward + backward;
         break;
     }
-    // A boolean mask lowered: read back, and the counts copied in, each call.
-    if (p.mask == MaskKind::Boolean && flash_) {
-      const int calls = p.pass == Pass::Train ? 2 : 1;
-      e.copies = 2 * calls;
-      e.device_activities += 2 * calls;
-    }
     return e;
   }
 
@@ -255,6 +240,7 @@ class FusedBackend : public Backend {
             .max_kv_splits = flash_ ? kFlashDecodeMaxSplits : 0,
             .kv_split_keys = flash_ ? kFlashDecodeKeys : 0,
             .softcap = flash_,
+            .rows = flash_,
             .varlen = flash_,
             .fp8 = flash_};
   }
@@ -284,8 +270,7 @@ class FusedBackend : public Backend {
     FusedBwdParams b;
     b.fwd = params_for(p);
     fill_forward(b.fwd, in, out, const_cast<float*>(saved.lse.data_as<float>()));
-    std::optional<Storage> key_counts;
-    use_sequences(b.fwd, p, in, ctx, key_counts);
+    use_sequences(b.fwd, p, in, ctx);
     b.dout = dout.data();
     set_strides(dout, b.do_batch_stride, b.do_head_stride, b.do_row_stride);
     b.dq = grads.dq.data();
@@ -334,8 +319,7 @@ class FusedBackend : public Backend {
     RecordFunction rf(op_, dtype_name(p.dtype), shape_key_of(p));
     FusedParams f = params_for(p);
     fill_forward(f, in, out, lse, p.kv_cache == KvCache::Paged);
-    std::optional<Storage> key_counts;
-    use_sequences(f, p, in, ctx, key_counts);
+    use_sequences(f, p, in, ctx);
     if (p.kv_cache == KvCache::Paged) {
       // The decode kernel reads row b of the table at b * pages_per_seq.
       if (in.block_table.stride(3) != 1 || in.block_table.stride(2) != p.pages_per_seq()) {
@@ -379,30 +363,32 @@ class FusedBackend : public Backend {
 
   // Sequences of their own lengths into f (flash; fused_unsupported_reason
   // refuses them elsewhere): a packed batch's cumulative lengths (kept on the
-  // device per set of lengths) with its tensors' batch strides 0; a Boolean
-  // mask lowered to key counts, in
-  // `key_counts` (released when the call returns), the kernels then masking
-  // nothing else. A Boolean mask that is not key padding is refused here.
-  void use_sequences(FusedParams& f, const Problem& p, const Inputs& in, RunContext& ctx,
-                     std::optional<Storage>& key_counts) const {
-    const auto cuda_stream = static_cast<cudaStream_t>(ctx.stream);
+  // device per set of lengths) with its tensors' batch strides 0; a dense
+  // batch's rows (Inputs::q_rows, kv_rows) as the caller's own device
+  // tensors, read by the kernels only, in stream order (which clamp them
+  // into the tensors): here their dtype, device and shape are checked, never
+  // their values.
+  void use_sequences(FusedParams& f, const Problem& p, const Inputs& in, RunContext& ctx) const {
     if (p.varlen()) {
-      const PackedLengths cu = device_cu_seqlens(p, cuda_stream);
+      const PackedLengths cu = device_cu_seqlens(p, static_cast<cudaStream_t>(ctx.stream));
       f.cu_seqlens_q = cu.cu_q;
       f.cu_seqlens_k = cu.cu_k;
       f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
     }
-    if (p.mask != MaskKind::Boolean) return;
-    const std::optional<std::vector<std::int32_t>> lens = lowered_key_padding(in.mask, cuda_stream);
-    if (!lens) {
-      fail(ErrorKind::Unsupported, std::string(name_) +
-                                       " on CUDA reads a boolean mask only as key padding ([B, 1, 1, Skv], each row "
-                                       "Trues then Falses) and this one is not");
+    f.q_rows = device_rows(in.q_rows, "q_rows", p);
+    f.kv_rows = device_rows(in.kv_rows, "kv_rows", p);
+  }
+
+  // A dense batch's rows (Inputs::q_rows or kv_rows) as the kernels read
+  // them, int32 (begin, end) pairs; null when not given.
+  const std::int32_t* device_rows(const Tensor& rows, const char* what, const Problem& p) const {
+    if (!rows.defined()) return nullptr;
+    if (rows.dtype() != DType::I32 || rows.device() != Device::Cuda || rows.sizes() != Dims{1, 1, p.batch, 2} ||
+        rows.stride(3) != 1 || rows.stride(2) != 2) {
+      fail(ErrorKind::InvalidArgument, std::string(name_) + ": " + what + " must be contiguous int32 [1, 1, " +
+                                           std::to_string(p.batch) + ", 2] on the GPU; got " + rows.describe());
     }
-    key_counts.emplace(ctx.allocator, lens->size() * sizeof(std::int32_t));
-    copy_key_counts(*lens, key_counts->data(), cuda_stream);
-    f.kv_lens = static_cast<const std::int32_t*>(key_counts->data());
-    f.mask = MaskKind::None;
+    return rows.data_as<std::int32_t>();
   }
 
   // The tensors of a forward into f (checking their head_dim is contiguous):

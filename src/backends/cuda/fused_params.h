@@ -98,13 +98,20 @@ struct FusedParams {
   //    stride 0, sequence b's rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
   //    (device int32 [batch + 1], from 0; likewise cu_seqlens_k); seq_q and
   //    seq_k are the longest sequence's; the LSE is [1, H, total_q];
-  //  - a dense batch's key counts: sequence b attends keys 0 .. kv_lens[b] - 1
-  //    (device int32 [batch]; a key-padding mask lowered, core/mask_lowering.h).
-  // The bottom-right alignment is each sequence's own.
+  //  - a dense batch's rows (Inputs::q_rows, kv_rows): sequence b's queries
+  //    are rows q_rows[2b] .. q_rows[2b + 1] - 1 of Q and O, its keys rows
+  //    kv_rows[2b] .. kv_rows[2b + 1] - 1 of K and V (device int32 [batch][2];
+  //    null: every row). Read on the device only, in stream order, and
+  //    clamped there into 0 <= begin <= end <= seq_q (seq_k), so that no
+  //    kernel reads outside a tensor whatever they hold. Rows of O outside a
+  //    sequence's query rows are written as zeros (their LSE +inf), and so
+  //    are dQ's rows outside them and dK's and dV's outside its key rows.
+  // The mask's band (and the bottom-right alignment) is each sequence's own.
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;
   int total_q = 0, total_k = 0;
-  const std::int32_t* kv_lens = nullptr;
+  const std::int32_t* q_rows = nullptr;
+  const std::int32_t* kv_rows = nullptr;
   // Soft-capping (Problem::softcap): scaled scores s become tanh(s / softcap)
   // softcap before the mask; 0: none.
   float softcap = 0.f;
@@ -116,7 +123,8 @@ struct FusedParams {
   float q_descale = 1.f, k_descale = 1.f, v_descale = 1.f;
   void* v_t = nullptr;
 
-  bool per_sequence() const { return cu_seqlens_q != nullptr || kv_lens != nullptr; }
+  bool per_sequence() const { return cu_seqlens_q != nullptr || dense_rows(); }
+  bool dense_rows() const { return q_rows != nullptr || kv_rows != nullptr; }
 };
 
 // Arguments of the fused backward (kernels/flash_bwd_sm80.cuh): the forward's

@@ -154,7 +154,8 @@ class CudaRuntime final : public DeviceRuntime {
     d.k_pages = to_device(host.k_pages);
     d.v_pages = to_device(host.v_pages);
     d.block_table = to_device(host.block_table);
-    d.kv_lens = to_device(host.kv_lens);
+    d.q_rows = to_device(host.q_rows);
+    d.kv_rows = to_device(host.kv_rows);
     // FP8 inputs' descales travel with their tensors (real = e4m3 x descale).
     d.q_descale = host.q_descale;
     d.k_descale = host.k_descale;

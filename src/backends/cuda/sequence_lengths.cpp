@@ -63,14 +63,8 @@ PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream) {
   return {cu, cu + n};
 }
 
-std::optional<std::vector<std::int32_t>> lowered_key_padding(const Tensor& mask, cudaStream_t stream) {
-  return key_padding_lengths(download_on(mask, stream));
-}
-
-void copy_key_counts(const std::vector<std::int32_t>& lens, void* device_buffer, cudaStream_t stream) {
-  // From pageable memory: staged before the call returns, so `lens` may go.
-  ATTNPROF_CUDA_CHECK(
-      cudaMemcpyAsync(device_buffer, lens.data(), lens.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+std::optional<std::vector<RowSpan>> lowered_key_padding(const Tensor& mask, cudaStream_t stream) {
+  return key_padding_rows(download_on(mask, stream));
 }
 
 }  // namespace attnprof::cuda

@@ -1,9 +1,9 @@
-// The device-side sequence lengths that flash's sm90 kernels read
-// (FusedParams::cu_seqlens_q/k and kv_lens): a packed batch's cumulative
-// lengths, and a dense batch's per-sequence key counts, from a caller's
-// kv_lens or from a key-padding mask lowered on the host; and the int32
-// buffers kept on the device by value that flash's lengths and cudnn's
-// ragged offsets and lengths (cudnn_inputs.h) are both kept in.
+// The device-side sequence lengths that flash's kernels read
+// (FusedParams::cu_seqlens_q/k): a packed batch's cumulative lengths; and
+// the int32 buffers kept on the device by value that flash's lengths and
+// cudnn's ragged offsets and lengths (cudnn_inputs.h) are both kept in. (A
+// dense batch's rows, FusedParams::q_rows and kv_rows, are the caller's own
+// device tensors: nothing here copies or reads them.)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +16,7 @@
 
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
+#include "core/mask_lowering.h"
 
 namespace attnprof::cuda {
 
@@ -66,14 +67,11 @@ struct PackedLengths {
 inline constexpr std::size_t kKeptLengthSets = 256;
 PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream);
 
-// A CUDA Boolean mask lowered to per-sequence key counts
-// (core/mask_lowering.h's key_padding_lengths on a host copy, read on
+// A CUDA Boolean mask lowered to per-sequence key rows
+// (core/mask_lowering.h's key_padding_rows on a host copy, read on
 // `stream` and waited for: B * Skv bytes for a [B, 1, 1, Skv] mask);
-// nullopt when it is not a key-padding mask.
-std::optional<std::vector<std::int32_t>> lowered_key_padding(const Tensor& mask, cudaStream_t stream);
-
-// `lens` (one count a sequence) in `device_buffer` (batch int32 on the
-// device, the caller's), copied on `stream`.
-void copy_key_counts(const std::vector<std::int32_t>& lens, void* device_buffer, cudaStream_t stream);
+// nullopt when it is not a key-padding mask. cudnn's only (its padding-mask
+// graph, cudnn_inputs.cpp); flash reads no mask tensor, and takes rows.
+std::optional<std::vector<RowSpan>> lowered_key_padding(const Tensor& mask, cudaStream_t stream);
 
 }  // namespace attnprof::cuda

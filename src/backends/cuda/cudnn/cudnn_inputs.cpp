@@ -49,8 +49,21 @@ Problem CallInputs::lower_mask(const Problem& p, const Inputs& in, Bound& t, Run
   }
   Problem g = p;
   if (p.softcap == 0) {
-    if (auto lens = lowered_key_padding(in.mask, static_cast<cudaStream_t>(ctx.stream));
-        lens && static_cast<std::int64_t>(lens->size()) == p.batch) {
+    // cuDNN's padding mask takes each sequence's key count from key 0:
+    // right padding only (a left-padded mask runs as the bias below).
+    std::optional<std::vector<std::int32_t>> lens;
+    if (auto rows = lowered_key_padding(in.mask, static_cast<cudaStream_t>(ctx.stream));
+        rows && static_cast<std::int64_t>(rows->size()) == p.batch) {
+      lens.emplace();
+      for (const RowSpan& r : *rows) {
+        if (r.begin != 0) {
+          lens.reset();
+          break;
+        }
+        lens->push_back(r.end);
+      }
+    }
+    if (lens) {
       g.mask = MaskKind::None;
       Bound padded = t;
       padded[slot(kSeqQ)] = &ints(std::vector<std::int32_t>(lens->size(), static_cast<std::int32_t>(p.seq)), ctx);

@@ -29,8 +29,9 @@ class CallInputs {
   // A boolean mask as the graph reads it, on the problem (a copy with the
   // mask it runs as) and the bound tensors. The mask's compact form is read
   // back (a copy and a wait per call) and, when it is a key-padding mask
-  // (core/mask_lowering.h), runs as the padding mask: each sequence's key
-  // count, all S queries (mask none); otherwise as the bias it is turned into
+  // of right padding (core/mask_lowering.h), runs as the padding mask: each
+  // sequence's key count, all S queries (mask none); otherwise (left padding
+  // too) as the bias it is turned into
   // (mask bias). No soft cap beside the padding mask (the frontend takes no
   // score modifier with one), and the bias form whenever cuDNN refuses the
   // padding one (`takes`).

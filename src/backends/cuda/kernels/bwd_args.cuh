@@ -50,19 +50,39 @@ struct BwdArgs {
   }
 
   // Sequence b (FwdArgs::sequence), with dO's and the gradients' addresses
-  // of its first rows too when packed; itself when dense. The workspace keeps
-  // its [B, H, rows_pad] rows (rows_pad from the longest sequence).
+  // of its first rows too (packed, or a dense batch's rows); itself when
+  // dense. The workspace keeps its [B, H, rows_pad] rows (rows_pad from the
+  // longest sequence, or the tensors' rows), indexed by the sequence's rows.
   __device__ __forceinline__ BwdArgs sequence(int b) const {
     BwdArgs s = *this;
     if (!f.per_sequence()) return s;
     s.f = f.sequence(b);
-    if (f.cu_seqlens_q != nullptr) {
-      s.dout += s.f.q_row0 * do_row_stride;
-      s.dq += s.f.q_row0 * dq_row_stride;
-      s.dk += s.f.k_row0 * dk_row_stride;
-      s.dv += s.f.k_row0 * dv_row_stride;
-    }
+    s.dout += s.f.q_row0 * do_row_stride;
+    s.dq += s.f.q_row0 * dq_row_stride;
+    s.dk += s.f.k_row0 * dk_row_stride;
+    s.dv += s.f.k_row0 * dv_row_stride;
     return s;
+  }
+
+  // A dense batch's rows (FwdArgs::q_spans, kv_spans): the rows of the
+  // tensor tile at t0 (n rows) of dQ (query head `head`), or of dK and dV
+  // (kv head `kv_head`), that lie outside sequence `seq`'s rows, written as
+  // zeros (zero_rows_outside). `this` is the batch's arguments.
+  __device__ __forceinline__ void zero_dq_rows_outside(const BwdArgs& seq, int batch, int head, int t0, int n, int tid,
+                                                       int threads) const {
+    if (f.q_spans == nullptr) return;
+    zero_rows_outside(
+        dq + batch * dq_batch_stride + head * dq_head_stride, dq_row_stride, head_dim, t0, n, f.seq_q,
+        [&](int row) { return seq.f.q_row_outside(row); }, tid, threads);
+  }
+  __device__ __forceinline__ void zero_dkdv_rows_outside(const BwdArgs& seq, int batch, int kv_head, int t0, int n,
+                                                         int tid, int threads) const {
+    if (f.kv_spans == nullptr) return;
+    const auto outside = [&](int row) { return seq.f.k_row_outside(row); };
+    zero_rows_outside(dk + batch * dk_batch_stride + kv_head * dk_head_stride, dk_row_stride, head_dim, t0, n, f.seq_k,
+                      outside, tid, threads);
+    zero_rows_outside(dv + batch * dv_batch_stride + kv_head * dv_head_stride, dv_row_stride, head_dim, t0, n, f.seq_k,
+                      outside, tid, threads);
   }
 
   static BwdArgs from(const FusedBwdParams& p) {

@@ -121,19 +121,17 @@ struct EpilogueBwdSm90 {
 
   // dK (times the softmax scale) and dV of this consumer's keys and columns
   // (its 64 keys whole; wide: the CTA's 64 keys, its half of the head dim);
-  // padding columns are not stored, nor keys past seq_k, except a dense
-  // batch's keys past its sequence's key count (kv_lens, a key-padding mask):
-  // those rows of the tensor are the sequence's too, and get their zeros
-  // (the mask gave them P = 0; a tile past the count has no query tiles).
-  // Where the group is split (BwdArgs::group_split), this part's FP32 sums
-  // instead, into its slice of dkv_partial (every padded column), which
+  // padding columns are not stored, nor keys past the sequence's seq_k (a
+  // dense batch's rows outside its sequence's keys get their zeros from
+  // zero_dkdv_rows_outside). Where the group is split
+  // (BwdArgs::group_split), this part's FP32 sums instead, into its slice of
+  // dkv_partial (every padded column, at the tensor's rows: k_row0 on), which
   // launch_bwd_sum_dkv adds up (the scale applied there).
   template <Half16 Element>
   __device__ __forceinline__ static void store_dkdv(const BwdArgs& a, const float (&dk)[1][Cfg::kDkvTiles][4],
                                                     const float (&dv)[1][Cfg::kDkvTiles][4], int n0, int kv_head,
                                                     int batch, int part, int wg, int warp_in_wg, int lane) {
-    const int rows = a.f.cu_seqlens_q == nullptr ? a.f.k_rows : a.f.seq_k;
-    const int row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg, valid = rows - n0;
+    const int row0 = (Cfg::kWide ? 0 : 64 * wg) + 16 * warp_in_wg, valid = a.f.seq_k - n0;
     // A run of kN n-tiles at column col of both, through `store`.
     // kStored: the n-tiles stored unwide (the head dim's, or every padded one).
     const auto each_run = [&]<int kStored>(auto&& store) {
@@ -153,8 +151,9 @@ struct EpilogueBwdSm90 {
       const int kv_heads = a.f.heads / a.f.group;
       // Dense only (packed batches are not split): k_rows is the keys of every sequence's rows.
       const std::int64_t slice = static_cast<std::int64_t>(a.f.batch) * kv_heads * a.f.k_rows * Cfg::kPadDim;
-      float* const dk_at = a.dkv_partial + part * slice +
-                           ((static_cast<std::int64_t>(batch) * kv_heads + kv_head) * a.f.k_rows + n0) * Cfg::kPadDim;
+      float* const dk_at =
+          a.dkv_partial + part * slice +
+          ((static_cast<std::int64_t>(batch) * kv_heads + kv_head) * a.f.k_rows + a.f.k_row0 + n0) * Cfg::kPadDim;
       float* const dv_at = dk_at + a.group_split * slice;
       each_run.template operator()<Cfg::kDkvTiles>(
           [&]<int kN>(int col, const float(&k)[kN][4], const float(&v)[kN][4]) {
@@ -171,6 +170,28 @@ struct EpilogueBwdSm90 {
           store_rows<Element>(dk_at + col, a.dk_row_stride, reinterpret_cast<Run>(k), a.scale, row0, valid, lane);
           store_rows<Element>(dv_at + col, a.dv_row_stride, reinterpret_cast<Run>(v), 1.f, row0, valid, lane);
         });
+  }
+
+  // A dense batch's key rows (FwdArgs::kv_spans): the rows of the tensor's
+  // key tile at n0 outside sequence `seq`'s keys as zeros, in dK and dV or,
+  // where the group is split, in this part's FP32 partial sums (which
+  // launch_bwd_sum_dkv adds up over every row). `args`: the batch's.
+  __device__ __forceinline__ static void zero_dkdv_rows_outside(const BwdArgs& args, const BwdArgs& seq, int n0,
+                                                                int kv_head, int batch, int part, int tid) {
+    if (args.f.kv_spans == nullptr) return;
+    if (args.group_split == 1) {
+      args.zero_dkdv_rows_outside(seq, batch, kv_head, n0, Cfg::kBlockN, tid, Cfg::kConsumerThreads);
+      return;
+    }
+    const int kv_heads = args.f.heads / args.f.group;
+    const std::int64_t slice = static_cast<std::int64_t>(args.f.batch) * kv_heads * args.f.k_rows * Cfg::kPadDim;
+    float* const dk_at = args.dkv_partial + part * slice +
+                         (static_cast<std::int64_t>(batch) * kv_heads + kv_head) * args.f.k_rows * Cfg::kPadDim;
+    const auto outside = [&](int row) { return seq.f.k_row_outside(row); };
+    for (float* at : {dk_at, dk_at + args.group_split * slice}) {
+      zero_rows_outside(at, Cfg::kPadDim, Cfg::kPadDim, n0, Cfg::kBlockN, args.f.k_rows, outside, tid,
+                        Cfg::kConsumerThreads);
+    }
   }
 
   // A warp's 16 rows of kN n-tiles (rows row0 + lane / 4 and 8 below) as

@@ -23,6 +23,26 @@
 
 namespace attnprof::cuda::kernels {
 
+// A dense batch's query rows (FwdArgs::q_spans): the rows of the tensor
+// tile at cta.m0 (kBlockM rows of the batch's args `a`) that lie outside
+// sequence `seq`'s rows written as zeros, their LSE (kLse) as +inf, as a
+// row that sees no key. The tile computes the sequence's tile at the same
+// m0 (if the sequence has one) besides.
+template <bool kLse, int kBlockM, int kHeadDim, class Tile>
+__device__ __forceinline__ void zero_query_rows_outside(const FwdArgs& a, const FwdArgs& seq, const Tile& cta, int tid,
+                                                        int threads) {
+  const auto outside = [&](int row) { return seq.q_row_outside(row); };
+  zero_rows_outside(a.o + cta.batch * a.o_batch_stride + cta.head * a.o_head_stride, a.o_row_stride, kHeadDim, cta.m0,
+                    kBlockM, a.seq_q, outside, tid, threads);
+  if constexpr (kLse) {
+    float* const lse = a.lse + cta.batch * a.lse_batch_stride + cta.head * a.lse_head_stride;
+    for (int r = tid; r < kBlockM; r += threads) {
+      const int row = cta.m0 + r;
+      if (row < a.seq_q && outside(row)) lse[row] = INFINITY;
+    }
+  }
+}
+
 // kLse: write the LSE (FwdArgs::lse is then not null).
 template <Half16 Element, bool kLse>
 struct EpilogueFwd {

@@ -29,7 +29,12 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_kernel(const __grid_
   const int i = e / chunks, c = e % chunks;
   for (int bh = blockIdx.y; bh < f.batch * f.heads; bh += gridDim.y) {
     const int head = bh % f.heads, batch = bh / f.heads;
-    const BwdArgs seq = a.sequence(batch);  // the row's sequence (packed batches)
+    const BwdArgs seq = a.sequence(batch);  // the row's sequence (packed batches, a dense batch's rows)
+    // Slot i is also row i of the tensor: a dense batch's rows outside the sequence's are zeros.
+    if (f.q_spans != nullptr && i < f.seq_q && seq.f.q_row_outside(i)) {
+      *reinterpret_cast<uint4*>(a.dq + batch * a.dq_batch_stride + head * a.dq_head_stride + i * a.dq_row_stride +
+                                8 * c) = make_uint4(0u, 0u, 0u, 0u);
+    }
     if (i >= seq.f.seq_q) continue;
     const auto* acc = reinterpret_cast<const float4*>(
         a.dq_accum + (static_cast<std::int64_t>(bh) * a.rows_pad + i) * a.head_dim + 8 * c);
@@ -80,8 +85,10 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_tiled_kernel(const _
   const int row0 = tile * 64 + warp0 * 16;  // the block's first row in its (batch, head)
   for (int bh = blockIdx.y; bh < f.batch * f.heads; bh += gridDim.y) {
     const int head = bh % f.heads, batch = bh / f.heads;
-    const BwdArgs seq = a.sequence(batch);  // the rows' sequence (packed batches)
-    if (row0 >= seq.f.seq_q) continue;      // the whole block
+    const BwdArgs seq = a.sequence(batch);  // the rows' sequence (packed batches, a dense batch's rows)
+    // The block's rows are also rows of the tensor: a dense batch's outside the sequence's are zeros.
+    a.zero_dq_rows_outside(seq, batch, head, row0, 16 * kSlabs, threadIdx.x, 256);
+    if (row0 >= seq.f.seq_q) continue;  // the whole block
     const float* tile_at = a.dq_accum + (static_cast<std::int64_t>(bh) * a.rows_pad + tile * 64) * kPadDim;
     float4 v[kLoads];
 #pragma unroll

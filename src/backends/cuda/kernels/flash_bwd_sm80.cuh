@@ -148,14 +148,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const __g
   }
   cp_async_wait<0>();  // K and V, when no query tile was visited
 
-  // Keys past seq_k are not stored, except a dense batch's past its
-  // sequence's key count (kv_lens): those rows are the sequence's too, and
-  // get their zeros (as epilogue_bwd_sm90.cuh's store_dkdv).
-  const int rows = f.cu_seqlens_q == nullptr ? f.k_rows : f.seq_k;
+  // The sequence's keys; a dense batch's rows outside them get their zeros
+  // from the tile of the tensor that holds them (as epilogue_bwd_sm90.cuh's store_dkdv).
   store_rows<Element>(a.dk + batch * a.dk_batch_stride + kv_head * a.dk_head_stride + n0 * a.dk_row_stride,
-                      a.dk_row_stride, dk, a.scale, warp * 16, rows - n0, lane);
+                      a.dk_row_stride, dk, a.scale, warp * 16, f.seq_k - n0, lane);
   store_rows<Element>(a.dv + batch * a.dv_batch_stride + kv_head * a.dv_head_stride + n0 * a.dv_row_stride,
-                      a.dv_row_stride, dv, 1.f, warp * 16, rows - n0, lane);
+                      a.dv_row_stride, dv, 1.f, warp * 16, f.seq_k - n0, lane);
+  args.zero_dkdv_rows_outside(a, batch, kv_head, n0, kBN, tid, kT);
 }
 
 // Deterministic dQ of one query tile: its visible key tiles in one fixed
@@ -200,6 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const __gri
   cp_async_wait<0>();  // Q and dO, when no key tile was visited
   store_rows<Element>(a.dq + batch * a.dq_batch_stride + head * a.dq_head_stride + m0 * a.dq_row_stride,
                       a.dq_row_stride, dq, a.scale, warp * 16, f.seq_q - m0, lane);
+  args.zero_dq_rows_outside(a, batch, head, m0, kBM, tid, kT);  // a dense batch's rows outside the sequence's
 }
 
 // The three kernels of one backward on `stream`.

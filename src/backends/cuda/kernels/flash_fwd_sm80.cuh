@@ -154,6 +154,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 
   EpilogueFwd<Element, kLse>::template store_staged<QTile, kT>(a, cta, o_smem, acc, softmax, warp_row0, lane, tid);
+  // A dense batch's query rows: the tensor tile's rows outside the sequence's.
+  if (args.q_spans != nullptr) zero_query_rows_outside<kLse, kBM, kD>(args, a, cta, tid, kT);
 }
 
 // kLse: the caller passes FwdArgs::lse (not null) and wants it written.

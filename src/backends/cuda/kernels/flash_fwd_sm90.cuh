@@ -119,6 +119,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (kIsFp8<Element>) scale_acc(acc, p.o_scale);
     EpilogueFwd<typename Kernel::Out, kLse>::template store_direct<Cfg::kHeadDim / 8>(seq, cta, acc, softmax, warp_row0,
                                                                                       lane);
+    if (a.q_spans != nullptr) {  // a dense batch's query rows: the tile's rows outside the sequence's
+      zero_query_rows_outside<kLse, Cfg::kBlockM, Cfg::kHeadDim>(a, seq, cta, tid, Cfg::kConsumerThreads);
+    }
   } while (Scheduler::next(a, cta));
 #endif
 }

@@ -63,13 +63,16 @@ struct FwdArgs {
   int diag_offset;   // query i sees keys j <= i + diag_offset (Causal, Window)
   int window;        // Window: and keys j > i + diag_offset - window
   float* lse;        // [B, H, seq_q] or null (FusedParams::lse); last, so the other fields keep their offsets
-  // Sequence lengths (FusedParams): a packed batch's cumulative lengths
-  // (device int32 [batch + 1], or null: dense), and a dense batch's key
-  // counts (device int32 [batch], or null: seq_k each). seq_q and seq_k are
-  // then the longest sequence's; sequence(b) reads sequence b's.
+  // Sequences of their own lengths (FusedParams): a packed batch's
+  // cumulative lengths (device int32 [batch + 1], or null: dense), and a
+  // dense batch's query and key rows (FusedParams::q_rows, kv_rows: device
+  // int32 [batch][2] (begin, end), or null: every row). seq_q and seq_k are
+  // then the longest sequence's (a dense batch's: the tensors'); sequence(b)
+  // reads sequence b's.
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
-  const int* kv_lens;
+  const int* q_spans;
+  const int* kv_spans;
   std::int64_t lse_batch_stride, lse_head_stride;  // the LSE's layout ([B, H, seq_q], or packed [1, H, total_q])
   // Soft-capping: scores become tanh(s softcap_in) before the mask, and
   // scale_log2 is then softcap * log2(e) (tanh(s scale / c) c in log2
@@ -79,33 +82,51 @@ struct FwdArgs {
   int q_row0, k_row0;             // sequence(b): its first query and key row in the tensors (0 dense)
   bool bottom_right;              // diag_offset is seq_k - seq_q (of each sequence) rather than 0
 
-  // Whether sequences differ in length (a packed batch, or key counts).
+  // Whether sequences differ in length (a packed batch, or a dense batch's rows).
   __host__ __device__ __forceinline__ bool per_sequence() const {
-    return cu_seqlens_q != nullptr || kv_lens != nullptr;
+    return cu_seqlens_q != nullptr || q_spans != nullptr || kv_spans != nullptr;
   }
 
   // Sequence b as a problem of its own: its lengths and mask diagonal, and
-  // (packed) the tensors' addresses of its first rows, so that everything
-  // indexing by batch, head and row reads its rows; itself when dense.
+  // the tensors' addresses of its first rows (packed, or a dense batch's
+  // rows), so that everything indexing by batch, head and row reads its
+  // rows; itself when dense. A dense batch's rows are clamped into the
+  // tensors here, on the device (whatever the caller's tensors hold, no
+  // kernel reads outside Q, K or V).
   __device__ __forceinline__ FwdArgs sequence(int b) const {
     FwdArgs s = *this;
     if (!per_sequence()) return s;
+    int q0 = 0, q1 = q_rows, k0 = 0, k1 = k_rows;
     if (cu_seqlens_q != nullptr) {
-      const int q0 = cu_seqlens_q[b], k0 = cu_seqlens_k[b];
-      s.seq_q = cu_seqlens_q[b + 1] - q0;
-      s.seq_k = cu_seqlens_k[b + 1] - k0;
-      s.q += q0 * q_row_stride;
-      s.o += q0 * o_row_stride;
-      s.k += k0 * k_row_stride;
-      s.v += k0 * v_row_stride;
-      if (lse != nullptr) s.lse += q0;
-      s.q_row0 = q0;
-      s.k_row0 = k0;
+      q0 = cu_seqlens_q[b], q1 = cu_seqlens_q[b + 1];
+      k0 = cu_seqlens_k[b], k1 = cu_seqlens_k[b + 1];
+    } else {
+      if (q_spans != nullptr) clamp_span(q_spans + 2 * b, q_rows, q0, q1);
+      if (kv_spans != nullptr) clamp_span(kv_spans + 2 * b, k_rows, k0, k1);
     }
-    if (kv_lens != nullptr) s.seq_k = kv_lens[b];
+    s.seq_q = q1 - q0;
+    s.seq_k = k1 - k0;
+    s.q += q0 * q_row_stride;
+    s.o += q0 * o_row_stride;
+    s.k += k0 * k_row_stride;
+    s.v += k0 * v_row_stride;
+    if (lse != nullptr) s.lse += q0;
+    s.q_row0 = q0;
+    s.k_row0 = k0;
     if (bottom_right) s.diag_offset = geometry::bottom_right_offset(s.seq_q, s.seq_k);
     return s;
   }
+  // A (begin, end) pair of a dense batch's rows, clamped into 0 <= begin <= end <= rows.
+  __device__ __forceinline__ static void clamp_span(const int* span, int rows, int& begin, int& end) {
+    begin = min(max(span[0], 0), rows);
+    end = min(max(span[1], begin), rows);
+  }
+  // Whether row `row` of this sequence's tensors (Q and O: its query rows;
+  // K and V: its keys) lies outside the sequence, which a dense batch's rows
+  // (q_spans, kv_spans) leave to be written as zeros: a tile of the tensor
+  // zeroes its rows that do (zero_rows_outside).
+  __device__ __forceinline__ bool q_row_outside(int row) const { return row < q_row0 || row >= q_row0 + seq_q; }
+  __device__ __forceinline__ bool k_row_outside(int row) const { return row < k_row0 || row >= k_row0 + seq_k; }
   // The batch coordinate of sequence b in the TMA maps (a packed batch is one).
   __device__ __forceinline__ int map_batch_of(int b) const { return cu_seqlens_q != nullptr ? 0 : b; }
 
@@ -141,7 +162,8 @@ struct FwdArgs {
         .lse = p.lse,
         .cu_seqlens_q = p.cu_seqlens_q,
         .cu_seqlens_k = p.cu_seqlens_k,
-        .kv_lens = p.kv_lens,
+        .q_spans = p.q_rows,
+        .kv_spans = p.kv_rows,
         .lse_batch_stride = packed ? 0 : static_cast<std::int64_t>(p.heads) * p.seq_q,
         .lse_head_stride = packed ? p.total_q : p.seq_q,
         .softcap_in = p.softcap > 0.f ? p.scale / p.softcap : 0.f,
@@ -241,6 +263,26 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
           if (c >= hi || c <= lo) s[mt][nt][2 * h + e] = -INFINITY;
         }
       }
+    }
+  }
+}
+
+// The rows [t0, t0 + n) of one (batch, head) of a tensor (`base` its row 0;
+// T 16-bit or float, `cols` elements a row, rows 16-byte aligned), clipped
+// to `rows`, that lie `outside(row)` a dense batch's sequence
+// (FwdArgs::q_row_outside, k_row_outside), written as zeros, 16 bytes a
+// store by `threads` threads from `tid`. Every row of the tensor is in one
+// tile of its kernel's grid, and that tile writes its zeros in the same
+// kernel (no memset), whichever of the sequence's tiles (if any) it computes.
+template <class T, class Outside>
+__device__ __forceinline__ void zero_rows_outside(T* base, std::int64_t row_stride, int cols, int t0, int n, int rows,
+                                                  Outside outside, int tid, int threads) {
+  constexpr int kPerStore = 16 / static_cast<int>(sizeof(T));
+  const int chunks = cols / kPerStore;
+  for (int e = tid; e < n * chunks; e += threads) {
+    const int row = t0 + e / chunks;
+    if (row < rows && outside(row)) {
+      *reinterpret_cast<uint4*>(base + row * row_stride + (e % chunks) * kPerStore) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
 }

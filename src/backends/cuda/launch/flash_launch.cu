@@ -101,7 +101,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (p.per_sequence() || p.softcap > 0.f) {
     const char* what = p.softcap > 0.f             ? "soft-capping"
                        : p.cu_seqlens_q != nullptr ? "a packed batch (seq_lens)"
-                                                   : "per-sequence key lengths (a key-padding mask, kv_lens)";
+                                                   : "per-sequence rows (q_rows, kv_rows)";
     if (!flash) return say("the efficient kernel reads no " + std::string(what));
     if (p.softcap > 0.f && !(flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here())) {
       return say(std::string(what) +
@@ -112,9 +112,12 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     if (p.cu_seqlens_q != nullptr && (p.cu_seqlens_k == nullptr || p.total_q < 1 || p.total_k < 1)) {
       return say("a packed batch needs both cumulative lengths and its packed rows");
     }
-    if (p.cu_seqlens_q != nullptr && p.kv_lens != nullptr) {
-      return say("per-sequence key lengths (kv_lens, a key-padding mask) do not combine with a packed batch");
+    if (p.cu_seqlens_q != nullptr && p.dense_rows()) {
+      return say("per-sequence rows (q_rows, kv_rows) do not combine with a packed batch (seq_lens)");
     }
+    const bool aligned_rows = reinterpret_cast<std::uintptr_t>(p.q_rows) % alignof(std::int32_t) == 0 &&
+                              reinterpret_cast<std::uintptr_t>(p.kv_rows) % alignof(std::int32_t) == 0;
+    if (!aligned_rows) return say("q_rows and kv_rows must be int32-aligned device pointers (or null)");
     if (p.softcap > 0.f && !std::isfinite(p.softcap)) return say("the soft cap must be a positive finite number");
   }
   if (p.fp8) {
@@ -128,8 +131,8 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     }
     if (p.per_sequence() || p.softcap > 0.f || p.page_size > 0) {
       return say(
-          "fp8 (e4m3) takes a dense batch with a contiguous cache, no soft cap (not packed batches, key "
-          "counts, soft caps or pages)");
+          "fp8 (e4m3) takes a dense batch with a contiguous cache, no soft cap (not packed batches, per-sequence "
+          "rows (q_rows, kv_rows), soft caps or pages)");
     }
     if (p.lse != nullptr) return say("fp8 (e4m3) runs the forward only (no log-sum-exp for a backward)");
     for (const float d : {p.q_descale, p.k_descale, p.v_descale}) {
