@@ -235,6 +235,7 @@ class FusedBackend : public Backend {
     if (p.kv_cache == KvCache::Paged) {
       f.page_size = static_cast<int>(p.page_size);
       f.pages_per_seq = static_cast<int>(p.pages_per_seq());
+      f.num_pages = static_cast<int>(std::min<std::int64_t>(p.batch * p.pages_per_seq(), INT32_MAX));  // make_inputs'
     }
     f.mask = p.mask;
     f.softcap = static_cast<float>(p.softcap);
@@ -255,6 +256,7 @@ class FusedBackend : public Backend {
             .max_kv_splits = flash_ ? kFlashDecodeMaxSplits : 0,
             .kv_split_keys = flash_ ? kFlashDecodeKeys : 0,
             .softcap = flash_,
+            .kv_lens = flash_,
             .varlen = flash_,
             .fp8 = flash_};
   }
@@ -343,7 +345,15 @@ class FusedBackend : public Backend {
              std::string(name_) + " needs a contiguous block table; got " + in.block_table.describe());
       }
       f.block_table = in.block_table.data_as<std::int32_t>();
+      if (in.k_pages.size(0) > INT32_MAX) {
+        fail(ErrorKind::Unsupported, std::string(name_) + " indexes at most 2^31 - 1 pages; the cache has " +
+                                         std::to_string(in.k_pages.size(0)));
+      }
+      f.num_pages = static_cast<int>(in.k_pages.size(0));
     }
+    // Where the kernels report a per-sequence count or a page they had to
+    // clamp (read by take_input_errors()); made once per device.
+    if (f.kv_lens != nullptr || f.block_table != nullptr) f.input_errors = device_input_errors();
     // FP8: the descales, and V^T's buffer (released to the stream-ordered
     // cache when this call returns).
     std::optional<Storage> v_t;
@@ -391,6 +401,16 @@ class FusedBackend : public Backend {
       f.cu_seqlens_q = cu.cu_q;
       f.cu_seqlens_k = cu.cu_k;
       f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
+    }
+    if (in.kv_lens.defined()) {
+      // A caller's per-sequence key counts (a paged call's seq_lens), read by
+      // the kernels on the device and clamped there: never on the host.
+      if (in.kv_lens.dtype() != DType::I32 || in.kv_lens.size(3) != p.batch ||
+          (p.batch > 1 && in.kv_lens.stride(3) != 1)) {
+        fail(ErrorKind::InvalidArgument, std::string(name_) + " reads kv_lens as contiguous int32 [" +
+                                             std::to_string(p.batch) + "]; got " + in.kv_lens.describe());
+      }
+      f.kv_lens = in.kv_lens.data_as<const std::int32_t>();
     }
     if (p.mask != MaskKind::Boolean) return;
     const std::optional<std::vector<std::int32_t>> lens = lowered_key_padding(in.mask, cuda_stream);

@@ -1,4 +1,4 @@
-// Device-side sequence lengths (sequence_lengths.h).
+// Device-side sequence lengths and the input-error word (sequence_lengths.h).
 #include "backends/cuda/sequence_lengths.h"
 
 #include <map>
@@ -71,6 +71,31 @@ void copy_key_counts(const std::vector<std::int32_t>& lens, void* device_buffer,
   // From pageable memory: staged before the call returns, so `lens` may go.
   ATTNPROF_CUDA_CHECK(
       cudaMemcpyAsync(device_buffer, lens.data(), lens.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+}
+
+unsigned* device_input_errors() {
+  static std::mutex mutex;
+  static auto& words = *new std::map<int, unsigned*>;  // never destroyed: see the header
+  int device = 0;
+  ATTNPROF_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard lock(mutex);
+  unsigned*& word = words[device];
+  if (word == nullptr) {
+    void* memory = nullptr;
+    ATTNPROF_CUDA_CHECK(cudaMalloc(&memory, sizeof(unsigned)));
+    ATTNPROF_CUDA_CHECK(cudaMemset(memory, 0, sizeof(unsigned)));
+    word = static_cast<unsigned*>(memory);
+  }
+  return word;
+}
+
+unsigned take_input_errors(cudaStream_t stream) {
+  unsigned* word = device_input_errors();
+  unsigned bits = 0;
+  ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(&bits, word, sizeof bits, cudaMemcpyDeviceToHost, stream));
+  ATTNPROF_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(unsigned), stream));
+  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return bits;
 }
 
 }  // namespace attnprof::cuda

@@ -38,6 +38,11 @@ Bound bind(const Problem& p, const Inputs& in, const Tensor& out) {
     t[slot(kK)] = &in.k_pages;
     t[slot(kV)] = &in.v_pages;
     t[slot(kPageK)] = t[slot(kPageV)] = &in.block_table;
+    // A caller's per-sequence key counts (seq_lens), read by the graph on the
+    // device in stream order; without them the graph's own (every kv_seq).
+    if (in.kv_lens.defined()) t[slot(kSeqKV)] = &in.kv_lens;
+  } else if (in.kv_lens.defined()) {
+    fail(ErrorKind::Unsupported, "cudnn reads per-sequence key counts (kv_lens) only with a paged KV cache");
   }
   return t;
 }
