@@ -153,8 +153,8 @@ struct Batch {
     // The logical K and V are not read by a paged backend: the caches stand in.
     in.k = in.k_pages;
     in.v = in.v_pages;
-    in.block_table = Tensor::from_blob(dtable, {1, 1, b, pages_per_seq}, {0, 0, pages_per_seq, 1}, DType::I32,
-                                       Device::Cuda);
+    in.block_table =
+        Tensor::from_blob(dtable, {1, 1, b, pages_per_seq}, {0, 0, pages_per_seq, 1}, DType::I32, Device::Cuda);
     in.kv_lens = Tensor::from_blob(dlens, {1, 1, 1, b}, {0, 0, 0, 1}, DType::I32, Device::Cuda);
     return in;
   }

@@ -56,8 +56,8 @@ struct DecodeArgs {
   // block_table[b * pages_per_seq + (j >> page_shift)], row j & (page_size - 1).
   const std::int32_t* block_table;
   int pages_per_seq, page_shift;
-  int num_pages;            // kPaged: entries outside [0, num_pages) mask their keys
-  unsigned* input_errors;   // or null: where a clamped count or a bad page is reported
+  int num_pages;           // kPaged: entries outside [0, num_pages) mask their keys
+  unsigned* input_errors;  // or null: where a clamped count or a bad page is reported
   // num_splits > 1: each split's normalised O, [num_splits][B * H * seq_q][D],
   // and log-sum-exp, [num_splits][B * H * seq_q] (-inf: the split saw no key).
   float* o_partial;
