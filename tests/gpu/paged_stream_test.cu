@@ -26,8 +26,10 @@
 #include <vector>
 
 #include "attnprof/backend.h"
+#include "attnprof/error.h"
 #include "attnprof/runner.h"
 #include "backends/cuda/cuda_backends.h"
+#include "backends/cuda/fused_params.h"
 #include "backends/cuda/sequence_lengths.h"
 #include "gpu_test.h"
 #include "profiler/cupti/cupti_collector.h"
