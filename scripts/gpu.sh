@@ -130,6 +130,17 @@ if has sanitize; then
     echo "$tool persistent several-tiles tests -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.txt | tr '\n' ' ')" |
       tee -a "$OUT/sanitizer.txt"
   done
+  # Paged decode with unequal lengths read on the device (1 to 32k keys in one
+  # launch), and out-of-range table entries and lengths clamped in the kernel:
+  # memcheck says nothing outside the cache or the table is read, racecheck
+  # that the split and combine kernels share nothing unordered.
+  for tool in memcheck racecheck; do
+    timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/attnprof_gpu_tests --gtest_brief=1 \
+      --gtest_filter='PagedStreamOrder.LengthsFrom1To32kInOneLaunch:PagedStreamOrder.OutOfRangeEntriesAreClampedAndFlagged' \
+      >/tmp/san.txt 2>&1
+    echo "$tool paged unequal-lengths tests -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.txt | tr '\n' ' ')" |
+      tee -a "$OUT/sanitizer.txt"
+  done
   # The epilogue's log-sum-exp path (not taken by attnprof profile): every
   # fused kernel at two ragged shapes, through the GPU tests.
   [[ ${SANITIZE:-all} == new ]] || for tool in memcheck racecheck; do

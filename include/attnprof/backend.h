@@ -35,6 +35,12 @@ struct Inputs {
   // lowered to the same rows by flash itself, CPU and CUDA:
   // core/mask_lowering.h.)
   Tensor kv_rows;
+  // Per-sequence query rows, int32 [1, 1, B, 2] as kv_rows, or undefined
+  // (every row): sequence b's queries are rows q_rows[b][0] .. q_rows[b][1] -
+  // 1 of Q (of seq); its output and dQ rows outside them are zero, as a
+  // padded batch's are after FlashAttention's unpad -> varlen -> pad. A
+  // sequence is then the problem of its own rows (geometry::SequenceRows).
+  Tensor q_rows;
   // FP8 problems (dtype F8E4M3): each of q, k and v's per-tensor descale,
   // the factor its stored e4m3 values are multiplied by to give the real
   // ones (FlashAttention-3's q_descale ..., cuDNN's descale_q ...); finite

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
 #include "bindings/bindings.h"
 #include "bindings/forward_entry.h"
@@ -248,6 +249,10 @@ void bind_attention(nb::module_& m) {
         nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
         nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("calls"),
         "the host time (us) of each of `calls` preparations of one call (a cache hit)");
+
+  // attention(check_inputs=True) holds the checking mode (attnprof/check_inputs.h) around its call.
+  m.def("_exchange_checking_inputs", &exchange_checking_inputs, nb::arg("setting"),
+        "this thread's checking mode: 1 on, 0 off, -1 the environment's (ATTNPROF_CHECK_INPUTS); returns the previous");
 
   // The torch extension's way in (bindings/forward_entry.h; attnprof._torch_call).
   m.def(

@@ -213,8 +213,10 @@ auto after_runtime_use(Work&& work) {
 // ---- varlen_bindings.cpp ----
 
 // A paged call's k and v caches, block table and lengths into `in`, and the
-// problem's kv_heads, kv_seq, page size and cache kind.
-void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype);
+// problem's kv_heads, kv_seq, page size and cache kind; `stream` is the
+// caller's, which the checking mode reads the table and lengths in the order of.
+void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype,
+                   std::uintptr_t stream);
 
 // Runs `work` with the GIL released on the CPU (milliseconds of work; other
 // Python threads run meanwhile); on a GPU it is an asynchronous launch.

@@ -221,7 +221,7 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
   p.dtype = dtype;
   p.device = device;
   if (paged) {
-    prepare_paged(p, in, k, v, x, dtype);
+    prepare_paged(p, in, k, v, x, dtype, a.stream);
   } else {
     in.k = view_of("k", k, a.bshd, device, dtype);
     in.v = view_of("v", v, a.bshd, device, dtype);
