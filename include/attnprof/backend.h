@@ -112,7 +112,8 @@ struct Traits {
   // Takes a soft cap (Problem::softcap): the others are refused by name in
   // eligibility_of(), before their own eligibility is asked.
   bool softcap = false;
-  // Reads Inputs::kv_rows (each sequence's key rows).
+  // Reads Inputs::q_rows and kv_rows (each sequence's query and key rows);
+  // the others are refused by name when a call has rows.
   bool rows = false;
   // Takes a packed (variable-length) batch (Problem::seq_lens); the others are
   // refused by name in eligibility_of(), as for the soft cap.
