@@ -131,8 +131,8 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
               deterministic: bool = False, softcap: float | None = None, attn_mask=None, block_table=None,
               seq_lens=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
-              max_seqlen_k: int | None = None, q_descale=None, k_descale=None, v_descale=None,
-              check_inputs: bool = False):
+              max_seqlen_k: int | None = None, q_descale=None, k_descale=None, v_descale=None, q_rows=None,
+              kv_rows=None, check_inputs: bool = False):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
 
     mask names a structural mask ("none", "causal", "causal_bottom_right",
@@ -212,7 +212,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
                                  attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens,
                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
-                                 v_descale=v_descale)
+                                 v_descale=v_descale, q_rows=q_rows, kv_rows=kv_rows)
             finally:
                 _core._exchange_checking_inputs(previous)
     # Each check costs a call only when the value is not the common one: a
@@ -247,6 +247,9 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         if attn_mask is not None or block_table is not None or seq_lens is not None:
             raise Error("a packed batch (cu_seqlens_q, cu_seqlens_k) takes structural masks only: no attn_mask, "
                         "block_table or seq_lens")
+        if q_rows is not None or kv_rows is not None:
+            raise Error(f"{'q_rows' if q_rows is not None else 'kv_rows'} with a packed batch (cu_seqlens): its "
+                        "sequences already have their own rows")
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend,
                                  mask or "causal", window, scale, out, threads, deterministic, softcap,
                                  (q_descale, k_descale, v_descale))
@@ -258,22 +261,23 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
             front = _torch_front()
         t = _torch_module
         if t._fast is not None and attn_mask is None and block_table is None and seq_lens is None \
-                and q_descale is None and k_descale is None and v_descale is None and not t._is_compiling() \
-                and (out is not None or not t._profiling()):
+                and q_rows is None and kv_rows is None and q_descale is None and k_descale is None \
+                and v_descale is None and not t._is_compiling() and (out is not None or not t._profiling()):
             # The fast path (attnprof._torch_call) reads the tensors in C++; None for what it does not
             # take (autograd, another type or device), which the general path answers for.
             done = t._fast(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
             if done is not None:
                 return done
         return front(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
-                     block_table, seq_lens, q_descale, k_descale, v_descale)
-    _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
+                     block_table, seq_lens, q_descale, k_descale, v_descale, q_rows, kv_rows)
+    _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens, q_rows, kv_rows)
     if out is None:
         out = _empty_like(q)
     try:
         _core.attention(q, k, v, out, backend=backend, mask=mask, window=window, scale=scale, threads=threads,
                         bshd=bshd, softcap=softcap, attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens,
-                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, q_rows=q_rows,
+                        kv_rows=kv_rows)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None

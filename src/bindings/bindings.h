@@ -130,9 +130,11 @@ void set_descales(Call& c, std::optional<double> q, std::optional<double> k, std
 Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, std::uintptr_t stream, int threads);
 
 // What a call may take beyond q, k, v and out: a mask tensor, or a paged KV
-// cache's block table and per-sequence lengths (k and v are then the caches).
+// cache's block table and per-sequence lengths (k and v are then the caches);
+// and a dense batch's per-sequence rows (Inputs::q_rows, kv_rows: int32
+// [B, 2] (begin, end) on q's device).
 struct Extras {
-  std::optional<Array> attn_mask, block_table, seq_lens;
+  std::optional<Array> attn_mask, block_table, seq_lens, q_rows, kv_rows;
 };
 
 // A dense call (q [B, H, S, D], or bshd), or a paged one (Extras). The calls
