@@ -29,8 +29,10 @@ struct Inputs {
   // kv_rows[b][1] - 1 of K and V (of kv_seq, the longest), as a key-padding
   // mask would say (right padding (0, len), left padding (pad, kv_seq)); the
   // structural masks' band is then each sequence's own, in its own key
-  // coordinates (j - kv_rows[b][0]). A paged call with unequal seq_lens sets
-  // it to (0, seq_lens[b]); only a backend whose Traits::rows is true reads
+  // coordinates (j - kv_rows[b][0]). kv_rows may also be [1, 1, B, 1], key
+  // ends alone (begin 0): a paged call's seq_lens on a GPU, passed through
+  // unread. A paged call on the CPU with unequal seq_lens sets (0,
+  // seq_lens[b]) pairs; only a backend whose Traits::rows is true reads
   // it, and the others are refused by name. (A Boolean key-padding mask is
   // lowered to the same rows by flash itself, CPU and CUDA:
   // core/mask_lowering.h.)

@@ -5,7 +5,6 @@ reaches attnprof as per-sequence rows (test_transformers_structure.py tests the 
 
 transformers is a test dependency (scripts/setup.sh installs it): a missing one fails here, never skips."""
 
-import inspect
 
 import pytest
 import torch
@@ -62,8 +61,6 @@ def test_register_names_the_implementation():
     assert AttentionMaskInterface._global_mapping["attnprof"] is _hf_masks.attnprof_mask
 
 
-@pytest.mark.skipif("q_rows" not in inspect.signature(attnprof.attention).parameters,
-                    reason="attention(q_rows=, kv_rows=) comes with the rows branch: merge it")
 def test_padded_llama_matches_sdpa_in_logits_and_gradients(monkeypatch):
     apt.register()
     calls = []

@@ -3,7 +3,6 @@ the registration on flash, agrees with transformers' own attention, and lands in
 """
 
 import importlib.util
-import inspect
 import json
 import pathlib
 
@@ -14,8 +13,6 @@ import attnprof
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "hf_structure.py"
 
 
-@pytest.mark.skipif("q_rows" not in inspect.signature(attnprof.attention).parameters,
-                    reason="attention(q_rows=, kv_rows=) comes with the rows branch: merge it")
 def test_tiny_run_writes_one_table_and_its_json(tmp_path):
     spec = importlib.util.spec_from_file_location("hf_structure", BENCH)
     bench = importlib.util.module_from_spec(spec)

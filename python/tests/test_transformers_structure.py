@@ -9,7 +9,6 @@ left-padded prompts (greedy tokens equal to SDPA's in float32, dynamic and stati
 to reach attnprof as rows or cumulative lengths, never as an attn_mask tensor. Then the bad inputs, one line each.
 """
 
-import inspect
 import warnings
 
 import pytest
@@ -25,10 +24,6 @@ try:
 except ImportError as e:  # pragma: no cover - the failure is the message
     raise ImportError(f"transformers is not installed ({e}): run scripts/setup.sh, which pip installs it") from e
 
-# The shared contract's rows (attention(q_rows=, kv_rows=)) are the rows branch's; until it is merged the tests
-# that need them say so.
-needs_rows = pytest.mark.skipif("q_rows" not in inspect.signature(attnprof.attention).parameters,
-                                reason="attention(q_rows=, kv_rows=) comes with the rows branch: merge it")
 
 # float32 on the CPU: the paths differ by summation order only.
 LOGITS_TOL = 2e-4
@@ -112,7 +107,6 @@ def assert_structure_only(calls):
         assert kw["backend"] == "flash"
 
 
-@needs_rows
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_right_padded_training_matches_sdpa_through_rows(calls, kind):
     ours, theirs = pair(kind)
@@ -172,7 +166,6 @@ def test_packed_training_gradients_equal_each_document_alone(calls):
         assert err <= GRAD_TOL * max(p.grad.abs().max().item(), 1e-6), f"{name}: max |diff| {err}"
 
 
-@needs_rows
 def test_gemma2_soft_cap_and_window_match_eager(calls):
     ours, theirs = pair("gemma2", theirs="eager")
     ids, mask = right_padded()  # 12 tokens, a window of 4
@@ -201,7 +194,6 @@ def left_padded_prompts():
     return ids, mask
 
 
-@needs_rows
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_left_padded_greedy_tokens_equal_sdpa(calls, cache):
     ours, theirs = pair("llama")

@@ -69,7 +69,8 @@ void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const
     const Tensor host_table = rt ? rt->download(in.block_table, s) : in.block_table;
     std::int64_t longest = 0;
     bool equal = true;
-    std::vector<std::int32_t> per_seq(static_cast<std::size_t>(p.batch));
+    // Sequence b's keys are rows 0 .. seq_lens[b] - 1 of its pages: (0, n) pairs, as kv_rows holds them.
+    std::vector<std::int32_t> pairs(2 * static_cast<std::size_t>(p.batch));
     for (std::int64_t b = 0; b < p.batch; ++b) {
       const std::int32_t n = host_lens.data_as<const std::int32_t>()[b * host_lens.stride(3)];
       if (n < 0 || n > capacity) {
@@ -78,25 +79,20 @@ void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const
                                              std::to_string(in.block_table.size(3)) + " pages of " +
                                              std::to_string(p.page_size) + " keys)");
       }
-      per_seq[static_cast<std::size_t>(b)] = n;
+      pairs[2 * static_cast<std::size_t>(b) + 1] = n;
       longest = std::max<std::int64_t>(longest, n);
-      equal &= b == 0 || n == per_seq[0];
+      equal &= n == pairs[1];
     }
     if (longest == 0) fail(ErrorKind::InvalidArgument, "seq_lens are all 0: no sequence has a key to attend");
     Problem checked = p;
     checked.kv_seq = longest;
     checked.validate_kv_cache();
-    check_block_table_reads(checked, host_table, in.k_pages.size(0), per_seq.data());
+    check_block_table_reads(checked, host_table, in.k_pages.size(0), pairs.data());
     if (on_host) {
       p.kv_seq = longest;
       if (!equal) {
-        // Sequence b's keys are rows 0 .. seq_lens[b] - 1 of its pages.
         Tensor rows = Tensor::empty({1, 1, p.batch, 2}, DType::I32, cpu_allocator());
-        auto* pairs = rows.data_as<std::int32_t>();
-        for (std::int64_t b = 0; b < p.batch; ++b) {
-          pairs[2 * b] = 0;
-          pairs[2 * b + 1] = per_seq[static_cast<std::size_t>(b)];
-        }
+        std::copy(pairs.begin(), pairs.end(), rows.data_as<std::int32_t>());
         in.kv_rows = rows;
       }
     }

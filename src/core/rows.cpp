@@ -18,7 +18,10 @@ void read_rows(const char* name, const Tensor& t, std::int64_t batch, std::int64
     for (SequenceRows& r : rows) (queries ? r.q : r.k) = {0, limit};
     return;
   }
-  if (t.dtype() != DType::I32 || t.sizes() != Dims{1, 1, batch, 2}) {
+  // kv_rows may also hold key ends alone ([1, 1, B, 1], begin 0: a paged
+  // call's seq_lens as the CUDA path passes them).
+  const bool ends_only = !queries && t.sizes() == Dims{1, 1, batch, 1};
+  if (t.dtype() != DType::I32 || (t.sizes() != Dims{1, 1, batch, 2} && !ends_only)) {
     fail(ErrorKind::InvalidArgument,
          std::string(name) + " must be int32 [B, 2] = [" + std::to_string(batch) +
              ", 2] (each sequence's (begin, end) rows), got " + t.describe(),
@@ -32,7 +35,8 @@ void read_rows(const char* name, const Tensor& t, std::int64_t batch, std::int64
   }
   const auto* at = t.data_as<const std::int32_t>();
   for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t begin = at[b * t.stride(2)], end = at[b * t.stride(2) + t.stride(3)];
+    const std::int64_t begin = ends_only ? 0 : at[b * t.stride(2)];
+    const std::int64_t end = at[b * t.stride(2) + (ends_only ? 0 : t.stride(3))];
     const std::string entry = std::string(name) + "[" + std::to_string(b) + "] = " + pair_text(begin, end);
     if (begin > end && begin >= 0 && end <= limit) {
       fail(ErrorKind::InvalidArgument, entry + " begins after it ends (begin <= end)", {name});

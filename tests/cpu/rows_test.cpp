@@ -244,6 +244,30 @@ TEST(Rows, BadRowsAreRefusedInOneLineNamingThem) {
   EXPECT_NE(refusal([&] { (void)sequence_rows(boolean, in); }).find("q_rows with a tensor mask"), std::string::npos);
 }
 
+// kv_rows as key ends alone ([1, 1, B, 1], a paged call's seq_lens as the GPU
+// path passes them) reads as (0, end) pairs; q_rows has no such form.
+TEST(Rows, KeyEndsAloneReadAsRowsFromZero) {
+  Problem p = testing::to_problem(testing::Shape{.batch = 2, .heads = 2, .seq = 16, .kv_seq = 24, .head_dim = 32},
+                                  DType::F32, MaskKind::CausalBottomRight);
+  Inputs in;
+  Tensor ends = Tensor::empty({1, 1, 2, 1}, DType::I32, cpu_allocator());
+  ends.data_as<std::int32_t>()[0] = 24;
+  ends.data_as<std::int32_t>()[1] = 7;
+  in.kv_rows = ends;
+  const std::vector<SequenceRows> rows = sequence_rows(p, in);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].k.begin, 0);
+  EXPECT_EQ(rows[0].k.end, 24);
+  EXPECT_EQ(rows[1].k.begin, 0);
+  EXPECT_EQ(rows[1].k.end, 7);
+  EXPECT_EQ(rows[1].q.end, 16);  // no q_rows: every query row
+  ends.data_as<std::int32_t>()[1] = 25;
+  EXPECT_EQ(refusal([&] { (void)sequence_rows(p, in); }), "kv_rows[1] = (0, 25) is outside 0 .. 24");
+  in.kv_rows = {};
+  in.q_rows = ends;
+  EXPECT_NE(refusal([&] { (void)sequence_rows(p, in); }).find("q_rows must be int32 [B, 2]"), std::string::npos);
+}
+
 TEST(Rows, RowsWithAPackedBatchAreRefused) {
   Problem p = testing::to_problem(testing::Shape{.heads = 2, .seq = 16, .head_dim = 32}, DType::F32, MaskKind::None);
   p.seq_lens = {10, 6};

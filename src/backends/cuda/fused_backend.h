@@ -396,8 +396,8 @@ class FusedBackend : public Backend {
     if (!rows.defined()) return nullptr;
     const std::int64_t width = rows.size(3);
     if (rows.dtype() != DType::I32 || rows.device() != Device::Cuda || rows.size(0) != 1 || rows.size(1) != 1 ||
-        rows.size(2) != p.batch || !(width == 2 || (ends_only && width == 1)) ||
-        (width > 1 && rows.stride(3) != 1) || (p.batch > 1 && rows.stride(2) != width)) {
+        rows.size(2) != p.batch || !(width == 2 || (ends_only && width == 1)) || (width > 1 && rows.stride(3) != 1) ||
+        (p.batch > 1 && rows.stride(2) != width)) {
       fail(ErrorKind::InvalidArgument, std::string(name_) + ": " + what + " must be contiguous int32 [1, 1, " +
                                            std::to_string(p.batch) + (ends_only ? ", 2 or 1]" : ", 2]") +
                                            " on the GPU; got " + rows.describe());

@@ -263,8 +263,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
     unsigned bad_keys = 0;
     if constexpr (kPaged) {
       const int key = n0 + (lane & 15);
-      const bool bad = key < a.seq_k &&
-                       !page_in_cache(d, d.block_table[batch * d.pages_per_seq + ((key0 + key) >> d.page_shift)]);
+      const bool bad =
+          key < a.seq_k && !page_in_cache(d, d.block_table[batch * d.pages_per_seq + ((key0 + key) >> d.page_shift)]);
       bad_keys = __ballot_sync(0xffffffffu, bad) & 0xffffu;
     }
     if (bad_keys != 0 || n0 < clean_lo || n0 + Cfg::kKeysPerWarp > clean_hi) {

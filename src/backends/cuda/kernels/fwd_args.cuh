@@ -73,7 +73,7 @@ struct FwdArgs {
   const int* cu_seqlens_k;
   const int* q_spans;
   const int* kv_spans;
-  int kv_span_width;  // FusedParams::kv_rows_width: 2 (begin, end) pairs, 1 ends alone
+  int kv_span_width;                               // FusedParams::kv_rows_width: 2 (begin, end) pairs, 1 ends alone
   std::int64_t lse_batch_stride, lse_head_stride;  // the LSE's layout ([B, H, seq_q], or packed [1, H, total_q])
   // Soft-capping: scores become tanh(s softcap_in) before the mask, and
   // scale_log2 is then softcap * log2(e) (tanh(s scale / c) c in log2
