@@ -35,6 +35,12 @@ struct Inputs {
   // lowered to the same rows by flash itself, CPU and CUDA:
   // core/mask_lowering.h.)
   Tensor kv_rows;
+  // Per-sequence query rows, int32 [1, 1, B, 2] as kv_rows, or undefined
+  // (every row): sequence b's queries are rows q_rows[b][0] .. q_rows[b][1] -
+  // 1 of Q (of seq); its output and dQ rows outside them are zero, as a
+  // padded batch's are after FlashAttention's unpad -> varlen -> pad. A
+  // sequence is then the problem of its own rows (geometry::SequenceRows).
+  Tensor q_rows;
   // FP8 problems (dtype F8E4M3): each of q, k and v's per-tensor descale,
   // the factor its stored e4m3 values are multiplied by to give the real
   // ones (FlashAttention-3's q_descale ..., cuDNN's descale_q ...); finite
@@ -106,7 +112,8 @@ struct Traits {
   // Takes a soft cap (Problem::softcap): the others are refused by name in
   // eligibility_of(), before their own eligibility is asked.
   bool softcap = false;
-  // Reads Inputs::kv_rows (each sequence's key rows).
+  // Reads Inputs::q_rows and kv_rows (each sequence's query and key rows);
+  // the others are refused by name when a call has rows.
   bool rows = false;
   // Takes a packed (variable-length) batch (Problem::seq_lens); the others are
   // refused by name in eligibility_of(), as for the soft cap.

@@ -164,7 +164,8 @@ DeviceRuntime& runtime_for(Device device, int threads) {
 void runtime_touched() { runtime_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, std::uintptr_t stream, int threads) {
-  Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd, in.kv_rows.defined());
+  Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd,
+                       in.q_rows.defined() || in.kv_rows.defined());
   DeviceRuntime& rt = runtime_for(p.device, threads);
   return Call{std::move(p), std::move(in), std::move(out), &b,
               RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};

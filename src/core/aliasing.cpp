@@ -103,6 +103,7 @@ void require_output_apart(const Inputs& in, const Tensor& out, std::string_view 
       {"v_pages", &in.v_pages},
       {"block_table", &in.block_table},
       {"kv_rows", &in.kv_rows},
+      {"q_rows", &in.q_rows},
   };
   for (const auto& [name, t] : inputs) {
     if (overlaps(out, *t)) {

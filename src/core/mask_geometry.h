@@ -152,6 +152,28 @@ ATTNPROF_HD constexpr Span<T> rows_of_keys(const Band<T>& b, T key0, T key_end, 
   return s;
 }
 
+// One sequence of a dense batch given by its rows (Inputs::q_rows and
+// kv_rows, FlashAttention's unpadding without its copies): its queries are
+// rows q.begin .. q.end - 1 of Q (and O, dO, dQ), its keys rows k.begin ..
+// k.end - 1 of K and V (and dK, dV). It is the problem of its own rows: q_len
+// queries, k_len keys, the band applied in its own coordinates (i - q.begin,
+// j - k.begin), so a bottom-right mask aligns its last query row with its last
+// key row and top-left causal aligns q.begin with k.begin. Every other row
+// is outside it (zeros in O and in the gradients).
+template <class T>
+struct SequenceRows {
+  Span<T> q, k;
+  ATTNPROF_HD constexpr T q_len() const { return q.size(); }
+  ATTNPROF_HD constexpr T k_len() const { return k.size(); }
+  ATTNPROF_HD constexpr Band<T> band(MaskKind m, std::int64_t window) const {
+    return band_of(m, window, q_len(), k_len());
+  }
+  // Whether tensor row i sees tensor key j under `b` (this sequence's band).
+  ATTNPROF_HD constexpr bool sees(const Band<T>& b, T i, T j) const {
+    return i >= q.begin && i < q.end && j >= k.begin && j < k.end && visible(b, i - q.begin, j - k.begin);
+  }
+};
+
 // Whether the block of rows [row0, row_end) and keys [key0, key_end) has a
 // masked pair inside the band's bounds (the first row's upper bound or the
 // last row's lower bound cuts it): only such blocks mask per element. Keys

@@ -16,6 +16,7 @@
 #include "attnprof/error.h"
 #include "attnprof/mask_tensor.h"
 #include "attnprof/varlen.h"
+#include "core/rows.h"
 
 namespace attnprof {
 namespace {
@@ -322,6 +323,10 @@ RowSample sample_rows(const Problem& p, std::int64_t max_rows) {
 
 ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Tensor& out, const RowSample& rows) {
   if (out.device() != Device::Cpu) fail(ErrorKind::Internal, "reference check needs a CPU output");
+  if (has_rows(in)) {  // the rows as the Boolean mask that says the same
+    const LoweredRows l = lower_rows(p, in, cpu_allocator());
+    return check_against_reference(l.p, l.in, out, rows);
+  }
   KvHead kv;
   RowSoftmax row;
   ErrorAccumulator acc;
@@ -369,6 +374,10 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
                                                  const RowSample& kv_rows) {
   for (const Tensor* t : {&dout, &g.dq, &g.dk, &g.dv}) {
     if (t->device() != Device::Cpu) fail(ErrorKind::Internal, "gradient check needs CPU tensors");
+  }
+  if (has_rows(in)) {  // the rows as the Boolean mask that says the same
+    const LoweredRows l = lower_rows(p, in, cpu_allocator());
+    return check_gradients_against_reference(l.p, l.in, dout, g, q_rows, kv_rows);
   }
   const std::int64_t D = p.head_dim;
   const double scale = p.softmax_scale();

@@ -92,6 +92,31 @@ std::vector<Sequence> sequences_of(const Problem& p) {
   return seqs;
 }
 
+std::vector<Sequence> sequences_of(const Problem& p, const std::vector<SequenceRows>& rows) {
+  std::vector<Sequence> seqs = sequences_of(p);
+  for (std::size_t b = 0; b < rows.size(); ++b) {
+    Sequence& s = seqs[b];
+    s.q0 = rows[b].q.begin;
+    s.seq = rows[b].q_len();
+    s.k0 = rows[b].k.begin;
+    s.kv_seq = rows[b].k_len();
+    s.band = band_of(p, s.seq, s.kv_seq);
+  }
+  return seqs;
+}
+
+void clear_outside_rows(const Problem& p, const std::vector<SequenceRows>& rows, const Tensor& out, float* lse) {
+  zero_outside_rows(out, rows, /*queries=*/true);
+  if (lse == nullptr) return;
+  for (std::size_t b = 0; b < rows.size(); ++b) {
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      float* row = lse + (static_cast<std::int64_t>(b) * p.heads + h) * p.seq;
+      std::fill(row, row + rows[b].q.begin, kNegInf);
+      std::fill(row + rows[b].q.end, row + p.seq, kNegInf);
+    }
+  }
+}
+
 bool decodes(const Problem& p) {
   return geometry::structural(p.mask) && !p.varlen() && p.seq <= kDecodeQueries && p.group() * p.seq <= kDecodeRows;
 }
@@ -184,24 +209,6 @@ std::string check_problem(const Problem& p) {
     return e.what();
   }
   return {};
-}
-
-std::vector<RowSpan> kv_row_spans(const Problem& p, const Tensor& kv_rows) {
-  if (kv_rows.dtype() != DType::I32 || kv_rows.device() != Device::Cpu || kv_rows.sizes() != Dims{1, 1, p.batch, 2}) {
-    fail(ErrorKind::InvalidArgument, "flash: kv_rows must be int32 [1, 1, " + std::to_string(p.batch) +
-                                         ", 2] on the CPU; got " + kv_rows.describe());
-  }
-  std::vector<RowSpan> rows(static_cast<std::size_t>(p.batch));
-  const auto* at = kv_rows.data_as<const std::int32_t>();
-  for (std::int64_t b = 0; b < p.batch; ++b) {
-    const std::int64_t begin = at[b * kv_rows.stride(2)], end = at[b * kv_rows.stride(2) + kv_rows.stride(3)];
-    if (begin < 0 || begin > end || end > p.kv_seq) {
-      fail(ErrorKind::InvalidArgument, "kv_rows[" + std::to_string(b) + "] = (" + std::to_string(begin) + ", " +
-                                           std::to_string(end) + ") is outside 0 .. " + std::to_string(p.kv_seq));
-    }
-    rows[static_cast<std::size_t>(b)] = {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
-  }
-  return rows;
 }
 
 void require_mask_tensor(const Problem& p, const Inputs& in) {
@@ -340,40 +347,30 @@ class FlashCpu final : public Backend {
       fail(ErrorKind::InvalidArgument,
            "flash: kv_cache=paged without the pages and block table (make_inputs makes them)");
     }
-    // Per-sequence key rows: the caller's (kv_rows), and a key-padding mask's,
-    // the rows both keep.
-    std::vector<RowSpan> kv_rows;
-    if (in.kv_rows.defined()) kv_rows = kv_row_spans(p, in.kv_rows);
+    // Per-sequence rows: the caller's (q_rows, kv_rows), or a key-padding
+    // mask's key rows (rows take no tensor mask: sequence_rows refuses both).
+    std::vector<SequenceRows> seq_rows = sequence_rows(p, in);
     if (p.varlen()) require_shapes(p, in, "flash");
     // The pages each sequence reads (a prefix cache's tables share pages,
     // and outside its pages a row is not read).
     if (p.kv_cache == KvCache::Paged) {
       std::vector<std::int32_t> pairs;
-      for (const RowSpan& r : kv_rows) pairs.insert(pairs.end(), {r.begin, r.end});
-      check_block_table_reads(p, in.block_table, in.k_pages.size(0), kv_rows.empty() ? nullptr : pairs.data());
+      for (const SequenceRows& r : seq_rows) {
+        pairs.insert(pairs.end(), {static_cast<std::int32_t>(r.k.begin), static_cast<std::int32_t>(r.k.end)});
+      }
+      check_block_table_reads(p, in.block_table, in.k_pages.size(0), seq_rows.empty() ? nullptr : pairs.data());
     }
     const std::optional<std::vector<RowSpan>> lowered =
         p.mask == MaskKind::Boolean ? key_padding_rows(in.mask) : std::nullopt;
-    if (lowered && kv_rows.empty()) {
-      kv_rows = *lowered;
-    } else if (lowered) {
-      for (std::size_t b = 0; b < kv_rows.size(); ++b) {
-        kv_rows[b].begin = std::max(kv_rows[b].begin, (*lowered)[b].begin);
-        kv_rows[b].end = std::max(kv_rows[b].begin, std::min(kv_rows[b].end, (*lowered)[b].end));
-      }
+    if (lowered) {
+      seq_rows.resize(lowered->size());
+      for (std::size_t b = 0; b < seq_rows.size(); ++b)
+        seq_rows[b] = {.q = {0, p.seq}, .k = {(*lowered)[b].begin, (*lowered)[b].end}};
     }
-    if (!kv_rows.empty() && p.varlen()) {
-      fail(ErrorKind::InvalidArgument,
-           "flash: per-sequence key rows (kv_rows, a key-padding mask) do not combine with a packed batch");
-    }
-    // Each sequence's keys and band from those rows: the bottom-right
-    // alignment (CausalBottomRight, SlidingWindow) is then the sequence's own.
-    std::vector<Sequence> seqs = sequences_of(p);
-    for (std::size_t b = 0; b < kv_rows.size(); ++b) {
-      seqs[b].k0 = kv_rows[b].begin;
-      seqs[b].kv_seq = kv_rows[b].size();
-      seqs[b].band = band_of(p, seqs[b].seq, seqs[b].kv_seq);
-    }
+    // Each sequence's rows and band: the bottom-right alignment
+    // (CausalBottomRight, SlidingWindow) is then the sequence's own.
+    const std::vector<Sequence> seqs = sequences_of(p, seq_rows);
+    clear_outside_rows(p, seq_rows, out, lse);
 
     // The kernels of the level cpu_isa.h picks: never one this CPU lacks.
     const IsaChoice isa = choose_isa();
@@ -437,7 +434,7 @@ class FlashCpu final : public Backend {
     // there are four heads a thread or more, a thread takes a head whole
     // (2x8x1024x64 causal on AMX: 14.4 -> 10.2 ms, docs/perf/cpu-flash.md);
     // the FP32 kernels read K and V in place and keep the finer schedule.
-    const bool equal_heads = !p.varlen() && kv_rows.empty();
+    const bool equal_heads = !p.varlen() && seq_rows.empty();
     const bool whole_heads = kernels.forward_repacks_heads(p) && equal_heads && heads >= 4 * threads;
     const std::int64_t chunk = whole_heads ? q_blocks : 1;
 #pragma omp parallel num_threads(threads)

@@ -63,8 +63,9 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
                     dims_string(in.q) + ", " + dims_string(in.k) + ", " + dims_string(in.v));
   require_mask_tensor(p, in);
   // A key-padding mask is read as the tensor it is here (the forward's
-  // lowering only skips work); caller-given rows are a forward's.
-  require(!in.kv_rows.defined(), "per-sequence key rows (kv_rows) are taken by the forward only");
+  // lowering only skips work); a caller's rows (q_rows, kv_rows) bound each
+  // sequence's items as in the forward.
+  const std::vector<SequenceRows> seq_rows = sequence_rows(p, in);
   require(lse.defined() && lse.dtype() == DType::F32 && lse.is_contiguous() && lse.sizes() == lse_dims(p),
           "the saved log-sum-exp must be FP32 " + dims_string(lse_dims(p)) + " from flash's forward_train");
   require(grads.dq.defined() && grads.dk.defined() && grads.dv.defined(), "dQ, dK and dV must be allocated");
@@ -76,7 +77,7 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
   const Kernels& kernels = kernels_for_run(isa.isa);
 
   const std::int64_t D = p.head_dim;
-  const std::vector<Sequence> seqs = sequences_of(p);
+  const std::vector<Sequence> seqs = sequences_of(p, seq_rows);
   const std::int64_t q_tiles = total_q_blocks(p) * p.heads;
   // A packed batch's items run over its longest sequence's key blocks; those
   // past a shorter one's keys return at once.
@@ -150,14 +151,23 @@ void backward(const Problem& problem, const Inputs& in, const Tensor& out, const
     for (std::int64_t row = 0; row < rows; ++row) {
       const std::int64_t th = row / per_head, r = row % per_head;
       const std::int64_t tb = th / p.heads, h = th % p.heads;
-      const auto [b, i] = sequence_of(tb, r);
+      const auto [b, in_seq] = sequence_of(tb, r);
       const Sequence& s = seqs[static_cast<std::size_t>(b)];
-      const float* tile = job.dq_acc + ((s.qb0 + i / kBlockQ) * p.heads + h) * D * kBlockQ + i % kBlockQ;
+      // Its row within the sequence (a dense batch's rows start at q_rows' begin).
+      const std::int64_t i = p.varlen() ? in_seq : in_seq - s.q0;
       float* buf = mine;
-      for (std::int64_t d = 0; d < D; ++d) buf[d] = tile[d * kBlockQ];
+      if (i < 0 || i >= s.seq) {
+        std::fill(buf, buf + D, 0.0f);  // outside the sequence's rows
+      } else {
+        const float* tile = job.dq_acc + ((s.qb0 + i / kBlockQ) * p.heads + h) * D * kBlockQ + i % kBlockQ;
+        for (std::int64_t d = 0; d < D; ++d) buf[d] = tile[d * kBlockQ];
+      }
       store_row(grads.dq, tb, h, r, D, buf);
     }
   }
+  // dK and dV rows outside a sequence's key rows: no item stores them.
+  zero_outside_rows(grads.dk, seq_rows, /*queries=*/false);
+  zero_outside_rows(grads.dv, seq_rows, /*queries=*/false);
 }
 
 }  // namespace attnprof::cpu::flash

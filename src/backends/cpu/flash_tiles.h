@@ -15,6 +15,7 @@
 #include "attnprof/tensor.h"
 #include "core/mask_geometry.h"
 #include "core/mask_lowering.h"
+#include "core/rows.h"
 
 namespace attnprof::cpu::flash {
 
@@ -45,9 +46,6 @@ int resolve_threads(int requested);
 // Why the CPU flash backend cannot run `p` (wrong device, invalid problem), or
 // empty when it can.
 std::string check_problem(const Problem& p);
-// Inputs::kv_rows checked (int32 [1, 1, B, 2] on the CPU, each entry
-// 0 <= begin <= end <= kv_seq) and read out.
-std::vector<RowSpan> kv_row_spans(const Problem& p, const Tensor& kv_rows);
 // Throws when a Boolean or Bias problem comes without its tensor.
 void require_mask_tensor(const Problem& p, const Inputs& in);
 
@@ -84,6 +82,15 @@ struct Sequence {
   Band band;
 };
 std::vector<Sequence> sequences_of(const Problem& p);
+// A dense batch's sequences at their rows (Inputs::q_rows and kv_rows, read
+// by core/rows.h's sequence_rows): each the problem of its own rows, its band
+// in its own coordinates; sequences_of(p) when `rows` is empty. Its query
+// blocks stay those of the batch's, so the items and dQ tiles keep their
+// count and a sequence's padded query blocks return at once.
+std::vector<Sequence> sequences_of(const Problem& p, const std::vector<SequenceRows>& rows);
+// Zeros what a forward leaves outside the rows: O's rows outside q_rows and
+// their log-sum-exp (-inf, a row that sees no key; lse null: none).
+void clear_outside_rows(const Problem& p, const std::vector<SequenceRows>& rows, const Tensor& out, float* lse);
 // Query blocks of all sequences together.
 std::int64_t total_q_blocks(const Problem& p);
 // The log-sum-exp's sizes: [B, H, S, 1], or [1, H, total_q, 1] when packed;

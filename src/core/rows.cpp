@@ -1,0 +1,105 @@
+#include "core/rows.h"
+
+#include <string>
+
+#include "attnprof/error.h"
+
+namespace attnprof {
+namespace {
+
+std::string pair_text(std::int64_t a, std::int64_t b) {
+  return "(" + std::to_string(a) + ", " + std::to_string(b) + ")";
+}
+
+// One of q_rows or kv_rows into spans[b].q or .k, checked against `limit` rows.
+void read_rows(const char* name, const Tensor& t, std::int64_t batch, std::int64_t limit,
+               std::vector<SequenceRows>& rows, bool queries) {
+  if (!t.defined()) {
+    for (SequenceRows& r : rows) (queries ? r.q : r.k) = {0, limit};
+    return;
+  }
+  if (t.dtype() != DType::I32 || t.sizes() != Dims{1, 1, batch, 2}) {
+    fail(ErrorKind::InvalidArgument,
+         std::string(name) + " must be int32 [B, 2] = [" + std::to_string(batch) +
+             ", 2] (each sequence's (begin, end) rows), got " + t.describe(),
+         {name});
+  }
+  if (t.device() != Device::Cpu) {
+    fail(ErrorKind::InvalidArgument,
+         std::string(name) + " is read on the host here and is on " + std::string(device_name(t.device())) +
+             ": pass it on the CPU",
+         {name});
+  }
+  const auto* at = t.data_as<const std::int32_t>();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t begin = at[b * t.stride(2)], end = at[b * t.stride(2) + t.stride(3)];
+    const std::string entry = std::string(name) + "[" + std::to_string(b) + "] = " + pair_text(begin, end);
+    if (begin > end && begin >= 0 && end <= limit) {
+      fail(ErrorKind::InvalidArgument, entry + " begins after it ends (begin <= end)", {name});
+    }
+    if (begin < 0 || begin > end || end > limit) {
+      fail(ErrorKind::InvalidArgument, entry + " is outside 0 .. " + std::to_string(limit), {name});
+    }
+    (queries ? rows[static_cast<std::size_t>(b)].q : rows[static_cast<std::size_t>(b)].k) = {begin, end};
+  }
+}
+
+}  // namespace
+
+std::vector<SequenceRows> sequence_rows(const Problem& p, const Inputs& in) {
+  if (!has_rows(in)) return {};
+  const char* given = in.q_rows.defined() ? "q_rows" : "kv_rows";
+  if (p.varlen()) {
+    fail(ErrorKind::InvalidArgument,
+         std::string(given) + " with a packed batch (cu_seqlens): its sequences already have their own rows", {given});
+  }
+  if (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias) {
+    fail(ErrorKind::InvalidArgument,
+         std::string(given) +
+             " with a tensor mask: rows take a structural mask (none, causal, causal-bottom-right, sliding-window)",
+         {given});
+  }
+  std::vector<SequenceRows> rows(static_cast<std::size_t>(p.batch));
+  read_rows("q_rows", in.q_rows, p.batch, p.seq, rows, true);
+  read_rows("kv_rows", in.kv_rows, p.batch, p.kv_seq, rows, false);
+  return rows;
+}
+
+Tensor rows_mask(const Problem& p, const std::vector<SequenceRows>& rows, Allocator& allocator) {
+  Tensor m = Tensor::empty({p.batch, 1, p.seq, p.kv_seq}, DType::Bool, allocator);
+  auto* bits = m.data_as<std::uint8_t>();
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const SequenceRows& r = rows[static_cast<std::size_t>(b)];
+    const auto band = r.band(p.mask, p.window);
+    for (std::int64_t i = 0; i < p.seq; ++i) {
+      for (std::int64_t j = 0; j < p.kv_seq; ++j) bits[(b * p.seq + i) * p.kv_seq + j] = r.sees(band, i, j);
+    }
+  }
+  return m;
+}
+
+LoweredRows lower_rows(const Problem& p, const Inputs& in, Allocator& allocator) {
+  LoweredRows l{.p = p, .in = in};
+  const std::vector<SequenceRows> rows = sequence_rows(p, in);
+  if (rows.empty()) return l;
+  l.in.mask = rows_mask(p, rows, allocator).expand({p.batch, p.heads, p.seq, p.kv_seq});
+  l.in.q_rows = Tensor();
+  l.in.kv_rows = Tensor();
+  l.p.mask = MaskKind::Boolean;
+  l.p.window = 0;
+  return l;
+}
+
+void zero_outside_rows(const Tensor& t, const std::vector<SequenceRows>& rows, bool queries) {
+  for (std::size_t b = 0; b < rows.size(); ++b) {
+    const geometry::Span<std::int64_t> keep = queries ? rows[b].q : rows[b].k;
+    for (std::int64_t h = 0; h < t.size(1); ++h) {
+      for (std::int64_t i = 0; i < t.size(2); ++i) {
+        if (i >= keep.begin && i < keep.end) continue;
+        for (std::int64_t d = 0; d < t.size(3); ++d) t.set(static_cast<std::int64_t>(b), h, i, d, 0.0f);
+      }
+    }
+  }
+}
+
+}  // namespace attnprof
