@@ -9,12 +9,12 @@
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa
-# train_model model_traces python ring (default: all). Results land in $OUT (8 files at most).
+# train_model hf model_traces python wheel ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model model_traces python ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model hf model_traces python wheel ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -128,6 +128,17 @@ if has sanitize; then
       --gtest_filter='*FusedSm90Choices*persistent_d64_window*:*FusedSm90Choices*persistent_d128_bottomright*' \
       >/tmp/san.txt 2>&1
     echo "$tool persistent several-tiles tests -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.txt | tr '\n' ' ')" |
+      tee -a "$OUT/sanitizer.txt"
+  done
+  # Paged decode with unequal lengths read on the device (1 to 32k keys in one
+  # launch), and out-of-range table entries and lengths clamped in the kernel:
+  # memcheck says nothing outside the cache or the table is read, racecheck
+  # that the split and combine kernels share nothing unordered.
+  for tool in memcheck racecheck; do
+    timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/attnprof_gpu_tests --gtest_brief=1 \
+      --gtest_filter='PagedStreamOrder.LengthsFrom1To32kInOneLaunch:PagedStreamOrder.OutOfRangeEntriesAreClampedAndFlagged' \
+      >/tmp/san.txt 2>&1
+    echo "$tool paged unequal-lengths tests -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.txt | tr '\n' ' ')" |
       tee -a "$OUT/sanitizer.txt"
   done
   # The epilogue's log-sum-exp path (not taken by attnprof profile): every
@@ -338,6 +349,25 @@ if has train_model; then
   fi
 fi
 
+if has hf; then
+  # Issues 50 and 51: transformers models through the registration's structure
+  # path (bench/hf_structure.py): a Llama-shaped training step padded (30% to
+  # 100% of 2048), unpadded and packed against SDPA, a Gemma-2-shaped one (soft
+  # cap 50, window 512, head dim 256) against eager, and generate() tokens/s on 8
+  # left-padded prompts of 1024 (dynamic and static caches) against SDPA.
+  log "transformers structure: padded, packed, Gemma-2, generate()"
+  if python_module && python3 -c 'import transformers' 2>/dev/null; then
+    PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout 400 python3 bench/hf_structure.py \
+      --out "$OUT" >/tmp/hf.txt 2>/tmp/hf.err
+    rc=$?
+    cat /tmp/hf.err >>"$OUT/log.txt"
+    ((rc != 0)) && grep -v '^\[hf_structure' /tmp/hf.err | tail -n 5 >>/tmp/hf.txt
+    echo "hf_structure rc $rc" >>/tmp/hf.txt
+  else
+    echo "hf_structure not run: the Python module did not build or transformers is missing" >/tmp/hf.txt
+  fi
+fi
+
 if has model_traces; then
   # Issue 23: torch.profiler traces of a Llama-shaped LlamaForCausalLM (random
   # weights; scripts/record_model_traces.py: SDPA's pick, SDPA held to flash,
@@ -376,6 +406,40 @@ if has python; then
   echo "pytest rc $?" >>"$OUT/pytest.txt"
   PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 300 python3 bench/python_overhead.py --device cuda --attnprof $B/attnprof \
     >"$OUT/python_overhead.md" 2>&1
+fi
+
+if has wheel; then
+  # Issue 50: `pip install .` where a CUDA toolkit is found builds a CUDA
+  # wheel. Built here as a user would (no network: scikit-build-core and
+  # nanobind from the carried .whl/, --no-build-isolation; sm90a only, for
+  # time), installed into a fresh virtual environment (torch from the
+  # system's site), then both of docs/install.md's checks: the console
+  # script's explain names the plugin it loaded, and the package runs flash
+  # on CUDA tensors against PyTorch's SDPA.
+  log "CUDA wheel in a fresh venv"
+  {
+    rm -rf /tmp/whv /tmp/wheels && python3 -m venv --system-site-packages /tmp/whv &&
+      /tmp/whv/bin/pip install -q --no-index --find-links .whl scikit-build-core nanobind &&
+      timeout 420 /tmp/whv/bin/pip wheel . -q --no-deps --no-build-isolation -w /tmp/wheels -C build-dir=/tmp/wheel-build \
+        -C cmake.define.ATTNPROF_CUDA_ARCHITECTURES=90a ${CUDNN_DIR:+-C cmake.define.CUDNN_LIBRARY=$CUDNN_DIR/libcudnn.so.9} \
+        ${NCCL_DIR:+-C cmake.define.ATTNPROF_NCCL_LIBRARY=$NCCL_DIR/libnccl.so.2} \
+        $([[ -d .deps/usr ]] && echo "-C cmake.define.CMAKE_PREFIX_PATH=$PWD/.deps/usr") >/tmp/wheel.txt 2>&1 &&
+      /tmp/whv/bin/pip install -q --no-deps --no-index /tmp/wheels/attnprof-*.whl
+    echo "wheel build+install rc $? ($(ls /tmp/wheels 2>/dev/null))"
+    tail -n 5 /tmp/wheel.txt
+    cd /tmp && /tmp/whv/bin/attnprof explain --device cuda --seq 256 2>&1 | tail -n 3
+    /tmp/whv/bin/python - <<'PY'
+import attnprof, torch
+print("module:", attnprof.__file__)
+print("cuda_build:", attnprof.explain(seq=256, device="cuda").cuda_build)
+q, k, v = (torch.randn(2, 8, 512, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+out = attnprof.attention(q, k, v, backend="flash", mask="causal")
+ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+print("flash from the wheel vs SDPA fp32: max abs err %.3g" % (out.float() - ref).abs().max().item())
+PY
+    cd - >/dev/null
+  } >"$OUT/wheel.txt" 2>&1
+  tail -n 8 "$OUT/wheel.txt"
 fi
 
 if has ring; then
@@ -429,6 +493,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
 [[ -f /tmp/bench_gqa.txt ]] && { echo "==== grouped-query backward (bench/gqa_backward.py)"; cat /tmp/bench_gqa.txt; }
 [[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }
+[[ -f /tmp/hf.txt ]] && { echo "==== transformers structure (bench/hf_structure.py)"; cat /tmp/hf.txt; }
 [[ -f $OUT/model_traces.txt ]] && { echo "==== model traces (analyze, --replay)"; tail -n 60 "$OUT/model_traces.txt"; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }

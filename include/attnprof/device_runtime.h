@@ -31,6 +31,13 @@ class DeviceRuntime {
   virtual Inputs upload(const Inputs& host) = 0;
   virtual Tensor upload(const Tensor& host) = 0;  // one more tensor (the backward's dO)
   virtual Tensor download(const Tensor& t) = 0;
+  // t read in `stream`'s order (what the caller queued on it before is
+  // written) and waited for: the checking mode's read of a caller's index
+  // tensors (attnprof/check_inputs.h). The host's runtime has no streams.
+  virtual Tensor download(const Tensor& t, void* stream) {
+    (void)stream;
+    return download(t);
+  }
   virtual void poison(Tensor& t) = 0;  // fills with NaN so unwritten elements show
   // Measured matrix-product ceiling (TFLOP/s) for this dtype, measured once.
   virtual double ceiling_tflops(DType dtype) = 0;

@@ -86,6 +86,7 @@ struct ExplainReport {
   std::string auto_refusal;          // why auto picks nothing (empty when it picks one)
   std::string device_description;
   std::optional<DeviceProperties> device;
+  std::string cuda_build;  // cuda_build(): which CUDA backends this build has
 
   std::string table() const;  // what `attnprof explain` prints
   std::string json() const;   // its --json text: device, problem, each backend's eligibility, auto's pick

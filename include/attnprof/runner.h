@@ -51,6 +51,10 @@ AutoChoice choose_auto(const Problem& p);
 Backend& resolve_backend(const Problem& p, std::string_view requested);
 
 bool cuda_built();  // compiled with CUDA support
+// What this build has on CUDA, one line for explain: the architectures and
+// the plugin file the CUDA backends were loaded from, why it cannot be
+// loaded, or "CPU only" (a wheel built where no CUDA toolkit was found).
+std::string cuda_build();
 
 // ---- one run -----------------------------------------------------------------------
 

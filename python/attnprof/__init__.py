@@ -131,7 +131,8 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
               deterministic: bool = False, softcap: float | None = None, attn_mask=None, block_table=None,
               seq_lens=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
-              max_seqlen_k: int | None = None, q_descale=None, k_descale=None, v_descale=None):
+              max_seqlen_k: int | None = None, q_descale=None, k_descale=None, v_descale=None, q_rows=None,
+              kv_rows=None, check_inputs: bool = False):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
 
     mask names a structural mask ("none", "causal", "causal_bottom_right",
@@ -150,9 +151,14 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     [B, pages_per_seq] each sequence's pages, seq_lens int32 [B] its keys
     (at most pages_per_seq * page_size); mask="causal_bottom_right" aligns
     each sequence's queries to the end of its own keys. Inference only.
-    Unequal seq_lens run on flash on the CPU; backends with one length for
-    every sequence refuse them by name. A CUDA block table and lengths are
-    read back once per call to check them.
+    Unequal seq_lens run on flash (CPU and CUDA) and cudnn (CUDA); backends
+    with one length for every sequence refuse them by name. A CUDA block table and lengths are
+    read only by the kernels, on the device in the stream's order (no copy
+    to the host, no synchronisation): a length outside 0 .. the table's
+    keys is clamped and a page index outside the cache masks that page's
+    keys, and the call goes on. check_inputs=True (or the environment's
+    ATTNPROF_CHECK_INPUTS=1) reads them on the host first, in the stream's
+    order, and refuses the first bad entry by name, as the CPU always does.
 
     A packed (variable-length) batch, as flash_attn_varlen_func takes one:
     q [total_q, H, D], k and v [total_k, Hkv, D], cu_seqlens_q and
@@ -196,6 +202,19 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     backward (flash, efficient, cudnn: the backends that keep only the
     log-sum-exp); deterministic=True sums dQ in a fixed order on a GPU.
     """
+    if check_inputs is not False:
+        if _args.flag("check_inputs", check_inputs):
+            # The checking mode for this thread while the call is prepared (attnprof/check_inputs.h).
+            previous = _core._exchange_checking_inputs(1)
+            try:
+                return attention(q, k, v, backend=backend, mask=mask, window=window, scale=scale, layout=layout,
+                                 out=out, threads=threads, deterministic=deterministic, softcap=softcap,
+                                 attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens,
+                                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                 max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
+                                 v_descale=v_descale, q_rows=q_rows, kv_rows=kv_rows)
+            finally:
+                _core._exchange_checking_inputs(previous)
     # Each check costs a call only when the value is not the common one: a
     # repeated call's host time is what a model pays per layer
     # (bench/python_overhead.py times it piece by piece).
@@ -228,6 +247,9 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         if attn_mask is not None or block_table is not None or seq_lens is not None:
             raise Error("a packed batch (cu_seqlens_q, cu_seqlens_k) takes structural masks only: no attn_mask, "
                         "block_table or seq_lens")
+        if q_rows is not None or kv_rows is not None:
+            raise Error(f"{'q_rows' if q_rows is not None else 'kv_rows'} with a packed batch (cu_seqlens): its "
+                        "sequences already have their own rows")
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend,
                                  mask or "causal", window, scale, out, threads, deterministic, softcap,
                                  (q_descale, k_descale, v_descale))
@@ -239,22 +261,23 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
             front = _torch_front()
         t = _torch_module
         if t._fast is not None and attn_mask is None and block_table is None and seq_lens is None \
-                and q_descale is None and k_descale is None and v_descale is None and not t._is_compiling() \
-                and (out is not None or not t._profiling()):
+                and q_rows is None and kv_rows is None and q_descale is None and k_descale is None \
+                and v_descale is None and not t._is_compiling() and (out is not None or not t._profiling()):
             # The fast path (attnprof._torch_call) reads the tensors in C++; None for what it does not
             # take (autograd, another type or device), which the general path answers for.
             done = t._fast(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
             if done is not None:
                 return done
         return front(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
-                     block_table, seq_lens, q_descale, k_descale, v_descale)
-    _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
+                     block_table, seq_lens, q_descale, k_descale, v_descale, q_rows, kv_rows)
+    _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens, q_rows, kv_rows)
     if out is None:
         out = _empty_like(q)
     try:
         _core.attention(q, k, v, out, backend=backend, mask=mask, window=window, scale=scale, threads=threads,
                         bshd=bshd, softcap=softcap, attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens,
-                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, q_rows=q_rows,
+                        kv_rows=kv_rows)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None

@@ -117,6 +117,7 @@ class Report:
 
 class Explanation:
     """What explain returns: results (backend, eligible, reason per backend), auto (backend, reason or None),
+    cuda_build (which CUDA backends this build has: "CPU only ..." for a wheel built without a CUDA toolkit),
     the --json document (.json), and a repr that is the CLI's table."""
 
     def __init__(self, json_text: str, table: str, device_description: str, auto_error: str):
@@ -126,6 +127,7 @@ class Explanation:
         self.results = [Record(r) for r in self.json["results"]]
         self.auto = Record(self.json["auto"]) if self.json.get("auto") else None
         self.auto_error = auto_error or None
+        self.cuda_build = self.json["cuda_build"]
         self.device_description = device_description
         self._table = table
 

@@ -6,6 +6,7 @@ own backward) and the eager path of attnprof.attention on torch tensors."""
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Optional
 
 import torch
@@ -108,7 +109,7 @@ def _out_dtype(dtype):
 
 
 def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=None, attn_mask=None,
-         block_table=None, seq_lens=None, q_descale=None, k_descale=None, v_descale=None):
+         block_table=None, seq_lens=None, q_descale=None, k_descale=None, v_descale=None, q_rows=None, kv_rows=None):
     # The exports written out (no tuple, no map), the stream lookup inlined:
     # this is every eager call's path.
     try:
@@ -120,14 +121,15 @@ def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=No
     index = q.get_device()
     stream = 0 if index < 0 else _raw_stream(index) if _raw_stream is not None else _stream_of(q)
     if attn_mask is None and block_table is None and seq_lens is None and q_descale is None and k_descale is None \
-            and v_descale is None:
+            and v_descale is None and q_rows is None and kv_rows is None:
         _core.attention(dq, dk, dv, do, backend=backend, mask=mask, window=window, scale=scale, stream=stream,
                         threads=threads, bshd=bshd, softcap=softcap)
     else:
         _core.attention(dq, dk, dv, do, backend=backend, mask=mask, window=window, scale=scale, stream=stream,
                         threads=threads, bshd=bshd, softcap=softcap, attn_mask=_optional(attn_mask),
                         block_table=_optional(block_table), seq_lens=_optional(seq_lens), q_descale=q_descale,
-                        k_descale=k_descale, v_descale=v_descale)
+                        k_descale=k_descale, v_descale=v_descale, q_rows=_optional(q_rows),
+                        kv_rows=_optional(kv_rows))
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
@@ -136,7 +138,8 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: st
                   softcap: Optional[float] = None, attn_mask: Optional[torch.Tensor] = None,
                   block_table: Optional[torch.Tensor] = None,
                   seq_lens: Optional[torch.Tensor] = None, q_descale: Optional[float] = None,
-                  k_descale: Optional[float] = None, v_descale: Optional[float] = None) -> torch.Tensor:
+                  k_descale: Optional[float] = None, v_descale: Optional[float] = None,
+                  q_rows: Optional[torch.Tensor] = None, kv_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """softmax(scale * q k^T + mask) v by an attnprof backend; out has q's shape ([B, H, S, D], or [B, S, H, D] when bshd).
 
     mask "" with attn_mask: the tensor alone; block_table and seq_lens: k and v are paged caches;
@@ -145,13 +148,15 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: st
     q_descale, k_descale, v_descale = _descales(q_descale, k_descale, v_descale)
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     _run(q, k, v, out, backend, mask, window, scale, bshd, softcap=softcap, attn_mask=attn_mask,
-         block_table=block_table, seq_lens=seq_lens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+         block_table=block_table, seq_lens=seq_lens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+         q_rows=q_rows, kv_rows=kv_rows)
     return out
 
 
 @_attention_op.register_fake
 def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, softcap=None,
-                    attn_mask=None, block_table=None, seq_lens=None, q_descale=None, k_descale=None, v_descale=None):
+                    attn_mask=None, block_table=None, seq_lens=None, q_descale=None, k_descale=None, v_descale=None,
+                    q_rows=None, kv_rows=None):
     # Matches the real output: a new contiguous tensor of q's shape and device, q's dtype (bf16 for fp8).
     return q.new_empty(q.shape, dtype=_out_dtype(q.dtype))
 
@@ -166,20 +171,22 @@ def _lse_shape(q: torch.Tensor, bshd: bool):
 def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
               window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
               deterministic: bool = False, softcap: Optional[float] = None,
-              attn_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+              attn_mask: Optional[torch.Tensor] = None, q_rows: Optional[torch.Tensor] = None,
+              kv_rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
     window, scale, softcap = _numbers(window, scale, softcap)
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     views = _dlpack(q, k, v, out)
     _, lse = _core.attention_train(*views, backend=backend, mask=mask, window=window, scale=scale,
                                    stream=_stream_of(q), bshd=bshd, deterministic=deterministic, softcap=softcap,
-                                   attn_mask=_optional(attn_mask))
+                                   attn_mask=_optional(attn_mask), q_rows=_optional(q_rows),
+                                   kv_rows=_optional(kv_rows))
     return out, torch.from_dlpack(lse)
 
 
 @_train_op.register_fake
 def _train_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, deterministic=False,
-                softcap=None, attn_mask=None):
+                softcap=None, attn_mask=None, q_rows=None, kv_rows=None):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, bshd), dtype=torch.float32)
 
 
@@ -188,19 +195,21 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  lse: torch.Tensor, backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
                  scale: Optional[float] = None, bshd: bool = False,
                  deterministic: bool = False, softcap: Optional[float] = None,
-                 attn_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 attn_mask: Optional[torch.Tensor] = None, q_rows: Optional[torch.Tensor] = None,
+                 kv_rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of attention_train's call for the upstream gradient dout."""
     window, scale, softcap = _numbers(window, scale, softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv), backend=backend, mask=mask, window=window,
                              scale=scale, stream=_stream_of(q), bshd=bshd, deterministic=deterministic,
-                             softcap=softcap, attn_mask=_optional(attn_mask))
+                             softcap=softcap, attn_mask=_optional(attn_mask), q_rows=_optional(q_rows),
+                             kv_rows=_optional(kv_rows))
     return dq, dk, dv
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, backend="auto", mask="causal", window=None, scale=None, bshd=False,
-                   deterministic=False, softcap=None, attn_mask=None):
+                   deterministic=False, softcap=None, attn_mask=None, q_rows=None, kv_rows=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -213,7 +222,7 @@ def _setup_train(ctx, inputs, output):
 
 def _train_backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    backend, mask, window, *_, attn_mask = ctx.args  # attention_train's arguments after q, k, v
+    backend, mask, window, *_, attn_mask, _q_rows, _kv_rows = ctx.args  # attention_train's arguments after q, k, v
     with _labelled(backend, mask, window, attn_mask):
         dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
     return (dq, dk, dv) + (None,) * len(ctx.args)
@@ -239,12 +248,19 @@ def ops():
 
 
 def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
-              block_table, seq_lens, q_descale=None, k_descale=None, v_descale=None):
+              block_table, seq_lens, q_descale=None, k_descale=None, v_descale=None, q_rows=None, kv_rows=None):
     """attnprof.attention on torch tensors, its arguments checked there (positional: a
     repeated call's host time is what a model pays per layer): the general path, which
     attention() takes where the fast path (_fast, tried there first) does not."""
     if not (isinstance(k, _Tensor) and isinstance(v, _Tensor) and (out is None or isinstance(out, _Tensor))):
         _refuse_mixed(k=k, v=v, out=out)
+    if mask and block_table is None and seq_lens is None and _is_key_padding(attn_mask, q, k, bshd):
+        # A structural mask with a key-padding mask: lowered to rows, on the mask's device.
+        if q_rows is not None or kv_rows is not None:
+            raise Error("q_rows/kv_rows with attn_mask: pass the rows or the key-padding mask, not both")
+        q_rows, kv_rows = _key_padding_rows(attn_mask, q, k, bshd)
+        attn_mask = None
+    _refuse_mixed(q_rows=q_rows, kv_rows=kv_rows)
     extras = attn_mask is not None or block_table is not None or seq_lens is not None
     if extras:
         _refuse_mixed(attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens)
@@ -260,7 +276,7 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
             raise Error("out= is not supported when gradients are needed: use the returned tensor")
         with _labelled(backend, mask, window, attn_mask):
             return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic,
-                                                      softcap, attn_mask)[0]
+                                                      softcap, attn_mask, q_rows, kv_rows)[0]
     if _is_compiling() or (out is None and _profiling()):
         # Traced as one node of the graph (its fake gives the output's shape), or recorded as
         # the op by the profiler.
@@ -268,14 +284,15 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
             raise Error("out= is not supported under torch.compile: use the returned tensor")
         with _labelled(backend, mask, window, attn_mask):
             return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,
-                                                block_table, seq_lens, q_descale, k_descale, v_descale)
+                                                block_table, seq_lens, q_descale, k_descale, v_descale, q_rows,
+                                                kv_rows)
     if needs_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:
         out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     try:
         _run(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap, attn_mask, block_table, seq_lens,
-             q_descale, k_descale, v_descale)
+             q_descale, k_descale, v_descale, q_rows, kv_rows)
     except TypeError as e:
         del out
         from . import not_an_array
@@ -285,6 +302,45 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
         del out  # a refused call leaves nothing allocated, even while the traceback lives
         raise
     return out
+
+
+def _is_key_padding(attn_mask, q, k, bshd):
+    """Whether attn_mask has a key-padding mask's shape, bool [B, Skv] or [B, 1, 1, Skv] (any other mask beside a
+    mask name is refused as before: the tensor is the whole mask)."""
+    if not isinstance(attn_mask, _Tensor) or attn_mask.dtype != torch.bool or not isinstance(k, _Tensor):
+        return False
+    kv_seq = k.shape[1] if bshd else k.shape[2]
+    shape = tuple(attn_mask.shape)
+    return shape in ((q.shape[0], kv_seq), (q.shape[0], 1, 1, kv_seq))
+
+
+def _key_padding_rows(attn_mask, q, k, bshd):
+    """A key-padding mask (bool [B, Skv] or [B, 1, 1, Skv], each row one run of Trues) as (q_rows, kv_rows),
+    int32 [B, 2] (begin, end), with torch ops on its device: q_rows equal to kv_rows when S == Skv (training's
+    padding), else None. A row with holes is refused on the CPU and, on CUDA, in the checking mode
+    (ATTNPROF_CHECK_INPUTS=1): elsewhere nothing is read back to the host."""
+    m = attn_mask
+    if m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == 1:
+        m = m[:, 0, 0, :]
+    if m.dim() != 2:
+        raise Error(f"attn_mask with mask= is a key-padding mask, bool [B, Skv] or [B, 1, 1, Skv]; got "
+                    f"{list(attn_mask.shape)}")
+    seq, kv_seq = (q.shape[1], k.shape[1]) if bshd else (q.shape[2], k.shape[2])
+    if m.shape[0] != q.shape[0] or m.shape[1] != kv_seq:
+        raise Error(f"attn_mask with mask= must be [B, Skv] = [{q.shape[0]}, {kv_seq}]; got {list(attn_mask.shape)}")
+    keys = torch.arange(kv_seq, device=m.device, dtype=torch.int32)
+    count = m.sum(1, dtype=torch.int32)
+    first = torch.where(m, keys, kv_seq).amin(1).to(torch.int32)
+    last = torch.where(m, keys + 1, 0).amax(1).to(torch.int32)
+    begin = torch.where(count > 0, first, 0)
+    if m.device.type == "cpu" or os.environ.get("ATTNPROF_CHECK_INPUTS") == "1":
+        holed = ((last - begin) != count) & (count > 0)
+        if bool(holed.any()):
+            row = int(holed.nonzero()[0, 0])
+            raise Error(f"attn_mask row {row} is not one run of Trues (a key-padding mask with mask= is one run a "
+                        "row: right and/or left padding)")
+    rows = torch.stack((begin, begin + count), 1).to(torch.int32).contiguous()
+    return (rows if seq == kv_seq else None), rows
 
 
 def _refuse_mixed(**tensors):

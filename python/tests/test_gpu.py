@@ -175,10 +175,14 @@ def test_cuda_masks_and_paged_caches():
     for backend in ("flash", "cudnn"):
         got = attnprof.attention(qd, kc, vc, block_table=table, seq_lens=lens, mask="none", backend=backend)
         torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
-    with pytest.raises(attnprof.Error, match=r"takes one kv length for every sequence"):
-        attnprof.attention(qd, kc, vc, block_table=table, seq_lens=torch.tensor([64, 30], dtype=torch.int32,
-                                                                                device="cuda"), mask="none",
-                           backend="flash")
+    # Unequal lengths: read by the kernels on the device, each sequence over its own keys.
+    for backend in ("flash", "cudnn"):
+        got = attnprof.attention(qd, kc, vc, block_table=table, seq_lens=torch.tensor([64, 30], dtype=torch.int32,
+                                                                                      device="cuda"), mask="none",
+                                 backend=backend)
+        want = torch.nn.functional.scaled_dot_product_attention(qd[1:].float(), kl[1:, :, :30].float(),
+                                                                vl[1:, :, :30].float())
+        torch.testing.assert_close(got[1:].float(), want, atol=3e-2, rtol=3e-2)
 
 
 @pytest.mark.parametrize("backend", ["efficient", "flash", "cudnn"])

@@ -74,3 +74,15 @@ def test_explain():
     assert "flash" in ex.eligible() and "cudnn" not in ex.eligible()
     assert ex.auto is not None and ex.auto.backend in ex.eligible()
     assert "eligible" in repr(ex) and "auto" in repr(ex) and "picks" in repr(ex)
+
+
+def test_explain_says_which_cuda_backends_the_build_has():
+    # The check docs/install.md gives a user of `pip install .`: a CPU-only build says so, a CUDA one names
+    # its architectures and the plugin file the backends came from (or why it cannot be loaded).
+    ex = attnprof.explain(batch=1, heads=2, seq=64, head_dim=32, device="cpu")
+    assert ex.cuda_build == ex.json["cuda_build"]
+    assert ("build: " + ex.cuda_build) in ex.table()
+    if attnprof.cuda_built():
+        assert ex.cuda_build.startswith("CUDA backends") and "sm " in ex.cuda_build
+    else:
+        assert ex.cuda_build.startswith("CPU only")

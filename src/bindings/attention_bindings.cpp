@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
 #include "bindings/bindings.h"
 #include "bindings/forward_entry.h"
@@ -35,11 +36,13 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
                       std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap,
                       const std::optional<In>& attn_mask, const std::optional<In>& block_table,
                       const std::optional<In>& seq_lens, std::optional<double> q_descale,
-                      std::optional<double> k_descale, std::optional<double> v_descale) {
+                      std::optional<double> k_descale, std::optional<double> v_descale, const std::optional<In>& q_rows,
+                      const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
-                          Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens)});
+                          Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens),
+                                 optional_array(q_rows), optional_array(kv_rows)});
   set_descales(c, q_descale, k_descale, v_descale);  // per call: not part of the cached preparation
   run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
   return std::string(c.backend->name());
@@ -96,11 +99,12 @@ int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const Attnprof
 std::tuple<std::string, nb::ndarray<float>> attention_train(
     const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
     std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
-    bool deterministic, std::optional<double> softcap, const std::optional<In>& attn_mask) {
+    bool deterministic, std::optional<double> softcap, const std::optional<In>& attn_mask,
+    const std::optional<In>& q_rows, const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
-                          Extras{optional_array(attn_mask), {}, {}});
+                          Extras{optional_array(attn_mask), {}, {}, optional_array(q_rows), optional_array(kv_rows)});
   Saved saved;
   run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
   const std::size_t shape[3] = {static_cast<std::size_t>(c.p.batch), static_cast<std::size_t>(c.p.heads),
@@ -115,11 +119,12 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
                                const Out& dq, const Out& dk, const Out& dv, const std::string& backend,
                                const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                                std::uintptr_t stream, int threads, bool bshd, bool deterministic,
-                               std::optional<double> softcap, const std::optional<In>& attn_mask) {
+                               std::optional<double> softcap, const std::optional<In>& attn_mask,
+                               const std::optional<In>& q_rows, const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
-                          Extras{optional_array(attn_mask), {}, {}});
+                          Extras{optional_array(attn_mask), {}, {}, optional_array(q_rows), optional_array(kv_rows)});
   c.p.pass = Pass::Backward;  // the call itself; planned as the training step it is part of
   const Tensor d_out = c.view_like("dout", array_of(dout), c.out, bshd);
   Gradients g = c.gradients(array_of(dq), array_of(dk), array_of(dv), bshd);
@@ -213,6 +218,7 @@ void bind_attention(nb::module_& m) {
         nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("block_table").noconvert().none() = nb::none(),
         nb::arg("seq_lens").noconvert().none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
         nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
         "softmax(scale * q k^T + mask) v into `out`, no copies (fp8 inputs: real = e4m3 x descale, out bf16); "
         "returns the backend that ran");
 
@@ -221,6 +227,7 @@ void bind_attention(nb::module_& m) {
         nb::arg("mask") = "", nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(),
         nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("deterministic") = false,
         nb::arg("softcap").none() = nb::none(), nb::arg("attn_mask").noconvert().none() = nb::none(),
+        nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
         "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
   m.def("attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
         nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
@@ -228,8 +235,8 @@ void bind_attention(nb::module_& m) {
         nb::arg("backend") = "auto", nb::arg("mask") = "", nb::arg("window").none() = nb::none(),
         nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("bshd") = false,
         nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
-        nb::arg("attn_mask").noconvert().none() = nb::none(),
-        "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
+        nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("q_rows").noconvert().none() = nb::none(),
+        nb::arg("kv_rows").noconvert().none() = nb::none(), "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
   m.def("_attention_until", &attention_until, nb::arg("stage"), nb::arg("q").noconvert(), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto",
@@ -248,6 +255,10 @@ void bind_attention(nb::module_& m) {
         nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
         nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("calls"),
         "the host time (us) of each of `calls` preparations of one call (a cache hit)");
+
+  // attention(check_inputs=True) holds the checking mode (attnprof/check_inputs.h) around its call.
+  m.def("_exchange_checking_inputs", &exchange_checking_inputs, nb::arg("setting"),
+        "this thread's checking mode: 1 on, 0 off, -1 the environment's (ATTNPROF_CHECK_INPUTS); returns the previous");
 
   // The torch extension's way in (bindings/forward_entry.h; attnprof._torch_call).
   m.def(

@@ -130,9 +130,11 @@ void set_descales(Call& c, std::optional<double> q, std::optional<double> k, std
 Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, std::uintptr_t stream, int threads);
 
 // What a call may take beyond q, k, v and out: a mask tensor, or a paged KV
-// cache's block table and per-sequence lengths (k and v are then the caches).
+// cache's block table and per-sequence lengths (k and v are then the caches);
+// and a dense batch's per-sequence rows (Inputs::q_rows, kv_rows: int32
+// [B, 2] (begin, end) on q's device).
 struct Extras {
-  std::optional<Array> attn_mask, block_table, seq_lens;
+  std::optional<Array> attn_mask, block_table, seq_lens, q_rows, kv_rows;
 };
 
 // A dense call (q [B, H, S, D], or bshd), or a paged one (Extras). The calls
@@ -213,8 +215,10 @@ auto after_runtime_use(Work&& work) {
 // ---- varlen_bindings.cpp ----
 
 // A paged call's k and v caches, block table and lengths into `in`, and the
-// problem's kv_heads, kv_seq, page size and cache kind.
-void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype);
+// problem's kv_heads, kv_seq, page size and cache kind; `stream` is the
+// caller's, which the checking mode reads the table and lengths in the order of.
+void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype,
+                   std::uintptr_t stream);
 
 // Runs `work` with the GIL released on the CPU (milliseconds of work; other
 // Python threads run meanwhile); on a GPU it is an asynchronous launch.

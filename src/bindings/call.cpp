@@ -222,7 +222,7 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
   p.dtype = dtype;
   p.device = device;
   if (paged) {
-    prepare_paged(p, in, k, v, x, dtype);
+    prepare_paged(p, in, k, v, x, dtype, a.stream);
   } else {
     in.k = view_of("k", k, a.bshd, device, dtype);
     in.v = view_of("v", v, a.bshd, device, dtype);
@@ -231,6 +231,26 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
     for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
     p.kv_heads = in.k.size(1);
     p.kv_seq = in.k.size(2);
+  }
+  // Per-sequence rows: int32 [B, 2] on q's device; their values are read by
+  // the backend that takes them (on the CPU, checked there on the host).
+  const std::pair<const char*, const std::optional<Array>*> row_args[] = {{"q_rows", &x.q_rows},
+                                                                          {"kv_rows", &x.kv_rows}};
+  for (const auto& [name, arr] : row_args) {
+    if (!*arr) continue;
+    if (paged) fail(ErrorKind::InvalidArgument, std::string(name) + " with a paged KV cache: seq_lens says its keys");
+    if (x.attn_mask) {
+      fail(ErrorKind::InvalidArgument,
+           std::string(name) +
+               " with attn_mask: rows take a structural mask (mask=), a key-padding attn_mask is "
+               "lowered to rows when passed with mask=");
+    }
+    Tensor t = index_view(name, **arr, 2, device);
+    if (t.size(2) != p.batch || t.size(3) != 2) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " must be int32 [B, 2] = [" + std::to_string(p.batch) +
+                                           ", 2] (each sequence's (begin, end) rows); got " + t.dims_string());
+    }
+    (std::string_view(name) == "q_rows" ? in.q_rows : in.kv_rows) = t;
   }
   Tensor mask_tensor;
   if (x.attn_mask) {
@@ -401,7 +421,8 @@ std::unordered_map<CallKey, Prepared, CallKeyHash>& cache() {
 Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& a,
                     const Extras& x) {
   CallKey key;
-  if (!cache_on.load(std::memory_order_relaxed) || x.block_table || x.seq_lens || !key_of(q, k, v, out, a, x, key)) {
+  if (!cache_on.load(std::memory_order_relaxed) || x.block_table || x.seq_lens || x.q_rows || x.kv_rows ||
+      !key_of(q, k, v, out, a, x, key)) {
     return prepare(q, k, v, out, a, x);
   }
   std::optional<Prepared> hit;

@@ -1,7 +1,9 @@
 // The calls whose shape lives in index arrays: a packed (variable-length)
 // batch, as flash_attn_varlen_func takes one (its bindings here), and a paged
 // KV cache's preparation (prepare() calls it for attention(block_table=)).
-// Both read their index arrays back to the host to check them.
+// A packed batch's cumulative lengths are read back to the host (its problem
+// holds them); a paged cache's table and lengths only on the CPU and in the
+// checking mode (prepare_paged).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -14,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "attnprof/check_inputs.h"
+#include "attnprof/device_runtime.h"
 #include "attnprof/error.h"
 #include "attnprof/problem_spec.h"
 #include "attnprof/reference.h"
@@ -23,10 +27,19 @@ namespace attnprof::python {
 
 // q [B, H, S, D] (bshd: [B, S, H, D]), k and v the caches [num_pages, Hkv,
 // page_size, D] (vLLM's layout, whatever the layout of q), block_table int32
-// [B, pages_per_seq], seq_lens int32 [B] each sequence's keys. kv_seq is the
-// longest; with unequal lengths in.kv_rows holds them, (0, seq_lens[b]). A CUDA table and
-// lengths are read back to check them (a synchronisation).
-void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype) {
+// [B, pages_per_seq], seq_lens int32 [B] each sequence's keys.
+//
+// On the CPU the table and lengths are host memory, checked entry by entry on
+// every call: kv_seq is the longest length, and unequal lengths go to
+// in.kv_rows as (0, seq_lens[b]) pairs. On a GPU nothing is read on the host
+// (attnprof/check_inputs.h): the values may not be written yet when the call
+// is made, in the caller's stream order. kv_seq is then the table's capacity
+// (pages_per_seq x page_size, so the problem follows from the shapes alone)
+// and in.kv_rows is always the caller's seq_lens as key ends ([1, 1, B, 1]),
+// which the kernel reads on the device and clamps into range. The checking mode reads both in the caller's stream
+// order first and refuses a bad entry as the CPU does.
+void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype,
+                   std::uintptr_t stream) {
   if (!x.block_table || !x.seq_lens) {
     fail(ErrorKind::InvalidArgument, "a paged KV cache takes block_table= and seq_lens= together");
   }
@@ -42,41 +55,57 @@ void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const
   p.page_size = in.k_pages.size(2);
   p.kv_cache = KvCache::Paged;
   require_same("head_dim", "q", p.head_dim, "k_cache", in.k_pages.size(3));
-  DeviceRuntime* rt = p.device == Device::Cpu ? nullptr : &device_runtime(p.device);
-  const Tensor host_lens = rt ? rt->download(lens) : lens;
-  const Tensor host_table = rt ? rt->download(in.block_table) : in.block_table;
   const std::int64_t capacity = in.block_table.size(3) * p.page_size;
-  std::int64_t longest = 0;
-  bool equal = true;
-  std::vector<std::int32_t> per_seq(static_cast<std::size_t>(p.batch));
-  for (std::int64_t b = 0; b < p.batch; ++b) {
-    const std::int32_t n = host_lens.data_as<const std::int32_t>()[b * host_lens.stride(3)];
-    if (n < 0 || n > capacity) {
-      fail(ErrorKind::InvalidArgument, "seq_lens[" + std::to_string(b) + "] = " + std::to_string(n) +
-                                           " is outside 0 .. " + std::to_string(capacity) + " (the block table's " +
-                                           std::to_string(in.block_table.size(3)) + " pages of " +
-                                           std::to_string(p.page_size) + " keys)");
+  const bool on_host = p.device == Device::Cpu;
+  if (!on_host && lens.size(3) > 1 && lens.stride(3) != 1) {
+    fail(ErrorKind::InvalidArgument, "seq_lens must be contiguous on " + std::string(device_name(p.device)) +
+                                         " (the kernel reads entry b at b), not of stride " +
+                                         std::to_string(lens.stride(3)));
+  }
+  if (on_host || checking_inputs()) {
+    DeviceRuntime* rt = on_host ? nullptr : &device_runtime(p.device);
+    void* const s = reinterpret_cast<void*>(stream);
+    const Tensor host_lens = rt ? rt->download(lens, s) : lens;
+    const Tensor host_table = rt ? rt->download(in.block_table, s) : in.block_table;
+    std::int64_t longest = 0;
+    bool equal = true;
+    std::vector<std::int32_t> per_seq(static_cast<std::size_t>(p.batch));
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      const std::int32_t n = host_lens.data_as<const std::int32_t>()[b * host_lens.stride(3)];
+      if (n < 0 || n > capacity) {
+        fail(ErrorKind::InvalidArgument, "seq_lens[" + std::to_string(b) + "] = " + std::to_string(n) +
+                                             " is outside 0 .. " + std::to_string(capacity) + " (the block table's " +
+                                             std::to_string(in.block_table.size(3)) + " pages of " +
+                                             std::to_string(p.page_size) + " keys)");
+      }
+      per_seq[static_cast<std::size_t>(b)] = n;
+      longest = std::max<std::int64_t>(longest, n);
+      equal &= b == 0 || n == per_seq[0];
     }
-    per_seq[static_cast<std::size_t>(b)] = n;
-    longest = std::max<std::int64_t>(longest, n);
-    equal &= b == 0 || n == per_seq[0];
+    if (longest == 0) fail(ErrorKind::InvalidArgument, "seq_lens are all 0: no sequence has a key to attend");
+    Problem checked = p;
+    checked.kv_seq = longest;
+    checked.validate_kv_cache();
+    check_block_table_reads(checked, host_table, in.k_pages.size(0), per_seq.data());
+    if (on_host) {
+      p.kv_seq = longest;
+      if (!equal) {
+        // Sequence b's keys are rows 0 .. seq_lens[b] - 1 of its pages.
+        Tensor rows = Tensor::empty({1, 1, p.batch, 2}, DType::I32, cpu_allocator());
+        auto* pairs = rows.data_as<std::int32_t>();
+        for (std::int64_t b = 0; b < p.batch; ++b) {
+          pairs[2 * b] = 0;
+          pairs[2 * b + 1] = per_seq[static_cast<std::size_t>(b)];
+        }
+        in.kv_rows = rows;
+      }
+    }
   }
-  if (longest == 0) fail(ErrorKind::InvalidArgument, "seq_lens are all 0: no sequence has a key to attend");
-  p.kv_seq = longest;
+  if (!on_host) {
+    p.kv_seq = capacity;
+    in.kv_rows = lens.as_strided({1, 1, p.batch, 1}, {p.batch, p.batch, lens.stride(3), 1}, lens.offset());
+  }
   p.validate_kv_cache();
-  if (equal) {
-    check_block_table_reads(p, host_table, in.k_pages.size(0), nullptr);
-    return;
-  }
-  // Sequence b's keys are rows 0 .. seq_lens[b] - 1 of its pages.
-  Tensor rows = Tensor::empty({1, 1, p.batch, 2}, DType::I32, cpu_allocator());
-  auto* pairs = rows.data_as<std::int32_t>();
-  for (std::int64_t b = 0; b < p.batch; ++b) {
-    pairs[2 * b] = 0;
-    pairs[2 * b + 1] = per_seq[static_cast<std::size_t>(b)];
-  }
-  check_block_table_reads(p, host_table, in.k_pages.size(0), pairs);
-  in.kv_rows = rt ? rt->upload(rows) : rows;
 }
 
 namespace {

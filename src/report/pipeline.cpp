@@ -174,6 +174,7 @@ ExplainReport explain_report(const Problem& p, int threads) {
   e.rows = explain(p);
   DeviceRuntime& rt = device_runtime(p.device, threads);
   e.device_description = rt.description();
+  e.cuda_build = cuda_build();
   e.device = rt.properties();
   try {
     e.chosen = choose_auto(p);

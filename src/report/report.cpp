@@ -145,6 +145,7 @@ std::string ExplainReport::table() const {
        << r.reason << "\n";
   }
   if (chosen) os << "auto" << std::string(w - 2, ' ') << "picks " << chosen->backend << ": " << chosen->reason << "\n";
+  if (!cuda_build.empty()) os << "\nbuild: " << cuda_build << "\n";
   return os.str();
 }
 
@@ -283,6 +284,7 @@ nlohmann::json explain_json(const ExplainReport& e) {
   nlohmann::json j;
   j["device"] = device_json(e.device_description, e.device, e.problem.device);
   j["problem"] = report::problem_json(e.problem);
+  j["cuda_build"] = e.cuda_build;
   j["results"] = nlohmann::json::array();
   for (const auto& r : e.rows) {
     j["results"].push_back({{"backend", r.backend}, {"eligible", r.eligible}, {"reason", r.reason}});

@@ -29,7 +29,8 @@ namespace {
 
 struct Loaded {
   const Plugin* plugin = nullptr;
-  std::string why;  // when plugin is null
+  std::string why{};    // when plugin is null
+  std::string where{};  // the file it was loaded from
 };
 
 #ifdef ATTNPROF_WITH_CUDA
@@ -78,6 +79,24 @@ std::vector<fs::path> plugin_paths(const fs::path& object) {
   for (const fs::path& d : dirs) add(d / ATTNPROF_CUDA_PLUGIN_FILE);
   for (const fs::path& d : dirs)
     add((d / ATTNPROF_CUDA_PLUGIN_BIN_TO_LIB / ATTNPROF_CUDA_PLUGIN_FILE).lexically_normal());
+#ifdef ATTNPROF_WHEEL
+  // A wheel's console script lies in the environment's scripts folder and
+  // the plugin beside the module, in the package folder: bin/ and
+  // lib/pythonX.Y/site-packages/attnprof/ in a virtual environment or a
+  // --user install, lib/python3/dist-packages/attnprof/ under Debian's
+  // system pip. Where these lie is the installer's choice, not the build's.
+  for (const fs::path& d : dirs) {
+    for (const char* lib : {"../lib", "../lib64"}) {
+      const fs::path root = (d / lib).lexically_normal();
+      for (const auto& entry : fs::directory_iterator(root, ec)) {
+        if (!entry.path().filename().string().starts_with("python")) continue;
+        for (const char* site : {"site-packages", "dist-packages"}) {
+          add(entry.path() / site / "attnprof" / ATTNPROF_CUDA_PLUGIN_FILE);
+        }
+      }
+    }
+  }
+#endif
   return out;
 }
 
@@ -114,7 +133,7 @@ Loaded load() {
     }
     where = p.string();
     handle = ::dlopen(where.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) return {nullptr, prefix + "cannot load the CUDA plugin " + where + ": " + dl_error() + hint};
+    if (!handle) return {.why = prefix + "cannot load the CUDA plugin " + where + ": " + dl_error() + hint};
     break;
   }
   if (!handle) {
@@ -123,23 +142,23 @@ Loaded load() {
     where = ATTNPROF_CUDA_PLUGIN_FILE;
     handle = ::dlopen(where.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
-      return {nullptr, prefix + "cannot load the CUDA plugin (looked in " + looked +
-                           "then the library search path): " + dl_error() + hint};
+      return {.why = prefix + "cannot load the CUDA plugin (looked in " + looked +
+                     "then the library search path): " + dl_error() + hint};
     }
   }
   using Entry = const Plugin* (*)();
   const auto entry = reinterpret_cast<Entry>(::dlsym(handle, kPluginEntry));
-  if (!entry) return {nullptr, prefix + where + " is not attnprof's CUDA plugin: " + dl_error()};
+  if (!entry) return {.why = prefix + where + " is not attnprof's CUDA plugin: " + dl_error()};
   const Plugin* plugin = entry();
   if (plugin == nullptr || plugin->abi != kPluginAbi || plugin->size != sizeof(Plugin)) {
-    return {nullptr, prefix + where + " is from another attnprof build (plugin interface " +
-                         (plugin ? std::to_string(plugin->abi) : std::string("?")) + ", this program's " +
-                         std::to_string(kPluginAbi) + "): reinstall attnprof"};
+    return {.why = prefix + where + " is from another attnprof build (plugin interface " +
+                   (plugin ? std::to_string(plugin->abi) : std::string("?")) + ", this program's " +
+                   std::to_string(kPluginAbi) + "): reinstall attnprof"};
   }
-  return {plugin, {}};  // never unloaded: its objects live until exit
+  return {.plugin = plugin, .where = where};  // never unloaded: its objects live until exit
 }
 #else
-Loaded load() { return {nullptr, "this build has no CUDA support: use device=cpu, or rebuild with a CUDA toolkit"}; }
+Loaded load() { return {.why = "this build has no CUDA support: use device=cpu, or rebuild with a CUDA toolkit"}; }
 #endif
 
 const Loaded& loaded() {
@@ -193,6 +212,16 @@ BackendMap& cuda_backends() {
 }
 
 }  // namespace
+
+std::string cuda_build() {
+#ifdef ATTNPROF_WITH_CUDA
+  const cuda::Loaded& l = cuda::loaded();
+  if (!l.plugin) return std::string("CUDA backends built for sm ") + ATTNPROF_CUDA_ARCHS + ", but " + l.why;
+  return std::string("CUDA backends for sm ") + ATTNPROF_CUDA_ARCHS + ", from " + l.where;
+#else
+  return "CPU only (built without a CUDA toolkit: no CUDA backends)";
+#endif
+}
 
 bool cuda_built() {
 #ifdef ATTNPROF_WITH_CUDA

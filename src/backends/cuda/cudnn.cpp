@@ -206,7 +206,12 @@ class Cudnn final : public Backend {
   // Soft caps, packed batches and FP8: eligibility() says which of them
   // cuDNN builds (no soft cap on a packed batch; FP8 forward only, dense).
   Traits traits() const override {
-    return {.backward_recomputes = true, .backward_dq_unordered = true, .softcap = true, .varlen = true, .fp8 = true};
+    return {.backward_recomputes = true,
+            .backward_dq_unordered = true,
+            .softcap = true,
+            .rows = true,  // a paged cache's key ends only (bind() refuses the rest)
+            .varlen = true,
+            .fp8 = true};
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
@@ -380,7 +385,7 @@ class Cudnn final : public Backend {
     for (std::size_t i = 0; i < kTensors; ++i) user[i] = t[i] != nullptr ? t[i]->data() : nullptr;
     if (e.seq_q.defined()) {
       user[slot(kSeqQ)] = e.seq_q.data();
-      user[slot(kSeqKV)] = e.seq_kv.data();
+      if (user[slot(kSeqKV)] == nullptr) user[slot(kSeqKV)] = e.seq_kv.data();  // no caller's counts
     }
     if (e.plan == nullptr) {
       set_stream(ctx.stream);

@@ -220,6 +220,7 @@ class FusedBackend : public Backend {
     if (p.kv_cache == KvCache::Paged) {
       f.page_size = static_cast<int>(p.page_size);
       f.pages_per_seq = static_cast<int>(p.pages_per_seq());
+      f.num_pages = static_cast<int>(std::min<std::int64_t>(p.batch * p.pages_per_seq(), INT32_MAX));  // make_inputs'
     }
     f.mask = p.mask;
     f.softcap = static_cast<float>(p.softcap);
@@ -327,7 +328,15 @@ class FusedBackend : public Backend {
              std::string(name_) + " needs a contiguous block table; got " + in.block_table.describe());
       }
       f.block_table = in.block_table.data_as<std::int32_t>();
+      if (in.k_pages.size(0) > INT32_MAX) {
+        fail(ErrorKind::Unsupported, std::string(name_) + " indexes at most 2^31 - 1 pages; the cache has " +
+                                         std::to_string(in.k_pages.size(0)));
+      }
+      f.num_pages = static_cast<int>(in.k_pages.size(0));
     }
+    // Where the kernels report a per-sequence count or a page they had to
+    // clamp (read by take_input_errors()); made once per device.
+    if (f.kv_rows != nullptr || f.block_table != nullptr) f.input_errors = device_input_errors();
     // FP8: the descales, and V^T's buffer (released to the stream-ordered
     // cache when this call returns).
     std::optional<Storage> v_t;
@@ -375,18 +384,23 @@ class FusedBackend : public Backend {
       f.cu_seqlens_k = cu.cu_k;
       f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
     }
-    f.q_rows = device_rows(in.q_rows, "q_rows", p);
-    f.kv_rows = device_rows(in.kv_rows, "kv_rows", p);
+    f.q_rows = device_rows(in.q_rows, "q_rows", p, /*ends_only=*/false);
+    f.kv_rows = device_rows(in.kv_rows, "kv_rows", p, /*ends_only=*/true);
+    if (f.kv_rows != nullptr) f.kv_rows_width = static_cast<int>(in.kv_rows.size(3));
   }
 
   // A dense batch's rows (Inputs::q_rows or kv_rows) as the kernels read
-  // them, int32 (begin, end) pairs; null when not given.
-  const std::int32_t* device_rows(const Tensor& rows, const char* what, const Problem& p) const {
+  // them, int32 (begin, end) pairs, or for kv_rows also key ends alone
+  // ([1, 1, B, 1], a paged call's seq_lens: begin 0); null when not given.
+  const std::int32_t* device_rows(const Tensor& rows, const char* what, const Problem& p, bool ends_only) const {
     if (!rows.defined()) return nullptr;
-    if (rows.dtype() != DType::I32 || rows.device() != Device::Cuda || rows.sizes() != Dims{1, 1, p.batch, 2} ||
-        rows.stride(3) != 1 || rows.stride(2) != 2) {
+    const std::int64_t width = rows.size(3);
+    if (rows.dtype() != DType::I32 || rows.device() != Device::Cuda || rows.size(0) != 1 || rows.size(1) != 1 ||
+        rows.size(2) != p.batch || !(width == 2 || (ends_only && width == 1)) ||
+        (width > 1 && rows.stride(3) != 1) || (p.batch > 1 && rows.stride(2) != width)) {
       fail(ErrorKind::InvalidArgument, std::string(name_) + ": " + what + " must be contiguous int32 [1, 1, " +
-                                           std::to_string(p.batch) + ", 2] on the GPU; got " + rows.describe());
+                                           std::to_string(p.batch) + (ends_only ? ", 2 or 1]" : ", 2]") +
+                                           " on the GPU; got " + rows.describe());
     }
     return rows.data_as<std::int32_t>();
   }

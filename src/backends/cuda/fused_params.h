@@ -47,6 +47,10 @@ inline constexpr int kFlashDecodeRows = 16;
 inline constexpr int kFlashDecodeKeys = 64;
 inline constexpr int kFlashDecodeMaxSplits = 64;
 
+// The bits of the device's input-error word (FusedParams::input_errors).
+inline constexpr unsigned kInputBadKeyCount = 1u;  // a sequence's key rows (kv_rows) outside 0 .. the keys
+inline constexpr unsigned kInputBadPage = 2u;      // a block table entry outside the cache's pages
+
 constexpr bool fused_head_dim_built(int head_dim) {
   return std::find(kFusedHeadDims.begin(), kFusedHeadDims.end(), head_dim) != kFusedHeadDims.end();
 }
@@ -89,6 +93,14 @@ struct FusedParams {
   // j % page_size. page_size is a power of two; 0: a contiguous cache.
   const std::int32_t* block_table = nullptr;
   int page_size = 0, pages_per_seq = 0;
+  // The cache's physical pages: a table entry outside [0, num_pages) is read
+  // as a page of masked keys (none of its rows is loaded), whatever the table
+  // holds, since it is read only on the device (attnprof/check_inputs.h).
+  int num_pages = 0;
+  // The device's input-error word (device_input_errors()), or null: a kernel
+  // that clamps a per-sequence length or masks a bad page ORs in
+  // kInputBadKeyCount or kInputBadPage.
+  unsigned* input_errors = nullptr;
   // The decode kernel's FP32 workspace when it splits the keys
   // (flash_decode_plan(...).workspace_bytes), else unused.
   float* workspace = nullptr;
@@ -112,6 +124,7 @@ struct FusedParams {
   int total_q = 0, total_k = 0;
   const std::int32_t* q_rows = nullptr;
   const std::int32_t* kv_rows = nullptr;
+  int kv_rows_width = 2;  // 2: kv_rows holds (begin, end) pairs; 1: key ends alone (begin 0, a paged call's seq_lens)
   // Soft-capping (Problem::softcap): scaled scores s become tanh(s / softcap)
   // softcap before the mask; 0: none.
   float softcap = 0.f;

@@ -173,6 +173,7 @@ class CudaRuntime final : public DeviceRuntime {
   // Same sizes and strides on the host (a strided view when the device tensor
   // was one); element access through Tensor::get works either way.
   Tensor download(const Tensor& t) override { return download_on(t, stream_); }
+  Tensor download(const Tensor& t, void* stream) override { return download_on(t, static_cast<cudaStream_t>(stream)); }
 
   void poison(Tensor& t) override {
     if (!t.defined()) return;

@@ -1,4 +1,4 @@
-// Device-side sequence lengths (sequence_lengths.h).
+// Device-side sequence lengths and the input-error word (sequence_lengths.h).
 #include "backends/cuda/sequence_lengths.h"
 
 #include <map>
@@ -65,6 +65,31 @@ PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream) {
 
 std::optional<std::vector<RowSpan>> lowered_key_padding(const Tensor& mask, cudaStream_t stream) {
   return key_padding_rows(download_on(mask, stream));
+}
+
+unsigned* device_input_errors() {
+  static std::mutex mutex;
+  static auto& words = *new std::map<int, unsigned*>;  // never destroyed: see the header
+  int device = 0;
+  ATTNPROF_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard lock(mutex);
+  unsigned*& word = words[device];
+  if (word == nullptr) {
+    void* memory = nullptr;
+    ATTNPROF_CUDA_CHECK(cudaMalloc(&memory, sizeof(unsigned)));
+    ATTNPROF_CUDA_CHECK(cudaMemset(memory, 0, sizeof(unsigned)));
+    word = static_cast<unsigned*>(memory);
+  }
+  return word;
+}
+
+unsigned take_input_errors(cudaStream_t stream) {
+  unsigned* word = device_input_errors();
+  unsigned bits = 0;
+  ATTNPROF_CUDA_CHECK(cudaMemcpyAsync(&bits, word, sizeof bits, cudaMemcpyDeviceToHost, stream));
+  ATTNPROF_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(unsigned), stream));
+  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return bits;
 }
 
 }  // namespace attnprof::cuda

@@ -74,4 +74,16 @@ PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream);
 // graph, cudnn_inputs.cpp); flash reads no mask tensor, and takes rows.
 std::optional<std::vector<RowSpan>> lowered_key_padding(const Tensor& mask, cudaStream_t stream);
 
+// This device's input-error word (FusedParams::input_errors): kernels that
+// read per-sequence counts or a block table on the device clamp what is out
+// of range and OR in kInputBadKeyCount or kInputBadPage. Allocated and zeroed
+// on the device's first ask (a synchronous cudaMalloc and cudaMemset, once
+// per process); never freed, since a queued kernel may still write it.
+unsigned* device_input_errors();
+
+// The current device's input-error bits, read in `stream`'s order (what was
+// queued on it before has reported) and waited for, then cleared: for tests
+// and for the checking mode's callers, never on a call's default path.
+unsigned take_input_errors(cudaStream_t stream);
+
 }  // namespace attnprof::cuda

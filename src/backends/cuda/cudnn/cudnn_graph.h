@@ -226,8 +226,8 @@ inline Layout default_layout(const Problem& p, GraphKind kind) {
   return l;
 }
 
-// A paged graph's padding-mask lengths are the graph's own (Entry), never
-// bound by a call, so they are not part of its layout. A packed batch's
+// A paged graph's padding-mask lengths are the graph's own (Entry) unless the
+// call binds its seq_lens (Inputs::kv_rows as key ends: then in the layout, as bound). A packed batch's
 // tensors are described in the ragged layout.
 inline Layout layout_of(const Problem& p, const Bound& bound) {
   Layout l;

@@ -38,6 +38,17 @@ Bound bind(const Problem& p, const Inputs& in, const Tensor& out) {
     t[slot(kK)] = &in.k_pages;
     t[slot(kV)] = &in.v_pages;
     t[slot(kPageK)] = t[slot(kPageV)] = &in.block_table;
+    // A caller's per-sequence key ends (seq_lens, kv_rows [1, 1, B, 1]),
+    // read by the graph on the device in stream order; without them the
+    // graph's own (every kv_seq).
+    if (in.kv_rows.defined()) {
+      if (in.kv_rows.size(3) != 1) {
+        fail(ErrorKind::Unsupported, "cudnn reads a paged cache's key ends (seq_lens) only, not (begin, end) rows");
+      }
+      t[slot(kSeqKV)] = &in.kv_rows;
+    }
+  } else if (in.kv_rows.defined()) {
+    fail(ErrorKind::Unsupported, "cudnn reads per-sequence keys (kv_rows) only as a paged KV cache's seq_lens");
   }
   return t;
 }

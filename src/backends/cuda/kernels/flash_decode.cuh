@@ -18,6 +18,16 @@
 //     or, kPaged, from pages found through the block table, row by row.
 // Masks are runtime (a memory-bound kernel has the instructions to spare):
 // none, causal (either alignment through diag_offset) and sliding window.
+//
+// Per-sequence key rows (a.kv_spans, a paged call's seq_lens) are read here,
+// on the device, in the caller's stream order: the host never sees them. So
+// that no entry can make the kernel read outside the cache or the table, a
+// count is clamped to 0 .. seq_k (the table's capacity) and a table entry
+// outside the cache's pages masks that page's keys (nothing of it is loaded);
+// either sets a bit of the device's input-error word. The splits are planned
+// on seq_k, the longest; each CTA cuts its own sequence's tiles, so a short
+// sequence's later splits are empty (a zero partial at LSE -inf, which the
+// combine weighs 0).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,6 +56,8 @@ struct DecodeArgs {
   // block_table[b * pages_per_seq + (j >> page_shift)], row j & (page_size - 1).
   const std::int32_t* block_table;
   int pages_per_seq, page_shift;
+  int num_pages;           // kPaged: entries outside [0, num_pages) mask their keys
+  unsigned* input_errors;  // or null: where a clamped count or a bad page is reported
   // num_splits > 1: each split's normalised O, [num_splits][B * H * seq_q][D],
   // and log-sum-exp, [num_splits][B * H * seq_q] (-inf: the split saw no key).
   float* o_partial;
@@ -64,6 +76,8 @@ struct DecodeArgs {
         .block_table = p.block_table,
         .pages_per_seq = p.pages_per_seq,
         .page_shift = p.page_size > 0 ? std::countr_zero(static_cast<unsigned>(p.page_size)) : 0,
+        .num_pages = p.num_pages,
+        .input_errors = p.input_errors,
         .o_partial = p.workspace,
         .lse_partial = p.workspace != nullptr ? p.workspace + splits * rows_all * p.head_dim : nullptr,
     };
@@ -95,6 +109,36 @@ struct DecodeCfg {
   static constexpr int kSmemBytes = QTile::kBytes + (kStagesBytes > kMergeBytes ? kStagesBytes : kMergeBytes);
 };
 
+// Sequence b's arguments: its key rows (FwdArgs::kv_spans: (begin, end)
+// pairs, or ends alone) read on the device and clamped to 0 .. seq_k
+// (reported when they had to be), its keys numbered from its first row, and
+// its bottom-right diagonal. A contiguous cache's K and V are offset to that
+// row; a paged cache's table is read at key0 + key.
+template <bool kPaged>
+__device__ __forceinline__ FwdArgs decode_sequence(const DecodeArgs& d, int b, bool report, int& key0) {
+  FwdArgs a = d.a;
+  key0 = 0;
+  if (a.kv_spans == nullptr) return a;
+  const int* span = a.kv_spans + a.kv_span_width * b;
+  int k0 = 0, k1 = 0;
+  FwdArgs::clamp_span(span, a.kv_span_width, a.seq_k, k0, k1);
+  const bool clamped = k1 != span[a.kv_span_width - 1] || (a.kv_span_width == 2 && k0 != span[0]);
+  if (clamped && report && d.input_errors != nullptr) atomicOr(d.input_errors, kInputBadKeyCount);
+  a.seq_k = k1 - k0;
+  key0 = k0;
+  if constexpr (!kPaged) {
+    a.k += k0 * a.k_row_stride;
+    a.v += k0 * a.v_row_stride;
+  }
+  if (a.bottom_right) a.diag_offset = geometry::bottom_right_offset(a.seq_q, a.seq_k);
+  return a;
+}
+
+// Whether a block table entry names one of the cache's pages.
+__device__ __forceinline__ bool page_in_cache(const DecodeArgs& d, std::int64_t page) {
+  return page >= 0 && page < d.num_pages;
+}
+
 // Visible key interval (lo, hi) of query qi: lo < j < hi.
 __device__ __forceinline__ void visible_keys(const FwdArgs& a, MaskMode mask, int qi, int& lo, int& hi) {
   hi = a.seq_k;
@@ -109,7 +153,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
   constexpr int kChunksPerRow = kD / 8;
   using QTile = typename Cfg::QTile;
   using KVTile = typename Cfg::KVTile;
-  const FwdArgs& a = d.a;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   std::uint16_t* const q_smem = reinterpret_cast<std::uint16_t*>(smem_raw);
   unsigned char* const stages = smem_raw + QTile::kBytes;
@@ -118,6 +161,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int split = blockIdx.x, batch = blockIdx.z;
+  // One CTA of the sequence reports a clamped count.
+  int key0 = 0;  // the sequence's first key row (kv_rows' begin)
+  const FwdArgs a = decode_sequence<kPaged>(d, batch, tid == 0 && blockIdx.x == 0 && blockIdx.y == 0, key0);
   const int kv_head = blockIdx.y / d.row_blocks;
   const int r0 = (blockIdx.y % d.row_blocks) * Cfg::kRows;
   const int rows_total = a.seq_q * a.group;
@@ -156,14 +202,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
 #pragma unroll
     for (int i = 0; i < kBN / kRowsPerPass; ++i) {
       const int r = load_row + i * kRowsPerPass, key = t * kBN + r;
-      const bool valid = key < a.seq_k;
+      bool valid = key < a.seq_k;
       std::int64_t k_off = 0, v_off = 0;
       if (valid) {
         if constexpr (kPaged) {
-          const std::int64_t page = d.block_table[batch * d.pages_per_seq + (key >> d.page_shift)];
-          const int in_page = key & ((1 << d.page_shift) - 1);
-          k_off = page * a.k_batch_stride + k_head + in_page * a.k_row_stride;
-          v_off = page * a.v_batch_stride + v_head + in_page * a.v_row_stride;
+          // key0 + key < the clamped end <= pages_per_seq x page_size: inside the table's row.
+          const int row = key0 + key;
+          const std::int64_t page = d.block_table[batch * d.pages_per_seq + (row >> d.page_shift)];
+          const int in_page = row & ((1 << d.page_shift) - 1);
+          if (page_in_cache(d, page)) {
+            k_off = page * a.k_batch_stride + k_head + in_page * a.k_row_stride;
+            v_off = page * a.v_batch_stride + v_head + in_page * a.v_row_stride;
+          } else {
+            valid = false;  // zeros, never read; its scores are masked below
+            if (d.input_errors != nullptr) atomicOr(d.input_errors, kInputBadPage);
+          }
         } else {
           k_off = batch * a.k_batch_stride + k_head + key * a.k_row_stride;
           v_off = batch * a.v_batch_stride + v_head + key * a.v_row_stride;
@@ -205,15 +258,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
     gemm_qk_smem<Element, QTile, KVTile, 1, 2, Cfg::kKSteps>(s, q_smem, 0, k_smem(stage) + KVTile::offset(warp_key0, 0),
                                                              lane);
     const int n0 = t * kBN + warp_key0;
-    if (n0 < clean_lo || n0 + Cfg::kKeysPerWarp > clean_hi) {
+    // kPaged: the warp's 16 keys whose page is not in the cache, a bit each
+    // (lane l < 16 looks up key n0 + l; the table row is in L1 after the loads).
+    unsigned bad_keys = 0;
+    if constexpr (kPaged) {
+      const int key = n0 + (lane & 15);
+      const bool bad = key < a.seq_k &&
+                       !page_in_cache(d, d.block_table[batch * d.pages_per_seq + ((key0 + key) >> d.page_shift)]);
+      bad_keys = __ballot_sync(0xffffffffu, bad) & 0xffffu;
+    }
+    if (bad_keys != 0 || n0 < clean_lo || n0 + Cfg::kKeysPerWarp > clean_hi) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int key = n0 + nt * 8 + 2 * (lane % 4) + e;
-            if (key >= row_hi[h] || key <= row_lo[h]) s[0][nt][2 * h + e] = -INFINITY;
+            const int col = nt * 8 + 2 * (lane % 4) + e, key = n0 + col;
+            if (key >= row_hi[h] || key <= row_lo[h] || ((bad_keys >> col) & 1u)) s[0][nt][2 * h + e] = -INFINITY;
           }
         }
       }

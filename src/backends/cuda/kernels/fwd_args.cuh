@@ -73,6 +73,7 @@ struct FwdArgs {
   const int* cu_seqlens_k;
   const int* q_spans;
   const int* kv_spans;
+  int kv_span_width;  // FusedParams::kv_rows_width: 2 (begin, end) pairs, 1 ends alone
   std::int64_t lse_batch_stride, lse_head_stride;  // the LSE's layout ([B, H, seq_q], or packed [1, H, total_q])
   // Soft-capping: scores become tanh(s softcap_in) before the mask, and
   // scale_log2 is then softcap * log2(e) (tanh(s scale / c) c in log2
@@ -101,8 +102,8 @@ struct FwdArgs {
       q0 = cu_seqlens_q[b], q1 = cu_seqlens_q[b + 1];
       k0 = cu_seqlens_k[b], k1 = cu_seqlens_k[b + 1];
     } else {
-      if (q_spans != nullptr) clamp_span(q_spans + 2 * b, q_rows, q0, q1);
-      if (kv_spans != nullptr) clamp_span(kv_spans + 2 * b, k_rows, k0, k1);
+      if (q_spans != nullptr) clamp_span(q_spans + 2 * b, 2, q_rows, q0, q1);
+      if (kv_spans != nullptr) clamp_span(kv_spans + kv_span_width * b, kv_span_width, k_rows, k0, k1);
     }
     s.seq_q = q1 - q0;
     s.seq_k = k1 - k0;
@@ -116,10 +117,11 @@ struct FwdArgs {
     if (bottom_right) s.diag_offset = geometry::bottom_right_offset(s.seq_q, s.seq_k);
     return s;
   }
-  // A (begin, end) pair of a dense batch's rows, clamped into 0 <= begin <= end <= rows.
-  __device__ __forceinline__ static void clamp_span(const int* span, int rows, int& begin, int& end) {
-    begin = min(max(span[0], 0), rows);
-    end = min(max(span[1], begin), rows);
+  // A (begin, end) pair of a dense batch's rows (width 2), or an end alone
+  // (width 1: begin 0), clamped into 0 <= begin <= end <= rows.
+  __device__ __forceinline__ static void clamp_span(const int* span, int width, int rows, int& begin, int& end) {
+    begin = width == 2 ? min(max(span[0], 0), rows) : 0;
+    end = min(max(span[width - 1], begin), rows);
   }
   // Whether row `row` of this sequence's tensors (Q and O: its query rows;
   // K and V: its keys) lies outside the sequence, which a dense batch's rows
@@ -164,6 +166,7 @@ struct FwdArgs {
         .cu_seqlens_k = p.cu_seqlens_k,
         .q_spans = p.q_rows,
         .kv_spans = p.kv_rows,
+        .kv_span_width = p.kv_rows_width,
         .lse_batch_stride = packed ? 0 : static_cast<std::int64_t>(p.heads) * p.seq_q,
         .lse_head_stride = packed ? p.total_q : p.seq_q,
         .softcap_in = p.softcap > 0.f ? p.scale / p.softcap : 0.f,

@@ -68,8 +68,13 @@ int choose_splits(int ctas, int slots, int key_tiles) {
 }  // namespace
 
 bool flash_decode_takes(const FusedParams& p) {
-  // Sequences of their own lengths and soft caps run on the sm90 prefill kernels.
-  if (p.per_sequence() || p.total_q > 0 || p.mask == MaskKind::Boolean || p.softcap > 0.f) return false;
+  // Packed batches, soft caps and a dense batch's query rows run on the sm90
+  // prefill kernels; per-sequence key rows (kv_rows) are read here, on the
+  // device.
+  if (p.cu_seqlens_q != nullptr || p.total_q > 0 || p.mask == MaskKind::Boolean || p.softcap > 0.f ||
+      p.q_rows != nullptr) {
+    return false;
+  }
   return flash_decode_head_dim(p.head_dim) && (p.page_size > 0 || p.seq_q <= kFlashDecodeMaxQueries);
 }
 
@@ -86,6 +91,9 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   const std::int64_t ctas = static_cast<std::int64_t>(p.batch) * p.kv_heads * plan.row_blocks;
   // The keys some query sees (a causal or windowed row sees fewer than seq_k):
   // splitting past them would only add empty ranges for the combine to read.
+  // With per-sequence counts, seq_k is the longest a sequence may have (the
+  // host does not read the counts): the splits are sized for it, and each
+  // sequence cuts its own keys into as many (flash_decode.cuh).
   const geometry::Span<int> keys =
       geometry::keys_of_rows(geometry::band_of(p.mask, p.window, p.seq_q, p.seq_k), 0, p.seq_q, p.seq_k);
   const int key_tiles = (keys.size() + kFlashDecodeKeys - 1) / kFlashDecodeKeys;

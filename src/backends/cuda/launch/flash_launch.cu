@@ -71,6 +71,7 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (p.page_size > 0) {
     if (!flash) return say("the efficient kernel reads no paged KV cache");
     if (p.block_table == nullptr) return say("a paged KV cache needs its block table");
+    if (p.num_pages < 1) return say("a paged KV cache needs its page count (num_pages, at least 1)");
     if (!flash_decode_head_dim(p.head_dim)) {
       std::string built;
       for (const int d : kFlashDecodeHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
@@ -108,7 +109,9 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
                  " is read by flash's sm90 kernels only: an sm90 GPU with sm_90a code in this build, head_dim 64, "
                  "96, 128, 192 or 256");
     }
-    if (p.page_size > 0) return say(std::string(what) + " does not combine with a paged KV cache on CUDA");
+    if (p.page_size > 0 && (p.cu_seqlens_q != nullptr || p.softcap > 0.f)) {
+      return say(std::string(what) + " does not combine with a paged KV cache on CUDA");
+    }
     if (p.cu_seqlens_q != nullptr && (p.cu_seqlens_k == nullptr || p.total_q < 1 || p.total_k < 1)) {
       return say("a packed batch needs both cumulative lengths and its packed rows");
     }
