@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "attnprof/backend.h"
+#include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
@@ -329,6 +330,44 @@ TEST(FlashRowsMore, WhatItDoesNotTakeIsRefusedInOneLine) {
   EXPECT_FALSE(el.eligible);
   EXPECT_NE(el.reason.find("kv_rows"), std::string::npos) << el.reason;
   EXPECT_EQ(el.reason.find('\n'), std::string::npos) << el.reason;
+}
+
+// The checking mode reads the rows in the stream's order and refuses a bad
+// entry in one line naming it, as the CPU does; without it the same rows run,
+// clamped on the device (FlashRows' empty_and_out_of_range cases).
+TEST(FlashRowsMore, CheckingModeRefusesABadEntryInOneLine) {
+  REQUIRE_GPU();
+  const Case c{.name = "checked",
+               .mask = MaskKind::Causal,
+               .seq = 200,
+               .kv_seq = 230,
+               .heads = 2,
+               .kv_heads = 2,
+               .head_dim = 32,
+               .q = {{0, 200}, {0, 200}, {0, 200}},
+               .kv = {{0, 230}, {5, 100}, {-1, 1 << 30}}};
+  const Problem p = problem_of(c, Pass::Forward);
+  Inputs in = make_inputs(p, 11, cpu_allocator());
+  in.q_rows = rows_tensor(c.q);
+  in.kv_rows = rows_tensor(c.kv);
+  Backend& flash = *find_backend("flash", Device::Cuda);
+  const auto refusal = [&](const Inputs& bad) -> std::string {
+    const CheckingInputs on(true);
+    try {
+      testing::run_once(flash, p, bad, {});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(taken)";
+  };
+  const std::string kv = refusal(in);
+  EXPECT_NE(kv.find("kv_rows[2] = (-1, 1073741824) is outside 0 .. 230"), std::string::npos) << kv;
+  EXPECT_EQ(kv.find('\n'), std::string::npos) << kv;
+  in.kv_rows = {};
+  in.q_rows = rows_tensor({{0, 200}, {150, 20}, {0, 200}});
+  const std::string q = refusal(in);
+  EXPECT_NE(q.find("q_rows[1] = (150, 20)"), std::string::npos) << q;
+  EXPECT_EQ(q.find('\n'), std::string::npos) << q;
 }
 
 // explain says what flash does with a call's rows (the problem alone does not have them).

@@ -16,13 +16,16 @@
 #include <string_view>
 
 #include "attnprof/aliasing.h"
+#include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "backends/cuda/arch_check.h"
 #include "backends/cuda/launch/fused_kernels.h"
+#include "backends/cuda/runtime.h"
 #include "backends/cuda/sequence_lengths.h"
 #include "core/cuda_check.h"
 #include "core/mask_geometry.h"
+#include "core/rows.h"
 
 namespace attnprof::cuda {
 
@@ -387,6 +390,18 @@ class FusedBackend : public Backend {
     f.q_rows = device_rows(in.q_rows, "q_rows", p, /*ends_only=*/false);
     f.kv_rows = device_rows(in.kv_rows, "kv_rows", p, /*ends_only=*/true);
     if (f.kv_rows != nullptr) f.kv_rows_width = static_cast<int>(in.kv_rows.size(3));
+    // The checking mode (attnprof/check_inputs.h): the (begin, end) pairs
+    // read in the caller's stream order (a wait) and checked as the CPU
+    // checks them (core/rows.h), a bad entry refused in one line naming it.
+    // (A paged call's key ends are checked by its binding.)
+    const bool pairs = f.q_rows != nullptr || (f.kv_rows != nullptr && f.kv_rows_width == 2);
+    if (pairs && checking_inputs()) {
+      const auto stream = static_cast<cudaStream_t>(ctx.stream);
+      Inputs host;
+      if (f.q_rows != nullptr) host.q_rows = download_on(in.q_rows, stream);
+      if (f.kv_rows != nullptr && f.kv_rows_width == 2) host.kv_rows = download_on(in.kv_rows, stream);
+      sequence_rows(p, host);
+    }
   }
 
   // A dense batch's rows (Inputs::q_rows or kv_rows) as the kernels read
