@@ -2,7 +2,10 @@
 // a visit of every element of a 4-d tensor, and a host tensor filled with NaN.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -71,6 +74,21 @@ inline std::string refusal(const Problem& p) {
   } catch (const Error& e) {
     return e.what();
   }
+  return {};
+}
+
+// What `work` throws: an Error(InvalidArgument) of one line (the test fails
+// otherwise, and when nothing is thrown), its text to match.
+inline std::string invalid_argument_line(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    return what;
+  }
+  ADD_FAILURE() << "not refused";
   return {};
 }
 

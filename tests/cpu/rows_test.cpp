@@ -195,18 +195,7 @@ INSTANTIATE_TEST_SUITE_P(Levels, FlashRows, ::testing::ValuesIn(cpu::kAllCpuIsas
 
 // ---- bad rows ----------------------------------------------------------------
 
-std::string refusal(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
-    const std::string what = e.what();
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-    return what;
-  }
-  ADD_FAILURE() << "not refused";
-  return {};
-}
+std::string refusal(const std::function<void()>& f) { return testing::invalid_argument_line(f); }
 
 TEST(Rows, BadRowsAreRefusedInOneLineNamingThem) {
   testing::Shape s{.batch = 2, .heads = 2, .seq = 16, .kv_seq = 24, .head_dim = 32};
