@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 
+#include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
 #include "attnprof/occupancy.h"
 #include "attnprof/runner.h"
@@ -107,9 +108,11 @@ std::string dl_error() {
 
 Loaded load() {
   // Host functions the plugin calls that a program may not otherwise pull in
-  // from the static layers (the collector's occupancy): taken here, so every
+  // from the static layers (the collector's occupancy, the checking mode of
+  // FusedBackend and the decode path): taken here, so every
   // program that can load the plugin links and exports them.
-  static const void* volatile needs[] = {reinterpret_cast<const void*>(&theoretical_occupancy)};
+  static const void* volatile needs[] = {reinterpret_cast<const void*>(&theoretical_occupancy),
+                                         reinterpret_cast<const void*>(&checking_inputs)};
   (void)needs;
   const fs::path object = this_shared_object();
   // The plugin's references to the CPU layers resolve against the global
