@@ -43,6 +43,10 @@ struct Inputs {
   // padded batch's are after FlashAttention's unpad -> varlen -> pad. A
   // sequence is then the problem of its own rows (geometry::SequenceRows).
   Tensor q_rows;
+  // A packed batch whose lengths are on the device (Problem::lengths_on_device):
+  // the caller's cumulative lengths, int32 [1, 1, 1, batch + 1] each, read only
+  // by the kernels (which clamp them into the packed rows); else undefined.
+  Tensor cu_seqlens_q, cu_seqlens_k;
   // FP8 problems (dtype F8E4M3): each of q, k and v's per-tensor descale,
   // the factor its stored e4m3 values are multiplied by to give the real
   // ones (FlashAttention-3's q_descale ..., cuDNN's descale_q ...); finite
@@ -120,6 +124,10 @@ struct Traits {
   // Takes a packed (variable-length) batch (Problem::seq_lens); the others are
   // refused by name in eligibility_of(), as for the soft cap.
   bool varlen = false;
+  // Takes a packed batch whose lengths only its kernels read
+  // (Problem::lengths_on_device, Inputs::cu_seqlens_q and _k); the call reads
+  // the lengths on the host, in the caller's stream order, for the others.
+  bool device_lengths = false;
   // Takes FP8 inputs (dtype F8E4M3, with Inputs' descales); the others are
   // refused by name in eligibility_of(), as for the soft cap.
   bool fp8 = false;

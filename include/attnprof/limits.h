@@ -27,9 +27,14 @@
 // (Problem::validate), still applies on top of these.
 #pragma once
 
+#include <cstdint>
+
 #include "attnprof/dtype.h"
 
 namespace attnprof::limits {
+
+// The most rows a sequence may have (seq, kv_seq, max_seqlen_q and _k).
+inline constexpr std::int64_t kMaxSeq = std::int64_t{1} << 22;
 
 inline constexpr double kSoftcapMin = 0x1p-60;  // about 8.7e-19
 inline constexpr double kSoftcapMax = 0x1p60;   // about 1.15e18

@@ -75,6 +75,18 @@ struct Problem {
   // only, contiguous K and V only. kv_seq_lens empty: the same as seq_lens.
   std::vector<std::int64_t> seq_lens;
   std::vector<std::int64_t> kv_seq_lens;
+  // A packed batch whose lengths the host never reads: seq_lens stays empty
+  // and Inputs::cu_seqlens_q and _k, the caller's device tensors, are read
+  // only by the kernels, in the caller's stream order (a GPU's flash; the
+  // others read the lengths on the host first, Traits::device_lengths).
+  // `batch` sequences lie end to end in packed_total_q query rows and
+  // packed_total_kv key rows, each of at most seq queries and kv_seq keys
+  // (max_seqlen_q and _k, or the totals when not given). The per-sequence
+  // counts (visible_pairs, flops, bytes, seq_len(b)) are then the padded
+  // batch's, upper bounds.
+  bool lengths_on_device = false;
+  std::int64_t packed_total_q = 0;
+  std::int64_t packed_total_kv = 0;
 
   // Pages per sequence, ceil(kv_seq / page_size) (0 for a contiguous cache).
   std::int64_t pages_per_seq() const { return page_size > 0 ? (kv_seq + page_size - 1) / page_size : 0; }
@@ -89,10 +101,13 @@ struct Problem {
   void validate() const;
   void validate_kv_cache() const;  // the kv_cache and page_size part of validate()
   void validate_varlen() const;    // the seq_lens and kv_seq_lens part of validate()
+  void validate_host_lengths() const;
+  void validate_device_lengths() const;
 
   // ---- Packed (variable-length) batches; dense problems answer as one ----
-  bool varlen() const { return !seq_lens.empty(); }
-  // Queries and keys of sequence b: seq_lens[b] and kv_seq_lens[b], or seq and kv_seq.
+  bool varlen() const { return !seq_lens.empty() || lengths_on_device; }
+  // Queries and keys of sequence b: seq_lens[b] and kv_seq_lens[b], or seq and
+  // kv_seq (also the bounds of a batch whose lengths are on the device).
   std::int64_t seq_len(std::int64_t b) const;
   std::int64_t kv_seq_len(std::int64_t b) const;
   // Query rows and key rows of the whole batch: the packed tensors' lengths
@@ -100,11 +115,13 @@ struct Problem {
   std::int64_t total_q() const;
   std::int64_t total_kv() const;
   // The cumulative lengths, batch + 1 entries from 0 (cu_seqlens_q, _k):
-  // sequence b's rows start at [b] in the packed tensor.
+  // sequence b's rows start at [b] in the packed tensor. Internal error when
+  // the lengths are on the device.
   std::vector<std::int64_t> cu_seqlens_q() const;
   std::vector<std::int64_t> cu_seqlens_k() const;
   // Sequence b alone as a dense problem (batch 1, its lengths as seq and
-  // kv_seq, everything else p's); the per-sequence loops run it.
+  // kv_seq, everything else p's); the per-sequence loops run it (never on a
+  // batch whose lengths are on the device: an internal error).
   Problem sequence(std::int64_t b) const;
   // The dense batch a padded call would run: batch sequences of seq and
   // kv_seq; p itself when dense.

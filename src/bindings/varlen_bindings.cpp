@@ -1,9 +1,10 @@
 // The calls whose shape lives in index arrays: a packed (variable-length)
 // batch, as flash_attn_varlen_func takes one (its bindings here), and a paged
 // KV cache's preparation (prepare() calls it for attention(block_table=)).
-// A packed batch's cumulative lengths are read back to the host (its problem
-// holds them); a paged cache's table and lengths only on the CPU and in the
-// checking mode (prepare_paged).
+// A packed batch's cumulative lengths stay on a GPU for flash, whose kernels
+// read them in the caller's stream order, and are read on the host (in that
+// order) for the others (prepare_varlen); a paged cache's table and lengths
+// only on the CPU and in the checking mode (prepare_paged).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -19,8 +20,10 @@
 #include "attnprof/check_inputs.h"
 #include "attnprof/device_runtime.h"
 #include "attnprof/error.h"
+#include "attnprof/limits.h"
 #include "attnprof/problem_spec.h"
 #include "attnprof/reference.h"
+#include "attnprof/runner.h"
 #include "bindings/bindings.h"
 
 namespace attnprof::python {
@@ -106,9 +109,9 @@ void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const
 
 namespace {
 
-// Per-sequence lengths from a caller's cu_seqlens: int32, 1-d, contiguous, on
-// q's device (read back to the host there), checked entry by entry.
-std::vector<std::int64_t> lengths_of(const char* name, const Array& cu, Device device, std::int64_t total) {
+// A caller's cumulative lengths as the view [1, 1, 1, batch + 1]: int32,
+// 1-d, contiguous, on q's device, at least 2 entries. Nothing is read.
+Tensor cu_seqlens_view(const char* name, const Array& cu, Device device) {
   const nb::dlpack::dtype t = cu.dtype;
   if (t.lanes != 1 || t.bits != 32 || t.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int)) {
     fail(ErrorKind::InvalidArgument,
@@ -122,10 +125,16 @@ std::vector<std::int64_t> lengths_of(const char* name, const Array& cu, Device d
     fail(ErrorKind::InvalidArgument, std::string(name) + " must be a contiguous 1-d array of batch + 1 offsets");
   }
   const auto n = static_cast<std::int64_t>(cu.size(0));
-  if (n == 0) return lengths_from_cu_seqlens(nullptr, 0, total, name);
-  Tensor view = Tensor::from_blob(const_cast<void*>(cu.data), {1, 1, 1, n}, {n, n, n, 1}, DType::I32, device);
-  const Tensor host = device == Device::Cpu ? view : device_runtime(device).download(view);
-  return lengths_from_cu_seqlens(host.data_as<const std::int32_t>(), static_cast<std::size_t>(n), total, name);
+  if (n < 2) (void)lengths_from_cu_seqlens(nullptr, static_cast<std::size_t>(n), 0, name);  // its one-line refusal
+  return Tensor::from_blob(const_cast<void*>(cu.data), {1, 1, 1, n}, {n, n, n, 1}, DType::I32, device);
+}
+
+// The per-sequence lengths, read on the host and checked entry by entry:
+// directly on the CPU, else in the caller's stream order (a wait).
+std::vector<std::int64_t> host_lengths(const char* name, const Tensor& cu, std::int64_t total, std::uintptr_t stream) {
+  const Tensor host =
+      cu.device() == Device::Cpu ? cu : device_runtime(cu.device()).download(cu, reinterpret_cast<void*>(stream));
+  return lengths_from_cu_seqlens(host.data_as<const std::int32_t>(), static_cast<std::size_t>(cu.numel()), total, name);
 }
 
 // What a packed call takes beyond its arrays (and the dense call's arguments).
@@ -134,6 +143,64 @@ struct Packed {
   const In& cu_k;
   std::optional<std::int64_t> max_q, max_k;
 };
+
+// max_seqlen_q or _k as given (None or 0: not given), within the sequence
+// limit; flash_attn_varlen_func's caller knows it without a read.
+std::optional<std::int64_t> given_max(const char* name, std::optional<std::int64_t> given) {
+  if (!given || *given == 0) return std::nullopt;
+  if (*given < 0 || *given > limits::kMaxSeq) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) + ": from 1 to the " +
+                                         std::to_string(limits::kMaxSeq) + " rows a sequence may have (or None)");
+  }
+  return given;
+}
+
+// max_seqlen_q and _k, as flash_attn_varlen_func takes them: at least every length.
+void check_maxima(const std::vector<std::int64_t>& lens_q, const std::vector<std::int64_t>& lens_k,
+                  std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k) {
+  for (const auto& [given, lens, name] :
+       {std::tuple{max_q, &lens_q, "max_seqlen_q"}, std::tuple{max_k, &lens_k, "max_seqlen_k"}}) {
+    if (!given) continue;
+    for (std::size_t b = 0; b < lens->size(); ++b) {
+      if ((*lens)[b] > *given) {
+        fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) +
+                                             ", smaller than sequence " + std::to_string(b) + "'s length " +
+                                             std::to_string((*lens)[b]));
+      }
+    }
+  }
+}
+
+// Where a packed call's lengths are read. On a GPU they stay there for the
+// backend whose kernels read them (Traits::device_lengths: flash), asked for
+// by name or picked by auto where it is eligible, which sizes its grid by
+// max_seqlen_q and _k (else the packed rows) and clamps each sequence's rows
+// on the device: no copy, no wait. Every other backend, and the CPU, reads
+// them on the host, in the caller's stream order; so does the checking mode
+// (attnprof/check_inputs.h), which refuses a bad entry by name first.
+bool lengths_stay_on_device(const Problem& on_device, const std::string& backend) {
+  if (on_device.device == Device::Cpu) return false;
+  if (backend != "auto") {
+    const Backend* b = find_backend(backend, on_device.device);
+    return b != nullptr && b->traits().device_lengths;
+  }
+  for (const std::string_view name : backend_names()) {
+    const Backend* b = find_backend(name, on_device.device);
+    if (b && b->traits().device_lengths && eligibility_of(*b, on_device).eligible) return true;
+  }
+  return false;
+}
+
+// The backend auto runs when the lengths stay on the device: the first that
+// reads them there and takes the problem.
+std::string device_lengths_backend(const Problem& on_device, const std::string& backend) {
+  if (backend != "auto") return backend;
+  for (const std::string_view name : backend_names()) {
+    const Backend* b = find_backend(name, on_device.device);
+    if (b && b->traits().device_lengths && eligibility_of(*b, on_device).eligible) return std::string(name);
+  }
+  return backend;
+}
 
 // One packed call: q [total_q, H, D], k and v [total_k, Hkv, D], out like q.
 Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& out_in, const Packed& packed,
@@ -154,37 +221,61 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
   for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
   for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
-  std::vector<std::int64_t> lens_q = lengths_of("cu_seqlens_q", array_of(packed.cu_q), device, in.q.size(2));
-  std::vector<std::int64_t> lens_k = lengths_of("cu_seqlens_k", array_of(packed.cu_k), device, in.k.size(2));
-  if (lens_q.size() != lens_k.size()) {
-    fail(ErrorKind::InvalidArgument, "cu_seqlens_q has " + std::to_string(lens_q.size() + 1) +
-                                         " entries but cu_seqlens_k has " + std::to_string(lens_k.size() + 1) +
+  const Tensor cu_q = cu_seqlens_view("cu_seqlens_q", array_of(packed.cu_q), device);
+  const Tensor cu_k = cu_seqlens_view("cu_seqlens_k", array_of(packed.cu_k), device);
+  // Host memory is checked entry by entry first (it costs no wait).
+  std::vector<std::int64_t> lens_q, lens_k;
+  if (device == Device::Cpu) {
+    lens_q = host_lengths("cu_seqlens_q", cu_q, in.q.size(2), a.stream);
+    lens_k = host_lengths("cu_seqlens_k", cu_k, in.k.size(2), a.stream);
+  }
+  if (cu_q.numel() != cu_k.numel()) {
+    fail(ErrorKind::InvalidArgument, "cu_seqlens_q has " + std::to_string(cu_q.numel()) +
+                                         " entries but cu_seqlens_k has " + std::to_string(cu_k.numel()) +
                                          ": both are batch + 1");
   }
+  const std::optional<std::int64_t> max_q = given_max("max_seqlen_q", packed.max_q);
+  const std::optional<std::int64_t> max_k = given_max("max_seqlen_k", packed.max_k);
   Problem p;
   p.heads = in.q.size(1);
   p.head_dim = in.q.size(3);
   p.kv_heads = in.k.size(1);
   p.dtype = dtype;
   p.device = device;
-  p = varlen_problem(p, std::move(lens_q), std::move(lens_k));
-  // max_seqlen_q and _k, as flash_attn_varlen_func takes them: at least every length.
-  for (const auto& [given, lens, name, field] : {std::tuple{packed.max_q, &p.seq_lens, "max_seqlen_q", &p.seq},
-                                                 std::tuple{packed.max_k, &p.kv_seq_lens, "max_seqlen_k", &p.kv_seq}}) {
-    if (!given) continue;
-    for (std::size_t b = 0; b < lens->size(); ++b) {
-      if ((*lens)[b] > *given) {
-        fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) +
-                                             ", smaller than sequence " + std::to_string(b) + "'s length " +
-                                             std::to_string((*lens)[b]));
-      }
-    }
-    if (*given > 0) *field = *given;
-  }
   set_mask(p, a.mask);
   apply_problem_args(
       p,
       {.window = a.window, .scale = a.scale, .softcap = a.softcap, .pass = a.pass, .deterministic = a.deterministic});
+  const std::int64_t total_q = in.q.size(2), total_k = in.k.size(2);
+
+  Problem on_device = p;
+  on_device.lengths_on_device = true;
+  on_device.batch = cu_q.numel() - 1;
+  on_device.packed_total_q = total_q;
+  on_device.packed_total_kv = total_k;
+  // A sequence has at most the packed rows: a larger maximum sizes no grid past them.
+  on_device.seq = std::min(max_q.value_or(total_q), total_q);
+  on_device.kv_seq = std::min(max_k.value_or(total_k), total_k);
+  if (lengths_stay_on_device(on_device, a.backend)) {
+    if (checking_inputs()) {
+      check_maxima(host_lengths("cu_seqlens_q", cu_q, total_q, a.stream),
+                   host_lengths("cu_seqlens_k", cu_k, total_k, a.stream), max_q, max_k);
+    }
+    in.cu_seqlens_q = cu_q;
+    in.cu_seqlens_k = cu_k;
+    on_device.normalize().validate();
+    return finish_call(std::move(on_device), std::move(in), std::move(o), device_lengths_backend(on_device, a.backend),
+                       a.stream, a.threads);
+  }
+
+  if (device != Device::Cpu) {
+    lens_q = host_lengths("cu_seqlens_q", cu_q, total_q, a.stream);
+    lens_k = host_lengths("cu_seqlens_k", cu_k, total_k, a.stream);
+  }
+  p = varlen_problem(p, std::move(lens_q), std::move(lens_k));
+  check_maxima(p.seq_lens, p.kv_seq_lens, max_q, max_k);
+  if (max_q) p.seq = *max_q;
+  if (max_k) p.kv_seq = *max_k;
   p.normalize().validate();
   return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);
 }

@@ -181,34 +181,53 @@ std::int64_t Problem::visible_pairs() const { return over_sequences(*this, visib
 
 std::int64_t Problem::fully_masked_rows() const { return over_sequences(*this, fully_masked_rows_of); }
 
-std::int64_t Problem::seq_len(std::int64_t b) const { return varlen() ? seq_lens[static_cast<std::size_t>(b)] : seq; }
+std::int64_t Problem::seq_len(std::int64_t b) const {
+  return seq_lens.empty() ? seq : seq_lens[static_cast<std::size_t>(b)];
+}
 
 std::int64_t Problem::kv_seq_len(std::int64_t b) const {
-  if (!varlen()) return kv_seq;
+  if (seq_lens.empty()) return kv_seq;
   const std::vector<std::int64_t>& kv = kv_seq_lens.empty() ? seq_lens : kv_seq_lens;
   return kv[static_cast<std::size_t>(b)];
 }
 
-std::int64_t Problem::total_q() const { return varlen() ? sum_of(seq_lens) : batch * seq; }
+std::int64_t Problem::total_q() const {
+  if (lengths_on_device) return packed_total_q;
+  return varlen() ? sum_of(seq_lens) : batch * seq;
+}
 
 std::int64_t Problem::total_kv() const {
+  if (lengths_on_device) return packed_total_kv;
   if (!varlen()) return batch * kv_seq;
   return sum_of(kv_seq_lens.empty() ? seq_lens : kv_seq_lens);
 }
 
+namespace {
+// What host code may not ask of a batch whose lengths only the kernels read.
+void lengths_not_on_host(const Problem& p, const char* what) {
+  if (p.lengths_on_device) {
+    fail(ErrorKind::Internal, std::string(what) + " of a packed batch whose lengths are on the device (" +
+                                  p.describe() + "): read them first (Traits::device_lengths)");
+  }
+}
+}  // namespace
+
 std::vector<std::int64_t> Problem::cu_seqlens_q() const {
+  lengths_not_on_host(*this, "cu_seqlens_q");
   std::vector<std::int64_t> cu{0};
   for (std::int64_t b = 0; b < batch; ++b) cu.push_back(cu.back() + seq_len(b));
   return cu;
 }
 
 std::vector<std::int64_t> Problem::cu_seqlens_k() const {
+  lengths_not_on_host(*this, "cu_seqlens_k");
   std::vector<std::int64_t> cu{0};
   for (std::int64_t b = 0; b < batch; ++b) cu.push_back(cu.back() + kv_seq_len(b));
   return cu;
 }
 
 Problem Problem::sequence(std::int64_t b) const {
+  lengths_not_on_host(*this, "a sequence");
   Problem s = *this;
   s.seq_lens.clear();
   s.kv_seq_lens.clear();
@@ -222,6 +241,8 @@ Problem Problem::padded() const {
   Problem s = *this;
   s.seq_lens.clear();
   s.kv_seq_lens.clear();
+  s.lengths_on_device = false;
+  s.packed_total_q = s.packed_total_kv = 0;
   return s;
 }
 
@@ -360,17 +381,22 @@ std::string Problem::describe() const {
       }
       os << " (" << sum_of(lens) << " rows)";
     };
-    os << "packed batch of " << batch << " sequences, seq lens ";
-    lengths(seq_lens);
-    if (!kv_seq_lens.empty() && kv_seq_lens != seq_lens) {
-      os << ", kv lens ";
-      lengths(kv_seq_lens);
+    os << "packed batch of " << batch << " sequences, ";
+    if (lengths_on_device) {
+      os << "lengths on the device (" << packed_total_q << " query rows, " << packed_total_kv << " key rows)";
+    } else {
+      os << "seq lens ";
+      lengths(seq_lens);
+      if (!kv_seq_lens.empty() && kv_seq_lens != seq_lens) {
+        os << ", kv lens ";
+        lengths(kv_seq_lens);
+      }
     }
     os << ", heads " << heads;
     if (kv_heads != heads) os << " (kv " << kv_heads << ")";
     os << ", max seq " << seq;
     if (kv_seq != seq) os << " (kv " << kv_seq << ")";
-    if (const double padded = this->padded().flops(); padded > 0) {
+    if (const double padded = this->padded().flops(); padded > 0 && !lengths_on_device) {
       char pct[32];
       std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * flops() / padded);
       os << " (" << pct << " of the padded batch's FLOPs)";
@@ -455,6 +481,10 @@ Eligibility eligibility_of(const Backend& b, const Problem& p) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
   if (p.softcap > 0 && !b.traits().softcap) return no_softcap(b.name(), b.device());
   if (p.varlen() && !b.traits().varlen) return no_varlen(b.name(), b.device());
+  if (p.lengths_on_device && !b.traits().device_lengths) {
+    return {false, std::string(b.name()) + " on " + std::string(device_name(b.device())) +
+                       " reads a packed batch's lengths on the host (the call reads cu_seqlens first)"};
+  }
   if (is_fp8(p.dtype) && !b.traits().fp8) return no_fp8(b.name(), b.device());
   if (p.deterministic && !b.traits().backward_dq_unordered) {
     return {false, std::string(b.name()) +

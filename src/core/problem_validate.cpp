@@ -25,7 +25,7 @@ using problem_detail::format_real;
 using problem_detail::sum_of;
 
 // Limits that catch typos (a seq of 10^9) before anything is sized from them.
-constexpr std::int64_t kMaxSeq = std::int64_t{1} << 22;
+using limits::kMaxSeq;
 constexpr std::int64_t kMaxBatchHeads = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxHeadDim = 256;
 // The [B, H, S, Skv] scores an unfused backend materialises: byte counts of a
@@ -180,6 +180,42 @@ void Problem::validate_varlen() const {
     }
     return;
   }
+  if (lengths_on_device) {
+    validate_device_lengths();
+  } else {
+    validate_host_lengths();
+  }
+  if (mask == MaskKind::Boolean || mask == MaskKind::Bias) {
+    refuse(
+        "a packed batch (seq_lens) takes structural masks only (none, causal, causal-bottom-right, "
+        "sliding-window): its mask is per sequence",
+        {"seq_lens", "mask"});
+  }
+  if (kv_cache == KvCache::Paged) {
+    refuse("a packed batch (seq_lens) reads a contiguous K and V: use kv_cache=contiguous", {"seq_lens"});
+  }
+}
+
+// Lengths the host never reads: the shapes alone (the kernels clamp each
+// sequence's rows into the totals and the maxima, and flag what they clamp).
+void Problem::validate_device_lengths() const {
+  if (!seq_lens.empty() || !kv_seq_lens.empty()) {
+    refuse("a packed batch has its lengths on the host (seq_lens) or on the device (cu_seqlens), not both",
+           {"seq_lens"});
+  }
+  for (const auto& [total, rows, max, max_name, field] :
+       {std::tuple{packed_total_q, "query", seq, "max_seqlen_q", "seq"},
+        std::tuple{packed_total_kv, "key", kv_seq, "max_seqlen_k", "kv_seq"}}) {
+    if (total < 1) refuse(std::string("the packed batch has no ") + rows + " rows", {field});
+    if (max < 1 || max > total) {
+      refuse(std::string(max_name) + " is " + std::to_string(max) + ": from 1 to the packed batch's " + rows +
+                 " rows (" + std::to_string(total) + ")",
+             {field});
+    }
+  }
+}
+
+void Problem::validate_host_lengths() const {
   const std::vector<std::int64_t>& kv = kv_seq_lens.empty() ? seq_lens : kv_seq_lens;
   for (const auto& [lens, field, max_field, max] :
        {std::tuple{&seq_lens, "seq_lens", "seq", seq}, std::tuple{&kv, "kv_seq_lens", "kv_seq", kv_seq}}) {
@@ -201,15 +237,6 @@ void Problem::validate_varlen() const {
       }
     }
     if (sum_of(*lens) <= 0) refuse(std::string(field) + " are all 0: the packed batch has no rows", {field});
-  }
-  if (mask == MaskKind::Boolean || mask == MaskKind::Bias) {
-    refuse(
-        "a packed batch (seq_lens) takes structural masks only (none, causal, causal-bottom-right, "
-        "sliding-window): its mask is per sequence",
-        {"seq_lens", "mask"});
-  }
-  if (kv_cache == KvCache::Paged) {
-    refuse("a packed batch (seq_lens) reads a contiguous K and V: use kv_cache=contiguous", {"seq_lens"});
   }
 }
 std::vector<std::int64_t> lengths_from_cu_seqlens(const std::int32_t* cu, std::size_t n, std::int64_t total,

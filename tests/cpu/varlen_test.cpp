@@ -415,5 +415,75 @@ TEST(VarlenEligibility, BackendsWithoutItAreRefusedByName) {
   EXPECT_TRUE(eligibility_of(d, packed({3, 4}, {}, MaskKind::Causal).sequence(1)).eligible);
 }
 
+// A packed batch whose lengths only a GPU's kernels read (issue 56 item 2):
+// the problem follows from the shapes and the caller's maxima; validation
+// names the field; no host backend takes it; host code asking for a
+// sequence's lengths is an internal error, never a silent guess.
+Problem lengths_on_device(std::int64_t batch, std::int64_t total_q, std::int64_t total_kv, std::int64_t max_q,
+                          std::int64_t max_kv) {
+  Problem p;
+  p.device = Device::Cuda;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 64;
+  p.mask = MaskKind::Causal;
+  p.lengths_on_device = true;
+  p.batch = batch;
+  p.packed_total_q = total_q;
+  p.packed_total_kv = total_kv;
+  p.seq = max_q;
+  p.kv_seq = max_kv;
+  return p.normalize();
+}
+
+TEST(VarlenLengthsOnDevice, ShapesAndBoundsFollowFromTheCallAlone) {
+  const Problem p = lengths_on_device(3, 100, 120, 60, 80);
+  EXPECT_NO_THROW(p.validate());
+  EXPECT_TRUE(p.varlen());
+  EXPECT_EQ(p.total_q(), 100);
+  EXPECT_EQ(p.total_kv(), 120);
+  EXPECT_EQ(p.q_dims(), (Dims{1, 4, 100, 64}));
+  EXPECT_EQ(p.kv_dims(), (Dims{1, 2, 120, 64}));
+  EXPECT_EQ(p.seq_len(2), 60) << "a sequence's bound, the caller's max_seqlen_q";
+  EXPECT_NE(p.describe().find("packed batch of 3 sequences, lengths on the device (100 query rows, 120 key rows)"),
+            std::string::npos)
+      << p.describe();
+  // Upper bounds: the padded batch's counts.
+  EXPECT_EQ(p.forward_flops(), p.padded().forward_flops());
+  EXPECT_THROW((void)p.sequence(0), Error);
+  EXPECT_THROW((void)p.cu_seqlens_q(), Error);
+  Problem q = p;
+  q.packed_total_q = 101;
+  EXPECT_NE(p, q) << "the totals are part of the plan's key";
+}
+
+TEST(VarlenLengthsOnDevice, RefusesInOneLineNamingTheField) {
+  EXPECT_EQ(refusal(lengths_on_device(0, 10, 10, 5, 5)), "batch must be positive, got 0");
+  EXPECT_EQ(refusal(lengths_on_device(2, 0, 10, 1, 5)), "the packed batch has no query rows");
+  EXPECT_EQ(refusal(lengths_on_device(2, 10, 10, 11, 5)),
+            "max_seqlen_q is 11: from 1 to the packed batch's query rows (10)");
+  EXPECT_EQ(refusal(lengths_on_device(2, 10, 10, 5, 0)),
+            "max_seqlen_k is 0: from 1 to the packed batch's key rows (10)");
+  Problem both = lengths_on_device(2, 10, 10, 5, 5);
+  both.seq_lens = {5, 5};
+  EXPECT_EQ(refusal(both),
+            "a packed batch has its lengths on the host (seq_lens) or on the device (cu_seqlens), not both");
+}
+
+TEST(VarlenLengthsOnDevice, NoBackendThatReadsLengthsOnTheHostTakesIt) {
+  Problem p = lengths_on_device(2, 10, 10, 5, 5);
+  p.device = Device::Cpu;
+  for (const std::string_view name : backend_names()) {
+    const Backend* b = find_backend(name, Device::Cpu);
+    if (b == nullptr || !b->traits().varlen) continue;
+    EXPECT_FALSE(b->traits().device_lengths) << name;
+    const Eligibility e = eligibility_of(*b, p);
+    EXPECT_FALSE(e.eligible) << name;
+    EXPECT_EQ(e.reason, std::string(name) +
+                            " on cpu reads a packed batch's lengths on the host (the call reads "
+                            "cu_seqlens first)");
+  }
+}
+
 }  // namespace
 }  // namespace attnprof

@@ -246,6 +246,7 @@ class FusedBackend : public Backend {
             .softcap = flash_,
             .rows = flash_,
             .varlen = flash_,
+            .device_lengths = flash_,
             .fp8 = flash_};
   }
 
@@ -374,14 +375,22 @@ class FusedBackend : public Backend {
   }
 
   // Sequences of their own lengths into f (flash; fused_unsupported_reason
-  // refuses them elsewhere): a packed batch's cumulative lengths (kept on the
-  // device per set of lengths) with its tensors' batch strides 0; a dense
+  // refuses them elsewhere): a packed batch's cumulative lengths (the
+  // caller's own device tensors when Problem::lengths_on_device, read by the
+  // kernels only, which clamp them and flag what they clamp in the input-error
+  // word; else kept on the device per set of host lengths) with its tensors'
+  // batch strides 0; a dense
   // batch's rows (Inputs::q_rows, kv_rows) as the caller's own device
   // tensors, read by the kernels only, in stream order (which clamp them
   // into the tensors): here their dtype, device and shape are checked, never
   // their values.
   void use_sequences(FusedParams& f, const Problem& p, const Inputs& in, RunContext& ctx) const {
-    if (p.varlen()) {
+    if (p.lengths_on_device) {
+      f.cu_seqlens_q = device_cu_seqlens_of(in.cu_seqlens_q, "cu_seqlens_q", p);
+      f.cu_seqlens_k = device_cu_seqlens_of(in.cu_seqlens_k, "cu_seqlens_k", p);
+      f.input_errors = device_input_errors();
+      f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
+    } else if (p.varlen()) {
       const PackedLengths cu = device_cu_seqlens(p, static_cast<cudaStream_t>(ctx.stream));
       f.cu_seqlens_q = cu.cu_q;
       f.cu_seqlens_k = cu.cu_k;
@@ -402,6 +411,18 @@ class FusedBackend : public Backend {
       if (f.kv_rows != nullptr && f.kv_rows_width == 2) host.kv_rows = download_on(in.kv_rows, stream);
       sequence_rows(p, host);
     }
+  }
+
+  // A caller's cumulative lengths (Inputs::cu_seqlens_q or _k) as the kernels
+  // read them: contiguous int32 [1, 1, 1, batch + 1] on the GPU.
+  const std::int32_t* device_cu_seqlens_of(const Tensor& cu, const char* what, const Problem& p) const {
+    if (!cu.defined() || cu.dtype() != DType::I32 || cu.device() != Device::Cuda || cu.numel() != p.batch + 1 ||
+        (p.batch > 0 && cu.stride(3) != 1)) {
+      fail(ErrorKind::InvalidArgument, std::string(name_) + ": " + what + " must be contiguous int32 [" +
+                                           std::to_string(p.batch + 1) + "] on the GPU; got " +
+                                           (cu.defined() ? cu.describe() : std::string("none")));
+    }
+    return cu.data_as<std::int32_t>();
   }
 
   // A dense batch's rows (Inputs::q_rows or kv_rows) as the kernels read

@@ -50,6 +50,9 @@ inline constexpr int kFlashDecodeMaxSplits = 64;
 // The bits of the device's input-error word (FusedParams::input_errors).
 inline constexpr unsigned kInputBadKeyCount = 1u;  // a sequence's key rows (kv_rows) outside 0 .. the keys
 inline constexpr unsigned kInputBadPage = 2u;      // a block table entry outside the cache's pages
+// A packed batch's cumulative lengths (read on the device only) that decrease, leave 0 .. the packed rows, give
+// a sequence more rows than max_seqlen, or do not start at 0 and end at the rows.
+inline constexpr unsigned kInputBadCuSeqlens = 4u;
 
 constexpr bool fused_head_dim_built(int head_dim) {
   return std::find(kFusedHeadDims.begin(), kFusedHeadDims.end(), head_dim) != kFusedHeadDims.end();
@@ -99,7 +102,8 @@ struct FusedParams {
   int num_pages = 0;
   // The device's input-error word (device_input_errors()), or null: a kernel
   // that clamps a per-sequence length or masks a bad page ORs in
-  // kInputBadKeyCount or kInputBadPage.
+  // kInputBadKeyCount or kInputBadPage, and a packed batch's clamped
+  // cumulative lengths kInputBadCuSeqlens.
   unsigned* input_errors = nullptr;
   // The decode kernel's FP32 workspace when it splits the keys
   // (flash_decode_plan(...).workspace_bytes), else unused.

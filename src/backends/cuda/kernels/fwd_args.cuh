@@ -82,6 +82,9 @@ struct FwdArgs {
   int q_rows, k_rows, map_batch;  // the tensors' rows per batch and batches (the TMA maps): packed total_q, total_k, 1
   int q_row0, k_row0;             // sequence(b): its first query and key row in the tensors (0 dense)
   bool bottom_right;              // diag_offset is seq_k - seq_q (of each sequence) rather than 0
+  // The device's input-error word (FusedParams::input_errors), or null: a
+  // packed batch's clamped cumulative lengths OR in kInputBadCuSeqlens.
+  unsigned* input_errors;
 
   // Whether sequences differ in length (a packed batch, or a dense batch's rows).
   __host__ __device__ __forceinline__ bool per_sequence() const {
@@ -99,8 +102,9 @@ struct FwdArgs {
     if (!per_sequence()) return s;
     int q0 = 0, q1 = q_rows, k0 = 0, k1 = k_rows;
     if (cu_seqlens_q != nullptr) {
-      q0 = cu_seqlens_q[b], q1 = cu_seqlens_q[b + 1];
-      k0 = cu_seqlens_k[b], k1 = cu_seqlens_k[b + 1];
+      const bool q_ok = clamp_cumulative(cu_seqlens_q, b, batch, q_rows, seq_q, q0, q1);
+      const bool k_ok = clamp_cumulative(cu_seqlens_k, b, batch, k_rows, seq_k, k0, k1);
+      if (!(q_ok && k_ok) && input_errors != nullptr && threadIdx.x == 0) atomicOr(input_errors, kInputBadCuSeqlens);
     } else {
       if (q_spans != nullptr) clamp_span(q_spans + 2 * b, 2, q_rows, q0, q1);
       if (kv_spans != nullptr) clamp_span(kv_spans + kv_span_width * b, kv_span_width, k_rows, k0, k1);
@@ -116,6 +120,20 @@ struct FwdArgs {
     s.k_row0 = k0;
     if (bottom_right) s.diag_offset = geometry::bottom_right_offset(s.seq_q, s.seq_k);
     return s;
+  }
+  // Sequence b's rows of a packed batch from the caller's cumulative lengths
+  // (read here only, whatever they hold): clamped into 0 <= begin <= end <=
+  // rows with at most `longest` rows (the grid covers that many), so that no
+  // kernel reads or writes outside the packed tensors. False when anything
+  // was clamped, or when the lengths do not start at 0 (sequence 0) or end at
+  // the rows (the last sequence): rows no sequence covers are not written.
+  __device__ __forceinline__ static bool clamp_cumulative(const int* cu, int b, int batch, int rows, int longest,
+                                                          int& begin, int& end) {
+    const int given_begin = cu[b], given_end = cu[b + 1];
+    begin = min(max(given_begin, 0), rows);
+    end = min(max(given_end, begin), min(rows, begin + longest));
+    return begin == given_begin && end == given_end && (b != 0 || given_begin == 0) &&
+           (b != batch - 1 || given_end == rows);
   }
   // A (begin, end) pair of a dense batch's rows (width 2), or an end alone
   // (width 1: begin 0), clamped into 0 <= begin <= end <= rows.
@@ -176,6 +194,7 @@ struct FwdArgs {
         .q_row0 = 0,
         .k_row0 = 0,
         .bottom_right = !top_left,
+        .input_errors = p.input_errors,
     };
   }
 };
