@@ -428,7 +428,10 @@ if has wheel; then
     echo "wheel build+install rc $? ($(ls /tmp/wheels 2>/dev/null))"
     tail -n 5 /tmp/wheel.txt
     cd /tmp && /tmp/whv/bin/attnprof explain --device cuda --seq 256 2>&1 | tail -n 3
-    /tmp/whv/bin/python - <<'PY'
+    # torch where the machine's python3 finds it (a user or dist-packages
+    # site that a venv's --system-site-packages leaves out: issue 57 item 5).
+    torch_site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
+    PYTHONPATH=${torch_site} /tmp/whv/bin/python - <<'PY'
 import attnprof, torch
 print("module:", attnprof.__file__)
 print("cuda_build:", attnprof.explain(seq=256, device="cuda").cuda_build)

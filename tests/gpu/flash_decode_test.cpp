@@ -69,7 +69,15 @@ TEST_P(FlashDecode, MatchesFloat64AndItsKernelCount) {
   ASSERT_TRUE(r.acceptance) << "no float64 check";
   EXPECT_TRUE(r.acceptance->pass) << r.acceptance->why << " (" << p.describe() << ")";
   const int forward_kernels = plan_of(p).splits > 1 ? 2 : 1;
-  EXPECT_EQ(r.expectation.device_activities, c.pass == Pass::Train ? forward_kernels + 3 : forward_kernels);
+  // The backward: D = rowsum(dO O), the dK/dV kernel, the dQ conversion, and,
+  // where the sm90 backward splits a key tile's query heads among CTAs (one
+  // sequence, 2 kv heads: too few tiles to fill the GPU), the kernel that
+  // sums their FP32 dK and dV in order (issue 57 item 5: train_seq4 saw 6).
+  const auto* fused = dynamic_cast<const cuda::FusedBackend*>(&flash());
+  ASSERT_NE(fused, nullptr);
+  const int backward_kernels = 3 + (fused->backward_shape(p).group_split > 1 ? 1 : 0);
+  EXPECT_EQ(r.expectation.device_activities,
+            c.pass == Pass::Train ? forward_kernels + backward_kernels : forward_kernels);
   if (r.metrics.kernels_per_forward) {
     EXPECT_EQ(*r.metrics.kernels_per_forward - r.metrics.memsets_per_forward, r.expectation.device_activities);
   }

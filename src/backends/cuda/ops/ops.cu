@@ -106,6 +106,13 @@ __global__ void fill_kernel(T* x, const std::uint8_t* keep, Dims ks, RowIndex ri
   }
 }
 
+// x + m for a score x and an additive mask m (add and add_ take only those):
+// -inf where m is -inf, whatever x is, so a masked key's NaN or inf score
+// stays hidden, as on the CPU (ops.cpp's masked_add), in the float64
+// reference and in the fused kernels (IEEE's NaN + -inf would put the NaN in
+// every row the mask hides it from: issue 57 item 5).
+__device__ __forceinline__ float masked_add(float x, float m) { return m == -INFINITY ? -INFINITY : x + m; }
+
 template <class Ta, class Tb, int N>
 __global__ void add_kernel(const Ta* a, const Tb* b, Dims bs, Ta* out, RowIndex ri, std::int64_t packs) {
   for (std::int64_t p = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; p < packs;
@@ -114,7 +121,7 @@ __global__ void add_kernel(const Ta* a, const Tb* b, Dims bs, Ta* out, RowIndex 
     const Tb* bp = b + ri.offset(row, bs) + j * bs[3];
     Pack<Ta, N> v = reinterpret_cast<const Pack<Ta, N>*>(a)[p];
 #pragma unroll
-    for (int t = 0; t < N; ++t) dev::store(v.v, t, dev::load(v.v, t) + dev::load(bp, t * bs[3]));
+    for (int t = 0; t < N; ++t) dev::store(v.v, t, masked_add(dev::load(v.v, t), dev::load(bp, t * bs[3])));
     reinterpret_cast<Pack<Ta, N>*>(out)[p] = v;
   }
 }
