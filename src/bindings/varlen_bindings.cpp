@@ -257,9 +257,9 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   on_device.seq = std::min(max_q.value_or(total_q), total_q);
   on_device.kv_seq = std::min(max_k.value_or(total_k), total_k);
   if (lengths_stay_on_device(on_device, a.backend)) {
-    if (checking_inputs()) {
-      check_maxima(host_lengths("cu_seqlens_q", cu_q, total_q, a.stream),
-                   host_lengths("cu_seqlens_k", cu_k, total_k, a.stream), max_q, max_k);
+    if (checking_inputs()) {  // q's entries first (an argument list has no order)
+      const std::vector<std::int64_t> checked_q = host_lengths("cu_seqlens_q", cu_q, total_q, a.stream);
+      check_maxima(checked_q, host_lengths("cu_seqlens_k", cu_k, total_k, a.stream), max_q, max_k);
     }
     in.cu_seqlens_q = cu_q;
     in.cu_seqlens_k = cu_k;
