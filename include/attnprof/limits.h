@@ -27,6 +27,8 @@
 // (Problem::validate), still applies on top of these.
 #pragma once
 
+#include <cstdint>
+
 #include "attnprof/dtype.h"
 
 namespace attnprof::limits {
@@ -36,6 +38,11 @@ inline constexpr double kSoftcapMax = 0x1p60;   // about 1.15e18
 inline constexpr double kSoftcapMaxF16 = 0x1p10;
 inline constexpr double kScaleAbsMin = 0x1p-60;
 inline constexpr double kScaleAbsMax = 0x1p60;
+
+// The longest sequence (seq, kv_seq, a packed batch's max_seqlen) a problem
+// may have: a limit that catches typos (a seq of 10^9) before anything is
+// sized from it (Problem::validate; the bindings name their own arguments).
+inline constexpr std::int64_t kMaxSeq = std::int64_t{1} << 22;
 
 // The largest soft cap every backend computes correctly for inputs of `dtype`.
 constexpr double softcap_max(DType dtype) { return dtype == DType::F16 ? kSoftcapMaxF16 : kSoftcapMax; }

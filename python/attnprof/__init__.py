@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys as _sys
 
-from . import _args, _core
+from . import _args, _core, _key_padding
 from ._args import ArgumentTypeError
 from ._core import Error
 from ._records import Explanation, Finding, Record, Report, Result
@@ -271,6 +271,9 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         return front(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
                      block_table, seq_lens, q_descale, k_descale, v_descale, q_rows, kv_rows)
     _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens, q_rows, kv_rows)
+    if attn_mask is not None and block_table is None and seq_lens is None:
+        # A key-padding attn_mask as rows, on the host, as torch tensors are lowered (attnprof/_key_padding.py).
+        mask, attn_mask, q_rows, kv_rows = _key_padding.lower(q, k, attn_mask, mask, bshd, backend, q_rows, kv_rows)
     if out is None:
         out = _empty_like(q)
     try:

@@ -19,6 +19,7 @@
 #include "attnprof/check_inputs.h"
 #include "attnprof/device_runtime.h"
 #include "attnprof/error.h"
+#include "attnprof/limits.h"
 #include "attnprof/problem_spec.h"
 #include "attnprof/reference.h"
 #include "bindings/bindings.h"
@@ -172,6 +173,11 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   for (const auto& [given, lens, name, field] : {std::tuple{packed.max_q, &p.seq_lens, "max_seqlen_q", &p.seq},
                                                  std::tuple{packed.max_k, &p.kv_seq_lens, "max_seqlen_k", &p.kv_seq}}) {
     if (!given) continue;
+    if (*given > limits::kMaxSeq) {
+      fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) +
+                                           ": out of range, at most " + std::to_string(limits::kMaxSeq) +
+                                           " (the longest sequence attnprof takes)");
+    }
     for (std::size_t b = 0; b < lens->size(); ++b) {
       if ((*lens)[b] > *given) {
         fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) +

@@ -25,7 +25,7 @@ using problem_detail::format_real;
 using problem_detail::sum_of;
 
 // Limits that catch typos (a seq of 10^9) before anything is sized from them.
-constexpr std::int64_t kMaxSeq = std::int64_t{1} << 22;
+using limits::kMaxSeq;
 constexpr std::int64_t kMaxBatchHeads = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxHeadDim = 256;
 // The [B, H, S, Skv] scores an unfused backend materialises: byte counts of a
