@@ -53,10 +53,8 @@ def _ops_of(m):
     if module == "torch":
         import torch
 
-        # torch.compile traces the call: the mode is read as a constant of the trace (a call into the module
-        # would break its graph), as the environment it mostly comes from is one.
-        return _Ops(torch, torch.int32, m.device, m.device.type == "cpu",
-                    torch.compiler.assume_constant_result(checking_inputs), torch.compiler.is_compiling())
+        return _Ops(torch, torch.int32, m.device, m.device.type == "cpu", checking_inputs,
+                    torch.compiler.is_compiling())
     if module == "numpy":
         import numpy
 

@@ -32,6 +32,9 @@ def _stream_of(t: torch.Tensor) -> int:
 
 
 _is_compiling = torch.compiler.is_compiling
+# torch.compile reads the checking mode as a constant of its trace (a call into attnprof._core would break the
+# graph), as the environment it mostly comes from is one: marked once here, never inside traced code.
+torch.compiler.assume_constant_result(_key_padding.checking_inputs)
 _Tensor = torch.Tensor
 # Under torch.profiler the eager call goes through torch.ops.attnprof.attention,
 # so the trace holds the op with its shapes (attnprof analyze reads it).
