@@ -10,7 +10,9 @@ Two calls carry key padding as a tensor:
 - with no mask name, as SDPA is called, to flash: bool [B, 1, 1, Skv] (SDPA reads a 2-D mask as [S, Skv], so only
   the 4-D form is key padding). It becomes mask "none" with kv_rows alone, which is SDPA's answer: every query row,
   a padded one too, attends its sequence's valid keys, and a sequence with no valid key gives zeros (as SDPA does).
-  flash on CUDA reads no mask tensor, so this is how it takes one; other backends take the tensor as it is.
+  flash on CUDA reads no mask tensor, so this is how it takes one; other backends take the tensor as it is, and so
+  does flash on the CPU while torch.compile traces the call (it reads the tensor itself; a check of the values here
+  would break the graph).
 
 A row must be one run of Trues. Host memory is read and checked on every call (a holed row beside a mask name is
 refused by name; with no mask name the tensor goes to the backend as the whole mask it is). A CUDA mask is not read
@@ -34,9 +36,8 @@ def checking_inputs() -> bool:
 class _Ops:
     """The few array ops the lowering needs, in the mask's own framework (torch or numpy)."""
 
-    def __init__(self, xp, int32, device=None, host=True, checking=checking_inputs, compiling=False):
-        self.xp, self.int32, self.device, self.host, self.checking = xp, int32, device, host, checking
-        self.compiling = compiling
+    def __init__(self, xp, int32, device=None, host=True, compiling=False):
+        self.xp, self.int32, self.device, self.host, self.compiling = xp, int32, device, host, compiling
 
     def arange(self, n):
         if self.device is None:
@@ -53,8 +54,7 @@ def _ops_of(m):
     if module == "torch":
         import torch
 
-        return _Ops(torch, torch.int32, m.device, m.device.type == "cpu", checking_inputs,
-                    torch.compiler.is_compiling())
+        return _Ops(torch, torch.int32, m.device, m.device.type == "cpu", torch.compiler.is_compiling())
     if module == "numpy":
         import numpy
 
@@ -76,7 +76,7 @@ def _runs(m, ops):
     first = ops.i32(xp.amin(xp.where(m, keys, length), 1))
     begin = xp.where(count > 0, first, 0)
     holed = None
-    if ops.host or ops.checking():
+    if ops.host or checking_inputs():  # torch.compile reads the mode as a constant (attnprof/_torch.py)
         last = ops.i32(xp.amax(xp.where(m, keys + 1, 0), 1))
         bad = ((last - begin) != count) & (count > 0)
         if bool(bad.any()):
