@@ -225,3 +225,16 @@ def test_no_python_file_reads_the_checking_modes_variable_itself():
     readers = [str(p.relative_to(package)) for p in package.rglob("*.py")
                if "environ" in p.read_text() and "ATTNPROF_CHECK_INPUTS\"" in p.read_text()]
     assert readers == [], f"read the mode through attnprof._key_padding.checking_inputs(), not os.environ: {readers}"
+
+
+def test_key_padding_without_a_mask_name_compiles_whole():
+    """torch.compile traces SDPA's call with key padding in one graph: the checking mode is read as a constant of
+    the trace, and on the CPU the tensor goes to flash, which reads it (no value check in the graph)."""
+    torch.manual_seed(9)
+    q, k, v = (torch.randn(2, 2, 8, 16) for _ in range(3))
+    pad = key_padding([8, 5], [0, 1], 8)[:, None, None, :]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, m: attnprof.attention(q, k, v, backend="flash", attn_mask=m),
+                             fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, pad), F.scaled_dot_product_attention(q, k, v, attn_mask=pad),
+                               atol=1e-5, rtol=1e-5)
