@@ -33,14 +33,16 @@
 
 namespace attnprof::limits {
 
-// The most rows a sequence may have (seq, kv_seq, max_seqlen_q and _k).
-inline constexpr std::int64_t kMaxSeq = std::int64_t{1} << 22;
-
 inline constexpr double kSoftcapMin = 0x1p-60;  // about 8.7e-19
 inline constexpr double kSoftcapMax = 0x1p60;   // about 1.15e18
 inline constexpr double kSoftcapMaxF16 = 0x1p10;
 inline constexpr double kScaleAbsMin = 0x1p-60;
 inline constexpr double kScaleAbsMax = 0x1p60;
+
+// The longest sequence (seq, kv_seq, a packed batch's max_seqlen) a problem
+// may have: a limit that catches typos (a seq of 10^9) before anything is
+// sized from it (Problem::validate; the bindings name their own arguments).
+inline constexpr std::int64_t kMaxSeq = std::int64_t{1} << 22;
 
 // The largest soft cap every backend computes correctly for inputs of `dtype`.
 constexpr double softcap_max(DType dtype) { return dtype == DType::F16 ? kSoftcapMaxF16 : kSoftcapMax; }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys as _sys
 
-from . import _args, _core
+from . import _args, _core, _key_padding
 from ._args import ArgumentTypeError
 from ._core import Error
 from ._records import Explanation, Finding, Record, Report, Result
@@ -141,10 +141,22 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     boolean (True attends) or an additive float in q's dtype, broadcastable
     to [B, H, S, Skv] (always that order, whatever the layout; size-1 and
     missing leading dimensions broadcast), on q's device; a mask name beside
-    it is refused (the tensor is the whole mask). A key-padding mask
-    ([B, 1, 1, Skv], each row one run of Trues: right or left padding) is
-    lowered to per-sequence key rows by flash (CPU, and CUDA's kernels); flash refuses any
-    other boolean mask by name, cudnn takes boolean and float ones. The mask gets no gradient.
+    it is refused (the tensor is the whole mask), except a key-padding mask
+    (bool [B, Skv] or [B, 1, 1, Skv], each row one run of Trues: right or
+    left padding), which is lowered to q_rows/kv_rows. With no mask name,
+    flash takes a [B, 1, 1, Skv] key-padding mask as mask "none" with
+    kv_rows, SDPA's answer (a padded query row attends its sequence's valid
+    keys; a sequence with none gives zeros); on CUDA flash reads no other
+    boolean mask (a row with holes is refused in the checking mode, and not
+    read on the host otherwise), cudnn takes boolean and float ones. The mask
+    gets no gradient, and like the rows it is saved for the backward: one
+    rewritten in place before backward() is refused, as torch refuses its own.
+
+    A padded batch as rows: q_rows and kv_rows, int32 [B, 2] on q's device,
+    each sequence's (begin, end) query and key rows (or the core's own
+    [1, 1, B, 2]); kv_rows also as key ends alone, [B, 1] or [1, 1, B, 1]
+    (begin 0). The mask applies within each sequence's rows; rows outside
+    them give zeros. flash reads rows; other backends refuse them by name.
 
     A paged KV cache, as serving engines call attention: k and v are the
     caches [num_pages, Hkv, page_size, D] (vLLM's layout), block_table int32
@@ -158,7 +170,8 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     keys is clamped and a page index outside the cache masks that page's
     keys, and the call goes on. check_inputs=True (or the environment's
     ATTNPROF_CHECK_INPUTS=1) reads them on the host first, in the stream's
-    order, and refuses the first bad entry by name, as the CPU always does.
+    order, and refuses the first bad entry by name, as the CPU always does
+    (ATTNPROF_CHECK_INPUTS: anything but empty or "0", as the core reads it).
 
     A packed (variable-length) batch, as flash_attn_varlen_func takes one:
     q [total_q, H, D], k and v [total_k, Hkv, D], cu_seqlens_q and
@@ -271,6 +284,9 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         return front(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
                      block_table, seq_lens, q_descale, k_descale, v_descale, q_rows, kv_rows)
     _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens, q_rows, kv_rows)
+    if attn_mask is not None and block_table is None and seq_lens is None:
+        # A key-padding attn_mask as rows, on the host, as torch tensors are lowered (attnprof/_key_padding.py).
+        mask, attn_mask, q_rows, kv_rows = _key_padding.lower(q, k, attn_mask, mask, bshd, backend, q_rows, kv_rows)
     if out is None:
         out = _empty_like(q)
     try:

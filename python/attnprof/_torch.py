@@ -6,13 +6,12 @@ own backward) and the eager path of attnprof.attention on torch tensors."""
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Optional
 
 import torch
 import torch.utils.dlpack
 
-from . import _args, _core
+from . import _args, _core, _key_padding
 from ._core import Error
 
 
@@ -33,6 +32,9 @@ def _stream_of(t: torch.Tensor) -> int:
 
 
 _is_compiling = torch.compiler.is_compiling
+# torch.compile reads the checking mode as a constant of its trace (a call into attnprof._core would break the
+# graph), as the environment it mostly comes from is one: marked once here, never inside traced code.
+torch.compiler.assume_constant_result(_key_padding.checking_inputs)
 _Tensor = torch.Tensor
 # Under torch.profiler the eager call goes through torch.ops.attnprof.attention,
 # so the trace holds the op with its shapes (attnprof analyze reads it).
@@ -78,18 +80,36 @@ def _use_fast(on: bool):
     _fast = _fast_attention if on else None
 
 
-def _dlpack(*tensors):
+def _on_meta(name) -> Error:
+    return Error(f"{name} is on the meta device, which holds no data: attnprof.attention computes on CPU and CUDA "
+                 "tensors (torch.ops.attnprof's ops on meta tensors give only the output's shape)")
+
+
+def _not_exported(e, names, tensors) -> Error:
+    """The refusal of tensors DLPack could not export: a tensor on the meta device by name (it holds no data),
+    else nanobind's or torch's reason."""
+    for name, t in zip(names, tensors):
+        if isinstance(t, _Tensor) and t.is_meta:
+            return _on_meta(name)
+    from . import not_an_array
+
+    return Error(not_an_array(e))
+
+
+def _dlpack(*tensors, names):
     try:
         return tuple(map(_to_dlpack, tensors))
     except (RuntimeError, BufferError, TypeError) as e:  # a device or layout DLPack cannot describe
-        from . import not_an_array
-
-        raise Error(not_an_array(e)) from None
+        raise _not_exported(e, names, tensors) from None
 
 
-def _optional(t):
-    # An optional tensor argument (attn_mask, block_table, seq_lens) as DLPack, or None.
-    return None if t is None else _dlpack(t)[0]
+_BACKWARD_NAMES = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
+_VARLEN_NAMES = ("q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def _optional(t, name):
+    # An optional tensor argument (attn_mask, block_table, seq_lens, the rows) as DLPack, or None.
+    return None if t is None else _dlpack(t, names=(name,))[0]
 
 
 def _numbers(window, scale, softcap):
@@ -115,9 +135,7 @@ def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=No
     try:
         dq, dk, dv, do = _to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out)
     except (RuntimeError, BufferError, TypeError) as e:  # a device or layout DLPack cannot describe
-        from . import not_an_array
-
-        raise Error(not_an_array(e)) from None
+        raise _not_exported(e, ("q", "k", "v", "out"), (q, k, v, out)) from None
     index = q.get_device()
     stream = 0 if index < 0 else _raw_stream(index) if _raw_stream is not None else _stream_of(q)
     if attn_mask is None and block_table is None and seq_lens is None and q_descale is None and k_descale is None \
@@ -126,10 +144,10 @@ def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=No
                         threads=threads, bshd=bshd, softcap=softcap)
     else:
         _core.attention(dq, dk, dv, do, backend=backend, mask=mask, window=window, scale=scale, stream=stream,
-                        threads=threads, bshd=bshd, softcap=softcap, attn_mask=_optional(attn_mask),
-                        block_table=_optional(block_table), seq_lens=_optional(seq_lens), q_descale=q_descale,
-                        k_descale=k_descale, v_descale=v_descale, q_rows=_optional(q_rows),
-                        kv_rows=_optional(kv_rows))
+                        threads=threads, bshd=bshd, softcap=softcap, attn_mask=_optional(attn_mask, "attn_mask"),
+                        block_table=_optional(block_table, "block_table"), seq_lens=_optional(seq_lens, "seq_lens"),
+                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                        q_rows=_optional(q_rows, "q_rows"), kv_rows=_optional(kv_rows, "kv_rows"))
 
 
 @torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
@@ -176,11 +194,11 @@ def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = 
     """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
     window, scale, softcap = _numbers(window, scale, softcap)
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    views = _dlpack(q, k, v, out)
+    views = _dlpack(q, k, v, out, names=("q", "k", "v", "out"))
     _, lse = _core.attention_train(*views, backend=backend, mask=mask, window=window, scale=scale,
                                    stream=_stream_of(q), bshd=bshd, deterministic=deterministic, softcap=softcap,
-                                   attn_mask=_optional(attn_mask), q_rows=_optional(q_rows),
-                                   kv_rows=_optional(kv_rows))
+                                   attn_mask=_optional(attn_mask, "attn_mask"), q_rows=_optional(q_rows, "q_rows"),
+                                   kv_rows=_optional(kv_rows, "kv_rows"))
     return out, torch.from_dlpack(lse)
 
 
@@ -200,10 +218,10 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     """dQ, dK, dV of attention_train's call for the upstream gradient dout."""
     window, scale, softcap = _numbers(window, scale, softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv), backend=backend, mask=mask, window=window,
-                             scale=scale, stream=_stream_of(q), bshd=bshd, deterministic=deterministic,
-                             softcap=softcap, attn_mask=_optional(attn_mask), q_rows=_optional(q_rows),
-                             kv_rows=_optional(kv_rows))
+    _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, names=_BACKWARD_NAMES), backend=backend,
+                             mask=mask, window=window, scale=scale, stream=_stream_of(q), bshd=bshd,
+                             deterministic=deterministic, softcap=softcap, attn_mask=_optional(attn_mask, "attn_mask"),
+                             q_rows=_optional(q_rows, "q_rows"), kv_rows=_optional(kv_rows, "kv_rows"))
     return dq, dk, dv
 
 
@@ -214,18 +232,23 @@ def _backward_fake(dout, q, k, v, out, lse, backend="auto", mask="causal", windo
 
 
 def _setup_train(ctx, inputs, output):
+    # Every tensor the backward reads is saved through save_for_backward, the mask and rows too: autograd then
+    # checks their version counters, and a tensor rewritten in place between the forward and backward() is
+    # refused ("modified by an inplace operation") rather than read as other values than the forward's.
     q, k, v, *args = inputs
+    *args, attn_mask, q_rows, kv_rows = args  # attention_train's last arguments
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask, q_rows, kv_rows)
     ctx.args = args
 
 
 def _train_backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    backend, mask, window, *_, attn_mask, _q_rows, _kv_rows = ctx.args  # attention_train's arguments after q, k, v
+    q, k, v, out, lse, attn_mask, q_rows, kv_rows = ctx.saved_tensors
+    backend, mask, window, *_ = ctx.args  # attention_train's arguments after q, k, v
     with _labelled(backend, mask, window, attn_mask):
-        dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
-    return (dq, dk, dv) + (None,) * len(ctx.args)
+        dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args, attn_mask,
+                                                           q_rows, kv_rows)
+    return (dq, dk, dv) + (None,) * (len(ctx.args) + 3)
 
 
 torch.library.register_autograd("attnprof::attention_train", _train_backward, setup_context=_setup_train)
@@ -254,12 +277,10 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
     attention() takes where the fast path (_fast, tried there first) does not."""
     if not (isinstance(k, _Tensor) and isinstance(v, _Tensor) and (out is None or isinstance(out, _Tensor))):
         _refuse_mixed(k=k, v=v, out=out)
-    if mask and block_table is None and seq_lens is None and _is_key_padding(attn_mask, q, k, bshd):
-        # A structural mask with a key-padding mask: lowered to rows, on the mask's device.
-        if q_rows is not None or kv_rows is not None:
-            raise Error("q_rows/kv_rows with attn_mask: pass the rows or the key-padding mask, not both")
-        q_rows, kv_rows = _key_padding_rows(attn_mask, q, k, bshd)
-        attn_mask = None
+    if attn_mask is not None and block_table is None and seq_lens is None:
+        # A key-padding attn_mask as rows, on the mask's device (attnprof/_key_padding.py says when).
+        _refuse_mixed(attn_mask=attn_mask)
+        mask, attn_mask, q_rows, kv_rows = _key_padding.lower(q, k, attn_mask, mask, bshd, backend, q_rows, kv_rows)
     _refuse_mixed(q_rows=q_rows, kv_rows=kv_rows)
     extras = attn_mask is not None or block_table is not None or seq_lens is not None
     if extras:
@@ -274,6 +295,9 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
         # Autograd: the training op keeps the log-sum-exp, and its backward is attnprof's.
         if out is not None:
             raise Error("out= is not supported when gradients are needed: use the returned tensor")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.is_meta:  # the op would run its fake: a result of no values, where a call without grad is refused
+                raise _on_meta(name)
         with _labelled(backend, mask, window, attn_mask):
             return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic,
                                                       softcap, attn_mask, q_rows, kv_rows)[0]
@@ -304,45 +328,6 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
     return out
 
 
-def _is_key_padding(attn_mask, q, k, bshd):
-    """Whether attn_mask has a key-padding mask's shape, bool [B, Skv] or [B, 1, 1, Skv] (any other mask beside a
-    mask name is refused as before: the tensor is the whole mask)."""
-    if not isinstance(attn_mask, _Tensor) or attn_mask.dtype != torch.bool or not isinstance(k, _Tensor):
-        return False
-    kv_seq = k.shape[1] if bshd else k.shape[2]
-    shape = tuple(attn_mask.shape)
-    return shape in ((q.shape[0], kv_seq), (q.shape[0], 1, 1, kv_seq))
-
-
-def _key_padding_rows(attn_mask, q, k, bshd):
-    """A key-padding mask (bool [B, Skv] or [B, 1, 1, Skv], each row one run of Trues) as (q_rows, kv_rows),
-    int32 [B, 2] (begin, end), with torch ops on its device: q_rows equal to kv_rows when S == Skv (training's
-    padding), else None. A row with holes is refused on the CPU and, on CUDA, in the checking mode
-    (ATTNPROF_CHECK_INPUTS=1): elsewhere nothing is read back to the host."""
-    m = attn_mask
-    if m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == 1:
-        m = m[:, 0, 0, :]
-    if m.dim() != 2:
-        raise Error(f"attn_mask with mask= is a key-padding mask, bool [B, Skv] or [B, 1, 1, Skv]; got "
-                    f"{list(attn_mask.shape)}")
-    seq, kv_seq = (q.shape[1], k.shape[1]) if bshd else (q.shape[2], k.shape[2])
-    if m.shape[0] != q.shape[0] or m.shape[1] != kv_seq:
-        raise Error(f"attn_mask with mask= must be [B, Skv] = [{q.shape[0]}, {kv_seq}]; got {list(attn_mask.shape)}")
-    keys = torch.arange(kv_seq, device=m.device, dtype=torch.int32)
-    count = m.sum(1, dtype=torch.int32)
-    first = torch.where(m, keys, kv_seq).amin(1).to(torch.int32)
-    last = torch.where(m, keys + 1, 0).amax(1).to(torch.int32)
-    begin = torch.where(count > 0, first, 0)
-    if m.device.type == "cpu" or os.environ.get("ATTNPROF_CHECK_INPUTS") == "1":
-        holed = ((last - begin) != count) & (count > 0)
-        if bool(holed.any()):
-            row = int(holed.nonzero()[0, 0])
-            raise Error(f"attn_mask row {row} is not one run of Trues (a key-padding mask with mask= is one run a "
-                        "row: right and/or left padding)")
-    rows = torch.stack((begin, begin + count), 1).to(torch.int32).contiguous()
-    return (rows if seq == kv_seq else None), rows
-
-
 def _refuse_mixed(**tensors):
     for name, t in tensors.items():
         if t is not None and not isinstance(t, _Tensor):
@@ -354,10 +339,10 @@ def _refuse_mixed(**tensors):
 
 def _varlen_run(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, threads=0, softcap=None,
                 q_descale=None, k_descale=None, v_descale=None):
-    _core.attention_varlen(*_dlpack(q, k, v, out, cu_q, cu_k), max_seqlen_q=max_q, max_seqlen_k=max_k,
-                           backend=backend, mask=mask, window=window, scale=scale, stream=_stream_of(q),
-                           threads=threads, softcap=softcap, q_descale=q_descale, k_descale=k_descale,
-                           v_descale=v_descale)
+    _core.attention_varlen(*_dlpack(q, k, v, out, cu_q, cu_k, names=_VARLEN_NAMES), max_seqlen_q=max_q,
+                           max_seqlen_k=max_k, backend=backend, mask=mask, window=window, scale=scale,
+                           stream=_stream_of(q), threads=threads, softcap=softcap, q_descale=q_descale,
+                           k_descale=k_descale, v_descale=v_descale)
 
 
 @torch.library.custom_op("attnprof::attention_varlen", mutates_args=(), device_types=("cpu", "cuda"))
@@ -391,7 +376,7 @@ def _varlen_train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """The packed training forward: (out, the FP32 [H, total_q] log-sum-exp the backward reads)."""
     window, scale, softcap = _numbers(window, scale, softcap)
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    _, lse = _core.attention_varlen_train(*_dlpack(q, k, v, out, cu_seqlens_q, cu_seqlens_k),
+    _, lse = _core.attention_varlen_train(*_dlpack(q, k, v, out, cu_seqlens_q, cu_seqlens_k, names=_VARLEN_NAMES),
                                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, backend=backend,
                                           mask=mask, window=window, scale=scale, stream=_stream_of(q),
                                           deterministic=deterministic, softcap=softcap)
@@ -414,7 +399,8 @@ def _varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     """dQ, dK, dV of attention_varlen_train's call for the upstream gradient dout."""
     window, scale, softcap = _numbers(window, scale, softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _core.attention_varlen_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k),
+    _core.attention_varlen_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                                                             names=_BACKWARD_NAMES + ("cu_seqlens_q", "cu_seqlens_k")),
                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, backend=backend, mask=mask,
                                     window=window, scale=scale, stream=_stream_of(q), deterministic=deterministic,
                                     softcap=softcap)

@@ -36,8 +36,11 @@ CASES = {
     "attn_mask dtype": (lambda: arrays(), {"attn_mask": np.ones((16, 16), np.int32)}, r"attn_mask is int32: a mask is bool"),
     "float attn_mask of another dtype": (lambda: arrays(), {"attn_mask": np.zeros((16, 16), np.float16)},
                                          r"attn_mask is fp16 but q is fp32"),
-    "attn_mask and a mask name": (lambda: arrays(), {"attn_mask": np.ones((16, 16), bool), "mask": "none"},
+    "attn_mask and a mask name": (lambda: arrays(), {"attn_mask": np.ones((1, 16, 16), bool), "mask": "none"},
                                   r"attn_mask and mask=.none. are exclusive"),
+    "a [S, Skv] mask beside a mask name": (lambda: arrays(), {"attn_mask": np.ones((16, 16), bool), "mask": "none"},
+                                           r"^attn_mask \[16, 16\] beside mask='none' is not a key-padding mask of "
+                                           r"this batch: bool \[B, Skv\] = \[1, 16\]"),
     "window without sliding window": (lambda: arrays(), {"window": 4}, r"window applies only to mask=sliding-window"),
     "window not positive": (lambda: arrays(), {"mask": "sliding_window", "window": 0}, r"window must be positive"),
     "sliding window without window": (lambda: arrays(), {"mask": "sliding_window"}, r"needs window=N"),
@@ -286,9 +289,69 @@ def test_custom_op_reports_the_same_error():
 
 
 def test_a_device_attnprof_does_not_take():
-    q = torch.ones(1, 2, 16, 32, device="meta")
-    with pytest.raises(attnprof.Error, match=r"CPU or CUDA arrays that export DLPack"):
-        attnprof.attention(q, q, q)
+    """The meta device by name (it holds no data), whichever tensor is on it, with or without gradients."""
+    meta = torch.ones(1, 2, 16, 32, device="meta")
+    cpu = torch.ones(1, 2, 16, 32)
+    for args, name in (((meta, meta, meta), "q"), ((cpu, meta, cpu), "k"), ((cpu, cpu, meta), "v"),
+                       ((meta.requires_grad_(), meta, meta), "q")):
+        with pytest.raises(attnprof.Error, match=rf"^{name} is on the meta device, which holds no data") as e:
+            attnprof.attention(*args)
+        assert "\n" not in str(e.value) and "DLPack" not in str(e.value)
+    with pytest.raises(attnprof.Error, match=r"^attn_mask is on the meta device"):
+        attnprof.attention(cpu, cpu, cpu, attn_mask=torch.ones(1, 1, 1, 16, dtype=torch.bool, device="meta"),
+                           backend="flash")
+
+
+# ---- issue 57 item 9: each refusal names the right thing, in one line ----
+
+def _refused(message, **kwargs):
+    q = kwargs.pop("q", None)
+    q = q if q is not None else torch.randn(2, 2, 8, 16)
+    with pytest.raises(attnprof.Error, match=message) as e:
+        attnprof.attention(q, kwargs.pop("k", q), kwargs.pop("v", q), **kwargs)
+    assert "\n" not in str(e.value), str(e.value)
+    return str(e.value)
+
+
+def test_rows_of_the_wrong_rank_name_the_shapes_rows_take():
+    for name in ("q_rows", "kv_rows"):
+        text = _refused(rf"^{name} must be int32 \[B, 2\] = \[2, 2\], each sequence's \(begin, end\) rows.*"
+                        r"got 1-d \[2\]$", backend="flash", mask="none",
+                        **{name: torch.tensor([8, 5], dtype=torch.int32)})
+        assert "pages_per_seq" not in text
+        assert ("key ends" in text) == (name == "kv_rows")
+
+
+@pytest.mark.parametrize("backend", ["naive", "math", "naive_inplace"])
+def test_rows_on_a_backend_without_them_say_so(backend):
+    rows = torch.tensor([[0, 8], [0, 5]], dtype=torch.int32)
+    text = _refused(rf"^{backend} on cpu does not take per-sequence rows \(q_rows, kv_rows.*\): on cpu these "
+                    r"backends do: flash$", backend=backend, mask="none", kv_rows=rows)
+    assert "seq_lens" not in text
+    # A key-padding mask beside a mask name is lowered to rows: the same refusal.
+    _refused(rf"^{backend} on cpu does not take per-sequence rows", backend=backend, mask="causal",
+             attn_mask=torch.tensor([[True] * 8, [True] * 5 + [False] * 3]))
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (2, 9), (2, 1, 1, 9), (1, 1, 1, 8)])
+def test_a_key_padding_mask_of_the_wrong_shape_beside_a_mask_name_names_the_shape(shape):
+    text = _refused(rf"^attn_mask \[{', '.join(map(str, shape))}\] beside mask='causal' is not a key-padding mask "
+                    r"of this batch: bool \[B, Skv\] = \[2, 8\]", backend="flash", mask="causal",
+                    attn_mask=torch.ones(shape, dtype=torch.bool))
+    assert "exclusive" not in text
+
+
+@pytest.mark.parametrize("field", ["max_seqlen_q", "max_seqlen_k"])
+def test_max_seqlen_out_of_range_is_named_with_its_limit(field):
+    q = torch.randn(10, 2, 16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    given = dict(max_seqlen_q=6, max_seqlen_k=6)
+    given[field] = 2**40
+    for arrays in ((q, cu), (q.numpy(), cu.numpy())):
+        x, c = arrays
+        with pytest.raises(attnprof.Error, match=rf"^{field} is 1099511627776: out of range, at most 4194304") as e:
+            attnprof.attention(x, x, x, cu_seqlens_q=c, cu_seqlens_k=c, **given)
+        assert "seq 1099511627776" not in str(e.value) and "\n" not in str(e.value)
 
 
 def test_module_uses_the_shared_cxx_runtime():

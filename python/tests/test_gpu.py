@@ -119,6 +119,26 @@ def test_torch_compile_on_cuda():
     torch.testing.assert_close(compiled(q, k, v).float(), sdpa(q, k, v) * 2, atol=4e-2, rtol=2e-2)
 
 
+def test_key_padding_without_a_mask_name_on_cuda_flash_compiles_whole_and_trains():
+    """SDPA's call with a key-padding mask on flash: lowered to kv_rows on the device inside the compiled graph (the
+    checking mode read as a constant of the trace, nothing read on the host), forward and gradients as SDPA's."""
+    q, k, v = (t.requires_grad_() for t in qkv())
+    pad = torch.arange(256, device="cuda")[None, None, None, :] < torch.tensor([256, 77], device="cuda")[:, None, None,
+                                                                                                         None]
+
+    dout = torch.randn(q.shape, device="cuda")
+
+    def loss(q, k, v, m):
+        return (attnprof.attention(q, k, v, backend="flash", attn_mask=m).float() * dout).sum()
+
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True)(q, k, v, pad), (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=pad)
+    want = torch.autograd.grad((ref * dout).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
 def test_bshd_on_cuda():
     qs, ks, vs = qkv((2, 256, 8, 64))
     out = attnprof.attention(qs, ks, vs, backend="flash", layout="bshd")
@@ -142,8 +162,9 @@ def test_mismatched_devices_and_nothing_left_allocated():
 
 
 def test_cuda_masks_and_paged_caches():
-    """attn_mask on CUDA: a bias reaches cudnn; flash reads a key-padding mask as key counts and
-    refuses any other boolean mask by name. A paged cache from Python on flash and cudnn, equal lengths."""
+    """attn_mask on CUDA: a bias reaches cudnn; flash takes a key-padding mask with no mask name as key rows
+    (lowered on the device) and, in the checking mode, refuses any other boolean mask by name. A paged cache from
+    Python on flash and cudnn, equal lengths."""
     q, k, v = qkv((2, 8, 128, 64))
     bias = torch.randn(2, 1, 128, 128, dtype=torch.bfloat16, device="cuda")
     group = 1
@@ -156,12 +177,20 @@ def test_cuda_masks_and_paged_caches():
     pad = torch.arange(128, device="cuda")[None, None, None, :] < torch.tensor([128, 50], device="cuda")[:, None, None,
                                                                                                           None]
     want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=pad)
-    got = attnprof.attention(q, k, v, backend="flash", attn_mask=pad)  # key padding: read as key counts
+    # Key padding with no mask name, as SDPA is called: lowered to kv_rows on the device (attnprof/_key_padding.py).
+    got = attnprof.attention(q, k, v, backend="flash", attn_mask=pad)
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
     holed = pad.clone()
-    holed[..., 7] = False  # not a prefix of Trues: not key padding
-    with pytest.raises(attnprof.Error, match=r"only as key padding"):
-        attnprof.attention(q, k, v, backend="flash", attn_mask=holed)
+    holed[..., 7] = False  # not one run of Trues: not key padding
+    # A CUDA mask is not read on the host by default (stream order); the checking mode reads it and refuses a hole.
+    with pytest.raises(attnprof.Error, match=r"^attn_mask row 0 is not one run of Trues: flash on cuda:0 reads a "
+                                             r"boolean attn_mask only as key padding"):
+        attnprof.attention(q, k, v, backend="flash", attn_mask=holed, check_inputs=True)
+    # Backends that read mask tensors take it as the whole mask.
+    if "cudnn" in attnprof.explain(batch=2, heads=8, seq=128, head_dim=64, device="cuda", mask="boolean").eligible():
+        want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=holed)
+        got = attnprof.attention(q, k, v, backend="cudnn", attn_mask=holed)
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
     del group
     # Paged decode: 2 sequences of 64 keys in pages of 16.
     qd = torch.randn(2, 8, 1, 64, dtype=torch.bfloat16, device="cuda")

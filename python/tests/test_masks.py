@@ -115,10 +115,12 @@ def test_mask_errors_are_one_line():
         ({"attn_mask": torch.ones(8, 8, dtype=torch.int64)}, r"attn_mask is int64: a mask is bool"),
         ({"attn_mask": torch.zeros(8, 8, dtype=torch.float64)}, r"64-bit float: a float mask takes q's dtype"),
         ({"attn_mask": torch.zeros(8, 8, dtype=torch.bfloat16)}, r"attn_mask is bf16 but q is fp32"),
-        ({"attn_mask": torch.ones(8, 8, dtype=torch.bool), "mask": "causal"}, r"are exclusive"),
+        ({"attn_mask": torch.ones(1, 8, 8, dtype=torch.bool), "mask": "causal"}, r"are exclusive"),
+        ({"attn_mask": torch.ones(8, 8, dtype=torch.bool), "mask": "causal"}, r"is not a key-padding mask of this "
+                                                                              r"batch: bool \[B, Skv\] = \[2, 8\]"),
         ({"attn_mask": torch.zeros(8, 8).requires_grad_()}, r"attn_mask requires grad"),
         ({"attn_mask": np.ones((8, 8), bool)}, r"q is a torch tensor but attn_mask is ndarray"),
-        ({"attn_mask": torch.ones(8, 8, dtype=torch.bool, device="meta")}, r"DLPack|meta"),
+        ({"attn_mask": torch.ones(8, 8, dtype=torch.bool, device="meta")}, r"^attn_mask is on the meta device"),
     ]
     for kwargs, message in cases:
         gc.collect()

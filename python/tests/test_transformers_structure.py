@@ -313,3 +313,27 @@ def test_cumulative_lengths_disagreeing_with_position_ids_are_refused(calls):
                                              r"documents start at \[0, 5, 9, 12\]") as e:
         ours(**batch, use_cache=False)
     one_line(e)
+
+
+def test_cumulative_lengths_without_position_ids_name_what_they_disagree_with(calls):
+    """cu_seq_lens with no position_ids of the collator: the message names the model's own numbering (positions
+    that never restart) or the packed mask transformers made, never position_ids the caller did not pass."""
+    ours = build("llama", "attnprof")
+    docs = documents()
+    ids = torch.cat(docs)[None]
+    cu = torch.tensor([0, 6, 9, 12], dtype=torch.int32)
+    with pytest.raises(attnprof.Error, match=r"^cu_seq_lens_q \[0, 6, 9, 12\] names 3 documents but position_ids "
+                                             r"never restart within a row \(a model numbers each row 0, 1, \.\.\. "
+                                             r"when no position_ids are passed\)") as e:
+        ours(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6, max_length_k=6, use_cache=False)
+    one_line(e)
+    forward = AttentionInterface()["attnprof"]
+    q, k, v = (torch.randn(1, 2, 12, 8) for _ in range(3))
+    packed = _hf_masks.PackedBatch(torch.tensor([[0] * 5 + [1] * 4 + [2] * 3]))
+    with pytest.raises(attnprof.Error, match=r"^cu_seq_lens_q \[0, 6, 9, 12\] disagrees with the packed mask "
+                                             r"transformers made \(packed_sequence_mask\), whose documents start at "
+                                             r"\[0, 5, 9, 12\]") as e:
+        forward(torch.nn.Module(), q, k, v, packed, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6,
+                max_length_k=6)
+    assert "position_ids, whose" not in str(e.value)
+    one_line(e)

@@ -238,6 +238,31 @@ Tensor index_view(const char* name, const Array& a, std::size_t ndim, Device dev
   return Tensor::from_blob(data_of(a), sizes, strides, DType::I32, device);
 }
 
+Tensor rows_view(const char* name, const Array& a, std::int64_t batch, Device device, bool ends_ok) {
+  const std::string b = std::to_string(batch);
+  const auto refuse = [&](const std::string& got) {
+    fail(ErrorKind::InvalidArgument,
+         std::string(name) + " must be int32 [B, 2] = [" + b + ", 2], each sequence's (begin, end) rows" +
+             (ends_ok ? " (or [" + b + ", 1], its key ends from 0)" : "") + ", or the core's [1, 1, " + b + ", " +
+             (ends_ok ? "2 or 1" : "2") + "]; got " + got);
+  };
+  const nb::dlpack::dtype t = a.dtype;
+  if (t.lanes != 1 || t.bits != 32 || t.code != kInt) refuse(dtype_text(a) + " " + dims_of(a));
+  if (a.ndim != 2 && a.ndim != 4) refuse(std::to_string(a.ndim) + "-d " + dims_of(a));
+  const std::size_t n = a.ndim;
+  const std::uint64_t width = a.size(n - 1);
+  if ((n == 4 && (a.size(0) != 1 || a.size(1) != 1)) || a.size(n - 2) != static_cast<std::uint64_t>(batch) ||
+      !(width == 2 || (ends_ok && width == 1))) {
+    refuse(dims_of(a));
+  }
+  if (device_of(name, a) != device) {
+    fail(ErrorKind::InvalidArgument, std::string(name) + " is on " + where_name(a) + " but q is on " +
+                                         device_name(device) + ": move it to q's device");
+  }
+  return Tensor::from_blob(data_of(a), {1, 1, batch, static_cast<std::int64_t>(width)},
+                           {0, 0, a.stride(n - 2), a.stride(n - 1)}, DType::I32, device);
+}
+
 // Dimensions by increasing stride must each step past all the elements of
 // the ones below (as_strided views that overlap do not).
 void require_writable_layout(const char* name, const Tensor& out) {

@@ -259,6 +259,10 @@ void bind_attention(nb::module_& m) {
   // attention(check_inputs=True) holds the checking mode (attnprof/check_inputs.h) around its call.
   m.def("_exchange_checking_inputs", &exchange_checking_inputs, nb::arg("setting"),
         "this thread's checking mode: 1 on, 0 off, -1 the environment's (ATTNPROF_CHECK_INPUTS); returns the previous");
+  // Python's one reading of the mode (attnprof/_key_padding.py's checking_inputs): the core's, so that the
+  // environment means what it means to C++ and attention(check_inputs=True) reaches Python's checks too.
+  m.def("checking_inputs", &checking_inputs,
+        "whether the checking mode is on for this thread: its setting, else ATTNPROF_CHECK_INPUTS not '' or '0'");
 
   // The torch extension's way in (bindings/forward_entry.h; attnprof._torch_call).
   m.def(

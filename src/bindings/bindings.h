@@ -79,6 +79,11 @@ Tensor mask_view(const Array& a, Device device);
 // An int32 array of `ndim` dimensions on q's device (block_table, seq_lens),
 // as a borrowed [1, 1, .., ..] view.
 Tensor index_view(const char* name, const Array& a, std::size_t ndim, Device device);
+// A dense call's per-sequence rows (q_rows, kv_rows) on q's device as the core
+// reads them, a borrowed int32 [1, 1, B, 2] view of (begin, end) pairs: given
+// as [B, 2] or in that very shape; with `ends_ok` (kv_rows) also [B, 1] or
+// [1, 1, B, 1], key ends from 0. Refused in one line naming the shapes taken.
+Tensor rows_view(const char* name, const Array& a, std::int64_t batch, Device device, bool ends_ok);
 // The output is written by many threads or blocks at once: no two elements
 // may share memory.
 void require_writable_layout(const char* name, const Tensor& out);

@@ -52,6 +52,14 @@ std::string keeps_probabilities(std::string_view backend, Device device) {
          std::string(device_name(device)) + ": " + takers(device, &Traits::backward_recomputes) + ")";
 }
 
+// What a call's per-sequence rows are (PlanKey::rows), as a refusal names them:
+// a paged call's unequal lengths, or a dense call's rows.
+std::string rows_text(const Problem& p) {
+  return p.kv_cache == KvCache::Paged
+             ? "per-sequence kv lengths (seq_lens differ)"
+             : "per-sequence rows (q_rows, kv_rows, or a key-padding attn_mask lowered to them)";
+}
+
 // `auto` under autograd: its measured pick where that recomputes, else the
 // first eligible backend that does (explain()'s order).
 std::string auto_for(const Problem& p, Use use, bool rows) {
@@ -63,8 +71,9 @@ std::string auto_for(const Problem& p, Use use, bool rows) {
     for (const auto& e : explain(p)) {
       if (e.eligible && takes(e.backend)) return e.backend;
     }
-    fail(ErrorKind::Unsupported, "auto: no eligible backend takes per-sequence kv lengths (unequal seq_lens) for " +
-                                     p.describe() + "; on the CPU these do: " + takers(Device::Cpu, &Traits::rows));
+    fail(ErrorKind::Unsupported, "auto: no eligible backend takes " + rows_text(p) + " for " + p.describe() + "; on " +
+                                     std::string(device_name(p.device)) +
+                                     " these do: " + takers(p.device, &Traits::rows));
   }
   const std::string picked = choose_auto(p).backend;
   if (use == Use::Inference) return picked;
@@ -98,11 +107,14 @@ Backend& resolve(const Problem& p, const std::string& requested, Use use, bool r
     fail(ErrorKind::Unsupported, keeps_probabilities(b->name(), p.device));
   }
   if (rows && !b->traits().rows) {
-    fail(ErrorKind::Unsupported,
-         std::string(b->name()) + " on " + device_name(p.device) +
-             " takes one kv length for every sequence, and seq_lens differ: on the CPU these take "
-             "per-sequence lengths: " +
-             takers(Device::Cpu, &Traits::rows) + " (or pad the shorter sequences' pages)");
+    const std::string where = std::string(b->name()) + " on " + std::string(device_name(p.device));
+    const std::string these =
+        "on " + std::string(device_name(p.device)) + " these backends do: " + takers(p.device, &Traits::rows);
+    if (p.kv_cache == KvCache::Paged) {
+      fail(ErrorKind::Unsupported, where + " takes one kv length for every sequence, and seq_lens differ: " + these +
+                                       " (or pad the shorter sequences' pages)");
+    }
+    fail(ErrorKind::Unsupported, where + " does not take " + rows_text(p) + ": " + these);
   }
   std::lock_guard lock(mu);
   plans.emplace(std::move(key), b);
@@ -232,8 +244,9 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
     p.kv_heads = in.k.size(1);
     p.kv_seq = in.k.size(2);
   }
-  // Per-sequence rows: int32 [B, 2] on q's device; their values are read by
-  // the backend that takes them (on the CPU, checked there on the host).
+  // Per-sequence rows: int32 [B, 2] (kv_rows also [B, 1], key ends) on q's
+  // device; their values are read by the backend that takes them (on the
+  // CPU, checked there on the host).
   const std::pair<const char*, const std::optional<Array>*> row_args[] = {{"q_rows", &x.q_rows},
                                                                           {"kv_rows", &x.kv_rows}};
   for (const auto& [name, arr] : row_args) {
@@ -245,12 +258,8 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
                " with attn_mask: rows take a structural mask (mask=), a key-padding attn_mask is "
                "lowered to rows when passed with mask=");
     }
-    Tensor t = index_view(name, **arr, 2, device);
-    if (t.size(2) != p.batch || t.size(3) != 2) {
-      fail(ErrorKind::InvalidArgument, std::string(name) + " must be int32 [B, 2] = [" + std::to_string(p.batch) +
-                                           ", 2] (each sequence's (begin, end) rows); got " + t.dims_string());
-    }
-    (std::string_view(name) == "q_rows" ? in.q_rows : in.kv_rows) = t;
+    const bool keys = std::string_view(name) == "kv_rows";
+    (keys ? in.kv_rows : in.q_rows) = rows_view(name, **arr, p.batch, device, /*ends_ok=*/keys);
   }
   Tensor mask_tensor;
   if (x.attn_mask) {

@@ -24,7 +24,8 @@ void read_rows(const char* name, const Tensor& t, std::int64_t batch, std::int64
   if (t.dtype() != DType::I32 || (t.sizes() != Dims{1, 1, batch, 2} && !ends_only)) {
     fail(ErrorKind::InvalidArgument,
          std::string(name) + " must be int32 [B, 2] = [" + std::to_string(batch) +
-             ", 2] (each sequence's (begin, end) rows), got " + t.describe(),
+             ", 2] (each sequence's (begin, end) rows" + (queries ? "" : "; or [B, 1], its key ends from 0") +
+             "), got " + t.describe(),
          {name});
   }
   if (t.device() != Device::Cpu) {

@@ -15,7 +15,6 @@ Nothing here reads a CUDA tensor on the host: the lowering is torch ops on the m
 from __future__ import annotations
 
 import inspect
-import os
 
 import torch
 
@@ -35,7 +34,7 @@ class PackedBatch:
 
 def checking() -> bool:
     """The checking mode (ATTNPROF_CHECK_INPUTS=1): CUDA masks and lengths are read on the host and checked."""
-    return os.environ.get("ATTNPROF_CHECK_INPUTS", "") not in ("", "0")
+    return attnprof._key_padding.checking_inputs()  # the core's reading, the one Python has
 
 
 def _nonlocals(fn) -> dict:

@@ -179,7 +179,7 @@ def _packed(query, key, value, packed, structural, common, kwargs):
     if cu_q is not None:
         max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
         if starts is not None and (query.device.type == "cpu" or _hf_masks.checking()):
-            _agree(cu_q, cu_k, starts)
+            _agree(cu_q, cu_k, starts, batch, "position_ids" if position_ids is not None else "the packed mask")
     else:
         if starts is None:
             raise attnprof.Error("a packed batch needs cu_seq_lens_q and cu_seq_lens_k or position_ids")
@@ -194,16 +194,25 @@ def _packed(query, key, value, packed, structural, common, kwargs):
     return out.view(batch, seq, heads, out.shape[-1])
 
 
-def _agree(cu_q, cu_k, starts):
-    """cu_seq_lens given beside position_ids must name the same documents (read on the host: the CPU, or the
-    checking mode)."""
+def _agree(cu_q, cu_k, starts, batch, source):
+    """cu_seq_lens given beside position_ids (or, with none, the packed mask transformers made: `source`) must name
+    the same documents (read on the host: the CPU, or the checking mode)."""
     want = _hf_masks.exact_cu_seqlens(starts)
     for name, cu in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
         got = [int(x) for x in cu.reshape(-1).cpu().tolist()]
-        if got != want:
-            shown = lambda xs: str(xs if len(xs) <= 8 else xs[:8] + ["..."])  # noqa: E731
-            raise attnprof.Error(f"{name} {shown(got)} disagrees with position_ids, whose documents start at "
-                                 f"{shown(want)}: pass the collator's cu_seq_lens with its own position_ids")
+        if got == want:
+            continue
+        shown = lambda xs: str(xs if len(xs) <= 8 else xs[:8] + ["..."])  # noqa: E731
+        if source != "position_ids":
+            raise attnprof.Error(f"{name} {shown(got)} disagrees with the packed mask transformers made "
+                                 f"(packed_sequence_mask), whose documents start at {shown(want)}: pass the "
+                                 "collator's cu_seq_lens with its own position_ids")
+        if len(want) - 1 == batch:  # one document a row: positions 0, 1, ... as a model numbers them by default
+            raise attnprof.Error(f"{name} {shown(got)} names {len(got) - 1} documents but position_ids never "
+                                 "restart within a row (a model numbers each row 0, 1, ... when no position_ids are "
+                                 "passed): pass the collator's position_ids with its cu_seq_lens")
+        raise attnprof.Error(f"{name} {shown(got)} disagrees with position_ids, whose documents start at "
+                             f"{shown(want)}: pass the collator's cu_seq_lens with its own position_ids")
 
 
 def _custom(q, k, v, mask, common):
