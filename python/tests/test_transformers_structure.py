@@ -41,8 +41,8 @@ def build(kind, attn_implementation, **extra):
         config = Qwen2Config(**SMALL, **extra)
         cls = Qwen2ForCausalLM
     else:
-        config = Gemma2Config(**SMALL, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
-                              attn_logit_softcapping=50.0, final_logit_softcapping=None, **extra)
+        config = Gemma2Config(**SMALL, **{**dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+                                                 attn_logit_softcapping=50.0, final_logit_softcapping=None), **extra})
         cls = Gemma2ForCausalLM
     config._attn_implementation = attn_implementation
     return cls(config).float()

@@ -133,22 +133,28 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
 
 
 def _rows(mask, seq, kv_seq):
-    """q_rows and kv_rows ([B, 2] int32, on the mask's device) of a 2-D padding mask over the layer's keys."""
+    """q_rows and kv_rows ([B, 2] int32, on the mask's device) of a 2-D padding mask (attnprof_mask's forms).
+
+    Its columns are positions in order, the last of them the last query's: the queries are its last seq columns.
+    The keys are its last kv_seq columns where it has as many or more (a sliding layer keeps the last keys); where
+    it has fewer, a decoding step's mask (one query) is the layer's last keys (a cache may hand the layer keys
+    before the mask's first column: outside its window, never seen), and a longer step's is the layer's first keys
+    (a static cache's slots written so far, the rest empty)."""
     if mask.dtype != _hf_masks.torch.bool:
         mask = mask.bool()  # transformers' 1-and-0 padding mask
     width = mask.shape[-1]
-    if width > kv_seq:
-        raise attnprof.Error(f"attention_mask has {width} columns but the layer has {kv_seq} keys: a padding mask "
-                             "covers the keys (at most one column per key)")
-    kv_rows = _hf_masks.runs(mask, "attention_mask")
-    if seq == kv_seq and width == kv_seq:
-        return kv_rows, kv_rows
-    if seq == 1:
-        return None, kv_rows
     if width < seq:
         raise attnprof.Error(f"attention_mask has {width} columns, fewer than the {seq} queries: its last "
                              f"{seq} columns are the queries' own positions")
-    return _hf_masks.runs(mask[:, -seq:], "attention_mask's query columns"), kv_rows
+    skipped = width - kv_seq if width > kv_seq else 0  # columns before the layer's first key
+    kv_rows = _hf_masks.runs(mask[:, skipped:] if skipped else mask, "attention_mask", skipped)
+    if width < kv_seq and seq == 1:
+        kv_rows = kv_rows + (kv_seq - width)  # the mask's columns are the last keys
+    if seq == 1:
+        return None, kv_rows
+    if seq == kv_seq and width >= kv_seq:
+        return kv_rows, kv_rows  # the same columns
+    return _hf_masks.runs(mask[:, -seq:], "attention_mask's query columns", width - seq), kv_rows
 
 
 def _packed(query, key, value, packed, structural, common, kwargs):
@@ -177,14 +183,19 @@ def _packed(query, key, value, packed, structural, common, kwargs):
         starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
         starts = starts.reshape(-1)
     if cu_q is not None:
-        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        # The collator's maxima are ints; one given as a tensor is not read here (that would be a host read on
+        # CUDA): None, and attnprof takes the longest itself.
+        max_q, max_k = (None if isinstance(m, torch.Tensor) else m
+                        for m in (kwargs.get("max_length_q"), kwargs.get("max_length_k")))
         if starts is not None and (query.device.type == "cpu" or _hf_masks.checking()):
             _agree(cu_q, cu_k, starts)
     else:
         if starts is None:
             raise attnprof.Error("a packed batch needs cu_seq_lens_q and cu_seq_lens_k or position_ids")
+        # From the positions with torch ops on their device (no host read: the count of documents stays on the
+        # device), and the longest as an int without reading it: no document spans two rows.
         cu_q = cu_k = _hf_masks.cu_seqlens_of(starts)
-        max_q = max_k = seq  # no document spans two rows
+        max_q = max_k = seq
     q = query.transpose(1, 2).reshape(total, heads, dim)
     k = key.transpose(1, 2).reshape(total, key.shape[1], dim)
     v = value.transpose(1, 2).reshape(total, value.shape[1], value.shape[3])
