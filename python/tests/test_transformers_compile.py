@@ -142,7 +142,8 @@ def test_compiled_static_cache_generate_decodes_in_one_graph(flash):
     assert len(decode) == 2, "the decoding step's two layers read one query against each sequence's keys"
 
 
-def test_compiled_packed_batch_from_position_ids(flash):
+@pytest.mark.parametrize("flash_kwargs", [False, True], ids=["position_ids", "cu_seq_lens"])
+def test_compiled_packed_batch_equals_each_document_alone(flash, flash_kwargs):
     from transformers import DataCollatorWithFlattening
 
     from test_transformers_structure import documents
@@ -151,11 +152,37 @@ def test_compiled_packed_batch_from_position_ids(flash):
     ours.eval()
     model, backend = compiled(build("llama", "attnprof").eval())
     docs = documents()
-    batch = DataCollatorWithFlattening()([{"input_ids": d.tolist()} for d in docs])
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)([{"input_ids": d.tolist()}
+                                                                              for d in docs])
+    batch.pop("labels")
     with torch.no_grad():
-        packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
+        packed = model(**batch, use_cache=False).logits[0]
         alone = [ours(input_ids=d[None]).logits[0] for d in docs]
     torch.testing.assert_close(packed, torch.cat(alone), atol=LOGITS_TOL, rtol=LOGITS_TOL)
     calls = backend.ops("attnprof")
     assert len(calls) == 2 and all(isinstance(c["cu_seqlens_q"], torch.fx.Node) for c in calls)
-    assert all(c["max_seqlen_q"] == 12 and c["max_seqlen_k"] == 12 for c in calls)
+    longest = 5 if flash_kwargs else 12  # the collator's, or a row's length (no document spans two rows)
+    assert all(c["max_seqlen_q"] == longest and c["max_seqlen_k"] == longest for c in calls)
+    if flash_kwargs:
+        # The collator's lengths are checked against position_ids when the graph runs (the CPU reads them).
+        checked = backend.ops("attnprof_hf")
+        assert [c["name"] for c in checked] == ["cu_seq_lens_q", "cu_seq_lens_k"] * 2, checked
+
+
+def test_cumulative_lengths_disagreeing_with_position_ids_are_refused_compiled_as_uncompiled(flash):
+    from transformers import DataCollatorWithFlattening
+
+    from test_transformers_structure import documents
+
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": d.tolist()}
+                                                                      for d in documents()])
+    batch.pop("labels")
+    batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = torch.tensor([0, 6, 9, 12], dtype=torch.int32)
+    with torch.no_grad():
+        with pytest.raises(attnprof.Error) as eager:
+            build("llama", "attnprof").eval()(**batch, use_cache=False)
+        model, backend = compiled(build("llama", "attnprof").eval())
+        with pytest.raises(attnprof.Error) as traced:
+            model(**batch, use_cache=False)
+    assert backend.graphs and str(traced.value) == str(eager.value)
+    assert str(eager.value).startswith("cu_seq_lens_q [0, 6, 9, 12] disagrees with position_ids")

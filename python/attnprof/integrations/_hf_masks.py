@@ -230,3 +230,36 @@ def exact_cu_seqlens(starts: torch.Tensor) -> list[int]:
     """The documents' cumulative lengths read on the host (the CPU, or the checking mode): for the messages."""
     s = starts.cpu()
     return s.nonzero().reshape(-1).tolist() + [s.shape[0]]
+
+
+def agreeing(cu: torch.Tensor, starts: torch.Tensor, name: str) -> torch.Tensor:
+    """The collator's cumulative lengths `name` as int32, refused in one line where they name other documents
+    than position_ids (starts: document_starts) and can be read: on the CPU and in the checking mode. As runs():
+    the same check compiled (one custom op, cu_seqlens_agreeing) and uncompiled, when the call runs."""
+    if torch.compiler.is_compiling():
+        return torch.ops.attnprof_hf.cu_seqlens_agreeing(cu, starts, name)
+    _check_agree(cu, starts, name)
+    return cu.to(torch.int32)
+
+
+def _check_agree(cu, starts, name):
+    if cu.device.type != "cpu" and not checking():
+        return
+    want = exact_cu_seqlens(starts)
+    got = [int(x) for x in cu.reshape(-1).cpu().tolist()]
+    if got != want:
+        shown = lambda xs: str(xs if len(xs) <= 8 else xs[:8] + ["..."])  # noqa: E731
+        raise attnprof.Error(f"{name} {shown(got)} disagrees with position_ids, whose documents start at "
+                             f"{shown(want)}: pass the collator's cu_seq_lens with its own position_ids")
+
+
+@torch.library.custom_op("attnprof_hf::cu_seqlens_agreeing", mutates_args=())
+def _cu_seqlens_agreeing(cu: torch.Tensor, starts: torch.Tensor, name: str) -> torch.Tensor:
+    """agreeing() as one node of a compiled graph (a copy: an op's output is its own)."""
+    _check_agree(cu, starts, name)
+    return cu.to(torch.int32, copy=True)
+
+
+@_cu_seqlens_agreeing.register_fake
+def _cu_seqlens_agreeing_fake(cu, starts, name):
+    return cu.new_empty(cu.shape, dtype=torch.int32)

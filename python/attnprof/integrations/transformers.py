@@ -15,6 +15,17 @@ is FlashAttention's per-sequence bottom-right causal. A 4-D mask with another pa
 function, or one the caller built) runs under backend="auto" on a backend that takes a tensor mask, with a
 warning naming it once per process; an explicit backend that cannot take it refuses it by name.
 
+A padding mask is one run of real tokens per row (left and/or right padding). One with padding between real
+tokens is refused in one line where its values can be read: on the CPU and in the checking mode
+(ATTNPROF_CHECK_INPUTS=1). CUDA's default path reads nothing on the host (its rows are made by torch ops on the
+device), so there such a mask is neither refused nor run as a general mask: choosing would need a host read.
+
+Under torch.compile all of this is traced whole (fullgraph=True holds: no graph break from attnprof), and the
+same code runs when the graph runs: the padding's rows are made and checked by one custom op
+(attnprof_hf::padding_rows), the collator's cumulative lengths by another (attnprof_hf::cu_seqlens_agreeing), so a
+compiled model takes and refuses exactly what it does uncompiled. A decoding step's padding on a static cache keeps
+one width (the cache's) at every step, so a compiled step is not compiled again and a CUDA graph of it replays.
+
 Query [B, H, S, D], key and value [B, Hkv, Skv, D] (grouped-query heads are read as they are, never repeated);
 the output goes back as [B, S, H, D]. Tensors that require grad go through attnprof's own backward. Dropout,
 position biases and attention outputs are refused with attnprof.Error.
@@ -187,8 +198,10 @@ def _packed(query, key, value, packed, structural, common, kwargs):
         # CUDA): None, and attnprof takes the longest itself.
         max_q, max_k = (None if isinstance(m, torch.Tensor) else m
                         for m in (kwargs.get("max_length_q"), kwargs.get("max_length_k")))
-        if starts is not None and (query.device.type == "cpu" or _hf_masks.checking()):
-            _agree(cu_q, cu_k, starts)
+        if starts is not None:
+            # Checked against position_ids where they can be read (the CPU, the checking mode), when the call runs.
+            cu_q = _hf_masks.agreeing(cu_q, starts, "cu_seq_lens_q")
+            cu_k = _hf_masks.agreeing(cu_k, starts, "cu_seq_lens_k")
     else:
         if starts is None:
             raise attnprof.Error("a packed batch needs cu_seq_lens_q and cu_seq_lens_k or position_ids")
@@ -203,18 +216,6 @@ def _packed(query, key, value, packed, structural, common, kwargs):
     out = attnprof.attention(q, k, v, mask=mask, cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k.to(torch.int32),
                              max_seqlen_q=max_q, max_seqlen_k=max_k, **common)
     return out.view(batch, seq, heads, out.shape[-1])
-
-
-def _agree(cu_q, cu_k, starts):
-    """cu_seq_lens given beside position_ids must name the same documents (read on the host: the CPU, or the
-    checking mode)."""
-    want = _hf_masks.exact_cu_seqlens(starts)
-    for name, cu in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
-        got = [int(x) for x in cu.reshape(-1).cpu().tolist()]
-        if got != want:
-            shown = lambda xs: str(xs if len(xs) <= 8 else xs[:8] + ["..."])  # noqa: E731
-            raise attnprof.Error(f"{name} {shown(got)} disagrees with position_ids, whose documents start at "
-                                 f"{shown(want)}: pass the collator's cu_seq_lens with its own position_ids")
 
 
 def _custom(q, k, v, mask, common):
