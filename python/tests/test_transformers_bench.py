@@ -26,5 +26,8 @@ def test_tiny_run_writes_one_table_and_its_json(tmp_path):
         assert case["loss_rel_diff"] < 1e-4 and case["grad_cosine"] > 0.9999, (name, case)
     for name in ("generate dynamic", "generate static"):
         assert cases[name]["tokens_equal"] and cases[name]["tokens_per_s"] > 0, (name, cases[name])
+        eager = cases[name]["vs_eager"]  # float32 on the CPU: eager's tokens too
+        assert eager["tokens_equal"] and eager["ref_tokens_per_s"] > 0, (name, eager)
     assert result["config"]["lengths"] == [10, 32]  # 30% and 100% of the tiny batch's 32 tokens
     assert "llama packed train" in result["table"] and "generate static" in result["table"]
+    assert sum(line.startswith("generate static") for line in result["table"].splitlines()) == 2  # sdpa, eager

@@ -41,8 +41,8 @@ def build(kind, attn_implementation, **extra):
         config = Qwen2Config(**SMALL, **extra)
         cls = Qwen2ForCausalLM
     else:
-        config = Gemma2Config(**SMALL, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
-                              attn_logit_softcapping=50.0, final_logit_softcapping=None, **extra)
+        config = Gemma2Config(**SMALL, **{**dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+                                                 attn_logit_softcapping=50.0, final_logit_softcapping=None), **extra})
         cls = Gemma2ForCausalLM
     config._attn_implementation = attn_implementation
     return cls(config).float()
@@ -166,6 +166,55 @@ def test_packed_training_gradients_equal_each_document_alone(calls):
         assert err <= GRAD_TOL * max(p.grad.abs().max().item(), 1e-6), f"{name}: max |diff| {err}"
 
 
+HOST_READS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+
+def forbid_host_reads(monkeypatch):
+    """Every way Python reads a tensor's values on the host raises (on CUDA each would synchronise the stream, or
+    read what the caller's stream has not yet written)."""
+    def refuse(name):
+        def read(*args, **kwargs):
+            raise AssertionError(f"{name} read a tensor on the host")
+        return read
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, refuse(f"Tensor.{name}"))
+    monkeypatch.setattr(torch, "nonzero", refuse("torch.nonzero"))
+
+
+def test_packed_batch_reads_nothing_on_the_host(monkeypatch):
+    """issue 56 item 5: a padding-free batch from position_ids alone (the documents' positions restarting) reaches
+    attnprof as cumulative lengths made on the positions' device and the longest as an int, with no value read on
+    the host; the collator's maxima given as tensors are not read either (None: attnprof takes the longest)."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    apt.register(backend="flash")
+    forward = AttentionInterface()["attnprof"]
+    module = torch.nn.Module()
+    q, k, v = torch.randn(1, 4, 12, 8), torch.randn(1, 2, 12, 8), torch.randn(1, 2, 12, 8)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]])
+    packed = _hf_masks.PackedBatch(find_packed_sequence_indices(position_ids))
+    cu = torch.tensor([0, 5, 9, 12], dtype=torch.int32)
+    seen = []
+
+    def recording(q, k, v, **kwargs):
+        seen.append(kwargs)
+        return torch.zeros(q.shape[:-1] + v.shape[-1:])
+
+    monkeypatch.setattr(attnprof, "attention", recording)
+    with monkeypatch.context() as m:
+        forbid_host_reads(m)
+        forward(module, q, k, v, packed, position_ids=position_ids)
+        forward(module, q, k, v, packed)  # the documents from the mask function's sequence ids alone
+        forward(module, q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=torch.tensor(5),
+                max_length_k=torch.tensor(5))
+    apt.register()
+    for kw in seen[:2]:
+        assert kw["cu_seqlens_q"].dtype == torch.int32 and kw["cu_seqlens_q"].tolist() == [0, 5, 9] + [12] * 10
+        assert kw["max_seqlen_q"] == 12 and type(kw["max_seqlen_q"]) is int and kw["mask"] == "causal"
+    assert seen[2]["cu_seqlens_q"].tolist() == [0, 5, 9, 12] and seen[2]["max_seqlen_q"] is None
+
+
 def test_gemma2_soft_cap_and_window_match_eager(calls):
     ours, theirs = pair("gemma2", theirs="eager")
     ids, mask = right_padded()  # 12 tokens, a window of 4
@@ -210,6 +259,49 @@ def test_generate_left_padded_greedy_tokens_equal_sdpa(calls, cache):
     assert len(decode) == 2 * 5, "each of the 5 decode steps (2 layers) is a 1-query call with kv_rows"
     assert decode[0]["kv_rows"].tolist() == [[0, 9], [3, 9], [6, 9]]
     assert calls[0]["q_rows"].tolist() == [[0, 8], [3, 8], [6, 8]]
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_gemma2_decoding_reads_the_mask_by_its_keys_positions(calls, window):
+    """A dynamic cache's sliding layer with sliding_window=1 keeps every key (transformers slices its cache with
+    [-window + 1:], all of it at 1) while the mask's sizes count one, the query's own: the mask's one column is
+    the last key, never the first (a pad). Eager with a cache broadcasts that one column over every key, so the
+    reference is eager over the whole sequence without a cache (the same tokens and positions)."""
+    from transformers import DynamicCache
+
+    ours, theirs = pair("gemma2", theirs="eager", sliding_window=window)
+    ours.eval()
+    theirs.eval()
+    ids, mask = left_padded_prompts()
+    with torch.no_grad():
+        cache = DynamicCache(config=ours.config)
+        first = ours(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+        token = first[:, -1].argmax(-1, keepdim=True)
+        longer = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        step = ours(input_ids=token, attention_mask=longer, past_key_values=cache, use_cache=True).logits
+        want = theirs(input_ids=torch.cat([ids, token], 1), attention_mask=longer).logits[:, -1:]
+    torch.testing.assert_close(step, want, atol=LOGITS_TOL, rtol=LOGITS_TOL)
+    sliding = [kw for kw in calls if kw["mask"] == "sliding-window" and kw["q_rows"] is None]
+    assert len(sliding) == 1  # layer 0 slides; layer 1 is global
+    if window == 1:
+        assert sliding[0]["kv_rows"].tolist() == [[8, 9]] * 3, "the query's own key, the ninth"
+
+
+def test_decoding_masks_keep_their_width_on_a_static_cache():
+    """Each decoding step's padding on a static cache has the cache's width (a compiled step keeps its shapes),
+    its unwritten slots False, and the mask made again from it is the same (Llama builds its mask from the one
+    generate() prepared)."""
+    from transformers.masking_utils import causal_mask_function
+
+    prompt = torch.tensor([[True] * 6, [False] * 2 + [True] * 4])
+    for past in range(6, 9):
+        padding = torch.cat([prompt, torch.ones(2, past - 6 + 1, dtype=torch.bool)], 1)  # the tokens so far
+        sizes = dict(batch_size=2, q_length=1, kv_length=12, q_offset=torch.tensor(past),
+                     mask_function=causal_mask_function)
+        got = _hf_masks.attnprof_mask(attention_mask=padding, **sizes)
+        assert got.shape == (2, 12)
+        assert got.tolist() == [row + [False] * (11 - past) for row in padding.tolist()]
+        assert torch.equal(_hf_masks.attnprof_mask(attention_mask=got, **sizes), got)
 
 
 def test_mask_function_returns_structure():
@@ -279,12 +371,12 @@ def test_padding_with_holes_is_refused(calls):
     one_line(e)
 
 
-def test_lengths_beyond_the_tensor_are_refused(calls):
+def test_lengths_beyond_the_tensors_are_refused(calls):
     forward = AttentionInterface()["attnprof"]
     module = torch.nn.Module()
     q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
-    with pytest.raises(attnprof.Error, match="attention_mask has 9 columns but the layer has 6 keys") as e:
-        forward(module, q, k, v, torch.ones(2, 9, dtype=torch.bool))
+    with pytest.raises(attnprof.Error, match="attention_mask has 5 columns, fewer than the 6 queries") as e:
+        forward(module, q, k, v, torch.ones(2, 5, dtype=torch.bool))
     one_line(e)
     cu = torch.tensor([0, 4, 15], dtype=torch.int32)
     with pytest.raises(attnprof.Error, match="cu_seqlens_q") as e:

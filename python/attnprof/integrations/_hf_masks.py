@@ -5,16 +5,19 @@ pattern as a mask function (causal_mask_function, and_masks(sliding_window_overl
 remapping, or a model's own function) and the padding as a 2-D [B, past + S] boolean. attnprof's mask function
 reads the pattern from those functions (never evaluating them) and returns, as FlashAttention's does:
 - None: no padding, every key real (the layer's causal or window structure is the module's);
-- the 2-D padding mask sliced to the layer's keys, which the attention function lowers to per-sequence rows;
+- the 2-D padding mask, which the attention function lowers to per-sequence rows (see attnprof_mask for which of
+  its columns are which keys);
 - PackedBatch: a padding-free batch whose documents restart the positions (position_ids);
 - SDPA's own 4-D boolean for a pattern it does not recognise (a custom mask), which the attention function
   runs on a backend that takes a tensor mask (warned under backend="auto") or refuses under an explicit one.
-Nothing here reads a CUDA tensor on the host: the lowering is torch ops on the mask's device.
+Nothing here reads a CUDA tensor on the host: the lowering is torch ops on the mask's device. Everything here is
+traced whole by torch.compile (fullgraph=True): the mask functions are read through their closures' cells, which
+dynamo follows, and the check of a padding mask's rows is a custom op (padding_rows), so that a compiled model
+refuses what the same model refuses uncompiled, with no graph break.
 """
 
 from __future__ import annotations
 
-import inspect
 
 import torch
 
@@ -38,14 +41,24 @@ def checking() -> bool:
 
 
 def _nonlocals(fn) -> dict:
-    try:
-        return inspect.getclosurevars(fn).nonlocals
-    except (TypeError, ValueError):
+    """A closure's free variables by name, read from its cells (inspect.getclosurevars would do the same, but
+    dynamo cannot trace it: a graph break in every compiled model's mask creation)."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or cells is None:
         return {}
+    return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
 
 
 def _name(fn) -> str:
-    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+    # Attributes read directly: under torch.compile, getattr(fn, "__module__", default) gives the default for a
+    # function made inside the compiled code (a packed batch's mask function went unrecognised).
+    try:
+        module, qualname = fn.__module__, fn.__qualname__
+    except AttributeError:
+        return ""
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return ""
+    return module + "." + qualname
 
 
 _MASKING = "transformers.masking_utils."
@@ -69,16 +82,17 @@ def structure_of(fn):
         if name == _MASKING + "bidirectional_mask_function":
             parts["causal"] = False if parts["causal"] is None else parts["causal"]
             return True
-        free = _nonlocals(f)
         if name == _MASKING + "and_masks.<locals>.and_mask":
-            return all(walk(g) for g in free.get("mask_functions", ()))
-        if name == _MASKING + "sliding_window_overlay.<locals>.inner_mask" and "sliding_window" in free:
-            parts["window"] = free["sliding_window"]
-            return True
+            return all(walk(g) for g in _nonlocals(f).get("mask_functions", ()))
+        if name == _MASKING + "sliding_window_overlay.<locals>.inner_mask":
+            free = _nonlocals(f)
+            parts["window"] = free.get("sliding_window")
+            return parts["window"] is not None
         if name == _MASKING + "packed_sequence_mask_function.<locals>.inner_mask":
-            parts["packed"] = free.get("packed_sequence_mask")
+            parts["packed"] = _nonlocals(f).get("packed_sequence_mask")
             return parts["packed"] is not None
         if name == _MASKING + "remap_positions_for_packed_sequence.<locals>.inner_mask":
+            free = _nonlocals(f)
             return "mask_function" in free and walk(free["mask_function"])
         return False
 
@@ -112,44 +126,85 @@ def attnprof_mask(batch_size: int | None = None, q_length: int | None = None, kv
     if packed is not None:
         return PackedBatch(packed)
     if attention_mask is not None:
-        # As FlashAttention's mask: the columns of this layer's keys (a sliding layer's cache keeps the last
-        # kv_length), fewer than kv_length where a static cache has empty slots past the mask.
-        mask = attention_mask[:, -kv_length:]
-        if mask.dtype != torch.bool:
-            mask = mask.bool()
-        return mask
+        mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask.bool()
+        if q_length == 1:
+            return _decode_keys(mask, kv_length)
+        # Its columns are positions from 0 (transformers' 2-D mask, every token seen so far): the queries are its
+        # last q_length columns, and the layer's keys its last ones too, or, where a static cache has slots not
+        # yet written (fewer columns than keys), its first ones. Columns past the last key are not the layer's.
+        end = kv_offset + kv_length
+        return mask[:, :end] if mask.shape[-1] > end else mask
     if isinstance(q_offset, int) and q_offset + q_length == kv_offset + kv_length:
         return None  # every key is a real one, up to the last query
     device = kwargs.get("device", "cpu")
-    if isinstance(q_offset, int):
-        return torch.ones(batch_size, q_offset + q_length - kv_offset, dtype=torch.bool, device=device)
     if q_length == 1:
-        # A static cache without a padding mask, decoding: the keys written so far, on the device.
+        # Decoding on a static cache without a padding mask: the keys written so far, in decoding's form (below),
+        # on the device (q_offset is a tensor there).
         keys = torch.arange(kv_offset, kv_offset + kv_length, device=device)
         return (keys < q_offset + 1).expand(batch_size, -1)
+    if isinstance(q_offset, int):
+        return torch.ones(batch_size, q_offset + q_length, dtype=torch.bool, device=device)
     kwargs["allow_is_causal_skip"] = False
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=fn, attention_mask=attention_mask, **kwargs)
 
 
-def runs(mask: torch.Tensor, what: str) -> torch.Tensor:
+def _decode_keys(mask: torch.Tensor, kv_length: int) -> torch.Tensor:
+    """A decoding step's padding as exactly kv_length columns, the keys kv_offset .. kv_offset + kv_length - 1 of
+    transformers' mask sizes, the last of them the query's own: the mask's last kv_length columns, or, where a
+    static cache has slots not yet written, all of them and False for those slots. The attention function reads
+    them as the layer's last keys (a cache may hand the layer more keys than the mask sizes count, which are
+    outside its window: Gemma-2's dynamic cache with sliding_window=1 keeps them all). The width is the same
+    at every step of a static cache (a compiled decoding step keeps its shapes), and the form is its own image
+    (a model that builds its mask again from this one gets the same)."""
+    width = mask.shape[-1]
+    if width < kv_length:
+        return torch.nn.functional.pad(mask, (0, kv_length - width))
+    return mask[:, width - kv_length:] if width > kv_length else mask
+
+
+def runs(mask: torch.Tensor, what: str, offset: int = 0) -> torch.Tensor:
     """Each row's run of Trues of a boolean [B, L] as int32 [B, 2] (begin, end) rows, with torch ops on the
     mask's device: (first True, first True + count); (0, 0) for a row with none. A row with padding between
-    real tokens is refused in one line on the CPU and in the checking mode (read on the host there), except
-    while torch.compile traces the call (a branch on the values would break its graph)."""
+    real tokens has no rows: it is refused in one line (offset: the position of the mask's column 0, for the
+    message) where its values can be read, on the CPU and in the checking mode (ATTNPROF_CHECK_INPUTS=1, read in
+    the stream's order); CUDA's default path reads nothing on the host, so there nothing is refused.
+
+    The same function runs compiled and uncompiled, at the call's time: torch.compile traces it as one custom op
+    (padding_rows), so the check neither breaks the graph nor is dropped from it, and a compiled model refuses
+    exactly what the same model refuses uncompiled."""
+    if torch.compiler.is_compiling():
+        return torch.ops.attnprof_hf.padding_rows(mask, what, offset)
+    return _runs(mask, what, offset)
+
+
+def _runs(mask, what, offset):
     count = mask.sum(-1, dtype=torch.int32)
     first = mask.to(torch.uint8).argmax(-1).to(torch.int32)
-    if (mask.device.type == "cpu" or checking()) and not torch.compiler.is_compiling():
+    if mask.device.type == "cpu" or checking():
         last = mask.shape[-1] - 1 - mask.flip(-1).to(torch.uint8).argmax(-1).to(torch.int32)
         holes = (count > 0) & (last - first + 1 != count)
         if bool(holes.any()):
             b = int(holes.nonzero()[0, 0])
             row = mask[b].cpu()
-            gap = int(first[b]) + int(row[int(first[b]):].logical_not().nonzero()[0, 0])
-            raise attnprof.Error(f"{what} row {b} has padding between real tokens (position {gap} is padding, "
-                                 f"{int(first[b])} and {int(last[b])} are real): attnprof reads key padding as one "
-                                 "run of real tokens per row; pass a 4-D mask for any other pattern")
+            begin = int(first[b])
+            gap = begin + int(row[begin:].logical_not().nonzero()[0, 0])
+            raise attnprof.Error(f"{what} row {b} has padding between real tokens (position {offset + gap} is "
+                                 f"padding, {offset + begin} and {offset + int(last[b])} are real): attnprof reads "
+                                 "key padding as one run of real tokens per row; pass a 4-D mask for any other "
+                                 "pattern")
     return torch.stack((first, first + count), -1)
+
+
+@torch.library.custom_op("attnprof_hf::padding_rows", mutates_args=())
+def _padding_rows(mask: torch.Tensor, what: str, offset: int) -> torch.Tensor:
+    """runs() as one node of a compiled graph: computed (and checked) when the graph runs."""
+    return _runs(mask, what, offset)
+
+
+@_padding_rows.register_fake
+def _padding_rows_fake(mask, what, offset):
+    return mask.new_empty((mask.shape[0], 2), dtype=torch.int32)
 
 
 def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
@@ -174,3 +229,47 @@ def exact_cu_seqlens(starts: torch.Tensor) -> list[int]:
     """The documents' cumulative lengths read on the host (the CPU, or the checking mode): for the messages."""
     s = starts.cpu()
     return s.nonzero().reshape(-1).tolist() + [s.shape[0]]
+
+
+def agreeing(cu: torch.Tensor, starts: torch.Tensor, name: str, source: str, batch: int) -> torch.Tensor:
+    """The collator's cumulative lengths `name` as int32, refused in one line where they name other documents
+    than `source` says (position_ids, or with none the packed mask transformers made; starts: document_starts)
+    and can be read: on the CPU and in the checking mode. As runs(): the same check compiled (one custom op,
+    cu_seqlens_agreeing) and uncompiled, when the call runs."""
+    if torch.compiler.is_compiling():
+        return torch.ops.attnprof_hf.cu_seqlens_agreeing(cu, starts, name, source, batch)
+    _check_agree(cu, starts, name, source, batch)
+    return cu.to(torch.int32)
+
+
+def _check_agree(cu, starts, name, source, batch):
+    if cu.device.type != "cpu" and not checking():
+        return
+    want = exact_cu_seqlens(starts)
+    got = [int(x) for x in cu.reshape(-1).cpu().tolist()]
+    if got == want:
+        return
+    shown = lambda xs: str(xs if len(xs) <= 8 else xs[:8] + ["..."])  # noqa: E731
+    if source != "position_ids":
+        raise attnprof.Error(f"{name} {shown(got)} disagrees with the packed mask transformers made "
+                             f"(packed_sequence_mask), whose documents start at {shown(want)}: pass the "
+                             "collator's cu_seq_lens with its own position_ids")
+    if len(want) - 1 == batch:  # one document a row: positions 0, 1, ... as a model numbers them by default
+        raise attnprof.Error(f"{name} {shown(got)} names {len(got) - 1} documents but position_ids never "
+                             "restart within a row (a model numbers each row 0, 1, ... when no position_ids are "
+                             "passed): pass the collator's position_ids with its cu_seq_lens")
+    raise attnprof.Error(f"{name} {shown(got)} disagrees with position_ids, whose documents start at "
+                         f"{shown(want)}: pass the collator's cu_seq_lens with its own position_ids")
+
+
+@torch.library.custom_op("attnprof_hf::cu_seqlens_agreeing", mutates_args=())
+def _cu_seqlens_agreeing(cu: torch.Tensor, starts: torch.Tensor, name: str, source: str,
+                         batch: int) -> torch.Tensor:
+    """agreeing() as one node of a compiled graph (a copy: an op's output is its own)."""
+    _check_agree(cu, starts, name, source, batch)
+    return cu.to(torch.int32, copy=True)
+
+
+@_cu_seqlens_agreeing.register_fake
+def _cu_seqlens_agreeing_fake(cu, starts, name, source, batch):
+    return cu.new_empty(cu.shape, dtype=torch.int32)

@@ -15,6 +15,17 @@ is FlashAttention's per-sequence bottom-right causal. A 4-D mask with another pa
 function, or one the caller built) runs under backend="auto" on a backend that takes a tensor mask, with a
 warning naming it once per process; an explicit backend that cannot take it refuses it by name.
 
+A padding mask is one run of real tokens per row (left and/or right padding). One with padding between real
+tokens is refused in one line where its values can be read: on the CPU and in the checking mode
+(ATTNPROF_CHECK_INPUTS=1). CUDA's default path reads nothing on the host (its rows are made by torch ops on the
+device), so there such a mask is neither refused nor run as a general mask: choosing would need a host read.
+
+Under torch.compile all of this is traced whole (fullgraph=True holds: no graph break from attnprof), and the
+same code runs when the graph runs: the padding's rows are made and checked by one custom op
+(attnprof_hf::padding_rows), the collator's cumulative lengths by another (attnprof_hf::cu_seqlens_agreeing), so a
+compiled model takes and refuses exactly what it does uncompiled. A decoding step's padding on a static cache keeps
+one width (the cache's) at every step, so a compiled step is not compiled again and a CUDA graph of it replays.
+
 Query [B, H, S, D], key and value [B, Hkv, Skv, D] (grouped-query heads are read as they are, never repeated);
 the output goes back as [B, S, H, D]. Tensors that require grad go through attnprof's own backward. Dropout,
 position biases and attention outputs are refused with attnprof.Error.
@@ -133,22 +144,28 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
 
 
 def _rows(mask, seq, kv_seq):
-    """q_rows and kv_rows ([B, 2] int32, on the mask's device) of a 2-D padding mask over the layer's keys."""
+    """q_rows and kv_rows ([B, 2] int32, on the mask's device) of a 2-D padding mask (attnprof_mask's forms).
+
+    Its columns are positions in order, the last of them the last query's: the queries are its last seq columns.
+    The keys are its last kv_seq columns where it has as many or more (a sliding layer keeps the last keys); where
+    it has fewer, a decoding step's mask (one query) is the layer's last keys (a cache may hand the layer keys
+    before the mask's first column: outside its window, never seen), and a longer step's is the layer's first keys
+    (a static cache's slots written so far, the rest empty)."""
     if mask.dtype != _hf_masks.torch.bool:
         mask = mask.bool()  # transformers' 1-and-0 padding mask
     width = mask.shape[-1]
-    if width > kv_seq:
-        raise attnprof.Error(f"attention_mask has {width} columns but the layer has {kv_seq} keys: a padding mask "
-                             "covers the keys (at most one column per key)")
-    kv_rows = _hf_masks.runs(mask, "attention_mask")
-    if seq == kv_seq and width == kv_seq:
-        return kv_rows, kv_rows
-    if seq == 1:
-        return None, kv_rows
     if width < seq:
         raise attnprof.Error(f"attention_mask has {width} columns, fewer than the {seq} queries: its last "
                              f"{seq} columns are the queries' own positions")
-    return _hf_masks.runs(mask[:, -seq:], "attention_mask's query columns"), kv_rows
+    skipped = width - kv_seq if width > kv_seq else 0  # columns before the layer's first key
+    kv_rows = _hf_masks.runs(mask[:, skipped:] if skipped else mask, "attention_mask", skipped)
+    if width < kv_seq and seq == 1:
+        kv_rows = kv_rows + (kv_seq - width)  # the mask's columns are the last keys
+    if seq == 1:
+        return None, kv_rows
+    if seq == kv_seq and width >= kv_seq:
+        return kv_rows, kv_rows  # the same columns
+    return _hf_masks.runs(mask[:, -seq:], "attention_mask's query columns", width - seq), kv_rows
 
 
 def _packed(query, key, value, packed, structural, common, kwargs):
@@ -177,14 +194,23 @@ def _packed(query, key, value, packed, structural, common, kwargs):
         starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
         starts = starts.reshape(-1)
     if cu_q is not None:
-        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-        if starts is not None and (query.device.type == "cpu" or _hf_masks.checking()):
-            _agree(cu_q, cu_k, starts, batch, "position_ids" if position_ids is not None else "the packed mask")
+        # The collator's maxima are ints; one given as a tensor is not read here (that would be a host read on
+        # CUDA): None, and attnprof takes the longest itself.
+        max_q, max_k = (None if isinstance(m, torch.Tensor) else m
+                        for m in (kwargs.get("max_length_q"), kwargs.get("max_length_k")))
+        if starts is not None:
+            # Checked against position_ids (or the packed mask) where they can be read (the CPU, the checking
+            # mode), when the call runs.
+            source = "position_ids" if position_ids is not None else "the packed mask"
+            cu_q = _hf_masks.agreeing(cu_q, starts, "cu_seq_lens_q", source, batch)
+            cu_k = _hf_masks.agreeing(cu_k, starts, "cu_seq_lens_k", source, batch)
     else:
         if starts is None:
             raise attnprof.Error("a packed batch needs cu_seq_lens_q and cu_seq_lens_k or position_ids")
+        # From the positions with torch ops on their device (no host read: the count of documents stays on the
+        # device), and the longest as an int without reading it: no document spans two rows.
         cu_q = cu_k = _hf_masks.cu_seqlens_of(starts)
-        max_q = max_k = seq  # no document spans two rows
+        max_q = max_k = seq
     q = query.transpose(1, 2).reshape(total, heads, dim)
     k = key.transpose(1, 2).reshape(total, key.shape[1], dim)
     v = value.transpose(1, 2).reshape(total, value.shape[1], value.shape[3])
@@ -192,27 +218,6 @@ def _packed(query, key, value, packed, structural, common, kwargs):
     out = attnprof.attention(q, k, v, mask=mask, cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k.to(torch.int32),
                              max_seqlen_q=max_q, max_seqlen_k=max_k, **common)
     return out.view(batch, seq, heads, out.shape[-1])
-
-
-def _agree(cu_q, cu_k, starts, batch, source):
-    """cu_seq_lens given beside position_ids (or, with none, the packed mask transformers made: `source`) must name
-    the same documents (read on the host: the CPU, or the checking mode)."""
-    want = _hf_masks.exact_cu_seqlens(starts)
-    for name, cu in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
-        got = [int(x) for x in cu.reshape(-1).cpu().tolist()]
-        if got == want:
-            continue
-        shown = lambda xs: str(xs if len(xs) <= 8 else xs[:8] + ["..."])  # noqa: E731
-        if source != "position_ids":
-            raise attnprof.Error(f"{name} {shown(got)} disagrees with the packed mask transformers made "
-                                 f"(packed_sequence_mask), whose documents start at {shown(want)}: pass the "
-                                 "collator's cu_seq_lens with its own position_ids")
-        if len(want) - 1 == batch:  # one document a row: positions 0, 1, ... as a model numbers them by default
-            raise attnprof.Error(f"{name} {shown(got)} names {len(got) - 1} documents but position_ids never "
-                                 "restart within a row (a model numbers each row 0, 1, ... when no position_ids are "
-                                 "passed): pass the collator's position_ids with its cu_seq_lens")
-        raise attnprof.Error(f"{name} {shown(got)} disagrees with position_ids, whose documents start at "
-                             f"{shown(want)}: pass the collator's cu_seq_lens with its own position_ids")
 
 
 def _custom(q, k, v, mask, common):
