@@ -31,7 +31,11 @@ std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const
                      .run = r,
                      .all = all,
                      .guesses = guesses,
-                     .steps = std::max(1, r.metrics.steps),
+                     // The rules count events in `index`: where a long schedule's
+                     // trace kept its last steps only (Trace::steps_folded), per
+                     // call is over the trace's calls, not every call the figures cover.
+                     .steps = std::max(1, r.trace.steps_folded > 0 ? static_cast<int>(index.forwards().size())
+                                                                    : r.metrics.steps),
                      .gpu = r.problem.device == Device::Cuda,
                      .dtype = r.source.empty() ? std::optional<DType>(r.problem.dtype) : trace_dtype(index),
                      .attention = attention};
