@@ -121,7 +121,7 @@ struct Trace {
   // Of those, the oldest ones folded into the run's figures and dropped from
   // `activities` (Profiler::fold_steps_beyond): the trace holds the others.
   int steps_folded = 0;
-  int world_size = 1;                      // GPUs one run was sharded over (--gpus); distributedInfo
+  int world_size = 1;  // GPUs one run was sharded over (--gpus); distributedInfo
 };
 
 }  // namespace attnprof

@@ -67,7 +67,8 @@ PipelineReport finish(const Problem& p, std::vector<RunResult> results, const Pi
     const bool ran = r.metrics.steps > 0;
     // Every recorded step's rows: a long schedule's trace holds its last steps only.
     const auto table = [&] {
-      return r.key_averages.empty() ? key_averages_table(r.trace, o.table) : key_averages_table(r.key_averages, o.table);
+      return r.key_averages.empty() ? key_averages_table(r.trace, o.table)
+                                    : key_averages_table(r.key_averages, o.table);
     };
     rep.tables.push_back(ran ? table() : std::string());
     BackendOutputs out;
