@@ -118,7 +118,10 @@ struct Trace {
   std::string name;                        // trace name ("8_16_1024_64_naive")
   std::string collector_note;              // e.g. "CUPTI unavailable: timing from device events"
   int steps_recorded = 0;                  // active steps captured
-  int world_size = 1;                      // GPUs one run was sharded over (--gpus); distributedInfo
+  // Of those, the oldest ones folded into the run's figures and dropped from
+  // `activities` (Profiler::fold_steps_beyond): the trace holds the others.
+  int steps_folded = 0;
+  int world_size = 1;  // GPUs one run was sharded over (--gpus); distributedInfo
 };
 
 }  // namespace attnprof

@@ -33,6 +33,13 @@ struct KeyAverage {
 // when no op encloses the launch, the op whose External id the launch carries).
 std::vector<KeyAverage> key_averages(const Trace& trace);
 
+// Adds `more`'s rows to `into`: counts and times summed row by row (by name
+// and side), rows new to `into` appended in `more`'s order. Nesting and
+// launches never cross a profiler step, so merging each step's rows in step
+// order gives exactly the rows of the steps' whole trace: the runner keeps
+// a long schedule's table this way, in memory that grows with the names only.
+void merge_key_averages(std::vector<KeyAverage>& into, const std::vector<KeyAverage>& more);
+
 struct TableOptions {
   // cpu_time_total, self_cpu_time_total, cuda_time_total, self_cuda_time_total
   // or count (PyTorch's device_time_total spellings are accepted too); descending.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,17 @@ class Profiler final : public AllocationObserver {
   Profiler& operator=(const Profiler&) = delete;
 
   void add_collector(std::unique_ptr<Collector> c);
+  // Long schedules: once the trace holds more than `keep_steps` recorded
+  // steps, the oldest one's events leave it, handed first to `fold` as a
+  // Trace of that step alone (the runner folds them into its running figures
+  // and key averages), so memory stays flat for any number of steps. The
+  // trace then holds the last keep_steps recorded steps and
+  // Trace::steps_folded counts the ones before. A step is folded once no
+  // range is open. Only while no device collector runs: collectors hand their
+  // activities over at stop(), each kept by the recorded step its launch fell
+  // in, so those steps must still be there. 0 (the default) keeps every
+  // step. Call before start().
+  void fold_steps_beyond(int keep_steps, std::function<void(Trace&&)> fold);
   // Records `a`'s allocations and frees while recording (until destruction).
   void observe(Allocator& a);
   void start();  // becomes the current profiler; step 0 begins
@@ -78,6 +90,11 @@ class Profiler final : public AllocationObserver {
 
   bool recording() const { return recording_; }
   int current_step() const { return step_; }
+  // Whether steps are being folded: fold_steps_beyond was given a step
+  // count and no collector runs (known once started).
+  bool folds_steps() const;
+  // The most events the trace held at once (what recording cost in memory).
+  std::size_t peak_events() const { return peak_events_; }
   Trace& trace() { return trace_; }
   const Trace& trace() const { return trace_; }
 
@@ -94,6 +111,7 @@ class Profiler final : public AllocationObserver {
   void open_step();
   void close_step();
   void set_recording(bool on);
+  void fold_old_steps();
 
   Schedule schedule_;
   std::vector<std::unique_ptr<Collector>> collectors_;
@@ -102,6 +120,10 @@ class Profiler final : public AllocationObserver {
   Trace trace_;
   std::vector<std::size_t> open_ranges_;  // stack of indices into trace_.activities
   std::size_t step_range_ = SIZE_MAX;
+  int keep_steps_ = 0;
+  std::function<void(Trace&&)> fold_;
+  std::deque<int> held_steps_;  // recorded steps the trace holds, oldest first
+  std::size_t peak_events_ = 0;
   int step_ = -1;
   bool started_ = false;
   bool recording_ = false;

@@ -12,6 +12,7 @@
 #include "attnprof/activity.h"
 #include "attnprof/backend.h"
 #include "attnprof/findings.h"
+#include "attnprof/key_averages.h"
 #include "attnprof/problem.h"
 #include "attnprof/reference.h"
 
@@ -79,8 +80,14 @@ struct RunResult {
   Eligibility eligibility;
   Expectation expectation;
   Traits traits;
+  // A long schedule's trace holds its last recorded steps only
+  // (Trace::steps_folded); metrics and key_averages cover every step.
   Trace trace;
   Metrics metrics;
+  // The profiler table's rows over every recorded step (the runner fills
+  // them as steps are folded); empty where the trace holds every step, and
+  // then the table is read off the trace (key_averages_table(trace)).
+  std::vector<KeyAverage> key_averages;
   // Against float64: the output's error for a forward; for a backward or
   // train pass, the worst of dQ, dK and dV (by relative error), each kept in
   // gradient_errors.

@@ -27,11 +27,15 @@ std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const
                               const Guesses& guesses, const std::vector<AttentionCall>* attention) {
   std::vector<Finding> out;
   if (r.failure || r.metrics.steps == 0) return out;
+  // The rules count events in `index`: where a long schedule's trace kept its
+  // last steps only (Trace::steps_folded), per call is over the trace's calls,
+  // not every call the figures cover.
+  const int steps = r.trace.steps_folded > 0 ? static_cast<int>(index.forwards().size()) : r.metrics.steps;
   const RuleInput in{.index = index,
                      .run = r,
                      .all = all,
                      .guesses = guesses,
-                     .steps = std::max(1, r.metrics.steps),
+                     .steps = std::max(1, steps),
                      .gpu = r.problem.device == Device::Cuda,
                      .dtype = r.source.empty() ? std::optional<DType>(r.problem.dtype) : trace_dtype(index),
                      .attention = attention};

@@ -3,8 +3,6 @@
 #include "analysis/metrics.h"
 
 #include <algorithm>
-#include <map>
-#include <string_view>
 
 namespace attnprof::analysis {
 namespace {
@@ -34,111 +32,124 @@ Metrics measure(const Trace& t, const Problem& p, double ceiling_tflops, double 
 }
 
 Metrics measure(const TraceIndex& index, const Problem& p, double ceiling_tflops, double copy_gbs) {
-  Metrics m;
-  if (ceiling_tflops > 0) m.ceiling_tflops = ceiling_tflops;
-  if (copy_gbs > 0) m.copy_ceiling_gbs = copy_gbs;
+  MetricSums sums;
+  add_to(sums, index, p);
+  return finish(sums, p, ceiling_tflops, copy_gbs);
+}
+
+void add_to(MetricSums& s, const TraceIndex& index, const Problem& p) {
   const Trace& t = index.trace();
+  s.world_size = std::max(s.world_size, t.world_size);
   const auto fw = index.forwards();
-  m.steps = static_cast<int>(fw.size());
-  if (fw.empty()) return m;
-  const double steps = static_cast<double>(fw.size());
+  if (fw.empty()) return;
+  s.forwards += static_cast<std::int64_t>(fw.size());
 
-  double host_ns = 0;
   for (std::size_t f = 0; f < fw.size(); ++f) {
-    host_ns += static_cast<double>(index.call_end_ns(f) - index.call_start_ns(f));
+    s.host_ns += static_cast<double>(index.call_end_ns(f) - index.call_start_ns(f));
+    s.ops += static_cast<double>(index.forward_ops(f).size());
   }
-  m.host_time_us = host_ns / steps / 1e3;
-
-  double op_count = 0;
-  for (std::size_t f = 0; f < fw.size(); ++f) op_count += static_cast<double>(index.forward_ops(f).size());
-  m.ops_per_forward = op_count / steps;
 
   const auto dev = index.device_activities();
-  double copies = 0;
   if (p.device == Device::Cuda) {
     std::vector<std::pair<std::int64_t, std::int64_t>> iv;
     iv.reserve(dev.size());
-    std::map<std::string_view, std::pair<double, EventIndex>> by_kernel;
     for (EventIndex i : dev) {
       const Activity& a = index.at(i);
       iv.emplace_back(a.start_ns, a.end_ns());
-      if (a.type == ActivityType::Memcpy) copies += 1;
-      if (a.type == ActivityType::Memset) m.memsets_per_forward += 1;
+      if (a.type == ActivityType::Memcpy) s.copies += 1;
+      if (a.type == ActivityType::Memset) s.memsets += 1;
       if (a.type == ActivityType::Kernel) {
-        auto& slot = by_kernel[a.name];
-        slot.first += static_cast<double>(a.dur_ns);
-        slot.second = i;
+        MetricSums::KernelTime& k = s.kernels[a.name];
+        k.ns += static_cast<double>(a.dur_ns);
+        // The kernel's latest record speaks for it (its launch shape).
+        k.occupancy_pct = a.kernel ? a.kernel->occupancy_pct : std::nullopt;
       }
     }
-    m.memsets_per_forward /= steps;
-    if (!dev.empty()) {
-      m.kernels_per_forward = static_cast<double>(dev.size()) / steps;
-      m.device_time_us = union_ns(std::move(iv)) / steps / 1e3;
-      if (t.world_size > 1) {
-        m.world_size = t.world_size;
-        std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> by_device;
-        for (int d = 0; d < t.world_size; ++d) by_device[d];
-        for (EventIndex i : dev) {
-          const Activity& a = index.at(i);
-          if (auto it = by_device.find(a.device); it != by_device.end())
-            it->second.emplace_back(a.start_ns, a.end_ns());
-        }
-        for (auto& [d, v] : by_device) m.device_time_per_rank_us.push_back(union_ns(std::move(v)) / steps / 1e3);
+    s.device_activities += static_cast<double>(dev.size());
+    // The folded traces are steps the runner synchronized between, so their
+    // device spans never overlap and the unions add up.
+    s.device_union_ns += union_ns(std::move(iv));
+    if (t.world_size > 1) {
+      std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> by_device;
+      for (int d = 0; d < t.world_size; ++d) by_device[d];
+      for (EventIndex i : dev) {
+        const Activity& a = index.at(i);
+        if (auto it = by_device.find(a.device); it != by_device.end()) it->second.emplace_back(a.start_ns, a.end_ns());
       }
-    } else {
+      if (s.rank_union_ns.size() < static_cast<std::size_t>(t.world_size)) s.rank_union_ns.resize(t.world_size, 0.0);
+      for (auto& [d, v] : by_device) s.rank_union_ns[static_cast<std::size_t>(d)] += union_ns(std::move(v));
+    }
+    if (dev.empty()) {
       // No device activities recorded. With CUPTI off the fallback times a
       // span per forward with device events and counts nothing: the count
       // stays unknown rather than reading as 0 kernels.
-      double ns = 0;
-      int n = 0;
       for (const auto& a : t.activities) {
         if (a.type == ActivityType::GpuUserAnnotation) {
-          ns += static_cast<double>(a.dur_ns);
-          ++n;
+          s.gpu_annotation_ns += static_cast<double>(a.dur_ns);
+          s.gpu_annotations += 1;
         }
       }
-      if (n) {
-        m.device_time_us = ns / n / 1e3;
-      } else {
-        m.kernels_per_forward = 0;
-      }
     }
-    EventIndex heaviest = kNone;
-    double heaviest_ns = -1;
-    for (auto& [name, v] : by_kernel) {
-      if (v.first > heaviest_ns) {
-        heaviest_ns = v.first;
-        heaviest = v.second;
-      }
-    }
-    if (heaviest != kNone && index.at(heaviest).kernel) m.occupancy_pct = index.at(heaviest).kernel->occupancy_pct;
   } else {
     // Copies nested inside other ops (masked_fill's) count too; a dtype
     // conversion's does not (the upcast rule counts those).
-    for (EventIndex c : index.ops_named("copy_")) copies += index.is_conversion_copy(c) ? 0 : 1;
-    m.device_time_us = m.host_time_us;
+    for (EventIndex c : index.ops_named("copy_")) s.copies += index.is_conversion_copy(c) ? 0 : 1;
   }
-  m.copies_per_forward = copies / steps;
 
   // Memory: the running total's peak inside each forward, above its start.
-  std::int64_t peak = 0;
-  double allocated = 0;
   for (std::size_t f = 0; f < fw.size(); ++f) {
     std::int64_t start_total = -1, top = 0;
     for (EventIndex i : index.allocations_between(index.call_start_ns(f), index.call_end_ns(f))) {
       const auto& al = *index.at(i).allocation;
       if (start_total < 0) start_total = al.total_allocated - al.bytes;
       top = std::max(top, al.total_allocated - start_total);
-      if (al.bytes > 0) allocated += static_cast<double>(al.bytes);
+      if (al.bytes > 0) s.allocated += static_cast<double>(al.bytes);
     }
-    peak = std::max(peak, top);
+    s.peak_bytes = std::max(s.peak_bytes, top);
   }
-  m.peak_bytes = peak;
-  m.allocated_bytes_per_forward = allocated / steps;
+}
+
+Metrics finish(const MetricSums& s, const Problem& p, double ceiling_tflops, double copy_gbs) {
+  Metrics m;
+  if (ceiling_tflops > 0) m.ceiling_tflops = ceiling_tflops;
+  if (copy_gbs > 0) m.copy_ceiling_gbs = copy_gbs;
+  m.steps = static_cast<int>(s.forwards);
+  if (s.forwards == 0) return m;
+  const double steps = static_cast<double>(s.forwards);
+  m.host_time_us = s.host_ns / steps / 1e3;
+  m.ops_per_forward = s.ops / steps;
+
+  if (p.device == Device::Cuda) {
+    m.memsets_per_forward = s.memsets / steps;
+    if (s.device_activities > 0) {
+      m.kernels_per_forward = s.device_activities / steps;
+      m.device_time_us = s.device_union_ns / steps / 1e3;
+      if (s.world_size > 1) {
+        m.world_size = s.world_size;
+        for (double ns : s.rank_union_ns) m.device_time_per_rank_us.push_back(ns / steps / 1e3);
+      }
+    } else if (s.gpu_annotations > 0) {
+      m.device_time_us = s.gpu_annotation_ns / s.gpu_annotations / 1e3;
+    } else {
+      m.kernels_per_forward = 0;
+    }
+    // The occupancy of the kernel with the most device time (the first such
+    // name, as the map orders them, on a tie).
+    const MetricSums::KernelTime* heaviest = nullptr;
+    for (const auto& [name, k] : s.kernels) {
+      if (!heaviest || k.ns > heaviest->ns) heaviest = &k;
+    }
+    if (heaviest) m.occupancy_pct = heaviest->occupancy_pct;
+  } else {
+    m.device_time_us = m.host_time_us;
+  }
+  m.copies_per_forward = s.copies / steps;
+  m.peak_bytes = s.peak_bytes;
+  m.allocated_bytes_per_forward = s.allocated / steps;
 
   if (m.device_time_us && *m.device_time_us > 0) {
     const double seconds = *m.device_time_us * 1e-6;
-    const double gpus = std::max(1, t.world_size);
+    const double gpus = std::max(1, s.world_size);
     m.tflops = p.flops() / seconds / 1e12;
     m.gbs = static_cast<double>(p.io_bytes()) / seconds / 1e9;
     // Against the ceilings of every GPU the call ran on (ring attention's --gpus N).

@@ -294,6 +294,7 @@ void stream_document(const Trace& trace, const WritePiece& write) {
   };
   if (trace.device) doc[sc::kDeviceProperties].push_back(device_properties_json(*trace.device));
   if (!trace.collector_note.empty()) doc[sc::kCollectorNote] = trace.collector_note;
+  if (trace.steps_folded > 0) doc[sc::kStepsFolded] = trace.steps_folded;
   const std::string outer = dump(doc);
   // The key at the top level's indent (one space): a string value holding
   // the same words has its quotes escaped, so it cannot match.

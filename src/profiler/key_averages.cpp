@@ -199,6 +199,22 @@ std::vector<KeyAverage> key_averages(const Trace& trace) {
   return rows;
 }
 
+void merge_key_averages(std::vector<KeyAverage>& into, const std::vector<KeyAverage>& more) {
+  for (const KeyAverage& m : more) {
+    const auto it = std::find_if(into.begin(), into.end(),
+                                 [&](const KeyAverage& r) { return r.on_device == m.on_device && r.name == m.name; });
+    if (it == into.end()) {
+      into.push_back(m);
+      continue;
+    }
+    it->count += m.count;
+    it->self_cpu_ns += m.self_cpu_ns;
+    it->cpu_total_ns += m.cpu_total_ns;
+    it->self_cuda_ns += m.self_cuda_ns;
+    it->cuda_total_ns += m.cuda_total_ns;
+  }
+}
+
 std::string key_averages_table(const std::vector<KeyAverage>& input, const TableOptions& options) {
   const SortKey& key = find_sort_key(options.sort_by);
   if (input.empty()) return {};

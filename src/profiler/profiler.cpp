@@ -83,6 +83,12 @@ void Profiler::add_collector(std::unique_ptr<Collector> c) {
   collector_ok_.push_back(false);
 }
 
+void Profiler::fold_steps_beyond(int keep_steps, std::function<void(Trace&&)> fold) {
+  if (started_) fail(ErrorKind::Internal, "fold_steps_beyond after start()");
+  keep_steps_ = std::max(0, keep_steps);
+  fold_ = std::move(fold);
+}
+
 void Profiler::observe(Allocator& a) {
   a.set_observer(this);
   observed_.push_back(&a);
@@ -115,6 +121,7 @@ void Profiler::open_step() {
   if (recording_) {
     step_range_ = begin_range("ProfilerStep#" + std::to_string(step_), ActivityType::UserAnnotation, {}, {});
     ++trace_.steps_recorded;
+    held_steps_.push_back(step_);
   }
 }
 
@@ -130,13 +137,51 @@ void Profiler::set_recording(bool on) { recording_ = on; }
 void Profiler::step() {
   if (!started_) fail(ErrorKind::Internal, "profiler step() before start()");
   close_step();
+  fold_old_steps();
   ++step_;
   open_step();
+}
+
+bool Profiler::folds_steps() const {
+  // A collector's activities arrive at stop() and are kept by the steps
+  // their launches fell in: with one running, every step stays.
+  return keep_steps_ > 0 && std::find(collector_ok_.begin(), collector_ok_.end(), true) == collector_ok_.end();
+}
+
+void Profiler::fold_old_steps() {
+  if (!folds_steps()) return;
+  while (true) {
+    Trace old;
+    {
+      std::lock_guard lock(mutex_);
+      // Handles are indices into the trace: fold only while none is out.
+      if (static_cast<int>(held_steps_.size()) <= keep_steps_ || !open_ranges_.empty()) return;
+      const int step = held_steps_.front();
+      held_steps_.pop_front();
+      // Events are appended as they happen, each with the step it fell in,
+      // so the oldest step's are a prefix.
+      const auto end = std::find_if(trace_.activities.begin(), trace_.activities.end(),
+                                    [step](const Activity& a) { return a.step > step; });
+      old.activities.assign(std::make_move_iterator(trace_.activities.begin()), std::make_move_iterator(end));
+      trace_.activities.erase(trace_.activities.begin(), end);
+      ++trace_.steps_folded;
+    }
+    old.name = trace_.name;
+    old.device = trace_.device;
+    old.world_size = trace_.world_size;
+    old.steps_recorded = 1;
+    // As stop() leaves a trace: in start order, based at its first event.
+    std::stable_sort(old.activities.begin(), old.activities.end(),
+                     [](const Activity& a, const Activity& b) { return a.start_ns < b.start_ns; });
+    old.base_ns = old.activities.empty() ? 0 : old.activities.front().start_ns;
+    if (fold_) fold_(std::move(old));
+  }
 }
 
 void Profiler::stop() {
   if (!started_) return;
   close_step();
+  fold_old_steps();
   recording_ = false;
   started_ = false;
   g_current.store(nullptr, std::memory_order_release);
@@ -203,6 +248,7 @@ std::size_t Profiler::begin_range(std::string_view name, ActivityType type, std:
   }
   a.start_ns = now_ns();
   trace_.activities.push_back(std::move(a));
+  peak_events_ = std::max(peak_events_, trace_.activities.size());
   open_ranges_.push_back(trace_.activities.size() - 1);
   return trace_.activities.size() - 1;
 }
@@ -239,6 +285,7 @@ void Profiler::on_allocation(Device device, const void* ptr, std::int64_t delta,
   a.allocation = info;
   std::lock_guard lock(mutex_);
   trace_.activities.push_back(std::move(a));
+  peak_events_ = std::max(peak_events_, trace_.activities.size());
 }
 
 RecordFunction::RecordFunction(std::string_view name, std::string_view input_dtypes, std::string_view input_dims,

@@ -24,6 +24,10 @@ inline constexpr const char* kRank = "rank";
 inline constexpr const char* kWorldSize = "world_size";
 // Not a PyTorch key: why device timing fell back (readers ignore unknown keys).
 inline constexpr const char* kCollectorNote = "collectorNote";
+// Not a PyTorch key, written where steps were folded: how many of the oldest
+// recorded steps a long schedule's trace left out (it holds the last ones;
+// the run's table and figures cover them all).
+inline constexpr const char* kStepsFolded = "stepsFolded";
 
 // deviceProperties entries (Kineto's createDevicePropertiesJson).
 namespace device {

@@ -65,7 +65,12 @@ PipelineReport finish(const Problem& p, std::vector<RunResult> results, const Pi
   rep.results = std::move(results);
   for (const RunResult& r : rep.results) {
     const bool ran = r.metrics.steps > 0;
-    rep.tables.push_back(ran ? key_averages_table(r.trace, o.table) : std::string());
+    // Every recorded step's rows: a long schedule's trace holds its last steps only.
+    const auto table = [&] {
+      return r.key_averages.empty() ? key_averages_table(r.trace, o.table)
+                                    : key_averages_table(r.key_averages, o.table);
+    };
+    rep.tables.push_back(ran ? table() : std::string());
     BackendOutputs out;
     if (ran && o.trace_dir) {
       const std::string stem = output_stem(*o.trace_dir, p, r.backend).string();

@@ -12,6 +12,7 @@
 
 #include "analysis/metrics.h"
 #include "attnprof/error.h"
+#include "attnprof/key_averages.h"
 #include "attnprof/mask_tensor.h"
 #include "attnprof/reference.h"
 #include "backends/cpu/cpu_backends.h"
@@ -103,19 +104,29 @@ double event_bytes(const Activity& a) {
          kWritingBytes;
 }
 
-// The trace grows by each recorded step's events: once the first recorded
-// steps are in, the schedule's whole trace is estimated from them and refused
-// if host memory cannot hold it (a long schedule, --active 1000 --repeat 100,
-// would otherwise grow until the machine swaps or the kernel kills us).
-void check_trace_fits(const Trace& trace, int recorded, int to_record, const Schedule& schedule, int threads) {
+// Recorded steps a run's trace keeps: a longer schedule's trace holds its
+// last kTraceSteps, and each older step is folded into the run's figures
+// (analysis::MetricSums) and table rows (merge_key_averages) as it leaves,
+// so a CPU run's memory is flat for any number of steps and its figures
+// still cover all of them. 100 is above every schedule the tests and the
+// documentation use (their traces are whole), and a trace a viewer opens
+// at once. A device collector's steps stay whole (Profiler::fold_steps_beyond).
+constexpr int kTraceSteps = 100;
+
+// The trace grows by each recorded step's events until it holds the steps it
+// keeps: once the first recorded steps are in, the most it will hold is
+// estimated from them and refused if host memory cannot hold it (with a
+// device collector, --active 1000 --repeat 100 would otherwise grow until
+// the machine swaps or the kernel kills us).
+void check_trace_fits(const Trace& trace, int recorded, int to_hold, const Schedule& schedule, int threads) {
   if (trace.activities.empty()) return;
   double bytes = 0;
   for (const Activity& a : trace.activities) bytes += event_bytes(a);
   const double per_step = bytes / recorded;
-  const double need = per_step * to_record;
+  const double need = per_step * to_hold;
   const double have = static_cast<double>(device_runtime(Device::Cpu, threads).available_bytes());
   if (need <= 0.8 * have) return;
-  fail(ErrorKind::OutOfMemory, "the schedule records " + std::to_string(to_record) + " steps (active " +
+  fail(ErrorKind::OutOfMemory, "the trace holds " + std::to_string(to_hold) + " steps (active " +
                                    std::to_string(schedule.active) + " x repeat " + std::to_string(schedule.repeat) +
                                    "); at about " +
                                    std::to_string(trace.activities.size() / static_cast<std::size_t>(recorded)) +
@@ -123,22 +134,36 @@ void check_trace_fits(const Trace& trace, int recorded, int to_record, const Sch
                                    gib(have) + " of host memory free: use a smaller active or repeat");
 }
 
+// What profiling the schedule leaves: the trace (its last recorded steps),
+// and the figures' sums and the table's rows of the steps folded out of it.
+struct Profiled {
+  Trace trace;
+  analysis::MetricSums folded;
+  std::vector<KeyAverage> folded_rows;
+};
+
 // The schedule's steps of the pass under a fresh profiler with the runtime's
-// collectors; the trace they recorded.
-Trace profile_calls(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx, DeviceRuntime& rt,
-                    const Schedule& schedule, const ProgressFn& progress, const std::string& label) {
+// collectors.
+Profiled profile_calls(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx, DeviceRuntime& rt,
+                       const Schedule& schedule, const ProgressFn& progress, const std::string& label) {
+  Profiled out;
   Profiler prof(schedule);
   for (auto& c : rt.make_collectors()) prof.add_collector(std::move(c));
   prof.observe(rt.allocator());
+  prof.fold_steps_beyond(kTraceSteps, [&](Trace&& step) {
+    analysis::add_to(out.folded, analysis::TraceIndex(step), p);
+    merge_key_averages(out.folded_rows, key_averages(step));
+  });
   const int steps = schedule.total_steps();
   int recorded = 0, to_record = 0;
   for (int s = 0; s < steps; ++s)
     to_record += schedule.at(s) != Schedule::Action::None && schedule.at(s) != Schedule::Action::Warmup;
   bool estimated = false;
   prof.start();
+  const int to_hold = prof.folds_steps() ? std::min(to_record, kTraceSteps + 1) : to_record;
   for (int s = 0; s < steps; ++s) {
     if (!estimated && recorded > 0) {
-      check_trace_fits(prof.trace(), recorded, to_record, schedule, ctx.threads);
+      check_trace_fits(prof.trace(), recorded, to_hold, schedule, ctx.threads);
       estimated = true;
     }
     const Schedule::Action action = schedule.at(s);
@@ -154,7 +179,15 @@ Trace profile_calls(Backend& backend, const Problem& p, PassTensors& t, RunConte
     prof.step();
   }
   prof.stop();
-  return std::move(prof.trace());
+  out.trace = std::move(prof.trace());
+  return out;
+}
+
+// The run's figures: the steps folded out of the trace, and the trace.
+Metrics measure_profiled(const Profiled& run, const Trace& trace, const Problem& p, double ceiling, double copy_gbs) {
+  analysis::MetricSums sums = run.folded;
+  analysis::add_to(sums, analysis::TraceIndex(trace), p);
+  return analysis::finish(sums, p, ceiling, copy_gbs);
 }
 
 // Host time of `calls` calls on an asynchronous device, no profiler
@@ -324,13 +357,13 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     }
     rt.synchronize();
 
-    Trace trace = profile_calls(backend, p, t, ctx, rt, options.schedule, options.progress, r.backend);
+    Profiled profiled = profile_calls(backend, p, t, ctx, rt, options.schedule, options.progress, r.backend);
     std::optional<Spread> unprofiled;
     if (p.device != Device::Cpu && options.unprofiled_calls > 0) {
       if (options.progress) options.progress(r.backend + ": timing calls without the profiler");
       unprofiled = time_unprofiled_calls(backend, p, t, ctx, rt, options.unprofiled_calls);
     }
-    r.trace = std::move(trace);
+    r.trace = std::move(profiled.trace);
     r.trace.name = p.file_stem() + "_" + r.backend;
     if (!r.trace.device) r.trace.device = rt.properties();
 
@@ -344,7 +377,11 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     r.acceptance = accept(p.dtype, *r.error, std::nullopt, r.traits.nan_on_fully_masked);
     const double copy_gbs = copy_ceiling_gbs(rt);
     if (r.trace.device) r.trace.device->copy_bandwidth_gbs = copy_gbs;
-    r.metrics = analysis::measure(r.trace, p, ceiling_tflops(rt, p.dtype), copy_gbs);
+    r.metrics = measure_profiled(profiled, r.trace, p, ceiling_tflops(rt, p.dtype), copy_gbs);
+    if (r.trace.steps_folded > 0) {
+      r.key_averages = std::move(profiled.folded_rows);
+      merge_key_averages(r.key_averages, key_averages(r.trace));
+    }
     if (p.pass != Pass::Forward) {
       r.metrics.saved_bytes = static_cast<double>(t.saved.bytes());
       // The forward alone, profiled the same way, for backward time over
@@ -354,8 +391,9 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
       forward.pass = Pass::Forward;
       forward.deterministic = false;
       const Schedule short_schedule{.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
-      const Trace ft = profile_calls(backend, forward, t, ctx, rt, short_schedule, {}, r.backend);
-      r.metrics.forward_device_time_us = analysis::measure(ft, forward, ceiling_tflops(rt, p.dtype)).device_time_us;
+      const Profiled ft = profile_calls(backend, forward, t, ctx, rt, short_schedule, {}, r.backend);
+      r.metrics.forward_device_time_us =
+          measure_profiled(ft, ft.trace, forward, ceiling_tflops(rt, p.dtype), 0).device_time_us;
     }
     if (unprofiled) {
       r.metrics.host_time_unprofiled_us = unprofiled->p50;
