@@ -496,3 +496,25 @@ def test_defaults_are_no_mask(device):
     out = attnprof.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, 12, 12)
     close(out.view_as(q), full, device)
     close(attnprof.flash_attn_with_kvcache(q, k, v), full, device)
+
+
+def test_entry_points_trace_whole_under_torch_compile(device):
+    """fullgraph=True: the mapping (the band, the cache's rows made with torch ops, the lse op) breaks no graph."""
+    q, k, v = bshd(2, 8, 16, 4, 2, 32, device, seed=31)
+    seqlens = torch.tensor([16, 5], dtype=torch.int32, device=device)
+    cu_q, cu_k = cumulative([8, 8], device), cumulative([16, 16], device)
+    calls = {
+        "sdpa": lambda q, k, v: attnprof.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True),
+        "flash_attn_func": lambda q, k, v: attnprof.flash_attn_func(q, k, v, causal=True, window_size=(4, 0)),
+        "flash_attn_func_lse": lambda q, k, v: attnprof.flash_attn_func(q, k, v, causal=True,
+                                                                        return_attn_probs=True)[1],
+        "flash_attn_varlen_func": lambda q, k, v: attnprof.flash_attn_varlen_func(
+            q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 8, 16, causal=True),
+        "flash_attn_with_kvcache": lambda q, k, v: attnprof.flash_attn_with_kvcache(
+            q[:, :1], k, v, cache_seqlens=seqlens, causal=True),
+    }
+    for name, call in calls.items():
+        torch._dynamo.reset()
+        got = torch.compile(call, fullgraph=True, backend="eager")(q, k, v)
+        assert torch.equal(got, call(q, k, v)), name
