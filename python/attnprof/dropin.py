@@ -125,18 +125,18 @@ def _lse_op(fn: str, name: str, q):
 # ---- torch.nn.functional.scaled_dot_product_attention
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, backend: str = "auto"):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                                 enable_gqa=False, backend: str = "auto"):
     """torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-    is_causal=False, scale=None, enable_gqa=False) on attnprof.
+    is_causal=False, *, scale=None, enable_gqa=False) on attnprof (scale and enable_gqa keyword-only, as torch's).
 
     query [B, H, L, E], key and value [B, Hkv, S, E] (or each without B: [H, L, E]). No mask by default;
     is_causal=True is the top-left causal mask (query i sees keys j <= i), as torch's; attn_mask is torch's:
     boolean (True attends) or an additive float, broadcastable to [B, H, L, S] (a float mask of another dtype
     than query's is cast to query's, as torch accepts it). scale None is 1 / sqrt(E). enable_gqa=True lets
     Hkv divide H (query head h reads key head h // (H / Hkv), as torch's); without it the heads must match or
-    key have one head (torch broadcasts it). A row that sees no key is zero on flash and cudnn (torch's too);
-    the textbook composites (naive, naive_inplace) give NaN there. Gradients flow to query, key and value
+    key have one head (torch broadcasts it). A row that sees no key is zero on flash, as torch's own SDPA
+    gives it; the textbook composites (naive, naive_inplace) give NaN there. Gradients flow to query, key and value
     (attnprof's own backward), never to attn_mask.
 
     Refused by name: dropout_p other than 0.0; attn_mask with is_causal=True (torch refuses it too); H and
@@ -194,8 +194,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     return_attn_probs=True returns (out, softmax_lse, None): the natural log-sum-exp of each query row's scaled
     scores, float32 [B, H, Sq] as flash_attn's, from attnprof's training forward (flash, efficient, cudnn);
-    -inf for a row that sees no key (flash_attn writes +inf there); it carries no gradient. The third item,
-    flash_attn's dropout mask, is None (no dropout).
+    -inf for a row that sees no key (flash_attn writes +inf there, -inf where it splits the keys); it carries
+    no gradient. The third item, flash_attn's dropout mask, is None (no dropout).
 
     Refused by name: dropout_p other than 0.0, alibi_slopes, a window that reaches past the diagonal
     (right > 0, or right -1 with left >= 0, without causal), softcap below 0.
@@ -327,29 +327,45 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if paged and return_lse:
         _refuse(fn, "return_softmax_lse", True, "with block_table: attnprof's paged forward keeps no log-sum-exp "
                                                 "(it needs the C++ paged path to write one)")
-    with torch.no_grad():  # inference only, as flash_attn_with_kvcache
-        if paged:
-            if ends is None or isinstance(ends, int):
-                ends = torch.full((batch,), seqlen_k if ends is None else ends, dtype=torch.int32, device=q.device)
-            return _attention(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), backend=backend, mask=mask,
-                              window=window, scale=softmax_scale, layout="bshd", softcap=softcap,
-                              block_table=block_table, seq_lens=ends)
-        kv_rows = None
-        if begins is not None or not (ends is None or isinstance(ends, int) and ends == seqlen_k):
-            # Each sequence's keys as kv_rows (begin, end) pairs, made on the device with torch ops.
-            ends = seqlen_k if ends is None else ends
-            if isinstance(ends, int):
-                ends = torch.full((batch,), ends, dtype=torch.int32, device=q.device)
-            if begins is None or isinstance(begins, int):
-                begins = torch.full((batch,), begins or 0, dtype=torch.int32, device=q.device)
-            kv_rows = torch.stack((begins, ends), 1)
-        if return_lse:
-            ops = _lse_op(fn, "return_softmax_lse", q)
-            scale = _args.real("softmax_scale", softmax_scale)
-            return ops.attention_train(q, k_cache, v_cache, backend, mask, window, scale, True, False, softcap, None,
-                                       None, kv_rows)
-        return _attention(q, k_cache, v_cache, backend=backend, mask=mask, window=window, scale=softmax_scale,
-                          layout="bshd", softcap=softcap, kv_rows=kv_rows)
+    try:
+        with torch.no_grad():  # inference only, as flash_attn_with_kvcache
+            return _kvcache_call(fn, q, k_cache, v_cache, paged, block_table, begins, ends, batch, seqlen_k, mask,
+                                 window, softmax_scale, softcap, return_lse, backend, torch)
+    except Error as e:
+        # The library names its own arguments: say which of the caller's they came from.
+        text = str(e)
+        if text.startswith("kv_rows"):
+            raise Error(f"{fn}: (cache_leftpad, cache_seqlens) are attnprof's kv_rows: {text}") from None
+        if text.startswith("seq_lens"):
+            raise Error(f"{fn}: cache_seqlens is attnprof's seq_lens: {text}") from None
+        raise
+
+
+def _kvcache_call(fn, q, k_cache, v_cache, paged, block_table, begins, ends, batch, seqlen_k, mask, window,
+                  softmax_scale, softcap, return_lse, backend, torch):
+    """The call itself, under no_grad: a paged cache through the transposed view, else kv_rows where needed."""
+    if paged:
+        if ends is None or isinstance(ends, int):
+            ends = torch.full((batch,), seqlen_k if ends is None else ends, dtype=torch.int32, device=q.device)
+        return _attention(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), backend=backend, mask=mask,
+                          window=window, scale=softmax_scale, layout="bshd", softcap=softcap,
+                          block_table=block_table, seq_lens=ends)
+    kv_rows = None
+    if begins is not None or not (ends is None or isinstance(ends, int) and ends == seqlen_k):
+        # Each sequence's keys as kv_rows (begin, end) pairs, made on the device with torch ops.
+        ends = seqlen_k if ends is None else ends
+        if isinstance(ends, int):
+            ends = torch.full((batch,), ends, dtype=torch.int32, device=q.device)
+        if begins is None or isinstance(begins, int):
+            begins = torch.full((batch,), begins or 0, dtype=torch.int32, device=q.device)
+        kv_rows = torch.stack((begins, ends), 1)
+    if return_lse:
+        ops = _lse_op(fn, "return_softmax_lse", q)
+        scale = _args.real("softmax_scale", softmax_scale)
+        return ops.attention_train(q, k_cache, v_cache, backend, mask, window, scale, True, False, softcap, None,
+                                   None, kv_rows)
+    return _attention(q, k_cache, v_cache, backend=backend, mask=mask, window=window, scale=softmax_scale,
+                      layout="bshd", softcap=softcap, kv_rows=kv_rows)
 
 
 def _lengths(fn: str, name: str, value, batch: int, device, torch):
