@@ -22,11 +22,17 @@ from ._core import Error
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "scaled_dot_product_attention"]
 
 
-def _attention(*args, **kwargs):
-    # attnprof.attention, looked up at call time: this module is imported by attnprof/__init__.py.
-    from . import attention
+_front = None  # attnprof.attention, once the first call has looked it up
 
-    return attention(*args, **kwargs)
+
+def _attention(*args, **kwargs):
+    # attnprof.attention, looked up at the first call: this module is imported by attnprof/__init__.py.
+    global _front
+    if _front is None:
+        from . import attention as _front_found
+
+        _front = _front_found
+    return _front(*args, **kwargs)
 
 
 def _refuse(fn: str, name: str, value, why: str):
@@ -41,6 +47,8 @@ def _shown(value) -> str:
 
 
 def _no_dropout(fn: str, dropout_p):
+    if dropout_p.__class__ is float and dropout_p == 0.0:  # the common value, checked without a call
+        return
     p = _args.real("dropout_p", dropout_p, optional=False)
     if p != 0.0:
         _refuse(fn, "dropout_p", dropout_p, "attnprof has no dropout; pass 0.0 (as in eval mode)")
@@ -54,6 +62,8 @@ def _no_alibi(fn: str, alibi_slopes):
 
 def _softcap(fn: str, softcap):
     # flash_attn: 0.0 is no cap; attnprof: None is no cap, and c > 0 caps at c the same way (tanh(s / c) * c).
+    if softcap.__class__ is float and softcap == 0.0:
+        return None
     c = _args.real("softcap", softcap, optional=False)
     if c < 0:
         raise Error(f"{fn}: softcap={softcap!r} must be 0.0 (no cap) or positive")
@@ -74,7 +84,10 @@ def _band(fn: str, causal, window_size, seqlen_q, seqlen_k):
     flash_attn's (left, 0) is attnprof's window left + 1, and (-1, 0) its causal_bottom_right. With one query a
     sequence the diagonal is the last key, so right (and causal) changes nothing: flash_attn drops causal there too.
     """
-    causal = _args.flag("causal", causal)
+    if causal is not True and causal is not False:
+        causal = _args.flag("causal", causal)
+    if window_size.__class__ is tuple and window_size == (-1, -1):  # the default, checked without a call
+        return ("causal_bottom_right", None) if causal else ("none", None)
     if isinstance(window_size, str):
         raise ArgumentTypeError(f"{fn}: window_size must be (left, right), got {window_size!r}")
     try:
