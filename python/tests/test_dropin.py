@@ -360,6 +360,22 @@ def test_flash_attn_varlen_func_matches_per_sequence(case, device):
                                rtol=1e-4)
 
 
+def test_flash_attn_varlen_func_gradients(device):
+    q_lens, k_lens = [6, 11, 3], [9, 11, 14]
+    g = torch.Generator().manual_seed(8)
+    q = randn(sum(q_lens), 4, 32, device=device, generator=g).requires_grad_()
+    k, v = (randn(sum(k_lens), 2, 32, device=device, generator=g).requires_grad_() for _ in range(2))
+    out = attnprof.flash_attn_varlen_func(q, k, v, cumulative(q_lens, device), cumulative(k_lens, device),
+                                          max(q_lens), max(k_lens), causal=True, window_size=(5, 0))
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)).to(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    ref = [x.detach().cpu().double().requires_grad_() for x in (q, k, v)]
+    want = torch.autograd.grad(varlen_reference(*ref, q_lens, k_lens, causal=True, window=(5, 0))[0], ref,
+                               dout.cpu().double())
+    for got_one, want_one in zip(got, want):
+        close(got_one, want_one, device)
+
+
 def test_flash_attn_varlen_func_refusals(device):
     q = torch.zeros(4, 2, 32, device=device, dtype=dtype_of(device))
     cu = cumulative([4], device)
