@@ -21,6 +21,7 @@ from ._args import ArgumentTypeError
 from ._core import Error
 from ._records import Explanation, Finding, Record, Report, Result
 from ._analyze import Analysis, Diff, analyze, diff
+from .dropin import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, scaled_dot_product_attention
 
 __all__ = [
     "Analysis",
@@ -39,8 +40,12 @@ __all__ = [
     "cuda_built",
     "diff",
     "explain",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "profile",
     "quantize_fp8",
+    "scaled_dot_product_attention",
     "torch_ops",
 ]
 
