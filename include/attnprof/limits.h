@@ -45,6 +45,13 @@
 // check this (a pass over both on every call, and a host read of a GPU's);
 // the profiler's own inputs, uniform in [-1, 1), are kept inside it by
 // Problem::validate's bound on |scale| x head_dim.
+// The bound is the forward's. A fused backward recomputes P from the
+// forward's log-sum-exp, held in FP32 (natural log): its rounding, a relative
+// 2^-24, moves every recomputed P by |lse| 2^-24 in the exponent, so the
+// gradients drift from float64 long before the forward does (CPU flash, q
+// and k uniform, scale 1, measured 2026-12-07: dQ off by a relative 8e-4 at
+// scores near 2^11, dV by 0.15 near 2^23, NaN near 2^31 on some levels).
+// Training keeps its scores far below this bound; no kernel changes that.
 #pragma once
 
 #include <cstdint>
