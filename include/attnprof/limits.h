@@ -1,6 +1,7 @@
 // The range of soft caps and scales on which every backend's kernels are
 // correct (against the float64 reference, within each backend's tolerance),
-// for Problem validation to refuse anything outside, by field name.
+// for Problem validation to refuse anything outside, by field name; and the
+// inputs' side of it (scores_in_range), which is the caller's to keep.
 //
 // Why these bounds. The kernels hold the cap, the scale and their products
 // in FP32 (and the GPUs flush subnormals to zero):
@@ -25,6 +26,32 @@
 // (cap 2^60 flushes them all to 0: uniform attention). fp16 caps stop at 2^10.
 // The scale's existing bound, |scale| x head_dim within the scores' dtype
 // (Problem::validate), still applies on top of these.
+//
+// The inputs' side of the range (issue 57 item 6). A scale in range is not
+// enough: with finite q and k of any size a score overflows FP32 somewhere.
+// Every backend computes a finite result from finite inputs (and the right
+// one, within its tolerance) while
+//     max(1, |scale|) x head_dim x max|q| x max(1, max|k|) <= scores_abs_max(dtype),
+// 2^126 where the scores are FP32 (fp32, bf16, fp8) and 65504 for fp16
+// (naive's scores are fp16). That bounds every partial sum of q . k and of
+// scale x q . k, in whatever order a GEMM takes them, and scale x q (the CPU
+// flash's pre-scaled q), so the base-2 logits the fused kernels hold,
+// scale x q . k x log2(e), stay below 2^127.53, under FP32's 2^128. Past it a
+// score becomes inf in some kernel and its row's softmax inf - inf = NaN, as
+// SDPA's float32 is from 2^128 on; which rows reach inf first depends on each
+// kernel's order of operations (the base-2 logits overflow 1.44 times sooner
+// than SDPA's natural ones, a product of pre-scaled q sooner still). Scale
+// 2^60 with |q| near 1e20 (2^66) is far past it. No call reads q and k to
+// check this (a pass over both on every call, and a host read of a GPU's);
+// the profiler's own inputs, uniform in [-1, 1), are kept inside it by
+// Problem::validate's bound on |scale| x head_dim.
+// The bound is the forward's. A fused backward recomputes P from the
+// forward's log-sum-exp, held in FP32 (natural log): its rounding, a relative
+// 2^-24, moves every recomputed P by |lse| 2^-24 in the exponent, so the
+// gradients drift from float64 long before the forward does (CPU flash, q
+// and k uniform, scale 1, measured 2026-12-07: dQ off by a relative 8e-4 at
+// scores near 2^11, dV by 0.15 near 2^23, NaN near 2^31 on some levels).
+// Training keeps its scores far below this bound; no kernel changes that.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +81,20 @@ constexpr bool softcap_in_range(double softcap, DType dtype) {
 constexpr bool scale_in_range(double scale) {
   const double a = scale < 0 ? -scale : scale;
   return a >= kScaleAbsMin && a <= kScaleAbsMax;
+}
+
+// The inputs' bound above: the largest max(1, |scale|) x head_dim x max|q| x
+// max(1, max|k|) every backend computes finitely for inputs of `dtype`.
+inline constexpr double kScoresAbsMax = 0x1p126;
+inline constexpr double kScoresAbsMaxF16 = 65504.0;
+constexpr double scores_abs_max(DType dtype) { return dtype == DType::F16 ? kScoresAbsMaxF16 : kScoresAbsMax; }
+
+// Whether inputs whose elements are at most max_abs_q (q) and max_abs_k (k)
+// in magnitude lie inside it.
+constexpr bool scores_in_range(DType dtype, double scale, std::int64_t head_dim, double max_abs_q, double max_abs_k) {
+  const double s = scale < 0 ? -scale : scale;
+  const double reach = (s > 1 ? s : 1) * static_cast<double>(head_dim) * max_abs_q * (max_abs_k > 1 ? max_abs_k : 1);
+  return reach <= scores_abs_max(dtype);
 }
 
 }  // namespace attnprof::limits

@@ -36,13 +36,19 @@ struct Explanation {
 // backends that can ("; eligible here: flash, math", or "none").
 std::vector<Explanation> explain(const Problem& p);
 
-// `auto`: the fastest eligible backend for `p`, measured once per problem and
-// cached (each eligible backend's forward timed on the problem's device).
+// `auto`: the first backend of auto_order(p.device) that can take `p` (a
+// fixed rule, nothing measured, so every call and every process picks the
+// same backend for the same problem); the reason names the rule and the
+// backends it passed over.
 struct AutoChoice {
   std::string backend;
   std::string reason;
 };
 AutoChoice choose_auto(const Problem& p);
+
+// auto's order of preference on a device: on CUDA flash, cudnn, efficient,
+// math, naive_inplace, naive; on the CPU flash, math, naive_inplace, naive.
+const std::vector<std::string_view>& auto_order(Device d);
 
 // The backend that runs `p` when `requested` is asked for ("auto" picks one):
 // the one place a name becomes a backend. Throws Error(InvalidArgument) for

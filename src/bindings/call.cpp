@@ -1,6 +1,7 @@
 // One call on the caller's arrays: the problem they make, checked once, and
 // the backend that runs it; the call cache, which lets a repeated call skip
 // both.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -23,9 +24,9 @@ namespace attnprof::python {
 namespace {
 
 // Which backend runs a problem: resolved and checked for eligibility once per
-// (problem, requested name, use), as `auto` measures once per problem. The
-// whole Problem is the key (its pass, deterministic and KV cache included), so
-// nothing that decides the plan can be left out of it.
+// (problem, requested name, use). The whole Problem is the key (its pass,
+// deterministic and KV cache included), so nothing that decides the plan can
+// be left out of it.
 struct PlanKey {
   Problem problem;
   std::string backend;
@@ -60,30 +61,26 @@ std::string rows_text(const Problem& p) {
              : "per-sequence rows (q_rows, kv_rows, or a key-padding attn_mask lowered to them)";
 }
 
-// `auto` under autograd: its measured pick where that recomputes, else the
-// first eligible backend that does (explain()'s order).
+// `auto` for this call: auto's rule (runner.h auto_order), among the
+// backends that also read the call's rows or recompute for autograd.
 std::string auto_for(const Problem& p, Use use, bool rows) {
-  const auto takes = [&](const std::string& name) {
+  if (!rows && use == Use::Inference) return choose_auto(p).backend;
+  const auto eligible = explain(p);
+  const auto usable = [&](std::string_view name, bool need_rows, bool need_recompute) {
     const Backend* b = find_backend(name, p.device);
-    return b && (!rows || b->traits().rows);
+    const bool ok = std::any_of(eligible.begin(), eligible.end(),
+                                [&](const Explanation& e) { return e.backend == name && e.eligible; });
+    return b && ok && (!need_rows || b->traits().rows) && (!need_recompute || b->traits().backward_recomputes);
   };
-  if (rows) {  // the measured pick may not read them: the first eligible one that does
-    for (const auto& e : explain(p)) {
-      if (e.eligible && takes(e.backend)) return e.backend;
-    }
+  const bool recompute = use == Use::Autograd;
+  for (const std::string_view name : auto_order(p.device)) {
+    if (usable(name, rows, recompute)) return std::string(name);
+  }
+  if (rows && std::none_of(auto_order(p.device).begin(), auto_order(p.device).end(),
+                           [&](std::string_view n) { return usable(n, true, false); })) {
     fail(ErrorKind::Unsupported, "auto: no eligible backend takes " + rows_text(p) + " for " + p.describe() + "; on " +
                                      std::string(device_name(p.device)) +
                                      " these do: " + takers(p.device, &Traits::rows));
-  }
-  const std::string picked = choose_auto(p).backend;
-  if (use == Use::Inference) return picked;
-  const auto recomputes = [&](const std::string& name) {
-    const Backend* b = find_backend(name, p.device);
-    return b && b->traits().backward_recomputes;
-  };
-  if (recomputes(picked)) return picked;
-  for (const auto& e : explain(p)) {
-    if (e.eligible && recomputes(e.backend)) return e.backend;
   }
   fail(ErrorKind::Unsupported, "auto: no eligible backend keeps only the log-sum-exp for autograd (" + p.describe() +
                                    "); attnprof explain says why each is refused");
@@ -100,7 +97,6 @@ Backend& resolve(const Problem& p, const std::string& requested, Use use, bool r
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
   }
   check_backend_name("backend", requested, /*auto_ok=*/true);
-  // auto measures the eligible backends, each run setting the CPU's thread counts.
   Backend* b =
       after_runtime_use([&] { return &resolve_backend(p, requested == "auto" ? auto_for(p, use, rows) : requested); });
   if (use == Use::Autograd && !b->traits().backward_recomputes) {

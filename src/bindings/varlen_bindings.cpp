@@ -149,8 +149,8 @@ struct Packed {
 std::optional<std::int64_t> given_max(const char* name, std::optional<std::int64_t> given) {
   if (!given || *given == 0) return std::nullopt;
   if (*given < 0 || *given > limits::kMaxSeq) {
-    fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) +
-                                         ": out of range, at most " + std::to_string(limits::kMaxSeq) +
+    fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) + ": out of range, at most " +
+                                         std::to_string(limits::kMaxSeq) +
                                          " (the longest sequence attnprof takes; None or 0: the longest given)");
   }
   return given;
@@ -172,35 +172,27 @@ void check_maxima(const std::vector<std::int64_t>& lens_q, const std::vector<std
   }
 }
 
-// Where a packed call's lengths are read. On a GPU they stay there for the
+// Where a packed call's lengths are read. On a GPU they stay there for a
 // backend whose kernels read them (Traits::device_lengths: flash), asked for
-// by name or picked by auto where it is eligible, which sizes its grid by
-// max_seqlen_q and _k (else the packed rows) and clamps each sequence's rows
-// on the device: no copy, no wait. Every other backend, and the CPU, reads
-// them on the host, in the caller's stream order; so does the checking mode
-// (attnprof/check_inputs.h), which refuses a bad entry by name first.
-bool lengths_stay_on_device(const Problem& on_device, const std::string& backend) {
-  if (on_device.device == Device::Cpu) return false;
-  if (backend != "auto") {
-    const Backend* b = find_backend(backend, on_device.device);
+// by name or picked by auto's rule (runner.h auto_order) where it is eligible;
+// it sizes its grid by max_seqlen_q and _k (else the packed rows) and clamps
+// each sequence's rows on the device: no copy, no wait. Every other backend,
+// and the CPU, reads them on the host, in the caller's stream order; so does
+// the checking mode (attnprof/check_inputs.h), which refuses a bad entry by
+// name first. Returns that backend's name, or nothing: read them on the host.
+std::optional<std::string> device_lengths_backend(const Problem& on_device, const std::string& backend) {
+  if (on_device.device == Device::Cpu) return std::nullopt;
+  const auto reads = [&](std::string_view name) {
+    const Backend* b = find_backend(name, on_device.device);
     return b != nullptr && b->traits().device_lengths;
+  };
+  if (backend != "auto") return reads(backend) ? std::optional<std::string>(backend) : std::nullopt;
+  for (const std::string_view name : auto_order(on_device.device)) {
+    if (reads(name) && eligibility_of(*find_backend(name, on_device.device), on_device).eligible) {
+      return std::string(name);
+    }
   }
-  for (const std::string_view name : backend_names()) {
-    const Backend* b = find_backend(name, on_device.device);
-    if (b && b->traits().device_lengths && eligibility_of(*b, on_device).eligible) return true;
-  }
-  return false;
-}
-
-// The backend auto runs when the lengths stay on the device: the first that
-// reads them there and takes the problem.
-std::string device_lengths_backend(const Problem& on_device, const std::string& backend) {
-  if (backend != "auto") return backend;
-  for (const std::string_view name : backend_names()) {
-    const Backend* b = find_backend(name, on_device.device);
-    if (b && b->traits().device_lengths && eligibility_of(*b, on_device).eligible) return std::string(name);
-  }
-  return backend;
+  return std::nullopt;
 }
 
 // One packed call: q [total_q, H, D], k and v [total_k, Hkv, D], out like q.
@@ -257,7 +249,7 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   // A sequence has at most the packed rows: a larger maximum sizes no grid past them.
   on_device.seq = std::min(max_q.value_or(total_q), total_q);
   on_device.kv_seq = std::min(max_k.value_or(total_k), total_k);
-  if (lengths_stay_on_device(on_device, a.backend)) {
+  if (const std::optional<std::string> reader = device_lengths_backend(on_device, a.backend)) {
     if (checking_inputs()) {  // q's entries first (an argument list has no order)
       const std::vector<std::int64_t> checked_q = host_lengths("cu_seqlens_q", cu_q, total_q, a.stream);
       check_maxima(checked_q, host_lengths("cu_seqlens_k", cu_k, total_k, a.stream), max_q, max_k);
@@ -265,8 +257,7 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
     in.cu_seqlens_q = cu_q;
     in.cu_seqlens_k = cu_k;
     on_device.normalize().validate();
-    return finish_call(std::move(on_device), std::move(in), std::move(o), device_lengths_backend(on_device, a.backend),
-                       a.stream, a.threads);
+    return finish_call(std::move(on_device), std::move(in), std::move(o), *reader, a.stream, a.threads);
   }
 
   if (device != Device::Cpu) {

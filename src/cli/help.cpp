@@ -225,7 +225,9 @@ std::string command_help(const std::string& command) {
     h = std::string(
             "attnprof explain [options]\n\n"
             "Says, for every backend, whether it can run this problem on this device and why,\n"
-            "and what auto picks (the fastest eligible backend, measured once and cached).\n\n"
+            "and what auto picks: the first eligible backend in a fixed order (cuda: flash,\n"
+            "cudnn, efficient, math, naive_inplace, naive; cpu: flash, math, naive_inplace,\n"
+            "naive), never a timing, so every run picks the same.\n\n"
             "  --json PATH          also write the answer as JSON\n\n") +
         problem_help();
   } else if (command == "analyze") {

@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <string_view>
+#include <vector>
 
 #include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
@@ -290,37 +291,38 @@ Backend& resolve_backend(const Problem& p, std::string_view requested) {
   fail(ErrorKind::Internal, "backend " + name + " is listed by no explanation");
 }
 
-AutoChoice choose_auto(const Problem& p) {
-  static std::mutex mutex;
-  static std::map<std::string, AutoChoice> cache;
-  const std::string key = p.describe() + (p.scale ? std::to_string(*p.scale) : "");
-  std::lock_guard lock(mutex);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
+const std::vector<std::string_view>& auto_order(Device d) {
+  // Fused kernels first (one kernel, nothing of [S, Skv] materialised), our
+  // own flash before cuDNN's (whose engines are the installed cuDNN's
+  // heuristics' choice), then the careful composite (FP32, NaN-safe) before
+  // the textbook ones in the input dtype. See docs/backends.md.
+  static const std::vector<std::string_view> cuda = {"flash", "cudnn", "efficient", "math", "naive_inplace", "naive"};
+  static const std::vector<std::string_view> cpu = {"flash", "math", "naive_inplace", "naive"};
+  return d == Device::Cpu ? cpu : cuda;
+}
 
-  AutoChoice best;
-  double best_us = 0;
-  std::string tried;
-  RunOptions opt;
-  opt.schedule = {.wait = 0, .warmup = 1, .active = 2, .repeat = 1};
-  opt.check_rows = 64;
-  opt.fp8_bf16_forward = false;  // timing only
-  for (const Explanation& e : explain(p)) {
-    if (!e.eligible) continue;
-    Backend* b = find_backend(e.backend, p.device);
-    RunResult r = run_backend(*b, p, opt);
-    if (r.failure || !r.metrics.device_time_us) continue;
-    const double us = *r.metrics.device_time_us;
-    if (!tried.empty()) tried += ", ";
-    tried += e.backend + " " + std::to_string(static_cast<long long>(us)) + " us";
-    if (best.backend.empty() || us < best_us) {
-      best.backend = e.backend;
-      best_us = us;
+AutoChoice choose_auto(const Problem& p) {
+  // A rule, never a timing: a pick made by measuring differed from one
+  // process to the next on the same inputs (and with it the NaN rows and the
+  // bits; issue 57 item 7). explain() is pure, so nothing needs caching.
+  const std::vector<Explanation> rows = explain(p);
+  const auto& order = auto_order(p.device);
+  std::string listed;
+  for (std::string_view n : order) listed += (listed.empty() ? "" : " > ") + std::string(n);
+  std::string passed;
+  for (std::string_view name : order) {
+    const auto it = std::find_if(rows.begin(), rows.end(), [&](const Explanation& e) { return e.backend == name; });
+    if (it == rows.end() || !it->eligible) {
+      passed += (passed.empty() ? "" : ", ") + std::string(name);
+      continue;
     }
+    return {.backend = std::string(name),
+            .reason = "auto's rule for " + std::string(device_name(p.device)) + ": the first eligible of " + listed +
+                      (passed.empty() ? "" : " (" + passed + " not eligible)") +
+                      "; a fixed order, not a timing, so every call and process picks the same"};
   }
-  if (best.backend.empty()) fail(ErrorKind::Unsupported, "no backend can run " + p.describe());
-  best.reason = "fastest measured (" + tried + ")";
-  cache.emplace(key, best);
-  return best;
+  fail(ErrorKind::Unsupported, "no backend can run " + p.describe() + " (auto's rule for " +
+                                   std::string(device_name(p.device)) + ": the first eligible of " + listed + ")");
 }
 
 }  // namespace attnprof

@@ -12,6 +12,7 @@
 #include "backends/cpu/flash_isa_table.h"
 // clang-format on
 #include "cpu/flash_emulated_test.h"
+#include "cpu/score_range_cases.h"
 
 namespace attnprof {
 namespace {
@@ -36,6 +37,14 @@ TEST(FlashEmulated, AmxProductsPerHeadDim) {
   }
   const Problem fp32 = testing::to_problem({.heads = 1, .seq = 64, .head_dim = 64}, DType::F32, MaskKind::None);
   EXPECT_FALSE(has(k.forward_products(fp32), "AMX")) << k.forward_products(fp32);
+}
+
+// Large scores inside the documented range (score_range_cases.h): the bf16
+// kernels take the scale in the exponent (issue 57 item 6).
+TEST(FlashEmulated, AmxLargeScoresInsideTheRange) {
+  const UseKernels use(cpu::flash::kKernelsEmulatedAmx);
+  auto flash = cpu::make_flash();
+  testing::expect_large_scores_computed(*flash, "amx (emulated)", true);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "backends/cpu/flash_isa_table.h"
 // clang-format on
 #include "cpu/flash_emulated_test.h"
+#include "cpu/score_range_cases.h"
 
 namespace attnprof {
 namespace {
@@ -22,6 +23,14 @@ TEST(FlashEmulated, Avx512Bf16NanAndInfPassThrough) {
 }
 TEST(FlashEmulated, Avx512Bf16Bf16Gemm) { run_emulated_bf16_gemm(cpu::flash::kKernelsEmulatedAvx512Bf16); }
 TEST(FlashEmulated, Avx512Bf16Backward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16"); }
+
+// Large scores inside the documented range (score_range_cases.h): the bf16
+// kernels take the scale in the exponent (issue 57 item 6).
+TEST(FlashEmulated, Avx512Bf16LargeScoresInsideTheRange) {
+  const UseKernels use(cpu::flash::kKernelsEmulatedAvx512Bf16);
+  auto flash = cpu::make_flash();
+  testing::expect_large_scores_computed(*flash, "avx512bf16 (emulated)", true);
+}
 
 }  // namespace
 }  // namespace attnprof

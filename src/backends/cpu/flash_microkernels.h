@@ -198,6 +198,7 @@ template <bool kBf16P = false, class Sink>
 inline void online_softmax(const float* st, std::int64_t lds, std::int64_t n, std::int64_t qcols, float* m, float* l,
                            float* alpha, float scale, const Sink& sink, const float* colmax = nullptr) {
   const Vf sc = splat(scale);
+  const bool exact_product = scale == 1.0f;
   for (std::int64_t c = 0; c < qcols; c += kLanes) {
     const Vf m_old = load(m + c);
     Vf tile_max;
@@ -224,18 +225,45 @@ inline void online_softmax(const float* st, std::int64_t lds, std::int64_t n, st
     const Vf a = exp2(sub(m_old, shift));
     Vf sum0 = zeros();
     Vf sum1 = zeros();
-    std::int64_t j = 0;
-    for (; j + 2 <= n; j += 2) {
-      const Vf p0 = exp2<kBf16P>(fma(load(st + j * lds + c), sc, neg_shift));
-      const Vf p1 = exp2<kBf16P>(fma(load(st + (j + 1) * lds + c), sc, neg_shift));
-      sink(j, c, p0, p1);
-      sum0 = add(sum0, p0);
-      sum1 = add(sum1, p1);
-    }
-    if (j < n) {
-      const Vf p0 = exp2<kBf16P>(fma(load(st + j * lds + c), sc, neg_shift));
-      sink.tail(j, c, p0);
-      sum0 = add(sum0, p0);
+    // P = 2^(scale s - shift). One FMA takes the exact product scale x s,
+    // while the shift is scale x max rounded to FP32: up to half an ulp apart
+    // for the max's own score, harmless while the shift is below 2^24 (half
+    // an ulp at most 1/2), but from 2^31 on enough to take P past FP32 or
+    // to 0 (bf16 q and k near 2^20 at scale 1 gave NaN rows; issue 57 item 6).
+    // There the product is rounded first, as the max was, so the max's P is
+    // exactly 1 again; a scale of 1 (scores scaled beforehand) is exact
+    // either way. Below 2^24 nothing changes, bits included.
+    const auto step = [&](auto rounded_product) {
+      const auto p_of = [&](std::int64_t j) {
+        const Vf s = load(st + j * lds + c);
+        if constexpr (decltype(rounded_product)::value) {
+          Vf product = mul(s, sc);
+          // Kept a product: GCC's default -ffp-contract=fast would fuse it
+          // into the subtraction, an FMA again.
+          asm("" : "+m"(product));
+          return exp2<kBf16P>(sub(product, shift));
+        } else {
+          return exp2<kBf16P>(fma(s, sc, neg_shift));
+        }
+      };
+      std::int64_t j = 0;
+      for (; j + 2 <= n; j += 2) {
+        const Vf p0 = p_of(j);
+        const Vf p1 = p_of(j + 1);
+        sink(j, c, p0, p1);
+        sum0 = add(sum0, p0);
+        sum1 = add(sum1, p1);
+      }
+      if (j < n) {
+        const Vf p0 = p_of(j);
+        sink.tail(j, c, p0);
+        sum0 = add(sum0, p0);
+      }
+    };
+    if (!exact_product && hsum(select_greater(mul(shift, shift), splat(0x1p48f), splat(1.0f), zeros())) > 0.0f) {
+      step(std::true_type{});
+    } else {
+      step(std::false_type{});
     }
     store(m + c, m_new);
     store(alpha + c, a);
