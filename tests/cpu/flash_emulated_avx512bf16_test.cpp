@@ -22,6 +22,9 @@ TEST(FlashEmulated, Avx512Bf16NanAndInfPassThrough) {
 }
 TEST(FlashEmulated, Avx512Bf16Bf16Gemm) { run_emulated_bf16_gemm(cpu::flash::kKernelsEmulatedAvx512Bf16); }
 TEST(FlashEmulated, Avx512Bf16Backward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16"); }
+TEST(FlashEmulated, Avx512Bf16PackedCallIsPerSequenceDenseCallsBitForBit) {
+  run_emulated_packed_bits(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16");
+}
 
 }  // namespace
 }  // namespace attnprof
