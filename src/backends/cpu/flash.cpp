@@ -238,7 +238,12 @@ using namespace flash;
 // What a packed batch adds to the eligibility's story.
 std::string packed(const Problem& p) {
   if (!p.varlen()) return {};
-  return ", " + std::to_string(p.batch) + " packed sequences, each against its own keys";
+  // Where some but not all decode (every one: the kernel's sentence says so).
+  const std::string decoding =
+      may_decode(p) && !decodes(p) && p.pass != Pass::Backward
+          ? " (those of at most " + std::to_string(kDecodeQueries) + " queries decoded: each KV head's keys read once)"
+          : "";
+  return ", " + std::to_string(p.batch) + " packed sequences, each against its own keys" + decoding;
 }
 
 class FlashCpu final : public Backend {
