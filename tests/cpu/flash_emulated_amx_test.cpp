@@ -21,6 +21,9 @@ TEST(FlashEmulated, AmxForward) { run_emulated_forward(cpu::flash::kKernelsEmula
 TEST(FlashEmulated, AmxNanAndInfPassThrough) { run_emulated_nan(cpu::flash::kKernelsEmulatedAmx, "amx"); }
 TEST(FlashEmulated, AmxBf16Gemm) { run_emulated_bf16_gemm(cpu::flash::kKernelsEmulatedAmx); }
 TEST(FlashEmulated, AmxBackward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAmx, "amx"); }
+TEST(FlashEmulated, AmxPackedCallIsPerSequenceDenseCallsBitForBit) {
+  run_emulated_packed_bits(cpu::flash::kKernelsEmulatedAmx, "amx");
+}
 
 // What the amx level says it runs: tiles for bf16 at head dims the tiles
 // take, both passes; the FP32 products (not VDPBF16PS) for the others, and why.

@@ -23,6 +23,9 @@ namespace {
 TEST(FlashEmulated, Avx512Forward) { run_emulated_forward(cpu::flash::kKernelsEmulatedAvx512, "avx512"); }
 TEST(FlashEmulated, Avx512NanAndInfPassThrough) { run_emulated_nan(cpu::flash::kKernelsEmulatedAvx512, "avx512"); }
 TEST(FlashEmulated, Avx512Backward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAvx512, "avx512"); }
+TEST(FlashEmulated, Avx512PackedCallIsPerSequenceDenseCallsBitForBit) {
+  run_emulated_packed_bits(cpu::flash::kKernelsEmulatedAvx512, "avx512");
+}
 
 // The kernels' branch-free e4m3 (flash_forward_kernels.h), which FP8 rows go
 // through on their way into the products: every byte is the format's value

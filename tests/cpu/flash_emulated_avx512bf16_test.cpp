@@ -23,6 +23,9 @@ TEST(FlashEmulated, Avx512Bf16NanAndInfPassThrough) {
 }
 TEST(FlashEmulated, Avx512Bf16Bf16Gemm) { run_emulated_bf16_gemm(cpu::flash::kKernelsEmulatedAvx512Bf16); }
 TEST(FlashEmulated, Avx512Bf16Backward) { run_emulated_backward(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16"); }
+TEST(FlashEmulated, Avx512Bf16PackedCallIsPerSequenceDenseCallsBitForBit) {
+  run_emulated_packed_bits(cpu::flash::kKernelsEmulatedAvx512Bf16, "avx512bf16");
+}
 
 // Large scores inside the documented range (score_range_cases.h): the bf16
 // kernels take the scale in the exponent (issue 57 item 6).

@@ -20,6 +20,7 @@
 #include "common/test_problem.h"
 #include "cpu/flash_accuracy.h"
 #include "cpu/nan_cases.h"
+#include "cpu/packed_bits.h"
 
 namespace attnprof {
 namespace {
@@ -101,6 +102,21 @@ void run_emulated_backward(const cpu::flash::Kernels& k, const std::string& leve
     testing::expect_flash_accurate(p, e.dq, what + " dQ");
     testing::expect_flash_accurate(p, e.dk, what + " dK");
     testing::expect_flash_accurate(p, e.dv, what + " dV");
+  }
+}
+
+// A packed call is the per-sequence dense calls, bit for bit, with the
+// level's kernels (packed_bits.h): sequences of 1 to 3 queries (which decode
+// alone) beside tiled ones, bf16 (the level's bf16 products) and FP32.
+void run_emulated_packed_bits(const cpu::flash::Kernels& k, const std::string& level) {
+  const UseKernels use(k);
+  auto flash = cpu::make_flash();
+  for (const DType dtype : {DType::BF16, DType::F32}) {
+    Problem base = testing::to_problem({.heads = 4, .kv_heads = 2, .head_dim = 64}, dtype, MaskKind::CausalBottomRight);
+    Problem p = varlen_problem(base, {70, 1, 0, 3, 2}, {90, 1, 5, 77, 150});
+    p.pass = Pass::Train;
+    p.normalize();
+    testing::expect_packed_is_dense_calls(*flash, p, level + " (emulated)");
   }
 }
 

@@ -12,6 +12,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnprof/backend.h"
@@ -192,6 +193,85 @@ INSTANTIATE_TEST_SUITE_P(Levels, FlashRows, ::testing::ValuesIn(cpu::kAllCpuIsas
                          [](const ::testing::TestParamInfo<cpu::CpuIsa>& info) {
                            return std::string(cpu::isa_name(info.param));
                          });
+
+// Rows [first, first + n) of batch b of t, as a batch of one.
+Tensor batch_rows(const Tensor& t, std::int64_t b, std::int64_t first, std::int64_t n) {
+  return t.as_strided({1, t.size(1), n, t.size(3)}, t.strides(), t.offset() + b * t.stride(0) + first * t.stride(2));
+}
+
+// Each sequence's rows of a call with rows are its own dense call on views of
+// those rows, bit for bit, forward and backward, at the level the dispatcher
+// picks (tests/CMakeLists.txt runs every level): a sequence left a few
+// queries decodes as its dense call does, and one left fewer keys than the
+// batch takes the query rows a forward item of its own takes.
+TEST(Rows, EachSequencesRowsAreItsDenseCallBitForBit) {
+  const std::vector<RowsCase> bit_cases = {
+      {"bottom_right_bf16",
+       {.batch = 3, .heads = 4, .kv_heads = 2, .seq = 150, .kv_seq = 200, .head_dim = 64},
+       MaskKind::CausalBottomRight,
+       0,
+       {0, 150, 148, 150, 3, 6},
+       {0, 200, 10, 190, 0, 40},
+       DType::BF16},
+      {"window_long_keys_fp32",
+       {.batch = 2, .heads = 2, .seq = 150, .kv_seq = 4200, .head_dim = 64, .window = 40},
+       MaskKind::SlidingWindow,
+       0,
+       {0, 150, 0, 150},
+       {0, 4200, 4050, 4200}},
+  };
+  auto backend = cpu::make_flash();
+  Backend& flash = *backend;
+  const std::string level(cpu::isa_name(cpu::choose_isa().isa));
+  for (const RowsCase& c : bit_cases) {
+    const Problem p = problem_of(c, Pass::Train);
+    const Inputs in = inputs_of(p, c);
+    const Tensor dout = make_dout(p, 5, cpu_allocator());
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
+    Tensor out = testing::nan_tensor(p.q_dims(), p.dtype);
+    Gradients g{testing::nan_tensor(p.q_dims(), p.dtype), testing::nan_tensor(p.kv_dims(), p.dtype),
+                testing::nan_tensor(p.kv_dims(), p.dtype)};
+    Saved saved;
+    flash.forward_train(p, in, out, saved, ctx);
+    flash.backward(p, in, out, dout, saved, g, ctx);
+    const std::vector<SequenceRows> rows = sequence_rows(p, in);
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      const SequenceRows& r = rows[static_cast<std::size_t>(b)];
+      const std::int64_t nq = r.q_len(), nk = r.k_len();
+      Problem one = p;
+      one.batch = 1;
+      one.seq = nq;
+      one.kv_seq = nk;
+      one.validate();
+      Inputs alone;
+      alone.q = batch_rows(in.q, b, r.q.begin, nq);
+      alone.k = batch_rows(in.k, b, r.k.begin, nk);
+      alone.v = batch_rows(in.v, b, r.k.begin, nk);
+      Tensor o = Tensor::empty(alone.q.sizes(), p.dtype, cpu_allocator());
+      Gradients dg{Tensor::empty(alone.q.sizes(), p.dtype, cpu_allocator()),
+                   Tensor::empty(alone.k.sizes(), p.dtype, cpu_allocator()),
+                   Tensor::empty(alone.k.sizes(), p.dtype, cpu_allocator())};
+      Saved ds;
+      flash.forward_train(one, alone, o, ds, ctx);
+      flash.backward(one, alone, o, batch_rows(dout, b, r.q.begin, nq), ds, dg, ctx);
+      const std::pair<Tensor, Tensor> pairs[] = {{o, batch_rows(out, b, r.q.begin, nq)},
+                                                 {dg.dq, batch_rows(g.dq, b, r.q.begin, nq)},
+                                                 {dg.dk, batch_rows(g.dk, b, r.k.begin, nk)},
+                                                 {dg.dv, batch_rows(g.dv, b, r.k.begin, nk)}};
+      const char* names[] = {"O", "dQ", "dK", "dV"};
+      for (int k = 0; k < 4; ++k) {
+        const auto& [dense, of_rows] = pairs[k];
+        std::int64_t differ = 0;
+        testing::for_each_index(dense, [&](auto i0, auto i1, auto i2, auto i3) {
+          const float x = dense.get(i0, i1, i2, i3), y = of_rows.get(i0, i1, i2, i3);
+          differ += std::memcmp(&x, &y, sizeof x) != 0;
+        });
+        EXPECT_EQ(differ, 0) << c.name << " sequence " << b << " (" << nq << " queries, " << nk << " keys) " << names[k]
+                             << " at kernel level " << level;
+      }
+    }
+  }
+}
 
 // ---- bad rows ----------------------------------------------------------------
 

@@ -117,8 +117,19 @@ void clear_outside_rows(const Problem& p, const std::vector<SequenceRows>& rows,
   }
 }
 
-bool decodes(const Problem& p) {
-  return geometry::structural(p.mask) && !p.varlen() && p.seq <= kDecodeQueries && p.group() * p.seq <= kDecodeRows;
+bool decodes(const Problem& p, std::int64_t queries) {
+  return geometry::structural(p.mask) && queries <= kDecodeQueries && p.group() * queries <= kDecodeRows;
+}
+
+// p.seq is a packed batch's longest sequence, and bounds a caller's rows.
+bool decodes(const Problem& p) { return decodes(p, p.seq); }
+
+bool may_decode(const Problem& p) {
+  if (!decodes(p, 1)) return false;
+  if (!p.varlen()) return true;
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    if (p.seq_len(b) > 0 && decodes(p, p.seq_len(b))) return true;
+  return false;
 }
 
 std::int64_t total_q_blocks(const Problem& p) {
@@ -227,7 +238,12 @@ using namespace flash;
 // What a packed batch adds to the eligibility's story.
 std::string packed(const Problem& p) {
   if (!p.varlen()) return {};
-  return ", " + std::to_string(p.batch) + " packed sequences, each against its own keys";
+  // Where some but not all decode (every one: the kernel's sentence says so).
+  const std::string decoding =
+      may_decode(p) && !decodes(p) && p.pass != Pass::Backward
+          ? " (those of at most " + std::to_string(kDecodeQueries) + " queries decoded: each KV head's keys read once)"
+          : "";
+  return ", " + std::to_string(p.batch) + " packed sequences, each against its own keys" + decoding;
 }
 
 class FlashCpu final : public Backend {
@@ -398,30 +414,34 @@ class FlashCpu final : public Backend {
                          .mask_lowered = lowered.has_value()};
 
     // Decoding: one item per (sequence, KV head), its query heads together
-    // (flash_decode_kernels.h).
-    if (decodes(p)) {
-      const std::int64_t items = p.batch * p.kv_heads;
-      const int threads = static_cast<int>(std::min<std::int64_t>(resolve_threads(ctx.threads), items));
-      const std::int64_t per_thread = kernels.forward_scratch_floats(p);
-      Tensor scratch = Tensor::empty({threads, 1, 1, per_thread}, DType::F32, ctx.allocator);
-      float* scratch_base = scratch.data_as<float>();
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-      for (std::int64_t item = 0; item < items; ++item) {
-        float* mine = scratch_base + static_cast<std::int64_t>(omp_get_thread_num()) * per_thread;
-        kernels.attend_decode(job, item / p.kv_heads, item % p.kv_heads, mine);
+    // (flash_decode_kernels.h), for each sequence of a few queries; the
+    // others take the tiled items. Per sequence (flash_tiles.h's decodes()
+    // says why), so a packed batch or a caller's rows run each sequence as its
+    // own dense call would.
+    std::vector<std::int64_t> decoding;
+    std::vector<char> decoded(seqs.size(), 0);
+    bool any_tiled = false;
+    for (std::size_t b = 0; b < seqs.size(); ++b) {
+      if (seqs[b].seq == 0) continue;  // nothing to compute (clear_outside_rows wrote its rows)
+      if (decodes(p, seqs[b].seq)) {
+        decoding.push_back(static_cast<std::int64_t>(b));
+        decoded[b] = 1;
+      } else {
+        any_tiled = true;
       }
-      return;
     }
+    const std::int64_t decode_items = static_cast<std::int64_t>(decoding.size()) * p.kv_heads;
 
     // A packed batch's items run over its longest sequence's query blocks;
-    // those past a shorter one's end return at once.
+    // those past a shorter one's end, and a decoding sequence's, return at once.
     const std::int64_t rows = kernels.forward_block_rows(p);
-    const std::int64_t q_blocks = (p.seq + rows - 1) / rows;
+    const std::int64_t q_blocks = any_tiled ? (p.seq + rows - 1) / rows : 0;
     const std::int64_t heads = p.batch * p.heads;
     const std::int64_t items = heads * q_blocks;
-    const int threads =
-        static_cast<int>(std::min<std::int64_t>(resolve_threads(ctx.threads), std::max<std::int64_t>(items, 1)));
+    const int threads = static_cast<int>(
+        std::min<std::int64_t>(resolve_threads(ctx.threads), std::max<std::int64_t>(items + decode_items, 1)));
 
+    // Sized for either item (forward_scratch_floats covers both where p may decode).
     const std::int64_t per_thread = kernels.forward_scratch_floats(p);
     Tensor scratch = Tensor::empty({threads, 1, 1, per_thread}, DType::F32, ctx.allocator);
     float* scratch_base = scratch.data_as<float>();
@@ -440,11 +460,17 @@ class FlashCpu final : public Backend {
 #pragma omp parallel num_threads(threads)
     {
       float* mine = scratch_base + static_cast<std::int64_t>(omp_get_thread_num()) * per_thread;
-      std::memset(mine, 0xff, kScratchHeaderFloats * sizeof(float));  // no head's K and V held yet
+#pragma omp for schedule(dynamic, 1) nowait
+      for (std::int64_t item = 0; item < decode_items; ++item)
+        kernels.attend_decode(job, decoding[static_cast<std::size_t>(item / p.kv_heads)], item % p.kv_heads, mine);
+      // No head's K and V held yet: set after this thread's decode items,
+      // which write over the region the bf16 items keep them in.
+      std::memset(mine, 0xff, kScratchHeaderFloats * sizeof(float));
 #pragma omp for schedule(dynamic, chunk)
       for (std::int64_t item = 0; item < items; ++item) {
         const std::int64_t bh = item / q_blocks;
         const std::int64_t qb = q_blocks - 1 - item % q_blocks;
+        if (decoded[static_cast<std::size_t>(bh / p.heads)]) continue;
         kernels.attend_block(job, bh / p.heads, bh % p.heads, qb * rows, mine);
       }
     }

@@ -30,9 +30,17 @@ constexpr std::int64_t kBf16BlockK = 128;
 // twice the rows an item halve that traffic (8k keys causal: 3% faster).
 // kBlockQ (64) up to there, where the smaller item's shorter diagonal wins
 // (4096 keys at 64: 1% slower with 128; docs/perf/cpu-flash.md).
-inline std::int64_t forward_rows_fp32(const Problem& p) {
-  return p.kv_seq * p.head_dim * 2 * 4 > (std::int64_t{2} << 20) ? 2 * kBlockQ : kBlockQ;
+//
+// Per sequence, from its own keys: under a window an item's key blocks start
+// at its first row's first key, so the rows an item takes set where a row's
+// blocks fall, hence its bits; a sequence must give the same bits in a packed
+// batch (whose longest sequence sets the driver's item rows) or as a caller's
+// rows as alone (VarlenBackends.PackedWindowCallIsPerSequenceDenseCallsBitForBit).
+inline std::int64_t rows_for_keys(std::int64_t kv_seq, std::int64_t head_dim) {
+  return kv_seq * head_dim * 2 * 4 > (std::int64_t{2} << 20) ? 2 * kBlockQ : kBlockQ;
 }
+// The driver's item rows: the most any sequence of p takes.
+inline std::int64_t forward_rows_fp32(const Problem& p) { return rows_for_keys(p.kv_seq, p.head_dim); }
 
 inline std::int64_t dpad_of(std::int64_t head_dim) { return round_up(head_dim, kLanes); }
 
@@ -343,12 +351,16 @@ inline void attend_rows_fp32(const ForwardJob& job, std::int64_t b, std::int64_t
   store_rows(job, s, h, i0, nq, o, dpad, 1, m, l);
 }
 
+// The driver's item of forward_rows_fp32(p) rows from i0, as the sequence's
+// own items (rows_for_keys of its keys): one, or two of half the rows.
 inline void attend_block_fp32(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
-  if (forward_rows_fp32(job.p) == 2 * kBlockQ) {
+  const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
+  if (rows_for_keys(s.kv_seq, job.p.head_dim) == 2 * kBlockQ) {
     attend_rows_fp32<2 * kBlockQ>(job, b, h, i0, scratch);
-  } else {
-    attend_rows_fp32<kBlockQ>(job, b, h, i0, scratch);
+    return;
   }
+  attend_rows_fp32<kBlockQ>(job, b, h, i0, scratch);
+  if (forward_rows_fp32(job.p) == 2 * kBlockQ) attend_rows_fp32<kBlockQ>(job, b, h, i0 + kBlockQ, scratch);
 }
 
 }  // namespace attnprof::cpu::flash::ATTNPROF_ISA_NS

@@ -7,6 +7,8 @@
 // allow), then includes this once.
 #pragma once
 
+#include <algorithm>
+
 #include "backends/cpu/flash_backward_kernels.h"
 #include "backends/cpu/flash_decode_kernels.h"
 #include "backends/cpu/flash_forward_kernels.h"
@@ -40,6 +42,14 @@ inline const char* backward_products_fp32() {
 #endif
 }
 
+// A thread's forward scratch: the decode item's where every sequence decodes,
+// the tiled items' (`tiled` floats) where none may, else room for either
+// (flash.cpp picks per sequence).
+inline std::int64_t scratch_for_either(const Problem& p, std::int64_t tiled) {
+  if (decodes(p)) return decode_scratch_floats(p);
+  return may_decode(p) ? std::max(tiled, decode_scratch_floats(p)) : tiled;
+}
+
 inline void vector_tanh(const float* x, float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; i += kLanes) store(y + i, tanh(load(x + i)));
 }
@@ -49,8 +59,7 @@ inline void vector_exp2(const float* x, float* y, std::int64_t n) {
 
 #if ATTNPROF_FLASH_BF16
 inline std::int64_t forward_scratch(const Problem& p) {
-  if (decodes(p)) return decode_scratch_floats(p);
-  return bf16_path(p) ? forward_scratch_bf16(p) : forward_scratch_fp32(p);
+  return scratch_for_either(p, bf16_path(p) ? forward_scratch_bf16(p) : forward_scratch_fp32(p));
 }
 inline std::int64_t forward_block_rows(const Problem& p) { return bf16_path(p) ? kBlockQ : forward_rows_fp32(p); }
 inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
@@ -93,9 +102,7 @@ inline const char* backward_products(const Problem& p) {
   return backward_products_fp32();
 }
 #else
-inline std::int64_t forward_scratch(const Problem& p) {
-  return decodes(p) ? decode_scratch_floats(p) : forward_scratch_fp32(p);
-}
+inline std::int64_t forward_scratch(const Problem& p) { return scratch_for_either(p, forward_scratch_fp32(p)); }
 inline std::int64_t forward_block_rows(const Problem& p) { return forward_rows_fp32(p); }
 inline void attend_block(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch) {
   attend_block_fp32(job, b, h, i0, scratch);

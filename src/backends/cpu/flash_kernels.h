@@ -63,8 +63,9 @@ struct Kernels {
   // One forward work item: query rows [i0, i0 + forward_block_rows(p)) of
   // (sequence b, head h).
   void (*attend_block)(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch);
-  // Where decodes(p): one item per (sequence b, KV head hk), every query row
-  // of its query heads (flash_decode_kernels.h).
+  // For a sequence that decodes (flash_tiles.h's decodes(p, queries)): one
+  // item per (sequence b, KV head hk), every query row of its query heads
+  // (flash_decode_kernels.h).
   void (*attend_decode)(const ForwardJob& job, std::int64_t b, std::int64_t hk, float* scratch);
   // The products the forward uses for p: a static sentence for the story.
   const char* (*forward_products)(const Problem& p);

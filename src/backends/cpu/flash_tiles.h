@@ -58,15 +58,26 @@ Band band_of(const Problem& p);
 // (the bottom-right diagonal at kv_seq - seq).
 Band band_of(const Problem& p, std::int64_t seq, std::int64_t kv_seq);
 
-// Decoding: a dense problem of at most kDecodeQueries queries a sequence, its
-// query heads of one KV head together at most kDecodeRows rows, under a
-// structural mask (or none). Such a forward runs one item per (sequence, KV
-// head) that reads each key and value row once for all those rows
-// (flash_decode_kernels.h), where the tiled kernels would pad the few rows to
-// a vector's lanes or a tile's rows, and repack K and V per query head.
+// Decoding: a sequence of at most kDecodeQueries queries, its query heads of
+// one KV head together at most kDecodeRows rows, under a structural mask (or
+// none). Its forward runs one item per (sequence, KV head) that reads each key
+// and value row once for all those rows (flash_decode_kernels.h), where the
+// tiled kernels would pad the few rows to a vector's lanes or a tile's rows,
+// and repack K and V per query head.
+//
+// The choice is each sequence's own, from its own query count, whether it
+// runs alone, in a packed batch or as a caller's rows (q_rows): the two items
+// round differently (dot products summed across a vector's lanes against FMA
+// chains along the head dim, or bf16 tile products), and a sequence must give
+// the same bits alone as in a batch (VarlenBackends.*BitForBit).
 constexpr std::int64_t kDecodeQueries = 4;
 constexpr std::int64_t kDecodeRows = 64;
+bool decodes(const Problem& p, std::int64_t queries);
+// Every sequence of p decodes (its longest has at most kDecodeQueries queries).
 bool decodes(const Problem& p);
+// Some sequence of p may decode: a packed batch's short sequences, or any
+// sequence of a dense one (a caller's q_rows may leave it a few rows).
+bool may_decode(const Problem& p);
 
 // One sequence of a problem as the kernels walk it: batch b of a dense
 // problem, or sequence b of a packed one (Problem::seq_lens), whose rows lie
