@@ -6,7 +6,10 @@
 // against the plan's in the caller's terms, and launches.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -45,9 +48,9 @@ struct Shape {
       same = static_cast<std::int64_t>(a.size(i)) == dims[i];
     }
     if (same) return;
-    fail(ErrorKind::InvalidArgument, std::string(name) + " is " + dtype_text(a) + dims_of(a) + " on " + where_name(a) +
-                                         " but the plan was made for " + text +
-                                         (skip_first ? " (any number of pages)" : ""),
+    fail(ErrorKind::InvalidArgument,
+         std::string(name) + " is " + dtype_text(a) + dims_of(a) + " on " + where_name(a) +
+             " but the plan was made for " + text + (skip_first ? " (any number of pages)" : ""),
          {name});
   }
 };
@@ -76,13 +79,54 @@ class PyPlan {
 
   void run(const Array& q, const Array& k, const Array& v, const Array& out, std::uintptr_t stream,
            const RunExtras& x) {
+    Inputs in;
+    Tensor o;
+    views(q, k, v, out, stream, x, in, o);
+    if (plan_.problem().device == Device::Cpu) {
+      // The thread counts as attention() sets them, put back when the run ends.
+      const ThreadCountsKept kept;
+      runtime_for(Device::Cpu, threads_);
+      nb::gil_scoped_release unlocked;
+      plan_.run(in, o, nullptr);
+    } else {
+      plan_.run(in, o, reinterpret_cast<void*>(stream));
+    }
+  }
+
+  // bench/python_overhead.py: the host time (us) of each of `calls` C++
+  // Plan::run calls back to back on one set of views (a quarter as many
+  // untimed first; the device synchronised before and after, not between).
+  std::vector<double> time_runs(const Array& q, const Array& k, const Array& v, const Array& out, std::uintptr_t stream,
+                                int calls) {
+    Inputs in;
+    Tensor o;
+    views(q, k, v, out, stream, {}, in, o);
+    const ThreadCountsKept kept;
+    DeviceRuntime& rt = runtime_for(plan_.problem().device, threads_);
+    std::vector<double> us(static_cast<std::size_t>(std::max(calls, 0)));
+    nb::gil_scoped_release unlocked;
+    void* const s = reinterpret_cast<void*>(stream);
+    rt.synchronize();
+    for (int i = 0; i < std::max(2, calls / 4); ++i) plan_.run(in, o, s);
+    for (double& t : us) {
+      const auto t0 = std::chrono::steady_clock::now();
+      plan_.run(in, o, s);
+      t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    }
+    rt.synchronize();
+    return us;
+  }
+
+ private:
+  // The run's arrays as the plan's views (in, o), each checked against the
+  // example the plan was made with, in the caller's terms.
+  void views(const Array& q, const Array& k, const Array& v, const Array& out, std::uintptr_t stream,
+             const RunExtras& x, Inputs& in, Tensor& o) const {
     const Problem& p = plan_.problem();  // a released plan's one-line refusal
     const BatchLayout& l = plan_.layout();
     const DType dtype = p.dtype;
     shapes_[0].expect("q", q);
     shapes_[3].expect("out", out);
-    Inputs in;
-    Tensor o;
     const bool paged = l.form == Form::Paged, packed = l.form == Form::Packed;
     shapes_[1].expect(paged ? "k_cache" : "k", k, paged);
     shapes_[2].expect(paged ? "v_cache" : "v", v, paged);
@@ -118,23 +162,13 @@ class PyPlan {
         fail(ErrorKind::InvalidArgument, "seq_lens must be contiguous (the kernel reads entry b at b)", {"seq_lens"});
       }
       // Each sequence's key count, as the kernels (and CPU flash) read it: [1, 1, B, 1].
-      in.kv_rows = lens.as_strided({1, 1, lens.size(3), 1}, {lens.size(3), lens.size(3), lens.stride(3), 1},
-                                   lens.offset());
+      in.kv_rows =
+          lens.as_strided({1, 1, lens.size(3), 1}, {lens.size(3), lens.size(3), lens.stride(3), 1}, lens.offset());
     }
     if (x.q_rows) in.q_rows = index_view("q_rows", *x.q_rows, 2, p.device);
     if (x.kv_rows) in.kv_rows = index_view("kv_rows", *x.kv_rows, 2, p.device);
-    if (p.device == Device::Cpu) {
-      // The thread counts as attention() sets them, put back when the run ends.
-      const ThreadCountsKept kept;
-      runtime_for(p.device, threads_);
-      nb::gil_scoped_release unlocked;
-      plan_.run(in, o, nullptr);
-    } else {
-      plan_.run(in, o, reinterpret_cast<void*>(stream));
-    }
   }
 
- private:
   // An index array a run gives must be one the plan was made with, and the
   // other way round: one line naming it either way.
   void refuse_unplanned(const char* name, const std::optional<Array>& a, bool planned) const {
@@ -162,13 +196,15 @@ class PyPlan {
            {name});
     }
     if (device != Device::Cpu && !checking_inputs()) return;
-    const Tensor host = device == Device::Cpu ? view : device_runtime(device).download(view, reinterpret_cast<void*>(stream));
+    const Tensor host =
+        device == Device::Cpu ? view : device_runtime(device).download(view, reinterpret_cast<void*>(stream));
     for (std::size_t i = 0; i < planned.size(); ++i) {
       const std::int64_t got = host.data_as<const std::int32_t>()[static_cast<std::int64_t>(i) * host.stride(3)];
       if (got != planned[i]) {
         fail(ErrorKind::InvalidArgument,
-             std::string(name) + "[" + std::to_string(i) + "] is " + std::to_string(got) + " but the plan was made for " +
-                 std::to_string(planned[i]) + ": a packed plan runs the lengths it was made with; make another plan",
+             std::string(name) + "[" + std::to_string(i) + "] is " + std::to_string(got) +
+                 " but the plan was made for " + std::to_string(planned[i]) +
+                 ": a packed plan runs the lengths it was made with; make another plan",
              {name});
       }
     }
@@ -210,7 +246,10 @@ PyPlan* make_plan(const In& q, const In& k, const In& v, const Out& out, const s
   }
   Call c = packed ? prepare_varlen(q, k, v, out, Packed{*cu_q, *cu_k, max_q, max_k}, args)
                   : prepare(array_of(q), array_of(k), array_of(v), array_of(out), args,
-                            Extras{{}, optional_array(block_table), optional_array(seq_lens), optional_array(q_rows),
+                            Extras{{},
+                                   optional_array(block_table),
+                                   optional_array(seq_lens),
+                                   optional_array(q_rows),
                                    optional_array(kv_rows)});
   Problem p = c.p;
   BatchLayout layout;
@@ -244,6 +283,9 @@ void bind_plan(nb::module_& m) {
       .def_prop_ro("workspace_bytes", &PyPlan::workspace_bytes, "device bytes the plan holds for its runs")
       .def("explain", &PyPlan::explain, "the backend, why it was picked, what it runs, the layout and the workspace")
       .def("release", &PyPlan::release, "gives the plan's state and workspace back now; runs are refused after")
+      .def("_time_runs", &PyPlan::time_runs, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+           nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("stream"), nb::arg("calls"),
+           "the host time (us) of each of `calls` back-to-back C++ runs (dense plans; bench/python_overhead.py)")
       .def(
           "run",
           [](PyPlan& self, const In& q, const In& k, const In& v, const Out& out, std::uintptr_t stream,
@@ -270,6 +312,8 @@ void bind_plan(nb::module_& m) {
         nb::arg("cu_seqlens_k").noconvert().none() = nb::none(), nb::arg("max_seqlen_q").none() = nb::none(),
         nb::arg("max_seqlen_k").none() = nb::none(), nb::rv_policy::take_ownership,
         "a plan of the call attention() would make on these example arrays");
+  m.def("_backend_resolutions", &backend_resolutions,
+        "how many times a backend name has been resolved in this process (the tests: a plan's runs resolve none)");
 }
 
 }  // namespace attnprof::python

@@ -4,6 +4,8 @@
 // counting backend shows it); tensors of another shape, dtype or device, a
 // missing index tensor and a released plan are refused in one line naming
 // the tensor; a paged plan follows seq_lens rewritten in place.
+#include "attnprof/plan.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -14,7 +16,6 @@
 
 #include "attnprof/backend.h"
 #include "attnprof/error.h"
-#include "attnprof/plan.h"
 #include "attnprof/problem.h"
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
@@ -218,9 +219,9 @@ Tensor pairs_of(const std::vector<std::int32_t>& lens) {
 }
 
 TEST(Plan, PagedPlanFollowsSeqLensRewrittenInPlace) {
-  Problem p = testing::to_problem(testing::Shape{.batch = 3, .heads = 4, .kv_heads = 2, .seq = 1, .kv_seq = 64,
-                                                 .head_dim = 32},
-                                  DType::F32, MaskKind::CausalBottomRight);
+  Problem p =
+      testing::to_problem(testing::Shape{.batch = 3, .heads = 4, .kv_heads = 2, .seq = 1, .kv_seq = 64, .head_dim = 32},
+                          DType::F32, MaskKind::CausalBottomRight);
   p.kv_cache = KvCache::Paged;
   p.page_size = 16;
   p.validate();
@@ -230,8 +231,8 @@ TEST(Plan, PagedPlanFollowsSeqLensRewrittenInPlace) {
   // One seq_lens tensor, rewritten in place between runs, as a serving engine does.
   Tensor seq_lens = Tensor::empty({1, 1, p.batch, 1}, DType::I32, cpu_allocator());
   in.kv_rows = seq_lens;
-  for (const std::vector<std::int32_t>& lens : {std::vector<std::int32_t>{64, 17, 40},
-                                                std::vector<std::int32_t>{5, 64, 33}}) {
+  for (const std::vector<std::int32_t>& lens :
+       {std::vector<std::int32_t>{64, 17, 40}, std::vector<std::int32_t>{5, 64, 33}}) {
     std::memcpy(seq_lens.data(), lens.data(), lens.size() * sizeof(std::int32_t));
     Tensor out = output(p);
     plan.run(in, out);
