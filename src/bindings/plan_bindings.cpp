@@ -283,9 +283,14 @@ void bind_plan(nb::module_& m) {
       .def_prop_ro("workspace_bytes", &PyPlan::workspace_bytes, "device bytes the plan holds for its runs")
       .def("explain", &PyPlan::explain, "the backend, why it was picked, what it runs, the layout and the workspace")
       .def("release", &PyPlan::release, "gives the plan's state and workspace back now; runs are refused after")
-      .def("_time_runs", &PyPlan::time_runs, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-           nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("stream"), nb::arg("calls"),
-           "the host time (us) of each of `calls` back-to-back C++ runs (dense plans; bench/python_overhead.py)")
+      .def(
+          "_time_runs",
+          [](PyPlan& self, const In& q, const In& k, const In& v, const Out& out, std::uintptr_t stream, int calls) {
+            return self.time_runs(array_of(q), array_of(k), array_of(v), array_of(out), stream, calls);
+          },
+          nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(),
+          nb::arg("stream"), nb::arg("calls"),
+          "the host time (us) of each of `calls` back-to-back C++ runs (dense plans; bench/python_overhead.py)")
       .def(
           "run",
           [](PyPlan& self, const In& q, const In& k, const In& v, const Out& out, std::uintptr_t stream,
