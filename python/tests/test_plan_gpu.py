@@ -1,7 +1,7 @@
-"""The serving contract on a GPU: a paged decode's plan.run captured in a CUDA graph (torch.cuda.graph) and
-replayed after its block table, lengths and queries are rewritten in place gives what the eager call gives
-(attnprof.attention, and SDPA over each sequence's own pages in float64); a planned run allocates nothing
-and reads nothing on the host; a run on another device is refused in one line. Skipped, with the reason,
+"""The serving contract on a GPU: a paged decode's (and a packed batch's) plan.run captured in a CUDA graph
+(torch.cuda.graph) and replayed after its block table, lengths and queries are rewritten in place gives what the
+eager call gives (attnprof.attention, and SDPA over each sequence's own pages in float64); a planned run allocates
+nothing and reads nothing on the host; a run on another device is refused in one line. Skipped, with the reason,
 without a GPU."""
 
 import pytest
@@ -99,3 +99,31 @@ def test_a_dense_cuda_plan_matches_attention_on_the_current_stream():
         want = attnprof.attention(q, k, v, backend="flash")
     side.synchronize()
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_a_captured_packed_call_replays_with_cu_seqlens_rewritten_in_place():
+    """flash reads a packed batch's lengths on the device (Problem::lengths_on_device): a plan's captured run
+    follows cumulative lengths rewritten in place, max_seqlen given as the packed rows (a bound for any cut)."""
+    total, heads, d = 256, 8, 64
+    q, k, v = (torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 100, 180, total], dtype=torch.int32, device="cuda")
+    kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=total, max_seqlen_k=total)
+    plan = attnprof.plan(q, k, v, backend="flash", **kwargs)
+    assert plan.layout == "packed"
+    out = torch.empty_like(q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        plan.run(q, k, v, out, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, k, v, out, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    for cuts in ([0, 10, 200, total], [0, total, total, total], [0, 64, 128, total]):
+        cu.copy_(torch.tensor(cuts, dtype=torch.int32))
+        graph.replay()
+        eager = attnprof.attention(q, k, v, backend="flash", max_seqlen_q=total, max_seqlen_k=total,
+                                   cu_seqlens_q=cu, cu_seqlens_k=cu)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, eager, atol=0, rtol=0, msg=str(cuts))

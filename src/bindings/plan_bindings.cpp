@@ -135,8 +135,8 @@ class PyPlan {
       in.k = packed_view_of("k", k, p.device, dtype);
       in.v = packed_view_of("v", v, p.device, dtype);
       o = packed_view_of("out", out, p.device, output_dtype(dtype));
-      check_lengths("cu_seqlens_q", x.cu_q, cu_q_, stream);
-      check_lengths("cu_seqlens_k", x.cu_k, cu_k_, stream);
+      check_lengths("cu_seqlens_q", x.cu_q, cu_q_, stream, in.cu_seqlens_q);
+      check_lengths("cu_seqlens_k", x.cu_k, cu_k_, stream, in.cu_seqlens_k);
     } else {
       in.q = view_of("q", q, bshd_, p.device, dtype);
       o = view_of("out", out, bshd_, p.device, output_dtype(dtype));
@@ -180,15 +180,30 @@ class PyPlan {
          {name});
   }
 
-  // A packed plan runs the lengths it was made with (the problem holds them
-  // today): the run's cu_seqlens must say the same. Compared on the CPU; on
-  // a GPU only in the checking mode (read in the caller's stream order),
-  // never on the default path, where the kernels read the plan's device copy.
+  // A packed run's cumulative lengths. Where the plan's problem keeps them on
+  // the device (flash on a GPU: Problem::lengths_on_device) they are the
+  // run's own, read only by the kernels: `into` takes the view, nothing is
+  // read here, and they may be rewritten between runs. Elsewhere the plan
+  // runs the host lengths it was made with, and the run's must say the same:
+  // compared on the CPU, and on a GPU in the checking mode (read in the
+  // caller's stream order), never on its default path.
   void check_lengths(const char* name, const std::optional<Array>& a, const std::vector<std::int64_t>& planned,
-                     std::uintptr_t stream) const {
+                     std::uintptr_t stream, Tensor& into) const {
     if (!a) return;  // refuse_unplanned names it
-    const Device device = plan_.problem().device;
+    const Problem& p = plan_.problem();
+    const Device device = p.device;
     const Tensor view = index_view(name, *a, 1, device);
+    if (p.lengths_on_device) {
+      if (view.size(3) != p.batch + 1 || (view.size(3) > 1 && view.stride(3) != 1)) {
+        fail(ErrorKind::InvalidArgument,
+             std::string(name) + " has " + std::to_string(view.size(3)) + " entries (stride " +
+                 std::to_string(view.stride(3)) + ") but the plan was made for " + std::to_string(p.batch + 1) +
+                 ", contiguous",
+             {name});
+      }
+      into = view;
+      return;
+    }
     if (view.size(3) != static_cast<std::int64_t>(planned.size())) {
       fail(ErrorKind::InvalidArgument,
            std::string(name) + " has " + std::to_string(view.size(3)) + " entries but the plan was made for " +
@@ -263,11 +278,14 @@ PyPlan* make_plan(const In& q, const In& k, const In& v, const Out& out, const s
   } else if (q_rows || kv_rows) {
     layout = {.form = Form::Padded, .q_rows = q_rows.has_value(), .kv_rows = kv_rows.has_value()};
   }
-  Plan made = after_runtime_use([&] { return attnprof::plan(p, layout, backend, threads); });
+  // Lengths on the device: the backend prepare_varlen picked, the one that
+  // reads them there (auto measures no such problem).
+  const std::string name = p.lengths_on_device ? std::string(c.backend->name()) : backend;
+  Plan made = after_runtime_use([&] { return attnprof::plan(p, layout, name, threads); });
   std::vector<Shape> shapes{Shape::of(array_of(q)), Shape::of(array_of(k)), Shape::of(array_of(v)),
                             Shape::of(array_of(out))};
   std::vector<std::int64_t> lens_q, lens_k;
-  if (packed) {
+  if (packed && !p.lengths_on_device) {  // the host lengths the plan runs
     lens_q = p.cu_seqlens_q();
     lens_k = p.cu_seqlens_k();
   }

@@ -25,7 +25,7 @@ struct Plan::State {
   std::string story;  // the backend's eligibility reason
   std::string how;    // how the backend was picked
   DType out_dtype = DType::BF16;
-  Dims q_dims{}, kv_dims{}, pages_dims{}, table_dims{}, q_rows_dims{}, kv_rows_dims{};
+  Dims q_dims{}, kv_dims{}, pages_dims{}, table_dims{}, q_rows_dims{}, kv_rows_dims{}, cu_dims{};
 };
 
 std::string_view layout_name(BatchLayout::Form form) {
@@ -206,6 +206,15 @@ void Plan::run(const Inputs& in, Tensor& out, void* stream) {
     expect("k", in.k, s.kv_dims, p.dtype, p.device);
     expect("v", in.v, s.kv_dims, p.dtype, p.device);
     expect_absent("block_table", in.block_table, s.layout);
+    // A packed batch's lengths on the device are each run's own tensors (the
+    // kernels read them); host lengths are the problem's.
+    if (p.lengths_on_device) {
+      expect("cu_seqlens_q", in.cu_seqlens_q, s.cu_dims, DType::I32, p.device);
+      expect("cu_seqlens_k", in.cu_seqlens_k, s.cu_dims, DType::I32, p.device);
+    } else {
+      expect_absent("cu_seqlens_q", in.cu_seqlens_q, s.layout);
+      expect_absent("cu_seqlens_k", in.cu_seqlens_k, s.layout);
+    }
     if (s.layout.q_rows) {
       expect("q_rows", in.q_rows, s.q_rows_dims, DType::I32, p.device);
     } else {
@@ -272,6 +281,7 @@ Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, i
   s->table_dims = {1, 1, p.batch, p.pages_per_seq()};
   s->q_rows_dims = {1, 1, p.batch, 2};
   s->kv_rows_dims = {1, 1, p.batch, layout.form == Form::Paged ? 1 : 2};
+  s->cu_dims = {1, 1, 1, p.batch + 1};
   RunContext ctx{*s->allocator, nullptr, threads, nullptr};
   s->prepared = backend.prepare(p, ctx);
   Plan made;

@@ -270,9 +270,10 @@ class FusedBackend : public Backend {
     if (f.fp8) bytes = std::max(bytes, fp8_vt_bytes(f));  // the decode path takes no FP8: one or the other
     if (bytes > 0) s->workspace.emplace(ctx.allocator, bytes);
     if (flash_) device_input_errors();
-    // A packed batch's lengths copied to the device now, not on the first run
-    // (they are the problem's today; the runs look the copy up).
-    if (p.varlen()) device_cu_seqlens(p, static_cast<cudaStream_t>(ctx.stream));
+    // A packed batch's host lengths copied to the device now, not on the
+    // first run (the runs look the copy up); lengths on the device are the
+    // runs' own tensors.
+    if (p.varlen() && !p.lengths_on_device) device_cu_seqlens(p, static_cast<cudaStream_t>(ctx.stream));
     return s;
   }
 
