@@ -114,9 +114,10 @@ def plan(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int
 
     The arguments are attention()'s (the same defaults: mask None is causal, or for a packed batch
     causal too); which index arrays are given picks the batch layout, and every run gives the same ones:
-    dense (none), padded (q_rows and/or kv_rows), packed (cu_seqlens_q and cu_seqlens_k; the plan runs the
-    lengths it was made with: a run's cu_seqlens must say the same) or paged (block_table and seq_lens;
-    the plan is sized for the table's capacity, each run's seq_lens are its own). The backend, auto's
+    dense (none), padded (q_rows and/or kv_rows), packed (cu_seqlens_q and cu_seqlens_k: on a GPU's flash
+    each run's own, read by the kernels, with max_seqlen_q/_k as their bound; elsewhere the plan runs the
+    lengths it was made with, and a run's must say the same) or paged (block_table and seq_lens; the plan
+    is sized for the table's capacity, each run's seq_lens are its own). The backend, auto's
     pick included, is resolved and checked here, once; a call attention() would refuse is refused here,
     in the same words. Inference only (no autograd)."""
     backend = _args.text("backend", backend)
