@@ -8,6 +8,8 @@ does), the median host time of:
           this process, on these very tensors); on CUDA also `attnprof profile --backend B
           --unprofiled-calls` when --attnprof gives the command
   torch:  torch.nn.functional.scaled_dot_product_attention (for scale)
+  plan:   plan.run(q, k, v, o) of attnprof.plan(q, k, v, backend=B, mask="causal") (made once), and
+          the C++ Plan::run of the same plan in a C++ loop (plan._plan._time_runs)
 so the difference is what the Python layer adds, through attnprof._torch_call (the torch
 extension's fast path, where it is built) and through the DLPack path (_torch._use_fast(False)).
 Checks that the output is the one passed in (no copy) and matches PyTorch's. Then, for each
@@ -176,8 +178,9 @@ def main():
     cli = a.device == "cuda" and a.attnprof
     fast = _torch._fast is not None
     print("| shape | backend | C++ call us (p10-p90) | Python call us (p10-p90) | added us | DLPack path us | "
-          "added us |" + (" CLI's C++ call us |" if cli else "") + " torch SDPA us | no copy | max diff vs torch |")
-    print("|---|---|---|---|---|---|---|" + ("---|" if cli else "") + "---|---|---|")
+          "added us |" + (" CLI's C++ call us |" if cli else "") + " plan.run us (p10-p90) | added us | "
+          "C++ Plan::run us | torch SDPA us | no copy | max diff vs torch |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if cli else "") + "---|---|---|---|---|---|")
     first = []
     for (b, h, s, d) in shapes:
         q, k, v = (torch.randn(b, h, s, d, device=a.device, dtype=dtype) for _ in range(3))
@@ -197,6 +200,13 @@ def main():
             finally:
                 _torch._use_fast(fast)
             cpp = cpp_us(q, k, v, o, backend, threads, a.calls, a.rounds)
+            # The same call planned once: the run checks the arrays against the plan and launches.
+            plan = attnprof.plan(q, k, v, backend=backend, mask="causal", threads=threads)
+            planned = plan.run(q, k, v, o)
+            assert planned.data_ptr() == o.data_ptr() and torch.equal(planned, got), backend
+            run = median_us(lambda: plan.run(q, k, v, o), a.device, a.calls, a.rounds)
+            cpp_run = min((spread(plan._plan._time_runs(q, k, v, o, _torch._stream_of(q), a.calls))
+                           for _ in range(a.rounds)), key=lambda r: r[0])
             sdpa = median_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
                              a.device, a.calls, a.rounds)
             row = (f"| {b}x{h}x{s}x{d} | {backend} | {cpp[0]:.1f} ({cpp[1]:.1f}-{cpp[2]:.1f}) | "
@@ -204,6 +214,7 @@ def main():
                    f"{dl[0] - cpp[0]:+.1f} |")
             if cli:
                 row += f" {cli_us(a.attnprof, backend, b, h, s, d)[0]:.1f} |"
+            row += f" {run[0]:.1f} ({run[1]:.1f}-{run[2]:.1f}) | {run[0] - cpp_run[0]:+.1f} | {cpp_run[0]:.2f} |"
             print(row + f" {sdpa[0]:.1f} | {no_copy} | {diff:.2e} |", flush=True)
         if not first:
             first = [q, k, v, o]

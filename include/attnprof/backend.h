@@ -141,11 +141,23 @@ struct Fp8Amax {
   float o = 0;
 };
 
+// What Backend::prepare() makes for one problem: the backend's own type,
+// opaque to the rest. A plan (attnprof/plan.h) holds it and hands it back to
+// every forward of that problem through RunContext::state.
+struct BackendState {
+  virtual ~BackendState() = default;
+  // Device (or host) bytes it holds for the forwards: a plan's explain().
+  virtual std::size_t bytes() const { return 0; }
+};
+
 // Per-call context handed to forward().
 struct RunContext {
   Allocator& allocator;
   void* stream = nullptr;  // cudaStream_t for CUDA backends
   int threads = 0;         // CPU threads; 0 = all cores
+  // prepare()'s state for this very problem, made by this backend (a plan's
+  // runs), or null: the forward then sizes and allocates what it needs itself.
+  BackendState* state = nullptr;
 };
 
 class Backend {
@@ -161,6 +173,16 @@ class Backend {
   virtual Traits traits() const { return {}; }
   // Writes softmax(scale * Q K^T + mask) V into `out` ([B, H, S, D], problem dtype).
   virtual void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) = 0;
+  // The forward's per-problem host work done once, for a plan of the eligible
+  // problem `p` (attnprof/plan.h): what every forward of `p` would size and
+  // allocate (from ctx.allocator) on its own, held by the state returned,
+  // which forward() then reads from ctx.state. Null (the default): the
+  // backend has nothing to hoist. Never reads a tensor.
+  virtual std::unique_ptr<BackendState> prepare(const Problem& p, RunContext& ctx) {
+    (void)p;
+    (void)ctx;
+    return nullptr;
+  }
 
   // The backward pass. A backend that has one says so here; eligibility(p)
   // then answers for p.pass (the registry refuses Backward and Train for the

@@ -55,6 +55,9 @@ const std::vector<std::string_view>& auto_order(Device d);
 // a name that is no backend, Error(Unsupported) with explain()'s reason for
 // one that cannot take `p` (not built, another device, this problem).
 Backend& resolve_backend(const Problem& p, std::string_view requested);
+// How many times resolve_backend() has been asked in this process: the tests
+// read it to show that a plan's runs resolve nothing (attnprof/plan.h).
+std::uint64_t backend_resolutions();
 
 bool cuda_built();  // compiled with CUDA support
 // What this build has on CUDA, one line for explain: the architectures and

@@ -22,6 +22,7 @@ from ._core import Error
 from ._records import Explanation, Finding, Record, Report, Result
 from ._analyze import Analysis, Diff, analyze, diff
 from .dropin import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, scaled_dot_product_attention
+from ._plan import Plan, plan
 
 __all__ = [
     "Analysis",
@@ -30,6 +31,7 @@ __all__ = [
     "Error",
     "Explanation",
     "Finding",
+    "Plan",
     "Record",
     "Report",
     "Result",
@@ -43,6 +45,7 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "plan",
     "profile",
     "quantize_fp8",
     "scaled_dot_product_attention",

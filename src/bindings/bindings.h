@@ -6,6 +6,7 @@
 //   attention_bindings.cpp attention, attention_train, attention_backward
 //   varlen_bindings.cpp    packed (variable-length) batches; a paged cache's preparation
 //   pipeline_bindings.cpp  Problem, compare, profile, explain, the library's defaults
+//   plan_bindings.cpp      attnprof.plan: a call planned once (attnprof/plan.h), run many times
 //   analyze_bindings.cpp   analyze and diff
 //   module.cpp             the module, which adds them all
 #pragma once
@@ -225,6 +226,17 @@ auto after_runtime_use(Work&& work) {
 void prepare_paged(Problem& p, Inputs& in, const Array& k, const Array& v, const Extras& x, DType dtype,
                    std::uintptr_t stream);
 
+// What a packed call takes beyond its arrays (and the dense call's arguments).
+struct Packed {
+  const In& cu_q;
+  const In& cu_k;
+  std::optional<std::int64_t> max_q, max_k;
+};
+
+// One packed call: q [total_q, H, D], k and v [total_k, Hkv, D], out like q
+// (attention_varlen's, and a packed plan's: plan_bindings.cpp).
+Call prepare_varlen(const In& q, const In& k, const In& v, const Out& out, const Packed& packed, const CallArgs& a);
+
 // Runs `work` with the GIL released on the CPU (milliseconds of work; other
 // Python threads run meanwhile); on a GPU it is an asynchronous launch.
 template <class Work>
@@ -242,5 +254,6 @@ void bind_attention(nb::module_& m);  // attention_bindings.cpp
 void bind_varlen(nb::module_& m);     // varlen_bindings.cpp
 void bind_pipeline(nb::module_& m);   // pipeline_bindings.cpp
 void bind_analyze(nb::module_& m);    // analyze_bindings.cpp
+void bind_plan(nb::module_& m);       // plan_bindings.cpp
 
 }  // namespace attnprof::python

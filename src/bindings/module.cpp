@@ -16,4 +16,5 @@ NB_MODULE(_core, m) {
   bind_varlen(m);
   bind_pipeline(m);
   bind_analyze(m);
+  bind_plan(m);
 }

@@ -137,13 +137,6 @@ std::vector<std::int64_t> host_lengths(const char* name, const Tensor& cu, std::
   return lengths_from_cu_seqlens(host.data_as<const std::int32_t>(), static_cast<std::size_t>(cu.numel()), total, name);
 }
 
-// What a packed call takes beyond its arrays (and the dense call's arguments).
-struct Packed {
-  const In& cu_q;
-  const In& cu_k;
-  std::optional<std::int64_t> max_q, max_k;
-};
-
 // max_seqlen_q or _k as given (None or 0: not given), within the sequence
 // limit; flash_attn_varlen_func's caller knows it without a read.
 std::optional<std::int64_t> given_max(const char* name, std::optional<std::int64_t> given) {
@@ -195,7 +188,8 @@ std::optional<std::string> device_lengths_backend(const Problem& on_device, cons
   return std::nullopt;
 }
 
-// One packed call: q [total_q, H, D], k and v [total_k, Hkv, D], out like q.
+}  // namespace
+
 Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& out_in, const Packed& packed,
                     const CallArgs& a) {
   check_threads(a.threads);
@@ -271,6 +265,8 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   p.normalize().validate();
   return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);
 }
+
+namespace {
 
 std::string attention_varlen(const In& q, const In& k, const In& v, const Out& out, const In& cu_q, const In& cu_k,
                              std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k,

@@ -3,6 +3,8 @@
 // (backends/cuda/plugin.h), loaded the first time a CUDA backend or the CUDA
 // runtime is asked for.
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string_view>
@@ -276,7 +278,14 @@ std::vector<Explanation> explain(const Problem& p) {
   return out;
 }
 
+namespace {
+std::atomic<std::uint64_t> resolutions{0};
+}  // namespace
+
+std::uint64_t backend_resolutions() { return resolutions.load(std::memory_order_relaxed); }
+
 Backend& resolve_backend(const Problem& p, std::string_view requested) {
+  resolutions.fetch_add(1, std::memory_order_relaxed);
   const std::string name = requested == "auto" ? choose_auto(p).backend : std::string(requested);
   if (!is_backend_name(name)) {
     std::string names;

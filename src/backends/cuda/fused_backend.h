@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -254,6 +255,28 @@ class FusedBackend : public Backend {
     run_forward(p, in, out, nullptr, ctx);
   }
 
+  // A plan's state (attnprof/plan.h): flash's decode plan (the split count,
+  // from the device's facts) and its splits' workspace, and FP8's V^T
+  // buffer, sized and allocated once for the problem, so that a planned
+  // forward sizes and allocates nothing (a CUDA graph captures it and
+  // replays it with its buffers still live). The kernels' input-error word
+  // is made here too (its first ask is a synchronous cudaMalloc, which a
+  // capture may not make), and a packed batch's device lengths.
+  std::unique_ptr<BackendState> prepare(const Problem& p, RunContext& ctx) override {
+    auto s = std::make_unique<Prepared>();
+    const FusedParams f = params_for(p);
+    if (flash_ && flash_decode_takes(f)) s->decode = flash_decode_plan(f);
+    std::size_t bytes = s->decode.workspace_bytes;
+    if (f.fp8) bytes = std::max(bytes, fp8_vt_bytes(f));  // the decode path takes no FP8: one or the other
+    if (bytes > 0) s->workspace.emplace(ctx.allocator, bytes);
+    if (flash_) device_input_errors();
+    // A packed batch's host lengths copied to the device now, not on the
+    // first run (the runs look the copy up); lengths on the device are the
+    // runs' own tensors.
+    if (p.varlen() && !p.lengths_on_device) device_cu_seqlens(p, static_cast<cudaStream_t>(ctx.stream));
+    return s;
+  }
+
   void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
     saved.lse = Tensor::empty(lse_dims(p), DType::F32, ctx.allocator);
     run_forward(p, in, out, saved.lse.data_as<float>(), ctx);
@@ -312,6 +335,13 @@ class FusedBackend : public Backend {
   }
 
  private:
+  // prepare()'s state: the decode plan and the workspace held for the plan's forwards.
+  struct Prepared final : BackendState {
+    DecodePlan decode;
+    std::optional<Storage> workspace;
+    std::size_t bytes() const override { return workspace ? workspace->bytes() : 0; }
+  };
+
   // The backward's op name, made once (a call records it): "_flash_attention_forward" -> "..._backward".
   static std::string backward_op(std::string_view forward_op) {
     std::string op(forward_op);
@@ -343,13 +373,21 @@ class FusedBackend : public Backend {
     if (f.kv_rows != nullptr || f.block_table != nullptr) f.input_errors = device_input_errors();
     // FP8: the descales, and V^T's buffer (released to the stream-ordered
     // cache when this call returns).
+    // A plan's forward (ctx.state, prepare()'s for this problem) takes its
+    // held workspace instead.
+    const auto* planned = dynamic_cast<const Prepared*>(ctx.state);
     std::optional<Storage> v_t;
     if (f.fp8) {
       f.q_descale = in.q_descale;
       f.k_descale = in.k_descale;
       f.v_descale = in.v_descale;
-      v_t.emplace(ctx.allocator, fp8_vt_bytes(f));
-      f.v_t = v_t->data();
+      const std::size_t bytes = fp8_vt_bytes(f);
+      if (planned && planned->bytes() >= bytes) {
+        f.v_t = planned->workspace->data();
+      } else {
+        v_t.emplace(ctx.allocator, bytes);
+        f.v_t = v_t->data();
+      }
     }
     // Checked here for the message; the launch does not check again.
     if (const char* why = fused_unsupported_reason(f, flash_))
@@ -360,8 +398,12 @@ class FusedBackend : public Backend {
     DecodePlan plan;
     std::optional<Storage> workspace;
     if (flash_ && flash_decode_takes(f)) {
-      plan = flash_decode_plan(f);
-      if (plan.workspace_bytes > 0) {
+      // The plan's decode plan is this one: both are made from the problem's
+      // shape alone (params_for), which the plan checked the tensors against.
+      plan = planned && planned->decode.applies ? planned->decode : flash_decode_plan(f);
+      if (plan.workspace_bytes > 0 && planned && planned->bytes() >= plan.workspace_bytes) {
+        f.workspace = static_cast<float*>(planned->workspace->data());
+      } else if (plan.workspace_bytes > 0) {
         workspace.emplace(ctx.allocator, plan.workspace_bytes);
         f.workspace = static_cast<float*>(workspace->data());
       }

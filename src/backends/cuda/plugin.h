@@ -45,8 +45,8 @@ struct Plugin {
   std::unique_ptr<Ring> (*make_ring)(const Problem& p, int world, const Inputs& host);
 };
 // Raised whenever Plugin, or a type it passes, changes layout (2: Backend's
-// read_fp8_amax()).
-inline constexpr int kPluginAbi = 2;
+// read_fp8_amax(); 3: Backend's prepare() and RunContext::state).
+inline constexpr int kPluginAbi = 3;
 inline constexpr const char* kPluginEntry = "attnprof_cuda_plugin";
 
 // The CPU side's handle (registry.cpp): the plugin, loaded on the first call.

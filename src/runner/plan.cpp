@@ -1,0 +1,292 @@
+// attnprof::plan and Plan::run (attnprof/plan.h): the backend resolved,
+// checked and prepared once; each run checks its tensors against the plan and
+// calls the backend's forward with the plan's state.
+#include "attnprof/plan.h"
+
+#include <array>
+#include <string>
+#include <utility>
+
+#include "attnprof/device_runtime.h"
+#include "attnprof/error.h"
+#include "attnprof/runner.h"
+
+namespace attnprof {
+
+// What every run reads: the problem, the backend and its prepared state, and
+// the tensors' expected sizes, worked out once.
+struct Plan::State {
+  Problem problem;
+  BatchLayout layout;
+  Backend* backend = nullptr;
+  Allocator* allocator = nullptr;
+  int threads = 0;
+  std::unique_ptr<BackendState> prepared;
+  std::string story;  // the backend's eligibility reason
+  std::string how;    // how the backend was picked
+  DType out_dtype = DType::BF16;
+  Dims q_dims{}, kv_dims{}, pages_dims{}, table_dims{}, q_rows_dims{}, kv_rows_dims{}, cu_dims{};
+};
+
+std::string_view layout_name(BatchLayout::Form form) {
+  switch (form) {
+    case BatchLayout::Form::Dense:
+      return "dense";
+    case BatchLayout::Form::Padded:
+      return "padded";
+    case BatchLayout::Form::Packed:
+      return "packed";
+    case BatchLayout::Form::Paged:
+      return "paged";
+  }
+  return "?";
+}
+
+BatchLayout layout_of(const Problem& p, const Inputs& in) {
+  if (p.varlen()) return {.form = BatchLayout::Form::Packed};
+  if (p.kv_cache == KvCache::Paged) return {.form = BatchLayout::Form::Paged};
+  if (in.q_rows.defined() || in.kv_rows.defined()) {
+    return {.form = BatchLayout::Form::Padded, .q_rows = in.q_rows.defined(), .kv_rows = in.kv_rows.defined()};
+  }
+  return {};
+}
+
+namespace {
+
+using Form = BatchLayout::Form;
+
+// The layouts whose runs give per-sequence rows (Inputs::q_rows, kv_rows): a
+// padded batch's, a paged cache's key counts. Only backends whose traits
+// read rows take them.
+bool reads_rows(const BatchLayout& l) { return l.form == Form::Padded || l.form == Form::Paged; }
+
+void check_layout(const Problem& p, const BatchLayout& l) {
+  const std::string form(layout_name(l.form));
+  if ((l.form == Form::Packed) != p.varlen()) {
+    fail(ErrorKind::InvalidArgument,
+         p.varlen() ? "layout " + form + " for a packed problem (seq_lens): use the packed layout"
+                    : "layout packed for a problem without seq_lens: give the packed batch's lengths",
+         {"layout"});
+  }
+  if ((l.form == Form::Paged) != (p.kv_cache == KvCache::Paged)) {
+    fail(ErrorKind::InvalidArgument,
+         p.kv_cache == KvCache::Paged ? "layout " + form + " for a paged problem (kv_cache paged): use the paged layout"
+                                      : "layout paged for a problem with a contiguous cache: set kv_cache paged",
+         {"layout"});
+  }
+  if (l.form == Form::Padded && !l.q_rows && !l.kv_rows) {
+    fail(ErrorKind::InvalidArgument, "layout padded names neither q_rows nor kv_rows: one of them, or layout dense",
+         {"layout"});
+  }
+  if (l.form != Form::Padded && (l.q_rows || l.kv_rows)) {
+    fail(ErrorKind::InvalidArgument, "q_rows and kv_rows belong to the padded layout, not " + form, {"layout"});
+  }
+  if (reads_rows(l) && (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias)) {
+    fail(ErrorKind::InvalidArgument,
+         "layout " + form + " takes a structural mask (the rows say each sequence's keys), not a " +
+             std::string(mask_name(p.mask)) + " tensor",
+         {"layout"});
+  }
+  if (p.pass != Pass::Forward) {
+    fail(ErrorKind::Unsupported,
+         "a plan runs forwards (inference); pass " + std::string(pass_name(p.pass)) + " goes through attention_train",
+         {"pass"});
+  }
+}
+
+// The backend `requested` names for p in layout l ("auto": the measured pick,
+// or with rows the first eligible backend that reads them), with how it was
+// picked.
+std::pair<Backend*, std::string> pick(const Problem& p, const BatchLayout& l, std::string_view requested) {
+  if (requested != "auto") return {&resolve_backend(p, requested), "asked for by name"};
+  if (!reads_rows(l)) {
+    const AutoChoice c = choose_auto(p);
+    return {&resolve_backend(p, c.backend), "picked by auto: " + c.reason};
+  }
+  for (const Explanation& e : explain(p)) {
+    const Backend* b = e.eligible ? find_backend(e.backend, p.device) : nullptr;
+    if (b && b->traits().rows) {
+      return {&resolve_backend(p, e.backend),
+              "picked by auto: the first eligible backend that reads per-sequence rows (layout " +
+                  std::string(layout_name(l.form)) + ")"};
+    }
+  }
+  fail(ErrorKind::Unsupported, "auto: no eligible backend reads per-sequence rows (layout " +
+                                   std::string(layout_name(l.form)) + ") for " + p.describe());
+}
+
+std::string described(DType dtype, const Dims& dims, Device device) {
+  return std::string(dtype_name(dtype)) + dims_string(dims) + " on " + std::string(device_name(device));
+}
+
+// One tensor of a run against the plan: defined, its sizes, dtype and device.
+// `skip_first`: a paged cache's page count is the pool's, any size.
+void expect(const char* name, const Tensor& t, const Dims& dims, DType dtype, Device device, bool skip_first = false) {
+  if (!t.defined()) {
+    fail(ErrorKind::InvalidArgument,
+         std::string(name) + " is missing: the plan was made for " + described(dtype, dims, device), {name});
+  }
+  bool same = t.dtype() == dtype && t.device() == device;
+  for (std::size_t i = skip_first ? 1 : 0; i < 4; ++i) same = same && t.size(static_cast<int>(i)) == dims[i];
+  if (same) return;
+  Dims want = dims;
+  if (skip_first) want[0] = t.size(0);
+  fail(ErrorKind::InvalidArgument,
+       std::string(name) + " is " + described(t.dtype(), t.sizes(), t.device()) + " but the plan was made for " +
+           described(dtype, want, device),
+       {name});
+}
+
+void expect_absent(const char* name, const Tensor& t, const BatchLayout& l) {
+  if (!t.defined()) return;
+  fail(ErrorKind::InvalidArgument,
+       std::string(name) + " given, but the plan was made without it (layout " + std::string(layout_name(l.form)) +
+           "): make a plan for the layout that has it",
+       {name});
+}
+
+}  // namespace
+
+Plan::Plan() = default;
+Plan::~Plan() = default;
+Plan::Plan(Plan&&) noexcept = default;
+Plan& Plan::operator=(Plan&&) noexcept = default;
+
+const Plan::State& Plan::live() const {
+  if (!state_) {
+    fail(ErrorKind::InvalidArgument,
+         "this plan holds nothing (released, moved from, or never made): make another with attnprof::plan");
+  }
+  return *state_;
+}
+
+const Problem& Plan::problem() const { return live().problem; }
+const BatchLayout& Plan::layout() const { return live().layout; }
+Backend& Plan::backend() const { return *live().backend; }
+std::size_t Plan::workspace_bytes() const {
+  const State& s = live();
+  return s.prepared ? s.prepared->bytes() : 0;
+}
+
+std::string Plan::explain() const {
+  const State& s = live();
+  std::string out = std::string(s.backend->name()) + " (" + s.how + "): " + s.story + "; layout " +
+                    std::string(layout_name(s.layout.form));
+  if (s.layout.form == Form::Padded) {
+    out += std::string(" (") + (s.layout.q_rows ? "q_rows" : "") + (s.layout.q_rows && s.layout.kv_rows ? ", " : "") +
+           (s.layout.kv_rows ? "kv_rows" : "") + ")";
+  }
+  out += "; " + s.problem.describe() + "; ";
+  const std::size_t held = workspace_bytes();
+  out += held > 0 ? "the plan holds " + std::to_string(held) + " bytes of workspace for its runs"
+                  : "no workspace held (the backend allocates none per run, or sizes it per call)";
+  return out;
+}
+
+void Plan::release() { state_.reset(); }
+
+void Plan::run(const Inputs& in, Tensor& out, void* stream) {
+  const State& s = live();
+  const Problem& p = s.problem;
+  expect("q", in.q, s.q_dims, p.dtype, p.device);
+  expect("out", out, s.q_dims, s.out_dtype, p.device);
+  if (s.layout.form == Form::Paged) {
+    expect("k_pages", in.k_pages, s.pages_dims, p.dtype, p.device, /*skip_first=*/true);
+    expect("v_pages", in.v_pages, s.pages_dims, p.dtype, p.device, /*skip_first=*/true);
+    if (in.k_pages.size(0) != in.v_pages.size(0)) {
+      fail(ErrorKind::InvalidArgument,
+           "v_pages has " + std::to_string(in.v_pages.size(0)) + " pages but k_pages " +
+               std::to_string(in.k_pages.size(0)) + ": the two caches are one pool",
+           {"v_pages"});
+    }
+    expect("block_table", in.block_table, s.table_dims, DType::I32, p.device);
+    expect("seq_lens", in.kv_rows, s.kv_rows_dims, DType::I32, p.device);
+    expect_absent("q_rows", in.q_rows, s.layout);
+  } else {
+    expect("k", in.k, s.kv_dims, p.dtype, p.device);
+    expect("v", in.v, s.kv_dims, p.dtype, p.device);
+    expect_absent("block_table", in.block_table, s.layout);
+    // A packed batch's lengths on the device are each run's own tensors (the
+    // kernels read them); host lengths are the problem's.
+    if (p.lengths_on_device) {
+      expect("cu_seqlens_q", in.cu_seqlens_q, s.cu_dims, DType::I32, p.device);
+      expect("cu_seqlens_k", in.cu_seqlens_k, s.cu_dims, DType::I32, p.device);
+    } else {
+      expect_absent("cu_seqlens_q", in.cu_seqlens_q, s.layout);
+      expect_absent("cu_seqlens_k", in.cu_seqlens_k, s.layout);
+    }
+    if (s.layout.q_rows) {
+      expect("q_rows", in.q_rows, s.q_rows_dims, DType::I32, p.device);
+    } else {
+      expect_absent("q_rows", in.q_rows, s.layout);
+    }
+    if (s.layout.kv_rows) {
+      expect("kv_rows", in.kv_rows, s.kv_rows_dims, DType::I32, p.device);
+    } else {
+      expect_absent("kv_rows", in.kv_rows, s.layout);
+    }
+  }
+  if (p.mask == MaskKind::Boolean && (!in.mask.defined() || in.mask.device() != p.device)) {
+    fail(ErrorKind::InvalidArgument, "mask: the plan's Boolean mask must be given on its device", {"mask"});
+  }
+  if (p.mask == MaskKind::Bias && (!in.bias.defined() || in.bias.device() != p.device)) {
+    fail(ErrorKind::InvalidArgument, "bias: the plan's bias mask must be given on its device", {"bias"});
+  }
+  RunContext ctx{*s.allocator, stream, s.threads, s.prepared.get()};
+  s.backend->forward(p, in, out, ctx);
+}
+
+Plan plan(const Problem& problem, const BatchLayout& layout, std::string_view backend, int threads) {
+  Problem p = problem;
+  p.normalize().validate();
+  check_layout(p, layout);
+  auto [b, how] = pick(p, layout, backend);
+  Plan made = plan(p, layout, *b, threads);
+  made.state_->how = std::move(how);
+  return made;
+}
+
+Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, int threads) {
+  Problem p = problem;
+  p.normalize().validate();
+  check_layout(p, layout);
+  if (backend.device() != p.device) {
+    fail(ErrorKind::InvalidArgument, "backend " + std::string(backend.name()) + " runs on " +
+                                         std::string(device_name(backend.device())) + ", the problem on " +
+                                         std::string(device_name(p.device)));
+  }
+  const Eligibility e = eligibility_of(backend, p);
+  if (!e.eligible) {
+    fail(ErrorKind::Unsupported, "backend " + std::string(backend.name()) + " cannot run this problem: " + e.reason);
+  }
+  if (reads_rows(layout) && !backend.traits().rows) {
+    fail(ErrorKind::Unsupported, std::string(backend.name()) + " on " + std::string(device_name(p.device)) +
+                                     " reads no per-sequence rows, which layout " +
+                                     std::string(layout_name(layout.form)) + " gives every run");
+  }
+  auto s = std::make_unique<Plan::State>();
+  s->problem = p;
+  s->layout = layout;
+  s->backend = &backend;
+  // The CPU's allocator directly: the CPU runtime would set the process's
+  // thread counts, which a plan leaves to its caller.
+  s->allocator = p.device == Device::Cpu ? &cpu_allocator() : &device_runtime(p.device).allocator();
+  s->threads = threads;
+  s->story = e.reason;
+  s->how = "given";
+  s->out_dtype = output_dtype(p.dtype);
+  s->q_dims = p.q_dims();
+  s->kv_dims = p.kv_dims();
+  s->pages_dims = {0, p.kv_heads, p.page_size, p.head_dim};
+  s->table_dims = {1, 1, p.batch, p.pages_per_seq()};
+  s->q_rows_dims = {1, 1, p.batch, 2};
+  s->kv_rows_dims = {1, 1, p.batch, layout.form == Form::Paged ? 1 : 2};
+  s->cu_dims = {1, 1, 1, p.batch + 1};
+  RunContext ctx{*s->allocator, nullptr, threads, nullptr};
+  s->prepared = backend.prepare(p, ctx);
+  Plan made;
+  made.state_ = std::move(s);
+  return made;
+}
+
+}  // namespace attnprof
