@@ -142,8 +142,8 @@ std::vector<std::int64_t> host_lengths(const char* name, const Tensor& cu, std::
 std::optional<std::int64_t> given_max(const char* name, std::optional<std::int64_t> given) {
   if (!given || *given == 0) return std::nullopt;
   if (*given < 0 || *given > limits::kMaxSeq) {
-    fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) +
-                                         ": out of range, at most " + std::to_string(limits::kMaxSeq) +
+    fail(ErrorKind::InvalidArgument, std::string(name) + " is " + std::to_string(*given) + ": out of range, at most " +
+                                         std::to_string(limits::kMaxSeq) +
                                          " (the longest sequence attnprof takes; None or 0: the longest given)");
   }
   return given;
