@@ -24,6 +24,16 @@ def _not_an_array(e: TypeError) -> Error:
                  f"writable for out: {str(e).splitlines()[0]}")
 
 
+def _exported(dl, t, name):
+    """An optional torch tensor as DLPack (`dl`: torch's to_dlpack), or None; one line naming it otherwise."""
+    if t is None:
+        return None
+    try:
+        return dl(t)
+    except (RuntimeError, BufferError, TypeError, AttributeError) as e:
+        raise Error(f"{name} cannot be read as an array (DLPack): {str(e).splitlines()[0]}") from None
+
+
 class Plan:
     """One call's plan (attnprof.plan makes it): .run(q, k, v, out=None, ...) on arrays of the planned shapes.
 
@@ -99,9 +109,10 @@ class Plan:
                 and cu_seqlens_q is None and cu_seqlens_k is None:
             self._plan.run(dq, dk, dv, do, stream)
         else:
-            o = t._optional
-            self._plan.run(dq, dk, dv, do, stream, o(block_table), o(seq_lens), o(q_rows), o(kv_rows),
-                           o(cu_seqlens_q), o(cu_seqlens_k))
+            self._plan.run(dq, dk, dv, do, stream, _exported(dl, block_table, "block_table"),
+                           _exported(dl, seq_lens, "seq_lens"), _exported(dl, q_rows, "q_rows"),
+                           _exported(dl, kv_rows, "kv_rows"), _exported(dl, cu_seqlens_q, "cu_seqlens_q"),
+                           _exported(dl, cu_seqlens_k, "cu_seqlens_k"))
         return out
 
 
@@ -141,8 +152,9 @@ def plan(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int
             raise Error("attnprof.plan runs inference only: q, k and v require grad (use attnprof.attention for "
                         "autograd, or torch.no_grad())")
         out = torch_module.torch.empty(q.shape, dtype=torch_module._out_dtype(q.dtype), device=q.device)
-        arrays = [torch_module._optional(a) for a in arrays]
-        out_arg = torch_module._optional(out)
+        names = ("q", "k", "v", "block_table", "seq_lens", "q_rows", "kv_rows", "cu_seqlens_q", "cu_seqlens_k")
+        arrays = [_exported(torch_module._to_dlpack, a, n) for a, n in zip(arrays, names)]
+        out_arg = _exported(torch_module._to_dlpack, out, "out")
         stream = torch_module._stream_of(q)
     else:
         from . import _empty_like
