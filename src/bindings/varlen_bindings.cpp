@@ -210,12 +210,15 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
   const Tensor cu_q = cu_seqlens_view("cu_seqlens_q", array_of(packed.cu_q), device);
   const Tensor cu_k = cu_seqlens_view("cu_seqlens_k", array_of(packed.cu_k), device);
+  const std::int64_t total_q = in.q.size(2), total_k = in.k.size(2);
+  // The lengths read on the host, q's entries first (an argument list has no order).
+  const auto read_lengths = [&] {
+    std::vector<std::int64_t> lens_q = host_lengths("cu_seqlens_q", cu_q, total_q, a.stream);
+    return std::pair{std::move(lens_q), host_lengths("cu_seqlens_k", cu_k, total_k, a.stream)};
+  };
   // Host memory is checked entry by entry first (it costs no wait).
   std::vector<std::int64_t> lens_q, lens_k;
-  if (device == Device::Cpu) {
-    lens_q = host_lengths("cu_seqlens_q", cu_q, in.q.size(2), a.stream);
-    lens_k = host_lengths("cu_seqlens_k", cu_k, in.k.size(2), a.stream);
-  }
+  if (device == Device::Cpu) std::tie(lens_q, lens_k) = read_lengths();
   if (cu_q.numel() != cu_k.numel()) {
     fail(ErrorKind::InvalidArgument, "cu_seqlens_q has " + std::to_string(cu_q.numel()) +
                                          " entries but cu_seqlens_k has " + std::to_string(cu_k.numel()) +
@@ -233,7 +236,6 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   apply_problem_args(
       p,
       {.window = a.window, .scale = a.scale, .softcap = a.softcap, .pass = a.pass, .deterministic = a.deterministic});
-  const std::int64_t total_q = in.q.size(2), total_k = in.k.size(2);
 
   Problem on_device = p;
   on_device.lengths_on_device = true;
@@ -244,9 +246,9 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   on_device.seq = std::min(max_q.value_or(total_q), total_q);
   on_device.kv_seq = std::min(max_k.value_or(total_k), total_k);
   if (const std::optional<std::string> reader = device_lengths_backend(on_device, a.backend)) {
-    if (checking_inputs()) {  // q's entries first (an argument list has no order)
-      const std::vector<std::int64_t> checked_q = host_lengths("cu_seqlens_q", cu_q, total_q, a.stream);
-      check_maxima(checked_q, host_lengths("cu_seqlens_k", cu_k, total_k, a.stream), max_q, max_k);
+    if (checking_inputs()) {
+      const auto [checked_q, checked_k] = read_lengths();
+      check_maxima(checked_q, checked_k, max_q, max_k);
     }
     in.cu_seqlens_q = cu_q;
     in.cu_seqlens_k = cu_k;
@@ -254,10 +256,7 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
     return finish_call(std::move(on_device), std::move(in), std::move(o), *reader, a.stream, a.threads);
   }
 
-  if (device != Device::Cpu) {
-    lens_q = host_lengths("cu_seqlens_q", cu_q, total_q, a.stream);
-    lens_k = host_lengths("cu_seqlens_k", cu_k, total_k, a.stream);
-  }
+  if (device != Device::Cpu) std::tie(lens_q, lens_k) = read_lengths();
   p = varlen_problem(p, std::move(lens_q), std::move(lens_k));
   check_maxima(p.seq_lens, p.kv_seq_lens, max_q, max_k);
   if (max_q) p.seq = *max_q;
