@@ -259,7 +259,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     if mask is not None and mask.__class__ is not str and not isinstance(mask, str):
         raise ArgumentTypeError(f"mask names a structural mask (a string); a mask tensor goes in attn_mask=, got "
                                 f"{type(mask).__name__}")
-    if window is not None and window.__class__ is not int:
+    if window is not None:
         if isinstance(window, (tuple, list)):
             mask, window = _options.band(mask, window)
         else:

@@ -152,7 +152,11 @@ def forward(q, k, v, out, o: dict, stream: int, threads: int, keep_lse: bool, ex
     log-sum-exp where keep_lse (float32 [B, H, S], or [H, total_q] for a packed batch), else None. export turns a
     tensor option into what the binding takes (torch's DLPack capsule), naming it when it cannot."""
     fn, what = _FORWARDS[packed(o), keep_lse]
-    result = fn(q, k, v, out, stream=stream, threads=threads, **_keywords_for(fn, what, o, export))
+    try:
+        result = fn(q, k, v, out, stream=stream, threads=threads, **_keywords_for(fn, what, o, export))
+    except BaseException:
+        del out  # a refused call leaves nothing allocated, even while the traceback (this frame's) lives
+        raise
     return result[1] if keep_lse else None
 
 
