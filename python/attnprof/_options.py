@@ -100,9 +100,9 @@ def band(mask, window):
     if left == -1 and right == -1:
         return "none", None
     if right != 0:
-        raise Error(f"window=({left}, {right}) reaches {'up to ' + str(right) if right > 0 else 'without a bound'} "
-                    "keys past the diagonal: a bidirectional band is not computed by attnprof's core (its masks end at "
-                    "the diagonal: right 0, or (-1, -1) for none)")
+        past = f"up to {right} keys" if right > 0 else "every key"
+        raise Error(f"window=({left}, {right}) reaches {past} past the diagonal: a bidirectional band is not computed "
+                    "by attnprof's core (its masks end at the diagonal: right 0, or (-1, -1) for none)")
     if left == -1:
         return ("causal" if top_left else "causal_bottom_right"), None
     if top_left:
