@@ -128,17 +128,24 @@ _BACKWARDS = {False: (_core.attention_backward, "the backward"),
               True: (_core.attention_varlen_backward, "a packed batch's backward")}
 _TAKES = {fn: _keywords(fn) for fn, _ in (*_FORWARDS.values(), *_BACKWARDS.values())}
 _INDIFFERENT = {"deterministic"}  # read by a backward only: a forward that does not take it ignores it
+# Per binding, worked out once: the plain options it takes, the tensor options it takes, the options it refuses
+# when set (every call's path: a dict of the first, the second exported where given, the third checked unset).
+_SPLIT = {fn: (tuple(n for n in NAMES if n in takes and _KIND[n] != "Tensor?"),
+               tuple(n for n in NAMES if n in takes and _KIND[n] == "Tensor?"),
+               tuple(n for n in NAMES if n not in takes and n not in _INDIFFERENT))
+          for fn, takes in _TAKES.items()}
 
 
 def _keywords_for(fn, what: str, o: dict, export) -> dict:
-    takes = _TAKES[fn]
-    kw = {}
-    for name, value in o.items():
-        if name in takes:
-            if value is not None and name in _KIND and _KIND[name] == "Tensor?":
-                value = export(value, name)
-            kw[name] = value
-        elif value is not None and value is not False and name not in _INDIFFERENT:
+    plain, tensors, refused = _SPLIT[fn]
+    kw = {name: o[name] for name in plain}
+    for name in tensors:
+        t = o[name]
+        if t is not None:
+            kw[name] = export(t, name)
+    for name in refused:
+        value = o[name]
+        if value is not None and value is not False:
             raise Error(f"{name} is not taken by {what}")
     return kw
 

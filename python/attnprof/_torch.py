@@ -232,7 +232,10 @@ def attention(q, k, v, out, threads, return_lse, o):
         o["mask"], o["attn_mask"], o["q_rows"], o["kv_rows"] = _key_padding.lower(
             q, k, attn_mask, o["mask"], o["bshd"], o["backend"], o["q_rows"], o["kv_rows"])
         attn_mask = o["attn_mask"]
-    _refuse_mixed(**{name: o[name] for name in _options.TENSORS})
+    for name in _options.TENSORS:
+        t = o[name]
+        if t is not None and not isinstance(t, _Tensor):
+            _refuse_mixed(**{name: t})
     if attn_mask is not None and attn_mask.requires_grad:
         raise Error("attn_mask requires grad: attnprof's backward gives the mask no gradient (pass attn_mask.detach())")
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad
