@@ -234,3 +234,63 @@ def test_window_band_types():
                             ((0, True), r"window\[1\] must be a whole number")):
         with pytest.raises(attnprof.ArgumentTypeError, match=message):
             attnprof.attention(q, k, v, backend="flash", window=window)
+
+
+# ---- CUDA: the same ops on the GPU (skipped, with the reason, without one; scripts/gpu.sh python runs them).
+
+GPU = [pytest.mark.gpu,
+       pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine (run on the GPU machine)"),
+       pytest.mark.skipif(not attnprof.cuda_built(), reason="this attnprof build has no CUDA backends")]
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn", "efficient"])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU)])
+def test_return_lse_on_cuda(backend, packed, _):
+    """(out, lse) on a side stream, dense and packed, against float64 on the same GPU; the fake's shapes equal
+    the real ones; gradients through the op that kept its lse."""
+    torch.manual_seed(1)
+    if packed and backend == "efficient":
+        pytest.skip("efficient refuses a packed batch by name (test_varlen.py)")
+    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    band = lambda i, j: (j <= i).to(q.device)  # noqa: E731
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        if packed:
+            flat = [t.transpose(1, 2).reshape(256, 4, 64) for t in (q, k, v)]
+            cu = torch.tensor([0, 128, 256], dtype=torch.int32, device="cuda")
+            out, lse = attnprof.attention(*flat, backend=backend, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=128,
+                                          max_seqlen_k=128, return_lse=True)
+            out = out.reshape(2, 128, 4, 64).transpose(1, 2)
+            lse = lse.reshape(4, 2, 128).transpose(0, 1)
+        else:
+            out, lse = attnprof.attention(q, k, v, backend=backend, return_lse=True)
+    side.synchronize()
+    s = (q.double() @ k.double().transpose(-1, -2)) / 8.0
+    s = s.masked_fill(~band(torch.arange(128, device="cuda")[:, None], torch.arange(128, device="cuda")[None, :]),
+                      float("-inf"))
+    assert lse.dtype == torch.float32 and lse.shape == (2, 4, 128)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), atol=2e-2, rtol=2e-3)
+    torch.testing.assert_close(out.double(), torch.softmax(s, -1) @ v.double(), atol=2e-2, rtol=2e-2)
+    if not packed:
+        qg = q.clone().requires_grad_(True)
+        out_g, _ = attnprof.attention(qg, k, v, backend=backend, return_lse=True)
+        (dq,) = torch.autograd.grad(out_g.float().sum(), (qg,))
+        ref = q.double().requires_grad_(True)
+        (want,) = torch.autograd.grad((torch.softmax(((ref @ k.double().transpose(-1, -2)) / 8.0).masked_fill(
+            ~band(torch.arange(128, device="cuda")[:, None], torch.arange(128, device="cuda")[None, :]),
+            float("-inf")), -1) @ v.double()).sum(), (ref,))
+        torch.testing.assert_close(dq.double(), want, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU)])
+def test_compiled_lse_on_cuda(_):
+    q, k, v = (torch.randn(1, 4, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    def f(q, k, v):
+        out, lse = attnprof.attention(q, k, v, backend="flash", window=(31, 0), return_lse=True)
+        return out.float().sum(-1) + lse
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(q, k, v).graph_break_count == 0
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(q, k, v), f(q, k, v))
