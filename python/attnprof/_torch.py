@@ -15,7 +15,7 @@ import contextlib
 import torch
 import torch.utils.dlpack
 
-from . import _args, _core, _key_padding, _options
+from . import _args, _key_padding, _options
 from ._core import Error
 
 

@@ -3,9 +3,10 @@
     from attnprof import scaled_dot_product_attention          # for torch.nn.functional's
     from attnprof import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache   # for flash_attn's
 
-Each maps its arguments onto attnprof.attention (return_lse=True for a log-sum-exp) and nothing else: the same layouts, the same default mask as its source (no mask for all four), the same
-band. What attnprof does not compute (dropout, ALiBi, a window that reaches past the diagonal, appending to a
-cache, rotary embeddings) is refused in one line naming the argument (attnprof.Error), never ignored.
+Each maps its arguments onto attnprof.attention (return_lse=True for a log-sum-exp) and nothing else: the
+same layouts, the same default mask as its source (no mask for all four), the same band. What attnprof does
+not compute (dropout, ALiBi, a window that reaches past the diagonal, appending to a cache, rotary embeddings)
+is refused in one line naming the argument (attnprof.Error), never ignored.
 
 Each takes one keyword beyond its source's, backend= ("auto" unless named), which attnprof.attention takes.
 """

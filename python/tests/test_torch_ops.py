@@ -294,3 +294,11 @@ def test_compiled_lse_on_cuda(_):
     torch._dynamo.reset()
     assert torch._dynamo.explain(f)(q, k, v).graph_break_count == 0
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(q, k, v), f(q, k, v))
+
+
+def test_plan_takes_the_band_as_attention_does():
+    q, k, v = qkv((1, 2, 12, 16), (1, 2, 20, 16))
+    plan = attnprof.plan(q, k, v, backend="flash", window=(3, 0), threads=1)
+    assert torch.equal(plan.run(q, k, v), attnprof.attention(q, k, v, backend="flash", window=(3, 0), threads=1))
+    with pytest.raises(attnprof.Error, match=r"^window=\(3, 2\) reaches up to 2 keys past the diagonal"):
+        attnprof.plan(q, k, v, backend="flash", window=(3, 2))
