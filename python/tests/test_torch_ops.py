@@ -255,6 +255,7 @@ def test_return_lse_on_cuda(backend, packed, _):
     q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     band = lambda i, j: (j <= i).to(q.device)  # noqa: E731
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # q, k and v were made on the current stream
     with torch.cuda.stream(side):
         if packed:
             flat = [t.transpose(1, 2).reshape(256, 4, 64) for t in (q, k, v)]
