@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from . import _args
+from . import _args, _options
 from ._args import ArgumentTypeError
 from ._core import Error
 
@@ -105,17 +105,13 @@ def _band(fn: str, causal, window_size, seqlen_q, seqlen_k):
         right = 0
     elif seqlen_q == 1 and right != 0:
         right = -1 if left == -1 else 0
-    if right == -1 and left == -1:
-        return "none", None
-    if right != 0:
+    if right != 0 and not right == left == -1:
         _refuse(fn, "window_size", given,
                 f"{'a right window' if right > 0 else 'a window with no right bound'} (keys after the diagonal "
                 f"{'up to ' + str(right) if right > 0 else 'without a bound'}, with causal={causal}): attnprof's "
                 "windows end at the bottom-right diagonal, (w, 0) or causal=True; a bidirectional window is not "
                 "computed")
-    if left == -1:
-        return "causal_bottom_right", None
-    return "sliding_window", left + 1
+    return _options.band(None, (left, right))  # the band as attention(window=(left, right)) maps it
 
 
 def _torch():
