@@ -81,8 +81,9 @@ def sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scali
     return out.transpose(1, 2).contiguous(), None
 
 
-# The ops of either side in a torch.profiler trace.
-ATTNPROF_OPS = ("attnprof::attention_train", "attnprof::attention_backward", "attnprof::attention")
+# The ops of either side in a torch.profiler trace (attnprof::attention_train: traces made before the forward ops
+# became one).
+ATTNPROF_OPS = ("attnprof::attention", "attnprof::attention_backward", "attnprof::attention_train")
 SDPA_OP_PREFIXES = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_")
 
 

@@ -19,7 +19,7 @@ Reported per side:
   ratio         attnprof's median step time over SDPA's
   attention     share of one more step, profiled with torch.profiler: on CUDA
                 the GPU time (kernels, memcpy, memset) launched from inside the
-                attention ops (attnprof::attention_train and ::attention_backward;
+                attention ops (attnprof::attention and ::attention_backward;
                 aten::scaled_dot_product_attention and aten::_scaled_dot_product_*,
                 backward included), matched through the Chrome trace's External
                 id, over all the GPU time of the step; on the CPU the time in the

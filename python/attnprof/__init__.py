@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys as _sys
 
-from . import _args, _core, _key_padding
+from . import _args, _core, _key_padding, _options
 from ._args import ArgumentTypeError
 from ._core import Error
 from ._records import Explanation, Finding, Record, Report, Result
@@ -135,17 +135,24 @@ def _no_object_arrays(*arrays):
             raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
 
 
-def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int | None = None,
+def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int | tuple[int, int] | None = None,
               scale: float | None = None, layout: str = "bhsd", out=None, threads: int = 0,
               deterministic: bool = False, softcap: float | None = None, attn_mask=None, block_table=None,
               seq_lens=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
               max_seqlen_k: int | None = None, q_descale=None, k_descale=None, v_descale=None, q_rows=None,
-              kv_rows=None, check_inputs: bool = False):
+              kv_rows=None, check_inputs: bool = False, return_lse: bool = False):
     """softmax(scale * q k^T + mask) v, computed by an attnprof backend on the caller's arrays.
 
     mask names a structural mask ("none", "causal", "causal_bottom_right",
-    "sliding_window" with window=N); None is "causal", or, with attn_mask,
-    the tensor alone. attn_mask is a tensor mask as SDPA's attn_mask:
+    "sliding_window" with window=N); None is "causal" (the study's default,
+    as the CLI's; the drop-in entry points keep their sources' default of no
+    mask), or, with attn_mask, the tensor alone. window=(left, right) is a
+    band instead: query i sees the keys from left before its diagonal to
+    right after it, -1 unbounded, the diagonal the bottom-right one (mask
+    None) or the top-left one (mask="causal"); (-1, 0) is causal, (-1, -1)
+    no mask, (w - 1, 0) the bottom-right sliding window of w keys. The core's
+    masks end at the diagonal, so a band past it (right > 0) is refused by
+    name, as is a bounded left from the top-left diagonal. attn_mask is a tensor mask as SDPA's attn_mask:
     boolean (True attends) or an additive float in q's dtype, broadcastable
     to [B, H, S, Skv] (always that order, whatever the layout; size-1 and
     missing leading dimensions broadcast), on q's device; a mask name beside
@@ -218,22 +225,25 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
     as scales); on CUDA flash (sm90, head dim 128, dense) and cudnn take it; others say whether they
     do. A descale with inputs of another dtype is refused.
 
+    return_lse=True returns (out, lse): lse the FP32 natural log of each
+    query row's sum of exp(scaled scores), [B, H, S] ([H, total_q] for a
+    packed batch), -inf for a row that sees no key, with no gradient; it comes
+    from the forward that keeps it (flash, efficient, cudnn; not a paged cache
+    or FP8), refused by name elsewhere.
+
     torch tensors that require grad (with grad enabled) go through
-    torch.ops.attnprof.attention_train, whose autograd is attnprof's own
+    torch.ops.attnprof.attention with return_lse=True, whose autograd is
+    torch.ops.attnprof.attention_backward, attnprof's own
     backward (flash, efficient, cudnn: the backends that keep only the
     log-sum-exp); deterministic=True sums dQ in a fixed order on a GPU.
     """
     if check_inputs is not False:
+        given = locals()  # the arguments alone: nothing else is bound yet
         if _args.flag("check_inputs", check_inputs):
             # The checking mode for this thread while the call is prepared (attnprof/check_inputs.h).
             previous = _core._exchange_checking_inputs(1)
             try:
-                return attention(q, k, v, backend=backend, mask=mask, window=window, scale=scale, layout=layout,
-                                 out=out, threads=threads, deterministic=deterministic, softcap=softcap,
-                                 attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens,
-                                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                 max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
-                                 v_descale=v_descale, q_rows=q_rows, kv_rows=kv_rows)
+                return attention(**{name: value for name, value in given.items() if name != "check_inputs"})
             finally:
                 _core._exchange_checking_inputs(previous)
     # Each check costs a call only when the value is not the common one: a
@@ -246,24 +256,30 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         backend = _args.text("backend", backend)
     if threads.__class__ is not int or not _INT32[0] <= threads <= _INT32[1]:
         threads = _whole("threads", threads)
+    if mask is not None and mask.__class__ is not str and not isinstance(mask, str):
+        raise ArgumentTypeError(f"mask names a structural mask (a string); a mask tensor goes in attn_mask=, got "
+                                f"{type(mask).__name__}")
     if window is not None:
-        window = _whole("window", window, _INT64)
+        if isinstance(window, (tuple, list)):
+            mask, window = _options.band(mask, window)
+        else:
+            window = _whole("window", window, _INT64)
     if scale is not None and scale.__class__ is not float:
         scale = _real("scale", scale)
     if softcap is not None and softcap.__class__ is not float:
         softcap = _real("softcap", softcap)
     if deterministic is not False and deterministic is not True:
         deterministic = _args.flag("deterministic", deterministic)
+    if return_lse is not False:
+        return_lse = _args.flag("return_lse", return_lse)
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
     if mask is None:
-        mask = ""
-    elif mask.__class__ is not str and not isinstance(mask, str):
-        raise ArgumentTypeError(f"mask names a structural mask (a string); a mask tensor goes in attn_mask=, got "
-                                f"{type(mask).__name__}")
+        mask = "causal" if packed else ""
     if q_descale is not None or k_descale is not None or v_descale is not None:
         q_descale, k_descale, v_descale = (_descale(n, d) for n, d in (("q_descale", q_descale),
                                                                        ("k_descale", k_descale),
                                                                        ("v_descale", v_descale)))
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+    if packed:
         _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
         if attn_mask is not None or block_table is not None or seq_lens is not None:
             raise Error("a packed batch (cu_seqlens_q, cu_seqlens_k) takes structural masks only: no attn_mask, "
@@ -271,10 +287,11 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         if q_rows is not None or kv_rows is not None:
             raise Error(f"{'q_rows' if q_rows is not None else 'kv_rows'} with a packed batch (cu_seqlens): its "
                         "sequences already have their own rows")
-        return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend,
-                                 mask or "causal", window, scale, out, threads, deterministic, softcap,
-                                 (q_descale, k_descale, v_descale))
-    if max_seqlen_q is not None or max_seqlen_k is not None:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise Error("a packed batch needs both cu_seqlens_q and cu_seqlens_k")
+        max_seqlen_q = _whole("max_seqlen_q", max_seqlen_q, _INT64, optional=True)
+        max_seqlen_k = _whole("max_seqlen_k", max_seqlen_k, _INT64, optional=True)
+    elif max_seqlen_q is not None or max_seqlen_k is not None:
         raise Error("max_seqlen_q and max_seqlen_k go with cu_seqlens_q and cu_seqlens_k (a packed batch)")
     if _torch_tensor is not None and isinstance(q, _torch_tensor) or _is_torch(q):
         front = _torch_attention
@@ -283,62 +300,57 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         t = _torch_module
         if t._fast is not None and attn_mask is None and block_table is None and seq_lens is None \
                 and q_rows is None and kv_rows is None and q_descale is None and k_descale is None \
-                and v_descale is None and not t._is_compiling() and (out is not None or not t._profiling()):
+                and v_descale is None and not packed and not return_lse and not t._is_compiling() \
+                and (out is not None or not t._profiling()):
             # The fast path (attnprof._torch_call) reads the tensors in C++; None for what it does not
             # take (autograd, another type or device), which the general path answers for.
             done = t._fast(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
             if done is not None:
                 return done
-        return front(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
-                     block_table, seq_lens, q_descale, k_descale, v_descale, q_rows, kv_rows)
+    # Every option once, in the table's names (attnprof/_options.py): the torch and numpy paths read them there.
+    o = dict(backend=backend, mask=mask, window=window, scale=scale, bshd=bshd, softcap=softcap, attn_mask=attn_mask,
+             block_table=block_table, seq_lens=seq_lens, q_descale=q_descale, k_descale=k_descale,
+             v_descale=v_descale, q_rows=q_rows, kv_rows=kv_rows, cu_seqlens_q=cu_seqlens_q,
+             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+             deterministic=deterministic)
+    if _torch_tensor is not None and isinstance(q, _torch_tensor):
+        return _torch_attention(q, k, v, out, threads, return_lse, o)
     _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens, q_rows, kv_rows)
     if attn_mask is not None and block_table is None and seq_lens is None:
         # A key-padding attn_mask as rows, on the host, as torch tensors are lowered (attnprof/_key_padding.py).
-        mask, attn_mask, q_rows, kv_rows = _key_padding.lower(q, k, attn_mask, mask, bshd, backend, q_rows, kv_rows)
+        o["mask"], o["attn_mask"], o["q_rows"], o["kv_rows"] = _key_padding.lower(q, k, attn_mask, mask, bshd,
+                                                                                  backend, q_rows, kv_rows)
     if out is None:
         out = _empty_like(q)
     try:
-        _core.attention(q, k, v, out, backend=backend, mask=mask, window=window, scale=scale, threads=threads,
-                        bshd=bshd, softcap=softcap, attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens,
-                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, q_rows=q_rows,
-                        kv_rows=kv_rows)
+        lse = _options.forward(q, k, v, out, o, 0, threads, return_lse)
     except TypeError as e:
         del out
         raise Error(not_an_array(e)) from None
     except BaseException:
         del out  # a refused call leaves nothing allocated, even while the traceback lives
         raise
-    return out
+    return (out, _host_array(lse)) if return_lse else out
 
 
-def _attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, out, threads, deterministic,
-                      softcap, descales):
-    """attention() on a packed batch: both cumulative lengths, the maxima checked as whole numbers;
-    descales: fp8's (q_descale, k_descale, v_descale), each None or checked by _descale."""
-    if cu_q is None or cu_k is None:
-        raise Error("a packed batch needs both cu_seqlens_q and cu_seqlens_k")
-    max_q = _whole("max_seqlen_q", max_q, _INT64, optional=True)
-    max_k = _whole("max_seqlen_k", max_k, _INT64, optional=True)
-    if _is_torch(q):
-        from . import _torch
+class _Capsule:
+    """The library's DLPack capsule of a host array, as numpy.from_dlpack takes one (an object with __dlpack__)."""
 
-        return _torch.attention_varlen(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
-                                       max_seqlen_k=max_k, backend=backend, mask=mask, window=window, scale=scale,
-                                       out=out, threads=threads, deterministic=deterministic, softcap=softcap,
-                                       descales=descales)
-    if out is None:
-        out = _empty_like(q)
-    try:
-        _core.attention_varlen(q, k, v, out, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, backend=backend,
-                               mask=mask, window=window, scale=scale, threads=threads, softcap=softcap,
-                               q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
-    except TypeError as e:
-        del out
-        raise Error(not_an_array(e)) from None
-    except BaseException:
-        del out
-        raise
-    return out
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, **_):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU: a call on numpy arrays runs on the host
+
+
+def _host_array(capsule):
+    """The library's log-sum-exp as a numpy array (a host call's arrays are numpy's)."""
+    import numpy
+
+    return numpy.from_dlpack(_Capsule(capsule))
 
 
 # The layouts as the library parses them, read once: a call into _core here

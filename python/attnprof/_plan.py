@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys as _sys
 
-from . import _args, _core
+from . import _args, _core, _options
 from ._core import Error
 
 
@@ -124,7 +124,7 @@ def plan(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int
     same shapes, dtypes and device: plan.run(q, k, v, out=None, block_table=..., seq_lens=..., ...).
 
     The arguments are attention()'s (the same defaults: mask None is causal, or for a packed batch
-    causal too); which index arrays are given picks the batch layout, and every run gives the same ones:
+    causal too; window=(left, right) the same band); which index arrays are given picks the batch layout, and every run gives the same ones:
     dense (none), padded (q_rows and/or kv_rows), packed (cu_seqlens_q and cu_seqlens_k: on a GPU's flash
     each run's own, read by the kernels, with max_seqlen_q/_k as their bound; elsewhere the plan runs the
     lengths it was made with, and a run's must say the same) or paged (block_table and seq_lens; the plan
@@ -134,6 +134,8 @@ def plan(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int
     backend = _args.text("backend", backend)
     bshd = _core.is_bshd(_args.text("layout", layout))
     threads = _args.whole("threads", threads)
+    if isinstance(window, (tuple, list)):  # a band (left, right), as attention() takes one
+        mask, window = _options.band(mask, window)
     window = _args.whole("window", window, _args.INT64, optional=True)
     scale = _args.real("scale", scale)
     softcap = _args.real("softcap", softcap)

@@ -1,17 +1,21 @@
-"""The PyTorch side, imported only once a torch tensor arrives: torch.ops.attnprof.attention
-(a torch.library custom op with a fake implementation, so torch.compile traces it whole), the
-training pair attention_train / attention_backward (the first's autograd is the second, attnprof's
-own backward) and the eager path of attnprof.attention on torch tensors."""
+"""The PyTorch side, imported only once a torch tensor arrives: two torch.library custom ops, each with a fake
+implementation so that torch.compile traces it whole, and the eager path of attnprof.attention on torch tensors.
+
+torch.ops.attnprof.attention(q, k, v, <options>, return_lse=False) -> (out, lse) is every forward: dense, padded
+rows, packed (cu_seqlens_q/_k) and paged (block_table, seq_lens) in one schema of optional tensors, the options
+those of attnprof/_options.py's table. lse is the FP32 log-sum-exp of each query row ([B, H, S], [H, total_q]
+packed) where return_lse=True, else an empty tensor: it is kept only where asked for (the training forward keeps
+it; the inference forward writes none). Its autograd is torch.ops.attnprof.attention_backward(dout, q, k, v, out,
+lse, <options>) -> (dq, dk, dv), attnprof's own backward, for a forward that kept its log-sum-exp."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 import torch
 import torch.utils.dlpack
 
-from . import _args, _core, _key_padding
+from . import _args, _key_padding, _options
 from ._core import Error
 
 
@@ -104,23 +108,11 @@ def _dlpack(*tensors, names):
 
 
 _BACKWARD_NAMES = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
-_VARLEN_NAMES = ("q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k")
 
 
-def _optional(t, name):
-    # An optional tensor argument (attn_mask, block_table, seq_lens, the rows) as DLPack, or None.
-    return None if t is None else _dlpack(t, names=(name,))[0]
-
-
-def _numbers(window, scale, softcap):
-    """An op's numbers through attnprof's one path: torch's schema passes a bool on as an int or a float."""
-    return (_args.whole("window", window, _args.INT64, optional=True), _args.real("scale", scale),
-            _args.real("softcap", softcap))
-
-
-def _descales(q_descale, k_descale, v_descale):
-    return tuple(_args.real(n, d) for n, d in (("q_descale", q_descale), ("k_descale", k_descale),
-                                                 ("v_descale", v_descale)))
+def _export(t, name):
+    # A tensor option (attn_mask, the rows, the cumulative lengths, the paged cache's indices) as DLPack.
+    return _dlpack(t, names=(name,))[0]
 
 
 def _out_dtype(dtype):
@@ -128,195 +120,150 @@ def _out_dtype(dtype):
     return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
 
 
-def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=None, attn_mask=None,
-         block_table=None, seq_lens=None, q_descale=None, k_descale=None, v_descale=None, q_rows=None, kv_rows=None):
-    # The exports written out (no tuple, no map), the stream lookup inlined:
-    # this is every eager call's path.
+def _lse_shape(q: torch.Tensor, o: dict, keep_lse: bool):
+    """The saved log-sum-exp's shape: FP32 [B, H, S] ([H, total_q] for a packed batch); (0,) where not kept."""
+    if not keep_lse:
+        return (0,)
+    if _options.packed(o):
+        return (q.shape[1], q.shape[0])
+    return (q.shape[0], q.shape[2], q.shape[1]) if o["bshd"] else tuple(q.shape[:3])
+
+
+def _launch(q, k, v, out, o, threads, keep_lse):
+    """The forward of the call `o` describes on q, k, v into out (every layout: dense, rows, packed, paged), on
+    torch's current stream; returns the log-sum-exp as a tensor where keep_lse, else None. The exports written
+    out and the stream lookup inlined: this is every eager call's path beyond the fast one."""
     try:
         dq, dk, dv, do = _to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out)
     except (RuntimeError, BufferError, TypeError) as e:  # a device or layout DLPack cannot describe
         raise _not_exported(e, ("q", "k", "v", "out"), (q, k, v, out)) from None
     index = q.get_device()
     stream = 0 if index < 0 else _raw_stream(index) if _raw_stream is not None else _stream_of(q)
-    if attn_mask is None and block_table is None and seq_lens is None and q_descale is None and k_descale is None \
-            and v_descale is None and q_rows is None and kv_rows is None:
-        _core.attention(dq, dk, dv, do, backend=backend, mask=mask, window=window, scale=scale, stream=stream,
-                        threads=threads, bshd=bshd, softcap=softcap)
-    else:
-        _core.attention(dq, dk, dv, do, backend=backend, mask=mask, window=window, scale=scale, stream=stream,
-                        threads=threads, bshd=bshd, softcap=softcap, attn_mask=_optional(attn_mask, "attn_mask"),
-                        block_table=_optional(block_table, "block_table"), seq_lens=_optional(seq_lens, "seq_lens"),
-                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                        q_rows=_optional(q_rows, "q_rows"), kv_rows=_optional(kv_rows, "kv_rows"))
+    lse = _options.forward(dq, dk, dv, do, o, stream, threads, keep_lse, _export)
+    return None if lse is None else torch.from_dlpack(lse)
 
 
-@torch.library.custom_op("attnprof::attention", mutates_args=(), device_types=("cpu", "cuda"))
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
-                  window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
-                  softcap: Optional[float] = None, attn_mask: Optional[torch.Tensor] = None,
-                  block_table: Optional[torch.Tensor] = None,
-                  seq_lens: Optional[torch.Tensor] = None, q_descale: Optional[float] = None,
-                  k_descale: Optional[float] = None, v_descale: Optional[float] = None,
-                  q_rows: Optional[torch.Tensor] = None, kv_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """softmax(scale * q k^T + mask) v by an attnprof backend; out has q's shape ([B, H, S, D], or [B, S, H, D] when bshd).
-
-    mask "" with attn_mask: the tensor alone; block_table and seq_lens: k and v are paged caches;
-    float8_e4m3fn inputs take their descales and give a bfloat16 out."""
-    window, scale, softcap = _numbers(window, scale, softcap)
-    q_descale, k_descale, v_descale = _descales(q_descale, k_descale, v_descale)
+def _forward_impl(q, k, v, *args):
+    # args: the options in the table's order, then return_lse; torch leaves a call's trailing defaults out.
+    o = _options.of(args[:len(_options.NAMES)])
+    keep_lse = len(args) > len(_options.NAMES) and _args.flag("return_lse", args[len(_options.NAMES)])
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    _run(q, k, v, out, backend, mask, window, scale, bshd, softcap=softcap, attn_mask=attn_mask,
-         block_table=block_table, seq_lens=seq_lens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-         q_rows=q_rows, kv_rows=kv_rows)
-    return out
+    lse = _launch(q, k, v, out, o, 0, keep_lse)
+    return out, (q.new_empty((0,), dtype=torch.float32) if lse is None else lse)
 
 
-@_attention_op.register_fake
-def _attention_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, softcap=None,
-                    attn_mask=None, block_table=None, seq_lens=None, q_descale=None, k_descale=None, v_descale=None,
-                    q_rows=None, kv_rows=None):
-    # Matches the real output: a new contiguous tensor of q's shape and device, q's dtype (bf16 for fp8).
-    return q.new_empty(q.shape, dtype=_out_dtype(q.dtype))
+def _forward_fake(q, k, v, *args):
+    # Matches the real outputs: a new contiguous tensor of q's shape and device, q's dtype (bf16 for fp8), and the
+    # log-sum-exp's FP32 shape (empty where not kept).
+    o = dict(zip(_options.NAMES, tuple(args[:len(_options.NAMES)]) + _options.DEFAULTS[len(args):]))
+    keep_lse = bool(args[len(_options.NAMES)]) if len(args) > len(_options.NAMES) else False
+    return (q.new_empty(q.shape, dtype=_out_dtype(q.dtype)),
+            q.new_empty(_lse_shape(q, o, keep_lse), dtype=torch.float32))
 
 
-# ---- Training: a forward that keeps the log-sum-exp, and the backward that reads it.
-
-def _lse_shape(q: torch.Tensor, bshd: bool):
-    return (q.shape[0], q.shape[2], q.shape[1]) if bshd else tuple(q.shape[:3])
-
-
-@torch.library.custom_op("attnprof::attention_train", mutates_args=(), device_types=("cpu", "cuda"))
-def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto", mask: str = "causal",
-              window: Optional[int] = None, scale: Optional[float] = None, bshd: bool = False,
-              deterministic: bool = False, softcap: Optional[float] = None,
-              attn_mask: Optional[torch.Tensor] = None, q_rows: Optional[torch.Tensor] = None,
-              kv_rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward of a training step: (out, the FP32 log-sum-exp of each query row the backward reads)."""
-    window, scale, softcap = _numbers(window, scale, softcap)
-    out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    views = _dlpack(q, k, v, out, names=("q", "k", "v", "out"))
-    _, lse = _core.attention_train(*views, backend=backend, mask=mask, window=window, scale=scale,
-                                   stream=_stream_of(q), bshd=bshd, deterministic=deterministic, softcap=softcap,
-                                   attn_mask=_optional(attn_mask, "attn_mask"), q_rows=_optional(q_rows, "q_rows"),
-                                   kv_rows=_optional(kv_rows, "kv_rows"))
-    return out, torch.from_dlpack(lse)
+_attention_op = torch.library.custom_op(
+    "attnprof::attention", _forward_impl, mutates_args=(), device_types=("cpu", "cuda"),
+    schema=_options.schema("Tensor q, Tensor k, Tensor v", "(Tensor, Tensor)", "bool return_lse=False"))
+_attention_op.register_fake(_forward_fake)
 
 
-@_train_op.register_fake
-def _train_fake(q, k, v, backend="auto", mask="causal", window=None, scale=None, bshd=False, deterministic=False,
-                softcap=None, attn_mask=None, q_rows=None, kv_rows=None):
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, bshd), dtype=torch.float32)
-
-
-@torch.library.custom_op("attnprof::attention_backward", mutates_args=(), device_types=("cpu", "cuda"))
-def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
-                 scale: Optional[float] = None, bshd: bool = False,
-                 deterministic: bool = False, softcap: Optional[float] = None,
-                 attn_mask: Optional[torch.Tensor] = None, q_rows: Optional[torch.Tensor] = None,
-                 kv_rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV of attention_train's call for the upstream gradient dout."""
-    window, scale, softcap = _numbers(window, scale, softcap)
+def _backward_impl(dout, q, k, v, out, lse, *args):
+    o = _options.of(args)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _core.attention_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, names=_BACKWARD_NAMES), backend=backend,
-                             mask=mask, window=window, scale=scale, stream=_stream_of(q), bshd=bshd,
-                             deterministic=deterministic, softcap=softcap, attn_mask=_optional(attn_mask, "attn_mask"),
-                             q_rows=_optional(q_rows, "q_rows"), kv_rows=_optional(kv_rows, "kv_rows"))
+    _options.backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, names=_BACKWARD_NAMES), o, _stream_of(q),
+                      _export)
     return dq, dk, dv
 
 
-@_backward_op.register_fake
-def _backward_fake(dout, q, k, v, out, lse, backend="auto", mask="causal", window=None, scale=None, bshd=False,
-                   deterministic=False, softcap=None, attn_mask=None, q_rows=None, kv_rows=None):
+def _backward_fake(dout, q, k, v, out, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_train(ctx, inputs, output):
-    # Every tensor the backward reads is saved through save_for_backward, the mask and rows too: autograd then
-    # checks their version counters, and a tensor rewritten in place between the forward and backward() is
-    # refused ("modified by an inplace operation") rather than read as other values than the forward's.
-    q, k, v, *args = inputs
-    *args, attn_mask, q_rows, kv_rows = args  # attention_train's last arguments
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, attn_mask, q_rows, kv_rows)
-    ctx.args = args
-
-
-def _train_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, attn_mask, q_rows, kv_rows = ctx.saved_tensors
-    backend, mask, window, *_ = ctx.args  # attention_train's arguments after q, k, v
-    with _labelled(backend, mask, window, attn_mask):
-        dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args, attn_mask,
-                                                           q_rows, kv_rows)
-    return (dq, dk, dv) + (None,) * (len(ctx.args) + 3)
-
-
-torch.library.register_autograd("attnprof::attention_train", _train_backward, setup_context=_setup_train)
-
-
-def _no_backward(ctx, grad):
-    raise Error("torch.ops.attnprof.attention is the inference op: for gradients call attnprof.attention "
-                "(or torch.ops.attnprof.attention_train) on tensors that require grad")
+_backward_op = torch.library.custom_op(
+    "attnprof::attention_backward", _backward_impl, mutates_args=(), device_types=("cpu", "cuda"),
+    schema=_options.schema("Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse",
+                           "(Tensor, Tensor, Tensor)"))
+_backward_op.register_fake(_backward_fake)
 
 
 def _setup_context(ctx, inputs, output):
-    pass
+    # Every tensor the backward reads is saved through save_for_backward, the mask, rows and cumulative lengths
+    # too: autograd then checks their version counters, and a tensor rewritten in place between the forward and
+    # backward() is refused ("modified by an inplace operation") rather than read as other values than the
+    # forward's.
+    q, k, v, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *(args[i] for i in _options.TENSOR_AT))
+    ctx.args = args
 
 
-torch.library.register_autograd("attnprof::attention", _no_backward, setup_context=_setup_context)
+def _attention_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, *tensors = ctx.saved_tensors
+    args = list(ctx.args[:len(_options.NAMES)])
+    if len(ctx.args) <= len(_options.NAMES) or not ctx.args[len(_options.NAMES)]:
+        raise Error("torch.ops.attnprof.attention keeps what its backward reads only with return_lse=True: for "
+                    "gradients call attnprof.attention (or the op with return_lse=True) on tensors that require grad")
+    for i, t in zip(_options.TENSOR_AT, tensors):
+        args[i] = t
+    o = dict(zip(_options.NAMES, args))
+    with _labelled(o["backend"], o["mask"], o["window"], o["attn_mask"]):
+        dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *args)
+    return (dq, dk, dv) + (None,) * len(ctx.args)  # the options get no gradient (the mask neither)
+
+
+torch.library.register_autograd("attnprof::attention", _attention_backward, setup_context=_setup_context)
 
 
 def ops():
     return torch.ops.attnprof
 
 
-def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, deterministic, softcap, attn_mask,
-              block_table, seq_lens, q_descale=None, k_descale=None, v_descale=None, q_rows=None, kv_rows=None):
-    """attnprof.attention on torch tensors, its arguments checked there (positional: a
-    repeated call's host time is what a model pays per layer): the general path, which
-    attention() takes where the fast path (_fast, tried there first) does not."""
+def attention(q, k, v, out, threads, return_lse, o):
+    """attnprof.attention on torch tensors, its arguments checked there and gathered in `o` (the options, as
+    attnprof/_options.py lists them): the general path, which attention() takes where the fast path (_fast,
+    tried there first) does not. Returns out, or (out, lse) where return_lse."""
     if not (isinstance(k, _Tensor) and isinstance(v, _Tensor) and (out is None or isinstance(out, _Tensor))):
         _refuse_mixed(k=k, v=v, out=out)
-    if attn_mask is not None and block_table is None and seq_lens is None:
+    paged = o["block_table"] is not None or o["seq_lens"] is not None
+    attn_mask = o["attn_mask"]
+    if attn_mask is not None and not paged:
         # A key-padding attn_mask as rows, on the mask's device (attnprof/_key_padding.py says when).
         _refuse_mixed(attn_mask=attn_mask)
-        mask, attn_mask, q_rows, kv_rows = _key_padding.lower(q, k, attn_mask, mask, bshd, backend, q_rows, kv_rows)
-    _refuse_mixed(q_rows=q_rows, kv_rows=kv_rows)
-    extras = attn_mask is not None or block_table is not None or seq_lens is not None
-    if extras:
-        _refuse_mixed(attn_mask=attn_mask, block_table=block_table, seq_lens=seq_lens)
-        if attn_mask is not None and attn_mask.requires_grad:
-            raise Error("attn_mask requires grad: attnprof's backward gives the mask no gradient (pass "
-                        "attn_mask.detach())")
+        o["mask"], o["attn_mask"], o["q_rows"], o["kv_rows"] = _key_padding.lower(
+            q, k, attn_mask, o["mask"], o["bshd"], o["backend"], o["q_rows"], o["kv_rows"])
+        attn_mask = o["attn_mask"]
+    for name in _options.TENSORS:
+        t = o[name]
+        if t is not None and not isinstance(t, _Tensor):
+            _refuse_mixed(**{name: t})
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise Error("attn_mask requires grad: attnprof's backward gives the mask no gradient (pass attn_mask.detach())")
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad
     if needs_grad and torch.is_grad_enabled():
-        if block_table is not None or seq_lens is not None:
+        if paged:
             raise Error("a paged KV cache is inference only: call under torch.no_grad() (or detach q and the caches)")
-        # Autograd: the training op keeps the log-sum-exp, and its backward is attnprof's.
+        # Autograd: the op keeps the log-sum-exp, and its backward is attnprof's.
         if out is not None:
             raise Error("out= is not supported when gradients are needed: use the returned tensor")
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.is_meta:  # the op would run its fake: a result of no values, where a call without grad is refused
                 raise _on_meta(name)
-        with _labelled(backend, mask, window, attn_mask):
-            return torch.ops.attnprof.attention_train(q, k, v, backend, mask, window, scale, bshd, deterministic,
-                                                      softcap, attn_mask, q_rows, kv_rows)[0]
+        with _labelled(o["backend"], o["mask"], o["window"], attn_mask):
+            out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), True)
+        return (out, lse.detach()) if return_lse else out  # the log-sum-exp carries no gradient
     if _is_compiling() or (out is None and _profiling()):
-        # Traced as one node of the graph (its fake gives the output's shape), or recorded as
-        # the op by the profiler.
+        # Traced as one node of the graph (its fake gives the outputs' shapes), or recorded as the op by the profiler.
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
-        with _labelled(backend, mask, window, attn_mask):
-            return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,
-                                                block_table, seq_lens, q_descale, k_descale, v_descale, q_rows,
-                                                kv_rows)
+        with _labelled(o["backend"], o["mask"], o["window"], attn_mask):
+            out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), return_lse)
+        return (out, lse) if return_lse else out
     if needs_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:
         out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
     try:
-        _run(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap, attn_mask, block_table, seq_lens,
-             q_descale, k_descale, v_descale, q_rows, kv_rows)
+        lse = _launch(q, k, v, out, o, threads, return_lse)
     except TypeError as e:
         del out
         from . import not_an_array
@@ -325,143 +272,10 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
     except BaseException:
         del out  # a refused call leaves nothing allocated, even while the traceback lives
         raise
-    return out
+    return (out, lse) if return_lse else out
 
 
 def _refuse_mixed(**tensors):
     for name, t in tensors.items():
         if t is not None and not isinstance(t, _Tensor):
             raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
-
-
-# ---- Packed (variable-length) batches: flash_attn_varlen_func's arguments.
-# q [total_q, H, D], k and v [total_k, Hkv, D], int32 cu_seqlens on q's device.
-
-def _varlen_run(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, scale, threads=0, softcap=None,
-                q_descale=None, k_descale=None, v_descale=None):
-    _core.attention_varlen(*_dlpack(q, k, v, out, cu_q, cu_k, names=_VARLEN_NAMES), max_seqlen_q=max_q,
-                           max_seqlen_k=max_k, backend=backend, mask=mask, window=window, scale=scale,
-                           stream=_stream_of(q), threads=threads, softcap=softcap, q_descale=q_descale,
-                           k_descale=k_descale, v_descale=v_descale)
-
-
-@torch.library.custom_op("attnprof::attention_varlen", mutates_args=(), device_types=("cpu", "cuda"))
-def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-               cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
-               backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
-               scale: Optional[float] = None, softcap: Optional[float] = None, q_descale: Optional[float] = None,
-               k_descale: Optional[float] = None, v_descale: Optional[float] = None) -> torch.Tensor:
-    """Attention over a packed batch; out has q's shape [total_q, H, D] (bf16 for float8_e4m3fn inputs,
-    which take their descales)."""
-    window, scale, softcap = _numbers(window, scale, softcap)
-    q_descale, k_descale, v_descale = _descales(q_descale, k_descale, v_descale)
-    out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    _varlen_run(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window, scale,
-                softcap=softcap, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    return out
-
-
-@_varlen_op.register_fake
-def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, backend="auto",
-                 mask="causal", window=None, scale=None, softcap=None, q_descale=None, k_descale=None, v_descale=None):
-    return q.new_empty(q.shape, dtype=_out_dtype(q.dtype))
-
-
-@torch.library.custom_op("attnprof::attention_varlen_train", mutates_args=(), device_types=("cpu", "cuda"))
-def _varlen_train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                     cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int] = None,
-                     max_seqlen_k: Optional[int] = None, backend: str = "auto", mask: str = "causal",
-                     window: Optional[int] = None, scale: Optional[float] = None, deterministic: bool = False,
-                     softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed training forward: (out, the FP32 [H, total_q] log-sum-exp the backward reads)."""
-    window, scale, softcap = _numbers(window, scale, softcap)
-    out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    _, lse = _core.attention_varlen_train(*_dlpack(q, k, v, out, cu_seqlens_q, cu_seqlens_k, names=_VARLEN_NAMES),
-                                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, backend=backend,
-                                          mask=mask, window=window, scale=scale, stream=_stream_of(q),
-                                          deterministic=deterministic, softcap=softcap)
-    return out, torch.from_dlpack(lse)
-
-
-@_varlen_train_op.register_fake
-def _varlen_train_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, backend="auto",
-                       mask="causal", window=None, scale=None, deterministic=False, softcap=None):
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-
-
-@torch.library.custom_op("attnprof::attention_varlen_backward", mutates_args=(), device_types=("cpu", "cuda"))
-def _varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                        lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                        max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
-                        backend: str = "auto", mask: str = "causal", window: Optional[int] = None,
-                        scale: Optional[float] = None, deterministic: bool = False,
-                        softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV of attention_varlen_train's call for the upstream gradient dout."""
-    window, scale, softcap = _numbers(window, scale, softcap)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _core.attention_varlen_backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                                                             names=_BACKWARD_NAMES + ("cu_seqlens_q", "cu_seqlens_k")),
-                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, backend=backend, mask=mask,
-                                    window=window, scale=scale, stream=_stream_of(q), deterministic=deterministic,
-                                    softcap=softcap)
-    return dq, dk, dv
-
-
-@_varlen_backward_op.register_fake
-def _varlen_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
-                          backend="auto", mask="causal", window=None, scale=None, deterministic=False, softcap=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _setup_varlen_train(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *args = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.args = args
-
-
-def _varlen_train_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attnprof.attention_varlen_backward(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k,
-                                                             *ctx.args)
-    return (dq, dk, dv, None, None) + (None,) * len(ctx.args)
-
-
-torch.library.register_autograd("attnprof::attention_varlen_train", _varlen_train_backward,
-                                setup_context=_setup_varlen_train)
-torch.library.register_autograd("attnprof::attention_varlen", _no_backward, setup_context=_setup_context)
-
-
-def attention_varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window,
-                     scale, out, threads, deterministic=False, softcap=None, descales=(None, None, None)):
-    for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + (
-            (("out", out),) if out is not None else ()):
-        if not isinstance(t, torch.Tensor):
-            raise Error(f"q is a torch tensor but {name} is {type(t).__name__}: pass torch tensors throughout")
-    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
-        if out is not None:
-            raise Error("out= is not supported when gradients are needed: use the returned tensor")
-        return torch.ops.attnprof.attention_varlen_train(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                         max_seqlen_k, backend, mask, window, scale, deterministic,
-                                                         softcap)[0]
-    if _is_compiling():
-        if out is not None:
-            raise Error("out= is not supported under torch.compile: use the returned tensor")
-        return torch.ops.attnprof.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                   backend, mask, window, scale, softcap, *descales)
-    if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad
-        q, k, v = q.detach(), k.detach(), v.detach()
-    if out is None:
-        out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    try:
-        _varlen_run(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend, mask, window,
-                    scale, threads, softcap, *descales)
-    except TypeError as e:
-        del out
-        from . import not_an_array
-
-        raise Error(not_an_array(e)) from None
-    except BaseException:
-        del out
-        raise
-    return out

@@ -3,10 +3,10 @@
     from attnprof import scaled_dot_product_attention          # for torch.nn.functional's
     from attnprof import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache   # for flash_attn's
 
-Each maps its arguments onto attnprof.attention (or, for a log-sum-exp, onto the training op that keeps one)
-and nothing else: the same layouts, the same default mask as its source (no mask for all four), the same
-band. What attnprof does not compute (dropout, ALiBi, a window that reaches past the diagonal, appending to a
-cache, rotary embeddings) is refused in one line naming the argument (attnprof.Error), never ignored.
+Each maps its arguments onto attnprof.attention (return_lse=True for a log-sum-exp) and nothing else: the
+same layouts, the same default mask as its source (no mask for all four), the same band. What attnprof does
+not compute (dropout, ALiBi, a window that reaches past the diagonal, appending to a cache, rotary embeddings)
+is refused in one line naming the argument (attnprof.Error), never ignored.
 
 Each takes one keyword beyond its source's, backend= ("auto" unless named), which attnprof.attention takes.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from . import _args
+from . import _args, _options
 from ._args import ArgumentTypeError
 from ._core import Error
 
@@ -105,17 +105,13 @@ def _band(fn: str, causal, window_size, seqlen_q, seqlen_k):
         right = 0
     elif seqlen_q == 1 and right != 0:
         right = -1 if left == -1 else 0
-    if right == -1 and left == -1:
-        return "none", None
-    if right != 0:
+    if right != 0 and not right == left == -1:
         _refuse(fn, "window_size", given,
                 f"{'a right window' if right > 0 else 'a window with no right bound'} (keys after the diagonal "
                 f"{'up to ' + str(right) if right > 0 else 'without a bound'}, with causal={causal}): attnprof's "
                 "windows end at the bottom-right diagonal, (w, 0) or causal=True; a bidirectional window is not "
                 "computed")
-    if left == -1:
-        return "causal_bottom_right", None
-    return "sliding_window", left + 1
+    return _options.band(None, (left, right))  # the band as attention(window=(left, right)) maps it
 
 
 def _torch():
@@ -123,16 +119,6 @@ def _torch():
     if torch is None:
         import torch
     return torch
-
-
-def _lse_op(fn: str, name: str, q):
-    """torch.ops.attnprof: the training ops keep the log-sum-exp, which is what a caller asking for it gets."""
-    torch = _torch()
-    if not isinstance(q, torch.Tensor):
-        raise Error(f"{fn}: {name}=True takes torch tensors (the log-sum-exp comes from torch.ops.attnprof)")
-    from . import torch_ops
-
-    return torch_ops()
 
 
 # ---- torch.nn.functional.scaled_dot_product_attention
@@ -206,7 +192,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Gradients flow through attnprof's own backward.
 
     return_attn_probs=True returns (out, softmax_lse, None): the natural log-sum-exp of each query row's scaled
-    scores, float32 [B, H, Sq] as flash_attn's, from attnprof's training forward (flash, efficient, cudnn);
+    scores, float32 [B, H, Sq] as flash_attn's, from attention(return_lse=True) (flash, efficient, cudnn);
     -inf for a row that sees no key (flash_attn writes +inf there, -inf where it splits the keys); it carries
     no gradient. The third item, flash_attn's dropout mask, is None (no dropout).
 
@@ -219,14 +205,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     mask, window = _band(fn, causal, window_size, _length(q, 1), _length(k, 1))
     softcap = _softcap(fn, softcap)
     deterministic = _args.flag("deterministic", deterministic)
-    if _args.flag("return_attn_probs", return_attn_probs):
-        ops = _lse_op(fn, "return_attn_probs", q)
-        scale = _args.real("softmax_scale", softmax_scale)
-        out, lse = ops.attention_train(q, k, v, backend, mask, window, scale, True, deterministic, softcap, None,
-                                       None, None)
-        return out, lse.detach(), None
-    return _attention(q, k, v, backend=backend, mask=mask, window=window, scale=softmax_scale, layout="bshd",
-                      deterministic=deterministic, softcap=softcap)
+    lse = _args.flag("return_attn_probs", return_attn_probs)
+    result = _attention(q, k, v, backend=backend, mask=mask, window=window, scale=softmax_scale, layout="bshd",
+                        deterministic=deterministic, softcap=softcap, return_lse=lse)
+    return (*result, None) if lse else result
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -262,15 +244,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     mask, window = _band(fn, causal, window_size, max_seqlen_q, max_seqlen_k)
     softcap = _softcap(fn, softcap)
     deterministic = _args.flag("deterministic", deterministic)
-    if _args.flag("return_attn_probs", return_attn_probs):
-        ops = _lse_op(fn, "return_attn_probs", q)
-        scale = _args.real("softmax_scale", softmax_scale)
-        out, lse = ops.attention_varlen_train(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                              backend, mask, window, scale, deterministic, softcap)
-        return out, lse.detach(), None
-    return _attention(q, k, v, backend=backend, mask=mask, window=window, scale=softmax_scale,
-                      deterministic=deterministic, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
-                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    lse = _args.flag("return_attn_probs", return_attn_probs)
+    result = _attention(q, k, v, backend=backend, mask=mask, window=window, scale=softmax_scale,
+                        deterministic=deterministic, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                        return_lse=lse)
+    return (*result, None) if lse else result
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -294,7 +273,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     flash_attn (0 its heuristic): any whole number is taken and attnprof sizes its own split.
 
     return_softmax_lse=True returns (out, softmax_lse), softmax_lse float32 [B, H, Sq] (-inf on a row that
-    sees no key), from attnprof's training forward: a contiguous cache only.
+    sees no key), from attention(return_lse=True): a contiguous cache only.
 
     Refused by name: k and v (appending to the cache: write the new keys into k_cache and v_cache and pass the
     longer cache_seqlens), rotary_cos and rotary_sin (rotate q and k first), cache_batch_idx (index the caches
@@ -372,13 +351,8 @@ def _kvcache_call(fn, q, k_cache, v_cache, paged, block_table, begins, ends, bat
         if begins is None or isinstance(begins, int):
             begins = torch.full((batch,), begins or 0, dtype=torch.int32, device=q.device)
         kv_rows = torch.stack((begins, ends), 1)
-    if return_lse:
-        ops = _lse_op(fn, "return_softmax_lse", q)
-        scale = _args.real("softmax_scale", softmax_scale)
-        return ops.attention_train(q, k_cache, v_cache, backend, mask, window, scale, True, False, softcap, None,
-                                   None, kv_rows)
     return _attention(q, k_cache, v_cache, backend=backend, mask=mask, window=window, scale=softmax_scale,
-                      layout="bshd", softcap=softcap, kv_rows=kv_rows)
+                      layout="bshd", softcap=softcap, kv_rows=kv_rows, return_lse=return_lse)
 
 
 def _lengths(fn: str, name: str, value, batch: int, device, torch):

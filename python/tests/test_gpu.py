@@ -101,7 +101,7 @@ def test_runs_on_the_current_stream():
         torch.cuda._sleep(1_000_000_000)
         q.zero_()
         q.copy_(q0)
-        out = torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False)
+        out, _ = torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False)
     side.synchronize()
     torch.testing.assert_close(out.float(), sdpa(q0, k, v), atol=2e-2, rtol=2e-2)
 
@@ -110,7 +110,7 @@ def test_torch_compile_on_cuda():
     q, k, v = qkv()
 
     def layer(q, k, v):
-        return torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False) * 2
+        return torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False)[0] * 2
 
     torch._dynamo.reset()
     explanation = torch._dynamo.explain(layer)(q, k, v)

@@ -1,4 +1,4 @@
-"""attnprof on torch CPU tensors: the eager call, torch.ops.attnprof.attention, torch.compile."""
+"""attnprof on torch CPU tensors: the eager call, torch.ops.attnprof.attention (-> (out, lse)), torch.compile."""
 
 import pytest
 import torch
@@ -59,7 +59,8 @@ def test_bshd_views():
     out = attnprof.attention(qs, ks, vs, backend="flash", layout="bshd")
     assert out.shape == (b, s, h, d)
     torch.testing.assert_close(out.transpose(1, 2), ref, atol=2e-5, rtol=1e-4)
-    op = torch.ops.attnprof.attention(qs, ks, vs, "flash", "causal", None, None, True)
+    op, lse = torch.ops.attnprof.attention(qs, ks, vs, "flash", "causal", None, None, True)
+    assert lse.shape == (0,)  # kept only where asked for
     torch.testing.assert_close(op.transpose(1, 2), ref, atol=2e-5, rtol=1e-4)
 
 
@@ -67,9 +68,18 @@ def test_custom_op_is_registered_and_runs():
     ops = attnprof.torch_ops()
     assert hasattr(ops, "attention")
     q, k, v = qkv()
-    out = torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False)
+    out, _ = torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False)
     torch.testing.assert_close(out, sdpa(q, k, v), atol=2e-5, rtol=1e-4)
     torch.library.opcheck(torch.ops.attnprof.attention.default, (q, k, v, "math", "causal", None, None, False),
+                          test_utils=("test_schema", "test_faketensor"))
+    # The forward that keeps the log-sum-exp, its fake and its autograd (the backward op) checked by torch.
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    torch.library.opcheck(torch.ops.attnprof.attention.default, (qg, kg, vg, "flash", "causal"),
+                          {"return_lse": True}, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    out, lse = torch.ops.attnprof.attention(q, k, v, "flash", "causal", None, None, False, None, None, None, None,
+                                            None, None, None, None, None, None, None, None, None, False, True)
+    torch.library.opcheck(torch.ops.attnprof.attention_backward.default,
+                          (torch.ones_like(out), q, k, v, out, lse, "flash", "causal"),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -77,8 +87,18 @@ def test_fake_gives_the_output_shape():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         q, k, v = qkv((2, 4, 128, 64), (2, 1, 256, 64), dtype=torch.bfloat16)
-        out = torch.ops.attnprof.attention(q, k, v)
+        out, lse = torch.ops.attnprof.attention(q, k, v)
         assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+        assert lse.shape == (0,) and lse.dtype == torch.float32
+        out, lse = torch.ops.attnprof.attention(q, k, v, return_lse=True)
+        assert lse.shape == (2, 4, 128) and lse.dtype == torch.float32
+        out, lse = torch.ops.attnprof.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bshd=True,
+                                                return_lse=True)
+        assert lse.shape == (2, 4, 128)
+        qp, kp = torch.empty(100, 4, 64, dtype=torch.bfloat16), torch.empty(120, 1, 64, dtype=torch.bfloat16)
+        cu_q, cu_k = torch.tensor([0, 40, 100], dtype=torch.int32), torch.tensor([0, 60, 120], dtype=torch.int32)
+        out, lse = torch.ops.attnprof.attention(qp, kp, kp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True)
+        assert out.shape == qp.shape and lse.shape == (4, 100)
 
 
 def _graph_breaks(fn, *args):
@@ -91,7 +111,7 @@ def test_torch_compile_fullgraph_on_cpu():
     q, k, v = qkv()
 
     def layer(q, k, v):
-        return torch.ops.attnprof.attention(q * 0.5, k, v, "flash", "causal", None, None, False) + 1.0
+        return torch.ops.attnprof.attention(q * 0.5, k, v, "flash", "causal", None, None, False)[0] + 1.0
 
     def through_api(q, k, v):
         return attnprof.attention(q, k, v, backend="math") * 2.0
@@ -148,10 +168,10 @@ def test_backward_refusals_are_clear():
     # A composite keeps the probabilities: autograd through attnprof takes the recomputing backends.
     with pytest.raises(attnprof.Error, match=r"naive keeps the \[S, Skv\] probabilities"):
         attnprof.attention(q, k, v, backend="naive")
-    # The inference op runs forward and refuses a backward, naming the training path.
-    out = torch.ops.attnprof.attention(q, k, v)
+    # The op without return_lse keeps no log-sum-exp: it runs forward and refuses a backward, naming the way.
+    out, _ = torch.ops.attnprof.attention(q, k, v)
     assert out.requires_grad
-    with pytest.raises(attnprof.Error, match=r"inference op"):
+    with pytest.raises(attnprof.Error, match=r"only with return_lse=True"):
         out.sum().backward()
     # Without grad, tensors that need grad are read as they are.
     with torch.no_grad():
@@ -166,10 +186,10 @@ def test_a_backward_is_planned_as_a_backward_not_as_the_forward_before_it():
     attnprof.torch_ops()
     q, k, v = qkv((1, 2, 48, 32))
     attnprof.attention(q, k, v, backend="naive")  # planned for inference: naive runs a forward
-    out, lse = torch.ops.attnprof.attention_train(q, k, v, "flash")
+    out, lse = torch.ops.attnprof.attention(q, k, v, "flash", return_lse=True)
     # The same refusal, in the same words, as a training call with naive meets.
     with pytest.raises(attnprof.Error, match=r"^naive keeps the \[S, Skv\] probabilities") as train:
-        torch.ops.attnprof.attention_train(q, k, v, "naive")
+        torch.ops.attnprof.attention(q, k, v, "naive", return_lse=True)
     with pytest.raises(attnprof.Error, match=r"^naive keeps the \[S, Skv\] probabilities") as backward:
         torch.ops.attnprof.attention_backward(torch.ones_like(out), q, k, v, out, lse, "naive")
     assert str(train.value) == str(backward.value)

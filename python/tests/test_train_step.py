@@ -43,7 +43,8 @@ def check_result(result, out_dir, layers, model_prefix):
         # Forward and backward of each layer's attention, as outermost ops.
         assert share["attention_op_calls"] == 2 * layers, share
         assert 0 < share["share"] < 1 and 0 < share["attention_ms"] < share["step_ms"]
-    assert "attnprof::attention_train" in result["sides"]["attnprof"]["attention_share"]["attention_ops"]
+    # The one forward op (return_lse=True in training) and its backward.
+    assert "attnprof::attention" in result["sides"]["attnprof"]["attention_share"]["attention_ops"]
     assert "attnprof::attention_backward" in result["sides"]["attnprof"]["attention_share"]["attention_ops"]
     assert any(op.startswith("aten::_scaled_dot_product") for op in result["sides"]["sdpa"]["attention_share"]["attention_ops"])
     ratio = result["step_time_ratio_attnprof_over_sdpa"]
