@@ -123,6 +123,12 @@ def _descales(q_descale, k_descale, v_descale):
                                                  ("v_descale", v_descale)))
 
 
+def _descale_arg(d, name):
+    # A descale as the binding takes it: a number, or a GPU tensor (attnprof._descale kept it) as DLPack,
+    # which only the kernels read.
+    return d if d is None or d.__class__ is float else _optional(d, name)
+
+
 def _out_dtype(dtype):
     # FP8 inputs write a bf16 output, as FlashAttention-3's and cuDNN's FP8 forwards do.
     return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
@@ -146,7 +152,9 @@ def _run(q, k, v, out, backend, mask, window, scale, bshd, threads=0, softcap=No
         _core.attention(dq, dk, dv, do, backend=backend, mask=mask, window=window, scale=scale, stream=stream,
                         threads=threads, bshd=bshd, softcap=softcap, attn_mask=_optional(attn_mask, "attn_mask"),
                         block_table=_optional(block_table, "block_table"), seq_lens=_optional(seq_lens, "seq_lens"),
-                        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                        q_descale=_descale_arg(q_descale, "q_descale"),
+                        k_descale=_descale_arg(k_descale, "k_descale"),
+                        v_descale=_descale_arg(v_descale, "v_descale"),
                         q_rows=_optional(q_rows, "q_rows"), kv_rows=_optional(kv_rows, "kv_rows"))
 
 
@@ -306,6 +314,7 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
         # the op by the profiler.
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
+        _no_descale_tensors(q_descale, k_descale, v_descale)
         with _labelled(backend, mask, window, attn_mask):
             return torch.ops.attnprof.attention(q, k, v, backend, mask, window, scale, bshd, softcap, attn_mask,
                                                 block_table, seq_lens, q_descale, k_descale, v_descale, q_rows,
@@ -328,6 +337,14 @@ def attention(q, k, v, out, backend, mask, window, scale, bshd, threads, determi
     return out
 
 
+def _no_descale_tensors(*descales):
+    # The ops' schemas take descales as floats: a GPU descale tensor would be read on the host there.
+    for name, d in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if isinstance(d, _Tensor):
+            raise Error(f"{name} as a tensor is read by the kernels of an eager call only; under torch.compile or "
+                        "the profiler pass a float")
+
+
 def _refuse_mixed(**tensors):
     for name, t in tensors.items():
         if t is not None and not isinstance(t, _Tensor):
@@ -341,8 +358,10 @@ def _varlen_run(q, k, v, out, cu_q, cu_k, max_q, max_k, backend, mask, window, s
                 q_descale=None, k_descale=None, v_descale=None):
     _core.attention_varlen(*_dlpack(q, k, v, out, cu_q, cu_k, names=_VARLEN_NAMES), max_seqlen_q=max_q,
                            max_seqlen_k=max_k, backend=backend, mask=mask, window=window, scale=scale,
-                           stream=_stream_of(q), threads=threads, softcap=softcap, q_descale=q_descale,
-                           k_descale=k_descale, v_descale=v_descale)
+                           stream=_stream_of(q), threads=threads, softcap=softcap,
+                           q_descale=_descale_arg(q_descale, "q_descale"),
+                           k_descale=_descale_arg(k_descale, "k_descale"),
+                           v_descale=_descale_arg(v_descale, "v_descale"))
 
 
 @torch.library.custom_op("attnprof::attention_varlen", mutates_args=(), device_types=("cpu", "cuda"))
@@ -447,6 +466,7 @@ def attention_varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     if _is_compiling():
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
+        _no_descale_tensors(*descales)
         return torch.ops.attnprof.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                    backend, mask, window, scale, softcap, *descales)
     if q.requires_grad or k.requires_grad or v.requires_grad:  # under no_grad

@@ -271,8 +271,8 @@ std::string attention_varlen(const In& q, const In& k, const In& v, const Out& o
                              std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k,
                              const std::string& backend, const std::string& mask, std::optional<std::int64_t> window,
                              std::optional<double> scale, std::uintptr_t stream, int threads,
-                             std::optional<double> softcap, std::optional<double> q_descale,
-                             std::optional<double> k_descale, std::optional<double> v_descale) {
+                             std::optional<double> softcap, const std::optional<Descale>& q_descale,
+                             const std::optional<Descale>& k_descale, const std::optional<Descale>& v_descale) {
   const ThreadCountsKept kept;
   Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
                           {backend, mask, window, scale, stream, threads, false, Pass::Forward, false, softcap});
