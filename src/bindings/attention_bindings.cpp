@@ -37,8 +37,7 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
                       const std::optional<In>& attn_mask, const std::optional<In>& block_table,
                       const std::optional<In>& seq_lens, const std::optional<Descale>& q_descale,
                       const std::optional<Descale>& k_descale, const std::optional<Descale>& v_descale,
-                      const std::optional<In>& q_rows,
-                      const std::optional<In>& kv_rows) {
+                      const std::optional<In>& q_rows, const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},

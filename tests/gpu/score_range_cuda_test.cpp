@@ -119,9 +119,9 @@ TEST(ScoreRangeCuda, TheIssuesCaseGivesNanOnlyWhereARowsLogitsPassFp32) {
   REQUIRE_GPU();
   // The issue's case: scale 2^60, |q| near 1e20, k up to 4 (make_inputs'
   // uniform [-1, 1) times 4); no mask, as SDPA was called.
-  Problem host_p = testing::to_problem(testing::Shape{.heads = 2, .seq = 40, .kv_seq = 150, .head_dim = 64,
-                                                      .scale = limits::kScaleAbsMax},
-                                       DType::BF16, MaskKind::None);
+  Problem host_p = testing::to_problem(
+      testing::Shape{.heads = 2, .seq = 40, .kv_seq = 150, .head_dim = 64, .scale = limits::kScaleAbsMax}, DType::BF16,
+      MaskKind::None);
   host_p.validate();
   ASSERT_FALSE(limits::scores_in_range(host_p.dtype, limits::kScaleAbsMax, 64, 1e20, 4.0));
   // q's factor, a power of two near 1e20 (exact in bf16), puts the median
@@ -148,7 +148,8 @@ TEST(ScoreRangeCuda, TheIssuesCaseGivesNanOnlyWhereARowsLogitsPassFp32) {
   RunContext cpu_ctx{.allocator = cpu_allocator(), .threads = 2};
   cpu_flash->forward(host_p, host, cpu_out, cpu_ctx);
   const std::vector<bool> cpu_nan = nan_rows(host_p, cpu_out);
-  ::testing::Test::RecordProperty("cpu_flash_nan_rows", static_cast<int>(std::count(cpu_nan.begin(), cpu_nan.end(), true)));
+  ::testing::Test::RecordProperty("cpu_flash_nan_rows",
+                                  static_cast<int>(std::count(cpu_nan.begin(), cpu_nan.end(), true)));
   ::testing::Test::RecordProperty("rows_past_fp32", static_cast<int>(past));
 
   for (const char* name : {"efficient", "flash"}) {

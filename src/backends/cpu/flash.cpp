@@ -402,8 +402,9 @@ class FlashCpu final : public Backend {
     // Descale tensors are for a GPU's kernels (attnprof/backend.h); the CPU's
     // callers hold the numbers (the bindings read a host tensor's value).
     if (fp8 && in.device_descales()) {
-      fail(ErrorKind::InvalidArgument, "flash on the CPU takes fp8 descales as numbers (Inputs::q_descale ...), "
-                                       "not descale tensors");
+      fail(ErrorKind::InvalidArgument,
+           "flash on the CPU takes fp8 descales as numbers (Inputs::q_descale ...), "
+           "not descale tensors");
     }
     const double qk_descale = fp8 ? double{in.q_descale} * double{in.k_descale} : 1.0;
     const ForwardJob job{.p = p,

@@ -130,8 +130,7 @@ class Cudnn final : public Backend {
       how = "on the ragged layout (" + std::to_string(p.batch) +
             " packed sequences: per-sequence ragged offsets into Q, K, V and O, padding mask with each "
             "sequence's lengths" +
-            (p.lengths_on_device ? ", made on the device from the caller's cu_seqlens by one small kernel" : "") +
-            ")";
+            (p.lengths_on_device ? ", made on the device from the caller's cu_seqlens by one small kernel" : "") + ")";
     }
     if (p.mask == MaskKind::Boolean) {
       how =

@@ -104,13 +104,14 @@ void CallInputs::bind_ragged(const Problem& p, const Inputs& in, Bound& t, RunCo
 }
 
 void CallInputs::bind_device_ragged(const Problem& p, const Inputs& in, Bound& t, RunContext& ctx) {
-  for (const auto& [cu, name] : {std::pair{&in.cu_seqlens_q, "cu_seqlens_q"}, std::pair{&in.cu_seqlens_k, "cu_seqlens_k"}}) {
+  for (const auto& [cu, name] :
+       {std::pair{&in.cu_seqlens_q, "cu_seqlens_q"}, std::pair{&in.cu_seqlens_k, "cu_seqlens_k"}}) {
     if (!cu->defined() || cu->dtype() != DType::I32 || cu->device() != Device::Cuda || cu->numel() != p.batch + 1 ||
         (cu->numel() > 1 && cu->stride(3) != 1)) {
-      fail(ErrorKind::InvalidArgument, std::string("cudnn: a packed batch whose lengths are on the device reads ") +
-                                           name + " as contiguous int32 [batch + 1] = [" +
-                                           std::to_string(p.batch + 1) + "] on the GPU, got " +
-                                           (cu->defined() ? cu->describe() : "none"),
+      fail(ErrorKind::InvalidArgument,
+           std::string("cudnn: a packed batch whose lengths are on the device reads ") + name +
+               " as contiguous int32 [batch + 1] = [" + std::to_string(p.batch + 1) + "] on the GPU, got " +
+               (cu->defined() ? cu->describe() : "none"),
            {name});
     }
   }

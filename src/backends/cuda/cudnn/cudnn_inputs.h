@@ -7,9 +7,9 @@
 // pack. Only cudnn.cpp includes it, in builds with the cuDNN frontend.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <array>
 #include <functional>
 #include <map>
 #include <vector>

@@ -251,9 +251,10 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = row_sum[mt][h];
-        lse[mt][h] = sum != 0.f ? (scaled(row_max[mt][h], scale_log2) - static_cast<float>(kLog2Offset) + __log2f(sum)) *
-                                      0.6931471805599453f
-                                : INFINITY;
+        lse[mt][h] = sum != 0.f
+                         ? (scaled(row_max[mt][h], scale_log2) - static_cast<float>(kLog2Offset) + __log2f(sum)) *
+                               0.6931471805599453f
+                         : INFINITY;
       }
     }
   }

@@ -1,10 +1,9 @@
 // ragged_offsets.h: one thread a sequence boundary.
-#include "backends/cuda/ops/ragged_offsets.h"
-
 #include <cuda_runtime.h>
 
 #include "backends/cuda/fused_params.h"
 #include "backends/cuda/ops/ops_common.h"
+#include "backends/cuda/ops/ragged_offsets.h"
 
 namespace attnprof::cuda {
 namespace {

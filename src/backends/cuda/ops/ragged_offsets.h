@@ -15,9 +15,9 @@ struct RaggedOffsetsArgs {
   const std::int32_t* cu_q = nullptr;  // the caller's int32 [batch + 1] each, read here only
   const std::int32_t* cu_k = nullptr;
   int batch = 0;
-  int total_q = 0, total_k = 0;  // the packed rows: every sequence is clamped into them
-  int max_q = 0, max_k = 0;      // the longest sequence the graph was built for
-  int count = 0;                 // packed tensors bound (at most kMaxRaggedTensors)
+  int total_q = 0, total_k = 0;                     // the packed rows: every sequence is clamped into them
+  int max_q = 0, max_k = 0;                         // the longest sequence the graph was built for
+  int count = 0;                                    // packed tensors bound (at most kMaxRaggedTensors)
   std::int64_t row_stride[kMaxRaggedTensors] = {};  // each tensor's row stride, in elements
   bool query[kMaxRaggedTensors] = {};               // rows of the queries (else of the keys)
   // count x (batch + 1) offsets (sequence b's first element of tensor i), then
