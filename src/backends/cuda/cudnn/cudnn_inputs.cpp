@@ -154,8 +154,9 @@ void CallInputs::bind_device_ragged(const Problem& p, const Inputs& in, Bound& t
   DeviceRagged& d = device_ragged_[ctx.stream];
   if (!d.buffer.defined() || d.buffer.numel() < n) {
     d.buffer = Tensor();
-    d.buffer = Tensor::empty({1, 1, 1, std::max<std::int64_t>(n, static_cast<std::int64_t>(kRagged.size() + 2) * (p.batch + 1))}, DType::I32,
-                             ctx.allocator);
+    d.buffer = Tensor::empty(
+        {1, 1, 1, std::max<std::int64_t>(n, static_cast<std::int64_t>(kRagged.size() + 2) * (p.batch + 1))}, DType::I32,
+        ctx.allocator);
     d.views = {};
   }
   a.out = d.buffer.data_as<std::int32_t>();
