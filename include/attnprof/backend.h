@@ -52,6 +52,19 @@ struct Inputs {
   // ones (FlashAttention-3's q_descale ..., cuDNN's descale_q ...); finite
   // and positive. Ignored for every other dtype.
   float q_descale = 1.0f, k_descale = 1.0f, v_descale = 1.0f;
+  // The same descales as device tensors (issue 56 item 2): FP32, one element
+  // each, viewed [1, 1, 1, 1], on the problem's GPU, or undefined (the float
+  // above). A defined one is the descale, its float left at 1: only the
+  // kernels read it, on the caller's stream, so a descale that stream writes
+  // just before the call is the one used, with no host read and no
+  // synchronisation (flash's FP8 kernel and cuDNN's FP8 graph take them; the
+  // others refuse them by name). Nothing checks the value in the default path
+  // (a zero, negative or non-finite descale gives what its arithmetic gives);
+  // the checking mode (attnprof/check_inputs.h) reads it first and names it.
+  Tensor q_descale_tensor, k_descale_tensor, v_descale_tensor;
+  bool device_descales() const {
+    return q_descale_tensor.defined() || k_descale_tensor.defined() || v_descale_tensor.defined();
+  }
 };
 
 // What a forward keeps for its backward (autograd's saved tensors, beyond

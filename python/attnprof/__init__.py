@@ -68,7 +68,9 @@ _whole, _real = _args.whole, _args.real
 
 
 def _descale(name: str, value):
-    """An FP8 descale as a float: a number, or a 1-element tensor or array (read once, so a CUDA one syncs)."""
+    """An FP8 descale: a number (checked here), or a 1-element tensor or array. One on a GPU is passed on as it
+    is, for the kernels alone to read on the caller's stream (no host read, no synchronisation: issue 56); one
+    in host memory is read here as its number."""
     if value is None:
         return None
     if hasattr(value, "shape") and hasattr(value, "item"):
@@ -77,6 +79,11 @@ def _descale(name: str, value):
             size *= int(n)
         if size != 1:
             raise Error(f"{name} must be a number or a 1-element tensor, got shape {tuple(value.shape)}")
+        device = getattr(value, "device", None)
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            if getattr(value, "requires_grad", False):
+                value = value.detach()
+            return value  # the binding checks its dtype (float32) and device (q's)
         value = value.reshape(()).item() if hasattr(value, "reshape") else value.item()
     return _real(name, value)
 

@@ -115,6 +115,17 @@ def _export(t, name):
     return _dlpack(t, names=(name,))[0]
 
 
+_DESCALES = ("q_descale", "k_descale", "v_descale")
+
+
+def _no_descale_tensors(o):
+    # The op's schema takes descales as floats: a GPU descale tensor would be read on the host there.
+    for name in _DESCALES:
+        if isinstance(o[name], _Tensor):
+            raise Error(f"{name} as a tensor is read by the kernels of an eager call only; under torch.compile, "
+                        "autograd or the profiler pass a float")
+
+
 def _out_dtype(dtype):
     # FP8 inputs write a bf16 output, as FlashAttention-3's and cuDNN's FP8 forwards do.
     return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
@@ -139,6 +150,9 @@ def _launch(q, k, v, out, o, threads, keep_lse):
         raise _not_exported(e, ("q", "k", "v", "out"), (q, k, v, out)) from None
     index = q.get_device()
     stream = 0 if index < 0 else _raw_stream(index) if _raw_stream is not None else _stream_of(q)
+    for name in _DESCALES:
+        if isinstance(o[name], _Tensor):  # a GPU descale (attnprof._descale kept it): only the kernels read it
+            o[name] = _export(o[name], name)
     lse = _options.forward(dq, dk, dv, do, o, stream, threads, keep_lse, _export)
     return None if lse is None else torch.from_dlpack(lse)
 
@@ -248,6 +262,7 @@ def attention(q, k, v, out, threads, return_lse, o):
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.is_meta:  # the op would run its fake: a result of no values, where a call without grad is refused
                 raise _on_meta(name)
+        _no_descale_tensors(o)
         with _labelled(o["backend"], o["mask"], o["window"], attn_mask):
             out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), True)
         return (out, lse.detach()) if return_lse else out  # the log-sum-exp carries no gradient
@@ -255,6 +270,7 @@ def attention(q, k, v, out, threads, return_lse, o):
         # Traced as one node of the graph (its fake gives the outputs' shapes), or recorded as the op by the profiler.
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
+        _no_descale_tensors(o)
         with _labelled(o["backend"], o["mask"], o["window"], attn_mask):
             out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), return_lse)
         return (out, lse) if return_lse else out

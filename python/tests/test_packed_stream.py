@@ -1,6 +1,7 @@
-"""A packed batch's cumulative lengths in stream order (issue 56 item 2): on a GPU, flash's kernels read the caller's
-cu_seqlens on the device, in the caller's stream order (no host read, no synchronisation), sized by max_seqlen_q and
-_k (or the packed rows), and clamp what they read; every other backend reads them on the host in the caller's stream
+"""A packed batch's cumulative lengths in stream order (issue 56 item 2): on a GPU, flash's kernels (and cudnn's small
+kernel that makes its ragged offsets, cuDNN 9.25 and newer) read the caller's cu_seqlens on the device, in the caller's
+stream order (no host read, no synchronisation), sized by max_seqlen_q and _k (or the packed rows), and clamp what
+they read; every other backend reads them on the host in the caller's stream
 order (a wait, never another stream's view of memory it has not written); the checking mode reads them first and
 refuses the first bad entry in one line, as the CPU always does. The GPU tests are skipped, with the reason, without a
 GPU."""
@@ -103,22 +104,26 @@ def test_cuda_lengths_written_behind_a_busy_stream_are_read_in_its_order(backend
 
 
 @gpu
-def test_cuda_flash_packed_call_makes_no_copy_and_no_synchronisation():
-    """torch.profiler's record of a packed flash call (forward and backward): no device-to-host copy and no
-    synchronisation of any kind inside it, max_seqlen given or not."""
+@pytest.mark.parametrize("backend", ["flash", "cudnn"])
+def test_cuda_packed_call_makes_no_copy_and_no_synchronisation(backend):
+    """torch.profiler's record of a packed flash or cudnn call (forward and backward): no device-to-host copy and
+    no synchronisation of any kind inside it, max_seqlen given or not. cudnn's ragged offsets are made by a kernel
+    from the caller's cu_seqlens (it read them on the host before)."""
+    if backend == "cudnn" and (torch.backends.cudnn.version() or 0) < 92500:
+        pytest.skip("cuDNN before 9.25 cannot rule out empty sequences unread: cudnn reads the lengths on the host")
     lens = [33, 64, 7]
     q, k, v, cu = packed(lens, heads=8, kv_heads=8, d=128, device="cuda", dtype=torch.bfloat16)
     cu = cu.cuda()
     for x in (q, k, v):
         x.requires_grad_()
     for max_q in (max(lens), None):
-        attnprof.attention(q, k, v, backend="flash", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_q,
-                           max_seqlen_k=max_q).sum().backward()  # warm: plans, handles
+        attnprof.attention(q, k, v, backend=backend, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_q,
+                           max_seqlen_k=max_q).sum().backward()  # warm: plans, handles, graphs
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             with torch.profiler.record_function("the packed call"):
-                out = attnprof.attention(q, k, v, backend="flash", cu_seqlens_q=cu, cu_seqlens_k=cu,
+                out = attnprof.attention(q, k, v, backend=backend, cu_seqlens_q=cu, cu_seqlens_k=cu,
                                          max_seqlen_q=max_q, max_seqlen_k=max_q)
                 out.sum().backward()
         torch.cuda.synchronize()

@@ -238,6 +238,19 @@ Tensor index_view(const char* name, const Array& a, std::size_t ndim, Device dev
   return Tensor::from_blob(data_of(a), sizes, strides, DType::I32, device);
 }
 
+Tensor descale_view(const char* name, const Array& a) {
+  const nb::dlpack::dtype t = a.dtype;
+  std::uint64_t n = 1;
+  for (std::size_t i = 0; i < a.ndim; ++i) n *= a.size(i);
+  if (t.lanes != 1 || t.bits != 32 || t.code != kFloat || n != 1) {
+    fail(ErrorKind::InvalidArgument,
+         std::string(name) + " must be a number or a float32 tensor of one element, got " + dtype_text(a) + " " +
+             dims_of(a),
+         {name});
+  }
+  return Tensor::from_blob(data_of(a), {1, 1, 1, 1}, {1, 1, 1, 1}, DType::F32, device_of(name, a));
+}
+
 Tensor rows_view(const char* name, const Array& a, std::int64_t batch, Device device, bool ends_ok) {
   const std::string b = std::to_string(batch);
   const auto refuse = [&](const std::string& got) {

@@ -35,9 +35,9 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
                       const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
                       std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap,
                       const std::optional<In>& attn_mask, const std::optional<In>& block_table,
-                      const std::optional<In>& seq_lens, std::optional<double> q_descale,
-                      std::optional<double> k_descale, std::optional<double> v_descale, const std::optional<In>& q_rows,
-                      const std::optional<In>& kv_rows) {
+                      const std::optional<In>& seq_lens, const std::optional<Descale>& q_descale,
+                      const std::optional<Descale>& k_descale, const std::optional<Descale>& v_descale,
+                      const std::optional<In>& q_rows, const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},

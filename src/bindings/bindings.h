@@ -12,11 +12,13 @@
 #pragma once
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/variant.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
@@ -80,6 +82,9 @@ Tensor mask_view(const Array& a, Device device);
 // An int32 array of `ndim` dimensions on q's device (block_table, seq_lens),
 // as a borrowed [1, 1, .., ..] view.
 Tensor index_view(const char* name, const Array& a, std::size_t ndim, Device device);
+// An FP8 descale array as a borrowed float32 [1, 1, 1, 1] view on its own
+// device: refused by name unless float32 with one element. Nothing is read.
+Tensor descale_view(const char* name, const Array& a);
 // A dense call's per-sequence rows (q_rows, kv_rows) on q's device as the core
 // reads them, a borrowed int32 [1, 1, B, 2] view of (begin, end) pairs: given
 // as [B, 2] or in that very shape; with `ends_ok` (kv_rows) also [B, 1] or
@@ -126,10 +131,18 @@ struct Call {
   Gradients gradients(const Array& dq, const Array& dk, const Array& dv, bool bshd) const;
 };
 
+// An FP8 descale as Python passes it: a number, or a one-element float32
+// array (a torch tensor's DLPack), which on a GPU only the kernels read.
+using Descale = std::variant<double, In>;
+
 // FP8 inputs' per-tensor descales (real = e4m3 x descale) onto a prepared
-// call: each given one finite and positive, 1 where not given; refused for
-// inputs of another dtype.
-void set_descales(Call& c, std::optional<double> q, std::optional<double> k, std::optional<double> v);
+// call: each given number finite and positive, 1 where not given; refused for
+// inputs of another dtype. An array on the CPU is host memory, read here as
+// its number; one on q's GPU becomes Inputs::q_descale_tensor ..., never read
+// on the host (issue 56 item 2) but in the checking mode, which reads it in
+// the call's stream order and refuses a bad value by name.
+void set_descales(Call& c, const std::optional<Descale>& q, const std::optional<Descale>& k,
+                  const std::optional<Descale>& v);
 
 // The last step of every prepare: the backend (for the pass's use) and the
 // context on the caller's stream.

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "attnprof/check_inputs.h"
+#include "attnprof/device_runtime.h"
 #include "attnprof/error.h"
 #include "attnprof/mask_tensor.h"
 #include "attnprof/problem_spec.h"
@@ -179,21 +181,45 @@ Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, s
               RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
 }
 
-void set_descales(Call& c, std::optional<double> q, std::optional<double> k, std::optional<double> v) {
-  const std::pair<const char*, std::optional<double>> given[] = {{"q_descale", q}, {"k_descale", k}, {"v_descale", v}};
+void set_descales(Call& c, const std::optional<Descale>& q, const std::optional<Descale>& k,
+                  const std::optional<Descale>& v) {
+  const std::pair<const char*, const std::optional<Descale>*> given[] = {
+      {"q_descale", &q}, {"k_descale", &k}, {"v_descale", &v}};
   float* slots[] = {&c.in.q_descale, &c.in.k_descale, &c.in.v_descale};
+  Tensor* tensors[] = {&c.in.q_descale_tensor, &c.in.k_descale_tensor, &c.in.v_descale_tensor};
   for (std::size_t i = 0; i < 3; ++i) {
     const auto& [name, d] = given[i];
-    if (!d) {
-      *slots[i] = 1.0f;
-      continue;
-    }
+    *slots[i] = 1.0f;
+    *tensors[i] = Tensor();
+    if (!*d) continue;
     if (!is_fp8(c.p.dtype)) {
       fail(ErrorKind::InvalidArgument, std::string(name) + " applies to fp8 (float8_e4m3fn) inputs only; q is " +
                                            std::string(dtype_name(c.p.dtype)));
     }
-    check_fp8_descale(name, *d);
-    const float f = static_cast<float>(*d);
+    double value = 0;
+    if (const In* a = std::get_if<In>(&**d)) {
+      Tensor t = descale_view(name, array_of(*a));
+      if (t.device() != Device::Cpu && t.device() != c.p.device) {
+        fail(ErrorKind::InvalidArgument, std::string(name) + " is on " + std::string(device_name(t.device())) +
+                                             " but q is on " + std::string(device_name(c.p.device)) +
+                                             ": pass it on q's device (or the CPU, or a number)");
+      }
+      if (t.device() == c.p.device && c.p.device != Device::Cpu) {
+        // Read only by the kernels, in the caller's stream order; the checking
+        // mode reads it first (in that order) to name a bad value.
+        if (checking_inputs()) {
+          const Tensor host = device_runtime(c.p.device).download(t, c.ctx.stream);
+          check_fp8_descale(name, host.data_as<const float>()[0]);
+        }
+        *tensors[i] = t;
+        continue;
+      }
+      value = t.data_as<const float>()[0];  // host memory: nothing to wait for
+    } else {
+      value = std::get<double>(**d);
+    }
+    check_fp8_descale(name, value);
+    const float f = static_cast<float>(value);
     if (!(std::isfinite(f) && f > 0)) {
       fail(ErrorKind::InvalidArgument, std::string(name) + " is beyond float32's range (the kernels take a float)");
     }

@@ -166,20 +166,28 @@ void check_maxima(const std::vector<std::int64_t>& lens_q, const std::vector<std
 }
 
 // Where a packed call's lengths are read. On a GPU they stay there for a
-// backend whose kernels read them (Traits::device_lengths: flash), asked for
-// by name or picked by auto's rule (runner.h auto_order) where it is eligible;
-// it sizes its grid by max_seqlen_q and _k (else the packed rows) and clamps
+// backend whose kernels read them (Traits::device_lengths: flash, and cudnn,
+// whose ragged offsets a kernel makes from them), asked for by name or picked
+// by auto's rule (runner.h auto_order) where it is eligible; it sizes its
+// grid (or graph) by max_seqlen_q and _k (else the packed rows) and clamps
 // each sequence's rows on the device: no copy, no wait. Every other backend,
-// and the CPU, reads them on the host, in the caller's stream order; so does
-// the checking mode (attnprof/check_inputs.h), which refuses a bad entry by
-// name first. Returns that backend's name, or nothing: read them on the host.
+// one named that refuses the lengths unread (cuDNN before 9.25, which cannot
+// rule out empty sequences), and the CPU read them on the host, in the
+// caller's stream order; so does the checking mode
+// (attnprof/check_inputs.h), which refuses a bad entry by name first.
+// Returns that backend's name, or nothing: read them on the host.
 std::optional<std::string> device_lengths_backend(const Problem& on_device, const std::string& backend) {
   if (on_device.device == Device::Cpu) return std::nullopt;
   const auto reads = [&](std::string_view name) {
     const Backend* b = find_backend(name, on_device.device);
     return b != nullptr && b->traits().device_lengths;
   };
-  if (backend != "auto") return reads(backend) ? std::optional<std::string>(backend) : std::nullopt;
+  if (backend != "auto") {
+    if (!reads(backend)) return std::nullopt;
+    return eligibility_of(*find_backend(backend, on_device.device), on_device).eligible
+               ? std::optional<std::string>(backend)
+               : std::nullopt;
+  }
   for (const std::string_view name : auto_order(on_device.device)) {
     if (reads(name) && eligibility_of(*find_backend(name, on_device.device), on_device).eligible) {
       return std::string(name);
@@ -271,8 +279,8 @@ std::string attention_varlen(const In& q, const In& k, const In& v, const Out& o
                              std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k,
                              const std::string& backend, const std::string& mask, std::optional<std::int64_t> window,
                              std::optional<double> scale, std::uintptr_t stream, int threads,
-                             std::optional<double> softcap, std::optional<double> q_descale,
-                             std::optional<double> k_descale, std::optional<double> v_descale) {
+                             std::optional<double> softcap, const std::optional<Descale>& q_descale,
+                             const std::optional<Descale>& k_descale, const std::optional<Descale>& v_descale) {
   const ThreadCountsKept kept;
   Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
                           {backend, mask, window, scale, stream, threads, false, Pass::Forward, false, softcap});

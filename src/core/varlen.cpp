@@ -32,6 +32,9 @@ Inputs sequence_inputs(const Problem& p, const Inputs& in, std::int64_t b) {
   s.q_descale = in.q_descale;
   s.k_descale = in.k_descale;
   s.v_descale = in.v_descale;
+  s.q_descale_tensor = in.q_descale_tensor;
+  s.k_descale_tensor = in.k_descale_tensor;
+  s.v_descale_tensor = in.v_descale_tensor;
   return s;
 }
 

@@ -275,6 +275,31 @@ TEST(Fp8Composites, EveryCpuBackendTakesItAndFlashSaysHow) {
   EXPECT_EQ(no_fp8("x", Device::Cpu).reason, "fp8 (e4m3) inputs are not built for x on cpu");
 }
 
+// Descale tensors (Inputs::q_descale_tensor ...) are for a GPU's kernels,
+// which read them on the caller's stream; the CPU's backends take the numbers
+// and refuse a tensor by name rather than ignore it (issue 56 item 2).
+TEST(Fp8Composites, DescaleTensorsAreRefusedOnTheCpuInOneLine) {
+  const Problem p = fp8({.heads = 2, .seq = 32});
+  const Inputs real = make_inputs(fp8_real_problem(p), 5, cpu_allocator());
+  Inputs in = quantize_inputs(p, real, std::nullopt, cpu_allocator()).in;
+  in.v_descale_tensor = Tensor::empty({1, 1, 1, 1}, DType::F32, cpu_allocator());
+  in.v_descale_tensor.data_as<float>()[0] = in.v_descale;
+  in.v_descale = 1.0f;
+  ASSERT_TRUE(in.device_descales());
+  for (const char* name : {"flash", "math", "naive"}) {
+    Tensor out = Tensor::empty(p.q_dims(), DType::BF16, cpu_allocator());
+    RunContext ctx{.allocator = cpu_allocator(), .threads = 1};
+    try {
+      cpu(name).forward(p, in, out, ctx);
+      ADD_FAILURE() << name << " ran with a descale tensor it does not read";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      EXPECT_NE(what.find("descales as numbers"), std::string::npos) << name << ": " << what;
+    }
+  }
+}
+
 RunOptions quick() {
   RunOptions o;
   o.schedule = {.wait = 0, .warmup = 1, .active = 1, .repeat = 1};

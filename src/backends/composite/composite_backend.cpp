@@ -63,6 +63,13 @@ void CompositeBackend::run_fp8(Ops& ops, const Problem& p, const Inputs& in, Ten
                                MaskCache& mask, Saved* saved) const {
   // Problem::validate() refuses it first; this guards callers that skip it.
   if (saved != nullptr) fail(ErrorKind::Unsupported, std::string(name()) + ": dtype fp8 is forward only");
+  // Its dequantization takes each descale as a number; a device tensor would
+  // have to be read on the host first, out of the caller's stream order.
+  if (in.device_descales()) {
+    fail(ErrorKind::Unsupported, std::string(name()) +
+                                     " takes fp8 descales as numbers, not device tensors: pass floats, or "
+                                     "backend=\"flash\" or \"cudnn\" (whose kernels read descale tensors)");
+  }
   const Problem p32 = fp32_twin(p);
   Inputs in32 = in;
   in32.q = ops.dequantize(in.q, in.q_descale, ctx);

@@ -399,6 +399,13 @@ class FlashCpu final : public Backend {
     // FP8: the kernels multiply the stored e4m3 values (flash_bf16_kernels.h);
     // q's and k's descales join the scores' scale and v's multiplies O.
     const bool fp8 = is_fp8(p.dtype);
+    // Descale tensors are for a GPU's kernels (attnprof/backend.h); the CPU's
+    // callers hold the numbers (the bindings read a host tensor's value).
+    if (fp8 && in.device_descales()) {
+      fail(ErrorKind::InvalidArgument,
+           "flash on the CPU takes fp8 descales as numbers (Inputs::q_descale ...), "
+           "not descale tensors");
+    }
     const double qk_descale = fp8 ? double{in.q_descale} * double{in.k_descale} : 1.0;
     const ForwardJob job{.p = p,
                          .in = in,

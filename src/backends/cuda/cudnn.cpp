@@ -29,18 +29,18 @@
 // in elements (cu_seqlens times the row stride), and the padding mask with
 // each sequence's query and key counts, int32 [B, 1, 1, 1]. The graph is
 // built for the batch, the maxima and the strides; the offsets and lengths
-// are data, made on the device from the problem's host vectors the first
-// time a length set is seen and kept, keyed by their contents
-// (cudnn_inputs.h), so a repeated call finds the same buffers, its cached
-// variant pack and one kernel. Causal (top-left and bottom-right) and the
-// window apply per sequence, through the lengths.
+// are data. Where the call left the caller's cu_seqlens on the device
+// (Problem::lengths_on_device: the default on a GPU, issue 56) one small
+// kernel makes them there, in the caller's stream order, clamped as flash
+// clamps them, into a buffer kept per stream; where the lengths are host
+// vectors they are copied the first time a length set is seen and kept,
+// keyed by their contents. Either way a repeated call finds the same
+// buffers and its cached variant pack (cudnn_inputs.h). Causal (top-left
+// and bottom-right) and the window apply per sequence, through the lengths.
 //
-// A boolean mask is read back once per call (its compact form, B * Skv bytes
-// for a [B, 1, 1, Skv] key-padding mask): a key-padding mask becomes the
-// padding mask (each sequence's key count, every query counted), any other is
-// turned on the device into the additive bias cuDNN reads (0 where true, -inf
-// where false, in q's dtype: mask_to_bias.cu) and runs as a bias mask
-// (cudnn_inputs.h).
+// A boolean mask is turned on the device into the additive bias cuDNN reads
+// (0 where true, -inf where false, in q's dtype: mask_to_bias.cu) and runs
+// as a bias mask (cudnn_inputs.h); it is never read on the host.
 //
 // The 16-bit graphs are built in cudnn_graph.cpp (build_sdpa()); a soft cap
 // is cuDNN's score modifier there (soft_cap()). cudnn_run.cpp holds the run
@@ -129,12 +129,13 @@ class Cudnn final : public Backend {
     if (p.varlen()) {
       how = "on the ragged layout (" + std::to_string(p.batch) +
             " packed sequences: per-sequence ragged offsets into Q, K, V and O, padding mask with each "
-            "sequence's lengths)";
+            "sequence's lengths" +
+            (p.lengths_on_device ? ", made on the device from the caller's cu_seqlens by one small kernel" : "") + ")";
     }
     if (p.mask == MaskKind::Boolean) {
       how =
-          "with the boolean mask read back per call: a key-padding mask as the padding mask, any other as the "
-          "additive bias (0 / -inf in q's dtype, one conversion kernel)";
+          "with the boolean mask as the additive bias made on the device (0 / -inf in q's dtype, one conversion "
+          "kernel; the mask is never read on the host)";
     }
     if (p.softcap > 0) how += std::string(how.empty() ? "" : ", ") + "soft cap as cuDNN's score modifier (tanh)";
     if (!how.empty()) how += ", ";
@@ -173,14 +174,13 @@ class Cudnn final : public Backend {
 
   Expectation expectation(const Problem& p) const override {
     if (is_fp8(p.dtype)) return cudnn_fp8::expectation(p, fp8_bf16_output());
-    // A boolean mask: the read-back of its compact form (one copy to the
-    // host), then the conversion kernel and the SDPA kernel, or the SDPA
-    // kernel alone for a key-padding mask; which one, only its contents say.
+    // A boolean mask: the conversion kernel, then the graph's (a forward's
+    // one SDPA kernel; the backward's count is the engine's, below); no copy.
     if (p.mask == MaskKind::Boolean) {
       std::vector<std::string> ops{kForwardOp};
       if (p.pass == Pass::Backward) ops = {kBackwardOp};
       if (p.pass == Pass::Train) ops.emplace_back(kBackwardOp);
-      return {ops, /*device_activities=*/-1, /*copies=*/static_cast<int>(ops.size())};
+      return {ops, /*device_activities=*/p.pass == Pass::Forward ? 2 : -1, /*copies=*/0};
     }
     switch (p.pass) {
       // How many kernels the backward launches depends on the engine cuDNN
@@ -197,7 +197,8 @@ class Cudnn final : public Backend {
     // cudnnBackendExecute, not the frontend) zeroes part of the workspace before
     // that kernel, which the trace shows as an extra Memset; the report names
     // it rather than counting it here.
-    return {{kForwardOp}, /*device_activities=*/1, /*copies=*/0};
+    // Lengths on the device: the kernel that makes the ragged offsets first.
+    return {{kForwardOp}, /*device_activities=*/p.lengths_on_device ? 2 : 1, /*copies=*/0};
   }
 
   bool has_backward() const override { return true; }
@@ -211,6 +212,7 @@ class Cudnn final : public Backend {
             .softcap = true,
             .rows = true,  // a paged cache's key ends only (bind() refuses the rest)
             .varlen = true,
+            .device_lengths = true,  // its ragged offsets and lengths made on the device (cudnn_inputs.h)
             .fp8 = true};
   }
 
@@ -336,12 +338,9 @@ class Cudnn final : public Backend {
       for (LastCall& l : last_) l.valid = false;  // their offsets and lengths went
     }
     std::optional<Problem> lowered;
-    if (p.mask == MaskKind::Boolean) {
-      lowered = inputs_.lower_mask(
-          p, in, t, ctx, [this, kind](const Problem& g, const Layout& l) { return entry(g, l, kind).failure.empty(); });
-    }
+    if (p.mask == MaskKind::Boolean) lowered = inputs_.lower_mask(p, in, t, ctx);
     const Problem& g = lowered ? *lowered : p;
-    if (g.varlen()) inputs_.bind_ragged(g, t, ctx);
+    if (g.varlen()) inputs_.bind_ragged(g, in, t, ctx);
     LastCall& last = last_[static_cast<std::size_t>(kind)];
     const CallKey key = call_key(g, t, workspace_.defined() ? workspace_.data() : nullptr);
     if (!last.valid || !(key == last.key)) {

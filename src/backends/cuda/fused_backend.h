@@ -21,6 +21,7 @@
 #include "attnprof/error.h"
 #include "attnprof/profiler.h"
 #include "backends/cuda/arch_check.h"
+#include "backends/cuda/fp8_descales.h"
 #include "backends/cuda/launch/fused_kernels.h"
 #include "backends/cuda/runtime.h"
 #include "backends/cuda/sequence_lengths.h"
@@ -381,6 +382,10 @@ class FusedBackend : public Backend {
       f.q_descale = in.q_descale;
       f.k_descale = in.k_descale;
       f.v_descale = in.v_descale;
+      // Device descales: only the kernel reads them, on ctx.stream.
+      f.q_descale_device = device_descale(in.q_descale_tensor, "q_descale", p.device);
+      f.k_descale_device = device_descale(in.k_descale_tensor, "k_descale", p.device);
+      f.v_descale_device = device_descale(in.v_descale_tensor, "v_descale", p.device);
       const std::size_t bytes = fp8_vt_bytes(f);
       if (planned && planned->bytes() >= bytes) {
         f.v_t = planned->workspace->data();

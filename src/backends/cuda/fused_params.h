@@ -138,6 +138,12 @@ struct FusedParams {
   // buffer (fp8_vt_bytes) the launch writes V^T into before the kernel reads it.
   bool fp8 = false;
   float q_descale = 1.f, k_descale = 1.f, v_descale = 1.f;
+  // The descales as device floats (Inputs::q_descale_tensor ...), or null:
+  // the kernel multiplies its scale by *q_descale_device x *k_descale_device
+  // and O by *v_descale_device, read on the device (the floats are then 1).
+  const float* q_descale_device = nullptr;
+  const float* k_descale_device = nullptr;
+  const float* v_descale_device = nullptr;
   void* v_t = nullptr;
 
   bool per_sequence() const { return cu_seqlens_q != nullptr || dense_rows(); }

@@ -63,10 +63,6 @@ PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream) {
   return {cu, cu + n};
 }
 
-std::optional<std::vector<RowSpan>> lowered_key_padding(const Tensor& mask, cudaStream_t stream) {
-  return key_padding_rows(download_on(mask, stream));
-}
-
 unsigned* device_input_errors() {
   static std::mutex mutex;
   static auto& words = *new std::map<int, unsigned*>;  // never destroyed: see the header

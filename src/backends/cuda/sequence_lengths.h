@@ -67,13 +67,6 @@ struct PackedLengths {
 inline constexpr std::size_t kKeptLengthSets = 256;
 PackedLengths device_cu_seqlens(const Problem& p, cudaStream_t stream);
 
-// A CUDA Boolean mask lowered to per-sequence key rows
-// (core/mask_lowering.h's key_padding_rows on a host copy, read on
-// `stream` and waited for: B * Skv bytes for a [B, 1, 1, Skv] mask);
-// nullopt when it is not a key-padding mask. cudnn's only (its padding-mask
-// graph, cudnn_inputs.cpp); flash reads no mask tensor, and takes rows.
-std::optional<std::vector<RowSpan>> lowered_key_padding(const Tensor& mask, cudaStream_t stream);
-
 // This device's input-error word (FusedParams::input_errors): kernels that
 // read per-sequence counts or a block table on the device clamp what is out
 // of range and OR in kInputBadKeyCount or kInputBadPage. Allocated and zeroed

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include "attnprof/error.h"
+#include "backends/cuda/fp8_descales.h"
 #include "backends/cuda/ops/fp8_output.h"
 #include "core/cuda_check.h"
 
@@ -148,7 +150,8 @@ Expectation expectation(const Problem&, bool bf16_out) {
   // The generated kernel, and the e4m3-to-bf16 conversion where O is e4m3.
   // The descales are copied only when they change (not in a steady run); on
   // Hopper cuDNN may also zero part of its workspace (a Memset the report
-  // names, as for the 16-bit graph).
+  // names, as for the 16-bit graph). A call with descale tensors (never the
+  // profiler's runs) adds the one-thread kernel that writes them.
   return {{kForwardOp}, /*device_activities=*/bf16_out ? 1 : 2, /*copies=*/0};
 }
 
@@ -189,7 +192,19 @@ void Fp8State::bind(const Problem& p, const Inputs& in, const Tensor& out, bool 
   // In the graph's order: descale q, k, v, s; scale s, o.
   const float scale_o = bf16_out ? 1.0f : 1.0f / (kOHeadroom * in.v_descale);
   const std::array<float, kInputs> values{in.q_descale, in.k_descale, in.v_descale, 1.0f / kPScale, kPScale, scale_o};
-  if (!copied_ || values != written_) {
+  if (in.device_descales()) {
+    // The caller's descale tensors, read on the device in ctx.stream's order
+    // (never on the host): one one-thread kernel writes the six scalars,
+    // scale_o from V's descale there. The next call with numbers copies again.
+    Fp8GraphScalars g{{device_descale(in.q_descale_tensor, "q_descale", Device::Cuda),
+                       device_descale(in.k_descale_tensor, "k_descale", Device::Cuda),
+                       device_descale(in.v_descale_tensor, "v_descale", Device::Cuda)},
+                      {}};
+    std::copy(values.begin(), values.end(), g.host);
+    fp8_graph_scalars(g, static_cast<float*>(scalars_.data()), static_cast<int>(kStride), bf16_out ? 0.f : kOHeadroom,
+                      ctx.stream);
+    copied_ = false;
+  } else if (!copied_ || values != written_) {
     // The stream's earlier forwards read the old values before this copy
     // lands; pageable memory is staged before the call returns.
     std::array<float, kInputs * kStride> host{};
@@ -212,7 +227,11 @@ void Fp8State::bind(const Problem& p, const Inputs& in, const Tensor& out, bool 
 
 void Fp8State::finish(const Inputs& in, Tensor& out, bool bf16_out, RunContext& ctx) {
   ran_ = true;
-  if (!bf16_out) e4m3_to_bf16(o8_, kOHeadroom * in.v_descale, out, ctx.stream);
+  // V's descale tensor, where given, is read by the conversion itself.
+  if (!bf16_out) {
+    e4m3_to_bf16(o8_, kOHeadroom * in.v_descale, device_descale(in.v_descale_tensor, "v_descale", Device::Cuda), out,
+                 ctx.stream);
+  }
 }
 
 std::optional<Fp8Amax> Fp8State::read_amax(void* stream) {

@@ -7,9 +7,11 @@
 // pack. Only cudnn.cpp includes it, in builds with the cuDNN frontend.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "attnprof/backend.h"
@@ -22,33 +24,30 @@ namespace attnprof::cuda::cudnn_graph {
 
 class CallInputs {
  public:
-  // Whether cuDNN takes the graph of a problem and layout (the backend's
-  // cache answers, building the graph on first sight).
-  using Takes = std::function<bool(const Problem&, const Layout&)>;
-
-  // A boolean mask as the graph reads it, on the problem (a copy with the
-  // mask it runs as) and the bound tensors. The mask's compact form is read
-  // back (a copy and a wait per call) and, when it is a key-padding mask
-  // of right padding (core/mask_lowering.h), runs as the padding mask: each
-  // sequence's key count, all S queries (mask none); otherwise (left padding
-  // too) as the bias it is turned into
-  // (mask bias). No soft cap beside the padding mask (the frontend takes no
-  // score modifier with one), and the bias form whenever cuDNN refuses the
-  // padding one (`takes`).
+  // A boolean mask as the graph reads it, on the problem (a copy with mask
+  // bias) and the bound tensors: the additive bias it is turned into on the
+  // device (0 where true, -inf where false, in q's dtype: mask_to_bias.cu),
+  // in the call's stream order; the mask is never read on the host (a
+  // right-padded key-padding mask used to be read back to run as cuDNN's
+  // padding mask: a wait per call, out of the caller's stream order).
   //
-  // A fully masked row (a sequence of key count 0, or a row of the mask all
-  // false) is every key at -inf. The float64 reference gives such a row zeros
-  // (and zero gradients); cuDNN gives its row what its kernel's guard for an
-  // empty row gives (zeros from 9.25 on for a zero key count; before, NaN,
-  // NVIDIA/cudnn-frontend#943), so tests/gpu/cudnn_ragged_test.cpp holds it
-  // to the reference.
-  Problem lower_mask(const Problem& p, const Inputs& in, Bound& t, RunContext& ctx, const Takes& takes);
+  // A fully masked row (a row of the mask all false) is every key at -inf.
+  // The float64 reference gives such a row zeros (and zero gradients); cuDNN
+  // gives its row what its kernel's guard for an empty row gives, so
+  // tests/gpu/cudnn_ragged_test.cpp holds it to the reference.
+  Problem lower_mask(const Problem& p, const Inputs& in, Bound& t, RunContext& ctx);
 
   // A packed batch's ragged offsets (each bound packed tensor's sequence
   // starts: cu_seqlens times its row stride, in elements) and the padding
-  // mask's lengths, bound from ints(). Each packed tensor is checked to hold
-  // the batch's rows: [1, heads, total, D].
-  void bind_ragged(const Problem& p, Bound& t, RunContext& ctx);
+  // mask's lengths. Each packed tensor is checked to hold the batch's rows:
+  // [1, heads, total, D]. Lengths on the host (Problem::seq_lens): bound from
+  // ints(). Lengths on the device (Problem::lengths_on_device, the caller's
+  // Inputs::cu_seqlens_q and _k): made by one small kernel on ctx.stream
+  // (ops/ragged_offsets.h), clamped there as flash clamps them, into a
+  // buffer kept per stream (calls on one stream are ordered, so a later
+  // call's kernel never overwrites what an earlier graph still reads; the
+  // same addresses keep the cached variant pack): nothing is read on the host.
+  void bind_ragged(const Problem& p, const Inputs& in, Bound& t, RunContext& ctx);
 
   // Past kMaxInts buffers the offsets and lengths of earlier calls go (a
   // call adds at most 11): true when they went, and no cached call may point
@@ -56,6 +55,7 @@ class CallInputs {
   bool trim();
 
  private:
+  void bind_device_ragged(const Problem& p, const Inputs& in, Bound& t, RunContext& ctx);
   // `values` as int32 [n, 1, 1, 1] on the device, made from the call's
   // allocator the first time these values are asked for and kept.
   const Tensor& ints(const std::vector<std::int32_t>& values, RunContext& ctx);
@@ -67,6 +67,13 @@ class CallInputs {
   KeptInts ints_;
   // A boolean mask's bias (lower_mask()), kept so that calls bind one address.
   Tensor mask_bias_;
+  // Device-made offsets and lengths (bind_ragged()), one buffer per stream,
+  // with the [n, 1, 1, 1] views bound from it.
+  struct DeviceRagged {
+    Tensor buffer;
+    std::array<Tensor, kRagged.size() + 2> views;
+  };
+  std::map<void*, DeviceRagged> device_ragged_;
 };
 
 }  // namespace attnprof::cuda::cudnn_graph

@@ -163,6 +163,12 @@ Problem as_bias(const Problem& p) {
 std::string zero_length_refusal(const Problem& p) {
   const auto version = static_cast<long>(cudnnGetVersion());
   if (version >= 92500) return {};
+  if (p.lengths_on_device) {
+    // Unread, they cannot be ruled out: the call then reads them on the host.
+    return "cuDNN " + std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) +
+           " gives NaN for a packed batch's zero-length sequences, which lengths left on the device cannot rule out "
+           "(cuDNN 9.25 and newer take them)";
+  }
   for (std::int64_t b = 0; b < p.batch; ++b) {
     if (p.seq_len(b) > 0 && p.kv_seq_len(b) > 0) continue;
     return "cuDNN " + std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) +

@@ -316,12 +316,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
     float m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < Cfg::kWarps; ++w) m = fmaxf(m, merge_max[w * Cfg::kRows + r]);
-    const float base = m == -INFINITY ? 0.f : m * a.scale_log2;
+    // The rounded products of softmax_online.cuh (scaled()): the largest
+    // warp's factor is exactly 1 at any score, where an FMA against a rounded
+    // base gave 2^(+-half an ulp of it), inf or 0 from base 2^31 on.
+    const float base = m == -INFINITY ? 0.f : scaled(m, a.scale_log2);
     float sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < Cfg::kWarps; ++w) {
-      const float f = ex2(merge_max[w * Cfg::kRows + r] * a.scale_log2 - base);  // 0 for a warp that saw no key
+      const float f = ex2(scaled(merge_max[w * Cfg::kRows + r], a.scale_log2) - base);  // 0 for a warp that saw no key
       sum += f * merge_sum[w * Cfg::kRows + r];
       const float4 v = *reinterpret_cast<const float4*>(merge + (w * Cfg::kRows + r) * Cfg::kMergeStride + col);
       o.x += f * v.x;

@@ -102,10 +102,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if constexpr (Cfg::kPingpong) {
     if (wg == 1) sm90::pass_turn(wg);  // warpgroup 0 takes the first turn
   }
+  // FP8: the descales the caller left on the device, read here, once
+  // (FwdArgs::fp8_scale_log2, fp8_o_scale); the host's otherwise.
+  float fp8_scale_log2 = 0.f, o_scale = 1.f;
+  if constexpr (kIsFp8<Element>) {
+    fp8_scale_log2 = a.fp8_scale_log2();
+    o_scale = a.fp8_o_scale(p.o_scale);
+  }
   auto cta = Scheduler::first(a);
   do {
     // The tile's sequence (packed batches, key counts; a itself when dense).
-    const FwdArgs seq = a.sequence(cta.batch);
+    FwdArgs seq = a.sequence(cta.batch);
+    if constexpr (kIsFp8<Element>) seq.scale_log2 = fp8_scale_log2;
     const KeyTiles tiles = key_tiles<kMask, Cfg::kBlockM, Cfg::kBlockN>(seq, cta.m0);
     float acc[1][Cfg::kAccTiles][4];
     zero(acc);
@@ -116,7 +124,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Scheduler::kPersistent) q_pipe.consumer_release(q_state);
       q_state.advance();
     }
-    if constexpr (kIsFp8<Element>) scale_acc(acc, p.o_scale);
+    if constexpr (kIsFp8<Element>) scale_acc(acc, o_scale);
     EpilogueFwd<typename Kernel::Out, kLse>::template store_direct<Cfg::kHeadDim / 8>(seq, cta, acc, softmax, warp_row0,
                                                                                       lane);
     if (a.q_spans != nullptr) {  // a dense batch's query rows: the tile's rows outside the sequence's

@@ -85,6 +85,22 @@ struct FwdArgs {
   // The device's input-error word (FusedParams::input_errors), or null: a
   // packed batch's clamped cumulative lengths OR in kInputBadCuSeqlens.
   unsigned* input_errors;
+  // FP8 (fp8_fwd_args): the descales as device floats, or null (FusedParams::
+  // q_descale_device ...): read by the kernel itself (fp8_scale_log2,
+  // fp8_o_scale), on the launch's stream, never on the host.
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+
+  // The FP8 kernel's scale: scale_log2 (the host's descales in it) times the
+  // device descales, their product first as the host takes it (fp8_fwd_args),
+  // so a device descale gives the bits its float would.
+  __device__ __forceinline__ float fp8_scale_log2() const {
+    if (q_descale == nullptr && k_descale == nullptr) return scale_log2;
+    return scale_log2 * ((q_descale != nullptr ? *q_descale : 1.f) * (k_descale != nullptr ? *k_descale : 1.f));
+  }
+  // O's factor: V's descale, the host's (`host`, Params::o_scale) or the device's.
+  __device__ __forceinline__ float fp8_o_scale(float host) const { return v_descale != nullptr ? *v_descale : host; }
 
   // Whether sequences differ in length (a packed batch, or a dense batch's rows).
   __host__ __device__ __forceinline__ bool per_sequence() const {
@@ -195,6 +211,9 @@ struct FwdArgs {
         .k_row0 = 0,
         .bottom_right = !top_left,
         .input_errors = p.input_errors,
+        .q_descale = nullptr,
+        .k_descale = nullptr,
+        .v_descale = nullptr,
     };
   }
 };
@@ -206,6 +225,9 @@ struct FwdArgs {
 inline FwdArgs fp8_fwd_args(const FusedParams& p) {
   FwdArgs a = FwdArgs::from(p);
   a.scale_log2 *= p.q_descale * p.k_descale;
+  a.q_descale = p.q_descale_device;
+  a.k_descale = p.k_descale_device;
+  a.v_descale = p.v_descale_device;
   a.v = static_cast<const std::uint16_t*>(p.v_t);  // bytes, as q and k are
   a.v_row_stride = fp8_vt_cols(p.seq_k);
   a.v_head_stride = static_cast<std::int64_t>(p.head_dim) * a.v_row_stride;

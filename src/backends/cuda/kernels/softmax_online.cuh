@@ -4,7 +4,16 @@
 // threads of a quad, so row reductions are two xor-shuffles.
 //
 // Scores stay unscaled until the exponent: p = 2^(s*scale*log2e - max*scale*log2e),
-// one FMA and one MUFU per element. Requires scale > 0 (so max(s) gives max(s*scale)).
+// the product rounded to FP32 (scaled()) and the row's base subtracted, one
+// FMUL, one FADD and one MUFU per element. Requires scale > 0 (so max(s)
+// gives max(s*scale)). Why the product is rounded: the base is the max's
+// product rounded to FP32, and one FMA would take a score's exact product,
+// up to half an ulp of the base away from it for the max's own score: from
+// base 2^31 on (large scores, still inside limits.h's scores_in_range) that
+// is past ex2's range, p = inf or 0 and the row NaN or wrong (issue 57 item
+// 6, which the CPU kernels fixed the same way). Rounded, the max's exponent
+// is exactly 0 and every other score's at most 0, so p <= 2^kLog2Offset for
+// any finite score.
 // A row that has seen only masked keys keeps max = -inf; its exponent base is
 // taken as 0, so its p are 0, its sum stays 0 and it is written as zeros.
 // NaN passes through as in the float64 reference: the max (fmaxf) skips a
@@ -67,6 +76,11 @@ __device__ __forceinline__ float ex2_fma(float x) {
   return p * __int_as_float(biased << 23);
 }
 
+// x * scale_log2 rounded to FP32, never fused into the subtraction that
+// follows it (__fmul_rn is not contracted into an FMA): the one product
+// every exponent of a row is taken from, its base included (above).
+__device__ __forceinline__ float scaled(float x, float scale_log2) { return __fmul_rn(x, scale_log2); }
+
 // The largest cap c log2 e whose scores take OnlineSoftmax::scores_fixed_base.
 inline constexpr float kCapFixedBaseMaxLog2 = 80.f;
 
@@ -128,16 +142,19 @@ struct OnlineSoftmax {
         float mx = fmaxf(row_max[mt][h], tree_reduce(part, [](float x, float y) { return fmaxf(x, y); }));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == -INFINITY ? 0.f : mx * scale_log2 - static_cast<float>(kLog2Offset);
-        // Old max -inf: alpha = 2^-inf = 0, and o, sum are still 0 anyway.
-        alpha[mt][h] = ex2(row_max[mt][h] * scale_log2 - static_cast<float>(kLog2Offset) - base);
+        const float base = mx == -INFINITY ? 0.f : scaled(mx, scale_log2) - static_cast<float>(kLog2Offset);
+        // Old max -inf: alpha = 2^-inf = 0, and o, sum are still 0 anyway. A
+        // max that did not grow gives alpha exactly 1 (the same rounded
+        // product on both sides; an FMA here gave 2^(+-half an ulp of the
+        // base), inf or 0 at large scores).
+        alpha[mt][h] = ex2(scaled(row_max[mt][h], scale_log2) - static_cast<float>(kLog2Offset) - base);
         grew |= mx > row_max[mt][h];
         row_max[mt][h] = mx;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
           const bool on_fma = nt % 8 < kFmaExp2;
-          const float x0 = fmaf(s[mt][nt][2 * h], scale_log2, -base);
-          const float x1 = fmaf(s[mt][nt][2 * h + 1], scale_log2, -base);
+          const float x0 = scaled(s[mt][nt][2 * h], scale_log2) - base;
+          const float x1 = scaled(s[mt][nt][2 * h + 1], scale_log2) - base;
           const float p0 = on_fma ? ex2_fma(x0) : ex2(x0);
           const float p1 = on_fma ? ex2_fma(x1) : ex2(x1);
           s[mt][nt][2 * h] = p0;
@@ -234,9 +251,10 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = row_sum[mt][h];
-        lse[mt][h] = sum != 0.f ? (row_max[mt][h] * scale_log2 - static_cast<float>(kLog2Offset) + __log2f(sum)) *
-                                      0.6931471805599453f
-                                : INFINITY;
+        lse[mt][h] = sum != 0.f
+                         ? (scaled(row_max[mt][h], scale_log2) - static_cast<float>(kLog2Offset) + __log2f(sum)) *
+                               0.6931471805599453f
+                         : INFINITY;
       }
     }
   }

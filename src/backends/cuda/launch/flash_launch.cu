@@ -141,6 +141,11 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     for (const float d : {p.q_descale, p.k_descale, p.v_descale}) {
       if (!(d > 0.f) || !std::isfinite(d)) return say("the fp8 descales must be positive finite numbers");
     }
+    for (const float* d : {p.q_descale_device, p.k_descale_device, p.v_descale_device}) {
+      if (reinterpret_cast<std::uintptr_t>(d) % alignof(float) != 0) {
+        return say("the fp8 descale tensors must be float-aligned device pointers (or null)");
+      }
+    }
   }
   if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % alignof(float) != 0) {
     return say("lse must be a float-aligned device pointer (or null)");

@@ -27,7 +27,10 @@ __device__ __forceinline__ float2 e4m3x2_to_float2(std::uint16_t two) {
 // output's rows start 16-byte aligned, checked by the launcher).
 template <int N>
 __global__ void e4m3_to_bf16_kernel(const std::uint8_t* in, __nv_bfloat16* out, Dims sizes, Dims out_strides,
-                                    std::int64_t packs, float descale) {
+                                    std::int64_t packs, float descale, const float* descale_device) {
+  // A device descale (the caller's tensor) times `descale`, read here: the
+  // product the host takes for a float descale, so the bits agree.
+  if (descale_device != nullptr) descale *= *descale_device;
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < packs;
        c += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t e = c * N;
@@ -54,10 +57,11 @@ __global__ void e4m3_to_bf16_kernel(const std::uint8_t* in, __nv_bfloat16* out, 
 }
 
 template <int N>
-void launch(const Tensor& in, Tensor& out, float descale, cudaStream_t stream) {
+void launch(const Tensor& in, Tensor& out, float descale, const float* descale_device, cudaStream_t stream) {
   const std::int64_t packs = in.numel() / N;
   e4m3_to_bf16_kernel<N><<<ops::detail::grid_for(packs), ops::detail::kThreads, 0, stream>>>(
-      in.data_as<std::uint8_t>(), out.data_as<__nv_bfloat16>(), in.sizes(), out.strides(), packs, descale);
+      in.data_as<std::uint8_t>(), out.data_as<__nv_bfloat16>(), in.sizes(), out.strides(), packs, descale,
+      descale_device);
   ops::detail::check_launch();
 }
 
@@ -70,9 +74,30 @@ bool packs_of_eight(const Tensor& in, const Tensor& out) {
   return reinterpret_cast<std::uintptr_t>(out.data()) % 16 == 0 && reinterpret_cast<std::uintptr_t>(in.data()) % 8 == 0;
 }
 
+// The graph's six input scalars, each `stride` floats apart: slot i is
+// device[i] where given, else host[i]; with o_headroom > 0, slot 5 (scale_o)
+// is 1 / (o_headroom x V's descale) from the descale slot 2 took. One thread.
+__global__ void fp8_graph_scalars_kernel(Fp8GraphScalars s, float* slots, int stride, float o_headroom) {
+  float v[6];
+#pragma unroll
+  for (int i = 0; i < 6; ++i) v[i] = i < 3 && s.device[i] != nullptr ? *s.device[i] : s.host[i];
+  if (o_headroom > 0.f) v[5] = 1.0f / (o_headroom * v[2]);
+#pragma unroll
+  for (int i = 0; i < 6; ++i) slots[i * stride] = v[i];
+}
+
 }  // namespace
 
+void fp8_graph_scalars(const Fp8GraphScalars& s, float* slots, int stride, float o_headroom, void* stream) {
+  fp8_graph_scalars_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(s, slots, stride, o_headroom);
+  ops::detail::check_launch();
+}
+
 void e4m3_to_bf16(const Tensor& in, float descale, Tensor& out, void* stream) {
+  e4m3_to_bf16(in, descale, nullptr, out, stream);
+}
+
+void e4m3_to_bf16(const Tensor& in, float descale, const float* descale_device, Tensor& out, void* stream) {
   if (in.dtype() != DType::F8E4M3 || !in.is_contiguous() || in.device() != Device::Cuda || out.dtype() != DType::BF16 ||
       out.device() != Device::Cuda || out.sizes() != in.sizes()) {
     fail(ErrorKind::Internal, "e4m3_to_bf16: a contiguous CUDA e4m3 tensor into a bf16 one of its sizes, got " +
@@ -80,8 +105,8 @@ void e4m3_to_bf16(const Tensor& in, float descale, Tensor& out, void* stream) {
   }
   if (in.numel() == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  if (packs_of_eight(in, out)) return launch<8>(in, out, descale, s);
-  launch<1>(in, out, descale, s);
+  if (packs_of_eight(in, out)) return launch<8>(in, out, descale, descale_device, s);
+  launch<1>(in, out, descale, descale_device, s);
 }
 
 }  // namespace attnprof::cuda
