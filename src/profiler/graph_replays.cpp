@@ -1,0 +1,181 @@
+// GraphCaptures: graph nodes to the ranges they were captured in, and a
+// replay's records rewritten as the eager calls it captured (graph_replays.h).
+#include "profiler/graph_replays.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+#include <utility>
+
+namespace attnprof {
+namespace {
+
+bool is_launch(ActivityType t) { return t == ActivityType::CudaRuntime || t == ActivityType::CudaDriver; }
+
+bool is_range(ActivityType t) { return t == ActivityType::CpuOp || t == ActivityType::UserAnnotation; }
+
+}  // namespace
+
+void GraphCaptures::graph_created(std::uint64_t graph, std::size_t open_depth) { graph_depth_[graph] = open_depth; }
+
+void GraphCaptures::node_created(std::uint64_t graph, std::uint64_t node, std::span<const std::uint64_t> open) {
+  if (open.empty()) return;
+  const auto depth = graph_depth_.find(graph);
+  // A graph created before its ranges were seen: the innermost one is the
+  // call the node was made for.
+  const std::size_t from = depth != graph_depth_.end() ? std::min(depth->second, open.size()) : open.size() - 1;
+  if (from == open.size()) return;  // made by ranges already open when the graph began: none of its own
+  std::vector<std::uint64_t> chain(open.begin() + static_cast<std::ptrdiff_t>(from), open.end());
+  // Nodes of one call share a chain: store each distinct one once.
+  auto it = std::find(chains_.begin(), chains_.end(), chain);
+  if (it == chains_.end()) {
+    captured_ids_.insert(chain.begin(), chain.end());
+    chains_.push_back(std::move(chain));
+    it = chains_.end() - 1;
+  }
+  node_chain_[node] = static_cast<std::uint32_t>(it - chains_.begin());
+}
+
+void GraphCaptures::node_cloned(std::uint64_t original, std::uint64_t clone) {
+  const auto it = node_chain_.find(original);
+  if (it != node_chain_.end()) node_chain_[clone] = it->second;
+}
+
+const std::vector<std::uint64_t>* GraphCaptures::ranges_of(std::uint64_t node) const {
+  const auto it = node_chain_.find(node);
+  return it == node_chain_.end() ? nullptr : &chains_[it->second];
+}
+
+void GraphCaptures::clear() {
+  graph_depth_.clear();
+  node_chain_.clear();
+  chains_.clear();
+  captured_ids_.clear();
+  captured_.clear();
+}
+
+std::size_t GraphCaptures::attribute(Trace& trace) {
+  std::vector<Activity>& acts = trace.activities;
+  if (node_chain_.empty()) return 0;
+
+  // The capture's ranges as recorded, kept for replays in later steps; then
+  // renamed, since what they launched ran only in the replays.
+  for (Activity& a : acts) {
+    if (!is_range(a.type) || a.external_id == 0 || !captured_ids_.contains(a.external_id)) continue;
+    captured_.try_emplace(a.external_id, a);
+    if (!a.name.ends_with(kGraphCaptureSuffix)) a.name += kGraphCaptureSuffix;
+  }
+
+  // The launch call of each correlation: the outermost where a runtime call
+  // and the driver call inside it share one.
+  std::unordered_map<std::uint64_t, std::size_t> launch_of;
+  for (std::size_t i = 0; i < acts.size(); ++i) {
+    if (!is_launch(acts[i].type) || acts[i].correlation == 0) continue;
+    auto [it, fresh] = launch_of.emplace(acts[i].correlation, i);
+    if (!fresh && acts[i].dur_ns > acts[it->second].dur_ns) it->second = i;
+  }
+
+  // A replay's device work, by launch: each captured call (a chain whose
+  // ranges were all recorded) with its activities, and what has none.
+  struct Replay {
+    std::map<std::uint32_t, std::vector<std::size_t>> calls;  // chain index -> device activities
+    bool unattributed = false;
+  };
+  std::map<std::size_t, Replay> replays;  // by launch index
+  for (std::size_t i = 0; i < acts.size(); ++i) {
+    const Activity& d = acts[i];
+    if (!d.on_device() || d.graph_node_id == 0) continue;
+    const auto launch = launch_of.find(d.correlation);
+    if (launch == launch_of.end()) continue;
+    Replay& r = replays[launch->second];
+    const auto node = node_chain_.find(d.graph_node_id);
+    const bool known = node != node_chain_.end() &&
+                       std::all_of(chains_[node->second].begin(), chains_[node->second].end(),
+                                   [&](std::uint64_t id) { return captured_.contains(id); });
+    if (known) {
+      r.calls[node->second].push_back(i);
+    } else {
+      r.unattributed = true;
+    }
+  }
+
+  std::vector<Activity> added;
+  std::vector<bool> drop(acts.size(), false);
+  std::size_t calls_added = 0;
+  for (auto& [li, replay] : replays) {
+    if (replay.calls.empty()) continue;
+    // The calls in the order they were captured: by their ranges' starts,
+    // outermost first, so that the slices of one range lie side by side.
+    std::vector<std::uint32_t> order;
+    for (const auto& [chain, _] : replay.calls) order.push_back(chain);
+    const auto key = [&](std::uint32_t c) {
+      std::vector<std::pair<std::int64_t, std::uint64_t>> k;
+      for (std::uint64_t id : chains_[c]) k.emplace_back(captured_.at(id).start_ns, id);
+      return k;
+    };
+    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) { return key(a) < key(b); });
+
+    const Activity launch = acts[li];
+    const std::size_t slices = order.size() + (replay.unattributed ? 1 : 0);
+    const auto slice_start = [&](std::size_t s) {
+      return launch.start_ns + static_cast<std::int64_t>(static_cast<double>(launch.dur_ns) * static_cast<double>(s) /
+                                                         static_cast<double>(slices));
+    };
+    // Each range of the replay once, spanning the slices of its calls.
+    std::map<std::uint64_t, std::size_t> copy_of;  // captured external id -> index into added
+    for (std::size_t s = 0; s < order.size(); ++s) {
+      const std::vector<std::uint64_t>& chain = chains_[order[s]];
+      const std::int64_t from = slice_start(s);
+      const std::int64_t to = slice_start(s + 1);
+      for (std::size_t level = 0; level < chain.size(); ++level) {
+        auto [it, fresh] = copy_of.emplace(chain[level], added.size());
+        if (fresh) {
+          Activity r = captured_.at(chain[level]);
+          r.start_ns = from;
+          r.pid = launch.pid;
+          r.tid = launch.tid;
+          r.step = launch.step;
+          r.depth = launch.depth + static_cast<int>(level);
+          r.external_id = next_external_++;
+          added.push_back(std::move(r));
+          if (level == 0) ++calls_added;
+        }
+        added[it->second].dur_ns = to - added[it->second].start_ns;
+      }
+      // The slice of the launch call that stands for this call's launch.
+      Activity l = launch;
+      l.start_ns = from;
+      l.dur_ns = to - from;
+      l.depth = launch.depth + static_cast<int>(chain.size());
+      l.external_id = added[copy_of.at(chain.back())].external_id;
+      l.correlation = (s == 0 && !replay.unattributed) ? launch.correlation : next_correlation_++;
+      for (std::size_t d : replay.calls[order[s]]) {
+        acts[d].correlation = l.correlation;
+        acts[d].external_id = l.external_id;
+      }
+      added.push_back(std::move(l));
+    }
+    if (replay.unattributed) {
+      // The last slice stays the launch of what no captured call claims.
+      acts[li].start_ns = slice_start(order.size());
+      acts[li].dur_ns = launch.end_ns() - acts[li].start_ns;
+    } else {
+      drop[li] = true;
+    }
+  }
+
+  if (!added.empty()) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < acts.size(); ++i) {
+      if (!drop[i]) acts[kept++] = std::move(acts[i]);
+    }
+    acts.resize(kept);
+    acts.insert(acts.end(), std::make_move_iterator(added.begin()), std::make_move_iterator(added.end()));
+  }
+  std::stable_sort(acts.begin(), acts.end(), [](const Activity& a, const Activity& b) {
+    return std::tie(a.start_ns, a.depth) < std::tie(b.start_ns, b.depth);
+  });
+  return calls_added;
+}
+
+}  // namespace attnprof
