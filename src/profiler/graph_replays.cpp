@@ -3,6 +3,7 @@
 #include "profiler/graph_replays.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -16,16 +17,9 @@ bool is_range(ActivityType t) { return t == ActivityType::CpuOp || t == Activity
 
 }  // namespace
 
-void GraphCaptures::graph_created(std::uint64_t graph, std::size_t open_depth) { graph_depth_[graph] = open_depth; }
-
-void GraphCaptures::node_created(std::uint64_t graph, std::uint64_t node, std::span<const std::uint64_t> open) {
+void GraphCaptures::node_created(std::uint64_t node, std::span<const std::uint64_t> open) {
   if (open.empty()) return;
-  const auto depth = graph_depth_.find(graph);
-  // A graph created before its ranges were seen: the innermost one is the
-  // call the node was made for.
-  const std::size_t from = depth != graph_depth_.end() ? std::min(depth->second, open.size()) : open.size() - 1;
-  if (from == open.size()) return;  // made by ranges already open when the graph began: none of its own
-  std::vector<std::uint64_t> chain(open.begin() + static_cast<std::ptrdiff_t>(from), open.end());
+  std::vector<std::uint64_t> chain(open.begin(), open.end());
   // Nodes of one call share a chain: store each distinct one once.
   auto it = std::find(chains_.begin(), chains_.end(), chain);
   if (it == chains_.end()) {
@@ -47,23 +41,29 @@ const std::vector<std::uint64_t>* GraphCaptures::ranges_of(std::uint64_t node) c
 }
 
 void GraphCaptures::clear() {
-  graph_depth_.clear();
   node_chain_.clear();
   chains_.clear();
   captured_ids_.clear();
   captured_.clear();
+  steps_.clear();
 }
 
 std::size_t GraphCaptures::attribute(Trace& trace) {
   std::vector<Activity>& acts = trace.activities;
   if (node_chain_.empty()) return 0;
 
-  // The capture's ranges as recorded, kept for replays in later steps; then
-  // renamed, since what they launched ran only in the replays.
-  for (Activity& a : acts) {
+  // The ranges open at a capture, as recorded, kept for replays in later
+  // steps (a step's range only noted: it is no call).
+  std::vector<std::size_t> captured_here;
+  for (std::size_t i = 0; i < acts.size(); ++i) {
+    const Activity& a = acts[i];
     if (!is_range(a.type) || a.external_id == 0 || !captured_ids_.contains(a.external_id)) continue;
+    if (a.type == ActivityType::UserAnnotation && a.name.starts_with("ProfilerStep#")) {
+      steps_.insert(a.external_id);
+      continue;
+    }
     captured_.try_emplace(a.external_id, a);
-    if (!a.name.ends_with(kGraphCaptureSuffix)) a.name += kGraphCaptureSuffix;
+    captured_here.push_back(i);
   }
 
   // The launch call of each correlation: the outermost where a runtime call
@@ -75,10 +75,32 @@ std::size_t GraphCaptures::attribute(Trace& trace) {
     if (!fresh && acts[i].dur_ns > acts[it->second].dur_ns) it->second = i;
   }
 
-  // A replay's device work, by launch: each captured call (a chain whose
-  // ranges were all recorded) with its activities, and what has none.
+  // A capture's own ranges launched work that did not run (it was
+  // captured): renamed, so that they do not count as calls. A range that
+  // launched work that ran (an outer range over eager work or the replays)
+  // keeps its name.
+  {
+    std::unordered_set<std::uint64_t> ran;
+    for (const Activity& d : acts) {
+      if (d.on_device() && d.correlation != 0) ran.insert(d.correlation);
+    }
+    for (const std::size_t r : captured_here) {
+      Activity& range = acts[r];
+      const bool launched_work = std::any_of(launch_of.begin(), launch_of.end(), [&](const auto& entry) {
+        const Activity& l = acts[entry.second];
+        return l.tid == range.tid && l.start_ns >= range.start_ns && l.end_ns() <= range.end_ns() &&
+               ran.contains(entry.first);
+      });
+      if (!launched_work && !range.name.ends_with(kGraphCaptureSuffix)) range.name += kGraphCaptureSuffix;
+    }
+  }
+
+  // A replay's device work, by launch: each captured call (the ranges its
+  // node was created in, less the step's and those still open around the
+  // launch) with its activities, and what no call claims.
+  using Chain = std::vector<std::uint64_t>;
   struct Replay {
-    std::map<std::uint32_t, std::vector<std::size_t>> calls;  // chain index -> device activities
+    std::map<Chain, std::vector<std::size_t>> calls;
     bool unattributed = false;
   };
   std::map<std::size_t, Replay> replays;  // by launch index
@@ -87,13 +109,25 @@ std::size_t GraphCaptures::attribute(Trace& trace) {
     if (!d.on_device() || d.graph_node_id == 0) continue;
     const auto launch = launch_of.find(d.correlation);
     if (launch == launch_of.end()) continue;
+    const Activity& l = acts[launch->second];
     Replay& r = replays[launch->second];
     const auto node = node_chain_.find(d.graph_node_id);
-    const bool known = node != node_chain_.end() &&
-                       std::all_of(chains_[node->second].begin(), chains_[node->second].end(),
-                                   [&](std::uint64_t id) { return captured_.contains(id); });
-    if (known) {
-      r.calls[node->second].push_back(i);
+    Chain chain;
+    bool known = node != node_chain_.end();
+    for (std::size_t k = 0; known && k < chains_[node->second].size(); ++k) {
+      const std::uint64_t id = chains_[node->second][k];
+      if (steps_.contains(id)) continue;
+      const auto range = captured_.find(id);
+      if (range == captured_.end()) {
+        known = false;  // never recorded: nothing to show the replay as
+        break;
+      }
+      const Activity& c = range->second;
+      if (c.tid == l.tid && c.start_ns <= l.start_ns && c.end_ns() >= l.end_ns()) continue;
+      chain.push_back(id);
+    }
+    if (known && !chain.empty()) {
+      r.calls[chain].push_back(i);
     } else {
       r.unattributed = true;
     }
@@ -106,14 +140,14 @@ std::size_t GraphCaptures::attribute(Trace& trace) {
     if (replay.calls.empty()) continue;
     // The calls in the order they were captured: by their ranges' starts,
     // outermost first, so that the slices of one range lie side by side.
-    std::vector<std::uint32_t> order;
-    for (const auto& [chain, _] : replay.calls) order.push_back(chain);
-    const auto key = [&](std::uint32_t c) {
+    std::vector<const Chain*> order;
+    for (const auto& call : replay.calls) order.push_back(&call.first);
+    const auto key = [&](const Chain* c) {
       std::vector<std::pair<std::int64_t, std::uint64_t>> k;
-      for (std::uint64_t id : chains_[c]) k.emplace_back(captured_.at(id).start_ns, id);
+      for (std::uint64_t id : *c) k.emplace_back(captured_.at(id).start_ns, id);
       return k;
     };
-    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) { return key(a) < key(b); });
+    std::sort(order.begin(), order.end(), [&](const Chain* a, const Chain* b) { return key(a) < key(b); });
 
     const Activity launch = acts[li];
     const std::size_t slices = order.size() + (replay.unattributed ? 1 : 0);
@@ -124,7 +158,7 @@ std::size_t GraphCaptures::attribute(Trace& trace) {
     // Each range of the replay once, spanning the slices of its calls.
     std::map<std::uint64_t, std::size_t> copy_of;  // captured external id -> index into added
     for (std::size_t s = 0; s < order.size(); ++s) {
-      const std::vector<std::uint64_t>& chain = chains_[order[s]];
+      const Chain& chain = *order[s];
       const std::int64_t from = slice_start(s);
       const std::int64_t to = slice_start(s + 1);
       for (std::size_t level = 0; level < chain.size(); ++level) {
@@ -149,7 +183,7 @@ std::size_t GraphCaptures::attribute(Trace& trace) {
       l.depth = launch.depth + static_cast<int>(chain.size());
       l.external_id = added[copy_of.at(chain.back())].external_id;
       l.correlation = (s == 0 && !replay.unattributed) ? launch.correlation : next_correlation_++;
-      for (std::size_t d : replay.calls[order[s]]) {
+      for (std::size_t d : replay.calls[chain]) {
         acts[d].correlation = l.correlation;
         acts[d].external_id = l.external_id;
       }

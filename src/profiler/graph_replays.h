@@ -16,9 +16,9 @@
 // captured call, each slice the launch of that call's kernels (their
 // correlation and External id). Key averages, the Chrome trace and the
 // analysis then count N replays of a captured attention as N calls with
-// their kernels, exactly as eager calls. The range recorded at the capture
-// itself launched nothing that ran: it is renamed "<name> (graph capture)"
-// so that it is not counted as a call. Pure bookkeeping over Trace records,
+// their kernels, exactly as eager calls. A range recorded at the capture
+// whose launches ran nothing (they were captured) is renamed
+// "<name> (graph capture)" so that it is not counted as a call. Pure bookkeeping over Trace records,
 // so the CPU tests drive it with synthetic records.
 #pragma once
 
@@ -38,20 +38,19 @@ inline constexpr const char* kGraphCaptureSuffix = " (graph capture)";
 
 class GraphCaptures {
  public:
-  // A graph was created (stream capture begins, cudaGraphCreate) while
-  // `open_depth` recorded ranges were open on the creating thread: its nodes
-  // belong to the ranges opened after that.
-  void graph_created(std::uint64_t graph, std::size_t open_depth);
-  // A node of `graph` was created while `open` (external ids, outermost
-  // first) were open on the creating thread. Of a graph whose creation was
-  // not seen, the node belongs to the innermost open range alone.
-  void node_created(std::uint64_t graph, std::uint64_t node, std::span<const std::uint64_t> open);
+  // A graph node was created (stream capture, an explicit add) while `open`
+  // (the external ids of the recorded ranges open on the creating thread,
+  // outermost first) were open: the ranges its work is replayed in. Of
+  // those, a replay leaves out the step's range and any range still open
+  // around the replay's launch (an outer range over capture and replays).
+  void node_created(std::uint64_t node, std::span<const std::uint64_t> open);
   // `clone` was copied from `original` (instantiation, cudaGraphClone): it
   // belongs to the same ranges, through any number of clones.
   void node_cloned(std::uint64_t original, std::uint64_t clone);
 
-  // The ranges (external ids, outermost first) node's work was captured in;
-  // null for a node made outside any recorded range or never seen.
+  // The ranges (external ids, outermost first) open when node (or the node
+  // it was cloned from) was created; null for one made outside every
+  // recorded range or never seen.
   const std::vector<std::uint64_t>* ranges_of(std::uint64_t node) const;
   std::size_t nodes() const { return node_chain_.size(); }
   void clear();
@@ -65,11 +64,11 @@ class GraphCaptures {
   std::size_t attribute(Trace& trace);
 
  private:
-  std::unordered_map<std::uint64_t, std::size_t> graph_depth_;
   std::unordered_map<std::uint64_t, std::uint32_t> node_chain_;  // node -> index into chains_
   std::vector<std::vector<std::uint64_t>> chains_;                // distinct range chains
   std::unordered_set<std::uint64_t> captured_ids_;                // every range of a chain
   std::unordered_map<std::uint64_t, Activity> captured_;          // those ranges as recorded
+  std::unordered_set<std::uint64_t> steps_;                       // of those, the steps' ranges
   // Ids for what a rewrite adds, apart from the ones CUPTI (32-bit
   // correlations) and the profiler (a counter from 1) hand out, and exact in
   // a double (trace viewers read JSON numbers as doubles).

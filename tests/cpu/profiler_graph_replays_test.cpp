@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -65,38 +67,45 @@ Activity kernel(const std::string& name, std::int64_t start, std::int64_t dur, s
 }
 
 // Step 0 captures two attention calls into one graph (the second with an op
-// inside, and a kernel of its own), plus a node made outside any call; the
-// graph is instantiated (every node cloned). Steps 1..replays replay it.
+// inside, and a kernel of its own), plus a node made with only the step's
+// range open; the graph is instantiated (every node cloned). Steps
+// 1..replays replay it. With `outer`, a range ("generate") is open over the
+// capture and every replay.
 struct Scenario {
   GraphCaptures captures;
   Trace capture_step;
   Trace replay_steps;
   int replays = 3;
 
-  Scenario() {
+  explicit Scenario(bool outer = false) {
     std::vector<Activity>& c = capture_step.activities;
     c.push_back(host(ActivityType::UserAnnotation, "ProfilerStep#0", 0, 10000, 0, 1, 0));
-    captures.graph_created(5, 1);  // the step's range was open
+    std::vector<std::uint64_t> open{1};
+    if (outer) {
+      c.push_back(host(ActivityType::UserAnnotation, "generate", 50, 10000 * (replays + 1), 1, 5, 0));
+      open.push_back(5);
+    }
+    const auto created = [&](std::uint64_t node, std::initializer_list<std::uint64_t> inner) {
+      std::vector<std::uint64_t> all = open;
+      all.insert(all.end(), inner.begin(), inner.end());
+      captures.node_created(node, all);
+    };
     Activity fwd = host(ActivityType::UserAnnotation, "forward", 1000, 1000, 1, 10, 0);
     fwd.input_dtypes = "bf16, bf16, bf16";
     fwd.input_dims = "[1, 8, 1, 64], [1, 8, 256, 64], [1, 8, 256, 64]";
     c.push_back(fwd);
     c.push_back(launch("cudaLaunchKernel", 1100, 100, 2, 1, 10, 0));
-    const std::uint64_t open_a[] = {1, 10};
-    captures.node_created(5, 100, open_a);
+    created(100, {10});
     fwd.external_id = 20;
     fwd.start_ns = 3000;
     c.push_back(fwd);
     c.push_back(host(ActivityType::CpuOp, "matmul", 3100, 400, 2, 21, 0));
     c.push_back(launch("cudaLaunchKernel", 3200, 100, 3, 2, 21, 0));
-    const std::uint64_t open_b[] = {1, 20, 21};
-    captures.node_created(5, 200, open_b);
+    created(200, {20, 21});
     c.push_back(launch("cudaLaunchKernel", 3600, 100, 2, 3, 20, 0));
-    const std::uint64_t open_c[] = {1, 20};
-    captures.node_created(5, 300, open_c);
+    created(300, {20});
     c.push_back(launch("cudaLaunchKernel", 5000, 100, 1, 4, 1, 0));
-    const std::uint64_t open_d[] = {1};
-    captures.node_created(5, 400, open_d);
+    created(400, {});
     c.push_back(launch("cudaGraphInstantiate", 6000, 500, 1, 5, 1, 0));
     for (const std::uint64_t node : {100, 200, 300, 400}) captures.node_cloned(node, node + 1000);
 
@@ -127,23 +136,23 @@ const KeyAverage* row(const std::vector<KeyAverage>& rows, const std::string& na
   return it == rows.end() ? nullptr : &*it;
 }
 
-TEST(GraphCaptures, NodesMapToTheRangesOpenedSinceTheirGraphBeganThroughClones) {
+TEST(GraphCaptures, NodesMapToTheRangesOpenAtTheirCreationThroughClones) {
   Scenario s;
   ASSERT_NE(s.captures.ranges_of(100), nullptr);
-  EXPECT_EQ(*s.captures.ranges_of(100), (std::vector<std::uint64_t>{10}));
-  EXPECT_EQ(*s.captures.ranges_of(1200), (std::vector<std::uint64_t>{20, 21}));
-  EXPECT_EQ(*s.captures.ranges_of(1300), (std::vector<std::uint64_t>{20}));
-  EXPECT_EQ(s.captures.ranges_of(400), nullptr) << "made inside no range of its own";
-  EXPECT_EQ(s.captures.ranges_of(1400), nullptr);
+  EXPECT_EQ(*s.captures.ranges_of(100), (std::vector<std::uint64_t>{1, 10}));
+  EXPECT_EQ(*s.captures.ranges_of(1200), (std::vector<std::uint64_t>{1, 20, 21}));
+  EXPECT_EQ(*s.captures.ranges_of(1300), (std::vector<std::uint64_t>{1, 20}));
+  EXPECT_EQ(*s.captures.ranges_of(1400), (std::vector<std::uint64_t>{1}));
   EXPECT_EQ(s.captures.ranges_of(9999), nullptr);
   // A clone of a clone (a graph cloned, then instantiated) reaches the capture.
   s.captures.node_cloned(1200, 2200);
   ASSERT_NE(s.captures.ranges_of(2200), nullptr);
-  EXPECT_EQ(*s.captures.ranges_of(2200), (std::vector<std::uint64_t>{20, 21}));
-  // A graph whose creation was not seen: its node belongs to the innermost range.
-  const std::uint64_t open[] = {1, 10, 11};
-  s.captures.node_created(77, 500, open);
-  EXPECT_EQ(*s.captures.ranges_of(500), (std::vector<std::uint64_t>{11}));
+  EXPECT_EQ(*s.captures.ranges_of(2200), (std::vector<std::uint64_t>{1, 20, 21}));
+  s.captures.node_cloned(12345, 3000);  // an original never seen: nothing
+  EXPECT_EQ(s.captures.ranges_of(3000), nullptr);
+  s.captures.clear();
+  EXPECT_EQ(s.captures.ranges_of(100), nullptr);
+  EXPECT_EQ(s.captures.nodes(), 0u);
 }
 
 // Without the rewrite, the two captured calls are two calls with no device
@@ -219,7 +228,7 @@ TEST(GraphReplays, ChromeTraceCarriesGraphIdsAndLinksKernelsToTheirCall) {
   for (const auto& e : doc["traceEvents"]) {
     if (e.value("ph", "") == "s") flow_starts.insert(e["id"].get<std::uint64_t>());
     if (e.value("cat", "") == "user_annotation" || e.value("cat", "") == "cpu_op")
-      calls[e["args"]["External id"].get<std::uint64_t>()] = e["name"];
+      calls[e["args"]["External id"].get<std::uint64_t>()] = e["name"].get<std::string>();
   }
   int graph_kernels = 0;
   for (const auto& e : doc["traceEvents"]) {
@@ -231,12 +240,13 @@ TEST(GraphReplays, ChromeTraceCarriesGraphIdsAndLinksKernelsToTheirCall) {
       continue;
     }
     ++graph_kernels;
-    EXPECT_EQ(args["graph id"], kGraph);
+    EXPECT_EQ(args["graph id"].get<std::uint32_t>(), kGraph);
     EXPECT_GE(args["graph node id"].get<std::uint64_t>(), 1100u);
-    EXPECT_TRUE(flow_starts.contains(args["correlation"].get<std::uint64_t>())) << e["name"];
+    EXPECT_TRUE(flow_starts.contains(args["correlation"].get<std::uint64_t>())) << e["name"].get<std::string>();
     const std::string owner = calls[args["External id"].get<std::uint64_t>()];
-    const std::string want = e["name"] == "gemm" ? "matmul" : e["name"] == "user_kernel" ? "replay" : "forward";
-    EXPECT_EQ(owner, want) << e["name"];
+    const std::string name = e["name"].get<std::string>();
+    const std::string want = name == "gemm" ? "matmul" : name == "user_kernel" ? "replay" : "forward";
+    EXPECT_EQ(owner, want) << name;
   }
   EXPECT_EQ(graph_kernels, 4 * s.replays);
 }
@@ -251,6 +261,20 @@ TEST(GraphReplays, AReplayInALaterStepThanItsCaptureStillFindsIt) {
   EXPECT_EQ(s.captures.attribute(replays), static_cast<std::size_t>(2 * s.replays));
   EXPECT_EQ(row(key_averages(replays), "forward")->count, 2 * s.replays);
   EXPECT_EQ(row(key_averages(capture), "forward (graph capture)")->count, 2);
+}
+
+// A range open over the capture and every replay (a caller's "generate")
+// is around each replay already: not copied into it, and not renamed.
+TEST(GraphReplays, ARangeOpenAroundTheReplaysIsNotCopiedIntoThem) {
+  Scenario s(/*outer=*/true);
+  Trace t = s.whole();
+  EXPECT_EQ(s.captures.attribute(t), static_cast<std::size_t>(2 * s.replays));
+  const std::vector<KeyAverage> rows = key_averages(t);
+  ASSERT_NE(row(rows, "generate"), nullptr);
+  EXPECT_EQ(row(rows, "generate")->count, 1);
+  EXPECT_EQ(row(rows, "generate (graph capture)"), nullptr);
+  EXPECT_EQ(row(rows, "forward")->count, 2 * s.replays);
+  EXPECT_EQ(row(rows, "forward")->cuda_total_ns, s.replays * (100 + 200 + 300));
 }
 
 // Nothing invented: replays of a graph captured outside the recorded steps

@@ -106,26 +106,19 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream_id, std::
 
 // CUPTI's resource callbacks for CUDA graphs, on the thread that builds the
 // graph (stream capture, an explicit add, cudaGraphInstantiate): which
-// ranges each node was created in, and each clone's original. Only CUPTI
-// calls here.
+// ranges were open when each node was created, and each clone's original.
+// Only CUPTI calls here.
 void CUPTIAPI on_graph_event(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
   if (domain != CUPTI_CB_DOMAIN_RESOURCE || !data) return;
   const auto* graph = static_cast<const CUpti_GraphData*>(static_cast<const CUpti_ResourceData*>(data)->resourceDescriptor);
   if (!graph) return;
   Global& g = global();
-  std::uint32_t graph_id = 0;
-  if (graph->graph) cuptiGetGraphId(graph->graph, &graph_id);
   switch (cbid) {
-    case CUPTI_CBID_RESOURCE_GRAPH_CREATED: {
-      std::lock_guard lock(g.mutex);
-      g.graphs.graph_created(graph_id, t_open.size());
-      break;
-    }
     case CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED: {
       std::uint64_t node = 0;
       if (!graph->node || cuptiGetGraphNodeId(graph->node, &node) != CUPTI_SUCCESS) return;
       std::lock_guard lock(g.mutex);
-      g.graphs.node_created(graph_id, node, t_open);
+      g.graphs.node_created(node, t_open);
       break;
     }
     case CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED: {
@@ -151,8 +144,7 @@ std::string subscribe_graphs() {
   if (const CUptiResult r = cuptiSubscribe(&subscriber, on_graph_event, nullptr); r != CUPTI_SUCCESS) {
     return "cuptiSubscribe failed: " + cupti_message(r);
   }
-  for (const CUpti_CallbackId cbid :
-       {CUPTI_CBID_RESOURCE_GRAPH_CREATED, CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED}) {
+  for (const CUpti_CallbackId cbid : {CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED}) {
     if (const CUptiResult r = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, cbid); r != CUPTI_SUCCESS) {
       cuptiUnsubscribe(subscriber);
       return "cuptiEnableCallback(resource " + std::to_string(cbid) + ") failed: " + cupti_message(r);
