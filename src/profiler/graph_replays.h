@@ -65,10 +65,10 @@ class GraphCaptures {
 
  private:
   std::unordered_map<std::uint64_t, std::uint32_t> node_chain_;  // node -> index into chains_
-  std::vector<std::vector<std::uint64_t>> chains_;                // distinct range chains
-  std::unordered_set<std::uint64_t> captured_ids_;                // every range of a chain
-  std::unordered_map<std::uint64_t, Activity> captured_;          // those ranges as recorded
-  std::unordered_set<std::uint64_t> steps_;                       // of those, the steps' ranges
+  std::vector<std::vector<std::uint64_t>> chains_;               // distinct range chains
+  std::unordered_set<std::uint64_t> captured_ids_;               // every range of a chain
+  std::unordered_map<std::uint64_t, Activity> captured_;         // those ranges as recorded
+  std::unordered_set<std::uint64_t> steps_;                      // of those, the steps' ranges
   // Ids for what a rewrite adds, apart from the ones CUPTI (32-bit
   // correlations) and the profiler (a counter from 1) hand out, and exact in
   // a double (trace viewers read JSON numbers as doubles).

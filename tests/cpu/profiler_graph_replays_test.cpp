@@ -210,8 +210,8 @@ TEST(GraphReplays, TheAnalysisSeesOneForwardPerReplayedCall) {
   for (std::size_t f = 0; f < index.forwards().size(); ++f) {
     std::multiset<std::string> kernels;
     for (const analysis::EventIndex d : index.forward_device(f)) kernels.insert(index.at(d).name);
-    const auto want = f % 2 == 0 ? std::multiset<std::string>{"attention_a"}
-                                 : std::multiset<std::string>{"gemm", "attention_b"};
+    const auto want =
+        f % 2 == 0 ? std::multiset<std::string>{"attention_a"} : std::multiset<std::string>{"gemm", "attention_b"};
     EXPECT_EQ(kernels, want) << "call " << f;
     EXPECT_EQ(index.at(index.forwards()[f]).input_dims, "[1, 8, 1, 64], [1, 8, 256, 64], [1, 8, 256, 64]");
   }

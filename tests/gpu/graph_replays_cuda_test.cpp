@@ -177,9 +177,8 @@ void expect_long_schedule_folds(bool cupti_off) {
   EXPECT_EQ(r.trace.steps_recorded, 300);
   EXPECT_EQ(r.trace.steps_folded, 200) << "the trace keeps its last 100 steps";
   const std::size_t steps = static_cast<std::size_t>(std::count_if(
-      r.trace.activities.begin(), r.trace.activities.end(), [](const Activity& a) {
-        return a.type == ActivityType::UserAnnotation && a.name.starts_with("ProfilerStep#");
-      }));
+      r.trace.activities.begin(), r.trace.activities.end(),
+      [](const Activity& a) { return a.type == ActivityType::UserAnnotation && a.name.starts_with("ProfilerStep#"); }));
   EXPECT_EQ(steps, 100u);
   EXPECT_EQ(r.metrics.steps, 300);
   ASSERT_TRUE(r.metrics.device_time_us.has_value());

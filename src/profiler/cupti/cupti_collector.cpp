@@ -110,7 +110,8 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream_id, std::
 // Only CUPTI calls here.
 void CUPTIAPI on_graph_event(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
   if (domain != CUPTI_CB_DOMAIN_RESOURCE || !data) return;
-  const auto* graph = static_cast<const CUpti_GraphData*>(static_cast<const CUpti_ResourceData*>(data)->resourceDescriptor);
+  const auto* graph =
+      static_cast<const CUpti_GraphData*>(static_cast<const CUpti_ResourceData*>(data)->resourceDescriptor);
   if (!graph) return;
   Global& g = global();
   switch (cbid) {
@@ -124,7 +125,8 @@ void CUPTIAPI on_graph_event(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
     case CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED: {
       std::uint64_t original = 0;
       std::uint64_t clone = 0;
-      if (!graph->node || !graph->originalNode || cuptiGetGraphNodeId(graph->originalNode, &original) != CUPTI_SUCCESS ||
+      if (!graph->node || !graph->originalNode ||
+          cuptiGetGraphNodeId(graph->originalNode, &original) != CUPTI_SUCCESS ||
           cuptiGetGraphNodeId(graph->node, &clone) != CUPTI_SUCCESS)
         return;
       std::lock_guard lock(g.mutex);
@@ -512,7 +514,8 @@ void CuptiCollector::flush(std::vector<Activity>& out) {
   // launch) comes after this point too, so nothing is kept back.
   const cudaError_t sync = cudaDeviceSynchronize();
   const CUptiResult flushed = cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  if (sync != cudaSuccess) add_note(std::string("cudaDeviceSynchronize at a flush failed: ") + cudaGetErrorString(sync));
+  if (sync != cudaSuccess)
+    add_note(std::string("cudaDeviceSynchronize at a flush failed: ") + cudaGetErrorString(sync));
   if (flushed != CUPTI_SUCCESS) add_note("cuptiActivityFlushAll failed: " + cupti_message(flushed));
   Global& g = global();
   std::vector<Activity> raw;
