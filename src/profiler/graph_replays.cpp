@@ -20,8 +20,10 @@ bool is_range(ActivityType t) { return t == ActivityType::CpuOp || t == Activity
 void GraphCaptures::node_created(std::uint64_t node, std::span<const std::uint64_t> open) {
   if (open.empty()) return;
   std::vector<std::uint64_t> chain(open.begin(), open.end());
-  // Nodes of one call share a chain: store each distinct one once.
-  auto it = std::find(chains_.begin(), chains_.end(), chain);
+  // Nodes of one call share a chain: store each distinct one once (a
+  // capture makes a call's nodes one after another: the last chain first).
+  auto it = !chains_.empty() && chains_.back() == chain ? chains_.end() - 1
+                                                        : std::find(chains_.begin(), chains_.end(), chain);
   if (it == chains_.end()) {
     captured_ids_.insert(chain.begin(), chain.end());
     chains_.push_back(std::move(chain));
@@ -201,7 +203,9 @@ std::size_t GraphCaptures::attribute(Trace& trace) {
   if (!added.empty()) {
     std::size_t kept = 0;
     for (std::size_t i = 0; i < acts.size(); ++i) {
-      if (!drop[i]) acts[kept++] = std::move(acts[i]);
+      if (drop[i]) continue;
+      if (kept != i) acts[kept] = std::move(acts[i]);  // a self-move would empty its strings
+      ++kept;
     }
     acts.resize(kept);
     acts.insert(acts.end(), std::make_move_iterator(added.begin()), std::make_move_iterator(added.end()));

@@ -189,11 +189,12 @@ TEST(GraphReplays, KeyAveragesCountEachReplayedCallWithItsKernels) {
   EXPECT_EQ(replay->count, s.replays);
   EXPECT_EQ(replay->cuda_total_ns, s.replays * 1000);
   EXPECT_EQ(replay->self_cuda_ns, s.replays * 400);
-  // The launch call is cut into one slice per call (and one for the rest):
+  // The launch call is cut into one slice per range that launched captured
+  // work (the first forward, the second, its matmul) and one for the rest:
   // its host time is kept whole.
   const KeyAverage* graph_launch = row(rows, "cudaGraphLaunch");
   ASSERT_NE(graph_launch, nullptr);
-  EXPECT_EQ(graph_launch->count, 3 * s.replays);
+  EXPECT_EQ(graph_launch->count, 4 * s.replays);
   EXPECT_EQ(graph_launch->cpu_total_ns, 3000 * s.replays);
   // Every device activity is still there, once.
   EXPECT_EQ(row(rows, "attention_a")->count, s.replays);
