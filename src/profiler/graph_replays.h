@@ -13,13 +13,14 @@
 // as the eager calls it captured: every captured range (its name, inputs and
 // nesting, copied from the range recorded at capture) appears once per
 // replay, inside the replay's launch call, which is cut into one slice per
-// captured call, each slice the launch of that call's kernels (their
-// correlation and External id). Key averages, the Chrome trace and the
-// analysis then count N replays of a captured attention as N calls with
-// their kernels, exactly as eager calls. A range recorded at the capture
-// whose launches ran nothing (they were captured) is renamed
-// "<name> (graph capture)" so that it is not counted as a call. Pure bookkeeping over Trace records,
-// so the CPU tests drive it with synthetic records.
+// range that launched captured work (and one for work no range claims), each
+// slice the launch of that range's kernels (their correlation and External
+// id). Key averages, the Chrome trace and the analysis then count N replays
+// of a captured attention as N calls with their kernels, exactly as eager
+// calls. A range recorded at the capture whose launches ran nothing (they
+// were captured) is renamed "<name> (graph capture)" so that it is not
+// counted as a call. Pure bookkeeping over Trace records, so the CPU tests
+// drive it with synthetic records.
 #pragma once
 
 #include <cstdint>
