@@ -74,6 +74,12 @@ struct Activity {
   // CPU ops: PyTorch's "Concrete Inputs", one entry per input ("True",
   // "0.125"; empty for tensors): what an attention call's is_causal and scale were.
   std::vector<std::string> concrete_inputs;
+  // Device activities run by a CUDA graph launch: the graph and the node that
+  // ran it (CUPTI's graphId, graphNodeId of the executable graph); 0 otherwise.
+  // A replayed node's kernel is tied to the range its node was captured in
+  // through these (src/profiler/graph_replays.h).
+  std::uint32_t graph_id = 0;
+  std::uint64_t graph_node_id = 0;
   std::optional<KernelInfo> kernel;
   std::optional<TransferInfo> transfer;
   std::optional<AllocationInfo> allocation;

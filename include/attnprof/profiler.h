@@ -40,6 +40,18 @@ class Collector {
   virtual void stop() = 0;
   // Moves the activities gathered since start() into `out`.
   virtual void drain(std::vector<Activity>& out) = 0;
+  // While running: moves the activities of the work done so far into `out`
+  // (it may wait for the device to finish it), so that a long schedule's
+  // steps can be folded as they age and memory stays flat
+  // (Profiler::fold_steps_beyond). A collector that cannot returns false,
+  // and the profiler then keeps every step until stop().
+  virtual bool can_flush() const { return false; }
+  virtual void flush(std::vector<Activity>& out) {}
+  // Called with the trace once the collectors' activities are in it (the
+  // whole trace at stop(), or one step as it is folded, oldest first): a
+  // collector that knows more than its records rewrites them here (CUPTI:
+  // CUDA graph replays shown as the calls they captured, graph_replays.h).
+  virtual void rewrite(Trace& trace) {}
   virtual std::optional<DeviceProperties> device_properties() const { return std::nullopt; }
   virtual std::string note() const { return {}; }
   // Range hooks, on the thread that opens and closes each recorded range (a
@@ -77,10 +89,10 @@ class Profiler final : public AllocationObserver {
   // and key averages), so memory stays flat for any number of steps. The
   // trace then holds the last keep_steps recorded steps and
   // Trace::steps_folded counts the ones before. A step is folded once no
-  // range is open. Only while no device collector runs: collectors hand their
-  // activities over at stop(), each kept by the recorded step its launch fell
-  // in, so those steps must still be there. 0 (the default) keeps every
-  // step. Call before start().
+  // range is open. Device collectors are flushed first (Collector::flush),
+  // each activity going to the recorded step its launch fell in; where one
+  // cannot flush, every step is kept until stop(). 0 (the default) keeps
+  // every step. Call before start().
   void fold_steps_beyond(int keep_steps, std::function<void(Trace&&)> fold);
   // Records `a`'s allocations and frees while recording (until destruction).
   void observe(Allocator& a);
@@ -91,7 +103,7 @@ class Profiler final : public AllocationObserver {
   bool recording() const { return recording_; }
   int current_step() const { return step_; }
   // Whether steps are being folded: fold_steps_beyond was given a step
-  // count and no collector runs (known once started).
+  // count and every running collector can flush (known once started).
   bool folds_steps() const;
   // The most events the trace held at once (what recording cost in memory).
   std::size_t peak_events() const { return peak_events_; }
@@ -112,6 +124,7 @@ class Profiler final : public AllocationObserver {
   void close_step();
   void set_recording(bool on);
   void fold_old_steps();
+  void take_flushed(std::vector<Activity>&& device);
 
   Schedule schedule_;
   std::vector<std::unique_ptr<Collector>> collectors_;

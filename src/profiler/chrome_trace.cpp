@@ -74,6 +74,14 @@ json device_properties_json(const DeviceProperties& d) {
   };
 }
 
+// A graph replay's device activity names its graph and node, as Kineto's do;
+// eager ones carry neither key.
+void add_graph_args(const Activity& a, json& args) {
+  if (a.graph_node_id == 0) return;
+  args[sc::args::kGraphId] = a.graph_id;
+  args[sc::args::kGraphNodeId] = a.graph_node_id;
+}
+
 json kernel_args(const Activity& a, const std::optional<DeviceProperties>& dev) {
   namespace k = sc::args;
   const KernelInfo info = a.kernel.value_or(KernelInfo{});
@@ -91,7 +99,7 @@ json kernel_args(const Activity& a, const std::optional<DeviceProperties>& dev) 
     const int warp = (dev && dev->warp_size > 0) ? dev->warp_size : 32;
     warps_per_sm = blocks_per_sm * info.block[0] * info.block[1] * info.block[2] / warp;
   }
-  return json{
+  json args{
       {k::kExternalId, a.external_id},
       {k::kQueued, info.queued_ns ? *info.queued_ns / 1000.0 : 0.0},
       {k::kDevice, a.device},
@@ -106,6 +114,8 @@ json kernel_args(const Activity& a, const std::optional<DeviceProperties>& dev) 
       {k::kBlock, info.block},
       {k::kOccupancy, info.occupancy_pct.value_or(0.0)},
   };
+  add_graph_args(a, args);
+  return args;
 }
 
 json transfer_args(const Activity& a) {
@@ -113,10 +123,12 @@ json transfer_args(const Activity& a) {
   const std::int64_t bytes = a.transfer ? a.transfer->bytes : 0;
   // Bytes per nanosecond is GB/s, Kineto's unit.
   const double bandwidth = a.dur_ns > 0 ? static_cast<double>(bytes) / static_cast<double>(a.dur_ns) : 0.0;
-  return json{
+  json args{
       {k::kExternalId, a.external_id},  {k::kDevice, a.device}, {k::kContext, a.context},   {k::kStream, a.stream},
       {k::kCorrelation, a.correlation}, {k::kBytes, bytes},     {k::kBandwidth, bandwidth},
   };
+  add_graph_args(a, args);
+  return args;
 }
 
 json launch_args(const Activity& a) {

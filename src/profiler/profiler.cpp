@@ -9,6 +9,8 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "attnprof/error.h"
@@ -143,25 +145,85 @@ void Profiler::step() {
 }
 
 bool Profiler::folds_steps() const {
-  // A collector's activities arrive at stop() and are kept by the steps
-  // their launches fell in: with one running, every step stays.
-  return keep_steps_ > 0 && std::find(collector_ok_.begin(), collector_ok_.end(), true) == collector_ok_.end();
+  // A collector's activities are kept by the steps their launches fell in:
+  // a step can leave only once they are in, so every running collector must
+  // hand them over before stop().
+  if (keep_steps_ <= 0) return false;
+  for (std::size_t i = 0; i < collectors_.size(); ++i) {
+    if (collector_ok_[i] && !collectors_[i]->can_flush()) return false;
+  }
+  return true;
+}
+
+void Profiler::take_flushed(std::vector<Activity>&& device) {
+  std::lock_guard lock(mutex_);
+  // The held steps' windows: a launch belongs to the step whose range holds
+  // it, the device work to its launch's step (it may run after the step
+  // ended), as stop() keeps them.
+  std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> windows;  // start, end, step
+  for (const Activity& a : trace_.activities) {
+    if (a.type == ActivityType::UserAnnotation && a.name.starts_with("ProfilerStep#"))
+      windows.emplace_back(a.start_ns, a.end_ns(), a.step);
+  }
+  const auto step_at = [&](std::int64_t t) -> std::int64_t {
+    for (const auto& [from, to, step] : windows) {
+      if (t >= from && t <= to) return step;
+    }
+    return -1;
+  };
+  const auto held = [&](std::int64_t step) {
+    return std::find(held_steps_.begin(), held_steps_.end(), static_cast<int>(step)) != held_steps_.end();
+  };
+  std::unordered_map<std::uint64_t, std::int64_t> step_of_launch;
+  for (Activity& a : device) {
+    if (a.on_device()) continue;
+    a.step = step_at(a.start_ns);
+    if (a.step >= 0 && a.correlation) step_of_launch.emplace(a.correlation, a.step);
+  }
+  for (Activity& a : device) {
+    if (!a.on_device()) continue;
+    if (a.correlation) {
+      const auto it = step_of_launch.find(a.correlation);
+      a.step = it == step_of_launch.end() ? -1 : it->second;
+    } else if (a.step < 0 || !held(a.step)) {
+      a.step = step_at(a.start_ns);  // a device-event span: its own step where it says one
+    }
+  }
+  for (Activity& a : device) {
+    if (a.step >= 0) trace_.activities.push_back(std::move(a));
+  }
+  peak_events_ = std::max(peak_events_, trace_.activities.size());
 }
 
 void Profiler::fold_old_steps() {
   if (!folds_steps()) return;
+  {
+    std::lock_guard lock(mutex_);
+    // Handles are indices into the trace: fold only while none is out.
+    if (static_cast<int>(held_steps_.size()) <= keep_steps_ || !open_ranges_.empty()) return;
+  }
+  // The device work of the steps about to leave, from every collector.
+  std::vector<Activity> device;
+  for (std::size_t i = 0; i < collectors_.size(); ++i) {
+    if (!collector_ok_[i]) continue;
+    try {
+      collectors_[i]->flush(device);
+    } catch (const Error& e) {
+      trace_.collector_note += collectors_[i]->name() + " flush failed: " + e.what() + "\n";
+    }
+  }
+  if (!device.empty()) take_flushed(std::move(device));
   while (true) {
     Trace old;
     {
       std::lock_guard lock(mutex_);
-      // Handles are indices into the trace: fold only while none is out.
-      if (static_cast<int>(held_steps_.size()) <= keep_steps_ || !open_ranges_.empty()) return;
+      if (static_cast<int>(held_steps_.size()) <= keep_steps_) return;
       const int step = held_steps_.front();
       held_steps_.pop_front();
-      // Events are appended as they happen, each with the step it fell in,
-      // so the oldest step's are a prefix.
-      const auto end = std::find_if(trace_.activities.begin(), trace_.activities.end(),
-                                    [step](const Activity& a) { return a.step > step; });
+      // Each event carries the step it fell in (device work its launch's);
+      // host events are in step order, flushed device work after them.
+      const auto end = std::stable_partition(trace_.activities.begin(), trace_.activities.end(),
+                                             [step](const Activity& a) { return a.step <= step; });
       old.activities.assign(std::make_move_iterator(trace_.activities.begin()), std::make_move_iterator(end));
       trace_.activities.erase(trace_.activities.begin(), end);
       ++trace_.steps_folded;
@@ -170,6 +232,9 @@ void Profiler::fold_old_steps() {
     old.device = trace_.device;
     old.world_size = trace_.world_size;
     old.steps_recorded = 1;
+    for (std::size_t i = 0; i < collectors_.size(); ++i) {
+      if (collector_ok_[i]) collectors_[i]->rewrite(old);
+    }
     // As stop() leaves a trace: in start order, based at its first event.
     std::stable_sort(old.activities.begin(), old.activities.end(),
                      [](const Activity& a, const Activity& b) { return a.start_ns < b.start_ns; });
@@ -221,6 +286,9 @@ void Profiler::stop() {
                                       : in_window(a.start_ns);
       if (keep) trace_.activities.push_back(std::move(a));
     }
+  }
+  for (std::size_t i = 0; i < collectors_.size(); ++i) {
+    if (collector_ok_[i]) collectors_[i]->rewrite(trace_);
   }
   if (!trace_.collector_note.empty() && trace_.collector_note.back() == '\n') trace_.collector_note.pop_back();
   std::stable_sort(trace_.activities.begin(), trace_.activities.end(),

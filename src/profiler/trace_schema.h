@@ -126,6 +126,10 @@ inline constexpr const char* kAddr = "Addr";
 inline constexpr const char* kMemBytes = "Bytes";
 inline constexpr const char* kTotalAllocated = "Total Allocated";
 inline constexpr const char* kTotalReserved = "Total Reserved";
+// Device activities of a CUDA graph replay (Kineto's addGraphNodeTypedMetadata):
+// the executable graph and the node that ran it, written only for those.
+inline constexpr const char* kGraphId = "graph id";
+inline constexpr const char* kGraphNodeId = "graph node id";
 }  // namespace args
 
 }  // namespace attnprof::schema

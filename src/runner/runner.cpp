@@ -107,17 +107,17 @@ double event_bytes(const Activity& a) {
 // Recorded steps a run's trace keeps: a longer schedule's trace holds its
 // last kTraceSteps, and each older step is folded into the run's figures
 // (analysis::MetricSums) and table rows (merge_key_averages) as it leaves,
-// so a CPU run's memory is flat for any number of steps and its figures
-// still cover all of them. 100 is above every schedule the tests and the
+// so a run's memory is flat for any number of steps and its figures still
+// cover all of them. 100 is above every schedule the tests and the
 // documentation use (their traces are whole), and a trace a viewer opens
-// at once. A device collector's steps stay whole (Profiler::fold_steps_beyond).
+// at once. Device collectors are flushed for it (Profiler::fold_steps_beyond).
 constexpr int kTraceSteps = 100;
 
 // The trace grows by each recorded step's events until it holds the steps it
 // keeps: once the first recorded steps are in, the most it will hold is
 // estimated from them and refused if host memory cannot hold it (with a
-// device collector, --active 1000 --repeat 100 would otherwise grow until
-// the machine swaps or the kernel kills us).
+// collector that cannot flush, --active 1000 --repeat 100 would otherwise
+// grow until the machine swaps or the kernel kills us).
 void check_trace_fits(const Trace& trace, int recorded, int to_hold, const Schedule& schedule, int threads) {
   if (trace.activities.empty()) return;
   double bytes = 0;

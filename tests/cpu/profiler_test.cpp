@@ -304,5 +304,83 @@ TEST(Profiler, FailingCollectorIsNotedAndProfilingContinues) {
   EXPECT_TRUE(found);
 }
 
+// A device collector that can flush (CUPTI's and the device-event one
+// can): its records reach the profiler step by step, so that a long
+// schedule folds them with their steps.
+class FlushingCollector : public FakeCollector {
+ public:
+  FlushingCollector() : FakeCollector(false) {}
+  bool can_flush() const override { return true; }
+  void flush(std::vector<Activity>& out) override {
+    ++flushes;
+    drain(out);
+  }
+  void rewrite(Trace& trace) override { rewritten += static_cast<int>(trace.activities.size() > 0); }
+  int flushes = 0;
+  int rewritten = 0;
+};
+
+// Issue 57 item 2: with a device collector running, a long schedule's steps
+// are folded too (before, every step's records stayed until stop()): each
+// folded step arrives with its own launch and the kernel it caused, even one
+// that ran after the step ended, the held events do not grow with the step
+// count, and the collector rewrites each piece (graph replays) before it
+// is folded.
+TEST(Profiler, DeviceCollectorsStepsAreFoldedWithTheirDeviceWork) {
+  constexpr int kKeep = 2;
+  std::vector<std::size_t> peaks;
+  for (const int steps : {20, 200}) {
+    SCOPED_TRACE(steps);
+    Profiler prof(Schedule{.wait = 0, .warmup = 0, .active = steps, .repeat = 1});
+    auto owned = std::make_unique<FlushingCollector>();
+    FlushingCollector* fake = owned.get();
+    prof.add_collector(std::move(owned));
+    int folded = 0;
+    prof.fold_steps_beyond(kKeep, [&](Trace&& step) {
+      std::vector<std::string> names;
+      for (const Activity& a : step.activities) names.push_back(a.name);
+      const std::string n = std::to_string(folded + 1);
+      EXPECT_EQ(names, (std::vector<std::string>{"ProfilerStep#" + std::to_string(folded), "forward",
+                                                 "cudaLaunchKernel", "kernel_" + n}));
+      for (const Activity& a : step.activities) EXPECT_EQ(a.step, folded) << a.name;
+      ++folded;
+    });
+    prof.start();
+    EXPECT_TRUE(prof.folds_steps());
+    for (int s = 0; s < steps; ++s) {
+      {
+        RecordFunction r("forward");
+        fake->launch(static_cast<std::uint64_t>(s + 1));
+      }
+      prof.step();
+    }
+    prof.stop();
+    EXPECT_EQ(folded, steps - kKeep);
+    EXPECT_EQ(prof.trace().steps_folded, steps - kKeep);
+    int kernels = 0;
+    for (const Activity& a : prof.trace().activities) kernels += a.type == ActivityType::Kernel;
+    EXPECT_EQ(kernels, kKeep) << "the kept steps' kernels, drained at stop()";
+    EXPECT_GE(fake->flushes, steps - kKeep);
+    EXPECT_EQ(fake->rewritten, steps - kKeep + 1) << "each folded step, then the kept trace";
+    peaks.push_back(prof.peak_events());
+  }
+  ASSERT_EQ(peaks.size(), 2u);
+  EXPECT_EQ(peaks[0], peaks[1]);
+}
+
+// A collector that cannot flush keeps every step whole, as before.
+TEST(Profiler, ACollectorThatCannotFlushKeepsEveryStep) {
+  Profiler prof(Schedule{.wait = 0, .warmup = 0, .active = 10, .repeat = 1});
+  prof.add_collector(std::make_unique<FakeCollector>(false));
+  int folded = 0;
+  prof.fold_steps_beyond(2, [&](Trace&&) { ++folded; });
+  prof.start();
+  EXPECT_FALSE(prof.folds_steps());
+  for (int s = 0; s < 10; ++s) prof.step();
+  prof.stop();
+  EXPECT_EQ(folded, 0);
+  EXPECT_EQ(prof.trace().steps_recorded, 10);
+}
+
 }  // namespace
 }  // namespace attnprof

@@ -18,6 +18,7 @@
 #include "attnprof/error.h"
 #include "attnprof/occupancy.h"
 #include "profiler/cupti/cupti_records.h"
+#include "profiler/graph_replays.h"
 
 namespace attnprof::cupti {
 namespace {
@@ -40,6 +41,10 @@ struct Global {
   std::unordered_map<std::uint32_t, std::uint64_t> external;  // correlation -> external id
   std::unordered_map<std::uint32_t, std::int64_t> threads;    // CUPTI thread id -> gettid
   std::uint64_t dropped = 0;
+  // CUDA graph nodes and the ranges they were created in, from the resource
+  // callbacks of the running collector's subscription.
+  GraphCaptures graphs;
+  CUpti_SubscriberHandle subscriber = nullptr;
 };
 
 Global& global() {
@@ -48,6 +53,10 @@ Global& global() {
 }
 
 std::atomic<bool> g_running{false};
+// The recorded ranges open on this thread (external ids, outermost first),
+// as the range hooks see them: what a graph node created here belongs to.
+thread_local std::vector<std::uint64_t> t_open;
+thread_local unsigned t_open_attachment = 0;
 // Bumped by every detach: a pop owed to an earlier attachment must not call
 // CUPTI (any CUPTI call would load it again).
 std::atomic<unsigned> g_attachment{0};
@@ -93,6 +102,65 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream_id, std::
   g.dropped += dropped;
   for (auto& [corr, id] : external) g.external[corr] = id;
   g.records.insert(g.records.end(), std::make_move_iterator(parsed.begin()), std::make_move_iterator(parsed.end()));
+}
+
+// CUPTI's resource callbacks for CUDA graphs, on the thread that builds the
+// graph (stream capture, an explicit add, cudaGraphInstantiate): which
+// ranges were open when each node was created, and each clone's original.
+// Only CUPTI calls here.
+void CUPTIAPI on_graph_event(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  if (domain != CUPTI_CB_DOMAIN_RESOURCE || !data) return;
+  const auto* graph =
+      static_cast<const CUpti_GraphData*>(static_cast<const CUpti_ResourceData*>(data)->resourceDescriptor);
+  if (!graph) return;
+  Global& g = global();
+  switch (cbid) {
+    case CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED: {
+      std::uint64_t node = 0;
+      if (!graph->node || cuptiGetGraphNodeId(graph->node, &node) != CUPTI_SUCCESS) return;
+      std::lock_guard lock(g.mutex);
+      g.graphs.node_created(node, t_open);
+      break;
+    }
+    case CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED: {
+      std::uint64_t original = 0;
+      std::uint64_t clone = 0;
+      if (!graph->node || !graph->originalNode ||
+          cuptiGetGraphNodeId(graph->originalNode, &original) != CUPTI_SUCCESS ||
+          cuptiGetGraphNodeId(graph->node, &clone) != CUPTI_SUCCESS)
+        return;
+      std::lock_guard lock(g.mutex);
+      g.graphs.node_cloned(original, clone);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// Subscribes to the graph callbacks; returns why not (another subscriber:
+// CUPTI allows one) or an empty string.
+std::string subscribe_graphs() {
+  Global& g = global();
+  CUpti_SubscriberHandle subscriber = nullptr;
+  if (const CUptiResult r = cuptiSubscribe(&subscriber, on_graph_event, nullptr); r != CUPTI_SUCCESS) {
+    return "cuptiSubscribe failed: " + cupti_message(r);
+  }
+  for (const CUpti_CallbackId cbid : {CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED}) {
+    if (const CUptiResult r = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, cbid); r != CUPTI_SUCCESS) {
+      cuptiUnsubscribe(subscriber);
+      return "cuptiEnableCallback(resource " + std::to_string(cbid) + ") failed: " + cupti_message(r);
+    }
+  }
+  g.subscriber = subscriber;
+  return {};
+}
+
+void unsubscribe_graphs() {
+  Global& g = global();
+  if (!g.subscriber) return;
+  cuptiUnsubscribe(g.subscriber);
+  g.subscriber = nullptr;
 }
 
 // Registers the buffer callbacks and the shared clock: once per attachment
@@ -255,6 +323,9 @@ void CuptiCollector::range_begin(std::string_view, std::uint64_t id) {
   if (!g_running.load(std::memory_order_acquire)) return;
   register_current_thread();
   const unsigned attachment = g_attachment.load(std::memory_order_acquire);
+  if (t_open_attachment != attachment) t_open.clear();  // left by ranges of an earlier collection
+  t_open_attachment = attachment;
+  t_open.push_back(id);
   if (t_external_depth > 0 && t_external_attachment != attachment) t_external_depth = 0;  // owed to a detached CUPTI
   if (cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id) == CUPTI_SUCCESS) {
     t_external_attachment = attachment;
@@ -262,7 +333,8 @@ void CuptiCollector::range_begin(std::string_view, std::uint64_t id) {
   }
 }
 
-void CuptiCollector::range_end(std::uint64_t) {
+void CuptiCollector::range_end(std::uint64_t id) {
+  if (!t_open.empty() && t_open.back() == id) t_open.pop_back();
   if (t_external_depth == 0) return;
   --t_external_depth;
   // A range opened before the collector stopped and closed after: CUPTI has
@@ -313,6 +385,7 @@ void CuptiCollector::start() {
     g.records.clear();
     g.external.clear();
     g.dropped = 0;
+    g.graphs.clear();
     if (!g.clock_callback) {
       std::uint64_t cupti_now = 0;
       cuptiGetTimestamp(&cupti_now);
@@ -337,6 +410,11 @@ void CuptiCollector::start() {
   for (auto kind : kHostKinds) enable(kind);
   // Synchronization records are a nicety (the cuda_sync lane); go on without them.
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+  // So are graph replays tied to their captures: without the subscription
+  // they stay on their launch, as in PyTorch's traces.
+  if (std::string refused = subscribe_graphs(); !refused.empty()) {
+    add_note("CUDA graph replays not tied to their captured ranges (" + refused + ")");
+  }
   running_ = true;
 }
 
@@ -350,6 +428,7 @@ void CuptiCollector::stop() {
   const cudaError_t sync = cudaDeviceSynchronize();
   const CUptiResult flushed = cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   for (auto kind : kDeviceKinds) cuptiActivityDisable(kind);
+  unsubscribe_graphs();  // before a detach; the captures stay for rewrite()
 
   Global& g = global();
   std::vector<Activity> raw;
@@ -363,7 +442,6 @@ void CuptiCollector::stop() {
   struct Release {
     ~Release() { g_running = false; }
   } release;
-  auto add_note = [this](const std::string& s) { note_ += (note_.empty() ? "" : "; ") + s; };
   if (sync != cudaSuccess) add_note(std::string("cudaDeviceSynchronize at stop failed: ") + cudaGetErrorString(sync));
   if (flushed != CUPTI_SUCCESS) add_note("cuptiActivityFlushAll failed: " + cupti_message(flushed));
   if (dropped) add_note("CUPTI dropped " + std::to_string(dropped) + " activity records (buffers full)");
@@ -427,6 +505,32 @@ void CuptiCollector::finish(std::vector<Activity>& raw) {
     if (const auto t = tid_of_correlation.find(a.correlation); t != tid_of_correlation.end()) a.tid = t->second;
     if (const auto d = device_of_context.find(a.context); d != device_of_context.end()) a.device = d->second;
   }
+}
+
+void CuptiCollector::flush(std::vector<Activity>& out) {
+  if (!running_) return;
+  // Every record of the work so far: the device finished, the buffers
+  // handed over whole. What a later record needs (an external id, a
+  // launch) comes after this point too, so nothing is kept back.
+  const cudaError_t sync = cudaDeviceSynchronize();
+  const CUptiResult flushed = cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  if (sync != cudaSuccess)
+    add_note(std::string("cudaDeviceSynchronize at a flush failed: ") + cudaGetErrorString(sync));
+  if (flushed != CUPTI_SUCCESS) add_note("cuptiActivityFlushAll failed: " + cupti_message(flushed));
+  Global& g = global();
+  std::vector<Activity> raw;
+  {
+    std::lock_guard lock(g.mutex);
+    raw.swap(g.records);
+  }
+  finish(raw);
+  out.insert(out.end(), std::make_move_iterator(raw.begin()), std::make_move_iterator(raw.end()));
+}
+
+void CuptiCollector::rewrite(Trace& trace) {
+  Global& g = global();
+  std::lock_guard lock(g.mutex);
+  g.graphs.attribute(trace);
 }
 
 void CuptiCollector::drain(std::vector<Activity>& out) {

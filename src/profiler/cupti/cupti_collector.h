@@ -57,6 +57,16 @@ class CuptiCollector : public Collector {
   // detaches CUPTI from the process (unless ATTNPROF_CUPTI_STAY_ATTACHED=1).
   void stop() override;
   void drain(std::vector<Activity>& out) override;
+  // Waits for the device and hands over every record so far (a forced
+  // flush), names and all, so that a long schedule keeps only its last
+  // steps' records.
+  bool can_flush() const override { return true; }
+  void flush(std::vector<Activity>& out) override;
+  // CUDA graphs: while running, CUPTI's resource callbacks record which
+  // ranges each graph node was created in (and each instantiated clone's
+  // original); here every replay's kernels are tied back to those ranges
+  // (graph_replays.h).
+  void rewrite(Trace& trace) override;
   std::optional<DeviceProperties> device_properties() const override { return device_; }
   // Dropped-record counts and clock fallbacks, when there were any.
   std::string note() const override { return note_; }
@@ -67,6 +77,7 @@ class CuptiCollector : public Collector {
 
  private:
   void finish(std::vector<Activity>& raw);
+  void add_note(const std::string& s) { note_ += (note_.empty() ? "" : "; ") + s; }
 
   bool running_ = false;
   std::vector<Activity> activities_;

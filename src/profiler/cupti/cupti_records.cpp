@@ -92,6 +92,8 @@ void translate_record(const CUpti_Activity* record, std::int64_t offset, std::ve
       a.context = k->contextId;
       a.stream = stream_of(k->streamId);
       a.correlation = k->correlationId;
+      a.graph_id = k->graphId;
+      a.graph_node_id = k->graphNodeId;
       KernelInfo info;
       info.grid = {k->gridX, k->gridY, k->gridZ};
       info.block = {k->blockX, k->blockY, k->blockZ};
@@ -120,6 +122,8 @@ void translate_record(const CUpti_Activity* record, std::int64_t offset, std::ve
       // separately; that is the call the flow arrow should start from.
       a.correlation = m->runtimeCorrelationId ? m->runtimeCorrelationId : m->correlationId;
       a.transfer = TransferInfo{static_cast<std::int64_t>(m->bytes), copy_kind(m->copyKind)};
+      a.graph_id = m->graphId;
+      a.graph_node_id = m->graphNodeId;
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
@@ -133,6 +137,8 @@ void translate_record(const CUpti_Activity* record, std::int64_t offset, std::ve
       a.stream = stream_of(m->streamId);
       a.correlation = m->correlationId;
       a.transfer = TransferInfo{static_cast<std::int64_t>(m->bytes), {}};
+      a.graph_id = m->graphId;
+      a.graph_node_id = m->graphNodeId;
       break;
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME:

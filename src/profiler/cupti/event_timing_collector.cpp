@@ -29,12 +29,15 @@ std::string EventTimingCollector::note() const {
 }
 
 void* EventTimingCollector::take_event() {
-  if (next_event_ == events_.size()) {
+  if (free_.empty()) {
     cudaEvent_t e = nullptr;
     ATTNPROF_CUDA_CHECK(cudaEventCreate(&e));
     events_.push_back(e);
+    return e;
   }
-  return events_[next_event_++];
+  void* e = free_.back();
+  free_.pop_back();
+  return e;
 }
 
 void EventTimingCollector::start() {
@@ -57,7 +60,7 @@ void EventTimingCollector::start() {
   ATTNPROF_CUDA_CHECK(cudaEventSynchronize(as_event(anchor_)));
   anchor_ns_ = before + (now_ns() - before) / 2;
 
-  next_event_ = 0;
+  free_ = events_;
   spans_.clear();
   open_.clear();
   running_ = true;
@@ -84,13 +87,22 @@ void EventTimingCollector::range_end(std::uint64_t external_id) {
   if (cudaEventRecord(as_event(s.end), as_stream(stream_)) != cudaSuccess) s.end = nullptr;
 }
 
-void EventTimingCollector::stop() {
-  if (!running_) return;
-  running_ = false;
-  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
-
-  std::string name = range_ + " (device events)";
-  for (const Span& s : spans_) {
+void EventTimingCollector::convert_closed(std::vector<Activity>& out) {
+  std::vector<bool> open(spans_.size(), false);
+  for (const std::size_t i : open_) open[i] = true;
+  const std::string name = range_ + " (device events)";
+  std::vector<Span> still_open;
+  std::vector<std::size_t> reopened;
+  for (std::size_t i = 0; i < spans_.size(); ++i) {
+    const Span& s = spans_[i];
+    if (open[i]) {
+      reopened.push_back(still_open.size());
+      still_open.push_back(s);
+      continue;
+    }
+    for (void* e : {s.begin, s.end}) {
+      if (e) free_.push_back(e);
+    }
     if (!s.begin || !s.end) continue;
     float from_anchor_ms = 0, dur_ms = 0;
     if (cudaEventElapsedTime(&from_anchor_ms, as_event(anchor_), as_event(s.begin)) != cudaSuccess) continue;
@@ -107,7 +119,27 @@ void EventTimingCollector::stop() {
     a.pid = device_id_;
     a.tid = stream_id_;
     a.step = s.step;
-    activities_.push_back(std::move(a));
+    out.push_back(std::move(a));
+  }
+  spans_ = std::move(still_open);
+  open_ = std::move(reopened);
+}
+
+void EventTimingCollector::flush(std::vector<Activity>& out) {
+  if (!running_) return;
+  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+  convert_closed(out);
+}
+
+void EventTimingCollector::stop() {
+  if (!running_) return;
+  running_ = false;
+  ATTNPROF_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+  convert_closed(activities_);
+  for (const Span& s : spans_) {
+    for (void* e : {s.begin, s.end}) {
+      if (e) free_.push_back(e);
+    }
   }
   spans_.clear();
   open_.clear();

@@ -28,6 +28,10 @@ class EventTimingCollector : public Collector {
   void start() override;  // throws Error(Device)
   void stop() override;   // waits for the stream, turns event pairs into spans
   void drain(std::vector<Activity>& out) override;
+  // Waits for the stream and hands over the closed ranges' spans, their
+  // events reused after, so a long schedule holds no event per step.
+  bool can_flush() const override { return true; }
+  void flush(std::vector<Activity>& out) override;
   std::optional<DeviceProperties> device_properties() const override { return device_; }
   std::string note() const override;
 
@@ -43,6 +47,8 @@ class EventTimingCollector : public Collector {
     int step = -1;
   };
   void* take_event();
+  // The closed spans as activities into `out`, their events back to the pool.
+  void convert_closed(std::vector<Activity>& out);
 
   void* stream_;
   std::string reason_;
@@ -53,7 +59,7 @@ class EventTimingCollector : public Collector {
   void* anchor_ = nullptr;  // an event completed at anchor_ns_ on the host clock
   std::int64_t anchor_ns_ = 0;
   std::vector<void*> events_;  // every event created, destroyed with the collector
-  std::size_t next_event_ = 0;
+  std::vector<void*> free_;    // of those, the ones no span holds
   std::vector<Span> spans_;
   std::vector<std::size_t> open_;  // indices into spans_ of unclosed ranges
   std::vector<Activity> activities_;
