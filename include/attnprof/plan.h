@@ -74,7 +74,8 @@ class Plan {
   // and both shapes), then calls the backend's forward with the plan's
   // state: no backend resolution, no eligibility, nothing sized or
   // allocated by the plan's own work, nothing read on the host on a GPU
-  // (index tensors are read by the kernels, in stream order).
+  // (index tensors are read by the kernels, in stream order). Runs from
+  // several threads take turns: the plan's state serves one at a time.
   void run(const Inputs& in, Tensor& out, void* stream = nullptr);
 
   // Gives the plan's state and workspace back now (the device memory to its
