@@ -190,8 +190,12 @@ Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, s
   Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd,
                        in.q_rows.defined() || in.kv_rows.defined());
   DeviceRuntime& rt = runtime_for(p.device, threads);
-  return Call{std::move(p), std::move(in), std::move(out), &b,
-              RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
+  return Call{std::move(p),
+              std::move(in),
+              std::move(out),
+              &b,
+              RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads},
+              nullptr};
 }
 
 void set_descales(Call& c, std::optional<double> q, std::optional<double> k, std::optional<double> v) {

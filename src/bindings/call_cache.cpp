@@ -302,7 +302,7 @@ Call through_cache(const Sources& arrays, const CallArgs& a, const CallKey& key,
       // The plan of this very problem on the backend make() resolved (its
       // refusals already made there, in the call's words).
       auto slot = std::make_shared<PlanSlot>();
-      slot->plan = attnprof::plan(c.p, attnprof::layout_of(c.p, c.in), *c.backend, a.threads);
+      slot->plan = attnprof::plan(c.p, attnprof::layout_of(c.p, c.in), *c.backend, a.threads, c.ctx.stream);
       slot->stream = c.ctx.stream;
       entry->workspace = slot->plan.workspace_bytes();
       entry->planned = std::move(slot);

@@ -254,7 +254,7 @@ Plan plan(const Problem& problem, const BatchLayout& layout, std::string_view ba
   return made;
 }
 
-Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, int threads) {
+Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, int threads, void* stream) {
   Problem p = problem;
   p.normalize().validate();
   check_layout(p, layout);
@@ -290,7 +290,7 @@ Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, i
   s->q_rows_dims = {1, 1, p.batch, 2};
   s->kv_rows_dims = {1, 1, p.batch, layout.form == Form::Paged ? 1 : 2};
   s->cu_dims = {1, 1, 1, p.batch + 1};
-  RunContext ctx{*s->allocator, nullptr, threads, nullptr};
+  RunContext ctx{*s->allocator, stream, threads, nullptr};
   s->prepared = backend.prepare(p, ctx);
   Plan made;
   made.state_ = std::move(s);
