@@ -395,6 +395,11 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     const double copy_gbs = copy_ceiling_gbs(rt);
     if (r.trace.device) r.trace.device->copy_bandwidth_gbs = copy_gbs;
     r.metrics = measure_profiled(profiled, r.trace, p, ceiling_tflops(rt, p.dtype), copy_gbs);
+    // What the plan holds (a CPU flash's scratch, a GPU's split-KV
+    // workspace) each forward would otherwise allocate for itself: held
+    // across the calls, it is still memory the call needs, so the peak
+    // counts it (the trace's forward ranges show no allocation for it).
+    if (t.plan.valid()) r.metrics.peak_bytes += static_cast<std::int64_t>(t.plan.workspace_bytes());
     if (r.trace.steps_folded > 0) {
       r.key_averages = std::move(profiled.folded_rows);
       merge_key_averages(r.key_averages, key_averages(r.trace));
