@@ -255,9 +255,12 @@ struct Cache {
   }
 };
 
+// Never destroyed: its plans hold memory of allocators (the CPU's, a GPU
+// runtime's) that are statics of their own, which an exit may destroy first;
+// the process's end gives everything back.
 Cache& cache() {
-  static Cache c;
-  return c;
+  static Cache* const c = new Cache;
+  return *c;
 }
 
 // Whether prepare() makes this call's problem from its arrays' layouts alone.
