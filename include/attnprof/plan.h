@@ -74,7 +74,8 @@ class Plan {
   // and both shapes), then calls the backend's forward with the plan's
   // state: no backend resolution, no eligibility, nothing sized or
   // allocated by the plan's own work, nothing read on the host on a GPU
-  // (index tensors are read by the kernels, in stream order).
+  // (index tensors are read by the kernels, in stream order). Runs from
+  // several threads take turns: the plan's state serves one at a time.
   void run(const Inputs& in, Tensor& out, void* stream = nullptr);
 
   // Gives the plan's state and workspace back now (the device memory to its
@@ -87,7 +88,7 @@ class Plan {
   const State& live() const;  // the state, or the one-line refusal of an empty plan
   std::unique_ptr<State> state_;
   friend Plan plan(const Problem& p, const BatchLayout& layout, std::string_view backend, int threads);
-  friend Plan plan(const Problem& p, const BatchLayout& layout, Backend& backend, int threads);
+  friend Plan plan(const Problem& p, const BatchLayout& layout, Backend& backend, int threads, void* stream);
 };
 
 // A plan of `p` (normalized and validated here) in `layout` on `backend`
@@ -98,6 +99,9 @@ class Plan {
 // (plans run forwards). `threads`: the CPU's, as RunContext's (0: all cores).
 Plan plan(const Problem& p, const BatchLayout& layout, std::string_view backend, int threads = 0);
 // The same on a backend the caller holds (checked for eligibility here).
-Plan plan(const Problem& p, const BatchLayout& layout, Backend& backend, int threads = 0);
+// `stream`: where the backend's prepare orders what it does on the device (a
+// packed batch's host lengths copied there), as a first forward on that
+// stream would (the call cache plans a call on its caller's stream).
+Plan plan(const Problem& p, const BatchLayout& layout, Backend& backend, int threads = 0, void* stream = nullptr);
 
 }  // namespace attnprof

@@ -325,3 +325,121 @@ def test_the_cache_is_bounded():
         q = torch.randn(1, 1, s, 8)
         attnprof.attention(q, q, q, backend="naive", mask="none")
     assert 0 < _core._cache_entries() <= 512
+
+
+def stats():
+    return _core._cache_stats()
+
+
+def test_a_second_identical_call_hits_the_cache_and_runs_its_plan():
+    # attention() as a thin front over a cached plan: the first call makes the entry and its plan (a miss), a
+    # repeated one (new arrays, one layout) is a hit that resolves no backend and runs the plan it holds.
+    _core._clear_cache()
+    q, k, v = qkv()
+    first = attnprof.attention(q, k, v, backend="flash")
+    s = stats()
+    assert (s["entries"], s["plans"], s["misses"], s["hits"]) == (1, 1, 1, 0), s
+    assert s["workspace_bytes"] > 0, "CPU flash's plan holds its scratch"
+    resolutions = _core._backend_resolutions()
+    for i in range(3):
+        q2, k2, v2 = qkv()
+        got = attnprof.attention(q2, k2, v2, backend="flash")
+        torch.testing.assert_close(got.double(), sdpa(q2, k2, v2, is_causal=True), atol=2e-5, rtol=1e-4)
+        assert stats()["hits"] == i + 1
+    assert _core._backend_resolutions() == resolutions, "a hit resolved a backend"
+    s = stats()
+    assert (s["entries"], s["misses"]) == (1, 1), s
+    torch.testing.assert_close(attnprof.attention(q, k, v, backend="flash"), first, atol=0, rtol=0)
+    # A training forward is cached without a plan (plans run forwards).
+    x = [t.requires_grad_() for t in qkv()]
+    attnprof.attention(*x, backend="flash").sum().backward()
+    assert stats()["plans"] == 1
+
+
+def test_padded_calls_are_cached_and_read_each_calls_rows():
+    # Rows (q_rows, kv_rows) are read by the backend on every run: one entry, each call's own values.
+    _core._clear_cache()
+    q, k, v = qkv((2, 4, 24, 16), (2, 4, 40, 16))
+    kv_rows = torch.tensor([[0, 40], [9, 40]], dtype=torch.int32)
+    for rows in ([[0, 40], [9, 40]], [[0, 12], [30, 40]], [[5, 6], [0, 40]]):
+        kv_rows.copy_(torch.tensor(rows, dtype=torch.int32))
+        got = attnprof.attention(q, k, v, backend="flash", mask="none", kv_rows=kv_rows)
+        for b, (lo, hi) in enumerate(rows):
+            torch.testing.assert_close(got[b].double(), sdpa(q[b], k[b, :, lo:hi], v[b, :, lo:hi]), atol=2e-5,
+                                       rtol=1e-4, msg=str(rows))
+    s = stats()
+    assert (s["entries"], s["misses"], s["hits"]) == (1, 1, 2), s
+    # Key ends alone ([B, 1]) are another layout: another entry, the same answer.
+    ends = torch.tensor([[40], [17]], dtype=torch.int32)
+    got = attnprof.attention(q, k, v, backend="flash", mask="none", kv_rows=ends)
+    torch.testing.assert_close(got[1].double(), sdpa(q[1], k[1, :, :17], v[1, :, :17]), atol=2e-5, rtol=1e-4)
+    assert stats()["entries"] == 2
+
+
+def test_least_recently_used_entries_go_first():
+    _core._clear_cache()
+    keep = qkv((1, 1, 3, 8))
+    attnprof.attention(*keep, backend="naive", mask="none")
+    limit = stats()["max_entries"]
+    for s in range(4, limit + 40):
+        q = torch.randn(1, 1, s, 8)
+        attnprof.attention(q, q, q, backend="naive", mask="none")
+        attnprof.attention(*keep, backend="naive", mask="none")  # used again each time: never the oldest
+    s = stats()
+    assert s["entries"] == limit and s["evictions"] == s["misses"] - limit, s
+    hits = s["hits"]
+    attnprof.attention(*keep, backend="naive", mask="none")
+    assert stats()["hits"] == hits + 1, "the entry used most recently was evicted"
+    q = torch.randn(1, 1, 4, 8)  # the first of the loop's shapes: evicted long ago
+    attnprof.attention(q, q, q, backend="naive", mask="none")
+    assert stats()["misses"] == s["misses"] + 1
+
+
+def test_threads_calling_one_cached_call_at_once_get_their_own_answers():
+    # The GIL is released on the CPU while a call runs: the plan's scratch serves one run at a time, and a call
+    # that finds it busy runs without it, never sharing it.
+    import threading
+
+    _core._clear_cache()
+    inputs = [qkv((2, 4, 64, 16)) for _ in range(6)]
+    wants = [sdpa(*x, is_causal=True) for x in inputs]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(8):
+                got = attnprof.attention(*inputs[i], backend="flash", threads=2)
+                torch.testing.assert_close(got.double(), wants[i], atol=2e-5, rtol=1e-4)
+        except Exception as e:  # noqa: BLE001 - reported below, per thread
+            errors.append(f"thread {i}: {e}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert stats()["entries"] == 1
+
+
+def test_packed_calls_are_cached_by_their_lengths_on_the_cpu():
+    # A packed call's problem is its lengths (on the CPU read from host memory, as prepare reads them): the same
+    # lengths hit, other lengths (in a buffer of the same shape, rewritten in place) make their own entry.
+    _core._clear_cache()
+    heads, dim = 2, 16
+    for lens, new_entry in (([5, 11, 8], True), ([5, 11, 8], False), ([12, 4, 8], True), ([5, 11, 8], False)):
+        total = sum(lens)
+        q, k, v = (torch.randn(total, heads, dim) for _ in range(3))
+        cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32)
+        before = stats()
+        got = attnprof.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="flash")
+        after = stats()
+        assert after["misses"] - before["misses"] == int(new_entry), (lens, before, after)
+        assert after["hits"] - before["hits"] == int(not new_entry), (lens, before, after)
+        start = 0
+        for n in lens:
+            s = slice(start, start + n)
+            want = sdpa(*(x[s].transpose(0, 1) for x in (q, k, v)), is_causal=True).transpose(0, 1)
+            torch.testing.assert_close(got[s].double(), want, atol=2e-5, rtol=1e-4, msg=str(lens))
+            start += n
+    assert stats()["entries"] == 2

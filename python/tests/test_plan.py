@@ -58,6 +58,24 @@ def test_auto_keeps_its_backend_and_runs_resolve_nothing():
     assert plan.backend == picked
 
 
+def test_attention_is_a_front_over_a_cached_plan_of_the_same_pick():
+    # attention() plans its call on the first sight of its layout (the call cache) and runs that plan after:
+    # the same backend auto picks for attnprof.plan, the same bytes, no resolution on the repeated calls.
+    _core._clear_cache()
+    q, k, v = qkv()
+    explicit = attnprof.plan(q, k, v, mask="none", threads=1)
+    first = attnprof.attention(q, k, v, mask="none", threads=1)
+    stats = _core._cache_stats()
+    assert (stats["plans"], stats["misses"]) == (1, 1), stats
+    before = _core._backend_resolutions()
+    for seed in range(1, 4):
+        q, k, v = qkv(seed=seed)
+        assert torch.equal(attnprof.attention(q, k, v, mask="none", threads=1), explicit.run(q, k, v))
+    assert _core._backend_resolutions() == before
+    assert _core._cache_stats()["hits"] == 3
+    assert torch.equal(first, explicit.run(*qkv()))
+
+
 def test_runs_refuse_arrays_unlike_the_plans_in_one_line():
     q, k, v = qkv()
     plan = attnprof.plan(q, k, v, backend="flash", threads=1)

@@ -44,7 +44,7 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
                           Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens),
                                  optional_array(q_rows), optional_array(kv_rows)});
   set_descales(c, q_descale, k_descale, v_descale);  // per call: not part of the cached preparation
-  run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+  run(c, [&] { c.forward(); });
   return std::string(c.backend->name());
 }
 
@@ -80,7 +80,7 @@ int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const Attnprof
                         a->has_softcap ? std::optional<double>(a->softcap) : std::nullopt};
     Call c = prepare_cached(entry_array(*q), entry_array(*k), entry_array(*v), entry_array(*out), args);
     set_descales(c, std::nullopt, std::nullopt, std::nullopt);
-    run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+    run(c, [&] { c.forward(); });
     return 0;
   } catch (const Error& e) {
     return failed(1, e.what());
@@ -158,7 +158,7 @@ std::string attention_until(int stage, const In& q, const In& k, const In& v, co
                           {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
                           Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens)});
   if (stage == 1) return {};
-  run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+  run(c, [&] { c.forward(); });
   return std::string(c.backend->name());
 }
 
@@ -177,11 +177,10 @@ std::vector<double> time_forward(const In& q, const In& k, const In& v, const Ou
   nb::gil_scoped_release unlocked;
   DeviceRuntime& rt = runtime_for(c.p.device, threads);
   rt.synchronize();
-  for (int i = 0; i < std::max(2, calls / 4); ++i)
-    c.backend->forward(c.p, c.in, c.out, c.ctx);  // untimed, as the runner's
+  for (int i = 0; i < std::max(2, calls / 4); ++i) c.forward();  // untimed, as the runner's
   for (double& t : us) {
     const auto t0 = std::chrono::steady_clock::now();
-    c.backend->forward(c.p, c.in, c.out, c.ctx);
+    c.forward();
     t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
   rt.synchronize();
@@ -275,6 +274,22 @@ void bind_attention(nb::module_& m) {
 
   // The call cache (call.cpp), for the tests.
   m.def("_cache_entries", &cache_entries, "prepared calls the call cache holds");
+  m.def(
+      "_cache_stats",
+      [] {
+        const CacheStats s = cache_stats();
+        nb::dict d;
+        d["entries"] = s.entries;
+        d["plans"] = s.plans;
+        d["workspace_bytes"] = s.workspace_bytes;
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        d["evictions"] = s.evictions;
+        d["max_entries"] = kCacheEntries;
+        d["max_workspace_bytes"] = kCacheWorkspaceBytes;
+        return d;
+      },
+      "the call cache: entries, plans, their workspace, hits, misses and evictions since the last clear, its bounds");
   m.def("_clear_cache", &clear_cache, "empties the call cache");
   m.def("_use_cache", &use_cache, nb::arg("on"),
         "off: every call prepared afresh, as before the cache (bench/python_overhead.py compares)");

@@ -2,7 +2,8 @@
 // share. Arrays come in as DLPack views (nb::ndarray, never converted or
 // copied) and become borrowed Tensors here; one call on them is a Call.
 //   arrays.cpp             DLPack arrays -> borrowed Tensor views, and their checks
-//   call.cpp               a dense call: prepare(), the plan, the call cache
+//   call.cpp               a dense call: prepare(), the backend it resolves
+//   call_cache.cpp         the call cache: a repeated call's plan, made once (attnprof/plan.h)
 //   attention_bindings.cpp attention, attention_train, attention_backward
 //   varlen_bindings.cpp    packed (variable-length) batches; a paged cache's preparation
 //   pipeline_bindings.cpp  Problem, compare, profile, explain, the library's defaults
@@ -15,12 +16,15 @@
 #include <nanobind/stl/variant.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 
 #include "attnprof/backend.h"
+#include "attnprof/plan.h"
 #include "attnprof/problem.h"
 #include "attnprof/runner.h"
 #include "attnprof/tensor.h"
@@ -114,6 +118,17 @@ enum class Use : std::uint8_t { Inference, Autograd };
 // (problem, requested name, use, per-sequence rows: Inputs::kv_rows).
 Backend& resolve(const Problem& p, const std::string& requested, Use use, bool rows);
 
+// A cached forward's plan (call_cache.cpp), shared by the cache and the
+// calls running it, so that an entry evicted mid-call lives until the call
+// ends. Its state (a CPU flash's scratch, a GPU's workspace) serves one run
+// at a time, on the stream the plan was made on: a run on another stream, or
+// while another thread runs it, goes without the plan's state (Call::forward).
+struct PlanSlot {
+  Plan plan;
+  void* stream = nullptr;  // the stream its workspace is ordered on
+  std::mutex busy;         // held for a run with the plan's state
+};
+
 // One call on the caller's arrays: their borrowed views, the problem they
 // make, the backend that runs it and the context on the caller's stream.
 struct Call {
@@ -122,6 +137,14 @@ struct Call {
   Tensor out;
   Backend* backend = nullptr;
   RunContext ctx;
+  // A forward's plan from the call cache, or null (training passes, calls
+  // the cache does not take): forward() then calls the backend directly.
+  std::shared_ptr<PlanSlot> planned;
+
+  // The forward of the call: through its plan (Plan::run: no resolution, no
+  // eligibility, nothing sized or allocated by the plan's work) where it has
+  // one free for this stream, else the backend's forward on the call's context.
+  void forward();
 
   // A borrowed view of another array of the call (dO, the gradients): q's
   // device and dtype, the same layout (packed, or 4-d and `bshd`), and
@@ -175,18 +198,30 @@ struct CallArgs {
 Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& args,
              const Extras& x = {});
 
-// prepare() through the call cache: a call whose every array layout and
-// argument matches one prepared before takes that one's problem and backend
-// and makes only its views (call.cpp says what the key holds; paged calls,
-// which read their tables, are never cached). cache_entries() counts what
-// the cache holds, clear_cache() empties it (the tests use both).
+// prepare() through the call cache (call_cache.cpp says what its key holds):
+// a call whose every array layout and argument matches one prepared before
+// takes that one's problem, backend and, for a forward, plan, and makes only
+// its views. Bounded: least recently used entries go first, past
+// kCacheEntries entries or kCacheWorkspaceBytes of plans' workspace.
 Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& args,
                     const Extras& x = {});
+inline constexpr std::size_t kCacheEntries = 512;
+inline constexpr std::size_t kCacheWorkspaceBytes = std::size_t{256} << 20;
+// What the cache holds and did since the process started (or the last
+// clear_cache()), for the tests and bench/python_overhead.py.
+struct CacheStats {
+  std::size_t entries = 0;          // calls held
+  std::size_t plans = 0;            // of them, forwards with a plan
+  std::size_t workspace_bytes = 0;  // the plans' workspace
+  std::uint64_t hits = 0, misses = 0, evictions = 0;
+};
+CacheStats cache_stats();
 std::size_t cache_entries();
 void clear_cache();
 // Off: prepare_cached() is prepare() and runtime_for() device_runtime(), as
 // before the cache (for measuring what it saves).
 void use_cache(bool on);
+bool cache_enabled();
 
 // device_runtime(device, threads), setting the CPU's thread counts only when
 // they are not what this thread last set. The CPU runtime sets OpenMP's and
@@ -249,6 +284,10 @@ struct Packed {
 // One packed call: q [total_q, H, D], k and v [total_k, Hkv, D], out like q
 // (attention_varlen's, and a packed plan's: plan_bindings.cpp).
 Call prepare_varlen(const In& q, const In& k, const In& v, const Out& out, const Packed& packed, const CallArgs& a);
+// prepare_varlen() through the call cache (call_cache.cpp): keyed by the
+// arrays' layouts and, on the CPU, the lengths themselves.
+Call prepare_varlen_cached(const In& q, const In& k, const In& v, const Out& out, const Packed& packed,
+                           const CallArgs& a);
 
 // Runs `work` with the GIL released on the CPU (milliseconds of work; other
 // Python threads run meanwhile); on a GPU it is an asynchronous launch.

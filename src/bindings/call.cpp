@@ -1,6 +1,5 @@
 // One call on the caller's arrays: the problem they make, checked once, and
-// the backend that runs it; the call cache, which lets a repeated call skip
-// both.
+// the backend that runs it (the call cache over it: call_cache.cpp).
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -136,6 +135,19 @@ Gradients Call::gradients(const Array& dq, const Array& dk, const Array& dv, boo
   return g;
 }
 
+void Call::forward() {
+  if (planned && planned->stream == ctx.stream) {
+    // One run at a time uses the plan's state: a second thread's run of the
+    // same call goes without it rather than share its scratch.
+    std::unique_lock lock(planned->busy, std::try_to_lock);
+    if (lock.owns_lock()) {
+      planned->plan.run(in, out, ctx.stream);
+      return;
+    }
+  }
+  backend->forward(p, in, out, ctx);
+}
+
 namespace {
 
 // Bumped by every setting of the CPU runtime's thread counts (runtime_for's
@@ -147,6 +159,9 @@ std::atomic<std::uint64_t> runtime_epoch{1};
 std::atomic<bool> cache_on{true};
 
 }  // namespace
+
+void use_cache(bool on) { cache_on.store(on, std::memory_order_relaxed); }
+bool cache_enabled() { return cache_on.load(std::memory_order_relaxed); }
 
 DeviceRuntime& runtime_for(Device device, int threads) {
   if (device != Device::Cpu) return device_runtime(device, threads);  // no thread counts to set
@@ -177,8 +192,12 @@ Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, s
   Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd,
                        in.q_rows.defined() || in.kv_rows.defined());
   DeviceRuntime& rt = runtime_for(p.device, threads);
-  return Call{std::move(p), std::move(in), std::move(out), &b,
-              RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads}};
+  return Call{std::move(p),
+              std::move(in),
+              std::move(out),
+              &b,
+              RunContext{rt.allocator(), reinterpret_cast<void*>(stream), threads},
+              nullptr};
 }
 
 void set_descales(Call& c, const std::optional<Descale>& q, const std::optional<Descale>& k,
@@ -301,202 +320,6 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
   p.normalize().validate();
   if (mask_tensor.defined()) attach_mask(p, mask_tensor, in, "attn_mask");
   return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);
-}
-
-// ---- The call cache ----
-//
-// A repeated call (a model's every layer, every step) comes with arrays of
-// the same layouts and the same arguments. Everything prepare() checks and
-// builds from them but the data pointers (the devices, dtypes, shapes and
-// strides, the problem, its validation, the plan) is then the same, so the
-// cache keys a prepared call by exactly that, and a hit makes only the views
-// of the new pointers. A key that differs in anything goes through
-// prepare(), every check of it included; a refused call is never cached.
-// Paged calls read their block table and lengths, which no layout says, and
-// are never cached (nor packed ones, whose lengths are in cu_seqlens).
-
-namespace {
-
-// An array's layout: everything prepare() reads of it but its data pointer.
-struct Layout {
-  std::int32_t ndim = -1;  // -1: no array (attn_mask not given)
-  std::int32_t device_type = 0;
-  std::int32_t device_id = 0;
-  std::uint8_t code = 0;
-  std::uint8_t bits = 0;
-  std::uint16_t lanes = 0;
-  std::array<std::int64_t, 4> shape{};
-  std::array<std::int64_t, 4> strides{};
-  bool operator==(const Layout&) const = default;
-};
-
-// The names a key holds inline (no allocation per lookup); a longer one
-// (which no backend or mask has) is never cached.
-using Name = std::array<char, 24>;
-
-bool name_of(const std::string& s, Name& out) {
-  if (s.size() >= out.size()) return false;
-  out.fill('\0');
-  std::memcpy(out.data(), s.data(), s.size());
-  return true;
-}
-
-struct CallKey {
-  std::array<Layout, 5> arrays;  // q, k, v, out, attn_mask
-  Name backend{};
-  Name mask{};
-  std::optional<std::int64_t> window;
-  std::optional<double> scale;
-  std::optional<double> softcap;
-  int threads = 0;
-  bool bshd = false;
-  bool deterministic = false;
-  Pass pass = Pass::Forward;
-  bool operator==(const CallKey&) const = default;
-};
-
-bool layout_of(const Array& a, Layout& l) {
-  if (a.ndim > 4) return false;  // refused by prepare(), never cached
-  l.ndim = static_cast<std::int32_t>(a.ndim);
-  l.device_type = a.device_type;
-  l.device_id = a.device_id;
-  l.code = a.dtype.code;
-  l.bits = a.dtype.bits;
-  l.lanes = a.dtype.lanes;
-  for (std::size_t i = 0; i < a.ndim; ++i) {
-    l.shape[i] = a.shape[i];
-    l.strides[i] = a.strides[i];
-  }
-  return true;
-}
-
-bool key_of(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& a, const Extras& x,
-            CallKey& key) {
-  const Array* arrays[4] = {&q, &k, &v, &out};
-  for (std::size_t i = 0; i < 4; ++i) {
-    if (!layout_of(*arrays[i], key.arrays[i])) return false;
-  }
-  if (x.attn_mask && !layout_of(*x.attn_mask, key.arrays[4])) return false;
-  if (!name_of(a.backend, key.backend) || !name_of(a.mask, key.mask)) return false;
-  key.window = a.window;
-  key.scale = a.scale;
-  key.softcap = a.softcap;
-  key.threads = a.threads;
-  key.bshd = a.bshd;
-  key.deterministic = a.deterministic;
-  key.pass = a.pass;
-  return true;
-}
-
-template <class T>
-void mix(std::size_t& h, const T& v) {
-  h ^= std::hash<T>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-}
-
-struct CallKeyHash {
-  std::size_t operator()(const CallKey& k) const noexcept {
-    std::size_t h = 0;
-    for (const Layout& l : k.arrays) {
-      mix(h, l.ndim);
-      mix(h,
-          (std::int64_t{l.device_type} << 32) | (std::int64_t{l.code} << 24) | (std::int64_t{l.bits} << 16) | l.lanes);
-      for (std::int32_t i = 0; i < l.ndim; ++i) {
-        mix(h, l.shape[static_cast<std::size_t>(i)]);
-        mix(h, l.strides[static_cast<std::size_t>(i)]);
-      }
-    }
-    mix(h, std::string_view(k.backend.data()));
-    mix(h, std::string_view(k.mask.data()));
-    mix(h, k.window.value_or(-1));
-    // + 0.0: -0.0 and 0.0 compare equal, so they hash alike.
-    mix(h, k.scale ? *k.scale + 0.0 : -1.0);
-    mix(h, k.softcap ? *k.softcap + 0.0 : -1.0);
-    mix(h, (k.threads << 8) | (int{k.bshd} << 2) | (int{k.deterministic} << 1) | static_cast<int>(k.pass));
-    return h;
-  }
-};
-
-// A view's metadata, to be put on a new data pointer.
-struct ViewShape {
-  Dims sizes{};
-  Dims strides{};
-};
-
-ViewShape shape_of(const Tensor& t) { return {t.sizes(), t.strides()}; }
-
-// What a hit reuses of the call prepare() made.
-struct Prepared {
-  Problem p;
-  Backend* backend = nullptr;
-  std::array<ViewShape, 4> views;  // q, k, v, out
-  ViewShape mask;                  // attn_mask as attach_mask broadcast it (in.mask or in.bias)
-};
-
-Tensor view_on(const Array& a, const ViewShape& s, DType dtype, Device device) {
-  // from_blob still refuses a null pointer: a check of the data, not of the layout.
-  return Tensor::from_blob(const_cast<void*>(a.data), s.sizes, s.strides, dtype, device);
-}
-
-// Bounded: a process that calls with ever new shapes (a sequence growing
-// token by token) empties it now and then rather than growing without end.
-constexpr std::size_t kMaxEntries = 512;
-
-std::mutex cache_mu;
-std::unordered_map<CallKey, Prepared, CallKeyHash>& cache() {
-  static std::unordered_map<CallKey, Prepared, CallKeyHash> entries;
-  return entries;
-}
-
-}  // namespace
-
-Call prepare_cached(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& a,
-                    const Extras& x) {
-  CallKey key;
-  if (!cache_on.load(std::memory_order_relaxed) || x.block_table || x.seq_lens || x.q_rows || x.kv_rows ||
-      !key_of(q, k, v, out, a, x, key)) {
-    return prepare(q, k, v, out, a, x);
-  }
-  std::optional<Prepared> hit;
-  {
-    std::lock_guard lock(cache_mu);
-    if (auto it = cache().find(key); it != cache().end()) hit = it->second;
-  }
-  if (!hit) {
-    Call c = prepare(q, k, v, out, a, x);
-    Prepared entry{c.p, c.backend, {shape_of(c.in.q), shape_of(c.in.k), shape_of(c.in.v), shape_of(c.out)}, {}};
-    if (x.attn_mask) entry.mask = shape_of(c.p.mask == MaskKind::Boolean ? c.in.mask : c.in.bias);
-    std::lock_guard lock(cache_mu);
-    if (cache().size() >= kMaxEntries) cache().clear();
-    cache().emplace(key, std::move(entry));
-    return c;
-  }
-  Prepared& e = *hit;
-  const Device device = e.p.device;
-  const DType dtype = e.p.dtype;
-  Inputs in;
-  in.q = view_on(q, e.views[0], dtype, device);
-  in.k = view_on(k, e.views[1], dtype, device);
-  in.v = view_on(v, e.views[2], dtype, device);
-  if (x.attn_mask) {
-    (e.p.mask == MaskKind::Boolean ? in.mask : in.bias) =
-        view_on(*x.attn_mask, e.mask, e.p.mask == MaskKind::Boolean ? DType::Bool : output_dtype(dtype), device);
-  }
-  Tensor o = view_on(out, e.views[3], output_dtype(dtype), device);
-  DeviceRuntime& rt = runtime_for(device, a.threads);
-  return Call{std::move(e.p), std::move(in), std::move(o), e.backend,
-              RunContext{rt.allocator(), reinterpret_cast<void*>(a.stream), a.threads}};
-}
-
-std::size_t cache_entries() {
-  std::lock_guard lock(cache_mu);
-  return cache().size();
-}
-
-void use_cache(bool on) { cache_on.store(on, std::memory_order_relaxed); }
-
-void clear_cache() {
-  std::lock_guard lock(cache_mu);
-  cache().clear();
 }
 
 }  // namespace attnprof::python

@@ -282,10 +282,10 @@ std::string attention_varlen(const In& q, const In& k, const In& v, const Out& o
                              std::optional<double> softcap, const std::optional<Descale>& q_descale,
                              const std::optional<Descale>& k_descale, const std::optional<Descale>& v_descale) {
   const ThreadCountsKept kept;
-  Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
-                          {backend, mask, window, scale, stream, threads, false, Pass::Forward, false, softcap});
+  Call c = prepare_varlen_cached(q, k, v, out, {cu_q, cu_k, max_q, max_k},
+                                 {backend, mask, window, scale, stream, threads, false, Pass::Forward, false, softcap});
   set_descales(c, q_descale, k_descale, v_descale);
-  run(c, [&] { c.backend->forward(c.p, c.in, c.out, c.ctx); });
+  run(c, [&] { c.forward(); });
   return std::string(c.backend->name());
 }
 
@@ -297,8 +297,9 @@ std::tuple<std::string, nb::ndarray<float>> attention_varlen_train(
     const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream,
     int threads, bool deterministic, std::optional<double> softcap) {
   const ThreadCountsKept kept;
-  Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
-                          {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
+  Call c = prepare_varlen_cached(
+      q, k, v, out, {cu_q, cu_k, max_q, max_k},
+      {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
   Saved saved;
   run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
   const std::size_t shape[2] = {static_cast<std::size_t>(c.p.heads), static_cast<std::size_t>(c.p.total_q())};
@@ -314,8 +315,9 @@ std::string attention_varlen_backward(const In& dout, const In& q, const In& k, 
                                       std::optional<double> scale, std::uintptr_t stream, int threads,
                                       bool deterministic, std::optional<double> softcap) {
   const ThreadCountsKept kept;
-  Call c = prepare_varlen(q, k, v, out, {cu_q, cu_k, max_q, max_k},
-                          {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
+  Call c = prepare_varlen_cached(
+      q, k, v, out, {cu_q, cu_k, max_q, max_k},
+      {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
   c.p.pass = Pass::Backward;
   const Tensor d_out = c.view_like("dout", array_of(dout), c.out, false);
   Gradients g = c.gradients(array_of(dq), array_of(dk), array_of(dv), false);

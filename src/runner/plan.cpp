@@ -4,6 +4,7 @@
 #include "attnprof/plan.h"
 
 #include <array>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -22,6 +23,9 @@ struct Plan::State {
   Allocator* allocator = nullptr;
   int threads = 0;
   std::unique_ptr<BackendState> prepared;
+  // Held for each run: the prepared state (a CPU flash's scratch) serves one
+  // forward at a time, so runs from several threads take turns.
+  std::mutex running;
   std::string story;  // the backend's eligibility reason
   std::string how;    // how the backend was picked
   DType out_dtype = DType::BF16;
@@ -221,7 +225,10 @@ void Plan::run(const Inputs& in, Tensor& out, void* stream) {
       expect_absent("q_rows", in.q_rows, s.layout);
     }
     if (s.layout.kv_rows) {
-      expect("kv_rows", in.kv_rows, s.kv_rows_dims, DType::I32, p.device);
+      // (begin, end) pairs, or key ends alone ([1, 1, B, 1]: begin 0), as Inputs::kv_rows takes them.
+      Dims pairs_or_ends = s.kv_rows_dims;
+      if (in.kv_rows.defined() && in.kv_rows.size(3) == 1) pairs_or_ends[3] = 1;
+      expect("kv_rows", in.kv_rows, pairs_or_ends, DType::I32, p.device);
     } else {
       expect_absent("kv_rows", in.kv_rows, s.layout);
     }
@@ -233,6 +240,7 @@ void Plan::run(const Inputs& in, Tensor& out, void* stream) {
     fail(ErrorKind::InvalidArgument, "bias: the plan's bias mask must be given on its device", {"bias"});
   }
   RunContext ctx{*s.allocator, stream, s.threads, s.prepared.get()};
+  const std::lock_guard lock(state_->running);
   s.backend->forward(p, in, out, ctx);
 }
 
@@ -246,7 +254,7 @@ Plan plan(const Problem& problem, const BatchLayout& layout, std::string_view ba
   return made;
 }
 
-Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, int threads) {
+Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, int threads, void* stream) {
   Problem p = problem;
   p.normalize().validate();
   check_layout(p, layout);
@@ -282,7 +290,7 @@ Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, i
   s->q_rows_dims = {1, 1, p.batch, 2};
   s->kv_rows_dims = {1, 1, p.batch, layout.form == Form::Paged ? 1 : 2};
   s->cu_dims = {1, 1, 1, p.batch + 1};
-  RunContext ctx{*s->allocator, nullptr, threads, nullptr};
+  RunContext ctx{*s->allocator, stream, threads, nullptr};
   s->prepared = backend.prepare(p, ctx);
   Plan made;
   made.state_ = std::move(s);

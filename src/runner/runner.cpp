@@ -14,6 +14,7 @@
 #include "attnprof/error.h"
 #include "attnprof/key_averages.h"
 #include "attnprof/mask_tensor.h"
+#include "attnprof/plan.h"
 #include "attnprof/reference.h"
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cuda/plugin.h"
@@ -68,6 +69,10 @@ struct PassTensors {
   Tensor dout;
   Saved saved;
   Gradients grads;
+  // A forward's plan of this backend and problem (attnprof/plan.h), made
+  // once before the steps: every step is then Plan::run, as a program's
+  // planned call is. Empty for the other passes (plans run forwards).
+  Plan plan;
 };
 
 // One call of the pass. Backward reuses the saved tensors of the forward made
@@ -76,7 +81,11 @@ struct PassTensors {
 void call(Backend& backend, const Problem& p, PassTensors& t, RunContext& ctx) {
   switch (p.pass) {
     case Pass::Forward:
-      backend.forward(p, t.in, t.out, ctx);
+      if (t.plan.valid()) {
+        t.plan.run(t.in, t.out, ctx.stream);
+      } else {
+        backend.forward(p, t.in, t.out, ctx);  // a backward run's forward alone (no plan of it)
+      }
       break;
     case Pass::Backward:
       backend.backward(p, t.in, t.out, t.dout, t.saved, t.grads, ctx);
@@ -345,6 +354,14 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     };
     t.out = empty(p.q_dims());
     RunContext ctx{rt.allocator(), rt.stream(), options.threads};
+    // The forward's plan, before the profiler starts: what the backend sizes
+    // and allocates once per problem (its prepare) is then outside the
+    // steps, as it is for a program that plans its call. A paged problem's
+    // runs here have no per-sequence lengths (every sequence is full), which
+    // a paged plan takes on every run, so those call the backend directly.
+    if (p.pass == Pass::Forward && p.kv_cache != KvCache::Paged) {
+      t.plan = plan(p, layout_of(p, t.in), backend, options.threads);
+    }
     Tensor host_dout;
     if (p.pass != Pass::Forward) {
       host_dout = make_dout(p, options.seed, cpu_allocator());
@@ -378,6 +395,11 @@ RunResult run_backend(Backend& backend, const Problem& p, const RunOptions& opti
     const double copy_gbs = copy_ceiling_gbs(rt);
     if (r.trace.device) r.trace.device->copy_bandwidth_gbs = copy_gbs;
     r.metrics = measure_profiled(profiled, r.trace, p, ceiling_tflops(rt, p.dtype), copy_gbs);
+    // What the plan holds (a CPU flash's scratch, a GPU's split-KV
+    // workspace) each forward would otherwise allocate for itself: held
+    // across the calls, it is still memory the call needs, so the peak
+    // counts it (the trace's forward ranges show no allocation for it).
+    if (t.plan.valid()) r.metrics.peak_bytes += static_cast<std::int64_t>(t.plan.workspace_bytes());
     if (r.trace.steps_folded > 0) {
       r.key_averages = std::move(profiled.folded_rows);
       merge_key_averages(r.key_averages, key_averages(r.trace));

@@ -3,7 +3,9 @@
 // its runs resolve nothing and ask the backend nothing but the forward (a
 // counting backend shows it); tensors of another shape, dtype or device, a
 // missing index tensor and a released plan are refused in one line naming
-// the tensor; a paged plan follows seq_lens rewritten in place.
+// the tensor; a paged plan follows seq_lens rewritten in place. CPU flash's
+// plan holds its scratch (its runs allocate nothing), and the runner's
+// forward steps run through one plan.
 #include "attnprof/plan.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attnprof/backend.h"
@@ -269,6 +272,77 @@ TEST(Plan, PaddedAndPackedPlansRunAsTheBackendsForward) {
     plan.run(pin, pout);
     EXPECT_TRUE(same_bytes(pout, direct(cpu("flash"), packed, pin)));
   }
+}
+
+// Counts the CPU allocator's allocations while it is installed.
+class CountAllocations final : public AllocationObserver {
+ public:
+  CountAllocations() { cpu_allocator().set_observer(this); }
+  ~CountAllocations() override { cpu_allocator().clear_observer(this); }
+  CountAllocations(const CountAllocations&) = delete;
+  CountAllocations& operator=(const CountAllocations&) = delete;
+  void on_allocation(Device, const void*, std::int64_t delta, const MemoryStats&) override { allocations += delta > 0; }
+  int allocations = 0;
+};
+
+TEST(Plan, CpuFlashHoldsItsScratchAndItsRunsAllocateNothing) {
+  for (const Problem& p : {dense(), dense(MaskKind::None)}) {
+    Plan plan = attnprof::plan(p, {}, "flash", 2);
+    EXPECT_GT(plan.workspace_bytes(), 0U) << plan.explain();
+    const Inputs in = make_inputs(p, 3, cpu_allocator());
+    Tensor out = output(p);
+    int allocations = -1;
+    {
+      const CountAllocations count;
+      for (int i = 0; i < 3; ++i) plan.run(in, out);
+      allocations = count.allocations;
+    }
+    EXPECT_EQ(allocations, 0) << "a planned forward allocated its scratch again";
+    EXPECT_TRUE(same_bytes(out, direct(cpu("flash"), p, in)));
+  }
+  // The backend's own forward (no plan) still sizes and allocates its scratch itself.
+  const Problem p = dense();
+  const Inputs in = make_inputs(p, 3, cpu_allocator());
+  Tensor out = output(p);
+  RunContext ctx{cpu_allocator(), nullptr, 2};
+  const CountAllocations count;
+  cpu("flash").forward(p, in, out, ctx);
+  EXPECT_GE(count.allocations, 1);
+}
+
+TEST(Plan, RunsFromSeveralThreadsTakeTurnsOnThePlansScratch) {
+  const Problem p = dense();
+  Plan plan = attnprof::plan(p, {}, "flash", 2);
+  const Inputs in = make_inputs(p, 11, cpu_allocator());
+  const Tensor want = direct(cpu("flash"), p, in);
+  std::vector<Tensor> outs(4);
+  for (Tensor& o : outs) o = output(p);
+  std::vector<std::thread> threads;
+  for (Tensor& o : outs) {
+    threads.emplace_back([&plan, &in, &o] {
+      for (int i = 0; i < 5; ++i) plan.run(in, o);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Tensor& o : outs) EXPECT_TRUE(same_bytes(o, want));
+}
+
+// The runner (and through it compare and profile) runs a forward's steps
+// through one plan of the backend and problem: prepare() once, every step's
+// forward with its state.
+TEST(Plan, TheRunnersForwardStepsRunThroughOnePlan) {
+  const Problem p = dense();
+  Counting counting;
+  RunOptions options;
+  options.schedule = Schedule{.wait = 0, .warmup = 1, .active = 3, .repeat = 1};
+  options.threads = 1;
+  const RunResult r = run_backend(counting, p, options);
+  ASSERT_FALSE(r.failure) << *r.failure;
+  EXPECT_EQ(counting.prepare_calls, 1);
+  EXPECT_EQ(counting.forward_calls, options.schedule.total_steps());
+  EXPECT_TRUE(counting.state_passed) << "a step ran without the plan's state";
+  ASSERT_TRUE(r.acceptance.has_value());
+  EXPECT_TRUE(r.acceptance->pass) << r.acceptance->why;
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numbers>
 #include <optional>
 #include <string>
@@ -336,6 +337,22 @@ class FlashCpu final : public Backend {
     run_forward(problem, in, out, nullptr, ctx);
   }
 
+  // A plan's forwards (attnprof/plan.h) share one per-thread scratch, made
+  // here for the kernels and threads the plan will run with, instead of one
+  // allocated by every forward.
+  std::unique_ptr<BackendState> prepare(const Problem& problem, RunContext& ctx) override {
+    Problem p = problem;
+    p.normalize();
+    const IsaChoice isa = choose_isa();
+    if (!isa.error.empty()) return nullptr;  // the forward refuses, naming it
+    auto s = std::make_unique<Scratch>();
+    s->kernels = &kernels_for_run(isa.isa);
+    s->threads = resolve_threads(ctx.threads);
+    s->per_thread = s->kernels->forward_scratch_floats(p);
+    s->buffer = Tensor::empty({s->threads, 1, 1, s->per_thread}, DType::F32, ctx.allocator);
+    return s;
+  }
+
   // The LSE, FP32 lse_dims(p) ([B, H, S, 1], or [1, H, total_q, 1] packed), is all the backward needs beyond the inputs
   // and O.
   void forward_train(const Problem& problem, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
@@ -352,6 +369,17 @@ class FlashCpu final : public Backend {
   }
 
  private:
+  // prepare()'s state: `threads` scratches of `per_thread` floats for
+  // `kernels` (a forward whose kernels, sizing or thread count differ, as
+  // after the OpenMP count grew, allocates its own).
+  struct Scratch final : BackendState {
+    const Kernels* kernels = nullptr;
+    int threads = 0;
+    std::int64_t per_thread = 0;
+    Tensor buffer;
+    std::size_t bytes() const override { return buffer.nbytes(); }
+  };
+
   static void run_forward(const Problem& problem, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
     Problem p = problem;
     p.normalize();
@@ -450,8 +478,12 @@ class FlashCpu final : public Backend {
 
     // Sized for either item (forward_scratch_floats covers both where p may decode).
     const std::int64_t per_thread = kernels.forward_scratch_floats(p);
-    Tensor scratch = Tensor::empty({threads, 1, 1, per_thread}, DType::F32, ctx.allocator);
-    float* scratch_base = scratch.data_as<float>();
+    const auto* held = dynamic_cast<const Scratch*>(ctx.state);
+    Tensor scratch;
+    if (!(held && held->kernels == &kernels && held->per_thread == per_thread && held->threads >= threads)) {
+      scratch = Tensor::empty({threads, 1, 1, per_thread}, DType::F32, ctx.allocator);
+    }
+    float* scratch_base = scratch.defined() ? scratch.data_as<float>() : held->buffer.data_as<float>();
 
     // Items run head by head; within a head the later query blocks, which
     // see more keys under causal masks, are handed out first (dynamic

@@ -216,6 +216,34 @@ class Cudnn final : public Backend {
             .fp8 = true};
   }
 
+  // A plan's state (attnprof/plan.h): the forward graph of the problem found
+  // (and its plans built) once, at the layout make_inputs() and a contiguous
+  // caller's tensors have, and the plan's own last call, so that a run of the
+  // planned problem neither builds the graph's string key nor looks it up,
+  // and plans of other problems between its runs do not make it miss.
+  // Boolean masks (lowered per call), packed batches (offsets bound per call)
+  // and FP8 (its own binding) keep the per-call path.
+  struct Planned final : BackendState {
+    Entry* entry = nullptr;  // in cache_, whose entries live as long as the backend
+    Layout layout;           // the entry's
+    LastCall last;
+    std::uint64_t generation = 0;  // packs_generation_ when `last` was made
+  };
+
+  std::unique_ptr<BackendState> prepare(const Problem& p, RunContext& ctx) override {
+    (void)ctx;
+    if (p.pass != Pass::Forward || p.mask == MaskKind::Boolean || p.varlen() || is_fp8(p.dtype)) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto s = std::make_unique<Planned>();
+    s->layout = default_layout(p, GraphKind::Forward);
+    Entry& e = entry(p, s->layout, GraphKind::Forward);
+    if (!e.failure.empty()) return nullptr;  // the forward refuses, in cuDNN's words
+    build_plans(e, p.mask);
+    s->entry = &e;
+    s->generation = packs_generation_;
+    return s;
+  }
+
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
     require_output_apart(in, out, "cudnn");
     std::string dtypes, dims;
@@ -336,15 +364,22 @@ class Cudnn final : public Backend {
     std::lock_guard<std::mutex> lock(mutex_);
     if (inputs_.trim()) {
       for (LastCall& l : last_) l.valid = false;  // their offsets and lengths went
+      ++packs_generation_;                        // and the plans' last calls
     }
     std::optional<Problem> lowered;
     if (p.mask == MaskKind::Boolean) lowered = inputs_.lower_mask(p, in, t, ctx);
     const Problem& g = lowered ? *lowered : p;
     if (g.varlen()) inputs_.bind_ragged(g, in, t, ctx);
-    LastCall& last = last_[static_cast<std::size_t>(kind)];
+    // A planned forward keeps its own last call (prepare() above).
+    Planned* planned = kind == GraphKind::Forward && !lowered ? dynamic_cast<Planned*>(ctx.state) : nullptr;
+    if (planned && planned->generation != packs_generation_) {
+      planned->last.valid = false;
+      planned->generation = packs_generation_;
+    }
+    LastCall& last = planned ? planned->last : last_[static_cast<std::size_t>(kind)];
     const CallKey key = call_key(g, t, workspace_.defined() ? workspace_.data() : nullptr);
     if (!last.valid || !(key == last.key)) {
-      if (!prepare(kind, g, t, ctx, key, last)) return;  // run by the frontend's execute()
+      if (!prepare(kind, g, t, ctx, key, last, planned)) return;  // run by the frontend's execute()
     }
     set_stream(ctx.stream);
     ATTNPROF_CUDNN_CHECK(cudnnBackendExecute(handle_, last.plan, last.pack));
@@ -361,16 +396,15 @@ class Cudnn final : public Backend {
   // then either caches a variant pack for this call's addresses and makes it
   // the kind's last call (true), or, for a graph the direct path cannot run,
   // runs the call through the frontend's execute() (false).
-  bool prepare(GraphKind kind, const Problem& p, const Bound& t, RunContext& ctx, CallKey key, LastCall& last) {
+  // `planned`: a plan's state, whose entry is this call's where its layout
+  // is the one the plan found it for (no lookup then).
+  bool prepare(GraphKind kind, const Problem& p, const Bound& t, RunContext& ctx, CallKey key, LastCall& last,
+               const Planned* planned) {
     last.valid = false;
-    Entry& e = entry(p, layout_of(p, t), kind);
+    const Layout layout = layout_of(p, t);
+    Entry& e = planned && same_layout(planned->layout, layout) ? *planned->entry : entry(p, layout, kind);
     if (!e.failure.empty()) fail(ErrorKind::Unsupported, "cuDNN: " + e.failure);
-    if (!e.plans_built) {
-      require_ok(e.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
-      require_ok(e.graph->get_workspace_size(e.workspace), "get_workspace_size");
-      e.plan = direct_plan(e, p.mask);
-      e.plans_built = true;
-    }
+    build_plans(e, p.mask);
     if (p.kv_cache == KvCache::Paged && !e.seq_q.defined()) {
       e.seq_q = lengths(p.batch, p.seq, ctx);
       e.seq_kv = lengths(p.batch, p.kv_seq, ctx);
@@ -409,6 +443,7 @@ class Cudnn final : public Backend {
       // pack goes too.
       if (packs_.size() >= kMaxPacks) {
         for (LastCall& l : last_) l.valid = false;
+        ++packs_generation_;  // the plans' last calls' packs go too
         // Out of the map first: a failed destroy must not leave the
         // destructor a descriptor to destroy twice.
         const auto old = std::move(packs_);
@@ -423,6 +458,22 @@ class Cudnn final : public Backend {
     last.plan = e.plan;
     last.pack = it->second;
     last.valid = true;
+    return true;
+  }
+
+  // An entry's plans and workspace size, on its first run (or its plan's prepare).
+  static void build_plans(Entry& e, MaskKind mask) {
+    if (e.plans_built) return;
+    require_ok(e.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
+    require_ok(e.graph->get_workspace_size(e.workspace), "get_workspace_size");
+    e.plan = direct_plan(e, mask);
+    e.plans_built = true;
+  }
+
+  static bool same_layout(const Layout& a, const Layout& b) {
+    for (std::size_t i = 0; i < kTensors; ++i) {
+      if (a.t[i].dims != b.t[i].dims || a.t[i].strides != b.t[i].strides) return false;
+    }
     return true;
   }
 
@@ -459,6 +510,9 @@ class Cudnn final : public Backend {
   // Per graph kind, the last call the direct path ran; valid until a miss
   // starts over.
   std::array<LastCall, kGraphKinds> last_{};
+  // Bumped whenever cached packs or bound inputs go: a plan's last call made
+  // before is stale (Planned::generation).
+  std::uint64_t packs_generation_ = 0;
   // dtype fp8's scalars, e4m3 O and amaxes (cudnn_fp8.h), and whether its
   // graph writes O in bf16 (0: not known yet, 1: e4m3, 2: bf16).
   cudnn_fp8::Fp8State fp8_;
