@@ -211,7 +211,8 @@ class Cudnn final : public Backend {
             .softcap = true,
             .rows = true,  // a paged cache's key ends only (bind() refuses the rest)
             .varlen = true,
-            .fp8 = true};
+            .fp8 = true,
+            .paged = true};
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
