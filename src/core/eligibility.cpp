@@ -42,8 +42,8 @@ std::string on_device(const Backend& b) {
 
 }  // namespace
 
-Eligibility eligibility_of(const Backend& b, const Problem& p, const BatchLayout& l) {
-  check_layout(p, l);
+// The answer for a layout that agrees with the problem.
+Eligibility answer(const Backend& b, const Problem& p, const BatchLayout& l) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
   const Traits t = b.traits();
   if (p.softcap > 0 && !t.softcap) return no_softcap(b.name(), b.device());
@@ -66,6 +66,16 @@ Eligibility eligibility_of(const Backend& b, const Problem& p, const BatchLayout
   return b.eligibility(p);
 }
 
-Eligibility eligibility_of(const Backend& b, const Problem& p) { return eligibility_of(b, p, p.layout()); }
+}  // namespace
+
+Eligibility eligibility_of(const Backend& b, const Problem& p, const BatchLayout& l) {
+  check_layout(p, l);
+  return answer(b, p, l);
+}
+
+// The problem's own layout needs no check (and an unvalidated problem, say
+// packed and paged at once, is still answered rather than refused here:
+// validate() says what is wrong with it).
+Eligibility eligibility_of(const Backend& b, const Problem& p) { return answer(b, p, p.layout()); }
 
 }  // namespace attnprof
