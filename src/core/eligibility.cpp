@@ -40,8 +40,6 @@ std::string on_device(const Backend& b) {
   return std::string(b.name()) + " on " + std::string(device_name(b.device()));
 }
 
-}  // namespace
-
 // The answer for a layout that agrees with the problem.
 Eligibility answer(const Backend& b, const Problem& p, const BatchLayout& l) {
   if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());

@@ -24,9 +24,10 @@ namespace {
 
 using Form = BatchLayout::Form;
 
-Problem dense(MaskKind mask = MaskKind::Causal) {
-  Problem p = testing::to_problem(testing::Shape{.batch = 2, .heads = 4, .kv_heads = 2, .seq = 48, .head_dim = 32},
-                                  DType::F32, mask);
+Problem dense(MaskKind mask = MaskKind::Causal, std::int64_t window = 0) {
+  Problem p = testing::to_problem(
+      testing::Shape{.batch = 2, .heads = 4, .kv_heads = 2, .seq = 48, .head_dim = 32, .window = window}, DType::F32,
+      mask);
   p.validate();
   return p;
 }
@@ -87,9 +88,8 @@ TEST(BatchLayout, ProblemSaysItsFormAndBand) {
   EXPECT_EQ(*dense(MaskKind::CausalBottomRight).layout().band,
             (Band{.left = -1, .right = 0, .diagonal = Band::Diagonal::BottomRight}));
   EXPECT_EQ(*dense(MaskKind::None).layout().band, (Band{.left = -1, .right = -1}));
-  Problem window = dense(MaskKind::SlidingWindow);
-  window.window = 8;
-  EXPECT_EQ(*window.layout().band, (Band{.left = 7, .right = 0, .diagonal = Band::Diagonal::BottomRight}));
+  EXPECT_EQ(*dense(MaskKind::SlidingWindow, 8).layout().band,
+            (Band{.left = 7, .right = 0, .diagonal = Band::Diagonal::BottomRight}));
   EXPECT_FALSE(dense(MaskKind::Boolean).layout().band.has_value());
   EXPECT_FALSE(dense(MaskKind::Bias).layout().band.has_value());
 }
