@@ -42,7 +42,8 @@ void check_pass(const Problem& p) {
 }
 
 // A plan's paged runs always give each sequence's key count (Plan::run's
-// seq_lens), whether or not the caller's layout said so.
+// seq_lens), whether or not the caller's layout said so: what eligibility and
+// explain() are asked with (Plan::layout() stays the caller's).
 BatchLayout planned(BatchLayout l) {
   if (l.form == Form::Paged) l.kv_rows = true;
   return l;
@@ -125,7 +126,7 @@ std::size_t Plan::workspace_bytes() const {
 std::string Plan::explain() const {
   const State& s = live();
   std::string out =
-      std::string(s.backend->name()) + " (" + s.how + "): " + s.story + "; layout " + layout_text(s.layout);
+      std::string(s.backend->name()) + " (" + s.how + "): " + s.story + "; layout " + layout_text(planned(s.layout));
   out += "; " + s.problem.describe() + "; ";
   const std::size_t held = workspace_bytes();
   out += held > 0 ? "the plan holds " + std::to_string(held) + " bytes of workspace for its runs"
@@ -186,22 +187,20 @@ void Plan::run(const Inputs& in, Tensor& out, void* stream) {
   s.backend->forward(p, in, out, ctx);
 }
 
-Plan plan(const Problem& problem, const BatchLayout& given, std::string_view backend, int threads) {
+Plan plan(const Problem& problem, const BatchLayout& layout, std::string_view backend, int threads) {
   Problem p = problem;
   p.normalize().validate();
-  const BatchLayout layout = planned(given);
   check_layout(p, layout);
   check_pass(p);
-  auto [b, how] = pick(p, layout, backend);
+  auto [b, how] = pick(p, planned(layout), backend);
   Plan made = plan(p, layout, *b, threads);
   made.state_->how = std::move(how);
   return made;
 }
 
-Plan plan(const Problem& problem, const BatchLayout& given, Backend& backend, int threads) {
+Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, int threads) {
   Problem p = problem;
   p.normalize().validate();
-  const BatchLayout layout = planned(given);
   check_layout(p, layout);
   check_pass(p);
   if (backend.device() != p.device) {
@@ -211,7 +210,7 @@ Plan plan(const Problem& problem, const BatchLayout& given, Backend& backend, in
   }
   // The problem, the layout and the backend's traits in one answer
   // (eligibility_of, core): per-sequence rows, pages, packed lengths.
-  const Eligibility e = eligibility_of(backend, p, layout);
+  const Eligibility e = eligibility_of(backend, p, planned(layout));
   if (!e.eligible) {
     fail(ErrorKind::Unsupported, "backend " + std::string(backend.name()) + " cannot run this problem: " + e.reason);
   }
