@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attnprof/batch_layout.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
 
@@ -144,6 +145,9 @@ struct Traits {
   // Takes FP8 inputs (dtype F8E4M3, with Inputs' descales); the others are
   // refused by name in eligibility_of(), as for the soft cap.
   bool fp8 = false;
+  // Reads a paged KV cache (BatchLayout::Form::Paged: Inputs::k_pages,
+  // v_pages, block_table); the others are refused by name in eligibility_of().
+  bool paged = false;
 };
 
 // What an FP8 forward measured beside O (cuDNN's FP8 graph writes it), for
@@ -227,11 +231,18 @@ Eligibility no_softcap(std::string_view backend, Device device);
 Eligibility no_varlen(std::string_view backend, Device device);
 // The reason a backend without FP8 gives for dtype fp8.
 Eligibility no_fp8(std::string_view backend, Device device);
-// b.eligibility(p), with no_backward() for a backward or training pass of a
-// backend that has none, and no_softcap() for a soft cap on a backend whose
-// traits do not take one, and no_varlen() and no_fp8() likewise: what explain() and the
-// runner ask. A reason says why the backend cannot take `p`, never which
-// backends can: explain() appends those.
+// Whether `b` takes `p` in layout `l`, and why not: the one place that
+// answers it. check_layout(p, l) first (a layout the problem contradicts is
+// Error(InvalidArgument)); then, from b's traits, no_backward() for a backward
+// or training pass of a backend that has none, no_softcap() for a soft cap on
+// a backend whose traits do not take one, no_varlen() and no_fp8() likewise,
+// a packed batch's lengths on the device, deterministic, a paged cache and
+// per-sequence rows (l.reads_rows()); then b.eligibility(p). What explain(),
+// the runner and plans ask. A reason says why the backend cannot take `p`,
+// never which backends can: explain() appends those.
+Eligibility eligibility_of(const Backend& b, const Problem& p, const BatchLayout& l);
+// The same in the layout the problem alone says (Problem::layout(): dense,
+// packed or paged, no per-sequence rows).
 Eligibility eligibility_of(const Backend& b, const Problem& p);
 
 // Every backend name in display order: naive, naive_inplace, math, efficient, flash, cudnn.

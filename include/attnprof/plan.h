@@ -17,34 +17,11 @@
 #include <string_view>
 
 #include "attnprof/backend.h"
+#include "attnprof/batch_layout.h"
 #include "attnprof/problem.h"
 #include "attnprof/tensor.h"
 
 namespace attnprof {
-
-// How a batch's sequences lie in a call's tensors. The sizes are the
-// Problem's; the layout says which of Inputs' index tensors every run gives.
-//   Dense   q [B, H, S, D], k and v [B, Hkv, Skv, D]; no index tensor.
-//   Padded  the same tensors, each sequence its own rows of them:
-//           Inputs::q_rows and/or kv_rows (int32 [1, 1, B, 2]).
-//   Packed  the problem's seq_lens (Problem::varlen()): q [1, H, total_q, D],
-//           k and v [1, Hkv, total_kv, D]; the lengths are the problem's.
-//   Paged   Problem::kv_cache Paged: Inputs::k_pages, v_pages, block_table
-//           ([1, 1, B, pages_per_seq]) and kv_rows as each sequence's key
-//           count ([1, 1, B, 1], a serving engine's seq_lens); the problem's
-//           kv_seq is the table's capacity (pages_per_seq x page_size).
-struct BatchLayout {
-  enum class Form : std::uint8_t { Dense, Padded, Packed, Paged };
-  Form form = Form::Dense;
-  bool q_rows = false;   // Padded: runs give Inputs::q_rows
-  bool kv_rows = false;  // Padded: runs give Inputs::kv_rows
-  bool operator==(const BatchLayout&) const = default;
-};
-std::string_view layout_name(BatchLayout::Form form);  // "dense", "padded", "packed", "paged"
-
-// The layout of a call of `p` with `in`: packed or paged as the problem says,
-// padded where `in` has rows, else dense.
-BatchLayout layout_of(const Problem& p, const Inputs& in);
 
 class Plan {
  public:

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attnprof/batch_layout.h"
 #include "attnprof/dtype.h"
 #include "attnprof/mask.h"
 #include "attnprof/tensor.h"
@@ -103,6 +104,11 @@ struct Problem {
   void validate_varlen() const;    // the seq_lens and kv_seq_lens part of validate()
   void validate_host_lengths() const;
   void validate_device_lengths() const;
+
+  // The batch layout the problem alone says: packed (varlen()), paged
+  // (kv_cache Paged, no per-run key counts) or dense, with its mask's band.
+  // A call's rows make it padded: layout_of(p, inputs), attnprof/batch_layout.h.
+  BatchLayout layout() const;
 
   // ---- Packed (variable-length) batches; dense problems answer as one ----
   bool varlen() const { return !seq_lens.empty() || lengths_on_device; }

@@ -355,45 +355,6 @@ void Backend::backward(const Problem& p, const Inputs&, const Tensor&, const Ten
   fail(ErrorKind::Unsupported, no_backward(name()).reason + " (" + p.describe() + ")");
 }
 
-Eligibility no_backward(std::string_view backend) {
-  return {false, std::string(backend) + " has no backward pass: use pass=forward, or a backend with one"};
-}
-
-// These say only why the backend cannot take the problem: explain() (the
-// registry) appends the backends that can, asked the same way, so no list of
-// names is kept here to drift from the backends' traits.
-Eligibility no_softcap(std::string_view backend, Device device) {
-  return {false,
-          "soft-capping is not built for " + std::string(backend) + " on " + std::string(device_name(device)) + " yet"};
-}
-
-Eligibility no_varlen(std::string_view backend, Device device) {
-  return {false, "packed batches (seq_lens, varlen) are not built for " + std::string(backend) + " on " +
-                     std::string(device_name(device)) + " yet"};
-}
-
-Eligibility no_fp8(std::string_view backend, Device device) {
-  return {false,
-          "fp8 (e4m3) inputs are not built for " + std::string(backend) + " on " + std::string(device_name(device))};
-}
-
-Eligibility eligibility_of(const Backend& b, const Problem& p) {
-  if (p.pass != Pass::Forward && !b.has_backward()) return no_backward(b.name());
-  if (p.softcap > 0 && !b.traits().softcap) return no_softcap(b.name(), b.device());
-  if (p.varlen() && !b.traits().varlen) return no_varlen(b.name(), b.device());
-  if (p.lengths_on_device && !b.traits().device_lengths) {
-    return {false, std::string(b.name()) + " on " + std::string(device_name(b.device())) +
-                       " reads a packed batch's lengths on the host (the call reads cu_seqlens first)"};
-  }
-  if (is_fp8(p.dtype) && !b.traits().fp8) return no_fp8(b.name(), b.device());
-  if (p.deterministic && !b.traits().backward_dq_unordered) {
-    return {false, std::string(b.name()) +
-                       "'s backward sums dQ in a fixed order already: deterministic=true applies only to a "
-                       "backward that sums dQ in the order its blocks finish"};
-  }
-  return b.eligibility(p);
-}
-
 const std::vector<std::string_view>& backend_names() {
   static const std::vector<std::string_view> names = {"naive", "naive_inplace", "math", "efficient", "flash", "cudnn"};
   return names;

@@ -200,7 +200,7 @@ struct SequenceAt {
     b = b_;
     p = whole.varlen() ? whole.sequence(b_) : whole;
     in = whole.varlen() ? sequence_inputs(whole, all, b_) : all;
-    tb = whole.varlen() ? 0 : b_;
+    tb = sequence_views(whole)[static_cast<std::size_t>(b_)].tb;  // the one sequence view (core/rows.h)
   }
 };
 

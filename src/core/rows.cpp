@@ -70,6 +70,26 @@ std::vector<SequenceRows> sequence_rows(const Problem& p, const Inputs& in) {
   return rows;
 }
 
+std::vector<SequenceView> sequence_views(const Problem& p, const std::vector<SequenceRows>& rows) {
+  if (p.lengths_on_device) {
+    fail(ErrorKind::Internal, "sequence_views: a packed batch's lengths are on the device; the host reads none");
+  }
+  std::vector<SequenceView> views(static_cast<std::size_t>(p.batch));
+  std::int64_t q0 = 0, k0 = 0;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    SequenceView& v = views[static_cast<std::size_t>(b)];
+    if (p.varlen()) {
+      v.rows = {.q = {q0, q0 + p.seq_len(b)}, .k = {k0, k0 + p.kv_seq_len(b)}};
+      q0 = v.rows.q.end;
+      k0 = v.rows.k.end;
+    } else {
+      v.tb = b;
+      v.rows = rows.empty() ? SequenceRows{.q = {0, p.seq}, .k = {0, p.kv_seq}} : rows[static_cast<std::size_t>(b)];
+    }
+  }
+  return views;
+}
+
 Tensor rows_mask(const Problem& p, const std::vector<SequenceRows>& rows, Allocator& allocator) {
   Tensor m = Tensor::empty({p.batch, 1, p.seq, p.kv_seq}, DType::Bool, allocator);
   auto* bits = m.data_as<std::uint8_t>();

@@ -15,6 +15,22 @@ namespace attnprof {
 
 using SequenceRows = geometry::SequenceRows<std::int64_t>;
 
+// Sequence b of a call in its tensors, whatever the batch layout: the batch
+// index of Q, K, V and O it lies in (0 when packed) and its query and key rows
+// there. The one sequence view the CPU tiles (backends/cpu/flash.cpp), the
+// composites' and the float64 reference's per-sequence loops (varlen.h's
+// sequence_inputs) read; the CUDA kernels' FwdArgs::sequence(b) computes the
+// same rows on the device, clamped.
+struct SequenceView {
+  std::int64_t tb = 0;
+  SequenceRows rows;
+};
+// Every sequence of a call of `p`: dense, batch index b and every row; packed
+// (seq_lens), batch index 0 and its rows of the cumulative lengths; padded,
+// batch index b and `rows` (sequence_rows' answer; empty: not padded). An
+// internal error for a packed batch whose lengths are on the device.
+std::vector<SequenceView> sequence_views(const Problem& p, const std::vector<SequenceRows>& rows = {});
+
 // Whether `in` carries per-sequence rows.
 inline bool has_rows(const Inputs& in) { return in.q_rows.defined() || in.kv_rows.defined(); }
 

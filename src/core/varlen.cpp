@@ -1,6 +1,7 @@
 #include "attnprof/varlen.h"
 
 #include "attnprof/error.h"
+#include "core/rows.h"
 
 namespace attnprof {
 
@@ -12,23 +13,23 @@ Tensor packed_rows(const Tensor& t, std::int64_t first, std::int64_t n) {
   return t.as_strided({1, t.size(1), n, t.size(3)}, t.strides(), t.offset() + first * t.stride(2));
 }
 
+// Sequence b's rows, from the one sequence view (core/rows.h).
 Tensor sequence_q_rows(const Problem& p, const Tensor& t, std::int64_t b) {
-  std::int64_t first = 0;
-  for (std::int64_t s = 0; s < b; ++s) first += p.seq_len(s);
-  return packed_rows(t, first, p.seq_len(b));
+  const SequenceRows r = sequence_views(p)[static_cast<std::size_t>(b)].rows;
+  return packed_rows(t, r.q.begin, r.q_len());
 }
 
 Tensor sequence_kv_rows(const Problem& p, const Tensor& t, std::int64_t b) {
-  std::int64_t first = 0;
-  for (std::int64_t s = 0; s < b; ++s) first += p.kv_seq_len(s);
-  return packed_rows(t, first, p.kv_seq_len(b));
+  const SequenceRows r = sequence_views(p)[static_cast<std::size_t>(b)].rows;
+  return packed_rows(t, r.k.begin, r.k_len());
 }
 
 Inputs sequence_inputs(const Problem& p, const Inputs& in, std::int64_t b) {
+  const SequenceRows r = sequence_views(p)[static_cast<std::size_t>(b)].rows;
   Inputs s;
-  s.q = sequence_q_rows(p, in.q, b);
-  s.k = sequence_kv_rows(p, in.k, b);
-  s.v = sequence_kv_rows(p, in.v, b);
+  s.q = packed_rows(in.q, r.q.begin, r.q_len());
+  s.k = packed_rows(in.k, r.k.begin, r.k_len());
+  s.v = packed_rows(in.v, r.k.begin, r.k_len());
   s.q_descale = in.q_descale;
   s.k_descale = in.k_descale;
   s.v_descale = in.v_descale;

@@ -32,65 +32,12 @@ struct Plan::State {
   Dims q_dims{}, kv_dims{}, pages_dims{}, table_dims{}, q_rows_dims{}, kv_rows_dims{}, cu_dims{};
 };
 
-std::string_view layout_name(BatchLayout::Form form) {
-  switch (form) {
-    case BatchLayout::Form::Dense:
-      return "dense";
-    case BatchLayout::Form::Padded:
-      return "padded";
-    case BatchLayout::Form::Packed:
-      return "packed";
-    case BatchLayout::Form::Paged:
-      return "paged";
-  }
-  return "?";
-}
-
-BatchLayout layout_of(const Problem& p, const Inputs& in) {
-  if (p.varlen()) return {.form = BatchLayout::Form::Packed};
-  if (p.kv_cache == KvCache::Paged) return {.form = BatchLayout::Form::Paged};
-  if (in.q_rows.defined() || in.kv_rows.defined()) {
-    return {.form = BatchLayout::Form::Padded, .q_rows = in.q_rows.defined(), .kv_rows = in.kv_rows.defined()};
-  }
-  return {};
-}
-
 namespace {
 
 using Form = BatchLayout::Form;
 
-// The layouts whose runs give per-sequence rows (Inputs::q_rows, kv_rows): a
-// padded batch's, a paged cache's key counts. Only backends whose traits
-// read rows take them.
-bool reads_rows(const BatchLayout& l) { return l.form == Form::Padded || l.form == Form::Paged; }
-
-void check_layout(const Problem& p, const BatchLayout& l) {
-  const std::string form(layout_name(l.form));
-  if ((l.form == Form::Packed) != p.varlen()) {
-    fail(ErrorKind::InvalidArgument,
-         p.varlen() ? "layout " + form + " for a packed problem (seq_lens): use the packed layout"
-                    : "layout packed for a problem without seq_lens: give the packed batch's lengths",
-         {"layout"});
-  }
-  if ((l.form == Form::Paged) != (p.kv_cache == KvCache::Paged)) {
-    fail(ErrorKind::InvalidArgument,
-         p.kv_cache == KvCache::Paged ? "layout " + form + " for a paged problem (kv_cache paged): use the paged layout"
-                                      : "layout paged for a problem with a contiguous cache: set kv_cache paged",
-         {"layout"});
-  }
-  if (l.form == Form::Padded && !l.q_rows && !l.kv_rows) {
-    fail(ErrorKind::InvalidArgument, "layout padded names neither q_rows nor kv_rows: one of them, or layout dense",
-         {"layout"});
-  }
-  if (l.form != Form::Padded && (l.q_rows || l.kv_rows)) {
-    fail(ErrorKind::InvalidArgument, "q_rows and kv_rows belong to the padded layout, not " + form, {"layout"});
-  }
-  if (reads_rows(l) && (p.mask == MaskKind::Boolean || p.mask == MaskKind::Bias)) {
-    fail(ErrorKind::InvalidArgument,
-         "layout " + form + " takes a structural mask (the rows say each sequence's keys), not a " +
-             std::string(mask_name(p.mask)) + " tensor",
-         {"layout"});
-  }
+// What check_layout (core) leaves to plans: they run forwards.
+void check_pass(const Problem& p) {
   if (p.pass != Pass::Forward) {
     fail(ErrorKind::Unsupported,
          "a plan runs forwards (inference); pass " + std::string(pass_name(p.pass)) + " goes through attention_train",
@@ -98,25 +45,33 @@ void check_layout(const Problem& p, const BatchLayout& l) {
   }
 }
 
+// A plan's paged runs always give each sequence's key count (Plan::run's
+// seq_lens), whether or not the caller's layout said so: what eligibility and
+// explain() are asked with (Plan::layout() stays the caller's).
+BatchLayout planned(BatchLayout l) {
+  if (l.form == Form::Paged) l.kv_rows = true;
+  return l;
+}
+
 // The backend `requested` names for p in layout l ("auto": the measured pick,
 // or with rows the first eligible backend that reads them), with how it was
 // picked.
 std::pair<Backend*, std::string> pick(const Problem& p, const BatchLayout& l, std::string_view requested) {
   if (requested != "auto") return {&resolve_backend(p, requested), "asked for by name"};
-  if (!reads_rows(l)) {
+  if (!l.reads_rows()) {
     const AutoChoice c = choose_auto(p);
     return {&resolve_backend(p, c.backend), "picked by auto: " + c.reason};
   }
   for (const Explanation& e : explain(p)) {
     const Backend* b = e.eligible ? find_backend(e.backend, p.device) : nullptr;
-    if (b && b->traits().rows) {
-      return {&resolve_backend(p, e.backend),
-              "picked by auto: the first eligible backend that reads per-sequence rows (layout " +
-                  std::string(layout_name(l.form)) + ")"};
+    if (b && eligibility_of(*b, p, l).eligible) {
+      return {
+          &resolve_backend(p, e.backend),
+          "picked by auto: the first eligible backend that reads per-sequence rows (layout " + layout_text(l) + ")"};
     }
   }
-  fail(ErrorKind::Unsupported, "auto: no eligible backend reads per-sequence rows (layout " +
-                                   std::string(layout_name(l.form)) + ") for " + p.describe());
+  fail(ErrorKind::Unsupported,
+       "auto: no eligible backend reads per-sequence rows (layout " + layout_text(l) + ") for " + p.describe());
 }
 
 std::string described(DType dtype, const Dims& dims, Device device) {
@@ -174,12 +129,8 @@ std::size_t Plan::workspace_bytes() const {
 
 std::string Plan::explain() const {
   const State& s = live();
-  std::string out = std::string(s.backend->name()) + " (" + s.how + "): " + s.story + "; layout " +
-                    std::string(layout_name(s.layout.form));
-  if (s.layout.form == Form::Padded) {
-    out += std::string(" (") + (s.layout.q_rows ? "q_rows" : "") + (s.layout.q_rows && s.layout.kv_rows ? ", " : "") +
-           (s.layout.kv_rows ? "kv_rows" : "") + ")";
-  }
+  std::string out =
+      std::string(s.backend->name()) + " (" + s.how + "): " + s.story + "; layout " + layout_text(planned(s.layout));
   out += "; " + s.problem.describe() + "; ";
   const std::size_t held = workspace_bytes();
   out += held > 0 ? "the plan holds " + std::to_string(held) + " bytes of workspace for its runs"
@@ -248,7 +199,8 @@ Plan plan(const Problem& problem, const BatchLayout& layout, std::string_view ba
   Problem p = problem;
   p.normalize().validate();
   check_layout(p, layout);
-  auto [b, how] = pick(p, layout, backend);
+  check_pass(p);
+  auto [b, how] = pick(p, planned(layout), backend);
   Plan made = plan(p, layout, *b, threads);
   made.state_->how = std::move(how);
   return made;
@@ -258,19 +210,17 @@ Plan plan(const Problem& problem, const BatchLayout& layout, Backend& backend, i
   Problem p = problem;
   p.normalize().validate();
   check_layout(p, layout);
+  check_pass(p);
   if (backend.device() != p.device) {
     fail(ErrorKind::InvalidArgument, "backend " + std::string(backend.name()) + " runs on " +
                                          std::string(device_name(backend.device())) + ", the problem on " +
                                          std::string(device_name(p.device)));
   }
-  const Eligibility e = eligibility_of(backend, p);
+  // The problem, the layout and the backend's traits in one answer
+  // (eligibility_of, core): per-sequence rows, pages, packed lengths.
+  const Eligibility e = eligibility_of(backend, p, planned(layout));
   if (!e.eligible) {
     fail(ErrorKind::Unsupported, "backend " + std::string(backend.name()) + " cannot run this problem: " + e.reason);
-  }
-  if (reads_rows(layout) && !backend.traits().rows) {
-    fail(ErrorKind::Unsupported, std::string(backend.name()) + " on " + std::string(device_name(p.device)) +
-                                     " reads no per-sequence rows, which layout " +
-                                     std::string(layout_name(layout.form)) + " gives every run");
   }
   auto s = std::make_unique<Plan::State>();
   s->problem = p;

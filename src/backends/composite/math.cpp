@@ -87,7 +87,7 @@ class Math final : public CompositeBackend {
   Traits traits() const override {
     // Soft caps, packed batches, and FP8 (dequantize, then the FP32 path: the
     // FP8 tolerance's yardstick) on every device.
-    return {.reference_precision = true, .softcap = true, .varlen = true, .fp8 = true};
+    return {.reference_precision = true, .softcap = true, .varlen = true, .fp8 = true, .paged = true};
   }
 
  protected:

@@ -78,7 +78,12 @@ class Naive final : public CompositeBackend {
   Traits traits() const override {
     // Soft caps (the ops' tanh) and packed batches (a loop over the
     // sequences, CompositeBackend::run_forward) on every device.
-    return {.nan_on_fully_masked = true, .memory_baseline = !inplace_, .softcap = true, .varlen = true, .fp8 = true};
+    return {.nan_on_fully_masked = true,
+            .memory_baseline = !inplace_,
+            .softcap = true,
+            .varlen = true,
+            .fp8 = true,
+            .paged = true};
   }
 
  protected:

@@ -71,40 +71,31 @@ Band band_of(const Problem& p, std::int64_t seq, std::int64_t kv_seq) {
   return geometry::band_of(p.mask, p.window, seq, kv_seq);
 }
 
-std::vector<Sequence> sequences_of(const Problem& p) {
-  std::vector<Sequence> seqs(static_cast<std::size_t>(p.batch));
-  std::int64_t q0 = 0, k0 = 0, qb0 = 0;
-  for (std::int64_t b = 0; b < p.batch; ++b) {
-    Sequence& s = seqs[static_cast<std::size_t>(b)];
-    s.seq = p.seq_len(b);
-    s.kv_seq = p.kv_seq_len(b);
+// Each sequence's rows from the one sequence view (core/rows.h:
+// sequence_views, which the reference and the composites read too), its band
+// at its own lengths, and its first query block.
+std::vector<Sequence> sequences_of(const Problem& p, const std::vector<SequenceRows>& rows) {
+  const std::vector<SequenceView> views = sequence_views(p, rows);
+  std::vector<Sequence> seqs(views.size());
+  std::int64_t qb0 = 0;
+  for (std::size_t b = 0; b < views.size(); ++b) {
+    const SequenceView& v = views[b];
+    Sequence& s = seqs[b];
+    s.tb = v.tb;
+    s.q0 = v.rows.q.begin;
+    s.k0 = v.rows.k.begin;
+    s.seq = v.rows.q_len();
+    s.kv_seq = v.rows.k_len();
     s.band = band_of(p, s.seq, s.kv_seq);
+    // The batch's query blocks, not the rows': a padded sequence keeps its
+    // items and dQ tiles (its padded blocks return at once).
     s.qb0 = qb0;
-    qb0 += (s.seq + kBlockQ - 1) / kBlockQ;
-    if (p.varlen()) {
-      s.q0 = q0;
-      s.k0 = k0;
-      q0 += s.seq;
-      k0 += s.kv_seq;
-    } else {
-      s.tb = b;
-    }
+    qb0 += (p.seq_len(static_cast<std::int64_t>(b)) + kBlockQ - 1) / kBlockQ;
   }
   return seqs;
 }
 
-std::vector<Sequence> sequences_of(const Problem& p, const std::vector<SequenceRows>& rows) {
-  std::vector<Sequence> seqs = sequences_of(p);
-  for (std::size_t b = 0; b < rows.size(); ++b) {
-    Sequence& s = seqs[b];
-    s.q0 = rows[b].q.begin;
-    s.seq = rows[b].q_len();
-    s.k0 = rows[b].k.begin;
-    s.kv_seq = rows[b].k_len();
-    s.band = band_of(p, s.seq, s.kv_seq);
-  }
-  return seqs;
-}
+std::vector<Sequence> sequences_of(const Problem& p) { return sequences_of(p, {}); }
 
 void clear_outside_rows(const Problem& p, const std::vector<SequenceRows>& rows, const Tensor& out, float* lse) {
   zero_outside_rows(out, rows, /*queries=*/true);
@@ -330,6 +321,7 @@ class FlashCpu final : public Backend {
         .rows = true,
         .varlen = true,
         .fp8 = true,
+        .paged = true,
     };
   }
 

@@ -213,7 +213,8 @@ class Cudnn final : public Backend {
             .rows = true,  // a paged cache's key ends only (bind() refuses the rest)
             .varlen = true,
             .device_lengths = true,  // its ragged offsets and lengths made on the device (cudnn_inputs.h)
-            .fp8 = true};
+            .fp8 = true,
+            .paged = true};
   }
 
   // A plan's state (attnprof/plan.h): the forward graph of the problem found

@@ -16,6 +16,9 @@ namespace {
 // What eligibility (and so explain) says will run for a problem of this shape.
 const char* flash_story(const FusedParams& shape) {
   thread_local std::string story;
+  // A packed batch: a launch's cumulative lengths, or eligibility's
+  // params_for (its packed rows, no pointers).
+  const bool packed = shape.cu_seqlens_q != nullptr || shape.total_q > 0;
   const FlashPath path = flash_path(shape);
   if (path == FlashPath::Decode) {
     const DecodePlan plan = flash_decode_plan(shape);
@@ -46,7 +49,7 @@ const char* flash_story(const FusedParams& shape) {
                                     "its registers to the consumers; wgmma, two consumer warpgroups)"
                                   : "one fused kernel (FlashAttention-2 class: cp.async "
                                     "double-buffered K/V, mma.sync, online softmax)";
-  if (shape.cu_seqlens_q != nullptr) {
+  if (packed) {
     story += "; a packed batch of " + std::to_string(shape.batch) +
              " sequences, each against its own keys (tiles past a sequence's end return at once)";
   }
@@ -58,7 +61,7 @@ const char* flash_story(const FusedParams& shape) {
         "the tensors): its query and key tiles only, from its first rows, the mask's band in its own coordinates; "
         "padded tiles are never computed, and the tiles that hold rows outside a sequence write their zeros (O, "
         "LSE +inf; dQ, dK and dV in the backward) in the same kernels, no memset";
-  } else if (shape.cu_seqlens_q == nullptr && !shape.fp8) {
+  } else if (!packed && !shape.fp8) {
     story +=
         "; a call's per-sequence rows (q_rows, kv_rows: padding) are read on the device, and only each "
         "sequence's tiles computed (zeros outside its rows)";
@@ -81,7 +84,7 @@ const char* flash_story(const FusedParams& shape) {
                          ")";
     }
   }
-  if (!shape.per_sequence() && shape.softcap == 0.f && shape.seq_q <= 8 * kFlashDecodeMaxQueries &&
+  if (!shape.per_sequence() && !packed && shape.softcap == 0.f && shape.seq_q <= 8 * kFlashDecodeMaxQueries &&
       flash_decode_head_dim(shape.head_dim)) {
     story += "; the decode kernel takes at most " + std::to_string(kFlashDecodeMaxQueries) + " queries, this has " +
              std::to_string(shape.seq_q) + ", so it runs as a prefill";

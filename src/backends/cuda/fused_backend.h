@@ -71,9 +71,7 @@ class FusedBackend : public Backend {
     if (p.dtype == DType::F32) return {false, "fp32 is not supported: the fused kernels take fp16 or bf16"};
     // dtype fp8 with a backward or training pass is Problem::validate()'s
     // refusal, the one every front end gives before asking a backend.
-    if (p.kv_cache == KvCache::Paged && !flash_) {
-      return {false, std::string(name_) + " reads no paged KV cache"};
-    }
+    // A paged cache on efficient: eligibility_of refuses it (Traits::paged).
     if (p.mask == MaskKind::Bias) {
       return {false, "bias masks are not supported by our fused kernels"};
     }
@@ -89,28 +87,11 @@ class FusedBackend : public Backend {
       return {false, std::string(name_) + " indexes a packed batch's rows in 32 bits: at most 2^30 rows"};
     }
     if (std::string why = arch_unsupported_reason(); !why.empty()) return {false, why};
-    // A shape-only question: contiguous strides, and an aligned stand-in
-    // address for the tensors, which nothing dereferences.
-    FusedParams shape = params_for(p);
-    void* const stand_in = reinterpret_cast<void*>(std::uintptr_t{256});
-    shape.q = shape.k = shape.v = shape.o = stand_in;
-    if (shape.fp8) shape.v_t = stand_in;
-    set_contiguous(shape.q_batch_stride, shape.q_head_stride, shape.q_row_stride, p.heads, p.seq, p.head_dim);
-    set_contiguous(shape.k_batch_stride, shape.k_head_stride, shape.k_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
-    set_contiguous(shape.v_batch_stride, shape.v_head_stride, shape.v_row_stride, p.kv_heads, p.kv_seq, p.head_dim);
-    set_contiguous(shape.o_batch_stride, shape.o_head_stride, shape.o_row_stride, p.heads, p.seq, p.head_dim);
-    if (p.kv_cache == KvCache::Paged) {
-      set_contiguous(shape.k_batch_stride, shape.k_head_stride, shape.k_row_stride, p.kv_heads, p.page_size,
-                     p.head_dim);
-      set_contiguous(shape.v_batch_stride, shape.v_head_stride, shape.v_row_stride, p.kv_heads, p.page_size,
-                     p.head_dim);
-      shape.block_table = static_cast<const std::int32_t*>(stand_in);
-    }
-    if (p.varlen()) {
-      shape.cu_seqlens_q = shape.cu_seqlens_k = static_cast<const std::int32_t*>(stand_in);
-      shape.q_batch_stride = shape.k_batch_stride = shape.v_batch_stride = shape.o_batch_stride = 0;
-    }
-    if (const char* why = fused_unsupported_reason(shape, flash_)) return {false, why};
+    // The kernels' own question, asked of the problem and its layout (no
+    // tensor, no pointer); the story reads the launch's values for the
+    // problem (params_for: sizes, scale, pages, packed rows; no addresses).
+    if (const char* why = fused_shape_unsupported_reason(shape_of(p, p.layout()), flash_)) return {false, why};
+    const FusedParams shape = params_for(p);
     if (p.pass == Pass::Forward) return {true, story_(shape)};
     if (const char* why = fused_bwd_head_dim_refusal(static_cast<int>(p.head_dim), flash_)) return {false, why};
     return {true, std::string(story_(shape)) + "; backward: " + backward_story(p)};
@@ -208,6 +189,31 @@ class FusedBackend : public Backend {
 
   // The kernels' arguments for a problem's shape (no tensors): what the
   // plans (decode splits, workspace, expectations) are made from.
+  // What the kernels are asked for `p` in layout `l` (fused_kernels.h's
+  // FusedShape): the problem's sizes and options, and which index tensors
+  // its runs give.
+  static FusedShape shape_of(const Problem& p, const BatchLayout& l) {
+    const bool packed = l.form == BatchLayout::Form::Packed;
+    return {.batch = static_cast<int>(p.batch),
+            .heads = static_cast<int>(p.heads),
+            .kv_heads = static_cast<int>(p.kv_heads),
+            .seq_q = static_cast<int>(p.seq),
+            .seq_k = static_cast<int>(p.kv_seq),
+            .head_dim = static_cast<int>(p.head_dim),
+            .scale = static_cast<float>(p.softmax_scale()),
+            .mask = p.mask,
+            .window = geometry::clamp_window(p.window, static_cast<int>(p.kv_seq)),
+            .page_size = l.form == BatchLayout::Form::Paged ? static_cast<int>(p.page_size) : 0,
+            .pages_per_seq = l.form == BatchLayout::Form::Paged ? static_cast<int>(p.pages_per_seq()) : 0,
+            .packed = packed,
+            .total_q = packed ? static_cast<int>(p.total_q()) : 0,
+            .total_k = packed ? static_cast<int>(p.total_kv()) : 0,
+            .rows = l.form == BatchLayout::Form::Padded && l.reads_rows(),
+            .softcap = static_cast<float>(p.softcap),
+            .fp8 = is_fp8(p.dtype),
+            .lse = p.pass != Pass::Forward};
+  }
+
   static FusedParams params_for(const Problem& p) {
     FusedParams f;
     f.batch = static_cast<int>(p.batch);
@@ -249,7 +255,8 @@ class FusedBackend : public Backend {
             .rows = flash_,
             .varlen = flash_,
             .device_lengths = flash_,
-            .fp8 = flash_};
+            .fp8 = flash_,
+            .paged = flash_};  // the decode kernel reads pages
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {

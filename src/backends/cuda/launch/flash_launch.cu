@@ -24,10 +24,31 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 }  // namespace
 
+FusedShape fused_shape_of(const FusedParams& p) {
+  return {.batch = p.batch,
+          .heads = p.heads,
+          .kv_heads = p.kv_heads,
+          .seq_q = p.seq_q,
+          .seq_k = p.seq_k,
+          .head_dim = p.head_dim,
+          .scale = p.scale,
+          .mask = p.mask,
+          .window = p.window,
+          .page_size = p.page_size,
+          .pages_per_seq = p.pages_per_seq,
+          .packed = p.cu_seqlens_q != nullptr,
+          .total_q = p.total_q,
+          .total_k = p.total_k,
+          .rows = p.dense_rows(),
+          .softcap = p.softcap,
+          .fp8 = p.fp8,
+          .lse = p.lse != nullptr};
+}
+
 // Both kernels take the same problems but one: a paged KV cache, which only
-// flash's decode kernel reads (`flash`). Callers
-// prefix the backend's name, so the reason does not repeat it.
-const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool flash) {
+// flash's decode kernel reads (`flash`). Callers prefix the backend's name,
+// so the reason does not repeat it.
+const char* fused_shape_unsupported_reason(const FusedShape& p, [[maybe_unused]] bool flash) {
   thread_local std::string reason;
   auto say = [&](const std::string& text) {
     reason = text;
@@ -45,7 +66,6 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   if (major < 8)
     return say("needs an sm80 or newer GPU (Ampere, Hopper); this one is sm" + std::to_string(major) + "x");
 
-  if (!p.q || !p.k || !p.v || !p.o) return say("q, k, v and o must all be device pointers");
   if (p.batch < 1 || p.heads < 1 || p.kv_heads < 1 || p.seq_q < 1 || p.seq_k < 1) {
     return say("batch, heads, kv_heads, seq and kv_seq must all be at least 1");
   }
@@ -65,13 +85,8 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
     return say("a mask given as a tensor (boolean, bias) is not read by the fused kernels");
   }
   if (p.mask == MaskKind::SlidingWindow && p.window < 1) return say("mask=sliding-window needs window=N (N >= 1 keys)");
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) {
-    return say("q, k, v and o must be 16-byte aligned");
-  }
   if (p.page_size > 0) {
     if (!flash) return say("the efficient kernel reads no paged KV cache");
-    if (p.block_table == nullptr) return say("a paged KV cache needs its block table");
-    if (p.num_pages < 1) return say("a paged KV cache needs its page count (num_pages, at least 1)");
     if (!flash_decode_head_dim(p.head_dim)) {
       std::string built;
       for (const int d : kFlashDecodeHeadDims) built += (built.empty() ? "" : ", ") + std::to_string(d);
@@ -85,9 +100,6 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
       return say("the block table's " + std::to_string(p.pages_per_seq) + " pages of " + std::to_string(p.page_size) +
                  " keys do not hold kv_seq " + std::to_string(p.seq_k));
     }
-    if (reinterpret_cast<std::uintptr_t>(p.block_table) % alignof(std::int32_t) != 0) {
-      return say("the block table must be an int32-aligned device pointer");
-    }
     // The decode kernel's grid y is KV heads x 16-row tiles of (queries x group).
     const std::int64_t row_tiles =
         (static_cast<std::int64_t>(p.seq_q) * (p.heads / p.kv_heads) + kFlashDecodeRows - 1) / kFlashDecodeRows;
@@ -100,27 +112,24 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
   // Sequences of their own lengths: flash's kernels (sm90 and sm80); soft
   // caps: flash's sm90 kernels only.
   if (p.per_sequence() || p.softcap > 0.f) {
-    const char* what = p.softcap > 0.f             ? "soft-capping"
-                       : p.cu_seqlens_q != nullptr ? "a packed batch (seq_lens)"
-                                                   : "per-sequence rows (q_rows, kv_rows)";
+    const char* what = p.softcap > 0.f ? "soft-capping"
+                       : p.packed      ? "a packed batch (seq_lens)"
+                                       : "per-sequence rows (q_rows, kv_rows)";
     if (!flash) return say("the efficient kernel reads no " + std::string(what));
     if (p.softcap > 0.f && !(flash_sm90_head_dim(p.head_dim) && flash_sm90_runs_here())) {
       return say(std::string(what) +
                  " is read by flash's sm90 kernels only: an sm90 GPU with sm_90a code in this build, head_dim 64, "
                  "96, 128, 192 or 256");
     }
-    if (p.page_size > 0 && (p.cu_seqlens_q != nullptr || p.softcap > 0.f)) {
+    if (p.page_size > 0 && (p.packed || p.softcap > 0.f)) {
       return say(std::string(what) + " does not combine with a paged KV cache on CUDA");
     }
-    if (p.cu_seqlens_q != nullptr && (p.cu_seqlens_k == nullptr || p.total_q < 1 || p.total_k < 1)) {
+    if (p.packed && (p.total_q < 1 || p.total_k < 1)) {
       return say("a packed batch needs both cumulative lengths and its packed rows");
     }
-    if (p.cu_seqlens_q != nullptr && p.dense_rows()) {
+    if (p.packed && p.rows) {
       return say("per-sequence rows (q_rows, kv_rows) do not combine with a packed batch (seq_lens)");
     }
-    const bool aligned_rows = reinterpret_cast<std::uintptr_t>(p.q_rows) % alignof(std::int32_t) == 0 &&
-                              reinterpret_cast<std::uintptr_t>(p.kv_rows) % alignof(std::int32_t) == 0;
-    if (!aligned_rows) return say("q_rows and kv_rows must be int32-aligned device pointers (or null)");
     if (p.softcap > 0.f && !std::isfinite(p.softcap)) return say("the soft cap must be a positive finite number");
   }
   if (p.fp8) {
@@ -137,7 +146,38 @@ const char* fused_unsupported_reason(const FusedParams& p, [[maybe_unused]] bool
           "fp8 (e4m3) takes a dense batch with a contiguous cache, no soft cap (not packed batches, per-sequence "
           "rows (q_rows, kv_rows), soft caps or pages)");
     }
-    if (p.lse != nullptr) return say("fp8 (e4m3) runs the forward only (no log-sum-exp for a backward)");
+    if (p.lse) return say("fp8 (e4m3) runs the forward only (no log-sum-exp for a backward)");
+  }
+  return nullptr;
+}
+
+const char* fused_unsupported_reason(const FusedParams& p, bool flash) {
+  if (const char* why = fused_shape_unsupported_reason(fused_shape_of(p), flash)) return why;
+  thread_local std::string reason;
+  auto say = [&](const std::string& text) {
+    reason = text;
+    return reason.c_str();
+  };
+  // What a launch adds to its shape: the tensors' addresses, strides and page
+  // count, the lengths' and rows' pointers, the descales.
+  if (!p.q || !p.k || !p.v || !p.o) return say("q, k, v and o must all be device pointers");
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) {
+    return say("q, k, v and o must be 16-byte aligned");
+  }
+  if (p.page_size > 0) {
+    if (p.block_table == nullptr) return say("a paged KV cache needs its block table");
+    if (p.num_pages < 1) return say("a paged KV cache needs its page count (num_pages, at least 1)");
+    if (reinterpret_cast<std::uintptr_t>(p.block_table) % alignof(std::int32_t) != 0) {
+      return say("the block table must be an int32-aligned device pointer");
+    }
+  }
+  if (p.cu_seqlens_q != nullptr && p.cu_seqlens_k == nullptr) {
+    return say("a packed batch needs both cumulative lengths and its packed rows");
+  }
+  const bool aligned_rows = reinterpret_cast<std::uintptr_t>(p.q_rows) % alignof(std::int32_t) == 0 &&
+                            reinterpret_cast<std::uintptr_t>(p.kv_rows) % alignof(std::int32_t) == 0;
+  if (!aligned_rows) return say("q_rows and kv_rows must be int32-aligned device pointers (or null)");
+  if (p.fp8) {
     for (const float d : {p.q_descale, p.k_descale, p.v_descale}) {
       if (!(d > 0.f) || !std::isfinite(d)) return say("the fp8 descales must be positive finite numbers");
     }

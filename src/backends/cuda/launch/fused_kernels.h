@@ -23,8 +23,31 @@
 
 namespace attnprof::cuda {
 
-// nullptr when `p` can run on the current device, else a one-line reason that
-// says what to change. The text stays valid until this thread's next call.
+// What the fused forward kernels take, as a problem's shape and layout: no
+// tensor, no pointer. Eligibility asks it of a Problem and its BatchLayout
+// (FusedBackend::shape_of); a launch of its FusedParams (fused_shape_of).
+struct FusedShape {
+  int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
+  float scale = 0.f;
+  MaskKind mask = MaskKind::None;
+  int window = 0;
+  int page_size = 0, pages_per_seq = 0;  // a paged cache (page_size > 0)
+  bool packed = false;                   // cumulative lengths: total_q and total_k rows
+  int total_q = 0, total_k = 0;
+  bool rows = false;  // a dense batch's per-sequence rows (q_rows, kv_rows)
+  float softcap = 0.f;
+  bool fp8 = false;
+  bool lse = false;  // writes each row's log-sum-exp (a training forward)
+  bool per_sequence() const { return packed || rows; }
+};
+FusedShape fused_shape_of(const FusedParams& p);
+
+// nullptr when a problem of shape `s` can run on the current device, else a
+// one-line reason that says what to change. The text stays valid until this
+// thread's next call.
+const char* fused_shape_unsupported_reason(const FusedShape& s, bool flash);
+// The same for a launch's `p`: its shape (fused_shape_unsupported_reason),
+// then its pointers, strides, page count and descales.
 const char* fused_unsupported_reason(const FusedParams& p, bool flash);
 
 // Enqueue one forward on `stream`. cudaErrorInvalidValue when
