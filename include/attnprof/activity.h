@@ -66,6 +66,12 @@ struct Activity {
   std::int64_t context = -1;
   std::uint64_t correlation = 0;  // launch API call <-> device activity
   std::uint64_t external_id = 0;  // the CPU op that enclosed the launch
+  // Device work replayed from a CUDA graph: the graph and the node that ran
+  // it (CUPTI's graphId and graphNodeId, Kineto's "graph id" and "graph node
+  // id", written from CUDA 12); 0 for work launched on its own. Every
+  // activity of one replay carries the correlation id of its cudaGraphLaunch.
+  std::uint64_t graph_id = 0;
+  std::uint64_t graph_node_id = 0;
   std::int64_t step = -1;         // profiler step the event fell in
   int depth = 0;                  // nesting depth of CPU ranges (0 = outermost)
   std::uint32_t cbid = 0;         // CUPTI callback id of runtime/driver calls

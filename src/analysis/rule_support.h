@@ -135,6 +135,9 @@ std::vector<Finding> load_imbalance(const RuleInput& in);
 std::vector<Finding> bound(const RuleInput& in);
 std::vector<Finding> split_kv(const RuleInput& in);
 
+// CUDA graph replays (rules_graphs.cpp): replayed attention below a stated share of its roof.
+std::vector<Finding> graph_attention_roof(const RuleInput& in);
+
 // A packed batch's FLOPs against the padded batch's (rules_varlen.cpp).
 std::vector<Finding> packed_batch(const RuleInput& in);
 
