@@ -71,7 +71,11 @@ std::vector<Window> capture_windows(const std::vector<Activity>& v, bool with_la
     const Activity& b = v[marks[k]];
     const Activity& e = v[marks[k + 1]];
     if (!begins_capture(b) || !ends_capture(e) || b.tid != e.tid) continue;
-    out.push_back(Window{.tid = b.tid, .from_ns = b.end_ns(), .to_ns = e.start_ns});
+    Window w;
+    w.tid = b.tid;
+    w.from_ns = b.end_ns();
+    w.to_ns = e.start_ns;
+    out.push_back(std::move(w));
   }
   std::sort(out.begin(), out.end(),
             [](const Window& x, const Window& y) { return std::pair(x.tid, x.from_ns) < std::pair(y.tid, y.from_ns); });
@@ -264,8 +268,15 @@ GraphTies tie_graphs(const Trace& trace) {
         const std::string kb = attention_backend_of_kernel(v[i].name, true);
         const CapturedNode& c = g.captured.at(node);
         AttentionCall* call = c.call >= 0 ? &g.calls[static_cast<std::size_t>(c.call)] : nullptr;
-        if (call && call->backend == "unknown" && !kb.empty()) call->backend = kb;
+        // The kernel names what the op did not: SDPA's pick where no dispatch op was recorded, attnprof's
+        // backend where torch kept no string argument of its op.
+        if (call && !kb.empty() && (call->backend == "unknown" || (call->backend == "attnprof" && kb.starts_with("attnprof:")))) {
+          call->backend = kb;
+        }
         if (kb.empty() || (call && same_backend(call->backend, kb))) continue;
+        // Launched outside any op at capture (a plan's run, which no torch op
+        // wraps): nothing to contradict; replay_calls counts it by its name.
+        if (!call && c.outer_op.empty()) continue;
         const std::string made_by = call ? call->op + " (" + call->backend + ")"
                                          : (c.outer_op.empty() ? std::string("no op") : c.outer_op);
         fail(replayed + ", but node " + std::to_string(node) + " runs " + short_kernel_name(v[i].name, 60) +
@@ -282,7 +293,21 @@ GraphTies tie_graphs(const Trace& trace) {
         }
       }
     }
-    const bool attention = g.tied ? !g.calls.empty() : g.attention_kernels;
+    if (g.tied) {
+      // Attention kernels no captured op owns (launched outside any op): counted by name.
+      int loose = 0;
+      for (const auto& [node, i] : ns) {
+        const auto c = g.captured.find(node);
+        loose += v[i].type == ActivityType::Kernel && c != g.captured.end() && c->second.call < 0 &&
+                 !attention_backend_of_kernel(v[i].name, true).empty();
+      }
+      if (loose > 0) {
+        g.note += "; " + std::to_string(loose) + " attention kernel" + (loose == 1 ? "" : "s") +
+                  " a replay launched outside any op at capture (a plan's run: no op records its shapes), "
+                  "found by kernel names";
+      }
+    }
+    const bool attention = g.tied ? !g.calls.empty() || g.attention_kernels : g.attention_kernels;
     if (!attention) {
       g.note += g.tied ? "; it holds no attention: none of its captured ops is attention"
                        : "; it holds no attention: no kernel of it names an attention backend";
@@ -312,13 +337,23 @@ std::vector<AttentionCall> replay_calls(const TraceIndex& ix, const Graph& g) {
         out.back().event = d;
       }
     }
-  } else {
-    // A run of kernels that name one attention backend, no other kernel
-    // between them (a memset or memcpy may be: a library's workspace), is one call.
+  }
+  {
+    // Attention kernels no captured op owns (every one where the graph is
+    // not tied): a run of kernels that name one attention backend, no other
+    // kernel between them (a memset or memcpy may be: a library's
+    // workspace), is one call.
     std::string run;  // the open run's backend; empty: none open
     for (EventIndex d : work) {
       const Activity& a = ix.at(d);
       if (a.type != ActivityType::Kernel) continue;
+      if (g.tied) {
+        const auto c = g.captured.find(a.graph_node_id);
+        if (c != g.captured.end() && c->second.call >= 0) {
+          run.clear();
+          continue;
+        }
+      }
       const std::string b = attention_backend_of_kernel(a.name, true);
       if (b.empty()) {
         run.clear();
@@ -326,7 +361,7 @@ std::vector<AttentionCall> replay_calls(const TraceIndex& ix, const Graph& g) {
       }
       if (b != run) {
         AttentionCall c;
-        c.op = "(CUDA graph " + std::to_string(g.id) + ")";
+        c.op = g.tied ? "(captured outside any op)" : "(CUDA graph " + std::to_string(g.id) + ")";
         c.backend = b;
         c.event = d;
         c.graph_id = g.id;
