@@ -70,8 +70,7 @@ int main(int argc, char** argv) {
   graph_spec.layers = 32;
   graph_spec.replays = std::max(1, static_cast<int>(events / (graph_spec.layers * 10 + 6)));
   const auto t_gen = std::chrono::steady_clock::now();
-  std::string text =
-      graph ? attnprof::testing::kineto_graph_trace(graph_spec) : attnprof::testing::kineto_trace(spec);
+  std::string text = graph ? attnprof::testing::kineto_graph_trace(graph_spec) : attnprof::testing::kineto_trace(spec);
   namespace fs = std::filesystem;
   const fs::path path = keep.empty()
                             ? fs::temp_directory_path() / (gzip ? "attnprof_scale.json.gz" : "attnprof_scale.json")

@@ -72,11 +72,11 @@ struct Activity {
   // activity of one replay carries the correlation id of its cudaGraphLaunch.
   std::uint64_t graph_id = 0;
   std::uint64_t graph_node_id = 0;
-  std::int64_t step = -1;         // profiler step the event fell in
-  int depth = 0;                  // nesting depth of CPU ranges (0 = outermost)
-  std::uint32_t cbid = 0;         // CUPTI callback id of runtime/driver calls
-  std::string input_dtypes;       // CPU ops: "bf16, bf16" as PyTorch's "Input type"
-  std::string input_dims;         // CPU ops: "[8, 16, 1024, 64], [...]"
+  std::int64_t step = -1;    // profiler step the event fell in
+  int depth = 0;             // nesting depth of CPU ranges (0 = outermost)
+  std::uint32_t cbid = 0;    // CUPTI callback id of runtime/driver calls
+  std::string input_dtypes;  // CPU ops: "bf16, bf16" as PyTorch's "Input type"
+  std::string input_dims;    // CPU ops: "[8, 16, 1024, 64], [...]"
   // CPU ops: PyTorch's "Concrete Inputs", one entry per input ("True",
   // "0.125"; empty for tensors): what an attention call's is_causal and scale were.
   std::vector<std::string> concrete_inputs;

@@ -100,7 +100,7 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s, const analysis::Graph* gra
     const EventIndex call = ix.launch_call(d);
     launched += call != kNone;
     const EventIndex outer = ix.launching_op(d, /*outermost=*/true);
-    OpRow& row = ops[outer != kNone                   ? ix.at(outer).name
+    OpRow& row = ops[outer != kNone                        ? ix.at(outer).name
                      : graph != nullptr && a.graph_id != 0 ? analysis::replay_op(*graph, a)
                                                            : std::string("(no op)")];
     row.device_us += us;
@@ -178,8 +178,8 @@ StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string
   r.metrics.ceiling_pct.reset();
   r.metrics.gbs.reset();
   r.metrics.copy_ceiling_pct.reset();
-  s.attention = analysis::attention_calls(ix, gpu, ceiling_of(options), graph,
-                                         given(options.memory_gbs, "ATTNPROF_COPY_GBS"));
+  s.attention =
+      analysis::attention_calls(ix, gpu, ceiling_of(options), graph, given(options.memory_gbs, "ATTNPROF_COPY_GBS"));
   // Attention ops inside a CUDA graph's capture launched nothing (their
   // kernels run in the replays, counted there): not calls of this step.
   if (const auto spans = analysis::capture_spans(r.trace); !spans.empty()) {
@@ -280,7 +280,7 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
     std::sort(by_start.begin(), by_start.end());
     std::map<std::pair<std::uint64_t, std::uint64_t>, int> part_of;
     std::unordered_map<std::uint64_t, int> part_of_launch;  // by correlation
-    std::map<std::uint64_t, int> seen;                       // replays numbered per graph
+    std::map<std::uint64_t, int> seen;                      // replays numbered per graph
     for (const auto& [first, key] : by_start) {
       const int host = replays[key].second;
       const int part = host < 0 ? -1 : static_cast<int>(meta.size());
@@ -334,7 +334,8 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
     }
   }
   for (const std::size_t g : order) {
-    const std::string& host_label = meta[g].host < 0 ? meta[g].label : meta[static_cast<std::size_t>(meta[g].host)].label;
+    const std::string& host_label =
+        meta[g].host < 0 ? meta[g].label : meta[static_cast<std::size_t>(meta[g].host)].label;
     if (options.step && step_number(host_label) != options.step) continue;
     // By start, stably, each activity moved once: sorting the activities
     // themselves moved each about log n times, half of the analysis on the

@@ -113,7 +113,8 @@ std::vector<Window> capture_windows(const std::vector<Activity>& v, bool with_la
 // A kernel's backend, by its name, against the backend its captured op named.
 bool same_backend(std::string_view op_backend, std::string_view kernel_backend) {
   if (op_backend.empty() || op_backend == "unknown" || op_backend == "overrideable") return true;
-  if (op_backend == kernel_backend || op_backend.starts_with(kernel_backend) || kernel_backend.starts_with(op_backend)) {
+  if (op_backend == kernel_backend || op_backend.starts_with(kernel_backend) ||
+      kernel_backend.starts_with(op_backend)) {
     return true;
   }
   return op_backend == "flash_attn" && kernel_backend == "flash";  // the package's kernels are flash_fwd_*
@@ -220,8 +221,9 @@ GraphTies tie_graphs(const Trace& trace) {
            " is also in graph " + std::to_string(r->second.second) +
            "): not tied to a capture, as a node id no longer names one launch; " + std::string(kByName));
     } else if (windows.empty()) {
-      fail(replayed + ", but no capture is in the trace (no cudaStreamBeginCapture .. cudaStreamEndCapture: the "
-                      "profiler was off while the graph was captured): " +
+      fail(replayed +
+           ", but no capture is in the trace (no cudaStreamBeginCapture .. cudaStreamEndCapture: the "
+           "profiler was off while the graph was captured): " +
            std::string(kByName));
     } else if (!windows_of.count(kinds)) {
       fail(replayed + ", but no capture in the trace launched its " + std::to_string(g.nodes) +
@@ -270,17 +272,18 @@ GraphTies tie_graphs(const Trace& trace) {
         AttentionCall* call = c.call >= 0 ? &g.calls[static_cast<std::size_t>(c.call)] : nullptr;
         // The kernel names what the op did not: SDPA's pick where no dispatch op was recorded, attnprof's
         // backend where torch kept no string argument of its op.
-        if (call && !kb.empty() && (call->backend == "unknown" || (call->backend == "attnprof" && kb.starts_with("attnprof:")))) {
+        if (call && !kb.empty() &&
+            (call->backend == "unknown" || (call->backend == "attnprof" && kb.starts_with("attnprof:")))) {
           call->backend = kb;
         }
         if (kb.empty() || (call && same_backend(call->backend, kb))) continue;
         // Launched outside any op at capture (a plan's run, which no torch op
         // wraps): nothing to contradict; replay_calls counts it by its name.
         if (!call && c.outer_op.empty()) continue;
-        const std::string made_by = call ? call->op + " (" + call->backend + ")"
-                                         : (c.outer_op.empty() ? std::string("no op") : c.outer_op);
-        fail(replayed + ", but node " + std::to_string(node) + " runs " + short_kernel_name(v[i].name, 60) +
-             " (" + kb + ") where the launch captured in its place was made by " + made_by +
+        const std::string made_by =
+            call ? call->op + " (" + call->backend + ")" : (c.outer_op.empty() ? std::string("no op") : c.outer_op);
+        fail(replayed + ", but node " + std::to_string(node) + " runs " + short_kernel_name(v[i].name, 60) + " (" + kb +
+             ") where the launch captured in its place was made by " + made_by +
              ": the capture does not match the graph, so it is not tied; " + std::string(kByName));
         break;
       }

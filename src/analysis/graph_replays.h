@@ -49,8 +49,8 @@ struct CapturedNode {
 struct Graph {
   std::uint64_t id = 0;
   int replays = 0;
-  std::size_t nodes = 0;  // distinct nodes with device work
-  bool tied = false;      // every node tied to its captured launch
+  std::size_t nodes = 0;                                     // distinct nodes with device work
+  bool tied = false;                                         // every node tied to its captured launch
   std::unordered_map<std::uint64_t, CapturedNode> captured;  // by node id, where tied
   // The captured attention calls (where tied): op, backend, shapes, FLOPs as
   // read at capture; graph_nodes filled, kernels and times empty.

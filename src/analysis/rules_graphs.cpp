@@ -122,7 +122,8 @@ std::vector<Finding> graph_attention_roof(const RuleInput& in) {
     const AttentionCall& c = *g.first;
     std::string text = "graph " + std::to_string(c.graph_id) + ", layer" + (g.layers.size() == 1 ? " " : "s ") +
                        layers_str(g.layers) + ": " + (memory ? "decode" : "prefill") + " attention (" + backend + ", " +
-                       problem + ") at " + (g.layers.size() > 1 ? "up to " : "") + format("%.0f%%", g.pct) + " of the " +
+                       problem + ") at " + (g.layers.size() > 1 ? "up to " : "") + format("%.0f%%", g.pct) +
+                       " of the " +
                        (memory ? "HBM bandwidth (" + format("%.0f GB/s of %.0f GB/s, ", g.rate, g.ceiling)
                                : "tensor-core roof (" + format("%.1f TFLOP/s of %.0f TFLOP/s, ", g.rate, g.ceiling)) +
                        g.source + "), below " + format("%.0f%%", kRoofSharePct) + ": ";

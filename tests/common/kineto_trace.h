@@ -192,7 +192,6 @@ inline std::string kineto_trace(const KinetoTraceSpec& spec) {
   return out;
 }
 
-
 // A decode loop under CUDA graphs, in the format Kineto writes from CUDA 12:
 // each graph's layers captured once (cudaStreamBeginCapture .. EndCapture on
 // the host, the captured ops with record_shapes and their launch calls, no
@@ -205,11 +204,11 @@ inline std::string kineto_trace(const KinetoTraceSpec& spec) {
 struct KinetoGraphSpec {
   int graphs = 1;
   int layers = 2;
-  int replays = 3;         // per graph, in turn
-  bool capture = true;     // false: the profiler was off during capture (no capture records)
-  bool attention = true;   // false: graphs that hold no attention
-  bool attnprof = false;   // attnprof's op and kernels, else SDPA's flash
-  bool steps = true;       // each replay inside a ProfilerStep, beside an eager argmax
+  int replays = 3;               // per graph, in turn
+  bool capture = true;           // false: the profiler was off during capture (no capture records)
+  bool attention = true;         // false: graphs that hold no attention
+  bool attnprof = false;         // attnprof's op and kernels, else SDPA's flash
+  bool steps = true;             // each replay inside a ProfilerStep, beside an eager argmax
   bool repeat_node_ids = false;  // every graph numbers its nodes from the same id
   int unreplayed_captures = 0;   // more captures of graph 1's sequence, never replayed
   int heads = 8, kv_seq = 4096, head_dim = 128;
@@ -231,39 +230,44 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
   const auto dims = [&](int b, int q_rows) {
     const std::string h = std::to_string(spec.heads), d = std::to_string(spec.head_dim),
                       kv = std::to_string(spec.kv_seq), bs = std::to_string(b);
-    return "[[" + bs + ", " + h + ", " + std::to_string(q_rows) + ", " + d + "], [" + bs + ", " + h + ", " + kv +
-           ", " + d + "], [" + bs + ", " + h + ", " + kv + ", " + d + "]";
+    return "[[" + bs + ", " + h + ", " + std::to_string(q_rows) + ", " + d + "], [" + bs + ", " + h + ", " + kv + ", " +
+           d + "], [" + bs + ", " + h + ", " + kv + ", " + d + "]";
   };
   // One node of a layer: what the capture launches, and what a replay runs.
   struct Node {
     std::string op, call, cat, kind, name, args;
   };
-  const std::string kernel_args = ", \"registers per thread\": 128, \"shared memory\": 16384, \"blocks per SM\": 0, "
-                                  "\"warps per SM\": 0, \"block\": [128, 1, 1], \"est. achieved occupancy %\": 0";
+  const std::string kernel_args =
+      ", \"registers per thread\": 128, \"shared memory\": 16384, \"blocks per SM\": 0, "
+      "\"warps per SM\": 0, \"block\": [128, 1, 1], \"est. achieved occupancy %\": 0";
   const std::string gemm = "nvjet_tst_64x8_64x16_2x1_v_bz_TNN";
-  const std::string split = spec.attnprof ? "void attnprof::cuda::kernels::flash_decode_splitkv_kernel<attnprof::cuda::"
-                                            "kernels::DecodeCfg<128>, (attnprof::cuda::kernels::MaskMode)0, "
-                                            "__nv_bfloat16>(attnprof::cuda::kernels::DecodeArgs)"
-                                          : "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, "
-                                            "128, 4, false, false, cutlass::bfloat16_t>, false, false, false, false, "
-                                            "true, false, true, false>(pytorch_flash::Flash_fwd_params)";
-  const std::string combine = spec.attnprof ? "void attnprof::cuda::kernels::flash_decode_combine_kernel<128>(attnprof::"
-                                              "cuda::kernels::DecodeArgs)"
-                                            : "void pytorch_flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_"
-                                              "traits<128, 64, 128, 4, false, false, cutlass::bfloat16_t>, 4, 3, "
-                                              "false>(pytorch_flash::Flash_fwd_params)";
+  const std::string split = spec.attnprof
+                                ? "void attnprof::cuda::kernels::flash_decode_splitkv_kernel<attnprof::cuda::"
+                                  "kernels::DecodeCfg<128>, (attnprof::cuda::kernels::MaskMode)0, "
+                                  "__nv_bfloat16>(attnprof::cuda::kernels::DecodeArgs)"
+                                : "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, "
+                                  "128, 4, false, false, cutlass::bfloat16_t>, false, false, false, false, "
+                                  "true, false, true, false>(pytorch_flash::Flash_fwd_params)";
+  const std::string combine = spec.attnprof
+                                  ? "void attnprof::cuda::kernels::flash_decode_combine_kernel<128>(attnprof::"
+                                    "cuda::kernels::DecodeArgs)"
+                                  : "void pytorch_flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_"
+                                    "traits<128, 64, 128, 4, false, false, cutlass::bfloat16_t>, 4, 3, "
+                                    "false>(pytorch_flash::Flash_fwd_params)";
   const auto layer_nodes = [&](int b) {
     std::vector<Node> n;
     const std::string grid = ", \"grid\": [1, " + std::to_string(spec.heads) + ", " + std::to_string(b) + "]";
-    n.push_back({"aten::mm", "cudaLaunchKernel", "cuda_runtime", "kernel", gemm, kernel_args + ", \"grid\": [16, 1, 1]"});
-    n.push_back({"aten::fill_", "cudaMemsetAsync", "cuda_runtime", "gpu_memset", "Memset (Device)",
-                 ", \"bytes\": 4096"});
+    n.push_back(
+        {"aten::mm", "cudaLaunchKernel", "cuda_runtime", "kernel", gemm, kernel_args + ", \"grid\": [16, 1, 1]"});
+    n.push_back(
+        {"aten::fill_", "cudaMemsetAsync", "cuda_runtime", "gpu_memset", "Memset (Device)", ", \"bytes\": 4096"});
     if (spec.attention) {
       n.push_back({"attention", spec.attnprof ? "cudaLaunchKernelExC" : "cudaLaunchKernel", "cuda_runtime", "kernel",
                    split, kernel_args + grid});
       n.push_back({"attention", "cudaLaunchKernel", "cuda_runtime", "kernel", combine, kernel_args + grid});
     }
-    n.push_back({"aten::mm", "cudaLaunchKernel", "cuda_runtime", "kernel", gemm, kernel_args + ", \"grid\": [8, 1, 1]"});
+    n.push_back(
+        {"aten::mm", "cudaLaunchKernel", "cuda_runtime", "kernel", gemm, kernel_args + ", \"grid\": [8, 1, 1]"});
     return n;
   };
   const auto op = [&](const std::string& name, double ts, double dur, const std::string& args) {
@@ -284,22 +288,26 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
       for (const Node& n : layer_nodes(b)) {
         if (n.op == "attention") {
           if (n.name == combine) continue;  // launched inside the attention op below
-          const std::string shapes = "\"Input type\": [\"c10::BFloat16\", \"c10::BFloat16\", \"c10::BFloat16\"], "
-                                     "\"Input Dims\": " +
-                                     dims(b, 1);
+          const std::string shapes =
+              "\"Input type\": [\"c10::BFloat16\", \"c10::BFloat16\", \"c10::BFloat16\"], "
+              "\"Input Dims\": " +
+              dims(b, 1);
           if (spec.attnprof) {
             w.event("X", "user_annotation", "attnprof.attention backend=flash mask=none", pid, tid, t, 30,
                     "\"External id\": " + std::to_string(ext++));
             op("attnprof::attention", t + 1, 28,
-               shapes + ", \"\", \"\", \"\", \"\"], \"Concrete Inputs\": [\"\", \"\", \"\", \"\", \"\", \"\", "
-                        "\"\"], ");
+               shapes +
+                   ", \"\", \"\", \"\", \"\"], \"Concrete Inputs\": [\"\", \"\", \"\", \"\", \"\", \"\", "
+                   "\"\"], ");
           } else {
             op("aten::scaled_dot_product_attention", t, 30,
-               shapes + ", [], [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"\", \"0.\", \"False\", "
-                        "\"\", \"False\"], ");
+               shapes +
+                   ", [], [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"\", \"0.\", \"False\", "
+                   "\"\", \"False\"], ");
             op("aten::_scaled_dot_product_flash_attention", t + 1, 28,
-               shapes + ", [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"0.\", \"False\", \"False\", "
-                        "\"\"], ");
+               shapes +
+                   ", [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"0.\", \"False\", \"False\", "
+                   "\"\"], ");
           }
           runtime(n.call, n.cat, t + 3, 4, n.call == "cudaLaunchKernel" ? 211 : 430);
           runtime("cudaLaunchKernel", "cuda_runtime", t + 10, 4, 211);
@@ -331,9 +339,11 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
         const std::uint64_t c = runtime("cudaLaunchKernel", "cuda_runtime", t + 3, 4, 211);
         gpu = std::max(gpu, t + 6);
         w.event("X", "kernel", "void at::native::reduce_kernel<512, 1, argmax>", 0, stream, gpu, 3,
-                "\"External id\": " + std::to_string(ext - 1) + ", \"queued\": 0, \"device\": 0, \"context\": 1, "
-                "\"stream\": " + std::to_string(stream) + ", \"correlation\": " + std::to_string(c) + kernel_args +
-                ", \"grid\": [1, 1, 1], \"graph id\": 0, \"graph node id\": 0");
+                "\"External id\": " + std::to_string(ext - 1) +
+                    ", \"queued\": 0, \"device\": 0, \"context\": 1, "
+                    "\"stream\": " +
+                    std::to_string(stream) + ", \"correlation\": " + std::to_string(c) + kernel_args +
+                    ", \"grid\": [1, 1, 1], \"graph id\": 0, \"graph node id\": 0");
         gpu += 3;
         t += 12;
       }
@@ -344,9 +354,11 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
         for (const Node& n : layer_nodes(g)) {
           const double dur = n.name == split ? spec.attention_us : n.name == combine ? 2.0 : 5.0;
           w.event("X", n.kind.c_str(), n.name, 0, stream, gpu, dur,
-                  "\"External id\": " + std::to_string(ext - 1) + ", \"queued\": 0, \"device\": 0, \"context\": 1, "
-                  "\"stream\": " + std::to_string(stream) + ", \"correlation\": " + std::to_string(c) + n.args +
-                  ", \"graph id\": " + std::to_string(g) + ", \"graph node id\": " + std::to_string(node++));
+                  "\"External id\": " + std::to_string(ext - 1) +
+                      ", \"queued\": 0, \"device\": 0, \"context\": 1, "
+                      "\"stream\": " +
+                      std::to_string(stream) + ", \"correlation\": " + std::to_string(c) + n.args +
+                      ", \"graph id\": " + std::to_string(g) + ", \"graph node id\": " + std::to_string(node++));
           w.flow(false, c, pid, tid, t);
           gpu += dur + 0.5;
         }

@@ -125,8 +125,7 @@ TEST(GraphReplays, DecodeBelowTheBandwidthRoofIsAFindingNamingTheLayers) {
   // A given bandwidth is read instead of the datasheet's.
   AnalyzeOptions o;
   o.memory_gbs = 2000;
-  const TraceAnalysis given =
-      analyze_trace(parse_chrome_trace(kineto_graph_trace({}), "graph.json"), "graph.json", o);
+  const TraceAnalysis given = analyze_trace(parse_chrome_trace(kineto_graph_trace({}), "graph.json"), "graph.json", o);
   const Finding* g = by_rule(given.steps[1].result.findings, "graph-attention-roof");
   ASSERT_TRUE(g) << dump(given.steps[1].result.findings);
   EXPECT_NE(g->text.find("at 38% of the HBM bandwidth (763 GB/s of 2000 GB/s, the given bandwidth)"), std::string::npos)
@@ -135,8 +134,7 @@ TEST(GraphReplays, DecodeBelowTheBandwidthRoofIsAFindingNamingTheLayers) {
   KinetoGraphSpec fast;
   fast.attention_us = 4;
   const TraceAnalysis quick = analyze_spec(fast);
-  EXPECT_FALSE(by_rule(quick.steps[1].result.findings, "graph-attention-roof"))
-      << dump(quick.steps[1].result.findings);
+  EXPECT_FALSE(by_rule(quick.steps[1].result.findings, "graph-attention-roof")) << dump(quick.steps[1].result.findings);
 }
 
 TEST(GraphReplays, AttnprofsOpAndKernelsNameTheBackend) {

@@ -89,7 +89,8 @@ TEST_P(GraphFixtures, EveryReplayedAttentionCallFoundAndNamed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recorded, GraphFixtures,
-                         ::testing::Values(Fixture{"decode_sdpa", "", true}, Fixture{"decode_plan", "attnprof:flash", false},
+                         ::testing::Values(Fixture{"decode_sdpa", "", true},
+                                           Fixture{"decode_plan", "attnprof:flash", false},
                                            Fixture{"generate_sdpa", "", true},
                                            Fixture{"generate_attnprof", "attnprof:flash", true}),
                          [](const auto& info) { return std::string(info.param.name); });
