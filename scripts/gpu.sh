@@ -415,7 +415,7 @@ if has graph_traces; then
         sed -n '/^graph [0-9]* replay [0-9]*: attention$/,/^$/p' /tmp/graph_analyze.txt | head -12 | cut -c1-200
         grep -m3 -oE 'graph [0-9]+, layers? [^|]*below [0-9]+%[^|]*' /tmp/graph_analyze.txt | cut -c1-300
       done
-      ATTNPROF_GRAPH_FIXTURES="$OUT/graph_traces" timeout 120 $B/tests/attnprof_tests --gtest_filter='GraphFixtures.*' \
+      ATTNPROF_GRAPH_FIXTURES="$OUT/graph_traces" timeout 120 $B/tests/attnprof_tests --gtest_filter='*GraphFixtures.*' \
         2>&1 | tail -n 30
     } >"$OUT/graph_traces.txt" 2>&1
   else

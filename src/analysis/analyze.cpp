@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 
@@ -90,6 +91,7 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s, const analysis::Graph* gra
     }
   }
   std::map<std::string, KernelRow> kernels;
+  std::set<int> replayed_ops;  // captured op instances a replay ran (-1: the untied graph's launch)
   std::vector<std::pair<std::int64_t, std::int64_t>> busy;
   int launched = 0;
   double kernel_us = 0;
@@ -100,9 +102,16 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s, const analysis::Graph* gra
     const EventIndex call = ix.launch_call(d);
     launched += call != kNone;
     const EventIndex outer = ix.launching_op(d, /*outermost=*/true);
-    OpRow& row = ops[outer != kNone                        ? ix.at(outer).name
-                     : graph != nullptr && a.graph_id != 0 ? analysis::replay_op(*graph, a)
-                                                           : std::string("(no op)")];
+    const bool replayed = outer == kNone && graph != nullptr && a.graph_id != 0;
+    OpRow& row = ops[outer != kNone ? ix.at(outer).name : replayed ? analysis::replay_op(*graph, a) : "(no op)"];
+    if (replayed) {
+      // A replay's calls of an op: its captured instances that ran (an
+      // eager step's op calls, to compare op for op); of the graph itself
+      // where untied: one launch.
+      const auto c = graph->captured.find(a.graph_node_id);
+      const int instance = c != graph->captured.end() ? c->second.outer : -1;
+      if (instance >= 0 ? replayed_ops.insert(instance).second : replayed_ops.insert(-1).second) row.calls += 1;
+    }
     row.device_us += us;
     if (a.type == ActivityType::Kernel) {
       ++s.kernels;
@@ -326,12 +335,12 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
   v.clear();
   v.shrink_to_fit();
   // Each host step, then the replays launched in it.
+  std::vector<std::vector<std::size_t>> launched(hosts);
+  for (std::size_t g = hosts; g < groups; ++g) launched[static_cast<std::size_t>(meta[g].host)].push_back(g);
   std::vector<std::size_t> order;
   for (std::size_t h = 0; h < hosts; ++h) {
     order.push_back(h);
-    for (std::size_t g = hosts; g < groups; ++g) {
-      if (meta[g].host == static_cast<int>(h)) order.push_back(g);
-    }
+    order.insert(order.end(), launched[h].begin(), launched[h].end());
   }
   for (const std::size_t g : order) {
     const std::string& host_label =

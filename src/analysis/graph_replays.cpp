@@ -243,7 +243,10 @@ GraphTies tie_graphs(const Trace& trace) {
         const EventIndex launch = at_capture.at(w.launches[n++]);
         const EventIndex outer = cix.enclosing_op(launch, /*outermost=*/true);
         CapturedNode c;
-        if (outer != kNone) c.outer_op = cix.at(outer).name;
+        if (outer != kNone) {
+          c.outer_op = cix.at(outer).name;
+          c.outer = outer;
+        }
         const int call = attention_call_of(cix, at.calls, launch);
         if (call >= 0) {
           const auto [it, added] = call_of.try_emplace(call, static_cast<int>(g.calls.size()));

@@ -43,6 +43,7 @@ namespace attnprof::analysis {
 // What a captured launch was made for.
 struct CapturedNode {
   std::string outer_op;  // the outermost op enclosing the launch at capture; empty: none
+  int outer = -1;        // that op's instance (one per captured call of it), or -1
   int call = -1;         // its attention call in Graph::calls, or -1
 };
 

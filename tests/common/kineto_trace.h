@@ -209,6 +209,7 @@ struct KinetoGraphSpec {
   bool attention = true;         // false: graphs that hold no attention
   bool attnprof = false;         // attnprof's op and kernels, else SDPA's flash
   bool steps = true;             // each replay inside a ProfilerStep, beside an eager argmax
+  bool eager = false;            // no graph: each step launches the layers itself (what the graph replaces)
   bool repeat_node_ids = false;  // every graph numbers its nodes from the same id
   int unreplayed_captures = 0;   // more captures of graph 1's sequence, never replayed
   int heads = 8, kv_seq = 4096, head_dim = 128;
@@ -280,14 +281,27 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
                 ", \"correlation\": " + std::to_string(c));
     return c;
   };
-  // The captures: graph g's, then the extra ones of graph 1's sequence.
-  const auto capture = [&](int b) {
-    runtime("cudaStreamBeginCapture", "cuda_runtime", t, 3, 315);
-    t += 5;
+  // A node's device record: after its launch at `ts`, on the stream's clock.
+  const auto record = [&](const Node& n, std::uint64_t c, double ts, const std::string& graph) {
+    const double dur = n.name == split ? spec.attention_us : n.name == combine ? 2.0 : 5.0;
+    gpu = std::max(gpu, ts + 2);
+    w.event("X", n.kind.c_str(), n.name, 0, stream, gpu, dur,
+            "\"External id\": " + std::to_string(ext - 1) +
+                ", \"queued\": 0, \"device\": 0, \"context\": 1, "
+                "\"stream\": " +
+                std::to_string(stream) + ", \"correlation\": " + std::to_string(c) + n.args + graph);
+    w.flow(false, c, pid, tid, ts);
+    gpu += dur + 0.5;
+  };
+  // The layers' ops and launches on the host: captured (no device record),
+  // or run eagerly (`run`: each launch's record, no graph).
+  const auto layers_on_host = [&](int b, bool run) {
+    const std::string eager = ", \"graph id\": 0, \"graph node id\": 0";
     for (int l = 0; l < spec.layers; ++l) {
-      for (const Node& n : layer_nodes(b)) {
+      const auto nodes = layer_nodes(b);
+      for (std::size_t k = 0; k < nodes.size(); ++k) {
+        const Node& n = nodes[k];
         if (n.op == "attention") {
-          if (n.name == combine) continue;  // launched inside the attention op below
           const std::string shapes =
               "\"Input type\": [\"c10::BFloat16\", \"c10::BFloat16\", \"c10::BFloat16\"], "
               "\"Input Dims\": " +
@@ -296,9 +310,7 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
             w.event("X", "user_annotation", "attnprof.attention backend=flash mask=none", pid, tid, t, 30,
                     "\"External id\": " + std::to_string(ext++));
             op("attnprof::attention", t + 1, 28,
-               shapes +
-                   ", \"\", \"\", \"\", \"\"], \"Concrete Inputs\": [\"\", \"\", \"\", \"\", \"\", \"\", "
-                   "\"\"], ");
+               shapes + ", [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"\", \"\", \"\", \"\"], ");
           } else {
             op("aten::scaled_dot_product_attention", t, 30,
                shapes +
@@ -309,31 +321,41 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
                    ", [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"0.\", \"False\", \"False\", "
                    "\"\"], ");
           }
-          runtime(n.call, n.cat, t + 3, 4, n.call == "cudaLaunchKernel" ? 211 : 430);
-          runtime("cudaLaunchKernel", "cuda_runtime", t + 10, 4, 211);
+          const std::uint64_t c1 = runtime(n.call, n.cat, t + 3, 4, n.call == "cudaLaunchKernel" ? 211 : 430);
+          if (run) record(n, c1, t + 3, eager);
+          const std::uint64_t c2 = runtime("cudaLaunchKernel", "cuda_runtime", t + 10, 4, 211);
+          if (run) record(nodes[k + 1], c2, t + 10, eager);
+          ++k;  // the combine: launched inside the attention op above
           t += 32;
           continue;
         }
         op(n.op, t, 8, "");
-        runtime(n.call, n.cat, t + 1, 4, n.call == "cudaMemsetAsync" ? 51 : 211);
+        const std::uint64_t c = runtime(n.call, n.cat, t + 1, 4, n.call == "cudaMemsetAsync" ? 51 : 211);
+        if (run) record(n, c, t + 1, eager);
         t += 10;
       }
     }
+  };
+  const auto capture = [&](int b) {
+    runtime("cudaStreamBeginCapture", "cuda_runtime", t, 3, 315);
+    t += 5;
+    layers_on_host(b, false);
     runtime("cudaStreamEndCapture", "cuda_runtime", t, 3, 319);
     runtime("cudaGraphInstantiate", "cuda_runtime", t + 4, 20, 310);
     t += 30;
   };
-  if (spec.capture) {
+  if (spec.capture && !spec.eager) {
     for (int g = 1; g <= spec.graphs; ++g) capture(g);
     for (int k = 0; k < spec.unreplayed_captures; ++k) capture(1);
   }
-  // The replays, each graph's node ids in capture order.
+  // The replays, each graph's node ids in capture order (or, eagerly, the layers launched one by one).
   int step = 0;
   for (int r = 0; r < spec.replays; ++r) {
     for (int g = 1; g <= spec.graphs; ++g) {
       const double start = t;
+      const double span = spec.eager ? 20 + spec.layers * 62.0 : 60;
       if (spec.steps) {
-        w.event("X", "user_annotation", "ProfilerStep#" + std::to_string(++step), pid, tid, t, 60,
+        w.event("X", "user_annotation", "ProfilerStep#" + std::to_string(++step), pid, tid, t, span,
                 "\"External id\": " + std::to_string(ext++));
         op("aten::argmax", t + 2, 8, "");
         const std::uint64_t c = runtime("cudaLaunchKernel", "cuda_runtime", t + 3, 4, 211);
@@ -347,23 +369,18 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
         gpu += 3;
         t += 12;
       }
-      const std::uint64_t c = runtime("cudaGraphLaunch", "cuda_runtime", t, 8, 311);
-      gpu = std::max(gpu, t + 10);
-      std::uint64_t node = spec.repeat_node_ids ? 1 : static_cast<std::uint64_t>(g) * 1000;
-      for (int l = 0; l < spec.layers; ++l) {
-        for (const Node& n : layer_nodes(g)) {
-          const double dur = n.name == split ? spec.attention_us : n.name == combine ? 2.0 : 5.0;
-          w.event("X", n.kind.c_str(), n.name, 0, stream, gpu, dur,
-                  "\"External id\": " + std::to_string(ext - 1) +
-                      ", \"queued\": 0, \"device\": 0, \"context\": 1, "
-                      "\"stream\": " +
-                      std::to_string(stream) + ", \"correlation\": " + std::to_string(c) + n.args +
-                      ", \"graph id\": " + std::to_string(g) + ", \"graph node id\": " + std::to_string(node++));
-          w.flow(false, c, pid, tid, t);
-          gpu += dur + 0.5;
+      if (spec.eager) {
+        layers_on_host(g, true);
+      } else {
+        const std::uint64_t c = runtime("cudaGraphLaunch", "cuda_runtime", t, 8, 311);
+        std::uint64_t node = spec.repeat_node_ids ? 1 : static_cast<std::uint64_t>(g) * 1000;
+        for (int l = 0; l < spec.layers; ++l) {
+          for (const Node& n : layer_nodes(g)) {
+            record(n, c, t, ", \"graph id\": " + std::to_string(g) + ", \"graph node id\": " + std::to_string(node++));
+          }
         }
       }
-      t = std::max(start + 62, t + 12);
+      t = std::max(start + span + 2, t + 12);
     }
   }
   out += "\n  ],\n  \"traceName\": \"graph_built.pt.trace.json\",\n  \"baseTimeNanoseconds\": 1700000000000000000\n}\n";

@@ -313,6 +313,27 @@ TEST(GraphReplays, DiffFoldsEachReplayIntoTheStepThatLaunchedIt) {
   EXPECT_DOUBLE_EQ(one.a.kernels, 9);
 }
 
+TEST(GraphReplays, DiffOfAnEagerTraceAndAGraphOneComparesOpForOp) {
+  KinetoGraphSpec spec;
+  spec.eager = true;
+  const TraceAnalysis eager = analyze_spec(spec);
+  ASSERT_EQ(eager.steps.size(), 3u);
+  EXPECT_TRUE(eager.graph_notes.empty());
+  EXPECT_EQ(eager.steps[0].attention.calls.size(), 2u) << "the eager step's own calls";
+  const TraceAnalysis graph = analyze_spec({});
+  const TraceDiff d = diff_analyses(eager, std::nullopt, graph, std::nullopt);
+  EXPECT_DOUBLE_EQ(d.a.kernels, 9);
+  EXPECT_DOUBLE_EQ(d.b.kernels, 9);
+  for (const char* op : {"aten::scaled_dot_product_attention", "aten::mm", "aten::fill_"}) {
+    const auto it = std::find_if(d.ops.begin(), d.ops.end(), [&](const DiffRow& r) { return r.name == op; });
+    ASSERT_NE(it, d.ops.end()) << op << "\n" << diff_text(d, 20);
+    EXPECT_EQ(it->change, "unchanged") << op << ": the same calls a step, eager and replayed";
+    EXPECT_DOUBLE_EQ(it->count_a, it->count_b) << op;
+    EXPECT_NEAR(it->time_a_us, it->time_b_us, 1e-9) << op;
+  }
+  for (const DiffRow& k : d.kernels) EXPECT_EQ(k.change, "unchanged") << k.name;
+}
+
 TEST(GraphReplays, ReplayRunsTheCapturedProblem) {
   TraceAnalysis a = analyze_spec({});
   ReplayOptions o;
