@@ -120,13 +120,13 @@ std::vector<Finding> graph_attention_roof(const RuleInput& in) {
   for (auto& [key, g] : groups) {
     const auto& [backend, problem, op, memory] = key;
     const AttentionCall& c = *g.first;
-    std::string text = "graph " + std::to_string(c.graph_id) + ", layer" + (g.layers.size() == 1 ? " " : "s ") +
-                       layers_str(g.layers) + ": " + (memory ? "decode" : "prefill") + " attention (" + backend + ", " +
-                       problem + ") at " + (g.layers.size() > 1 ? "up to " : "") + format("%.0f%%", g.pct) +
-                       " of the " +
-                       (memory ? "HBM bandwidth (" + format("%.0f GB/s of %.0f GB/s, ", g.rate, g.ceiling)
-                               : "tensor-core roof (" + format("%.1f TFLOP/s of %.0f TFLOP/s, ", g.rate, g.ceiling)) +
-                       g.source + "), below " + format("%.0f%%", kRoofSharePct) + ": ";
+    std::string text =
+        "graph " + std::to_string(c.graph_id) + ", layer" + (g.layers.size() == 1 ? " " : "s ") + layers_str(g.layers) +
+        ": " + (memory ? "decode" : "prefill") + " attention (" + backend + ", " + problem + ") at " +
+        (g.layers.size() > 1 ? "up to " : "") + format("%.0f%%", g.pct) + " of the " +
+        (memory ? "HBM bandwidth (" + format("%.0f GB/s of ", g.rate) + format("%.0f GB/s, ", g.ceiling)
+                : "tensor-core roof (" + format("%.1f TFLOP/s of ", g.rate) + format("%.0f TFLOP/s, ", g.ceiling)) +
+        g.source + "), below " + format("%.0f%%", kRoofSharePct) + ": ";
     // What would be faster: a decode whose grid leaves SMs idle wants its keys
     // split; a prefill on an unfused path wants a fused kernel; otherwise the
     // replay measures the alternatives on this very problem.
