@@ -105,7 +105,9 @@ TEST(GraphReplays, EachReplayIsAStepWithItsLayersAttentionTiedToTheCapture) {
   EXPECT_EQ(calls, spec.layers * spec.replays) << "count = layers x steps";
   // The captured ops ran nothing: no host step counts them as calls.
   for (const auto& s : a.steps) {
-    if (s.graph_id == 0) EXPECT_TRUE(s.attention.calls.empty()) << s.label;
+    if (s.graph_id == 0) {
+      EXPECT_TRUE(s.attention.calls.empty()) << s.label;
+    }
   }
 }
 

@@ -71,7 +71,9 @@ TEST_P(GraphFixtures, EveryReplayedAttentionCallFoundAndNamed) {
     for (const AttentionCall& c : s.attention.calls) {
       ++calls;
       EXPECT_NE(c.backend, "unknown") << s.label << " layer " << c.layer;
-      if (*x.backend) EXPECT_EQ(c.backend, x.backend) << s.label << " layer " << c.layer;
+      if (*x.backend) {
+        EXPECT_EQ(c.backend, x.backend) << s.label << " layer " << c.layer;
+      }
       EXPECT_FALSE(c.kernels.empty());
       in_calls += c.kernels.size();
       if (captured && x.shapes_expected) {
@@ -85,7 +87,9 @@ TEST_P(GraphFixtures, EveryReplayedAttentionCallFoundAndNamed) {
   }
   EXPECT_GT(replays, 0) << analysis_text(a, 3);
   EXPECT_EQ(calls, layers * replays) << "count = layers x replays";
-  if (!m["replays"].is_null()) EXPECT_EQ(replays, m["replays"].get<int>()) << "the replays the script made";
+  if (!m["replays"].is_null()) {
+    EXPECT_EQ(replays, m["replays"].get<int>()) << "the replays the script made";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Recorded, GraphFixtures,
