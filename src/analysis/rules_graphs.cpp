@@ -75,7 +75,7 @@ std::vector<Finding> graph_attention_roof(const RuleInput& in) {
   struct Group {
     Finding f;
     std::vector<int> layers;
-    double pct = 0, rate = 0, ceiling = 0;
+    double pct = 0, low = 100, rate = 0, ceiling = 0;
     std::string source;
     const AttentionCall* first = nullptr;
   };
@@ -112,6 +112,7 @@ std::vector<Finding> graph_attention_roof(const RuleInput& in) {
     }
     g.layers.push_back(c.layer);
     g.pct = std::max(g.pct, pct);
+    g.low = std::min(g.low, pct);
     g.rate = std::max(g.rate, rate);
     cite(g.f, in.index, static_cast<EventIndex>(c.event));
   }
@@ -123,7 +124,7 @@ std::vector<Finding> graph_attention_roof(const RuleInput& in) {
     std::string text =
         "graph " + std::to_string(c.graph_id) + ", layer" + (g.layers.size() == 1 ? " " : "s ") + layers_str(g.layers) +
         ": " + (memory ? "decode" : "prefill") + " attention (" + backend + ", " + problem + ") at " +
-        (g.layers.size() > 1 ? "up to " : "") + format("%.0f%%", g.pct) + " of the " +
+        (g.pct - g.low >= 0.5 ? "up to " : "") + format("%.0f%%", g.pct) + " of the " +
         (memory ? "HBM bandwidth (" + format("%.0f GB/s of ", g.rate) + format("%.0f GB/s, ", g.ceiling)
                 : "tensor-core roof (" + format("%.1f TFLOP/s of ", g.rate) + format("%.0f TFLOP/s, ", g.ceiling)) +
         g.source + "), below " + format("%.0f%%", kRoofSharePct) + ": ";
