@@ -210,7 +210,9 @@ class EventReader final : public Splitter::Sink {
     a.external_id = args.external_id.value_or(0);
     a.correlation = args.correlation.value_or(0);
     if (a.on_device()) {
-      a.graph_id = args.graph_id.value_or(0);
+      // CUPTI's graphId is 32 bits: past them the trace is no CUPTI record.
+      if (args.graph_id && *args.graph_id > 0xffffffffu) bad_field(kGraphId, "is out of range (more than 2^32 - 1)");
+      a.graph_id = static_cast<std::uint32_t>(args.graph_id.value_or(0));
       a.graph_node_id = args.graph_node_id.value_or(0);
     }
     a.cbid = static_cast<std::uint32_t>(args.cbid.value_or(0));

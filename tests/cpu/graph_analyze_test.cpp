@@ -12,6 +12,7 @@
 #include <string>
 
 #include "attnprof/analyze.h"
+#include "attnprof/error.h"
 #include "attnprof/replay.h"
 #include "attnprof/report.h"
 #include "attnprof/trace_reader.h"
@@ -357,6 +358,19 @@ TEST(GraphReplays, ReplayRunsTheCapturedProblem) {
   EXPECT_DOUBLE_EQ(p.trace_us, 22);
   ASSERT_EQ(p.runs.size(), 1u);
   EXPECT_TRUE(p.runs[0].ran) << p.runs[0].note;
+}
+
+TEST(GraphReplays, AGraphIdPastCuptisThirtyTwoBitsIsRefusedInOneLine) {
+  std::string text = kineto_graph_trace({});
+  const std::string id = "\"graph id\": 1,";
+  text.replace(text.find(id), id.size(), "\"graph id\": 1099511627776,");
+  try {
+    (void)parse_chrome_trace(text, "graph.json");
+    FAIL() << "a graph id of 2^40 was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"graph id\" is out of range (more than 2^32 - 1)"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(GraphReplays, JsonCarriesTheGraphs) {
