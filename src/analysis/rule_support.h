@@ -75,6 +75,9 @@ inline std::string per_call(const TraceIndex& ix) {
     case TraceIndex::CallScope::WholeTrace:
       break;
   }
+  // A CUDA graph's replay (analyze's replay steps hold nothing but its work and launch).
+  const auto dev = ix.device_activities();
+  if (!dev.empty() && ix.at(dev.front()).graph_id != 0) return "per replay";
   return "in the trace";
 }
 

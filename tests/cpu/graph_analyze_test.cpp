@@ -125,6 +125,9 @@ TEST(GraphReplays, DecodeBelowTheBandwidthRoofIsAFindingNamingTheLayers) {
       << f->text;
   EXPECT_NE(f->text.find("its 8 CTAs leave 124 of the 132 SMs idle: a split-KV decode kernel"), std::string::npos)
       << f->text;
+  const Finding* problems = by_rule(s.result.findings, "attention-problems");
+  ASSERT_TRUE(problems);
+  EXPECT_NE(problems->text.find("attention: 2 flash forward calls per replay"), std::string::npos) << problems->text;
   // The replay's host time is its launch's, not the span to its last kernel: no CPU-bound verdict.
   EXPECT_DOUBLE_EQ(s.result.metrics.host_time_us, 8);
   for (const StepAnalysis* r : replays(a)) EXPECT_FALSE(by_rule(r->result.findings, "cpu-bound")) << r->label;
