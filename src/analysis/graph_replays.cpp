@@ -264,6 +264,12 @@ GraphTies tie_graphs(const Trace& trace) {
           }
           c.call = it->second;
           g.calls[static_cast<std::size_t>(c.call)].graph_nodes.push_back(node);
+          // Under the attention call's own op, whatever encloses it at capture
+          // (torch.compile's CompiledFunction, a module's op): attention's
+          // kernels go under attention in a replay's op table.
+          const AttentionCall& made = at.calls[static_cast<std::size_t>(call)];
+          c.outer_op = made.op;
+          c.outer = static_cast<int>(made.event);
         }
         g.captured.emplace(node, std::move(c));
       }

@@ -42,9 +42,11 @@ namespace attnprof::analysis {
 
 // What a captured launch was made for.
 struct CapturedNode {
-  std::string outer_op;  // the outermost op enclosing the launch at capture; empty: none
-  int outer = -1;        // that op's instance (one per captured call of it), or -1
-  int call = -1;         // its attention call in Graph::calls, or -1
+  // The op it goes under in a replay's op table: its attention call's op, else
+  // the outermost op enclosing the launch at capture; empty: none.
+  std::string outer_op;
+  int outer = -1;  // that op's instance (one per captured call of it), or -1
+  int call = -1;   // its attention call in Graph::calls, or -1
 };
 
 struct Graph {
