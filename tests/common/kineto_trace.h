@@ -209,6 +209,7 @@ struct KinetoGraphSpec {
   bool attention = true;         // false: graphs that hold no attention
   bool attnprof = false;         // attnprof's op and kernels, else SDPA's flash
   bool steps = true;             // each replay inside a ProfilerStep, beside an eager argmax
+  bool compiled = false;         // the capture's ops inside torch.compile's CompiledFunction op
   bool eager = false;            // no graph: each step launches the layers itself (what the graph replaces)
   bool repeat_node_ids = false;  // every graph numbers its nodes from the same id
   int unreplayed_captures = 0;   // more captures of graph 1's sequence, never replayed
@@ -339,6 +340,7 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
   const auto capture = [&](int b) {
     runtime("cudaStreamBeginCapture", "cuda_runtime", t, 3, 315);
     t += 5;
+    if (spec.compiled) op("CompiledFunction", t - 1, spec.layers * 62.0 + 1, "");
     layers_on_host(b, false);
     runtime("cudaStreamEndCapture", "cuda_runtime", t, 3, 319);
     runtime("cudaGraphInstantiate", "cuda_runtime", t + 4, 20, 310);

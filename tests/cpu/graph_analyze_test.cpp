@@ -162,6 +162,24 @@ TEST(GraphReplays, AttnprofsOpAndKernelsNameTheBackend) {
   }
 }
 
+TEST(GraphReplays, AttentionStaysUnderItsOpInsideACompiledFunction) {
+  KinetoGraphSpec spec;
+  spec.compiled = true;
+  const TraceAnalysis a = analyze_spec(spec);
+  for (const StepAnalysis* s : replays(a)) {
+    ASSERT_EQ(s->attention.calls.size(), 2u) << analysis_text(a);
+    const OpRow* attention = op_row(*s, "aten::scaled_dot_product_attention");
+    ASSERT_TRUE(attention) << analysis_text(a);
+    EXPECT_EQ(attention->kernels, 4);
+    EXPECT_EQ(attention->calls, 2);
+    const OpRow* compiled = op_row(*s, "CompiledFunction");
+    ASSERT_TRUE(compiled);
+    EXPECT_EQ(compiled->kernels, 4) << "the products, under the op that enclosed them at capture";
+    EXPECT_EQ(compiled->memsets, 2);
+    EXPECT_EQ(compiled->calls, 1);
+  }
+}
+
 TEST(GraphReplays, TwoGraphsEachTiedToItsOwnCapture) {
   KinetoGraphSpec spec;
   spec.graphs = 2;
