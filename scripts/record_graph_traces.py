@@ -50,9 +50,15 @@ def record_generate(impl: str, out_dir: str) -> dict:
     torch.manual_seed(0)
     config = LlamaConfig(**LLAMA, attn_implementation=name)
     model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     ids = torch.randint(0, LLAMA["vocab_size"], (1, PROMPT), device="cuda")
     kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="static")
+    try:
+        # generate() compiles its decoding forward itself on a static cache: held to reduce-overhead, full graph.
+        from transformers import CompileConfig
+
+        kw["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")
+    except ImportError:  # a transformers without it: the forward compiled by hand
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():
         model.generate(ids, **kw)  # compiles (and records its graphs: dropped below)
         torch.cuda.synchronize()
