@@ -27,7 +27,7 @@ using nlohmann::json;
 
 std::string dir() {
   if (const char* d = std::getenv("ATTNPROF_GRAPH_FIXTURES")) return d;
-  return std::string(ATTNPROF_TORCH_FIXTURES) + "/../graphs";
+  return (std::filesystem::path(ATTNPROF_TORCH_FIXTURES) / ".." / "graphs").lexically_normal().string();
 }
 
 struct Fixture {
