@@ -66,20 +66,20 @@ struct Activity {
   std::int64_t context = -1;
   std::uint64_t correlation = 0;  // launch API call <-> device activity
   std::uint64_t external_id = 0;  // the CPU op that enclosed the launch
-  // Device work replayed from a CUDA graph: the graph and the node that ran
-  // it (CUPTI's graphId and graphNodeId, Kineto's "graph id" and "graph node
-  // id", written from CUDA 12); 0 for work launched on its own. Every
-  // activity of one replay carries the correlation id of its cudaGraphLaunch.
-  std::uint64_t graph_id = 0;
-  std::uint64_t graph_node_id = 0;
-  std::int64_t step = -1;    // profiler step the event fell in
-  int depth = 0;             // nesting depth of CPU ranges (0 = outermost)
-  std::uint32_t cbid = 0;    // CUPTI callback id of runtime/driver calls
-  std::string input_dtypes;  // CPU ops: "bf16, bf16" as PyTorch's "Input type"
-  std::string input_dims;    // CPU ops: "[8, 16, 1024, 64], [...]"
+  std::int64_t step = -1;         // profiler step the event fell in
+  int depth = 0;                  // nesting depth of CPU ranges (0 = outermost)
+  std::uint32_t cbid = 0;         // CUPTI callback id of runtime/driver calls
+  std::string input_dtypes;       // CPU ops: "bf16, bf16" as PyTorch's "Input type"
+  std::string input_dims;         // CPU ops: "[8, 16, 1024, 64], [...]"
   // CPU ops: PyTorch's "Concrete Inputs", one entry per input ("True",
   // "0.125"; empty for tensors): what an attention call's is_causal and scale were.
   std::vector<std::string> concrete_inputs;
+  // Device activities run by a CUDA graph launch: the graph and the node that
+  // ran it (CUPTI's graphId, graphNodeId of the executable graph); 0 otherwise.
+  // A replayed node's kernel is tied to the range its node was captured in
+  // through these (src/profiler/graph_replays.h).
+  std::uint32_t graph_id = 0;
+  std::uint64_t graph_node_id = 0;
   std::optional<KernelInfo> kernel;
   std::optional<TransferInfo> transfer;
   std::optional<AllocationInfo> allocation;
