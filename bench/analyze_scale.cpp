@@ -4,7 +4,11 @@
 // writes them), then times reading it and analysing every step, and reports
 // the peak resident memory. docs/perf/analyze-scale.md records its figures.
 //
-//   analyze_scale [--events N] [--gzip] [--keep PATH]
+// --graph writes a decode loop under CUDA graphs instead (kineto_graph_trace:
+// 32 layers captured once, then replayed, each replay a step whose attention
+// is tied to the capture), the trace issue 59's target is read on.
+//
+//   analyze_scale [--events N] [--gzip] [--graph] [--keep PATH]
 #include <sys/resource.h>
 #include <zlib.h>
 
@@ -35,7 +39,7 @@ double peak_rss_mib() {
 
 int main(int argc, char** argv) {
   long events = 1'000'000;
-  bool gzip = false;
+  bool gzip = false, graph = false;
   std::string keep;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -43,10 +47,12 @@ int main(int argc, char** argv) {
       events = std::atol(argv[++i]);
     } else if (a == "--gzip") {
       gzip = true;
+    } else if (a == "--graph") {
+      graph = true;
     } else if (a == "--keep" && i + 1 < argc) {
       keep = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: analyze_scale [--events N] [--gzip] [--keep PATH]\n");
+      std::fprintf(stderr, "usage: analyze_scale [--events N] [--gzip] [--graph] [--keep PATH]\n");
       return 2;
     }
   }
@@ -58,8 +64,13 @@ int main(int argc, char** argv) {
   spec.steps = std::max(1, layers / kLayersPerStep);
   spec.layers_per_step = std::min(layers, kLayersPerStep);
 
+  // A graph replay of 32 layers writes 10 events a layer (5 nodes, each with
+  // its flow arrow) and 6 around it (its step, the argmax, the launches).
+  attnprof::testing::KinetoGraphSpec graph_spec;
+  graph_spec.layers = 32;
+  graph_spec.replays = std::max(1, static_cast<int>(events / (graph_spec.layers * 10 + 6)));
   const auto t_gen = std::chrono::steady_clock::now();
-  std::string text = attnprof::testing::kineto_trace(spec);
+  std::string text = graph ? attnprof::testing::kineto_graph_trace(graph_spec) : attnprof::testing::kineto_trace(spec);
   namespace fs = std::filesystem;
   const fs::path path = keep.empty()
                             ? fs::temp_directory_path() / (gzip ? "attnprof_scale.json.gz" : "attnprof_scale.json")
@@ -73,8 +84,9 @@ int main(int argc, char** argv) {
   }
   const double json_mb = static_cast<double>(text.size()) / 1e6;
   const double file_mb = static_cast<double>(fs::file_size(path)) / 1e6;
-  std::printf("generated %d steps x %d layers: %.1f MB of JSON, file %.1f MB (%.1f s)\n", spec.steps,
-              spec.layers_per_step, json_mb, file_mb, seconds_since(t_gen));
+  std::printf("generated %d %s x %d layers: %.1f MB of JSON, file %.1f MB (%.1f s)\n",
+              graph ? graph_spec.replays : spec.steps, graph ? "graph replays" : "steps",
+              graph ? graph_spec.layers : spec.layers_per_step, json_mb, file_mb, seconds_since(t_gen));
   const double rss_before = peak_rss_mib();
   std::string().swap(text);  // the reader gets the file alone
 
@@ -88,7 +100,8 @@ int main(int argc, char** argv) {
   std::size_t findings = 0;
   for (const auto& s : a.steps) findings += s.result.findings.size();
   std::printf("read: %.2f s (%.0f MB/s), %zu events kept of about %ld\n", read_s, json_mb / read_s, kept,
-              static_cast<long>(layers) * kEventsPerLayer);
+              graph ? static_cast<long>(graph_spec.replays) * (graph_spec.layers * 10 + 6)
+                    : static_cast<long>(layers) * kEventsPerLayer);
   std::printf("analyse: %.2f s for %zu steps, %zu findings\n", analyse_s, a.steps.size(), findings);
   std::printf("total: %.2f s; peak RSS %.0f MiB (%.0f MiB before reading, the generated text included)\n",
               read_s + analyse_s, peak_rss_mib(), rss_before);

@@ -9,12 +9,12 @@
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa
-# train_model hf model_traces python wheel ring (default: all). Results land in $OUT (8 files at most).
+# train_model hf model_traces graph_traces python wheel ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model hf model_traces python wheel ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model hf model_traces graph_traces python wheel ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -395,6 +395,34 @@ if has model_traces; then
   fi
 fi
 
+if has graph_traces; then
+  # Issue 59: torch.profiler traces of CUDA-graph workloads (scripts/record_graph_traces.py:
+  # generate() on a static cache under torch.compile(mode="reduce-overhead") with SDPA and attnprof,
+  # a decode loop captured by hand with torch.cuda.graph with SDPA and an attnprof plan; profiler on
+  # during capture and replays), written to $OUT/graph_traces/ (commit them as tests/fixtures/graphs/),
+  # each through analyze (its graph lines and one replay's attention), then the CPU tests that read them.
+  log "graph traces: record, analyze, GraphFixtures tests"
+  if python_module; then
+    {
+      PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 python3 scripts/record_graph_traces.py \
+        --out "$OUT/graph_traces" 2>&1 | grep -v -E 'USDT|Warning'
+      for t in "$OUT"/graph_traces/*.pt.trace.json.gz; do
+        echo "==== analyze $(basename "$t") ($(stat -c %s "$t") bytes)"
+        start=$SECONDS
+        timeout 60 $B/attnprof analyze "$t" --top 3 >/tmp/graph_analyze.txt 2>&1
+        echo "rc $?, $((SECONDS - start)) s; $(grep -c ': attention$' /tmp/graph_analyze.txt) steps with attention"
+        grep -E '^graph [0-9]+:' /tmp/graph_analyze.txt | cut -c1-300
+        sed -n '/^graph [0-9]* replay [0-9]*: attention$/,/^$/p' /tmp/graph_analyze.txt | head -12 | cut -c1-200
+        grep -m3 -oE 'graph [0-9]+, layers? [^|]*below [0-9]+%[^|]*' /tmp/graph_analyze.txt | cut -c1-300
+      done
+      ATTNPROF_GRAPH_FIXTURES="$OUT/graph_traces" timeout 120 $B/tests/attnprof_tests --gtest_filter='*GraphFixtures.*' \
+        2>&1 | tail -n 30
+    } >"$OUT/graph_traces.txt" 2>&1
+  else
+    echo "graph traces not recorded: the Python module did not build" >"$OUT/graph_traces.txt"
+  fi
+fi
+
 if has python; then
   # The Python package on CUDA tensors: its pytest suite (the GPU tests run
   # here: every backend, the current stream, torch.compile) and the host time
@@ -498,6 +526,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }
 [[ -f /tmp/hf.txt ]] && { echo "==== transformers structure (bench/hf_structure.py)"; cat /tmp/hf.txt; }
 [[ -f $OUT/model_traces.txt ]] && { echo "==== model traces (analyze, --replay)"; tail -n 60 "$OUT/model_traces.txt"; }
+[[ -f $OUT/graph_traces.txt ]] && { echo "==== graph traces (analyze, GraphFixtures)"; tail -n 80 "$OUT/graph_traces.txt"; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
 [[ -f $OUT/ring.txt ]] && { echo "==== ring (--gpus)"; cat "$OUT/ring.txt"; }

@@ -65,6 +65,21 @@ struct AttentionCall {
   std::optional<double> tflops;       // flops over gpu_us (cpu_us on a CPU trace)
   std::optional<double> ceiling_pct;  // of AnalyzeOptions::ceiling_tflops, when given
   std::optional<double> share_pct;    // of the step's kernel time (host time on a CPU trace)
+  // The least bytes the call moves (Problem::io_bytes: Q, K, V read, O
+  // written once) and that over gpu_us: the memory side of the roofline.
+  std::optional<double> bytes;
+  std::optional<double> gbs;
+  std::optional<double> bandwidth_pct;  // of AnalyzeOptions::memory_gbs, when given
+  // A call replayed from a CUDA graph (a replay step's): the graph's id
+  // (Kineto's "graph id"; 0 for a call the host launched), the nodes of its
+  // device work (ascending), its layer (the k-th attention call of the
+  // replay, from 1), and how it was found: "capture" (tied to the op
+  // captured into the graph, whose shapes it carries) or "kernel names" (the
+  // capture is not in the trace, or the tie was refused: no shapes).
+  std::uint64_t graph_id = 0;
+  std::vector<std::uint64_t> graph_nodes;
+  int layer = 0;
+  std::string found_by;
   // Why the recorded shapes are no problem attnprof can run (Problem::validate's
   // reason: a hostile or corrupt trace's seq = 10^12, a negative dim, head_dim
   // 512): FLOPs are then counted only where the count is cheap and exact, and
@@ -99,6 +114,12 @@ struct StepAnalysis {
   std::vector<OpRow> ops;  // by device time, then host time
   std::vector<KernelRow> kernels_by_time;
   AttentionSummary attention;
+  // A CUDA graph's replay (one cudaGraphLaunch and the device work it ran,
+  // labelled "graph G replay R"): the graph's id, and the label of the step
+  // its launch fell in ("whole trace" where there are no steps). 0 and empty
+  // for a profiler step.
+  std::uint64_t graph_id = 0;
+  std::string launched_in;
 };
 
 // ---- replay (attnprof/replay.h runs it) ----------------------------------------------
@@ -146,6 +167,12 @@ struct TraceAnalysis {
   std::size_t events = 0;                // activities read
   std::size_t events_outside_steps = 0;  // before the first step or between steps: not analysed
   std::optional<TraceReplay> replay;     // analyze --replay (attnprof/replay.h)
+  // One line per CUDA graph replayed in the trace: how its replayed kernels
+  // were tied to the ops captured into it, or why they were not (no capture
+  // in the trace, captures that cannot be told apart, node ids repeated
+  // across graphs, a node that does not match its captured launch), and
+  // whether it holds attention.
+  std::vector<std::string> graph_notes;
 };
 
 struct AnalyzeOptions {
@@ -154,6 +181,9 @@ struct AnalyzeOptions {
   // The device's dense TFLOP/s ceiling, for attention calls' percent of it;
   // unset: ATTNPROF_CEILING_TFLOPS when set (as the runner takes it), else not known.
   std::optional<double> ceiling_tflops;
+  // The device's memory bandwidth in GB/s, for attention calls' percent of it;
+  // unset: ATTNPROF_COPY_GBS when set (as the runner takes it), else not known.
+  std::optional<double> memory_gbs;
 };
 
 // Splits `trace` (read from `source`) into its steps and analyses each.

@@ -7,11 +7,13 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 
 #include "analysis/attention_calls.h"
 #include "analysis/findings.h"
+#include "analysis/graph_replays.h"
 #include "analysis/metrics.h"
 #include "analysis/normalize.h"
 #include "analysis/trace_index.h"
@@ -66,8 +68,9 @@ double union_us(std::vector<std::pair<std::int64_t, std::int64_t>> iv, std::opti
   return busy / 1e3;
 }
 
-// The figures of one step, read through its index.
-void breakdown(const TraceIndex& ix, StepAnalysis& s) {
+// The figures of one step, read through its index. `graph`: the step is a
+// replay of it, whose device work goes under the ops that captured it.
+void breakdown(const TraceIndex& ix, StepAnalysis& s, const analysis::Graph* graph) {
   const auto& v = ix.trace().activities;
   std::int64_t first = 0, last = 0;
   bool any = false;
@@ -88,6 +91,7 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s) {
     }
   }
   std::map<std::string, KernelRow> kernels;
+  std::set<int> replayed_ops;  // captured op instances a replay ran (-1: the untied graph's launch)
   std::vector<std::pair<std::int64_t, std::int64_t>> busy;
   int launched = 0;
   double kernel_us = 0;
@@ -98,7 +102,16 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s) {
     const EventIndex call = ix.launch_call(d);
     launched += call != kNone;
     const EventIndex outer = ix.launching_op(d, /*outermost=*/true);
-    OpRow& row = ops[outer != kNone ? ix.at(outer).name : std::string("(no op)")];
+    const bool replayed = outer == kNone && graph != nullptr && a.graph_id != 0;
+    OpRow& row = ops[outer != kNone ? ix.at(outer).name : replayed ? analysis::replay_op(*graph, a) : "(no op)"];
+    if (replayed) {
+      // A replay's calls of an op: its captured instances that ran (an
+      // eager step's op calls, to compare op for op); of the graph itself
+      // where untied: one launch.
+      const auto c = graph->captured.find(a.graph_node_id);
+      const int instance = c != graph->captured.end() ? c->second.outer : -1;
+      if (instance >= 0 ? replayed_ops.insert(instance).second : replayed_ops.insert(-1).second) row.calls += 1;
+    }
     row.device_us += us;
     if (a.type == ActivityType::Kernel) {
       ++s.kernels;
@@ -142,18 +155,22 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s) {
                    [](const KernelRow& x, const KernelRow& y) { return x.total_us > y.total_us; });
 }
 
-// AnalyzeOptions::ceiling_tflops, else ATTNPROF_CEILING_TFLOPS (a positive
-// number), else unknown: every front end the same.
-std::optional<double> ceiling_of(const AnalyzeOptions& options) {
-  if (options.ceiling_tflops) return options.ceiling_tflops;
-  if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
+// The option, else the environment variable (a positive number), else
+// unknown: every front end the same.
+std::optional<double> given(std::optional<double> option, const char* env) {
+  if (option) return option;
+  if (const char* known = std::getenv(env)) {
     if (const double v = std::atof(known); v > 0) return v;
   }
   return std::nullopt;
 }
 
+std::optional<double> ceiling_of(const AnalyzeOptions& options) {
+  return given(options.ceiling_tflops, "ATTNPROF_CEILING_TFLOPS");
+}
+
 StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string& source, bool gpu,
-                          const AnalyzeOptions& options) {
+                          const AnalyzeOptions& options, const analysis::Graph* graph = nullptr) {
   StepAnalysis s;
   s.label = label;
   RunResult& r = s.result;
@@ -164,15 +181,37 @@ StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string
   r.trace = std::move(step_trace);
   const TraceIndex ix(r.trace);
   r.metrics = analysis::measure(ix, r.problem, 0);
+  if (graph != nullptr) {
+    // A replay's host time is its launch call's: the step's span runs on to
+    // its last kernel, which the host never waited for.
+    double host_ns = 0;
+    for (const Activity& a : r.trace.activities) {
+      if (!a.on_device() && a.type != ActivityType::Allocation) host_ns += static_cast<double>(a.dur_ns);
+    }
+    r.metrics.host_time_us = host_ns / 1e3;
+  }
   // The problem is not known from a trace: no FLOP or byte count, so no
   // TFLOP/s or GB/s.
   r.metrics.tflops.reset();
   r.metrics.ceiling_pct.reset();
   r.metrics.gbs.reset();
   r.metrics.copy_ceiling_pct.reset();
-  s.attention = analysis::attention_calls(ix, gpu, ceiling_of(options));
+  s.attention =
+      analysis::attention_calls(ix, gpu, ceiling_of(options), graph, given(options.memory_gbs, "ATTNPROF_COPY_GBS"));
+  // Attention ops inside a CUDA graph's capture launched nothing (their
+  // kernels run in the replays, counted there): not calls of this step.
+  if (const auto spans = analysis::capture_spans(r.trace); !spans.empty()) {
+    std::erase_if(s.attention.calls, [&](const AttentionCall& c) {
+      if (c.graph_id != 0 || c.event < 0) return false;
+      const Activity& op = r.trace.activities[static_cast<std::size_t>(c.event)];
+      return std::any_of(spans.begin(), spans.end(), [&](const analysis::CaptureSpan& w) {
+        return w.tid == op.tid && op.start_ns >= w.from_ns && op.start_ns <= w.to_ns;
+      });
+    });
+  }
   r.findings = analysis::findings(ix, r, {}, {}, &s.attention.calls);
-  breakdown(ix, s);
+  breakdown(ix, s, graph);
+  if (graph != nullptr) s.graph_id = graph->id;
   return s;
 }
 
@@ -216,7 +255,12 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
     }
   }
 
-  const std::size_t groups = spans.empty() ? 1 : spans.size();
+  // CUDA graphs: each replayed node tied to the op that captured it, on the
+  // whole trace before anything moves (a capture may sit in another step).
+  const analysis::GraphTies ties = analysis::tie_graphs(trace);
+  for (const auto& [id, g] : ties.graphs) out.graph_notes.push_back(g.note);
+
+  const std::size_t hosts = spans.empty() ? 1 : spans.size();
   std::vector<int> group(v.size(), spans.empty() ? 0 : -1);
   if (!spans.empty()) {
     // Host events by their start; device activities by their launch's step.
@@ -232,6 +276,48 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
       group[i] = it != launch_step.end() ? it->second : step_at(spans, v[i].start_ns);
     }
   }
+  // Each replay (a graph's device work under one cudaGraphLaunch's
+  // correlation id) is a step of its own, after the step it was launched in:
+  // its device work and its launch call move there.
+  struct Part {
+    std::string label;
+    int host = -1;  // a replay's: the host step it was launched in
+    const analysis::Graph* graph = nullptr;
+  };
+  std::vector<Part> meta(hosts);
+  for (std::size_t g = 0; g < hosts; ++g) meta[g].label = spans.empty() ? std::string("whole trace") : labels[g];
+  if (!ties.graphs.empty()) {
+    std::map<std::pair<std::uint64_t, std::uint64_t>, std::pair<std::int64_t, int>> replays;  // -> (first start, host)
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!is_device_work(v[i].type) || v[i].graph_id == 0) continue;
+      auto [it, added] = replays.try_emplace({v[i].graph_id, v[i].correlation}, v[i].start_ns, group[i]);
+      it->second.first = std::min(it->second.first, v[i].start_ns);
+    }
+    std::vector<std::pair<std::int64_t, std::pair<std::uint64_t, std::uint64_t>>> by_start;
+    for (const auto& [key, first] : replays) by_start.emplace_back(first.first, key);
+    std::sort(by_start.begin(), by_start.end());
+    std::map<std::pair<std::uint64_t, std::uint64_t>, int> part_of;
+    std::unordered_map<std::uint64_t, int> part_of_launch;  // by correlation
+    std::map<std::uint64_t, int> seen;                      // replays numbered per graph
+    for (const auto& [first, key] : by_start) {
+      const int host = replays[key].second;
+      const int part = host < 0 ? -1 : static_cast<int>(meta.size());
+      part_of[key] = part;
+      part_of_launch.try_emplace(key.second, part);
+      const int n = ++seen[key.first];
+      if (host < 0) continue;  // launched outside every step: not analysed, as its step's events are not
+      meta.push_back(Part{.label = "graph " + std::to_string(key.first) + " replay " + std::to_string(n),
+                          .host = host,
+                          .graph = &ties.graphs.at(key.first)});
+    }
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (is_device_work(v[i].type) && v[i].graph_id != 0) {
+        group[i] = part_of[{v[i].graph_id, v[i].correlation}];
+      } else if (is_launch(v[i].type) && v[i].correlation != 0 && v[i].name.find("GraphLaunch") != std::string::npos) {
+        if (const auto it = part_of_launch.find(v[i].correlation); it != part_of_launch.end()) group[i] = it->second;
+      }
+    }
+  }
   // Times from the trace's start: torch.profiler's base (baseTimeNanoseconds)
   // is the clock's epoch, so its own times read 5.29e12 us from it.
   std::int64_t start = trace.base_ns;
@@ -239,6 +325,7 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
     start = v.front().start_ns;
     for (const Activity& a : v) start = std::min(start, a.start_ns);
   }
+  const std::size_t groups = meta.size();
   std::vector<Trace> parts(groups);
   for (std::size_t g = 0; g < groups; ++g) {
     parts[g].device = trace.device;
@@ -256,23 +343,33 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
   }
   v.clear();
   v.shrink_to_fit();
-  for (std::size_t g = 0; g < groups; ++g) {
-    std::string label = spans.empty() ? std::string("whole trace") : labels[g];
-    if (options.step && step_number(label) != options.step) continue;
+  // Each host step, then the replays launched in it.
+  std::vector<std::vector<std::size_t>> launched(hosts);
+  for (std::size_t g = hosts; g < groups; ++g) launched[static_cast<std::size_t>(meta[g].host)].push_back(g);
+  std::vector<std::size_t> order;
+  for (std::size_t h = 0; h < hosts; ++h) {
+    order.push_back(h);
+    order.insert(order.end(), launched[h].begin(), launched[h].end());
+  }
+  for (const std::size_t g : order) {
+    const std::string& host_label =
+        meta[g].host < 0 ? meta[g].label : meta[static_cast<std::size_t>(meta[g].host)].label;
+    if (options.step && step_number(host_label) != options.step) continue;
     // By start, stably, each activity moved once: sorting the activities
     // themselves moved each about log n times, half of the analysis on the
     // 1M-event trace (docs/perf/analyze-scale.md), as an Activity is large.
     auto& acts = parts[g].activities;
-    std::vector<std::size_t> order(acts.size());
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(),
+    std::vector<std::size_t> by_time(acts.size());
+    std::iota(by_time.begin(), by_time.end(), std::size_t{0});
+    std::stable_sort(by_time.begin(), by_time.end(),
                      [&](std::size_t x, std::size_t y) { return acts[x].start_ns < acts[y].start_ns; });
     std::vector<Activity> sorted;
     sorted.reserve(acts.size());
-    for (const std::size_t i : order) sorted.push_back(std::move(acts[i]));
+    for (const std::size_t i : by_time) sorted.push_back(std::move(acts[i]));
     acts.swap(sorted);
     Trace().activities.swap(sorted);  // the moved-from shells, freed before the step's analysis
-    out.steps.push_back(analyse_step(std::move(parts[g]), std::move(label), source, out.gpu, options));
+    out.steps.push_back(analyse_step(std::move(parts[g]), meta[g].label, source, out.gpu, options, meta[g].graph));
+    if (meta[g].host >= 0) out.steps.back().launched_in = host_label;
     Trace().activities.swap(parts[g].activities);
   }
   return out;

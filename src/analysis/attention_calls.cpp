@@ -7,6 +7,8 @@
 #include <unordered_map>
 
 #include "analysis/format.h"
+#include "analysis/graph_replays.h"
+#include "analysis/kernel_names.h"
 #include "analysis/normalize.h"
 #include "attnprof/error.h"
 
@@ -128,17 +130,6 @@ std::string backend_of_op(std::string_view n) {
   }
   if (has(n, "_scaled_dot_product_attention_math")) return "math";
   if (has(n, "fused_attention_overrideable")) return "overrideable";
-  return {};
-}
-
-// Where no op names it: the kernels' names.
-std::string backend_of_kernel(std::string_view k) {
-  if (has(k, "flash_fwd") || has(k, "flash_bwd") || has(k, "pytorch_flash")) return "flash";
-  if (has(k, "fmha_cutlass") || has(k, "MemEffAttention") || (has(k, "cutlass::Kernel") && has(k, "Attention"))) {
-    return "efficient";
-  }
-  if (has(k, "cudnn") && (has(k, "sdpa") || has(k, "fmha") || has(k, "flash"))) return "cudnn";
-  if (has(k, "flex_attention") || has(k, "triton_tem_fused")) return "flex";
   return {};
 }
 
@@ -349,6 +340,15 @@ bool is_attention_op(std::string_view n) {
 
 int attention_call_of(const TraceIndex& ix, const std::vector<AttentionCall>& calls, EventIndex i) {
   if (calls.empty() || i == kNone) return -1;
+  if (const Activity& a = ix.at(i); a.on_device() && a.graph_id != 0) {
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+      const auto& nodes = calls[k].graph_nodes;
+      if (calls[k].graph_id == a.graph_id && std::binary_search(nodes.begin(), nodes.end(), a.graph_node_id)) {
+        return static_cast<int>(k);
+      }
+    }
+    return -1;
+  }
   if (ix.at(i).on_device()) i = ix.launch_call(i);
   for (EventIndex e = i; e != kNone; e = ix.parent(e)) {
     const auto it = std::lower_bound(calls.begin(), calls.end(), static_cast<std::int64_t>(e),
@@ -358,7 +358,8 @@ int attention_call_of(const TraceIndex& ix, const std::vector<AttentionCall>& ca
   return -1;
 }
 
-AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<double> ceiling_tflops) {
+AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<double> ceiling_tflops,
+                                 const Graph* graph, std::optional<double> memory_gbs) {
   AttentionSummary out;
   const auto n = static_cast<EventIndex>(ix.trace().activities.size());
   // Each attention op's outermost attention ancestor is its call.
@@ -440,6 +441,18 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
     out.calls.push_back(std::move(call));
   }
 
+  if (graph != nullptr) {
+    // A replay: no op above its kernels; its calls come from the tie (or the
+    // kernels' names), each `event` its first device activity. Host calls
+    // (none launch a replay's work) and these stay sorted by event for
+    // attention_call_of.
+    for (AttentionCall& c : replay_calls(ix, *graph)) {
+      if (c.problem) c.problem->device = Device::Cuda;
+      out.calls.push_back(std::move(c));
+    }
+    std::stable_sort(out.calls.begin(), out.calls.end(),
+                     [](const AttentionCall& x, const AttentionCall& y) { return x.event < y.event; });
+  }
   // Device activities: each to the call that launched it.
   double kernel_us = 0;
   for (EventIndex d : ix.device_activities()) {
@@ -466,7 +479,7 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
   for (auto& call : out.calls) {
     if (call.backend.empty()) {
       for (const auto& k : call.kernels) {
-        call.backend = backend_of_kernel(k);
+        call.backend = attention_backend_of_kernel(k);
         if (!call.backend.empty()) break;
       }
     }
@@ -475,6 +488,10 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
     (call.backward ? out.backward_us : out.forward_us) += us;
     if (call.flops && us > 0) call.tflops = *call.flops / (us * 1e-6) / 1e12;
     if (call.tflops && ceiling_tflops && *ceiling_tflops > 0) call.ceiling_pct = 100.0 * *call.tflops / *ceiling_tflops;
+    // Bytes where FLOPs are counted (the same shapes, validated or cheap to count).
+    if (call.flops && call.problem) call.bytes = static_cast<double>(call.problem->io_bytes());
+    if (call.bytes && us > 0) call.gbs = *call.bytes / (us * 1e-6) / 1e9;
+    if (call.gbs && memory_gbs && *memory_gbs > 0) call.bandwidth_pct = 100.0 * *call.gbs / *memory_gbs;
     if (out.total_us > 0) call.share_pct = 100.0 * us / out.total_us;
   }
   if (out.total_us > 0 && !out.calls.empty()) {

@@ -18,12 +18,19 @@ namespace attnprof::analysis {
 // flex_attention; flash_attn::*; attnprof::attention*.
 bool is_attention_op(std::string_view name);
 
+struct Graph;
+
 // The calls (outermost attention ops, in trace order) and their share of the
 // step. `gpu`: the trace has device activities (time is the kernels'; else the host's).
-AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<double> ceiling_tflops = {});
+// `graph`: the step is a replay of this CUDA graph (graph_replays.h), whose
+// calls (replay_calls) join the host's. `memory_gbs`: the bandwidth the
+// calls' GB/s are read against, where known.
+AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<double> ceiling_tflops = {},
+                                 const Graph* graph = nullptr, std::optional<double> memory_gbs = {});
 
 // The call whose outermost op encloses host event i (or, for a device
-// activity, its launch): its position in `calls`, or -1.
+// activity, its launch; for device work a graph replayed, the call whose
+// graph nodes hold its node): its position in `calls`, or -1.
 int attention_call_of(const TraceIndex& ix, const std::vector<AttentionCall>& calls, EventIndex i);
 
 }  // namespace attnprof::analysis

@@ -55,6 +55,23 @@ std::string argument(std::string_view a) {
 
 }  // namespace
 
+std::string attention_backend_of_kernel(std::string_view k, bool strict) {
+  const auto has = [&k](std::string_view part) { return k.find(part) != std::string_view::npos; };
+  if (has("attnprof::cuda::kernels::")) {
+    if (has("::flash_")) return "attnprof:flash";
+    if (has("::efficient_")) return "attnprof:efficient";
+    return {};
+  }
+  if (has("flash_fwd") || has("flash_bwd") || has("pytorch_flash")) return "flash";
+  if (has("fmha_cutlass") || has("MemEffAttention") || (has("cutlass::Kernel") && has("Attention"))) {
+    return "efficient";
+  }
+  if (has("cudnn") && (has("sdpa") || has("fmha") || has("flash"))) return "cudnn";
+  if (has("flex_attention")) return "flex";
+  if (!strict && has("triton_tem_fused")) return "flex";
+  return {};
+}
+
 std::string kernel_base_name(std::string_view name) {
   const std::string_view head = signature_head(name);
   std::string_view base = unqualified(head.substr(0, head.find('<')));

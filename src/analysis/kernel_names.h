@@ -21,4 +21,12 @@ std::string short_kernel_name(std::string_view name, std::size_t max = 72);
 // Only the kernel's own name: "flash_bwd_sm90_kernel".
 std::string kernel_base_name(std::string_view name);
 
+// The attention backend a kernel's name commits to: "flash", "efficient",
+// "cudnn", "flex" (PyTorch's and the libraries' kernels), "attnprof:flash",
+// "attnprof:efficient" (attnprof's own, in namespace attnprof::cuda::kernels);
+// empty where the name names none. `strict` leaves out Inductor's template
+// kernels (triton_tem_fused_*), which FlexAttention compiles to but so do
+// matrix products: only an op beside them says which they are.
+std::string attention_backend_of_kernel(std::string_view name, bool strict = false);
+
 }  // namespace attnprof::analysis

@@ -75,6 +75,9 @@ inline std::string per_call(const TraceIndex& ix) {
     case TraceIndex::CallScope::WholeTrace:
       break;
   }
+  // A CUDA graph's replay (analyze's replay steps hold nothing but its work and launch).
+  const auto dev = ix.device_activities();
+  if (!dev.empty() && ix.at(dev.front()).graph_id != 0) return "per replay";
   return "in the trace";
 }
 
@@ -134,6 +137,9 @@ std::vector<Finding> load_imbalance(const RuleInput& in);
 // What limits a run (rules_limits.cpp): the roofline's ceiling, and split-KV decode's splits.
 std::vector<Finding> bound(const RuleInput& in);
 std::vector<Finding> split_kv(const RuleInput& in);
+
+// CUDA graph replays (rules_graphs.cpp): replayed attention below a stated share of its roof.
+std::vector<Finding> graph_attention_roof(const RuleInput& in);
 
 // A packed batch's FLOPs against the padded batch's (rules_varlen.cpp).
 std::vector<Finding> packed_batch(const RuleInput& in);

@@ -459,6 +459,7 @@ constexpr Rule kRules[] = {
     {"cpu-bound", Severity::Warning, cpu_bound},
     {"launch-bound", Severity::Warning, launch_bound},
     {"bound", Severity::Info, bound},
+    {"graph-attention-roof", Severity::Info, graph_attention_roof},
     {"packed-batch", Severity::Info, packed_batch},
     {"comm-overlap", Severity::Info, comm_overlap},
     {"rank-wait", Severity::Info, rank_wait},

@@ -20,7 +20,7 @@ std::vector<StepAnalysis> pick(const TraceAnalysis& t, std::optional<int> step) 
   std::vector<StepAnalysis> out;
   const std::string want = "ProfilerStep#" + std::to_string(*step);
   for (const auto& s : t.steps) {
-    if (s.label == want) out.push_back(s);
+    if (s.label == want || s.launched_in == want) out.push_back(s);  // the step, and the graph replays it launched
   }
   if (out.empty()) {
     std::string have;
@@ -34,11 +34,21 @@ std::string label(const TraceAnalysis& t, std::optional<int> step) {
   return step ? t.path + " ProfilerStep#" + std::to_string(*step) : t.path;
 }
 
+// The steps figures are per: the profiler's (or the whole trace), each with
+// the CUDA graph replays launched in it folded in, so that an eager trace and
+// a graph one compare step for step; replays alone where a side has no other.
+double step_count(const std::vector<StepAnalysis>& steps) {
+  const auto hosts = std::count_if(steps.begin(), steps.end(), [](const StepAnalysis& s) { return s.graph_id == 0; });
+  return static_cast<double>(hosts > 0 ? hosts : static_cast<std::ptrdiff_t>(steps.size()));
+}
+
 DiffTotals totals(const std::vector<StepAnalysis>& steps) {
   DiffTotals t;
-  t.steps = static_cast<double>(steps.size());
+  t.steps = step_count(steps);
+  const bool hosts = std::any_of(steps.begin(), steps.end(), [](const StepAnalysis& s) { return s.graph_id == 0; });
   for (const auto& s : steps) {
-    t.step_us += s.step_us;
+    // A replay's span is its launch call's, inside the step that launched it.
+    if (!hosts || s.graph_id == 0) t.step_us += s.step_us;
     t.device_busy_us += s.device_busy_us;
     t.kernels += s.kernels;
     t.memcpys += s.memcpys;

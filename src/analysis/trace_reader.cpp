@@ -40,6 +40,10 @@ constexpr std::int64_t kMaxBaseNs = 4'000'000'000'000'000'000;
 constexpr std::int64_t kMaxTimeNs = 4'000'000'000'000'000'000;  // ts, and base + ts
 constexpr std::int64_t kMaxDurNs = 1'000'000'000'000'000'000;
 constexpr std::int64_t kMaxBytes = std::int64_t{1} << 50;
+// Kineto's args of graph-launched device work (CuptiActivity.h's
+// addGraphNodeTypedMetadata, CUDA 12 and later): a replay's graph and node.
+constexpr std::string_view kGraphId = "graph id";
+constexpr std::string_view kGraphNodeId = "graph node id";
 
 // ---- Stage 2: events into Activities (their values: trace_fields.h) ----------------
 
@@ -139,7 +143,7 @@ class EventReader final : public Splitter::Sink {
     Activity a;
     // args can come before cat in the text: keep what they say, apply once the type is known.
     struct Args {
-      std::optional<std::uint64_t> external_id, correlation, addr;
+      std::optional<std::uint64_t> external_id, correlation, addr, graph_id, graph_node_id;
       std::optional<std::int64_t> device, stream, context, cbid, registers, shared, bytes;
       std::optional<std::int64_t> mem_bytes, total_alloc, total_reserved, device_type, device_id;
       std::optional<double> queued_us;
@@ -205,6 +209,12 @@ class EventReader final : public Splitter::Sink {
     (void)has_args;
     a.external_id = args.external_id.value_or(0);
     a.correlation = args.correlation.value_or(0);
+    if (a.on_device()) {
+      // CUPTI's graphId is 32 bits: past them the trace is no CUPTI record.
+      if (args.graph_id && *args.graph_id > 0xffffffffu) bad_field(kGraphId, "is out of range (more than 2^32 - 1)");
+      a.graph_id = static_cast<std::uint32_t>(args.graph_id.value_or(0));
+      a.graph_node_id = args.graph_node_id.value_or(0);
+    }
     a.cbid = static_cast<std::uint32_t>(args.cbid.value_or(0));
     a.context = args.context.value_or(-1);
     a.input_dtypes = std::move(args.input_type);
@@ -301,6 +311,10 @@ class EventReader final : public Splitter::Sink {
         args.external_id = id(v);
       } else if (key == k::kCorrelation) {
         args.correlation = id(v);
+      } else if (key == kGraphId) {
+        args.graph_id = id(v);
+      } else if (key == kGraphNodeId) {
+        args.graph_node_id = id(v);
       } else if (key == k::kDevice) {
         args.device = integer_within(v, -kMaxSmall, kMaxSmall);
       } else if (key == k::kStream) {

@@ -46,7 +46,9 @@ std::string step_extra(const StepAnalysis& s, const TraceAnalysis& a, bool first
                  {"share_pct", optional_json(c.share_pct)},
                  {"flops", optional_json(c.flops)},
                  {"kernels", kernels},
-                 {"refused", c.refused}};
+                 {"refused", c.refused},
+                 {"graph_id", c.graph_id},
+                 {"layer", c.layer}};
     // The least traffic the call must move (Problem::io_bytes): its intensity is an upper bound.
     if (c.problem && c.refused.empty() && c.flops) {
       const double bytes = static_cast<double>(c.problem->io_bytes());
@@ -57,11 +59,18 @@ std::string step_extra(const StepAnalysis& s, const TraceAnalysis& a, bool first
     }
     calls.push_back(std::move(call));
   }
+  // A graph replay's panel says how its calls were found (its graph's line).
+  std::string said = s.attention.missing_shapes;
+  for (const std::string& note : a.graph_notes) {
+    if (s.graph_id != 0 && note.starts_with("graph " + std::to_string(s.graph_id) + ":")) {
+      said += (said.empty() ? "" : "; ") + note;
+    }
+  }
   json j;
   j["attention"] = {{"calls", std::move(calls)},
                     {"forward_pct", optional_json(s.attention.forward_pct)},
                     {"backward_pct", optional_json(s.attention.backward_pct)},
-                    {"missing_shapes", s.attention.missing_shapes},
+                    {"missing_shapes", said},
                     {"time", gpu ? "GPU time" : "host time"}};
   j["bandwidth_tbs"] =
       a.device && a.device->memory_bandwidth_gbs > 0 ? json(a.device->memory_bandwidth_gbs / 1e3) : json(nullptr);

@@ -71,7 +71,14 @@ json attention_json(const AttentionSummary& a) {
                      {"flops", optional_json(c.flops)},
                      {"tflops", optional_json(c.tflops)},
                      {"ceiling_pct", optional_json(c.ceiling_pct)},
-                     {"share_pct", optional_json(c.share_pct)}});
+                     {"share_pct", optional_json(c.share_pct)},
+                     {"bytes", optional_json(c.bytes)},
+                     {"gbs", optional_json(c.gbs)},
+                     {"bandwidth_pct", optional_json(c.bandwidth_pct)},
+                     {"graph_id", c.graph_id == 0 ? json(nullptr) : json(c.graph_id)},
+                     {"graph_nodes", c.graph_nodes},
+                     {"layer", c.layer == 0 ? json(nullptr) : json(c.layer)},
+                     {"found_by", c.found_by.empty() ? json(nullptr) : json(c.found_by)}});
   }
   return {{"calls", std::move(calls)},
           {"forward_us", a.forward_us},
@@ -172,6 +179,8 @@ json step_json(const StepAnalysis& s) {
   j["kernels_by_time"] = json::array();
   for (const auto& k : s.kernels_by_time) j["kernels_by_time"].push_back(kernel_row_json(k));
   j["attention"] = attention_json(s.attention);
+  j["graph_id"] = s.graph_id == 0 ? json(nullptr) : json(s.graph_id);
+  j["launched_in"] = s.launched_in.empty() ? json(nullptr) : json(s.launched_in);
   return j;
 }
 
@@ -252,7 +261,10 @@ std::string analysis_text(const TraceAnalysis& a, int top) {
   os << "\ndevice: " << device_line(a) << "\n";
   os << a.events << " events";
   if (a.events_outside_steps > 0) os << ", " << a.events_outside_steps << " outside every profiler step (not analysed)";
-  os << "\n\n";
+  os << "\n";
+  // CUDA graphs: each replay is a step below; how its kernels were tied to the ops captured into it.
+  for (const auto& note : a.graph_notes) os << note << "\n";
+  os << "\n";
 
   const bool gpu = a.gpu;
   std::vector<std::string> header = {"step"};
@@ -342,6 +354,7 @@ nlohmann::json report::analysis_json(const std::vector<TraceAnalysis>& analyses)
                       {"events", a.events},
                       {"events_outside_steps", a.events_outside_steps},
                       {"steps", std::move(steps)},
+                      {"graph_notes", a.graph_notes},
                       {"replay", a.replay ? report::replay_json(*a.replay) : json(nullptr)}});
   }
   return {{"traces", std::move(traces)}};

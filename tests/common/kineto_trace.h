@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace attnprof::testing {
 
@@ -188,6 +189,203 @@ inline std::string kineto_trace(const KinetoTraceSpec& spec) {
   out += "\n  ],\n  \"traceName\": \"hand_built.pt.trace.json\",\n  \"baseTimeNanoseconds\": ";
   out += "1700000000000000000";
   out += "\n}\n";
+  return out;
+}
+
+// A decode loop under CUDA graphs, in the format Kineto writes from CUDA 12:
+// each graph's layers captured once (cudaStreamBeginCapture .. EndCapture on
+// the host, the captured ops with record_shapes and their launch calls, no
+// device record), then replayed: one cudaGraphLaunch per replay, whose
+// correlation id every replayed kernel, memset and memcpy carries with its
+// "graph id" and "graph node id" (nodes numbered in capture order). A layer
+// is a QKV product, a memset, decode attention (a split-KV kernel and its
+// combine) and an output product. Graph g (from 1) decodes a batch of g, so
+// each graph's shapes say which capture it was tied to.
+struct KinetoGraphSpec {
+  int graphs = 1;
+  int layers = 2;
+  int replays = 3;               // per graph, in turn
+  bool capture = true;           // false: the profiler was off during capture (no capture records)
+  bool attention = true;         // false: graphs that hold no attention
+  bool attnprof = false;         // attnprof's op and kernels, else SDPA's flash
+  bool steps = true;             // each replay inside a ProfilerStep, beside an eager argmax
+  bool compiled = false;         // the capture's ops inside torch.compile's CompiledFunction op
+  bool eager = false;            // no graph: each step launches the layers itself (what the graph replaces)
+  bool repeat_node_ids = false;  // every graph numbers its nodes from the same id
+  int unreplayed_captures = 0;   // more captures of graph 1's sequence, never replayed
+  int heads = 8, kv_seq = 4096, head_dim = 128;
+  double attention_us = 20;  // the split kernel's time
+};
+
+inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
+  std::string out =
+      "{\n  \"schemaVersion\": 1,\n  \"deviceProperties\": [\n    {\"id\": 0, \"name\": \"NVIDIA H100 80GB HBM3\", "
+      "\"totalGlobalMem\": 85031714816, \"computeMajor\": 9, \"computeMinor\": 0, \"maxThreadsPerBlock\": 1024, "
+      "\"maxThreadsPerMultiprocessor\": 2048, \"regsPerBlock\": 65536, \"warpSize\": 32, \"sharedMemPerBlock\": 49152, "
+      "\"numSms\": 132, \"regsPerMultiprocessor\": 65536, \"sharedMemPerBlockOptin\": 232448, "
+      "\"sharedMemPerMultiprocessor\": 233472}\n  ],\n  \"record_shapes\": 1,\n  \"cuda_runtime_version\": 13000,\n"
+      "  \"traceEvents\": [";
+  kineto_detail::Writer w(out);
+  const int pid = kKinetoPid, tid = kKinetoTid, stream = kKinetoStream;
+  std::uint64_t ext = 1, corr = 1;
+  double t = 100.0, gpu = 0;
+  const auto dims = [&](int b, int q_rows) {
+    const std::string h = std::to_string(spec.heads), d = std::to_string(spec.head_dim),
+                      kv = std::to_string(spec.kv_seq), bs = std::to_string(b);
+    return "[[" + bs + ", " + h + ", " + std::to_string(q_rows) + ", " + d + "], [" + bs + ", " + h + ", " + kv + ", " +
+           d + "], [" + bs + ", " + h + ", " + kv + ", " + d + "]";
+  };
+  // One node of a layer: what the capture launches, and what a replay runs.
+  struct Node {
+    std::string op, call, cat, kind, name, args;
+  };
+  const std::string kernel_args =
+      ", \"registers per thread\": 128, \"shared memory\": 16384, \"blocks per SM\": 0, "
+      "\"warps per SM\": 0, \"block\": [128, 1, 1], \"est. achieved occupancy %\": 0";
+  const std::string gemm = "nvjet_tst_64x8_64x16_2x1_v_bz_TNN";
+  const std::string split = spec.attnprof
+                                ? "void attnprof::cuda::kernels::flash_decode_splitkv_kernel<attnprof::cuda::"
+                                  "kernels::DecodeCfg<128>, (attnprof::cuda::kernels::MaskMode)0, "
+                                  "__nv_bfloat16>(attnprof::cuda::kernels::DecodeArgs)"
+                                : "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, "
+                                  "128, 4, false, false, cutlass::bfloat16_t>, false, false, false, false, "
+                                  "true, false, true, false>(pytorch_flash::Flash_fwd_params)";
+  const std::string combine = spec.attnprof
+                                  ? "void attnprof::cuda::kernels::flash_decode_combine_kernel<128>(attnprof::"
+                                    "cuda::kernels::DecodeArgs)"
+                                  : "void pytorch_flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_"
+                                    "traits<128, 64, 128, 4, false, false, cutlass::bfloat16_t>, 4, 3, "
+                                    "false>(pytorch_flash::Flash_fwd_params)";
+  const auto layer_nodes = [&](int b) {
+    std::vector<Node> n;
+    const std::string grid = ", \"grid\": [1, " + std::to_string(spec.heads) + ", " + std::to_string(b) + "]";
+    n.push_back(
+        {"aten::mm", "cudaLaunchKernel", "cuda_runtime", "kernel", gemm, kernel_args + ", \"grid\": [16, 1, 1]"});
+    n.push_back(
+        {"aten::fill_", "cudaMemsetAsync", "cuda_runtime", "gpu_memset", "Memset (Device)", ", \"bytes\": 4096"});
+    if (spec.attention) {
+      n.push_back({"attention", spec.attnprof ? "cudaLaunchKernelExC" : "cudaLaunchKernel", "cuda_runtime", "kernel",
+                   split, kernel_args + grid});
+      n.push_back({"attention", "cudaLaunchKernel", "cuda_runtime", "kernel", combine, kernel_args + grid});
+    }
+    n.push_back(
+        {"aten::mm", "cudaLaunchKernel", "cuda_runtime", "kernel", gemm, kernel_args + ", \"grid\": [8, 1, 1]"});
+    return n;
+  };
+  const auto op = [&](const std::string& name, double ts, double dur, const std::string& args) {
+    w.event("X", "cpu_op", name, pid, tid, ts, dur, args + "\"External id\": " + std::to_string(ext++));
+  };
+  const auto runtime = [&](const std::string& call, const std::string& cat, double ts, double dur, int cbid) {
+    const std::uint64_t c = corr++;
+    w.event("X", cat.c_str(), call, pid, tid, ts, dur,
+            "\"External id\": " + std::to_string(ext - 1) + ", \"cbid\": " + std::to_string(cbid) +
+                ", \"correlation\": " + std::to_string(c));
+    return c;
+  };
+  // A node's device record: after its launch at `ts`, on the stream's clock.
+  const auto record = [&](const Node& n, std::uint64_t c, double ts, const std::string& graph) {
+    const double dur = n.name == split ? spec.attention_us : n.name == combine ? 2.0 : 5.0;
+    gpu = std::max(gpu, ts + 2);
+    w.event("X", n.kind.c_str(), n.name, 0, stream, gpu, dur,
+            "\"External id\": " + std::to_string(ext - 1) +
+                ", \"queued\": 0, \"device\": 0, \"context\": 1, "
+                "\"stream\": " +
+                std::to_string(stream) + ", \"correlation\": " + std::to_string(c) + n.args + graph);
+    w.flow(false, c, pid, tid, ts);
+    gpu += dur + 0.5;
+  };
+  // The layers' ops and launches on the host: captured (no device record),
+  // or run eagerly (`run`: each launch's record, no graph).
+  const auto layers_on_host = [&](int b, bool run) {
+    const std::string eager = ", \"graph id\": 0, \"graph node id\": 0";
+    for (int l = 0; l < spec.layers; ++l) {
+      const auto nodes = layer_nodes(b);
+      for (std::size_t k = 0; k < nodes.size(); ++k) {
+        const Node& n = nodes[k];
+        if (n.op == "attention") {
+          const std::string shapes =
+              "\"Input type\": [\"c10::BFloat16\", \"c10::BFloat16\", \"c10::BFloat16\"], "
+              "\"Input Dims\": " +
+              dims(b, 1);
+          if (spec.attnprof) {
+            w.event("X", "user_annotation", "attnprof.attention backend=flash mask=none", pid, tid, t, 30,
+                    "\"External id\": " + std::to_string(ext++));
+            op("attnprof::attention", t + 1, 28,
+               shapes + ", [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"\", \"\", \"\", \"\"], ");
+          } else {
+            op("aten::scaled_dot_product_attention", t, 30,
+               shapes +
+                   ", [], [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"\", \"0.\", \"False\", "
+                   "\"\", \"False\"], ");
+            op("aten::_scaled_dot_product_flash_attention", t + 1, 28,
+               shapes +
+                   ", [], [], [], []], \"Concrete Inputs\": [\"\", \"\", \"\", \"0.\", \"False\", \"False\", "
+                   "\"\"], ");
+          }
+          const std::uint64_t c1 = runtime(n.call, n.cat, t + 3, 4, n.call == "cudaLaunchKernel" ? 211 : 430);
+          if (run) record(n, c1, t + 3, eager);
+          const std::uint64_t c2 = runtime("cudaLaunchKernel", "cuda_runtime", t + 10, 4, 211);
+          if (run) record(nodes[k + 1], c2, t + 10, eager);
+          ++k;  // the combine: launched inside the attention op above
+          t += 32;
+          continue;
+        }
+        op(n.op, t, 8, "");
+        const std::uint64_t c = runtime(n.call, n.cat, t + 1, 4, n.call == "cudaMemsetAsync" ? 51 : 211);
+        if (run) record(n, c, t + 1, eager);
+        t += 10;
+      }
+    }
+  };
+  const auto capture = [&](int b) {
+    runtime("cudaStreamBeginCapture", "cuda_runtime", t, 3, 315);
+    t += 5;
+    if (spec.compiled) op("CompiledFunction", t - 1, spec.layers * 62.0 + 1, "");
+    layers_on_host(b, false);
+    runtime("cudaStreamEndCapture", "cuda_runtime", t, 3, 319);
+    runtime("cudaGraphInstantiate", "cuda_runtime", t + 4, 20, 310);
+    t += 30;
+  };
+  if (spec.capture && !spec.eager) {
+    for (int g = 1; g <= spec.graphs; ++g) capture(g);
+    for (int k = 0; k < spec.unreplayed_captures; ++k) capture(1);
+  }
+  // The replays, each graph's node ids in capture order (or, eagerly, the layers launched one by one).
+  int step = 0;
+  for (int r = 0; r < spec.replays; ++r) {
+    for (int g = 1; g <= spec.graphs; ++g) {
+      const double start = t;
+      const double span = spec.eager ? 20 + spec.layers * 62.0 : 60;
+      if (spec.steps) {
+        w.event("X", "user_annotation", "ProfilerStep#" + std::to_string(++step), pid, tid, t, span,
+                "\"External id\": " + std::to_string(ext++));
+        op("aten::argmax", t + 2, 8, "");
+        const std::uint64_t c = runtime("cudaLaunchKernel", "cuda_runtime", t + 3, 4, 211);
+        gpu = std::max(gpu, t + 6);
+        w.event("X", "kernel", "void at::native::reduce_kernel<512, 1, argmax>", 0, stream, gpu, 3,
+                "\"External id\": " + std::to_string(ext - 1) +
+                    ", \"queued\": 0, \"device\": 0, \"context\": 1, "
+                    "\"stream\": " +
+                    std::to_string(stream) + ", \"correlation\": " + std::to_string(c) + kernel_args +
+                    ", \"grid\": [1, 1, 1], \"graph id\": 0, \"graph node id\": 0");
+        gpu += 3;
+        t += 12;
+      }
+      if (spec.eager) {
+        layers_on_host(g, true);
+      } else {
+        const std::uint64_t c = runtime("cudaGraphLaunch", "cuda_runtime", t, 8, 311);
+        std::uint64_t node = spec.repeat_node_ids ? 1 : static_cast<std::uint64_t>(g) * 1000;
+        for (int l = 0; l < spec.layers; ++l) {
+          for (const Node& n : layer_nodes(g)) {
+            record(n, c, t, ", \"graph id\": " + std::to_string(g) + ", \"graph node id\": " + std::to_string(node++));
+          }
+        }
+      }
+      t = std::max(start + span + 2, t + 12);
+    }
+  }
+  out += "\n  ],\n  \"traceName\": \"graph_built.pt.trace.json\",\n  \"baseTimeNanoseconds\": 1700000000000000000\n}\n";
   return out;
 }
 

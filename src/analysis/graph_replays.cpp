@@ -1,0 +1,405 @@
+// graph_replays.h: the tie of replayed kernels to their capture, and the
+// attention calls of a replay.
+#include "analysis/graph_replays.h"
+
+#include <algorithm>
+#include <set>
+#include <string_view>
+#include <utility>
+
+#include "analysis/attention_calls.h"
+#include "analysis/kernel_names.h"
+
+namespace attnprof::analysis {
+namespace {
+
+bool is_device_work(ActivityType t) {
+  return t == ActivityType::Kernel || t == ActivityType::Memcpy || t == ActivityType::Memset;
+}
+
+// A node's kind, and a captured launch's: 'K' kernel, 'C' memcpy, 'S' memset.
+char node_kind(ActivityType t) { return t == ActivityType::Kernel ? 'K' : t == ActivityType::Memcpy ? 'C' : 'S'; }
+
+// The node a captured host call makes, by its name ("cudaLaunchKernel",
+// "cuLaunchKernelEx", "cudaMemcpyAsync", "cudaMemsetD32Async"...); 0 for a call
+// that makes no node with device work (a host function, an event, a query).
+char launch_kind(const Activity& a) {
+  if (a.type != ActivityType::CudaRuntime && a.type != ActivityType::CudaDriver) return 0;
+  const std::string_view n = a.name;
+  const auto has = [&n](std::string_view part) { return n.find(part) != std::string_view::npos; };
+  if (has("HostFunc") || has("GraphLaunch")) return 0;
+  if (n.starts_with("cudaLaunch") || n.starts_with("cuLaunch")) return 'K';
+  if (has("Memcpy") && has("Async")) return 'C';
+  if (has("Memset") && has("Async")) return 'S';
+  return 0;
+}
+
+// CUPTI's runtime callback ids of the capture calls, for a trace whose
+// runtime names are "INVALID" (Kineto named only the ids it knew before the
+// refactor of its cbid names): cudaStreamBeginCapture(_ptsz) 315, 316,
+// cudaStreamBeginCaptureToGraph(_ptsz) 452, 453; cudaStreamEndCapture(_ptsz) 319, 320.
+bool begins_capture(const Activity& a) {
+  if (a.type == ActivityType::CudaRuntime && (a.cbid == 315 || a.cbid == 316 || a.cbid == 452 || a.cbid == 453)) {
+    return true;
+  }
+  return a.name.starts_with("cudaStreamBeginCapture") || a.name.starts_with("cuStreamBeginCapture");
+}
+
+bool ends_capture(const Activity& a) {
+  if (a.type == ActivityType::CudaRuntime && (a.cbid == 319 || a.cbid == 320)) return true;
+  return a.name.starts_with("cudaStreamEndCapture") || a.name.starts_with("cuStreamEndCapture");
+}
+
+// A capture on one thread: the launch calls between its begin and its end, in order.
+struct Window {
+  std::int64_t tid = 0;
+  std::int64_t from_ns = 0, to_ns = 0;  // the begin call's end, the end call's start
+  std::vector<std::size_t> launches;    // indices into the trace
+  std::string kinds;                    // their kinds, in order
+};
+
+std::vector<Window> capture_windows(const std::vector<Activity>& v, bool with_launches = true) {
+  std::vector<std::size_t> marks;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (begins_capture(v[i]) || ends_capture(v[i])) marks.push_back(i);
+  }
+  std::stable_sort(marks.begin(), marks.end(), [&](std::size_t x, std::size_t y) {
+    return std::pair(v[x].tid, v[x].start_ns) < std::pair(v[y].tid, v[y].start_ns);
+  });
+  std::vector<Window> out;
+  for (std::size_t k = 0; k + 1 < marks.size(); ++k) {
+    const Activity& b = v[marks[k]];
+    const Activity& e = v[marks[k + 1]];
+    if (!begins_capture(b) || !ends_capture(e) || b.tid != e.tid) continue;
+    Window w;
+    w.tid = b.tid;
+    w.from_ns = b.end_ns();
+    w.to_ns = e.start_ns;
+    out.push_back(std::move(w));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Window& x, const Window& y) { return std::pair(x.tid, x.from_ns) < std::pair(y.tid, y.from_ns); });
+  if (!with_launches) return out;
+  // Each launch call into the window of its thread that holds its start.
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!launch_kind(v[i])) continue;
+    const auto it = std::upper_bound(out.begin(), out.end(), std::pair(v[i].tid, v[i].start_ns),
+                                     [](const std::pair<std::int64_t, std::int64_t>& t, const Window& w) {
+                                       return t < std::pair(w.tid, w.from_ns);
+                                     });
+    if (it == out.begin()) continue;
+    Window& w = *std::prev(it);
+    if (w.tid == v[i].tid && v[i].start_ns >= w.from_ns && v[i].start_ns <= w.to_ns) w.launches.push_back(i);
+  }
+  for (Window& w : out) {
+    // In call order; a driver launch inside a runtime launch (the runtime's
+    // own call to the driver, where both were traced) makes no second node.
+    std::sort(w.launches.begin(), w.launches.end(), [&](std::size_t x, std::size_t y) {
+      return std::pair(v[x].start_ns, -v[x].dur_ns) < std::pair(v[y].start_ns, -v[y].dur_ns);
+    });
+    std::vector<std::size_t> kept;
+    for (std::size_t i : w.launches) {
+      if (!kept.empty() && v[i].end_ns() <= v[kept.back()].end_ns()) continue;
+      kept.push_back(i);
+      w.kinds += launch_kind(v[i]);
+    }
+    w.launches = std::move(kept);
+  }
+  std::erase_if(out, [](const Window& w) { return w.launches.empty(); });
+  std::sort(out.begin(), out.end(), [](const Window& x, const Window& y) { return x.from_ns < y.from_ns; });
+  return out;
+}
+
+// A kernel's backend, by its name, against the backend its captured op named.
+bool same_backend(std::string_view op_backend, std::string_view kernel_backend) {
+  if (op_backend.empty() || op_backend == "unknown" || op_backend == "overrideable") return true;
+  if (op_backend == kernel_backend || op_backend.starts_with(kernel_backend) ||
+      kernel_backend.starts_with(op_backend)) {
+    return true;
+  }
+  return op_backend == "flash_attn" && kernel_backend == "flash";  // the package's kernels are flash_fwd_*
+}
+
+constexpr std::string_view kByName = "attention found by kernel names only, without shapes";
+
+}  // namespace
+
+std::vector<CaptureSpan> capture_spans(const Trace& trace) {
+  std::vector<CaptureSpan> out;
+  for (const Window& w : capture_windows(trace.activities, /*with_launches=*/false)) {
+    out.push_back(CaptureSpan{.tid = w.tid, .from_ns = w.from_ns, .to_ns = w.to_ns});
+  }
+  return out;
+}
+
+GraphTies tie_graphs(const Trace& trace) {
+  GraphTies out;
+  const auto& v = trace.activities;
+  // Nodes of each graph (its first device activity per node), replays, and node ids seen in two graphs.
+  std::map<std::uint64_t, std::map<std::uint64_t, std::size_t>> nodes;
+  std::map<std::uint64_t, std::set<std::uint64_t>> replays;
+  std::unordered_map<std::uint64_t, std::uint64_t> owner;
+  std::map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> repeated;  // graph -> (node, other graph)
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const Activity& a = v[i];
+    if (!is_device_work(a.type) || a.graph_id == 0) continue;
+    nodes[a.graph_id].try_emplace(a.graph_node_id, i);
+    replays[a.graph_id].insert(a.correlation);
+    if (a.graph_node_id == 0) continue;
+    const auto [it, added] = owner.try_emplace(a.graph_node_id, a.graph_id);
+    if (!added && it->second != a.graph_id) {
+      repeated.try_emplace(a.graph_id, a.graph_node_id, it->second);
+      repeated.try_emplace(it->second, a.graph_node_id, a.graph_id);
+    }
+  }
+  if (nodes.empty()) return out;
+
+  for (const auto& [id, ns] : nodes) {
+    Graph& g = out.graphs[id];
+    g.id = id;
+    g.replays = static_cast<int>(replays[id].size());
+    g.nodes = ns.size();
+    for (const auto& [node, i] : ns) {
+      if (v[i].type == ActivityType::Kernel && !attention_backend_of_kernel(v[i].name, true).empty()) {
+        g.attention_kernels = true;
+      }
+    }
+  }
+
+  // Graphs by the sequence of their nodes' kinds, in order of their first node.
+  std::vector<Window> windows = capture_windows(v);
+  std::map<std::string, std::vector<std::uint64_t>> graphs_of;
+  std::map<std::string, std::vector<std::size_t>> windows_of;
+  {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> by_first;  // (first node, graph)
+    for (const auto& [id, ns] : nodes) by_first.emplace_back(ns.begin()->first, id);
+    std::sort(by_first.begin(), by_first.end());
+    for (const auto& [first, id] : by_first) {
+      std::string kinds;
+      for (const auto& [node, i] : nodes[id]) kinds += node_kind(v[i].type);
+      graphs_of[kinds].push_back(id);
+    }
+  }
+  for (std::size_t w = 0; w < windows.size(); ++w) windows_of[windows[w].kinds].push_back(w);
+
+  // The captured ops: every host event on a capture's thread that overlaps
+  // it, indexed once, and their attention calls as read at capture.
+  Trace captured;
+  std::unordered_map<std::size_t, EventIndex> at_capture;  // trace index -> index in `captured`
+  if (!windows.empty()) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const Activity& a = v[i];
+      if (a.on_device() || a.type == ActivityType::Allocation) continue;
+      const bool inside = std::any_of(windows.begin(), windows.end(), [&](const Window& w) {
+        return w.tid == a.tid && a.start_ns <= w.to_ns && a.end_ns() >= w.from_ns;
+      });
+      if (!inside) continue;
+      at_capture[i] = static_cast<EventIndex>(captured.activities.size());
+      captured.activities.push_back(a);
+    }
+  }
+  const TraceIndex cix(captured);
+  const AttentionSummary at = attention_calls(cix, /*gpu=*/true);
+
+  for (auto& [id, g] : out.graphs) {
+    const auto& ns = nodes[id];
+    const auto fail = [&g](std::string why) {
+      g.tied = false;
+      g.captured.clear();
+      g.calls.clear();
+      g.note = "graph " + std::to_string(g.id) + ": " + std::move(why);
+    };
+    const std::string replayed = std::to_string(g.replays) + (g.replays == 1 ? " replay" : " replays") + " of " +
+                                 std::to_string(g.nodes) + (g.nodes == 1 ? " node" : " nodes");
+    std::string kinds;
+    for (const auto& [node, i] : ns) kinds += node_kind(v[i].type);
+    if (ns.count(0)) {
+      fail(replayed + ", but its device work carries no graph node id: not tied to its capture; " +
+           std::string(kByName));
+    } else if (const auto r = repeated.find(id); r != repeated.end()) {
+      fail(replayed + ", but node ids repeat across graphs (node " + std::to_string(r->second.first) +
+           " is also in graph " + std::to_string(r->second.second) +
+           "): not tied to a capture, as a node id no longer names one launch; " + std::string(kByName));
+    } else if (windows.empty()) {
+      fail(replayed +
+           ", but no capture is in the trace (no cudaStreamBeginCapture .. cudaStreamEndCapture: the "
+           "profiler was off while the graph was captured): " +
+           std::string(kByName));
+    } else if (!windows_of.count(kinds)) {
+      fail(replayed + ", but no capture in the trace launched its " + std::to_string(g.nodes) +
+           " nodes' sequence (the profiler was off while it was captured): " + std::string(kByName));
+    } else if (graphs_of[kinds].size() != windows_of[kinds].size()) {
+      fail(replayed + ", but " + std::to_string(windows_of[kinds].size()) + " captures in the trace launched " +
+           "the same sequence as " + std::to_string(graphs_of[kinds].size()) +
+           " replayed graphs: which capture made which graph is not known, so none is tied; " + std::string(kByName));
+    } else {
+      const auto& gs = graphs_of[kinds];
+      const std::size_t k = static_cast<std::size_t>(std::find(gs.begin(), gs.end(), id) - gs.begin());
+      const Window& w = windows[windows_of[kinds][k]];
+      g.tied = true;
+      std::map<int, int> call_of;  // captured attention call -> its position in g.calls
+      std::size_t n = 0;
+      for (const auto& [node, i] : ns) {
+        const EventIndex launch = at_capture.at(w.launches[n++]);
+        const EventIndex outer = cix.enclosing_op(launch, /*outermost=*/true);
+        CapturedNode c;
+        if (outer != kNone) {
+          c.outer_op = cix.at(outer).name;
+          c.outer = outer;
+        }
+        const int call = attention_call_of(cix, at.calls, launch);
+        if (call >= 0) {
+          const auto [it, added] = call_of.try_emplace(call, static_cast<int>(g.calls.size()));
+          if (added) {
+            AttentionCall t = at.calls[static_cast<std::size_t>(call)];
+            t.kernels.clear();
+            t.gpu_us = 0;
+            t.tflops.reset();
+            t.ceiling_pct.reset();
+            t.share_pct.reset();
+            t.event = -1;
+            t.graph_id = id;
+            t.found_by = "capture";
+            g.calls.push_back(std::move(t));
+          }
+          c.call = it->second;
+          g.calls[static_cast<std::size_t>(c.call)].graph_nodes.push_back(node);
+          // Under the attention call's own op, whatever encloses it at capture
+          // (torch.compile's CompiledFunction, a module's op): attention's
+          // kernels go under attention in a replay's op table.
+          const AttentionCall& made = at.calls[static_cast<std::size_t>(call)];
+          c.outer_op = made.op;
+          c.outer = static_cast<int>(made.event);
+        }
+        g.captured.emplace(node, std::move(c));
+      }
+      // Kernel identity, where the names say it.
+      for (const auto& [node, i] : ns) {
+        if (v[i].type != ActivityType::Kernel) continue;
+        const std::string kb = attention_backend_of_kernel(v[i].name, true);
+        const CapturedNode& c = g.captured.at(node);
+        AttentionCall* call = c.call >= 0 ? &g.calls[static_cast<std::size_t>(c.call)] : nullptr;
+        // The kernel names what the op did not: SDPA's pick where no dispatch op was recorded, attnprof's
+        // backend where torch kept no string argument of its op.
+        if (call && !kb.empty() &&
+            (call->backend == "unknown" || (call->backend == "attnprof" && kb.starts_with("attnprof:")))) {
+          call->backend = kb;
+        }
+        if (kb.empty() || (call && same_backend(call->backend, kb))) continue;
+        // Launched outside any op at capture (a plan's run, which no torch op
+        // wraps): nothing to contradict; replay_calls counts it by its name.
+        if (!call && c.outer_op.empty()) continue;
+        const std::string made_by =
+            call ? call->op + " (" + call->backend + ")" : (c.outer_op.empty() ? std::string("no op") : c.outer_op);
+        fail(replayed + ", but node " + std::to_string(node) + " runs " + short_kernel_name(v[i].name, 60) + " (" + kb +
+             ") where the launch captured in its place was made by " + made_by +
+             ": the capture does not match the graph, so it is not tied; " + std::string(kByName));
+        break;
+      }
+      if (g.tied) {
+        g.note = "graph " + std::to_string(id) + ": " + replayed + ", each node tied to the launch captured in its " +
+                 "place (the k-th node by id to the k-th launch of the capture)";
+        if (!g.calls.empty()) {
+          g.note += "; " + std::to_string(g.calls.size()) + " attention call" + (g.calls.size() == 1 ? "" : "s") +
+                    " a replay, shapes from the capture";
+        }
+      }
+    }
+    if (g.tied) {
+      // Attention kernels no captured op owns (launched outside any op): counted by name.
+      int loose = 0;
+      for (const auto& [node, i] : ns) {
+        const auto c = g.captured.find(node);
+        loose += v[i].type == ActivityType::Kernel && c != g.captured.end() && c->second.call < 0 &&
+                 !attention_backend_of_kernel(v[i].name, true).empty();
+      }
+      if (loose > 0) {
+        g.note += "; " + std::to_string(loose) + " attention kernel" + (loose == 1 ? "" : "s") +
+                  " a replay launched outside any op at capture (a plan's run: no op records its shapes), "
+                  "found by kernel names";
+      }
+    }
+    const bool attention = g.tied ? !g.calls.empty() || g.attention_kernels : g.attention_kernels;
+    if (!attention) {
+      g.note += g.tied ? "; it holds no attention: none of its captured ops is attention"
+                       : "; it holds no attention: no kernel of it names an attention backend";
+    }
+  }
+  return out;
+}
+
+std::vector<AttentionCall> replay_calls(const TraceIndex& ix, const Graph& g) {
+  std::vector<AttentionCall> out;
+  // The step's device work of this graph, by node.
+  std::vector<EventIndex> work;
+  for (EventIndex d : ix.device_activities()) {
+    if (ix.at(d).graph_id == g.id) work.push_back(d);
+  }
+  std::stable_sort(work.begin(), work.end(),
+                   [&](EventIndex x, EventIndex y) { return ix.at(x).graph_node_id < ix.at(y).graph_node_id; });
+  if (g.tied) {
+    std::vector<int> made(g.calls.size(), -1);
+    for (EventIndex d : work) {
+      const auto c = g.captured.find(ix.at(d).graph_node_id);
+      if (c == g.captured.end() || c->second.call < 0) continue;
+      int& k = made[static_cast<std::size_t>(c->second.call)];
+      if (k < 0) {
+        k = static_cast<int>(out.size());
+        out.push_back(g.calls[static_cast<std::size_t>(c->second.call)]);
+        out.back().event = d;
+      }
+    }
+  }
+  {
+    // Attention kernels no captured op owns (every one where the graph is
+    // not tied): a run of kernels that name one attention backend, no other
+    // kernel between them (a memset or memcpy may be: a library's
+    // workspace), is one call.
+    std::string run;  // the open run's backend; empty: none open
+    for (EventIndex d : work) {
+      const Activity& a = ix.at(d);
+      if (a.type != ActivityType::Kernel) continue;
+      if (g.tied) {
+        const auto c = g.captured.find(a.graph_node_id);
+        if (c != g.captured.end() && c->second.call >= 0) {
+          run.clear();
+          continue;
+        }
+      }
+      const std::string b = attention_backend_of_kernel(a.name, true);
+      if (b.empty()) {
+        run.clear();
+        continue;
+      }
+      if (b != run) {
+        AttentionCall c;
+        c.op = g.tied ? "(captured outside any op)" : "(CUDA graph " + std::to_string(g.id) + ")";
+        c.backend = b;
+        c.event = d;
+        c.graph_id = g.id;
+        c.found_by = "kernel names";
+        out.push_back(std::move(c));
+        run = b;
+      }
+      out.back().graph_nodes.push_back(a.graph_node_id);
+    }
+  }
+  // Every node of the call's (the tied calls list theirs already); in node order, layers from 1.
+  for (AttentionCall& c : out) std::sort(c.graph_nodes.begin(), c.graph_nodes.end());
+  std::stable_sort(out.begin(), out.end(), [](const AttentionCall& x, const AttentionCall& y) {
+    return x.graph_nodes.front() < y.graph_nodes.front();
+  });
+  for (std::size_t k = 0; k < out.size(); ++k) out[k].layer = static_cast<int>(k + 1);
+  return out;
+}
+
+std::string replay_op(const Graph& g, const Activity& a) {
+  if (g.tied) {
+    const auto c = g.captured.find(a.graph_node_id);
+    if (c != g.captured.end() && !c->second.outer_op.empty()) return c->second.outer_op;
+    if (c != g.captured.end()) return "(captured outside any op)";
+  }
+  return "(CUDA graph " + std::to_string(g.id) + ")";
+}
+
+}  // namespace attnprof::analysis
