@@ -44,6 +44,21 @@ const char* ragged_name(Uid uid) {
   }
 }
 
+// A packed batch's tensor must hold the batch's rows, [1, heads, total, d];
+// returns the total.
+std::int64_t checked_ragged_rows(const Problem& p, Uid tensor, const Tensor& x) {
+  const std::int64_t heads =
+      tensor == kQ || tensor == kO || tensor == kStats || tensor == kDO || tensor == kDQ ? p.heads : p.kv_heads;
+  const std::int64_t total = query_rows(tensor) ? p.total_q() : p.total_kv();
+  const std::int64_t d = tensor == kStats ? 1 : p.head_dim;
+  if (x.size(0) != 1 || x.size(1) != heads || x.size(2) != total || x.size(3) != d) {
+    fail(ErrorKind::InvalidArgument, std::string("cudnn: a packed batch's ") + ragged_name(tensor) + " must be [1, " +
+                                         std::to_string(heads) + ", " + std::to_string(total) + ", " +
+                                         std::to_string(d) + "] (the batch's rows), got " + x.describe());
+  }
+  return total;
+}
+
 }  // namespace
 
 Problem CallInputs::lower_mask(const Problem& p, const Inputs& in, Bound& t, RunContext& ctx) {
@@ -72,16 +87,7 @@ void CallInputs::bind_ragged(const Problem& p, const Inputs& in, Bound& t, RunCo
     const Tensor* x = t[slot(r.tensor)];
     if (x == nullptr) continue;
     const bool q = query_rows(r.tensor);
-    const std::int64_t heads =
-        r.tensor == kQ || r.tensor == kO || r.tensor == kStats || r.tensor == kDO || r.tensor == kDQ ? p.heads
-                                                                                                     : p.kv_heads;
-    const std::int64_t total = q ? p.total_q() : p.total_kv();
-    const std::int64_t d = r.tensor == kStats ? 1 : p.head_dim;
-    if (x->size(0) != 1 || x->size(1) != heads || x->size(2) != total || x->size(3) != d) {
-      fail(ErrorKind::InvalidArgument, std::string("cudnn: a packed batch's ") + ragged_name(r.tensor) +
-                                           " must be [1, " + std::to_string(heads) + ", " + std::to_string(total) +
-                                           ", " + std::to_string(d) + "] (the batch's rows), got " + x->describe());
-    }
+    checked_ragged_rows(p, r.tensor, *x);
     const std::vector<std::int64_t>& cu = q ? cu_q : cu_k;
     std::vector<std::int32_t> offsets(cu.size());
     for (std::size_t b = 0; b < cu.size(); ++b) {
@@ -129,16 +135,7 @@ void CallInputs::bind_device_ragged(const Problem& p, const Inputs& in, Bound& t
     const Tensor* x = t[slot(r.tensor)];
     if (x == nullptr) continue;
     const bool q = query_rows(r.tensor);
-    const std::int64_t heads =
-        r.tensor == kQ || r.tensor == kO || r.tensor == kStats || r.tensor == kDO || r.tensor == kDQ ? p.heads
-                                                                                                     : p.kv_heads;
-    const std::int64_t total = q ? p.total_q() : p.total_kv();
-    const std::int64_t d = r.tensor == kStats ? 1 : p.head_dim;
-    if (x->size(0) != 1 || x->size(1) != heads || x->size(2) != total || x->size(3) != d) {
-      fail(ErrorKind::InvalidArgument, std::string("cudnn: a packed batch's ") + ragged_name(r.tensor) +
-                                           " must be [1, " + std::to_string(heads) + ", " + std::to_string(total) +
-                                           ", " + std::to_string(d) + "] (the batch's rows), got " + x->describe());
-    }
+    const std::int64_t total = checked_ragged_rows(p, r.tensor, *x);
     // Every offset the kernel can make is at most total x stride: checked
     // here once, from the shapes, for cuDNN's int32 offsets.
     if (total * x->stride(2) > std::numeric_limits<std::int32_t>::max()) {
