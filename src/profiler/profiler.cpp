@@ -14,9 +14,17 @@
 #include <unordered_set>
 
 #include "attnprof/error.h"
+#include "profiler/graph_replays.h"
 
 namespace attnprof {
 namespace {
+
+// GraphCaptures (graph_replays.cpp) is called only by the CUDA plugin's CUPTI
+// collector, which resolves it against the program that loads it. Nothing on
+// the CPU side calls it, so a program's link would drop that object from the
+// static layer and the plugin would fail to load (undefined symbol): this
+// kept reference pulls it into every program that links the profiler.
+[[gnu::used]] constexpr std::size_t (GraphCaptures::*kKeepGraphCaptures)(Trace&) = &GraphCaptures::attribute;
 
 std::atomic<Profiler*> g_current{nullptr};
 std::atomic<std::uint64_t> g_external_id{0};
