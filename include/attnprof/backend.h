@@ -132,8 +132,9 @@ struct Traits {
   // Takes a soft cap (Problem::softcap): the others are refused by name in
   // eligibility_of(), before their own eligibility is asked.
   bool softcap = false;
-  // Reads Inputs::q_rows and kv_rows (each sequence's query and key rows);
-  // the others are refused by name when a call has rows.
+  // Reads a padded batch's rows (BatchLayout::Form::Padded: Inputs::q_rows
+  // and kv_rows, each sequence's query and key rows); the others are refused
+  // by name in eligibility_of().
   bool rows = false;
   // Takes a packed (variable-length) batch (Problem::seq_lens); the others are
   // refused by name in eligibility_of(), as for the soft cap.
@@ -148,6 +149,10 @@ struct Traits {
   // Reads a paged KV cache (BatchLayout::Form::Paged: Inputs::k_pages,
   // v_pages, block_table); the others are refused by name in eligibility_of().
   bool paged = false;
+  // Reads a paged cache's per-sequence key counts (BatchLayout::Form::Paged
+  // with kv_rows: a serving engine's seq_lens); the others take one key count
+  // for every sequence and are refused by name in eligibility_of().
+  bool paged_lengths = false;
 };
 
 // What an FP8 forward measured beside O (cuDNN's FP8 graph writes it), for

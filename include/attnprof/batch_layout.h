@@ -28,7 +28,7 @@ struct Band {
   std::int64_t left = -1;
   std::int64_t right = -1;
   Diagonal diagonal = Diagonal::TopLeft;
-  bool operator==(const Band&) const = default;
+  auto operator<=>(const Band&) const = default;
 };
 // The band of a structural mask (window read under SlidingWindow only), or
 // nullopt for a mask tensor.
@@ -58,10 +58,11 @@ struct BatchLayout {
   // The band every sequence applies at its own diagonal; unset: the
   // problem's mask says it (check_layout refuses a band the mask contradicts).
   std::optional<Band> band;
-  bool operator==(const BatchLayout&) const = default;
+  auto operator<=>(const BatchLayout&) const = default;  // ordered: a key of the bindings' backend cache
 
   // Whether runs give per-sequence rows (a padded batch's, a paged cache's
-  // key counts): only backends whose Traits::rows is true read them.
+  // key counts): backends read them only where their Traits::rows (padded)
+  // or Traits::paged_lengths (paged) says so.
   bool reads_rows() const { return q_rows || kv_rows; }
 };
 std::string_view layout_name(BatchLayout::Form form);  // "dense", "padded", "packed", "paged"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attnprof/backend.h"
+#include "attnprof/batch_layout.h"
 #include "attnprof/device_runtime.h"
 #include "attnprof/profiler.h"
 #include "attnprof/record.h"
@@ -45,6 +46,10 @@ struct AutoChoice {
   std::string reason;
 };
 AutoChoice choose_auto(const Problem& p);
+// The same rule for p in layout l (a padded batch's rows, a paged cache's
+// key counts: eligibility_of with the layout) and, with `recompute`, among
+// the backends whose backward keeps only the log-sum-exp (autograd).
+AutoChoice choose_auto(const Problem& p, const BatchLayout& l, bool recompute = false);
 
 // auto's order of preference on a device: on CUDA flash, cudnn, efficient,
 // math, naive_inplace, naive; on the CPU flash, math, naive_inplace, naive.
@@ -55,6 +60,9 @@ const std::vector<std::string_view>& auto_order(Device d);
 // a name that is no backend, Error(Unsupported) with explain()'s reason for
 // one that cannot take `p` (not built, another device, this problem).
 Backend& resolve_backend(const Problem& p, std::string_view requested);
+// The same for p in layout l: the refusal is eligibility_of's for the
+// layout, and names the backends that take it.
+Backend& resolve_backend(const Problem& p, const BatchLayout& l, std::string_view requested);
 // How many times resolve_backend() has been asked in this process: the tests
 // read it to show that a plan's runs resolve nothing (attnprof/plan.h).
 std::uint64_t backend_resolutions();

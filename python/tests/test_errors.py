@@ -325,11 +325,14 @@ def test_rows_of_the_wrong_rank_name_the_shapes_rows_take():
 @pytest.mark.parametrize("backend", ["naive", "math", "naive_inplace"])
 def test_rows_on_a_backend_without_them_say_so(backend):
     rows = torch.tensor([[0, 8], [0, 5]], dtype=torch.int32)
-    text = _refused(rf"^{backend} on cpu does not take per-sequence rows \(q_rows, kv_rows.*\): on cpu these "
-                    r"backends do: flash$", backend=backend, mask="none", kv_rows=rows)
+    # The runner's one answer for a problem in a layout (eligibility_of), with the backends that take it.
+    text = _refused(rf"^backend {backend} cannot run this problem: {backend} on cpu reads no per-sequence rows, "
+                    r"which layout padded \(kv_rows\) gives every run; eligible here: flash$",
+                    backend=backend, mask="none", kv_rows=rows)
     assert "seq_lens" not in text
     # A key-padding mask beside a mask name is lowered to rows: the same refusal.
-    _refused(rf"^{backend} on cpu does not take per-sequence rows", backend=backend, mask="causal",
+    _refused(rf"^backend {backend} cannot run this problem: {backend} on cpu reads no per-sequence rows",
+             backend=backend, mask="causal",
              attn_mask=torch.tensor([[True] * 8, [True] * 5 + [False] * 3]))
 
 

@@ -115,8 +115,8 @@ nb::ndarray<float> owned_lse(const Tensor& lse, Device device, std::size_t ndim,
 enum class Use : std::uint8_t { Inference, Autograd };
 
 // The backend that runs p, resolved and checked for eligibility once per
-// (problem, requested name, use, per-sequence rows: Inputs::kv_rows).
-Backend& resolve(const Problem& p, const std::string& requested, Use use, bool rows);
+// (problem, requested name, use, the call's batch layout: layout_of).
+Backend& resolve(const Problem& p, const std::string& requested, Use use, const BatchLayout& layout);
 
 // A cached forward's plan (call_cache.cpp), shared by the cache and the
 // calls running it, so that an entry evicted mid-call lives until the call

@@ -32,7 +32,7 @@ struct PlanKey {
   Problem problem;
   std::string backend;
   Use use;
-  bool rows;  // per-sequence rows (Inputs::kv_rows: a paged call's unequal seq_lens)
+  BatchLayout layout;  // the call's: a padded batch's rows, a paged cache's key counts
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -54,64 +54,26 @@ std::string keeps_probabilities(std::string_view backend, Device device) {
          std::string(device_name(device)) + ": " + takers(device, &Traits::backward_recomputes) + ")";
 }
 
-// What a call's per-sequence rows are (PlanKey::rows), as a refusal names them:
-// a paged call's unequal lengths, or a dense call's rows.
-std::string rows_text(const Problem& p) {
-  return p.kv_cache == KvCache::Paged
-             ? "per-sequence kv lengths (seq_lens differ)"
-             : "per-sequence rows (q_rows, kv_rows, or a key-padding attn_mask lowered to them)";
-}
-
-// `auto` for this call: auto's rule (runner.h auto_order), among the
-// backends that also read the call's rows or recompute for autograd.
-std::string auto_for(const Problem& p, Use use, bool rows) {
-  if (!rows && use == Use::Inference) return choose_auto(p).backend;
-  const auto eligible = explain(p);
-  const auto usable = [&](std::string_view name, bool need_rows, bool need_recompute) {
-    const Backend* b = find_backend(name, p.device);
-    const bool ok = std::any_of(eligible.begin(), eligible.end(),
-                                [&](const Explanation& e) { return e.backend == name && e.eligible; });
-    return b && ok && (!need_rows || b->traits().rows) && (!need_recompute || b->traits().backward_recomputes);
-  };
-  const bool recompute = use == Use::Autograd;
-  for (const std::string_view name : auto_order(p.device)) {
-    if (usable(name, rows, recompute)) return std::string(name);
-  }
-  if (rows && std::none_of(auto_order(p.device).begin(), auto_order(p.device).end(),
-                           [&](std::string_view n) { return usable(n, true, false); })) {
-    fail(ErrorKind::Unsupported, "auto: no eligible backend takes " + rows_text(p) + " for " + p.describe() + "; on " +
-                                     std::string(device_name(p.device)) +
-                                     " these do: " + takers(p.device, &Traits::rows));
-  }
-  fail(ErrorKind::Unsupported, "auto: no eligible backend keeps only the log-sum-exp for autograd (" + p.describe() +
-                                   "); attnprof explain says why each is refused");
-}
-
 }  // namespace
 
-Backend& resolve(const Problem& p, const std::string& requested, Use use, bool rows) {
+Backend& resolve(const Problem& p, const std::string& requested, Use use, const BatchLayout& layout) {
   static std::mutex mu;
   static std::map<PlanKey, Backend*> plans;
-  PlanKey key{p, requested, use, rows};
+  PlanKey key{p, requested, use, layout};
   {
     std::lock_guard lock(mu);
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
   }
   check_backend_name("backend", requested, /*auto_ok=*/true);
-  Backend* b =
-      after_runtime_use([&] { return &resolve_backend(p, requested == "auto" ? auto_for(p, use, rows) : requested); });
-  if (use == Use::Autograd && !b->traits().backward_recomputes) {
+  // The runner's one answer for a problem in a layout (eligibility_of):
+  // auto's rule among the backends that take it, a name refused with the
+  // layout's reason and the backends that take it.
+  const bool recompute = use == Use::Autograd;
+  Backend* b = after_runtime_use([&] {
+    return &resolve_backend(p, layout, requested == "auto" ? choose_auto(p, layout, recompute).backend : requested);
+  });
+  if (recompute && !b->traits().backward_recomputes) {
     fail(ErrorKind::Unsupported, keeps_probabilities(b->name(), p.device));
-  }
-  if (rows && !b->traits().rows) {
-    const std::string where = std::string(b->name()) + " on " + std::string(device_name(p.device));
-    const std::string these =
-        "on " + std::string(device_name(p.device)) + " these backends do: " + takers(p.device, &Traits::rows);
-    if (p.kv_cache == KvCache::Paged) {
-      fail(ErrorKind::Unsupported, where + " takes one kv length for every sequence, and seq_lens differ: " + these +
-                                       " (or pad the shorter sequences' pages)");
-    }
-    fail(ErrorKind::Unsupported, where + " does not take " + rows_text(p) + ": " + these);
   }
   std::lock_guard lock(mu);
   plans.emplace(std::move(key), b);
@@ -189,8 +151,7 @@ DeviceRuntime& runtime_for(Device device, int threads) {
 void runtime_touched() { runtime_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 Call finish_call(Problem p, Inputs in, Tensor out, const std::string& backend, std::uintptr_t stream, int threads) {
-  Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd,
-                       in.q_rows.defined() || in.kv_rows.defined());
+  Backend& b = resolve(p, backend, p.pass == Pass::Forward ? Use::Inference : Use::Autograd, layout_of(p, in));
   DeviceRuntime& rt = runtime_for(p.device, threads);
   return Call{std::move(p),
               std::move(in),

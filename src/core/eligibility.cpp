@@ -58,8 +58,12 @@ Eligibility answer(const Backend& b, const Problem& p, const BatchLayout& l) {
   if (l.form == BatchLayout::Form::Paged && !t.paged) {
     return {false, on_device(b) + " reads no paged KV cache: use kv_cache=contiguous, or a backend that pages"};
   }
-  if (l.reads_rows() && !t.rows) {
+  if (l.form == BatchLayout::Form::Padded && !t.rows) {
     return {false, on_device(b) + " reads no per-sequence rows, which layout " + layout_text(l) + " gives every run"};
+  }
+  if (l.form == BatchLayout::Form::Paged && l.kv_rows && !t.paged_lengths) {
+    return {false, on_device(b) + " takes one kv length for every sequence, and layout " + layout_text(l) +
+                       " gives each its own (or pad the shorter sequences' pages)"};
   }
   return b.eligibility(p);
 }

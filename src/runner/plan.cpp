@@ -53,25 +53,12 @@ BatchLayout planned(BatchLayout l) {
   return l;
 }
 
-// The backend `requested` names for p in layout l ("auto": the measured pick,
-// or with rows the first eligible backend that reads them), with how it was
-// picked.
+// The backend `requested` names for p in layout l ("auto": auto's rule,
+// asked with the layout), with how it was picked.
 std::pair<Backend*, std::string> pick(const Problem& p, const BatchLayout& l, std::string_view requested) {
-  if (requested != "auto") return {&resolve_backend(p, requested), "asked for by name"};
-  if (!l.reads_rows()) {
-    const AutoChoice c = choose_auto(p);
-    return {&resolve_backend(p, c.backend), "picked by auto: " + c.reason};
-  }
-  for (const Explanation& e : explain(p)) {
-    const Backend* b = e.eligible ? find_backend(e.backend, p.device) : nullptr;
-    if (b && eligibility_of(*b, p, l).eligible) {
-      return {
-          &resolve_backend(p, e.backend),
-          "picked by auto: the first eligible backend that reads per-sequence rows (layout " + layout_text(l) + ")"};
-    }
-  }
-  fail(ErrorKind::Unsupported,
-       "auto: no eligible backend reads per-sequence rows (layout " + layout_text(l) + ") for " + p.describe());
+  if (requested != "auto") return {&resolve_backend(p, l, requested), "asked for by name"};
+  const AutoChoice c = choose_auto(p, l);
+  return {&resolve_backend(p, l, c.backend), "picked by auto: " + c.reason};
 }
 
 std::string described(DType dtype, const Dims& dims, Device device) {

@@ -280,20 +280,54 @@ std::vector<Explanation> explain(const Problem& p) {
 
 namespace {
 std::atomic<std::uint64_t> resolutions{0};
+
+// Whether b takes p in layout l: the problem's own layout asked as explain()
+// asks it (an unvalidated problem answered, not refused), another through
+// check_layout.
+Eligibility eligibility_in(const Backend& b, const Problem& p, const BatchLayout& l) {
+  return l == p.layout() ? eligibility_of(b, p) : eligibility_of(b, p, l);
+}
+
+bool takes(std::string_view name, const Problem& p, const BatchLayout& l, bool recompute) {
+  const Backend* b = find_backend(name, p.device);
+  return b && eligibility_in(*b, p, l).eligible && (!recompute || b->traits().backward_recomputes);
+}
+
+// "layout padded (kv_rows)" and "a backward from the log-sum-exp", where
+// they narrow the question beyond the problem.
+std::string asked(const Problem& p, const BatchLayout& l, bool recompute) {
+  std::string s = l == p.layout() ? "" : " in layout " + layout_text(l);
+  return recompute ? s + " with a backward that keeps only the log-sum-exp" : s;
+}
 }  // namespace
 
 std::uint64_t backend_resolutions() { return resolutions.load(std::memory_order_relaxed); }
 
 Backend& resolve_backend(const Problem& p, std::string_view requested) {
+  return resolve_backend(p, p.layout(), requested);
+}
+
+Backend& resolve_backend(const Problem& p, const BatchLayout& l, std::string_view requested) {
   resolutions.fetch_add(1, std::memory_order_relaxed);
-  const std::string name = requested == "auto" ? choose_auto(p).backend : std::string(requested);
+  const std::string name = requested == "auto" ? choose_auto(p, l).backend : std::string(requested);
   if (!is_backend_name(name)) {
     std::string names;
     for (auto n : backend_names()) names += (names.empty() ? "" : ", ") + std::string(n);
     fail(ErrorKind::InvalidArgument, "unknown backend '" + name + "': use auto, " + names);
   }
   Backend* b = find_backend(name, p.device);
-  if (b && eligibility_of(*b, p).eligible) return *b;
+  if (b) {
+    const Eligibility e = eligibility_in(*b, p, l);
+    if (e.eligible) return *b;
+    // The backends that take the problem in this layout, as explain() names
+    // them for the problem alone.
+    std::string takers;
+    for (const std::string_view n : backend_names()) {
+      if (takes(n, p, l, false)) takers += (takers.empty() ? "" : ", ") + std::string(n);
+    }
+    fail(ErrorKind::Unsupported, "backend " + name + " cannot run this problem: " + e.reason +
+                                     "; eligible here: " + (takers.empty() ? std::string("none") : takers));
+  }
   for (const Explanation& e : explain(p)) {
     if (e.backend == name) fail(ErrorKind::Unsupported, "backend " + name + " cannot run this problem: " + e.reason);
   }
@@ -310,28 +344,29 @@ const std::vector<std::string_view>& auto_order(Device d) {
   return d == Device::Cpu ? cpu : cuda;
 }
 
-AutoChoice choose_auto(const Problem& p) {
+AutoChoice choose_auto(const Problem& p) { return choose_auto(p, p.layout()); }
+
+AutoChoice choose_auto(const Problem& p, const BatchLayout& l, bool recompute) {
   // A rule, never a timing: a pick made by measuring differed from one
   // process to the next on the same inputs (and with it the NaN rows and the
-  // bits; issue 57 item 7). explain() is pure, so nothing needs caching.
-  const std::vector<Explanation> rows = explain(p);
+  // bits; issue 57 item 7). Eligibility is pure, so nothing needs caching.
   const auto& order = auto_order(p.device);
   std::string listed;
   for (std::string_view n : order) listed += (listed.empty() ? "" : " > ") + std::string(n);
+  const std::string rule = "auto's rule for " + std::string(device_name(p.device)) + asked(p, l, recompute) +
+                           ": the first eligible of " + listed;
   std::string passed;
   for (std::string_view name : order) {
-    const auto it = std::find_if(rows.begin(), rows.end(), [&](const Explanation& e) { return e.backend == name; });
-    if (it == rows.end() || !it->eligible) {
+    if (!takes(name, p, l, recompute)) {
       passed += (passed.empty() ? "" : ", ") + std::string(name);
       continue;
     }
     return {.backend = std::string(name),
-            .reason = "auto's rule for " + std::string(device_name(p.device)) + ": the first eligible of " + listed +
-                      (passed.empty() ? "" : " (" + passed + " not eligible)") +
+            .reason = rule + (passed.empty() ? "" : " (" + passed + " not eligible)") +
                       "; a fixed order, not a timing, so every call and process picks the same"};
   }
-  fail(ErrorKind::Unsupported, "no backend can run " + p.describe() + " (auto's rule for " +
-                                   std::string(device_name(p.device)) + ": the first eligible of " + listed + ")");
+  fail(ErrorKind::Unsupported,
+       "no backend can run " + p.describe() + asked(p, l, recompute) + " (" + rule + "; attnprof explain says why)");
 }
 
 }  // namespace attnprof

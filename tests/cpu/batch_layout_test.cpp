@@ -46,6 +46,20 @@ Problem paged() {
   return p;
 }
 
+// A backend that reads a paged cache's key counts but no padded rows (cuDNN's
+// traits): the two are separate questions, so a padded batch is refused here,
+// before a launch would refuse it.
+class PagedLengthsOnly final : public Backend {
+ public:
+  std::string_view name() const override { return "paged_only"; }
+  Device device() const override { return Device::Cpu; }
+  Eligibility eligibility(const Problem&) const override { return {true, "its own answer"}; }
+  std::size_t workspace_bytes(const Problem&) const override { return 0; }
+  Expectation expectation(const Problem&) const override { return {}; }
+  void forward(const Problem&, const Inputs&, Tensor&, RunContext&) override {}
+  Traits traits() const override { return {.varlen = true, .paged = true, .paged_lengths = true}; }
+};
+
 // A backend that declares nothing (default Traits) and takes whatever reaches
 // its own eligibility: what eligibility_of refuses for it is the layout's
 // answer alone.
@@ -128,9 +142,13 @@ TEST(BatchLayout, EveryFormOnEveryCpuBackend) {
       SCOPED_TRACE(name + " / " + cases[i].label);
       const Eligibility e = eligibility_of(*b, cases[i].problem, cases[i].layout);
       EXPECT_EQ(e.eligible, answers[i]) << e.reason;
-      if (!answers[i]) {
+      if (!answers[i] && cases[i].layout.form == Form::Padded) {
         EXPECT_EQ(e.reason, name + " on cpu reads no per-sequence rows, which layout " + layout_text(cases[i].layout) +
                                 " gives every run");
+      } else if (!answers[i]) {
+        EXPECT_EQ(e.reason, name +
+                                " on cpu takes one kv length for every sequence, and layout paged (seq_lens) gives "
+                                "each its own (or pad the shorter sequences' pages)");
       }
     }
   }
@@ -187,6 +205,22 @@ TEST(BatchLayout, ALayoutTheProblemContradictsIsRefusedInOneLine) {
   EXPECT_TRUE(eligibility_of(plain, dense(MaskKind::Causal), causal).eligible);
 }
 
+TEST(BatchLayout, PagedKeyCountsAndPaddedRowsAreSeparateQuestions) {
+  const PagedLengthsOnly b;
+  const std::vector<FormCase> cases = forms();
+  //                            dense  q_rows kv_rows packed paged  seq_lens
+  const std::vector<bool> takes = {true, false, false, true, true, true};
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].label);
+    const Eligibility e = eligibility_of(b, cases[i].problem, cases[i].layout);
+    EXPECT_EQ(e.eligible, takes[i]) << e.reason;
+    if (!takes[i]) {
+      EXPECT_EQ(e.reason, "paged_only on cpu reads no per-sequence rows, which layout " +
+                              layout_text(cases[i].layout) + " gives every run");
+    }
+  }
+}
+
 // Plans ask the same function: a paged plan's runs give seq_lens, which the
 // composites do not read.
 TEST(BatchLayout, PlansAskTheSameQuestion) {
@@ -195,7 +229,8 @@ TEST(BatchLayout, PlansAskTheSameQuestion) {
     ADD_FAILURE() << "not refused";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_NE(std::string(e.what()).find("math on cpu reads no per-sequence rows, which layout paged (seq_lens)"),
+    EXPECT_NE(std::string(e.what()).find("math on cpu takes one kv length for every sequence, and layout paged "
+                                         "(seq_lens) gives each its own"),
               std::string::npos)
         << e.what();
   }

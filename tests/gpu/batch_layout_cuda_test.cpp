@@ -65,16 +65,19 @@ TEST(BatchLayoutCuda, EveryFormOnEveryCudaBackend) {
       {"paged with seq_lens", paged(), {.form = Form::Paged, .kv_rows = true}},
   };
   const std::string rows = " on cuda reads no per-sequence rows, which layout ";
+  const std::string lengths =
+      " on cuda takes one kv length for every sequence, and layout paged (seq_lens) gives each its own (or pad the "
+      "shorter sequences' pages)";
   const std::string pages =
       "efficient on cuda reads no paged KV cache: use kv_cache=contiguous, or a backend that pages";
   // "" is eligible; otherwise the reason.
   const std::map<std::string, std::vector<std::string>> expected = {
       {"naive",
        {"", "naive" + rows + "padded (q_rows) gives every run", "naive" + rows + "padded (kv_rows) gives every run", "",
-        "", "naive" + rows + "paged (seq_lens) gives every run"}},
+        "", "naive" + lengths}},
       {"math",
        {"", "math" + rows + "padded (q_rows) gives every run", "math" + rows + "padded (kv_rows) gives every run", "",
-        "", "math" + rows + "paged (seq_lens) gives every run"}},
+        "", "math" + lengths}},
       {"efficient",
        {"", "efficient" + rows + "padded (q_rows) gives every run",
         "efficient" + rows + "padded (kv_rows) gives every run",
@@ -91,6 +94,22 @@ TEST(BatchLayoutCuda, EveryFormOnEveryCudaBackend) {
       if (!answers[i].empty()) EXPECT_EQ(e.reason, answers[i]);
     }
   }
+}
+
+// cuDNN reads a paged cache's key counts but no padded rows (a key-padding
+// mask runs there as a bias): eligibility says so, where a launch's bind()
+// used to be the first to refuse a padded batch.
+TEST(BatchLayoutCuda, CudnnRefusesPaddedRowsByName) {
+  REQUIRE_GPU();
+  const Backend* cudnn = find_backend("cudnn", Device::Cuda);
+  if (cudnn == nullptr) GTEST_SKIP() << "cudnn is not built here";
+  for (const BatchLayout& l : {BatchLayout{.form = Form::Padded, .q_rows = true},
+                               BatchLayout{.form = Form::Padded, .kv_rows = true}}) {
+    const Eligibility e = eligibility_of(*cudnn, dense(), l);
+    EXPECT_FALSE(e.eligible);
+    EXPECT_EQ(e.reason, "cudnn on cuda reads no per-sequence rows, which layout " + layout_text(l) + " gives every run");
+  }
+  EXPECT_TRUE(cudnn->traits().paged_lengths);
 }
 
 // Flash's own refusals, now asked of the problem and its layout, keep the

@@ -322,6 +322,7 @@ class FlashCpu final : public Backend {
         .varlen = true,
         .fp8 = true,
         .paged = true,
+        .paged_lengths = true,
     };
   }
 

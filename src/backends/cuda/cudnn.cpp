@@ -210,11 +210,11 @@ class Cudnn final : public Backend {
     return {.backward_recomputes = true,
             .backward_dq_unordered = true,
             .softcap = true,
-            .rows = true,  // a paged cache's key ends only (bind() refuses the rest)
             .varlen = true,
             .device_lengths = true,  // its ragged offsets and lengths made on the device (cudnn_inputs.h)
             .fp8 = true,
-            .paged = true};
+            .paged = true,
+            .paged_lengths = true};  // padded rows: none (a key-padding mask runs as a bias)
   }
 
   // A plan's state (attnprof/plan.h): the forward graph of the problem found

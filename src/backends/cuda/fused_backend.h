@@ -256,7 +256,8 @@ class FusedBackend : public Backend {
             .varlen = flash_,
             .device_lengths = flash_,
             .fp8 = flash_,
-            .paged = flash_};  // the decode kernel reads pages
+            .paged = flash_,  // the decode kernel reads pages
+            .paged_lengths = flash_};
   }
 
   void forward(const Problem& p, const Inputs& in, Tensor& out, RunContext& ctx) override {
