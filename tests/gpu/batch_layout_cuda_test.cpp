@@ -103,11 +103,12 @@ TEST(BatchLayoutCuda, CudnnRefusesPaddedRowsByName) {
   REQUIRE_GPU();
   const Backend* cudnn = find_backend("cudnn", Device::Cuda);
   if (cudnn == nullptr) GTEST_SKIP() << "cudnn is not built here";
-  for (const BatchLayout& l : {BatchLayout{.form = Form::Padded, .q_rows = true},
-                               BatchLayout{.form = Form::Padded, .kv_rows = true}}) {
+  for (const BatchLayout& l :
+       {BatchLayout{.form = Form::Padded, .q_rows = true}, BatchLayout{.form = Form::Padded, .kv_rows = true}}) {
     const Eligibility e = eligibility_of(*cudnn, dense(), l);
     EXPECT_FALSE(e.eligible);
-    EXPECT_EQ(e.reason, "cudnn on cuda reads no per-sequence rows, which layout " + layout_text(l) + " gives every run");
+    EXPECT_EQ(e.reason,
+              "cudnn on cuda reads no per-sequence rows, which layout " + layout_text(l) + " gives every run");
   }
   EXPECT_TRUE(cudnn->traits().paged_lengths);
 }
