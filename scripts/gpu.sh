@@ -9,12 +9,12 @@
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa
-# train_model hf model_traces graph_traces python wheel ring (default: all). Results land in $OUT (8 files at most).
+# train_model hf model_traces graph_traces python graph_decode wheel ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model hf model_traces graph_traces python wheel ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model hf model_traces graph_traces python graph_decode wheel ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -436,6 +436,15 @@ if has python; then
     >"$OUT/python_overhead.md" 2>&1
 fi
 
+if has graph_decode; then
+  # Issue 56's serving target: a 32-layer paged decode step replayed from a
+  # CUDA graph against the same step called eagerly (at least 1.3x).
+  log "decode step from a CUDA graph"
+  python_module
+  PYTHONPATH=$B/python${PYTHONPATH:+:$PYTHONPATH} timeout 300 python3 bench/graph_decode.py >"$OUT/graph_decode.md" 2>&1
+  echo "graph_decode rc $?" >>"$OUT/graph_decode.md"
+fi
+
 if has wheel; then
   # Issue 50: `pip install .` where a CUDA toolkit is found builds a CUDA
   # wheel. Built here as a user would (no network: scikit-build-core and
@@ -529,6 +538,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f $OUT/graph_traces.txt ]] && { echo "==== graph traces (analyze, GraphFixtures)"; tail -n 80 "$OUT/graph_traces.txt"; }
 [[ -f $OUT/pytest.txt ]] && { echo "==== pytest"; tail -n 15 "$OUT/pytest.txt"; }
 [[ -f $OUT/python_overhead.md ]] && { echo "==== python overhead"; cat "$OUT/python_overhead.md"; }
+[[ -f $OUT/graph_decode.md ]] && { echo "==== decode step from a CUDA graph"; cat "$OUT/graph_decode.md"; }
 [[ -f $OUT/ring.txt ]] && { echo "==== ring (--gpus)"; cat "$OUT/ring.txt"; }
 # The device tool brings back 8 files at most: more than that travel as one archive.
 if (($(find "$OUT" -type f | wc -l) > 8)); then

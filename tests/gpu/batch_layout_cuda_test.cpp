@@ -2,7 +2,7 @@
 // attnprof/backend.h): the composites read pages and packed batches but no
 // rows, efficient only dense batches, flash every form. Flash's and
 // efficient's own part is asked of the problem and its layout
-// (FusedBackend::shape_of, fused_shape_unsupported_reason) with no launch
+// (fused_shape_for, fused_shape_unsupported_reason) with no launch
 // parameters; its refusals keep the launch check's text.
 #include <gtest/gtest.h>
 

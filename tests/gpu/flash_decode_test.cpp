@@ -49,7 +49,7 @@ Problem problem_of(const Case& c) {
 }
 
 // The kernel's plan for a problem, as the backend makes it.
-cuda::DecodePlan plan_of(const Problem& p) { return cuda::flash_decode_plan(cuda::FusedBackend::params_for(p)); }
+cuda::DecodePlan plan_of(const Problem& p) { return cuda::flash_decode_plan(cuda::fused_params_for(p)); }
 
 class FlashDecode : public ::testing::TestWithParam<Case> {};
 

@@ -36,7 +36,7 @@ TEST(PlanCuda, CapturedPagedDecodeReplaysWithLengthsAndTableRewrittenInPlace) {
   p.kv_cache = KvCache::Paged;
   p.page_size = 64;
   p.validate();
-  const cuda::DecodePlan decode = cuda::flash_decode_plan(cuda::FusedBackend::params_for(p));
+  const cuda::DecodePlan decode = cuda::flash_decode_plan(cuda::fused_params_for(p));
   ASSERT_TRUE(decode.applies);
   ASSERT_GT(decode.splits, 1) << "one split: no workspace to hold";
 

@@ -17,7 +17,7 @@ namespace {
 const char* flash_story(const FusedParams& shape) {
   thread_local std::string story;
   // A packed batch: a launch's cumulative lengths, or eligibility's
-  // params_for (its packed rows, no pointers).
+  // fused_params_for (its packed rows, no pointers).
   const bool packed = shape.cu_seqlens_q != nullptr || shape.total_q > 0;
   const FlashPath path = flash_path(shape);
   if (path == FlashPath::Decode) {

@@ -22,6 +22,7 @@
 #include "attnprof/profiler.h"
 #include "backends/cuda/arch_check.h"
 #include "backends/cuda/fp8_descales.h"
+#include "backends/cuda/fused_inputs.h"
 #include "backends/cuda/launch/fused_kernels.h"
 #include "backends/cuda/runtime.h"
 #include "backends/cuda/sequence_lengths.h"
@@ -89,9 +90,9 @@ class FusedBackend : public Backend {
     if (std::string why = arch_unsupported_reason(); !why.empty()) return {false, why};
     // The kernels' own question, asked of the problem and its layout (no
     // tensor, no pointer); the story reads the launch's values for the
-    // problem (params_for: sizes, scale, pages, packed rows; no addresses).
-    if (const char* why = fused_shape_unsupported_reason(shape_of(p, p.layout()), flash_)) return {false, why};
-    const FusedParams shape = params_for(p);
+    // problem (fused_params_for: sizes, scale, pages, packed rows; no addresses).
+    if (const char* why = fused_shape_unsupported_reason(fused_shape_for(p, p.layout()), flash_)) return {false, why};
+    const FusedParams shape = fused_params_for(p);
     if (p.pass == Pass::Forward) return {true, story_(shape)};
     if (const char* why = fused_bwd_head_dim_refusal(static_cast<int>(p.head_dim), flash_)) return {false, why};
     return {true, std::string(story_(shape)) + "; backward: " + backward_story(p)};
@@ -136,9 +137,9 @@ class FusedBackend : public Backend {
   // forward (with the LSE it saves) and its backward.
   std::size_t workspace_bytes(const Problem& p) const override {
     const auto rows = static_cast<std::size_t>(p.batch * p.heads * p.seq);
-    if (is_fp8(p.dtype)) return fp8_vt_bytes(params_for(p));  // forward only: V^T
+    if (is_fp8(p.dtype)) return fp8_vt_bytes(fused_params_for(p));  // forward only: V^T
     const std::size_t decode =
-        flash_ && p.pass != Pass::Backward ? flash_decode_plan(params_for(p)).workspace_bytes : 0;
+        flash_ && p.pass != Pass::Backward ? flash_decode_plan(fused_params_for(p)).workspace_bytes : 0;
     if (p.pass == Pass::Forward) return decode;
     const std::size_t backward = rows * sizeof(float) +  // the saved LSE
                                  static_cast<std::size_t>(backward_workspace(p).total()) * sizeof(float);
@@ -168,7 +169,7 @@ class FusedBackend : public Backend {
   Expectation expectation(const Problem& p) const override {
     Expectation e;
     // FP8: the V^T pre-pass and the kernel.
-    const int forward = is_fp8(p.dtype) || (flash_ && flash_decode_plan(params_for(p)).splits > 1) ? 2 : 1;
+    const int forward = is_fp8(p.dtype) || (flash_ && flash_decode_plan(fused_params_for(p)).splits > 1) ? 2 : 1;
     const int backward = p.pass == Pass::Forward ? 0 : 3 + (backward_shape(p).group_split > 1 ? 1 : 0);
     switch (p.pass) {
       case Pass::Forward:
@@ -185,61 +186,6 @@ class FusedBackend : public Backend {
         break;
     }
     return e;
-  }
-
-  // The kernels' arguments for a problem's shape (no tensors): what the
-  // plans (decode splits, workspace, expectations) are made from.
-  // What the kernels are asked for `p` in layout `l` (fused_kernels.h's
-  // FusedShape): the problem's sizes and options, and which index tensors
-  // its runs give.
-  static FusedShape shape_of(const Problem& p, const BatchLayout& l) {
-    const bool packed = l.form == BatchLayout::Form::Packed;
-    return {.batch = static_cast<int>(p.batch),
-            .heads = static_cast<int>(p.heads),
-            .kv_heads = static_cast<int>(p.kv_heads),
-            .seq_q = static_cast<int>(p.seq),
-            .seq_k = static_cast<int>(p.kv_seq),
-            .head_dim = static_cast<int>(p.head_dim),
-            .scale = static_cast<float>(p.softmax_scale()),
-            .mask = p.mask,
-            .window = geometry::clamp_window(p.window, static_cast<int>(p.kv_seq)),
-            .page_size = l.form == BatchLayout::Form::Paged ? static_cast<int>(p.page_size) : 0,
-            .pages_per_seq = l.form == BatchLayout::Form::Paged ? static_cast<int>(p.pages_per_seq()) : 0,
-            .packed = packed,
-            .total_q = packed ? static_cast<int>(p.total_q()) : 0,
-            .total_k = packed ? static_cast<int>(p.total_kv()) : 0,
-            .rows = l.form == BatchLayout::Form::Padded && l.reads_rows(),
-            .softcap = static_cast<float>(p.softcap),
-            .fp8 = is_fp8(p.dtype),
-            .lse = p.pass != Pass::Forward};
-  }
-
-  static FusedParams params_for(const Problem& p) {
-    FusedParams f;
-    f.batch = static_cast<int>(p.batch);
-    f.heads = static_cast<int>(p.heads);
-    f.kv_heads = static_cast<int>(p.kv_heads);
-    f.seq_q = static_cast<int>(p.seq);
-    f.seq_k = static_cast<int>(p.kv_seq);
-    f.head_dim = static_cast<int>(p.head_dim);
-    f.scale = static_cast<float>(p.softmax_scale());
-    f.bf16 = p.dtype == DType::BF16;
-    f.fp8 = is_fp8(p.dtype);
-    // At most the longest sequence's keys: the same band for every window in
-    // 1..INT64_MAX, and int32 arithmetic in the kernels (mask_geometry.h).
-    f.window = geometry::clamp_window(p.window, f.seq_k);
-    if (p.kv_cache == KvCache::Paged) {
-      f.page_size = static_cast<int>(p.page_size);
-      f.pages_per_seq = static_cast<int>(p.pages_per_seq());
-      f.num_pages = static_cast<int>(std::min<std::int64_t>(p.batch * p.pages_per_seq(), INT32_MAX));  // make_inputs'
-    }
-    f.mask = p.mask;
-    f.softcap = static_cast<float>(p.softcap);
-    if (p.varlen()) {
-      f.total_q = static_cast<int>(p.total_q());
-      f.total_k = static_cast<int>(p.total_kv());
-    }
-    return f;
   }
 
   bool has_backward() const override { return true; }
@@ -273,7 +219,7 @@ class FusedBackend : public Backend {
   // capture may not make), and a packed batch's device lengths.
   std::unique_ptr<BackendState> prepare(const Problem& p, RunContext& ctx) override {
     auto s = std::make_unique<Prepared>();
-    const FusedParams f = params_for(p);
+    const FusedParams f = fused_params_for(p);
     if (flash_ && flash_decode_takes(f)) s->decode = flash_decode_plan(f);
     std::size_t bytes = s->decode.workspace_bytes;
     if (f.fp8) bytes = std::max(bytes, fp8_vt_bytes(f));  // the decode path takes no FP8: one or the other
@@ -287,7 +233,7 @@ class FusedBackend : public Backend {
   }
 
   void forward_train(const Problem& p, const Inputs& in, Tensor& out, Saved& saved, RunContext& ctx) override {
-    saved.lse = Tensor::empty(lse_dims(p), DType::F32, ctx.allocator);
+    saved.lse = Tensor::empty(fused_lse_dims(p), DType::F32, ctx.allocator);
     run_forward(p, in, out, saved.lse.data_as<float>(), ctx);
   }
 
@@ -300,14 +246,14 @@ class FusedBackend : public Backend {
         fail(ErrorKind::Unsupported, std::string(name_) + " needs a contiguous head_dim; got " + t->describe());
       }
     }
-    if (saved.lse.sizes() != lse_dims(p) || saved.lse.dtype() != DType::F32) {
+    if (saved.lse.sizes() != fused_lse_dims(p) || saved.lse.dtype() != DType::F32) {
       fail(ErrorKind::InvalidArgument,
            std::string(name_) + "'s backward needs the FP32 log-sum-exp that its forward_train saves");
     }
     FusedBwdParams b;
-    b.fwd = params_for(p);
-    fill_forward(b.fwd, in, out, const_cast<float*>(saved.lse.data_as<float>()));
-    use_sequences(b.fwd, p, in, ctx);
+    b.fwd = fused_params_for(p);
+    bind_forward_tensors(b.fwd, name_, in, out, const_cast<float*>(saved.lse.data_as<float>()));
+    bind_sequences(b.fwd, name_, p, in, ctx);
     b.dout = dout.data();
     set_strides(dout, b.do_batch_stride, b.do_head_stride, b.do_row_stride);
     b.dq = grads.dq.data();
@@ -361,9 +307,9 @@ class FusedBackend : public Backend {
   void run_forward(const Problem& p, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
     require_output_apart(in, out, name());
     RecordFunction rf(op_, dtype_name(p.dtype), shape_key_of(p));
-    FusedParams f = params_for(p);
-    fill_forward(f, in, out, lse, p.kv_cache == KvCache::Paged);
-    use_sequences(f, p, in, ctx);
+    FusedParams f = fused_params_for(p);
+    bind_forward_tensors(f, name_, in, out, lse, p.kv_cache == KvCache::Paged);
+    bind_sequences(f, name_, p, in, ctx);
     if (p.kv_cache == KvCache::Paged) {
       // The decode kernel reads row b of the table at b * pages_per_seq.
       if (in.block_table.stride(3) != 1 || in.block_table.stride(2) != p.pages_per_seq()) {
@@ -412,7 +358,7 @@ class FusedBackend : public Backend {
     std::optional<Storage> workspace;
     if (flash_ && flash_decode_takes(f)) {
       // The plan's decode plan is this one: both are made from the problem's
-      // shape alone (params_for), which the plan checked the tensors against.
+      // shape alone (fused_params_for), which the plan checked the tensors against.
       plan = planned && planned->decode.applies ? planned->decode : flash_decode_plan(f);
       if (plan.workspace_bytes > 0 && planned && planned->bytes() >= plan.workspace_bytes) {
         f.workspace = static_cast<float*>(planned->workspace->data());
@@ -422,133 +368,6 @@ class FusedBackend : public Backend {
       }
     }
     ATTNPROF_CUDA_CHECK(launch_(f, plan, static_cast<cudaStream_t>(ctx.stream)));
-  }
-
-  // The saved log-sum-exp's shape: [B, H, S, 1], or a packed batch's [1, H, total_q, 1].
-  static Dims lse_dims(const Problem& p) {
-    return p.varlen() ? Dims{1, p.heads, p.total_q(), 1} : Dims{p.batch, p.heads, p.seq, 1};
-  }
-
-  // Sequences of their own lengths into f (flash; fused_unsupported_reason
-  // refuses them elsewhere): a packed batch's cumulative lengths (the
-  // caller's own device tensors when Problem::lengths_on_device, read by the
-  // kernels only, which clamp them and flag what they clamp in the input-error
-  // word; else kept on the device per set of host lengths) with its tensors'
-  // batch strides 0; a dense
-  // batch's rows (Inputs::q_rows, kv_rows) as the caller's own device
-  // tensors, read by the kernels only, in stream order (which clamp them
-  // into the tensors): here their dtype, device and shape are checked, never
-  // their values.
-  void use_sequences(FusedParams& f, const Problem& p, const Inputs& in, RunContext& ctx) const {
-    if (p.lengths_on_device) {
-      f.cu_seqlens_q = device_cu_seqlens_of(in.cu_seqlens_q, "cu_seqlens_q", p);
-      f.cu_seqlens_k = device_cu_seqlens_of(in.cu_seqlens_k, "cu_seqlens_k", p);
-      f.input_errors = device_input_errors();
-      f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
-    } else if (p.varlen()) {
-      const PackedLengths cu = device_cu_seqlens(p, static_cast<cudaStream_t>(ctx.stream));
-      f.cu_seqlens_q = cu.cu_q;
-      f.cu_seqlens_k = cu.cu_k;
-      f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.o_batch_stride = 0;
-    }
-    f.q_rows = device_rows(in.q_rows, "q_rows", p, /*ends_only=*/false);
-    f.kv_rows = device_rows(in.kv_rows, "kv_rows", p, /*ends_only=*/true);
-    if (f.kv_rows != nullptr) f.kv_rows_width = static_cast<int>(in.kv_rows.size(3));
-    // The checking mode (attnprof/check_inputs.h): the (begin, end) pairs
-    // read in the caller's stream order (a wait) and checked as the CPU
-    // checks them (core/rows.h), a bad entry refused in one line naming it.
-    // (A paged call's key ends are checked by its binding.)
-    const bool pairs = f.q_rows != nullptr || (f.kv_rows != nullptr && f.kv_rows_width == 2);
-    if (pairs && checking_inputs()) {
-      const auto stream = static_cast<cudaStream_t>(ctx.stream);
-      Inputs host;
-      if (f.q_rows != nullptr) host.q_rows = download_on(in.q_rows, stream);
-      if (f.kv_rows != nullptr && f.kv_rows_width == 2) host.kv_rows = download_on(in.kv_rows, stream);
-      sequence_rows(p, host);
-    }
-  }
-
-  // A caller's cumulative lengths (Inputs::cu_seqlens_q or _k) as the kernels
-  // read them: contiguous int32 [1, 1, 1, batch + 1] on the GPU.
-  const std::int32_t* device_cu_seqlens_of(const Tensor& cu, const char* what, const Problem& p) const {
-    if (!cu.defined() || cu.dtype() != DType::I32 || cu.device() != Device::Cuda || cu.numel() != p.batch + 1 ||
-        (p.batch > 0 && cu.stride(3) != 1)) {
-      fail(ErrorKind::InvalidArgument, std::string(name_) + ": " + what + " must be contiguous int32 [" +
-                                           std::to_string(p.batch + 1) + "] on the GPU; got " +
-                                           (cu.defined() ? cu.describe() : std::string("none")));
-    }
-    return cu.data_as<std::int32_t>();
-  }
-
-  // A dense batch's rows (Inputs::q_rows or kv_rows) as the kernels read
-  // them, int32 (begin, end) pairs, or for kv_rows also key ends alone
-  // ([1, 1, B, 1], a paged call's seq_lens: begin 0); null when not given.
-  const std::int32_t* device_rows(const Tensor& rows, const char* what, const Problem& p, bool ends_only) const {
-    if (!rows.defined()) return nullptr;
-    const std::int64_t width = rows.size(3);
-    if (rows.dtype() != DType::I32 || rows.device() != Device::Cuda || rows.size(0) != 1 || rows.size(1) != 1 ||
-        rows.size(2) != p.batch || !(width == 2 || (ends_only && width == 1)) || (width > 1 && rows.stride(3) != 1) ||
-        (p.batch > 1 && rows.stride(2) != width)) {
-      fail(ErrorKind::InvalidArgument, std::string(name_) + ": " + what + " must be contiguous int32 [1, 1, " +
-                                           std::to_string(p.batch) + (ends_only ? ", 2 or 1]" : ", 2]") +
-                                           " on the GPU; got " + rows.describe());
-    }
-    return rows.data_as<std::int32_t>();
-  }
-
-  // The tensors of a forward into f (checking their head_dim is contiguous):
-  // K and V from their pages with a paged cache (the logical K and V, which a
-  // caller's cache does not have, are not read).
-  void fill_forward(FusedParams& f, const Inputs& in, const Tensor& out, float* lse, bool paged = false) const {
-    const Tensor& k = paged ? in.k_pages : in.k;
-    const Tensor& v = paged ? in.v_pages : in.v;
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&in.q, &k, &v, &out}) {
-      if (t->stride(3) != 1) {
-        fail(ErrorKind::Unsupported, std::string(name_) + " needs a contiguous head_dim; got " + t->describe());
-      }
-    }
-    f.q = in.q.data();
-    f.k = k.data();
-    f.v = v.data();
-    f.o = out.data();
-    set_strides(in.q, f.q_batch_stride, f.q_head_stride, f.q_row_stride);
-    set_strides(k, f.k_batch_stride, f.k_head_stride, f.k_row_stride);
-    set_strides(v, f.v_batch_stride, f.v_head_stride, f.v_row_stride);
-    set_strides(out, f.o_batch_stride, f.o_head_stride, f.o_row_stride);
-    f.lse = lse;
-  }
-
-  // p.shape_key() for a call's RecordFunction, built again only when the
-  // shape changes: four numbers formatted and joined (past 15 characters, a
-  // heap allocation) on every call otherwise. Keyed by the fields shape_key
-  // reads; per thread, and read by RecordFunction before this thread's next call.
-  static const std::string& shape_key_of(const Problem& p) {
-    struct Last {
-      std::int64_t batch = -1, heads = -1, seq = -1, head_dim = -1;
-      std::string key;
-    };
-    thread_local Last last;
-    if (p.batch != last.batch || p.heads != last.heads || p.seq != last.seq || p.head_dim != last.head_dim) {
-      last.key = p.shape_key();
-      last.batch = p.batch;
-      last.heads = p.heads;
-      last.seq = p.seq;
-      last.head_dim = p.head_dim;
-    }
-    return last.key;
-  }
-
-  static void set_strides(const Tensor& t, std::int64_t& b, std::int64_t& h, std::int64_t& r) {
-    b = t.stride(0);
-    h = t.stride(1);
-    r = t.stride(2);
-  }
-
-  static void set_contiguous(std::int64_t& b, std::int64_t& h, std::int64_t& r, std::int64_t heads, std::int64_t rows,
-                             std::int64_t dim) {
-    r = dim;
-    h = rows * dim;
-    b = heads * rows * dim;
   }
 
   std::string_view name_, op_;

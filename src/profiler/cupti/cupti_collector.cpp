@@ -2,7 +2,6 @@
 
 #include <cuda_runtime_api.h>
 #include <cupti.h>
-#include <cxxabi.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -218,86 +217,7 @@ void initialize() {
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
 }
 
-// "cudaLaunchKernel_v7000" -> "cudaLaunchKernel", "cuMemcpyDtoDAsync_v2_ptsz" -> "cuMemcpyDtoDAsync".
-std::string strip_version(std::string name) {
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (const char* suffix : {"_ptsz", "_ptds"}) {
-      if (name.size() > 5 && name.ends_with(suffix)) {
-        name.resize(name.size() - 5);
-        changed = true;
-      }
-    }
-    const auto v = name.rfind("_v");
-    if (v != std::string::npos && v + 2 < name.size() &&
-        std::all_of(name.begin() + static_cast<std::ptrdiff_t>(v) + 2, name.end(),
-                    [](char c) { return c >= '0' && c <= '9'; })) {
-      name.resize(v);
-      changed = true;
-    }
-  }
-  return name;
-}
-
-std::string api_name(ActivityType type, std::uint32_t cbid) {
-  const char* name = nullptr;
-  const auto domain = type == ActivityType::CudaRuntime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
-  if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || !name) {
-    return (type == ActivityType::CudaRuntime ? "cuda runtime cbid " : "cuda driver cbid ") + std::to_string(cbid);
-  }
-  return strip_version(name);
-}
-
-std::string demangle(const std::string& name) {
-  int status = 0;
-  char* out = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
-  std::string result = status == 0 && out ? out : name;
-  std::free(out);
-  return result;
-}
-
 }  // namespace
-
-DeviceProperties query_device_properties(int device) {
-  cudaDeviceProp p{};
-  if (const cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess) {
-    throw Error(ErrorKind::Device, std::string("cudaGetDeviceProperties failed: ") + cudaGetErrorString(e));
-  }
-  DeviceProperties d;
-  d.id = device;
-  d.name = p.name;
-  d.total_global_mem = static_cast<std::int64_t>(p.totalGlobalMem);
-  d.compute_major = p.major;
-  d.compute_minor = p.minor;
-  d.num_sms = p.multiProcessorCount;
-  d.max_threads_per_sm = p.maxThreadsPerMultiProcessor;
-  d.max_threads_per_block = p.maxThreadsPerBlock;
-  d.max_blocks_per_sm = p.maxBlocksPerMultiProcessor;
-  d.regs_per_sm = p.regsPerMultiprocessor;
-  d.regs_per_block = p.regsPerBlock;
-  d.warp_size = p.warpSize;
-  d.shared_mem_per_sm = static_cast<std::int64_t>(p.sharedMemPerMultiprocessor);
-  d.shared_mem_per_block = static_cast<std::int64_t>(p.sharedMemPerBlock);
-  d.shared_mem_per_block_optin = static_cast<std::int64_t>(p.sharedMemPerBlockOptin);
-  d.l2_cache_bytes = p.l2CacheSize;
-  // Peak DRAM bandwidth: two transfers per memory clock over the bus. Read
-  // as attributes: cudaDeviceProp's memoryClockRate is gone in CUDA 13.
-  int clock_khz = 0;
-  int bus_bits = 0;
-  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess) {
-    d.memory_bandwidth_gbs = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
-  }
-  return d;
-}
-
-void fill_occupancy(KernelInfo& kernel, const DeviceProperties& device) {
-  const std::optional<Occupancy> o = theoretical_occupancy(kernel, device);
-  if (!o) return;
-  kernel.blocks_per_sm = o->blocks_per_sm;
-  kernel.warps_per_sm = o->warps_per_sm;
-  kernel.occupancy_pct = o->pct;
-}
 
 std::string probe() {
   Global& g = global();

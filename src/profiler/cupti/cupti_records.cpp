@@ -1,7 +1,12 @@
 // CUPTI activity records -> attnprof Activities: the only place that reads
-// CUPTI's record structs, so a new record version changes this file alone.
+// CUPTI's record structs, so a new record version changes this file alone;
+// and the names the collector finishes them with (API calls, kernels).
 #include "profiler/cupti/cupti_records.h"
 
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 
 namespace attnprof::cupti {
@@ -174,6 +179,48 @@ void translate_record(const CUpti_Activity* record, std::int64_t offset, std::ve
   }
   if (a.dur_ns < 0) return;  // an incomplete record from a forced flush
   out.push_back(std::move(a));
+}
+
+// "cudaLaunchKernel_v7000" -> "cudaLaunchKernel", "cuMemcpyDtoDAsync_v2_ptsz" -> "cuMemcpyDtoDAsync".
+namespace {
+
+std::string strip_version(std::string name) {
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const char* suffix : {"_ptsz", "_ptds"}) {
+      if (name.size() > 5 && name.ends_with(suffix)) {
+        name.resize(name.size() - 5);
+        changed = true;
+      }
+    }
+    const auto v = name.rfind("_v");
+    if (v != std::string::npos && v + 2 < name.size() &&
+        std::all_of(name.begin() + static_cast<std::ptrdiff_t>(v) + 2, name.end(),
+                    [](char c) { return c >= '0' && c <= '9'; })) {
+      name.resize(v);
+      changed = true;
+    }
+  }
+  return name;
+}
+
+}  // namespace
+
+std::string api_name(ActivityType type, std::uint32_t cbid) {
+  const char* name = nullptr;
+  const auto domain = type == ActivityType::CudaRuntime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
+  if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || !name) {
+    return (type == ActivityType::CudaRuntime ? "cuda runtime cbid " : "cuda driver cbid ") + std::to_string(cbid);
+  }
+  return strip_version(name);
+}
+
+std::string demangle(const std::string& name) {
+  int status = 0;
+  char* out = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+  std::string result = status == 0 && out ? out : name;
+  std::free(out);
+  return result;
 }
 
 }  // namespace attnprof::cupti

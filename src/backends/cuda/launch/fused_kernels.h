@@ -25,7 +25,7 @@ namespace attnprof::cuda {
 
 // What the fused forward kernels take, as a problem's shape and layout: no
 // tensor, no pointer. Eligibility asks it of a Problem and its BatchLayout
-// (FusedBackend::shape_of); a launch of its FusedParams (fused_shape_of).
+// (fused_shape_for, fused_inputs.h); a launch of its FusedParams (fused_shape_of).
 struct FusedShape {
   int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
   float scale = 0.f;
