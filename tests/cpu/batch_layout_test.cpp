@@ -215,8 +215,8 @@ TEST(BatchLayout, PagedKeyCountsAndPaddedRowsAreSeparateQuestions) {
     const Eligibility e = eligibility_of(b, cases[i].problem, cases[i].layout);
     EXPECT_EQ(e.eligible, takes[i]) << e.reason;
     if (!takes[i]) {
-      EXPECT_EQ(e.reason, "paged_only on cpu reads no per-sequence rows, which layout " +
-                              layout_text(cases[i].layout) + " gives every run");
+      EXPECT_EQ(e.reason, "paged_only on cpu reads no per-sequence rows, which layout " + layout_text(cases[i].layout) +
+                              " gives every run");
     }
   }
 }
