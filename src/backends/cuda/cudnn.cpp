@@ -43,9 +43,10 @@
 // as a bias mask (cudnn_inputs.h); it is never read on the host.
 //
 // The 16-bit graphs are built in cudnn_graph.cpp (build_sdpa()); a soft cap
-// is cuDNN's score modifier there (soft_cap()). cudnn_run.cpp holds the run
-// path's pieces this class calls: the tensors by slot, the call key, the
-// direct plan and its variant packs, and the eligibility helpers.
+// is cuDNN's score modifier there (soft_cap()). cudnn_executor.cpp caches the
+// graphs and runs them (the steady state: a key compare and one execute);
+// cudnn_run.cpp holds the run path's pieces: the tensors by slot, the call
+// key, the direct plan and its variant packs, and the eligibility helpers.
 //
 // dtype fp8 is cuDNN's FP8 SDPA graph (cudnn_fp8.h: which problems it
 // takes, its scalars, its e4m3 O and amaxes), forward only, built, cached
@@ -75,6 +76,7 @@
 #include <vector>
 
 #include "backends/cuda/cudnn/cudnn_check.h"
+#include "backends/cuda/cudnn/cudnn_executor.h"
 #include "backends/cuda/cudnn/cudnn_fp8.h"
 #include "backends/cuda/cudnn/cudnn_graph.h"
 #include "backends/cuda/cudnn/cudnn_inputs.h"
@@ -89,12 +91,6 @@ using namespace cudnn_graph;  // NOLINT(google-build-using-namespace): this file
 
 class Cudnn final : public Backend {
  public:
-  ~Cudnn() override {
-    // No throw from a destructor, so statuses are ignored here.
-    for (auto& [key, pack] : packs_) cudnnBackendDestroyDescriptor(pack);
-    if (handle_ != nullptr) cudnnDestroy(handle_);
-  }
-
   std::string_view name() const override { return "cudnn"; }
   Device device() const override { return Device::Cuda; }
 
@@ -111,7 +107,7 @@ class Cudnn final : public Backend {
       if (const std::string why = zero_length_refusal(p); !why.empty()) return {false, why};
     }
     try {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(exec_.mutex());
       const int sm = sm_version();
       if (sm < 80) return {false, "cuDNN SDPA needs sm80 or newer; this GPU is sm" + std::to_string(sm)};
       // A boolean mask is asked about in its general form, as the bias it
@@ -119,7 +115,7 @@ class Cudnn final : public Backend {
       // graph is refused.
       const Problem g = as_bias(p);
       for (GraphKind kind : kinds_of(p.pass)) {
-        const Entry& e = entry(g, default_layout(g, kind), kind);
+        const Entry& e = exec_.entry(g, default_layout(g, kind), kind, false);  // not fp8 (above)
         if (!e.failure.empty()) return {false, std::string(graph_name(kind)) + ": " + e.failure};
       }
     } catch (const Error& err) {
@@ -154,11 +150,11 @@ class Cudnn final : public Backend {
   // The largest workspace of the pass's graphs (they share one), plus the
   // statistics a training forward keeps.
   std::size_t workspace_bytes(const Problem& p) const override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(exec_.mutex());
     std::size_t bytes = 0;
     for (GraphKind kind : kinds_of(p.pass)) {
-      const auto it = cache_.find(key_of(p, default_layout(p, kind), kind));
-      if (it != cache_.end()) bytes = std::max(bytes, static_cast<std::size_t>(it->second.workspace));
+      const Entry* e = exec_.cached(key_of(p, default_layout(p, kind), kind));
+      if (e != nullptr) bytes = std::max(bytes, static_cast<std::size_t>(e->workspace));
     }
     if (p.pass != Pass::Forward) bytes += p.lse_bytes();
     if (is_fp8(p.dtype)) return bytes + cudnn_fp8::extra_bytes(p, fp8_bf16_output());
@@ -217,31 +213,19 @@ class Cudnn final : public Backend {
             .paged_lengths = true};  // padded rows: none (a key-padding mask runs as a bias)
   }
 
-  // A plan's state (attnprof/plan.h): the forward graph of the problem found
-  // (and its plans built) once, at the layout make_inputs() and a contiguous
-  // caller's tensors have, and the plan's own last call, so that a run of the
-  // planned problem neither builds the graph's string key nor looks it up,
-  // and plans of other problems between its runs do not make it miss.
-  // Boolean masks (lowered per call), packed batches (offsets bound per call)
-  // and FP8 (its own binding) keep the per-call path.
-  struct Planned final : BackendState {
-    Entry* entry = nullptr;  // in cache_, whose entries live as long as the backend
-    Layout layout;           // the entry's
-    LastCall last;
-    std::uint64_t generation = 0;  // packs_generation_ when `last` was made
-  };
-
+  // A plan's state: the forward graph found and its plans built once
+  // (GraphExecutor::Planned).
   std::unique_ptr<BackendState> prepare(const Problem& p, RunContext& ctx) override {
     (void)ctx;
     if (p.pass != Pass::Forward || p.mask == MaskKind::Boolean || p.varlen() || is_fp8(p.dtype)) return nullptr;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto s = std::make_unique<Planned>();
+    std::lock_guard<std::mutex> lock(exec_.mutex());
+    auto s = std::make_unique<GraphExecutor::Planned>();
     s->layout = default_layout(p, GraphKind::Forward);
-    Entry& e = entry(p, s->layout, GraphKind::Forward);
-    if (!e.failure.empty()) return nullptr;  // the forward refuses, in cuDNN's words
-    build_plans(e, p.mask);
+    Entry& e = exec_.entry(p, s->layout, GraphKind::Forward, false);  // not fp8 (above)
+    if (!e.failure.empty()) return nullptr;                           // the forward refuses, in cuDNN's words
+    GraphExecutor::build_plans(e, p.mask);
     s->entry = &e;
-    s->generation = packs_generation_;
+    s->generation = exec_.generation();
     return s;
   }
 
@@ -251,14 +235,14 @@ class Cudnn final : public Backend {
     if (Profiler* prof = Profiler::current(); prof != nullptr && prof->recording()) describe(p, in, dtypes, dims);
     RecordFunction range(kForwardOp, dtypes, dims);
     if (is_fp8(p.dtype)) return forward_fp8(p, in, out, ctx);
-    run(GraphKind::Forward, p, in, bind(p, in, out), ctx);
+    exec_.run(GraphKind::Forward, p, in, bind(p, in, out), ctx, false);
   }
 
   // The amaxes cuDNN's FP8 graph wrote (cudnn_fp8.h), read on the stream of
   // the last call.
   std::optional<Fp8Amax> read_fp8_amax() override {
     std::lock_guard<std::mutex> lock(fp8_.mutex());
-    return fp8_.read_amax(stream_);
+    return fp8_.read_amax(exec_.stream());
   }
 
   // cuDNN's softmax statistics ("Stats") are, per query row, max + ln(sum of
@@ -284,7 +268,7 @@ class Cudnn final : public Backend {
     saved.lse = Tensor::empty(lse, DType::F32, ctx.allocator);
     Bound t = bind(p, in, out);
     t[slot(kStats)] = &saved.lse;
-    run(GraphKind::TrainForward, p, in, t, ctx);
+    exec_.run(GraphKind::TrainForward, p, in, t, ctx, false);
   }
 
   void backward(const Problem& p, const Inputs& in, const Tensor& out, const Tensor& dout, const Saved& saved,
@@ -302,7 +286,7 @@ class Cudnn final : public Backend {
     t[slot(kDQ)] = &grads.dq;
     t[slot(kDK)] = &grads.dk;
     t[slot(kDV)] = &grads.dv;
-    run(GraphKind::Backward, p, in, t, ctx);
+    exec_.run(GraphKind::Backward, p, in, t, ctx, false);
   }
 
  private:
@@ -313,8 +297,8 @@ class Cudnn final : public Backend {
       const int sm = sm_version();
       if (std::string why = cudnn_fp8::refusal(p, sm); !why.empty()) return {false, why};
       bf16_out = cudnn_fp8::writes_bf16_output(sm);
-      std::lock_guard<std::mutex> lock(mutex_);
-      const Entry& e = entry(p, default_layout(p, GraphKind::Forward), GraphKind::Forward);
+      std::lock_guard<std::mutex> lock(exec_.mutex());
+      const Entry& e = exec_.entry(p, default_layout(p, GraphKind::Forward), GraphKind::Forward, bf16_out);
       if (!e.failure.empty()) return {false, "cuDNN FP8 SDPA: " + e.failure};
     } catch (const Error& err) {
       return {false, one_line(err.what())};
@@ -344,138 +328,8 @@ class Cudnn final : public Backend {
     std::lock_guard<std::mutex> lock(fp8_.mutex());
     Bound t{};
     fp8_.bind(p, in, out, bf16_out, t, ctx);
-    run(GraphKind::Forward, p, in, t, ctx);
+    exec_.run(GraphKind::Forward, p, in, t, ctx, bf16_out);
     fp8_.finish(in, out, bf16_out, ctx);
-  }
-
-  // The runner calls a pass repeatedly with the same tensors, so the steady
-  // state is: compare this call's key with the last call's of the same graph
-  // kind, set the stream if it changed, cudnnBackendExecute. Everything else
-  // (the graph lookup by string key, build_plans, the workspace, the
-  // variant-pack descriptor) runs on a miss only. Unlike execute(), this does
-  // not hand a CUDA graph being captured on the stream a reference to the plan
-  // (that costs a capture query per call): attnprof never captures a pass, and
-  // a caller that did would have to keep this backend alive as long as the
-  // captured graph.
-  //
-  // Before that, a boolean mask is lowered and a packed batch binds its
-  // offsets and lengths (cudnn_inputs.h); the graph then runs the problem as
-  // lowered.
-  void run(GraphKind kind, const Problem& p, const Inputs& in, Bound t, RunContext& ctx) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (inputs_.trim()) {
-      for (LastCall& l : last_) l.valid = false;  // their offsets and lengths went
-      ++packs_generation_;                        // and the plans' last calls
-    }
-    std::optional<Problem> lowered;
-    if (p.mask == MaskKind::Boolean) lowered = inputs_.lower_mask(p, in, t, ctx);
-    const Problem& g = lowered ? *lowered : p;
-    if (g.varlen()) inputs_.bind_ragged(g, in, t, ctx);
-    // A planned forward keeps its own last call (prepare() above).
-    Planned* planned = kind == GraphKind::Forward && !lowered ? dynamic_cast<Planned*>(ctx.state) : nullptr;
-    if (planned && planned->generation != packs_generation_) {
-      planned->last.valid = false;
-      planned->generation = packs_generation_;
-    }
-    LastCall& last = planned ? planned->last : last_[static_cast<std::size_t>(kind)];
-    const CallKey key = call_key(g, t, workspace_.defined() ? workspace_.data() : nullptr);
-    if (!last.valid || !(key == last.key)) {
-      if (!prepare(kind, g, t, ctx, key, last, planned)) return;  // run by the frontend's execute()
-    }
-    set_stream(ctx.stream);
-    ATTNPROF_CUDNN_CHECK(cudnnBackendExecute(handle_, last.plan, last.pack));
-  }
-
-  void set_stream(void* stream) {
-    if (stream_set_ && stream == stream_) return;
-    ATTNPROF_CUDNN_CHECK(cudnnSetStream(handle_, static_cast<cudaStream_t>(stream)));
-    stream_ = stream;
-    stream_set_ = true;
-  }
-
-  // The slow path of run(): finds (or builds) the graph and the workspace,
-  // then either caches a variant pack for this call's addresses and makes it
-  // the kind's last call (true), or, for a graph the direct path cannot run,
-  // runs the call through the frontend's execute() (false).
-  // `planned`: a plan's state, whose entry is this call's where its layout
-  // is the one the plan found it for (no lookup then).
-  bool prepare(GraphKind kind, const Problem& p, const Bound& t, RunContext& ctx, CallKey key, LastCall& last,
-               const Planned* planned) {
-    last.valid = false;
-    const Layout layout = layout_of(p, t);
-    Entry& e = planned && same_layout(planned->layout, layout) ? *planned->entry : entry(p, layout, kind);
-    if (!e.failure.empty()) fail(ErrorKind::Unsupported, "cuDNN: " + e.failure);
-    build_plans(e, p.mask);
-    if (p.kv_cache == KvCache::Paged && !e.seq_q.defined()) {
-      e.seq_q = lengths(p.batch, p.seq, ctx);
-      e.seq_kv = lengths(p.batch, p.kv_seq, ctx);
-    }
-    if (e.workspace > 0 && (!workspace_.defined() || workspace_.nbytes() < static_cast<std::size_t>(e.workspace))) {
-      workspace_ = Tensor();
-      workspace_ = Tensor::empty({1, 1, 1, e.workspace}, DType::Bool, ctx.allocator);
-    }
-    void* workspace = e.workspace > 0 ? workspace_.data() : nullptr;
-    std::array<void*, kTensors> user{};
-    for (std::size_t i = 0; i < kTensors; ++i) user[i] = t[i] != nullptr ? t[i]->data() : nullptr;
-    if (e.seq_q.defined()) {
-      user[slot(kSeqQ)] = e.seq_q.data();
-      if (user[slot(kSeqKV)] == nullptr) user[slot(kSeqKV)] = e.seq_kv.data();  // no caller's counts
-    }
-    if (e.plan == nullptr) {
-      set_stream(ctx.stream);
-      for (std::size_t i = 0; i < kTensors; ++i) {
-        if (user[i] != nullptr) e.pack[kQ + static_cast<std::int64_t>(i)] = user[i];
-      }
-      require_ok(e.graph->execute(handle_, e.pack, workspace), "execute");
-      return false;
-    }
-    // What execute() does once per call for a thread with no CUDA context
-    // (the plan launches through the driver API); once per new pack here.
-    if (!fe::detail::has_current_context()) fe::detail::ensure_current_context(static_cast<cudaStream_t>(ctx.stream));
-    const auto addr = [](const void* x) { return reinterpret_cast<std::uintptr_t>(x); };
-    PackKey pk{};
-    pk[0] = addr(&e);
-    for (std::size_t i = 0; i < kTensors; ++i) pk[1 + i] = addr(user[i]);
-    pk[kTensors + 1] = addr(workspace);
-    auto it = packs_.find(pk);
-    if (it == packs_.end()) {
-      // Callers that allocate fresh tensors per call would grow this without
-      // bound; start over instead, and forget every kind's last call, whose
-      // pack goes too.
-      if (packs_.size() >= kMaxPacks) {
-        for (LastCall& l : last_) l.valid = false;
-        ++packs_generation_;  // the plans' last calls' packs go too
-        // Out of the map first: a failed destroy must not leave the
-        // destructor a descriptor to destroy twice.
-        const auto old = std::move(packs_);
-        packs_.clear();
-        for (const auto& [k, pack] : old) ATTNPROF_CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
-      }
-      const cudnnBackendDescriptor_t pack = make_pack(e, user, workspace);
-      it = packs_.emplace(pk, pack).first;
-    }
-    key.ptr[kTensors] = workspace_.defined() ? workspace_.data() : nullptr;  // as the next call_key() will see it
-    last.key = key;
-    last.plan = e.plan;
-    last.pack = it->second;
-    last.valid = true;
-    return true;
-  }
-
-  // An entry's plans and workspace size, on its first run (or its plan's prepare).
-  static void build_plans(Entry& e, MaskKind mask) {
-    if (e.plans_built) return;
-    require_ok(e.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
-    require_ok(e.graph->get_workspace_size(e.workspace), "get_workspace_size");
-    e.plan = direct_plan(e, mask);
-    e.plans_built = true;
-  }
-
-  static bool same_layout(const Layout& a, const Layout& b) {
-    for (std::size_t i = 0; i < kTensors; ++i) {
-      if (a.t[i].dims != b.t[i].dims || a.t[i].strides != b.t[i].strides) return false;
-    }
-    return true;
   }
 
   int sm_version() const {
@@ -486,34 +340,8 @@ class Cudnn final : public Backend {
     return major * 10 + minor;
   }
 
-  // The cached graph for (p, layout), built up to check_support() on first
-  // sight; a refusal is cached too, with cuDNN's own words for it.
-  Entry& entry(const Problem& p, const Layout& l, GraphKind kind) const {
-    const std::string key = key_of(p, l, kind);
-    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-    if (handle_ == nullptr) ATTNPROF_CUDNN_CHECK(cudnnCreate(&handle_));
-    Entry e;
-    e.failure = is_fp8(p.dtype) ? cudnn_fp8::build(handle_, p, l, fp8_bf16_output(), e.graph)
-                                : build_sdpa(handle_, p, l, kind, e.graph);
-    return cache_.emplace(key, std::move(e)).first->second;
-  }
-
-  mutable std::mutex mutex_;
-  // A boolean mask's bias, a packed batch's offsets and lengths (cudnn_inputs.h).
-  CallInputs inputs_;
-  mutable std::unordered_map<std::string, Entry> cache_;
-  mutable cudnnHandle_t handle_ = nullptr;
-  void* stream_ = nullptr;
-  bool stream_set_ = false;
-  Tensor workspace_;
-  static constexpr std::size_t kMaxPacks = 64;
-  std::map<PackKey, cudnnBackendDescriptor_t> packs_;  // finalized; destroyed with the backend
-  // Per graph kind, the last call the direct path ran; valid until a miss
-  // starts over.
-  std::array<LastCall, kGraphKinds> last_{};
-  // Bumped whenever cached packs or bound inputs go: a plan's last call made
-  // before is stale (Planned::generation).
-  std::uint64_t packs_generation_ = 0;
+  // The graphs, their cache, plans, variant packs and last calls (cudnn_executor.h).
+  cudnn_graph::GraphExecutor exec_;
   // dtype fp8's scalars, e4m3 O and amaxes (cudnn_fp8.h), and whether its
   // graph writes O in bf16 (0: not known yet, 1: e4m3, 2: bf16).
   cudnn_fp8::Fp8State fp8_;
