@@ -1,10 +1,10 @@
-// The float64 reference (forward and gradients), row sampling and the acceptance rule; the random inputs it checks are
-// inputs.cpp.
+// The float64 reference (forward and gradients): each checked row's softmax and backward recomputed in float64 and
+// compared with a backend's output. Which rows it checks is reference_sampling.cpp, the acceptance rule
+// reference_acceptance.cpp; the random inputs it checks are inputs.cpp.
 #include "attnprof/reference.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -292,35 +292,6 @@ void accumulate_kv_rows(const SequenceAt& seq, const KvHead& kv, const Tensor& d
 
 }  // namespace
 
-RowSample sample_rows(const Problem& p, std::int64_t max_rows) {
-  RowSample s;
-  const std::int64_t total = p.heads * p.total_q();
-  if (total <= max_rows) {
-    s.rows.reserve(static_cast<std::size_t>(total));
-    for (std::int64_t b = 0; b < p.batch; ++b) {
-      for (std::int64_t h = 0; h < p.heads; ++h) {
-        for (std::int64_t i = 0; i < p.seq_len(b); ++i) s.rows.push_back((b * p.heads + h) * p.seq + i);
-      }
-    }
-    return s;
-  }
-  // Whole heads are too many: take rows spread evenly over every (batch, head),
-  // always including each head's first and last rows (the causal edges).
-  const std::int64_t heads_total = p.batch * p.heads;
-  const std::int64_t per_head = std::max<std::int64_t>(2, max_rows / heads_total);
-  const std::int64_t head_step = std::max<std::int64_t>(1, heads_total * per_head / max_rows);
-  for (std::int64_t bh = 0; bh < heads_total; bh += head_step) {
-    const std::int64_t len = p.seq_len(bh / p.heads);
-    if (len == 0) continue;
-    for (std::int64_t k = 0; k < per_head; ++k) {
-      const std::int64_t i = per_head == 1 ? 0 : k * (len - 1) / (per_head - 1);
-      s.rows.push_back(bh * p.seq + i);
-    }
-  }
-  s.rows.erase(std::unique(s.rows.begin(), s.rows.end()), s.rows.end());
-  return s;
-}
-
 ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Tensor& out, const RowSample& rows) {
   if (out.device() != Device::Cpu) fail(ErrorKind::Internal, "reference check needs a CPU output");
   if (has_rows(in)) {  // the rows as the Boolean mask that says the same
@@ -341,32 +312,6 @@ ErrorStats check_against_reference(const Problem& p, const Inputs& in, const Ten
     acc.row(row.out, any, [&](std::int64_t d) { return static_cast<double>(o.get(seq.tb, h, i, d)); });
   }
   return acc.done();
-}
-
-RowSample sample_kv_rows(const Problem& p, std::int64_t max_rows) {
-  RowSample s;
-  const std::int64_t pairs = p.batch * p.kv_heads;
-  if (p.kv_heads * p.total_kv() <= max_rows) {
-    for (std::int64_t pair = 0; pair < pairs; ++pair) {
-      for (std::int64_t j = 0; j < p.kv_seq_len(pair / p.kv_heads); ++j) s.rows.push_back(pair * p.kv_seq + j);
-    }
-    return s;
-  }
-  // The first, a middle and the last (batch, kv head) pair: each costs a pass
-  // over every query row of its group.
-  std::vector<std::int64_t> chosen = {0, pairs / 2, pairs - 1};
-  chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
-  for (const std::int64_t pair : chosen) {
-    const std::int64_t len = p.kv_seq_len(pair / p.kv_heads);
-    if (len == 0) continue;
-    const std::int64_t per_pair = std::clamp<std::int64_t>(max_rows / static_cast<std::int64_t>(chosen.size()), 2,
-                                                           std::max<std::int64_t>(len, 2));
-    for (std::int64_t k = 0; k < per_pair; ++k) {
-      s.rows.push_back(pair * p.kv_seq + (per_pair == 1 ? 0 : k * (len - 1) / (per_pair - 1)));
-    }
-  }
-  s.rows.erase(std::unique(s.rows.begin(), s.rows.end()), s.rows.end());
-  return s;
 }
 
 GradientErrors check_gradients_against_reference(const Problem& p, const Inputs& in, const Tensor& dout,
@@ -444,60 +389,6 @@ GradientErrors check_gradients_against_reference(const Problem& p, const Inputs&
   out.dk = dk.done();
   out.dv = dv.done();
   return out;
-}
-
-double tolerance_floor(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return 2e-5;  // "far under 1e-4"
-    case DType::F16:
-      return 1e-3;
-    case DType::BF16:
-      return 5e-3;
-    case DType::F8E4M3:
-      // e4m3 keeps 3 mantissa bits: its unit roundoff (half the relative
-      // step at the top of a binade) is 2^-4. Rounding errors spread
-      // uniformly over +-u have an RMS of u / sqrt(3), the most one rounding
-      // of every element can add to a relative (RMS) error: 3.6e-2. The
-      // floor allows a backend one such rounding beyond what math pays for
-      // the inputs (P quantized to e4m3 for P V, as FlashAttention-3
-      // and cuDNN's FP8 graphs do), and the bf16 output's 2^-8 is inside it.
-      return 0x1p-4 / std::sqrt(3.0);
-    default:
-      return 0;
-  }
-}
-
-Acceptance accept(DType dtype, const ErrorStats& e, std::optional<double> math_rel, bool nan_allowed_on_masked_rows) {
-  Acceptance a;
-  char buf[160];
-  if (e.nonfinite_hidden > 0) {
-    std::snprintf(buf, sizeof buf, "finite output in %lld checked elements where the reference is NaN or inf",
-                  static_cast<long long>(e.nonfinite_hidden));
-    a.why = buf;
-    return a;
-  }
-  if (e.nan_rows > 0) {
-    const bool documented = nan_allowed_on_masked_rows && e.nan_rows == e.nan_rows_fully_masked;
-    if (!documented) {
-      std::snprintf(buf, sizeof buf, "NaN in %lld checked rows", static_cast<long long>(e.nan_rows));
-      a.why = buf;
-      return a;
-    }
-  }
-  const double floor = tolerance_floor(dtype);
-  a.tolerance = (dtype == DType::F32 || !math_rel) ? (dtype == DType::F32 ? floor : 2 * floor) : 2 * *math_rel + floor;
-  a.pass = e.rel <= a.tolerance;
-  if (dtype != DType::F32 && math_rel) {
-    std::snprintf(buf, sizeof buf,
-                  is_fp8(dtype) ? "rel %.2e %s 2 x %.2e (math) + %.1e" : "rel %.2e %s 2 x %.2e (math) + %.0e", e.rel,
-                  a.pass ? "<=" : ">", *math_rel, floor);
-  } else {
-    std::snprintf(buf, sizeof buf, "rel %.2e %s %.1e", e.rel, a.pass ? "<=" : ">", a.tolerance);
-  }
-  a.why = buf;
-  if (e.nan_rows > 0) a.why += " (NaN on fully masked rows, as documented)";
-  return a;
 }
 
 }  // namespace attnprof

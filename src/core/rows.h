@@ -17,7 +17,7 @@ using SequenceRows = geometry::SequenceRows<std::int64_t>;
 
 // Sequence b of a call in its tensors, whatever the batch layout: the batch
 // index of Q, K, V and O it lies in (0 when packed) and its query and key rows
-// there. The one sequence view the CPU tiles (backends/cpu/flash.cpp), the
+// there. The one sequence view the CPU tiles (backends/cpu/flash_tiles.cpp), the
 // composites' and the float64 reference's per-sequence loops (varlen.h's
 // sequence_inputs) read; the CUDA kernels' FwdArgs::sequence(b) computes the
 // same rows on the device, clamped.
