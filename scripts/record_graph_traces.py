@@ -200,10 +200,17 @@ def main():
             print(f"{name}: not recorded: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             continue
         path = os.path.join(a.out, meta["traces"][name]["file"])
-        print(f"{path}: {os.path.getsize(path)} bytes")
-    with open(os.path.join(a.out, "graph_traces.json"), "w") as f:
+        print(f"{path}: {os.path.getsize(path)} bytes", flush=True)
+        write_meta(meta, a.out)  # after each trace: a run cut short keeps what it recorded
+    write_meta(meta, a.out)
+
+
+def write_meta(meta: dict, out_dir: str):
+    tmp = os.path.join(out_dir, "graph_traces.json.tmp")
+    with open(tmp, "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
+    os.replace(tmp, os.path.join(out_dir, "graph_traces.json"))
 
 
 if __name__ == "__main__":
