@@ -293,8 +293,8 @@ bool takes(std::string_view name, const Problem& p, const BatchLayout& l, bool r
   return b && eligibility_in(*b, p, l).eligible && (!recompute || b->traits().backward_recomputes);
 }
 
-// "layout padded (kv_rows)" and "a backward from the log-sum-exp", where
-// they narrow the question beyond the problem.
+// " in layout padded (kv_rows)" and " with a backward that keeps only the
+// log-sum-exp", where they narrow the question beyond the problem.
 std::string asked(const Problem& p, const BatchLayout& l, bool recompute) {
   std::string s = l == p.layout() ? "" : " in layout " + layout_text(l);
   return recompute ? s + " with a backward that keeps only the log-sum-exp" : s;
