@@ -118,12 +118,16 @@ def _export(t, name):
 _DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
+def _has_descale_tensors(o):
+    return any(isinstance(o[name], _Tensor) for name in _DESCALES)
+
+
 def _no_descale_tensors(o):
     # The op's schema takes descales as floats: a GPU descale tensor would be read on the host there.
     for name in _DESCALES:
         if isinstance(o[name], _Tensor):
-            raise Error(f"{name} as a tensor is read by the kernels of an eager call only; under torch.compile, "
-                        "autograd or the profiler pass a float")
+            raise Error(f"{name} as a tensor is read by the kernels of an eager call only; under torch.compile or "
+                        "autograd pass a float")
 
 
 def _out_dtype(dtype):
@@ -265,15 +269,17 @@ def attention(q, k, v, out, threads, return_lse, o):
         _no_descale_tensors(o)
         with _labelled(o["backend"], o["mask"], o["window"], attn_mask):
             out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), True)
-        return (out, lse.detach()) if return_lse else out  # the log-sum-exp carries no gradient
-    if _is_compiling() or (out is None and _profiling()):
-        # Traced as one node of the graph (its fake gives the outputs' shapes), or recorded as the op by the profiler.
+        return (out, _user_lse(lse.detach())) if return_lse else out  # the log-sum-exp carries no gradient
+    if _is_compiling() or (out is None and _profiling() and not _has_descale_tensors(o)):
+        # Traced as one node of the graph (its fake gives the outputs' shapes), or recorded as the op by the profiler
+        # (descales given as GPU tensors, which the op's schema cannot take, are launched directly: the profiler
+        # then records the call's kernels without the op around them).
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
         _no_descale_tensors(o)
         with _labelled(o["backend"], o["mask"], o["window"], attn_mask):
             out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), return_lse)
-        return (out, lse) if return_lse else out
+        return (out, _user_lse(lse)) if return_lse else out
     if needs_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:
@@ -288,7 +294,14 @@ def attention(q, k, v, out, threads, return_lse, o):
     except BaseException:
         del out  # a refused call leaves nothing allocated, even while the traceback lives
         raise
-    return (out, lse) if return_lse else out
+    return (out, _user_lse(lse)) if return_lse else out
+
+
+def _user_lse(lse):
+    """The log-sum-exp as attention(return_lse=True) documents it: -inf for a row that sees no key. The CUDA fused
+    kernels keep +inf there (their backward takes exp(s - lse) = 0 from it), so it is mapped here, out of place:
+    what a backward saved stays as the kernels wrote it."""
+    return lse.masked_fill(torch.isposinf(lse), float("-inf")) if lse.is_cuda else lse
 
 
 def _refuse_mixed(**tensors):

@@ -134,8 +134,21 @@ TEST(ScoreRangeCuda, TheIssuesCaseGivesNanOnlyWhereARowsLogitsPassFp32) {
   const double factor = std::exp2(std::round(std::log2(0x1p128 / sorted[sorted.size() / 2])));
   ASSERT_GT(factor, 1e18);
   ASSERT_LT(factor, 1e22);
-  testing::scale_tensor(host.q, static_cast<float>(factor));
-  for (double& l : logits) l *= factor;
+  // Each row's own power of two around it, 4x up on even rows and down on
+  // odd ones: a row's largest logit is within a factor of two of the median
+  // (150 keys), so one factor alone put every row past 2^128 on an H100.
+  std::size_t r = 0;
+  for (std::int64_t b = 0; b < host_p.batch; ++b) {
+    for (std::int64_t h = 0; h < host_p.heads; ++h) {
+      for (std::int64_t i = 0; i < host_p.seq; ++i, ++r) {
+        const double f = factor * (r % 2 == 0 ? 4.0 : 0.25);
+        for (std::int64_t d = 0; d < host_p.head_dim; ++d) {
+          host.q.set(b, h, i, d, static_cast<float>(double{host.q.get(b, h, i, d)} * f));  // exact: a power of two
+        }
+        logits[r] *= f;
+      }
+    }
+  }
   std::int64_t past = 0;
   for (const double l : logits) past += l >= 0x1p128;
   // Both kinds of row, or the case proves nothing.

@@ -70,7 +70,12 @@ Problem CallInputs::lower_mask(const Problem& p, const Inputs& in, Bound& t, Run
   // reading them is a host read out of the caller's stream order (issue 56).
   Problem g = p;
   g.mask = MaskKind::Bias;
-  const Dims sizes = compact_sizes(in.mask);
+  Dims sizes = compact_sizes(in.mask);
+  // A training pass's graphs take the bias with its query rows written out:
+  // cuDNN's backward gave gradients off by a relative 160 for a key-padding
+  // mask's bias broadcast over the queries ([B, 1, 1, Skv], H100, cuDNN
+  // 9.19), where the forward was right.
+  if (p.pass != Pass::Forward) sizes[2] = p.seq;
   if (!mask_bias_.defined() || mask_bias_.sizes() != sizes || mask_bias_.dtype() != p.dtype) {
     mask_bias_ = Tensor();
     mask_bias_ = Tensor::empty(sizes, p.dtype, ctx.allocator);

@@ -36,8 +36,14 @@ __global__ void mask_to_bias_kernel(const std::uint8_t* mask, Dims ms, T* out, D
 template <class T>
 void launch(const Tensor& mask, Tensor& out, cudaStream_t stream, float if_true, float if_false) {
   const Dims n = out.sizes();
+  // A dimension the mask broadcasts (size 1) is read at its index 0 for
+  // every index of out's.
+  Dims ms = mask.strides();
+  for (int d = 0; d < 4; ++d) {
+    if (mask.size(d) == 1) ms[static_cast<std::size_t>(d)] = 0;
+  }
   mask_to_bias_kernel<T><<<ops::detail::grid_for(out.numel()), ops::detail::kThreads, 0, stream>>>(
-      mask.data_as<std::uint8_t>(), mask.strides(), out.data_as<T>(), n, out.numel(), if_true, if_false);
+      mask.data_as<std::uint8_t>(), ms, out.data_as<T>(), n, out.numel(), if_true, if_false);
   ops::detail::check_launch();
 }
 
@@ -52,10 +58,14 @@ Dims compact_sizes(const Tensor& mask) {
 }
 
 void mask_to_bias(const Tensor& mask, Tensor& out, void* stream) {
-  if (mask.dtype() != DType::Bool || mask.device() != Device::Cuda || out.device() != Device::Cuda ||
-      out.sizes() != compact_sizes(mask) || !out.is_contiguous()) {
-    fail(ErrorKind::Internal, "mask_to_bias: a CUDA bool mask into a contiguous tensor of its compact shape, got " +
-                                  mask.describe() + " into " + out.describe());
+  const Dims compact = compact_sizes(mask);
+  bool broadcasts = true;
+  for (std::size_t d = 0; d < 4; ++d) broadcasts = broadcasts && (out.sizes()[d] == compact[d] || compact[d] == 1);
+  if (mask.dtype() != DType::Bool || mask.device() != Device::Cuda || out.device() != Device::Cuda || !broadcasts ||
+      !out.is_contiguous()) {
+    fail(ErrorKind::Internal,
+         "mask_to_bias: a CUDA bool mask into a contiguous tensor of its compact shape or one it broadcasts to, got " +
+             mask.describe() + " into " + out.describe());
   }
   if (out.numel() == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);

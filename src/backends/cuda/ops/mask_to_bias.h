@@ -12,11 +12,12 @@ namespace attnprof::cuda {
 // shape of what mask_to_bias() writes.
 Dims compact_sizes(const Tensor& mask);
 
-// Writes the bool CUDA tensor `mask` ([B|1, H|1, S, Skv], any strides, 0 on
+// Writes the bool CUDA tensor `mask` ([B|1, H|1, S|1, Skv], any strides, 0 on
 // broadcast dimensions) into `out`, a contiguous CUDA tensor of
-// compact_sizes(mask): for a BF16 or F16 `out`, 0 where the mask is true and
-// -inf where false; for a Bool `out`, a compact copy. Launched on `stream`
-// (a cudaStream_t). Throws Error(Internal) for another dtype or shape.
+// compact_sizes(mask), or of sizes the mask broadcasts to (a dimension of 1
+// in compact_sizes(mask) repeated): for a BF16 or F16 `out`, 0 where the mask
+// is true and -inf where false; for a Bool `out`, a compact copy. Launched on
+// `stream` (a cudaStream_t). Throws Error(Internal) for another dtype or shape.
 void mask_to_bias(const Tensor& mask, Tensor& out, void* stream);
 
 }  // namespace attnprof::cuda
