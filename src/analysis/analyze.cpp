@@ -257,6 +257,13 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
 
   // CUDA graphs: each replayed node tied to the op that captured it, on the
   // whole trace before anything moves (a capture may sit in another step).
+  if (const int numbered = analysis::number_graph_replays(trace); numbered > 0) {
+    out.graph_notes.push_back(
+        "the trace carries no graph or node ids (PyTorch 2.11's Kineto with CUDA 13 writes none): " +
+        std::to_string(numbered) + " replay" + (numbered == 1 ? "" : "s") +
+        " read as the device work under each cudaGraphLaunch, a replay's work numbered as its graph's nodes in "
+        "start order");
+  }
   const analysis::GraphTies ties = analysis::tie_graphs(trace);
   for (const auto& [id, g] : ties.graphs) out.graph_notes.push_back(g.note);
 

@@ -124,6 +124,51 @@ constexpr std::string_view kByName = "attention found by kernel names only, with
 
 }  // namespace
 
+int number_graph_replays(Trace& trace) {
+  auto& v = trace.activities;
+  if (std::any_of(v.begin(), v.end(), [](const Activity& a) { return is_device_work(a.type) && a.graph_id != 0; })) {
+    return 0;
+  }
+  // The graph launches, by correlation, in the order they were called.
+  std::vector<std::pair<std::int64_t, std::uint64_t>> launches;  // (start, correlation)
+  for (const Activity& a : v) {
+    if ((a.type == ActivityType::CudaRuntime || a.type == ActivityType::CudaDriver) && a.correlation != 0 &&
+        a.name.find("GraphLaunch") != std::string::npos) {
+      launches.emplace_back(a.start_ns, a.correlation);
+    }
+  }
+  if (launches.empty()) return 0;
+  std::sort(launches.begin(), launches.end());
+  std::unordered_map<std::uint64_t, std::vector<std::size_t>> work;  // correlation -> device work
+  for (const auto& [start, c] : launches) work.try_emplace(c);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!is_device_work(v[i].type)) continue;
+    if (const auto it = work.find(v[i].correlation); it != work.end()) it->second.push_back(i);
+  }
+  std::map<std::string, std::pair<std::uint32_t, std::uint64_t>> graph_of;  // sequence -> (graph id, first node id)
+  std::uint64_t next_node = 1;
+  int numbered = 0;
+  for (const auto& [start, c] : launches) {
+    std::vector<std::size_t>& w = work[c];
+    if (w.empty()) continue;
+    std::stable_sort(w.begin(), w.end(), [&](std::size_t x, std::size_t y) { return v[x].start_ns < v[y].start_ns; });
+    std::string sequence;
+    for (std::size_t i : w) {
+      sequence += node_kind(v[i].type);
+      sequence += v[i].type == ActivityType::Kernel ? v[i].name : std::string();
+      sequence += '\n';
+    }
+    auto [it, added] = graph_of.try_emplace(sequence, static_cast<std::uint32_t>(graph_of.size() + 1), next_node);
+    if (added) next_node += w.size();
+    for (std::size_t k = 0; k < w.size(); ++k) {
+      v[w[k]].graph_id = it->second.first;
+      v[w[k]].graph_node_id = it->second.second + k;
+    }
+    ++numbered;
+  }
+  return numbered;
+}
+
 std::vector<CaptureSpan> capture_spans(const Trace& trace) {
   std::vector<CaptureSpan> out;
   for (const Window& w : capture_windows(trace.activities, /*with_launches=*/false)) {

@@ -2,9 +2,10 @@
 // replayed kernel, and the attention calls of each replay.
 //
 // What the trace holds (Kineto, CUDA 12 and later): every kernel, memcpy and
-// memset a graph replays carries "graph id" and "graph node id" in its args
-// and the correlation id of the host's cudaGraphLaunch (one launch, one
-// replay); no op is above them. If the profiler was on while the graph was
+// memset a graph replays carries the correlation id of the host's
+// cudaGraphLaunch (one launch, one replay), and, where Kineto writes them,
+// "graph id" and "graph node id" in its args (PyTorch 2.11 with CUDA 13
+// writes neither: number_graph_replays gives them); no op is above them. If the profiler was on while the graph was
 // captured, the captured ops and their launch calls (cudaLaunchKernel,
 // cuLaunchKernel, cudaMemcpyAsync, ...) are in the trace between the
 // capture's cudaStreamBeginCapture and cudaStreamEndCapture, but those
@@ -65,6 +66,17 @@ struct Graph {
 struct GraphTies {
   std::map<std::uint64_t, Graph> graphs;  // by graph id
 };
+
+// PyTorch 2.11's Kineto with CUDA 13 writes no "graph id" or "graph node
+// id" (the recorded traces in tests/fixtures/graphs): a replay is then the
+// device work under one cudaGraphLaunch's correlation id. This gives such
+// work the ids the tie reads: replays that run the same sequence of device
+// work (kinds and kernel names) are one graph, numbered in the order of their
+// first replay, and a replay's work is its graph's nodes in start order (a
+// one-stream capture's launch order), node ids growing across graphs as
+// CUDA's do. Returns how many replays it numbered: 0 where any device
+// activity has a graph id, or nothing was launched by cudaGraphLaunch.
+int number_graph_replays(Trace& trace);
 
 // The spans of the CUDA graph captures in `trace` (thread, from the begin
 // call's end to the end call's start): ops there were captured, not run.

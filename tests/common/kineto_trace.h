@@ -212,6 +212,7 @@ struct KinetoGraphSpec {
   bool compiled = false;         // the capture's ops inside torch.compile's CompiledFunction op
   bool eager = false;            // no graph: each step launches the layers itself (what the graph replaces)
   bool repeat_node_ids = false;  // every graph numbers its nodes from the same id
+  bool no_graph_ids = false;     // no "graph id" or "graph node id" (PyTorch 2.11's Kineto with CUDA 13)
   int unreplayed_captures = 0;   // more captures of graph 1's sequence, never replayed
   int heads = 8, kv_seq = 4096, head_dim = 128;
   double attention_us = 20;  // the split kernel's time
@@ -378,7 +379,10 @@ inline std::string kineto_graph_trace(const KinetoGraphSpec& spec) {
         std::uint64_t node = spec.repeat_node_ids ? 1 : static_cast<std::uint64_t>(g) * 1000;
         for (int l = 0; l < spec.layers; ++l) {
           for (const Node& n : layer_nodes(g)) {
-            record(n, c, t, ", \"graph id\": " + std::to_string(g) + ", \"graph node id\": " + std::to_string(node++));
+            record(n, c, t,
+                   spec.no_graph_ids
+                       ? std::string()
+                       : ", \"graph id\": " + std::to_string(g) + ", \"graph node id\": " + std::to_string(node++));
           }
         }
       }

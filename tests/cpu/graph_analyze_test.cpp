@@ -402,5 +402,50 @@ TEST(GraphReplays, JsonCarriesTheGraphs) {
   EXPECT_NE(j.find("\"launched_in\": \"ProfilerStep#1\""), std::string::npos);
 }
 
+// PyTorch 2.11's Kineto with CUDA 13 writes no graph or node ids (as the
+// recorded fixtures show): the replays are read from their cudaGraphLaunch's
+// correlation, a graph's work numbered as its nodes in start order, and
+// tied to the capture as with the ids. Two graphs whose replays run the same
+// work cannot be told apart without ids: one graph, refused in one line.
+TEST(GraphReplays, WithoutGraphIdsReplaysAreReadFromTheirLaunches) {
+  const TraceAnalysis with = analyze_spec(KinetoGraphSpec{});
+  const TraceAnalysis a = analyze_spec(KinetoGraphSpec{.no_graph_ids = true});
+  ASSERT_EQ(a.graph_notes.size(), 2u) << notes(a);
+  EXPECT_NE(a.graph_notes[0].find("no graph or node ids"), std::string::npos) << notes(a);
+  EXPECT_NE(a.graph_notes[0].find("3 replays read as the device work under each cudaGraphLaunch"), std::string::npos)
+      << notes(a);
+  EXPECT_NE(a.graph_notes[1].find("graph 1: 3 replays of 10 nodes, each node tied"), std::string::npos) << notes(a);
+  ASSERT_EQ(replays(a).size(), replays(with).size());
+  for (std::size_t k = 0; k < replays(a).size(); ++k) {
+    const StepAnalysis& s = *replays(a)[k];
+    const StepAnalysis& w = *replays(with)[k];
+    EXPECT_EQ(s.label, w.label);
+    EXPECT_EQ(s.kernels, w.kernels) << s.label;
+    ASSERT_EQ(s.attention.calls.size(), w.attention.calls.size()) << s.label << "\n" << notes(a);
+    for (std::size_t c = 0; c < s.attention.calls.size(); ++c) {
+      EXPECT_EQ(s.attention.calls[c].found_by, "capture") << s.label;
+      EXPECT_EQ(s.attention.calls[c].shape, w.attention.calls[c].shape) << s.label;
+      EXPECT_EQ(s.attention.calls[c].backend, w.attention.calls[c].backend) << s.label;
+    }
+  }
+
+  KinetoGraphSpec two;
+  two.graphs = 2;
+  two.no_graph_ids = true;
+  const TraceAnalysis b = analyze_spec(two);
+  ASSERT_EQ(b.graph_notes.size(), 2u) << notes(b);
+  EXPECT_NE(b.graph_notes[1].find("graph 1: 6 replays of 10 nodes, but 2 captures in the trace launched the same "
+                                  "sequence as 1 replayed graphs"),
+            std::string::npos)
+      << notes(b);
+  for (const StepAnalysis* s : replays(b)) {
+    ASSERT_EQ(s->attention.calls.size(), 2u) << s->label;
+    for (const AttentionCall& c : s->attention.calls) {
+      EXPECT_EQ(c.found_by, "kernel names") << s->label;
+      EXPECT_TRUE(c.shape.empty()) << s->label << ": " << c.shape;  // never a shape made up
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnprof
