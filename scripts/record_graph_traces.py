@@ -59,25 +59,18 @@ def record_generate(impl: str, out_dir: str) -> dict:
         kw["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")
     except ImportError:  # a transformers without it: the forward compiled by hand
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    # Compiled afresh and profiled from the first call, so that the cudagraph trees' captures are in the trace.
+    # (Resetting the trees after a warm-up generate() left the compiled code replaying graphs the reset had
+    # freed: "Running CUDAGraph after shutdown", H100, PyTorch 2.11.)
+    torch._dynamo.reset()
+    path = os.path.join(out_dir, f"generate_{impl}.pt.trace.json.gz")
     with torch.no_grad():
-        model.generate(ids, **kw)  # compiles (and records its graphs: dropped below)
-        torch.cuda.synchronize()
-        # The compiled code stays; its CUDA graphs are recorded again under the profiler, capture included.
-        reset = True
-        try:
-            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
-
-            reset_cudagraph_trees()
-        except Exception as e:  # an Inductor without it: the graphs of the warm-up are replayed, not captured
-            print(f"generate_{impl}: cudagraph trees not reset ({type(e).__name__}): no capture in the trace")
-            reset = False
-        path = os.path.join(out_dir, f"generate_{impl}.pt.trace.json.gz")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             model.generate(ids, **kw)
             torch.cuda.synchronize()
         export(prof, path)
     return {"file": os.path.basename(path), "layers": LLAMA["num_hidden_layers"], "replays": None,
-            "capture_in_trace": reset, "attention": impl, "config": LLAMA, "prompt": PROMPT,
+            "capture_in_trace": True, "attention": impl, "config": LLAMA, "prompt": PROMPT,
             "new_tokens": NEW_TOKENS}
 
 
