@@ -209,7 +209,7 @@ StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string
       });
     });
   }
-  r.findings = analysis::findings(ix, r, {}, {}, &s.attention.calls);
+  r.findings = analysis::findings(ix, r, {}, {}, &s.attention.calls, graph);
   breakdown(ix, s, graph);
   if (graph != nullptr) s.graph_id = graph->id;
   return s;

@@ -24,7 +24,7 @@ std::optional<DType> trace_dtype(const TraceIndex& ix) {
 }  // namespace
 
 std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const std::vector<RunResult>& all,
-                              const Guesses& guesses, const std::vector<AttentionCall>* attention) {
+                              const Guesses& guesses, const std::vector<AttentionCall>* attention, const Graph* graph) {
   std::vector<Finding> out;
   if (r.failure || r.metrics.steps == 0) return out;
   // The rules count events in `index`: where a long schedule's trace kept its
@@ -38,7 +38,8 @@ std::vector<Finding> findings(const TraceIndex& index, const RunResult& r, const
                      .steps = std::max(1, steps),
                      .gpu = r.problem.device == Device::Cuda,
                      .dtype = r.source.empty() ? std::optional<DType>(r.problem.dtype) : trace_dtype(index),
-                     .attention = attention};
+                     .attention = attention,
+                     .graph = graph};
   for (const Rule& rule : rule_table()) {
     for (Finding& f : rule.fn(in)) {
       f.rule = std::string(rule.id);

@@ -16,6 +16,7 @@
 
 #include "analysis/attention_calls.h"
 #include "analysis/format.h"
+#include "analysis/graph_replays.h"
 #include "analysis/kernel_names.h"
 #include "analysis/normalize.h"
 #include "analysis/rule_support.h"
@@ -162,10 +163,17 @@ std::vector<Finding> hidden_copy_device(const RuleInput& in) {
       continue;
     }
     if (outer != kNone && is_copy_op(ix.op(outer))) continue;  // a copy asked for
+    // A replay's copy: the op that captured its launch (aten::copy_ of a
+    // static input, say), as the op table names it.
+    std::string captured;
+    if (outer == kNone && in.graph != nullptr && a.graph_id != 0) captured = replay_op(*in.graph, a);
+    if (!captured.empty() && is_copy_op(std::string_view(captured).substr(captured.starts_with("aten::") ? 6 : 0))) {
+      continue;  // asked for at capture
+    }
     // A dtype conversion's copy_ (to -> _to_copy -> copy_ inside PyTorch's
     // math path): the upcast rule's business, not a hidden copy.
     if (under_copy && ix.is_conversion_copy(inner)) continue;
-    std::string where = outer != kNone ? std::string(ix.op(outer)) : std::string("(no op)");
+    std::string where = outer != kNone ? std::string(ix.op(outer)) : captured.empty() ? "(no op)" : captured;
     if (inner != kNone && inner != outer) where += " (its " + std::string(ix.op(inner)) + ")";
     const bool outside = outside_attention(in, d);
     auto& g = by_op[{outside, where}];

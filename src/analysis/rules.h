@@ -27,6 +27,9 @@ struct RuleInput {
   // A trace from elsewhere: its attention calls (outside them, upcasts and
   // copies are the model's, not attention's). Null for a run.
   const std::vector<AttentionCall>* attention = nullptr;
+  // A CUDA graph replay's graph (graph_replays.h), or null: its device work
+  // goes under the op that captured it (replay_op), as no op encloses it.
+  const Graph* graph = nullptr;
 };
 
 using RuleFn = std::vector<Finding> (*)(const RuleInput&);

@@ -68,6 +68,12 @@ TEST_P(GraphFixtures, EveryReplayedAttentionCallFoundAndNamed) {
       attention_kernels += k.type == ActivityType::Kernel && k.graph_id != 0 &&
                            !analysis::attention_backend_of_kernel(k.name, true).empty();
     }
+    // Device work the replay ran goes under the op that captured it: nothing
+    // is a hidden copy of "(no op)" (the decode loop's copies are copy_ calls
+    // asked for at capture).
+    for (const Finding& f : s.result.findings) {
+      EXPECT_EQ(f.text.find("(no op)"), std::string::npos) << s.label << ": " << f.text;
+    }
     for (const AttentionCall& c : s.attention.calls) {
       ++calls;
       EXPECT_NE(c.backend, "unknown") << s.label << " layer " << c.layer;
