@@ -46,32 +46,30 @@ Problem paged() {
   return p;
 }
 
-// A backend that reads a paged cache's key counts but no padded rows (cuDNN's
-// traits): the two are separate questions, so a padded batch is refused here,
-// before a launch would refuse it.
-class PagedLengthsOnly final : public Backend {
+// A backend that declares `traits` and takes whatever reaches its own
+// eligibility: what eligibility_of refuses for it is the layout's answer
+// alone. Plain declares nothing (default Traits); PagedLengthsOnly reads a
+// paged cache's key counts but no padded rows (cuDNN's traits): the two are
+// separate questions, so a padded batch is refused there, before a launch
+// would refuse it.
+class Declared final : public Backend {
  public:
-  std::string_view name() const override { return "paged_only"; }
+  Declared(std::string_view name, Traits traits) : name_(name), traits_(traits) {}
+  std::string_view name() const override { return name_; }
   Device device() const override { return Device::Cpu; }
-  Eligibility eligibility(const Problem&) const override { return {true, "its own answer"}; }
+  Eligibility eligibility(const Problem&) const override { return {true, std::string(name_) + "'s own answer"}; }
   std::size_t workspace_bytes(const Problem&) const override { return 0; }
   Expectation expectation(const Problem&) const override { return {}; }
   void forward(const Problem&, const Inputs&, Tensor&, RunContext&) override {}
-  Traits traits() const override { return {.varlen = true, .paged = true, .paged_lengths = true}; }
+  Traits traits() const override { return traits_; }
+
+ private:
+  std::string_view name_;
+  Traits traits_;
 };
 
-// A backend that declares nothing (default Traits) and takes whatever reaches
-// its own eligibility: what eligibility_of refuses for it is the layout's
-// answer alone.
-class Plain final : public Backend {
- public:
-  std::string_view name() const override { return "plain"; }
-  Device device() const override { return Device::Cpu; }
-  Eligibility eligibility(const Problem&) const override { return {true, "plain's own answer"}; }
-  std::size_t workspace_bytes(const Problem&) const override { return 0; }
-  Expectation expectation(const Problem&) const override { return {}; }
-  void forward(const Problem&, const Inputs&, Tensor&, RunContext&) override {}
-};
+Declared Plain() { return Declared("plain", {}); }
+Declared PagedLengthsOnly() { return Declared("paged_only", {.varlen = true, .paged = true, .paged_lengths = true}); }
 
 struct FormCase {
   const char* label;
@@ -157,7 +155,7 @@ TEST(BatchLayout, EveryFormOnEveryCpuBackend) {
 // A backend that declares nothing: each form's refusal, by name, before its
 // own eligibility is asked.
 TEST(BatchLayout, EveryFormOnABackendThatDeclaresNothing) {
-  const Plain plain;
+  const Declared plain = Plain();
   const std::vector<FormCase> cases = forms();
   const std::vector<std::string> reasons = {
       "plain's own answer",
@@ -179,7 +177,7 @@ TEST(BatchLayout, EveryFormOnABackendThatDeclaresNothing) {
 }
 
 TEST(BatchLayout, ALayoutTheProblemContradictsIsRefusedInOneLine) {
-  const Plain plain;
+  const Declared plain = Plain();
   const auto refused = [&](const Problem& p, const BatchLayout& l, const std::string& text) {
     const std::string line = testing::invalid_argument_line([&] { (void)eligibility_of(plain, p, l); });
     EXPECT_NE(line.find(text), std::string::npos) << line;
@@ -206,7 +204,7 @@ TEST(BatchLayout, ALayoutTheProblemContradictsIsRefusedInOneLine) {
 }
 
 TEST(BatchLayout, PagedKeyCountsAndPaddedRowsAreSeparateQuestions) {
-  const PagedLengthsOnly b;
+  const Declared b = PagedLengthsOnly();
   const std::vector<FormCase> cases = forms();
   //                            dense  q_rows kv_rows packed paged  seq_lens
   const std::vector<bool> takes = {true, false, false, true, true, true};
