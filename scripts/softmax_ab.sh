@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# scripts/softmax_ab.sh: an A/B on one card, same run: flash's forward with the online softmax's rounded
-# product (this tree: scaled() = __fmul_rn, issue 57 item 6) against the FMA it
-# replaced (scaled() = x * s, contracted into the subtraction as 68e6232 did),
-# each build's plugin swapped in turn (new, old, new, old), cudnn beside as the
-# yardstick. Reuses build/gpu when the machine is still warm.
+# scripts/softmax_ab.sh: an A/B on one card, same run: flash's forward with the online softmax as this
+# tree has it (new: one FMA a score against the row's rounded base, bf16 and
+# fp16) against the rounded product less the base (old: FMUL and FADD, as
+# fa395bc had it for issue 57 item 6), each build's
+# plugin swapped in turn (new, old, new, old), cudnn beside as the yardstick.
+# Reuses build/gpu when the machine is still warm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-/tmp/attnprof-gpu}; mkdir -p "$OUT"; T0=$SECONDS
@@ -14,8 +15,9 @@ B=build/gpu
 echo "[ab] new built at $((SECONDS - T0)) s"
 cp $B/libattnprof_cuda.so /tmp/new.so
 K=src/backends/cuda/kernels/softmax_online.cuh
-sed -i 's/return __fmul_rn(x, scale_log2);/return x * scale_log2;/' $K
-grep -q "return x \* scale_log2;" $K || { echo "sed did not apply"; exit 1; }
+cp $K /tmp/softmax_online.cuh.new
+sed -i 's/return fmaf(s, scale_log2, -base);/return scaled(s, scale_log2) - base;/' $K
+grep -q "return fmaf(s, scale_log2, -base);" $K && { echo "sed did not apply"; exit 1; }
 BUILD_TARGET="attnprof_cuda" scripts/gpu.sh build >/dev/null 2>&1 || { echo "old build failed"; exit 1; }
 cp $B/libattnprof_cuda.so /tmp/old.so
 echo "[ab] old built at $((SECONDS - T0)) s"
@@ -26,7 +28,9 @@ shapes=(
   "--batch 64 --heads 32 --kv-heads 8 --seq 1 --kv-seq 8192 --head-dim 128 --mask causal-bottom-right --kv-cache paged --page-size 64"
   "--batch 8 --heads 32 --kv-heads 8 --seq 16 --kv-seq 8192 --head-dim 128 --mask causal-bottom-right"
 )
-for round in 1 2; do
+# AB_SHAPES=3: the prefill rows only; AB_ROUNDS: rounds of (new, old).
+shapes=("${shapes[@]:0:${AB_SHAPES:-${#shapes[@]}}}")
+for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for which in new old; do
     cp /tmp/$which.so $B/libattnprof_cuda.so
     for s in "${shapes[@]}"; do
@@ -37,6 +41,6 @@ for round in 1 2; do
   done
 done
 cp /tmp/new.so $B/libattnprof_cuda.so
-sed -i 's/return x \* scale_log2;/return __fmul_rn(x, scale_log2);/' $K
+cp /tmp/softmax_online.cuh.new $K
 echo "[ab] done at $((SECONDS - T0)) s"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >>"$OUT/ab.txt"

@@ -32,17 +32,23 @@
 // Every backend computes a finite result from finite inputs (and the right
 // one, within its tolerance) while
 //     max(1, |scale|) x head_dim x max|q| x max(1, max|k|) <= scores_abs_max(dtype),
-// 2^126 where the scores are FP32 (fp32, bf16, fp8) and 65504 for fp16
-// (naive's scores are fp16). That bounds every partial sum of q . k and of
-// scale x q . k, in whatever order a GEMM takes them, and scale x q (the CPU
-// flash's pre-scaled q), so the base-2 logits the fused kernels hold,
-// scale x q . k x log2(e), stay below 2^127.53, under FP32's 2^128. Past it a
-// score becomes inf in some kernel and its row's softmax inf - inf = NaN, as
-// SDPA's float32 is from 2^128 on; which rows reach inf first depends on each
-// kernel's order of operations (the base-2 logits overflow 1.44 times sooner
-// than SDPA's natural ones, a product of pre-scaled q sooner still). Scale
-// 2^60 with |q| near 1e20 (2^66) is far past it. No call reads q and k to
-// check this (a pass over both on every call, and a host read of a GPU's);
+// 2^126 where the scores are FP32 and every kernel rounds its products (fp32,
+// fp8), 2^30 for bf16 and 65504 for fp16 (naive's scores are fp16). That
+// bounds every partial sum of q . k and of scale x q . k, in whatever order a
+// GEMM takes them, and scale x q (the CPU flash's pre-scaled q). bf16's
+// bound is the CUDA fused kernels' (softmax_online.cuh): they take each
+// exponent as one FMA against the row max's product rounded to FP32, so the
+// max's own p is 2^(that rounding, up to half an ulp of the base), finite
+// while the base-2 logit, scale x q . k x log2(e), stays below 2^31 (2^30
+// times log2 e is 2^30.53). Rounding every product first holds to 2^126, as
+// the CPU kernels and FP8's do, but cost the H100's bf16 forward 4-6%
+// (docs/perf/forward.md, 2026-12-07). Past the bound a row is NaN, never zeros or
+// another finite answer: a fused kernel's row whose p under- or overflowed
+// is written NaN (OnlineSoftmax::finish), and past 2^128 a score becomes inf
+// in some kernel and its row's softmax inf - inf = NaN, as SDPA's float32 is;
+// which rows reach NaN first depends on each kernel's order of operations.
+// Scale 2^60 with |q| near 1e20 (2^66) is far past it. No call reads q and k
+// to check this (a pass over both on every call, and a host read of a GPU's);
 // the profiler's own inputs, uniform in [-1, 1), are kept inside it by
 // Problem::validate's bound on |scale| x head_dim.
 // The bound is the forward's. A fused backward recomputes P from the
@@ -86,8 +92,11 @@ constexpr bool scale_in_range(double scale) {
 // The inputs' bound above: the largest max(1, |scale|) x head_dim x max|q| x
 // max(1, max|k|) every backend computes finitely for inputs of `dtype`.
 inline constexpr double kScoresAbsMax = 0x1p126;
+inline constexpr double kScoresAbsMaxBF16 = 0x1p30;
 inline constexpr double kScoresAbsMaxF16 = 65504.0;
-constexpr double scores_abs_max(DType dtype) { return dtype == DType::F16 ? kScoresAbsMaxF16 : kScoresAbsMax; }
+constexpr double scores_abs_max(DType dtype) {
+  return dtype == DType::F16 ? kScoresAbsMaxF16 : dtype == DType::BF16 ? kScoresAbsMaxBF16 : kScoresAbsMax;
+}
 
 // Whether inputs whose elements are at most max_abs_q (q) and max_abs_k (k)
 // in magnitude lie inside it.

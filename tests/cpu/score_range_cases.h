@@ -1,9 +1,12 @@
-// Large scores inside the documented range (attnprof/limits.h,
-// scores_in_range): finite inputs whose scaled scores reach 2^46 to 2^126,
-// each problem's forward on a backend against float64 (issue 57 item 6).
-// Shared by score_range_test.cpp (every level this CPU runs, and the
-// composites) and the emulated avx512bf16 and amx units, whose bf16 kernels
-// take the scale in the softmax's exponent.
+// Large scores (issue 57 item 6): finite inputs at the edge of the
+// documented range (attnprof/limits.h, scores_in_range: 2^30 for bf16,
+// 2^126 for fp32), each problem's forward on a backend against float64, and
+// bf16 cases past bf16's bound (2^46 to 2^126) that the CPU kernels still
+// compute, as they round every product (`cpu_only`: the CUDA fused kernels
+// give NaN there). Shared by score_range_test.cpp (every level this CPU runs,
+// and the composites), the emulated avx512bf16 and amx units, whose bf16
+// kernels take the scale in the softmax's exponent, and the CUDA kernels'
+// test (score_range_cuda_test.cpp, the in-range cases).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -26,20 +29,27 @@ struct LargeScoreCase {
   double scale;
   double q_max, k_max;  // q and k uniform in [-q_max, q_max) and [-k_max, k_max): powers of two, exact in bf16
   MaskKind mask;
+  bool cpu_only = false;  // past scores_in_range: the CPU's own promise, not every backend's
 };
 
-// bf16 inputs near 2^20 at scale 1 gave NaN rows on the avx512bf16 kernel
-// (the scores' max rounded below a score's exact product in the exponent's
-// FMA, by half an ulp of 2^44: P = 2^(2^17) = inf); the rest reach the
-// range's edge, 2^126, with the scale at either end of its own range.
+// The range's edges: bf16's 2^30 at scale 1 (q and k up to 2^12) and at
+// either end of the scale's own range, fp32's 2^126 at both ends. Past
+// bf16's bound, the CPU's: bf16 inputs near 2^20 at scale 1 gave NaN rows on
+// the avx512bf16 kernel (the scores' max rounded below a score's exact
+// product in the exponent's FMA, by half an ulp of 2^44: P = 2^(2^17) =
+// inf), and 2^126 with the scale at either end.
 inline const std::vector<LargeScoreCase>& large_score_cases() {
   static const std::vector<LargeScoreCase> c = {
-      {"bf16_q_k_2^20_scale_1", DType::BF16, 1.0, 0x1p20, 0x1p20, MaskKind::None},
-      {"bf16_q_k_2^20_scale_1_causal", DType::BF16, 1.0, 0x1p20, 0x1p20, MaskKind::Causal},
-      {"bf16_q_k_2^50_scale_2^-60", DType::BF16, limits::kScaleAbsMin, 0x1p50, 0x1p50, MaskKind::None},
-      {"bf16_edge_scale_2^60", DType::BF16, limits::kScaleAbsMax, 0x1p40, 0x1p20, MaskKind::Causal},
+      {"bf16_edge_scale_1", DType::BF16, 1.0, 0x1p12, 0x1p12, MaskKind::None},
+      {"bf16_edge_scale_1_causal", DType::BF16, 1.0, 0x1p12, 0x1p12, MaskKind::Causal},
+      {"bf16_edge_scale_2^-60", DType::BF16, limits::kScaleAbsMin, 0x1p12, 0x1p12, MaskKind::None},
+      {"bf16_edge_scale_2^60", DType::BF16, limits::kScaleAbsMax, 0x1p-40, 0x1p4, MaskKind::Causal},
       {"fp32_edge_scale_2^60", DType::F32, limits::kScaleAbsMax, 0x1p40, 0x1p20, MaskKind::None},
       {"fp32_edge_scale_-2^60", DType::F32, -limits::kScaleAbsMax, 0x1p40, 0x1p20, MaskKind::Causal},
+      {"bf16_q_k_2^20_scale_1", DType::BF16, 1.0, 0x1p20, 0x1p20, MaskKind::None, true},
+      {"bf16_q_k_2^20_scale_1_causal", DType::BF16, 1.0, 0x1p20, 0x1p20, MaskKind::Causal, true},
+      {"bf16_q_k_2^50_scale_2^-60", DType::BF16, limits::kScaleAbsMin, 0x1p50, 0x1p50, MaskKind::None, true},
+      {"bf16_q_k_2^126_scale_2^60", DType::BF16, limits::kScaleAbsMax, 0x1p40, 0x1p20, MaskKind::Causal, true},
   };
   return c;
 }
@@ -69,12 +79,13 @@ inline Inputs large_score_inputs(const LargeScoreCase& c, const Problem& p) {
   return in;
 }
 
-// b's forward on each case: no NaN row (the reference has none), and, where
-// `accurate`, within the backend's tolerance of float64.
+// b's forward (a CPU backend) on each case, the CPU-only ones too: no NaN
+// row (the reference has none), and, where `accurate`, within the backend's
+// tolerance of float64.
 inline void expect_large_scores_computed(Backend& b, const std::string& what, bool accurate) {
   for (const LargeScoreCase& c : large_score_cases()) {
     const Problem p = large_score_problem(c);
-    ASSERT_TRUE(limits::scores_in_range(c.dtype, c.scale, p.head_dim, c.q_max, c.k_max)) << c.name;
+    ASSERT_EQ(limits::scores_in_range(c.dtype, c.scale, p.head_dim, c.q_max, c.k_max), !c.cpu_only) << c.name;
     ASSERT_TRUE(b.eligibility(p).eligible) << what << " " << c.name;
     const Inputs in = large_score_inputs(c, p);
     Tensor out = nan_tensor(p, p.heads, p.seq);

@@ -4,16 +4,18 @@
 // threads of a quad, so row reductions are two xor-shuffles.
 //
 // Scores stay unscaled until the exponent: p = 2^(s*scale*log2e - max*scale*log2e),
-// the product rounded to FP32 (scaled()) and the row's base subtracted, one
-// FMUL, one FADD and one MUFU per element. Requires scale > 0 (so max(s)
-// gives max(s*scale)). Why the product is rounded: the base is the max's
-// product rounded to FP32, and one FMA would take a score's exact product,
-// up to half an ulp of the base away from it for the max's own score: from
-// base 2^31 on (large scores, still inside limits.h's scores_in_range) that
-// is past ex2's range, p = inf or 0 and the row NaN or wrong (issue 57 item
-// 6, which the CPU kernels fixed the same way). Rounded, the max's exponent
-// is exactly 0 and every other score's at most 0, so p <= 2^kLog2Offset for
-// any finite score.
+// the base (the row max's product) rounded to FP32 and each score's exponent
+// one FMA against it: one FFMA and one MUFU per element. Requires scale > 0
+// (so max(s) gives max(s*scale)). The max's own exponent is then its
+// product's rounding error, up to half an ulp of the base: 2^(+-0.5) below
+// base 2^24, 2^(+-64) below 2^31, past ex2's range (p = inf, the row NaN)
+// from base 2^31 on. limits.h's scores_in_range keeps bf16 and fp16 scores
+// below that (2^30 times log2 e). Rounding each product first (FMUL, FADD)
+// would hold to 2^126, as the CPU kernels do, but cost the H100's forward
+// 4-6% (docs/perf/forward.md, 2026-12-07); FP8 takes it (exponent(), below), whose
+// P has no room above 2^kLog2Offset. The per-row factors (the base, alpha,
+// the log-sum-exp) take the rounded product (scaled()), so a max that did
+// not grow rescales by exactly 1.
 // A row that has seen only masked keys keeps max = -inf; its exponent base is
 // taken as 0, so its p are 0, its sum stays 0 and it is written as zeros.
 // NaN passes through as in the float64 reference: the max (fmaxf) skips a
@@ -77,8 +79,8 @@ __device__ __forceinline__ float ex2_fma(float x) {
 }
 
 // x * scale_log2 rounded to FP32, never fused into the subtraction that
-// follows it (__fmul_rn is not contracted into an FMA): the one product
-// every exponent of a row is taken from, its base included (above).
+// follows it (__fmul_rn is not contracted into an FMA): a row's base and
+// factors, and FP8's exponents (above).
 __device__ __forceinline__ float scaled(float x, float scale_log2) { return __fmul_rn(x, scale_log2); }
 
 // The largest cap c log2 e whose scores take OnlineSoftmax::scores_fixed_base.
@@ -94,6 +96,20 @@ struct OnlineSoftmax {
   static_assert(kFmaExp2 >= 0 && kFmaExp2 <= 8);
   float row_max[kMTiles][2];
   float row_sum[kMTiles][2];  // this thread's partial sums; reduced over the quad in finish()
+  bool fixed_base = false;    // fix_base(): a zero sum is a fully masked row whatever row_max says
+
+  // A score's exponent against its row's base (below). FP8's P: the product
+  // rounded first, so the row max's own p is exactly 2^kLog2Offset (e4m3's
+  // 448 leaves it no margin). Otherwise one FMA, the exact product less the
+  // base: a score's p is exact against the base, and the max's own is
+  // 2^(its product's rounding error), finite while the base is below 2^31.
+  __device__ __forceinline__ static float exponent(float s, float scale_log2, float base) {
+    if constexpr (kLog2Offset != 0) {
+      return scaled(s, scale_log2) - base;
+    } else {
+      return fmaf(s, scale_log2, -base);
+    }
+  }
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -153,8 +169,8 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
           const bool on_fma = nt % 8 < kFmaExp2;
-          const float x0 = scaled(s[mt][nt][2 * h], scale_log2) - base;
-          const float x1 = scaled(s[mt][nt][2 * h + 1], scale_log2) - base;
+          const float x0 = exponent(s[mt][nt][2 * h], scale_log2, base);
+          const float x1 = exponent(s[mt][nt][2 * h + 1], scale_log2, base);
           const float p0 = on_fma ? ex2_fma(x0) : ex2(x0);
           const float p1 = on_fma ? ex2_fma(x1) : ex2(x1);
           s[mt][nt][2 * h] = p0;
@@ -190,6 +206,7 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void fix_base() {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) row_max[mt][0] = row_max[mt][1] = 0.f;  // log_sum_exp's base
+    fixed_base = true;
   }
   template <bool kTanh, int kFmaShare = kFmaExp2, int kNTiles>
   __device__ __forceinline__ void scores_fixed_base(float (&s)[kMTiles][kNTiles][4], float softcap_in,
@@ -226,7 +243,12 @@ struct OnlineSoftmax {
   }
 
   // 1 / row sum for the epilogue, 0 for a fully masked row (output zeros, not
-  // NaN). Leaves row_sum the whole row's sum, reduced over the quad.
+  // NaN). Leaves row_sum the whole row's sum, reduced over the quad. A row
+  // that saw a finite score but whose sum is 0 or inf had its p under- or
+  // overflow (base-2 logits past 2^31, outside limits.h's range: exponent()):
+  // its sum becomes NaN, so the row and its log-sum-exp are NaN, never zeros
+  // or another finite answer. Inside the range neither can happen (the max's
+  // own p is within 2^(+-64)).
   __device__ __forceinline__ void finish(float (&inv)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -235,6 +257,9 @@ struct OnlineSoftmax {
         float sum = row_sum[mt][h];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if ((sum == 0.f && !fixed_base && row_max[mt][h] != -INFINITY) || sum == INFINITY) {
+          sum = __int_as_float(0x7fc00000);
+        }
         row_sum[mt][h] = sum;
         inv[mt][h] = sum != 0.f ? 1.f / sum : 0.f;
       }
