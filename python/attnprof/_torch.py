@@ -45,12 +45,14 @@ _Tensor = torch.Tensor
 _profiling = torch.autograd._profiler_enabled
 
 
-def _labelled(backend, mask, window, attn_mask):
-    """Under torch.profiler (not while compiling), a range around the op naming what its string
-    arguments cannot keep in a trace (torch records them empty): `attnprof analyze` reads the
-    mask and backend from it (src/analysis/attention_calls.cpp). A no-op otherwise."""
-    if _is_compiling() or not _profiling():  # is_compiling first: dynamo cannot trace _profiling()
+def _labelled(o):
+    """Under torch.profiler, a range inside the op (its implementation opens it, so a call from a compiled graph
+    and one captured into a CUDA graph have it too) naming what its string arguments cannot keep in a trace (torch
+    records them empty): `attnprof analyze` reads the mask and backend from it (src/analysis/attention_op_args.cpp).
+    A no-op otherwise."""
+    if not _profiling():
         return contextlib.nullcontext()
+    backend, mask, window, attn_mask = o["backend"], o["mask"], o["window"], o["attn_mask"]
     name = mask or ("causal" if attn_mask is None else "boolean" if attn_mask.dtype == torch.bool else "bias")
     return torch.profiler.record_function(f"attnprof.attention backend={backend} mask={name} window={window or 0}")
 
@@ -166,7 +168,8 @@ def _forward_impl(q, k, v, *args):
     o = _options.of(args[:len(_options.NAMES)])
     keep_lse = len(args) > len(_options.NAMES) and _args.flag("return_lse", args[len(_options.NAMES)])
     out = torch.empty(q.shape, dtype=_out_dtype(q.dtype), device=q.device)
-    lse = _launch(q, k, v, out, o, 0, keep_lse)
+    with _labelled(o):
+        lse = _launch(q, k, v, out, o, 0, keep_lse)
     return out, (q.new_empty((0,), dtype=torch.float32) if lse is None else lse)
 
 
@@ -188,8 +191,9 @@ _attention_op.register_fake(_forward_fake)
 def _backward_impl(dout, q, k, v, out, lse, *args):
     o = _options.of(args)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _options.backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, names=_BACKWARD_NAMES), o, _stream_of(q),
-                      _export)
+    with _labelled(o):
+        _options.backward(*_dlpack(dout, q, k, v, out, lse, dq, dk, dv, names=_BACKWARD_NAMES), o, _stream_of(q),
+                          _export)
     return dq, dk, dv
 
 
@@ -223,9 +227,7 @@ def _attention_backward(ctx, dout, _dlse):
                     "gradients call attnprof.attention (or the op with return_lse=True) on tensors that require grad")
     for i, t in zip(_options.TENSOR_AT, tensors):
         args[i] = t
-    o = dict(zip(_options.NAMES, args))
-    with _labelled(o["backend"], o["mask"], o["window"], o["attn_mask"]):
-        dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *args)
+    dq, dk, dv = torch.ops.attnprof.attention_backward(dout.contiguous(), q, k, v, out, lse, *args)
     return (dq, dk, dv) + (None,) * len(ctx.args)  # the options get no gradient (the mask neither)
 
 
@@ -267,8 +269,7 @@ def attention(q, k, v, out, threads, return_lse, o):
             if t.is_meta:  # the op would run its fake: a result of no values, where a call without grad is refused
                 raise _on_meta(name)
         _no_descale_tensors(o)
-        with _labelled(o["backend"], o["mask"], o["window"], attn_mask):
-            out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), True)
+        out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), True)
         return (out, _user_lse(lse.detach())) if return_lse else out  # the log-sum-exp carries no gradient
     if _is_compiling() or (out is None and _profiling() and not _has_descale_tensors(o)):
         # Traced as one node of the graph (its fake gives the outputs' shapes), or recorded as the op by the profiler
@@ -277,8 +278,7 @@ def attention(q, k, v, out, threads, return_lse, o):
         if out is not None:
             raise Error("out= is not supported under torch.compile: use the returned tensor")
         _no_descale_tensors(o)
-        with _labelled(o["backend"], o["mask"], o["window"], attn_mask):
-            out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), return_lse)
+        out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), return_lse)
         return (out, _user_lse(lse)) if return_lse else out
     if needs_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad

@@ -111,3 +111,24 @@ def test_bad_inputs_are_one_clear_error(tmp_path):
         attnprof.analyze(MODEL_TRAIN, step=7)
     with pytest.raises(attnprof.Error, match="device"):
         attnprof.analyze(MODEL_TRAIN, replay=True, device="tpu")
+
+
+def test_a_compiled_calls_trace_names_its_mask_and_layout(tmp_path):
+    """attnprof's op opens its label inside itself, so a call from a compiled graph (no Python of ours around it)
+    is read with its mask and backend, and its [B, S, H, D] tensors by the op's bshd flag (issue 59's generate()
+    traces under torch.compile read 'unknown' and a transposed shape before)."""
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 8, 4, 16)
+    k, v = torch.randn(1, 12, 2, 16), torch.randn(1, 12, 2, 16)
+    f = torch.compile(lambda q, k, v: attnprof.attention(q, k, v, backend="flash", mask="causal-bottom-right",
+                                                         layout="bshd"), backend="eager", fullgraph=True)
+    f(q, k, v)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        f(q, k, v)
+    path = str(tmp_path / "compiled.json")
+    prof.export_chrome_trace(path)
+    calls = attnprof.analyze(path).attention_calls()
+    assert len(calls) == 1, calls
+    c = calls[0]
+    assert (c.backend, c.shape, c.mask) == ("attnprof:flash", "1x4x8x16, kv 1x2x12x16", "causal-bottom-right")
+    assert c.flops == 4 * 1 * 4 * sum(i + 5 for i in range(8)) * 16  # row i sees keys 0 .. i + 4

@@ -27,6 +27,10 @@ bool is_attention_op(std::string_view n) {
   return (has(n, "Attention") || has(n, "AttnFunc")) && has(n, "Backward");
 }
 
+bool is_compile_range(std::string_view n) {
+  return n == "entire_frame_compile" || (has(n, "compile_inner") && has(n, "dynamo_timed"));
+}
+
 int attention_call_of(const TraceIndex& ix, const std::vector<AttentionCall>& calls, EventIndex i) {
   if (calls.empty() || i == kNone) return -1;
   if (const Activity& a = ix.at(i); a.on_device() && a.graph_id != 0) {
@@ -58,9 +62,12 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
     const Activity& a = ix.at(i);
     if (a.type != ActivityType::CpuOp || !is_attention_op(a.name)) continue;
     EventIndex root = i;
+    bool compiling = false;
     for (EventIndex e = ix.parent(i); e != kNone; e = ix.parent(e)) {
       if (ix.at(e).type == ActivityType::CpuOp && is_attention_op(ix.at(e).name)) root = e;
+      compiling |= is_compile_range(ix.at(e).name);
     }
+    if (compiling) continue;  // traced on fake tensors while torch.compile compiled: no call ran
     if (root == i) roots.push_back(i);
     members[root].push_back(i);
   }

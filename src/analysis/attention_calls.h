@@ -17,6 +17,10 @@ namespace attnprof::analysis {
 // forward and backward ops; autograd's *AttentionBackward* nodes;
 // flex_attention; flash_attn::*; attnprof::attention*.
 bool is_attention_op(std::string_view name);
+// Torch.compile's ranges around a frame's compilation (dynamo, AOT autograd,
+// inductor), under which ops run on fake tensors: "entire_frame_compile" and
+// "_compile.compile_inner (dynamo_timed)".
+bool is_compile_range(std::string_view name);
 
 struct Graph;
 

@@ -70,8 +70,8 @@ constexpr std::array kSignatures = {
               .bshd = true,
               .bottom_right = true,
               .backward = true},
-    Signature{.name = "attnprof::attention", .scale = 6, .mask_name = 4, .window = 5},
-    Signature{.name = "attnprof::attention_train", .scale = 6, .mask_name = 4, .window = 5},
+    Signature{.name = "attnprof::attention", .scale = 6, .mask_name = 4, .window = 5, .bshd_flag = 7},
+    Signature{.name = "attnprof::attention_train", .scale = 6, .mask_name = 4, .window = 5, .bshd_flag = 7},
     Signature{.name = "attnprof::attention_backward",
               .q = 1,
               .k = 2,
@@ -79,6 +79,7 @@ constexpr std::array kSignatures = {
               .scale = 9,
               .mask_name = 7,
               .window = 8,
+              .bshd_flag = 10,
               .backward = true},
 };
 
@@ -207,19 +208,20 @@ bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call) {
     return i >= 0 && static_cast<std::size_t>(i) < types.size() ? types[static_cast<std::size_t>(i)]
                                                                 : std::string_view();
   };
+  const auto& c = a.concrete_inputs;
+  const bool bshd = sig.bshd || at(c, sig.bshd_flag) == "True" || at(c, sig.bshd_flag) == "true";
   Problem p;
   p.pass = sig.backward ? Pass::Backward : Pass::Forward;
   p.device = Device::Cuda;
   p.batch = (*q)[0];
-  p.heads = sig.bshd ? (*q)[2] : (*q)[1];
-  p.seq = sig.bshd ? (*q)[1] : (*q)[2];
+  p.heads = bshd ? (*q)[2] : (*q)[1];
+  p.seq = bshd ? (*q)[1] : (*q)[2];
   p.head_dim = (*q)[3];
-  p.kv_heads = sig.bshd ? (*k)[2] : (*k)[1];
-  p.kv_seq = sig.bshd ? (*k)[1] : (*k)[2];
+  p.kv_heads = bshd ? (*k)[2] : (*k)[1];
+  p.kv_seq = bshd ? (*k)[1] : (*k)[2];
   call.dtype = normalize_dtype(type_at(sig.q));
   if (const auto dt = parse_dtype(call.dtype)) p.dtype = *dt;
 
-  const auto& c = a.concrete_inputs;
   p.mask = MaskKind::None;
   if (const auto* m = dim(sig.mask); m && !m->empty()) {
     p.mask = normalize_dtype(type_at(sig.mask)) == "bool" ? MaskKind::Boolean : MaskKind::Bias;
@@ -263,7 +265,11 @@ bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call) {
 
 std::optional<AttnprofLabel> attnprof_label(const TraceIndex& ix, EventIndex op) {
   constexpr std::string_view kPrefix = "attnprof.attention ";
-  for (EventIndex e = ix.parent(op); e != kNone; e = ix.parent(e)) {
+  // Inside the op (its implementation opens it, compiled graphs too), or, in
+  // older traces, around it (the Python front end did).
+  EventIndex e = ix.annotation_inside(op);
+  if (e == kNone || !ix.at(e).name.starts_with(kPrefix)) e = ix.parent(op);
+  for (; e != kNone; e = ix.parent(e)) {
     const Activity& u = ix.at(e);
     if (u.type != ActivityType::UserAnnotation || !u.name.starts_with(kPrefix)) continue;
     AttnprofLabel l;

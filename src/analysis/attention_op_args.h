@@ -29,6 +29,7 @@ struct Signature {
   int mask_name = -1;                       // attnprof's mask, a string
   int window = -1;                          // attnprof's window
   bool bshd = false;                        // [B, S, H, D] (flash_attn) rather than [B, H, S, D]
+  int bshd_flag = -1;                       // attnprof's bshd, a bool: [B, S, H, D] where true
   bool bottom_right = false;                // causal aligned bottom-right (flash_attn)
   bool backward = false;
 };

@@ -126,6 +126,7 @@ TraceIndex::TraceIndex(const Trace& trace) : trace_(trace) {
       inner_op_[k] = p_op ? p : inner_op_[pk];
       outer_op_[k] = outer_op_[pk] != kNone ? outer_op_[pk] : (p_op ? p : kNone);
       if (forward_of_[k] < 0) forward_of_[k] = forward_of_[pk];
+      if (a.type == ActivityType::UserAnnotation && inner_op_[k] != kNone) annotation_inside_.emplace(inner_op_[k], i);
     }
     // A step or the whole trace holds what runs in its time on any thread
     // (the autograd engine's thread, a data loader's).

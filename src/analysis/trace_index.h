@@ -49,6 +49,14 @@ class TraceIndex {
     return (outermost ? outer_op_ : inner_op_)[static_cast<std::size_t>(i)];
   }
 
+  // The first user annotation (in start order) whose innermost enclosing op is
+  // op: a label a library opens inside its own op (attnprof's custom ops,
+  // whose implementation runs under the op even in a compiled graph); kNone.
+  EventIndex annotation_inside(EventIndex op) const {
+    const auto it = annotation_inside_.find(op);
+    return it == annotation_inside_.end() ? kNone : it->second;
+  }
+
   // The op a CPU copy_ was made for: its parent op, above any clone (PyTorch's
   // out-of-place ops copy through clone); kNone when it was called from no op.
   EventIndex copy_owner(EventIndex copy) const;
@@ -113,6 +121,7 @@ class TraceIndex {
   std::unordered_map<std::string, std::uint32_t> name_ids_;
   std::vector<EventIndex> parent_, inner_op_, outer_op_, forward_of_;
   std::unordered_map<std::uint64_t, EventIndex> launch_by_correlation_;
+  std::unordered_map<EventIndex, EventIndex> annotation_inside_;
   CallScope scope_ = CallScope::Forward;
   std::vector<EventIndex> forwards_, steps_, device_, allocations_;
   std::vector<Span> call_spans_, step_spans_;
