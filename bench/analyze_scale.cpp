@@ -6,9 +6,11 @@
 //
 // --graph writes a decode loop under CUDA graphs instead (kineto_graph_trace:
 // 32 layers captured once, then replayed, each replay a step whose attention
-// is tied to the capture), the trace issue 59's target is read on.
+// is tied to the capture), the trace issue 59's target is read on;
+// --no-graph-ids writes it as PyTorch 2.11's Kineto with CUDA 13 does, with
+// no graph or node ids (analyze numbers the replays from their launches).
 //
-//   analyze_scale [--events N] [--gzip] [--graph] [--keep PATH]
+//   analyze_scale [--events N] [--gzip] [--graph [--no-graph-ids]] [--keep PATH]
 #include <sys/resource.h>
 #include <zlib.h>
 
@@ -39,7 +41,7 @@ double peak_rss_mib() {
 
 int main(int argc, char** argv) {
   long events = 1'000'000;
-  bool gzip = false, graph = false;
+  bool gzip = false, graph = false, no_graph_ids = false;
   std::string keep;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -49,10 +51,12 @@ int main(int argc, char** argv) {
       gzip = true;
     } else if (a == "--graph") {
       graph = true;
+    } else if (a == "--no-graph-ids") {
+      no_graph_ids = true;
     } else if (a == "--keep" && i + 1 < argc) {
       keep = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: analyze_scale [--events N] [--gzip] [--graph] [--keep PATH]\n");
+      std::fprintf(stderr, "usage: analyze_scale [--events N] [--gzip] [--graph [--no-graph-ids]] [--keep PATH]\n");
       return 2;
     }
   }
@@ -69,6 +73,7 @@ int main(int argc, char** argv) {
   attnprof::testing::KinetoGraphSpec graph_spec;
   graph_spec.layers = 32;
   graph_spec.replays = std::max(1, static_cast<int>(events / (graph_spec.layers * 10 + 6)));
+  graph_spec.no_graph_ids = no_graph_ids;
   const auto t_gen = std::chrono::steady_clock::now();
   std::string text = graph ? attnprof::testing::kineto_graph_trace(graph_spec) : attnprof::testing::kineto_trace(spec);
   namespace fs = std::filesystem;
