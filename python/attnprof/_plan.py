@@ -41,10 +41,11 @@ class Plan:
     explain(): why that backend and what it runs; release(): gives the plan's workspace back now (runs are
     refused after, and a CUDA graph that captured a run must not be replayed)."""
 
-    __slots__ = ("_plan", "_torch", "_to_dlpack", "_stream")
+    __slots__ = ("_plan", "_torch", "_to_dlpack", "_stream", "_handle")
 
     def __init__(self, plan, torch_module):
         self._plan = plan
+        self._handle = plan._handle()  # what attnprof._torch_call.plan_run takes: valid while self._plan lives
         self._torch = torch_module  # attnprof._torch for torch arrays, else None
         if torch_module is not None:
             self._to_dlpack = torch_module._to_dlpack
@@ -96,6 +97,16 @@ class Plan:
             except TypeError as e:
                 raise _not_an_array(e) from None
             return out
+        fast = t._fast_plan_run
+        if fast is not None:  # attnprof._torch_call: the tensors read as at::Tensor, no DLPack capsule
+            done = fast(self._handle, q, k, v, out, block_table, seq_lens, q_rows, kv_rows, cu_seqlens_q,
+                        cu_seqlens_k)
+            if done is not None:
+                return done
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and t.torch.is_grad_enabled():
+            # As attnprof.plan refuses them: a run would give an output no gradient reaches q, k or v through.
+            raise Error("plan.run runs inference only: q, k and v require grad (use attnprof.attention for "
+                        "autograd, or torch.no_grad())")
         if out is None:
             out = t.torch.empty(q.shape, dtype=t._out_dtype(q.dtype), device=q.device)
         dl = self._to_dlpack

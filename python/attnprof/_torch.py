@@ -64,7 +64,7 @@ _to_dlpack = torch.utils.dlpack.to_dlpack
 
 
 def _load_fast():
-    """attnprof._torch_call.attention, the fast path for torch tensors (src/bindings/torch_call.cpp),
+    """attnprof._torch_call (attention() and Plan.run), the fast path for torch tensors (src/bindings/torch_call.cpp),
     where it was built against this very torch; else None. With the reason, for fast_path."""
     try:
         from . import _torch_call
@@ -73,17 +73,22 @@ def _load_fast():
     if _torch_call.TORCH_VERSION != torch.__version__:
         return None, (f"the DLPack path (attnprof._torch_call was built against torch {_torch_call.TORCH_VERSION}, "
                       f"this is {torch.__version__}: rebuild attnprof)")
-    return _torch_call.attention, f"attnprof._torch_call (built against torch {_torch_call.TORCH_VERSION})"
+    return _torch_call, f"attnprof._torch_call (built against torch {_torch_call.TORCH_VERSION})"
 
 
-_fast_attention, fast_path = _load_fast()
+_torch_call, fast_path = _load_fast()
+_fast_attention = _torch_call.attention if _torch_call is not None else None
+_fast_plan_run_loaded = _torch_call.plan_run if _torch_call is not None else None
 _fast = _fast_attention  # None: every call takes the DLPack path (_use_fast)
+_fast_plan_run = _fast_plan_run_loaded  # Plan.run's, alike
 
 
 def _use_fast(on: bool):
-    """Off: every call takes the DLPack path, as before the extension (bench/python_overhead.py compares)."""
-    global _fast
+    """Off: every call (attention() and Plan.run) takes the DLPack path, as before the extension
+    (bench/python_overhead.py compares)."""
+    global _fast, _fast_plan_run
     _fast = _fast_attention if on else None
+    _fast_plan_run = _fast_plan_run_loaded if on else None
 
 
 def _on_meta(name) -> Error:

@@ -11,6 +11,19 @@ import attnprof  # noqa: E402
 from attnprof import _core  # noqa: E402
 
 
+@pytest.fixture(autouse=True, params=["fast", "dlpack"])
+def run_path(request):
+    """Every test on both of Plan.run's ways in: attnprof._torch_call's (the tensors read as at::Tensor) and the
+    DLPack path, which must answer alike, refusals word for word."""
+    from attnprof import _torch
+
+    if request.param == "fast" and _torch._fast_plan_run_loaded is None:
+        pytest.skip(f"this attnprof was built without attnprof._torch_call: {_torch.fast_path}")
+    _torch._use_fast(request.param == "fast")
+    yield request.param
+    _torch._use_fast(True)
+
+
 def qkv(shape=(2, 4, 64, 32), kv_shape=(2, 2, 64, 32), dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(s, dtype=dtype, generator=g) for s in (shape, kv_shape, kv_shape))
@@ -181,3 +194,36 @@ def test_packed_plan_runs_its_lengths_and_refuses_others():
     with pytest.raises(attnprof.Error) as e:
         plan.run(q, k, v)
     assert "cu_seqlens_q is missing" in one_line(e)
+
+
+def test_runs_take_the_torch_extensions_path(run_path, monkeypatch):
+    """Plan.run on plain tensors goes through attnprof._torch_call.plan_run (not the DLPack exports), index arrays
+    included; a tensor that needs autograd is left to the Python path, which refuses it as attnprof.plan does
+    (under torch.no_grad it runs)."""
+    from attnprof import _torch
+
+    if run_path != "fast":
+        pytest.skip("the fast path's own test (run on the fast parameter)")
+    answers = []
+    real = _torch._fast_plan_run
+
+    def spy(*args):
+        answers.append(real(*args))
+        return answers[-1]
+
+    monkeypatch.setattr(_torch, "_fast_plan_run", spy)
+    q, k, v = qkv()
+    plan = attnprof.plan(q, k, v, backend="flash", threads=1)
+    out = torch.empty_like(q)
+    assert plan.run(q, k, v, out) is out and answers[-1] is out
+    rows = torch.tensor([[0, 40], [0, 64]], dtype=torch.int32)
+    padded = attnprof.plan(q, k, v, backend="flash", threads=1, kv_rows=rows)
+    got = padded.run(q, k, v, kv_rows=rows)
+    assert answers[-1] is got
+    assert torch.equal(got, attnprof.attention(q, k, v, backend="flash", threads=1, kv_rows=rows))
+    with pytest.raises(attnprof.Error) as e:
+        plan.run(q.clone().requires_grad_(), k, v)
+    assert answers[-1] is None  # left to the Python path, which refuses it as attnprof.plan does
+    assert "plan.run runs inference only" in one_line(e)
+    with torch.no_grad():
+        assert plan.run(q.clone().requires_grad_(), k, v) is answers[-1]

@@ -22,6 +22,13 @@
 #include "bindings/forward_entry.h"
 
 namespace attnprof::python {
+
+// The extension's description of a tensor (bindings/forward_entry.h) is DLPack's.
+Array entry_array(const AttnprofArray& a) {
+  return {a.data,      static_cast<std::size_t>(a.ndim),    a.shape, a.strides, a.device_type,
+          a.device_id, nb::dlpack::dtype{a.code, a.bits, 1}};
+}
+
 namespace {
 
 std::optional<Array> optional_array(const std::optional<In>& a) {
@@ -51,21 +58,9 @@ std::string attention(const In& q, const In& k, const In& v, const Out& out, con
 // attention() for the torch extension's fast path (bindings/forward_entry.h):
 // the same preparation (through the call cache) and run, on arrays the
 // extension read from the tensors themselves.
-Array entry_array(const AttnprofArray& a) {
-  return {a.data,      static_cast<std::size_t>(a.ndim),    a.shape, a.strides, a.device_type,
-          a.device_id, nb::dlpack::dtype{a.code, a.bits, 1}};
-}
-
 int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const AttnprofArray* v, const AttnprofArray* out,
                   const AttnprofForwardArgs* a, char* error, std::size_t error_len) {
-  const auto failed = [&](int code, const char* what) {
-    if (error_len > 0) {
-      std::strncpy(error, what, error_len - 1);
-      error[error_len - 1] = '\0';
-    }
-    return code;
-  };
-  try {
+  return entry_call(error, error_len, [&] {
     const ThreadCountsKept kept;
     const std::string backend(a->backend), mask(a->mask);
     const CallArgs args{backend,
@@ -81,14 +76,7 @@ int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const Attnprof
     Call c = prepare_cached(entry_array(*q), entry_array(*k), entry_array(*v), entry_array(*out), args);
     set_descales(c, std::nullopt, std::nullopt, std::nullopt);
     run(c, [&] { c.forward(); });
-    return 0;
-  } catch (const Error& e) {
-    return failed(1, e.what());
-  } catch (const std::exception& e) {
-    return failed(2, e.what());
-  } catch (...) {
-    return failed(2, "attnprof: an unknown C++ exception");
-  }
+  });
 }
 
 // The forward of a training step: `out` as attention() writes it, and the

@@ -16,6 +16,8 @@
 #include <nanobind/stl/variant.h>
 
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -24,11 +26,13 @@
 #include <variant>
 
 #include "attnprof/backend.h"
+#include "attnprof/error.h"
 #include "attnprof/plan.h"
 #include "attnprof/problem.h"
 #include "attnprof/runner.h"
 #include "attnprof/tensor.h"
 #include "attnprof/thread_counts.h"
+#include "bindings/forward_entry.h"
 
 namespace attnprof::python {
 
@@ -298,6 +302,33 @@ void run(const Call& c, Work&& work) {
     work();
   } else {
     work();
+  }
+}
+
+// ---- the C entries of bindings/forward_entry.h (attnprof._torch_call's way in) ----
+
+// An array the torch extension read from a tensor, as the bindings read one.
+Array entry_array(const AttnprofArray& a);
+// Runs `work` for a C entry: 0 when it ran; 1 for attnprof's own refusal, 2
+// for any other exception, with its message in `error` (NUL-terminated).
+template <class Work>
+int entry_call(char* error, std::size_t error_len, Work&& work) {
+  const auto failed = [&](int code, const char* what) {
+    if (error_len > 0) {
+      std::strncpy(error, what, error_len - 1);
+      error[error_len - 1] = '\0';
+    }
+    return code;
+  };
+  try {
+    work();
+    return 0;
+  } catch (const Error& e) {
+    return failed(1, e.what());
+  } catch (const std::exception& e) {
+    return failed(2, e.what());
+  } catch (...) {
+    return failed(2, "attnprof: an unknown C++ exception");
   }
 }
 

@@ -47,7 +47,18 @@ struct AttnprofForwardArgs {
 typedef int (*AttnprofForward)(const AttnprofArray* q, const AttnprofArray* k, const AttnprofArray* v,
                                const AttnprofArray* out, const AttnprofForwardArgs* args, char* error,
                                std::size_t error_len);
+
+// A plan's run (attnprof.plan's Plan.run) on q, k, v into out: `plan` is the
+// plan's handle (Plan._handle(), valid while the Python plan lives), `extras`
+// its six index arrays in Plan.run's order (block_table, seq_lens, q_rows,
+// kv_rows, cu_seqlens_q, cu_seqlens_k), each null where not given. Returns
+// and reports as AttnprofForward. Called with the GIL held.
+typedef int (*AttnprofPlanRun)(void* plan, const AttnprofArray* q, const AttnprofArray* k, const AttnprofArray* v,
+                               const AttnprofArray* out, const AttnprofArray* const* extras, std::uintptr_t stream,
+                               char* error, std::size_t error_len);
 }
 
-// The capsule's name; a change to the structs above takes a new one.
+// The capsules' names; a change to the structs above takes new ones.
 inline constexpr const char kAttnprofForwardCapsule[] = "attnprof._core.forward_v1";
+inline constexpr const char kAttnprofPlanRunCapsule[] = "attnprof._core.plan_run_v1";
+inline constexpr int kAttnprofPlanRunExtras = 6;

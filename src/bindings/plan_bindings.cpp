@@ -236,6 +236,20 @@ std::optional<Array> optional_array(const std::optional<In>& a) {
   return a ? std::optional<Array>(array_of(*a)) : std::nullopt;
 }
 
+// Plan.run for the torch extension's fast path (bindings/forward_entry.h): the
+// same run on arrays the extension read from the tensors themselves.
+int plan_run_entry(void* plan, const AttnprofArray* q, const AttnprofArray* k, const AttnprofArray* v,
+                   const AttnprofArray* out, const AttnprofArray* const* extras, std::uintptr_t stream, char* error,
+                   std::size_t error_len) {
+  return entry_call(error, error_len, [&] {
+    const auto extra = [&](int i) {
+      return extras[i] != nullptr ? std::optional<Array>(entry_array(*extras[i])) : std::nullopt;
+    };
+    static_cast<PyPlan*>(plan)->run(entry_array(*q), entry_array(*k), entry_array(*v), entry_array(*out), stream,
+                                    RunExtras{extra(0), extra(1), extra(2), extra(3), extra(4), extra(5)});
+  });
+}
+
 // A plan from example arrays: the call attention() would prepare for them,
 // then attnprof::plan on its problem and layout.
 PyPlan* make_plan(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
@@ -302,6 +316,9 @@ void bind_plan(nb::module_& m) {
       .def("explain", &PyPlan::explain, "the backend, why it was picked, what it runs, the layout and the workspace")
       .def("release", &PyPlan::release, "gives the plan's state and workspace back now; runs are refused after")
       .def(
+          "_handle", [](PyPlan& self) { return reinterpret_cast<std::uintptr_t>(&self); },
+          "the plan as attnprof._torch_call's plan_run takes it (valid while this object lives)")
+      .def(
           "_time_runs",
           [](PyPlan& self, const In& q, const In& k, const In& v, const Out& out, std::uintptr_t stream, int calls) {
             return self.time_runs(array_of(q), array_of(k), array_of(v), array_of(out), stream, calls);
@@ -335,6 +352,14 @@ void bind_plan(nb::module_& m) {
         nb::arg("cu_seqlens_k").noconvert().none() = nb::none(), nb::arg("max_seqlen_q").none() = nb::none(),
         nb::arg("max_seqlen_k").none() = nb::none(), nb::rv_policy::take_ownership,
         "a plan of the call attention() would make on these example arrays");
+  // The torch extension's way into Plan.run (bindings/forward_entry.h; attnprof._torch_call.plan_run).
+  m.def(
+      "_plan_run_entry",
+      [] {
+        const AttnprofPlanRun f = &plan_run_entry;
+        return nb::capsule(reinterpret_cast<void*>(f), kAttnprofPlanRunCapsule);
+      },
+      "a capsule holding the C entry of Plan.run, for attnprof._torch_call");
   m.def("_backend_resolutions", &backend_resolutions,
         "how many times a backend name has been resolved in this process (the tests: a plan's runs resolve none)");
 }

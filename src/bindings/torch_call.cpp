@@ -34,14 +34,21 @@
 
 namespace {
 
-AttnprofForward forward = nullptr;  // _core's, from its capsule
-PyObject* error_type = nullptr;     // attnprof._core.Error
+AttnprofForward forward = nullptr;     // _core's, from its capsule
+AttnprofPlanRun plan_entry = nullptr;  // _core's Plan.run, from its capsule
+PyObject* error_type = nullptr;        // attnprof._core.Error
 
 // A tensor's description for _core, or false where this path does not read
-// it (the general path then answers for it).
-bool describe(const at::Tensor& t, AttnprofArray& a) {
+// it (the general path then answers for it). `index`: an int32 index array
+// (a plan's block table, lengths, rows, cumulative lengths), else q, k, v or
+// out, of a floating dtype.
+bool describe(const at::Tensor& t, AttnprofArray& a, bool index = false) {
   if (t.layout() != at::kStrided || t.is_conj() || t.is_neg()) return false;
+  if (index != (t.scalar_type() == at::kInt)) return false;
   switch (t.scalar_type()) {
+    case at::kInt:
+      a.code = 0, a.bits = 32;  // kDLInt
+      break;
     case at::kFloat:
       a.code = 2, a.bits = 32;  // DLPack's kDLFloat
       break;
@@ -95,6 +102,21 @@ bool optional_double(PyObject* o, double& v, std::uint8_t& has) {
 
 const char* utf8(PyObject* o) { return PyUnicode_CheckExact(o) ? PyUnicode_AsUTF8(o) : nullptr; }
 
+// The out attention() and Plan.run allocate when none is given: q's shape,
+// contiguous, bf16 for fp8 inputs.
+at::Tensor out_like(const at::Tensor& q) {
+  return at::empty(q.sizes(),
+                   q.options().dtype(q.scalar_type() == at::kFloat8_e4m3fn ? at::kBFloat16 : q.scalar_type()));
+}
+
+std::uintptr_t stream_of(const at::Tensor& q) {
+#ifdef ATTNPROF_TORCH_CUDA
+  if (q.is_cuda())
+    return reinterpret_cast<std::uintptr_t>(c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+#endif
+  return 0;
+}
+
 // The call itself, once q, k, v (and out) are plain tensors; C++ exceptions
 // are attention()'s to catch.
 PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args) {
@@ -122,21 +144,11 @@ PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args)
   for (int i = 0; i < 3; ++i) {
     if (!describe(THPVariable_Unpack(objs[i]), arrays[static_cast<std::size_t>(i)])) Py_RETURN_NONE;
   }
-  // attention()'s out when none is given: q's shape, contiguous, bf16 for fp8 inputs.
   at::Tensor made;
-  if (!given_out) {
-    made = at::empty(q.sizes(),
-                     q.options().dtype(q.scalar_type() == at::kFloat8_e4m3fn ? at::kBFloat16 : q.scalar_type()));
-  }
+  if (!given_out) made = out_like(q);
   const at::Tensor& out = given_out ? THPVariable_Unpack(objs[3]) : made;
   if (!describe(out, arrays[3])) Py_RETURN_NONE;
-  if (q.is_cuda()) {
-#ifdef ATTNPROF_TORCH_CUDA
-    a.stream = reinterpret_cast<std::uintptr_t>(c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
-#else
-    Py_RETURN_NONE;  // a torch without CUDA has no CUDA tensors; kept for completeness
-#endif
-  }
+  a.stream = stream_of(q);
   char error[2048];
   const int rc = forward(&arrays[0], &arrays[1], &arrays[2], &arrays[3], &a, error, sizeof error);
   if (rc != 0) {
@@ -145,6 +157,60 @@ PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args)
   }
   if (given_out) return Py_NewRef(objs[3]);
   return THPVariable_Wrap(std::move(made));
+}
+
+// Plan.run's call on plain tensors: plan_run(handle, q, k, v, out, block_table, seq_lens, q_rows, kv_rows,
+// cu_seqlens_q, cu_seqlens_k), each index array None where not given; out returned (allocated when None), or None
+// where the call is the general path's (a tensor subclass, one that needs autograd, a dtype or layout this path
+// does not read): python/attnprof/_plan.py then takes the DLPack path, which answers for it.
+PyObject* plan_run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  constexpr Py_ssize_t kArgs = 5 + kAttnprofPlanRunExtras;
+  if (nargs != kArgs || !PyLong_CheckExact(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "attnprof._torch_call.plan_run takes a plan's handle and 10 arrays or None");
+    return nullptr;
+  }
+  void* const plan = PyLong_AsVoidPtr(args[0]);
+  if (plan == nullptr) return nullptr;
+  const bool given_out = args[4] != Py_None;
+  for (Py_ssize_t i = 1; i < kArgs; ++i) {
+    if (i >= 4 && args[i] == Py_None) continue;  // out and the index arrays may be None
+    if (!THPVariable_CheckExact(args[i])) Py_RETURN_NONE;
+  }
+  try {
+    const at::Tensor& q = THPVariable_Unpack(args[1]);
+    const bool grad = at::GradMode::is_enabled();
+    std::array<AttnprofArray, 4> arrays{};
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor& t = THPVariable_Unpack(args[1 + i]);
+      if ((grad && t.requires_grad()) || !describe(t, arrays[static_cast<std::size_t>(i)])) Py_RETURN_NONE;
+    }
+    if (given_out && THPVariable_Unpack(args[4]).requires_grad()) Py_RETURN_NONE;
+    std::array<AttnprofArray, kAttnprofPlanRunExtras> extra_arrays{};
+    std::array<const AttnprofArray*, kAttnprofPlanRunExtras> extras{};
+    for (int i = 0; i < kAttnprofPlanRunExtras; ++i) {
+      PyObject* const o = args[5 + i];
+      if (o == Py_None) continue;
+      const auto k = static_cast<std::size_t>(i);
+      if (!describe(THPVariable_Unpack(o), extra_arrays[k], /*index=*/true)) Py_RETURN_NONE;
+      extras[k] = &extra_arrays[k];
+    }
+    at::Tensor made;
+    if (!given_out) made = out_like(q);
+    const at::Tensor& out = given_out ? THPVariable_Unpack(args[4]) : made;
+    if (!describe(out, arrays[3])) Py_RETURN_NONE;
+    char error[2048];
+    const int rc = plan_entry(plan, &arrays[0], &arrays[1], &arrays[2], &arrays[3], extras.data(), stream_of(q), error,
+                              sizeof error);
+    if (rc != 0) {
+      PyErr_SetString(rc == 1 ? error_type : PyExc_RuntimeError, error);
+      return nullptr;
+    }
+    if (given_out) return Py_NewRef(args[4]);
+    return THPVariable_Wrap(std::move(made));
+  } catch (const std::exception&) {
+    PyErr_Clear();  // as attention() below: the general path raises torch's own error
+    Py_RETURN_NONE;
+  }
 }
 
 PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -172,6 +238,9 @@ PyMethodDef methods[] = {
     {"attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&attention)), METH_FASTCALL,
      "attention(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap): attnprof.attention's forward "
      "on torch tensors, out returned; None when the call is the general path's"},
+    {"plan_run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&plan_run)), METH_FASTCALL,
+     "plan_run(handle, q, k, v, out, block_table, seq_lens, q_rows, kv_rows, cu_seqlens_q, cu_seqlens_k): Plan.run "
+     "on torch tensors, out returned; None when the call is the general path's"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT,
@@ -191,11 +260,22 @@ PyMODINIT_FUNC PyInit__torch_call() {
   if (core == nullptr) return nullptr;
   error_type = PyObject_GetAttrString(core, "Error");
   PyObject* capsule = error_type ? PyObject_CallMethod(core, "_forward_entry", nullptr) : nullptr;
-  Py_DECREF(core);
-  if (capsule == nullptr) return nullptr;
+  if (capsule == nullptr) {
+    Py_DECREF(core);
+    return nullptr;
+  }
   forward = reinterpret_cast<AttnprofForward>(PyCapsule_GetPointer(capsule, kAttnprofForwardCapsule));
   Py_DECREF(capsule);
-  if (forward == nullptr) return nullptr;
+  if (forward == nullptr) {
+    Py_DECREF(core);
+    return nullptr;
+  }
+  PyObject* plan_capsule = PyObject_CallMethod(core, "_plan_run_entry", nullptr);
+  Py_DECREF(core);
+  if (plan_capsule == nullptr) return nullptr;
+  plan_entry = reinterpret_cast<AttnprofPlanRun>(PyCapsule_GetPointer(plan_capsule, kAttnprofPlanRunCapsule));
+  Py_DECREF(plan_capsule);
+  if (plan_entry == nullptr) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   if (PyModule_AddStringConstant(m, "TORCH_VERSION", ATTNPROF_TORCH_VERSION) != 0) {
