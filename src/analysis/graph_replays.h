@@ -78,6 +78,15 @@ struct GraphTies {
 // activity has a graph id, or nothing was launched by cudaGraphLaunch.
 int number_graph_replays(Trace& trace);
 
+// A graph whose device work carries its graph id but node ids that name no
+// node (none, or one id over two different kernels: a corrupt or foreign
+// trace) would put every kernel of a replay under one node, and so under one
+// attention call. Its work is numbered as number_graph_replays numbers a
+// trace without ids (start order within each replay, ids past every node id
+// in the trace), and tie_graphs then judges it as it would those. Returns one
+// line per graph so numbered.
+std::vector<std::string> number_unnamed_nodes(Trace& trace);
+
 // The spans of the CUDA graph captures in `trace` (thread, from the begin
 // call's end to the end call's start): ops there were captured, not run.
 struct CaptureSpan {
