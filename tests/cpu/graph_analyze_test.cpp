@@ -524,5 +524,32 @@ TEST(GraphReplays, LaunchesSharingACorrelationAreOneReplayCountedOnce) {
   EXPECT_NE(n.find("graph 2: 1 replay of 20 nodes"), std::string::npos) << n;
 }
 
+// A trace without ids that ends inside its last replay (Kineto's buffer full,
+// the profiler stopped): that replay ran the first nodes of its graph, and is
+// read as a short replay of it, not as another graph whose capture "the
+// profiler was off" for. Its call missing a kernel has no rate.
+TEST(GraphReplays, ATraceEndingInsideItsLastReplayReadsAShortReplay) {
+  Trace t = parse_chrome_trace(kineto_graph_trace({.no_graph_ids = true}), "graph.json");
+  std::uint64_t last = 0;
+  for (const Activity& x : t.activities) {
+    if (x.name == "cudaGraphLaunch") last = x.correlation;
+  }
+  int kept = 0;
+  std::erase_if(t.activities, [&](const Activity& x) {
+    return x.on_device() && x.correlation == last && ++kept > 3;  // its mm, memset and split kernel ran
+  });
+  const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+  const std::string n = notes(a);
+  EXPECT_NE(n.find("graph 1: 3 replays of 10 nodes, each node tied"), std::string::npos) << n;
+  EXPECT_NE(n.find("replay 3 ran 3 of its 10 nodes"), std::string::npos) << n;
+  EXPECT_EQ(n.find("graph 2"), std::string::npos) << n;
+  ASSERT_EQ(replays(a).size(), 3u) << n;
+  const StepAnalysis& r3 = *replays(a)[2];
+  EXPECT_EQ(r3.label, "graph 1 replay 3");
+  ASSERT_EQ(r3.attention.calls.size(), 1u) << n;
+  EXPECT_EQ(r3.attention.calls[0].found_by, "capture");
+  EXPECT_FALSE(r3.attention.calls[0].tflops) << "its combine never ran";
+}
+
 }  // namespace
 }  // namespace attnprof
