@@ -163,8 +163,8 @@ int number_graph_replays(Trace& trace) {
   std::map<std::string, std::pair<std::uint32_t, std::uint64_t>> graph_of;  // sequence -> (graph id, first node id)
   std::uint64_t next_node = 1;
   int numbered = 0;
-  for (const auto& [start, c] : launches) {
-    std::vector<std::size_t>& w = work[c];
+  for (std::size_t l = 0; l < launches.size(); ++l) {
+    std::vector<std::size_t>& w = work[launches[l].second];
     if (w.empty()) continue;
     std::stable_sort(w.begin(), w.end(), [&](std::size_t x, std::size_t y) { return v[x].start_ns < v[y].start_ns; });
     std::string sequence;
@@ -172,6 +172,29 @@ int number_graph_replays(Trace& trace) {
       sequence += node_kind(v[i].type);
       sequence += v[i].type == ActivityType::Kernel ? v[i].name : std::string();
       sequence += '\n';
+    }
+    // The last replay of a trace that ends inside it (a full buffer, the
+    // profiler stopped) ran the first nodes of its graph: where its work is
+    // the start of exactly one graph's, it is a short replay of that graph,
+    // not another graph (tie_graphs names it). Only the last: elsewhere a
+    // shorter sequence is a graph of its own.
+    if (l + 1 == launches.size() && !graph_of.count(sequence)) {
+      auto prefix_of = graph_of.end();
+      int matches = 0;
+      for (auto g = graph_of.begin(); g != graph_of.end(); ++g) {
+        if (g->first.starts_with(sequence)) {
+          prefix_of = g;
+          ++matches;
+        }
+      }
+      if (matches == 1) {
+        for (std::size_t k = 0; k < w.size(); ++k) {
+          v[w[k]].graph_id = prefix_of->second.first;
+          v[w[k]].graph_node_id = prefix_of->second.second + k;
+        }
+        ++numbered;
+        continue;
+      }
     }
     auto [it, added] = graph_of.try_emplace(sequence, static_cast<std::uint32_t>(graph_of.size() + 1), next_node);
     if (added) next_node += w.size();

@@ -74,8 +74,11 @@ struct GraphTies {
 // work (kinds and kernel names) are one graph, numbered in the order of their
 // first replay, and a replay's work is its graph's nodes in start order (a
 // one-stream capture's launch order), node ids growing across graphs as
-// CUDA's do. Returns how many replays it numbered: 0 where any device
-// activity has a graph id, or nothing was launched by cudaGraphLaunch.
+// CUDA's do; launches sharing a correlation id are one replay, and a last
+// replay whose work is the start of one graph's (a trace that ends inside
+// it) is a short replay of that graph. Returns how many replays it numbered:
+// 0 where any device activity has a graph id, or nothing was launched by
+// cudaGraphLaunch.
 int number_graph_replays(Trace& trace);
 
 // A graph whose device work carries its graph id but node ids that name no
