@@ -454,7 +454,8 @@ TEST(GraphReplays, WithoutGraphIdsReplaysAreReadFromTheirLaunches) {
 // put a replay's GEMMs into its first attention call, nor say the graph holds
 // no attention. Its work is numbered in start order, as a trace without ids is.
 TEST(GraphReplays, NodeIdsThatNameNoNodeAreNumberedInStartOrder) {
-  for (const std::uint64_t id : {std::uint64_t{7}, std::uint64_t{0}}) {
+  // 2^64 - 1: a node id of -1 as the reader keeps it; the new ids must not wrap to 0 past it.
+  for (const std::uint64_t id : {std::uint64_t{7}, std::uint64_t{0}, ~std::uint64_t{0}}) {
     Trace t = parse_chrome_trace(kineto_graph_trace({}), "graph.json");
     for (Activity& x : t.activities) {
       if (x.graph_id != 0) x.graph_node_id = id;
@@ -468,6 +469,7 @@ TEST(GraphReplays, NodeIdsThatNameNoNodeAreNumberedInStartOrder) {
     for (const StepAnalysis* s : replays(a)) {
       ASSERT_EQ(s->attention.calls.size(), 2u) << s->label;
       for (const AttentionCall& c : s->attention.calls) {
+        EXPECT_EQ(c.found_by, "capture") << s->label << ": numbered, the nodes tie to the capture";
         EXPECT_EQ(c.kernels.size(), 2u) << s->label;
         EXPECT_DOUBLE_EQ(c.gpu_us, 22) << s->label;
         for (const std::string& k : c.kernels) EXPECT_EQ(k.find("nvjet"), std::string::npos) << s->label;
