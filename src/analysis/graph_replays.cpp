@@ -3,6 +3,7 @@
 #include "analysis/graph_replays.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <string_view>
 #include <utility>
@@ -214,11 +215,9 @@ std::vector<std::string> number_unnamed_nodes(Trace& trace) {
     std::string why;                                       // empty: the ids name nodes
   };
   std::map<std::uint32_t, Ids> graphs;
-  std::uint64_t top = 0;  // the largest node id in the trace
   for (std::size_t i = 0; i < v.size(); ++i) {
     const Activity& a = v[i];
     if (!is_device_work(a.type) || a.graph_id == 0) continue;
-    top = std::max(top, a.graph_node_id);
     Ids& g = graphs[a.graph_id];
     if (!g.why.empty()) continue;
     if (a.graph_node_id == 0) {
@@ -227,6 +226,16 @@ std::vector<std::string> number_unnamed_nodes(Trace& trace) {
     }
     const auto [it, added] = g.first.try_emplace(a.graph_node_id, i);
     if (!added) g.why = node_clash(v[it->second], a);
+  }
+  // New ids past those of the graphs whose ids name nodes (the others' are
+  // replaced), or from 1 where that would wrap past 2^64 - 1: an id shared
+  // with another graph misattributes nothing (calls are matched by graph and
+  // node), and tie_graphs says so.
+  std::uint64_t top = 0;
+  for (const auto& [id, g] : graphs) {
+    if (g.why.empty()) {
+      for (const auto& [node, i] : g.first) top = std::max(top, node);
+    }
   }
   std::vector<std::string> out;
   std::uint64_t next = top + 1;
@@ -237,10 +246,11 @@ std::vector<std::string> number_unnamed_nodes(Trace& trace) {
       if (is_device_work(v[i].type) && v[i].graph_id == id) work[v[i].correlation].push_back(i);
     }
     std::size_t most = 0;
+    for (const auto& [c, w] : work) most = std::max(most, w.size());
+    if (next == 0 || next > std::numeric_limits<std::uint64_t>::max() - most) next = 1;
     for (auto& [c, w] : work) {
       std::stable_sort(w.begin(), w.end(), [&](std::size_t x, std::size_t y) { return v[x].start_ns < v[y].start_ns; });
       for (std::size_t k = 0; k < w.size(); ++k) v[w[k]].graph_node_id = next + k;
-      most = std::max(most, w.size());
     }
     next += most;
     out.push_back("graph " + std::to_string(id) + ": its node ids name no node (" + g.why +
