@@ -264,6 +264,7 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
         " read as the device work under each cudaGraphLaunch, a replay's work numbered as its graph's nodes in "
         "start order");
   }
+  for (std::string& n : analysis::number_unnamed_nodes(trace)) out.graph_notes.push_back(std::move(n));
   const analysis::GraphTies ties = analysis::tie_graphs(trace);
   for (const auto& [id, g] : ties.graphs) out.graph_notes.push_back(g.note);
 

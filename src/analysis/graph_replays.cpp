@@ -3,6 +3,7 @@
 #include "analysis/graph_replays.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <string_view>
 #include <utility>
@@ -122,6 +123,15 @@ bool same_backend(std::string_view op_backend, std::string_view kernel_backend) 
 
 constexpr std::string_view kByName = "attention found by kernel names only, without shapes";
 
+// Where two device activities under one node id of a graph run different
+// work (a node is one launch: its kind and kernel are fixed), the clash, in
+// words; empty where they agree.
+std::string node_clash(const Activity& x, const Activity& y) {
+  if (x.type == y.type && x.name == y.name) return {};
+  return "node " + std::to_string(x.graph_node_id) + " runs both " + short_kernel_name(x.name, 60) + " and " +
+         short_kernel_name(y.name, 60);
+}
+
 }  // namespace
 
 int number_graph_replays(Trace& trace) {
@@ -139,6 +149,12 @@ int number_graph_replays(Trace& trace) {
   }
   if (launches.empty()) return 0;
   std::sort(launches.begin(), launches.end());
+  // Two launches with one correlation id (a merged or corrupt trace): their
+  // work cannot be told apart, so it is one replay, read and counted once.
+  {
+    std::set<std::uint64_t> seen;
+    std::erase_if(launches, [&seen](const auto& l) { return !seen.insert(l.second).second; });
+  }
   std::unordered_map<std::uint64_t, std::vector<std::size_t>> work;  // correlation -> device work
   for (const auto& [start, c] : launches) work.try_emplace(c);
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -148,8 +164,8 @@ int number_graph_replays(Trace& trace) {
   std::map<std::string, std::pair<std::uint32_t, std::uint64_t>> graph_of;  // sequence -> (graph id, first node id)
   std::uint64_t next_node = 1;
   int numbered = 0;
-  for (const auto& [start, c] : launches) {
-    std::vector<std::size_t>& w = work[c];
+  for (std::size_t l = 0; l < launches.size(); ++l) {
+    std::vector<std::size_t>& w = work[launches[l].second];
     if (w.empty()) continue;
     std::stable_sort(w.begin(), w.end(), [&](std::size_t x, std::size_t y) { return v[x].start_ns < v[y].start_ns; });
     std::string sequence;
@@ -157,6 +173,29 @@ int number_graph_replays(Trace& trace) {
       sequence += node_kind(v[i].type);
       sequence += v[i].type == ActivityType::Kernel ? v[i].name : std::string();
       sequence += '\n';
+    }
+    // The last replay of a trace that ends inside it (a full buffer, the
+    // profiler stopped) ran the first nodes of its graph: where its work is
+    // the start of exactly one graph's, it is a short replay of that graph,
+    // not another graph (tie_graphs names it). Only the last: elsewhere a
+    // shorter sequence is a graph of its own.
+    if (l + 1 == launches.size() && !graph_of.count(sequence)) {
+      auto prefix_of = graph_of.end();
+      int matches = 0;
+      for (auto g = graph_of.begin(); g != graph_of.end(); ++g) {
+        if (g->first.starts_with(sequence)) {
+          prefix_of = g;
+          ++matches;
+        }
+      }
+      if (matches == 1) {
+        for (std::size_t k = 0; k < w.size(); ++k) {
+          v[w[k]].graph_id = prefix_of->second.first;
+          v[w[k]].graph_node_id = prefix_of->second.second + k;
+        }
+        ++numbered;
+        continue;
+      }
     }
     auto [it, added] = graph_of.try_emplace(sequence, static_cast<std::uint32_t>(graph_of.size() + 1), next_node);
     if (added) next_node += w.size();
@@ -167,6 +206,57 @@ int number_graph_replays(Trace& trace) {
     ++numbered;
   }
   return numbered;
+}
+
+std::vector<std::string> number_unnamed_nodes(Trace& trace) {
+  auto& v = trace.activities;
+  struct Ids {
+    std::unordered_map<std::uint64_t, std::size_t> first;  // node id -> its first activity
+    std::string why;                                       // empty: the ids name nodes
+  };
+  std::map<std::uint32_t, Ids> graphs;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const Activity& a = v[i];
+    if (!is_device_work(a.type) || a.graph_id == 0) continue;
+    Ids& g = graphs[a.graph_id];
+    if (!g.why.empty()) continue;
+    if (a.graph_node_id == 0) {
+      g.why = "its device work carries no node id";
+      continue;
+    }
+    const auto [it, added] = g.first.try_emplace(a.graph_node_id, i);
+    if (!added) g.why = node_clash(v[it->second], a);
+  }
+  // New ids past those of the graphs whose ids name nodes (the others' are
+  // replaced), or from 1 where that would wrap past 2^64 - 1: an id shared
+  // with another graph misattributes nothing (calls are matched by graph and
+  // node), and tie_graphs says so.
+  std::uint64_t top = 0;
+  for (const auto& [id, g] : graphs) {
+    if (g.why.empty()) {
+      for (const auto& [node, i] : g.first) top = std::max(top, node);
+    }
+  }
+  std::vector<std::string> out;
+  std::uint64_t next = top + 1;
+  for (const auto& [id, g] : graphs) {
+    if (g.why.empty()) continue;
+    std::map<std::uint64_t, std::vector<std::size_t>> work;  // correlation (one replay) -> its device work
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (is_device_work(v[i].type) && v[i].graph_id == id) work[v[i].correlation].push_back(i);
+    }
+    std::size_t most = 0;
+    for (const auto& [c, w] : work) most = std::max(most, w.size());
+    if (next == 0 || next > std::numeric_limits<std::uint64_t>::max() - most) next = 1;
+    for (auto& [c, w] : work) {
+      std::stable_sort(w.begin(), w.end(), [&](std::size_t x, std::size_t y) { return v[x].start_ns < v[y].start_ns; });
+      for (std::size_t k = 0; k < w.size(); ++k) v[w[k]].graph_node_id = next + k;
+    }
+    next += most;
+    out.push_back("graph " + std::to_string(id) + ": its node ids name no node (" + g.why +
+                  "): its work numbered as its nodes in start order within each replay, as in a trace without ids");
+  }
+  return out;
 }
 
 std::vector<CaptureSpan> capture_spans(const Trace& trace) {
@@ -185,11 +275,23 @@ GraphTies tie_graphs(const Trace& trace) {
   std::map<std::uint64_t, std::set<std::uint64_t>> replays;
   std::unordered_map<std::uint64_t, std::uint64_t> owner;
   std::map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> repeated;  // graph -> (node, other graph)
+  std::map<std::uint64_t, std::string> clash;                                 // graph -> a node id over two kernels
+  std::map<std::uint64_t, bool> attention;                                    // graph -> a kernel names attention
+  // Each replay's (graph, correlation) first start and nodes, for replays that ran fewer than their graph's.
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::pair<std::int64_t, std::set<std::uint64_t>>> ran;
   for (std::size_t i = 0; i < v.size(); ++i) {
     const Activity& a = v[i];
     if (!is_device_work(a.type) || a.graph_id == 0) continue;
-    nodes[a.graph_id].try_emplace(a.graph_node_id, i);
+    const auto [seen, added_node] = nodes[a.graph_id].try_emplace(a.graph_node_id, i);
+    if (!added_node && a.graph_node_id != 0 && !clash.count(a.graph_id)) {
+      if (std::string c = node_clash(v[seen->second], a); !c.empty()) clash[a.graph_id] = std::move(c);
+    }
     replays[a.graph_id].insert(a.correlation);
+    bool& att = attention[a.graph_id];
+    att = att || (a.type == ActivityType::Kernel && !attention_backend_of_kernel(a.name, true).empty());
+    auto [r, added_replay] = ran.try_emplace({a.graph_id, a.correlation}, a.start_ns, std::set<std::uint64_t>{});
+    r->second.first = std::min(r->second.first, a.start_ns);
+    r->second.second.insert(a.graph_node_id);
     if (a.graph_node_id == 0) continue;
     const auto [it, added] = owner.try_emplace(a.graph_node_id, a.graph_id);
     if (!added && it->second != a.graph_id) {
@@ -204,11 +306,8 @@ GraphTies tie_graphs(const Trace& trace) {
     g.id = id;
     g.replays = static_cast<int>(replays[id].size());
     g.nodes = ns.size();
-    for (const auto& [node, i] : ns) {
-      if (v[i].type == ActivityType::Kernel && !attention_backend_of_kernel(v[i].name, true).empty()) {
-        g.attention_kernels = true;
-      }
-    }
+    // Every activity's kernel, not one per node: where node ids name no node, one stands for many.
+    g.attention_kernels = attention[id];
   }
 
   // Graphs by the sequence of their nodes' kinds, in order of their first node.
@@ -260,6 +359,11 @@ GraphTies tie_graphs(const Trace& trace) {
     for (const auto& [node, i] : ns) kinds += node_kind(v[i].type);
     if (ns.count(0)) {
       fail(replayed + ", but its device work carries no graph node id: not tied to its capture; " +
+           std::string(kByName));
+    } else if (const auto c = clash.find(id); c != clash.end()) {
+      fail(replayed + ", but " + c->second +
+           ": a node id no longer names one launch (its replays differ), so it "
+           "is not tied to a capture; " +
            std::string(kByName));
     } else if (const auto r = repeated.find(id); r != repeated.end()) {
       fail(replayed + ", but node ids repeat across graphs (node " + std::to_string(r->second.first) +
@@ -364,6 +468,28 @@ GraphTies tie_graphs(const Trace& trace) {
                   "found by kernel names";
       }
     }
+    {
+      // Replays that ran fewer nodes than their graph (a record lost, or the trace ends inside one), numbered
+      // as analyze numbers a graph's replays: by their first start.
+      std::vector<std::pair<std::int64_t, std::size_t>> by_start;  // (first start, nodes it ran)
+      for (auto r = ran.lower_bound({id, 0}); r != ran.end() && r->first.first == id; ++r) {
+        by_start.emplace_back(r->second.first, r->second.second.size());
+      }
+      std::sort(by_start.begin(), by_start.end());
+      std::string fewer;
+      int more = 0;
+      for (std::size_t k = 0; k < by_start.size(); ++k) {
+        if (by_start[k].second >= g.nodes) continue;
+        if (++more > 3) continue;
+        fewer += (fewer.empty() ? "" : ", ") + std::string("replay ") + std::to_string(k + 1) + " ran " +
+                 std::to_string(by_start[k].second) + " of its " + std::to_string(g.nodes) + " nodes";
+      }
+      if (more > 3) fewer += " and " + std::to_string(more - 3) + " more";
+      if (more > 0) {
+        g.note += "; " + fewer + " (a record lost, or the trace ends inside it)" +
+                  (g.tied ? ": a call missing a kernel there has no FLOP rate" : "");
+      }
+    }
     const bool attention = g.tied ? !g.calls.empty() || g.attention_kernels : g.attention_kernels;
     if (!attention) {
       g.note += g.tied ? "; it holds no attention: none of its captured ops is attention"
@@ -383,6 +509,8 @@ std::vector<AttentionCall> replay_calls(const TraceIndex& ix, const Graph& g) {
   std::stable_sort(work.begin(), work.end(),
                    [&](EventIndex x, EventIndex y) { return ix.at(x).graph_node_id < ix.at(y).graph_node_id; });
   if (g.tied) {
+    std::set<std::uint64_t> present;
+    for (EventIndex d : work) present.insert(ix.at(d).graph_node_id);
     std::vector<int> made(g.calls.size(), -1);
     for (EventIndex d : work) {
       const auto c = g.captured.find(ix.at(d).graph_node_id);
@@ -392,6 +520,13 @@ std::vector<AttentionCall> replay_calls(const TraceIndex& ix, const Graph& g) {
         k = static_cast<int>(out.size());
         out.push_back(g.calls[static_cast<std::size_t>(c->second.call)]);
         out.back().event = d;
+        // A node of the call that this replay lacks: its captured FLOPs and bytes over part of its kernels' time
+        // would be rates made up, so it has none (the shape stays the capture's).
+        const auto& mine = out.back().graph_nodes;
+        if (!std::all_of(mine.begin(), mine.end(), [&](std::uint64_t n) { return present.count(n) > 0; })) {
+          out.back().flops.reset();
+          out.back().bytes.reset();
+        }
       }
     }
   }

@@ -74,9 +74,21 @@ struct GraphTies {
 // work (kinds and kernel names) are one graph, numbered in the order of their
 // first replay, and a replay's work is its graph's nodes in start order (a
 // one-stream capture's launch order), node ids growing across graphs as
-// CUDA's do. Returns how many replays it numbered: 0 where any device
-// activity has a graph id, or nothing was launched by cudaGraphLaunch.
+// CUDA's do; launches sharing a correlation id are one replay, and a last
+// replay whose work is the start of one graph's (a trace that ends inside
+// it) is a short replay of that graph. Returns how many replays it numbered:
+// 0 where any device activity has a graph id, or nothing was launched by
+// cudaGraphLaunch.
 int number_graph_replays(Trace& trace);
+
+// A graph whose device work carries its graph id but node ids that name no
+// node (none, or one id over two different kernels: a corrupt or foreign
+// trace) would put every kernel of a replay under one node, and so under one
+// attention call. Its work is numbered as number_graph_replays numbers a
+// trace without ids (start order within each replay, ids past every node id
+// in the trace), and tie_graphs then judges it as it would those. Returns one
+// line per graph so numbered.
+std::vector<std::string> number_unnamed_nodes(Trace& trace);
 
 // The spans of the CUDA graph captures in `trace` (thread, from the begin
 // call's end to the end call's start): ops there were captured, not run.

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "attnprof/analyze.h"
 #include "attnprof/error.h"
@@ -445,6 +447,110 @@ TEST(GraphReplays, WithoutGraphIdsReplaysAreReadFromTheirLaunches) {
       EXPECT_TRUE(c.shape.empty()) << s->label << ": " << c.shape;  // never a shape made up
     }
   }
+}
+
+// Issue 59's bad input, probed: node ids that name no node (every replayed
+// activity under one id, or under none, while the graph id is there) must not
+// put a replay's GEMMs into its first attention call, nor say the graph holds
+// no attention. Its work is numbered in start order, as a trace without ids is.
+TEST(GraphReplays, NodeIdsThatNameNoNodeAreNumberedInStartOrder) {
+  // 2^64 - 1: a node id of -1 as the reader keeps it; the new ids must not wrap to 0 past it.
+  for (const std::uint64_t id : {std::uint64_t{7}, std::uint64_t{0}, ~std::uint64_t{0}}) {
+    Trace t = parse_chrome_trace(kineto_graph_trace({}), "graph.json");
+    for (Activity& x : t.activities) {
+      if (x.graph_id != 0) x.graph_node_id = id;
+    }
+    const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+    const std::string n = notes(a);
+    SCOPED_TRACE("node id " + std::to_string(id) + "\n" + n);
+    EXPECT_NE(n.find("graph 1: its node ids name no node"), std::string::npos);
+    EXPECT_EQ(n.find("holds no attention"), std::string::npos);
+    ASSERT_EQ(replays(a).size(), 3u);
+    for (const StepAnalysis* s : replays(a)) {
+      ASSERT_EQ(s->attention.calls.size(), 2u) << s->label;
+      for (const AttentionCall& c : s->attention.calls) {
+        EXPECT_EQ(c.found_by, "capture") << s->label << ": numbered, the nodes tie to the capture";
+        EXPECT_EQ(c.kernels.size(), 2u) << s->label;
+        EXPECT_DOUBLE_EQ(c.gpu_us, 22) << s->label;
+        for (const std::string& k : c.kernels) EXPECT_EQ(k.find("nvjet"), std::string::npos) << s->label;
+      }
+    }
+  }
+}
+
+// A replay that lost a node (a dropped record, a trace that ends inside it):
+// the call missing a kernel has no FLOP rate (its captured FLOPs over part of
+// its time would be made up), and the graph's line says which replay.
+TEST(GraphReplays, AReplayMissingANodeGivesThatCallNoRate) {
+  Trace t = parse_chrome_trace(kineto_graph_trace({}), "graph.json");
+  int seen = 0;
+  const auto split = std::find_if(t.activities.begin(), t.activities.end(), [&](const Activity& x) {
+    return x.graph_id == 1 && x.name.find("flash_fwd_splitkv_kernel") != std::string::npos && ++seen == 3;
+  });
+  ASSERT_NE(split, t.activities.end());
+  t.activities.erase(split);  // replay 2's first split kernel
+  const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+  const std::string n = notes(a);
+  EXPECT_NE(n.find("replay 2 ran 9 of its 10 nodes"), std::string::npos) << n;
+  ASSERT_EQ(replays(a).size(), 3u);
+  const StepAnalysis& r2 = *replays(a)[1];
+  ASSERT_EQ(r2.label, "graph 1 replay 2");
+  ASSERT_EQ(r2.attention.calls.size(), 2u);
+  EXPECT_EQ(r2.attention.calls[0].kernels.size(), 1u);
+  EXPECT_FALSE(r2.attention.calls[0].tflops) << "captured FLOPs over the combine's 2 us alone";
+  EXPECT_FALSE(r2.attention.calls[0].gbs);
+  EXPECT_EQ(r2.attention.calls[0].shape, "1x8x1x128, kv 1x8x4096x128") << "the shape is the capture's still";
+  EXPECT_TRUE(r2.attention.calls[1].tflops);
+  for (const std::size_t k : {std::size_t{0}, std::size_t{2}}) {
+    for (const AttentionCall& c : replays(a)[k]->attention.calls) EXPECT_TRUE(c.tflops) << replays(a)[k]->label;
+  }
+}
+
+// Two cudaGraphLaunch calls with one correlation id (a merged or corrupt
+// trace): their work cannot be told apart, one replay, and the count of
+// replays read agrees with the graphs' lines.
+TEST(GraphReplays, LaunchesSharingACorrelationAreOneReplayCountedOnce) {
+  Trace t = parse_chrome_trace(kineto_graph_trace({.no_graph_ids = true}), "graph.json");
+  std::vector<std::uint64_t> launch;
+  for (const Activity& x : t.activities) {
+    if (x.name == "cudaGraphLaunch") launch.push_back(x.correlation);
+  }
+  ASSERT_EQ(launch.size(), 3u);
+  for (Activity& x : t.activities) {
+    if (x.correlation == launch[2]) x.correlation = launch[1];
+  }
+  const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+  const std::string n = notes(a);
+  EXPECT_NE(n.find(": 2 replays read as the device work"), std::string::npos) << n;
+  EXPECT_NE(n.find("graph 1: 1 replay of 10 nodes"), std::string::npos) << n;
+  EXPECT_NE(n.find("graph 2: 1 replay of 20 nodes"), std::string::npos) << n;
+}
+
+// A trace without ids that ends inside its last replay (Kineto's buffer full,
+// the profiler stopped): that replay ran the first nodes of its graph, and is
+// read as a short replay of it, not as another graph whose capture "the
+// profiler was off" for. Its call missing a kernel has no rate.
+TEST(GraphReplays, ATraceEndingInsideItsLastReplayReadsAShortReplay) {
+  Trace t = parse_chrome_trace(kineto_graph_trace({.no_graph_ids = true}), "graph.json");
+  std::uint64_t last = 0;
+  for (const Activity& x : t.activities) {
+    if (x.name == "cudaGraphLaunch") last = x.correlation;
+  }
+  int kept = 0;
+  std::erase_if(t.activities, [&](const Activity& x) {
+    return x.on_device() && x.correlation == last && ++kept > 3;  // its mm, memset and split kernel ran
+  });
+  const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+  const std::string n = notes(a);
+  EXPECT_NE(n.find("graph 1: 3 replays of 10 nodes, each node tied"), std::string::npos) << n;
+  EXPECT_NE(n.find("replay 3 ran 3 of its 10 nodes"), std::string::npos) << n;
+  EXPECT_EQ(n.find("graph 2"), std::string::npos) << n;
+  ASSERT_EQ(replays(a).size(), 3u) << n;
+  const StepAnalysis& r3 = *replays(a)[2];
+  EXPECT_EQ(r3.label, "graph 1 replay 3");
+  ASSERT_EQ(r3.attention.calls.size(), 1u) << n;
+  EXPECT_EQ(r3.attention.calls[0].found_by, "capture");
+  EXPECT_FALSE(r3.attention.calls[0].tflops) << "its combine never ran";
 }
 
 }  // namespace
