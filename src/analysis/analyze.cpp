@@ -169,8 +169,11 @@ std::optional<double> ceiling_of(const AnalyzeOptions& options) {
   return given(options.ceiling_tflops, "ATTNPROF_CEILING_TFLOPS");
 }
 
+// `launched_replays`: a host step whose CUDA graph replays are steps of their
+// own (their device work and launches went there).
 StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string& source, bool gpu,
-                          const AnalyzeOptions& options, const analysis::Graph* graph = nullptr) {
+                          const AnalyzeOptions& options, const analysis::Graph* graph = nullptr,
+                          bool launched_replays = false) {
   StepAnalysis s;
   s.label = label;
   RunResult& r = s.result;
@@ -181,6 +184,10 @@ StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string
   r.trace = std::move(step_trace);
   const TraceIndex ix(r.trace);
   r.metrics = analysis::measure(ix, r.problem, 0);
+  // Its own device activities were counted, and are none (those it launched
+  // are its replays'), though its GPU annotation span is recorded: not the
+  // span-only count of a run with CUPTI off (activities-not-counted).
+  if (launched_replays && gpu && !r.metrics.kernels_per_forward) r.metrics.kernels_per_forward = 0.0;
   if (graph != nullptr) {
     // A replay's host time is its launch call's: the step's span runs on to
     // its last kernel, which the host never waited for.
@@ -376,7 +383,9 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
     for (const std::size_t i : by_time) sorted.push_back(std::move(acts[i]));
     acts.swap(sorted);
     Trace().activities.swap(sorted);  // the moved-from shells, freed before the step's analysis
-    out.steps.push_back(analyse_step(std::move(parts[g]), meta[g].label, source, out.gpu, options, meta[g].graph));
+    const bool launches = g < hosts && !launched[g].empty();
+    out.steps.push_back(
+        analyse_step(std::move(parts[g]), meta[g].label, source, out.gpu, options, meta[g].graph, launches));
     if (meta[g].host >= 0) out.steps.back().launched_in = host_label;
     Trace().activities.swap(parts[g].activities);
   }

@@ -64,6 +64,13 @@ TEST_P(GraphFixtures, EveryReplayedAttentionCallFoundAndNamed) {
 
   const TraceAnalysis a = analyze_traces({path}).at(0);
   ASSERT_FALSE(a.graph_notes.empty()) << "no CUDA graph replay in " << path << "\n" << analysis_text(a, 3);
+  // A step whose device work is all in its replays counted it there: no
+  // "not counted" line (the profiler's CUPTI was on throughout).
+  for (const StepAnalysis& s : a.steps) {
+    for (const Finding& f : s.result.findings) {
+      EXPECT_EQ(f.text.find("GPU activities not counted"), std::string::npos) << s.label << ": " << f.text;
+    }
+  }
   int replays = 0, calls = 0;
   for (const StepAnalysis& s : a.steps) {
     if (s.graph_id == 0 || s.attention.calls.empty()) continue;
