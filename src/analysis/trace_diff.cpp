@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string_view>
 #include <tuple>
 
 #include "attnprof/analyze.h"
@@ -103,11 +104,20 @@ std::vector<DiffRow> rows(const std::map<std::string, Tally>& a, const std::map<
 }
 
 // A finding's identity across traces: its rule and its text with the
-// figures taken out ("hidden copy: masked_fill makes # ... (#.# MiB)").
+// figures taken out ("hidden copy: masked_fill makes # ... (#.# MiB)"), and
+// the unit it counts by (rule_support.h's per_call: "per step" in an eager
+// trace, "per replay" in a graph one, ...) read as one.
 std::string finding_key(const Finding& f) {
+  std::string text = f.text;
+  for (const std::string_view unit :
+       {"per train step", "per forward", "per backward", "per step", "per replay", "in the trace"}) {
+    for (std::size_t at = text.find(unit); at != std::string::npos; at = text.find(unit, at + 1)) {
+      text.replace(at, unit.size(), "per call");
+    }
+  }
   std::string k = f.rule + ":";
   bool in_number = false;
-  for (char c : f.text) {
+  for (char c : text) {
     const bool digit = std::isdigit(static_cast<unsigned char>(c)) || (in_number && c == '.');
     if (digit) {
       if (!in_number) k += '#';

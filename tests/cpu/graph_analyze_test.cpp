@@ -361,6 +361,14 @@ TEST(GraphReplays, DiffOfAnEagerTraceAndAGraphOneComparesOpForOp) {
     EXPECT_NEAR(it->time_a_us, it->time_b_us, 1e-9) << op;
   }
   for (const DiffRow& k : d.kernels) EXPECT_EQ(k.change, "unchanged") << k.name;
+  // A finding both sides make, "per step" on one and "per replay" on the
+  // other, is in neither side's own list.
+  for (const Finding& fa : d.only_a) {
+    for (const Finding& fb : d.only_b) {
+      EXPECT_FALSE(fa.rule == fb.rule && fa.text.substr(0, 20) == fb.text.substr(0, 20))
+          << "only in A: " << fa.text << "\nonly in B: " << fb.text;
+    }
+  }
 }
 
 TEST(GraphReplays, ReplayRunsTheCapturedProblem) {
