@@ -103,16 +103,19 @@ class Plan:
                         cu_seqlens_k)
             if done is not None:
                 return done
-        if (q.requires_grad or k.requires_grad or v.requires_grad) and t.torch.is_grad_enabled():
+        if t.torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in (q, k, v)):
             # As attnprof.plan refuses them: a run would give an output no gradient reaches q, k or v through.
             raise Error("plan.run runs inference only: q, k and v require grad (use attnprof.attention for "
                         "autograd, or torch.no_grad())")
-        if out is None:
-            out = t.torch.empty(q.shape, dtype=t._out_dtype(q.dtype), device=q.device)
         dl = self._to_dlpack
         try:
+            if out is None:
+                out = t.torch.empty(q.shape, dtype=t._out_dtype(q.dtype), device=q.device)
             dq, dk, dv, do = dl(q), dl(k), dl(v), dl(out)
         except (RuntimeError, BufferError, TypeError, AttributeError) as e:
+            for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
+                if getattr(a, "is_meta", False):  # it holds no data: said so, not DLPack's words
+                    raise t._on_meta(name) from None
             raise _not_an_array(TypeError(str(e))) from None
         index = q.get_device()
         stream = 0 if index < 0 else self._stream(index) if self._stream is not None else t._stream_of(q)

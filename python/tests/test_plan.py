@@ -227,3 +227,26 @@ def test_runs_take_the_torch_extensions_path(run_path, monkeypatch):
     assert "plan.run runs inference only" in one_line(e)
     with torch.no_grad():
         assert plan.run(q.clone().requires_grad_(), k, v) is answers[-1]
+
+
+def test_runs_name_each_wrong_array_in_its_own_terms():
+    """Issue 57 item 9 on the plan's path: rows of the wrong rank are described as rows (not as a block table),
+    a tensor on the meta device as holding no data (not in DLPack's words), and a numpy array handed to a plan made
+    on torch tensors as not an array it reads, each in one line, on both ways in."""
+    q, k, v = qkv()
+    rows = torch.tensor([[0, 40], [0, 64]], dtype=torch.int32)
+    padded = attnprof.plan(q, k, v, backend="flash", threads=1, kv_rows=rows)
+    with pytest.raises(attnprof.Error) as e:
+        padded.run(q, k, v, kv_rows=torch.tensor([0, 40, 0, 64], dtype=torch.int32))
+    text = one_line(e)
+    assert text.startswith("kv_rows must be int32 [B, 2] = [2, 2], each sequence's (begin, end) rows"), text
+    assert "pages_per_seq" not in text
+    ends = torch.tensor([[40], [64]], dtype=torch.int32)  # key ends alone, as attention() takes them
+    assert torch.equal(padded.run(q, k, v, kv_rows=ends), padded.run(q, k, v, kv_rows=rows))
+    plan = attnprof.plan(q, k, v, backend="flash", threads=1)
+    with pytest.raises(attnprof.Error) as e:
+        plan.run(q.to("meta"), k, v)
+    assert one_line(e).startswith("q is on the meta device, which holds no data")
+    with pytest.raises(attnprof.Error) as e:
+        plan.run(q.numpy(), k, v)
+    assert "attnprof.plan takes CPU or CUDA arrays" in one_line(e)

@@ -219,8 +219,12 @@ Tensor index_view(const char* name, const Array& a, std::size_t ndim, Device dev
     fail(ErrorKind::InvalidArgument, std::string(name) + " must be int32, not " + dtype_text(a));
   }
   if (a.ndim != ndim) {
+    const bool cumulative = std::string_view(name).starts_with("cu_seqlens");
     fail(ErrorKind::InvalidArgument, std::string(name) + " must be " + std::to_string(ndim) + "-d, " +
-                                         (ndim == 2 ? "[batch, pages_per_seq]" : "[batch]") + "; got " + dims_of(a));
+                                         (ndim == 2    ? "[batch, pages_per_seq]"
+                                          : cumulative ? "[batch + 1]"
+                                                       : "[batch]") +
+                                         "; got " + dims_of(a));
   }
   if (device_of(name, a) != device) {
     fail(ErrorKind::InvalidArgument, std::string(name) + " is on " + where_name(a) + " but q is on " +

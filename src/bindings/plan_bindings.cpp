@@ -165,8 +165,9 @@ class PyPlan {
       in.kv_rows =
           lens.as_strided({1, 1, lens.size(3), 1}, {lens.size(3), lens.size(3), lens.stride(3), 1}, lens.offset());
     }
-    if (x.q_rows) in.q_rows = index_view("q_rows", *x.q_rows, 2, p.device);
-    if (x.kv_rows) in.kv_rows = index_view("kv_rows", *x.kv_rows, 2, p.device);
+    // As attention() reads them (arrays.cpp), key ends alone ([B, 1]) too; Plan::run checks the batch.
+    if (x.q_rows) in.q_rows = rows_view("q_rows", *x.q_rows, p.batch, p.device, /*ends_ok=*/false);
+    if (x.kv_rows) in.kv_rows = rows_view("kv_rows", *x.kv_rows, p.batch, p.device, /*ends_ok=*/true);
   }
 
   // An index array a run gives must be one the plan was made with, and the
