@@ -354,6 +354,21 @@ TEST(SplitKv, FlagsSplitsThatLeaveSmsIdle) {
   EXPECT_FALSE(f->figures.count("combine_share_pct"));
 }
 
+TEST(SplitKv, FromATraceThatDoesNotSayTheKeysPerSplitIdleSmsAreAMaybe) {
+  // analyze on someone's trace: no backend traits, no problem (a 27-key
+  // cache in transformers' generate() was told "more splits would fill them").
+  RunResult r = decode_run({.splits = 1, .rows = 8, .batch = 2, .combine_ns = 0});
+  r.traits = {};
+  r.problem.kv_seq = 0;
+  const auto fs = analysis::findings(r, {r}, {});
+  const Finding* f = by_rule(fs, "split-kv");
+  ASSERT_TRUE(f) << dump(fs);
+  EXPECT_NE(f->text.find("16 CTAs leave 116 of the 132 SMs idle: more splits might fill them, where the keys allow"),
+            std::string::npos)
+      << f->text;
+  EXPECT_EQ(f->severity, Severity::Info);
+}
+
 TEST(SplitKv, IdleSmsAreNoWarningWhenTheKeysAllowNoMoreSplits) {
   // 128 keys are 2 tiles of 64: 2 splits is all there is, however idle the SMs.
   RunResult r = decode_run({.splits = 2, .rows = 8, .batch = 2});
