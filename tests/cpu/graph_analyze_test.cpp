@@ -577,7 +577,8 @@ TEST(GraphReplays, LaunchesThatRanNoRecordedWorkAreOneLine) {
     }
     ASSERT_EQ(launch.size(), 3u);
     // Replay 2's work is gone; a driver launch with its own correlation ran none either.
-    std::erase_if(t.activities, [&](const Activity& x) { return x.on_device() && x.correlation == launch[1].correlation; });
+    std::erase_if(t.activities,
+                  [&](const Activity& x) { return x.on_device() && x.correlation == launch[1].correlation; });
     Activity driver = launch[2];
     driver.type = ActivityType::CudaDriver;
     driver.name = "cuGraphLaunch";
