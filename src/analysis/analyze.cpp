@@ -274,6 +274,7 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
   for (std::string& n : analysis::number_unnamed_nodes(trace)) out.graph_notes.push_back(std::move(n));
   const analysis::GraphTies ties = analysis::tie_graphs(trace);
   for (const auto& [id, g] : ties.graphs) out.graph_notes.push_back(g.note);
+  if (!ties.unrun_launches.empty()) out.graph_notes.push_back(ties.unrun_launches);
 
   const std::size_t hosts = spans.empty() ? 1 : spans.size();
   std::vector<int> group(v.size(), spans.empty() ? 0 : -1);

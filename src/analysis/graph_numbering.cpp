@@ -40,12 +40,14 @@ int number_graph_replays(Trace& trace) {
     if (!is_device_work(v[i].type)) continue;
     if (const auto it = work.find(v[i].correlation); it != work.end()) it->second.push_back(i);
   }
+  // A launch that ran no recorded work makes no replay (tie_graphs counts it),
+  // nor hides the short last replay before it (the profiler stopped there).
+  std::erase_if(launches, [&work](const auto& l) { return work[l.second].empty(); });
   std::map<std::string, std::pair<std::uint32_t, std::uint64_t>> graph_of;  // sequence -> (graph id, first node id)
   std::uint64_t next_node = 1;
   int numbered = 0;
   for (std::size_t l = 0; l < launches.size(); ++l) {
     std::vector<std::size_t>& w = work[launches[l].second];
-    if (w.empty()) continue;
     std::stable_sort(w.begin(), w.end(), [&](std::size_t x, std::size_t y) { return v[x].start_ns < v[y].start_ns; });
     std::string sequence;
     for (std::size_t i : w) {

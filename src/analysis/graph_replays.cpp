@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "analysis/attention_calls.h"
@@ -68,6 +69,46 @@ GraphTies tie_graphs(const Trace& trace) {
       repeated.try_emplace(it->second, a.graph_node_id, a.graph_id);
     }
   }
+  {
+    // Graph launches whose correlation no device work carries (the profiler
+    // stopped before it ran, or CUPTI dropped its records): no replay is made
+    // for them, and one line counts them. A driver launch inside a launch on
+    // its thread (the runtime's own call, traced too) is that launch.
+    std::set<std::uint64_t> worked;
+    for (const Activity& a : v) {
+      if (is_device_work(a.type)) worked.insert(a.correlation);
+    }
+    std::vector<std::size_t> calls;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if ((v[i].type == ActivityType::CudaRuntime || v[i].type == ActivityType::CudaDriver) && v[i].correlation != 0 &&
+          v[i].name.find("GraphLaunch") != std::string::npos) {
+        calls.push_back(i);
+      }
+    }
+    std::sort(calls.begin(), calls.end(), [&](std::size_t x, std::size_t y) {
+      return std::tuple(v[x].tid, v[x].start_ns, -v[x].dur_ns) < std::tuple(v[y].tid, v[y].start_ns, -v[y].dur_ns);
+    });
+    int unrun = 0;
+    std::set<std::uint64_t> counted;  // launches sharing a correlation id are one
+    for (std::size_t k = 0; k < calls.size();) {
+      const Activity& outer = v[calls[k]];
+      bool ran_work = false, seen = false;
+      std::size_t j = k;
+      for (; j < calls.size() && (j == k || (v[calls[j]].tid == outer.tid && v[calls[j]].end_ns() <= outer.end_ns()));
+           ++j) {
+        ran_work = ran_work || worked.count(v[calls[j]].correlation) > 0;
+        seen = seen || counted.count(v[calls[j]].correlation) > 0;
+      }
+      if (!ran_work && !seen) ++unrun;
+      for (std::size_t m = k; m < j; ++m) counted.insert(v[calls[m]].correlation);
+      k = j;
+    }
+    if (unrun > 0) {
+      out.unrun_launches = std::to_string(unrun) + (unrun == 1 ? " graph launch" : " graph launches") +
+                           " ran no device work the trace recorded (the profiler stopped, or CUPTI dropped " +
+                           (unrun == 1 ? "it)" : "them)") + ": no replay is read for " + (unrun == 1 ? "it" : "them");
+    }
+  }
   if (nodes.empty()) return out;
 
   for (const auto& [id, ns] : nodes) {
@@ -126,6 +167,25 @@ GraphTies tie_graphs(const Trace& trace) {
                                  std::to_string(g.nodes) + (g.nodes == 1 ? " node" : " nodes");
     std::string kinds;
     for (const auto& [node, i] : ns) kinds += node_kind(v[i].type);
+    // Each replay (by its first start, as analyze numbers them) and the nodes
+    // it ran. A graph's replays run its nodes, all of them unless a record was
+    // lost: a node fewer than half of them ran is not the graph's, and the
+    // replays that ran one disagree with the others.
+    std::vector<std::pair<std::int64_t, const std::set<std::uint64_t>*>> by_start;
+    std::map<std::uint64_t, int> runs;  // node -> replays that ran it
+    for (auto r = ran.lower_bound({id, 0}); r != ran.end() && r->first.first == id; ++r) {
+      by_start.emplace_back(r->second.first, &r->second.second);
+      for (const std::uint64_t n : r->second.second) ++runs[n];
+    }
+    std::sort(by_start.begin(), by_start.end());
+    std::set<std::uint64_t> odd;
+    for (const auto& [n, count] : runs) {
+      if (2 * count < g.replays) odd.insert(n);
+    }
+    const std::size_t common = g.nodes - odd.size();  // the nodes a replay runs
+    const auto ran_odd = [&odd](const std::set<std::uint64_t>& r) {
+      return std::any_of(r.begin(), r.end(), [&odd](std::uint64_t n) { return odd.count(n) > 0; });
+    };
     if (ns.count(0)) {
       fail(replayed + ", but its device work carries no graph node id: not tied to its capture; " +
            std::string(kByName));
@@ -138,6 +198,21 @@ GraphTies tie_graphs(const Trace& trace) {
       fail(replayed + ", but node ids repeat across graphs (node " + std::to_string(r->second.first) +
            " is also in graph " + std::to_string(r->second.second) +
            "): not tied to a capture, as a node id no longer names one launch; " + std::string(kByName));
+    } else if (!odd.empty()) {
+      std::string which;
+      int more = 0;
+      for (std::size_t k = 0; k < by_start.size(); ++k) {
+        if (!ran_odd(*by_start[k].second) || ++more > 3) continue;
+        which += (which.empty() ? "" : ", ") + std::string("replay ") + std::to_string(k + 1) + " ran " +
+                 std::to_string(by_start[k].second->size()) + " nodes";
+      }
+      if (more > 3) which += " and " + std::to_string(more - 3) + " more";
+      fail(std::to_string(g.replays) + " replays, but its replays disagree: " + which + " where the others ran " +
+           std::to_string(common) + " (node " + std::to_string(*odd.begin()) + " is in " +
+           std::to_string(runs[*odd.begin()]) + " of its " + std::to_string(g.replays) + " replays" +
+           (odd.size() > 1 ? ", and " + std::to_string(odd.size() - 1) + " more nodes in fewer than half" : "") +
+           "): the capture of a graph whose replays differ is not known, so it is not tied to a capture; " +
+           std::string(kByName));
     } else if (windows.empty()) {
       fail(replayed +
            ", but no capture is in the trace (no cudaStreamBeginCapture .. cudaStreamEndCapture: the "
@@ -238,20 +313,16 @@ GraphTies tie_graphs(const Trace& trace) {
       }
     }
     {
-      // Replays that ran fewer nodes than their graph (a record lost, or the trace ends inside one), numbered
-      // as analyze numbers a graph's replays: by their first start.
-      std::vector<std::pair<std::int64_t, std::size_t>> by_start;  // (first start, nodes it ran)
-      for (auto r = ran.lower_bound({id, 0}); r != ran.end() && r->first.first == id; ++r) {
-        by_start.emplace_back(r->second.first, r->second.second.size());
-      }
-      std::sort(by_start.begin(), by_start.end());
+      // Replays that ran fewer nodes than their graph (a record lost, or the trace ends inside one); those that
+      // ran a node not the graph's are named above.
       std::string fewer;
       int more = 0;
       for (std::size_t k = 0; k < by_start.size(); ++k) {
-        if (by_start[k].second >= g.nodes) continue;
+        const std::set<std::uint64_t>& r = *by_start[k].second;
+        if (r.size() >= common || ran_odd(r)) continue;
         if (++more > 3) continue;
         fewer += (fewer.empty() ? "" : ", ") + std::string("replay ") + std::to_string(k + 1) + " ran " +
-                 std::to_string(by_start[k].second) + " of its " + std::to_string(g.nodes) + " nodes";
+                 std::to_string(r.size()) + " of its " + std::to_string(common) + " nodes";
       }
       if (more > 3) fewer += " and " + std::to_string(more - 3) + " more";
       if (more > 0) {

@@ -65,6 +65,9 @@ struct Graph {
 
 struct GraphTies {
   std::map<std::uint64_t, Graph> graphs;  // by graph id
+  // One line where graph launches (cudaGraphLaunch, cuGraphLaunch) ran no
+  // device work the trace recorded, how many; empty where every one ran some.
+  std::string unrun_launches;
 };
 
 // PyTorch 2.11's Kineto with CUDA 13 writes no "graph id" or "graph node
@@ -98,7 +101,9 @@ struct CaptureSpan {
 std::vector<CaptureSpan> capture_spans(const Trace& trace);
 
 // Ties every graph replayed in `trace` (the whole trace, before it is split
-// into steps) to its capture. Empty when no device activity has a graph id.
+// into steps) to its capture. No graphs when no device activity has a graph
+// id. A replay whose nodes fewer than half of its graph's replays ran (its
+// replays disagree) refuses the tie, saying which replay.
 GraphTies tie_graphs(const Trace& trace);
 
 // The attention calls of one replay step (its index `ix`, from graph `g`),

@@ -561,5 +561,123 @@ TEST(GraphReplays, ATraceEndingInsideItsLastReplayReadsAShortReplay) {
   EXPECT_FALSE(r3.attention.calls[0].tflops) << "its combine never ran";
 }
 
+// A graph launch whose correlation id matches no device work (the profiler
+// stopped before its work ran, or CUPTI dropped the records) is said in one
+// line, counted once, and makes no replay; a driver cuGraphLaunch inside the
+// runtime's cudaGraphLaunch is that launch, not a second one.
+TEST(GraphReplays, LaunchesThatRanNoRecordedWorkAreOneLine) {
+  for (const bool ids : {true, false}) {
+    SCOPED_TRACE(ids ? "with graph ids" : "without graph ids");
+    Trace t = parse_chrome_trace(kineto_graph_trace({.no_graph_ids = !ids}), "graph.json");
+    std::vector<Activity> launch;
+    std::uint64_t top = 0;
+    for (const Activity& x : t.activities) {
+      if (x.name == "cudaGraphLaunch") launch.push_back(x);
+      top = std::max(top, x.correlation);
+    }
+    ASSERT_EQ(launch.size(), 3u);
+    // Replay 2's work is gone; a driver launch with its own correlation ran none either.
+    std::erase_if(t.activities,
+                  [&](const Activity& x) { return x.on_device() && x.correlation == launch[1].correlation; });
+    Activity driver = launch[2];
+    driver.type = ActivityType::CudaDriver;
+    driver.name = "cuGraphLaunch";
+    driver.correlation = ++top;
+    driver.start_ns += 20'000;
+    t.activities.push_back(driver);
+    // The runtime's own driver call, nested in replay 3's launch: no second launch.
+    Activity nested = launch[2];
+    nested.type = ActivityType::CudaDriver;
+    nested.name = "cuGraphLaunch";
+    nested.correlation = ++top;
+    nested.start_ns += 1'000;
+    nested.dur_ns = 2'000;
+    t.activities.push_back(nested);
+    const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+    const std::string n = notes(a);
+    int lines = 0;
+    for (const std::string& line : a.graph_notes) {
+      lines += line.find("graph launches ran no device work the trace recorded") != std::string::npos;
+    }
+    EXPECT_EQ(lines, 1) << n;
+    EXPECT_NE(n.find("2 graph launches ran no device work the trace recorded (the profiler stopped, or CUPTI "
+                     "dropped them)"),
+              std::string::npos)
+        << n;
+    EXPECT_NE(n.find("graph 1: 2 replays of 10 nodes, each node tied"), std::string::npos) << n;
+    ASSERT_EQ(replays(a).size(), 2u) << "no replay made up for the launches that ran nothing\n" << n;
+    EXPECT_NE(analysis_text(a).find("2 graph launches ran no device work"), std::string::npos) << "the report says it";
+  }
+  // Every launch empty: the line alone, no graph, no replay.
+  Trace t = parse_chrome_trace(kineto_graph_trace({}), "graph.json");
+  std::erase_if(t.activities, [](const Activity& x) { return x.on_device() && x.graph_id != 0; });
+  const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+  ASSERT_EQ(a.graph_notes.size(), 1u) << notes(a);
+  EXPECT_NE(a.graph_notes[0].find("3 graph launches ran no device work the trace recorded"), std::string::npos)
+      << notes(a);
+  EXPECT_TRUE(replays(a).empty());
+  // Without ids, a launch after a trace's short last replay (the profiler
+  // stopped) leaves that replay the last one that ran: a short replay of its
+  // graph, not a graph of its own.
+  {
+    Trace t = parse_chrome_trace(kineto_graph_trace({.no_graph_ids = true}), "graph.json");
+    const auto launch = std::find_if(t.activities.rbegin(), t.activities.rend(),
+                                     [](const Activity& x) { return x.name == "cudaGraphLaunch"; });
+    ASSERT_NE(launch, t.activities.rend());
+    Activity after = *launch;
+    int kept = 0;
+    std::erase_if(t.activities,
+                  [&](const Activity& x) { return x.on_device() && x.correlation == after.correlation && ++kept > 3; });
+    after.correlation = 1'000'000;
+    after.start_ns += 50'000;
+    t.activities.push_back(after);
+    const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+    const std::string n = notes(a);
+    EXPECT_NE(n.find("replay 3 ran 3 of its 10 nodes"), std::string::npos) << n;
+    EXPECT_EQ(n.find("graph 2"), std::string::npos) << n;
+    EXPECT_NE(n.find("1 graph launch ran no device work the trace recorded (the profiler stopped, or CUPTI dropped "
+                     "it)"),
+              std::string::npos)
+        << n;
+  }
+  // A trace with no graph launch says nothing of graphs.
+  EXPECT_TRUE(analyze_spec(KinetoGraphSpec{.eager = true}).graph_notes.empty());
+}
+
+// A replay that ran a node its graph's other replays did not (one more
+// device activity, with ids): the replays disagree, and the line says so,
+// not that the profiler was off during capture; no tie is claimed.
+TEST(GraphReplays, AReplayWithAnExtraNodeSaysTheReplaysDisagree) {
+  Trace t = parse_chrome_trace(kineto_graph_trace({}), "graph.json");
+  std::vector<std::uint64_t> launch;
+  for (const Activity& x : t.activities) {
+    if (x.name == "cudaGraphLaunch") launch.push_back(x.correlation);
+  }
+  ASSERT_EQ(launch.size(), 3u);
+  // Replay 2 ran one more product, as node 1010, after its last node.
+  const auto last = std::find_if(t.activities.rbegin(), t.activities.rend(), [&](const Activity& x) {
+    return x.type == ActivityType::Kernel && x.correlation == launch[1];
+  });
+  ASSERT_NE(last, t.activities.rend());
+  Activity extra = *last;
+  ASSERT_EQ(extra.graph_node_id, 1009u);
+  extra.graph_node_id = 1010;
+  extra.start_ns = last->end_ns() + 500;
+  t.activities.push_back(extra);
+  const TraceAnalysis a = analyze_trace(std::move(t), "graph.json");
+  const std::string n = notes(a);
+  ASSERT_EQ(a.graph_notes.size(), 1u) << n;
+  EXPECT_EQ(n.find("profiler was off"), std::string::npos) << n;
+  EXPECT_NE(n.find("graph 1: 3 replays, but its replays disagree: replay 2 ran 11 nodes where the others ran 10 "
+                   "(node 1010 is in 1 of its 3 replays)"),
+            std::string::npos)
+      << n;
+  EXPECT_NE(n.find("not tied to a capture; attention found by kernel names only, without shapes"), std::string::npos)
+      << n;
+  EXPECT_EQ(n.find("each node tied"), std::string::npos) << n;
+  EXPECT_EQ(n.find("of its 11 nodes"), std::string::npos) << "the others lost nothing\n" << n;
+  expect_by_names(a, 2);
+}
+
 }  // namespace
 }  // namespace attnprof
