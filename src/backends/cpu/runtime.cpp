@@ -78,12 +78,21 @@ constexpr std::int64_t kPerThreadBytes = (128 + 64 + 8) << 20;
 // records, the reference check, libraries' own allocations).
 constexpr std::int64_t kLimitSlackBytes = 96 << 20;
 
+// The CPUs online, read once: std::thread::hardware_concurrency() opens
+// /sys/devices/system/cpu/online on every call, and set_threads runs on every
+// call that sets other thread counts than its caller's (the bindings put the
+// caller's back after each call): a file opened and read per attention call.
+int hardware_threads() {
+  static const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return hw;
+}
+
 class CpuRuntime final : public DeviceRuntime {
  public:
   explicit CpuRuntime(int threads) { set_threads(threads); }
 
   void set_threads(int threads) {
-    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int hw = hardware_threads();
     const int want = threads > 0 ? threads : hw;
     // More BLAS threads than the address-space limit leaves room for would
     // hang in OpenBLAS's allocator: refused while nothing has started them.
