@@ -109,7 +109,7 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
       const Signature* sig = signature_of(a.name);
       const auto& c = a.concrete_inputs;
       const int at_i = sig ? (sig->backward ? 6 : 3) : -1;
-      // Where torch kept no strings, the Python front end's label says them.
+      // Where torch kept no strings, the op's own label says them.
       const std::optional<AttnprofLabel> label = attnprof_label(ix, r);
       if (at_i >= 0 && static_cast<std::size_t>(at_i) < c.size() && !c[static_cast<std::size_t>(at_i)].empty()) {
         call.backend += ":" + c[static_cast<std::size_t>(at_i)];

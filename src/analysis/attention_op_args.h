@@ -1,6 +1,6 @@
 // What one attention op's record says (attention_calls.cpp groups the ops into
 // calls): the schema its arguments follow, the backend its name commits to,
-// its shapes, dtype, mask and scale, and attnprof's label around it.
+// its shapes, dtype, mask and scale, and attnprof's label in or around it.
 #pragma once
 
 #include <cstdint>
@@ -54,15 +54,16 @@ std::string_view at(const std::vector<std::string>& v, int i);
 // when the op recorded no shapes.
 bool read_shapes(const Activity& a, const Signature& sig, AttentionCall& call);
 
-// What attnprof's Python front end says of a call under torch.profiler, where
-// torch keeps none of the op's string arguments: a range around the op,
+// What attnprof's op says of a call under torch.profiler, where torch keeps
+// none of the op's string arguments: a range its implementation opens inside
+// it (older traces: the Python front end's, around it),
 // "attnprof.attention backend=B mask=M window=W" (python/attnprof/_torch.py).
 struct AttnprofLabel {
   std::string backend, mask;
   std::optional<std::int64_t> window;
 };
 
-// The label of the innermost such range around `op`, if any.
+// The label inside `op`, else that of the innermost such range around it, if any.
 std::optional<AttnprofLabel> attnprof_label(const TraceIndex& ix, EventIndex op);
 
 // The label's mask where the op's own arguments left it unknown: the
