@@ -109,6 +109,17 @@ at::Tensor out_like(const at::Tensor& q) {
                    q.options().dtype(q.scalar_type() == at::kFloat8_e4m3fn ? at::kBFloat16 : q.scalar_type()));
 }
 
+// A C entry's answer as Python's: its refusal raised (attnprof.Error for
+// attnprof's own), else the caller's out (`given`) or the one made here.
+PyObject* result(int rc, const char* error, PyObject* given, at::Tensor made) {
+  if (rc != 0) {
+    PyErr_SetString(rc == 1 ? error_type : PyExc_RuntimeError, error);
+    return nullptr;
+  }
+  if (given != nullptr) return Py_NewRef(given);
+  return THPVariable_Wrap(std::move(made));
+}
+
 std::uintptr_t stream_of(const at::Tensor& q) {
 #ifdef ATTNPROF_TORCH_CUDA
   if (q.is_cuda())
@@ -151,12 +162,7 @@ PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args)
   a.stream = stream_of(q);
   char error[2048];
   const int rc = forward(&arrays[0], &arrays[1], &arrays[2], &arrays[3], &a, error, sizeof error);
-  if (rc != 0) {
-    PyErr_SetString(rc == 1 ? error_type : PyExc_RuntimeError, error);
-    return nullptr;
-  }
-  if (given_out) return Py_NewRef(objs[3]);
-  return THPVariable_Wrap(std::move(made));
+  return result(rc, error, given_out ? objs[3] : nullptr, std::move(made));
 }
 
 // Plan.run's call on plain tensors: plan_run(handle, q, k, v, out, block_table, seq_lens, q_rows, kv_rows,
@@ -201,12 +207,7 @@ PyObject* plan_run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     char error[2048];
     const int rc = plan_entry(plan, &arrays[0], &arrays[1], &arrays[2], &arrays[3], extras.data(), stream_of(q), error,
                               sizeof error);
-    if (rc != 0) {
-      PyErr_SetString(rc == 1 ? error_type : PyExc_RuntimeError, error);
-      return nullptr;
-    }
-    if (given_out) return Py_NewRef(args[4]);
-    return THPVariable_Wrap(std::move(made));
+    return result(rc, error, given_out ? args[4] : nullptr, std::move(made));
   } catch (const std::exception&) {
     PyErr_Clear();  // as attention() below: the general path raises torch's own error
     Py_RETURN_NONE;
