@@ -13,6 +13,7 @@
 
 #include "analysis/attention_calls.h"
 #include "analysis/findings.h"
+#include "analysis/graph_captures.h"
 #include "analysis/graph_replays.h"
 #include "analysis/metrics.h"
 #include "analysis/normalize.h"
@@ -23,12 +24,9 @@ namespace attnprof {
 namespace {
 
 using analysis::EventIndex;
+using analysis::is_device_work;
 using analysis::kNone;
 using analysis::TraceIndex;
-
-bool is_device_work(ActivityType t) {
-  return t == ActivityType::Kernel || t == ActivityType::Memcpy || t == ActivityType::Memset;
-}
 
 bool is_launch(ActivityType t) { return t == ActivityType::CudaRuntime || t == ActivityType::CudaDriver; }
 
@@ -329,7 +327,7 @@ TraceAnalysis analyze_trace(Trace trace, std::string source, const AnalyzeOption
     for (std::size_t i = 0; i < v.size(); ++i) {
       if (is_device_work(v[i].type) && v[i].graph_id != 0) {
         group[i] = part_of[{v[i].graph_id, v[i].correlation}];
-      } else if (is_launch(v[i].type) && v[i].correlation != 0 && v[i].name.find("GraphLaunch") != std::string::npos) {
+      } else if (analysis::is_graph_launch(v[i])) {
         if (const auto it = part_of_launch.find(v[i].correlation); it != part_of_launch.end()) group[i] = it->second;
       }
     }

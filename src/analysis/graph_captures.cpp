@@ -30,6 +30,11 @@ char launch_kind(const Activity& a) {
   return 0;
 }
 
+bool is_graph_launch(const Activity& a) {
+  return (a.type == ActivityType::CudaRuntime || a.type == ActivityType::CudaDriver) && a.correlation != 0 &&
+         a.name.find("GraphLaunch") != std::string::npos;
+}
+
 // CUPTI's runtime callback ids of the capture calls, for a trace whose
 // runtime names are "INVALID" (Kineto named only the ids it knew before the
 // refactor of its cbid names): cudaStreamBeginCapture(_ptsz) 315, 316,

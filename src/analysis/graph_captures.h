@@ -18,6 +18,8 @@ char node_kind(ActivityType t);
 // no node with device work (a host function, an event, a query).
 char launch_kind(const Activity& a);
 bool begins_capture(const Activity& a);
+// A cudaGraphLaunch (or cuGraphLaunch) call with a correlation id: one replay's launch.
+bool is_graph_launch(const Activity& a);
 bool ends_capture(const Activity& a);
 
 // A capture on one thread: the launch calls between its begin and its end, in order.

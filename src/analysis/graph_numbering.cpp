@@ -21,10 +21,7 @@ int number_graph_replays(Trace& trace) {
   // The graph launches, by correlation, in the order they were called.
   std::vector<std::pair<std::int64_t, std::uint64_t>> launches;  // (start, correlation)
   for (const Activity& a : v) {
-    if ((a.type == ActivityType::CudaRuntime || a.type == ActivityType::CudaDriver) && a.correlation != 0 &&
-        a.name.find("GraphLaunch") != std::string::npos) {
-      launches.emplace_back(a.start_ns, a.correlation);
-    }
+    if (is_graph_launch(a)) launches.emplace_back(a.start_ns, a.correlation);
   }
   if (launches.empty()) return 0;
   std::sort(launches.begin(), launches.end());

@@ -80,10 +80,7 @@ GraphTies tie_graphs(const Trace& trace) {
     }
     std::vector<std::size_t> calls;
     for (std::size_t i = 0; i < v.size(); ++i) {
-      if ((v[i].type == ActivityType::CudaRuntime || v[i].type == ActivityType::CudaDriver) && v[i].correlation != 0 &&
-          v[i].name.find("GraphLaunch") != std::string::npos) {
-        calls.push_back(i);
-      }
+      if (is_graph_launch(v[i])) calls.push_back(i);
     }
     std::sort(calls.begin(), calls.end(), [&](std::size_t x, std::size_t y) {
       return std::tuple(v[x].tid, v[x].start_ns, -v[x].dur_ns) < std::tuple(v[y].tid, v[y].start_ns, -v[y].dur_ns);
