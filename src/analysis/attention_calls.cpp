@@ -109,8 +109,13 @@ AttentionSummary attention_calls(const TraceIndex& ix, bool gpu, std::optional<d
       const Signature* sig = signature_of(a.name);
       const auto& c = a.concrete_inputs;
       const int at_i = sig ? (sig->backward ? 6 : 3) : -1;
-      // Where torch kept no strings, the op's own label says them.
-      const std::optional<AttnprofLabel> label = attnprof_label(ix, r);
+      // Where torch kept no strings, the op's own label says them: opened
+      // inside the op that ran, which a compiled graph's warm-up nests under
+      // the same op again (through a dispatch mode); the outermost label wins.
+      std::optional<AttnprofLabel> label;
+      for (EventIndex i : ops) {
+        if ((label = attnprof_label(ix, i))) break;
+      }
       if (at_i >= 0 && static_cast<std::size_t>(at_i) < c.size() && !c[static_cast<std::size_t>(at_i)].empty()) {
         call.backend += ":" + c[static_cast<std::size_t>(at_i)];
       } else if (label && !label->backend.empty()) {

@@ -319,6 +319,45 @@ TEST(AttentionCalls, FlashAttnWindowsGroupedQueryAndAttnprofOps) {
   EXPECT_DOUBLE_EQ(*sdpa.flops, 4.0 * 1 * 2 * (16.0 * 16) * 8);
 }
 
+// A compiled graph's first run (cudagraph trees' warm-up) calls attnprof's
+// op through a dispatch mode: the op, inside it the same op again, and the
+// label the implementation opened inside the inner one (as recorded in
+// tests/fixtures/graphs/generate_attnprof). The call is the outer op, and the
+// inner op's label names its backend and mask.
+TEST(AttentionCalls, AttnprofsLabelInsideTheSameOpNestedThroughADispatchMode) {
+  Trace t;
+  const auto at = [](ActivityType type, std::string name, std::int64_t start_us, std::int64_t dur_us) {
+    Activity a;
+    a.type = type;
+    a.name = std::move(name);
+    a.start_ns = start_us * 1000;
+    a.dur_ns = dur_us * 1000;
+    return a;
+  };
+  Activity outer = op("attnprof::attention", 0, "[1, 1, 4, 64], [1, 27, 2, 64], [1, 27, 2, 64]",
+                      "c10::BFloat16, c10::BFloat16, c10::BFloat16", {"", "", "", "", "", "", "", "True"});
+  outer.concrete_inputs.assign(23, "");
+  t.activities.push_back(outer);
+  t.activities.push_back(at(ActivityType::CpuOp, "PythonDispatchMode", 2, 96));
+  Activity inner = outer;
+  inner.start_ns = 4'000;
+  inner.dur_ns = 90'000;
+  t.activities.push_back(inner);
+  t.activities.push_back(at(ActivityType::UserAnnotation, "attnprof.attention backend=flash mask=none window=0", 6, 80));
+  const auto calls = calls_of(analyze_trace(parse_chrome_trace(chrome_trace_json(t)), "nested.json"));
+  ASSERT_EQ(calls.size(), 1u) << "the inner op is the outer one's call";
+  EXPECT_EQ(calls[0].backend, "attnprof:flash");
+  EXPECT_EQ(calls[0].mask, "none");
+  EXPECT_TRUE(calls[0].flops);
+
+  // The label directly inside the op (an eager call) reads the same.
+  t.activities.erase(t.activities.begin() + 1, t.activities.begin() + 3);
+  const auto eager = calls_of(analyze_trace(parse_chrome_trace(chrome_trace_json(t)), "eager.json"));
+  ASSERT_EQ(eager.size(), 1u);
+  EXPECT_EQ(eager[0].backend, "attnprof:flash");
+  EXPECT_EQ(eager[0].mask, "none");
+}
+
 TEST(AttentionCalls, CopiesOutsideAttentionAreInformation) {
   // cuda_naive: attention written by hand, no attention op: masked_fill's copy is the model's.
   const TraceAnalysis naive = analyze_traces({fixture("cuda_naive")}).at(0);

@@ -34,12 +34,6 @@ struct Fixture {
   const char* name;      // key in graph_traces.json and the file's stem
   const char* backend;   // what the calls must say ran; "" any named backend
   bool shapes_expected;  // captured ops record the shapes (not a plan's run)
-  // The op's label (its mask) is in the trace. generate_attnprof was recorded
-  // (2026-12-07, H100) before attnprof's op opened its label inside itself:
-  // its compiled calls carry none, so their mask reads "unknown" and they
-  // have no FLOPs. Re-recorded (scripts/gpu.sh graph_traces), it must say
-  // the mask: this flag then goes.
-  bool label_recorded = true;
 };
 
 void PrintTo(const Fixture& f, std::ostream* os) { *os << f.name; }
@@ -71,6 +65,13 @@ TEST_P(GraphFixtures, EveryReplayedAttentionCallFoundAndNamed) {
       EXPECT_EQ(f.text.find("GPU activities not counted"), std::string::npos) << s.label << ": " << f.text;
     }
   }
+  // Every attnprof call of the trace (eager, a compiled graph's warm-up, a
+  // replay) names its mask: the op's label is read wherever it ran.
+  for (const StepAnalysis& s : a.steps) {
+    for (const AttentionCall& c : s.attention.calls) {
+      if (c.backend.starts_with("attnprof")) EXPECT_NE(c.mask, "unknown") << s.label << ": " << c.shape;
+    }
+  }
   int replays = 0, calls = 0;
   for (const StepAnalysis& s : a.steps) {
     if (s.graph_id == 0 || s.attention.calls.empty()) continue;
@@ -98,11 +99,9 @@ TEST_P(GraphFixtures, EveryReplayedAttentionCallFoundAndNamed) {
       if (captured && x.shapes_expected) {
         EXPECT_EQ(c.found_by, "capture") << s.label << "\n" << analysis_text(a, 3);
         EXPECT_TRUE(c.problem) << s.label << " layer " << c.layer;
-        if (x.label_recorded) {
-          EXPECT_TRUE(c.flops) << s.label << " layer " << c.layer << ": " << c.mask;
-        } else {
-          EXPECT_EQ(c.mask, "unknown") << "re-recorded with the label: drop label_recorded = false";
-        }
+        // The op's label (its mask) is read inside the op, compiled or not.
+        EXPECT_NE(c.mask, "unknown") << s.label << " layer " << c.layer;
+        EXPECT_TRUE(c.flops) << s.label << " layer " << c.layer << ": " << c.mask;
       }
     }
     // None attributed to another op: every kernel that names attention is a call's.
@@ -119,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Recorded, GraphFixtures,
                          ::testing::Values(Fixture{"decode_sdpa", "", true},
                                            Fixture{"decode_plan", "attnprof:flash", false},
                                            Fixture{"generate_sdpa", "", true},
-                                           Fixture{"generate_attnprof", "attnprof:flash", true, false}),
+                                           Fixture{"generate_attnprof", "attnprof:flash", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
