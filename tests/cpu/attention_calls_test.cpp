@@ -343,7 +343,8 @@ TEST(AttentionCalls, AttnprofsLabelInsideTheSameOpNestedThroughADispatchMode) {
   inner.start_ns = 4'000;
   inner.dur_ns = 90'000;
   t.activities.push_back(inner);
-  t.activities.push_back(at(ActivityType::UserAnnotation, "attnprof.attention backend=flash mask=none window=0", 6, 80));
+  t.activities.push_back(
+      at(ActivityType::UserAnnotation, "attnprof.attention backend=flash mask=none window=0", 6, 80));
   const auto calls = calls_of(analyze_trace(parse_chrome_trace(chrome_trace_json(t)), "nested.json"));
   ASSERT_EQ(calls.size(), 1u) << "the inner op is the outer one's call";
   EXPECT_EQ(calls[0].backend, "attnprof:flash");
