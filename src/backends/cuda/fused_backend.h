@@ -155,7 +155,8 @@ class FusedBackend : public Backend {
                     .seq_k = p.kv_seq,
                     .head_dim = p.head_dim,
                     .deterministic = p.deterministic,
-                    .sm90 = fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90};
+                    .sm90 = fused_bwd_path(static_cast<int>(p.head_dim), flash_) == BwdPath::Sm90,
+                    .masked = p.mask != MaskKind::None};
     s.group_split = flash_sm90_bwd_group_split(s, p.varlen());
     return s;
   }

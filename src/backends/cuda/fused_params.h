@@ -201,13 +201,78 @@ struct FusedBwdParams {
 // 64 past it.
 constexpr int flash_sm90_bwd_block_n(int head_dim) { return (head_dim + 63) / 64 * 64 > 128 ? 64 : 128; }
 
-// What sizes a backward's workspace.
+// What sizes a backward's workspace (and picks the sm90 kernel's group split).
 struct FusedBwdShape {
   std::int64_t batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
   bool deterministic = false;
   bool sm90 = false;
+  bool masked = true;   // any mask but none: the grid's order (bwd_sm90_key_tile_fastest)
   int group_split = 1;  // FusedBwdParams::group_split (sm90)
 };
+
+// The sm90 backward's grid order, decided at launch (kernels/bwd_order_sm90.cuh
+// says why, and its BwdOrderSm90 calls these): whether the key tile goes
+// fastest (a wave holds a few (kv head, batch) pairs whole), else in how many
+// chunks of pairs the grid runs, each in key-tile order (a wave holds the
+// first key tiles of every pair of its chunk). Here so that the group split
+// (bwd_sm90_group_split) reads the order the kernel will run in. The wide head
+// dims (padded past 128) take the key tile fastest; at 256 (padded past 192)
+// the consumers take the deterministic turns themselves (no room to stage dQ).
+constexpr bool bwd_sm90_key_tile_fastest(bool deterministic, bool masked, std::int64_t pad_dim, std::int64_t key_tiles,
+                                         int multiprocessors) {
+  if (!deterministic) return !masked || pad_dim > 128;
+  return (!masked || pad_dim > 192) && key_tiles <= multiprocessors;
+}
+// Chunks of at least two waves of CTAs (2 x the multiprocessors); a grid of
+// less than four waves is one chunk, and so is a deterministic one.
+constexpr std::int64_t bwd_sm90_chunks(bool deterministic, std::int64_t key_tiles, std::int64_t pairs,
+                                       int multiprocessors) {
+  if (deterministic) return 1;
+  const std::int64_t width = (2 * multiprocessors + key_tiles - 1) / key_tiles;  // a chunk's fewest pairs
+  return pairs / width > 1 ? pairs / width : 1;
+}
+
+// flash's sm90 backward: how many CTAs share each key tile's grouped-query
+// group (FusedBwdParams::group_split), a divisor of the group; 1 for packed
+// batches and where the group is 1. One CTA per (key tile, kv head, batch)
+// walks group / split query heads, keeping dK and dV in registers; above 1
+// each CTA writes FP32 partial sums of dK and dV that a last kernel adds (2 x
+// split x B x Hkv x Sk x D x 4 bytes written and read again), so the fewest
+// parts that meet both of these:
+// - enough CTAs: 1.9 waves of the multiprocessors (two, less the last
+//   wave's few: 8 x 8/1 x 1024 x 64 causal ran in 94 us on split 4's 256
+//   CTAs against 113 on split 8's 512, H100);
+// - a wave's query heads near L2: the pairs a wave runs at once (the grid's
+//   order above) times the query heads each walks, each head's Q, dO and FP32
+//   dQ accumulator (seq_q x (4 D + 4 padded D) bytes), at most 2.5 x the L2.
+//   A wave of the whole group in one CTA streams every head of every pair
+//   from DRAM. On the H100 (50 MB of L2; docs/perf/backward.md, 2026-12-07)
+//   8 x 32/8 x 1024 x 128 causal took 766 us with the group in one CTA (256
+//   MB a wave), 679 split in 2 (85 MB), 721 in 4 (37 MB, twice the partial
+//   sums), its multi-head twin 659; at 128 MB (4 x 16/4 x 2048 x 128, one
+//   CTA or two) 496-503 us against the twin's 459; 1 x 16/4 x 16384 x 128
+//   causal (256 MB) 5.43 ms against the twin's 4.60.
+constexpr int bwd_sm90_group_split(const FusedBwdShape& s, bool packed, int multiprocessors, std::int64_t l2_bytes) {
+  const std::int64_t group = s.kv_heads > 0 ? s.heads / s.kv_heads : 1;
+  if (!s.sm90 || packed || group <= 1 || multiprocessors <= 0) return 1;
+  const std::int64_t pad_dim = (s.head_dim + 63) / 64 * 64;
+  const std::int64_t key_tiles = (s.seq_k + flash_sm90_bwd_block_n(static_cast<int>(s.head_dim)) - 1) /
+                                 flash_sm90_bwd_block_n(static_cast<int>(s.head_dim));
+  const std::int64_t pairs = s.kv_heads * s.batch;
+  const std::int64_t head_bytes = s.seq_q * (4 * s.head_dim + 4 * pad_dim);
+  const bool fastest = bwd_sm90_key_tile_fastest(s.deterministic, s.masked, pad_dim, key_tiles, multiprocessors);
+  for (std::int64_t split = 1; split < group; ++split) {
+    if (group % split != 0) continue;
+    const std::int64_t units = pairs * split;
+    if (key_tiles * units * 10 < 19 * static_cast<std::int64_t>(multiprocessors)) continue;
+    const std::int64_t chunks = bwd_sm90_chunks(s.deterministic, key_tiles, units, multiprocessors);
+    const std::int64_t at_once =
+        fastest ? (multiprocessors + key_tiles - 1) / key_tiles : (units + chunks - 1) / chunks;
+    const std::int64_t wave_bytes = (at_once < units ? at_once : units) * (group / split) * head_bytes;
+    if (l2_bytes <= 0 || 2 * wave_bytes <= 5 * l2_bytes) return static_cast<int>(split);
+  }
+  return static_cast<int>(group);
+}
 
 // The workspace a backward needs, in 4-byte elements per part (0: not
 // needed), and the dQ accumulator's columns (the sm90 kernel's padded head dim).

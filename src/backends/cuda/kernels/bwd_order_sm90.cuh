@@ -67,8 +67,9 @@ struct BwdOrderSm90 {
   // unmasked or with the consumers' own turns, and only when a head's key
   // tiles fit one a multiprocessor.
   static bool key_tile_fastest(bool deterministic, int key_tiles, int multiprocessors) {
-    if (!deterministic) return kMask == MaskMode::None || Cfg::kWide;
-    return (kMask == MaskMode::None || kConsumerTurns) && key_tiles <= multiprocessors;
+    static_assert(Cfg::kWide == (Cfg::kPadDim > 128) && kConsumerTurns == (Cfg::kPadDim > 192),
+                  "bwd_sm90_key_tile_fastest (fused_params.h) reads these from the padded head dim");
+    return bwd_sm90_key_tile_fastest(deterministic, kMask != MaskMode::None, Cfg::kPadDim, key_tiles, multiprocessors);
   }
   // Key tile slowest: the grid's (kv head, batch) pairs in `chunks` chunks
   // of consecutive pairs, as even as they divide (the first pairs % chunks
@@ -106,9 +107,7 @@ struct BwdOrderSm90 {
   // more key tiles of a head, and key tile n waits on n - 1: 2.63 -> 4.28 ms
   // at 2 x 16 x 8192 x 128 causal).
   static int chunks(bool deterministic, int n_tiles, int pairs, int multiprocessors) {
-    if (deterministic) return 1;
-    const int width = (2 * multiprocessors + n_tiles - 1) / n_tiles;  // a chunk's fewest pairs
-    return pairs / width > 1 ? pairs / width : 1;
+    return static_cast<int>(bwd_sm90_chunks(deterministic, n_tiles, pairs, multiprocessors));
   }
   // Where key tile n_block's walk over its query tiles starts. Unmasked with
   // the key tile fastest, a head's key tiles run together: each starts at its

@@ -42,21 +42,19 @@ int flash_sm90_bwd_group_split(const FusedBwdShape& s, bool packed) {
     return v != nullptr ? std::atoi(v) : 0;
   }();
   if (forced > 0) return group % forced == 0 ? forced : 1;
-  static const int multiprocessors = [] {
-    int device = 0, n = 0;
-    return cudaGetDevice(&device) == cudaSuccess &&
-                   fixed_device_attribute(n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess
-               ? n
-               : 132;
+  struct Facts {
+    int multiprocessors = 132;
+    int l2_bytes = 50 << 20;
+  };
+  static const Facts facts = [] {
+    Facts f;
+    int device = 0, n = 0, l2 = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return f;
+    if (fixed_device_attribute(n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) f.multiprocessors = n;
+    if (fixed_device_attribute(l2, cudaDevAttrL2CacheSize, device) == cudaSuccess) f.l2_bytes = l2;
+    return f;
   }();
-  const std::int64_t block_n = flash_sm90_bwd_block_n(static_cast<int>(s.head_dim));
-  const std::int64_t ctas = (s.seq_k + block_n - 1) / block_n * s.kv_heads * s.batch;
-  int split = 1;
-  while (ctas * split < 2 * multiprocessors && split < group) {
-    do ++split;
-    while (group % split != 0);
-  }
-  return split;
+  return bwd_sm90_group_split(s, packed, facts.multiprocessors, facts.l2_bytes);
 }
 
 const char* fused_bwd_unsupported_reason(const FusedBwdParams& p, BwdPath path) {

@@ -94,14 +94,8 @@ bool flash_decode_takes(const FusedParams& p);
 // of kFlashSm90BwdHeadDims on an sm90 GPU with a binary built for sm_90a.
 enum class BwdPath { Sm80, Sm90 };
 BwdPath fused_bwd_path(int head_dim, bool flash);
-// flash's sm90 backward: how many CTAs share each key tile's grouped-query
-// group (FusedBwdParams::group_split). One CTA per (key tile, kv head, batch)
-// walks every query head of its group and keeps dK and dV in registers; where
-// those CTAs are too few to fill the GPU twice over (multi-query and
-// grouped-query problems with few key tiles), the group's heads are split
-// among the fewest CTAs (a divisor of the group) that do, each writing FP32
-// partial sums of dK and dV that a last kernel adds in order (bitwise
-// repeatable). 1 for packed batches and where the group is 1.
+// flash's sm90 backward's group split (bwd_sm90_group_split, fused_params.h,
+// says how it is picked) on this GPU: its multiprocessors and L2.
 // ATTNPROF_BWD_GROUP_SPLIT (a divisor of the group) overrides it, for measuring.
 int flash_sm90_bwd_group_split(const FusedBwdShape& s, bool packed);
 // nullptr when `p` can run on `path` (the forward's checks, a head_dim of
