@@ -31,6 +31,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -66,19 +68,40 @@ bool name_of(const std::string& s, Name& out) {
   return true;
 }
 
+// The plain options as a key holds them: each member of CallOptions as
+// itself, a name inline. A tuple made from call_options.h's table, so that
+// the key's equality and hash below walk every option there is.
+template <class T>
+struct Held {
+  using type = T;
+  static bool set(const T& v, T& out) {
+    out = v;
+    return true;
+  }
+};
+template <>
+struct Held<std::string> {
+  using type = Name;
+  static bool set(const std::string& v, Name& out) { return name_of(v, out); }
+};
+using OptionsKey = decltype(std::apply(
+    [](const auto&... e) { return std::tuple<typename Held<OptionType<decltype(e)>>::type...>{}; }, kCallOptions));
+
+bool options_key(const CallOptions& o, OptionsKey& key) {
+  bool held = true;
+  for_each_call_option([&](auto i, const auto& e) {
+    held = held && Held<OptionType<decltype(e)>>::set(o.*e.member, std::get<decltype(i)::value>(key));
+  });
+  return held;
+}
+
 // The caller's arrays, in the order the key and the entries' views name them.
 enum Source : std::uint8_t { kQ, kK, kV, kOut, kMask, kTable, kLens, kQRows, kKvRows, kCuQ, kCuK, kSources };
 
 struct CallKey {
   std::array<Layout, kSources> arrays;
-  Name backend{};
-  Name mask{};
-  std::optional<std::int64_t> window;
-  std::optional<double> scale;
-  std::optional<double> softcap;
+  OptionsKey options{};
   int threads = 0;
-  bool bshd = false;
-  bool deterministic = false;
   Pass pass = Pass::Forward;
   // A packed call: max_seqlen_q and _k as given, and on the CPU its
   // cumulative lengths themselves (cu_seqlens_q's, then _k's), from which its
@@ -117,13 +140,8 @@ bool key_of(const Sources& arrays, const CallArgs& a, CallKey& key) {
   for (std::size_t i = 0; i < kSources; ++i) {
     if (arrays[i] != nullptr && !array_layout(*arrays[i], key.arrays[i])) return false;
   }
-  if (!name_of(a.backend, key.backend) || !name_of(a.mask, key.mask)) return false;
-  key.window = a.window;
-  key.scale = a.scale;
-  key.softcap = a.softcap;
+  if (!options_key(a.options, key.options)) return false;
   key.threads = a.threads;
-  key.bshd = a.bshd;
-  key.deterministic = a.deterministic;
   key.pass = a.pass;
   return true;
 }
@@ -131,6 +149,18 @@ bool key_of(const Sources& arrays, const CallArgs& a, CallKey& key) {
 template <class T>
 void mix(std::size_t& h, const T& v) {
   h ^= std::hash<T>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+}
+
+// A held option into the hash, by its type (OptionsKey's members).
+void mix_option(std::size_t& h, const Name& v) { mix(h, std::string_view(v.data())); }
+void mix_option(std::size_t& h, bool v) { mix(h, v); }
+void mix_option(std::size_t& h, const std::optional<std::int64_t>& v) {
+  mix(h, v.has_value());
+  mix(h, v.value_or(0));
+}
+void mix_option(std::size_t& h, const std::optional<double>& v) {
+  mix(h, v.has_value());
+  mix(h, v ? *v + 0.0 : 0.0);  // + 0.0: -0.0 and 0.0 compare equal, so they hash alike
 }
 
 struct CallKeyHash {
@@ -146,13 +176,8 @@ struct CallKeyHash {
         mix(h, l.strides[static_cast<std::size_t>(i)]);
       }
     }
-    mix(h, std::string_view(k.backend.data()));
-    mix(h, std::string_view(k.mask.data()));
-    mix(h, k.window.value_or(-1));
-    // + 0.0: -0.0 and 0.0 compare equal, so they hash alike.
-    mix(h, k.scale ? *k.scale + 0.0 : -1.0);
-    mix(h, k.softcap ? *k.softcap + 0.0 : -1.0);
-    mix(h, (k.threads << 8) | (int{k.bshd} << 2) | (int{k.deterministic} << 1) | static_cast<int>(k.pass));
+    std::apply([&](const auto&... option) { (mix_option(h, option), ...); }, k.options);
+    mix(h, (k.threads << 8) | static_cast<int>(k.pass));
     mix(h, k.max_q.value_or(-1));
     mix(h, k.max_k.value_or(-1));
     for (const std::int32_t n : k.lengths) mix(h, n);
