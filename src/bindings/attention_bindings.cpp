@@ -39,10 +39,11 @@ std::optional<Array> optional_array(const std::optional<In>& a) {
 // `out`, on the caller's stream (a cudaStream_t as an integer; 0 = legacy
 // default). Returns the backend that ran.
 std::string attention(const CallOptions& o, const In& q, const In& k, const In& v, const Out& out,
-                      std::uintptr_t stream, int threads, const std::optional<In>& attn_mask, const std::optional<In>& block_table,
-                      const std::optional<In>& seq_lens, const std::optional<Descale>& q_descale,
-                      const std::optional<Descale>& k_descale, const std::optional<Descale>& v_descale,
-                      const std::optional<In>& q_rows, const std::optional<In>& kv_rows) {
+                      std::uintptr_t stream, int threads, const std::optional<In>& attn_mask,
+                      const std::optional<In>& block_table, const std::optional<In>& seq_lens,
+                      const std::optional<Descale>& q_descale, const std::optional<Descale>& k_descale,
+                      const std::optional<Descale>& v_descale, const std::optional<In>& q_rows,
+                      const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
   Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out), {o, stream, threads, Pass::Forward},
                           Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens),
@@ -191,10 +192,11 @@ void bind_attention(nb::module_& m) {
            "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
   def_call(m, "attention_backward", kTrainTakes, &attention_backward, nb::arg("dout").noconvert(),
            nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(),
-           nb::arg("lse").noconvert(), nb::arg("dq").noconvert(), nb::arg("dk").noconvert(),
-           nb::arg("dv").noconvert(), nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+           nb::arg("lse").noconvert(), nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
+           nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0,
            nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("q_rows").noconvert().none() = nb::none(),
-           nb::arg("kv_rows").noconvert().none() = nb::none(), "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
+           nb::arg("kv_rows").noconvert().none() = nb::none(),
+           "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
   def_call(m, "_attention_until", kForwardTakes, &attention_until, nb::arg("stage"), nb::arg("q").noconvert(),
            nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(),

@@ -370,11 +370,11 @@ void def_call(Scope& scope, const char* name, Takes takes, R (*f)(const CallOpti
 }
 
 // The module's parts, each adding its functions (module.cpp calls them).
-void bind_attention(nb::module_& m);  // attention_bindings.cpp
-void bind_varlen(nb::module_& m);     // varlen_bindings.cpp
-void bind_pipeline(nb::module_& m);   // pipeline_bindings.cpp
-void bind_analyze(nb::module_& m);    // analyze_bindings.cpp
-void bind_plan(nb::module_& m);       // plan_bindings.cpp
+void bind_attention(nb::module_& m);     // attention_bindings.cpp
+void bind_varlen(nb::module_& m);        // varlen_bindings.cpp
+void bind_pipeline(nb::module_& m);      // pipeline_bindings.cpp
+void bind_analyze(nb::module_& m);       // analyze_bindings.cpp
+void bind_plan(nb::module_& m);          // plan_bindings.cpp
 void bind_call_options(nb::module_& m);  // call_options.cpp: the table as Python reads it
 
 }  // namespace attnprof::python

@@ -48,14 +48,14 @@ struct Kind<bool> {
   static constexpr std::uint8_t entry = kAttnprofFlag;
 };
 
-
 // The names as interned Python strings: a call's keywords are interned (the
 // caller's literals), so a name is mostly found by its pointer.
 const std::array<PyObject*, kCallOptionCount>& interned_names() {
   static const std::array<PyObject*, kCallOptionCount> names = [] {
     std::array<PyObject*, kCallOptionCount> a{};
     for (std::size_t i = 0; i < kCallOptionCount; ++i) {
-      a[i] = PyUnicode_FromStringAndSize(kCallOptionNames[i].data(), static_cast<Py_ssize_t>(kCallOptionNames[i].size()));
+      a[i] =
+          PyUnicode_FromStringAndSize(kCallOptionNames[i].data(), static_cast<Py_ssize_t>(kCallOptionNames[i].size()));
       PyUnicode_InternInPlace(&a[i]);  // held for the process
     }
     return a;

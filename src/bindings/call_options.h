@@ -80,7 +80,8 @@ template <class F>
 constexpr void for_each_call_option(F&& f) {
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (f(std::integral_constant<std::size_t, I>{}, std::get<I>(kCallOptions)), ...);
-  }(std::make_index_sequence<kCallOptionCount>{});
+  }
+  (std::make_index_sequence<kCallOptionCount>{});
 }
 
 inline constexpr std::array<std::string_view, kCallOptionCount> kCallOptionNames = [] {

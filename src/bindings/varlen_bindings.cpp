@@ -348,9 +348,9 @@ void bind_varlen(nb::module_& m) {
            "the packed training forward into `out`; returns (backend, the saved [H, total_q] log-sum-exp)");
   def_call(m, "attention_varlen_backward", kPackedTrainTakes, &attention_varlen_backward, nb::arg("dout").noconvert(),
            nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(),
-           nb::arg("lse").noconvert(), nb::arg("dq").noconvert(), nb::arg("dk").noconvert(),
-           nb::arg("dv").noconvert(), nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(),
-           nb::kw_only(), nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
+           nb::arg("lse").noconvert(), nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
+           nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(),
+           nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
            nb::arg("stream") = 0, nb::arg("threads") = 0, "dQ, dK, dV of a packed batch; returns the backend that ran");
 }
 
