@@ -5,6 +5,7 @@
 //   call_options.h/.cpp    a call's plain options: their one table, from Python and the C entry
 //   call.cpp               a dense call: prepare(), the backend it resolves
 //   call_cache.cpp         the call cache: a repeated call's plan, made once (attnprof/plan.h)
+//   call_key.h/.cpp        the call cache's key, its equality and hash
 //   attention_bindings.cpp attention, attention_train, attention_backward
 //   varlen_bindings.cpp    packed (variable-length) batches; a paged cache's preparation
 //   pipeline_bindings.cpp  Problem, compare, profile, explain, the library's defaults
@@ -201,7 +202,7 @@ struct CallArgs {
 Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& args,
              const Extras& x = {});
 
-// prepare() through the call cache (call_cache.cpp says what its key holds):
+// prepare() through the call cache (call_key.h says what its key holds):
 // a call whose every array layout and argument matches one prepared before
 // takes that one's problem, backend and, for a forward, plan, and makes only
 // its views. Bounded: least recently used entries go first, past
