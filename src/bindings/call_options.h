@@ -3,7 +3,7 @@
 // one table of (keyword, member, the ProblemArgs field it sets). Everything
 // that walks the options walks this table: their conversion from Python's
 // keywords and from the torch extension's C entry (call_options.cpp), the
-// call cache's key, equality and hash (call_cache.cpp), the problem they make
+// call cache's key, equality and hash (call_key.h), the problem they make
 // (problem_args) and the names Python reads (_core._call_options). Adding an
 // option is a member and an entry here; a binding that takes all of them
 // (Takes::all(), less those it has no use for) takes it with no other change.
@@ -137,8 +137,8 @@ inline constexpr Takes kPackedTrainTakes = kTrainTakes.except("bshd");
 // A Problem is what is computed: no backend, no memory layout.
 inline constexpr Takes kProblemTakes = Takes::all().except("backend").except("bshd");
 
-// The options' share of a Problem (window, scale, softcap, deterministic:
-// the entries with a ProblemArgs field) and the pass; the mask is the caller's.
+// The options' share of a Problem (the table's entries with a ProblemArgs
+// field) and the pass; the mask is the caller's (its "" and attn_mask).
 inline ProblemArgs problem_args(const CallOptions& o, std::optional<Pass> pass) {
   ProblemArgs a;
   a.pass = pass;

@@ -28,8 +28,8 @@ namespace {
 // A problem from Python's keywords as typed values (None: the default;
 // batch and heads the device's): the names read as the CLI reads them, every
 // number and list as itself, each checked once by the library. The call's
-// plain options it takes (call_options.h: mask, window, scale, softcap,
-// deterministic) come as `**options`; a problem names its mask ("" is none).
+// plain options it takes (call_options.h's kProblemTakes: those of what is
+// computed) come as `**options`; a problem names its mask ("" is none).
 void make_problem(const CallOptions& o, Problem* self, std::optional<std::int64_t> batch,
                   std::optional<std::int64_t> heads, std::optional<std::int64_t> kv_heads, std::int64_t seq,
                   std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
