@@ -23,6 +23,7 @@
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -250,6 +251,14 @@ PyObject* plan_run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // The keywords' check: attention()'s every option, each once, none other;
 // keyword j is the entry's option slot[j].
 bool named_options(PyObject* kwnames, int* slot) {
+  // A call site's keywords are one constant tuple: the last one checked is
+  // held with its slots, and a call with the same tuple is checked by its pointer.
+  static PyObject* known = nullptr;
+  static int known_slot[kAttnprofMaxOptions];
+  if (kwnames != nullptr && kwnames == known) {
+    std::copy(known_slot, known_slot + entry->options, slot);
+    return true;
+  }
   const Py_ssize_t n = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
   if (n != entry->options) return false;
   std::uint32_t seen = 0;
@@ -259,6 +268,8 @@ bool named_options(PyObject* kwnames, int* slot) {
     seen |= std::uint32_t{1} << i;
     slot[j] = i;
   }
+  Py_XSETREF(known, Py_NewRef(kwnames));
+  std::copy(slot, slot + n, known_slot);
   return true;
 }
 
