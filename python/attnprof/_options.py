@@ -111,14 +111,10 @@ def band(mask, window):
     return "sliding_window", left + 1
 
 
-# The plain options each binding takes as keywords (its `**options`), as the C++ table lists them
-# (src/bindings/call_options.h); its other keywords (the tensor options, descales, maxima) its signature names.
-_TAKEN = _core._options_taken()
-
-
 def _keywords(fn) -> frozenset:
-    """The arguments a binding takes by name: its signature's (nanobind's) and its plain options (the C++ table's)."""
-    return frozenset(re.findall(r"(\w+): ", fn.__nb_signature__[0][0])) | frozenset(_TAKEN[fn.__name__])
+    """The arguments a binding takes by name, from nanobind's signature of it (its plain options are made from the
+    C++ table, src/bindings/call_options.h and def_call.h)."""
+    return frozenset(re.findall(r"(\w+): ", fn.__nb_signature__[0][0]))
 
 
 # The library's calls by (packed, keeps the log-sum-exp), and what each is called in a refusal.

@@ -1,7 +1,10 @@
 """A call's plain options in one C++ table (src/bindings/call_options.h, issue 56: an option added touches at most
-three files): every binding of attnprof._core takes them as keywords through it, Python's table
-(attnprof/_options.py's OPTIONS) agrees with it, Python learns which options each binding takes from it, and the
-torch extension's fast path reads them by name as _core lists them."""
+three files): every binding of attnprof._core takes them as keywords made from it (src/bindings/def_call.h: its
+signature names each, so Python reads what each binding takes from the signature as before), Python's table
+(attnprof/_options.py's OPTIONS) agrees with it, and the torch extension's fast path reads them by the names and
+kinds _core hands it."""
+
+import re
 
 import numpy as np
 import pytest
@@ -10,7 +13,12 @@ import attnprof
 from attnprof import _core, _options
 
 CORE = _core._call_options()  # (name, schema type, default), in the C++ table's order
-TAKEN = _core._options_taken()
+NAMES = [name for name, _, _ in CORE]
+
+
+def taken(fn):
+    """The table's options a binding takes, in the table's order, from its signature."""
+    return [name for name in NAMES if name in _options._keywords(fn)]
 
 
 def test_the_cpp_table_and_pythons_agree():
@@ -30,18 +38,21 @@ def test_the_cpp_table_and_pythons_agree():
             assert any(name in takes for takes in _options._TAKES.values()), name
 
 
-def test_every_binding_python_calls_is_listed():
-    for fn, _ in (*_options._FORWARDS.values(), *_options._BACKWARDS.values()):
-        assert fn.__name__ in TAKEN, fn.__name__
-        assert set(TAKEN[fn.__name__]) <= set(_options._TAKES[fn]), fn.__name__
-    assert "**options" in _core.attention.__nb_signature__[0][0]
-    # What each kind of call takes: all the options less those it has no use for.
-    names = [name for name, _, _ in CORE]
-    assert list(TAKEN["attention_train"]) == names
-    assert list(TAKEN["attention"]) == [n for n in names if n != "deterministic"]
-    assert list(TAKEN["attention_varlen"]) == [n for n in names if n not in ("deterministic", "bshd")]
-    assert TAKEN["plan"] == TAKEN["attention"]
-    assert list(TAKEN["Problem.__init__"]) == [n for n in names if n not in ("backend", "bshd")]
+def test_each_binding_takes_the_tables_options_less_those_it_has_no_use_for():
+    # Made from the table (def_call.h): each binding's signature names them, with the table's types and defaults.
+    forward = [n for n in NAMES if n != "deterministic"]
+    assert taken(_core.attention_train) == taken(_core.attention_backward) == NAMES
+    assert taken(_core.attention) == taken(_core.plan) == taken(_core._attention_until) == forward
+    assert taken(_core.attention_varlen) == [n for n in forward if n != "bshd"]
+    assert taken(_core.attention_varlen_train) == taken(_core.attention_varlen_backward) == \
+        [n for n in NAMES if n != "bshd"]
+    assert taken(_core.Problem.__init__) == [n for n in NAMES if n not in ("backend", "bshd")]
+    text, _, defaults = _core.attention_train.__nb_signature__[0]
+    for name, kind, default in CORE:
+        shown = {"str": "str", "int?": "int | None", "float?": "float | None", "bool": "bool"}[kind]
+        found = re.search(rf"\b{name}: {re.escape(shown)} = \\(\d+)", text)
+        assert found, (name, text)
+        assert defaults[int(found.group(1))] == default, (name, defaults[int(found.group(1))], default)
 
 
 def arrays():
@@ -50,17 +61,13 @@ def arrays():
     return q, k, v, np.empty_like(q)
 
 
-def test_a_binding_refuses_an_option_it_does_not_take_by_name():
+def test_a_binding_refuses_an_option_it_does_not_take():
+    # As nanobind refuses any keyword its signature does not name, or of another type.
     q, k, v, out = arrays()
-    with pytest.raises(TypeError, match=r"^attention\(\) got an unexpected keyword argument 'deterministic'$"):
-        _core.attention(q, k, v, out, backend="flash", deterministic=True)
-    with pytest.raises(TypeError, match=r"^attention\(\) got an unexpected keyword argument 'soft_cap'$"):
-        _core.attention(q, k, v, out, backend="flash", soft_cap=1.0)
-    with pytest.raises(TypeError, match=r"^attention\(\) takes softcap as float or None, not str$"):
-        _core.attention(q, k, v, out, backend="flash", softcap="1")
-    with pytest.raises(TypeError, match=r"^attention\(\) takes bshd as bool, not int$"):
-        _core.attention(q, k, v, out, backend="flash", bshd=1)
-    with pytest.raises(TypeError, match=r"^Problem.__init__\(\) got an unexpected keyword argument 'backend'$"):
+    for bad in (dict(deterministic=True), dict(soft_cap=1.0), dict(softcap="1"), dict(bshd=1), dict(mask=None)):
+        with pytest.raises(TypeError, match=r"^attention\(\): incompatible function arguments"):
+            _core.attention(q, k, v, out, backend="flash", **bad)
+    with pytest.raises(TypeError, match=r"incompatible function arguments"):
         _core.Problem(seq=16, head_dim=16, dtype="fp32", device="cpu", mask="causal", backend="flash")
     # Each option taken reaches the call: the same output as attention()'s.
     _core.attention(q, k, v, out, backend="flash", mask="none", scale=0.5, softcap=3.0, window=None, bshd=False)
@@ -92,7 +99,7 @@ def test_the_fast_path_reads_the_options_core_lists():
         pytest.skip(f"this attnprof was built without its torch extension: calls take {_torch.fast_path}")
     q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
     values = {"backend": "flash", "mask": "none", "window": None, "scale": 0.5, "bshd": False, "softcap": 3.0}
-    assert set(TAKEN["attention"]) == set(values)  # a new option of attention(): give it here too
+    assert set(taken(_core.attention)) == set(values)  # a new option of attention(): give it here too
     got = _torch._fast(q, k, v, None, 0, **values)
     assert got is not None  # taken, not handed to the general path
     want = attnprof.attention(q.numpy(), k.numpy(), v.numpy(), backend="flash", mask="none", scale=0.5, softcap=3.0)

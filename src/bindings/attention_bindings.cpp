@@ -19,6 +19,7 @@
 #include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
 #include "bindings/bindings.h"
+#include "bindings/def_call.h"
 #include "bindings/forward_entry.h"
 
 namespace attnprof::python {
@@ -175,43 +176,45 @@ std::vector<double> time_prepare(const CallOptions& o, const In& q, const In& k,
 
 void bind_attention(nb::module_& m) {
   // After the arrays every argument is a keyword (python/attnprof passes them by name); the plain options
-  // (call_options.h: backend, mask "" for causal or with attn_mask the tensor alone, ...) are `**options`.
-  def_call(m, "attention", kForwardTakes, &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-           nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
-           nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
-           nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
-           nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(),
-           nb::arg("v_descale").none() = nb::none(), nb::arg("q_rows").noconvert().none() = nb::none(),
-           nb::arg("kv_rows").noconvert().none() = nb::none(),
-           "softmax(scale * q k^T + mask) v into `out`, no copies (fp8 inputs: real = e4m3 x descale, out bf16); "
-           "returns the backend that ran");
-  def_call(m, "attention_train", kTrainTakes, &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-           nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
-           nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
-           nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
-           "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
-  def_call(m, "attention_backward", kTrainTakes, &attention_backward, nb::arg("dout").noconvert(),
-           nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(),
-           nb::arg("lse").noconvert(), nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
-           nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0,
-           nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("q_rows").noconvert().none() = nb::none(),
-           nb::arg("kv_rows").noconvert().none() = nb::none(),
-           "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
+  // (call_options.h: backend, mask "" for causal or with attn_mask the tensor alone, ...) follow, by def_call.h.
+  def_call<kForwardTakes>(
+      m, "attention", &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+      nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("block_table").noconvert().none() = nb::none(),
+      nb::arg("seq_lens").noconvert().none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+      nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+      nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
+      "softmax(scale * q k^T + mask) v into `out`, no copies (fp8 inputs: real = e4m3 x descale, out bf16); "
+      "returns the backend that ran");
+  def_call<kTrainTakes>(m, "attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+                        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
+                        nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
+                        nb::arg("q_rows").noconvert().none() = nb::none(),
+                        nb::arg("kv_rows").noconvert().none() = nb::none(),
+                        "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
+  def_call<kTrainTakes>(
+      m, "attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
+      nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
+      nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::kw_only(),
+      nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
+      nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
+      "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
-  def_call(m, "_attention_until", kForwardTakes, &attention_until, nb::arg("stage"), nb::arg("q").noconvert(),
-           nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(),
-           nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
-           nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
-           "attention() up to a stage: 0 the arguments converted, 1 the call prepared, 2 run "
-           "(bench/python_overhead.py)");
-  def_call(m, "_time_forward", kForwardTakes, &time_forward, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-           nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
-           nb::arg("threads") = 0, nb::arg("calls"),
-           "the host time (us) of each of `calls` back-to-back C++ forwards of one prepared call");
-  def_call(m, "_time_prepare", Takes::none().with("backend").with("mask"), &time_prepare, nb::arg("q").noconvert(),
-           nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(),
-           nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("calls"),
-           "the host time (us) of each of `calls` preparations of one call (a cache hit)");
+  def_call<kForwardTakes>(
+      m, "_attention_until", &attention_until, nb::arg("stage"), nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+      nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
+      nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
+      nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
+      "attention() up to a stage: 0 the arguments converted, 1 the call prepared, 2 run "
+      "(bench/python_overhead.py)");
+  def_call<kForwardTakes>(m, "_time_forward", &time_forward, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+                          nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
+                          nb::arg("threads") = 0, nb::arg("calls"),
+                          "the host time (us) of each of `calls` back-to-back C++ forwards of one prepared call");
+  def_call<Takes::none().with("backend").with("mask")>(
+      m, "_time_prepare", &time_prepare, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+      nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("calls"),
+      "the host time (us) of each of `calls` preparations of one call (a cache hit)");
 
   // attention(check_inputs=True) holds the checking mode (attnprof/check_inputs.h) around its call.
   m.def("_exchange_checking_inputs", &exchange_checking_inputs, nb::arg("setting"),

@@ -2,7 +2,8 @@
 // share. Arrays come in as DLPack views (nb::ndarray, never converted or
 // copied) and become borrowed Tensors here; one call on them is a Call.
 //   arrays.cpp             DLPack arrays -> borrowed Tensor views, and their checks
-//   call_options.h/.cpp    a call's plain options: their one table, from Python and the C entry
+//   call_options.h/.cpp    a call's plain options: their one table; from the C entry, and as Python reads it
+//   def_call.h             a binding's signature: its plain options as keywords, made from the table
 //   call.cpp               a dense call: prepare(), the backend it resolves
 //   call_cache.cpp         the call cache: a repeated call's plan, made once (attnprof/plan.h)
 //   call_key.h/.cpp        the call cache's key, its equality and hash
@@ -332,43 +333,14 @@ int entry_call(char* error, std::size_t error_len, Work&& work) {
   }
 }
 
-// ---- call_options.cpp: a call's plain options from Python ----
+// ---- call_options.cpp: a call's plain options from the torch extension ----
+// (from Python's keywords: def_call.h)
 
-// The plain options `binding` takes (`takes`) from its keywords (`**options`,
-// nanobind's dict of the keywords its signature does not name), each
-// converted as nanobind converts a parameter of the member's type; an option
-// it does not take, or a value of another type, is a TypeError in Python's
-// words. One dict walked against the table (call_options.h) rather than a
-// parameter per option: an option added to the table reaches every binding
-// with no signature to edit, and Python learns which each takes from
-// _core._options_taken() (what the signatures told it before).
-CallOptions call_options(const nb::kwargs& options, Takes takes, const char* binding);
 // The options attention() takes from the torch extension's C entry
 // (AttnprofForwardArgs, in AttnprofForwardEntry's order: forward_entry()).
 CallOptions call_options(const AttnprofForwardArgs& args);
 // The AttnprofForwardEntry _core hands the extension, around `forward`.
 const AttnprofForwardEntry& forward_entry_of(AttnprofForward forward);
-// Records what `binding` takes, for _core._options_taken(); returns its name,
-// held for the process (a binding's messages name it).
-const char* register_call(std::string binding, Takes takes);
-
-// scope.def(name, ...) of a binding whose first parameter is its plain
-// options: Python calls it with them as keywords (`**options`, converted by
-// call_options with `takes`), the others as `extra` annotates them.
-template <class Scope, class R, class... A, class... Extra>
-void def_call(Scope& scope, const char* name, Takes takes, R (*f)(const CallOptions&, A...), const Extra&... extra) {
-  std::string qualified = name;  // a class's method by its class too ("Problem.__init__")
-  if constexpr (!std::is_same_v<Scope, nb::module_>) {
-    qualified = nb::cast<std::string>(scope.attr("__name__")) + "." + qualified;
-  }
-  const char* const binding = register_call(std::move(qualified), takes);
-  scope.def(
-      name,
-      [f, takes, binding](A... a, nb::kwargs options) -> R {
-        return f(call_options(options, takes, binding), std::forward<A>(a)...);
-      },
-      extra..., nb::arg("options"));
-}
 
 // The module's parts, each adding its functions (module.cpp calls them).
 void bind_attention(nb::module_& m);     // attention_bindings.cpp
@@ -376,6 +348,6 @@ void bind_varlen(nb::module_& m);        // varlen_bindings.cpp
 void bind_pipeline(nb::module_& m);      // pipeline_bindings.cpp
 void bind_analyze(nb::module_& m);       // analyze_bindings.cpp
 void bind_plan(nb::module_& m);          // plan_bindings.cpp
-void bind_call_options(nb::module_& m);  // call_options.cpp: the table as Python reads it
+void bind_call_options(nb::module_& m);  // call_options.cpp: the table as Python reads it (_call_options)
 
 }  // namespace attnprof::python

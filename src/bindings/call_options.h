@@ -103,26 +103,24 @@ constexpr std::size_t call_option_index(std::string_view name) {
 // of them less those a binding has no use for, so that an option added to
 // the table reaches every call (dense, padded, packed, paged, forward and
 // backward) with no list to keep in step.
-class Takes {
- public:
-  static constexpr Takes all() { return Takes((std::uint32_t{1} << kCallOptionCount) - 1); }
-  static constexpr Takes none() { return Takes(0); }
+struct Takes {
+  static constexpr Takes all() { return Takes{(std::uint32_t{1} << kCallOptionCount) - 1}; }
+  static constexpr Takes none() { return Takes{0}; }
   constexpr Takes except(std::string_view name) const {
-    return Takes(bits_ & ~(std::uint32_t{1} << call_option_index(name)));
+    return Takes{bits & ~(std::uint32_t{1} << call_option_index(name))};
   }
   constexpr Takes with(std::string_view name) const {
-    return Takes(bits_ | (std::uint32_t{1} << call_option_index(name)));
+    return Takes{bits | (std::uint32_t{1} << call_option_index(name))};
   }
-  constexpr bool has(std::size_t i) const { return ((bits_ >> i) & 1) != 0; }
+  constexpr bool has(std::size_t i) const { return ((bits >> i) & 1) != 0; }
   constexpr std::size_t count() const {
     std::size_t n = 0;
     for (std::size_t i = 0; i < kCallOptionCount; ++i) n += has(i) ? 1 : 0;
     return n;
   }
 
- private:
-  constexpr explicit Takes(std::uint32_t bits) : bits_(bits) {}
-  std::uint32_t bits_;
+  // Public, so that Takes is a template argument (def_call.h); made by the functions above.
+  std::uint32_t bits = 0;
 };
 static_assert(kCallOptionCount <= 32, "Takes holds a bit per option");
 

@@ -21,6 +21,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/report.h"
 #include "bindings/bindings.h"
+#include "bindings/def_call.h"
 
 namespace attnprof::python {
 namespace {
@@ -29,7 +30,7 @@ namespace {
 // batch and heads the device's): the names read as the CLI reads them, every
 // number and list as itself, each checked once by the library. The call's
 // plain options it takes (call_options.h's kProblemTakes: those of what is
-// computed) come as `**options`; a problem names its mask ("" is none).
+// computed) are its keywords too (def_call.h); a problem names its mask ("" is none).
 void make_problem(const CallOptions& o, Problem* self, std::optional<std::int64_t> batch,
                   std::optional<std::int64_t> heads, std::optional<std::int64_t> kv_heads, std::int64_t seq,
                   std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
@@ -105,11 +106,11 @@ PipelineOptions make_options(const std::optional<std::string>& trace_dir, const 
 
 void bind_pipeline(nb::module_& m) {
   nb::class_<Problem> problem(m, "Problem");
-  def_call(problem, "__init__", kProblemTakes, &make_problem, nb::kw_only(), nb::arg("batch").none() = nb::none(),
-           nb::arg("heads").none() = nb::none(), nb::arg("kv_heads").none() = nb::none(), nb::arg("seq"),
-           nb::arg("kv_seq").none() = nb::none(), nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"),
-           nb::arg("pass_") = "forward", nb::arg("seq_lens").none() = nb::none(),
-           nb::arg("kv_seq_lens").none() = nb::none());
+  def_call<kProblemTakes>(problem, "__init__", &make_problem, nb::kw_only(), nb::arg("batch").none() = nb::none(),
+                          nb::arg("heads").none() = nb::none(), nb::arg("kv_heads").none() = nb::none(), nb::arg("seq"),
+                          nb::arg("kv_seq").none() = nb::none(), nb::arg("head_dim"), nb::arg("dtype"),
+                          nb::arg("device"), nb::arg("pass_") = "forward", nb::arg("seq_lens").none() = nb::none(),
+                          nb::arg("kv_seq_lens").none() = nb::none());
   problem.def("describe", &Problem::describe)
       .def_prop_ro("seq_lens", [](const Problem& p) { return p.seq_lens; })
       .def_prop_ro("kv_seq_lens", [](const Problem& p) { return p.kv_seq_lens; })

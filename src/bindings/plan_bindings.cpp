@@ -21,6 +21,7 @@
 #include "attnprof/plan.h"
 #include "attnprof/problem_spec.h"
 #include "bindings/bindings.h"
+#include "bindings/def_call.h"
 
 namespace attnprof::python {
 namespace {
@@ -342,15 +343,15 @@ void bind_plan(nb::module_& m) {
           nb::arg("cu_seqlens_k").noconvert().none() = nb::none(),
           "the planned call on these arrays (the plan's shapes, dtypes and device) into `out`, on `stream`");
 
-  // The plain options (call_options.h) as `**options`, attention()'s: a plan is made for a forward.
-  def_call(m, "plan", kForwardTakes, &make_plan, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-           nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
-           nb::arg("threads") = 0, nb::arg("block_table").noconvert().none() = nb::none(),
-           nb::arg("seq_lens").noconvert().none() = nb::none(), nb::arg("q_rows").noconvert().none() = nb::none(),
-           nb::arg("kv_rows").noconvert().none() = nb::none(), nb::arg("cu_seqlens_q").noconvert().none() = nb::none(),
-           nb::arg("cu_seqlens_k").noconvert().none() = nb::none(), nb::arg("max_seqlen_q").none() = nb::none(),
-           nb::arg("max_seqlen_k").none() = nb::none(), nb::rv_policy::take_ownership,
-           "a plan of the call attention() would make on these example arrays");
+  // The plain options (call_options.h) follow, attention()'s: a plan is made for a forward.
+  def_call<kForwardTakes>(
+      m, "plan", &make_plan, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+      nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
+      nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
+      nb::arg("cu_seqlens_q").noconvert().none() = nb::none(), nb::arg("cu_seqlens_k").noconvert().none() = nb::none(),
+      nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
+      nb::rv_policy::take_ownership, "a plan of the call attention() would make on these example arrays");
   // The torch extension's way into Plan.run (bindings/forward_entry.h; attnprof._torch_call.plan_run).
   m.def(
       "_plan_run_entry",

@@ -25,6 +25,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "bindings/bindings.h"
+#include "bindings/def_call.h"
 
 namespace attnprof::python {
 
@@ -331,27 +332,29 @@ std::string attention_varlen_backward(const CallOptions& o, const In& dout, cons
 // cumulative lengths (flash_attn_varlen_func's arguments).
 void bind_varlen(nb::module_& m) {
   // After the arrays every argument is a keyword (python/attnprof passes them by name); the plain options
-  // (call_options.h; mask "" is causal) are `**options`.
-  def_call(m, "attention_varlen", kPackedForwardTakes, &attention_varlen, nb::arg("q").noconvert(),
-           nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(),
-           nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(),
-           nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
-           nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("q_descale").none() = nb::none(),
-           nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
-           "attention over a packed batch into `out` (fp8: q, k and v's descales, out bf16); returns the backend that "
-           "ran");
-  def_call(m, "attention_varlen_train", kPackedTrainTakes, &attention_varlen_train, nb::arg("q").noconvert(),
-           nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(),
-           nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(),
-           nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
-           nb::arg("stream") = 0, nb::arg("threads") = 0,
-           "the packed training forward into `out`; returns (backend, the saved [H, total_q] log-sum-exp)");
-  def_call(m, "attention_varlen_backward", kPackedTrainTakes, &attention_varlen_backward, nb::arg("dout").noconvert(),
-           nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(),
-           nb::arg("lse").noconvert(), nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
-           nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(),
-           nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
-           nb::arg("stream") = 0, nb::arg("threads") = 0, "dQ, dK, dV of a packed batch; returns the backend that ran");
+  // (call_options.h; mask "" is causal) follow, by def_call.h.
+  def_call<kPackedForwardTakes>(
+      m, "attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+      nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
+      nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(), nb::arg("max_seqlen_q").none() = nb::none(),
+      nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(),
+      nb::arg("v_descale").none() = nb::none(),
+      "attention over a packed batch into `out` (fp8: q, k and v's descales, out bf16); returns the backend that "
+      "ran");
+  def_call<kPackedTrainTakes>(
+      m, "attention_varlen_train", &attention_varlen_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+      nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
+      nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(), nb::arg("max_seqlen_q").none() = nb::none(),
+      nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "the packed training forward into `out`; returns (backend, the saved [H, total_q] log-sum-exp)");
+  def_call<kPackedTrainTakes>(
+      m, "attention_varlen_backward", &attention_varlen_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
+      nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
+      nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
+      nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(),
+      nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("stream") = 0,
+      nb::arg("threads") = 0, "dQ, dK, dV of a packed batch; returns the backend that ran");
 }
 
 }  // namespace attnprof::python
