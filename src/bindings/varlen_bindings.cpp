@@ -241,8 +241,8 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   p.kv_heads = in.k.size(1);
   p.dtype = dtype;
   p.device = device;
-  // "" is a packed call's default too: causal, at each sequence's own diagonal.
-  set_mask(p, a.options.mask.empty() ? std::string("causal") : a.options.mask);
+  // A packed call names its mask (Python passes "causal" for None): "" is refused, as attention() refuses it.
+  set_mask(p, a.options.mask);
   apply_problem_args(p, problem_args(a.options, a.pass));
 
   Problem on_device = p;
@@ -332,7 +332,7 @@ std::string attention_varlen_backward(const CallOptions& o, const In& dout, cons
 // cumulative lengths (flash_attn_varlen_func's arguments).
 void bind_varlen(nb::module_& m) {
   // After the arrays every argument is a keyword (python/attnprof passes them by name); the plain options
-  // (call_options.h; mask "" is causal) follow, by def_call.h.
+  // (call_options.h; mask named by the caller) follow, by def_call.h.
   def_call<kPackedForwardTakes>(
       m, "attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
       nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
