@@ -26,8 +26,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <type_traits>
-#include <utility>
 #include <variant>
 
 #include "attnprof/backend.h"

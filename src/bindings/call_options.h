@@ -1,12 +1,14 @@
 // A call's plain options (what a call takes beyond its arrays that is a
 // name, a number or a flag) in ONE list: the struct with its defaults, and
 // one table of (keyword, member, the ProblemArgs field it sets). Everything
-// that walks the options walks this table: their conversion from Python's
-// keywords and from the torch extension's C entry (call_options.cpp), the
+// that walks the options walks this table: each binding's keywords and their
+// conversion from Python (def_call.h), their conversion from the torch
+// extension's C entry and what it is told to read (call_options.cpp), the
 // call cache's key, equality and hash (call_key.h), the problem they make
-// (problem_args) and the names Python reads (_core._call_options). Adding an
-// option is a member and an entry here; a binding that takes all of them
-// (Takes::all(), less those it has no use for) takes it with no other change.
+// (problem_args) and the table Python's is tested against
+// (_core._call_options). Adding an option is a member and an entry here; a
+// binding that takes all of them (Takes::all(), less those it has no use
+// for) takes it with no other change.
 // Tensor options (attn_mask, the rows, cumulative lengths, descales) are no
 // plain options: each binding names those itself.
 #pragma once
@@ -124,8 +126,8 @@ struct Takes {
 };
 static_assert(kCallOptionCount <= 32, "Takes holds a bit per option");
 
-// What each kind of call takes (the bindings' lists; Python reads them as
-// _core._call_options()[name]). deterministic orders a backward's sums: a
+// What each kind of call takes (the bindings' lists, which their signatures
+// show: Python reads them there). deterministic orders a backward's sums: a
 // forward has no use for it (Python passes it to the calls that take it).
 inline constexpr Takes kForwardTakes = Takes::all().except("deterministic");
 inline constexpr Takes kTrainTakes = Takes::all();
