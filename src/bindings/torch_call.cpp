@@ -11,12 +11,15 @@
 // hands out (bindings/forward_entry.h), so both paths prepare, cache and run
 // the call alike and refuse bad input with the same message.
 //
-// attention(q, k, v, out, threads, **options) (attention()'s plain options by name) returns out (allocated as
-// attention() allocates it when None), or None when the call is not one this path takes (a tensor that needs autograd,
-// a device, dtype or layout it does not read, an argument of another type): python/attnprof/_torch.py then takes the
-// general path, which answers for it. The options are attention()'s plain options by name, every one of them: which
-// they are, and each one's kind, come from _core with its entry (AttnprofForwardEntry, made from
-// bindings/call_options.h's table), so this file names none of them, and a call that leaves one out is a TypeError.
+// attention(q, k, v, out, threads, **options) returns out (allocated as
+// attention() allocates it when None), or None when the call is not one this
+// path takes (a tensor that needs autograd, a device, dtype or layout it does
+// not read, an argument of another type): python/attnprof/_torch.py then
+// takes the general path, which answers for it. The options are attention()'s
+// plain options, every one by name: which they are and each one's kind come
+// from _core with its entry (AttnprofForwardEntry, made from
+// bindings/call_options.h's table), so this file names none of them, and a
+// caller that leaves one out (an option added there) gets a TypeError.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
