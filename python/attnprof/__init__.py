@@ -311,8 +311,10 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
                 and v_descale is None and not packed and not return_lse and not t._is_compiling() \
                 and (out is not None or not t._profiling()):
             # The fast path (attnprof._torch_call) reads the tensors in C++; None for what it does not
-            # take (autograd, another type or device), which the general path answers for.
-            done = t._fast(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
+            # take (autograd, another type or device), which the general path answers for. It takes
+            # attention()'s every plain option by name, as _core lists them (a TypeError for one left out).
+            done = t._fast(q, k, v, out, threads, backend=backend, mask=mask, window=window, scale=scale, bshd=bshd,
+                           softcap=softcap)
             if done is not None:
                 return done
     # Every option once, in the table's names (attnprof/_options.py): the torch and numpy paths read them there.

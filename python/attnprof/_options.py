@@ -112,7 +112,8 @@ def band(mask, window):
 
 
 def _keywords(fn) -> frozenset:
-    """The arguments a binding takes by name, from nanobind's signature of it."""
+    """The arguments a binding takes by name, from nanobind's signature of it (its plain options are made from the
+    C++ table, src/bindings/call_options.h and def_call.h)."""
     return frozenset(re.findall(r"(\w+): ", fn.__nb_signature__[0][0]))
 
 

@@ -19,6 +19,7 @@
 #include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
 #include "bindings/bindings.h"
+#include "bindings/def_call.h"
 #include "bindings/forward_entry.h"
 
 namespace attnprof::python {
@@ -38,16 +39,14 @@ std::optional<Array> optional_array(const std::optional<In>& a) {
 // softmax(scale * Q K^T + mask) V of the caller's arrays into the caller's
 // `out`, on the caller's stream (a cudaStream_t as an integer; 0 = legacy
 // default). Returns the backend that ran.
-std::string attention(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
-                      const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                      std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap,
-                      const std::optional<In>& attn_mask, const std::optional<In>& block_table,
-                      const std::optional<In>& seq_lens, const std::optional<Descale>& q_descale,
-                      const std::optional<Descale>& k_descale, const std::optional<Descale>& v_descale,
-                      const std::optional<In>& q_rows, const std::optional<In>& kv_rows) {
+std::string attention(const CallOptions& o, const In& q, const In& k, const In& v, const Out& out,
+                      std::uintptr_t stream, int threads, const std::optional<In>& attn_mask,
+                      const std::optional<In>& block_table, const std::optional<In>& seq_lens,
+                      const std::optional<Descale>& q_descale, const std::optional<Descale>& k_descale,
+                      const std::optional<Descale>& v_descale, const std::optional<In>& q_rows,
+                      const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
-  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
-                          {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out), {o, stream, threads, Pass::Forward},
                           Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens),
                                  optional_array(q_rows), optional_array(kv_rows)});
   set_descales(c, q_descale, k_descale, v_descale);  // per call: not part of the cached preparation
@@ -62,18 +61,9 @@ int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const Attnprof
                   const AttnprofForwardArgs* a, char* error, std::size_t error_len) {
   return entry_call(error, error_len, [&] {
     const ThreadCountsKept kept;
-    const std::string backend(a->backend), mask(a->mask);
-    const CallArgs args{backend,
-                        mask,
-                        a->has_window ? std::optional<std::int64_t>(a->window) : std::nullopt,
-                        a->has_scale ? std::optional<double>(a->scale) : std::nullopt,
-                        a->stream,
-                        a->threads,
-                        a->bshd != 0,
-                        Pass::Forward,
-                        false,
-                        a->has_softcap ? std::optional<double>(a->softcap) : std::nullopt};
-    Call c = prepare_cached(entry_array(*q), entry_array(*k), entry_array(*v), entry_array(*out), args);
+    const CallOptions options = call_options(*a);
+    Call c = prepare_cached(entry_array(*q), entry_array(*k), entry_array(*v), entry_array(*out),
+                            {options, a->stream, a->threads, Pass::Forward});
     set_descales(c, std::nullopt, std::nullopt, std::nullopt);
     run(c, [&] { c.forward(); });
   });
@@ -84,14 +74,13 @@ int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const Attnprof
 // the returned array is dropped). Backends whose backward reads saved
 // probabilities (the composites) are refused: autograd through attnprof keeps
 // what the fused backwards keep.
-std::tuple<std::string, nb::ndarray<float>> attention_train(
-    const In& q, const In& k, const In& v, const Out& out, const std::string& backend, const std::string& mask,
-    std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
-    bool deterministic, std::optional<double> softcap, const std::optional<In>& attn_mask,
-    const std::optional<In>& q_rows, const std::optional<In>& kv_rows) {
+std::tuple<std::string, nb::ndarray<float>> attention_train(const CallOptions& o, const In& q, const In& k, const In& v,
+                                                            const Out& out, std::uintptr_t stream, int threads,
+                                                            const std::optional<In>& attn_mask,
+                                                            const std::optional<In>& q_rows,
+                                                            const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
-  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
-                          {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out), {o, stream, threads, Pass::Train},
                           Extras{optional_array(attn_mask), {}, {}, optional_array(q_rows), optional_array(kv_rows)});
   Saved saved;
   run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
@@ -103,19 +92,16 @@ std::tuple<std::string, nb::ndarray<float>> attention_train(
 
 // dQ, dK and dV for the upstream gradient dout into the caller's dq, dk, dv,
 // from the forward's out and log-sum-exp (attention_train's), on `stream`.
-std::string attention_backward(const In& dout, const In& q, const In& k, const In& v, const Out& out, const In& lse,
-                               const Out& dq, const Out& dk, const Out& dv, const std::string& backend,
-                               const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                               std::uintptr_t stream, int threads, bool bshd, bool deterministic,
-                               std::optional<double> softcap, const std::optional<In>& attn_mask,
+std::string attention_backward(const CallOptions& o, const In& dout, const In& q, const In& k, const In& v,
+                               const Out& out, const In& lse, const Out& dq, const Out& dk, const Out& dv,
+                               std::uintptr_t stream, int threads, const std::optional<In>& attn_mask,
                                const std::optional<In>& q_rows, const std::optional<In>& kv_rows) {
   const ThreadCountsKept kept;
-  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
-                          {backend, mask, window, scale, stream, threads, bshd, Pass::Train, deterministic, softcap},
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out), {o, stream, threads, Pass::Train},
                           Extras{optional_array(attn_mask), {}, {}, optional_array(q_rows), optional_array(kv_rows)});
   c.p.pass = Pass::Backward;  // the call itself; planned as the training step it is part of
-  const Tensor d_out = c.view_like("dout", array_of(dout), c.out, bshd);
-  Gradients g = c.gradients(array_of(dq), array_of(dk), array_of(dv), bshd);
+  const Tensor d_out = c.view_like("dout", array_of(dout), c.out, o.bshd);
+  Gradients g = c.gradients(array_of(dq), array_of(dk), array_of(dv), o.bshd);
   if (lse.ndim() != 3 || lse.dtype() != nb::dtype<float>() || device_of("lse", array_of(lse)) != c.p.device) {
     fail(ErrorKind::InvalidArgument, "lse must be attention_train's float32 [B, H, S] log-sum-exp on q's device");
   }
@@ -135,15 +121,12 @@ std::string attention_backward(const In& dout, const In& q, const In& k, const I
 // argument conversion costs what attention()'s does): 0 returns once the
 // arguments are converted, 1 once the call is prepared (views, problem,
 // plan), 2 runs it as attention() does.
-std::string attention_until(int stage, const In& q, const In& k, const In& v, const Out& out,
-                            const std::string& backend, const std::string& mask, std::optional<std::int64_t> window,
-                            std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
-                            std::optional<double> softcap, const std::optional<In>& attn_mask,
+std::string attention_until(const CallOptions& o, int stage, const In& q, const In& k, const In& v, const Out& out,
+                            std::uintptr_t stream, int threads, const std::optional<In>& attn_mask,
                             const std::optional<In>& block_table, const std::optional<In>& seq_lens) {
   const ThreadCountsKept kept;
   if (stage <= 0) return {};
-  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
-                          {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap},
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out), {o, stream, threads, Pass::Forward},
                           Extras{optional_array(attn_mask), optional_array(block_table), optional_array(seq_lens)});
   if (stage == 1) return {};
   run(c, [&] { c.forward(); });
@@ -154,13 +137,10 @@ std::string attention_until(int stage, const In& q, const In& k, const In& v, co
 // prepared call, each timed alone (us), as the runner's --unprofiled-calls
 // times them (a quarter as many untimed first; a device synchronisation
 // before and after, none between).
-std::vector<double> time_forward(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
-                                 const std::string& mask, std::optional<std::int64_t> window,
-                                 std::optional<double> scale, std::uintptr_t stream, int threads, bool bshd,
-                                 std::optional<double> softcap, int calls) {
+std::vector<double> time_forward(const CallOptions& o, const In& q, const In& k, const In& v, const Out& out,
+                                 std::uintptr_t stream, int threads, int calls) {
   const ThreadCountsKept kept;
-  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out),
-                          {backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap});
+  Call c = prepare_cached(array_of(q), array_of(k), array_of(v), array_of(out), {o, stream, threads, Pass::Forward});
   std::vector<double> us(static_cast<std::size_t>(std::max(calls, 0)));
   nb::gil_scoped_release unlocked;
   DeviceRuntime& rt = runtime_for(c.p.device, threads);
@@ -177,12 +157,11 @@ std::vector<double> time_forward(const In& q, const In& k, const In& v, const Ou
 
 // The call's preparation alone (prepare_cached(), a hit after the first),
 // `calls` times back to back, each timed alone (us).
-std::vector<double> time_prepare(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
-                                 const std::string& mask, std::uintptr_t stream, int threads, int calls) {
+std::vector<double> time_prepare(const CallOptions& o, const In& q, const In& k, const In& v, const Out& out,
+                                 std::uintptr_t stream, int threads, int calls) {
   const ThreadCountsKept kept;
   const Array aq = array_of(q), ak = array_of(k), av = array_of(v), ao = array_of(out);
-  const CallArgs args{backend, mask,  std::nullopt,  std::nullopt, stream,
-                      threads, false, Pass::Forward, false,        std::nullopt};
+  const CallArgs args{o, stream, threads, Pass::Forward};
   std::vector<double> us(static_cast<std::size_t>(std::max(calls, 0)));
   prepare_cached(aq, ak, av, ao, args);
   for (double& t : us) {
@@ -196,52 +175,46 @@ std::vector<double> time_prepare(const In& q, const In& k, const In& v, const Ou
 }  // namespace
 
 void bind_attention(nb::module_& m) {
-  // After the arrays every argument is a keyword (python/attnprof passes them by name). mask "" is causal, or
-  // with attn_mask the tensor alone.
-  m.def("attention", &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
-        nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
-        nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
-        nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("softcap").none() = nb::none(),
-        nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("block_table").noconvert().none() = nb::none(),
-        nb::arg("seq_lens").noconvert().none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
-        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
-        nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
-        "softmax(scale * q k^T + mask) v into `out`, no copies (fp8 inputs: real = e4m3 x descale, out bf16); "
-        "returns the backend that ran");
+  // After the arrays every argument is a keyword (python/attnprof passes them by name); the plain options
+  // (call_options.h: backend, mask "" for causal or with attn_mask the tensor alone, ...) follow, by def_call.h.
+  def_call<kForwardTakes>(
+      m, "attention", &attention, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+      nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("block_table").noconvert().none() = nb::none(),
+      nb::arg("seq_lens").noconvert().none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+      nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+      nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
+      "softmax(scale * q k^T + mask) v into `out`, no copies (fp8 inputs: real = e4m3 x descale, out bf16); "
+      "returns the backend that ran");
+  def_call<kTrainTakes>(m, "attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+                        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
+                        nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
+                        nb::arg("q_rows").noconvert().none() = nb::none(),
+                        nb::arg("kv_rows").noconvert().none() = nb::none(),
+                        "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
+  def_call<kTrainTakes>(
+      m, "attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
+      nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
+      nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::kw_only(),
+      nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
+      nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
+      "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
 
-  m.def("attention_train", &attention_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto",
-        nb::arg("mask") = "", nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(),
-        nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("deterministic") = false,
-        nb::arg("softcap").none() = nb::none(), nb::arg("attn_mask").noconvert().none() = nb::none(),
-        nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
-        "the forward of a training step into `out`; returns (backend, the saved log-sum-exp)");
-  m.def("attention_backward", &attention_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
-        nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
-        nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(), nb::kw_only(),
-        nb::arg("backend") = "auto", nb::arg("mask") = "", nb::arg("window").none() = nb::none(),
-        nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("bshd") = false,
-        nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
-        nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("q_rows").noconvert().none() = nb::none(),
-        nb::arg("kv_rows").noconvert().none() = nb::none(), "dQ, dK, dV into dq, dk, dv; returns the backend that ran");
-
-  m.def("_attention_until", &attention_until, nb::arg("stage"), nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto",
-        nb::arg("mask") = "", nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(),
-        nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("softcap").none() = nb::none(),
-        nb::arg("attn_mask").noconvert().none() = nb::none(), nb::arg("block_table").noconvert().none() = nb::none(),
-        nb::arg("seq_lens").noconvert().none() = nb::none(),
-        "attention() up to a stage: 0 the arguments converted, 1 the call prepared, 2 run (bench/python_overhead.py)");
-  m.def("_time_forward", &time_forward, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
-        nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
-        nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
-        nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("softcap").none() = nb::none(), nb::arg("calls"),
-        "the host time (us) of each of `calls` back-to-back C++ forwards of one prepared call");
-
-  m.def("_time_prepare", &time_prepare, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
-        nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
-        nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("calls"),
-        "the host time (us) of each of `calls` preparations of one call (a cache hit)");
+  def_call<kForwardTakes>(
+      m, "_attention_until", &attention_until, nb::arg("stage"), nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+      nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
+      nb::arg("threads") = 0, nb::arg("attn_mask").noconvert().none() = nb::none(),
+      nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
+      "attention() up to a stage: 0 the arguments converted, 1 the call prepared, 2 run "
+      "(bench/python_overhead.py)");
+  def_call<kForwardTakes>(m, "_time_forward", &time_forward, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+                          nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
+                          nb::arg("threads") = 0, nb::arg("calls"),
+                          "the host time (us) of each of `calls` back-to-back C++ forwards of one prepared call");
+  def_call<Takes::none().with("backend").with("mask")>(
+      m, "_time_prepare", &time_prepare, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+      nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0, nb::arg("calls"),
+      "the host time (us) of each of `calls` preparations of one call (a cache hit)");
 
   // attention(check_inputs=True) holds the checking mode (attnprof/check_inputs.h) around its call.
   m.def("_exchange_checking_inputs", &exchange_checking_inputs, nb::arg("setting"),
@@ -255,10 +228,11 @@ void bind_attention(nb::module_& m) {
   m.def(
       "_forward_entry",
       [] {
-        const AttnprofForward f = &forward_entry;
-        return nb::capsule(reinterpret_cast<void*>(f), kAttnprofForwardCapsule);
+        // The entry and the options it takes (call_options.h's table): the extension reads them in that order.
+        const AttnprofForwardEntry& entry = forward_entry_of(&forward_entry);
+        return nb::capsule(const_cast<AttnprofForwardEntry*>(&entry), kAttnprofForwardCapsule);
       },
-      "a capsule holding the C entry of attention()'s forward, for attnprof._torch_call");
+      "a capsule holding the C entry of attention()'s forward and its options, for attnprof._torch_call");
 
   // The call cache (call.cpp), for the tests.
   m.def("_cache_entries", &cache_entries, "prepared calls the call cache holds");

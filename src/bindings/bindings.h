@@ -2,8 +2,11 @@
 // share. Arrays come in as DLPack views (nb::ndarray, never converted or
 // copied) and become borrowed Tensors here; one call on them is a Call.
 //   arrays.cpp             DLPack arrays -> borrowed Tensor views, and their checks
+//   call_options.h/.cpp    a call's plain options: their one table; from the C entry, and as Python reads it
+//   def_call.h             a binding's signature: its plain options as keywords, made from the table
 //   call.cpp               a dense call: prepare(), the backend it resolves
 //   call_cache.cpp         the call cache: a repeated call's plan, made once (attnprof/plan.h)
+//   call_key.h/.cpp        the call cache's key, its equality and hash
 //   attention_bindings.cpp attention, attention_train, attention_backward
 //   varlen_bindings.cpp    packed (variable-length) batches; a paged cache's preparation
 //   pipeline_bindings.cpp  Problem, compare, profile, explain, the library's defaults
@@ -32,6 +35,7 @@
 #include "attnprof/runner.h"
 #include "attnprof/tensor.h"
 #include "attnprof/thread_counts.h"
+#include "bindings/call_options.h"
 #include "bindings/forward_entry.h"
 
 namespace attnprof::python {
@@ -186,23 +190,18 @@ struct Extras {
 // A dense call (q [B, H, S, D], or bshd), or a paged one (Extras). The calls
 // of a training step resolve `auto` as one problem, the training step's
 // (pass train, its deterministic): the backward must run on the backend
-// whose forward saved its tensors.
+// whose forward saved its tensors. The plain options are the binding's
+// (call_options.h), held by it for the call.
 struct CallArgs {
-  const std::string& backend;
-  const std::string& mask;
-  std::optional<std::int64_t> window;
-  std::optional<double> scale;
+  const CallOptions& options;
   std::uintptr_t stream;
   int threads;
-  bool bshd;
   Pass pass;
-  bool deterministic;
-  std::optional<double> softcap;
 };
 Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, const CallArgs& args,
              const Extras& x = {});
 
-// prepare() through the call cache (call_cache.cpp says what its key holds):
+// prepare() through the call cache (call_key.h says what its key holds):
 // a call whose every array layout and argument matches one prepared before
 // takes that one's problem, backend and, for a forward, plan, and makes only
 // its views. Bounded: least recently used entries go first, past
@@ -332,11 +331,21 @@ int entry_call(char* error, std::size_t error_len, Work&& work) {
   }
 }
 
+// ---- call_options.cpp: a call's plain options from the torch extension ----
+// (from Python's keywords: def_call.h)
+
+// The options attention() takes from the torch extension's C entry
+// (AttnprofForwardArgs, in AttnprofForwardEntry's order: forward_entry()).
+CallOptions call_options(const AttnprofForwardArgs& args);
+// The AttnprofForwardEntry _core hands the extension, around `forward`.
+const AttnprofForwardEntry& forward_entry_of(AttnprofForward forward);
+
 // The module's parts, each adding its functions (module.cpp calls them).
-void bind_attention(nb::module_& m);  // attention_bindings.cpp
-void bind_varlen(nb::module_& m);     // varlen_bindings.cpp
-void bind_pipeline(nb::module_& m);   // pipeline_bindings.cpp
-void bind_analyze(nb::module_& m);    // analyze_bindings.cpp
-void bind_plan(nb::module_& m);       // plan_bindings.cpp
+void bind_attention(nb::module_& m);     // attention_bindings.cpp
+void bind_varlen(nb::module_& m);        // varlen_bindings.cpp
+void bind_pipeline(nb::module_& m);      // pipeline_bindings.cpp
+void bind_analyze(nb::module_& m);       // analyze_bindings.cpp
+void bind_plan(nb::module_& m);          // plan_bindings.cpp
+void bind_call_options(nb::module_& m);  // call_options.cpp: the table as Python reads it (_call_options)
 
 }  // namespace attnprof::python

@@ -223,8 +223,8 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
     fail(ErrorKind::Unsupported, "a paged KV cache is inference only: no gradients flow into the caches");
   }
   Inputs in;
-  in.q = view_of("q", q, a.bshd, device, dtype);
-  Tensor o = view_of("out", out, a.bshd, device, output_dtype(dtype));
+  in.q = view_of("q", q, a.options.bshd, device, dtype);
+  Tensor o = view_of("out", out, a.options.bshd, device, output_dtype(dtype));
   require_writable_layout("out", o);
   for (int i = 0; i < 4; ++i) require_same("a dimension of q and out", "q", in.q.size(i), "out", o.size(i));
 
@@ -238,8 +238,8 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
   if (paged) {
     prepare_paged(p, in, k, v, x, dtype, a.stream);
   } else {
-    in.k = view_of("k", k, a.bshd, device, dtype);
-    in.v = view_of("v", v, a.bshd, device, dtype);
+    in.k = view_of("k", k, a.options.bshd, device, dtype);
+    in.v = view_of("v", v, a.options.bshd, device, dtype);
     require_same("batch", "q", in.q.size(0), "k", in.k.size(0));
     require_same("head_dim", "q", in.q.size(3), "k", in.k.size(3));
     for (int i = 0; i < 4; ++i) require_same("a dimension of k and v", "k", in.k.size(i), "v", in.v.size(i));
@@ -265,22 +265,20 @@ Call prepare(const Array& q, const Array& k, const Array& v, const Array& out, c
   }
   Tensor mask_tensor;
   if (x.attn_mask) {
-    if (!a.mask.empty()) {
-      fail(ErrorKind::InvalidArgument, "attn_mask and mask='" + a.mask +
+    if (!a.options.mask.empty()) {
+      fail(ErrorKind::InvalidArgument, "attn_mask and mask='" + a.options.mask +
                                            "' are exclusive: the tensor is the whole mask (leave mask unset, or "
                                            "fold the causal part into the tensor)");
     }
     mask_tensor = mask_view(*x.attn_mask, p.device);
     p.mask = mask_kind_of("attn_mask", mask_tensor.dtype());
   } else {
-    set_mask(p, a.mask.empty() ? std::string("causal") : a.mask);
+    set_mask(p, a.options.mask.empty() ? std::string("causal") : a.options.mask);
   }
-  apply_problem_args(
-      p,
-      {.window = a.window, .scale = a.scale, .softcap = a.softcap, .pass = a.pass, .deterministic = a.deterministic});
+  apply_problem_args(p, problem_args(a.options, a.pass));
   p.normalize().validate();
   if (mask_tensor.defined()) attach_mask(p, mask_tensor, in, "attn_mask");
-  return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);
+  return finish_call(std::move(p), std::move(in), std::move(o), a.options.backend, a.stream, a.threads);
 }
 
 }  // namespace attnprof::python

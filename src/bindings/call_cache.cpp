@@ -24,13 +24,10 @@
 // mid-run.
 #include <array>
 #include <atomic>
-#include <cstring>
-#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -38,127 +35,10 @@
 #include "attnprof/check_inputs.h"
 #include "attnprof/error.h"
 #include "bindings/bindings.h"
+#include "bindings/call_key.h"
 
 namespace attnprof::python {
 namespace {
-
-// An array's layout: everything prepare() reads of it but its data pointer.
-struct Layout {
-  std::int32_t ndim = -1;  // -1: no array (an optional one not given)
-  std::int32_t device_type = 0;
-  std::int32_t device_id = 0;
-  std::uint8_t code = 0;
-  std::uint8_t bits = 0;
-  std::uint16_t lanes = 0;
-  std::array<std::int64_t, 4> shape{};
-  std::array<std::int64_t, 4> strides{};
-  bool operator==(const Layout&) const = default;
-};
-
-// The names a key holds inline (no allocation per lookup); a longer one
-// (which no backend or mask has) is never cached.
-using Name = std::array<char, 24>;
-
-bool name_of(const std::string& s, Name& out) {
-  if (s.size() >= out.size()) return false;
-  out.fill('\0');
-  std::memcpy(out.data(), s.data(), s.size());
-  return true;
-}
-
-// The caller's arrays, in the order the key and the entries' views name them.
-enum Source : std::uint8_t { kQ, kK, kV, kOut, kMask, kTable, kLens, kQRows, kKvRows, kCuQ, kCuK, kSources };
-
-struct CallKey {
-  std::array<Layout, kSources> arrays;
-  Name backend{};
-  Name mask{};
-  std::optional<std::int64_t> window;
-  std::optional<double> scale;
-  std::optional<double> softcap;
-  int threads = 0;
-  bool bshd = false;
-  bool deterministic = false;
-  Pass pass = Pass::Forward;
-  // A packed call: max_seqlen_q and _k as given, and on the CPU its
-  // cumulative lengths themselves (cu_seqlens_q's, then _k's), from which its
-  // problem is made; empty where the kernels read them (a GPU's flash).
-  std::optional<std::int64_t> max_q, max_k;
-  std::vector<std::int32_t> lengths;
-  bool operator==(const CallKey&) const = default;
-};
-
-bool array_layout(const Array& a, Layout& l) {
-  if (a.ndim > 4) return false;  // refused by prepare(), never cached
-  l.ndim = static_cast<std::int32_t>(a.ndim);
-  l.device_type = a.device_type;
-  l.device_id = a.device_id;
-  l.code = a.dtype.code;
-  l.bits = a.dtype.bits;
-  l.lanes = a.dtype.lanes;
-  for (std::size_t i = 0; i < a.ndim; ++i) {
-    l.shape[i] = a.shape[i];
-    l.strides[i] = a.strides[i];
-  }
-  return true;
-}
-
-// The caller's arrays by Source (null: not given).
-using Sources = std::array<const Array*, kSources>;
-
-Sources sources_of(const Array& q, const Array& k, const Array& v, const Array& out, const Extras& x) {
-  const auto opt = [](const std::optional<Array>& a) { return a ? &*a : nullptr; };
-  return {
-      &q,      &k,     &v, &out, opt(x.attn_mask), opt(x.block_table), opt(x.seq_lens), opt(x.q_rows), opt(x.kv_rows),
-      nullptr, nullptr};
-}
-
-bool key_of(const Sources& arrays, const CallArgs& a, CallKey& key) {
-  for (std::size_t i = 0; i < kSources; ++i) {
-    if (arrays[i] != nullptr && !array_layout(*arrays[i], key.arrays[i])) return false;
-  }
-  if (!name_of(a.backend, key.backend) || !name_of(a.mask, key.mask)) return false;
-  key.window = a.window;
-  key.scale = a.scale;
-  key.softcap = a.softcap;
-  key.threads = a.threads;
-  key.bshd = a.bshd;
-  key.deterministic = a.deterministic;
-  key.pass = a.pass;
-  return true;
-}
-
-template <class T>
-void mix(std::size_t& h, const T& v) {
-  h ^= std::hash<T>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-}
-
-struct CallKeyHash {
-  std::size_t operator()(const CallKey& k) const noexcept {
-    std::size_t h = 0;
-    for (const Layout& l : k.arrays) {
-      mix(h, l.ndim);
-      if (l.ndim < 0) continue;
-      mix(h,
-          (std::int64_t{l.device_type} << 32) | (std::int64_t{l.code} << 24) | (std::int64_t{l.bits} << 16) | l.lanes);
-      for (std::int32_t i = 0; i < l.ndim; ++i) {
-        mix(h, l.shape[static_cast<std::size_t>(i)]);
-        mix(h, l.strides[static_cast<std::size_t>(i)]);
-      }
-    }
-    mix(h, std::string_view(k.backend.data()));
-    mix(h, std::string_view(k.mask.data()));
-    mix(h, k.window.value_or(-1));
-    // + 0.0: -0.0 and 0.0 compare equal, so they hash alike.
-    mix(h, k.scale ? *k.scale + 0.0 : -1.0);
-    mix(h, k.softcap ? *k.softcap + 0.0 : -1.0);
-    mix(h, (k.threads << 8) | (int{k.bshd} << 2) | (int{k.deterministic} << 1) | static_cast<int>(k.pass));
-    mix(h, k.max_q.value_or(-1));
-    mix(h, k.max_k.value_or(-1));
-    for (const std::int32_t n : k.lengths) mix(h, n);
-    return h;
-  }
-};
 
 // One tensor of the prepared call as a view of one of the caller's arrays:
 // put on that array's new data pointer by a hit.

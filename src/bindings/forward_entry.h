@@ -3,12 +3,16 @@
 // extension reads each tensor's pointer, shape, strides, device and dtype
 // straight from the at::Tensor (no DLPack capsule, no Python attribute) and
 // calls _core's forward through a function pointer that _core hands out in a
-// capsule (_core._forward_entry()). Plain C structs only: the two modules
+// capsule (_core._forward_entry(): an AttnprofForwardEntry). Plain C structs only: the two modules
 // are built apart (the extension against the torch it will run with).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+// A plain option's kind (AttnprofOption), and how many attention() may take.
+enum : std::uint8_t { kAttnprofText = 0, kAttnprofInt = 1, kAttnprofReal = 2, kAttnprofFlag = 3 };
+inline constexpr int kAttnprofMaxOptions = 16;
 
 extern "C" {
 
@@ -25,19 +29,23 @@ struct AttnprofArray {
   std::uint8_t bits;
 };
 
-// attention()'s other arguments; an absent window, scale or soft cap has its has_ flag 0.
+// A plain option's value as the extension read it from Python, by the kind
+// _core gives for it (AttnprofForwardEntry's kinds): a string (its UTF-8,
+// borrowed for the call), an optional int or float (`given` 0 for None), or a flag
+// (`given`).
+struct AttnprofOption {
+  const char* text;
+  std::int64_t integer;
+  double real;
+  std::uint8_t given;
+};
+// attention()'s other arguments: its plain options in the order
+// AttnprofForwardEntry names them (bindings/call_options.h's table, those
+// attention() takes), each one given.
 struct AttnprofForwardArgs {
-  const char* backend;
-  const char* mask;  // "" is attention()'s default (causal)
-  std::int64_t window;
-  double scale;
-  double softcap;
+  AttnprofOption options[kAttnprofMaxOptions];
   std::uintptr_t stream;  // a cudaStream_t as an integer; 0 on the CPU
   std::int32_t threads;
-  std::uint8_t has_window;
-  std::uint8_t has_scale;
-  std::uint8_t has_softcap;
-  std::uint8_t bshd;
 };
 
 // The forward of q, k, v into out, as _core.attention runs it (the call cache
@@ -56,9 +64,20 @@ typedef int (*AttnprofForward)(const AttnprofArray* q, const AttnprofArray* k, c
 typedef int (*AttnprofPlanRun)(void* plan, const AttnprofArray* q, const AttnprofArray* k, const AttnprofArray* v,
                                const AttnprofArray* out, const AttnprofArray* const* extras, std::uintptr_t stream,
                                char* error, std::size_t error_len);
+
+// What _core hands the extension for attention(): the forward, and the
+// plain options it takes, by name and kind, in AttnprofForwardArgs' order
+// (made from bindings/call_options.h's table: the extension keeps no list of
+// its own, so an option added there reaches it unchanged).
+struct AttnprofForwardEntry {
+  AttnprofForward forward;
+  std::int32_t options;
+  const char* names[kAttnprofMaxOptions];
+  std::uint8_t kinds[kAttnprofMaxOptions];
+};
 }
 
 // The capsules' names; a change to the structs above takes new ones.
-inline constexpr const char kAttnprofForwardCapsule[] = "attnprof._core.forward_v1";
+inline constexpr const char kAttnprofForwardCapsule[] = "attnprof._core.forward_v2";
 inline constexpr const char kAttnprofPlanRunCapsule[] = "attnprof._core.plan_run_v1";
 inline constexpr int kAttnprofPlanRunExtras = 6;

@@ -17,4 +17,5 @@ NB_MODULE(_core, m) {
   bind_pipeline(m);
   bind_analyze(m);
   bind_plan(m);
+  bind_call_options(m);
 }

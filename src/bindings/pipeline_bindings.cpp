@@ -21,36 +21,34 @@
 #include "attnprof/reference.h"
 #include "attnprof/report.h"
 #include "bindings/bindings.h"
+#include "bindings/def_call.h"
 
 namespace attnprof::python {
 namespace {
 
 // A problem from Python's keywords as typed values (None: the default;
 // batch and heads the device's): the names read as the CLI reads them, every
-// number and list as itself, each checked once by the library.
-Problem make_problem(std::optional<std::int64_t> batch, std::optional<std::int64_t> heads,
-                     std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
-                     std::int64_t head_dim, const std::string& dtype, const std::string& device,
-                     const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                     const std::string& pass, bool deterministic, std::optional<double> softcap,
-                     std::optional<std::vector<std::int64_t>> seq_lens,
-                     std::optional<std::vector<std::int64_t>> kv_seq_lens) {
-  return problem_from_args({.batch = batch,
-                            .heads = heads,
-                            .kv_heads = kv_heads,
-                            .seq = seq,
-                            .kv_seq = kv_seq,
-                            .head_dim = head_dim,
-                            .dtype = dtype_from_text(dtype),
-                            .device = device_from_text(device),
-                            .mask = mask_from_text(mask),
-                            .window = window,
-                            .scale = scale,
-                            .softcap = softcap,
-                            .pass = pass_from_text(pass),
-                            .deterministic = deterministic,
-                            .seq_lens = std::move(seq_lens),
-                            .kv_seq_lens = std::move(kv_seq_lens)});
+// number and list as itself, each checked once by the library. The call's
+// plain options it takes (call_options.h's kProblemTakes: those of what is
+// computed) are its keywords too (def_call.h); a problem names its mask ("" is none).
+void make_problem(const CallOptions& o, Problem* self, std::optional<std::int64_t> batch,
+                  std::optional<std::int64_t> heads, std::optional<std::int64_t> kv_heads, std::int64_t seq,
+                  std::optional<std::int64_t> kv_seq, std::int64_t head_dim, const std::string& dtype,
+                  const std::string& device, const std::string& pass, std::optional<std::vector<std::int64_t>> seq_lens,
+                  std::optional<std::vector<std::int64_t>> kv_seq_lens) {
+  ProblemArgs a = problem_args(o, pass_from_text(pass));
+  a.batch = batch;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.seq = seq;
+  a.kv_seq = kv_seq;
+  a.head_dim = head_dim;
+  a.dtype = dtype_from_text(dtype);
+  a.device = device_from_text(device);
+  a.mask = mask_from_text(o.mask);
+  a.seq_lens = std::move(seq_lens);
+  a.kv_seq_lens = std::move(kv_seq_lens);
+  new (self) Problem(problem_from_args(a));
 }
 
 // Ctrl-C during a long call: Python's handler only sets a flag while the
@@ -107,26 +105,13 @@ PipelineOptions make_options(const std::optional<std::string>& trace_dir, const 
 }  // namespace
 
 void bind_pipeline(nb::module_& m) {
-  nb::class_<Problem>(m, "Problem")
-      .def(
-          "__init__",
-          [](Problem* self, std::optional<std::int64_t> batch, std::optional<std::int64_t> heads,
-             std::optional<std::int64_t> kv_heads, std::int64_t seq, std::optional<std::int64_t> kv_seq,
-             std::int64_t head_dim, const std::string& dtype, const std::string& device, const std::string& mask,
-             std::optional<std::int64_t> window, std::optional<double> scale, const std::string& pass,
-             bool deterministic, std::optional<double> softcap, std::optional<std::vector<std::int64_t>> seq_lens,
-             std::optional<std::vector<std::int64_t>> kv_seq_lens) {
-            new (self)
-                Problem(make_problem(batch, heads, kv_heads, seq, kv_seq, head_dim, dtype, device, mask, window, scale,
-                                     pass, deterministic, softcap, std::move(seq_lens), std::move(kv_seq_lens)));
-          },
-          nb::kw_only(), nb::arg("batch").none() = nb::none(), nb::arg("heads").none() = nb::none(),
-          nb::arg("kv_heads").none() = nb::none(), nb::arg("seq"), nb::arg("kv_seq").none() = nb::none(),
-          nb::arg("head_dim"), nb::arg("dtype"), nb::arg("device"), nb::arg("mask"),
-          nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("pass_") = "forward",
-          nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
-          nb::arg("seq_lens").none() = nb::none(), nb::arg("kv_seq_lens").none() = nb::none())
-      .def("describe", &Problem::describe)
+  nb::class_<Problem> problem(m, "Problem");
+  def_call<kProblemTakes>(problem, "__init__", &make_problem, nb::kw_only(), nb::arg("batch").none() = nb::none(),
+                          nb::arg("heads").none() = nb::none(), nb::arg("kv_heads").none() = nb::none(), nb::arg("seq"),
+                          nb::arg("kv_seq").none() = nb::none(), nb::arg("head_dim"), nb::arg("dtype"),
+                          nb::arg("device"), nb::arg("pass_") = "forward", nb::arg("seq_lens").none() = nb::none(),
+                          nb::arg("kv_seq_lens").none() = nb::none());
+  problem.def("describe", &Problem::describe)
       .def_prop_ro("seq_lens", [](const Problem& p) { return p.seq_lens; })
       .def_prop_ro("kv_seq_lens", [](const Problem& p) { return p.kv_seq_lens; })
       .def_prop_ro("batch", [](const Problem& p) { return p.batch; })

@@ -21,6 +21,7 @@
 #include "attnprof/plan.h"
 #include "attnprof/problem_spec.h"
 #include "bindings/bindings.h"
+#include "bindings/def_call.h"
 
 namespace attnprof::python {
 namespace {
@@ -253,15 +254,14 @@ int plan_run_entry(void* plan, const AttnprofArray* q, const AttnprofArray* k, c
 
 // A plan from example arrays: the call attention() would prepare for them,
 // then attnprof::plan on its problem and layout.
-PyPlan* make_plan(const In& q, const In& k, const In& v, const Out& out, const std::string& backend,
-                  const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale,
-                  std::uintptr_t stream, int threads, bool bshd, std::optional<double> softcap,
-                  const std::optional<In>& block_table, const std::optional<In>& seq_lens,
+PyPlan* make_plan(const CallOptions& o, const In& q, const In& k, const In& v, const Out& out, std::uintptr_t stream,
+                  int threads, const std::optional<In>& block_table, const std::optional<In>& seq_lens,
                   const std::optional<In>& q_rows, const std::optional<In>& kv_rows, const std::optional<In>& cu_q,
                   const std::optional<In>& cu_k, std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k) {
   const ThreadCountsKept kept;
+  const std::string& backend = o.backend;
   check_backend_name("backend", backend, /*auto_ok=*/true);
-  const CallArgs args{backend, mask, window, scale, stream, threads, bshd, Pass::Forward, false, softcap};
+  const CallArgs args{o, stream, threads, Pass::Forward};
   const bool packed = cu_q || cu_k;
   if (packed && (!cu_q || !cu_k)) {
     fail(ErrorKind::InvalidArgument, "a packed plan needs both cu_seqlens_q and cu_seqlens_k");
@@ -304,7 +304,7 @@ PyPlan* make_plan(const In& q, const In& k, const In& v, const Out& out, const s
     lens_q = p.cu_seqlens_q();
     lens_k = p.cu_seqlens_k();
   }
-  return new PyPlan(std::move(made), bshd, threads, std::move(shapes), std::move(lens_q), std::move(lens_k));
+  return new PyPlan(std::move(made), o.bshd, threads, std::move(shapes), std::move(lens_q), std::move(lens_k));
 }
 
 }  // namespace
@@ -343,16 +343,15 @@ void bind_plan(nb::module_& m) {
           nb::arg("cu_seqlens_k").noconvert().none() = nb::none(),
           "the planned call on these arrays (the plan's shapes, dtypes and device) into `out`, on `stream`");
 
-  m.def("plan", &make_plan, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
-        nb::arg("out").noconvert(), nb::kw_only(), nb::arg("backend") = "auto", nb::arg("mask") = "",
-        nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
-        nb::arg("threads") = 0, nb::arg("bshd") = false, nb::arg("softcap").none() = nb::none(),
-        nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
-        nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
-        nb::arg("cu_seqlens_q").noconvert().none() = nb::none(),
-        nb::arg("cu_seqlens_k").noconvert().none() = nb::none(), nb::arg("max_seqlen_q").none() = nb::none(),
-        nb::arg("max_seqlen_k").none() = nb::none(), nb::rv_policy::take_ownership,
-        "a plan of the call attention() would make on these example arrays");
+  // The plain options (call_options.h) follow, attention()'s: a plan is made for a forward.
+  def_call<kForwardTakes>(
+      m, "plan", &make_plan, nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+      nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("seq_lens").noconvert().none() = nb::none(),
+      nb::arg("q_rows").noconvert().none() = nb::none(), nb::arg("kv_rows").noconvert().none() = nb::none(),
+      nb::arg("cu_seqlens_q").noconvert().none() = nb::none(), nb::arg("cu_seqlens_k").noconvert().none() = nb::none(),
+      nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
+      nb::rv_policy::take_ownership, "a plan of the call attention() would make on these example arrays");
   // The torch extension's way into Plan.run (bindings/forward_entry.h; attnprof._torch_call.plan_run).
   m.def(
       "_plan_run_entry",

@@ -11,17 +11,22 @@
 // hands out (bindings/forward_entry.h), so both paths prepare, cache and run
 // the call alike and refuse bad input with the same message.
 //
-// attention(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap)
-// returns out (allocated as attention() allocates it when None), or None when
-// the call is not one this path takes (a tensor that needs autograd, a
-// device, dtype or layout it does not read, an argument of another type):
-// python/attnprof/_torch.py then takes the general path, which answers for it.
+// attention(q, k, v, out, threads, **options) returns out (allocated as
+// attention() allocates it when None), or None when the call is not one this
+// path takes (a tensor that needs autograd, a device, dtype or layout it does
+// not read, an argument of another type): python/attnprof/_torch.py then
+// takes the general path, which answers for it. The options are attention()'s
+// plain options, every one by name: which they are and each one's kind come
+// from _core with its entry (AttnprofForwardEntry, made from
+// bindings/call_options.h's table), so this file names none of them, and a
+// caller that leaves one out (an option added there) gets a TypeError.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -34,9 +39,10 @@
 
 namespace {
 
-AttnprofForward forward = nullptr;     // _core's, from its capsule
-AttnprofPlanRun plan_entry = nullptr;  // _core's Plan.run, from its capsule
-PyObject* error_type = nullptr;        // attnprof._core.Error
+const AttnprofForwardEntry* entry = nullptr;  // _core's forward and its options, from its capsule
+PyObject* option_names[kAttnprofMaxOptions];  // entry's names, interned (a call's keywords are)
+AttnprofPlanRun plan_entry = nullptr;         // _core's Plan.run, from its capsule
+PyObject* error_type = nullptr;               // attnprof._core.Error
 
 // A tensor's description for _core, or false where this path does not read
 // it (the general path then answers for it). `index`: an int32 index array
@@ -102,6 +108,37 @@ bool optional_double(PyObject* o, double& v, std::uint8_t& has) {
 
 const char* utf8(PyObject* o) { return PyUnicode_CheckExact(o) ? PyUnicode_AsUTF8(o) : nullptr; }
 
+// A plain option of `kind` (forward_entry.h) into its slot; false for a value
+// of another type (the general path then answers for it).
+bool read_option(PyObject* o, std::uint8_t kind, AttnprofOption& slot) {
+  switch (kind) {
+    case kAttnprofText:
+      slot.text = utf8(o);
+      return slot.text != nullptr;
+    case kAttnprofInt:
+      return optional_long(o, slot.integer, slot.given);
+    case kAttnprofReal:
+      return optional_double(o, slot.real, slot.given);
+    case kAttnprofFlag:
+      slot.given = o == Py_True;
+      return PyBool_Check(o);
+    default:
+      return false;
+  }
+}
+
+// Entry's index of a keyword (its interned name mostly), -1 for none.
+int option_index(PyObject* name) {
+  for (int i = 0; i < entry->options; ++i) {
+    if (option_names[i] == name) return i;
+  }
+  for (int i = 0; i < entry->options; ++i) {
+    if (PyUnicode_Compare(option_names[i], name) == 0) return i;
+  }
+  PyErr_Clear();
+  return -1;
+}
+
 // The out attention() and Plan.run allocate when none is given: q's shape,
 // contiguous, bf16 for fp8 inputs.
 at::Tensor out_like(const at::Tensor& q) {
@@ -128,9 +165,10 @@ std::uintptr_t stream_of(const at::Tensor& q) {
   return 0;
 }
 
-// The call itself, once q, k, v (and out) are plain tensors; C++ exceptions
-// are attention()'s to catch.
-PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args) {
+// The call itself, once q, k, v (and out) are plain tensors and the options
+// named; C++ exceptions are attention()'s to catch. args: q, k, v, out,
+// threads, then the options' values, option j entry's slot[j].
+PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args, const int* slot) {
   const at::Tensor& q = THPVariable_Unpack(objs[0]);
   const at::Tensor& k = THPVariable_Unpack(objs[1]);
   const at::Tensor& v = THPVariable_Unpack(objs[2]);
@@ -138,17 +176,16 @@ PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args)
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) Py_RETURN_NONE;
   if (given_out && THPVariable_Unpack(objs[3]).requires_grad()) Py_RETURN_NONE;
 
-  AttnprofForwardArgs a{};
-  a.backend = utf8(args[4]);
-  a.mask = utf8(args[5]);
-  const int threads = PyLong_CheckExact(args[9]) ? static_cast<int>(PyLong_AsLong(args[9])) : -1;
-  if (a.backend == nullptr || a.mask == nullptr || !optional_long(args[6], a.window, a.has_window) ||
-      !optional_double(args[7], a.scale, a.has_scale) || !PyBool_Check(args[8]) ||
-      !optional_double(args[10], a.softcap, a.has_softcap) || threads < 0 || PyErr_Occurred()) {
+  AttnprofForwardArgs a;  // every slot the entry names is written below (attention() checked the names)
+  const int threads = PyLong_CheckExact(args[4]) ? static_cast<int>(PyLong_AsLong(args[4])) : -1;
+  bool read = threads >= 0;
+  for (int j = 0; read && j < entry->options; ++j) {
+    read = read_option(args[5 + j], entry->kinds[slot[j]], a.options[slot[j]]);
+  }
+  if (!read || PyErr_Occurred()) {
     PyErr_Clear();
     Py_RETURN_NONE;
   }
-  a.bshd = args[8] == Py_True;
   a.threads = threads;
 
   std::array<AttnprofArray, 4> arrays{};
@@ -161,7 +198,7 @@ PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args)
   if (!describe(out, arrays[3])) Py_RETURN_NONE;
   a.stream = stream_of(q);
   char error[2048];
-  const int rc = forward(&arrays[0], &arrays[1], &arrays[2], &arrays[3], &a, error, sizeof error);
+  const int rc = entry->forward(&arrays[0], &arrays[1], &arrays[2], &arrays[3], &a, error, sizeof error);
   return result(rc, error, given_out ? objs[3] : nullptr, std::move(made));
 }
 
@@ -214,9 +251,40 @@ PyObject* plan_run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
-PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 11) {
-    PyErr_SetString(PyExc_TypeError, "attnprof._torch_call.attention takes 11 arguments");
+// The keywords' check: attention()'s every option, each once, none other;
+// keyword j is the entry's option slot[j].
+bool named_options(PyObject* kwnames, int* slot) {
+  // A call site's keywords are one constant tuple: the last one checked is
+  // held with its slots, and a call with the same tuple is checked by its pointer.
+  static PyObject* known = nullptr;
+  static int known_slot[kAttnprofMaxOptions];
+  if (kwnames != nullptr && kwnames == known) {
+    std::copy(known_slot, known_slot + entry->options, slot);
+    return true;
+  }
+  const Py_ssize_t n = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (n != entry->options) return false;
+  std::uint32_t seen = 0;
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    const int i = option_index(PyTuple_GET_ITEM(kwnames, j));
+    if (i < 0 || (seen >> i & 1) != 0) return false;
+    seen |= std::uint32_t{1} << i;
+    slot[j] = i;
+  }
+  Py_XSETREF(known, Py_NewRef(kwnames));
+  std::copy(slot, slot + n, known_slot);
+  return true;
+}
+
+PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  int slot[kAttnprofMaxOptions];
+  if (nargs != 5 || !named_options(kwnames, slot)) {
+    std::string names;
+    for (int i = 0; i < entry->options; ++i) names += std::string(i ? ", " : "") + entry->names[i];
+    PyErr_SetString(PyExc_TypeError, ("attnprof._torch_call.attention takes q, k, v, out, threads and by name "
+                                      "every option of attention() that _core lists: " +
+                                      names)
+                                         .c_str());
     return nullptr;
   }
   PyObject* const objs[4] = {args[0], args[1], args[2], args[3]};  // q, k, v, out (or None)
@@ -227,7 +295,7 @@ PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!THPVariable_CheckExact(objs[i])) Py_RETURN_NONE;
   }
   try {
-    return run(objs, given_out, args);
+    return run(objs, given_out, args, slot);
   } catch (const std::exception&) {
     // A tensor whose data cannot be read here (no storage), or an
     // allocation that failed: the general path raises torch's own error.
@@ -236,9 +304,10 @@ PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 PyMethodDef methods[] = {
-    {"attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&attention)), METH_FASTCALL,
-     "attention(q, k, v, out, backend, mask, window, scale, bshd, threads, softcap): attnprof.attention's forward "
-     "on torch tensors, out returned; None when the call is the general path's"},
+    {"attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&attention)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "attention(q, k, v, out, threads, **options), every plain option of attention() by name: attnprof.attention's "
+     "forward on torch tensors, out returned; None when the call is the general path's"},
     {"plan_run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&plan_run)), METH_FASTCALL,
      "plan_run(handle, q, k, v, out, block_table, seq_lens, q_rows, kv_rows, cu_seqlens_q, cu_seqlens_k): Plan.run "
      "on torch tensors, out returned; None when the call is the general path's"},
@@ -265,11 +334,19 @@ PyMODINIT_FUNC PyInit__torch_call() {
     Py_DECREF(core);
     return nullptr;
   }
-  forward = reinterpret_cast<AttnprofForward>(PyCapsule_GetPointer(capsule, kAttnprofForwardCapsule));
+  entry = static_cast<const AttnprofForwardEntry*>(PyCapsule_GetPointer(capsule, kAttnprofForwardCapsule));
   Py_DECREF(capsule);
-  if (forward == nullptr) {
+  if (entry == nullptr || entry->options > kAttnprofMaxOptions) {
+    if (entry != nullptr) PyErr_SetString(PyExc_ImportError, "attnprof._core lists more options than this build takes");
     Py_DECREF(core);
     return nullptr;
+  }
+  for (int i = 0; i < entry->options; ++i) {
+    option_names[i] = PyUnicode_InternFromString(entry->names[i]);  // held for the process
+    if (option_names[i] == nullptr) {
+      Py_DECREF(core);
+      return nullptr;
+    }
   }
   PyObject* plan_capsule = PyObject_CallMethod(core, "_plan_run_entry", nullptr);
   Py_DECREF(core);

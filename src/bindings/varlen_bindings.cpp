@@ -25,6 +25,7 @@
 #include "attnprof/reference.h"
 #include "attnprof/runner.h"
 #include "bindings/bindings.h"
+#include "bindings/def_call.h"
 
 namespace attnprof::python {
 
@@ -240,10 +241,9 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   p.kv_heads = in.k.size(1);
   p.dtype = dtype;
   p.device = device;
-  set_mask(p, a.mask);
-  apply_problem_args(
-      p,
-      {.window = a.window, .scale = a.scale, .softcap = a.softcap, .pass = a.pass, .deterministic = a.deterministic});
+  // A packed call names its mask (Python passes "causal" for None): "" is refused, as attention() refuses it.
+  set_mask(p, a.options.mask);
+  apply_problem_args(p, problem_args(a.options, a.pass));
 
   Problem on_device = p;
   on_device.lengths_on_device = true;
@@ -253,7 +253,7 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   // A sequence has at most the packed rows: a larger maximum sizes no grid past them.
   on_device.seq = std::min(max_q.value_or(total_q), total_q);
   on_device.kv_seq = std::min(max_k.value_or(total_k), total_k);
-  if (const std::optional<std::string> reader = device_lengths_backend(on_device, a.backend)) {
+  if (const std::optional<std::string> reader = device_lengths_backend(on_device, a.options.backend)) {
     if (checking_inputs()) {
       const auto [checked_q, checked_k] = read_lengths();
       check_maxima(checked_q, checked_k, max_q, max_k);
@@ -270,20 +270,18 @@ Call prepare_varlen(const In& q_in, const In& k_in, const In& v_in, const Out& o
   if (max_q) p.seq = *max_q;
   if (max_k) p.kv_seq = *max_k;
   p.normalize().validate();
-  return finish_call(std::move(p), std::move(in), std::move(o), a.backend, a.stream, a.threads);
+  return finish_call(std::move(p), std::move(in), std::move(o), a.options.backend, a.stream, a.threads);
 }
 
 namespace {
 
-std::string attention_varlen(const In& q, const In& k, const In& v, const Out& out, const In& cu_q, const In& cu_k,
-                             std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k,
-                             const std::string& backend, const std::string& mask, std::optional<std::int64_t> window,
-                             std::optional<double> scale, std::uintptr_t stream, int threads,
-                             std::optional<double> softcap, const std::optional<Descale>& q_descale,
-                             const std::optional<Descale>& k_descale, const std::optional<Descale>& v_descale) {
+std::string attention_varlen(const CallOptions& o, const In& q, const In& k, const In& v, const Out& out,
+                             const In& cu_q, const In& cu_k, std::optional<std::int64_t> max_q,
+                             std::optional<std::int64_t> max_k, std::uintptr_t stream, int threads,
+                             const std::optional<Descale>& q_descale, const std::optional<Descale>& k_descale,
+                             const std::optional<Descale>& v_descale) {
   const ThreadCountsKept kept;
-  Call c = prepare_varlen_cached(q, k, v, out, {cu_q, cu_k, max_q, max_k},
-                                 {backend, mask, window, scale, stream, threads, false, Pass::Forward, false, softcap});
+  Call c = prepare_varlen_cached(q, k, v, out, {cu_q, cu_k, max_q, max_k}, {o, stream, threads, Pass::Forward});
   set_descales(c, q_descale, k_descale, v_descale);
   run(c, [&] { c.forward(); });
   return std::string(c.backend->name());
@@ -291,15 +289,13 @@ std::string attention_varlen(const In& q, const In& k, const In& v, const Out& o
 
 // The packed training forward: out, and the saved log-sum-exp as FP32
 // [H, total_q] (flash_attn_varlen_func's softmax_lse layout).
-std::tuple<std::string, nb::ndarray<float>> attention_varlen_train(
-    const In& q, const In& k, const In& v, const Out& out, const In& cu_q, const In& cu_k,
-    std::optional<std::int64_t> max_q, std::optional<std::int64_t> max_k, const std::string& backend,
-    const std::string& mask, std::optional<std::int64_t> window, std::optional<double> scale, std::uintptr_t stream,
-    int threads, bool deterministic, std::optional<double> softcap) {
+std::tuple<std::string, nb::ndarray<float>> attention_varlen_train(const CallOptions& o, const In& q, const In& k,
+                                                                   const In& v, const Out& out, const In& cu_q,
+                                                                   const In& cu_k, std::optional<std::int64_t> max_q,
+                                                                   std::optional<std::int64_t> max_k,
+                                                                   std::uintptr_t stream, int threads) {
   const ThreadCountsKept kept;
-  Call c = prepare_varlen_cached(
-      q, k, v, out, {cu_q, cu_k, max_q, max_k},
-      {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
+  Call c = prepare_varlen_cached(q, k, v, out, {cu_q, cu_k, max_q, max_k}, {o, stream, threads, Pass::Train});
   Saved saved;
   run(c, [&] { c.backend->forward_train(c.p, c.in, c.out, saved, c.ctx); });
   const std::size_t shape[2] = {static_cast<std::size_t>(c.p.heads), static_cast<std::size_t>(c.p.total_q())};
@@ -307,17 +303,12 @@ std::tuple<std::string, nb::ndarray<float>> attention_varlen_train(
   return {std::string(c.backend->name()), owned_lse(saved.lse, c.p.device, 2, shape, strides)};
 }
 
-std::string attention_varlen_backward(const In& dout, const In& q, const In& k, const In& v, const Out& out,
-                                      const In& lse, const Out& dq, const Out& dk, const Out& dv, const In& cu_q,
-                                      const In& cu_k, std::optional<std::int64_t> max_q,
-                                      std::optional<std::int64_t> max_k, const std::string& backend,
-                                      const std::string& mask, std::optional<std::int64_t> window,
-                                      std::optional<double> scale, std::uintptr_t stream, int threads,
-                                      bool deterministic, std::optional<double> softcap) {
+std::string attention_varlen_backward(const CallOptions& o, const In& dout, const In& q, const In& k, const In& v,
+                                      const Out& out, const In& lse, const Out& dq, const Out& dk, const Out& dv,
+                                      const In& cu_q, const In& cu_k, std::optional<std::int64_t> max_q,
+                                      std::optional<std::int64_t> max_k, std::uintptr_t stream, int threads) {
   const ThreadCountsKept kept;
-  Call c = prepare_varlen_cached(
-      q, k, v, out, {cu_q, cu_k, max_q, max_k},
-      {backend, mask, window, scale, stream, threads, false, Pass::Train, deterministic, softcap});
+  Call c = prepare_varlen_cached(q, k, v, out, {cu_q, cu_k, max_q, max_k}, {o, stream, threads, Pass::Train});
   c.p.pass = Pass::Backward;
   const Tensor d_out = c.view_like("dout", array_of(dout), c.out, false);
   Gradients g = c.gradients(array_of(dq), array_of(dk), array_of(dv), false);
@@ -340,32 +331,30 @@ std::string attention_varlen_backward(const In& dout, const In& q, const In& k, 
 // Packed batches: q [total_q, H, D], k and v [total_k, Hkv, D], int32
 // cumulative lengths (flash_attn_varlen_func's arguments).
 void bind_varlen(nb::module_& m) {
-  // After the arrays every argument is a keyword (python/attnprof passes them by name).
-  m.def(
-      "attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+  // After the arrays every argument is a keyword (python/attnprof passes them by name); the plain options
+  // (call_options.h; mask named by the caller) follow, by def_call.h.
+  def_call<kPackedForwardTakes>(
+      m, "attention_varlen", &attention_varlen, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
       nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
       nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(), nb::arg("max_seqlen_q").none() = nb::none(),
-      nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("backend") = "auto", nb::arg("mask") = "causal",
-      nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
-      nb::arg("threads") = 0, nb::arg("softcap").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
-      nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
-      "attention over a packed batch into `out` (fp8: q, k and v's descales, out bf16); returns the backend that ran");
-  m.def("attention_varlen_train", &attention_varlen_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
-        nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
-        nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(), nb::arg("max_seqlen_q").none() = nb::none(),
-        nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("backend") = "auto", nb::arg("mask") = "causal",
-        nb::arg("window").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0,
-        nb::arg("threads") = 0, nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
-        "the packed training forward into `out`; returns (backend, the saved [H, total_q] log-sum-exp)");
-  m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
-        nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
-        nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
-        nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(),
-        nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(),
-        nb::arg("backend") = "auto", nb::arg("mask") = "causal", nb::arg("window").none() = nb::none(),
-        nb::arg("scale").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
-        nb::arg("deterministic") = false, nb::arg("softcap").none() = nb::none(),
-        "dQ, dK, dV of a packed batch; returns the backend that ran");
+      nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(),
+      nb::arg("v_descale").none() = nb::none(),
+      "attention over a packed batch into `out` (fp8: q, k and v's descales, out bf16); returns the backend that "
+      "ran");
+  def_call<kPackedTrainTakes>(
+      m, "attention_varlen_train", &attention_varlen_train, nb::arg("q").noconvert(), nb::arg("k").noconvert(),
+      nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("cu_seqlens_q").noconvert(),
+      nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(), nb::arg("max_seqlen_q").none() = nb::none(),
+      nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "the packed training forward into `out`; returns (backend, the saved [H, total_q] log-sum-exp)");
+  def_call<kPackedTrainTakes>(
+      m, "attention_varlen_backward", &attention_varlen_backward, nb::arg("dout").noconvert(), nb::arg("q").noconvert(),
+      nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("out").noconvert(), nb::arg("lse").noconvert(),
+      nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
+      nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(), nb::kw_only(),
+      nb::arg("max_seqlen_q").none() = nb::none(), nb::arg("max_seqlen_k").none() = nb::none(), nb::arg("stream") = 0,
+      nb::arg("threads") = 0, "dQ, dK, dV of a packed batch; returns the backend that ran");
 }
 
 }  // namespace attnprof::python
