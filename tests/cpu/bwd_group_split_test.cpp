@@ -51,7 +51,7 @@ TEST(BwdGroupSplit, EachMeasuredRowGetsTheSplitThatRanFastest) {
   }
 }
 
-TEST(BwdGroupSplit, TheSplitDividesTheGroupAndGrowsOnlyWhileAConditionFails) {
+TEST(BwdGroupSplit, TheSplitDividesTheGroupAndGrowsAsTheL2Shrinks) {
   for (const std::int64_t group : {2, 3, 4, 6, 7, 8, 16}) {
     for (const std::int64_t seq : {128, 1024, 4096, 16384}) {
       for (const std::int64_t d : {64, 96, 128, 256}) {
@@ -61,9 +61,10 @@ TEST(BwdGroupSplit, TheSplitDividesTheGroupAndGrowsOnlyWhileAConditionFails) {
           const std::string at = std::to_string(group) + " " + std::to_string(seq) + " " + std::to_string(d);
           ASSERT_GE(split, 1) << at;
           EXPECT_EQ(group % split, 0) << at;
-          // A larger GPU or a smaller L2 never takes fewer parts.
-          EXPECT_GE(bwd_sm90_group_split(s, false, 2 * kH100Sms, kH100L2), split) << at;
+          // A smaller L2 never takes fewer parts (the first split that fits
+          // a larger one comes no later than the least wave).
           EXPECT_GE(bwd_sm90_group_split(s, false, kH100Sms, kH100L2 / 4), split) << at;
+          EXPECT_GE(bwd_sm90_group_split(s, false, kH100Sms, 0), 1) << at;
         }
       }
     }
@@ -79,6 +80,22 @@ TEST(BwdGroupSplit, TheL2DecidesWhereTheCtasAlreadyFillTheGpu) {
   EXPECT_EQ(bwd_sm90_group_split(s, false, kH100Sms, kH100L2 / 4), 4) << "each CTA one query head";
   // Few CTAs: split until 1.9 waves, whatever the L2 (8x8/1x1024x64: 64 CTAs whole, 256 at 4).
   EXPECT_EQ(bwd_sm90_group_split(shape(8, 8, 1, 1024, 64, true), false, kH100Sms, std::int64_t{1} << 40), 4);
+}
+
+// A deterministic grid runs as one chunk in key-tile order: every split's
+// wave spans every query head, so splitting buys no L2 and costs its sums.
+TEST(BwdGroupSplit, DeterministicSplitsOnlyToFillTheGpu) {
+  FusedBwdShape s = shape(8, 32, 8, 1024, 128, true);
+  s.deterministic = true;
+  EXPECT_EQ(bwd_sm90_group_split(s, false, kH100Sms, kH100L2), 1) << "512 CTAs fill it; no split fits the L2 better";
+  FusedBwdShape mqa = shape(8, 8, 1, 1024, 64, true);
+  mqa.deterministic = true;
+  EXPECT_EQ(bwd_sm90_group_split(mqa, false, kH100Sms, kH100L2), 4) << "the split that fills 1.9 waves";
+  // Too long for any split's wave to fit: the least wave, not the most parts.
+  const FusedBwdShape longest = shape(1, 16, 4, 1 << 18, 128, true);
+  const int split = bwd_sm90_group_split(longest, false, kH100Sms, kH100L2);
+  EXPECT_EQ(4 % split, 0);
+  EXPECT_GE(split, 1);
 }
 
 TEST(BwdGroupSplit, NeverSplitsWhatTheKernelCannot) {

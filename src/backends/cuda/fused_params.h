@@ -238,7 +238,8 @@ constexpr std::int64_t bwd_sm90_chunks(bool deterministic, std::int64_t key_tile
 // walks group / split query heads, keeping dK and dV in registers; above 1
 // each CTA writes FP32 partial sums of dK and dV that a last kernel adds (2 x
 // split x B x Hkv x Sk x D x 4 bytes written and read again), so the fewest
-// parts that meet both of these:
+// parts that meet both of these (where no split meets the second, the one
+// whose wave streams least):
 // - enough CTAs: 1.9 waves of the multiprocessors (two, less the last
 //   wave's few: 8 x 8/1 x 1024 x 64 causal ran in 94 us on split 4's 256
 //   CTAs against 113 on split 8's 512, H100);
@@ -261,17 +262,22 @@ constexpr int bwd_sm90_group_split(const FusedBwdShape& s, bool packed, int mult
   const std::int64_t pairs = s.kv_heads * s.batch;
   const std::int64_t head_bytes = s.seq_q * (4 * s.head_dim + 4 * pad_dim);
   const bool fastest = bwd_sm90_key_tile_fastest(s.deterministic, s.masked, pad_dim, key_tiles, multiprocessors);
-  for (std::int64_t split = 1; split < group; ++split) {
+  // Where no split fits (a deterministic grid runs as one chunk: every
+  // split's wave spans every head), the one whose wave is least, the fewest
+  // parts among equals: parts that stream as much cost only their sums.
+  std::int64_t best = 0, best_bytes = 0;
+  for (std::int64_t split = 1; split <= group; ++split) {
     if (group % split != 0) continue;
     const std::int64_t units = pairs * split;
-    if (key_tiles * units * 10 < 19 * static_cast<std::int64_t>(multiprocessors)) continue;
+    if (split < group && key_tiles * units * 10 < 19 * static_cast<std::int64_t>(multiprocessors)) continue;
     const std::int64_t chunks = bwd_sm90_chunks(s.deterministic, key_tiles, units, multiprocessors);
     const std::int64_t at_once =
         fastest ? (multiprocessors + key_tiles - 1) / key_tiles : (units + chunks - 1) / chunks;
     const std::int64_t wave_bytes = (at_once < units ? at_once : units) * (group / split) * head_bytes;
     if (l2_bytes <= 0 || 2 * wave_bytes <= 5 * l2_bytes) return static_cast<int>(split);
+    if (best == 0 || wave_bytes < best_bytes) best = split, best_bytes = wave_bytes;
   }
-  return static_cast<int>(group);
+  return static_cast<int>(best);
 }
 
 // The workspace a backward needs, in 4-byte elements per part (0: not
