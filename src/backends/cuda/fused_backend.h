@@ -103,8 +103,8 @@ class FusedBackend : public Backend {
     const int split = backward_shape(p).group_split;
     if (split <= 1) return {};
     return "; each key tile's " + std::to_string(p.group()) + " query heads split among " + std::to_string(split) +
-           " CTAs (too few key tiles and kv heads to fill the GPU twice), their FP32 dK and dV summed in order by a "
-           "fourth kernel";
+           " CTAs (the fewest that fill the GPU 1.9 times over and keep a wave's query heads within 2.5 times its L2), "
+           "their FP32 dK and dV summed in order by a fourth kernel";
   }
 
   // What the backward runs for `p`, and why that kernel.
