@@ -6,7 +6,7 @@
 # beside), and the default again last. Reuses build/gpu when it is there (BUILD=1 rebuilds). Lines land in
 # $OUT/ab64v.txt. The source tree is put back as it was at the end.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export OUT=${OUT:-/tmp/attnprof-gpu}; mkdir -p "$OUT"; T0=$SECONDS
 CUDNN_DIR=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)
 export LD_LIBRARY_PATH=$CUDNN_DIR:$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
