@@ -257,8 +257,8 @@ constexpr int bwd_sm90_group_split(const FusedBwdShape& s, bool packed, int mult
   const std::int64_t group = s.kv_heads > 0 ? s.heads / s.kv_heads : 1;
   if (!s.sm90 || packed || group <= 1 || multiprocessors <= 0) return 1;
   const std::int64_t pad_dim = (s.head_dim + 63) / 64 * 64;
-  const std::int64_t key_tiles = (s.seq_k + flash_sm90_bwd_block_n(static_cast<int>(s.head_dim)) - 1) /
-                                 flash_sm90_bwd_block_n(static_cast<int>(s.head_dim));
+  const std::int64_t block_n = flash_sm90_bwd_block_n(static_cast<int>(s.head_dim));
+  const std::int64_t key_tiles = (s.seq_k + block_n - 1) / block_n;
   const std::int64_t pairs = s.kv_heads * s.batch;
   const std::int64_t head_bytes = s.seq_q * (4 * s.head_dim + 4 * pad_dim);
   const bool fastest = bwd_sm90_key_tile_fastest(s.deterministic, s.masked, pad_dim, key_tiles, multiprocessors);
