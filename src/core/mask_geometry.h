@@ -174,6 +174,44 @@ struct SequenceRows {
   }
 };
 
+// One sequence's rows read from a layout's index array, whatever it holds:
+// clamped into the tensors (no kernel reads or writes outside them), and
+// whether the array said exactly that. The one reading of the index arrays
+// that flash's forward, backward and decode kernels (FwdArgs::sequence,
+// decode_sequence) and cuDNN's ragged offsets make on the device.
+template <class T>
+struct ClampedRows {
+  Span<T> rows;
+  bool exact;  // nothing was clamped
+};
+
+// Sequence b of a packed batch of `batch` sequences from its cumulative
+// lengths cu[0 .. batch]: rows cu[b] .. cu[b + 1] - 1 clamped into
+// 0 <= begin <= end <= rows, at most `longest` of them (the grid covers that
+// many). Not exact when anything was clamped, or when the lengths do not
+// start at 0 (sequence 0) or end at the rows (the last sequence): rows no
+// sequence covers are not written.
+template <class T, class I>
+ATTNPROF_HD constexpr ClampedRows<T> packed_rows(const I* cu, T b, T batch, T rows, T longest) {
+  const T given_begin = static_cast<T>(cu[b]), given_end = static_cast<T>(cu[b + 1]);
+  const T begin = min_of(max_of(given_begin, T{0}), rows);
+  const T end = min_of(max_of(given_end, begin), min_of(rows, begin + longest));
+  return {{begin, end},
+          begin == given_begin && end == given_end && (b != 0 || given_begin == 0) &&
+              (b != batch - 1 || given_end == rows)};
+}
+
+// A dense batch's sequence rows (Inputs::q_rows, kv_rows) from its entry:
+// a (begin, end) pair (width 2) or an end alone (width 1: begin 0, a paged
+// call's seq_lens), clamped into 0 <= begin <= end <= rows.
+template <class T, class I>
+ATTNPROF_HD constexpr ClampedRows<T> span_rows(const I* entry, int width, T rows) {
+  const T given_begin = width == 2 ? static_cast<T>(entry[0]) : T{0}, given_end = static_cast<T>(entry[width - 1]);
+  const T begin = min_of(max_of(given_begin, T{0}), rows);
+  const T end = min_of(max_of(given_end, begin), rows);
+  return {{begin, end}, begin == given_begin && end == given_end};
+}
+
 // Whether the block of rows [row0, row_end) and keys [key0, key_end) has a
 // masked pair inside the band's bounds (the first row's upper bound or the
 // last row's lower bound cuts it): only such blocks mask per element. Keys

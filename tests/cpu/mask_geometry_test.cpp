@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -224,6 +225,62 @@ TEST(MaskGeometry, LongestWindowsOnEveryCpuBackendDenseAndPacked) {
       }
     }
   }
+}
+
+// The index arrays' one reading (packed_rows, span_rows), which every CUDA
+// kernel makes on the device, against a brute-force oracle: every entry in
+// -3 .. rows + 3 around short batches. The rows stay inside the tensors,
+// within the longest, one after another when the lengths are exact; exact
+// says precisely whether the array was taken as it is.
+TEST(MaskGeometry, IndexArraysClampIntoTheTensorsAndSayWhenTheyDid) {
+  constexpr int rows = 5, longest = 3;
+  // Every cumulative array of 2 sequences with entries in -2 .. rows + 2.
+  for (int c0 = -2; c0 <= rows + 2; ++c0) {
+    for (int c1 = -2; c1 <= rows + 2; ++c1) {
+      for (int c2 = -2; c2 <= rows + 2; ++c2) {
+        const int cu[3] = {c0, c1, c2};
+        for (int b = 0; b < 2; ++b) {
+          const auto r = geometry::packed_rows(cu, b, 2, rows, longest);
+          const std::string what = "cu {" + std::to_string(c0) + ", " + std::to_string(c1) + ", " +
+                                   std::to_string(c2) + "} sequence " + std::to_string(b);
+          EXPECT_LE(0, r.rows.begin) << what;
+          EXPECT_LE(r.rows.begin, r.rows.end) << what;
+          EXPECT_LE(r.rows.end, rows) << what;
+          EXPECT_LE(r.rows.size(), longest) << what;
+          const bool in_range = cu[b] >= 0 && cu[b] <= cu[b + 1] && cu[b + 1] <= rows && cu[b + 1] - cu[b] <= longest;
+          const bool ends = (b != 0 || cu[0] == 0) && (b != 1 || cu[2] == rows);
+          EXPECT_EQ(r.exact, in_range && ends) << what;
+          if (in_range) {
+            EXPECT_EQ(r.rows.begin, cu[b]) << what;
+            EXPECT_EQ(r.rows.end, cu[b + 1]) << what;
+          }
+        }
+      }
+    }
+  }
+  for (int begin = -3; begin <= rows + 3; ++begin) {
+    for (int end = -3; end <= rows + 3; ++end) {
+      const int pair[2] = {begin, end};
+      const auto r = geometry::span_rows(pair, 2, rows);
+      const bool in_range = begin >= 0 && begin <= end && end <= rows;
+      const std::string what = "(" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+      EXPECT_EQ(r.exact, in_range) << what;
+      EXPECT_LE(0, r.rows.begin) << what;
+      EXPECT_LE(r.rows.begin, r.rows.end) << what;
+      EXPECT_LE(r.rows.end, rows) << what;
+      if (in_range) EXPECT_EQ(r.rows.begin, begin) << what;
+      if (in_range) EXPECT_EQ(r.rows.end, end) << what;
+      // An end alone (width 1) reads from row 0.
+      const auto e = geometry::span_rows(&end, 1, rows);
+      EXPECT_EQ(e.rows.begin, 0) << what;
+      EXPECT_EQ(e.rows.end, std::clamp(end, 0, rows)) << what;
+      EXPECT_EQ(e.exact, end >= 0 && end <= rows) << what;
+    }
+  }
+  // Wide enough for int64 lengths too (the host's type).
+  static constexpr std::int64_t cu64[2] = {0, 4};
+  static_assert(geometry::span_rows(cu64, 2, std::int64_t{9}).exact);
+  EXPECT_TRUE(geometry::packed_rows(cu64, std::int64_t{0}, std::int64_t{1}, std::int64_t{4}, std::int64_t{4}).exact);
 }
 
 }  // namespace

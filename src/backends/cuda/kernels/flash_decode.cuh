@@ -119,16 +119,13 @@ __device__ __forceinline__ FwdArgs decode_sequence(const DecodeArgs& d, int b, b
   FwdArgs a = d.a;
   key0 = 0;
   if (a.kv_spans == nullptr) return a;
-  const int* span = a.kv_spans + a.kv_span_width * b;
-  int k0 = 0, k1 = 0;
-  FwdArgs::clamp_span(span, a.kv_span_width, a.seq_k, k0, k1);
-  const bool clamped = k1 != span[a.kv_span_width - 1] || (a.kv_span_width == 2 && k0 != span[0]);
-  if (clamped && report && d.input_errors != nullptr) atomicOr(d.input_errors, kInputBadKeyCount);
-  a.seq_k = k1 - k0;
-  key0 = k0;
+  const auto keys = geometry::span_rows(a.kv_spans + a.kv_span_width * b, a.kv_span_width, a.seq_k);
+  if (!keys.exact && report && d.input_errors != nullptr) atomicOr(d.input_errors, kInputBadKeyCount);
+  a.seq_k = keys.rows.size();
+  key0 = keys.rows.begin;
   if constexpr (!kPaged) {
-    a.k += k0 * a.k_row_stride;
-    a.v += k0 * a.v_row_stride;
+    a.k += key0 * a.k_row_stride;
+    a.v += key0 * a.v_row_stride;
   }
   if (a.bottom_right) a.diag_offset = geometry::bottom_right_offset(a.seq_q, a.seq_k);
   return a;

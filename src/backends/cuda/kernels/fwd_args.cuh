@@ -116,17 +116,22 @@ struct FwdArgs {
   __device__ __forceinline__ FwdArgs sequence(int b) const {
     FwdArgs s = *this;
     if (!per_sequence()) return s;
-    int q0 = 0, q1 = q_rows, k0 = 0, k1 = k_rows;
+    geometry::Span<int> q{0, q_rows}, k{0, k_rows};
     if (cu_seqlens_q != nullptr) {
-      const bool q_ok = clamp_cumulative(cu_seqlens_q, b, batch, q_rows, seq_q, q0, q1);
-      const bool k_ok = clamp_cumulative(cu_seqlens_k, b, batch, k_rows, seq_k, k0, k1);
-      if (!(q_ok && k_ok) && input_errors != nullptr && threadIdx.x == 0) atomicOr(input_errors, kInputBadCuSeqlens);
+      const auto qc = geometry::packed_rows(cu_seqlens_q, b, batch, q_rows, seq_q);
+      const auto kc = geometry::packed_rows(cu_seqlens_k, b, batch, k_rows, seq_k);
+      q = qc.rows;
+      k = kc.rows;
+      if (!(qc.exact && kc.exact) && input_errors != nullptr && threadIdx.x == 0) {
+        atomicOr(input_errors, kInputBadCuSeqlens);
+      }
     } else {
-      if (q_spans != nullptr) clamp_span(q_spans + 2 * b, 2, q_rows, q0, q1);
-      if (kv_spans != nullptr) clamp_span(kv_spans + kv_span_width * b, kv_span_width, k_rows, k0, k1);
+      if (q_spans != nullptr) q = geometry::span_rows(q_spans + 2 * b, 2, q_rows).rows;
+      if (kv_spans != nullptr) k = geometry::span_rows(kv_spans + kv_span_width * b, kv_span_width, k_rows).rows;
     }
-    s.seq_q = q1 - q0;
-    s.seq_k = k1 - k0;
+    const int q0 = q.begin, k0 = k.begin;
+    s.seq_q = q.size();
+    s.seq_k = k.size();
     s.q += q0 * q_row_stride;
     s.o += q0 * o_row_stride;
     s.k += k0 * k_row_stride;
@@ -136,26 +141,6 @@ struct FwdArgs {
     s.k_row0 = k0;
     if (bottom_right) s.diag_offset = geometry::bottom_right_offset(s.seq_q, s.seq_k);
     return s;
-  }
-  // Sequence b's rows of a packed batch from the caller's cumulative lengths
-  // (read here only, whatever they hold): clamped into 0 <= begin <= end <=
-  // rows with at most `longest` rows (the grid covers that many), so that no
-  // kernel reads or writes outside the packed tensors. False when anything
-  // was clamped, or when the lengths do not start at 0 (sequence 0) or end at
-  // the rows (the last sequence): rows no sequence covers are not written.
-  __device__ __forceinline__ static bool clamp_cumulative(const int* cu, int b, int batch, int rows, int longest,
-                                                          int& begin, int& end) {
-    const int given_begin = cu[b], given_end = cu[b + 1];
-    begin = min(max(given_begin, 0), rows);
-    end = min(max(given_end, begin), min(rows, begin + longest));
-    return begin == given_begin && end == given_end && (b != 0 || given_begin == 0) &&
-           (b != batch - 1 || given_end == rows);
-  }
-  // A (begin, end) pair of a dense batch's rows (width 2), or an end alone
-  // (width 1: begin 0), clamped into 0 <= begin <= end <= rows.
-  __device__ __forceinline__ static void clamp_span(const int* span, int width, int rows, int& begin, int& end) {
-    begin = width == 2 ? min(max(span[0], 0), rows) : 0;
-    end = min(max(span[width - 1], begin), rows);
   }
   // Whether row `row` of this sequence's tensors (Q and O: its query rows;
   // K and V: its keys) lies outside the sequence, which a dense batch's rows

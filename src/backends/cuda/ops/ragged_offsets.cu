@@ -4,19 +4,10 @@
 #include "backends/cuda/fused_params.h"
 #include "backends/cuda/ops/ops_common.h"
 #include "backends/cuda/ops/ragged_offsets.h"
+#include "core/mask_geometry.h"
 
 namespace attnprof::cuda {
 namespace {
-
-// Sequence b's clamped rows [begin, end); false where anything was clamped,
-// or the lengths do not start at 0 or end at the rows (as flash's kernels say).
-__device__ bool clamped(const std::int32_t* cu, int b, int batch, int rows, int longest, int& begin, int& end) {
-  const int given_begin = cu[b], given_end = cu[b + 1];
-  begin = min(max(given_begin, 0), rows);
-  end = min(max(given_end, begin), min(rows, begin + longest));
-  return begin == given_begin && end == given_end && (b != 0 || given_begin == 0) &&
-         (b != batch - 1 || given_end == rows);
-}
 
 __global__ void ragged_offsets_kernel(const RaggedOffsetsArgs a) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;  // 0 .. batch
@@ -26,8 +17,10 @@ __global__ void ragged_offsets_kernel(const RaggedOffsetsArgs a) {
   int q0 = 0, q1 = 0, k0 = 0, k1 = 0;
   bool ok = true;
   if (s >= 0) {
-    ok &= clamped(a.cu_q, s, a.batch, a.total_q, a.max_q, q0, q1);
-    ok &= clamped(a.cu_k, s, a.batch, a.total_k, a.max_k, k0, k1);
+    const auto q = geometry::packed_rows(a.cu_q, s, a.batch, a.total_q, a.max_q);
+    const auto k = geometry::packed_rows(a.cu_k, s, a.batch, a.total_k, a.max_k);
+    q0 = q.rows.begin, q1 = q.rows.end, k0 = k.rows.begin, k1 = k.rows.end;
+    ok = q.exact && k.exact;
   }
   const int q_row = b < a.batch ? q0 : q1, k_row = b < a.batch ? k0 : k1;
   for (int i = 0; i < a.count; ++i) {

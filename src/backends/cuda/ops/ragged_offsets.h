@@ -28,7 +28,7 @@ struct RaggedOffsetsArgs {
 };
 
 // Sequence b's rows are cu[b] .. cu[b + 1] - 1 clamped as flash's kernels
-// clamp them (FwdArgs::clamp_cumulative): into the packed rows, at most the
+// clamp them (geometry::packed_rows): into the packed rows, at most the
 // maximum long, so that cuDNN reads and writes nothing outside the tensors
 // whatever the lengths hold. Launched on `stream`.
 void ragged_offsets(const RaggedOffsetsArgs& a, void* stream);
