@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "attnprof/backend.h"
 #include "attnprof/problem.h"
@@ -135,6 +136,21 @@ INSTANTIATE_TEST_SUITE_P(
              {.batch = 2, .heads = 4, .kv_heads = 2, .seq = 40, .kv_seq = 300, .head_dim = 128},
              16,
              MaskKind::CausalBottomRight},
+        // The wide tile (64 rows a CTA, a warp each 16, every key): many
+        // queries x a group; split and combined, paged, d256, rows padded.
+        Case{"wide_seq16_gqa4_paged16_split",
+             {.batch = 1, .heads = 8, .kv_heads = 2, .seq = 16, .kv_seq = 3000, .head_dim = 128},
+             16,
+             MaskKind::CausalBottomRight},
+        Case{"wide_seq16_d256_window",
+             {.batch = 2, .heads = 8, .kv_heads = 2, .seq = 16, .kv_seq = 777, .head_dim = 256, .window = 300},
+             0,
+             MaskKind::SlidingWindow},
+        Case{"wide_seq13_fp16_padded_rows",
+             {.batch = 3, .heads = 12, .kv_heads = 3, .seq = 13, .kv_seq = 1000, .head_dim = 64},
+             64,
+             MaskKind::CausalBottomRight,
+             DType::F16},
         // The batch fills the GPU: one split, no combine.
         Case{"batch64_one_split",
              {.batch = 64, .heads = 32, .kv_heads = 8, .seq = 1, .kv_seq = 512, .head_dim = 128},
@@ -163,6 +179,27 @@ TEST(FlashDecode, SplitsOnlyWhenTheBatchLeavesTheGpuIdle) {
   EXPECT_GT(plan_of(one).workspace_bytes, 0u);
   EXPECT_EQ(plan_of(full).splits, 1);
   EXPECT_EQ(plan_of(full).workspace_bytes, 0u);
+}
+
+// 64 rows a CTA once a KV head has 48 packed rows or more (queries x group),
+// 16 below: the padding of a tile stays under a quarter of it.
+TEST(FlashDecode, TakesTheWideTileForAKvHeadsManyRows) {
+  REQUIRE_GPU();
+  auto rows_of = [](std::int64_t seq, std::int64_t heads, std::int64_t kv_heads) {
+    const Problem p = problem_of({"",
+                                  {.batch = 4, .heads = heads, .kv_heads = kv_heads, .seq = seq, .kv_seq = 2048,
+                                   .head_dim = 128},
+                                  16,
+                                  MaskKind::CausalBottomRight});
+    const cuda::DecodePlan plan = plan_of(p);
+    return std::pair{plan.rows, plan.row_blocks};
+  };
+  EXPECT_EQ(rows_of(1, 32, 8), std::pair(16, 1));
+  EXPECT_EQ(rows_of(8, 32, 8), std::pair(16, 2));
+  EXPECT_EQ(rows_of(12, 32, 8), std::pair(64, 1));
+  EXPECT_EQ(rows_of(16, 32, 8), std::pair(64, 1));
+  EXPECT_EQ(rows_of(16, 64, 8), std::pair(64, 2));
+  EXPECT_EQ(rows_of(40, 4, 4), std::pair(16, 3));
 }
 
 TEST(FlashDecode, RefusesWhatNoKernelTakesInOneLine) {

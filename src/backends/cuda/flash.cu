@@ -24,8 +24,9 @@ const char* flash_story(const FusedParams& shape) {
     const DecodePlan plan = flash_decode_plan(shape);
     const int group = shape.heads / shape.kv_heads;
     story = "the split-KV decode kernel (FlashDecoding class: the " + std::to_string(group) +
-            " query heads of a KV head and their queries packed into " + std::to_string(plan.row_blocks) +
-            " 16-row tile" + (plan.row_blocks == 1 ? "" : "s") + " a KV head, so K and V are read once; cp.async " +
+            " query heads of a KV head and their queries packed into " + std::to_string(plan.row_blocks) + " " +
+            std::to_string(plan.rows) + "-row tile" + (plan.row_blocks == 1 ? "" : "s") + " a KV head, " +
+            (plan.row_blocks == 1 ? "so K and V are read once" : "each reading K and V") + "; cp.async " +
             (shape.page_size > 0 ? "rows found through the block table" : "stages") + ", mma.sync)";
     story += plan.splits > 1 ? "; the " + std::to_string(shape.seq_k) + " keys split " + std::to_string(plan.splits) +
                                    " ways to fill the GPU, then a combine kernel merges the splits by their "

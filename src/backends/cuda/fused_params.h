@@ -44,6 +44,7 @@ inline constexpr int kFlashDecodeMaxQueries = 16;
 // Its tile: packed query rows (queries x the heads of a group) and keys; and
 // the most key ranges it splits into (the combine kernel's lanes hold two each).
 inline constexpr int kFlashDecodeRows = 16;
+inline constexpr int kFlashDecodeWideRows = 64;  // a KV head's many rows: 4 warps of 16 (DecodeCfg)
 inline constexpr int kFlashDecodeKeys = 64;
 inline constexpr int kFlashDecodeMaxSplits = 64;
 

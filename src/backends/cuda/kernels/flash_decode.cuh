@@ -49,7 +49,8 @@ namespace attnprof::cuda::kernels {
 struct DecodeArgs {
   FwdArgs a;       // q, k, v, o, strides, shape, scale, mask geometry, lse
   MaskMode mask;   // a runtime choice here
-  int row_blocks;  // ceil(seq_q * group / kRows)
+  int row_blocks;  // ceil(seq_q * group / rows)
+  int rows;        // packed query rows a CTA: kFlashDecodeRows or kFlashDecodeWideRows (DecodeCfg)
   int num_splits;  // grid x
   // kPaged: a.k and a.v are pages [num_pages, Hkv, page_size, D]; a.k_batch_stride
   // (a.v_batch_stride) is the page stride. Sequence b's key j lives in page
@@ -65,13 +66,14 @@ struct DecodeArgs {
 
   // From the problem and its plan (fused_kernels.h). Without a workspace
   // the keys stay in one range: slower, not wrong.
-  static DecodeArgs from(const FusedParams& p, int row_blocks, int splits) {
+  static DecodeArgs from(const FusedParams& p, int rows, int row_blocks, int splits) {
     if (p.workspace == nullptr) splits = 1;
     const std::size_t rows_all = static_cast<std::size_t>(p.batch) * p.heads * p.seq_q;
     return DecodeArgs{
         .a = FwdArgs::from(p),
         .mask = mask_mode(p.mask),
         .row_blocks = row_blocks,
+        .rows = rows,
         .num_splits = splits,
         .block_table = p.block_table,
         .pages_per_seq = p.pages_per_seq,
@@ -84,27 +86,37 @@ struct DecodeArgs {
   }
 };
 
-template <int kHeadDim_>
+// kRowWarps: the warps laid along the packed rows. 1 (kFlashDecodeRows rows a
+// CTA): every warp takes the same 16 rows and 16 keys of each 64-key tile,
+// the four merged at the end; the few rows of one query a head. 4
+// (kFlashDecodeWideRows): each warp its own 16 rows and every key, the tile
+// in shared memory read once for 64 rows; a KV head's many rows (several
+// queries x its group) then read K and V once a CTA rather than once per 16.
+template <int kHeadDim_, int kRowWarps_ = 1>
 struct DecodeCfg {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kRows = kFlashDecodeRows;  // packed query rows per CTA
+  static constexpr int kRowWarps = kRowWarps_;
   static constexpr int kWarps = 4;
+  static constexpr int kKeyWarps = kWarps / kRowWarps;  // warps sharing a row tile, each its keys
+  static constexpr int kRows = 16 * kRowWarps;          // packed query rows per CTA
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kKeysPerWarp = 16;
-  static constexpr int kBlockN = kKeysPerWarp * kWarps;  // keys per tile
-  static_assert(kRows == 16, "one m16n8k16 row tile a warp");
-  static_assert(kBlockN == kFlashDecodeKeys, "the host's split plan counts tiles of kFlashDecodeKeys");
-  // Enough bytes in flight to cover DRAM latency: 2 CTAs an SM at D <= 128.
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;
+  static constexpr int kBlockN = kFlashDecodeKeys;  // keys per tile (the host's split plan counts them)
+  static constexpr int kKeysPerWarp = kBlockN / kKeyWarps;
+  static constexpr int kKeyTiles = kKeysPerWarp / 8;  // n8 tiles of a warp's scores
+  static_assert(kWarps % kRowWarps == 0 && kBlockN % (16 * kKeyWarps) == 0, "whole k16 steps a warp");
+  static_assert(kRows == kFlashDecodeRows || kRows == kFlashDecodeWideRows, "the host plans these row tiles");
+  // Enough bytes in flight to cover DRAM latency: 2 CTAs an SM at D <= 128
+  // (the wide tile's stages are four times the bytes: two of them).
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : kRowWarps == 1 ? 3 : 2;
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
   using QTile = SmemTile<kRows, kHeadDim>;
   using KVTile = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
-  // The merge of the warps' results reuses the stages: kWarps x kRows rows of
-  // kHeadDim FP32 (padded), then each warp's row max and row sum.
+  // The merge of the warps' results reuses the stages: each warp's 16 rows
+  // of kHeadDim FP32 (padded), then each warp's row max and row sum.
   static constexpr int kMergeStride = kHeadDim + 8;
-  static constexpr int kMergeBytes = (kWarps * kRows * kMergeStride + 2 * kWarps * kRows) * 4;
+  static constexpr int kMergeBytes = (kWarps * 16 * kMergeStride + 2 * kWarps * 16) * 4;
   static constexpr int kStagesBytes = kStages * kStageBytes;
   static constexpr int kSmemBytes = QTile::kBytes + (kStagesBytes > kMergeBytes ? kStagesBytes : kMergeBytes);
 };
@@ -231,11 +243,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
     cp_async_commit();
   }
 
-  // This thread's two rows (fragment rows g and g + 8) and what they see.
-  const int g = lane / 4;
+  // This warp's 16 rows and keys of each tile; this thread's two rows
+  // (fragment rows g and g + 8) and what they see.
+  const int row_warp = warp / Cfg::kKeyWarps, key_warp = warp % Cfg::kKeyWarps;
+  const int g = lane / 4, warp_row0 = row_warp * 16;
   int row_lo[2], row_hi[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) visible_keys(a, d.mask, min(r0 + g + 8 * h, r_last) / a.group, row_lo[h], row_hi[h]);
+  for (int h = 0; h < 2; ++h) {
+    visible_keys(a, d.mask, min(r0 + warp_row0 + g + 8 * h, r_last) / a.group, row_lo[h], row_hi[h]);
+  }
   // Tiles wholly inside every row's interval need no per-element mask.
   const int clean_lo = lo_last + 1, clean_hi = hi_first;
 
@@ -243,7 +259,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
   zero(acc);
   OnlineSoftmax<1> softmax;
   softmax.init();
-  const int warp_key0 = warp * Cfg::kKeysPerWarp;
+  const int warp_key0 = key_warp * Cfg::kKeysPerWarp;
+  constexpr int kNT = Cfg::kKeyTiles;
   for (int t = tile_begin; t < tile_end; ++t) {
     const int i = t - tile_begin, stage = i % kStages;
     cp_async_wait<kStages - 2>();
@@ -251,24 +268,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
     if (t + kStages - 1 < tile_end) load_tile(t + kStages - 1, (i + kStages - 1) % kStages);
     cp_async_commit();
 
-    float s[1][2][4];
-    gemm_qk_smem<Element, QTile, KVTile, 1, 2, Cfg::kKSteps>(s, q_smem, 0, k_smem(stage) + KVTile::offset(warp_key0, 0),
-                                                             lane);
+    float s[1][kNT][4];
+    gemm_qk_smem<Element, QTile, KVTile, 1, kNT, Cfg::kKSteps>(s, q_smem, warp_row0,
+                                                               k_smem(stage) + KVTile::offset(warp_key0, 0), lane);
     const int n0 = t * kBN + warp_key0;
-    // kPaged: the warp's 16 keys whose page is not in the cache, a bit each
-    // (lane l < 16 looks up key n0 + l; the table row is in L1 after the loads).
-    unsigned bad_keys = 0;
+    // kPaged: the warp's keys whose page is not in the cache, a bit each
+    // (lane l looks up key n0 + l, and n0 + 32 + l past 32 keys; the table
+    // row is in L1 after the loads).
+    std::uint64_t bad_keys = 0;
     if constexpr (kPaged) {
-      const int key = n0 + (lane & 15);
-      const bool bad =
-          key < a.seq_k && !page_in_cache(d, d.block_table[batch * d.pages_per_seq + ((key0 + key) >> d.page_shift)]);
-      bad_keys = __ballot_sync(0xffffffffu, bad) & 0xffffu;
+#pragma unroll
+      for (int c = 0; c < (Cfg::kKeysPerWarp + 31) / 32; ++c) {
+        const int col = c * 32 + lane, key = n0 + col;
+        const bool bad = col < Cfg::kKeysPerWarp && key < a.seq_k &&
+                         !page_in_cache(d, d.block_table[batch * d.pages_per_seq + ((key0 + key) >> d.page_shift)]);
+        bad_keys |= static_cast<std::uint64_t>(__ballot_sync(0xffffffffu, bad)) << (32 * c);
+      }
     }
     if (bad_keys != 0 || n0 < clean_lo || n0 + Cfg::kKeysPerWarp > clean_hi) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
+        for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = nt * 8 + 2 * (lane % 4) + e, key = n0 + col;
@@ -278,29 +299,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
       }
     }
     softmax.update<false>(s, acc, a.scale_log2);
-    gemm_pv<Element, KVTile, 1, 2, Cfg::kDTiles>(acc, s, v_smem(stage) + KVTile::offset(warp_key0, 0), lane);
+    gemm_pv<Element, KVTile, 1, kNT, Cfg::kDTiles>(acc, s, v_smem(stage) + KVTile::offset(warp_key0, 0), lane);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: the merge may reuse them
 
-  // Merge the four warps: each writes its unnormalised O, row max and row sum.
+  // Merge the key warps of each row tile: each warp writes its 16 rows'
+  // unnormalised O, row max and row sum (slot warp * 16 + row).
   float* const merge = reinterpret_cast<float*>(stages);
-  float* const merge_max = merge + Cfg::kWarps * Cfg::kRows * Cfg::kMergeStride;
-  float* const merge_sum = merge_max + Cfg::kWarps * Cfg::kRows;
+  float* const merge_max = merge + Cfg::kWarps * 16 * Cfg::kMergeStride;
+  float* const merge_sum = merge_max + Cfg::kWarps * 16;
   float inv_unused[1][2];
   softmax.finish(inv_unused);  // row_sum reduced over the quad
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
-    float* const o_row = merge + (warp * Cfg::kRows + r) * Cfg::kMergeStride;
+    float* const o_row = merge + (warp * 16 + r) * Cfg::kMergeStride;
 #pragma unroll
     for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
       *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * (lane % 4)) =
           make_float2(acc[0][dt][2 * h], acc[0][dt][2 * h + 1]);
     }
     if (lane % 4 == 0) {
-      merge_max[warp * Cfg::kRows + r] = softmax.row_max[0][h];
-      merge_sum[warp * Cfg::kRows + r] = softmax.row_sum[0][h];
+      merge_max[warp * 16 + r] = softmax.row_max[0][h];
+      merge_sum[warp * 16 + r] = softmax.row_sum[0][h];
     }
   }
   __syncthreads();
@@ -310,9 +332,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
   for (int item = tid; item < Cfg::kRows * kQuads; item += Cfg::kThreads) {
     const int r = item / kQuads, col = (item % kQuads) * 4, row = r0 + r;
     if (row >= rows_total) continue;
+    // Row r's slots: warps (r / 16) * kKeyWarps .. + kKeyWarps - 1, row r % 16.
+    const int slot0 = (r / 16) * Cfg::kKeyWarps * 16 + r % 16;
     float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) m = fmaxf(m, merge_max[w * Cfg::kRows + r]);
+    for (int w = 0; w < Cfg::kKeyWarps; ++w) m = fmaxf(m, merge_max[slot0 + w * 16]);
     // The rounded products of softmax_online.cuh (scaled()): the largest
     // warp's factor is exactly 1 at any score, where an FMA against a rounded
     // base gave 2^(+-half an ulp of it), inf or 0 from base 2^31 on.
@@ -320,10 +344,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
     float sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) {
-      const float f = ex2(scaled(merge_max[w * Cfg::kRows + r], a.scale_log2) - base);  // 0 for a warp that saw no key
-      sum += f * merge_sum[w * Cfg::kRows + r];
-      const float4 v = *reinterpret_cast<const float4*>(merge + (w * Cfg::kRows + r) * Cfg::kMergeStride + col);
+    for (int w = 0; w < Cfg::kKeyWarps; ++w) {
+      const int slot = slot0 + w * 16;
+      const float f = ex2(scaled(merge_max[slot], a.scale_log2) - base);  // 0 for a warp that saw no key
+      sum += f * merge_sum[slot];
+      const float4 v = *reinterpret_cast<const float4*>(merge + slot * Cfg::kMergeStride + col);
       o.x += f * v.x;
       o.y += f * v.y;
       o.z += f * v.z;
@@ -404,9 +429,8 @@ __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_
 // Launches the split kernel (grid: num_splits, Hkv * row_blocks, batch) and,
 // when num_splits > 1, the combine kernel after it on the same stream. The
 // shared-memory opt-in is made once per kernel (the first call).
-template <int kHeadDim, Half16 Element, bool kPaged>
-cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, cudaStream_t stream) {
-  using Cfg = DecodeCfg<kHeadDim>;
+template <class Cfg, Half16 Element, bool kPaged>
+cudaError_t launch_flash_decode_split(const DecodeArgs& d, cudaStream_t stream) {
   if (const cudaError_t e = opt_in_shared_memory(flash_decode_splitkv_kernel<Cfg, Element, kPaged>, Cfg::kSmemBytes);
       e != cudaSuccess) {
     return e;
@@ -414,7 +438,15 @@ cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, cudaStream_t stream
   const int kv_heads = d.a.heads / d.a.group;
   flash_decode_splitkv_kernel<Cfg, Element, kPaged>
       <<<dim3(d.num_splits, kv_heads * d.row_blocks, d.a.batch), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || d.num_splits == 1) return e;
+  return cudaGetLastError();
+}
+
+template <int kHeadDim, Half16 Element, bool kPaged>
+cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, cudaStream_t stream) {
+  const cudaError_t split = d.rows == kFlashDecodeWideRows
+                                ? launch_flash_decode_split<DecodeCfg<kHeadDim, 4>, Element, kPaged>(d, stream)
+                                : launch_flash_decode_split<DecodeCfg<kHeadDim, 1>, Element, kPaged>(d, stream);
+  if (split != cudaSuccess || d.num_splits == 1) return split;
   const std::int64_t rows_all = static_cast<std::int64_t>(d.a.batch) * d.a.heads * d.a.seq_q;
   flash_decode_combine_kernel<kHeadDim, Element><<<static_cast<unsigned>((rows_all + 3) / 4), 128, 0, stream>>>(d);
   return cudaGetLastError();

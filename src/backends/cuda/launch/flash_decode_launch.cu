@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backends/cuda/device_attributes.h"
 #include "backends/cuda/kernels/flash_decode.cuh"
@@ -40,9 +41,24 @@ DeviceFacts device_facts() {
   return f;
 }
 
-int decode_smem_bytes(int head_dim) {
-  return kernels::with_head_dim<kFlashDecodeHeadDims>(head_dim, 0,
-                                                      [&]<int kD>() { return kernels::DecodeCfg<kD>::kSmemBytes; });
+int decode_smem_bytes(int head_dim, int rows) {
+  return kernels::with_head_dim<kFlashDecodeHeadDims>(head_dim, 0, [&]<int kD>() {
+    return rows == kFlashDecodeWideRows ? kernels::DecodeCfg<kD, 4>::kSmemBytes : kernels::DecodeCfg<kD, 1>::kSmemBytes;
+  });
+}
+
+// The packed rows a CTA takes: the wide tile once a KV head has three
+// quarters of its rows or more (padding at most a quarter of them), which
+// reads K and V once for 64 rows rather than once for each 16.
+// ATTNPROF_DECODE_ROWS=16 or 64 forces one (measuring).
+int decode_rows(std::int64_t rows) {
+  static const int forced = [] {
+    const char* v = std::getenv("ATTNPROF_DECODE_ROWS");
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    return n == kFlashDecodeRows || n == kFlashDecodeWideRows ? n : 0;
+  }();
+  if (forced != 0) return forced;
+  return rows * 4 >= kFlashDecodeWideRows * 3 ? kFlashDecodeWideRows : kFlashDecodeRows;
 }
 
 // FlashAttention-2's heuristic: the fewest splits whose last wave is nearly as
@@ -83,11 +99,12 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   if (!flash_decode_takes(p) || p.kv_heads < 1 || p.heads % p.kv_heads != 0) return plan;
   plan.applies = true;
   const std::int64_t rows = static_cast<std::int64_t>(p.seq_q) * (p.heads / p.kv_heads);
-  plan.row_blocks = static_cast<int>((rows + kFlashDecodeRows - 1) / kFlashDecodeRows);
+  plan.rows = decode_rows(rows);
+  plan.row_blocks = static_cast<int>((rows + plan.rows - 1) / plan.rows);
   const DeviceFacts f = device_facts();
   // CTAs an SM holds, from shared memory (the kernels' registers, 80-206 a
   // thread of 128, allow more than their shared memory does).
-  const int per_sm = f.smem_per_sm > 0 ? std::clamp(f.smem_per_sm / (decode_smem_bytes(p.head_dim) + 1024), 1, 8) : 1;
+  const int per_sm = f.smem_per_sm > 0 ? std::clamp(f.smem_per_sm / (decode_smem_bytes(p.head_dim, plan.rows) + 1024), 1, 8) : 1;
   const std::int64_t ctas = static_cast<std::int64_t>(p.batch) * p.kv_heads * plan.row_blocks;
   // The keys some query sees (a causal or windowed row sees fewer than seq_k):
   // splitting past them would only add empty ranges for the combine to read.
@@ -111,7 +128,7 @@ cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& 
   if (!plan.applies) return cudaErrorInvalidValue;
   const bool paged = p.page_size > 0;
   if (paged && (p.block_table == nullptr || (p.page_size & (p.page_size - 1)) != 0)) return cudaErrorInvalidValue;
-  const kernels::DecodeArgs d = kernels::DecodeArgs::from(p, plan.row_blocks, plan.splits);
+  const kernels::DecodeArgs d = kernels::DecodeArgs::from(p, plan.rows, plan.row_blocks, plan.splits);
   return kernels::with_head_dim<kFlashDecodeHeadDims>(p.head_dim, cudaErrorInvalidValue, [&]<int kD>() {
     return kernels::with_element(p.bf16, [&]<kernels::Half16 Element>() {
       return paged ? kernels::launch_flash_decode_kernels<kD, Element, true>(d, stream)

@@ -81,7 +81,8 @@ cudaError_t launch_flash_sm90_fp8(const FusedParams& p, cudaStream_t stream);
 struct DecodePlan {
   bool applies = false;
   int splits = 1;
-  int row_blocks = 0;  // 16 packed query rows (queries x heads of a group) a CTA
+  int rows = kFlashDecodeRows;  // packed query rows (queries x heads of a group) a CTA: 16 or 64
+  int row_blocks = 0;           // CTAs of `rows` a KV head
   std::size_t workspace_bytes = 0;
 };
 DecodePlan flash_decode_plan(const FusedParams& p);

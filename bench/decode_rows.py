@@ -1,0 +1,89 @@
+"""Flash's decode kernel at many packed rows a KV head (queries x group):
+the 16-row tile (four warps on the keys of each tile) against the 64-row one
+(a warp each 16 rows, every key; K and V read once for 64 rows), forced
+through ATTNPROF_DECODE_ROWS (read once a process: flash_decode_launch.cu's
+decode_rows), beside flash's default and our cudnn, CUPTI kernel time per
+forward through `attnprof compare` (each row one process). Prints one line a
+row and tile, then the table with K and V's read rate; writes the records as
+JSON.
+
+  python3 bench/decode_rows.py --attnprof build/gpu/attnprof --out OUTDIR [--rows N]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# (batch, heads, kv heads, queries, keys, head dim, page size (0: contiguous)):
+# bench_vs_torch.py's decode rows at 16 queries, and the rows around the
+# 48-row threshold and below it.
+ROWS = [
+    (64, 32, 8, 16, 4096, 128, 0),
+    (64, 32, 8, 16, 4096, 128, 16),
+    (64, 32, 8, 12, 4096, 128, 0),
+    (64, 32, 8, 8, 4096, 128, 0),
+    (8, 32, 8, 16, 8192, 128, 16),
+    (64, 16, 2, 16, 2048, 64, 0),
+    (16, 16, 4, 16, 4096, 256, 0),
+]
+
+
+def compare(attnprof, row, rows):
+    b, h, hkv, sq, skv, d, page = row
+    path = f"/tmp/decode_rows_{b}_{h}_{hkv}_{sq}_{skv}_{d}_{page}_{rows or 'auto'}.json"
+    if os.path.exists(path):
+        os.remove(path)
+    env = dict(os.environ)
+    env.pop("ATTNPROF_DECODE_ROWS", None)
+    if rows:
+        env["ATTNPROF_DECODE_ROWS"] = str(rows)
+    backends = "flash" if rows else "flash,cudnn"
+    cmd = [attnprof, "compare", "--device", "cuda", "--backends", backends, "--batch", str(b), "--heads", str(h),
+           "--kv-heads", str(hkv), "--seq", str(sq), "--kv-seq", str(skv), "--head-dim", str(d), "--mask",
+           "causal-bottom-right", "--warmup", "3", "--active", "10", "--check-rows", "256", "--trace-dir",
+           "/tmp/decode-traces", "--json", path, "--quiet"]
+    if page:
+        cmd += ["--kv-cache", "paged", "--page-size", str(page)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    if not os.path.exists(path):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"error": tail[-1] if tail else f"exit {proc.returncode}"}
+    with open(path) as f:
+        recs = {r["backend"]: r for r in json.load(f)["results"]}
+    return {name: {"us": r.get("device_time_us"), "accepted": r.get("accepted"), "rel_error": r.get("rel_error"),
+                   "kernels": r.get("kernels_per_forward")} for name, r in recs.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--attnprof", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", type=int, default=0, help="first N rows only")
+    args = ap.parse_args()
+    results = []
+    for row in ROWS[: args.rows or None]:
+        for rows in (0, 16, 64):
+            r = compare(args.attnprof, row, rows)
+            b, h, hkv, sq, skv, d, page = row
+            r.update(shape=f"{b}x{h}/{hkv}x{sq}/{skv}x{d} {'paged ' + str(page) if page else 'contiguous'}",
+                     tile=rows or "auto", kv_bytes=2 * b * hkv * skv * d * 2)
+            results.append(r)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+    with open(os.path.join(args.out, "decode_rows.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"{'shape':36} {'tile':>5} {'flash us':>9} {'cudnn us':>9} {'ratio':>6} {'K/V TB/s':>9} ok")
+    for r in results:
+        if "error" in r:
+            print(f"{r['shape']:36} {r['tile']:>5} error: {r['error'][:80]}")
+            continue
+        f, c = r.get("flash", {}), r.get("cudnn", {})
+        fus, cus = f.get("us"), c.get("us")
+        ratio = f"{fus / cus:6.2f}" if fus and cus else f"{'':6}"
+        tbs = r["kv_bytes"] / fus / 1e6 if fus else 0
+        print(f"{r['shape']:36} {r['tile']:>5} {fus or 0:9.1f} {cus or 0:9.1f} {ratio} {tbs:9.2f} "
+              f"{f.get('accepted')}/{f.get('kernels')}")
+
+
+if __name__ == "__main__":
+    main()
