@@ -176,9 +176,11 @@ struct SequenceRows {
 
 // One sequence's rows read from a layout's index array, whatever it holds:
 // clamped into the tensors (no kernel reads or writes outside them), and
-// whether the array said exactly that. The one reading of the index arrays
-// that flash's forward, backward and decode kernels (FwdArgs::sequence,
-// decode_sequence) and cuDNN's ragged offsets make on the device.
+// whether the array said exactly that. The one reading of the index arrays:
+// flash's forward, backward and decode kernels (FwdArgs::sequence,
+// decode_sequence) and cuDNN's ragged offsets make it on the device, in
+// stream order; the host's check of rows it is handed (core/rows.cpp) makes
+// it too, and refuses what the kernels would clamp.
 template <class T>
 struct ClampedRows {
   Span<T> rows;

@@ -35,17 +35,21 @@ void read_rows(const char* name, const Tensor& t, std::int64_t batch, std::int64
          {name});
   }
   const auto* at = t.data_as<const std::int32_t>();
+  const int width = ends_only ? 1 : 2;
   for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t begin = ends_only ? 0 : at[b * t.stride(2)];
-    const std::int64_t end = at[b * t.stride(2) + (ends_only ? 0 : t.stride(3))];
-    const std::string entry = std::string(name) + "[" + std::to_string(b) + "] = " + pair_text(begin, end);
-    if (begin > end && begin >= 0 && end <= limit) {
-      fail(ErrorKind::InvalidArgument, entry + " begins after it ends (begin <= end)", {name});
-    }
-    if (begin < 0 || begin > end || end > limit) {
+    // The entry as the kernels read it (geometry::span_rows); here anything
+    // they would clamp is refused instead.
+    const std::int64_t entry_at[2] = {at[b * t.stride(2)], ends_only ? 0 : at[b * t.stride(2) + t.stride(3)]};
+    const geometry::ClampedRows<std::int64_t> read = geometry::span_rows(entry_at, width, limit);
+    if (!read.exact) {
+      const std::int64_t begin = ends_only ? 0 : entry_at[0], end = entry_at[width - 1];
+      const std::string entry = std::string(name) + "[" + std::to_string(b) + "] = " + pair_text(begin, end);
+      if (begin > end && begin >= 0 && end <= limit) {
+        fail(ErrorKind::InvalidArgument, entry + " begins after it ends (begin <= end)", {name});
+      }
       fail(ErrorKind::InvalidArgument, entry + " is outside 0 .. " + std::to_string(limit), {name});
     }
-    (queries ? rows[static_cast<std::size_t>(b)].q : rows[static_cast<std::size_t>(b)].k) = {begin, end};
+    (queries ? rows[static_cast<std::size_t>(b)].q : rows[static_cast<std::size_t>(b)].k) = read.rows;
   }
 }
 
