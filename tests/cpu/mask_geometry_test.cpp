@@ -241,8 +241,8 @@ TEST(MaskGeometry, IndexArraysClampIntoTheTensorsAndSayWhenTheyDid) {
         const int cu[3] = {c0, c1, c2};
         for (int b = 0; b < 2; ++b) {
           const auto r = geometry::packed_rows(cu, b, 2, rows, longest);
-          const std::string what = "cu {" + std::to_string(c0) + ", " + std::to_string(c1) + ", " +
-                                   std::to_string(c2) + "} sequence " + std::to_string(b);
+          const std::string what = "cu {" + std::to_string(c0) + ", " + std::to_string(c1) + ", " + std::to_string(c2) +
+                                   "} sequence " + std::to_string(b);
           EXPECT_LE(0, r.rows.begin) << what;
           EXPECT_LE(r.rows.begin, r.rows.end) << what;
           EXPECT_LE(r.rows.end, rows) << what;

@@ -186,11 +186,11 @@ TEST(FlashDecode, SplitsOnlyWhenTheBatchLeavesTheGpuIdle) {
 TEST(FlashDecode, TakesTheWideTileForAKvHeadsManyRows) {
   REQUIRE_GPU();
   auto rows_of = [](std::int64_t seq, std::int64_t heads, std::int64_t kv_heads) {
-    const Problem p = problem_of({"",
-                                  {.batch = 4, .heads = heads, .kv_heads = kv_heads, .seq = seq, .kv_seq = 2048,
-                                   .head_dim = 128},
-                                  16,
-                                  MaskKind::CausalBottomRight});
+    const Problem p =
+        problem_of({"",
+                    {.batch = 4, .heads = heads, .kv_heads = kv_heads, .seq = seq, .kv_seq = 2048, .head_dim = 128},
+                    16,
+                    MaskKind::CausalBottomRight});
     const cuda::DecodePlan plan = plan_of(p);
     return std::pair{plan.rows, plan.row_blocks};
   };
