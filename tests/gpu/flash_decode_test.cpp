@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -131,7 +132,7 @@ INSTANTIATE_TEST_SUITE_P(
              {.batch = 1, .heads = 2, .seq = 16, .kv_seq = 8, .head_dim = 64},
              0,
              MaskKind::CausalBottomRight},
-        // A paged cache with a prefill-length query: 16-row decode tiles.
+        // A paged cache with a prefill-length query: two 64-row decode tiles.
         Case{"paged_seq40_rowblocks",
              {.batch = 2, .heads = 4, .kv_heads = 2, .seq = 40, .kv_seq = 300, .head_dim = 128},
              16,
@@ -151,6 +152,18 @@ INSTANTIATE_TEST_SUITE_P(
              64,
              MaskKind::CausalBottomRight,
              DType::F16},
+        // The wide tile on one split (O and the LSE written directly, no
+        // combine), in training; and its rows that see no key.
+        Case{"wide_one_split_train",
+             {.batch = 64, .heads = 32, .kv_heads = 8, .seq = 16, .kv_seq = 512, .head_dim = 64},
+             0,
+             MaskKind::CausalBottomRight,
+             DType::BF16,
+             Pass::Train},
+        Case{"wide_fully_masked_rows_paged",
+             {.batch = 2, .heads = 4, .kv_heads = 2, .seq = 40, .kv_seq = 20, .head_dim = 128},
+             16,
+             MaskKind::CausalBottomRight},
         // The batch fills the GPU: one split, no combine.
         Case{"batch64_one_split",
              {.batch = 64, .heads = 32, .kv_heads = 8, .seq = 1, .kv_seq = 512, .head_dim = 128},
@@ -181,10 +194,11 @@ TEST(FlashDecode, SplitsOnlyWhenTheBatchLeavesTheGpuIdle) {
   EXPECT_EQ(plan_of(full).workspace_bytes, 0u);
 }
 
-// 64 rows a CTA once a KV head has 48 packed rows or more (queries x group),
-// 16 below: the padding of a tile stays under a quarter of it.
+// 64 rows a CTA once a KV head has more packed rows (queries x group) than
+// one 16-row tile holds.
 TEST(FlashDecode, TakesTheWideTileForAKvHeadsManyRows) {
   REQUIRE_GPU();
+  if (std::getenv("ATTNPROF_DECODE_ROWS") != nullptr) GTEST_SKIP() << "ATTNPROF_DECODE_ROWS forces the tile";
   auto rows_of = [](std::int64_t seq, std::int64_t heads, std::int64_t kv_heads) {
     const Problem p =
         problem_of({"",
@@ -195,11 +209,13 @@ TEST(FlashDecode, TakesTheWideTileForAKvHeadsManyRows) {
     return std::pair{plan.rows, plan.row_blocks};
   };
   EXPECT_EQ(rows_of(1, 32, 8), std::pair(16, 1));
-  EXPECT_EQ(rows_of(8, 32, 8), std::pair(16, 2));
-  EXPECT_EQ(rows_of(12, 32, 8), std::pair(64, 1));
+  EXPECT_EQ(rows_of(4, 32, 8), std::pair(16, 1));
+  EXPECT_EQ(rows_of(5, 32, 8), std::pair(64, 1));
+  EXPECT_EQ(rows_of(8, 32, 8), std::pair(64, 1));
   EXPECT_EQ(rows_of(16, 32, 8), std::pair(64, 1));
   EXPECT_EQ(rows_of(16, 64, 8), std::pair(64, 2));
-  EXPECT_EQ(rows_of(40, 4, 4), std::pair(16, 3));
+  EXPECT_EQ(rows_of(40, 4, 4), std::pair(64, 1));
+  EXPECT_EQ(rows_of(16, 4, 4), std::pair(16, 1));
 }
 
 TEST(FlashDecode, RefusesWhatNoKernelTakesInOneLine) {

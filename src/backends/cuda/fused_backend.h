@@ -103,7 +103,8 @@ class FusedBackend : public Backend {
     const int split = backward_shape(p).group_split;
     if (split <= 1) return {};
     return "; each key tile's " + std::to_string(p.group()) + " query heads split among " + std::to_string(split) +
-           " CTAs (the fewest that fill the GPU 1.9 times over and keep a wave's query heads within 2.5 times its L2), "
+           " CTAs (the fewest that fill the GPU 1.9 times over and keep a wave's query heads within 2.5 times its L2; "
+           "one more where a masked grid's CTAs would be few and heavy), "
            "their FP32 dK and dV summed in order by a fourth kernel";
   }
 

@@ -253,7 +253,15 @@ constexpr std::int64_t bwd_sm90_chunks(bool deterministic, std::int64_t key_tile
 //   MB a wave), 679 split in 2 (85 MB), 721 in 4 (37 MB, twice the partial
 //   sums), its multi-head twin 659; at 128 MB (4 x 16/4 x 2048 x 128, one
 //   CTA or two) 496-503 us against the twin's 459; 1 x 16/4 x 16384 x 128
-//   causal (256 MB) 5.43 ms against the twin's 4.60.
+//   causal (256 MB) 5.43 ms against the twin's 4.60, 4.92 split in 4.
+// Then one divisor more where a masked grid's CTAs are few and heavy: under
+// 3 waves, each CTA walking 8192 query rows or more (its heads x seq_q). The
+// first key tiles of a causal grid see every query, the last few; with two
+// CTAs an SM the heavy ones leave SMs idle at the end for a long time, and
+// halving each CTA's heads costs only the partial sums, small beside them:
+// 2 x 16/1 x 4096 x 96 causal ran 752 us split in 4 (256 CTAs of 16384 rows),
+// 687 in 8, 737 in 16, where 8 x 8/1 x 1024 x 64's light CTAs (2048 rows) ran
+// best at 256 (H100, 2026-12-07).
 constexpr int bwd_sm90_group_split(const FusedBwdShape& s, bool packed, int multiprocessors, std::int64_t l2_bytes) {
   const std::int64_t group = s.kv_heads > 0 ? s.heads / s.kv_heads : 1;
   if (!s.sm90 || packed || group <= 1 || multiprocessors <= 0) return 1;
@@ -266,7 +274,7 @@ constexpr int bwd_sm90_group_split(const FusedBwdShape& s, bool packed, int mult
   // Where no split fits (a deterministic grid runs as one chunk: every
   // split's wave spans every head), the one whose wave is least, the fewest
   // parts among equals: parts that stream as much cost only their sums.
-  std::int64_t best = 0, best_bytes = 0;
+  std::int64_t chosen = 0, best_bytes = 0;
   for (std::int64_t split = 1; split <= group; ++split) {
     if (group % split != 0) continue;
     const std::int64_t units = pairs * split;
@@ -275,10 +283,19 @@ constexpr int bwd_sm90_group_split(const FusedBwdShape& s, bool packed, int mult
     const std::int64_t at_once =
         fastest ? (multiprocessors + key_tiles - 1) / key_tiles : (units + chunks - 1) / chunks;
     const std::int64_t wave_bytes = (at_once < units ? at_once : units) * (group / split) * head_bytes;
-    if (l2_bytes <= 0 || 2 * wave_bytes <= 5 * l2_bytes) return static_cast<int>(split);
-    if (best == 0 || wave_bytes < best_bytes) best = split, best_bytes = wave_bytes;
+    if (l2_bytes <= 0 || 2 * wave_bytes <= 5 * l2_bytes) {
+      chosen = split;
+      break;
+    }
+    if (chosen == 0 || wave_bytes < best_bytes) chosen = split, best_bytes = wave_bytes;
   }
-  return static_cast<int>(best);
+  // Few heavy CTAs under a mask: the next divisor.
+  const bool few_heavy = s.masked && key_tiles * pairs * chosen < 3 * static_cast<std::int64_t>(multiprocessors) &&
+                         s.seq_q * (group / chosen) >= 8192;
+  for (std::int64_t next = chosen + 1; few_heavy && next <= group; ++next) {
+    if (group % next == 0) return static_cast<int>(next);
+  }
+  return static_cast<int>(chosen);
 }
 
 // The workspace a backward needs, in 4-byte elements per part (0: not

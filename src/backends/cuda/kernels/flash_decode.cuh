@@ -4,15 +4,18 @@
 // a head that tile is almost all padding, and batch * heads CTAs read each
 // KV head `group` times. Here instead:
 //   - the query heads of a grouped-query group and their queries are packed
-//     into one 16-row tile (row r: query r / group, head kv_head * group +
-//     r % group), so each CTA reads its KV head once for all of them;
+//     into one tile of rows (row r: query r / group, head kv_head * group +
+//     r % group), so each CTA reads its KV head once for all of them: 16 rows
+//     where they are few, 64 where a KV head has more (DecodeCfg's
+//     kRowWarps);
 //   - the keys are cut into num_splits ranges, one CTA each (grid x), so a
 //     small batch still fills the GPU; each split writes its rows' O,
 //     normalised, in FP32 with its log-sum-exp, and flash_decode_combine_kernel
 //     merges the splits by their log-sum-exp. One split writes O directly;
-//   - inside a CTA the 4 warps take 16 keys each of every 64-key tile (the
-//     16 rows are all they have), each with its own online softmax; the four
-//     partial results merge once through shared memory at the end;
+//   - inside a 16-row CTA the 4 warps take 16 keys each of every 64-key
+//     tile (the 16 rows are all they have), each with its own online
+//     softmax; the four partial results merge once through shared memory at
+//     the end. In a 64-row CTA each warp takes 16 rows and every key;
 //   - K and V stream through kStages cp.async stages (the kernel is
 //     memory-bound: what matters is bytes in flight), from a contiguous cache
 //     or, kPaged, from pages found through the block table, row by row.
@@ -106,7 +109,7 @@ struct DecodeCfg {
   static_assert(kWarps % kRowWarps == 0 && kBlockN % (16 * kKeyWarps) == 0, "whole k16 steps a warp");
   static_assert(kRows == kFlashDecodeRows || kRows == kFlashDecodeWideRows, "the host plans these row tiles");
   // Enough bytes in flight to cover DRAM latency: 2 CTAs an SM at D <= 128
-  // (the wide tile's stages are four times the bytes: two of them).
+  // (the wide tile's Q is four times the bytes: two stages beside it).
   static constexpr int kStages = kHeadDim <= 64 ? 4 : kRowWarps == 1 ? 3 : 2;
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
@@ -443,6 +446,7 @@ cudaError_t launch_flash_decode_split(const DecodeArgs& d, cudaStream_t stream) 
 
 template <int kHeadDim, Half16 Element, bool kPaged>
 cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, cudaStream_t stream) {
+  if (d.rows != kFlashDecodeRows && d.rows != kFlashDecodeWideRows) return cudaErrorInvalidValue;
   const cudaError_t split = d.rows == kFlashDecodeWideRows
                                 ? launch_flash_decode_split<DecodeCfg<kHeadDim, 4>, Element, kPaged>(d, stream)
                                 : launch_flash_decode_split<DecodeCfg<kHeadDim, 1>, Element, kPaged>(d, stream);

@@ -47,9 +47,11 @@ int decode_smem_bytes(int head_dim, int rows) {
   });
 }
 
-// The packed rows a CTA takes: the wide tile once a KV head has three
-// quarters of its rows or more (padding at most a quarter of them), which
-// reads K and V once for 64 rows rather than once for each 16.
+// The packed rows a CTA takes: the wide tile once a KV head has more rows
+// than one 16-row tile holds. It reads K and V once for 64 rows, where 16-row
+// tiles read them once each from L2, which then bounds them (H100,
+// 64 x 32/8 x 4096 x 128, docs/perf/decode.md: 16 queries 850 -> 373 us, 12
+// queries 660 -> 367, 8 queries, half the wide tile padding, 472 -> 365).
 // ATTNPROF_DECODE_ROWS=16 or 64 forces one (measuring).
 int decode_rows(std::int64_t rows) {
   static const int forced = [] {
@@ -58,7 +60,7 @@ int decode_rows(std::int64_t rows) {
     return n == kFlashDecodeRows || n == kFlashDecodeWideRows ? n : 0;
   }();
   if (forced != 0) return forced;
-  return rows * 4 >= kFlashDecodeWideRows * 3 ? kFlashDecodeWideRows : kFlashDecodeRows;
+  return rows > kFlashDecodeRows ? kFlashDecodeWideRows : kFlashDecodeRows;
 }
 
 // FlashAttention-2's heuristic: the fewest splits whose last wave is nearly as
