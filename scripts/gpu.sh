@@ -8,13 +8,13 @@
 # judged), a Llama-shaped model trained with our attention against PyTorch's
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
-# sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa
+# sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode decode_rows gqa
 # train_model hf model_traces graph_traces python graph_decode wheel ring (default: all). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
 mkdir -p "$OUT"
-phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode gqa train_model hf model_traces graph_traces python graph_decode wheel ring}
+phases=${*:-build tests sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode decode_rows gqa train_model hf model_traces graph_traces python graph_decode wheel ring}
 has() { [[ " $phases " == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 B=${ATTNPROF_GPU_BUILD:-build/gpu}  # a second call on a warm machine may reuse a build outside the carried tree
@@ -288,6 +288,14 @@ if has decode; then
   echo "bench --shapes decode rc $?" >>"$OUT/log.txt"
 fi
 
+if has decode_rows; then
+  # The decode kernel's 16- and 64-row tiles, forced, beside its own choice and our cudnn.
+  log "decode tiles (bench/decode_rows.py)"
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/decode_rows.py --attnprof $B/attnprof --out "$OUT" \
+    >/tmp/bench_decode_rows.txt 2>>"$OUT/log.txt"
+  echo "bench decode_rows rc $?" >>"$OUT/log.txt"
+fi
+
 if has gqa; then
   # Issue 52's grouped- and multi-query backward rows, flash's group split
   # against forced ones (GQA_SPLITS) and our cudnn, in one run.
@@ -531,6 +539,7 @@ echo "==== env"; cat /tmp/env.txt
 [[ -f /tmp/bench_fp8.txt ]] && { echo "==== FP8 forward"; cat /tmp/bench_fp8.txt; }
 [[ -f /tmp/bench_shapes.txt ]] && { echo "==== bench --shapes classes"; sed -n '/^Summary/,$p' /tmp/bench_shapes.txt; }
 [[ -f /tmp/bench_decode.txt ]] && { echo "==== bench --shapes decode"; sed -n '/^Summary/,$p' /tmp/bench_decode.txt; }
+[[ -f /tmp/bench_decode_rows.txt ]] && { echo "==== decode tiles (bench/decode_rows.py)"; cat /tmp/bench_decode_rows.txt; }
 [[ -f /tmp/bench_gqa.txt ]] && { echo "==== grouped-query backward (bench/gqa_backward.py)"; cat /tmp/bench_gqa.txt; }
 [[ -f /tmp/train_model.txt ]] && { echo "==== train_model (bench/train_step.py)"; cat /tmp/train_model.txt; }
 [[ -f /tmp/hf.txt ]] && { echo "==== transformers structure (bench/hf_structure.py)"; cat /tmp/hf.txt; }
