@@ -12,8 +12,9 @@ JSON.
 import argparse
 import json
 import os
-import subprocess
 import sys
+
+from compare_records import compare_records
 
 # (batch, heads, kv heads, queries, keys, head dim, page size (0: contiguous)):
 # bench_vs_torch.py's decode rows at 16 queries, and the rows around the
@@ -31,26 +32,16 @@ ROWS = [
 
 def compare(attnprof, row, rows):
     b, h, hkv, sq, skv, d, page = row
-    path = f"/tmp/decode_rows_{b}_{h}_{hkv}_{sq}_{skv}_{d}_{page}_{rows or 'auto'}.json"
-    if os.path.exists(path):
-        os.remove(path)
-    env = dict(os.environ)
-    env.pop("ATTNPROF_DECODE_ROWS", None)
-    if rows:
-        env["ATTNPROF_DECODE_ROWS"] = str(rows)
-    backends = "flash" if rows else "flash,cudnn"
-    cmd = [attnprof, "compare", "--device", "cuda", "--backends", backends, "--batch", str(b), "--heads", str(h),
-           "--kv-heads", str(hkv), "--seq", str(sq), "--kv-seq", str(skv), "--head-dim", str(d), "--mask",
-           "causal-bottom-right", "--warmup", "3", "--active", "10", "--check-rows", "256", "--trace-dir",
-           "/tmp/decode-traces", "--json", path, "--quiet"]
+    args = ["--device", "cuda", "--backends", "flash" if rows else "flash,cudnn", "--batch", str(b), "--heads",
+            str(h), "--kv-heads", str(hkv), "--seq", str(sq), "--kv-seq", str(skv), "--head-dim", str(d), "--mask",
+            "causal-bottom-right", "--warmup", "3", "--active", "10", "--check-rows", "256", "--trace-dir",
+            "/tmp/decode-traces"]
     if page:
-        cmd += ["--kv-cache", "paged", "--page-size", str(page)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    if not os.path.exists(path):
-        tail = (proc.stderr or proc.stdout).strip().splitlines()
-        return {"error": tail[-1] if tail else f"exit {proc.returncode}"}
-    with open(path) as f:
-        recs = {r["backend"]: r for r in json.load(f)["results"]}
+        args += ["--kv-cache", "paged", "--page-size", str(page)]
+    recs = compare_records(attnprof, args, f"/tmp/decode_rows_{b}_{h}_{hkv}_{sq}_{skv}_{d}_{page}_{rows or 'auto'}.json",
+                           "ATTNPROF_DECODE_ROWS", rows)
+    if "error" in recs:
+        return recs
     return {name: {"us": r.get("device_time_us"), "accepted": r.get("accepted"), "rel_error": r.get("rel_error"),
                    "kernels": r.get("kernels_per_forward")} for name, r in recs.items()}
 

@@ -12,8 +12,9 @@ table; writes the records as JSON.
 import argparse
 import json
 import os
-import subprocess
 import sys
+
+from compare_records import compare_records
 
 # (label, batch, heads, kv heads, seq, head dim, mask): issue 52's rows and
 # the model-shaped ones of issue 50 (Llama-like 16/4, Qwen2-like 28/4).
@@ -35,23 +36,13 @@ ROWS = [
 
 def compare(attnprof, row, split):
     label, b, h, hkv, s, d, mask = row
-    path = f"/tmp/gqa_bwd_{b}_{h}_{hkv}_{s}_{d}_{mask}_{split or 'auto'}.json"
-    if os.path.exists(path):
-        os.remove(path)
-    env = dict(os.environ)
-    env.pop("ATTNPROF_BWD_GROUP_SPLIT", None)
-    if split:
-        env["ATTNPROF_BWD_GROUP_SPLIT"] = str(split)
-    cmd = [attnprof, "compare", "--device", "cuda", "--pass", "backward", "--backends", "flash,cudnn", "--batch",
-           str(b), "--heads", str(h), "--kv-heads", str(hkv), "--seq", str(s), "--head-dim", str(d), "--mask", mask,
-           "--warmup", "3", "--active", "10", "--check-rows", "32", "--trace-dir", "/tmp/gqa-traces", "--json", path,
-           "--quiet"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    if not os.path.exists(path):
-        tail = (proc.stderr or proc.stdout).strip().splitlines()
-        return {"error": tail[-1] if tail else f"exit {proc.returncode}"}
-    with open(path) as f:
-        recs = {r["backend"]: r for r in json.load(f)["results"]}
+    args = ["--device", "cuda", "--pass", "backward", "--backends", "flash,cudnn", "--batch", str(b), "--heads",
+            str(h), "--kv-heads", str(hkv), "--seq", str(s), "--head-dim", str(d), "--mask", mask, "--warmup", "3",
+            "--active", "10", "--check-rows", "32", "--trace-dir", "/tmp/gqa-traces"]
+    recs = compare_records(attnprof, args, f"/tmp/gqa_bwd_{b}_{h}_{hkv}_{s}_{d}_{mask}_{split or 'auto'}.json",
+                           "ATTNPROF_BWD_GROUP_SPLIT", split)
+    if "error" in recs:
+        return recs
     out = {}
     for name in ("flash", "cudnn"):
         r = recs.get(name, {})
