@@ -47,22 +47,6 @@ int decode_smem_bytes(int head_dim, int rows) {
   });
 }
 
-// The packed rows a CTA takes: the wide tile once a KV head has more rows
-// than one 16-row tile holds. It reads K and V once for 64 rows, where 16-row
-// tiles read them once each from L2, which then bounds them (H100,
-// 64 x 32/8 x 4096 x 128, docs/perf/decode.md: 16 queries 850 -> 373 us, 12
-// queries 660 -> 367, 8 queries, half the wide tile padding, 472 -> 365).
-// ATTNPROF_DECODE_ROWS=16 or 64 forces one (measuring).
-int decode_rows(std::int64_t rows) {
-  static const int forced = [] {
-    const char* v = std::getenv("ATTNPROF_DECODE_ROWS");
-    const int n = v != nullptr ? std::atoi(v) : 0;
-    return n == kFlashDecodeRows || n == kFlashDecodeWideRows ? n : 0;
-  }();
-  if (forced != 0) return forced;
-  return rows > kFlashDecodeRows ? kFlashDecodeWideRows : kFlashDecodeRows;
-}
-
 // FlashAttention-2's heuristic: the fewest splits whose last wave is nearly as
 // full as the best split count's, among counts that give distinct ranges.
 int choose_splits(int ctas, int slots, int key_tiles) {
@@ -85,6 +69,20 @@ int choose_splits(int ctas, int slots, int key_tiles) {
 
 }  // namespace
 
+// The wide tile once a KV head has more rows than one 16-row tile holds. It reads K and V once for 64 rows, where
+// 16-row tiles read them once each from L2, which then bounds them (H100, 64 x 32/8 x 4096 x 128, docs/perf/decode.md:
+// 16 queries 850 -> 373 us, 12 queries 660 -> 367, 8 queries, half the wide tile padding, 472 -> 365).
+// ATTNPROF_DECODE_ROWS=16 or 64 forces one (measuring).
+int flash_decode_rows(std::int64_t rows) {
+  static const int forced = [] {
+    const char* v = std::getenv("ATTNPROF_DECODE_ROWS");
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    return n == kFlashDecodeRows || n == kFlashDecodeWideRows ? n : 0;
+  }();
+  if (forced != 0) return forced;
+  return rows > kFlashDecodeRows ? kFlashDecodeWideRows : kFlashDecodeRows;
+}
+
 bool flash_decode_takes(const FusedParams& p) {
   // Packed batches, soft caps and a dense batch's query rows run on the sm90
   // prefill kernels; per-sequence key rows (kv_rows) are read here, on the
@@ -101,7 +99,7 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   if (!flash_decode_takes(p) || p.kv_heads < 1 || p.heads % p.kv_heads != 0) return plan;
   plan.applies = true;
   const std::int64_t rows = static_cast<std::int64_t>(p.seq_q) * (p.heads / p.kv_heads);
-  plan.rows = decode_rows(rows);
+  plan.rows = flash_decode_rows(rows);
   plan.row_blocks = static_cast<int>((rows + plan.rows - 1) / plan.rows);
   const DeviceFacts f = device_facts();
   // CTAs an SM holds, from shared memory (the kernels' registers, 80-206 a

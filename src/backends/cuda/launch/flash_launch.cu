@@ -100,13 +100,14 @@ const char* fused_shape_unsupported_reason(const FusedShape& p, [[maybe_unused]]
       return say("the block table's " + std::to_string(p.pages_per_seq) + " pages of " + std::to_string(p.page_size) +
                  " keys do not hold kv_seq " + std::to_string(p.seq_k));
     }
-    // The decode kernel's grid y is KV heads x 16-row tiles of (queries x group).
-    const std::int64_t row_tiles =
-        (static_cast<std::int64_t>(p.seq_q) * (p.heads / p.kv_heads) + kFlashDecodeRows - 1) / kFlashDecodeRows;
+    // The decode kernel's grid y is KV heads x row tiles of (queries x group).
+    const std::int64_t rows = static_cast<std::int64_t>(p.seq_q) * (p.heads / p.kv_heads);
+    const int tile = flash_decode_rows(rows);
+    const std::int64_t row_tiles = (rows + tile - 1) / tile;
     if (row_tiles * p.kv_heads > 65535) {
       return say("a paged cache is read by the decode kernel, which takes at most 65535 KV heads x " +
-                 std::to_string(kFlashDecodeRows) + "-row query tiles; this problem has " +
-                 std::to_string(row_tiles * p.kv_heads) + ": use fewer queries or a contiguous cache");
+                 std::to_string(tile) + "-row query tiles; this problem has " + std::to_string(row_tiles * p.kv_heads) +
+                 ": use fewer queries or a contiguous cache");
     }
   }
   // Sequences of their own lengths: flash's kernels (sm90 and sm80); soft

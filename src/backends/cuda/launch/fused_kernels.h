@@ -88,6 +88,9 @@ struct DecodePlan {
 DecodePlan flash_decode_plan(const FusedParams& p);
 // The plan's `applies` alone, without device facts (cheap; on every call).
 bool flash_decode_takes(const FusedParams& p);
+// The packed query rows (queries x group) a decode CTA takes for a KV head
+// of `rows`: kFlashDecodeRows or kFlashDecodeWideRows.
+int flash_decode_rows(std::int64_t rows);
 
 // The fused backward's two kernels: the FlashAttention-2 class sm80 one
 // (kernels/flash_bwd_sm80.cuh; efficient's, and flash's off sm90) and flash's
