@@ -102,8 +102,8 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   plan.rows = flash_decode_rows(rows);
   plan.row_blocks = static_cast<int>((rows + plan.rows - 1) / plan.rows);
   const DeviceFacts f = device_facts();
-  // CTAs an SM holds, from shared memory (the kernels' registers, 80-206 a
-  // thread of 128, allow more than their shared memory does).
+  // CTAs an SM holds, from shared memory (the kernels' registers, 80-250 a
+  // thread of 128, allow at least as many as their shared memory does).
   const int per_sm =
       f.smem_per_sm > 0 ? std::clamp(f.smem_per_sm / (decode_smem_bytes(p.head_dim, plan.rows) + 1024), 1, 8) : 1;
   const std::int64_t ctas = static_cast<std::int64_t>(p.batch) * p.kv_heads * plan.row_blocks;
