@@ -7,7 +7,11 @@ forward through `attnprof compare` (each row one process). Prints one line a
 row and tile, then the table with K and V's read rate; writes the records as
 JSON.
 
-  python3 bench/decode_rows.py --attnprof build/gpu/attnprof --out OUTDIR [--rows N]
+With --splits N,M,..., the same at few rows a KV head (one query, the batch of
+a serving step: graph_decode.py's rows), forcing the split-KV count through
+ATTNPROF_DECODE_SPLITS instead of the tile.
+
+  python3 bench/decode_rows.py --attnprof build/gpu/attnprof --out OUTDIR [--rows N] [--splits 8,16,32]
 """
 import argparse
 import json
@@ -28,18 +32,28 @@ ROWS = [
     (64, 16, 2, 16, 2048, 64, 0),
     (16, 16, 4, 16, 4096, 256, 0),
 ]
+# One query a sequence, 32/8 heads at head dim 128, pages of 16: a decode
+# step's layer at batch 1 and 16 (graph_decode.py), and a long context.
+SPLIT_ROWS = [
+    (1, 32, 8, 1, 512, 128, 16),
+    (1, 32, 8, 1, 2048, 128, 16),
+    (1, 32, 8, 1, 8192, 128, 16),
+    (1, 32, 8, 1, 32768, 128, 16),
+    (16, 32, 8, 1, 2048, 128, 16),
+    (4, 32, 8, 1, 8192, 128, 0),
+]
 
 
-def compare(attnprof, row, rows):
+def compare(attnprof, row, forced, env_var):
     b, h, hkv, sq, skv, d, page = row
-    args = ["--device", "cuda", "--backends", "flash" if rows else "flash,cudnn", "--batch", str(b), "--heads",
+    args = ["--device", "cuda", "--backends", "flash" if forced else "flash,cudnn", "--batch", str(b), "--heads",
             str(h), "--kv-heads", str(hkv), "--seq", str(sq), "--kv-seq", str(skv), "--head-dim", str(d), "--mask",
             "causal-bottom-right", "--warmup", "3", "--active", "10", "--check-rows", "256", "--trace-dir",
             "/tmp/decode-traces"]
     if page:
         args += ["--kv-cache", "paged", "--page-size", str(page)]
-    recs = compare_records(attnprof, args, f"/tmp/decode_rows_{b}_{h}_{hkv}_{sq}_{skv}_{d}_{page}_{rows or 'auto'}.json",
-                           "ATTNPROF_DECODE_ROWS", rows)
+    recs = compare_records(attnprof, args, f"/tmp/decode_rows_{b}_{h}_{hkv}_{sq}_{skv}_{d}_{page}_{forced or 'auto'}.json",
+                           env_var, forced)
     if "error" in recs:
         return recs
     return {name: {"us": r.get("device_time_us"), "accepted": r.get("accepted"), "rel_error": r.get("rel_error"),
@@ -51,19 +65,24 @@ def main():
     ap.add_argument("--attnprof", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", type=int, default=0, help="first N rows only")
+    ap.add_argument("--splits", default="", help="split counts to force at one query (instead of the tiles)")
     args = ap.parse_args()
+    if args.splits:
+        shapes, env_var, choices = SPLIT_ROWS, "ATTNPROF_DECODE_SPLITS", [int(x) for x in args.splits.split(",")]
+    else:
+        shapes, env_var, choices = ROWS, "ATTNPROF_DECODE_ROWS", [16, 64]
     results = []
-    for row in ROWS[: args.rows or None]:
-        for rows in (0, 16, 64):
-            r = compare(args.attnprof, row, rows)
+    for row in shapes[: args.rows or None]:
+        for forced in [0, *choices]:
+            r = compare(args.attnprof, row, forced, env_var)
             b, h, hkv, sq, skv, d, page = row
             r.update(shape=f"{b}x{h}/{hkv}x{sq}/{skv}x{d} {'paged ' + str(page) if page else 'contiguous'}",
-                     tile=rows or "auto", kv_bytes=2 * b * hkv * skv * d * 2)
+                     tile=forced or "auto", kv_bytes=2 * b * hkv * skv * d * 2)
             results.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
-    with open(os.path.join(args.out, "decode_rows.json"), "w") as f:
+    with open(os.path.join(args.out, "decode_splits.json" if args.splits else "decode_rows.json"), "w") as f:
         json.dump(results, f, indent=1)
-    print(f"{'shape':36} {'tile':>5} {'flash us':>9} {'cudnn us':>9} {'ratio':>6} {'K/V TB/s':>9} ok")
+    print(f"{'shape':36} {'split' if args.splits else 'tile':>5} {'flash us':>9} {'cudnn us':>9} {'ratio':>6} {'K/V TB/s':>9} ok")
     for r in results:
         if "error" in r:
             print(f"{r['shape']:36} {r['tile']:>5} error: {r['error'][:80]}")

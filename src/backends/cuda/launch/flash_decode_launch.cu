@@ -118,6 +118,12 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   plan.splits = ctas >= (std::int64_t{1} << 30) || f.sms == 0
                     ? 1
                     : choose_splits(static_cast<int>(ctas), std::max(1, f.sms * per_sm), key_tiles);
+  // ATTNPROF_DECODE_SPLITS=n forces n splits (measuring), at most one a key tile.
+  static const int forced_splits = [] {
+    const char* v = std::getenv("ATTNPROF_DECODE_SPLITS");
+    return v != nullptr ? std::clamp(std::atoi(v), 0, kFlashDecodeMaxSplits) : 0;
+  }();
+  if (forced_splits > 0) plan.splits = std::clamp(forced_splits, 1, std::max(1, key_tiles));
   if (plan.splits > 1) {
     const std::size_t rows_all = static_cast<std::size_t>(p.batch) * p.heads * p.seq_q;
     plan.workspace_bytes = plan.splits * rows_all * (p.head_dim + 1) * sizeof(float);
