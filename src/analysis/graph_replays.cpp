@@ -152,7 +152,10 @@ GraphTies tie_graphs(const Trace& trace) {
   const TraceIndex cix(captured);
   const AttentionSummary at = attention_calls(cix, /*gpu=*/true);
 
-  for (auto& [id, g] : out.graphs) {
+  for (auto& entry : out.graphs) {
+    // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
+    const std::uint64_t id = entry.first;
+    Graph& g = entry.second;
     const auto& ns = nodes[id];
     const auto fail = [&g](std::string why) {
       g.tied = false;
