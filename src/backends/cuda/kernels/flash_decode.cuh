@@ -450,8 +450,9 @@ __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_
 
 // Launches the split kernel (grid: num_splits, Hkv * row_blocks, batch) and,
 // when num_splits > 1, the combine kernel after it on the same stream (a
-// programmatic dependent launch). The shared-memory opt-in is made once per
-// kernel (the first call).
+// programmatic dependent launch with after_prior: sm90 on; its wait is a
+// no-op below sm90). The shared-memory opt-in is made once per kernel (the
+// first call).
 template <class Cfg, Half16 Element, bool kPaged>
 cudaError_t launch_flash_decode_split(const DecodeArgs& d, cudaStream_t stream) {
   if (const cudaError_t e = opt_in_shared_memory(flash_decode_splitkv_kernel<Cfg, Element, kPaged>, Cfg::kSmemBytes);
@@ -465,24 +466,28 @@ cudaError_t launch_flash_decode_split(const DecodeArgs& d, cudaStream_t stream) 
 }
 
 template <int kHeadDim, Half16 Element, bool kPaged>
-cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, cudaStream_t stream) {
+cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, bool after_prior, cudaStream_t stream) {
   if (d.rows != kFlashDecodeRows && d.rows != kFlashDecodeWideRows) return cudaErrorInvalidValue;
   const cudaError_t split = d.rows == kFlashDecodeWideRows
                                 ? launch_flash_decode_split<DecodeCfg<kHeadDim, 4>, Element, kPaged>(d, stream)
                                 : launch_flash_decode_split<DecodeCfg<kHeadDim, 1>, Element, kPaged>(d, stream);
   if (split != cudaSuccess || d.num_splits == 1) return split;
   const std::int64_t rows_all = static_cast<std::int64_t>(d.a.batch) * d.a.heads * d.a.seq_q;
+  const dim3 grid(static_cast<unsigned>((rows_all + 3) / 4));
+  if (!after_prior) {
+    flash_decode_combine_kernel<kHeadDim, Element><<<grid, 128, 0, stream>>>(d);
+    return cudaGetLastError();
+  }
   // Launched to start as the split kernel ends: its launch and the blocks' start overlap that kernel's last blocks.
-  return launch_after_prior(flash_decode_combine_kernel<kHeadDim, Element>, dim3(static_cast<unsigned>((rows_all + 3) / 4)),
-                            128, 0, stream, d);
+  return launch_after_prior(flash_decode_combine_kernel<kHeadDim, Element>, grid, 128, 0, stream, d);
 }
 
 // Instantiations at one head dim: `template` in flash_decode_hdim<D>.cu,
 // `extern template` where the launch is dispatched (so that file compiles none).
 #define ATTNPROF_DECODE_INSTANTIATE(prefix, head_dim)                                                     \
-  prefix cudaError_t launch_flash_decode_kernels<head_dim, Bf16, false>(const DecodeArgs&, cudaStream_t); \
-  prefix cudaError_t launch_flash_decode_kernels<head_dim, Bf16, true>(const DecodeArgs&, cudaStream_t);  \
-  prefix cudaError_t launch_flash_decode_kernels<head_dim, Fp16, false>(const DecodeArgs&, cudaStream_t); \
-  prefix cudaError_t launch_flash_decode_kernels<head_dim, Fp16, true>(const DecodeArgs&, cudaStream_t);
+  prefix cudaError_t launch_flash_decode_kernels<head_dim, Bf16, false>(const DecodeArgs&, bool, cudaStream_t); \
+  prefix cudaError_t launch_flash_decode_kernels<head_dim, Bf16, true>(const DecodeArgs&, bool, cudaStream_t);  \
+  prefix cudaError_t launch_flash_decode_kernels<head_dim, Fp16, false>(const DecodeArgs&, bool, cudaStream_t); \
+  prefix cudaError_t launch_flash_decode_kernels<head_dim, Fp16, true>(const DecodeArgs&, bool, cudaStream_t);
 
 }  // namespace attnprof::cuda::kernels

@@ -27,7 +27,7 @@ namespace {
 // What the split count depends on: multiprocessors and the shared memory
 // each has (which caps the decode CTAs it holds). Read once per device.
 struct DeviceFacts {
-  int sms = 0, smem_per_sm = 0;
+  int sms = 0, smem_per_sm = 0, major = 0;
 };
 
 DeviceFacts device_facts() {
@@ -35,7 +35,8 @@ DeviceFacts device_facts() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       fixed_device_attribute(f.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      fixed_device_attribute(f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) {
+      fixed_device_attribute(f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      fixed_device_attribute(f.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
     return {};
   }
   return f;
@@ -136,10 +137,12 @@ cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& 
   const bool paged = p.page_size > 0;
   if (paged && (p.block_table == nullptr || (p.page_size & (p.page_size - 1)) != 0)) return cudaErrorInvalidValue;
   const kernels::DecodeArgs d = kernels::DecodeArgs::from(p, plan.rows, plan.row_blocks, plan.splits);
+  // The combine starts by programmatic dependent launch where the GPU has it (sm90 on).
+  const bool after_prior = plan.splits > 1 && device_facts().major >= 9;
   return kernels::with_head_dim<kFlashDecodeHeadDims>(p.head_dim, cudaErrorInvalidValue, [&]<int kD>() {
     return kernels::with_element(p.bf16, [&]<kernels::Half16 Element>() {
-      return paged ? kernels::launch_flash_decode_kernels<kD, Element, true>(d, stream)
-                   : kernels::launch_flash_decode_kernels<kD, Element, false>(d, stream);
+      return paged ? kernels::launch_flash_decode_kernels<kD, Element, true>(d, after_prior, stream)
+                   : kernels::launch_flash_decode_kernels<kD, Element, false>(d, after_prior, stream);
     });
   });
 }
