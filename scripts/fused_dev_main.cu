@@ -234,8 +234,7 @@ static int decode_main() {
       {"2 splits + combine",
        [&](const DecodeSet& set) {
          return k::launch_flash_decode_kernels<128, k::Bf16, false>(
-             k::DecodeArgs::from(params(set, workspace), plan.rows, plan.row_blocks, 2), /*after_prior=*/true,
-             nullptr);
+             k::DecodeArgs::from(params(set, workspace), plan.rows, plan.row_blocks, 2), /*after_prior=*/true, nullptr);
        }},
   };
   std::printf("decode %dx%d/%dx%d/%dx%d, plan: %d split(s), %d row block(s)\n", B, H, Hkv, Sq, Sk, D, plan.splits,

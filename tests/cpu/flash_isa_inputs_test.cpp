@@ -136,6 +136,10 @@ TEST_P(FlashIsaInputs, Fp8ForwardMatchesFloat64AndTheBf16Forward) {
 // structural mask, rows every key of which is masked (zeros), head dims that
 // are no whole vector, a soft cap, a paged cache; and its log-sum-exp, which
 // a backward over the same problem reads. A fifth query takes the tiled items.
+// A sequence that sees more than kDecodeChunkKeys keys runs as ranges merged
+// in key order (the "ranges_" cases: the last range a few keys, a window that
+// hides whole ranges from some rows, pages): the same bits on 1, 2 or 3
+// threads, however the items fall on them.
 TEST_P(FlashIsaInputs, DecodeMatchesFloat64) {
   const ForceIsa force(std::string(cpu::isa_name(GetParam())));
   auto flash = cpu::make_flash();
@@ -174,6 +178,26 @@ TEST_P(FlashIsaInputs, DecodeMatchesFloat64) {
         MaskKind::CausalBottomRight},
        0.0,
        16},
+      {{"ranges_gqa_bf16",
+        {.batch = 2, .heads = 8, .kv_heads = 2, .seq = 1, .kv_seq = 1300, .head_dim = 128},
+        DType::BF16,
+        MaskKind::None}},
+      {{"ranges_bottom_right_fp32",
+        {.heads = 4, .kv_heads = 1, .seq = 4, .kv_seq = 1025, .head_dim = 64},
+        DType::F32,
+        MaskKind::CausalBottomRight}},
+      {{"ranges_window_f16",
+        {.heads = 4, .kv_heads = 2, .seq = 3, .kv_seq = 1800, .head_dim = 72, .window = 700},
+        DType::F16,
+        MaskKind::SlidingWindow}},
+      {{"ranges_capped_bf16", {.heads = 2, .seq = 2, .kv_seq = 1100, .head_dim = 64}, DType::BF16, MaskKind::None},
+       30.0},
+      {{"ranges_paged_bf16",
+        {.batch = 2, .heads = 4, .kv_heads = 1, .seq = 2, .kv_seq = 1111, .head_dim = 64},
+        DType::BF16,
+        MaskKind::CausalBottomRight},
+       0.0,
+       16},
   };
   for (const DecodeCase& dc : decode_cases) {
     const std::string what = std::string(cpu::isa_name(GetParam())) + " decode " + dc.c.name;
@@ -188,6 +212,32 @@ TEST_P(FlashIsaInputs, DecodeMatchesFloat64) {
     Tensor out = testing::nan_tensor(p.q_dims(), output_dtype(p.dtype));
     RunContext ctx{.allocator = cpu_allocator(), .threads = 2};
     flash->forward(p, in, out, ctx);
+    if (p.kv_seq > cpu::flash::kDecodeChunkKeys) {
+      for (const int threads : {1, 3}) {
+        Tensor again = testing::nan_tensor(p.q_dims(), output_dtype(p.dtype));
+        RunContext other{.allocator = cpu_allocator(), .threads = threads};
+        flash->forward(p, in, again, other);
+        std::int64_t differ = 0;
+        testing::for_each_index(out, [&](auto i0, auto i1, auto i2, auto i3) {
+          differ += std::bit_cast<std::uint32_t>(out.get(i0, i1, i2, i3)) !=
+                    std::bit_cast<std::uint32_t>(again.get(i0, i1, i2, i3));
+        });
+        EXPECT_EQ(differ, 0) << what << ": " << threads << " threads against 2";
+      }
+    }
+    if (p.kv_seq > cpu::flash::kDecodeChunkKeys) {
+      for (const int threads : {1, 3}) {
+        Tensor again = testing::nan_tensor(p.q_dims(), output_dtype(p.dtype));
+        RunContext other{.allocator = cpu_allocator(), .threads = threads};
+        flash->forward(p, in, again, other);
+        std::int64_t differ = 0;
+        testing::for_each_index(out, [&](auto i0, auto i1, auto i2, auto i3) {
+          differ += std::bit_cast<std::uint32_t>(out.get(i0, i1, i2, i3)) !=
+                    std::bit_cast<std::uint32_t>(again.get(i0, i1, i2, i3));
+        });
+        EXPECT_EQ(differ, 0) << what << ": " << threads << " threads against 2";
+      }
+    }
     const ErrorStats e = check_against_reference(p, in, out, sample_rows(p, 1 << 20));
     if (is_fp8(p.dtype)) {
       EXPECT_EQ(e.nan_rows, 0) << what;

@@ -276,10 +276,11 @@ TEST(VarlenReference, CatchesRowsOfTheWrongSequence) {
 }
 
 // Flash and math, with sequences of one to three queries (which a dense call
-// decodes: flash_tiles.h's decodes()) beside longer ones, at the level the
-// dispatcher picks (tests/CMakeLists.txt runs the suite at every level).
+// decodes: flash_tiles.h's decodes(), the last over key ranges merged in
+// order) beside longer ones, at the level the dispatcher picks
+// (tests/CMakeLists.txt runs the suite at every level).
 TEST(VarlenBackends, PackedCallIsPerSequenceDenseCallsBitForBit) {
-  const Lens q{70, 1, 0, 130, 3, 2}, kv{90, 1, 5, 128, 77, 300};
+  const Lens q{70, 1, 0, 130, 3, 2, 2}, kv{90, 1, 5, 128, 77, 300, 1300};
   for (const char* name : {"flash", "math"}) {
     Problem p = packed(q, kv, MaskKind::CausalBottomRight, DType::BF16, 4, 2, 64);
     p.pass = Pass::Train;

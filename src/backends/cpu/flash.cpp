@@ -188,6 +188,13 @@ class FlashCpu final : public Backend {
     s->threads = resolve_threads(ctx.threads);
     s->per_thread = s->kernels->forward_scratch_floats(p);
     s->buffer = Tensor::empty({s->threads, 1, 1, s->per_thread}, DType::F32, ctx.allocator);
+    // The decode ranges' partial results, for the longest sequence's ranges in every sequence and KV head
+    // (each sequence sees at most kv_seq keys).
+    const std::int64_t chunks = (p.kv_seq + kDecodeChunkKeys - 1) / kDecodeChunkKeys;
+    if (may_decode(p) && chunks > 1) {
+      s->partials =
+          Tensor::empty({1, 1, 1, p.batch * p.kv_heads * chunks * decode_partial_floats(p)}, DType::F32, ctx.allocator);
+    }
     return s;
   }
 
@@ -215,7 +222,8 @@ class FlashCpu final : public Backend {
     int threads = 0;
     std::int64_t per_thread = 0;
     Tensor buffer;
-    std::size_t bytes() const override { return buffer.nbytes(); }
+    Tensor partials;  // the decode ranges' partial results (undefined: none)
+    std::size_t bytes() const override { return buffer.nbytes() + (partials.defined() ? partials.nbytes() : 0); }
   };
 
   static void run_forward(const Problem& problem, const Inputs& in, Tensor& out, float* lse, RunContext& ctx) {
@@ -286,24 +294,43 @@ class FlashCpu final : public Backend {
                          .lse_rows = lse_rows(p),
                          .mask_lowered = lowered.has_value()};
 
-    // Decoding: one item per (sequence, KV head), its query heads together
-    // (flash_decode_kernels.h), for each sequence of a few queries; the
-    // others take the tiled items. Per sequence (flash_tiles.h's decodes()
-    // says why), so a packed batch or a caller's rows run each sequence as its
-    // own dense call would.
-    std::vector<std::int64_t> decoding;
+    // Decoding: one item per (sequence, KV head, key range), its query heads
+    // together (flash_decode_kernels.h), for each sequence of a few queries;
+    // the others take the tiled items. Per sequence (flash_tiles.h's
+    // decodes() says why), so a packed batch or a caller's rows run each
+    // sequence as its own dense call would. A sequence of several key ranges
+    // (decode_chunks) leaves each range's partial result in `partials`, and
+    // one merge per (sequence, KV head) runs after every item.
+    struct DecodeItem {
+      std::int64_t b, hk, chunk, partial;  // partial: offset into partials, or -1 (the item stores its rows)
+    };
+    struct DecodeMerge {
+      std::int64_t b, hk, chunks, partial;
+    };
+    std::vector<DecodeItem> decoding;
+    std::vector<DecodeMerge> merges;
     std::vector<char> decoded(seqs.size(), 0);
+    const std::int64_t partial_stride = decode_partial_floats(p);
+    std::int64_t partial_floats = 0;
     bool any_tiled = false;
     for (std::size_t b = 0; b < seqs.size(); ++b) {
       if (seqs[b].seq == 0) continue;  // nothing to compute (clear_outside_rows wrote its rows)
-      if (decodes(p, seqs[b].seq)) {
-        decoding.push_back(static_cast<std::int64_t>(b));
-        decoded[b] = 1;
-      } else {
+      if (!decodes(p, seqs[b].seq)) {
         any_tiled = true;
+        continue;
+      }
+      decoded[b] = 1;
+      const auto sb = static_cast<std::int64_t>(b);
+      const std::int64_t chunks = decode_chunks(seqs[b]);
+      for (std::int64_t hk = 0; hk < p.kv_heads; ++hk) {
+        if (chunks > 1) merges.push_back({sb, hk, chunks, partial_floats});
+        for (std::int64_t c = 0; c < chunks; ++c) {
+          decoding.push_back({sb, hk, c, chunks > 1 ? partial_floats : -1});
+          if (chunks > 1) partial_floats += partial_stride;
+        }
       }
     }
-    const std::int64_t decode_items = static_cast<std::int64_t>(decoding.size()) * p.kv_heads;
+    const auto decode_items = static_cast<std::int64_t>(decoding.size());
 
     // A packed batch's items run over its longest sequence's query blocks;
     // those past a shorter one's end, and a decoding sequence's, return at once.
@@ -322,6 +349,16 @@ class FlashCpu final : public Backend {
       scratch = Tensor::empty({threads, 1, 1, per_thread}, DType::F32, ctx.allocator);
     }
     float* scratch_base = scratch.defined() ? scratch.data_as<float>() : held->buffer.data_as<float>();
+    Tensor partial_buffer;
+    float* partials = nullptr;
+    if (partial_floats > 0) {
+      if (held && held->partials.defined() && held->partials.numel() >= partial_floats) {
+        partials = held->partials.data_as<float>();
+      } else {
+        partial_buffer = Tensor::empty({1, 1, 1, partial_floats}, DType::F32, ctx.allocator);
+        partials = partial_buffer.data_as<float>();
+      }
+    }
 
     // Items run head by head; within a head the later query blocks, which
     // see more keys under causal masks, are handed out first (dynamic
@@ -338,8 +375,10 @@ class FlashCpu final : public Backend {
     {
       float* mine = scratch_base + static_cast<std::int64_t>(omp_get_thread_num()) * per_thread;
 #pragma omp for schedule(dynamic, 1) nowait
-      for (std::int64_t item = 0; item < decode_items; ++item)
-        kernels.attend_decode(job, decoding[static_cast<std::size_t>(item / p.kv_heads)], item % p.kv_heads, mine);
+      for (std::int64_t item = 0; item < decode_items; ++item) {
+        const DecodeItem& d = decoding[static_cast<std::size_t>(item)];
+        kernels.attend_decode(job, d.b, d.hk, d.chunk, mine, d.partial < 0 ? nullptr : partials + d.partial);
+      }
       // No head's K and V held yet: set after this thread's decode items,
       // which write over the region the bf16 items keep them in.
       std::memset(mine, 0xff, kScratchHeaderFloats * sizeof(float));
@@ -349,6 +388,12 @@ class FlashCpu final : public Backend {
         const std::int64_t qb = q_blocks - 1 - item % q_blocks;
         if (decoded[static_cast<std::size_t>(bh / p.heads)]) continue;
         kernels.attend_block(job, bh / p.heads, bh % p.heads, qb * rows, mine);
+      }
+      // (The loop above ends at a barrier: every decode item is done.)
+#pragma omp for schedule(dynamic, 1)
+      for (std::size_t i = 0; i < merges.size(); ++i) {
+        const DecodeMerge& g = merges[i];
+        kernels.merge_decode(job, g.b, g.hk, g.chunks, partials + g.partial, partial_stride, mine);
       }
     }
   }

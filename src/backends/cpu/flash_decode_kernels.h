@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 
@@ -111,8 +112,13 @@ inline void decode_rows(const ForwardJob& job, const Tensor& logical, const Tens
 }
 
 // One decode item: every query row of KV head hk's query heads in sequence
-// b (flash.cpp hands out one item per (sequence, KV head)).
-inline void attend_decode(const ForwardJob& job, std::int64_t b, std::int64_t hk, float* scratch) {
+// b, over the sequence's key range `chunk` (flash_tiles.h's
+// decode_chunk_keys; flash.cpp hands out one item per (sequence, KV head,
+// range)). With `partial`, the rows' unnormalised O, running max and sum go
+// there (decode_partial_floats' layout) for merge_decode; else the rows are
+// stored.
+inline void attend_decode(const ForwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t chunk, float* scratch,
+                          float* partial) {
   const Problem& p = job.p;
   const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
   const DecodeLayout L = decode_layout_for(p.head_dim);
@@ -128,7 +134,8 @@ inline void attend_decode(const ForwardJob& job, std::int64_t b, std::int64_t hk
   std::fill(m, m + lds, kNegInf);
   std::fill(l, l + lds, 0.0f);
 
-  const KeyRange keys = visible_keys(s, 0, nq);
+  const auto range = decode_chunk_keys(s, chunk);
+  const KeyRange keys{.begin = range.begin, .end = range.end};
   if (keys.begin < keys.end) {
     // Row r = head hh's query i (r = hh nq + i), scaled, zero past the head dim.
     for (std::int64_t hh = 0; hh < g; ++hh)
@@ -160,23 +167,66 @@ inline void attend_decode(const ForwardJob& job, std::int64_t b, std::int64_t hk
     const auto [v_rows, ldv] = block_of(job.in.v, job.in.v_pages, job.v_unit, scratch + L.v, j0, n);
     pv_block(st, lds, v_rows, ldv, n, rows, dpad, alpha, o, dpad);
   }
+  if (partial != nullptr) {
+    for (std::int64_t r = 0; r < rows; ++r) std::copy(o + r * dpad, o + r * dpad + D, partial + r * D);
+    std::copy(m, m + rows, partial + rows * D);
+    std::copy(l, l + rows, partial + rows * D + rows);
+    return;
+  }
   for (std::int64_t hh = 0; hh < g; ++hh)
     store_rows(job, s, hk * g + hh, 0, nq, o + hh * nq * dpad, dpad, 1, m + hh * nq, l + hh * nq);
 }
 
+// Merges the `chunks` partial results of (sequence b, KV head hk), each
+// `stride` floats from the last, in key order, and stores the rows: with M
+// the largest running max, O = sum_c 2^(m_c - M) O_c and l = sum_c 2^(m_c - M)
+// l_c, the shift M (a range that a row sees no key of has m -inf and weighs
+// 0; no key at all gives l = 0, a zero row). The order is fixed, so the bits
+// are the same on any thread count.
+inline void merge_decode(const ForwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t chunks,
+                         const float* partials, std::int64_t stride, float* scratch) {
+  const Problem& p = job.p;
+  const Sequence& s = job.seqs[static_cast<std::size_t>(b)];
+  const DecodeLayout L = decode_layout_for(p.head_dim);
+  const std::int64_t D = p.head_dim, g = p.group(), nq = s.seq, rows = g * nq;
+  float* o = scratch + L.o;  // rows of D floats here
+  float* m = scratch + L.m;
+  float* l = scratch + L.l;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float top = kNegInf;
+    for (std::int64_t c = 0; c < chunks; ++c) top = std::max(top, partials[c * stride + rows * D + r]);
+    const float shift = std::isfinite(top) ? top : 0.0f;
+    float* row = o + r * D;
+    std::fill(row, row + D, 0.0f);
+    float sum = 0.0f;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const float* part = partials + c * stride;
+      const float w = std::exp2(part[rows * D + r] - shift);  // a NaN max or sum reaches the row, as it would whole
+      sum += w * part[rows * D + rows + r];
+      for (std::int64_t d = 0; d < D; ++d) row[d] += w * part[r * D + d];
+    }
+    m[r] = top;
+    l[r] = sum;
+  }
+  for (std::int64_t hh = 0; hh < g; ++hh)
+    store_rows(job, s, hk * g + hh, 0, nq, o + hh * nq * D, D, 1, m + hh * nq, l + hh * nq);
+}
+
 inline std::int64_t decode_scratch_floats(const Problem& p) { return decode_layout_for(p.head_dim).total; }
 
-// What decoding runs, for the story (a static sentence per level).
+// What decoding runs, for the story (a static sentence per level; 512 is
+// kDecodeChunkKeys, which the static_assert holds it to).
+static_assert(kDecodeChunkKeys == 512, "decode_products names the key ranges' length");
 inline const char* decode_products() {
 #if ATTNPROF_FLASH_AVX512
   return "decode: each KV head's keys and values read once for all its query heads' rows, FP32 dot products on 16 "
-         "lanes (AVX-512)";
+         "lanes (AVX-512), a long sequence's keys in ranges of 512 merged in key order";
 #elif ATTNPROF_FLASH_AVX2
   return "decode: each KV head's keys and values read once for all its query heads' rows, FP32 dot products on 8 "
-         "lanes (AVX2)";
+         "lanes (AVX2), a long sequence's keys in ranges of 512 merged in key order";
 #else
   return "decode: each KV head's keys and values read once for all its query heads' rows, FP32 dot products on "
-         "8-float arrays (baseline x86-64, SSE2)";
+         "8-float arrays (baseline x86-64, SSE2), a long sequence's keys in ranges of 512 merged in key order";
 #endif
 }
 

@@ -64,9 +64,13 @@ struct Kernels {
   // (sequence b, head h).
   void (*attend_block)(const ForwardJob& job, std::int64_t b, std::int64_t h, std::int64_t i0, float* scratch);
   // For a sequence that decodes (flash_tiles.h's decodes(p, queries)): one
-  // item per (sequence b, KV head hk), every query row of its query heads
-  // (flash_decode_kernels.h).
-  void (*attend_decode)(const ForwardJob& job, std::int64_t b, std::int64_t hk, float* scratch);
+  // item per (sequence b, KV head hk, key range chunk), every query row of
+  // its query heads (flash_decode_kernels.h); with `partial` it leaves its
+  // partial result there, and merge_decode merges a sequence's ranges.
+  void (*attend_decode)(const ForwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t chunk, float* scratch,
+                        float* partial);
+  void (*merge_decode)(const ForwardJob& job, std::int64_t b, std::int64_t hk, std::int64_t chunks,
+                       const float* partials, std::int64_t stride, float* scratch);
   // The products the forward uses for p: a static sentence for the story.
   const char* (*forward_products)(const Problem& p);
   // Whether the forward repacks each head's K and V into the thread's scratch

@@ -51,6 +51,23 @@ std::vector<Sequence> sequences_of(const Problem& p, const std::vector<SequenceR
 
 std::vector<Sequence> sequences_of(const Problem& p) { return sequences_of(p, {}); }
 
+std::int64_t decode_chunks(const Sequence& s) {
+  const auto keys = geometry::keys_of_rows(s.band, std::int64_t{0}, s.seq, s.kv_seq);
+  return std::max<std::int64_t>(1, (keys.size() + kDecodeChunkKeys - 1) / kDecodeChunkKeys);
+}
+
+geometry::Span<std::int64_t> decode_chunk_keys(const Sequence& s, std::int64_t chunk) {
+  const auto keys = geometry::keys_of_rows(s.band, std::int64_t{0}, s.seq, s.kv_seq);
+  if (keys.empty()) return keys;
+  const std::int64_t begin = keys.begin + chunk * kDecodeChunkKeys;
+  return {begin, std::min(keys.end, begin + kDecodeChunkKeys)};
+}
+
+std::int64_t decode_partial_floats(const Problem& p) {
+  const std::int64_t rows = p.group() * std::min(p.seq, kDecodeQueries);
+  return rows * (p.head_dim + 2);
+}
+
 void clear_outside_rows(const Problem& p, const std::vector<SequenceRows>& rows, const Tensor& out, float* lse) {
   zero_outside_rows(out, rows, /*queries=*/true);
   if (lse == nullptr) return;

@@ -93,6 +93,21 @@ struct Sequence {
   Band band;
 };
 std::vector<Sequence> sequences_of(const Problem& p);
+
+// A decoding sequence's visible keys, cut into ranges of kDecodeChunkKeys
+// from its first visible key: one item each with its KV head, whose partial
+// results are merged in key order (FlashDecoding's split, on the CPU). A long
+// sequence then fills the threads whatever its batch and KV heads (batch 1
+// of one KV head was one item), and the ranges are the sequence's own, so
+// its bits depend neither on the batch nor on the thread count. One range
+// (the whole item, no merge) where it sees at most kDecodeChunkKeys keys.
+constexpr std::int64_t kDecodeChunkKeys = 512;
+std::int64_t decode_chunks(const Sequence& s);
+geometry::Span<std::int64_t> decode_chunk_keys(const Sequence& s, std::int64_t chunk);
+// Floats of one range's partial result: each row's unnormalised O (head_dim
+// floats), then each row's running max and sum, for the most rows a
+// decoding sequence of p has.
+std::int64_t decode_partial_floats(const Problem& p);
 // A dense batch's sequences at their rows (Inputs::q_rows and kv_rows, read
 // by core/rows.h's sequence_rows): each the problem of its own rows, its band
 // in its own coordinates; sequences_of(p) when `rows` is empty. Its query

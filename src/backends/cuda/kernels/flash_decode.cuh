@@ -484,7 +484,7 @@ cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, bool after_prior, c
 
 // Instantiations at one head dim: `template` in flash_decode_hdim<D>.cu,
 // `extern template` where the launch is dispatched (so that file compiles none).
-#define ATTNPROF_DECODE_INSTANTIATE(prefix, head_dim)                                                     \
+#define ATTNPROF_DECODE_INSTANTIATE(prefix, head_dim)                                                           \
   prefix cudaError_t launch_flash_decode_kernels<head_dim, Bf16, false>(const DecodeArgs&, bool, cudaStream_t); \
   prefix cudaError_t launch_flash_decode_kernels<head_dim, Bf16, true>(const DecodeArgs&, bool, cudaStream_t);  \
   prefix cudaError_t launch_flash_decode_kernels<head_dim, Fp16, false>(const DecodeArgs&, bool, cudaStream_t); \
