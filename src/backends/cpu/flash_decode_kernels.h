@@ -2,10 +2,11 @@
 // queries a sequence), written once over flash_simd.h's vectors and compiled
 // per instruction-set level inside ATTNPROF_ISA_NS, as the tiled items are.
 //
-// One item is a (sequence, KV head): the rows of its query heads (the whole
-// grouped-query group, each head's few queries) go together, R = group x
-// queries rows, so every key and value row is read, and widened, once for
-// all of them. The tiled items would take those rows one query head at a
+// One item is a (sequence, KV head, key range: flash_tiles.h's
+// decode_chunk_keys, merged by merge_decode): the rows of its query heads
+// (the whole grouped-query group, each head's few queries) go together,
+// R = group x queries rows, so every key and value row is read, and widened,
+// once for all of them. The tiled items would take those rows one query head at a
 // time, pad them to a vector's lanes (S^T's columns) and, in bf16, repack the
 // head's K and V first: a decode step on the Xeon spent 100 ms where reading
 // K and V takes a few (docs/perf/cpu-flash.md).

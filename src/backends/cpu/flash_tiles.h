@@ -60,10 +60,10 @@ Band band_of(const Problem& p, std::int64_t seq, std::int64_t kv_seq);
 
 // Decoding: a sequence of at most kDecodeQueries queries, its query heads of
 // one KV head together at most kDecodeRows rows, under a structural mask (or
-// none). Its forward runs one item per (sequence, KV head) that reads each key
-// and value row once for all those rows (flash_decode_kernels.h), where the
-// tiled kernels would pad the few rows to a vector's lanes or a tile's rows,
-// and repack K and V per query head.
+// none). Its forward runs one item per (sequence, KV head, key range: below)
+// that reads each key and value row once for all those rows
+// (flash_decode_kernels.h), where the tiled kernels would pad the few rows to
+// a vector's lanes or a tile's rows, and repack K and V per query head.
 //
 // The choice is each sequence's own, from its own query count, whether it
 // runs alone, in a packed batch or as a caller's rows (q_rows): the two items
