@@ -30,6 +30,16 @@ using testing::ForceIsa;
 class FlashIsaInputs : public testing::FlashIsa {};
 
 // c's problem with a soft cap (0: none) and a paged cache of pages of `page` keys (0: contiguous).
+// Outputs of a and b (the same sizes) whose bits differ.
+std::int64_t bits_apart(const Tensor& a, const Tensor& b) {
+  std::int64_t differ = 0;
+  testing::for_each_index(a, [&](auto i0, auto i1, auto i2, auto i3) {
+    differ +=
+        std::bit_cast<std::uint32_t>(a.get(i0, i1, i2, i3)) != std::bit_cast<std::uint32_t>(b.get(i0, i1, i2, i3));
+  });
+  return differ;
+}
+
 Problem capped_or_paged(const Case& c, double softcap, std::int64_t page) {
   Problem p = testing::to_problem(c.shape, c.dtype, c.mask);
   p.softcap = softcap;
@@ -120,12 +130,7 @@ TEST_P(FlashIsaInputs, Fp8ForwardMatchesFloat64AndTheBf16Forward) {
     Tensor out8 = testing::nan_tensor(p.q_dims(), DType::BF16), out16 = testing::nan_tensor(p.q_dims(), DType::BF16);
     flash->forward(p, in, out8, ctx);
     flash->forward(twin_p, twin, out16, ctx);
-    std::int64_t differ = 0;
-    testing::for_each_index(out8, [&](auto i0, auto i1, auto i2, auto i3) {
-      differ += std::bit_cast<std::uint32_t>(out8.get(i0, i1, i2, i3)) !=
-                std::bit_cast<std::uint32_t>(out16.get(i0, i1, i2, i3));
-    });
-    EXPECT_EQ(differ, 0) << what << ": of " << out8.numel() << " outputs";
+    EXPECT_EQ(bits_apart(out8, out16), 0) << what << ": of " << out8.numel() << " outputs";
   }
 }
 
@@ -217,25 +222,7 @@ TEST_P(FlashIsaInputs, DecodeMatchesFloat64) {
         Tensor again = testing::nan_tensor(p.q_dims(), output_dtype(p.dtype));
         RunContext other{.allocator = cpu_allocator(), .threads = threads};
         flash->forward(p, in, again, other);
-        std::int64_t differ = 0;
-        testing::for_each_index(out, [&](auto i0, auto i1, auto i2, auto i3) {
-          differ += std::bit_cast<std::uint32_t>(out.get(i0, i1, i2, i3)) !=
-                    std::bit_cast<std::uint32_t>(again.get(i0, i1, i2, i3));
-        });
-        EXPECT_EQ(differ, 0) << what << ": " << threads << " threads against 2";
-      }
-    }
-    if (p.kv_seq > cpu::flash::kDecodeChunkKeys) {
-      for (const int threads : {1, 3}) {
-        Tensor again = testing::nan_tensor(p.q_dims(), output_dtype(p.dtype));
-        RunContext other{.allocator = cpu_allocator(), .threads = threads};
-        flash->forward(p, in, again, other);
-        std::int64_t differ = 0;
-        testing::for_each_index(out, [&](auto i0, auto i1, auto i2, auto i3) {
-          differ += std::bit_cast<std::uint32_t>(out.get(i0, i1, i2, i3)) !=
-                    std::bit_cast<std::uint32_t>(again.get(i0, i1, i2, i3));
-        });
-        EXPECT_EQ(differ, 0) << what << ": " << threads << " threads against 2";
+        EXPECT_EQ(bits_apart(out, again), 0) << what << ": " << threads << " threads against 2";
       }
     }
     const ErrorStats e = check_against_reference(p, in, out, sample_rows(p, 1 << 20));
