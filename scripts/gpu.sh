@@ -294,6 +294,10 @@ if has decode_rows; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/decode_rows.py --attnprof $B/attnprof --out "$OUT" \
     >/tmp/bench_decode_rows.txt 2>>"$OUT/log.txt"
   echo "bench decode_rows rc $?" >>"$OUT/log.txt"
+  # One query a sequence at small batch: the split-KV count forced (DECODE_SPLITS) beside flash's own.
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/decode_rows.py --attnprof $B/attnprof --out "$OUT" \
+    --splits "${DECODE_SPLITS:-4,8,16,32}" >>/tmp/bench_decode_rows.txt 2>>"$OUT/log.txt"
+  echo "bench decode_rows --splits rc $?" >>"$OUT/log.txt"
 fi
 
 if has gqa; then
