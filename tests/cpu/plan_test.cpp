@@ -285,8 +285,17 @@ class CountAllocations final : public AllocationObserver {
   int allocations = 0;
 };
 
+// A decode over 1300 keys as well: its three key ranges' partial results are the plan's too.
+Problem long_decode() {
+  Problem p = testing::to_problem(
+      testing::Shape{.batch = 2, .heads = 4, .kv_heads = 1, .seq = 2, .kv_seq = 1300, .head_dim = 32}, DType::BF16,
+      MaskKind::CausalBottomRight);
+  p.validate();
+  return p;
+}
+
 TEST(Plan, CpuFlashHoldsItsScratchAndItsRunsAllocateNothing) {
-  for (const Problem& p : {dense(), dense(MaskKind::None)}) {
+  for (const Problem& p : {dense(), dense(MaskKind::None), long_decode()}) {
     Plan plan = attnprof::plan(p, {}, "flash", 2);
     EXPECT_GT(plan.workspace_bytes(), 0U) << plan.explain();
     const Inputs in = make_inputs(p, 3, cpu_allocator());
