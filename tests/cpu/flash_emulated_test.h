@@ -54,6 +54,11 @@ const std::vector<EmulatedCase>& emulated_cases() {
        DType::BF16,
        MaskKind::None},
       {"hdim5_bf16", {.heads = 1, .seq = 33, .kv_seq = 47, .head_dim = 5}, DType::BF16, MaskKind::Causal},
+      // A decode over three key ranges (flash_tiles.h's kDecodeChunkKeys), merged in key order.
+      {"decode_ranges_bf16",
+       {.heads = 4, .kv_heads = 1, .seq = 2, .kv_seq = 1100, .head_dim = 64},
+       DType::BF16,
+       MaskKind::CausalBottomRight},
   };
   return c;
 }
@@ -107,7 +112,10 @@ void run_emulated_backward(const cpu::flash::Kernels& k, const std::string& leve
 
 // A packed call is the per-sequence dense calls, bit for bit, with the
 // level's kernels (packed_bits.h): sequences of 1 to 3 queries (which decode
-// alone) beside tiled ones, bf16 (the level's bf16 products) and FP32.
+// alone) beside tiled ones, bf16 (the level's bf16 products) and FP32. Then
+// decoding sequences over several key ranges (kDecodeChunkKeys), in the
+// deterministic order: their dQ sums many key blocks, whose adds otherwise
+// follow thread timing (flash_backward.cpp).
 void run_emulated_packed_bits(const cpu::flash::Kernels& k, const std::string& level) {
   const UseKernels use(k);
   auto flash = cpu::make_flash();
@@ -117,6 +125,11 @@ void run_emulated_packed_bits(const cpu::flash::Kernels& k, const std::string& l
     p.pass = Pass::Train;
     p.normalize();
     testing::expect_packed_is_dense_calls(*flash, p, level + " (emulated)");
+    Problem ranges = varlen_problem(base, {2, 1, 3}, {1100, 40, 600});
+    ranges.pass = Pass::Train;
+    ranges.deterministic = true;
+    ranges.normalize();
+    testing::expect_packed_is_dense_calls(*flash, ranges, level + " (emulated)");
   }
 }
 
