@@ -136,11 +136,20 @@ def _torch_front():
     return _torch_attention
 
 
-def _no_object_arrays(*arrays):
-    # numpy's object arrays export no DLPack; nanobind's refusal would name the whole call.
-    for name, x in zip(("q", "k", "v", "out", "attn_mask", "block_table", "seq_lens"), arrays):
+def _check_arrays(*arrays):
+    # What nanobind would refuse with a message about the whole call, said of the one array: numpy's object
+    # arrays (they export no DLPack) and a read-only out.
+    for name, x in zip(("q", "k", "v", "out", "attn_mask", "block_table", "seq_lens", "q_rows", "kv_rows"), arrays):
         if getattr(getattr(x, "dtype", None), "kind", None) == "O":
             raise Error(f"{name} is an array of Python objects (dtype object): use float32, float16 or bfloat16")
+    if len(arrays) > 3:
+        _writable_out(arrays[3])
+
+
+def _writable_out(out):
+    """A read-only out (numpy's writeable flag off) refused in one line, before nanobind's refusal of the call."""
+    if getattr(getattr(out, "flags", None), "writeable", True) is False:
+        raise Error("out is read-only (its writeable flag is off): pass an array attnprof may write, or no out")
 
 
 def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window: int | tuple[int, int] | None = None,
@@ -288,7 +297,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
                                                                        ("k_descale", k_descale),
                                                                        ("v_descale", v_descale)))
     if packed:
-        _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
+        _check_arrays(q, k, v, out, attn_mask, block_table, seq_lens)
         if attn_mask is not None or block_table is not None or seq_lens is not None:
             raise Error("a packed batch (cu_seqlens_q, cu_seqlens_k) takes structural masks only: no attn_mask, "
                         "block_table or seq_lens")
@@ -325,7 +334,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
              deterministic=deterministic)
     if _torch_tensor is not None and isinstance(q, _torch_tensor):
         return _torch_attention(q, k, v, out, threads, return_lse, o)
-    _no_object_arrays(q, k, v, out, attn_mask, block_table, seq_lens, q_rows, kv_rows)
+    _check_arrays(q, k, v, out, attn_mask, block_table, seq_lens, q_rows, kv_rows)
     if attn_mask is not None and block_table is None and seq_lens is None:
         # A key-padding attn_mask as rows, on the host, as torch tensors are lowered (attnprof/_key_padding.py).
         o["mask"], o["attn_mask"], o["q_rows"], o["kv_rows"] = _key_padding.lower(q, k, attn_mask, mask, bshd,

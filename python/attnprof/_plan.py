@@ -92,6 +92,10 @@ class Plan:
                 from . import _empty_like
 
                 out = _empty_like(q)
+            else:
+                from . import _writable_out
+
+                _writable_out(out)
             try:
                 self._plan.run(q, k, v, out, 0, block_table, seq_lens, q_rows, kv_rows, cu_seqlens_q, cu_seqlens_k)
             except TypeError as e:
@@ -103,20 +107,21 @@ class Plan:
                         cu_seqlens_k)
             if done is not None:
                 return done
-        if t.torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in (q, k, v)):
+        for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
+            if a is not None and not isinstance(a, t._Tensor):
+                raise Error(f"this plan was made for torch tensors, and {name} is {type(a).__name__}: pass torch "
+                            "tensors to its runs (or make a plan from arrays of that kind)")
+        if t.torch.is_grad_enabled() and any(a is not None and a.requires_grad for a in (q, k, v, out)):
             # As attnprof.plan refuses them: a run would give an output no gradient reaches q, k or v through.
-            raise Error("plan.run runs inference only: q, k and v require grad (use attnprof.attention for "
-                        "autograd, or torch.no_grad())")
+            raise Error("plan.run runs inference only: q, k, v and out must not require grad (use "
+                        "attnprof.attention for autograd, or torch.no_grad())")
         dl = self._to_dlpack
         try:
             if out is None:
                 out = t.torch.empty(q.shape, dtype=t._out_dtype(q.dtype), device=q.device)
             dq, dk, dv, do = dl(q), dl(k), dl(v), dl(out)
-        except (RuntimeError, BufferError, TypeError, AttributeError) as e:
-            for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
-                if getattr(a, "is_meta", False):  # it holds no data: said so, not DLPack's words
-                    raise t._on_meta(name) from None
-            raise _not_an_array(TypeError(str(e))) from None
+        except (RuntimeError, BufferError, TypeError) as e:
+            raise t._not_exported(e, ("q", "k", "v", "out"), (q, k, v, out), _not_an_array) from None
         index = q.get_device()
         stream = 0 if index < 0 else self._stream(index) if self._stream is not None else t._stream_of(q)
         if block_table is None and seq_lens is None and q_rows is None and kv_rows is None \

@@ -59,8 +59,16 @@ def _labelled(o):
 
 # DLPack capsules through torch's C exporter: ten times cheaper per tensor than
 # Tensor.__dlpack__ (a Python method with its own checks, about 5 us), and the
-# same borrowed view of the same memory.
-_to_dlpack = torch.utils.dlpack.to_dlpack
+# same borrowed view of the same memory. It exports a lazily negated view (torch's
+# negative bit, as .conj().imag makes one) as its memory, the sign lost: refused.
+_torch_to_dlpack = torch.utils.dlpack.to_dlpack
+_NEGATED = "a lazily negated view (torch's negative bit, as .conj().imag makes one), which DLPack cannot carry"
+
+
+def _to_dlpack(t):
+    if isinstance(t, _Tensor) and t.is_neg():
+        raise BufferError(_NEGATED)
+    return _torch_to_dlpack(t)
 
 
 def _load_fast():
@@ -96,12 +104,16 @@ def _on_meta(name) -> Error:
                  "tensors (torch.ops.attnprof's ops on meta tensors give only the output's shape)")
 
 
-def _not_exported(e, names, tensors) -> Error:
-    """The refusal of tensors DLPack could not export: a tensor on the meta device by name (it holds no data),
-    else nanobind's or torch's reason."""
+def _not_exported(e, names, tensors, generic=None) -> Error:
+    """The refusal of tensors DLPack could not export: a tensor on the meta device (it holds no data) or a negated
+    view by name, else generic(e) (nanobind's or torch's reason, in attention()'s words by default)."""
     for name, t in zip(names, tensors):
         if isinstance(t, _Tensor) and t.is_meta:
             return _on_meta(name)
+        if isinstance(t, _Tensor) and t.is_neg():
+            return Error(f"{name} is {_NEGATED}: pass {name}.resolve_neg()")
+    if generic is not None:
+        return generic(e)
     from . import not_an_array
 
     return Error(not_an_array(e))
@@ -285,6 +297,9 @@ def attention(q, k, v, out, threads, return_lse, o):
         _no_descale_tensors(o)
         out, lse = torch.ops.attnprof.attention(q, k, v, *_options.ordered(o), return_lse)
         return (out, _user_lse(lse)) if return_lse else out
+    if out is not None and out.requires_grad and torch.is_grad_enabled():
+        raise Error("out requires grad, and autograd does not record a write into out= (as torch's out= functions "
+                    "refuse it): use the returned tensor, or torch.no_grad()")
     if needs_grad:  # under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()  # views: DLPack refuses to export a tensor that needs grad
     if out is None:

@@ -15,6 +15,11 @@ def arrays(shape=(1, 2, 16, 32), kv_shape=None, dtype=np.float32):
     return np.ones(shape, dtype), np.ones(kv_shape, dtype), np.ones(kv_shape, dtype)
 
 
+def read_only(a):
+    a.setflags(write=False)
+    return a
+
+
 CASES = {
     "wrong rank": (lambda: (np.ones((2, 16, 32), np.float32),) + arrays()[1:], {}, r"q must be 4-d.*got 3-d"),
     "dtype not taken": (lambda: arrays(dtype=np.float64), {}, r"is float64, a dtype attnprof does not take"),
@@ -47,6 +52,8 @@ CASES = {
     "scale overflows": (lambda: arrays(), {"scale": 1e300}, r"scale 1e\+300 makes the scores overflow"),
     "scale not finite": (lambda: arrays(), {"scale": float("nan")}, r"scale must be a finite, non-zero number"),
     "unknown layout": (lambda: arrays(), {"layout": "sbhd"}, r"unknown layout"),
+    "read-only out": (lambda: arrays(), {"out": read_only(np.zeros((1, 2, 16, 32), np.float32))},
+                      r"^out is read-only \(its writeable flag is off\): pass an array attnprof may write, or no out$"),
 }
 
 
@@ -82,7 +89,7 @@ def test_out_must_match_and_not_broadcast():
     with pytest.raises(attnprof.Error, match=r"broadcast view"):
         broadcast = np.lib.stride_tricks.as_strided(np.empty((16, 32), np.float32), q.shape, (0, 0, 128, 4))
         attnprof.attention(q, k, v, out=broadcast)
-    with pytest.raises(attnprof.Error, match=r"writable for out"):
+    with pytest.raises(attnprof.Error, match=r"^out is read-only \(its writeable flag is off\)"):
         attnprof.attention(q, k, v, out=np.broadcast_to(np.empty((1, 1, 16, 32), np.float32), q.shape))
     with pytest.raises(attnprof.Error, match=r"q is fp32 but out is fp16"):
         attnprof.attention(q, k, v, out=np.empty(q.shape, np.float16))

@@ -249,4 +249,44 @@ def test_runs_name_each_wrong_array_in_its_own_terms():
     assert one_line(e).startswith("q is on the meta device, which holds no data")
     with pytest.raises(attnprof.Error) as e:
         plan.run(q.numpy(), k, v)
-    assert "attnprof.plan takes CPU or CUDA arrays" in one_line(e)
+    assert one_line(e).startswith("this plan was made for torch tensors, and q is ndarray: pass torch tensors")
+    with pytest.raises(attnprof.Error) as e:
+        plan.run(q, k, v, out=q.numpy())
+    assert one_line(e).startswith("this plan was made for torch tensors, and out is ndarray")
+
+
+def test_runs_refuse_negated_views_and_an_out_that_needs_grad():
+    """A lazily negated view (torch's negative bit) exports its memory without the sign: refused by name, never
+    read as the opposite values. An out= that requires grad would get no gradient: refused, as torch's out= is."""
+    q, k, v = qkv()
+    plan = attnprof.plan(q, k, v, backend="flash", threads=1)
+    negated = torch._neg_view(q)
+    assert negated.is_neg()
+    with pytest.raises(attnprof.Error) as e:
+        plan.run(negated, k, v)
+    assert one_line(e).startswith("q is a lazily negated view (torch's negative bit")
+    assert one_line(e).endswith("pass q.resolve_neg()")
+    assert torch.equal(plan.run(negated.resolve_neg(), k, v), plan.run(-q, k, v))
+    with pytest.raises(attnprof.Error) as e:
+        plan.run(q, k, v, out=torch.empty_like(q).requires_grad_())
+    assert "q, k, v and out must not require grad" in one_line(e)
+    with torch.no_grad():
+        out = torch.empty_like(q).requires_grad_()
+        assert plan.run(q, k, v, out=out) is out and torch.equal(out, plan.run(q, k, v))
+
+
+def test_paged_runs_name_seq_lens_and_the_tables_shape_as_given():
+    q, k_cache, v_cache, table = paged_case()
+    seq_lens = torch.tensor([64, 10, 33], dtype=torch.int32)
+    plan = attnprof.plan(q, k_cache, v_cache, backend="flash", mask="causal_bottom_right", block_table=table,
+                         seq_lens=seq_lens, threads=1)
+    for bad, entry in (([64, -1, 33], "seq_lens[1] = -1"), ([65, 10, 33], "seq_lens[0] = 65")):
+        with pytest.raises(attnprof.Error) as e:
+            plan.run(q, k_cache, v_cache, block_table=table, seq_lens=torch.tensor(bad, dtype=torch.int32))
+        assert one_line(e) == entry + " is outside 0 .. 64 (the block table's 4 pages of 16 keys)"
+    with pytest.raises(attnprof.Error) as e:
+        plan.run(q, k_cache, v_cache, block_table=table[:, :3].contiguous(), seq_lens=seq_lens)
+    assert one_line(e) == "block_table is int32[3, 3] on cpu but the plan was made for int32[3, 4] on cpu"
+    with pytest.raises(attnprof.Error) as e:
+        plan.run(q, k_cache, v_cache, block_table=table, seq_lens=seq_lens[:2])
+    assert one_line(e) == "seq_lens is int32[2] on cpu but the plan was made for int32[3] on cpu"

@@ -205,3 +205,28 @@ def test_auto_resolves_per_pass():
     dout = torch.randn_like(out)
     (dq,) = torch.autograd.grad(out, (qg,), dout)
     torch.testing.assert_close(dq.double(), sdpa_grads(q, k, v, dout)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_negated_views_outs_needing_grad_and_lse_from_a_probabilities_backend_are_refused_in_one_line():
+    """torch's negative bit (a lazily negated view, as .conj().imag makes one) is lost through DLPack: such a q or
+    mask is refused by name (it was read as the opposite values), an out= that requires grad is refused as torch's
+    out= functions refuse it, and return_lse on a backend that keeps probabilities says so, not "autograd"."""
+    q, k, v = qkv((1, 2, 8, 16))
+    mask = (torch.randn(8, 8, dtype=torch.complex64) * 3).conj().imag
+    assert mask.is_neg()
+    for kwargs, name in (({"attn_mask": mask}, "attn_mask"), ({}, "q")):
+        qq = torch._neg_view(q) if name == "q" else q
+        for call in (attnprof.attention, attnprof.scaled_dot_product_attention):
+            with pytest.raises(attnprof.Error) as e:
+                call(qq, k, v, **kwargs)
+            assert str(e.value) == (f"{name} is a lazily negated view (torch's negative bit, as .conj().imag makes "
+                                    f"one), which DLPack cannot carry: pass {name}.resolve_neg()")
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(attnprof.attention(q, k, v, attn_mask=mask.resolve_neg()), want, atol=2e-5, rtol=1e-4)
+    with pytest.raises(attnprof.Error, match=r"^out requires grad, and autograd does not record a write into out="):
+        attnprof.attention(q, k, v, out=torch.empty_like(q).requires_grad_())
+    for backend in ("naive", "math"):
+        with pytest.raises(attnprof.Error) as e:
+            attnprof.attention(q, k, v, backend=backend, return_lse=True)
+        assert str(e.value).startswith(f"{backend} keeps the [S, Skv] probabilities, not their log-sum-exp: "
+                                       "return_lse and autograd through attnprof take a backend")

@@ -49,8 +49,8 @@ std::string takers(Device device, bool Traits::*trait) {
 
 std::string keeps_probabilities(std::string_view backend, Device device) {
   return std::string(backend) +
-         " keeps the [S, Skv] probabilities for its backward; autograd through attnprof takes a backend that keeps "
-         "only the log-sum-exp (on " +
+         " keeps the [S, Skv] probabilities, not their log-sum-exp: return_lse and autograd through attnprof take "
+         "a backend that keeps only the log-sum-exp (on " +
          std::string(device_name(device)) + ": " + takers(device, &Traits::backward_recomputes) + ")";
 }
 

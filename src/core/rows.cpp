@@ -12,8 +12,11 @@ std::string pair_text(std::int64_t a, std::int64_t b) {
 }
 
 // One of q_rows or kv_rows into spans[b].q or .k, checked against `limit` rows.
+// Key ends alone are named as the caller gave them: `ends_name` (seq_lens for a
+// paged cache), with `ends_bound` after the limit (what makes it).
 void read_rows(const char* name, const Tensor& t, std::int64_t batch, std::int64_t limit,
-               std::vector<SequenceRows>& rows, bool queries) {
+               std::vector<SequenceRows>& rows, bool queries, const char* ends_name = "kv_rows",
+               const std::string& ends_bound = "") {
   if (!t.defined()) {
     for (SequenceRows& r : rows) (queries ? r.q : r.k) = {0, limit};
     return;
@@ -43,7 +46,14 @@ void read_rows(const char* name, const Tensor& t, std::int64_t batch, std::int64
     const geometry::ClampedRows<std::int64_t> read = geometry::span_rows(entry_at, width, limit);
     if (!read.exact) {
       const std::int64_t begin = ends_only ? 0 : entry_at[0], end = entry_at[width - 1];
-      const std::string entry = std::string(name) + "[" + std::to_string(b) + "] = " + pair_text(begin, end);
+      const std::string at_b = "[" + std::to_string(b) + "] = ";
+      if (ends_only) {  // a key count, as the caller gave it (a paged call's seq_lens)
+        fail(ErrorKind::InvalidArgument,
+             std::string(ends_name) + at_b + std::to_string(end) + " is outside 0 .. " + std::to_string(limit) +
+                 ends_bound,
+             {ends_name});
+      }
+      const std::string entry = std::string(name) + at_b + pair_text(begin, end);
       if (begin > end && begin >= 0 && end <= limit) {
         fail(ErrorKind::InvalidArgument, entry + " begins after it ends (begin <= end)", {name});
       }
@@ -70,7 +80,13 @@ std::vector<SequenceRows> sequence_rows(const Problem& p, const Inputs& in) {
   }
   std::vector<SequenceRows> rows(static_cast<std::size_t>(p.batch));
   read_rows("q_rows", in.q_rows, p.batch, p.seq, rows, true);
-  read_rows("kv_rows", in.kv_rows, p.batch, p.kv_seq, rows, false);
+  if (p.kv_cache == KvCache::Paged && p.page_size > 0) {
+    read_rows("kv_rows", in.kv_rows, p.batch, p.kv_seq, rows, false, "seq_lens",
+              " (the block table's " + std::to_string(p.pages_per_seq()) + " pages of " +
+                  std::to_string(p.page_size) + " keys)");
+  } else {
+    read_rows("kv_rows", in.kv_rows, p.batch, p.kv_seq, rows, false);
+  }
   return rows;
 }
 

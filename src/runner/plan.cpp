@@ -61,16 +61,29 @@ std::pair<Backend*, std::string> pick(const Problem& p, const BatchLayout& l, st
   return {&resolve_backend(p, l, c.backend), "picked by auto: " + c.reason};
 }
 
-std::string described(DType dtype, const Dims& dims, Device device) {
-  return std::string(dtype_name(dtype)) + dims_string(dims) + " on " + std::string(device_name(device));
+// The axes of a run's 4-D view that the caller's array has, as it gave them:
+// q, k, v, out and the caches all four; block_table and rows [B, W] axes 2
+// and 3; seq_lens [B] axis 2; cumulative lengths [B + 1] axis 3.
+struct Axes {
+  int first = 0, count = 4;
+};
+constexpr Axes kTable{2, 2}, kLengths{2, 1}, kCumulative{3, 1};
+
+std::string described(DType dtype, const Dims& dims, Device device, Axes shown) {
+  std::string shape = "[";
+  for (int i = shown.first; i < shown.first + shown.count; ++i) {
+    shape += (i > shown.first ? ", " : "") + std::to_string(dims[static_cast<std::size_t>(i)]);
+  }
+  return std::string(dtype_name(dtype)) + shape + "] on " + std::string(device_name(device));
 }
 
 // One tensor of a run against the plan: defined, its sizes, dtype and device.
 // `skip_first`: a paged cache's page count is the pool's, any size.
-void expect(const char* name, const Tensor& t, const Dims& dims, DType dtype, Device device, bool skip_first = false) {
+void expect(const char* name, const Tensor& t, const Dims& dims, DType dtype, Device device, Axes shown = {},
+            bool skip_first = false) {
   if (!t.defined()) {
     fail(ErrorKind::InvalidArgument,
-         std::string(name) + " is missing: the plan was made for " + described(dtype, dims, device), {name});
+         std::string(name) + " is missing: the plan was made for " + described(dtype, dims, device, shown), {name});
   }
   bool same = t.dtype() == dtype && t.device() == device;
   for (std::size_t i = skip_first ? 1 : 0; i < 4; ++i) same = same && t.size(static_cast<int>(i)) == dims[i];
@@ -78,8 +91,8 @@ void expect(const char* name, const Tensor& t, const Dims& dims, DType dtype, De
   Dims want = dims;
   if (skip_first) want[0] = t.size(0);
   fail(ErrorKind::InvalidArgument,
-       std::string(name) + " is " + described(t.dtype(), t.sizes(), t.device()) + " but the plan was made for " +
-           described(dtype, want, device),
+       std::string(name) + " is " + described(t.dtype(), t.sizes(), t.device(), shown) +
+           " but the plan was made for " + described(dtype, want, device, shown),
        {name});
 }
 
@@ -101,7 +114,7 @@ Plan& Plan::operator=(Plan&&) noexcept = default;
 const Plan::State& Plan::live() const {
   if (!state_) {
     fail(ErrorKind::InvalidArgument,
-         "this plan holds nothing (released, moved from, or never made): make another with attnprof::plan");
+         "this plan holds nothing (released, moved from, or never made): make another plan");
   }
   return *state_;
 }
@@ -133,16 +146,16 @@ void Plan::run(const Inputs& in, Tensor& out, void* stream) {
   expect("q", in.q, s.q_dims, p.dtype, p.device);
   expect("out", out, s.q_dims, s.out_dtype, p.device);
   if (s.layout.form == Form::Paged) {
-    expect("k_pages", in.k_pages, s.pages_dims, p.dtype, p.device, /*skip_first=*/true);
-    expect("v_pages", in.v_pages, s.pages_dims, p.dtype, p.device, /*skip_first=*/true);
+    expect("k_pages", in.k_pages, s.pages_dims, p.dtype, p.device, {}, /*skip_first=*/true);
+    expect("v_pages", in.v_pages, s.pages_dims, p.dtype, p.device, {}, /*skip_first=*/true);
     if (in.k_pages.size(0) != in.v_pages.size(0)) {
       fail(ErrorKind::InvalidArgument,
            "v_pages has " + std::to_string(in.v_pages.size(0)) + " pages but k_pages " +
                std::to_string(in.k_pages.size(0)) + ": the two caches are one pool",
            {"v_pages"});
     }
-    expect("block_table", in.block_table, s.table_dims, DType::I32, p.device);
-    expect("seq_lens", in.kv_rows, s.kv_rows_dims, DType::I32, p.device);
+    expect("block_table", in.block_table, s.table_dims, DType::I32, p.device, kTable);
+    expect("seq_lens", in.kv_rows, s.kv_rows_dims, DType::I32, p.device, kLengths);
     expect_absent("q_rows", in.q_rows, s.layout);
   } else {
     expect("k", in.k, s.kv_dims, p.dtype, p.device);
@@ -151,14 +164,14 @@ void Plan::run(const Inputs& in, Tensor& out, void* stream) {
     // A packed batch's lengths on the device are each run's own tensors (the
     // kernels read them); host lengths are the problem's.
     if (p.lengths_on_device) {
-      expect("cu_seqlens_q", in.cu_seqlens_q, s.cu_dims, DType::I32, p.device);
-      expect("cu_seqlens_k", in.cu_seqlens_k, s.cu_dims, DType::I32, p.device);
+      expect("cu_seqlens_q", in.cu_seqlens_q, s.cu_dims, DType::I32, p.device, kCumulative);
+      expect("cu_seqlens_k", in.cu_seqlens_k, s.cu_dims, DType::I32, p.device, kCumulative);
     } else {
       expect_absent("cu_seqlens_q", in.cu_seqlens_q, s.layout);
       expect_absent("cu_seqlens_k", in.cu_seqlens_k, s.layout);
     }
     if (s.layout.q_rows) {
-      expect("q_rows", in.q_rows, s.q_rows_dims, DType::I32, p.device);
+      expect("q_rows", in.q_rows, s.q_rows_dims, DType::I32, p.device, kTable);
     } else {
       expect_absent("q_rows", in.q_rows, s.layout);
     }
@@ -166,7 +179,7 @@ void Plan::run(const Inputs& in, Tensor& out, void* stream) {
       // (begin, end) pairs, or key ends alone ([1, 1, B, 1]: begin 0), as Inputs::kv_rows takes them.
       Dims pairs_or_ends = s.kv_rows_dims;
       if (in.kv_rows.defined() && in.kv_rows.size(3) == 1) pairs_or_ends[3] = 1;
-      expect("kv_rows", in.kv_rows, pairs_or_ends, DType::I32, p.device);
+      expect("kv_rows", in.kv_rows, pairs_or_ends, DType::I32, p.device, kTable);
     } else {
       expect_absent("kv_rows", in.kv_rows, s.layout);
     }

@@ -331,7 +331,13 @@ TEST(Rows, KeyEndsAloneReadAsRowsFromZero) {
   EXPECT_EQ(rows[1].k.end, 7);
   EXPECT_EQ(rows[1].q.end, 16);  // no q_rows: every query row
   ends.data_as<std::int32_t>()[1] = 25;
-  EXPECT_EQ(refusal([&] { (void)sequence_rows(p, in); }), "kv_rows[1] = (0, 25) is outside 0 .. 24");
+  EXPECT_EQ(refusal([&] { (void)sequence_rows(p, in); }), "kv_rows[1] = 25 is outside 0 .. 24");
+  // A paged problem's key ends are the caller's seq_lens, named so, with the table's capacity.
+  Problem paged = p;
+  paged.kv_cache = KvCache::Paged;
+  paged.page_size = 8;
+  EXPECT_EQ(refusal([&] { (void)sequence_rows(paged, in); }),
+            "seq_lens[1] = 25 is outside 0 .. 24 (the block table's 3 pages of 8 keys)");
   in.kv_rows = {};
   in.q_rows = ends;
   EXPECT_NE(refusal([&] { (void)sequence_rows(p, in); }).find("q_rows must be int32 [B, 2]"), std::string::npos);
