@@ -82,8 +82,8 @@ std::vector<SequenceRows> sequence_rows(const Problem& p, const Inputs& in) {
   read_rows("q_rows", in.q_rows, p.batch, p.seq, rows, true);
   if (p.kv_cache == KvCache::Paged && p.page_size > 0) {
     read_rows("kv_rows", in.kv_rows, p.batch, p.kv_seq, rows, false, "seq_lens",
-              " (the block table's " + std::to_string(p.pages_per_seq()) + " pages of " +
-                  std::to_string(p.page_size) + " keys)");
+              " (the block table's " + std::to_string(p.pages_per_seq()) + " pages of " + std::to_string(p.page_size) +
+                  " keys)");
   } else {
     read_rows("kv_rows", in.kv_rows, p.batch, p.kv_seq, rows, false);
   }

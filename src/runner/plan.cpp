@@ -91,8 +91,8 @@ void expect(const char* name, const Tensor& t, const Dims& dims, DType dtype, De
   Dims want = dims;
   if (skip_first) want[0] = t.size(0);
   fail(ErrorKind::InvalidArgument,
-       std::string(name) + " is " + described(t.dtype(), t.sizes(), t.device(), shown) +
-           " but the plan was made for " + described(dtype, want, device, shown),
+       std::string(name) + " is " + described(t.dtype(), t.sizes(), t.device(), shown) + " but the plan was made for " +
+           described(dtype, want, device, shown),
        {name});
 }
 
