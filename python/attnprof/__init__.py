@@ -21,6 +21,7 @@ from ._args import ArgumentTypeError
 from ._core import Error
 from ._records import Explanation, Finding, Record, Report, Result
 from ._analyze import Analysis, Diff, analyze, diff
+from . import dropin as _dropin
 from .dropin import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, scaled_dot_product_attention
 from ._plan import Plan, plan
 from ._commands import compare, explain, profile
@@ -120,20 +121,30 @@ def _is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-# torch.Tensor and attnprof._torch.attention once a torch tensor has come
-# (_torch_front() imports attnprof._torch): attention() then tells a torch
+# torch.Tensor and attnprof._torch.attention once torch is imported
+# (_torch_ready() imports attnprof._torch): attention() then tells a torch
 # call by one isinstance and calls the torch path with no import statement.
 _torch_tensor = None
 _torch_attention = None
 _torch_module = None  # attnprof._torch: its fast path (_fast) and the checks it needs
 
 
-def _torch_front():
+def _torch_ready() -> bool:
+    """Whether torch is imported; if so, the torch front above is set. torch.compile runs it at trace time and takes
+    its result as a constant (the mark below, as torch.compiler.assume_constant_result sets it: attnprof/_torch.py):
+    the front is then set before the trace reads it. Read unset inside a first compiled call, it would be a guard
+    that fails at the next call, compiling the graph again."""
     global _torch_tensor, _torch_attention, _torch_module
-    from . import _torch
+    if _torch_tensor is None:
+        if "torch" not in _sys.modules:
+            return False
+        from . import _torch
 
-    _torch_tensor, _torch_attention, _torch_module = _torch.torch.Tensor, _torch.attention, _torch
-    return _torch_attention
+        _torch_tensor, _torch_attention, _torch_module = _torch.torch.Tensor, _torch.attention, _torch
+    return True
+
+
+_torch_ready._dynamo_marked_constant = True
 
 
 def _check_arrays(*arrays):
@@ -310,10 +321,7 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         max_seqlen_k = _whole("max_seqlen_k", max_seqlen_k, _INT64, optional=True)
     elif max_seqlen_q is not None or max_seqlen_k is not None:
         raise Error("max_seqlen_q and max_seqlen_k go with cu_seqlens_q and cu_seqlens_k (a packed batch)")
-    if _torch_tensor is not None and isinstance(q, _torch_tensor) or _is_torch(q):
-        front = _torch_attention
-        if front is None:
-            front = _torch_front()
+    if _torch_ready() and isinstance(q, _torch_tensor):
         t = _torch_module
         if t._fast is not None and attn_mask is None and block_table is None and seq_lens is None \
                 and q_rows is None and kv_rows is None and q_descale is None and k_descale is None \
@@ -406,3 +414,6 @@ def torch_ops():
     from . import _torch
 
     return _torch.ops()
+
+
+_dropin._front = attention  # the drop-ins' front (attnprof/dropin.py says why at import)

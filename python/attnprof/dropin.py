@@ -22,16 +22,13 @@ from ._core import Error
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "scaled_dot_product_attention"]
 
 
-_front = None  # attnprof.attention, once the first call has looked it up
+# attnprof.attention, set by attnprof/__init__.py once it is defined (that module imports this one first). Set at
+# import, never at a call: a first call traced by torch.compile would set it inside the trace, and the graph,
+# guarded on its being unset, would be compiled again at the next call.
+_front = None
 
 
 def _attention(*args, **kwargs):
-    # attnprof.attention, looked up at the first call: this module is imported by attnprof/__init__.py.
-    global _front
-    if _front is None:
-        from . import attention as _front_found
-
-        _front = _front_found
     return _front(*args, **kwargs)
 
 

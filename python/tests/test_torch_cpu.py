@@ -230,3 +230,18 @@ def test_negated_views_outs_needing_grad_and_lse_from_a_probabilities_backend_ar
             attnprof.attention(q, k, v, backend=backend, return_lse=True)
         assert str(e.value).startswith(f"{backend} keeps the [S, Skv] probabilities, not their log-sum-exp: "
                                        "return_lse and autograd through attnprof take a backend")
+
+
+def test_the_checking_mode_is_marked_as_dynamo_marks_a_constant():
+    """attnprof marks its constants for torch.compile with the attribute torch.compiler.assume_constant_result sets,
+    without calling it (it imports torch._dynamo: 1.4 s on import): if torch marks otherwise, this fails."""
+    from attnprof import _key_padding
+
+    def probe():
+        return True
+
+    torch.compiler.assume_constant_result(probe)
+    marks = vars(probe)
+    assert marks, "assume_constant_result set no attribute"
+    for marked in (_key_padding.checking_inputs, attnprof._torch_ready):
+        assert {name: getattr(marked, name, None) for name in marks} == marks, marked

@@ -61,6 +61,14 @@ def test_register_names_the_implementation():
     assert AttentionMaskInterface._global_mapping["attnprof"] is _hf_masks.attnprof_mask
 
 
+def test_register_refuses_a_name_transformers_reads_as_flash_attention():
+    # transformers (is_flash_attention_requested) would look for a FlashAttention kernel by such a name, not call us.
+    with pytest.raises(attnprof.Error) as e:
+        apt.register("ap_flash")
+    assert str(e.value) == ("name 'ap_flash': transformers reads an attn_implementation naming flash as a "
+                            "FlashAttention kernel to load, and would not call attnprof; pick a name without 'flash'")
+
+
 def test_padded_llama_matches_sdpa_in_logits_and_gradients(monkeypatch):
     apt.register()
     calls = []

@@ -9,6 +9,10 @@ uncompiled; the results equal transformers' own attention. A mask attnprof canno
 real tokens) is refused compiled as uncompiled, in the same words.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -186,3 +190,40 @@ def test_cumulative_lengths_disagreeing_with_position_ids_are_refused_compiled_a
             model(**batch, use_cache=False)
     assert backend.graphs and str(traced.value) == str(eager.value)
     assert str(eager.value).startswith("cu_seq_lens_q [0, 6, 9, 12] disagrees with position_ids")
+
+
+_FIRST_CALL_COMPILED = r"""
+import attnprof  # before torch, as isort orders the two
+import attnprof.integrations.transformers as apt
+import torch
+import transformers
+
+torch._dynamo.config.error_on_recompile = True  # a second compile of one graph fails the child
+q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+for call in (lambda q, k, v: attnprof.attention(q, k, v, mask="none"),
+             lambda q, k, v: attnprof.scaled_dot_product_attention(q, k, v)):
+    f = torch.compile(call, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        assert torch.equal(f(q, k, v), f(q, k, v))
+torch.manual_seed(0)
+cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=64)
+model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=apt.register(), dtype=torch.float32)
+ids = torch.randint(1, 64, (2, 9))
+pad = torch.ones(2, 9, dtype=torch.long)
+pad[0, :3] = 0
+f = torch.compile(model.eval(), fullgraph=True, backend="eager")
+with torch.no_grad():
+    assert torch.equal(f(ids, attention_mask=pad).logits, f(ids, attention_mask=pad).logits)
+print("one graph each")
+"""
+
+
+def test_a_first_call_made_compiled_is_compiled_once():
+    """attnprof's lazily set state (the torch front, the drop-ins' front) is set before a trace reads it: a fresh
+    process whose first attnprof call is traced by torch.compile compiles each graph once (it compiled the first
+    graph twice, guarded on that state being unset), attnprof imported before torch."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", _FIRST_CALL_COMPILED], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("one graph each"), r.stderr[-3000:]

@@ -4,9 +4,10 @@ transformers builds each layer's mask through the function registered in Attenti
 pattern as a mask function (causal_mask_function, and_masks(sliding_window_overlay(W), causal), a packed batch's
 remapping, or a model's own function) and the padding as a 2-D [B, past + S] boolean. attnprof's mask function
 reads the pattern from those functions (never evaluating them) and returns, as FlashAttention's does:
-- None: no padding, every key real (the layer's causal or window structure is the module's);
+- None: no padding mask given (the layer's causal or window structure is the module's);
 - the 2-D padding mask, which the attention function lowers to per-sequence rows (see attnprof_mask for which of
-  its columns are which keys);
+  its columns are which keys). A mask of all ones (what tokenizers pass for a batch without padding) takes this
+  path too, as full rows: telling it apart would read the mask on the host, which a CUDA call must not;
 - PackedBatch: a padding-free batch whose documents restart the positions (position_ids);
 - SDPA's own 4-D boolean for a pattern it does not recognise (a custom mask), which the attention function
   runs on a backend that takes a tensor mask (warned under backend="auto") or refuses under an explicit one.

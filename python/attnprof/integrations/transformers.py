@@ -66,6 +66,15 @@ def register(name: str = NAME, backend: str = "auto", threads: int = 0, *, repla
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    try:  # transformers takes a name with "flash" in it for a FlashAttention kernel it then looks for, and fails
+        from transformers.utils.generic import is_flash_attention_requested
+    except ImportError:
+        is_flash_attention_requested = None
+    if is_flash_attention_requested is not None and is_flash_attention_requested(
+            requested_attention_implementation=name):
+        raise attnprof.Error(f"name {name!r}: transformers reads an attn_implementation naming flash as a "
+                             "FlashAttention kernel to load, and would not call attnprof; pick a name without 'flash'")
+
     # What registering would replace: under another name than attnprof's own, an attention function or a mask
     # function not attnprof's (transformers' built-ins, another library's).
     attention, masks = AttentionInterface(), AttentionMaskInterface()
