@@ -18,6 +18,7 @@
 #include "analysis/metrics.h"
 #include "analysis/normalize.h"
 #include "analysis/trace_index.h"
+#include "attnprof/environment.h"
 #include "attnprof/error.h"
 
 namespace attnprof {
@@ -155,16 +156,14 @@ void breakdown(const TraceIndex& ix, StepAnalysis& s, const analysis::Graph* gra
 
 // The option, else the environment variable (a positive number), else
 // unknown: every front end the same.
-std::optional<double> given(std::optional<double> option, const char* env) {
-  if (option) return option;
-  if (const char* known = std::getenv(env)) {
-    if (const double v = std::atof(known); v > 0) return v;
-  }
-  return std::nullopt;
+std::optional<double> ceiling_of(const AnalyzeOptions& options) {
+  if (options.ceiling_tflops) return options.ceiling_tflops;
+  return environment_real("ATTNPROF_CEILING_TFLOPS", kMaxCeilingTflops, "TFLOP/s");
 }
 
-std::optional<double> ceiling_of(const AnalyzeOptions& options) {
-  return given(options.ceiling_tflops, "ATTNPROF_CEILING_TFLOPS");
+std::optional<double> copy_ceiling_of(const AnalyzeOptions& options) {
+  if (options.memory_gbs) return options.memory_gbs;
+  return environment_real("ATTNPROF_COPY_GBS", kMaxCopyGbs, "GB/s");
 }
 
 // `launched_replays`: a host step whose CUDA graph replays are steps of their
@@ -201,8 +200,7 @@ StepAnalysis analyse_step(Trace step_trace, std::string label, const std::string
   r.metrics.ceiling_pct.reset();
   r.metrics.gbs.reset();
   r.metrics.copy_ceiling_pct.reset();
-  s.attention =
-      analysis::attention_calls(ix, gpu, ceiling_of(options), graph, given(options.memory_gbs, "ATTNPROF_COPY_GBS"));
+  s.attention = analysis::attention_calls(ix, gpu, ceiling_of(options), graph, copy_ceiling_of(options));
   // Attention ops inside a CUDA graph's capture launched nothing (their
   // kernels run in the replays, counted there): not calls of this step.
   if (const auto spans = analysis::capture_spans(r.trace); !spans.empty()) {

@@ -1,12 +1,15 @@
 #include "cli/args.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "attnprof/backend.h"
+#include "attnprof/environment.h"
 #include "attnprof/error.h"
 #include "attnprof/mask_tensor.h"
 #include "attnprof/problem_spec.h"
@@ -117,6 +120,7 @@ Options parse_trace_command(Options o, int argc, char** argv) {
   const bool diff = o.command == "diff";
   o.top = diff ? 15 : 10;
   std::optional<int> analyze_step;
+  bool replay_bound_given = false;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
     if (take_common_flag(arg, o)) {
@@ -179,9 +183,10 @@ Options parse_trace_command(Options o, int argc, char** argv) {
       }
     } else if (arg == "--ceiling-tflops") {
       // The trace's device's dense matmul rate.
-      o.ceiling_tflops = to_real_within(arg, value, 1e6, "TFLOP/s");
+      o.ceiling_tflops = to_real_within(arg, value, kMaxCeilingTflops, "TFLOP/s");
     } else if (!diff && arg == "--replay-max-gflop") {
       o.replay_max_gflop = to_real_within(arg, value, 1e9, "GFLOP");
+      replay_bound_given = true;
     } else {
       bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
     }
@@ -193,7 +198,9 @@ Options parse_trace_command(Options o, int argc, char** argv) {
     }
   } else {
     if (o.traces.empty()) bad("analyze needs at least one trace file (attnprof analyze --help)");
-    if (!o.replay && (o.device_given || !o.backends.empty())) bad("--device and --backends go with --replay");
+    if (!o.replay && (o.device_given || !o.backends.empty() || replay_bound_given)) {
+      bad("--device, --backends and --replay-max-gflop go with --replay");
+    }
     for (auto& s : o.trace_steps) s = analyze_step;
   }
   return o;
@@ -279,11 +286,15 @@ Options parse(int argc, char** argv) {
   using Setter = std::function<void(const std::string&, const std::string&)>;
   std::map<std::string, Setter> flags;
   // The problem's flags: their fields, parsed by the library as Python's keywords are.
+  // --seq and --kv-seq as given: lengths given after them set the maxima from themselves, so the given maxima are
+  // set again last, for validate() to hold them against the lengths whatever the flags' order.
+  std::map<std::string_view, std::string> maxima;
   for (const FieldFlag& f : kFieldFlags) {
     if (!f.problem) continue;
-    flags[std::string(f.flag)] = [&p, &o, field = f.field](const std::string&, const std::string& v) {
+    flags[std::string(f.flag)] = [&p, &o, &maxima, field = f.field](const std::string&, const std::string& v) {
       set_problem_field(p, field, v);
       o.device_given |= field == "device";
+      if (field == "seq" || field == "kv_seq") maxima[field] = v;
     };
   }
   const std::map<std::string, Setter> run_flags = {
@@ -346,6 +357,11 @@ Options parse(int argc, char** argv) {
        }},
   };
   flags.insert(run_flags.begin(), run_flags.end());
+  // The run's flags: explain checks eligibility and runs nothing, so it reads none of them.
+  static const std::set<std::string, std::less<>> kRunOnly = {
+      "--layout",      "--wait",      "--warmup",   "--active",          "--repeat", "--trace-dir",
+      "--sort",        "--row-limit", "--seed",     "--check-rows",      "--gpus",   "--html",
+      "--fp8-descale", "--expect",    "--backends", "--unprofiled-calls"};
   static const char* kShapeFlags[] = {"--batch", "--heads",  "--seq",      "--head-dim", "--dtype",
                                       "--mask",  "--kv-seq", "--kv-heads", "--seq-lens", "--kv-seq-lens"};
   bool mask_given = false;
@@ -369,12 +385,20 @@ Options parse(int argc, char** argv) {
     }
     auto it = flags.find(arg);
     if (it == flags.end()) bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
+    // Taken by one command, refused by the others rather than read by none.
+    if (o.command == "explain" && kRunOnly.contains(arg))
+      bad(arg + " is for profile and compare (explain runs nothing)");
+    if (o.command == "profile" && arg == "--backends") bad("--backends is for compare; profile takes --backend B");
+    if (o.command != "profile" && arg == "--backend") bad("--backend is for profile; compare takes --backends A,B");
     if (!has_value) {
       if (i + 1 >= argc) bad(arg + " needs a value");
       value = argv[++i];
     }
     it->second(arg, value);
     for (const char* s : kShapeFlags) o.shape_given |= arg == s;
+  }
+  if (!p.seq_lens.empty() || !p.kv_seq_lens.empty()) {
+    for (const auto& [field, v] : maxima) set_problem_field(p, field, v);
   }
   if (o.mask_file && mask_given) {
     bad("--mask-file and --mask are exclusive: the file is the whole mask (fold a causal part into it)");
@@ -383,9 +407,17 @@ Options parse(int argc, char** argv) {
   if (o.fp8_descale_given && !is_fp8(p.dtype)) bad("--fp8-descale applies to --dtype fp8 only");
   if (o.command == "profile" && o.backend.empty())
     bad("profile needs --backend B (one of " + backend_choices(/*with_auto=*/true) + ")");
-  if (o.command != "profile" && !o.backend.empty()) bad("--backend is for profile; compare takes --backends A,B");
-  if (o.command == "explain" && o.html_path) bad("--html is for compare and profile");
-  if (o.command == "explain" && o.gpus) bad("--gpus is for compare and profile");
+  // A guess about a backend the command will not run would be dropped unread.
+  for (const auto& [b, n] : o.guesses) {
+    if (o.command == "profile" && o.backend != "auto" && b != o.backend) {
+      bad("--expect " + b + "=" + std::to_string(n) + " guesses about " + b + ", which profile --backend " + o.backend +
+          " does not run");
+    }
+    if (o.command == "compare" && !o.backends.empty() &&
+        std::find(o.backends.begin(), o.backends.end(), b) == o.backends.end()) {
+      bad("--expect " + b + "=" + std::to_string(n) + " guesses about " + b + ", which --backends leaves out");
+    }
+  }
   return o;
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -122,11 +123,19 @@ int run_compare(const Options& o) {
   if (!rep.collector_note.empty()) std::printf("\nnote: %s", rep.collector_note.c_str());
   std::printf(
       "\nerror: relative to a float64 reference on sampled rows; a 16-bit backend passes at <= 2 x math's error "
-      "+ a floor%s. Traces, tables and summaries: %s/%s_<backend>.{json,txt,summary.json}\n",
+      "+ a floor%s.",
       is_fp8(p.dtype) ? " (fp8: against the real bf16 inputs' reference, math in FP8 semantics, floor 3.6e-2; "
                         "bf16 error: the same backend on those inputs in bf16)"
-                      : "",
-      o.trace_dir.c_str(), p.file_stem().c_str());
+                      : "");
+  // The files of the backends that ran (none when none did).
+  const bool any_ran =
+      std::any_of(rep.results.begin(), rep.results.end(), [](const RunResult& r) { return r.metrics.steps > 0; });
+  if (any_ran) {
+    std::printf(" Traces, tables and summaries of the backends that ran: %s/%s_<backend>.{json,txt,summary.json}\n",
+                o.trace_dir.c_str(), p.file_stem().c_str());
+  } else {
+    std::printf(" No backend ran: no trace, table or summary was written.\n");
+  }
   if (o.html_path) std::printf("HTML report: %s\n", o.html_path->c_str());
   rep.require_any_ran();  // the table and JSON said what happened to each backend
   return rep.accepted() ? kExitOk : kExitInaccurate;

@@ -1,9 +1,12 @@
 // attnprof: profile, compare and explain attention backends; analyze and diff traces.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <new>
 
 #include "attnprof/error.h"
@@ -36,18 +39,19 @@ void resolve_defaults(cli::Options& o) {
   fill_device_defaults(p).normalize().validate();
 }
 
-}  // namespace
+// What a command printed reached standard output: a full disk or a closed
+// stdout is an error, never exit 0 with the tables lost.
+int stdout_written(int rc) {
+  errno = 0;
+  std::cout.flush();
+  const bool lost = !std::cout || std::fflush(stdout) != 0 || std::ferror(stdout);
+  if (!lost) return rc;
+  std::fprintf(stderr, "attnprof: cannot write to standard output (%s)\n",
+               errno != 0 ? std::strerror(errno) : "a write failed");
+  return rc == cli::kExitOk ? cli::kExitError : rc;
+}
 
-int main(int argc, char** argv) {
-  // OpenMP threads that spin between parallel regions starve OpenBLAS's
-  // threads on small machines, so they sleep instead unless the user says
-  // otherwise. The OpenMP runtime reads its environment when it loads, before
-  // main, hence the one re-exec with the variable set.
-  if (!std::getenv("OMP_WAIT_POLICY")) {
-    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
-  }
-  remove_temporaries_on_signals();
+int run(int argc, char** argv) {
   try {
     cli::Options o = cli::parse(argc, argv);
     if (o.help) {
@@ -72,4 +76,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attnprof: internal error: %s\n", e.what());
     return cli::kExitError;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // OpenMP threads that spin between parallel regions starve OpenBLAS's
+  // threads on small machines, so they sleep instead unless the user says
+  // otherwise. The OpenMP runtime reads its environment when it loads, before
+  // main, hence the one re-exec with the variable set.
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+  }
+  remove_temporaries_on_signals();
+  return stdout_written(run(argc, argv));
 }

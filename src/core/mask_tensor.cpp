@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <vector>
@@ -108,6 +109,13 @@ std::string header_value(const std::string& header, const std::string& key, cons
 }  // namespace
 
 Tensor read_mask_file(const std::string& path) {
+  // Looked at before it is opened: opening a FIFO would wait for a writer, and a .npy is read by seeking.
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st)) bad_file(path, "it is a directory, not a .npy file");
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    bad_file(path, "it is not a regular file (a FIFO, device or socket): save the mask to a file with numpy.save");
+  }
   std::ifstream f(path, std::ios::binary);
   if (!f) bad_file(path, std::string("cannot open it (") + std::strerror(errno) + ")");
   f.seekg(0, std::ios::end);

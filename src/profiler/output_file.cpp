@@ -21,6 +21,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "attnprof/error.h"
 #include "attnprof/trace_io.h"
@@ -270,6 +271,21 @@ std::string temp_name(const fs::path& final_path) {
 // Why files cannot be written into `dir` (created if missing), or nothing.
 std::string unwritable_dir(const fs::path& dir) {
   std::error_code ec;
+  // The directories this check makes are removed after it (the writers make
+  // them again): a run refused later leaves no empty directory behind. Only
+  // empty ones are removed, deepest first, up to the first that existed.
+  std::vector<fs::path> made;
+  for (fs::path d = dir; !d.empty() && !fs::exists(fs::symlink_status(d, ec)); d = d.parent_path()) {
+    made.push_back(d);
+    if (d == d.parent_path()) break;
+  }
+  struct Unmake {
+    const std::vector<fs::path>& dirs;
+    ~Unmake() {
+      std::error_code e;
+      for (const fs::path& d : dirs) fs::remove(d, e);  // fails, and keeps it, where anything is inside
+    }
+  } unmake{made};
   fs::create_directories(dir, ec);
   if (ec) return ec == std::errc::too_many_symbolic_link_levels ? errno_text(ELOOP) : ec.message();
   if (!fs::is_directory(dir, ec)) return "not a directory";

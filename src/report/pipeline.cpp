@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "analysis/findings.h"
+#include "attnprof/environment.h"
 #include "attnprof/error.h"
 #include "attnprof/parallel.h"
 #include "attnprof/report.h"
@@ -17,6 +18,9 @@ namespace {
 // Nothing is computed, and nothing is written but directories.
 void check_before_work(const Problem& p, const PipelineOptions& o) {
   (void)key_averages_table(Trace{}, o.table);  // throws on a bad sort key
+  // The measuring variables, read when the run is measured: a bad one refused now, not after the run.
+  (void)environment_real("ATTNPROF_CEILING_TFLOPS", kMaxCeilingTflops, "TFLOP/s");
+  (void)environment_real("ATTNPROF_COPY_GBS", kMaxCopyGbs, "GB/s");
   // The run's counts, as the command line bounds them (a library caller,
   // Python's among them, gets the same refusals in field names).
   const auto within = [](const char* field, std::int64_t v, std::int64_t lo, std::int64_t hi) {

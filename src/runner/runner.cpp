@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "analysis/metrics.h"
+#include "attnprof/environment.h"
 #include "attnprof/error.h"
 #include "attnprof/key_averages.h"
 #include "attnprof/mask_tensor.h"
@@ -283,9 +284,8 @@ void check_bf16_forward(Backend& backend, const Problem& p, const Inputs& host_r
 // CUDA runtime derives its own from bf16's. A CPU multiplies e4m3 values as
 // bf16 ones (no CPU has an e4m3 product), so there fp8's is bf16's.
 double ceiling_tflops(DeviceRuntime& rt, DType dtype) {
-  if (const char* known = std::getenv("ATTNPROF_CEILING_TFLOPS")) {
-    const double v = std::atof(known);
-    if (v > 0) return is_fp8(dtype) && rt.device() == Device::Cuda ? 2 * v : v;
+  if (const auto v = environment_real("ATTNPROF_CEILING_TFLOPS", kMaxCeilingTflops, "TFLOP/s")) {
+    return is_fp8(dtype) && rt.device() == Device::Cuda ? 2 * *v : *v;
   }
   return rt.ceiling_tflops(dtype);
 }
@@ -293,10 +293,7 @@ double ceiling_tflops(DeviceRuntime& rt, DType dtype) {
 // The device's copy ceiling (GB/s), the same way: measured once, unless
 // ATTNPROF_COPY_GBS gives it.
 double copy_ceiling_gbs(DeviceRuntime& rt) {
-  if (const char* known = std::getenv("ATTNPROF_COPY_GBS")) {
-    const double v = std::atof(known);
-    if (v > 0) return v;
-  }
+  if (const auto v = environment_real("ATTNPROF_COPY_GBS", kMaxCopyGbs, "GB/s")) return *v;
   return rt.copy_bandwidth_gbs();
 }
 

@@ -3,8 +3,12 @@
 // is left behind. What the commands write on the good paths:
 // cli_commands_test.cpp.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -144,6 +148,17 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"kv_seq_lens_alone", p({"--kv-seq-lens", "64"}), "--kv-seq-lens needs --seq-lens"},
         BadArgs{"seq_lens_max_too_small", p({"--seq-lens", "64,8", "--seq", "32"}),
                 "--seq (the maximum length) is 32, smaller than --seq-lens[0] = 64"},
+        // A --seq above the lengths' maximum, whichever comes first, is refused (it sized the padded batch).
+        BadArgs{"seq_above_seq_lens", p({"--seq-lens", "64,8", "--seq", "100"}),
+                "--seq (the maximum length) is 100, but the longest of --seq-lens is 64"},
+        BadArgs{"seq_above_seq_lens_first", p({"--seq", "100", "--seq-lens", "64,8"}), "--seq-lens"},
+        // A flag the command does not read is refused, not dropped.
+        BadArgs{"profile_backends", p({"--backends", "math"}), "--backends is for compare; profile takes --backend B"},
+        BadArgs{"profile_expect_other", p({"--expect", "math=3"}),
+                "--expect math=3 guesses about math, which profile --backend naive does not run"},
+        BadArgs{"compare_expect_left_out",
+                {"compare", "--device", "cpu", "--backends", "naive", "--expect", "math=3"},
+                "--expect math=3 guesses about math, which --backends leaves out"},
         BadArgs{"seq_lens_boolean_mask", p({"--seq-lens", "64,8", "--mask", "boolean"}), "structural masks only"},
         BadArgs{"seq_lens_paged", p({"--seq-lens", "64,8", "--kv-cache", "paged", "--page-size", "16"}),
                 "--kv-cache contiguous"},
@@ -352,7 +367,7 @@ TEST(Cli, DeviceCudaOnACpuOnlyBuild) {
        {std::vector<std::string>{"profile", "--backend", "naive", "--device", "cuda", "--seq", "64"},
         std::vector<std::string>{"compare", "--device", "cuda", "--seq", "64"},
         std::vector<std::string>{"explain", "--device", "cuda", "--seq", "64"}}) {
-    const CliRun r = attnprof(with(args, {"--trace-dir", dir.str("t")}), dir);
+    const CliRun r = attnprof(args[0] == "explain" ? args : with(args, {"--trace-dir", dir.str("t")}), dir);
     expect_refused(r, "CUDA");
     EXPECT_TRUE(listing(dir.path() / "t").empty());
   }
@@ -370,6 +385,75 @@ TEST(Cli, FailedOutputWriteLeavesNoTemporaryFiles) {
     EXPECT_EQ(name.find(".tmp"), std::string::npos) << "temporary left behind: " << name;
     EXPECT_EQ(name.find("probe"), std::string::npos) << "probe left behind: " << name;
   }
+}
+
+// explain runs nothing: the run's flags are refused by name, not read by none.
+TEST(Cli, ExplainRefusesTheRunsFlags) {
+  TempDir dir;
+  const std::vector<std::string> explain = {"explain", "--device", "cpu", "--seq", "64"};
+  for (const std::vector<std::string>& flag : {std::vector<std::string>{"--sort", "bogus"},
+                                               {"--wait", "5"},
+                                               {"--trace-dir", "t"},
+                                               {"--seed", "1"},
+                                               {"--expect", "naive=3"},
+                                               {"--layout", "bshd"},
+                                               {"--backends", "naive"},
+                                               {"--html", "r.html"}}) {
+    const CliRun r = attnprof(with(explain, flag), dir);
+    expect_refused(r, flag[0] + " is for profile and compare (explain runs nothing)", 2);
+  }
+  EXPECT_TRUE(listing(dir.path()).empty()) << "a refused explain wrote files";
+  const CliRun threads = attnprof(with(explain, {"--threads", "1"}), dir);  // its eligibility reads the threads
+  EXPECT_EQ(threads.code, 0) << threads.err;
+}
+
+// Output that cannot reach standard output is an error, not exit 0 with the tables lost.
+TEST(Cli, AFailedWriteToStandardOutputIsAnError) {
+  TempDir dir;
+  for (const std::string& redirect : {std::string(">/dev/full"), std::string(">&-")}) {
+    const fs::path err = dir.path() / "err";
+    const std::string cmd = testing::shell_quote(ATTNPROF_CLI_PATH) + " explain --device cpu --seq 64 " + redirect +
+                            " 2>" + testing::shell_quote(err.string());
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << redirect;
+    EXPECT_EQ(WEXITSTATUS(status), 1) << redirect;
+    const std::string text = slurp(err);
+    EXPECT_EQ(text.rfind("attnprof: cannot write to standard output (", 0), 0u) << redirect << ": " << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  }
+}
+
+// The measuring variables are numbers or refused before any work, never read in part ("5x" as 5) or ignored.
+TEST(Cli, BadCeilingVariablesAreRefusedBeforeAnyWork) {
+  TempDir dir;
+  for (const std::string& setting :
+       {std::string("ATTNPROF_CEILING_TFLOPS=5x"), std::string("ATTNPROF_CEILING_TFLOPS=0"),
+        std::string("ATTNPROF_COPY_GBS=1e999"), std::string("ATTNPROF_COPY_GBS=-3")}) {
+    const fs::path err = dir.path() / "err";
+    std::string cmd = "env " + setting + " " + testing::shell_quote(ATTNPROF_CLI_PATH);
+    for (const auto& a : with(kProfile, {"--seq", "64", "--trace-dir", dir.str("t")}))
+      cmd += " " + testing::shell_quote(a);
+    cmd += " >/dev/null 2>" + testing::shell_quote(err.string());
+    const int status = std::system(cmd.c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 2) << setting;
+    const std::string text = slurp(err);
+    const std::string name = setting.substr(0, setting.find('='));
+    EXPECT_EQ(text.rfind("attnprof: " + name, 0), 0u) << setting << ": " << text;
+    EXPECT_EQ(text.find("failed"), std::string::npos) << "refused after the run: " << text;
+    EXPECT_FALSE(fs::exists(dir.path() / "t")) << setting;
+  }
+}
+
+// A --mask-file that is a FIFO (opening it would wait for a writer) or a directory: one line, at once.
+TEST(Cli, MaskFileThatIsNoRegularFileIsRefusedAtOnce) {
+  TempDir dir;
+  const fs::path fifo = dir.path() / "m.npy";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const CliRun r = attnprof({"explain", "--device", "cpu", "--seq", "32", "--mask-file", fifo.string()}, dir);
+  expect_refused(r, "it is not a regular file (a FIFO, device or socket)", 4);
+  EXPECT_LT(r.seconds, 10);
+  expect_refused(attnprof({"explain", "--device", "cpu", "--seq", "32", "--mask-file", dir.str("")}, dir),
+                 "it is a directory, not a .npy file", 4);
 }
 
 }  // namespace
