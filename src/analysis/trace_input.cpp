@@ -15,6 +15,7 @@
 #include <new>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "analysis/trace_splitter.h"
 #include "analysis/trace_stream.h"
@@ -93,6 +94,101 @@ int open_trace_file(const std::filesystem::path& path, const std::function<void(
   return fd;
 }
 
+// A trace file's bytes as its text: gzip members inflated one after another
+// (as gzip -d takes concatenated ones), anything else read as it is. Junk
+// after the last member is refused, where zlib's gzread drops it unread.
+class GzipOrPlain {
+ public:
+  explicit GzipOrPlain(int fd) : fd_(fd), in_(1 << 18) {}
+  ~GzipOrPlain() {
+    if (gzip_) inflateEnd(&z_);
+  }
+  GzipOrPlain(const GzipOrPlain&) = delete;
+  GzipOrPlain& operator=(const GzipOrPlain&) = delete;
+
+  // Up to `cap` bytes of text into buf; 0 at the end.
+  std::size_t read(char* buf, std::size_t cap) {
+    if (!started_) start();
+    if (!gzip_) {
+      if (avail_ > 0) {
+        const std::size_t n = std::min(cap, avail_);
+        std::memcpy(buf, in_.data() + at_, n);
+        at_ += n;
+        avail_ -= n;
+        return n;
+      }
+      return raw(buf, cap);
+    }
+    if (done_) return 0;
+    z_.next_out = reinterpret_cast<Bytef*>(buf);
+    z_.avail_out = static_cast<uInt>(std::min<std::size_t>(cap, 1u << 30));
+    const uInt room = z_.avail_out;
+    while (z_.avail_out == room) {
+      if (z_.avail_in == 0 && !eof_) fill(0);
+      const int r = inflate(&z_, Z_NO_FLUSH);
+      if (r == Z_STREAM_END) {
+        // Another member, or the end: anything else after a member is junk.
+        if (z_.avail_in < 2 && !eof_) fill(2);
+        if (z_.avail_in == 0) {
+          done_ = true;
+          break;
+        }
+        if (z_.avail_in < 2 || z_.next_in[0] != 0x1f || z_.next_in[1] != 0x8b) {
+          refuse("junk after its gzip stream (bytes that are not another gzip member)");
+        }
+        inflateReset(&z_);
+      } else if (r == Z_BUF_ERROR) {
+        if (z_.avail_in == 0 && eof_) refuse("truncated gzip stream (it ends inside a member)");
+      } else if (r != Z_OK) {
+        refuse("corrupt gzip data (zlib: " + std::string(z_.msg != nullptr ? z_.msg : "error") + ")");
+      }
+    }
+    return room - z_.avail_out;
+  }
+
+ private:
+  // The first bytes say which: gzip's magic, or text.
+  void start() {
+    started_ = true;
+    while (avail_ < 2 && !eof_) {
+      const std::size_t n = raw(reinterpret_cast<char*>(in_.data()) + avail_, in_.size() - avail_);
+      avail_ += n;
+    }
+    if (avail_ < 2 || in_[0] != 0x1f || in_[1] != 0x8b) return;
+    gzip_ = true;
+    if (inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK) refuse("zlib could not start (out of memory)");
+    z_.next_in = in_.data();
+    z_.avail_in = static_cast<uInt>(avail_);
+  }
+  // More input behind what inflate has not read yet, until `want` bytes are there or the file ends.
+  void fill(std::size_t want) {
+    std::memmove(in_.data(), z_.next_in, z_.avail_in);
+    std::size_t have = z_.avail_in;
+    do {
+      have += raw(reinterpret_cast<char*>(in_.data()) + have, in_.size() - have);
+    } while (!eof_ && have < std::max<std::size_t>(want, 1));
+    z_.next_in = in_.data();
+    z_.avail_in = static_cast<uInt>(have);
+  }
+  std::size_t raw(char* buf, std::size_t cap) {
+    for (;;) {
+      const ssize_t n = ::read(fd_, buf, cap);
+      if (n > 0) return static_cast<std::size_t>(n);
+      if (n == 0) {
+        eof_ = true;
+        return 0;
+      }
+      if (errno != EINTR) refuse(errno_reason(errno));
+    }
+  }
+
+  int fd_;
+  std::vector<unsigned char> in_;
+  std::size_t at_ = 0, avail_ = 0;  // text read by start() and not yet handed on (the plain case)
+  z_stream z_{};
+  bool started_ = false, gzip_ = false, eof_ = false, done_ = false;
+};
+
 }  // namespace
 
 Trace read_chrome_trace(const std::filesystem::path& path, const TraceReadOptions& options) {
@@ -102,32 +198,13 @@ Trace read_chrome_trace(const std::filesystem::path& path, const TraceReadOption
   };
   const int fd = name == "-" ? ::dup(0) : open_trace_file(path, cannot);
   if (fd < 0) cannot(errno_reason(errno));
-  errno = 0;
-  gzFile f = gzdopen(fd, "rb");
-  if (!f) {
-    ::close(fd);
-    cannot(errno ? errno_reason(errno) : "cannot open it");
-  }
   struct Closer {
-    gzFile f;
-    ~Closer() { gzclose(f); }
-  } closer{f};
-  gzbuffer(f, 1 << 18);
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  GzipOrPlain text(fd);
   try {
-    return read_trace_stream(
-        [&](char* buf, std::size_t cap) -> std::size_t {
-          errno = 0;
-          const int n = gzread(f, buf, static_cast<unsigned>(cap));
-          int err = Z_OK;
-          const char* msg = gzerror(f, &err);
-          if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
-            if (err == Z_ERRNO) refuse(errno_reason(errno));
-            if (err == Z_BUF_ERROR) refuse("truncated gzip stream (" + std::string(msg ? msg : "") + ")");
-            refuse("corrupt gzip data (zlib: " + std::string(msg ? msg : "error") + ")");
-          }
-          return static_cast<std::size_t>(n);
-        },
-        options);
+    return read_trace_stream([&](char* buf, std::size_t cap) { return text.read(buf, cap); }, options);
   } catch (const Unreadable& u) {
     cannot(u.why);
   } catch (const std::bad_alloc&) {

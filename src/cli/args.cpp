@@ -6,11 +6,11 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
-#include <set>
 
 #include "attnprof/backend.h"
 #include "attnprof/environment.h"
 #include "attnprof/error.h"
+#include "attnprof/key_averages.h"
 #include "attnprof/mask_tensor.h"
 #include "attnprof/problem_spec.h"
 #include "attnprof/report.h"
@@ -326,7 +326,11 @@ Options parse(int argc, char** argv) {
          if (v.empty()) bad("--trace-dir needs a directory");
          o.trace_dir = v;
        }},
-      {"--sort", [&](auto&, auto& v) { o.table.sort_by = v; }},
+      {"--sort",
+       [&](auto&, auto& v) {
+         o.table.sort_by = v;
+         (void)key_averages_table(std::vector<KeyAverage>{}, o.table);  // refuses an unknown key, for every command
+       }},
       {"--row-limit", [&](auto& f, auto& v) { o.table.row_limit = to_small_int(f, v, 1, 100000); }},
       {"--threads", [&](auto& f, auto& v) { o.run.threads = to_small_int(f, v, 1, 4096); }},
       {"--seed", [&](auto& f, auto& v) { o.run.seed = static_cast<std::uint64_t>(parse_integer(f, v, 0)); }},
@@ -357,11 +361,6 @@ Options parse(int argc, char** argv) {
        }},
   };
   flags.insert(run_flags.begin(), run_flags.end());
-  // The run's flags: explain checks eligibility and runs nothing, so it reads none of them.
-  static const std::set<std::string, std::less<>> kRunOnly = {
-      "--layout",      "--wait",      "--warmup",   "--active",          "--repeat", "--trace-dir",
-      "--sort",        "--row-limit", "--seed",     "--check-rows",      "--gpus",   "--html",
-      "--fp8-descale", "--expect",    "--backends", "--unprofiled-calls"};
   static const char* kShapeFlags[] = {"--batch", "--heads",  "--seq",      "--head-dim", "--dtype",
                                       "--mask",  "--kv-seq", "--kv-heads", "--seq-lens", "--kv-seq-lens"};
   bool mask_given = false;
@@ -386,8 +385,6 @@ Options parse(int argc, char** argv) {
     auto it = flags.find(arg);
     if (it == flags.end()) bad("unknown option '" + arg + "' (attnprof " + o.command + " --help lists them)");
     // Taken by one command, refused by the others rather than read by none.
-    if (o.command == "explain" && kRunOnly.contains(arg))
-      bad(arg + " is for profile and compare (explain runs nothing)");
     if (o.command == "profile" && arg == "--backends") bad("--backends is for compare; profile takes --backend B");
     if (o.command != "profile" && arg == "--backend") bad("--backend is for profile; compare takes --backends A,B");
     if (!has_value) {
@@ -397,8 +394,18 @@ Options parse(int argc, char** argv) {
     it->second(arg, value);
     for (const char* s : kShapeFlags) o.shape_given |= arg == s;
   }
-  if (!p.seq_lens.empty() || !p.kv_seq_lens.empty()) {
-    for (const auto& [field, v] : maxima) set_problem_field(p, field, v);
+  // A packed batch's maxima are its lengths' (a later --seq-lens sets --seq from itself): a --seq or --kv-seq
+  // given above them, in either order, would size the padded batch its FLOP share is told against.
+  for (const auto& [field, v] : maxima) {
+    const std::vector<std::int64_t>& lens = field == "seq" || p.kv_seq_lens.empty() ? p.seq_lens : p.kv_seq_lens;
+    if (lens.empty()) continue;
+    const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
+    const std::string lens_flag = field == "seq" || p.kv_seq_lens.empty() ? "--seq-lens" : "--kv-seq-lens";
+    const std::string flag = field == "seq" ? "--seq" : "--kv-seq";
+    if (longest > 0 && parse_integer(flag, v) > longest) {  // lengths all 0 are validate()'s to refuse
+      bad(flag + " (the maximum length) is " + v + ", but the longest of " + lens_flag + " is " +
+          std::to_string(longest) + ": leave " + flag + " out, it is their maximum");
+    }
   }
   if (o.mask_file && mask_given) {
     bad("--mask-file and --mask are exclusive: the file is the whole mask (fold a causal part into it)");
@@ -407,6 +414,11 @@ Options parse(int argc, char** argv) {
   if (o.fp8_descale_given && !is_fp8(p.dtype)) bad("--fp8-descale applies to --dtype fp8 only");
   if (o.command == "profile" && o.backend.empty())
     bad("profile needs --backend B (one of " + backend_choices(/*with_auto=*/true) + ")");
+  // explain takes the run's flags (one command line serves the three commands) and checks them as the runs
+  // would; those that would change what it says are refused.
+  if (o.command == "explain" && o.html_path) bad("--html is for compare and profile");
+  if (o.command == "explain" && o.gpus) bad("--gpus is for compare and profile");
+  if (o.command == "explain" && !o.guesses.empty()) bad("--expect is for compare and profile (explain runs nothing)");
   // A guess about a backend the command will not run would be dropped unread.
   for (const auto& [b, n] : o.guesses) {
     if (o.command == "profile" && o.backend != "auto" && b != o.backend) {

@@ -22,7 +22,6 @@ namespace attnprof {
 namespace {
 
 using problem_detail::format_real;
-using problem_detail::max_of;
 using problem_detail::sum_of;
 
 // Limits that catch typos (a seq of 10^9) before anything is sized from them.
@@ -238,13 +237,6 @@ void Problem::validate_host_lengths() const {
       }
     }
     if (sum_of(*lens) <= 0) refuse(std::string(field) + " are all 0: the packed batch has no rows", {field});
-    // The maximum is the lengths' own (a spec sets it from them): a larger one, given after them, would size the
-    // padded batch the FLOP share and the workspaces are reckoned against.
-    if (const std::int64_t longest = max_of(*lens); max > longest) {
-      refuse(std::string(max_field) + " (the maximum length) is " + std::to_string(max) + ", but the longest of " +
-                 field + " is " + std::to_string(longest) + ": leave " + max_field + " out, it is their maximum",
-             {max_field, field});
-    }
   }
 }
 std::vector<std::int64_t> lengths_from_cu_seqlens(const std::int32_t* cu, std::size_t n, std::int64_t total,

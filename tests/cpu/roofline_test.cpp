@@ -209,11 +209,19 @@ TEST(CopyCeiling, TheEnvironmentOverrideWinsAndTheMetricsReadAgainstIt) {
   EXPECT_TRUE(by_rule(all[0].findings, "bound")) << dump(all[0].findings);
 }
 
-TEST(CopyCeiling, AnUnreadableOverrideFallsBackToTheMeasurement) {
-  const ScopedEnv copy("ATTNPROF_COPY_GBS", "fast");
+// An override that is not a number is refused in one line naming it, never ignored (the run would then
+// report a measured ceiling the user thinks they replaced) nor read in part ("5x" as 5).
+TEST(CopyCeiling, AnUnreadableOverrideIsRefusedByName) {
+  for (const char* bad : {"fast", "5x", "0", "-3", "1e999"}) {
+    const ScopedEnv copy("ATTNPROF_COPY_GBS", bad);
+    const RunResult r = tiny_cpu_run();
+    ASSERT_TRUE(r.failure) << bad;
+    EXPECT_EQ(r.failure->rfind("ATTNPROF_COPY_GBS", 0), 0u) << *r.failure;
+    EXPECT_EQ(r.failure->find('\n'), std::string::npos) << *r.failure;
+  }
+  const ScopedEnv empty("ATTNPROF_COPY_GBS", "");  // empty: unset, the measurement
   const RunResult r = tiny_cpu_run();
   ASSERT_FALSE(r.failure) << *r.failure;
-  ASSERT_TRUE(r.metrics.copy_ceiling_gbs);
   EXPECT_EQ(*r.metrics.copy_ceiling_gbs, device_runtime(Device::Cpu, 1).copy_bandwidth_gbs());
 }
 

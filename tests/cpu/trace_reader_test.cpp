@@ -383,6 +383,21 @@ TEST(TraceReader, RefusesBadFiles) {
   for (std::size_t i = 20; i < bad.size() - 8; i += 7) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
   write_plain(corrupt.path(), bad);
   expect_file(corrupt.path(), "gzip");
+
+  // Junk after the stream is refused (zlib's gzread dropped it unread); a second member is read, as gzip -d does.
+  TempFile junk(".json.gz"), two(".json.gz");
+  write_plain(junk.path(), bytes + "junkjunk");
+  expect_file(junk.path(), "junk after its gzip stream (bytes that are not another gzip member)");
+  write_plain(junk.path(), bytes + "j");
+  expect_file(junk.path(), "junk after its gzip stream");
+  const std::size_t half = text.size() / 2;
+  TempFile first(".gz"), second(".gz");
+  write_gzip(first.path(), text.substr(0, half));
+  write_gzip(second.path(), text.substr(half));
+  std::ifstream a(first.path(), std::ios::binary), b(second.path(), std::ios::binary);
+  write_plain(two.path(), std::string((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>()) +
+                              std::string((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>()));
+  EXPECT_EQ(read_chrome_trace(two.path()).activities.size(), parse_chrome_trace(text).activities.size());
 }
 
 // Random damage to a good trace: every result is a trace or one BadInput
