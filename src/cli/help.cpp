@@ -165,7 +165,8 @@ Environment (GPU runs):
   ATTNPROF_COPY_GBS=X  the copy ceiling in GB/s (bytes read plus bytes
                        written), instead of timing a large device-to-device
                        copy. Both ceilings are measured once per process, on
-                       the CPU too; these two skip that (under a sanitizer)
+                       the CPU too; these two skip that (under a sanitizer).
+                       A value that is not a number above 0 is refused
 )";
 
 }  // namespace
