@@ -286,8 +286,8 @@ Options parse(int argc, char** argv) {
   using Setter = std::function<void(const std::string&, const std::string&)>;
   std::map<std::string, Setter> flags;
   // The problem's flags: their fields, parsed by the library as Python's keywords are.
-  // --seq and --kv-seq as given: lengths given after them set the maxima from themselves, so the given maxima are
-  // set again last, for validate() to hold them against the lengths whatever the flags' order.
+  // --seq and --kv-seq as given (lengths given after them set the maxima from themselves): held against the
+  // lengths after the loop, whatever the flags' order.
   std::map<std::string_view, std::string> maxima;
   for (const FieldFlag& f : kFieldFlags) {
     if (!f.problem) continue;
