@@ -115,12 +115,6 @@ def quantize_fp8(t):
     return (x / descale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), descale
 
 
-def _is_torch(x) -> bool:
-    # A torch tensor can only exist once torch is imported: no import here.
-    torch = _sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
 # torch.Tensor and attnprof._torch.attention once torch is imported
 # (_torch_ready() imports attnprof._torch): attention() then tells a torch
 # call by one isinstance and calls the torch path with no import statement.

@@ -39,7 +39,7 @@ _is_compiling = torch.compiler.is_compiling
 # torch.compile reads the checking mode as a constant of its trace (a call into attnprof._core would break the
 # graph), as the environment it mostly comes from is one: marked once here, never inside traced code. The mark is
 # the attribute torch.compiler.assume_constant_result sets, set without it: that function imports torch._dynamo
-# (1.4 s), which would make this module too slow to import with attnprof (attnprof/__init__.py). The test
+# (1.4 s), which a program that never compiles would pay at its first torch call. The test
 # test_torch_cpu.py::test_the_checking_mode_is_marked_as_dynamo_marks_a_constant fails if torch marks otherwise.
 _key_padding.checking_inputs._dynamo_marked_constant = True
 _Tensor = torch.Tensor
