@@ -363,6 +363,10 @@ TEST(AnalyzeCommand, DiffTwoStepsOfOneTraceAndUsageErrors) {
   const CliRun no_step = cli(dir, "analyze " + (dir / "t.json") + " --step 7");
   EXPECT_EQ(no_step.code, 2);
   EXPECT_NE(no_step.err.find("has no ProfilerStep#7"), std::string::npos) << no_step.err;
+  // The replay's options without --replay are refused, not dropped.
+  const CliRun bound = cli(dir, "analyze " + (dir / "t.json") + " --replay-max-gflop 1");
+  EXPECT_EQ(bound.code, 2);
+  EXPECT_NE(bound.err.find("--replay-max-gflop go with --replay"), std::string::npos) << bound.err;
   const CliRun help = cli(dir, "analyze --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("Examples:"), std::string::npos);
