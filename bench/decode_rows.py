@@ -12,6 +12,7 @@ a serving step: graph_decode.py's rows), forcing the split-KV count through
 ATTNPROF_DECODE_SPLITS instead of the tile.
 
   python3 bench/decode_rows.py --attnprof build/gpu/attnprof --out OUTDIR [--rows N] [--splits 8,16,32]
+      [--split-rows check]
 """
 import argparse
 import json
@@ -42,6 +43,19 @@ SPLIT_ROWS = [
     (16, 32, 8, 1, 2048, 128, 16),
     (4, 32, 8, 1, 8192, 128, 0),
 ]
+# Rows the split rule (decode_splits, fused_params.h) was not fitted on, for --split-rows check: other batches,
+# lengths that are no power of two, grouped and multi-query heads, head dims 64 and 256, a contiguous cache, and a
+# batch of more CTAs than SMs but fewer than their slots (24 x 8 KV heads).
+CHECK_ROWS = [
+    (2, 32, 8, 1, 4096, 128, 16),
+    (8, 32, 8, 1, 1000, 128, 16),
+    (1, 64, 8, 1, 16384, 128, 16),
+    (4, 8, 1, 1, 8192, 128, 0),
+    (1, 32, 8, 1, 8192, 64, 16),
+    (1, 16, 4, 1, 4096, 256, 0),
+    (24, 32, 8, 1, 2048, 128, 16),
+    (3, 28, 4, 1, 3000, 128, 16),
+]
 
 
 def compare(attnprof, row, forced, env_var):
@@ -66,9 +80,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", type=int, default=0, help="first N rows only")
     ap.add_argument("--splits", default="", help="split counts to force at one query (instead of the tiles)")
+    ap.add_argument("--split-rows", choices=["fitted", "check"], default="fitted",
+                    help="with --splits: the rows the split rule was fitted on, or rows it was not (CHECK_ROWS)")
     args = ap.parse_args()
     if args.splits:
-        shapes, env_var, choices = SPLIT_ROWS, "ATTNPROF_DECODE_SPLITS", [int(x) for x in args.splits.split(",")]
+        shapes = SPLIT_ROWS if args.split_rows == "fitted" else CHECK_ROWS
+        env_var, choices = "ATTNPROF_DECODE_SPLITS", [int(x) for x in args.splits.split(",")]
     else:
         shapes, env_var, choices = ROWS, "ATTNPROF_DECODE_ROWS", [16, 64]
     results = []
@@ -80,7 +97,9 @@ def main():
                      tile=forced or "auto", kv_bytes=2 * b * hkv * skv * d * 2)
             results.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
-    with open(os.path.join(args.out, "decode_splits.json" if args.splits else "decode_rows.json"), "w") as f:
+    name = ("decode_splits.json" if args.split_rows == "fitted" else "decode_splits_check.json") if args.splits \
+        else "decode_rows.json"
+    with open(os.path.join(args.out, name), "w") as f:
         json.dump(results, f, indent=1)
     print(f"{'shape':36} {'split' if args.splits else 'tile':>5} {'flash us':>9} {'cudnn us':>9} {'ratio':>6} {'K/V TB/s':>9} ok")
     for r in results:

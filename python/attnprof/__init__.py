@@ -317,15 +317,15 @@ def attention(q, k, v, *, backend: str = "auto", mask: str | None = None, window
         raise Error("max_seqlen_q and max_seqlen_k go with cu_seqlens_q and cu_seqlens_k (a packed batch)")
     if _torch_ready() and isinstance(q, _torch_tensor):
         t = _torch_module
-        if t._fast is not None and attn_mask is None and block_table is None and seq_lens is None \
-                and q_rows is None and kv_rows is None and q_descale is None and k_descale is None \
+        if t._fast is not None and attn_mask is None and q_descale is None and k_descale is None \
                 and v_descale is None and not packed and not return_lse and not t._is_compiling() \
                 and (out is not None or not t._profiling()):
-            # The fast path (attnprof._torch_call) reads the tensors in C++; None for what it does not
-            # take (autograd, another type or device), which the general path answers for. It takes
-            # attention()'s every plain option by name, as _core lists them (a TypeError for one left out).
-            done = t._fast(q, k, v, out, threads, backend=backend, mask=mask, window=window, scale=scale, bshd=bshd,
-                           softcap=softcap)
+            # The fast path (attnprof._torch_call) reads the tensors in C++, a paged cache's block table and
+            # lengths and a padded batch's rows included; None for what it does not take (autograd, another
+            # type or device), which the general path answers for. It takes attention()'s every plain option
+            # by name, as _core lists them (a TypeError for one left out).
+            done = t._fast(q, k, v, out, threads, block_table, seq_lens, q_rows, kv_rows, backend=backend, mask=mask,
+                           window=window, scale=scale, bshd=bshd, softcap=softcap)
             if done is not None:
                 return done
     # Every option once, in the table's names (attnprof/_options.py): the torch and numpy paths read them there.

@@ -100,16 +100,16 @@ def test_the_fast_path_reads_the_options_core_lists():
     q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
     values = {"backend": "flash", "mask": "none", "window": None, "scale": 0.5, "bshd": False, "softcap": 3.0}
     assert set(taken(_core.attention)) == set(values)  # a new option of attention(): give it here too
-    got = _torch._fast(q, k, v, None, 0, **values)
+    got = _torch._fast(q, k, v, None, 0, None, None, None, None, **values)
     assert got is not None  # taken, not handed to the general path
     want = attnprof.attention(q.numpy(), k.numpy(), v.numpy(), backend="flash", mask="none", scale=0.5, softcap=3.0)
     np.testing.assert_array_equal(got.numpy(), want)
     # Every option by name, each once: one left out (a caller that missed an option added) is refused.
     for name in values:
         with pytest.raises(TypeError, match="every option of attention"):
-            _torch._fast(q, k, v, None, 0, **{n: x for n, x in values.items() if n != name})
+            _torch._fast(q, k, v, None, 0, None, None, None, None, **{n: x for n, x in values.items() if n != name})
     with pytest.raises(TypeError, match="every option of attention"):
-        _torch._fast(q, k, v, None, 0, *values.values())
+        _torch._fast(q, k, v, None, 0, None, None, None, None, *values.values())
 
 
 def test_attention_hands_the_fast_path_every_option(monkeypatch):

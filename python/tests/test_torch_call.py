@@ -125,3 +125,52 @@ def test_what_it_does_not_read_takes_the_general_path():
         attnprof.attention(q.detach(), k.detach().numpy(), v.detach(), backend="flash")
     with pytest.raises(attnprof.Error):
         attnprof.attention(q.detach().double(), k.detach().double(), v.detach().double(), backend="flash")
+
+
+def _index_calls():
+    """A paged cache (block table, lengths) and a padded batch (rows), each as attention() takes it on the CPU."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, 1, 16, generator=g)
+    k_pages, v_pages = (torch.randn(9, 2, 8, 16, generator=g) for _ in range(2))
+    table = torch.randperm(9, generator=g)[:6].view(3, 2).to(torch.int32)
+    paged = (q, k_pages, v_pages, dict(backend="flash", mask="causal_bottom_right", block_table=table,
+                                       seq_lens=torch.tensor([16, 5, 1], dtype=torch.int32)))
+    qp, kp, vp = (torch.randn(3, 4, 20, 16, generator=g) for _ in range(3))
+    rows = (qp, kp, vp, dict(backend="flash", mask="causal", q_rows=torch.tensor([[0, 20], [2, 9], [5, 5]],
+                                                                                dtype=torch.int32),
+                             kv_rows=torch.tensor([[20], [9], [7]], dtype=torch.int32)))
+    return {"paged": paged, "rows": rows}
+
+
+@pytest.mark.parametrize("name", ["paged", "rows"])
+def test_index_arrays_take_the_fast_path_and_equal_the_dlpack_path(name, dlpack_path, monkeypatch):
+    if _torch._fast is None:
+        pytest.skip(f"this attnprof was built without its torch extension: calls take {_torch.fast_path}")
+    q, k, v, kw = _index_calls()[name]
+    want = dlpack_path(lambda: attnprof.attention(q, k, v, **kw))
+    answers = []
+    fast = _torch._fast
+    monkeypatch.setattr(_torch, "_fast", lambda *a, **o: answers.append(fast(*a, **o)) or answers[-1])
+    out = torch.full_like(q, float("nan"))
+    assert attnprof.attention(q, k, v, out=out, **kw) is out
+    assert len(answers) == 1 and answers[0] is out  # taken by the fast path, written in place
+    assert torch.equal(out, want), name
+    # An index array this path does not read (int64, a list) goes to the general path, which answers as it would.
+    for key in ("seq_lens", "kv_rows"):
+        if key in kw:
+            for other in (kw[key].long(), kw[key].tolist()):
+                bad = dict(kw, **{key: other})
+                with pytest.raises(attnprof.Error) as fast_error:
+                    attnprof.attention(q, k, v, **bad)
+                with pytest.raises(attnprof.Error) as general:
+                    dlpack_path(lambda: attnprof.attention(q, k, v, **bad))
+                assert str(fast_error.value) == str(general.value)
+                assert answers[-1] is None  # declined, not refused, by the fast path
+    # Bad values are refused in the same words on both paths.
+    key = "seq_lens" if name == "paged" else "kv_rows"
+    bad = dict(kw, **{key: torch.tensor([99, 1, 1], dtype=torch.int32).view(kw[key].shape)})
+    with pytest.raises(attnprof.Error) as fast_error:
+        attnprof.attention(q, k, v, **bad)
+    with pytest.raises(attnprof.Error) as general:
+        dlpack_path(lambda: attnprof.attention(q, k, v, **bad))
+    assert str(fast_error.value) == str(general.value) and "99" in str(fast_error.value)

@@ -56,14 +56,19 @@ std::string attention(const CallOptions& o, const In& q, const In& k, const In& 
 
 // attention() for the torch extension's fast path (bindings/forward_entry.h):
 // the same preparation (through the call cache) and run, on arrays the
-// extension read from the tensors themselves.
+// extension read from the tensors themselves, its index arrays included.
 int forward_entry(const AttnprofArray* q, const AttnprofArray* k, const AttnprofArray* v, const AttnprofArray* out,
-                  const AttnprofForwardArgs* a, char* error, std::size_t error_len) {
+                  const AttnprofArray* const* indices, const AttnprofForwardArgs* a, char* error,
+                  std::size_t error_len) {
   return entry_call(error, error_len, [&] {
     const ThreadCountsKept kept;
     const CallOptions options = call_options(*a);
+    const auto index = [&](int i) {
+      return indices[i] != nullptr ? std::optional<Array>(entry_array(*indices[i])) : std::nullopt;
+    };
     Call c = prepare_cached(entry_array(*q), entry_array(*k), entry_array(*v), entry_array(*out),
-                            {options, a->stream, a->threads, Pass::Forward});
+                            {options, a->stream, a->threads, Pass::Forward},
+                            Extras{std::nullopt, index(0), index(1), index(2), index(3)});
     set_descales(c, std::nullopt, std::nullopt, std::nullopt);
     run(c, [&] { c.forward(); });
   });

@@ -49,12 +49,14 @@ struct AttnprofForwardArgs {
 };
 
 // The forward of q, k, v into out, as _core.attention runs it (the call cache
-// included). Returns 0 when it ran; 1 for attnprof's own refusal (an
-// attnprof.Error), 2 for any other failure, with the message in `error`
-// (NUL-terminated, cut to error_len). Called with the GIL held.
+// included). `indices`: attention()'s index arrays in kAttnprofForwardIndices'
+// order (block_table, seq_lens, q_rows, kv_rows), each null where not given.
+// Returns 0 when it ran; 1 for attnprof's own refusal (an attnprof.Error), 2
+// for any other failure, with the message in `error` (NUL-terminated, cut to
+// error_len). Called with the GIL held.
 typedef int (*AttnprofForward)(const AttnprofArray* q, const AttnprofArray* k, const AttnprofArray* v,
-                               const AttnprofArray* out, const AttnprofForwardArgs* args, char* error,
-                               std::size_t error_len);
+                               const AttnprofArray* out, const AttnprofArray* const* indices,
+                               const AttnprofForwardArgs* args, char* error, std::size_t error_len);
 
 // A plan's run (attnprof.plan's Plan.run) on q, k, v into out: `plan` is the
 // plan's handle (Plan._handle(), valid while the Python plan lives), `extras`
@@ -78,6 +80,7 @@ struct AttnprofForwardEntry {
 }
 
 // The capsules' names; a change to the structs above takes new ones.
-inline constexpr const char kAttnprofForwardCapsule[] = "attnprof._core.forward_v2";
+inline constexpr const char kAttnprofForwardCapsule[] = "attnprof._core.forward_v3";
+inline constexpr int kAttnprofForwardIndices = 4;
 inline constexpr const char kAttnprofPlanRunCapsule[] = "attnprof._core.plan_run_v1";
 inline constexpr int kAttnprofPlanRunExtras = 6;

@@ -11,8 +11,10 @@
 // hands out (bindings/forward_entry.h), so both paths prepare, cache and run
 // the call alike and refuse bad input with the same message.
 //
-// attention(q, k, v, out, threads, **options) returns out (allocated as
-// attention() allocates it when None), or None when the call is not one this
+// attention(q, k, v, out, threads, block_table, seq_lens, q_rows, kv_rows,
+// **options) returns out (allocated as attention() allocates it when None; an
+// index array None where not given: a paged cache's or a padded batch's rows
+// are read here too), or None when the call is not one this
 // path takes (a tensor that needs autograd, a device, dtype or layout it does
 // not read, an argument of another type): python/attnprof/_torch.py then
 // takes the general path, which answers for it. The options are attention()'s
@@ -165,9 +167,13 @@ std::uintptr_t stream_of(const at::Tensor& q) {
   return 0;
 }
 
-// The call itself, once q, k, v (and out) are plain tensors and the options
-// named; C++ exceptions are attention()'s to catch. args: q, k, v, out,
-// threads, then the options' values, option j entry's slot[j].
+// attention()'s positional arguments: q, k, v, out, threads, then its index arrays (kAttnprofForwardIndices).
+constexpr Py_ssize_t kIndicesAt = 5;
+constexpr Py_ssize_t kPositional = kIndicesAt + kAttnprofForwardIndices;
+
+// The call itself, once q, k, v (and out, and the index arrays given) are plain tensors and the options named; C++
+// exceptions are attention()'s to catch. args: the positional ones above, then the options' values, option j
+// entry's slot[j].
 PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args, const int* slot) {
   const at::Tensor& q = THPVariable_Unpack(objs[0]);
   const at::Tensor& k = THPVariable_Unpack(objs[1]);
@@ -180,7 +186,7 @@ PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args,
   const int threads = PyLong_CheckExact(args[4]) ? static_cast<int>(PyLong_AsLong(args[4])) : -1;
   bool read = threads >= 0;
   for (int j = 0; read && j < entry->options; ++j) {
-    read = read_option(args[5 + j], entry->kinds[slot[j]], a.options[slot[j]]);
+    read = read_option(args[kPositional + j], entry->kinds[slot[j]], a.options[slot[j]]);
   }
   if (!read || PyErr_Occurred()) {
     PyErr_Clear();
@@ -192,13 +198,23 @@ PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args,
   for (int i = 0; i < 3; ++i) {
     if (!describe(THPVariable_Unpack(objs[i]), arrays[static_cast<std::size_t>(i)])) Py_RETURN_NONE;
   }
+  std::array<AttnprofArray, kAttnprofForwardIndices> index_arrays{};
+  std::array<const AttnprofArray*, kAttnprofForwardIndices> indices{};
+  for (int i = 0; i < kAttnprofForwardIndices; ++i) {
+    PyObject* const o = args[kIndicesAt + i];
+    if (o == Py_None) continue;
+    const auto k = static_cast<std::size_t>(i);
+    if (!describe(THPVariable_Unpack(o), index_arrays[k], /*index=*/true)) Py_RETURN_NONE;
+    indices[k] = &index_arrays[k];
+  }
   at::Tensor made;
   if (!given_out) made = out_like(q);
   const at::Tensor& out = given_out ? THPVariable_Unpack(objs[3]) : made;
   if (!describe(out, arrays[3])) Py_RETURN_NONE;
   a.stream = stream_of(q);
   char error[2048];
-  const int rc = entry->forward(&arrays[0], &arrays[1], &arrays[2], &arrays[3], &a, error, sizeof error);
+  const int rc =
+      entry->forward(&arrays[0], &arrays[1], &arrays[2], &arrays[3], indices.data(), &a, error, sizeof error);
   return result(rc, error, given_out ? objs[3] : nullptr, std::move(made));
 }
 
@@ -278,11 +294,12 @@ bool named_options(PyObject* kwnames, int* slot) {
 
 PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   int slot[kAttnprofMaxOptions];
-  if (nargs != 5 || !named_options(kwnames, slot)) {
+  if (nargs != kPositional || !named_options(kwnames, slot)) {
     std::string names;
     for (int i = 0; i < entry->options; ++i) names += std::string(i ? ", " : "") + entry->names[i];
-    PyErr_SetString(PyExc_TypeError, ("attnprof._torch_call.attention takes q, k, v, out, threads and by name "
-                                      "every option of attention() that _core lists: " +
+    PyErr_SetString(PyExc_TypeError, ("attnprof._torch_call.attention takes q, k, v, out, threads, block_table, "
+                                      "seq_lens, q_rows, kv_rows and by name every option of attention() that "
+                                      "_core lists: " +
                                       names)
                                          .c_str());
     return nullptr;
@@ -293,6 +310,9 @@ PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
   // with __torch_function__) may mean something else by its data.
   for (int i = 0; i < (given_out ? 4 : 3); ++i) {
     if (!THPVariable_CheckExact(objs[i])) Py_RETURN_NONE;
+  }
+  for (Py_ssize_t i = kIndicesAt; i < kPositional; ++i) {
+    if (args[i] != Py_None && !THPVariable_CheckExact(args[i])) Py_RETURN_NONE;
   }
   try {
     return run(objs, given_out, args, slot);
@@ -306,8 +326,9 @@ PyObject* attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
 PyMethodDef methods[] = {
     {"attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&attention)),
      METH_FASTCALL | METH_KEYWORDS,
-     "attention(q, k, v, out, threads, **options), every plain option of attention() by name: attnprof.attention's "
-     "forward on torch tensors, out returned; None when the call is the general path's"},
+     "attention(q, k, v, out, threads, block_table, seq_lens, q_rows, kv_rows, **options), every plain option of "
+     "attention() by name: attnprof.attention's forward on torch tensors, out returned; None when the call is the "
+     "general path's"},
     {"plan_run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&plan_run)), METH_FASTCALL,
      "plan_run(handle, q, k, v, out, block_table, seq_lens, q_rows, kv_rows, cu_seqlens_q, cu_seqlens_k): Plan.run "
      "on torch tensors, out returned; None when the call is the general path's"},

@@ -48,6 +48,48 @@ inline constexpr int kFlashDecodeWideRows = 64;  // a KV head's many rows: 4 war
 inline constexpr int kFlashDecodeKeys = 64;
 inline constexpr int kFlashDecodeMaxSplits = 64;
 
+// How many key ranges the split-KV decode cuts each (batch, KV head, row tile)'s keys into: its `ctas` CTAs
+// before the split, on `sms` multiprocessors that each hold `per_sm` of its CTAs (shared memory), over `key_tiles`
+// tiles of kFlashDecodeKeys keys. Measured on the H100 (132 SMs, two CTAs an SM at head dim 128; docs/perf/decode.md,
+// 2026-12-07 session 29, one query, 32/8 heads, pages of 16):
+// - Fewer CTAs than SMs: one range an SM, each as short as that makes it: at batch 1 and 2048 keys, 16 ranges of
+//   2 tiles ran in 11.0 us against 13.1 for 32 of 1 tile (two an SM) and 12.8 for 8 of 4.
+// - Then the SMs' further slots, where each range keeps kDecodeSplitMinSharedTiles tiles for its pipeline: at
+//   8192 keys 32 ranges of 4 tiles (two an SM) 19.6 us, against 20.8 for 16 of 8; 4 x 32/8 x 8192 contiguous:
+//   8 ranges 51.5 us where FlashAttention-2's wave rule below took 7 (53.9: 92 SMs with two, 40 with one).
+// - As many CTAs as SMs or more: FlashAttention-2's rule, the fewest ranges whose last wave is nearly as full as
+//   the best count's, among counts that give distinct ranges (16 x 32/8 at 2048 keys: 2 ranges, 53.5 us, against
+//   56.5 for 4).
+inline constexpr int kDecodeSplitMinSharedTiles = 4;
+constexpr int decode_splits(std::int64_t ctas, int sms, int per_sm, int key_tiles) {
+  if (key_tiles < 2 || sms <= 0 || ctas <= 0 || ctas >= (std::int64_t{1} << 30)) return 1;
+  const int n = static_cast<int>(ctas);
+  const int most = std::min(kFlashDecodeMaxSplits, key_tiles);
+  if (n < sms) {
+    const int one_an_sm = std::min(most, sms / n);
+    const int shared = per_sm > 1 ? std::min(key_tiles / kDecodeSplitMinSharedTiles, sms * per_sm / n) : 0;
+    return std::max(1, std::min(most, std::max(one_an_sm, shared)));
+  }
+  const int slots = sms * std::max(1, per_sm);
+  if (n >= slots * 4 / 5) return 1;
+  const int cap = std::min(most, (slots + n - 1) / n * 2);
+  double eff[kFlashDecodeMaxSplits + 1] = {};
+  double best = 0;
+  for (int s = 1; s <= cap; ++s) {
+    if (s > 1 && (key_tiles + s - 1) / s == (key_tiles + s - 2) / (s - 1)) continue;  // the same ranges as s - 1
+    const double waves = static_cast<double>(n) * s / slots;
+    const double whole = static_cast<double>(static_cast<std::int64_t>(waves)) < waves
+                             ? static_cast<double>(static_cast<std::int64_t>(waves) + 1)
+                             : waves;
+    eff[s] = waves / whole;
+    best = std::max(best, eff[s]);
+  }
+  for (int s = 1; s <= cap; ++s) {
+    if (eff[s] >= 0.85 * best) return s;
+  }
+  return 1;
+}
+
 // The bits of the device's input-error word (FusedParams::input_errors).
 inline constexpr unsigned kInputBadKeyCount = 1u;  // a sequence's key rows (kv_rows) outside 0 .. the keys
 inline constexpr unsigned kInputBadPage = 2u;      // a block table entry outside the cache's pages

@@ -2,9 +2,6 @@
 // applies, how many key ranges it splits into, and the dispatch to the
 // instantiations of flash_decode_hdim*.cu.
 #include <algorithm>
-#include <array>
-#include <bit>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 
@@ -46,26 +43,6 @@ int decode_smem_bytes(int head_dim, int rows) {
   return kernels::with_head_dim<kFlashDecodeHeadDims>(head_dim, 0, [&]<int kD>() {
     return rows == kFlashDecodeWideRows ? kernels::DecodeCfg<kD, 4>::kSmemBytes : kernels::DecodeCfg<kD, 1>::kSmemBytes;
   });
-}
-
-// FlashAttention-2's heuristic: the fewest splits whose last wave is nearly as
-// full as the best split count's, among counts that give distinct ranges.
-int choose_splits(int ctas, int slots, int key_tiles) {
-  if (ctas >= slots * 4 / 5 || key_tiles < 2) return 1;
-  const int most = std::min({kFlashDecodeMaxSplits, key_tiles, (slots + ctas - 1) / ctas * 2});
-  std::array<double, kFlashDecodeMaxSplits + 1> eff{};
-  double best = 0;
-  auto ceil_div = [](int x, int y) { return (x + y - 1) / y; };
-  for (int s = 1; s <= most; ++s) {
-    if (s > 1 && ceil_div(key_tiles, s) == ceil_div(key_tiles, s - 1)) continue;  // the same ranges as s - 1
-    const double waves = static_cast<double>(ctas) * s / slots;
-    eff[s] = waves / std::ceil(waves);
-    best = std::max(best, eff[s]);
-  }
-  for (int s = 1; s <= most; ++s) {
-    if (eff[s] >= 0.85 * best) return s;
-  }
-  return 1;
 }
 
 }  // namespace
@@ -116,9 +93,7 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   const geometry::Span<int> keys =
       geometry::keys_of_rows(geometry::band_of(p.mask, p.window, p.seq_q, p.seq_k), 0, p.seq_q, p.seq_k);
   const int key_tiles = (keys.size() + kFlashDecodeKeys - 1) / kFlashDecodeKeys;
-  plan.splits = ctas >= (std::int64_t{1} << 30) || f.sms == 0
-                    ? 1
-                    : choose_splits(static_cast<int>(ctas), std::max(1, f.sms * per_sm), key_tiles);
+  plan.splits = decode_splits(ctas, f.sms, per_sm, key_tiles);
   // ATTNPROF_DECODE_SPLITS=n forces n splits (measuring), at most one a key tile.
   static const int forced_splits = [] {
     const char* v = std::getenv("ATTNPROF_DECODE_SPLITS");
