@@ -87,6 +87,20 @@ bool describe(const at::Tensor& t, AttnprofArray& a, bool index = false) {
   return true;
 }
 
+// Index arrays (each None where not given, else an exact torch.Tensor) into
+// `arrays`, `given` pointing at those described; false where one is not an
+// int32 tensor this path reads.
+template <std::size_t N>
+bool describe_indices(PyObject* const* objs, std::array<AttnprofArray, N>& arrays,
+                      std::array<const AttnprofArray*, N>& given) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (objs[i] == Py_None) continue;
+    if (!describe(THPVariable_Unpack(objs[i]), arrays[i], /*index=*/true)) return false;
+    given[i] = &arrays[i];
+  }
+  return true;
+}
+
 // An optional int or float argument (None: absent); false for another type.
 bool optional_long(PyObject* o, std::int64_t& v, std::uint8_t& has) {
   has = o != Py_None;
@@ -200,13 +214,7 @@ PyObject* run(PyObject* const (&objs)[4], bool given_out, PyObject* const* args,
   }
   std::array<AttnprofArray, kAttnprofForwardIndices> index_arrays{};
   std::array<const AttnprofArray*, kAttnprofForwardIndices> indices{};
-  for (int i = 0; i < kAttnprofForwardIndices; ++i) {
-    PyObject* const o = args[kIndicesAt + i];
-    if (o == Py_None) continue;
-    const auto k = static_cast<std::size_t>(i);
-    if (!describe(THPVariable_Unpack(o), index_arrays[k], /*index=*/true)) Py_RETURN_NONE;
-    indices[k] = &index_arrays[k];
-  }
+  if (!describe_indices(args + kIndicesAt, index_arrays, indices)) Py_RETURN_NONE;
   at::Tensor made;
   if (!given_out) made = out_like(q);
   const at::Tensor& out = given_out ? THPVariable_Unpack(objs[3]) : made;
@@ -246,13 +254,7 @@ PyObject* plan_run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (given_out && THPVariable_Unpack(args[4]).requires_grad()) Py_RETURN_NONE;
     std::array<AttnprofArray, kAttnprofPlanRunExtras> extra_arrays{};
     std::array<const AttnprofArray*, kAttnprofPlanRunExtras> extras{};
-    for (int i = 0; i < kAttnprofPlanRunExtras; ++i) {
-      PyObject* const o = args[5 + i];
-      if (o == Py_None) continue;
-      const auto k = static_cast<std::size_t>(i);
-      if (!describe(THPVariable_Unpack(o), extra_arrays[k], /*index=*/true)) Py_RETURN_NONE;
-      extras[k] = &extra_arrays[k];
-    }
+    if (!describe_indices(args + 5, extra_arrays, extras)) Py_RETURN_NONE;
     at::Tensor made;
     if (!given_out) made = out_like(q);
     const at::Tensor& out = given_out ? THPVariable_Unpack(args[4]) : made;
