@@ -82,14 +82,19 @@ std::vector<Finding> bound(const RuleInput& in) {
 // Split-KV decode: the split count (the split kernel's grid x), the CTAs it
 // launched against the SMs, and the combine kernel's time per call and share
 // of the device time. Flags (and raises to a warning) a combine above
-// kCombineSharePct of the device time, splits that leave SMs without a CTA,
-// and a combine that is missing where the keys were split (or present where
-// they were not).
+// kCombineSharePct of the device time that also outlasts the split kernel,
+// splits that leave SMs without a CTA where one split more would still fit
+// one CTA an SM, and a combine that is missing where the keys were split (or
+// present where they were not). Both limits are measured: on the H100 at batch
+// 1, 32/8 heads and 2048 keys (docs/perf/decode.md, session 29) the fastest
+// split count, 16 (128 CTAs, 4 SMs idle), had a combine of 4.5 of 11.0 us, a
+// second kernel's cost that fewer splits do not remove (8 ran 12.8 us); 32 had
+// a combine (7.2 us) longer than its split kernel (5.7) and ran 13.1.
 std::vector<Finding> split_kv(const RuleInput& in) {
   if (!in.gpu) return {};
   const TraceIndex& ix = in.index;
   EventIndex split = kNone, combine = kNone;
-  double splits_launched = 0, combines = 0, combine_ns = 0, device_ns = 0;
+  double splits_launched = 0, split_ns = 0, combines = 0, combine_ns = 0, device_ns = 0;
   for (EventIndex d : ix.device_activities()) {
     const Activity& a = ix.at(d);
     device_ns += static_cast<double>(a.dur_ns);
@@ -97,6 +102,7 @@ std::vector<Finding> split_kv(const RuleInput& in) {
     if (a.name.find(kSplitKernel) != std::string::npos) {
       if (split == kNone) split = d;
       splits_launched += 1;
+      split_ns += static_cast<double>(a.dur_ns);
     } else if (a.name.find(kCombineKernel) != std::string::npos) {
       if (combine == kNone) combine = d;
       combines += 1;
@@ -135,9 +141,14 @@ std::vector<Finding> split_kv(const RuleInput& in) {
     if (splits <= 1) {
       f.text += "; a combine with one split merges nothing";
       f.severity = Severity::Warning;
-    } else if (share > kCombineSharePct) {
-      f.text += format("; the combine is over %.0f%% of the device time: fewer splits", kCombineSharePct);
+    } else if (share > kCombineSharePct && combine_ns > split_ns) {
+      f.text += format("; the combine is over %.0f%% of the device time", kCombineSharePct) +
+                " and longer than the split kernel: fewer splits";
       f.severity = Severity::Warning;
+    } else if (share > kCombineSharePct) {
+      f.text += format("; the combine is over %.0f%% of the device time", kCombineSharePct) +
+                " but shorter than the split kernel: mostly a second kernel's fixed cost, which fewer splits do not "
+                "remove";
     }
   } else if (splits > 1) {
     f.text += "; no combine kernel ran: the splits' partial outputs were never merged";
@@ -145,6 +156,8 @@ std::vector<Finding> split_kv(const RuleInput& in) {
   } else {
     f.text += "; no combine (one split writes O itself)";
   }
+  // The CTAs one split more adds (a split is a grid's x).
+  const double per_split = static_cast<double>(k.grid[1]) * k.grid[2];
   if (sms > 0 && ctas < sms) {
     f.text +=
         format("; %.0f CTAs leave ", ctas) + format("%.0f of the ", sms - ctas) + std::to_string(sms) + " SMs idle";
@@ -164,9 +177,11 @@ std::vector<Finding> split_kv(const RuleInput& in) {
       f.text +=
           ": more splits might fill them, where the keys allow (the trace does not say how many keys a split "
           "takes)";
-    } else if (splits < most) {
+    } else if (splits < most && ctas + per_split <= sms) {
       f.text += ": more splits would fill them";
       f.severity = Severity::Warning;
+    } else if (splits < most) {
+      f.text += format(": one split more (%.0f CTAs) would put two on some SMs", per_split);
     } else {
       f.text += ": the " + std::to_string(kv_seq) + " keys allow no more splits";
     }
