@@ -9,7 +9,8 @@
 # SDPA (train_model), and the Python package on CUDA tensors.
 # Prints a short table last. Phases can be picked: scripts/gpu.sh build tests
 # sanitize nocupti compare train host bench bench_backward sequences fp8 shapes decode decode_rows gqa
-# train_model hf model_traces graph_traces python graph_decode wheel ring (default: all). Results land in $OUT (8 files at most).
+# train_model hf model_traces graph_traces python graph_decode wheel ring (default: all), and decode_fused (not in
+# the default: the opt-in fused combine, ATTNPROF_DECODE_FUSED_COMBINE=1). Results land in $OUT (8 files at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnprof-gpu}
@@ -298,6 +299,29 @@ if has decode_rows; then
   PYTHONUNBUFFERED=1 timeout 240 python3 bench/decode_rows.py --attnprof $B/attnprof --out "$OUT" \
     --splits "${DECODE_SPLITS:-4,8,16,32}" >>/tmp/bench_decode_rows.txt 2>>"$OUT/log.txt"
   echo "bench decode_rows --splits rc $?" >>"$OUT/log.txt"
+fi
+
+if has decode_fused; then
+  # The split decode with its last split merging (no combine kernel), opt-in until this phase has run: the decode,
+  # paged, plan and graph GPU tests under it, memcheck and racecheck on a split paged decode, and the one-query
+  # rows with it against the combine kernel (decode_rows --splits, one process each, auto only).
+  log "decode: the fused combine"
+  ATTNPROF_DECODE_FUSED_COMBINE=1 timeout 120 $B/tests/attnprof_gpu_tests --gtest_brief=1 \
+    --gtest_filter='*FlashDecode*:*PagedCuda*:*Plan*:*Decode*:*PagedStreamOrder*:*Graph*' >"$OUT/decode_fused.txt" 2>&1
+  echo "gpu tests under ATTNPROF_DECODE_FUSED_COMBINE=1 rc $?" >>"$OUT/decode_fused.txt"
+  for tool in memcheck racecheck; do
+    ATTNPROF_DECODE_FUSED_COMBINE=1 ATTNPROF_NO_CUPTI=1 ATTNPROF_CEILING_TFLOPS=774 ATTNPROF_COPY_GBS=4200 timeout 120 \
+      compute-sanitizer --tool $tool --error-exitcode 9 $B/attnprof profile --device cuda --batch 3 --backend flash \
+      --heads 8 --kv-heads 2 --seq 1 --kv-seq 2000 --head-dim 128 --kv-cache paged --page-size 16 --warmup 1 --active 2 \
+      --unprofiled-calls 0 --trace-dir /tmp/san --quiet >/tmp/san.txt 2>&1
+    echo "$tool fused combine -> rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san.txt | tail -1)" >>"$OUT/decode_fused.txt"
+  done
+  for fused in 0 1; do
+    ATTNPROF_DECODE_FUSED_COMBINE=$fused PYTHONUNBUFFERED=1 timeout 120 python3 bench/decode_rows.py --attnprof $B/attnprof \
+      --out /tmp --splits 1 >/tmp/decode_fused_$fused.txt 2>&1
+    { echo "ATTNPROF_DECODE_FUSED_COMBINE=$fused"; grep -E '^[0-9]+x.* auto ' /tmp/decode_fused_$fused.txt; } >>"$OUT/decode_fused.txt"
+  done
+  tail -n 20 "$OUT/decode_fused.txt"
 fi
 
 if has gqa; then

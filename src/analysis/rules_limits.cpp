@@ -150,6 +150,9 @@ std::vector<Finding> split_kv(const RuleInput& in) {
                 " but shorter than the split kernel: mostly a second kernel's fixed cost, which fewer splits do not "
                 "remove";
     }
+  } else if (splits > 1 && in.run.problem.pass == Pass::Forward && in.run.expectation.device_activities == 1) {
+    // The backend declared one kernel a forward: its splits merge in the grid (ATTNPROF_DECODE_FUSED_COMBINE).
+    f.text += "; no combine kernel: the last split of each tile merges them";
   } else if (splits > 1) {
     f.text += "; no combine kernel ran: the splits' partial outputs were never merged";
     f.severity = Severity::Warning;

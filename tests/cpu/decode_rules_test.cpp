@@ -203,6 +203,15 @@ TEST(SplitKv, FlagsAMissingOrAPointlessCombine) {
   EXPECT_NE(f->text.find("4 splits"), std::string::npos) << f->text;
   EXPECT_NE(f->text.find("no combine kernel ran"), std::string::npos) << f->text;
 
+  // Where the backend declared one kernel a forward, its last split merges (ATTNPROF_DECODE_FUSED_COMBINE=1).
+  RunResult fused = decode_run({.splits = 4, .combine_ns = 0});
+  fused.expectation.device_activities = 1;
+  const auto fused_fs = analysis::findings(fused, {fused}, {});
+  f = by_rule(fused_fs, "split-kv");
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->severity, Severity::Info) << f->text;
+  EXPECT_NE(f->text.find("no combine kernel: the last split of each tile merges them"), std::string::npos) << f->text;
+
   const RunResult pointless = decode_run({.splits = 1, .rows = 256});
   const auto pointless_fs = analysis::findings(pointless, {pointless}, {});
   f = by_rule(pointless_fs, "split-kv");

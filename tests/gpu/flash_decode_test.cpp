@@ -70,7 +70,9 @@ TEST_P(FlashDecode, MatchesFloat64AndItsKernelCount) {
   ASSERT_FALSE(r.failure) << *r.failure;
   ASSERT_TRUE(r.acceptance) << "no float64 check";
   EXPECT_TRUE(r.acceptance->pass) << r.acceptance->why << " (" << p.describe() << ")";
-  const int forward_kernels = plan_of(p).splits > 1 ? 2 : 1;
+  // A combine kernel after the split kernel, unless the last split merges (ATTNPROF_DECODE_FUSED_COMBINE=1).
+  const cuda::DecodePlan decode = plan_of(p);
+  const int forward_kernels = decode.splits > 1 && !decode.fused_combine ? 2 : 1;
   // The backward: D = rowsum(dO O), the dK/dV kernel, the dQ conversion, and,
   // where the sm90 backward splits a key tile's query heads among CTAs (one
   // sequence, 2 kv heads: too few tiles to fill the GPU), the kernel that

@@ -171,7 +171,11 @@ class FusedBackend : public Backend {
   Expectation expectation(const Problem& p) const override {
     Expectation e;
     // FP8: the V^T pre-pass and the kernel.
-    const int forward = is_fp8(p.dtype) || (flash_ && flash_decode_plan(fused_params_for(p)).splits > 1) ? 2 : 1;
+    const auto split_decode = [&] {
+      const DecodePlan d = flash_decode_plan(fused_params_for(p));
+      return d.splits > 1 && !d.fused_combine;  // a combine kernel after the split kernel
+    };
+    const int forward = is_fp8(p.dtype) || (flash_ && split_decode()) ? 2 : 1;
     const int backward = p.pass == Pass::Forward ? 0 : 3 + (backward_shape(p).group_split > 1 ? 1 : 0);
     switch (p.pass) {
       case Pass::Forward:
@@ -226,6 +230,9 @@ class FusedBackend : public Backend {
     std::size_t bytes = s->decode.workspace_bytes;
     if (f.fp8) bytes = std::max(bytes, fp8_vt_bytes(f));  // the decode path takes no FP8: one or the other
     if (bytes > 0) s->workspace.emplace(ctx.allocator, bytes);
+    if (s->workspace) {
+      ATTNPROF_CUDA_CHECK(zero_decode_counters(s->decode, s->workspace->data(), static_cast<cudaStream_t>(ctx.stream)));
+    }
     if (flash_) device_input_errors();
     // A packed batch's host lengths copied to the device now, not on the
     // first run (the runs look the copy up); lengths on the device are the
@@ -367,6 +374,7 @@ class FusedBackend : public Backend {
       } else if (plan.workspace_bytes > 0) {
         workspace.emplace(ctx.allocator, plan.workspace_bytes);
         f.workspace = static_cast<float*>(workspace->data());
+        ATTNPROF_CUDA_CHECK(zero_decode_counters(plan, f.workspace, static_cast<cudaStream_t>(ctx.stream)));
       }
     }
     ATTNPROF_CUDA_CHECK(launch_(f, plan, static_cast<cudaStream_t>(ctx.stream)));

@@ -66,6 +66,10 @@ struct DecodeArgs {
   // and log-sum-exp, [num_splits][B * H * seq_q] (-inf: the split saw no key).
   float* o_partial;
   float* lse_partial;
+  // Or null: one counter a (sequence, KV head, row block) tile, zero at launch; the
+  // split that counts last merges the tile's splits (merge_splits) and zeroes it
+  // again, where a combine kernel would (DecodePlan::fused_combine).
+  unsigned* tile_counters;
 
   // From the problem and its plan (fused_kernels.h). Without a workspace
   // the keys stay in one range: slower, not wrong.
@@ -85,6 +89,7 @@ struct DecodeArgs {
         .input_errors = p.input_errors,
         .o_partial = p.workspace,
         .lse_partial = p.workspace != nullptr ? p.workspace + splits * rows_all * p.head_dim : nullptr,
+        .tile_counters = nullptr,
     };
   }
 };
@@ -158,6 +163,9 @@ __device__ __forceinline__ void visible_keys(const FwdArgs& a, MaskMode mask, in
   if (mask != MaskMode::None) hi = min(hi, qi + a.diag_offset + 1);
   if (mask == MaskMode::Window) lo = qi + a.diag_offset - a.window;
 }
+
+template <int kHeadDim, Half16 Element>
+__device__ void merge_splits(const DecodeArgs& d, std::int64_t row_id, int lane);
 
 template <class Cfg, Half16 Element, bool kPaged>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(const __grid_constant__ DecodeArgs d) {
@@ -378,26 +386,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_decode_splitkv_kernel(
       if (col == 0) d.lse_partial[split * rows_all + row_id] = lse;
     }
   }
+  if (d.tile_counters == nullptr || d.num_splits == 1) return;
+  // The fused combine: this CTA's partials stored and made visible, the tile's
+  // count taken; the split that counts last reads every split's partials of
+  // its rows (the others' are visible to it: their fence came before their
+  // count) and merges them, then zeroes the count for the next launch.
+  __shared__ int merges;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    unsigned* const counter = d.tile_counters + static_cast<std::int64_t>(batch) * gridDim.y + blockIdx.y;
+    merges = atomicAdd(counter, 1u) == static_cast<unsigned>(d.num_splits - 1);
+    if (merges) *counter = 0u;  // every split has counted: nothing else touches it in this launch
+  }
+  __syncthreads();
+  if (!merges) return;
+  __threadfence();
+  for (int r = warp; r < Cfg::kRows && r0 + r < rows_total; r += Cfg::kWarps) {
+    const int row = r0 + r, qi = row / a.group, head = kv_head * a.group + row % a.group;
+    merge_splits<kD, Element>(d, (static_cast<std::int64_t>(batch) * a.heads + head) * a.seq_q + qi, lane);
+  }
 }
 
-// Merges num_splits partial results of each row: weights e^(lse_s - max),
-// O = sum_s w_s O_s / sum_s w_s, LSE = max + ln(sum_s w_s) (+inf when no
-// split saw a key: the row is fully masked and written as zeros). One warp
-// a row; num_splits <= kFlashDecodeMaxSplits = 64, two a lane.
+// Merges num_splits partial results of row `row_id` (B x H x seq_q order), one
+// warp: weights e^(lse_s - max), O = sum_s w_s O_s / sum_s w_s, LSE = max +
+// ln(sum_s w_s) (+inf when no split saw a key: the row is fully masked and
+// written as zeros); num_splits <= kFlashDecodeMaxSplits = 64, two a lane. The
+// partials are read from L2 (ld.global.cg): other CTAs wrote them, and the
+// last split of a tile (flash_decode_splitkv_kernel) reads them in the grid
+// that wrote them.
 template <int kHeadDim, Half16 Element>
-__global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_constant__ DecodeArgs d) {
+__device__ void merge_splits(const DecodeArgs& d, std::int64_t row_id, int lane) {
   static_assert(kFlashDecodeMaxSplits <= 64, "two splits a lane");
   constexpr int kPerLane = kHeadDim / 32;
   static_assert(kPerLane >= 2 && kPerLane % 2 == 0, "pairs of columns a lane");
   const FwdArgs& a = d.a;
   const std::int64_t rows_all = static_cast<std::int64_t>(a.batch) * a.heads * a.seq_q;
-  const std::int64_t row_id = static_cast<std::int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row_id >= rows_all) return;
-  wait_prior_grid();  // the partials are the split kernel's (launch_after_prior): all of them have landed
   float l0 = -INFINITY, l1 = -INFINITY;
-  if (lane < d.num_splits) l0 = d.lse_partial[lane * rows_all + row_id];
-  if (lane + 32 < d.num_splits) l1 = d.lse_partial[(lane + 32) * rows_all + row_id];
+  if (lane < d.num_splits) l0 = __ldcg(d.lse_partial + lane * rows_all + row_id);
+  if (lane + 32 < d.num_splits) l1 = __ldcg(d.lse_partial + (lane + 32) * rows_all + row_id);
   float m = fmaxf(l0, l1);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
@@ -424,7 +451,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_
 #pragma unroll
       for (int e = 0; e < kPerLane; e += 2) {
         // a split with weight 0 (no key, or past num_splits) is not read: its partial may be anything
-        v[i][e / 2] = w[i] != 0.f ? *reinterpret_cast<const float2*>(src + e) : make_float2(0.f, 0.f);
+        v[i][e / 2] = w[i] != 0.f ? __ldcg(reinterpret_cast<const float2*>(src + e)) : make_float2(0.f, 0.f);
       }
     }
 #pragma unroll
@@ -446,6 +473,16 @@ __global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_
     *reinterpret_cast<std::uint32_t*>(dst + e) = pack2<Element>(o[e] * inv, o[e + 1] * inv);
   }
   if (a.lse != nullptr && lane == 0) a.lse[row_id] = sum != 0.f ? base + __logf(sum) : INFINITY;
+}
+
+// The combine kernel: merge_splits over every row, one warp a row.
+template <int kHeadDim, Half16 Element>
+__global__ void __launch_bounds__(128) flash_decode_combine_kernel(const __grid_constant__ DecodeArgs d) {
+  const std::int64_t rows_all = static_cast<std::int64_t>(d.a.batch) * d.a.heads * d.a.seq_q;
+  const std::int64_t row_id = static_cast<std::int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (row_id >= rows_all) return;
+  wait_prior_grid();  // the partials are the split kernel's (launch_after_prior): all of them have landed
+  merge_splits<kHeadDim, Element>(d, row_id, threadIdx.x % 32);
 }
 
 // Launches the split kernel (grid: num_splits, Hkv * row_blocks, batch) and,
@@ -471,7 +508,7 @@ cudaError_t launch_flash_decode_kernels(const DecodeArgs& d, bool after_prior, c
   const cudaError_t split = d.rows == kFlashDecodeWideRows
                                 ? launch_flash_decode_split<DecodeCfg<kHeadDim, 4>, Element, kPaged>(d, stream)
                                 : launch_flash_decode_split<DecodeCfg<kHeadDim, 1>, Element, kPaged>(d, stream);
-  if (split != cudaSuccess || d.num_splits == 1) return split;
+  if (split != cudaSuccess || d.num_splits == 1 || d.tile_counters != nullptr) return split;  // merged in the grid
   const std::int64_t rows_all = static_cast<std::int64_t>(d.a.batch) * d.a.heads * d.a.seq_q;
   const dim3 grid(static_cast<unsigned>((rows_all + 3) / 4));
   if (!after_prior) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 
 #include "backends/cuda/device_attributes.h"
 #include "backends/cuda/kernels/flash_decode.cuh"
@@ -103,15 +104,33 @@ DecodePlan flash_decode_plan(const FusedParams& p) {
   if (plan.splits > 1) {
     const std::size_t rows_all = static_cast<std::size_t>(p.batch) * p.heads * p.seq_q;
     plan.workspace_bytes = plan.splits * rows_all * (p.head_dim + 1) * sizeof(float);
+    static const bool fused = [] {
+      const char* v = std::getenv("ATTNPROF_DECODE_FUSED_COMBINE");
+      return v != nullptr && std::string_view(v) == "1";
+    }();
+    if (fused) {
+      plan.fused_combine = true;
+      plan.counters_offset = (plan.workspace_bytes + 15) / 16 * 16;
+      plan.counters_bytes = static_cast<std::size_t>(ctas) * sizeof(unsigned);
+      plan.workspace_bytes = plan.counters_offset + plan.counters_bytes;
+    }
   }
   return plan;
+}
+
+cudaError_t zero_decode_counters(const DecodePlan& plan, void* workspace, cudaStream_t stream) {
+  if (!plan.fused_combine || workspace == nullptr) return cudaSuccess;
+  return cudaMemsetAsync(static_cast<char*>(workspace) + plan.counters_offset, 0, plan.counters_bytes, stream);
 }
 
 cudaError_t launch_flash_decode_planned(const FusedParams& p, const DecodePlan& plan, cudaStream_t stream) {
   if (!plan.applies) return cudaErrorInvalidValue;
   const bool paged = p.page_size > 0;
   if (paged && (p.block_table == nullptr || (p.page_size & (p.page_size - 1)) != 0)) return cudaErrorInvalidValue;
-  const kernels::DecodeArgs d = kernels::DecodeArgs::from(p, plan.rows, plan.row_blocks, plan.splits);
+  kernels::DecodeArgs d = kernels::DecodeArgs::from(p, plan.rows, plan.row_blocks, plan.splits);
+  if (plan.fused_combine && d.num_splits > 1) {
+    d.tile_counters = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(p.workspace) + plan.counters_offset);
+  }
   // The combine starts by programmatic dependent launch where the GPU has it (sm90 on).
   const bool after_prior = plan.splits > 1 && device_facts().major >= 9;
   return kernels::with_head_dim<kFlashDecodeHeadDims>(p.head_dim, cudaErrorInvalidValue, [&]<int kD>() {

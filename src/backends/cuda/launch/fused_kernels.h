@@ -84,8 +84,16 @@ struct DecodePlan {
   int rows = kFlashDecodeRows;  // packed query rows (queries x heads of a group) a CTA: 16 or 64
   int row_blocks = 0;           // CTAs of `rows` a KV head
   std::size_t workspace_bytes = 0;
+  // Splits > 1 and ATTNPROF_DECODE_FUSED_COMBINE=1 (compiled, not yet run on a GPU: off by default): the last split
+  // of each (sequence, KV head, row block) to finish merges the splits itself, and no combine kernel runs. Its
+  // counters (uint32, one a tile) follow the partials in the workspace at `counters_offset`; they are zeroed when
+  // the workspace is made (zero_decode_counters) and each run leaves them zero.
+  bool fused_combine = false;
+  std::size_t counters_offset = 0, counters_bytes = 0;
 };
 DecodePlan flash_decode_plan(const FusedParams& p);
+// A fused-combine plan's counters zeroed in `workspace` on `stream` (nothing for another plan).
+cudaError_t zero_decode_counters(const DecodePlan& plan, void* workspace, cudaStream_t stream);
 // The plan's `applies` alone, without device facts (cheap; on every call).
 bool flash_decode_takes(const FusedParams& p);
 // The packed query rows (queries x group) a decode CTA takes for a KV head
