@@ -448,5 +448,25 @@ TEST(Cli, MaskFileThatIsNoRegularFileIsRefusedAtOnce) {
                  "it is a directory, not a .npy file", 4);
 }
 
+// More threads than OpenBLAS's build allows (its MAX_THREADS): the device line says the count the matrix
+// products run with beside the one asked for, where before it said only the one asked for.
+TEST(Cli, TheDeviceLineSaysWhenOpenBlasRunsFewerThreads) {
+  TempDir dir;
+  const CliRun r = attnprof({"explain", "--device", "cpu", "--seq", "64", "--threads", "4096"}, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::size_t at = r.out.find("4096 threads");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string after = r.out.substr(at + 12, 40);
+  const std::size_t cap_at = r.out.find("MAX_THREADS=");
+  if (after.rfind(" (OpenBLAS ", 0) == 0) {
+    const int blas = std::stoi(after.substr(11));
+    EXPECT_LT(blas, 4096) << after;
+    if (cap_at != std::string::npos) EXPECT_EQ(blas, std::stoi(r.out.substr(cap_at + 12))) << r.out;
+  } else {
+    // An OpenBLAS that runs every thread asked for (its banner's cap, where it gives one, at least 4096).
+    if (cap_at != std::string::npos) EXPECT_GE(std::stoi(r.out.substr(cap_at + 12)), 4096) << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace attnprof

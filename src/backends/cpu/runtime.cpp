@@ -286,8 +286,11 @@ class CpuRuntime final : public DeviceRuntime {
     const cpu::IsaChoice isa = cpu::choose_isa();
     const std::string kernel =
         isa.error.empty() ? "flash cpu kernel: " + isa.why : "flash cpu kernel: refused (" + isa.error + ")";
-    return cpu_model() + ", " + std::to_string(threads_) + " threads, " + cfg + ", " + kernel + ", " +
-           bf16_ceiling_source();
+    // OpenBLAS caps its own count at its build's MAX_THREADS: said where it runs fewer than the kernels' threads.
+    const int blas = cpu::blas_threads();
+    const std::string threads = std::to_string(threads_) + " threads" +
+                                (blas > 0 && blas < threads_ ? " (OpenBLAS " + std::to_string(blas) + ")" : "");
+    return cpu_model() + ", " + threads + ", " + cfg + ", " + kernel + ", " + bf16_ceiling_source();
   }
 
  private:
